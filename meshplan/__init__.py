@@ -1,0 +1,49 @@
+"""meshplan: an automatic parallelism planner for PyTorch training.
+
+Public API (imported lazily so that ``import meshplan`` stays cheap and torch-free until a
+torch-backed name is used)::
+
+    meshplan.trace_model(model, example_inputs)          -> ModelGraph
+    meshplan.autoparallel(model, world_size, ...)        -> Plan
+    meshplan.estimate(model, world_size, tp=, pp=, ...)  -> Plan
+    meshplan.apply_plan(model, plan, loss_fn=, optimizer_factory=) -> ParallelModel
+    meshplan.ClusterSpec.preset("h100", num_nodes=16)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "trace_model": "meshplan.trace",
+    "ModelGraph": "meshplan.graph",
+    "GraphNode": "meshplan.graph",
+    "Plan": "meshplan.plan",
+    "MeshSpec": "meshplan.plan",
+    "StageSpec": "meshplan.plan",
+    "Quantization": "meshplan.plan",
+    "ClusterSpec": "meshplan.cost_models.hardware",
+    "autoparallel": "meshplan.planner.api",
+    "estimate": "meshplan.planner.api",
+    "apply_plan": "meshplan.runtime.api",
+    "RunRecord": "meshplan.runtime.record",
+    "TraceError": "meshplan.errors",
+    "NoFeasiblePlanError": "meshplan.errors",
+    "PlanMismatchError": "meshplan.errors",
+    "MeshplanError": "meshplan.errors",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'meshplan' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,51 @@
+"""The ``meshplan`` command line: ``meshplan plan | report | run | profile | inspect | explain | diff``.
+
+Dispatch only; each subcommand lives in ``meshplan.commands.<name>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS = ("inspect", "profile", "plan", "report", "explain", "diff", "run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="meshplan",
+        description="Automatic data/tensor/pipeline parallelism planner for PyTorch training.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"meshplan.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"meshplan.commands.{name}":
+                continue  # command not built in this version
+            raise
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    from meshplan.errors import MeshplanError
+
+    try:
+        return int(args._run(args) or 0)
+    except (MeshplanError, ValueError, FileNotFoundError) as e:
+        print(f"meshplan {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""ClusterSpec: the hardware a plan is made for, with published presets and JSON profiles.
+
+Figures and sources: FORMULAS.md "Hardware" (vendor datasheets): dense BF16 peak, HBM size and
+bandwidth, NVLink bandwidth (the datasheet's bidirectional figure halved to one direction),
+InfiniBand per GPU per direction (DGX A100: 8x HDR 200 Gb/s = 25 GB/s; DGX H100: 8x NDR 400 Gb/s
+= 50 GB/s). Efficiencies are the calibratable fraction of peak that real kernels reach.
+
+No torch import: a ClusterSpec is plain data, always passed as an argument, never a global.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+GB = 1e9
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A homogeneous cluster: ``num_devices`` accelerators, ``devices_per_node`` per node.
+
+    Units are in the names: FLOP/s, bytes, bytes/s, seconds. Bandwidths are per device, per
+    direction. ``source`` says where the figures come from (a preset's datasheet or a profile).
+    """
+
+    name: str
+    num_devices: int
+    devices_per_node: int
+    peak_flops: dict[str, float]  # dtype ("bf16", "fp16", "fp32") -> FLOP/s per device
+    mem_bytes: int  # memory per device
+    mem_bw_bytes_per_s: float  # device memory bandwidth
+    intra_bw_bytes_per_s: float  # per device, per direction, inside a node
+    intra_latency_s: float
+    inter_bw_bytes_per_s: float  # per device, per direction, between nodes
+    inter_latency_s: float
+    matmul_efficiency: float = 0.75  # fraction of peak FLOP/s that large GEMMs reach
+    mem_efficiency: float = 0.8  # fraction of memory bandwidth that memory-bound kernels reach
+    comm_efficiency: float = 0.8  # fraction of link bandwidth that collectives reach
+    kernel_floor_s: float = 5e-6  # smallest time any kernel launch takes
+    mem_reserved_bytes: int = 0  # memory the framework keeps (CUDA context, allocator slack)
+    source: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def bad(field_name: str, why: str) -> ValueError:
+            return ValueError(f"ClusterSpec.{field_name}: {why}")
+
+        if not isinstance(self.num_devices, int) or self.num_devices < 1:
+            raise bad("num_devices", f"must be a positive integer, got {self.num_devices!r}")
+        if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:
+            raise bad("devices_per_node", f"must be a positive integer, got {self.devices_per_node!r}")
+        if self.num_devices > self.devices_per_node and self.num_devices % self.devices_per_node:
+            raise bad(
+                "num_devices",
+                f"{self.num_devices} is not a whole number of nodes of {self.devices_per_node} devices",
+            )
+        if not self.peak_flops:
+            raise bad("peak_flops", "needs at least one dtype")
+        for dt, v in self.peak_flops.items():
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise bad("peak_flops", f"{dt} must be a positive number, got {v!r}")
+        for name in ("mem_bytes", "mem_bw_bytes_per_s", "intra_bw_bytes_per_s", "inter_bw_bytes_per_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise bad(name, f"must be a positive number, got {v!r}")
+        for name in ("intra_latency_s", "inter_latency_s", "kernel_floor_s", "mem_reserved_bytes"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+                raise bad(name, f"must be a non-negative number, got {v!r}")
+        for name in ("matmul_efficiency", "mem_efficiency", "comm_efficiency"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 < v <= 1):
+                raise bad(name, f"must be in (0, 1], got {v!r}")
+
+    # ---- derived -----------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return max(1, math.ceil(self.num_devices / self.devices_per_node))
+
+    def peak(self, dtype: str = "bf16") -> float:
+        """Peak FLOP/s per device for ``dtype`` (falls back to fp16/bf16, then the largest)."""
+        if dtype in self.peak_flops:
+            return float(self.peak_flops[dtype])
+        for alt in ("bf16", "fp16"):
+            if alt in self.peak_flops and dtype in ("bf16", "fp16"):
+                return float(self.peak_flops[alt])
+        return float(max(self.peak_flops.values()))
+
+    @property
+    def usable_mem_bytes(self) -> int:
+        return int(self.mem_bytes - self.mem_reserved_bytes)
+
+    def with_devices(self, num_devices: int) -> ClusterSpec:
+        """The same hardware with another device count (whole nodes, or part of one)."""
+        return replace(self, num_devices=num_devices)
+
+    # ---- presets and I/O ---------------------------------------------------------------
+    @staticmethod
+    def preset(name: str, num_nodes: int = 1, devices_per_node: int | None = None) -> ClusterSpec:
+        """A published preset: a100-40g, a100-80g, h100, h200, v100 (``num_nodes`` nodes)."""
+        key = name.lower()
+        if key not in PRESETS:
+            raise ValueError(f"unknown cluster preset {name!r}; choose one of {sorted(PRESETS)} or a profile JSON path")
+        if not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ValueError(f"ClusterSpec.num_nodes: must be a positive integer, got {num_nodes!r}")
+        return PRESETS[key](num_nodes, devices_per_node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClusterSpec:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"ClusterSpec: unknown fields {sorted(unknown)}")
+        missing = {
+            f.name
+            for f in cls.__dataclass_fields__.values()
+            if f.name not in d and f.default is f.default_factory  # type: ignore[misc]
+        }
+        missing = {m for m in missing if m not in ("extra",)}
+        if missing:
+            raise ValueError(f"ClusterSpec: missing fields {sorted(missing)}")
+        return cls(**{**d, "peak_flops": dict(d["peak_flops"])})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_json(cls, s: str) -> ClusterSpec:
+        return cls.from_dict(json.loads(s))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ClusterSpec:
+        return cls.from_json(Path(path).read_text())
+
+
+def resolve_cluster(cluster: str | ClusterSpec | Path, world_size: int) -> ClusterSpec:
+    """A ClusterSpec with ``world_size`` devices from a preset name, a profile path or a spec.
+
+    A preset gets as many nodes as ``world_size`` needs (a partial node when world_size is
+    smaller than one node); a profile or spec keeps its per-device figures.
+    """
+    if isinstance(cluster, ClusterSpec):
+        spec = cluster
+    elif isinstance(cluster, Path) or str(cluster).endswith(".json"):
+        p = Path(cluster)
+        if not p.exists():
+            raise ValueError(f"cluster profile {str(p)!r} does not exist")
+        spec = ClusterSpec.load(p)
+    else:
+        spec = ClusterSpec.preset(str(cluster))
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if world_size > spec.devices_per_node and world_size % spec.devices_per_node:
+        raise ValueError(
+            f"world_size {world_size} is not a whole number of {spec.name} nodes of {spec.devices_per_node} devices"
+        )
+    return spec.with_devices(world_size)
+
+
+def _make(
+    name: str,
+    *,
+    tflops_bf16: float,
+    tflops_fp32: float,
+    mem_gb: float,
+    hbm_tb_s: float,
+    nvlink_bidir_gb_s: float,
+    ib_gb_s: float,
+    per_node: int,
+    source: str,
+):
+    def build(num_nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
+        dpn = devices_per_node or per_node
+        return ClusterSpec(
+            name=name,
+            num_devices=num_nodes * dpn,
+            devices_per_node=dpn,
+            peak_flops={"bf16": tflops_bf16 * 1e12, "fp16": tflops_bf16 * 1e12, "fp32": tflops_fp32 * 1e12},
+            mem_bytes=int(mem_gb * GB),
+            mem_bw_bytes_per_s=hbm_tb_s * 1e12,
+            intra_bw_bytes_per_s=nvlink_bidir_gb_s / 2 * GB,
+            intra_latency_s=5e-6,
+            inter_bw_bytes_per_s=ib_gb_s * GB,
+            inter_latency_s=1e-5,
+            source=source,
+        )
+
+    return build
+
+
+PRESETS = {
+    "a100-40g": _make(
+        "a100-40g", tflops_bf16=312, tflops_fp32=19.5, mem_gb=40, hbm_tb_s=1.555, nvlink_bidir_gb_s=600,
+        ib_gb_s=25, per_node=8,
+        source="NVIDIA A100 datasheet (SXM4 40GB); DGX A100 8x HDR 200Gb/s (FORMULAS.md)",
+    ),
+    "a100-80g": _make(
+        "a100-80g", tflops_bf16=312, tflops_fp32=19.5, mem_gb=80, hbm_tb_s=2.039, nvlink_bidir_gb_s=600,
+        ib_gb_s=25, per_node=8,
+        source="NVIDIA A100 datasheet (SXM4 80GB); DGX A100 8x HDR 200Gb/s (FORMULAS.md)",
+    ),
+    "h100": _make(
+        "h100", tflops_bf16=989, tflops_fp32=67, mem_gb=80, hbm_tb_s=3.35, nvlink_bidir_gb_s=900,
+        ib_gb_s=50, per_node=8,
+        source="NVIDIA H100 datasheet (SXM5 80GB); DGX H100 8x NDR 400Gb/s (FORMULAS.md)",
+    ),
+    "h200": _make(
+        "h200", tflops_bf16=989, tflops_fp32=67, mem_gb=141, hbm_tb_s=4.8, nvlink_bidir_gb_s=900,
+        ib_gb_s=50, per_node=8,
+        source="NVIDIA H200 datasheet (SXM 141GB); 8x NDR 400Gb/s per node (FORMULAS.md)",
+    ),
+    "v100": _make(
+        "v100", tflops_bf16=125, tflops_fp32=15.7, mem_gb=32, hbm_tb_s=0.9, nvlink_bidir_gb_s=300,
+        ib_gb_s=12.5, per_node=8,
+        source="NVIDIA V100 datasheet (SXM2 32GB, FP16 tensor core); DGX-1 4x EDR 100Gb/s shared (FORMULAS.md)",
+    ),
+}

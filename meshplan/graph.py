@@ -1,0 +1,231 @@
+"""ModelGraph: what tracing saw, as plain torch-free data.
+
+Owns the data types that flow from ``meshplan.trace`` to the cost models and the planner:
+``GraphNode`` (one fx node, annotated), ``BlockType`` (a repeated structure such as GPT-2's
+transformer block, with its instances), ``CutPoint`` (a place where the node order may be cut
+into pipeline stages, with every live tensor that crosses it) and ``ModelGraph`` itself.
+
+No torch import here (a test enforces it): a graph can be built, saved and planned on a machine
+without torch, and no fx.Node survives into it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import networkx as nx
+
+#: Node kinds used by the tracer, the cost models and the planner.
+NODE_KINDS = (
+    "input",  # placeholder
+    "output",  # graph output
+    "embedding",  # nn.Embedding lookup
+    "linear",  # nn.Linear / HF Conv1D / F.linear (has attrs in_features, out_features)
+    "attention",  # scaled-dot-product attention core (no weights)
+    "matmul",  # other matmul / bmm without weights
+    "norm",  # LayerNorm / RMSNorm
+    "activation",  # gelu / silu / relu / softmax ...
+    "elementwise",  # add / mul / dropout ...
+    "reshape",  # view / transpose / split / getitem / contiguous ...: moves no data, forwards sharding
+    "loss",  # cross entropy and friends
+    "constant",  # get_attr buffers (rotary tables, masks)
+    "other",
+)
+
+
+@dataclass
+class GraphNode:
+    """One node of the traced graph, annotated for costing.
+
+    Sizes are per *traced* batch (``ModelGraph.batch_size`` sequences of ``seq_len``).
+    """
+
+    id: int  # position in topological order, 0-based
+    name: str  # fx node name, unique, stable across re-tracing the same model
+    op: str  # fx op: placeholder | call_module | call_function | call_method | get_attr | output
+    kind: str  # one of NODE_KINDS
+    target: str  # module class name or function/op name, for people and structural hashing
+    module_fqn: str | None = None  # owning leaf module, e.g. "blocks.0.attn.q_proj"
+    scope: str = ""  # innermost module whose forward produced the node, e.g. "blocks.0.attn"
+    block: str | None = None  # repeated-block instance prefix it belongs to, e.g. "blocks.0"
+    inputs: tuple[int, ...] = ()  # ids of the nodes whose outputs this node reads
+    out_shape: tuple[int, ...] | None = None  # first tensor output's shape
+    out_dtype: str | None = None  # e.g. "float32", "bfloat16", "int64"
+    out_bytes: int = 0  # bytes of all tensor outputs
+    param_names: tuple[str, ...] = ()  # parameters this node reads (FQNs as in named_parameters)
+    param_numel: int = 0  # parameters counted at this node (a tied parameter only at first use)
+    param_bytes: int = 0  # bytes of those parameters
+    shared_params: tuple[str, ...] = ()  # params read here that are tied/shared with another node
+    frozen_param_numel: int = 0  # of param_numel, those with requires_grad False
+    fwd_flops: int = 0  # forward FLOPs (FlopCounterMode convention: 2 per multiply-add)
+    saved_bytes: int = 0  # bytes this node saves for backward (inputs it needs in autograd)
+    attrs: dict[str, Any] = field(default_factory=dict)  # in_features, out_features, num_heads, ...
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind not in ("input", "output", "constant", "reshape")
+
+
+@dataclass
+class BlockType:
+    """A repeated structure: one block type × len(instances).
+
+    ``instances`` are module prefixes (e.g. ``"blocks.0"``) in order;
+    ``node_ranges`` the [start, end) id range of each instance, contiguous in topological order.
+    """
+
+    type_id: str  # structural hash
+    module_class: str  # e.g. "Block", "GPT2Block"
+    instances: tuple[str, ...]
+    node_ranges: tuple[tuple[int, int], ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.instances)
+
+
+@dataclass
+class CutPoint:
+    """A candidate pipeline cut after node ``after`` (cut between ids after and after+1).
+
+    ``crossing`` lists every node whose output is produced at or before ``after`` and read
+    after it (residual stream, masks, rotary tables, ...), ``crossing_bytes`` their total bytes.
+    ``at_block_boundary`` is true where the cut falls between two repeated-block instances
+    (or between the pre-block part and the first block / the last block and the head).
+    """
+
+    after: int
+    crossing: tuple[int, ...]
+    crossing_bytes: int
+    at_block_boundary: bool = False
+
+
+@dataclass
+class ModelGraph:
+    """The annotated graph of one model at one traced input size."""
+
+    model_name: str
+    capture: str  # "fx" or "export"
+    batch_size: int  # sequences in the traced input
+    seq_len: int  # tokens per sequence (1 for non-sequence models)
+    nodes: list[GraphNode]
+    edges: list[tuple[int, int, int]]  # (src id, dst id, tensor bytes)
+    blocks: list[BlockType] = field(default_factory=list)
+    cut_points: list[CutPoint] = field(default_factory=list)
+    param_count: int = 0  # exact, tied parameters once
+    param_bytes: int = 0
+    trainable_param_count: int = 0
+    tied_params: list[tuple[str, ...]] = field(default_factory=list)  # groups of FQNs sharing storage
+    meta: dict[str, Any] = field(default_factory=dict)  # hidden, num_heads, num_kv_heads, vocab, ...
+
+    # ---- queries -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[GraphNode]:
+        return iter(self.nodes)
+
+    def node(self, node_id: int) -> GraphNode:
+        return self.nodes[node_id]
+
+    def by_name(self, name: str) -> GraphNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node named {name!r} in graph of {self.model_name}")
+
+    def nodes_of_kind(self, *kinds: str) -> list[GraphNode]:
+        return [n for n in self.nodes if n.kind in kinds]
+
+    def nodes_in(self, start: int, end: int) -> list[GraphNode]:
+        return self.nodes[start:end]
+
+    @property
+    def total_fwd_flops(self) -> int:
+        return sum(n.fwd_flops for n in self.nodes)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def fwd_flops_per_token(self) -> float:
+        return self.total_fwd_flops / max(1, self.tokens)
+
+    def successors(self, node_id: int) -> list[int]:
+        return [d for s, d, _ in self.edges if s == node_id]
+
+    def to_networkx(self) -> nx.DiGraph:
+        """A networkx DiGraph: nodes keyed by id with every GraphNode field as attributes,
+        edges with ``bytes``."""
+        g = nx.DiGraph(model_name=self.model_name, capture=self.capture)
+        for n in self.nodes:
+            g.add_node(n.id, **asdict(n))
+        for s, d, b in self.edges:
+            g.add_edge(s, d, bytes=b)
+        return g
+
+    def block_of(self, node_id: int) -> tuple[BlockType, int] | None:
+        """(block type, instance index) holding ``node_id``, or None."""
+        for bt in self.blocks:
+            for i, (a, b) in enumerate(bt.node_ranges):
+                if a <= node_id < b:
+                    return bt, i
+        return None
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelGraph:
+        d = dict(d)
+        d["nodes"] = [_node_from_dict(n) for n in d["nodes"]]
+        d["edges"] = [tuple(e) for e in d["edges"]]
+        d["blocks"] = [
+            BlockType(
+                type_id=b["type_id"],
+                module_class=b["module_class"],
+                instances=tuple(b["instances"]),
+                node_ranges=tuple(tuple(r) for r in b["node_ranges"]),
+            )
+            for b in d.get("blocks", [])
+        ]
+        d["cut_points"] = [
+            CutPoint(
+                after=c["after"],
+                crossing=tuple(c["crossing"]),
+                crossing_bytes=c["crossing_bytes"],
+                at_block_boundary=c.get("at_block_boundary", False),
+            )
+            for c in d.get("cut_points", [])
+        ]
+        d["tied_params"] = [tuple(t) for t in d.get("tied_params", [])]
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, s: str) -> ModelGraph:
+        return cls.from_dict(json.loads(s))
+
+
+def _node_from_dict(d: dict[str, Any]) -> GraphNode:
+    d = dict(d)
+    for k in ("inputs", "param_names", "shared_params"):
+        d[k] = tuple(d.get(k, ()))
+    if d.get("out_shape") is not None:
+        d["out_shape"] = tuple(d["out_shape"])
+    return GraphNode(**d)
+
+
+def live_tensors_after(nodes: Iterable[GraphNode], after: int) -> list[int]:
+    """Ids of nodes produced at or before ``after`` and read by a node after it."""
+    live = set()
+    for n in nodes:
+        if n.id > after:
+            live.update(i for i in n.inputs if i <= after)
+    return sorted(live)
