@@ -118,6 +118,7 @@ class Prediction:
     """Predicted costs of one training step (all figures predicted by the cost model)."""
 
     step_s: float
+    pipeline_s: float = 0.0  # makespan of the simulated pipeline schedule (what the timeline draws)
     compute_s: float = 0.0  # forward + backward compute on the critical path, no bubble
     tp_comm_s: float = 0.0
     pp_comm_s: float = 0.0
