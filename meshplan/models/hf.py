@@ -1,0 +1,76 @@
+"""Hugging Face transformers models built from configs (no weights downloaded).
+
+``transformers`` is optional: it is imported inside each builder, and a missing install raises
+an ImportError that says how to get it. Defaults are tiny (2 layers, hidden 64, vocab 128).
+``HFLogits`` wraps a HF model so that ``forward(input_ids)`` returns only the logits
+(``use_cache=False``); the tracer applies it automatically to HF models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("this model needs transformers: pip install 'meshplan[hf]'") from e
+    return transformers
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    """True for a transformers PreTrainedModel (checked without importing transformers)."""
+    return any(
+        c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers")
+        for c in type(model).__mro__
+    )
+
+
+class HFLogits(nn.Module):
+    """``forward(input_ids) -> logits`` around a HF model; the HF model is ``self.model``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self._use_cache = hasattr(getattr(model, "config", None), "use_cache")
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self._use_cache:
+            out = self.model(input_ids=input_ids, use_cache=False)
+        else:
+            out = self.model(input_ids=input_ids)
+        return out.logits
+
+
+def hf_gpt2(config_kwargs: dict[str, Any] | None = None) -> nn.Module:
+    """A ``GPT2LMHeadModel`` (tied LM head) from a ``GPT2Config``; tiny by default."""
+    tf = _transformers()
+    kw: dict[str, Any] = dict(bos_token_id=0, eos_token_id=0, n_layer=2, n_head=4, n_embd=64, vocab_size=128, n_positions=32)
+    kw.update(config_kwargs or {})
+    return tf.GPT2LMHeadModel(tf.GPT2Config(**kw)).eval()
+
+
+def hf_llama(config_kwargs: dict[str, Any] | None = None) -> nn.Module:
+    """A ``LlamaForCausalLM`` from a ``LlamaConfig``; tiny by default (GQA 4 heads / 2 kv heads)."""
+    tf = _transformers()
+    kw: dict[str, Any] = dict(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
+        intermediate_size=176, vocab_size=128, max_position_embeddings=32,
+    )
+    kw.update(config_kwargs or {})
+    return tf.LlamaForCausalLM(tf.LlamaConfig(**kw)).eval()
+
+
+def hf_bert(config_kwargs: dict[str, Any] | None = None) -> nn.Module:
+    """A ``BertForMaskedLM`` from a ``BertConfig``; tiny by default."""
+    tf = _transformers()
+    kw: dict[str, Any] = dict(
+        num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=256,
+        vocab_size=128, max_position_embeddings=32,
+    )
+    kw.update(config_kwargs or {})
+    return tf.BertForMaskedLM(tf.BertConfig(**kw)).eval()
