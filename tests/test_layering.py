@@ -1,0 +1,66 @@
+"""Dependency direction (DESIGN.md): planning code never imports torch; runtime never imports planner."""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import meshplan
+
+ROOT = Path(meshplan.__file__).parent
+TORCH_FREE = ["meshplan.plan", "meshplan.graph", "meshplan.errors", "meshplan.cli"]
+TORCH_FREE_PACKAGES = ["partition", "planner", "report", "cost_models"]
+TORCH_ALLOWED = {"meshplan.cost_models.profile"}
+
+
+def _modules_under(pkg: str) -> list[str]:
+    path = ROOT / pkg
+    if not path.exists():
+        return []
+    return [
+        f"meshplan.{pkg}.{m.name}" for m in pkgutil.walk_packages([str(path)]) if f"meshplan.{pkg}.{m.name}" not in TORCH_ALLOWED
+    ] + [f"meshplan.{pkg}"]
+
+
+def test_planning_modules_do_not_import_torch():
+    mods = TORCH_FREE + [m for p in TORCH_FREE_PACKAGES for m in _modules_under(p)]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {mods!r}:\n"
+        "    importlib.import_module(m)\n"
+        "bad = sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.'))\n"
+        "print('TORCH' if bad else 'CLEAN')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("CLEAN"), f"torch imported while importing {mods}"
+
+
+def test_runtime_never_imports_planner():
+    runtime = ROOT / "runtime"
+    offenders = []
+    for f in runtime.rglob("*.py") if runtime.exists() else []:
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{f.name}: {n}" for n in names if n.startswith(("meshplan.planner", "meshplan.partition"))]
+    assert not offenders, offenders
+
+
+def test_cli_help_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from meshplan.cli import build_parser\n"
+        "build_parser()\n"
+        "print('TORCH' if 'torch' in sys.modules else 'CLEAN')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("CLEAN"), "a meshplan/commands module imports torch at top level"
