@@ -1,0 +1,64 @@
+"""Tests of meshplan.ilp: the shared solve helper (status, fallback, infeasibility report)."""
+
+from __future__ import annotations
+
+import pulp
+import pytest
+
+from meshplan import ilp
+
+
+def _knapsack(capacity: float) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
+    prob = pulp.LpProblem("knap", pulp.LpMaximize)
+    x = [pulp.LpVariable(f"x{i}", cat="Binary") for i in range(3)]
+    prob += 3 * x[0] + 4 * x[1] + 5 * x[2]
+    prob += 2 * x[0] + 3 * x[1] + 4 * x[2] <= capacity, "capacity__0"
+    prob += x[0] + x[1] + x[2] >= 1, "pick__0"
+    return prob, x
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+def test_solve_optimal(solver: str) -> None:
+    prob, x = _knapsack(5)
+    res = ilp.solve(prob, time_limit_s=5, solver=solver)
+    assert res.status == "optimal"
+    assert res.solver == solver
+    assert res.objective == pytest.approx(7.0)  # items 0 and 1
+    assert [round(v.varValue) for v in x] == [1, 1, 0]
+    assert res.seconds >= 0
+
+
+def test_falls_back_to_cbc_when_highs_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = ilp._make_solver
+
+    class Broken(pulp.HiGHS):  # type: ignore[misc]
+        def actualSolve(self, lp, **kw):  # noqa: ANN001, ANN003, ANN201
+            raise RuntimeError("boom")
+
+    def fake(name: str, t: float) -> pulp.LpSolver:
+        return Broken(msg=False, timeLimit=t) if name == "highs" else real(name, t)
+
+    monkeypatch.setattr(ilp, "_make_solver", fake)
+    prob, _ = _knapsack(5)
+    res = ilp.solve(prob, time_limit_s=5)
+    assert res.solver == "cbc" and res.objective == pytest.approx(7.0)
+
+
+def test_infeasible_names_families() -> None:
+    prob, x = _knapsack(5)
+    prob += x[0] + x[1] + x[2] >= 3, "count__0"  # needs weight 9 > 5
+    with pytest.raises(ilp.InfeasibleProblemError) as err:
+        ilp.solve(prob, time_limit_s=5)
+    assert set(err.value.families) == {"capacity", "pick", "count"}
+    assert set(err.value.culprits) == {"capacity", "count"}
+    assert "capacity" in str(err.value) and "count" in str(err.value)
+
+
+def test_families_and_bad_args() -> None:
+    prob, _ = _knapsack(5)
+    assert ilp.constraint_families(prob) == {"capacity": 1, "pick": 1}
+    assert ilp.family_of("memory__12") == "memory"
+    with pytest.raises(ValueError, match="time_limit_s"):
+        ilp.solve(prob, time_limit_s=0)
+    with pytest.raises(ValueError, match="unknown solver"):
+        ilp.solve(prob, solver="gurobi")
