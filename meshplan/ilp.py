@@ -177,7 +177,11 @@ def solve(
             )
         if status == "Infeasible":
             fams = constraint_families(problem)
-            culprits = diagnose_infeasibility(problem, time_limit_s=min(2.0, time_limit_s), solver=solver) if diagnose else ()
+            culprits = (
+                diagnose_infeasibility(problem, time_limit_s=min(2.0, time_limit_s), solver=solver)
+                if diagnose
+                else ()
+            )
             fam_text = ", ".join(f"{f} ({n})" for f, n in fams.items()) or "none"
             why = (
                 f"; removing any one of [{', '.join(culprits)}] makes it feasible"
