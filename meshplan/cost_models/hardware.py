@@ -105,7 +105,9 @@ class ClusterSpec:
         """A published preset: a100-40g, a100-80g, h100, h200, v100 (``num_nodes`` nodes)."""
         key = name.lower()
         if key not in PRESETS:
-            raise ValueError(f"unknown cluster preset {name!r}; choose one of {sorted(PRESETS)} or a profile JSON path")
+            raise ValueError(
+                f"unknown cluster preset {name!r}; choose one of {sorted(PRESETS)} or a profile JSON path"
+            )
         if not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"ClusterSpec.num_nodes: must be a positive integer, got {num_nodes!r}")
         return PRESETS[key](num_nodes, devices_per_node)
@@ -201,28 +203,58 @@ def _make(
 
 PRESETS = {
     "a100-40g": _make(
-        "a100-40g", tflops_bf16=312, tflops_fp32=19.5, mem_gb=40, hbm_tb_s=1.555, nvlink_bidir_gb_s=600,
-        ib_gb_s=25, per_node=8,
+        "a100-40g",
+        tflops_bf16=312,
+        tflops_fp32=19.5,
+        mem_gb=40,
+        hbm_tb_s=1.555,
+        nvlink_bidir_gb_s=600,
+        ib_gb_s=25,
+        per_node=8,
         source="NVIDIA A100 datasheet (SXM4 40GB); DGX A100 8x HDR 200Gb/s (FORMULAS.md)",
     ),
     "a100-80g": _make(
-        "a100-80g", tflops_bf16=312, tflops_fp32=19.5, mem_gb=80, hbm_tb_s=2.039, nvlink_bidir_gb_s=600,
-        ib_gb_s=25, per_node=8,
+        "a100-80g",
+        tflops_bf16=312,
+        tflops_fp32=19.5,
+        mem_gb=80,
+        hbm_tb_s=2.039,
+        nvlink_bidir_gb_s=600,
+        ib_gb_s=25,
+        per_node=8,
         source="NVIDIA A100 datasheet (SXM4 80GB); DGX A100 8x HDR 200Gb/s (FORMULAS.md)",
     ),
     "h100": _make(
-        "h100", tflops_bf16=989, tflops_fp32=67, mem_gb=80, hbm_tb_s=3.35, nvlink_bidir_gb_s=900,
-        ib_gb_s=50, per_node=8,
+        "h100",
+        tflops_bf16=989,
+        tflops_fp32=67,
+        mem_gb=80,
+        hbm_tb_s=3.35,
+        nvlink_bidir_gb_s=900,
+        ib_gb_s=50,
+        per_node=8,
         source="NVIDIA H100 datasheet (SXM5 80GB); DGX H100 8x NDR 400Gb/s (FORMULAS.md)",
     ),
     "h200": _make(
-        "h200", tflops_bf16=989, tflops_fp32=67, mem_gb=141, hbm_tb_s=4.8, nvlink_bidir_gb_s=900,
-        ib_gb_s=50, per_node=8,
+        "h200",
+        tflops_bf16=989,
+        tflops_fp32=67,
+        mem_gb=141,
+        hbm_tb_s=4.8,
+        nvlink_bidir_gb_s=900,
+        ib_gb_s=50,
+        per_node=8,
         source="NVIDIA H200 datasheet (SXM 141GB); 8x NDR 400Gb/s per node (FORMULAS.md)",
     ),
     "v100": _make(
-        "v100", tflops_bf16=125, tflops_fp32=15.7, mem_gb=32, hbm_tb_s=0.9, nvlink_bidir_gb_s=300,
-        ib_gb_s=12.5, per_node=8,
+        "v100",
+        tflops_bf16=125,
+        tflops_fp32=15.7,
+        mem_gb=32,
+        hbm_tb_s=0.9,
+        nvlink_bidir_gb_s=300,
+        ib_gb_s=12.5,
+        per_node=8,
         source="NVIDIA V100 datasheet (SXM2 32GB, FP16 tensor core); DGX-1 4x EDR 100Gb/s shared (FORMULAS.md)",
     ),
 }

@@ -1,0 +1,235 @@
+"""Compute time of graph nodes on a ClusterSpec: a roofline with a per-kernel floor.
+
+Owns ``roofline_time_s`` (one kernel), ``backward_factors`` (backward split into the input-gradient
+part B and the weight-gradient part W, per node kind, so zero-bubble schedules can be costed) and
+``node_time`` (one GraphNode at a tensor-parallel shard and a microbatch size).
+
+Model (Williams, Waterman & Patterson, "Roofline", CACM 2009)::
+
+    t = max( FLOPs / (peak(dtype) · matmul_efficiency),
+             bytes / (mem_bw · mem_efficiency),
+             kernel_floor_s )
+
+Matmul-like kinds (linear, matmul, attention) run on the tensor cores at ``peak(dtype)``; every
+other kind runs on the vector units, taken as ``peak("fp32")``. The efficiencies and the floor are
+ClusterSpec fields, so a measured profile calibrates them. No torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.graph import NODE_KINDS, GraphNode
+
+#: Kinds that run as GEMMs on the tensor cores.
+MATMUL_KINDS = frozenset({"linear", "matmul", "attention"})
+#: Kinds that cost nothing (no kernel: placeholders, views, buffers).
+FREE_KINDS = frozenset({"input", "output", "constant", "reshape"})
+#: Kinds whose weights are split by tensor parallelism (so ``shard`` divides their parameter bytes).
+SHARDED_WEIGHT_KINDS = frozenset({"linear", "embedding", "matmul"})
+
+# Backward time as multiples of forward time: (input gradient B, weight gradient W).
+# linear/matmul: dX = dY·Wᵀ and dW = Xᵀ·dY are each one GEMM the size of the forward
+#   (FORMULAS.md "Backward costs about 2× forward"; Qi et al. 2023 split them as B and W).
+# attention (no weights): backward recomputes the softmax and does 2 more GEMMs than forward,
+#   ≈ 2× forward (FlashAttention-2 paper, Dao 2023, §3: backward ≈ 2–2.5× forward); W = 0.
+# norm: memory bound; dX reads x, dY and the saved statistics (≈ 1.5× forward), dγ/dβ is a
+#   reduction over the tokens (≈ 0.5× forward).
+# activation / elementwise / loss: one memory-bound pass over the same tensors (≈ 1× forward).
+# embedding: no gradient w.r.t. integer ids (B = 0); W is a scatter-add the size of the output.
+_BACKWARD_FACTORS: dict[str, tuple[float, float]] = {
+    "linear": (1.0, 1.0),
+    "matmul": (1.0, 1.0),
+    "attention": (2.0, 0.0),
+    "norm": (1.5, 0.5),
+    "activation": (1.0, 0.0),
+    "elementwise": (1.0, 0.0),
+    "loss": (1.0, 0.0),
+    "embedding": (0.0, 1.0),
+    "other": (1.0, 1.0),
+    "input": (0.0, 0.0),
+    "output": (0.0, 0.0),
+    "constant": (0.0, 0.0),
+    "reshape": (0.0, 0.0),
+}
+
+_DTYPE_BYTES = {
+    "float64": 8, "fp64": 8, "float32": 4, "fp32": 4, "tf32": 4, "float16": 2, "fp16": 2,
+    "bfloat16": 2, "bf16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
+}  # fmt: skip
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a floating dtype name (torch or short spelling: "bfloat16", "bf16")."""
+    key = dtype.replace("torch.", "")
+    if key not in _DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} unknown; use one of {sorted(_DTYPE_BYTES)}")
+    return _DTYPE_BYTES[key]
+
+
+@dataclass(frozen=True)
+class NodeTime:
+    """Seconds for one node on one device: forward, backward input-grad (B), backward weight-grad (W)."""
+
+    fwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+
+    @property
+    def bwd_s(self) -> float:
+        return self.bwd_input_s + self.bwd_weight_s
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_input_s + self.bwd_weight_s
+
+    def __add__(self, other: NodeTime) -> NodeTime:
+        return NodeTime(
+            self.fwd_s + other.fwd_s,
+            self.bwd_input_s + other.bwd_input_s,
+            self.bwd_weight_s + other.bwd_weight_s,
+        )
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in NODE_KINDS:
+        raise ValueError(f"node kind {kind!r} unknown; use one of {NODE_KINDS}")
+
+
+def roofline_time_s(
+    flops: float, bytes_moved: float, cluster: ClusterSpec, *, dtype: str = "bf16", kind: str = "linear"
+) -> float:
+    """Seconds for one kernel: ``max(flops/(peak·eff_mm), bytes/(mem_bw·eff_mem), floor)``.
+
+    ``peak`` is ``cluster.peak(dtype)`` for matmul kinds (linear, matmul, attention) and
+    ``cluster.peak("fp32")`` (vector units) for the rest; ``eff_mm = cluster.matmul_efficiency``,
+    ``eff_mem = cluster.mem_efficiency``, ``floor = cluster.kernel_floor_s`` (launch overhead).
+    A kernel that does no work (0 FLOPs, 0 bytes) or a free kind (reshape, input, ...) costs 0.
+    Units: FLOPs, bytes -> seconds. Source: roofline model (Williams et al., CACM 2009).
+    """
+    _check_kind(kind)
+    if flops < 0 or bytes_moved < 0:
+        raise ValueError(f"flops and bytes_moved must be >= 0, got {flops!r}, {bytes_moved!r}")
+    if kind in FREE_KINDS or (flops == 0 and bytes_moved == 0):
+        return 0.0
+    peak = cluster.peak(dtype) if kind in MATMUL_KINDS else cluster.peak("fp32")
+    t_compute = flops / (peak * cluster.matmul_efficiency)
+    t_memory = bytes_moved / (cluster.mem_bw_bytes_per_s * cluster.mem_efficiency)
+    return max(t_compute, t_memory, cluster.kernel_floor_s)
+
+
+def backward_factors(kind: str) -> tuple[float, float]:
+    """(B, W): input-gradient and weight-gradient time as multiples of forward time.
+
+    linear/matmul (1, 1); attention (2, 0); norm (1.5, 0.5); activation, elementwise, loss (1, 0);
+    embedding (0, 1); other (1, 1); input, output, constant, reshape (0, 0). Sources: FORMULAS.md
+    (backward ≈ 2× forward), Qi et al. 2023 (the B/W split), Dao 2023 (attention backward ≈ 2×).
+    """
+    _check_kind(kind)
+    return _BACKWARD_FACTORS[kind]
+
+
+def estimate_input_bytes(node: GraphNode) -> int:
+    """Bytes a node reads besides its weights, when the graph's edges are not at hand.
+
+    linear: ``out_bytes · in_features / out_features``; norm/activation/loss/embedding:
+    ``out_bytes`` (one input the size of the output; ids are small, counted as output-sized
+    upper bound for embedding); elementwise/other: one ``out_bytes`` per input (capped at 2).
+    Prefer the exact sum of ``ModelGraph.edges`` into the node (``node_input_bytes``).
+    """
+    if node.kind == "linear" and node.attrs.get("in_features") and node.attrs.get("out_features"):
+        return int(node.out_bytes * node.attrs["in_features"] / node.attrs["out_features"])
+    if node.kind in ("elementwise", "other", "matmul", "attention"):
+        return node.out_bytes * max(1, min(len(node.inputs), 3 if node.kind == "attention" else 2))
+    return node.out_bytes
+
+
+def node_input_bytes(edges: list[tuple[int, int, int]], node_id: int) -> int:
+    """Sum of the tensor bytes on ``ModelGraph.edges`` that end at ``node_id``."""
+    return sum(b for _, d, b in edges if d == node_id)
+
+
+def node_time(
+    node: GraphNode,
+    cluster: ClusterSpec,
+    *,
+    shard: int = 1,
+    batch_scale: float = 1.0,
+    dtype: str = "bf16",
+    input_bytes: int | None = None,
+) -> NodeTime:
+    """Forward, backward-input and backward-weight seconds of ``node`` on one device.
+
+    Formula::
+
+        flops   = fwd_flops · batch_scale / shard
+        bytes   = (input_bytes + out_bytes) · batch_scale · r / shard + param_bytes · r / s_w
+        fwd_s   = roofline_time_s(flops, bytes, cluster, dtype, kind)
+        (B, W)  = backward_factors(kind);  bwd_input_s = B · fwd_s;  bwd_weight_s = W · fwd_s
+
+    ``shard`` is the tensor-parallel split of this node's work; ``s_w = shard`` for kinds whose
+    weight TP splits (linear, embedding, matmul), else 1; an embedding reads only the rows it
+    returns (its weight term is 0). ``batch_scale`` turns the traced batch
+    into a microbatch (parameter bytes do not scale with it). ``r = dtype_bytes(dtype) /
+    dtype_bytes(node.out_dtype)`` when the node was traced in another float dtype (a model traced
+    in fp32 and trained in bf16 moves half the bytes). ``input_bytes`` defaults to
+    ``estimate_input_bytes(node)``; pass ``node_input_bytes(graph.edges, node.id)`` when known.
+    W is 0 for a node with no trainable parameters (frozen QLoRA base weights get no weight
+    gradient). Each non-zero part is at least ``cluster.kernel_floor_s``. Unit: seconds.
+    Sources: roofline (Williams et al. 2009); B/W split (Qi et al. 2023, zero-bubble).
+    """
+    if not isinstance(shard, int) or shard < 1:
+        raise ValueError(f"shard must be a positive integer, got {shard!r}")
+    if not batch_scale > 0:
+        raise ValueError(f"batch_scale must be > 0, got {batch_scale!r}")
+    _check_kind(node.kind)
+    if node.kind in FREE_KINDS:
+        return NodeTime(0.0, 0.0, 0.0)
+    r = 1.0
+    if node.out_dtype and node.out_dtype.replace("torch.", "") in _DTYPE_BYTES:
+        r = dtype_bytes(dtype) / dtype_bytes(node.out_dtype)
+    in_b = estimate_input_bytes(node) if input_bytes is None else input_bytes
+    w_shard = shard if node.kind in SHARDED_WEIGHT_KINDS else 1
+    # A lookup reads only the rows it returns (counted as its input), never the whole table.
+    w_bytes = 0 if node.kind == "embedding" else node.param_bytes * r / w_shard
+    flops = node.fwd_flops * batch_scale / shard
+    bytes_moved = (in_b + node.out_bytes) * batch_scale * r / shard + w_bytes
+    fwd = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind)
+    if fwd == 0.0:
+        return NodeTime(0.0, 0.0, 0.0)
+    fb, fw = backward_factors(node.kind)
+    if node.param_numel - node.frozen_param_numel <= 0:
+        fw = 0.0
+    floor = cluster.kernel_floor_s
+    bwd_in = max(fb * fwd, floor) if fb > 0 else 0.0
+    bwd_w = max(fw * fwd, floor) if fw > 0 else 0.0
+    return NodeTime(fwd, bwd_in, bwd_w)
+
+
+def nodes_time(
+    nodes: list[GraphNode],
+    cluster: ClusterSpec,
+    *,
+    shard: int | dict[int, int] = 1,
+    batch_scale: float = 1.0,
+    dtype: str = "bf16",
+    edges: list[tuple[int, int, int]] | None = None,
+) -> NodeTime:
+    """Sum of ``node_time`` over ``nodes`` (e.g. one block or one stage).
+
+    ``shard`` is one TP split for all nodes or a dict node id -> split (missing ids: 1). With
+    ``edges`` (``ModelGraph.edges``) input bytes are exact, else estimated. Unit: seconds.
+    """
+    in_bytes: dict[int, int] = {}
+    if edges is not None:
+        for _, d, b in edges:
+            in_bytes[d] = in_bytes.get(d, 0) + b
+    total = NodeTime(0.0, 0.0, 0.0)
+    for n in nodes:
+        s = shard.get(n.id, 1) if isinstance(shard, dict) else shard
+        total = total + node_time(
+            n, cluster, shard=s, batch_scale=batch_scale, dtype=dtype,
+            input_bytes=in_bytes.get(n.id, 0) if edges is not None else None,
+        )  # fmt: skip
+    return total

@@ -1,0 +1,295 @@
+"""Memory per device: model states (with ZeRO / FSDP), activations, in-flight microbatches.
+
+Owns ``model_state_bytes`` (parameters, gradients, optimizer states; ZeRO-1/2/3 over dp; frozen
+parameters without gradients or optimizer state), ``activation_bytes_per_layer`` (the
+Korthikanti et al. 2022 closed forms), ``node_activation_bytes`` (the same from a traced graph's
+``GraphNode.saved_bytes``) and ``inflight_microbatches`` (how many microbatches' activations a
+pipeline stage holds at its peak under each schedule in ``meshplan.plan.SCHEDULES``).
+
+Callers pass per-rank quantities where TP or PP already divide them (e.g. the parameters of one
+stage divided by tp). No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from meshplan.graph import GraphNode
+from meshplan.plan import RECOMPUTE, SCHEDULES
+
+#: precision -> (weight bytes, gradient bytes, fp32 master-weight bytes kept by the optimizer)
+PRECISIONS: dict[str, tuple[int, int, int]] = {
+    "fp32": (4, 4, 0),
+    "bf16-mixed": (2, 2, 4),  # ZeRO's "mixed precision": 16-bit weights/grads + fp32 master copy
+    "fp16-mixed": (2, 2, 4),
+    "bf16": (2, 2, 0),  # pure bf16 (no master copy)
+}
+#: optimizer -> state values per trainable parameter (each kept in fp32 for the mixed/fp32
+#: precisions, in bf16 for pure bf16)
+OPTIMIZERS: dict[str, int] = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
+
+
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """Bytes per device of parameters, gradients and optimizer states (master weights included)."""
+
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def model_state_bytes(
+    param_count: float,
+    *,
+    trainable_count: float | None = None,
+    optimizer: str = "adam",
+    precision: str = "bf16-mixed",
+    zero: int = 0,
+    dp: int = 1,
+    frozen_bytes_per_param: float | None = None,
+) -> ModelStateBytes:
+    """Parameter, gradient and optimizer-state bytes per device.
+
+    With W, G, M = weight, gradient and master-weight bytes of ``precision`` (fp32: 4, 4, 0;
+    bf16-mixed / fp16-mixed: 2, 2, 4; bf16: 2, 2, 0), k = state values of ``optimizer`` (sgd 0,
+    sgd-momentum 1, adam/adamw 2) at S bytes each (4, or 2 for pure bf16), T trainable and
+    F = N − T frozen parameters::
+
+        params    = (T·W + F·w_f) / (dp if zero ≥ 3 else 1)       w_f = frozen_bytes_per_param or W
+        grads     = T·W          / (dp if zero ≥ 2 else 1)
+        optimizer = T·(M + k·S)  / (dp if zero ≥ 1 else 1)
+
+    Mixed-precision Adam gives 2 + 2 + 12 = 16 bytes per parameter. ``zero=3`` is FSDP /
+    FULL_SHARD; frozen parameters (QLoRA's NF4 base, ``frozen_bytes_per_param`` ≈ 0.5) carry no
+    gradient or optimizer state. ``param_count`` is per device after TP/PP division.
+    Unit: bytes. Source: Rajbhandari et al. 2020 (ZeRO), §3 and §5.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} unknown; use one of {sorted(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r} unknown; use one of {sorted(OPTIMIZERS)}")
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero must be 0, 1, 2 or 3, got {zero!r}")
+    if not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"dp must be a positive integer, got {dp!r}")
+    if param_count < 0:
+        raise ValueError(f"param_count must be >= 0, got {param_count!r}")
+    trainable = param_count if trainable_count is None else trainable_count
+    if not 0 <= trainable <= param_count:
+        raise ValueError(
+            f"trainable_count must be in [0, param_count={param_count}], got {trainable_count!r}"
+        )
+    w, g, master = PRECISIONS[precision]
+    state_b = 2 if precision == "bf16" else 4
+    frozen = param_count - trainable
+    w_f = w if frozen_bytes_per_param is None else frozen_bytes_per_param
+    params = (trainable * w + frozen * w_f) / (dp if zero >= 3 else 1)
+    grads = trainable * g / (dp if zero >= 2 else 1)
+    opt = trainable * (master + OPTIMIZERS[optimizer] * state_b) / (dp if zero >= 1 else 1)
+    return ModelStateBytes(params, grads, opt)
+
+
+def _check_recompute(recompute: str) -> None:
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute {recompute!r} unknown; use one of {RECOMPUTE}")
+
+
+def activation_bytes_per_layer(
+    s: int, b: int, h: int, a: int, *, t: int = 1, sp: bool = False, recompute: str = "none"
+) -> float:
+    """Activation bytes one transformer layer keeps for backward, 16-bit activations.
+
+    ====================  ==============================================  ===================
+    no parallelism        s·b·h·(34 + 5·a·s/h)                            Korthikanti eq. 1
+    TP t                  s·b·h·(10 + 24/t + 5·a·s/(h·t))                 eq. 2
+    TP t + SP             (s·b·h/t)·(34 + 5·a·s/h)                        eq. 4
+    selective, TP         s·b·h·(10 + 24/t)                               eq. 6 without SP
+    selective, TP + SP    34·s·b·h/t                                      eq. 6
+    full recompute        2·s·b·h (÷t with SP: the stored input is        table 2
+                          the sequence-parallel shard)
+    ====================  ==============================================  ===================
+
+    Unit: bytes. Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", §4 (s sequence, b microbatch, h hidden, a heads, t TP degree).
+    """
+    for k, v in (("s", s), ("b", b), ("h", h), ("a", a), ("t", t)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    _check_recompute(recompute)
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / (t if sp else 1)
+    attn = 0.0 if recompute == "selective" else 5 * a * s / h
+    if sp:
+        return sbh / t * (34 + attn)
+    return sbh * (10 + 24 / t + attn / t)
+
+
+def activation_shard(
+    node: GraphNode,
+    tp: int,
+    *,
+    sp: bool = False,
+    hidden: int | None = None,
+    tp_styles: Mapping[str, str] | None = None,
+) -> int:
+    """How many ways TP (and sequence parallelism) split what ``node`` saves for backward.
+
+    A linear saves its input: split by t when the linear is ``rowwise`` (its input is the
+    head/FFN-sharded tensor), whole when ``colwise``/``replicate`` (its input is the replicated
+    residual stream) unless SP shards it; without ``tp_styles`` a narrowing linear (in > out) is
+    taken as rowwise, any other as colwise (pass the plan's styles for o_proj-like h -> h
+    linears). Attention, activation and weightless matmul nodes sit
+    inside the TP region: t. Norms and elementwise/other nodes on the residual stream (last dim
+    == ``hidden``) are split only with SP; other elementwise nodes (e.g. rotary on q/k, GeLU
+    inputs) are inside the TP region: t. Loss, embedding and input nodes: 1 (t with SP for
+    hidden-sized ones). This is the node-level counterpart of Korthikanti's 10 + 24/t split.
+    """
+    if tp == 1:
+        return 1
+    kind = node.kind
+    last = node.out_shape[-1] if node.out_shape else None
+    on_residual = hidden is not None and last == hidden
+    if kind == "linear":
+        style = (tp_styles or {}).get(node.module_fqn or "", None)
+        if style is None:  # no plan yet: a narrowing linear (fc_out, 4h -> h) is the rowwise one
+            fin, fout = node.attrs.get("in_features"), node.attrs.get("out_features")
+            style = "rowwise" if fin and fout and fin > fout else "colwise"
+        if style == "rowwise":
+            return tp
+        return tp if sp else 1
+    if kind in ("attention", "activation", "matmul"):
+        return tp
+    if kind in ("norm", "elementwise", "other"):
+        if kind == "norm" or on_residual or hidden is None:
+            return tp if sp else 1
+        return tp
+    return tp if (sp and on_residual) else 1
+
+
+def _score_shaped(n: GraphNode, seq_len: int) -> bool:
+    sh = n.out_shape
+    return bool(sh) and len(sh) >= 2 and sh[-1] == seq_len and sh[-2] == seq_len and seq_len > 1
+
+
+def node_activation_bytes(
+    nodes: Iterable[GraphNode],
+    *,
+    tp: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    batch_scale: float = 1.0,
+    hidden: int | None = None,
+    seq_len: int | None = None,
+    tp_styles: Mapping[str, str] | None = None,
+    shard_of: Callable[[GraphNode], int] | None = None,
+    input_bytes: float = 0.0,
+    elem_scale: float = 1.0,
+) -> float:
+    """Activation bytes a run of traced nodes (a block, a stage) keeps for one microbatch.
+
+    ``none``:      Σ saved_bytes(n) · batch_scale · elem_scale / shard(n)
+    ``selective``: the same without the s×s attention-score tensors (nodes whose output ends in
+                   (seq_len, seq_len), and those tensors where another node saves them), as
+                   recomputing the attention core drops them (Korthikanti §5); with fused SDPA
+                   there are none, so selective == none.
+    ``full``:      only the inputs of the run are kept: ``input_bytes · batch_scale · elem_scale``
+                   (÷tp with SP), e.g. ``CutPoint.crossing_bytes`` or the block's input edge bytes.
+
+    ``shard(n)`` is ``shard_of(n)`` if given, else ``activation_shard(n, tp, sp=..., hidden=...,
+    tp_styles=...)``. ``elem_scale`` converts the traced dtype to the training dtype (0.5 for a
+    fp32 trace costed in bf16). Unit: bytes. Source: Korthikanti et al. 2022 (per-tensor
+    accounting; ``activation_bytes_per_layer`` is its closed form).
+    """
+    _check_recompute(recompute)
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    if not batch_scale > 0:
+        raise ValueError(f"batch_scale must be > 0, got {batch_scale!r}")
+    scale = batch_scale * elem_scale
+    if recompute == "full":
+        return input_bytes * scale / (tp if sp else 1)
+    nodes = list(nodes)
+    scores: dict[int, int] = {}
+    if recompute == "selective":
+        if seq_len is None:
+            raise ValueError("node_activation_bytes(recompute='selective') needs seq_len")
+        scores = {n.id: n.out_bytes for n in nodes if _score_shaped(n, seq_len)}
+    total = 0.0
+    for n in nodes:
+        if n.id in scores:
+            continue
+        saved = float(n.saved_bytes)
+        if scores:
+            saved = max(0.0, saved - sum(scores.get(i, 0) for i in set(n.inputs)))
+        if saved <= 0:
+            continue
+        shard = (
+            shard_of(n) if shard_of else activation_shard(n, tp, sp=sp, hidden=hidden, tp_styles=tp_styles)
+        )
+        total += saved * scale / shard
+    return total
+
+
+def inflight_microbatches(
+    schedule: str, pp: int, stage_index: int, num_microbatches: int, virtual_stages: int = 1
+) -> float:
+    """Microbatches whose activations pipeline rank ``stage_index`` holds at its peak.
+
+    In units of one microbatch's activations of the rank's whole share of layers (all its
+    virtual chunks together). With p = pp, i = stage_index, m = num_microbatches, v = chunks:
+
+    - ``gpipe``: m (all forwards before any backward). SC'21 §2.2.1.
+    - ``1f1b``: min(m, p − i) (warm-up of p − i − 1 forwards, then one in, one out). SC'21 §2.2.1.
+    - ``interleaved-1f1b``: min(m, ((p − i − 1)·2 + (v − 1)·p + 1) / v) chunk-microbatches,
+      i.e. p·(1 + (p − 1)/(p·v)) on stage 0 (Korthikanti §4.2.3; Megatron's warm-up count).
+    - ``zero-bubble`` (ZB-H1): min(m, p − i), as 1F1B: deferred W passes keep no more than
+      p − i microbatches alive (Qi et al. 2023, §2.2).
+    - ``zbv``: min(m, p) on every rank: each rank holds 2 chunks in a V; peak equals 1F1B's
+      stage-0 peak and is balanced across ranks (Qi et al. 2024, "Pipeline Parallelism with
+      Controllable Memory", ZB-V).
+
+    Unit: microbatches (may be fractional for interleaved).
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r} unknown; use one of {SCHEDULES}")
+    for k, v in (("pp", pp), ("num_microbatches", num_microbatches), ("virtual_stages", virtual_stages)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    if not isinstance(stage_index, int) or not 0 <= stage_index < pp:
+        raise ValueError(f"stage_index must be in [0, pp={pp}), got {stage_index!r}")
+    p, i, m, v = pp, stage_index, num_microbatches, virtual_stages
+    if schedule == "gpipe":
+        return float(m)
+    if schedule in ("1f1b", "zero-bubble"):
+        return float(min(m, p - i))
+    if schedule == "interleaved-1f1b":
+        return min(float(m), ((p - i - 1) * 2 + (v - 1) * p + 1) / v)
+    return float(min(m, p))  # zbv
+
+
+def activation_peak_bytes(
+    per_microbatch_bytes: float,
+    schedule: str,
+    pp: int,
+    stage_index: int,
+    num_microbatches: int,
+    virtual_stages: int = 1,
+) -> float:
+    """Peak activation bytes of a pipeline rank: per-microbatch bytes × ``inflight_microbatches``.
+
+    ``per_microbatch_bytes`` covers the rank's whole share (all its chunks). Unit: bytes.
+    """  # fmt: skip
+    n = inflight_microbatches(schedule, pp, stage_index, num_microbatches, virtual_stages)
+    return per_microbatch_bytes * n
+
+
+def fits(total_bytes: float, mem_bytes: float) -> bool:
+    """True when ``total_bytes`` is at most ``mem_bytes`` (and both are finite)."""
+    return math.isfinite(total_bytes) and total_bytes <= mem_bytes
