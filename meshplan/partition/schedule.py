@@ -1,0 +1,460 @@
+"""Pipeline schedule simulator: per-rank action orders of torch's schedules, timed as events.
+
+Owns (1) the per-rank action ORDER that each ``torch.distributed.pipelining`` schedule class
+runs, re-derived here torch-free (a test compares them with torch's ``pipeline_order``), and
+(2) a discrete-event simulation of that order with given per-stage times, used to score plans
+in the search and to draw timelines in the report.
+
+Schedules (names as ``meshplan.plan.SCHEDULES``) and the torch class whose order is reproduced:
+
+- ``gpipe``            ScheduleGPipe: all forwards, then all full backwards (B = input + weight grad).
+- ``1f1b``             Schedule1F1B: min(m, p - r) warm-up forwards on rank r, then B/F pairs.
+- ``interleaved-1f1b`` ScheduleInterleaved1F1B: looped placement (rank r holds stages r, r+p, ...).
+- ``zero-bubble``      ScheduleInterleavedZeroBubble (ZB-H1 for v = 1): backward split into
+                       B (input grad) and W (weight grad), W deferred to fill bubbles.
+- ``zbv``              ScheduleZBVZeroBubble: V placement (rank r holds stages r and 2p-1-r), v = 2.
+
+Timing model. Stage ``s`` has per-microbatch times ``fwd_s[s]``, ``bwd_input_s[s]``,
+``bwd_weight_s[s]`` (for non-zero-bubble schedules B takes input + weight time and there are no
+W events). ``p2p_s[s]`` is the time to send stage s's output to stage s+1, and the same for the
+gradient back; it is charged only when the two stages sit on different ranks. Each rank runs its
+actions in order, one at a time; an action starts at max(rank free, dependencies met):
+F(s, j) after F(s-1, j) + p2p; B(s, j) after F(s, j) and B(s+1, j) + p2p; W(s, j) after B(s, j).
+Sends are asynchronous (they do not occupy the rank). This is the blocking-receive model
+torch's schedules run under.
+
+In-flight microbatches (activation memory): per rank, the number of (stage, microbatch) pairs
+whose F is done and whose B is not. Since a rank runs its actions in a fixed order, the peak is
+a property of the order alone (independent of the times).
+
+Bubble fraction: idle time over busy time summed over ranks, ``p * makespan / sum(busy) - 1``;
+for equal stages it is (p-1)/m for gpipe/1f1b and (p-1)/(v m) for interleaved 1F1B (SC'21).
+No torch import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
+ZERO_BUBBLE = frozenset({"zero-bubble", "zbv"})
+
+# An action is (kind, stage, microbatch) with kind "F", "B" or "W".
+Action = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One timed action. ``kind`` "F" forward, "B" backward (input grad, or full backward for
+    non-zero-bubble schedules), "W" weight grad."""
+
+    rank: int
+    stage: int
+    microbatch: int
+    kind: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Result of ``simulate``. Per-rank tuples are indexed by pipeline rank, per-stage by stage."""
+
+    schedule: str
+    pp: int
+    num_microbatches: int
+    virtual_stages: int
+    events: tuple[Event, ...]
+    makespan_s: float
+    busy_s: tuple[float, ...]
+    bubble_fraction: float
+    peak_inflight: tuple[int, ...]
+    stage_peak_inflight: tuple[int, ...]
+    stage_to_rank: tuple[int, ...]
+
+    @property
+    def idle_fraction(self) -> float:
+        """Share of the p x makespan device time spent idle."""
+        total = self.pp * self.makespan_s
+        return 1.0 - sum(self.busy_s) / total if total > 0 else 0.0
+
+
+# ---------------------------------------------------------------- validation and placement
+
+
+def validate(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> None:
+    """Raise ValueError when torch's schedule class (or meshplan's rule) rejects the combination."""
+    if schedule not in SCHEDULE_NAMES:
+        raise ValueError(f"unknown schedule {schedule!r}; use one of {SCHEDULE_NAMES}")
+    p, m, v = pp, num_microbatches, virtual_stages
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(f"pp, num_microbatches and virtual_stages must be >= 1, got {p}, {m}, {v}")
+    if schedule in ("gpipe", "1f1b") and v != 1:
+        raise ValueError(f"{schedule} runs one stage per rank; got virtual_stages={v} (use interleaved-1f1b)")
+    if schedule == "1f1b" and m < p:
+        raise ValueError(f"1f1b needs num_microbatches >= pp (torch Schedule1F1B); got m={m} < pp={p}")
+    if schedule == "zbv" and v != 2:
+        raise ValueError(f"zbv needs exactly virtual_stages=2 (V placement); got {v}")
+    if schedule == "interleaved-1f1b" and m % p != 0:
+        raise ValueError(f"interleaved-1f1b needs num_microbatches divisible by pp; got m={m}, pp={p}")
+    if schedule == "zero-bubble":
+        rounds = max(1, m // p)
+        if m % rounds != 0:
+            raise ValueError(
+                f"zero-bubble needs num_microbatches to be a multiple of max(1, m // pp) = {rounds} "
+                f"(torch ScheduleInterleavedZeroBubble); got m={m}, pp={p}"
+            )
+
+
+def stage_to_rank(schedule: str, pp: int, virtual_stages: int = 1) -> tuple[int, ...]:
+    """Pipeline rank of each stage: looped (s % pp) or V (zbv: rank r holds r and 2p-1-r)."""
+    n = pp * virtual_stages
+    if schedule == "zbv":
+        return tuple(s if s < pp else 2 * pp - 1 - s for s in range(n))
+    return tuple(s % pp for s in range(n))
+
+
+# ---------------------------------------------------------------- action orders (as torch)
+
+
+def _gpipe_order(p: int, m: int, r: int) -> list[Action]:
+    return [("F", r, j) for j in range(m)] + [("B", r, j) for j in range(m)]
+
+
+def _1f1b_order(p: int, m: int, r: int) -> list[Action]:
+    warm = min(m, p - r)
+    ops: list[Action] = [("F", r, j) for j in range(warm)]
+    f, b = warm, 0
+    while b < m:
+        ops.append(("B", r, b))
+        b += 1
+        if f < m:
+            ops.append(("F", r, f))
+            f += 1
+    return ops
+
+
+def _looped_order(p: int, m: int, v: int, r: int, zero_bubble: bool) -> list[Action]:
+    """torch ``_get_1f1b_rank_ops`` for ScheduleInterleaved1F1B / ScheduleInterleavedZeroBubble,
+    with the no-op slots dropped (the simulator waits on dependencies instead)."""
+    rounds = max(1, m // p)
+    per_round = m // rounds
+    warm = min((v - 1) * per_round + (1 if zero_bubble else 2) * (p - 1 - r), m * v)
+    total_mb_ops = v * m
+    fwd_bwd = total_mb_ops - warm
+
+    def fwd_stage(step: int) -> int:
+        return ((step // per_round) % v) * p + r
+
+    def bwd_stage(step: int) -> int:
+        return (v - 1 - ((step - warm) // per_round) % v) * p + r
+
+    f_idx: dict[int, int] = {}
+    b_idx: dict[int, int] = {}
+    w_idx: dict[int, int] = {}
+    bwd_steps: list[int] = []
+    w_count = 0
+    ops: list[Action] = []
+
+    def take(counter: dict[int, int], stage: int) -> int:
+        j = counter.get(stage, 0)
+        counter[stage] = j + 1
+        return j
+
+    def add_w() -> None:
+        nonlocal w_count
+        s = bwd_stage(bwd_steps[w_count])
+        ops.append(("W", s, take(w_idx, s)))
+        w_count += 1
+
+    for step in range(warm + fwd_bwd + warm):
+        if step < warm + fwd_bwd:
+            s = fwd_stage(step)
+            ops.append(("F", s, take(f_idx, s)))
+            if step < warm:
+                continue
+        s = bwd_stage(step)
+        ops.append(("B", s, take(b_idx, s)))
+        bwd_steps.append(step)
+        if zero_bubble and step - warm >= r:  # rank r runs r plain 1F1B steps before deferring W
+            add_w()
+    while zero_bubble and w_count < len(bwd_steps):
+        add_w()
+    return ops
+
+
+def _zbv_order(p: int, m: int, r: int) -> list[Action]:
+    """torch ScheduleZBVZeroBubble._calculate_single_rank_operations, no-ops dropped."""
+    n = max(2 * p - 1, m)
+    s0, s1 = r, 2 * p - 1 - r
+    ops: list[Action] = []
+    f0 = f1 = b0 = b1 = 0
+    for _ in range(2 * (p - r) - 1):
+        ops.append(("F", s0, f0))
+        f0 += 1
+    for _ in range(r):
+        ops += [("F", s1, f1), ("F", s0, f0)]
+        f1 += 1
+        f0 += 1
+    for _ in range(p - r):
+        ops += [("F", s1, f1), ("B", s1, b1), ("W", s1, b1)]
+        f1 += 1
+        b1 += 1
+    while f1 < f0 or f0 < n:
+        if f0 < n:
+            ops.append(("F", s0, f0))
+            f0 += 1
+        ops += [("B", s0, b0), ("W", s0, b0), ("F", s1, f1), ("B", s1, b1), ("W", s1, b1)]
+        b0 += 1
+        f1 += 1
+        b1 += 1
+    w0, w1 = b0, b1
+    for _ in range(r):
+        ops += [("B", s0, b0), ("B", s1, b1)]
+        b0 += 1
+        b1 += 1
+    for _ in range(p - r):
+        ops += [("B", s0, b0), ("W", s0, w0)]
+        b0 += 1
+        w0 += 1
+    ops += [("W", s1, j) for j in range(w1, b1)]
+    ops += [("W", s0, j) for j in range(w0, b0)]
+    return [a for a in ops if a[2] < m]  # torch pads to 2p-1 microbatches, then drops the extra
+
+
+@lru_cache(maxsize=4096)
+def rank_orders(
+    schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1
+) -> tuple[tuple[Action, ...], ...]:
+    """Per-rank action order, ``orders[r]`` = actions of rank r in the order torch runs them."""
+    validate(schedule, pp, num_microbatches, virtual_stages)
+    p, m, v = pp, num_microbatches, virtual_stages
+    out = []
+    for r in range(p):
+        if schedule == "gpipe":
+            ops = _gpipe_order(p, m, r)
+        elif schedule == "1f1b":
+            ops = _1f1b_order(p, m, r)
+        elif schedule == "zbv":
+            ops = _zbv_order(p, m, r)
+        else:
+            ops = _looped_order(p, m, v, r, zero_bubble=schedule == "zero-bubble")
+        out.append(tuple(ops))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def inflight(
+    schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(peak in-flight microbatches per rank, per stage): F done and B not yet done."""
+    orders = rank_orders(schedule, pp, num_microbatches, virtual_stages)
+    per_rank = []
+    per_stage = [0] * (pp * virtual_stages)
+    for ops in orders:
+        live = peak = 0
+        stage_live: dict[int, int] = {}
+        for kind, s, _ in ops:
+            if kind == "F":
+                live += 1
+                stage_live[s] = stage_live.get(s, 0) + 1
+                peak = max(peak, live)
+                per_stage[s] = max(per_stage[s], stage_live[s])
+            elif kind == "B":
+                live -= 1
+                stage_live[s] -= 1
+        per_rank.append(peak)
+    return tuple(per_rank), tuple(per_stage)
+
+
+# ---------------------------------------------------------------- simulation
+
+
+def _per_stage(name: str, values: Sequence[float] | float, n: int) -> list[float]:
+    if isinstance(values, int | float):
+        out = [float(values)] * n
+    else:
+        out = [float(x) for x in values]
+        if len(out) != n:
+            raise ValueError(f"{name} has {len(out)} entries; expected pp*virtual_stages = {n}")
+    if any(x < 0 for x in out):
+        raise ValueError(f"{name} must be >= 0, got {out}")
+    return out
+
+
+def simulate(
+    schedule: str,
+    pp: int,
+    num_microbatches: int,
+    *,
+    virtual_stages: int = 1,
+    fwd_s: Sequence[float] | float,
+    bwd_input_s: Sequence[float] | float,
+    bwd_weight_s: Sequence[float] | float = 0.0,
+    p2p_s: Sequence[float] | float = 0.0,
+    keep_events: bool = True,
+) -> Timeline:
+    """Time one training step of ``schedule``; per-stage sequences are in model stage order.
+
+    A scalar for a per-stage argument means the same value on every stage. ``p2p_s`` may have
+    n or n-1 entries (n = pp * virtual_stages; the last stage sends nothing).
+    ``keep_events=False`` skips building the event list (faster in the search).
+    """
+    orders = rank_orders(schedule, pp, num_microbatches, virtual_stages)
+    n = pp * virtual_stages
+    m = num_microbatches
+    f = _per_stage("fwd_s", fwd_s, n)
+    bi = _per_stage("bwd_input_s", bwd_input_s, n)
+    bw = _per_stage("bwd_weight_s", bwd_weight_s, n)
+    if not isinstance(p2p_s, int | float) and len(p2p_s) == n - 1:
+        p2p_s = [*p2p_s, 0.0]
+    c = _per_stage("p2p_s", p2p_s, n)
+    placement = stage_to_rank(schedule, pp, virtual_stages)
+    split_w = schedule in ZERO_BUBBLE
+    b_dur = bi if split_w else [x + y for x, y in zip(bi, bw)]
+    # time for stage s's output (fwd) / stage s+1's input grad (bwd) to cross the s|s+1 boundary
+    hop = [c[s] if s + 1 < n and placement[s] != placement[s + 1] else 0.0 for s in range(n)]
+
+    end_f: list[float | None] = [None] * (n * m)
+    end_b: list[float | None] = [None] * (n * m)
+    rank_free = [0.0] * pp
+    busy = [0.0] * pp
+    ptr = [0] * pp
+    events: list[Event] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            ops = orders[r]
+            k = ptr[r]
+            t_free = rank_free[r]
+            while k < len(ops):
+                kind, s, j = ops[k]
+                idx = s * m + j
+                if kind == "F":
+                    if s > 0:
+                        e = end_f[idx - m]
+                        if e is None:
+                            break
+                        ready = e + hop[s - 1]
+                    else:
+                        ready = 0.0
+                    dur = f[s]
+                elif kind == "B":
+                    e = end_f[idx]
+                    if e is None:
+                        break
+                    ready = e
+                    if s + 1 < n:
+                        e2 = end_b[idx + m]
+                        if e2 is None:
+                            break
+                        ready = max(ready, e2 + hop[s])
+                    dur = b_dur[s]
+                else:
+                    e = end_b[idx]
+                    if e is None:
+                        break
+                    ready = e
+                    dur = bw[s]
+                start = ready if ready > t_free else t_free
+                t_free = start + dur
+                if kind == "F":
+                    end_f[idx] = t_free
+                elif kind == "B":
+                    end_b[idx] = t_free
+                busy[r] += dur
+                if keep_events:
+                    events.append(Event(r, s, j, kind, start, t_free))
+                k += 1
+            if k != ptr[r]:
+                remaining -= k - ptr[r]
+                ptr[r] = k
+                rank_free[r] = t_free
+                progressed = True
+        if not progressed:
+            stuck = {r: orders[r][ptr[r]] for r in range(pp) if ptr[r] < len(orders[r])}
+            raise AssertionError(
+                f"schedule {schedule} deadlocks (p={pp}, m={m}, v={virtual_stages}): {stuck}"
+            )
+    makespan = max(rank_free)
+    total_busy = sum(busy)
+    bubble = pp * makespan / total_busy - 1.0 if total_busy > 0 else 0.0
+    peak_rank, peak_stage = inflight(schedule, pp, num_microbatches, virtual_stages)
+    if keep_events:
+        events.sort(key=lambda e: (e.start_s, e.rank))
+    return Timeline(
+        schedule=schedule,
+        pp=pp,
+        num_microbatches=m,
+        virtual_stages=virtual_stages,
+        events=tuple(events),
+        makespan_s=makespan,
+        busy_s=tuple(busy),
+        bubble_fraction=bubble,
+        peak_inflight=peak_rank,
+        stage_peak_inflight=peak_stage,
+        stage_to_rank=placement,
+    )
+
+
+# ---------------------------------------------------------------- closed forms
+
+
+def bubble_fraction_formula(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:
+    """Textbook bubble over ideal compute time for equal stages and free p2p (SC'21 §2.2):
+    (p-1)/m for gpipe and 1f1b, (p-1)/(v m) for interleaved-1f1b. Zero-bubble schedules have no
+    closed form independent of the F/B/W times: use ``simulate``."""
+    validate(schedule, pp, num_microbatches, virtual_stages)
+    p, m, v = pp, num_microbatches, virtual_stages
+    if schedule in ("gpipe", "1f1b"):
+        return (p - 1) / m
+    if schedule == "interleaved-1f1b":
+        return (p - 1) / (v * m)
+    raise ValueError(f"no closed-form bubble for {schedule}; simulate it")
+
+
+def fast_makespan(
+    schedule: str,
+    pp: int,
+    num_microbatches: int,
+    *,
+    virtual_stages: int = 1,
+    fwd_s: float,
+    bwd_input_s: float,
+    bwd_weight_s: float = 0.0,
+    p2p_s: float = 0.0,
+) -> float:
+    """Makespan for EQUAL stages (times per stage, i.e. per model chunk), closed form where one
+    is known and matches ``simulate`` exactly, else a (cached-order) simulation:
+
+    - gpipe: (m + p - 1)(f + b + w) + 2 (p - 1) c
+    - 1f1b, c = 0: (m + p - 1)(f + b + w)
+    - interleaved-1f1b, c = 0: (v m + p - 1)(f + b + w)
+    - zero-bubble v = 1 (ZB-H1), c = 0, w <= f, m >= p: m (f + b + w) + (p - 1)(f + b - w)  (Qi et al. 2023)
+    """
+    validate(schedule, pp, num_microbatches, virtual_stages)
+    p, m, v = pp, num_microbatches, virtual_stages
+    f, b, w, c = float(fwd_s), float(bwd_input_s), float(bwd_weight_s), float(p2p_s)
+    if schedule == "gpipe":
+        return (m + p - 1) * (f + b + w) + 2 * (p - 1) * c
+    if c == 0.0:
+        if schedule == "1f1b":
+            return (m + p - 1) * (f + b + w)
+        if schedule == "interleaved-1f1b":
+            return (v * m + p - 1) * (f + b + w)
+        if schedule == "zero-bubble" and v == 1 and w <= f and m >= p:
+            return m * (f + b + w) + (p - 1) * (f + b - w)
+    return simulate(
+        schedule,
+        p,
+        m,
+        virtual_stages=v,
+        fwd_s=f,
+        bwd_input_s=b,
+        bwd_weight_s=w,
+        p2p_s=c,
+        keep_events=False,
+    ).makespan_s
