@@ -1,0 +1,600 @@
+"""Tensor-parallel placement ILP: which linear runs colwise / rowwise / replicate, per block type.
+
+One ILP is built for one *segment* of the graph: one instance of a repeated block type (the
+answer is reused for every instance) or the non-block parts (embedding, final norm, head)
+together. The solver sees numbers only: per-node strategy costs and per-edge resharding costs.
+
+Sharding states of an activation (on the TP group of ``t`` ranks)::
+
+    R  replicated              every rank holds the whole tensor
+    S  sharded on hidden/heads colwise output, attention heads (last or head dim split in t)
+    P  partial sums            rowwise output before its reduction
+    Q  sequence-sharded        sequence parallelism (Korthikanti et al. 2022) for norms/residual
+
+Strategies ``k ∈ K(n)`` of a node ``n`` (each fixes the state every input must arrive in and the
+state of its output; ``shard(k)`` divides its work)::
+
+    linear       colwise R→S (t) · rowwise S→P (t) · replicate R→R (1)
+    embedding    rowwise (vocab-parallel) R→P (t) · replicate R→R (1)
+    attention    heads S→S (t; needs t | heads and t | kv_heads) · R→R (1)
+    matmul       S→S (t) · R→R (1)
+    reshape      s→s for s ∈ {R, S, P, Q}; a split/chunk of the last dim may not keep S
+    elementwise  s→s for s ∈ {R, S, Q} (all full-size inputs alike; broadcast inputs exempt)
+    activation   s→s for s ∈ {R, S, Q}
+    norm         R→R (1) · Q→Q (t, sequence parallel)
+    others       R→R (loss, output, other, input, constant)
+
+Variables::
+
+    x[n,k] ∈ {0,1}        node n runs strategy k
+    y[e,a,b] ∈ {0,1}      edge e = (u → v, input slot) carries u's output in state a to v, which
+                          needs state b; only allowed pairs (a,b) get a variable
+
+Objective (seconds per microbatch, forward + backward)::
+
+    min  Σ_n Σ_k x[n,k]·(T_fwd + T_bwd_in + T_bwd_w)(n, shard(k))
+       + Σ_e Σ_(a,b) y[e,a,b]·2·C(a→b, bytes(e))          backward comm mirrors forward
+       + λ · Σ_n Σ_k x[n,k]·param_bytes(n)/shard_w(k)       small memory term
+
+with ``C`` the cost model's collective time: P→R all-reduce, P→Q and P→S reduce-scatter,
+S→R and Q→R all-gather, S↔Q all-to-all, R→S and R→Q a free local slice, a→a free.
+
+Constraint families (names ``<family>__<index>``, see ``meshplan.ilp``)::
+
+    one_strategy   Σ_k x[n,k] = 1                                    ∀ n
+    edge_out       Σ_b y[e,a,b] = Σ_{k: out(k)=a} x[u,k]               ∀ e, a
+    edge_in        Σ_a y[e,a,b] = Σ_{k: in_slot(k)=b} x[v,k]           ∀ e, b
+    boundary_in    inputs from outside the segment arrive in the boundary state (R, or Q with
+                   sequence parallelism): x[v,k] = 0 for k needing another state than allowed
+    boundary_out   segment outputs leave in the boundary state: x[u,k] = 0 for other out(k)
+    tied           an embedding and a linear sharing a weight shard it alike:
+                   x[emb,rowwise] = x[lin,colwise]
+
+Blocks chain because every block instance starts and ends in the same boundary state.
+No torch import.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulp
+
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.graph import GraphNode, ModelGraph
+
+STATES = ("R", "S", "P", "Q")
+#: Forward collective for a transition a→b (None = free); pairs absent here are not allowed.
+TRANSITIONS: dict[tuple[str, str], str | None] = {
+    ("R", "R"): None, ("R", "S"): None, ("R", "Q"): None,
+    ("S", "S"): None, ("S", "R"): "all_gather", ("S", "Q"): "all_to_all",
+    ("P", "P"): None, ("P", "R"): "all_reduce", ("P", "Q"): "reduce_scatter", ("P", "S"): "reduce_scatter",
+    ("Q", "Q"): None, ("Q", "R"): "all_gather", ("Q", "S"): "all_to_all",
+}  # fmt: skip
+#: Default weight of the memory term, seconds per parameter byte (1 GB ≈ 0.1 ms: a tie-breaker).
+MEM_WEIGHT_S_PER_BYTE = 1e-13
+_SPLIT_TARGETS = ("split", "chunk", "unbind", "tensor_split")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run a node: required input states (None = exempt), output state, work split."""
+
+    name: str
+    in_state: str | None  # the state every non-exempt input must arrive in
+    out_state: str
+    shard: int
+    style: str | None = None  # TP style word for linear/embedding nodes
+
+
+@dataclass
+class TPSolution:
+    """The answer for one segment.
+
+    ``styles`` maps module FQN -> style for the solved instance (``rel_styles`` relative to the
+    instance prefix, so it can be stamped onto every instance); ``node_shard`` node id -> work
+    split; ``comm_bytes`` collective kind -> bytes per microbatch (forward + backward);
+    ``comm_s`` and ``compute_s`` seconds per microbatch; ``node_state`` node id -> output state.
+    """
+
+    tp: int
+    sequence_parallel: bool
+    styles: dict[str, str]
+    rel_styles: dict[str, str]
+    node_shard: dict[int, int]
+    node_state: dict[int, str]
+    comm_s: float
+    comm_bytes: dict[str, int]
+    compute_s: float
+    objective: float
+    status: str = "optimal"
+    seconds: float = 0.0
+    solver: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) -> float:
+    from meshplan.cost_models.comm import collective_time_s
+
+    spans = tp > cluster.devices_per_node
+    return float(collective_time_s(kind, int(nbytes), tp, cluster, spans_nodes=spans))
+
+
+class TPPlacementILP:
+    """Builds and solves the placement ILP of one segment (a list of consecutive nodes)."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        node_ids: list[int],
+        tp: int,
+        cluster: ClusterSpec,
+        *,
+        sequence_parallel: bool = False,
+        batch_scale: float = 1.0,
+        dtype: str = "bf16",
+        mem_weight_s_per_byte: float = MEM_WEIGHT_S_PER_BYTE,
+        name: str = "tp",
+    ) -> None:
+        if tp < 1:
+            raise ValueError(f"tp must be >= 1, got {tp}")
+        self.g = graph
+        self.ids = list(node_ids)
+        self.idset = set(self.ids)
+        self.tp = tp
+        self.cluster = cluster
+        self.sp = sequence_parallel
+        self.batch_scale = batch_scale
+        self.dtype = dtype
+        self.lam = mem_weight_s_per_byte
+        self.boundary = "Q" if sequence_parallel else "R"
+        self.hidden = int(graph.meta.get("hidden") or 0)
+        self.prob = pulp.LpProblem(name, pulp.LpMinimize)
+        self.x: dict[tuple[int, int], pulp.LpVariable] = {}
+        self.y: dict[tuple[int, int, int, str, str], pulp.LpVariable] = {}
+        self.strategies: dict[int, list[Strategy]] = {}
+        self.readers: dict[int, list[int]] = {}
+        for n in graph.nodes:
+            for i in n.inputs:
+                self.readers.setdefault(i, []).append(n.id)
+        self._in_bytes: dict[int, int] = {}
+        for _, d, b in graph.edges:
+            self._in_bytes[d] = self._in_bytes.get(d, 0) + b
+        self._cost_cache: dict[tuple[int, int], float] = {}
+        self._comm_cache: dict[tuple[str, float], float] = {}
+
+    # ---- strategy enumeration -----------------------------------------------------------
+    def _heads_ok(self) -> bool:
+        heads = int(self.g.meta.get("num_heads") or 0)
+        kv = int(self.g.meta.get("num_kv_heads") or heads)
+        return heads > 0 and heads % self.tp == 0 and kv % self.tp == 0
+
+    def _seq_ok(self) -> bool:
+        """Q (sequence-sharded) states exist only with sequence parallelism on."""
+        return self.sp and self.g.seq_len % self.tp == 0 and self.g.seq_len > 1
+
+    def node_strategies(self, n: GraphNode) -> list[Strategy]:
+        t = self.tp
+        rep = Strategy("replicate", "R", "R", 1, "replicate" if n.kind in ("linear", "embedding") else None)
+        if t == 1:
+            return [rep]
+        k = n.kind
+        seq_ok = self._seq_ok()
+        if k == "linear":
+            out: list[Strategy] = [rep]
+            fin, fout = n.attrs.get("in_features"), n.attrs.get("out_features")
+            if fout is None or fout % t == 0:
+                out.append(Strategy("colwise", "R", "S", t, "colwise"))
+            if fin is None or fin % t == 0:
+                out.append(Strategy("rowwise", "S", "P", t, "rowwise"))
+            return out
+        if k == "embedding":
+            vocab = n.attrs.get("num_embeddings")
+            ok = vocab is None or vocab % t == 0
+            return [rep] + ([Strategy("rowwise", "R", "P", t, "rowwise")] if ok else [])
+        if k in ("attention", "matmul"):
+            return [rep] + ([Strategy("heads", "S", "S", t)] if (k == "matmul" or self._heads_ok()) else [])
+        if k == "reshape":
+            states = ["R", "P"] + (["Q"] if seq_ok else [])
+            if not any(s in n.target.lower() for s in _SPLIT_TARGETS):
+                states.insert(1, "S")
+            return [Strategy(f"pass-{s}", s, s, 1) for s in states]
+        if k in ("elementwise", "activation"):
+            out = [Strategy("pass-R", "R", "R", 1), Strategy("pass-S", "S", "S", t)]
+            if seq_ok:
+                out.append(Strategy("pass-Q", "Q", "Q", t))
+            return out
+        if k == "norm":
+            return [rep] + ([Strategy("seq", "Q", "Q", t)] if seq_ok else [])
+        return [rep]
+
+    def _exempt(self, n: GraphNode, src: int) -> bool:
+        """Inputs that need no state agreement: buffers, ids, broadcast operands."""
+        p = self.g.nodes[src]
+        if p.kind in ("constant",) or (p.kind == "input" and n.kind == "embedding"):
+            return True
+        if n.kind in ("elementwise", "activation") and p.out_shape and n.out_shape:
+            return _numel(p.out_shape) < _numel(n.out_shape)
+        return False
+
+    def _external_state(self, src: int) -> str:
+        """State in which a tensor produced outside the segment arrives."""
+        p = self.g.nodes[src]
+        return self.boundary if self._is_stream(p) else "R"
+
+    def _is_stream(self, p: GraphNode) -> bool:
+        """Residual-stream-shaped tensor (batch, seq, hidden): what flows between blocks."""
+        if p.kind in ("input", "constant") or not p.out_shape or len(p.out_shape) < 2:
+            return False
+        return not self.hidden or p.out_shape[-1] == self.hidden
+
+    # ---- costs -----------------------------------------------------------------------------
+    def node_cost_s(self, n: GraphNode, shard: int) -> float:
+        key = (n.id, shard)
+        if key not in self._cost_cache:
+            from meshplan.cost_models.compute import node_time
+
+            t = node_time(
+                n, self.cluster, shard=shard, batch_scale=self.batch_scale, dtype=self.dtype,
+                input_bytes=self._in_bytes.get(n.id, 0),
+            )  # fmt: skip
+            self._cost_cache[key] = t.total_s
+        return self._cost_cache[key]
+
+    def edge_bytes(self, src: int) -> float:
+        """Bytes of ``src``'s output per microbatch in the training dtype."""
+        n = self.g.nodes[src]
+        return n.out_bytes * self.batch_scale * _elem_scale(n.out_dtype, self.dtype)
+
+    def comm_cost_s(self, a: str, b: str, nbytes: float) -> float:
+        kind = TRANSITIONS[(a, b)]
+        if kind is None or self.tp == 1:
+            return 0.0
+        key = (kind, nbytes)
+        if key not in self._comm_cache:
+            self._comm_cache[key] = _collective_time(kind, nbytes, self.tp, self.cluster)
+        return self._comm_cache[key]
+
+    # ---- model -----------------------------------------------------------------------------
+    def add_variables(self) -> None:
+        for nid in self.ids:
+            n = self.g.nodes[nid]
+            self.strategies[nid] = self.node_strategies(n)
+            for k, _ in enumerate(self.strategies[nid]):
+                self.x[nid, k] = pulp.LpVariable(f"x_{nid}_{k}", cat="Binary")
+
+    def add_one_strategy(self) -> None:
+        for i, nid in enumerate(self.ids):
+            ks = range(len(self.strategies[nid]))
+            self.prob += pulp.lpSum(self.x[nid, k] for k in ks) == 1, f"one_strategy__{i}"
+
+    def _internal_edges(self) -> list[tuple[int, int, int]]:
+        """(src, dst, slot) for every non-exempt input read inside the segment from inside it."""
+        out = []
+        for v in self.ids:
+            n = self.g.nodes[v]
+            for slot, u in enumerate(dict.fromkeys(n.inputs)):
+                if u in self.idset and not self._exempt(n, u):
+                    out.append((u, v, slot))
+        return out
+
+    def add_edge_consistency(self) -> None:
+        ci = 0
+        for u, v, slot in self._internal_edges():
+            su, sv = self.strategies[u], self.strategies[v]
+            outs = sorted({s.out_state for s in su})
+            ins = sorted({s.in_state for s in sv if s.in_state is not None})
+            for a in outs:
+                for b in ins:
+                    if (a, b) in TRANSITIONS:
+                        self.y[u, v, slot, a, b] = pulp.LpVariable(f"y_{u}_{v}_{slot}_{a}{b}", cat="Binary")
+            for a in outs:
+                lhs = pulp.lpSum(self.y[u, v, slot, a, b] for b in ins if (u, v, slot, a, b) in self.y)
+                rhs = pulp.lpSum(self.x[u, k] for k, s in enumerate(su) if s.out_state == a)
+                self.prob += lhs == rhs, f"edge_out__{ci}"
+                ci += 1
+            for b in ins:
+                lhs = pulp.lpSum(self.y[u, v, slot, a, b] for a in outs if (u, v, slot, a, b) in self.y)
+                rhs = pulp.lpSum(self.x[v, k] for k, s in enumerate(sv) if s.in_state == b)
+                self.prob += lhs == rhs, f"edge_in__{ci}"
+                ci += 1
+
+    def add_boundary_in(self) -> None:
+        """External inputs arrive in a fixed state; a consumer's strategy pays the reshard."""
+        self._boundary_in_cost: dict[tuple[int, int], float] = {}
+        ci = 0
+        for v in self.ids:
+            n = self.g.nodes[v]
+            for u in dict.fromkeys(n.inputs):
+                if u in self.idset or self._exempt(n, u):
+                    continue
+                a = self._external_state(u)
+                for k, s in enumerate(self.strategies[v]):
+                    if s.in_state is None:
+                        continue
+                    if (a, s.in_state) not in TRANSITIONS:
+                        self.prob += self.x[v, k] == 0, f"boundary_in__{ci}"
+                        ci += 1
+                    else:
+                        c = 2 * self.comm_cost_s(a, s.in_state, self.edge_bytes(u))
+                        self._boundary_in_cost[v, k] = self._boundary_in_cost.get((v, k), 0.0) + c
+
+    def add_boundary_out(self) -> None:
+        """Outputs read outside the segment leave in the state the next segment expects."""
+        ci = 0
+        self._boundary_out_cost: dict[tuple[int, int], float] = {}
+        for u in self.ids:
+            n = self.g.nodes[u]
+            outside = [r for r in self.readers.get(u, []) if r not in self.idset]
+            if not outside and n.kind != "output":
+                continue
+            if n.kind == "output":
+                continue  # the graph output node itself requires R via its strategy
+            want = self.boundary if self._is_stream(n) else "R"
+            for k, s in enumerate(self.strategies[u]):
+                if (s.out_state, want) not in TRANSITIONS:
+                    self.prob += self.x[u, k] == 0, f"boundary_out__{ci}"
+                    ci += 1
+                else:
+                    c = 2 * self.comm_cost_s(s.out_state, want, self.edge_bytes(u))
+                    self._boundary_out_cost[u, k] = c
+
+    def add_tied(self) -> None:
+        """Tied embedding/linear pairs: vocab-parallel embedding iff colwise head."""
+        groups: dict[str, list[int]] = {}
+        for nid in self.ids:
+            n = self.g.nodes[nid]
+            for p in set(n.param_names) | set(n.shared_params):
+                groups.setdefault(p, []).append(nid)
+        ci = 0
+        for members in groups.values():
+            embs = [m for m in members if self.g.nodes[m].kind == "embedding"]
+            lins = [m for m in members if self.g.nodes[m].kind == "linear"]
+            for e in embs:
+                ke = [k for k, s in enumerate(self.strategies[e]) if s.style == "rowwise"]
+                for li in lins:
+                    kl = [k for k, s in enumerate(self.strategies[li]) if s.style == "colwise"]
+                    kr = [k for k, s in enumerate(self.strategies[li]) if s.style == "rowwise"]
+                    lhs = pulp.lpSum(self.x[e, k] for k in ke)
+                    self.prob += lhs == pulp.lpSum(self.x[li, k] for k in kl), f"tied__{ci}"
+                    ci += 1
+                    for k in kr:  # a rowwise head splits the other weight dim: never with a tie
+                        self.prob += self.x[li, k] == 0, f"tied__{ci}"
+                        ci += 1
+
+    def set_objective(self) -> None:
+        terms = []
+        for nid in self.ids:
+            n = self.g.nodes[nid]
+            for k, s in enumerate(self.strategies[nid]):
+                w_shard = s.shard if n.kind in ("linear", "embedding", "matmul") else 1
+                c = self.node_cost_s(n, s.shard) + self.lam * n.param_bytes / w_shard
+                c += self._boundary_in_cost.get((nid, k), 0.0) + self._boundary_out_cost.get((nid, k), 0.0)
+                terms.append(c * self.x[nid, k])
+        for (u, _v, _slot, a, b), var in self.y.items():
+            c = 2 * self.comm_cost_s(a, b, self.edge_bytes(u))
+            if c:
+                terms.append(c * var)
+        self.prob += pulp.lpSum(terms)
+
+    def build(self) -> pulp.LpProblem:
+        self.add_variables()
+        self.add_one_strategy()
+        self.add_edge_consistency()
+        self.add_boundary_in()
+        self.add_boundary_out()
+        self.add_tied()
+        self.set_objective()
+        return self.prob
+
+    # ---- solve -----------------------------------------------------------------------------
+    def solve(self, *, time_limit_s: float = 10.0) -> TPSolution:
+        t0 = time.perf_counter()
+        self.build()
+        if self.tp == 1 or len(self.x) == len(self.ids):  # one strategy per node: nothing to choose
+            choice = {nid: 0 for nid in self.ids}
+            status, solver = "optimal", "trivial"
+        else:
+            from meshplan.ilp import solve
+
+            res = solve(self.prob, time_limit_s=time_limit_s)
+            status, solver = res.status, res.solver
+            choice = {}
+            for nid in self.ids:
+                vals = [(self.x[nid, k].varValue or 0.0) for k in range(len(self.strategies[nid]))]
+                choice[nid] = max(range(len(vals)), key=lambda k: vals[k])
+        return self._extract(choice, status, solver, time.perf_counter() - t0)
+
+    def _extract(self, choice: dict[int, int], status: str, solver: str, seconds: float) -> TPSolution:
+        styles: dict[str, str] = {}
+        shard: dict[int, int] = {}
+        state: dict[int, str] = {}
+        compute = 0.0
+        comm_s = 0.0
+        comm_bytes: dict[str, int] = {}
+
+        def add_comm(a: str, b: str, nbytes: float) -> None:
+            nonlocal comm_s
+            kind = TRANSITIONS[(a, b)]
+            if kind is None or self.tp == 1:
+                return
+            comm_s += 2 * self.comm_cost_s(a, b, nbytes)
+            comm_bytes[kind] = comm_bytes.get(kind, 0) + int(2 * nbytes)
+
+        for nid in self.ids:
+            n = self.g.nodes[nid]
+            s = self.strategies[nid][choice[nid]]
+            shard[nid] = s.shard
+            state[nid] = s.out_state
+            compute += self.node_cost_s(n, s.shard)
+            if s.style and n.module_fqn:
+                styles[n.module_fqn] = s.style
+            for u in dict.fromkeys(n.inputs):
+                if self._exempt(n, u) or s.in_state is None:
+                    continue
+                a = self.strategies[u][choice[u]].out_state if u in self.idset else self._external_state(u)
+                add_comm(a, s.in_state, self.edge_bytes(u))
+            outside = [r for r in self.readers.get(nid, []) if r not in self.idset]
+            if outside and n.kind != "output":
+                add_comm(s.out_state, self.boundary if self._is_stream(n) else "R", self.edge_bytes(nid))
+        return TPSolution(
+            tp=self.tp, sequence_parallel=self.sp, styles=styles, rel_styles={}, node_shard=shard,
+            node_state=state, comm_s=comm_s, comm_bytes=comm_bytes, compute_s=compute,
+            objective=compute + comm_s, status=status, seconds=seconds, solver=solver,
+        )  # fmt: skip
+
+
+def _elem_scale(traced_dtype: str | None, dtype: str) -> float:
+    """Training-dtype bytes over traced-dtype bytes for float tensors (1 for ints/unknown)."""
+    from meshplan.cost_models.compute import _DTYPE_BYTES
+
+    key = (traced_dtype or "").replace("torch.", "")
+    if key not in _DTYPE_BYTES or dtype not in _DTYPE_BYTES:
+        return 1.0
+    return _DTYPE_BYTES[dtype] / _DTYPE_BYTES[key]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= int(d)
+    return out
+
+
+def solve_segment(
+    graph: ModelGraph,
+    node_ids: list[int],
+    tp: int,
+    cluster: ClusterSpec,
+    *,
+    sequence_parallel: bool = False,
+    batch_scale: float = 1.0,
+    dtype: str = "bf16",
+    prefix: str | None = None,
+    time_limit_s: float = 10.0,
+    name: str = "tp",
+) -> TPSolution:
+    """Solve the placement of one segment; ``prefix`` (a block instance, e.g. "blocks.0") makes
+    ``rel_styles`` relative FQNs such as "attn.q_proj"."""
+    ilp = TPPlacementILP(
+        graph, node_ids, tp, cluster, sequence_parallel=sequence_parallel, batch_scale=batch_scale,
+        dtype=dtype, name=name,
+    )  # fmt: skip
+    sol = ilp.solve(time_limit_s=time_limit_s)
+    if prefix:
+        cut = len(prefix) + 1
+        sol.rel_styles = {k[cut:]: v for k, v in sol.styles.items() if k.startswith(prefix + ".")}
+    return sol
+
+
+@dataclass
+class GraphTPSolution:
+    """TP placement of a whole graph: each block type solved once, the non-block parts once.
+
+    ``styles`` covers every linear/embedding FQN of every instance; ``node_shard`` every node id;
+    ``segment_comm_s``/``segment_comm_bytes`` are per segment key ("block:<type_id>" for one
+    instance of a block type, "rest" for the non-block parts), per microbatch, fwd + bwd.
+    """
+
+    tp: int
+    sequence_parallel: bool
+    styles: dict[str, str]
+    node_shard: dict[int, int]
+    node_state: dict[int, str]
+    segment_comm_s: dict[str, float]
+    segment_comm_bytes: dict[str, dict[str, int]]
+    comm_s: float
+    comm_bytes: dict[str, int]
+    objective: float
+    status: str
+    seconds: float
+    solver: str
+    solves: int
+
+
+def block_node_ids(graph: ModelGraph) -> set[int]:
+    out: set[int] = set()
+    for bt in graph.blocks:
+        for a, b in bt.node_ranges:
+            out.update(range(a, b))
+    return out
+
+
+def solve_tp(
+    graph: ModelGraph,
+    tp: int,
+    cluster: ClusterSpec,
+    *,
+    sequence_parallel: bool = False,
+    batch_scale: float = 1.0,
+    dtype: str = "bf16",
+    time_limit_s: float = 10.0,
+) -> GraphTPSolution:
+    """Place every linear of ``graph`` for a TP degree: one ILP per block type (reused for all
+    its instances) and one for the rest. Costs are per microbatch of ``batch_scale`` × the
+    traced batch."""
+    t0 = time.perf_counter()
+    styles: dict[str, str] = {}
+    shard: dict[int, int] = {}
+    state: dict[int, str] = {}
+    seg_s: dict[str, float] = {}
+    seg_b: dict[str, dict[str, int]] = {}
+    total_s = 0.0
+    total_b: dict[str, int] = {}
+    objective = 0.0
+    statuses: list[str] = []
+    solvers: set[str] = set()
+    solves = 0
+
+    def account(sol: TPSolution, key: str, count: int) -> None:
+        nonlocal total_s, objective
+        seg_s[key] = sol.comm_s
+        seg_b[key] = dict(sol.comm_bytes)
+        total_s += sol.comm_s * count
+        objective += sol.objective * count
+        for k, v in sol.comm_bytes.items():
+            total_b[k] = total_b.get(k, 0) + v * count
+        statuses.append(sol.status)
+        solvers.add(sol.solver)
+
+    for bt in graph.blocks:
+        a0, b0 = bt.node_ranges[0]
+        same = all(b - a == b0 - a0 for a, b in bt.node_ranges)
+        todo = [(0, bt.instances[0], (a0, b0))] if same else list(zip(range(bt.count), bt.instances, bt.node_ranges))
+        for idx, prefix, (a, b) in todo:
+            sol = solve_segment(
+                graph, list(range(a, b)), tp, cluster, sequence_parallel=sequence_parallel,
+                batch_scale=batch_scale, dtype=dtype, prefix=prefix, time_limit_s=time_limit_s,
+                name=f"tp_{bt.module_class}_{idx}",
+            )  # fmt: skip
+            solves += 1
+            key = f"block:{bt.type_id}" if same else f"block:{bt.type_id}:{idx}"
+            account(sol, key, bt.count if same else 1)
+            targets = list(zip(bt.instances, bt.node_ranges)) if same else [(prefix, (a, b))]
+            for inst, (ia, _ib) in targets:
+                for rel, style in sol.rel_styles.items():
+                    styles[f"{inst}.{rel}"] = style
+                for nid, s in sol.node_shard.items():
+                    shard[ia + (nid - a)] = s
+                    state[ia + (nid - a)] = sol.node_state[nid]
+    in_blocks = block_node_ids(graph)
+    rest = [n.id for n in graph.nodes if n.id not in in_blocks]
+    if rest:
+        sol = solve_segment(
+            graph, rest, tp, cluster, sequence_parallel=sequence_parallel, batch_scale=batch_scale,
+            dtype=dtype, time_limit_s=time_limit_s, name="tp_rest",
+        )  # fmt: skip
+        solves += 1
+        account(sol, "rest", 1)
+        styles.update(sol.styles)
+        shard.update(sol.node_shard)
+        state.update(sol.node_state)
+    status = "optimal" if all(s == "optimal" for s in statuses) else "feasible"
+    return GraphTPSolution(
+        tp=tp, sequence_parallel=sequence_parallel, styles=styles, node_shard=shard, node_state=state,
+        segment_comm_s=seg_s, segment_comm_bytes=seg_b, comm_s=total_s, comm_bytes=total_b,
+        objective=objective, status=status, seconds=time.perf_counter() - t0,
+        solver="+".join(sorted(solvers)), solves=solves,
+    )  # fmt: skip
