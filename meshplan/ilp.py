@@ -68,13 +68,13 @@ def constraint_families(problem: pulp.LpProblem) -> dict[str, int]:
     return dict(Counter(family_of(con.name) for con in problem.constraints()))
 
 
-def _make_solver(name: str, time_limit_s: float) -> pulp.LpSolver:
+def _make_solver(name: str, time_limit_s: float, gap_rel: float | None = None) -> pulp.LpSolver:
     if name == "highs":
-        return pulp.HiGHS(msg=False, timeLimit=time_limit_s)
+        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
     if name == "cbc":
         with warnings.catch_warnings():  # pulp 3.3 warns that PULP_CBC_CMD goes away in 4.0
             warnings.simplefilter("ignore", DeprecationWarning)
-            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
+            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
     raise ValueError(f"unknown solver {name!r}; use one of {SOLVERS}")
 
 
@@ -85,9 +85,11 @@ def _solver_available(name: str) -> bool:
         return False
 
 
-def _run_once(problem: pulp.LpProblem, name: str, time_limit_s: float) -> tuple[str, str]:
+def _run_once(
+    problem: pulp.LpProblem, name: str, time_limit_s: float, gap_rel: float | None = None
+) -> tuple[str, str]:
     """Solve with one solver; returns (pulp status, pulp solution status) as strings."""
-    problem.solve(_make_solver(name, time_limit_s))
+    problem.solve(_make_solver(name, time_limit_s, gap_rel))
     return pulp.LpStatus[problem.status], pulp.LpSolution[problem.sol_status]
 
 
@@ -146,13 +148,15 @@ def solve(
     time_limit_s: float = 10.0,
     solver: str = "highs",
     diagnose: bool = True,
+    gap_rel: float | None = None,
 ) -> SolveResult:
     """Solve ``problem`` in place (variables get ``varValue``) and report how.
 
     Tries ``solver`` first ("highs" in-process, or "cbc"), then the other one if the first is
     unavailable, raises, or finds no solution in time. Raises ``InfeasibleProblemError`` (naming
     the constraint families, and with ``diagnose`` the ones that cause it) for an infeasible
-    model, ``SolverFailedError`` when no solver produced a solution.
+    model, ``SolverFailedError`` when no solver produced a solution. ``gap_rel`` sets the MIP
+    relative gap (solver default, about 1e-4, when None; 0 for a proven optimum).
     """
     if time_limit_s <= 0:
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
@@ -163,7 +167,7 @@ def solve(
             tried.append(f"{name}: not available")
             continue
         try:
-            status, sol_status = _run_once(problem, name, time_limit_s)
+            status, sol_status = _run_once(problem, name, time_limit_s, gap_rel)
         except Exception as exc:  # solver crashed: fall back to the next one
             tried.append(f"{name}: raised {type(exc).__name__}: {exc}")
             continue

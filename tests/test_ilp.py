@@ -20,7 +20,7 @@ def _knapsack(capacity: float) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
 @pytest.mark.parametrize("solver", ["highs", "cbc"])
 def test_solve_optimal(solver: str) -> None:
     prob, x = _knapsack(5)
-    res = ilp.solve(prob, time_limit_s=5, solver=solver)
+    res = ilp.solve(prob, time_limit_s=5, solver=solver, gap_rel=0.0)
     assert res.status == "optimal"
     assert res.solver == solver
     assert res.objective == pytest.approx(7.0)  # items 0 and 1
@@ -35,8 +35,8 @@ def test_falls_back_to_cbc_when_highs_raises(monkeypatch: pytest.MonkeyPatch) ->
         def actualSolve(self, lp, **kw):  # noqa: ANN001, ANN003, ANN201
             raise RuntimeError("boom")
 
-    def fake(name: str, t: float) -> pulp.LpSolver:
-        return Broken(msg=False, timeLimit=t) if name == "highs" else real(name, t)
+    def fake(name: str, t: float, gap_rel: float | None = None) -> pulp.LpSolver:
+        return Broken(msg=False, timeLimit=t) if name == "highs" else real(name, t, gap_rel)
 
     monkeypatch.setattr(ilp, "_make_solver", fake)
     prob, _ = _knapsack(5)
