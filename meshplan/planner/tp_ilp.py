@@ -36,7 +36,8 @@ Objective (seconds per microbatch, forward + backward)::
        + Σ_e Σ_(a,b) y[e,a,b]·2·C(a→b, bytes(e))          backward comm mirrors forward
        + λ · Σ_n Σ_k x[n,k]·param_bytes(n)/shard_w(k)       small memory term
 
-with ``C`` the cost model's collective time: P→R all-reduce, P→Q and P→S reduce-scatter,
+with ``C`` the cost model's collective time plus one kernel launch (``kernel_floor_s``, so a
+single all-reduce beats an equal-volume reduce-scatter + all-gather pair): P→R all-reduce, P→Q and P→S reduce-scatter,
 S→R and Q→R all-gather, S↔Q all-to-all, R→S and R→Q a free local slice, a→a free.
 
 Constraint families (names ``<family>__<index>``, see ``meshplan.ilp``)::
@@ -112,6 +113,7 @@ class TPSolution:
     status: str = "optimal"
     seconds: float = 0.0
     solver: str = ""
+    comm_events: list[tuple[int, str, float]] = field(default_factory=list)  # (node id, kind, bytes) fwd
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -119,7 +121,8 @@ def _collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) ->
     from meshplan.cost_models.comm import collective_time_s
 
     spans = tp > cluster.devices_per_node
-    return float(collective_time_s(kind, int(nbytes), tp, cluster, spans_nodes=spans))
+    # + one kernel launch: of two plans moving the same bytes, the one with fewer collectives wins
+    return float(collective_time_s(kind, int(nbytes), tp, cluster, spans_nodes=spans)) + cluster.kernel_floor_s
 
 
 class TPPlacementILP:
@@ -414,12 +417,14 @@ class TPPlacementILP:
         compute = 0.0
         comm_s = 0.0
         comm_bytes: dict[str, int] = {}
+        events: list[tuple[int, str, float]] = []
 
         def add_comm(a: str, b: str, nbytes: float) -> None:
             nonlocal comm_s
             kind = TRANSITIONS[(a, b)]
             if kind is None or self.tp == 1:
                 return
+            events.append((nid, kind, nbytes))
             comm_s += 2 * self.comm_cost_s(a, b, nbytes)
             comm_bytes[kind] = comm_bytes.get(kind, 0) + int(2 * nbytes)
 
@@ -442,7 +447,7 @@ class TPPlacementILP:
         return TPSolution(
             tp=self.tp, sequence_parallel=self.sp, styles=styles, rel_styles={}, node_shard=shard,
             node_state=state, comm_s=comm_s, comm_bytes=comm_bytes, compute_s=compute,
-            objective=compute + comm_s, status=status, seconds=seconds, solver=solver,
+            objective=compute + comm_s, status=status, seconds=seconds, solver=solver, comm_events=events,
         )  # fmt: skip
 
 
@@ -494,7 +499,8 @@ class GraphTPSolution:
     """TP placement of a whole graph: each block type solved once, the non-block parts once.
 
     ``styles`` covers every linear/embedding FQN of every instance; ``node_shard`` every node id;
-    ``segment_comm_s``/``segment_comm_bytes`` are per segment key ("block:<type_id>" for one
+    ``segment_events`` lists each segment's forward collectives (node id, kind, bytes at the
+    solve's batch scale; backward mirrors them). ``segment_comm_s``/``segment_comm_bytes`` are per segment key ("block:<type_id>" for one
     instance of a block type, "rest" for the non-block parts), per microbatch, fwd + bwd.
     """
 
@@ -505,6 +511,7 @@ class GraphTPSolution:
     node_state: dict[int, str]
     segment_comm_s: dict[str, float]
     segment_comm_bytes: dict[str, dict[str, int]]
+    segment_events: dict[str, list[tuple[int, str, float]]]
     comm_s: float
     comm_bytes: dict[str, int]
     objective: float
@@ -541,6 +548,7 @@ def solve_tp(
     state: dict[int, str] = {}
     seg_s: dict[str, float] = {}
     seg_b: dict[str, dict[str, int]] = {}
+    seg_e: dict[str, list[tuple[int, str, float]]] = {}
     total_s = 0.0
     total_b: dict[str, int] = {}
     objective = 0.0
@@ -552,6 +560,7 @@ def solve_tp(
         nonlocal total_s, objective
         seg_s[key] = sol.comm_s
         seg_b[key] = dict(sol.comm_bytes)
+        seg_e[key] = list(sol.comm_events)
         total_s += sol.comm_s * count
         objective += sol.objective * count
         for k, v in sol.comm_bytes.items():
@@ -594,7 +603,7 @@ def solve_tp(
     status = "optimal" if all(s == "optimal" for s in statuses) else "feasible"
     return GraphTPSolution(
         tp=tp, sequence_parallel=sequence_parallel, styles=styles, node_shard=shard, node_state=state,
-        segment_comm_s=seg_s, segment_comm_bytes=seg_b, comm_s=total_s, comm_bytes=total_b,
+        segment_comm_s=seg_s, segment_comm_bytes=seg_b, segment_events=seg_e, comm_s=total_s, comm_bytes=total_b,
         objective=objective, status=status, seconds=time.perf_counter() - t0,
         solver="+".join(sorted(solvers)), solves=solves,
     )  # fmt: skip

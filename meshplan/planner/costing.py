@@ -1,0 +1,274 @@
+"""Costing a ModelGraph into per-layer tables for the search and the stage split.
+
+A *layer* is the run of nodes between two block-boundary cut points: the pre-block segment
+(embeddings), each repeated-block instance, the post-block segment (final norm, head, loss).
+For one (tp, sequence_parallel, recompute, micro_batch) the table gives, per layer and per
+microbatch on one device:
+
+- ``fwd_s``, ``bwd_input_s``, ``bwd_weight_s``: ``node_time`` summed over the layer's nodes at
+  the TP shard the placement ILP chose, ``batch_scale = micro_batch / traced batch``;
+- ``tp_comm_s``: the placement's resharding collectives (forward + backward); half is charged
+  to the forward, half to the backward (they sit on the critical path, not overlapped);
+- ``recompute_s``: forward work redone in backward (selective: the attention core and the
+  s×s score tensors; full: the whole forward with its TP collectives);
+- ``param_count``: parameters held per device (TP-sharded weights ÷ tp);
+- ``act_bytes``: what the layer keeps for backward (``node_activation_bytes``; full recompute
+  keeps only the layer input);
+- ``out_bytes``: the tensors crossing the cut after the layer (``CutPoint.crossing_bytes``
+  × batch_scale in the training dtype, ÷ tp with sequence parallelism).
+
+The TP placement is solved once per (tp, sp) at micro_batch 1 and re-costed at each microbatch
+size (the placement hardly moves with the batch; the ILP stays out of the search's inner loop).
+Block instances of one type share one costed row. No torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.memory import node_activation_bytes
+from meshplan.graph import GraphNode, ModelGraph
+from meshplan.planner.tp_ilp import GraphTPSolution, solve_tp
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Costs of one layer for one microbatch on one device (see the module docstring)."""
+
+    name: str
+    node_start: int
+    node_end: int
+    modules: tuple[str, ...]
+    fwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+    tp_comm_s: float
+    recompute_s: float
+    param_count: float
+    param_count_full: int
+    act_bytes: float
+    out_bytes: float
+    kind: str = "block"  # pre | block | post
+
+    @property
+    def fwd_total_s(self) -> float:
+        return self.fwd_s + self.tp_comm_s / 2
+
+    @property
+    def bwd_input_total_s(self) -> float:
+        return self.bwd_input_s + self.tp_comm_s / 2 + self.recompute_s
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_input_s + self.bwd_weight_s + self.tp_comm_s + self.recompute_s
+
+
+@dataclass
+class CostTable:
+    """Per-layer costs of a graph for one (tp, sp, recompute, micro_batch)."""
+
+    tp: int
+    sequence_parallel: bool
+    recompute: str
+    micro_batch: int
+    layers: list[LayerCost]
+    tp_solution: GraphTPSolution
+    tp_comm_bytes: dict[str, int] = field(default_factory=dict)  # per microbatch, whole model
+
+    @property
+    def total_s(self) -> float:
+        return sum(layer.total_s for layer in self.layers)
+
+    @property
+    def param_count(self) -> float:
+        return sum(layer.param_count for layer in self.layers)
+
+
+def layer_ranges(graph: ModelGraph) -> list[tuple[str, int, int, str, str | None]]:
+    """(name, start, end, kind, block type_id) of every layer in node order."""
+    inst = sorted(
+        (a, b, name, bt.type_id) for bt in graph.blocks for name, (a, b) in zip(bt.instances, bt.node_ranges)
+    )
+    out: list[tuple[str, int, int, str, str | None]] = []
+    pos = 0
+    for a, b, name, tid in inst:
+        if a > pos:
+            out.append(("pre" if not out else f"between.{len(out)}", pos, a, "pre" if not out else "post", None))
+        out.append((name, a, b, "block", tid))
+        pos = b
+    if pos < len(graph.nodes):
+        out.append(("post" if out else "model", pos, len(graph.nodes), "post", None))
+    return out
+
+
+def _elem_scale(dtype_name: str | None, dtype: str) -> float:
+    key = (dtype_name or "").replace("torch.", "")
+    if key not in _DTYPE_BYTES or dtype not in _DTYPE_BYTES:
+        return 1.0
+    return _DTYPE_BYTES[dtype] / _DTYPE_BYTES[key]
+
+
+class GraphCoster:
+    """Caches TP placements and cost tables of one graph on one cluster."""
+
+    def __init__(self, graph: ModelGraph, cluster: ClusterSpec, *, dtype: str = "bf16", time_limit_s: float = 10.0):
+        self.g = graph
+        self.cluster = cluster
+        self.dtype = dtype
+        self.time_limit_s = time_limit_s
+        self.ranges = layer_ranges(graph)
+        self._tp: dict[tuple[int, bool], GraphTPSolution] = {}
+        self._tables: dict[tuple[int, bool, str, int], CostTable] = {}
+        self._cuts = {c.after: c for c in graph.cut_points}
+        self._in_bytes: dict[int, int] = {}
+        for _, d, b in graph.edges:
+            self._in_bytes[d] = self._in_bytes.get(d, 0) + b
+        self.ilp_solves = 0
+        self.ilp_seconds = 0.0
+
+    # ---- TP placement ------------------------------------------------------------------
+    def tp_solution(self, tp: int, sp: bool) -> GraphTPSolution:
+        key = (tp, sp)
+        if key not in self._tp:
+            sol = solve_tp(
+                self.g, tp, self.cluster, sequence_parallel=sp, batch_scale=1.0 / max(1, self.g.batch_size),
+                dtype=self.dtype, time_limit_s=self.time_limit_s,
+            )  # fmt: skip
+            self.ilp_solves += sol.solves
+            self.ilp_seconds += sol.seconds
+            self._tp[key] = sol
+        return self._tp[key]
+
+    # ---- tables ------------------------------------------------------------------------
+    def table(self, tp: int, sp: bool, recompute: str, micro_batch: int) -> CostTable:
+        key = (tp, sp, recompute, micro_batch)
+        if key in self._tables:
+            return self._tables[key]
+        sol = self.tp_solution(tp, sp)
+        scale = micro_batch / max(1, self.g.batch_size)
+        layers: list[LayerCost] = []
+        by_type: dict[tuple[str, int], LayerCost] = {}
+        comm_total: dict[str, int] = {}
+        for name, a, b, kind, tid in self.ranges:
+            tkey = (tid or "", b - a)
+            proto = by_type.get(tkey) if tid else None
+            if proto is not None:
+                layer = LayerCost(
+                    name, a, b, self._modules(a, b), proto.fwd_s, proto.bwd_input_s, proto.bwd_weight_s,
+                    proto.tp_comm_s, proto.recompute_s, proto.param_count, proto.param_count_full,
+                    proto.act_bytes, self._boundary_bytes(b - 1, tp, sp, scale), kind,
+                )  # fmt: skip
+            else:
+                layer = self._cost_layer(name, a, b, kind, tid, sol, recompute, scale)
+                if tid:
+                    by_type[tkey] = layer
+            for _, k, v in self._layer_events(a, b, tid, sol):
+                comm_total[k] = comm_total.get(k, 0) + int(2 * v * scale * self.g.batch_size)
+            layers.append(layer)
+        table = CostTable(tp, sp, recompute, micro_batch, layers, sol, comm_total)
+        self._tables[key] = table
+        return table
+
+    def _modules(self, a: int, b: int) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for n in self.g.nodes[a:b]:
+            if n.module_fqn and n.param_numel:
+                seen[n.module_fqn] = None
+        return tuple(seen)
+
+    def _boundary_bytes(self, after: int, tp: int, sp: bool, scale: float) -> float:
+        cut = self._cuts.get(after)
+        if cut is None:
+            return 0.0
+        total = sum(self.g.nodes[i].out_bytes * _elem_scale(self.g.nodes[i].out_dtype, self.dtype) for i in cut.crossing)
+        if not cut.crossing:
+            total = cut.crossing_bytes
+        return total * scale / (tp if sp else 1)
+
+    def _layer_events(self, a: int, b: int, tid: str | None, sol: GraphTPSolution) -> list[tuple[int, str, float]]:
+        if tid:
+            return sol.segment_events.get(f"block:{tid}", [])
+        return [e for e in sol.segment_events.get("rest", []) if a <= e[0] < b]
+
+    def _layer_comm_s(self, a: int, b: int, tid: str | None, sol: GraphTPSolution, scale: float) -> float:
+        """TP comm of one layer per microbatch: the placement's collectives re-costed at ``scale``
+        (the ILP ran at one sequence, ``batch_scale = 1 / traced batch``)."""
+        factor = scale * self.g.batch_size
+        return _events_comm_s(self._layer_events(a, b, tid, sol), factor, sol.tp, self.cluster)
+
+    def _cost_layer(
+        self, name: str, a: int, b: int, kind: str, tid: str | None, sol: GraphTPSolution, recompute: str,
+        scale: float,
+    ) -> LayerCost:
+        nodes = self.g.nodes[a:b]
+        fwd = bi = bw = 0.0
+        attn_fwd = 0.0
+        params = 0.0
+        params_full = 0
+        seq = self.g.seq_len
+        for n in nodes:
+            s = sol.node_shard.get(n.id, 1)
+            t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.dtype,
+                          input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip
+            fwd += t.fwd_s
+            bi += t.bwd_input_s
+            bw += t.bwd_weight_s
+            if n.kind == "attention" or _score_shaped(n, seq):
+                attn_fwd += t.fwd_s
+            w_shard = s if n.kind in ("linear", "embedding", "matmul") else 1
+            params += n.param_numel / w_shard
+            params_full += n.param_numel
+        comm = self._layer_comm_s(a, b, tid, sol, scale)
+        first_cut = self._cuts.get(a - 1)
+        elem = _elem_scale(_float_dtype(nodes), self.dtype)
+        in_bytes = 0.0  # layer input in the traced dtype (what full recompute keeps)
+        if first_cut is not None:
+            in_bytes = sum(self.g.nodes[i].out_bytes for i in first_cut.crossing)
+        act = node_activation_bytes(
+            nodes, tp=sol.tp, sp=sol.sequence_parallel, recompute=recompute, batch_scale=scale,
+            hidden=self.g.meta.get("hidden"), seq_len=seq,
+            shard_of=lambda n: _saved_shard(n, sol), input_bytes=in_bytes, elem_scale=elem,
+        )  # fmt: skip
+        if recompute == "full":
+            rec = fwd + comm / 2
+        elif recompute == "selective":
+            rec = attn_fwd
+        else:
+            rec = 0.0
+        return LayerCost(
+            name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
+            self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind,
+        )  # fmt: skip
+
+
+def _float_dtype(nodes: list[GraphNode]) -> str | None:
+    for n in nodes:
+        if n.out_dtype and "float" in n.out_dtype:
+            return n.out_dtype
+    return None
+
+
+def _score_shaped(n: GraphNode, seq_len: int) -> bool:
+    sh = n.out_shape
+    return bool(sh) and len(sh) >= 2 and sh[-1] == seq_len and sh[-2] == seq_len and seq_len > 1
+
+
+def _saved_shard(n: GraphNode, sol: GraphTPSolution) -> int:
+    """What a node saves are its inputs: split by tp when they arrive sharded (S, P, Q)."""
+    if sol.tp == 1:
+        return 1
+    if sol.node_shard.get(n.id, 1) > 1 and n.kind not in ("linear",):
+        return sol.tp
+    for i in n.inputs:
+        if sol.node_state.get(i, "R") in ("S", "Q", "P"):
+            return sol.tp
+    return 1
+
+
+def _events_comm_s(events: list[tuple[int, str, float]], factor: float, tp: int, cluster: ClusterSpec) -> float:
+    """Forward + backward seconds of the placement's collectives at ``factor`` × their bytes."""
+    from meshplan.planner.tp_ilp import _collective_time
+
+    return sum(2 * _collective_time(kind, nbytes * factor, tp, cluster) for _, kind, nbytes in events)
