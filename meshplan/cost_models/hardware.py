@@ -50,7 +50,13 @@ class ClusterSpec:
         def bad(field_name: str, why: str) -> ValueError:
             return ValueError(f"ClusterSpec.{field_name}: {why}")
 
-        if not isinstance(self.num_devices, int) or self.num_devices < 1:
+        if not isinstance(self.name, str) or not self.name:
+            raise bad("name", f"must be a non-empty string, got {self.name!r}")
+        if (
+            not isinstance(self.num_devices, int)
+            or isinstance(self.num_devices, bool)
+            or self.num_devices < 1
+        ):
             raise bad("num_devices", f"must be a positive integer, got {self.num_devices!r}")
         if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:
             raise bad("devices_per_node", f"must be a positive integer, got {self.devices_per_node!r}")
@@ -59,8 +65,8 @@ class ClusterSpec:
                 "num_devices",
                 f"{self.num_devices} is not a whole number of nodes of {self.devices_per_node} devices",
             )
-        if not self.peak_flops:
-            raise bad("peak_flops", "needs at least one dtype")
+        if not isinstance(self.peak_flops, dict) or not self.peak_flops:
+            raise bad("peak_flops", f"needs a dict of at least one dtype -> FLOP/s, got {self.peak_flops!r}")
         for dt, v in self.peak_flops.items():
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise bad("peak_flops", f"{dt} must be a positive number, got {v!r}")
@@ -76,6 +82,10 @@ class ClusterSpec:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 < v <= 1):
                 raise bad(name, f"must be in (0, 1], got {v!r}")
+        if self.mem_reserved_bytes >= self.mem_bytes:
+            raise bad("mem_reserved_bytes", f"{self.mem_reserved_bytes} leaves no memory of {self.mem_bytes}")
+        if not isinstance(self.extra, dict):
+            raise bad("extra", f"must be a dict, got {type(self.extra).__name__}")
 
     # ---- derived -----------------------------------------------------------------------
     @property
@@ -117,6 +127,8 @@ class ClusterSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ClusterSpec:
+        if not isinstance(d, dict):
+            raise ValueError(f"ClusterSpec: expected a JSON object, got {type(d).__name__}")
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(d) - known
         if unknown:
@@ -129,7 +141,10 @@ class ClusterSpec:
         missing = {m for m in missing if m not in ("extra",)}
         if missing:
             raise ValueError(f"ClusterSpec: missing fields {sorted(missing)}")
-        return cls(**{**d, "peak_flops": dict(d["peak_flops"])})
+        peak = d["peak_flops"]
+        if not isinstance(peak, dict):
+            raise ValueError(f"ClusterSpec.peak_flops: must be an object of dtype -> FLOP/s, got {peak!r}")
+        return cls(**{**d, "peak_flops": dict(peak), "extra": dict(d.get("extra") or {})})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -143,7 +158,11 @@ class ClusterSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> ClusterSpec:
-        return cls.from_json(Path(path).read_text())
+        """A ClusterSpec from a JSON file (a saved preset or a ``meshplan profile`` output)."""
+        try:
+            return cls.from_json(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"cluster profile {str(path)!r} is not valid JSON: {e}") from e
 
 
 def resolve_cluster(cluster: str | ClusterSpec | Path, world_size: int) -> ClusterSpec:
@@ -253,8 +272,9 @@ PRESETS = {
         mem_gb=32,
         hbm_tb_s=0.9,
         nvlink_bidir_gb_s=300,
-        ib_gb_s=12.5,
+        ib_gb_s=6.25,
         per_node=8,
-        source="NVIDIA V100 datasheet (SXM2 32GB, FP16 tensor core); DGX-1 4x EDR 100Gb/s shared (FORMULAS.md)",
+        source="NVIDIA V100 datasheet (SXM2 32GB, FP16 tensor core); DGX-1 4x EDR 100Gb/s "
+        "(12.5 GB/s each) shared by 8 GPUs = 6.25 GB/s per GPU (FORMULAS.md)",
     ),
 }

@@ -195,10 +195,11 @@ def node_activation_bytes(
     """Activation bytes a run of traced nodes (a block, a stage) keeps for one microbatch.
 
     ``none``:      Σ saved_bytes(n) · batch_scale · elem_scale / shard(n)
-    ``selective``: the same without the s×s attention-score tensors (nodes whose output ends in
-                   (seq_len, seq_len), and those tensors where another node saves them), as
-                   recomputing the attention core drops them (Korthikanti §5); with fused SDPA
-                   there are none, so selective == none.
+    ``selective``: the same without the s×s attention-score tensors: each node's saved bytes
+                   less the bytes of its inputs whose shape ends in (seq_len, seq_len) (clamped
+                   at 0; Q and K saved by the score matmul stay), as recomputing the attention
+                   core drops them (Korthikanti §5); with fused SDPA there are none, so
+                   selective == none.
     ``full``:      only the inputs of the run are kept: ``input_bytes · batch_scale · elem_scale``
                    (÷tp with SP), e.g. ``CutPoint.crossing_bytes`` or the block's input edge bytes.
 
@@ -223,8 +224,6 @@ def node_activation_bytes(
         scores = {n.id: n.out_bytes for n in nodes if _score_shaped(n, seq_len)}
     total = 0.0
     for n in nodes:
-        if n.id in scores:
-            continue
         saved = float(n.saved_bytes)
         if scores:
             saved = max(0.0, saved - sum(scores.get(i, 0) for i in set(n.inputs)))
@@ -248,7 +247,8 @@ def inflight_microbatches(
     - ``gpipe``: m (all forwards before any backward). SC'21 §2.2.1.
     - ``1f1b``: min(m, p − i) (warm-up of p − i − 1 forwards, then one in, one out). SC'21 §2.2.1.
     - ``interleaved-1f1b``: min(m, ((p − i − 1)·2 + (v − 1)·p + 1) / v) chunk-microbatches,
-      i.e. p·(1 + (p − 1)/(p·v)) on stage 0 (Korthikanti §4.2.3; Megatron's warm-up count).
+      i.e. p·(1 + (p − 1)/(p·v)) on stage 0 (Korthikanti §4.2.3; the warm-up count of
+      Megatron's and torch's ScheduleInterleaved1F1B, plus the one in steady state); v = 1 is 1F1B.
     - ``zero-bubble`` (ZB-H1): min(m, p − i), as 1F1B: deferred W passes keep no more than
       p − i microbatches alive (Qi et al. 2023, §2.2).
     - ``zbv``: min(m, p) on every rank: each rank holds 2 chunks in a V; peak equals 1F1B's
@@ -267,7 +267,7 @@ def inflight_microbatches(
     p, i, m, v = pp, stage_index, num_microbatches, virtual_stages
     if schedule == "gpipe":
         return float(m)
-    if schedule in ("1f1b", "zero-bubble"):
+    if schedule in ("1f1b", "zero-bubble") or (schedule == "interleaved-1f1b" and v == 1):
         return float(min(m, p - i))
     if schedule == "interleaved-1f1b":
         return min(float(m), ((p - i - 1) * 2 + (v - 1) * p + 1) / v)

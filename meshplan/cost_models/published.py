@@ -1,0 +1,47 @@
+"""The 22 published training runs (Megatron-LM 2020 TP scaling, MosaicML MPT FSDP) as package data.
+
+``meshplan/data/published_cases.json`` is a copy of the project's reference file: each case has
+the model dimensions, the cluster, the batch, the configuration its authors chose and what they
+measured. Benchmarks cost each case end to end; tests check the formulas against them.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+REQUIRED_KEYS = ("id", "model", "cluster", "training", "expert_config", "measured")
+
+
+def load_published_cases() -> list[dict[str, Any]]:
+    """All published cases, in file order; raises ValueError naming a case with a missing key."""
+    text = resources.files("meshplan").joinpath("data/published_cases.json").read_text()
+    cases = json.loads(text)
+    for i, c in enumerate(cases):
+        missing = [k for k in REQUIRED_KEYS if k not in c]
+        if missing:
+            raise ValueError(f"published case {c.get('id', i)!r}: missing keys {missing}")
+    return cases
+
+
+def published_case(case_id: str) -> dict[str, Any]:
+    """One published case by its ``id``."""
+    for c in load_published_cases():
+        if c["id"] == case_id:
+            return c
+    raise ValueError(f"no published case {case_id!r}")
+
+
+def preset_for_case(case: dict[str, Any]) -> str:
+    """The ClusterSpec preset name matching a case's GPU ("v100", "a100-40g", "a100-80g", "h100")."""
+    gpu = case["cluster"]["gpu"].upper()
+    if "V100" in gpu:
+        return "v100"
+    if "A100" in gpu:
+        return "a100-40g" if "40GB" in gpu else "a100-80g"
+    if "H200" in gpu:
+        return "h200"
+    if "H100" in gpu:
+        return "h100"
+    raise ValueError(f"published case {case['id']!r}: no preset for GPU {case['cluster']['gpu']!r}")
