@@ -224,7 +224,8 @@ def rasterize(d: Drawing) -> Canvas:
         if isinstance(it, Rect):
             x0, y0 = round(it.x), round(it.y)
             x1, y1 = max(x0 + 1, round(it.x + it.w)), max(y0 + 1, round(it.y + it.h))
-            cv.fill_rect(x0, y0, x1, y1, col(it.fill))
+            if it.fill != "none":
+                cv.fill_rect(x0, y0, x1, y1, col(it.fill))
             if it.stroke:
                 s, w = col(it.stroke), max(1, round(it.stroke_w))
                 cv.fill_rect(x0, y0, x1, y0 + w, s)
