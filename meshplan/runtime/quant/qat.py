@@ -105,7 +105,10 @@ def check_group_size(fqn: str, weight: torch.Tensor, group_size: int) -> None:
         )
     if isinstance(weight, DTensor):
         local_in = weight.to_local().shape[1]
-        if any(isinstance(p, Shard) and p.dim in (1, -1) for p in weight.placements) and local_in % group_size:
+        if (
+            any(isinstance(p, Shard) and p.dim in (1, -1) for p in weight.placements)
+            and local_in % group_size
+        ):
             raise ValueError(
                 f"{fqn}: rowwise shard has {local_in} local in_features, not divisible by "
                 f"group_size={group_size}; quantization groups would cross shard boundaries. "
@@ -224,7 +227,9 @@ def _swap_dtensor_linears(model: nn.Module, fqns: list[str], base: Any) -> None:
         mod.weight_fake_quantizer = FakeQuantizerBase.from_config(w_cfg)
 
 
-def convert_qat(model: nn.Module, quantization: Quantization, *, dynamic_activations: bool = False) -> nn.Module:
+def convert_qat(
+    model: nn.Module, quantization: Quantization, *, dynamic_activations: bool = False
+) -> nn.Module:
     """Turn a QAT-prepared model (plain weights) into a quantized one in place; returns it.
 
     Raises ``ValueError`` on DTensor weights: gather the full state dict into a plain model first.

@@ -129,7 +129,9 @@ def _copy_to_tp(t: torch.Tensor, mesh: Any) -> torch.Tensor:
 
 def _reduce_from_tp(t: torch.Tensor, mesh: Any) -> torch.Tensor:
     """All-reduce (sum) forward over the TP group; identity backward."""
-    return DTensor.from_local(t, mesh, [Partial()], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+    return (
+        DTensor.from_local(t, mesh, [Partial()], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+    )
 
 
 class LoRALinear(nn.Module):

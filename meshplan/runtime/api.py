@@ -1,0 +1,333 @@
+"""``apply_plan(model, plan, *, loss_fn, optimizer_factory) -> ParallelModel``: run a Plan.
+
+Order (DESIGN.md): checks (no collective) -> process group + DeviceMesh -> stage split ->
+TP per stage -> data parallel per stage -> pipeline stages + schedule -> optimizer.
+
+``ParallelModel.step(inputs, targets)`` takes the GLOBAL batch (the same tensors on every rank),
+keeps this rank's data-parallel slice, runs forward/backward (the pipeline schedule, or plain
+gradient accumulation over the plan's microbatches when pp=1), syncs data-parallel gradients
+where the mode is manual, sums the gradients of tied weights between the pipeline ranks holding a
+copy, steps the optimizer, and returns the loss of the whole global step (mean of the microbatch
+losses; identical on all ranks). ``loss_fn`` must average over its batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from meshplan.errors import PlanMismatchError
+from meshplan.plan import Plan
+from meshplan.runtime import data_parallel as dpmod
+from meshplan.runtime import schedules, split, tp
+from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime, ranks_along
+
+
+@dataclass
+class _Tie:
+    fqns: tuple[str, ...]
+    param: torch.Tensor
+    group: dist.ProcessGroup
+
+
+@dataclass
+class ParallelModel:
+    plan: Plan
+    env: RuntimeEnv
+    modules: list[nn.Module]  # what runs: local stage GraphModules, or the model (HF: in HFLogits)
+    roots: list[nn.Module]  # the same modules at the user's FQNs (state dicts, TP styles)
+    runners: list[nn.Module]  # what runs forward: DDP wrappers or the modules themselves
+    stage_indices: list[int]
+    optimizer: torch.optim.Optimizer
+    loss_fn: Callable
+    dp_mode: str
+    schedule: object | None
+    ties: list[_Tie] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
+    steps_done: int = 0
+
+    # ---- info ---------------------------------------------------------------------------
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.stage_indices
+
+    @property
+    def has_last(self) -> bool:
+        return len(self.plan.stages) - 1 in self.stage_indices if self.plan.pp > 1 else True
+
+    def parameters(self) -> list[torch.Tensor]:
+        return _unique_params(self.modules)
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """FQN -> local parameter (a DTensor under TP/FSDP), over this rank's stages."""
+        out: dict[str, torch.Tensor] = {}
+        for m in self.roots:
+            for n, p in m.named_parameters(remove_duplicate=False):
+                out.setdefault(n, p)
+        return out
+
+    def container(self) -> nn.Module:
+        """One module whose FQNs are the original ones, over this rank's stages (for state dicts)."""
+        if len(self.roots) == 1 and self.plan.pp == 1:
+            return self.roots[0]
+        return _merge_modules(self.roots)
+
+    # ---- training -----------------------------------------------------------------------
+    def _local_batch(self, t: torch.Tensor) -> torch.Tensor:
+        dp, d = self.env.degree("dp"), self.env.coord("dp")
+        b = t.shape[0]
+        if b % (dp * self.plan.num_microbatches):
+            raise ValueError(
+                f"global batch {b} must be divisible by dp*microbatches = {dp}*{self.plan.num_microbatches}"
+            )
+        per = b // dp
+        return t[d * per : (d + 1) * per].to(self.env.device)
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        t0 = time.perf_counter()
+        x, y = self._local_batch(inputs), self._local_batch(targets)
+        m = self.plan.num_microbatches
+        local_loss = torch.zeros((), dtype=torch.float64)
+        if self.schedule is None:
+            model = self.runners[0]
+            for i, (xm, ym) in enumerate(zip(x.chunk(m), y.chunk(m))):
+                ctx = model.no_sync() if self.dp_mode == "ddp" and i < m - 1 else _null()  # type: ignore[operator]
+                with ctx:
+                    loss = self.loss_fn(model(xm), ym)
+                    (loss / m).backward()
+                local_loss += loss.detach().double().cpu() / m
+        else:
+            losses: list[torch.Tensor] = []
+            args = (x,) if self.has_first else ()
+            kw = {"target": y, "losses": losses} if self.has_last else {}
+            self.schedule.step(*args, **kw)  # type: ignore[attr-defined]
+            for p in self.parameters():  # schedules run with scale_grads=False (see schedules.py)
+                if p.grad is not None:
+                    p.grad.div_(m)
+            if self.has_last:
+                local_loss += torch.stack([v.detach().double().cpu() for v in losses]).mean()
+        if self.dp_mode == "manual":
+            dpmod.allreduce_grads(self.parameters(), self.env.group("dp"))  # type: ignore[arg-type]
+        for tie in self.ties:
+            if tie.param.grad is not None:
+                g = tie.param.grad
+                g = g.to_local() if hasattr(g, "to_local") else g
+                dist.all_reduce(g, group=tie.group)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._global_loss(local_loss)
+        self.step_times_s.append(time.perf_counter() - t0)
+        self.steps_done += 1
+        return loss
+
+    def _global_loss(self, local_loss: torch.Tensor) -> float:
+        share = self.env.degree("dp") * self.env.degree("tp")
+        contrib = (local_loss / share) if self.has_last else torch.zeros((), dtype=torch.float64)
+        contrib = contrib.to(self.env.device)
+        dist.all_reduce(contrib)
+        return float(contrib.item())
+
+    # ---- state --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, object]:
+        """Model state (FQN -> tensor; DTensors under TP/FSDP) of this rank's stages."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.container())
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """FQN -> full (unsharded) parameter of this rank's stages; a collective under TP/FSDP."""
+        out = {}
+        for n, p in self.named_parameters().items():
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            out[n] = t.detach().clone()
+        return out
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+def _unique_params(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    out = []
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen and p.requires_grad:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def _merge_modules(mods: Iterable[nn.Module]) -> nn.Module:
+    root = nn.Module()
+    for m in mods:
+        _merge_into(root, m)
+    return root
+
+
+def _merge_into(dst: nn.Module, src: nn.Module) -> None:
+    for name, p in src.named_parameters(recurse=False):
+        if name not in dst._parameters:
+            dst.register_parameter(name, p)
+    for name, b in src.named_buffers(recurse=False):
+        if name not in dst._buffers:
+            dst.register_buffer(name, b, persistent=name not in src._non_persistent_buffers_set)
+    for name, child in src.named_children():
+        has_own = any(True for _ in child.parameters(recurse=False)) or any(True for _ in child.buffers(recurse=False))
+        if has_own:
+            if name not in dst._modules:
+                dst.add_module(name, child)
+            continue
+        if name not in dst._modules:
+            dst.add_module(name, nn.Module())
+        _merge_into(dst._modules[name], child)  # type: ignore[arg-type]
+
+
+def apply_plan(
+    model: nn.Module,
+    plan: Plan,
+    *,
+    loss_fn: Callable,
+    optimizer_factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    example_inputs: tuple | None = None,
+    timeout_s: float = 120.0,
+) -> ParallelModel:
+    """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (one microbatch) is needed when pp > 1."""
+    # 1. checks that need no collective
+    check_launch(plan)
+    split.check_fqns(model, plan)
+    pp = plan.pp
+    ordered = sorted(plan.stages, key=lambda s: s.index)
+    if pp > 1:
+        if example_inputs is None:
+            raise ValueError("apply_plan: a pipelined plan needs example_inputs (one microbatch) to capture the graph")
+        schedules.check_placement(plan.schedule, pp, [s.rank for s in ordered], plan.num_microbatches)
+    if plan.global_batch_size % (plan.dp * plan.num_microbatches):
+        raise PlanMismatchError(
+            f"global batch {plan.global_batch_size} is not divisible by dp*microbatches = {plan.dp}*{plan.num_microbatches}"
+        )
+    notes: list[str] = []
+    if plan.sequence_parallel:
+        notes.append("sequence_parallel planned but not applied (runs as plain TP)")
+    if plan.recompute != "none":
+        notes.append(f"recompute={plan.recompute} planned but not applied by the runtime")
+    if plan.quantization.mode != "none":
+        notes.append(f"quantization {plan.quantization.mode} planned but not applied by the runtime")
+
+    # 2. process group and mesh
+    env = init_runtime(plan, timeout_s=timeout_s)
+    model = model.to(env.device)
+    tied = split.tied_parameter_groups(model)
+    styles, tnotes = tp.effective_styles(model, plan.tp_styles, tied)
+    notes += tnotes
+    if plan.tp > 1:
+        conv = tp.convert_conv1d(model, [f for f, s in styles.items() if s != "replicate"])
+        if conv:
+            notes.append(f"HF Conv1D converted to nn.Linear for TP (weights transposed): {conv}")
+
+    # 3. stage split
+    if pp > 1:
+        gm, prefix = split.capture_graph(model, tuple(example_inputs))  # type: ignore[arg-type]
+        pieces = split.split_stages(gm, ordered)
+        split.check_stage_chain(pieces, tuple(example_inputs))  # type: ignore[arg-type]
+        mine = [s.index for s in ordered if s.rank == env.coord("pp")]
+        modules: list[nn.Module] = [pieces[i].module for i in mine]
+        roots = [_sub_or_self(m, prefix) for m in modules]
+        shared = _shared_params(pieces, ordered)
+    else:
+        from meshplan.models.hf import HFLogits, is_hf_model
+
+        mine, prefix, shared = [0], "", []
+        roots = [model]
+        modules = [HFLogits(model) if is_hf_model(model) else model]
+
+    # 4. TP per stage (styles are keyed by the user's FQNs: apply them on the un-prefixed roots)
+    if plan.tp > 1:
+        for r in roots:
+            _check_tp_modules(r, styles)
+            tp.apply_tp(r, env.mesh["tp"], styles)
+
+    # 5. data parallel per stage
+    mode = dpmod.dp_mode(plan)
+    dp_mesh = env.mesh["dp"] if plan.dp > 1 else None
+    runners = [dpmod.wrap_dp(m, mode, dp_mesh=dp_mesh, dp_group=env.group("dp")) for m in modules]
+
+    # 6. pipeline stages and schedule
+    schedule = None
+    if pp > 1:
+        from torch.distributed.pipelining import PipelineStage
+
+        pstages = [
+            PipelineStage(r, i, len(ordered), env.device, group=env.group("pp")) for r, i in zip(runners, mine)
+        ]
+        schedule = schedules.build_schedule(plan.schedule, pstages, plan.num_microbatches, loss_fn)
+
+    pm = ParallelModel(
+        plan=plan, env=env, modules=modules, roots=roots, runners=runners, stage_indices=mine,
+        optimizer=optimizer_factory(_unique_params(modules)), loss_fn=loss_fn, dp_mode=mode,
+        schedule=schedule, notes=notes,
+    )
+    pm.ties = _tie_groups(env, shared, pm)
+    return pm
+
+
+def _sub_or_self(m: nn.Module, prefix: str) -> nn.Module:
+    return m.get_submodule(prefix.rstrip(".")) if prefix else m
+
+
+def _check_tp_modules(root: nn.Module, styles: dict[str, str]) -> None:
+    mods = dict(root.named_modules())
+    bad = [f for f, s in styles.items() if s != "replicate" and f in mods
+           and not isinstance(mods[f], (nn.Linear, nn.Embedding))]
+    if bad:
+        raise PlanMismatchError(
+            f"TP styles name modules that are not nn.Linear/nn.Embedding in this stage: {bad[:4]} "
+            "(a torch.export capture keeps no Linear modules); TP inside pipeline stages needs an fx capture"
+        )
+
+
+def _shared_params(pieces: list, ordered: list) -> list[tuple[list[int], dict[int, str]]]:
+    """Parameters held by stages on different pipeline ranks: (ranks, stage index -> local FQN).
+
+    Found by Parameter identity, so it works whatever the FQNs are (an exported graph may name the
+    tied LM head by the embedding's FQN).
+    """
+    by_id: dict[int, dict[int, str]] = {}
+    for p in pieces:
+        for name, t in p.module.named_parameters(remove_duplicate=False):
+            by_id.setdefault(id(t), {}).setdefault(p.index, name)
+    out = []
+    for names in by_id.values():
+        ranks = sorted({ordered[i].rank for i in names})
+        if len(ranks) > 1:
+            out.append((ranks, names))
+    return out
+
+
+def _tie_groups(env: RuntimeEnv, shared: list[tuple[list[int], dict[int, str]]], pm: ParallelModel) -> list[_Tie]:
+    """Groups joining the pipeline ranks that each hold a copy of a tied parameter.
+
+    Every rank creates every group (``new_group`` is collective over the world), in one order.
+    """
+    out: list[_Tie] = []
+    for holders, names in shared:
+        for ranks in ranks_along(env, "pp", holders):
+            g = dist.new_group(ranks)
+            if env.rank in ranks:
+                mine = [(i, names[i]) for i in pm.stage_indices if i in names]
+                if not mine:
+                    raise AssertionError(f"rank {env.rank} holds none of {names}")
+                i, name = mine[0]
+                p = dict(pm.modules[pm.stage_indices.index(i)].named_parameters(remove_duplicate=False))[name]
+                out.append(_Tie(fqns=tuple(names.values()), param=p, group=g))
+    return out

@@ -1,0 +1,194 @@
+"""Pipeline stage split: a captured fx graph cut into stage modules at the Plan's node boundaries.
+
+Each ``StageSpec`` names its first fx node (``first_node``); every node from there up to the next
+stage's first node belongs to the stage. For every stage we build one ``torch.fx.GraphModule``
+whose
+
+* inputs are the values *live into* the stage: the model inputs for stage 0, else exactly the
+  outputs of the previous stage (``torch.distributed.pipelining`` passes a stage's outputs as the
+  next stage's positional arguments);
+* outputs are the values live *out of* it: everything produced so far that a later stage (or
+  the model output) still needs. Skip edges (masks, rotary tables, token ids, residuals) are
+  therefore forwarded through the stages in between;
+* sub-modules and parameters are the ORIGINAL ones, at their original dotted FQNs
+  (``blocks.2.attn.q_proj.weight``). ``torch.fx.passes.split_module`` partitions the same way
+  but flattens qualified names (``blocks_2_attn_q_proj``), which would break the Plan's
+  FQN-keyed TP styles and checkpoints, so the partition's graphs are assembled here with
+  ``GraphModule(root, graph)``, which keeps dotted names.
+
+Tied parameters (GPT-2's ``wte.weight``/``lm_head.weight``) stay one Parameter object; after the
+split two stages may hold it. ``tied_parameter_groups`` lists them so the runtime can all-reduce
+their gradients between the pipeline ranks holding a copy (see ``runtime/api.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+from torch import nn
+
+from meshplan.errors import PlanMismatchError
+from meshplan.plan import Plan, StageSpec
+
+
+@dataclass
+class StagePiece:
+    """One stage module plus what it exchanges with its neighbours (names of fx values)."""
+
+    index: int
+    module: torch.fx.GraphModule
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def capture_graph(model: nn.Module, example_inputs: tuple) -> tuple[torch.fx.GraphModule, str]:
+    """Capture ``model`` the way the planner's tracer does, so fx node names agree.
+
+    Returns (graph module, FQN prefix): a HF model is captured through the ``HFLogits`` wrapper,
+    so its FQNs in the graph start with ``"model."``.
+    """
+    try:
+        from meshplan.trace import capture  # the shared entry point (docs/architecture.md)
+    except ImportError:
+        capture = None
+    if capture is not None:
+        gm, _how = capture(model, tuple(example_inputs))
+        from meshplan.models.hf import is_hf_model
+
+        return gm, ("model." if is_hf_model(model) else "")
+    from meshplan.tracing.capture import capture_with
+
+    def _runs(cap: object) -> None:
+        with torch.no_grad():
+            cap.gm(*example_inputs)  # type: ignore[attr-defined]
+
+    cap, _ = capture_with(model, tuple(example_inputs), _runs)
+    return cap.gm, cap.prefix
+
+
+def stage_assignment(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> dict[str, int]:
+    """Map each compute node name to its stage index (placeholders and output excluded)."""
+    order = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    pos = {n.name: i for i, n in enumerate(order)}
+    ordered = sorted(stages, key=lambda s: s.index)
+    if [s.index for s in ordered] != list(range(len(ordered))):
+        raise PlanMismatchError(f"plan stage indices {[s.index for s in stages]} are not 0..{len(stages) - 1}")
+    starts = []
+    for s in ordered:
+        if s.index == 0:
+            starts.append(0)
+            continue
+        if s.first_node not in pos:
+            near = [n for n in pos if s.first_node.split("_")[0] in n][:5]
+            raise PlanMismatchError(
+                f"stage {s.index} starts at fx node {s.first_node!r}, which the captured graph does not have "
+                f"(similar names: {near}); re-plan with this model"
+            )
+        starts.append(pos[s.first_node])
+    if starts != sorted(starts) or len(set(starts)) != len(starts):
+        raise PlanMismatchError(f"plan stage boundaries are not strictly increasing in graph order: {starts}")
+    out: dict[str, int] = {}
+    k = 0
+    for n in order:
+        while k + 1 < len(starts) and pos[n.name] >= starts[k + 1]:
+            k += 1
+        out[n.name] = k
+    return out
+
+
+def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[StagePiece]:
+    """Cut ``gm`` into one GraphModule per stage (in stage order); see the module docstring."""
+    assign = stage_assignment(gm, stages)
+    n_stages = len(stages)
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    out_node = next(n for n in nodes if n.op == "output")
+
+    def producer(n: torch.fx.Node) -> int:
+        return -1 if n.op == "placeholder" else assign[n.name]
+
+    last_use: dict[str, int] = {}
+    for n in nodes:
+        for u in n.users:
+            k = n_stages if u.op == "output" else assign[u.name]
+            if k != producer(n):
+                last_use[n.name] = max(last_use.get(n.name, -1), k)
+    order = {n.name: i for i, n in enumerate(nodes)}
+    live_in: list[list[str]] = [[p.name for p in placeholders]]
+    for k in range(n_stages - 1):
+        live = [name for name, last in last_use.items() if last > k]
+        live = [x for x in live if assign.get(x, -1) <= k]  # placeholders: produced "before" stage 0
+        live.sort(key=order.__getitem__)
+        live_in.append(live)
+
+    pieces = []
+    by_name = {n.name: n for n in nodes}
+    for k in range(n_stages):
+        g = torch.fx.Graph()
+        env: dict[str, torch.fx.Node] = {}
+        look = functools.partial(_lookup, env, k=k)
+        for name in live_in[k]:
+            env[name] = g.placeholder(name)
+        for n in nodes:
+            if n.op in ("placeholder", "output") or assign[n.name] != k:
+                continue
+            env[n.name] = g.node_copy(n, look)
+        if k == n_stages - 1:
+            g.output(torch.fx.map_arg(out_node.args[0], look))
+            outs: tuple[str, ...] = ()
+        else:
+            outs = tuple(live_in[k + 1])
+            vals = tuple(look(by_name[x]) for x in outs)
+            g.output(vals[0] if len(vals) == 1 else vals)
+        g.lint()
+        mod = torch.fx.GraphModule(gm, g, class_name=f"Stage{k}")
+        pieces.append(StagePiece(index=k, module=mod, inputs=tuple(live_in[k]), outputs=outs))
+    return pieces
+
+
+def _lookup(env: dict[str, torch.fx.Node], a: torch.fx.Node, k: int) -> torch.fx.Node:
+    if a.name not in env:
+        raise AssertionError(f"stage {k}: value {a.name} is neither computed here nor forwarded")
+    return env[a.name]
+
+
+def check_stage_chain(pieces: Sequence[StagePiece], example_inputs: tuple) -> None:
+    """Run the stages one after another on ``example_inputs``: every value crossing a stage
+    boundary must be a tensor (pipelining sends only tensors)."""
+    vals: tuple = tuple(example_inputs)
+    with torch.no_grad():
+        for p in pieces[:-1]:
+            out = p.module(*vals)
+            vals = out if isinstance(out, tuple) else (out,)
+            bad = [name for name, v in zip(p.outputs, vals) if not isinstance(v, torch.Tensor)]
+            if bad:
+                raise PlanMismatchError(
+                    f"stage {p.index} would send non-tensor values {bad} to stage {p.index + 1}; "
+                    "move the stage boundary (block boundaries always work)"
+                )
+
+
+def tied_parameter_groups(model: nn.Module) -> list[tuple[str, ...]]:
+    """FQN groups that name one Parameter object (e.g. ``("wte.weight", "lm_head.weight")``)."""
+    seen: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        seen.setdefault(id(p), []).append(name)
+    return [tuple(v) for v in seen.values() if len(v) > 1]
+
+
+def check_fqns(model: nn.Module, plan: Plan) -> None:
+    """Every module FQN the Plan names (stage modules, TP styles) must exist in ``model``."""
+    names = {n for n, _ in model.named_modules(remove_duplicate=False)}
+    missing = sorted({f for f in plan.tp_styles if f not in names})
+    for s in plan.stages:
+        missing += sorted(f for f in s.modules if f and f not in names)
+    if missing:
+        raise PlanMismatchError(
+            f"plan names modules the model does not have: {sorted(set(missing))[:8]}"
+            + (" ..." if len(set(missing)) > 8 else "")
+            + f" (plan made for model {plan.model_name!r}); re-plan for this model"
+        )

@@ -1,0 +1,121 @@
+"""Shared cases for the runtime's multi-process tests: a tiny zoo GPT, data, a single-process
+reference, and a worker that runs many plans inside one spawn and reports the differences."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, SEQ, BATCH = 64, 8, 8
+
+
+def tiny_gpt() -> nn.Module:
+    from meshplan.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=16))
+
+
+def tiny_hf_gpt2() -> nn.Module:
+    from meshplan.models.hf import hf_gpt2
+
+    torch.manual_seed(0)
+    m = hf_gpt2(dict(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, n_positions=16,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return m.train()
+
+
+def batches(steps: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+        y = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+        out.append((x, y))
+    return out
+
+
+def loss_fn(logits: Any, y: torch.Tensor) -> torch.Tensor:
+    if not isinstance(logits, torch.Tensor):
+        logits = logits.logits
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def opt_factory(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def reference(model: nn.Module, data: list, microbatches: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Single-process training on the global batch: losses and the final parameters."""
+    from meshplan.models.hf import HFLogits, is_hf_model
+
+    m = copy.deepcopy(model)
+    run = HFLogits(m) if is_hf_model(m) else m
+    opt = opt_factory(list(m.parameters()))
+    losses = []
+    for x, y in data:
+        loss = loss_fn(run(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    return losses, {n: p.detach().clone() for n, p in m.named_parameters(remove_duplicate=False)}
+
+
+def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float, float, list[str]]:
+    """Apply one plan, train len(data) steps; (max loss error, max param error, notes)."""
+    from meshplan.runtime import handplan, split
+    from meshplan.runtime.api import apply_plan
+
+    model = model_fn()
+    mbs = BATCH // (cfg.get("dp", 1) * cfg["m"])
+    ex = (data[0][0][:mbs],)
+    styles = cfg.get("styles")
+    if styles is None:
+        styles = handplan.megatron_styles(model) if cfg.get("tp", 1) > 1 else {}
+    if cfg.get("pp", 1) > 1:
+        gm, prefix = split.capture_graph(model, ex)
+    else:
+        gm, prefix = torch.fx.GraphModule(nn.Module(), torch.fx.Graph()), ""
+    plan = handplan.manual_plan(
+        model, gm, dp=cfg.get("dp", 1), tp=cfg.get("tp", 1), pp=cfg.get("pp", 1),
+        schedule=cfg.get("schedule", "1f1b"), virtual_stages=cfg.get("v", 1), microbatches=cfg["m"],
+        micro_batch_size=mbs, seq_len=SEQ, tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"),
+    )
+    pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex)
+    losses = [pm.step(x, y) for x, y in data]
+    ref_losses, ref_params = ref
+    loss_err = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    param_err = 0.0
+    full = pm.full_parameters()
+    for name, t in full.items():
+        r = ref_params[name]
+        if t.shape != r.shape and t.t().shape == r.shape:  # HF Conv1D converted to Linear
+            t = t.t()
+        param_err = max(param_err, float((t - r).abs().max()))
+    if not full:
+        param_err = float("inf")
+    return loss_err, param_err, list(pm.notes)
+
+
+def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int = 2) -> list[tuple]:
+    model_fn = {"gpt": tiny_gpt, "hf_gpt2": tiny_hf_gpt2}[model_name]
+    data = batches(steps)
+    ref = reference(model_fn(), data)
+    out = []
+    for cfg in cfgs:
+        try:
+            le, pe, notes = run_config(model_fn, cfg, data, ref)
+            out.append((cfg, le, pe, ""))
+        except Exception as e:  # noqa: BLE001 - report per config, keep going
+            import traceback
+
+            out.append((cfg, float("inf"), float("inf"), f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"))
+            import torch.distributed as dist
+
+            dist.barrier()
+    return out
