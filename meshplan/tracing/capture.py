@@ -1,0 +1,109 @@
+"""Graph capture: torch.fx symbolic tracing first, ``torch.export.export(strict=False)`` as fallback.
+
+``capture(model, example_inputs)`` is the one capture shared by ``trace_model`` and the runtime's
+stage split, so node names agree. Leaf modules (kept whole as one ``call_module`` node in fx):
+``nn.Linear``, HF ``Conv1D``, ``nn.Embedding`` and the norms (see ``classify.is_leaf_class``).
+A HF transformers model is wrapped in ``HFLogits`` (``forward(input_ids) -> logits``,
+``use_cache=False``); the GraphModule's targets then start with ``model.``.
+
+A capture is accepted only once its graph runs under fake tensors (``annotate.propagate``), so an
+fx graph that traces but cannot run (e.g. control flow baked in wrongly) falls back to export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from meshplan.errors import TraceError
+from meshplan.models.hf import HFLogits, is_hf_model
+from meshplan.tracing.classify import is_leaf_class
+
+
+class MeshTracer(fx.Tracer):
+    """fx tracer whose leaves are Linear / Conv1D / Embedding / norms (plus torch.nn's defaults).
+
+    Each node's module scope is recorded by fx itself in ``node.meta["nn_module_stack"]``.
+    Buffers read as attributes become ``get_attr`` nodes, so ``self.rope_cos[:T]`` traces.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proxy_buffer_attributes = True
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if is_leaf_class(type(m)):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+@dataclass
+class Captured:
+    gm: fx.GraphModule
+    kind: str  # "fx" | "export"
+    root: nn.Module  # the module that was captured (the HF wrapper when one was added)
+    prefix: str  # FQN prefix to strip to get back to the user's names ("model." for a wrapped HF model)
+    fx_error: str | None = None  # why fx failed, when export was used
+
+
+def wrap_if_hf(model: nn.Module) -> tuple[nn.Module, str]:
+    if is_hf_model(model):
+        return HFLogits(model), "model."
+    return model, ""
+
+
+def fx_capture(model: nn.Module) -> fx.GraphModule:
+    tracer = MeshTracer()
+    graph = tracer.trace(model)
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def export_capture(model: nn.Module, example_inputs: tuple[Any, ...]) -> fx.GraphModule:
+    ep = torch.export.export(model, tuple(example_inputs), strict=False)
+    gm = ep.module()
+    # the guard check export adds is not part of the model; drop it so the graph is just the model
+    for n in list(gm.graph.nodes):
+        if n.op == "call_module" and n.target == "_guards_fn" and not n.users:
+            gm.graph.erase_node(n)
+    gm.graph.lint()
+    gm.recompile()
+    assert isinstance(gm, fx.GraphModule)
+    return gm
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:400]
+
+
+def capture_with(
+    model: nn.Module, example_inputs: tuple[Any, ...], validate: Any
+) -> tuple[Captured, Any]:
+    """Capture ``model`` and run ``validate(captured)`` on it; fx first, export on any failure.
+
+    Returns (captured, validate's result). Raises TraceError naming both failures.
+    """
+    root, prefix = wrap_if_hf(model)
+    fx_err: BaseException | None = None
+    if not prefix:  # fx symbolic tracing does not work on HF models; go straight to export
+        try:
+            cap = Captured(fx_capture(root), "fx", root, prefix)
+            return cap, validate(cap)
+        except Exception as e:  # noqa: BLE001 - any fx failure means: try export
+            fx_err = e
+    try:
+        cap = Captured(export_capture(root, example_inputs), "export", root, prefix,
+                       _short(fx_err) if fx_err else "skipped (HF transformers model)")
+        return cap, validate(cap)
+    except Exception as ex_err:  # noqa: BLE001
+        name = type(model).__name__
+        fx_msg = _short(fx_err) if fx_err else "skipped (HF transformers model)"
+        raise TraceError(
+            f"could not capture {name}: torch.fx failed ({fx_msg}); torch.export failed ({_short(ex_err)}). "
+            "Hint: data-dependent control flow (an `if` or loop on tensor values) cannot be traced: "
+            "make it static (decide it from config/shapes), or pass concrete example_inputs of the "
+            "shapes you train with."
+        ) from ex_err
