@@ -1,0 +1,541 @@
+"""Joint search over data/tensor/pipeline degrees, microbatching, schedule, recompute and DP kind.
+
+For every configuration::
+
+    (dp, tp, pp)        dp·tp·pp = world_size; tp ≤ devices_per_node, tp | devices_per_node,
+                        tp | heads and tp | kv_heads; pp ≤ number of layers
+    micro_batch b, m    global_batch = b · m · dp
+    schedule            gpipe | 1f1b | interleaved-1f1b (v = 2, 4 where layers allow, m % pp = 0) |
+                        zero-bubble | zbv (v = 2); pp = 1 runs plain gradient accumulation ("1f1b")
+    recompute           none | selective | full
+    dp kind             ddp, or fsdp (ZeRO-3 over dp) when the ddp plan does not fit
+
+the step time is::
+
+    step = makespan(schedule simulator; per-stage F, B, W incl. TP comm and recompute; p2p sends)
+         + exposed DP gradient sync (ddp: all-reduce overlapped with the last microbatch's
+           backward, at least 10 % exposed; fsdp: per-microbatch all-gather + reduce-scatter
+           hidden under compute where it fits)
+         + optimizer step (memory bound: 16 B/param read and written, ÷ dp with fsdp)
+
+Search: every configuration gets a cheap lower bound ``m · Σ layer time / pp + optimizer +
+0.1 · dp sync`` (the busiest rank works at least the average) and a model-state memory lower
+bound; configurations are then evaluated exactly (stage split + simulation + memory) in
+lower-bound order, stopping once the lower bound exceeds the best fitting step time by the
+alternatives' margin. With ``exhaustive=True`` every configuration is evaluated (tests check
+both give the same answer). Pipelines with many microbatches are simulated at two small valid
+microbatch counts and extrapolated linearly (steady state: one microbatch per bottleneck period).
+No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from meshplan.cost_models.comm import collective_time_s
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.memory import model_state_bytes
+from meshplan.graph import ModelGraph
+from meshplan.partition.schedule import simulate, validate
+from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
+
+GiB = 1024**3
+SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
+#: Alternatives are looked for among plans at most this much slower than the best.
+ALT_MARGIN = 0.25
+#: Microbatch counts above this (× pp·v) are simulated small and extrapolated.
+SIM_CAP_FACTOR = 3
+
+
+@dataclass(frozen=True)
+class Config:
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int
+    num_microbatches: int
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    sequence_parallel: bool
+    dp_kind: str
+
+    def summary(self) -> str:
+        v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        sp = " sp" if self.sequence_parallel else ""
+        return (
+            f"dp{self.dp} tp{self.tp}{sp} pp{self.pp} {self.schedule}{v} mb{self.micro_batch}x{self.num_microbatches}"
+            f" recompute={self.recompute} {self.dp_kind}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class Evaluation:
+    """An exactly costed configuration."""
+
+    config: Config
+    step_s: float
+    pipeline_s: float
+    compute_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    bubble_s: float
+    optimizer_s: float
+    recompute_s: float
+    bubble_fraction: float
+    peak_mem_bytes: tuple[int, ...]
+    mem_breakdown: dict[str, int]
+    comm_bytes: dict[str, int]
+    stage_layers: list[tuple[int, int]]  # [start, end) layer indices per stage (model order)
+    stage_times: list[tuple[float, float, float, float]]  # fwd, bwd (total), bwd_weight, send per stage
+    stage_mem: list[int]
+    stage_send_bytes: list[int]
+    fits: bool
+    mem_limit_bytes: int
+    table: CostTable = field(repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def max_mem_bytes(self) -> int:
+        return max(self.peak_mem_bytes) if self.peak_mem_bytes else 0
+
+
+@dataclass
+class SearchResult:
+    best: Evaluation | None
+    alternatives: list[tuple[Evaluation, str]]
+    candidates: int
+    evaluated: int
+    seconds: float
+    ilp_solves: int
+    ilp_seconds: float
+    min_mem_bytes: int  # smallest per-device need seen (exact where evaluated)
+    mem_limit_bytes: int
+    coster: GraphCoster = field(repr=False, default=None)  # type: ignore[assignment]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def balanced_split(costs: list[float], num_stages: int) -> list[tuple[int, int]]:
+    """Contiguous split of ``costs`` into ``num_stages`` non-empty runs minimising the largest
+    run sum (bisection on the bottleneck + greedy packing; exact up to the bisection tolerance)."""
+    n = len(costs)
+    if not 1 <= num_stages <= n:
+        raise ValueError(f"cannot split {n} layers into {num_stages} stages")
+
+    def pack(limit: float) -> list[tuple[int, int]] | None:
+        out, start, acc = [], 0, 0.0
+        for i, c in enumerate(costs):
+            if c > limit:
+                return None
+            if acc + c > limit and i > start:
+                out.append((start, i))
+                start, acc = i, 0.0
+            acc += c
+        out.append((start, n))
+        return out if len(out) <= num_stages else None
+
+    lo, hi = max(costs), sum(costs)
+    for _ in range(60):
+        if hi - lo <= 1e-9 * max(hi, 1e-30):
+            break
+        mid = (lo + hi) / 2
+        if pack(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    runs = pack(hi) or [(i, i + 1) for i in range(n)]
+    while len(runs) < num_stages:  # split the largest splittable run: the maximum never grows
+        k = max((i for i, (a, b) in enumerate(runs) if b - a > 1), key=lambda i: sum(costs[runs[i][0]:runs[i][1]]))
+        a, b = runs[k]
+        best_j, best_v = a + 1, math.inf
+        for j in range(a + 1, b):
+            v = max(sum(costs[a:j]), sum(costs[j:b]))
+            if v < best_v:
+                best_j, best_v = j, v
+        runs[k : k + 1] = [(a, best_j), (best_j, b)]
+    return runs
+
+
+class Searcher:
+    """The joint search for one graph on one cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        cluster: ClusterSpec,
+        *,
+        global_batch: int,
+        fixed: dict[str, Any] | None = None,
+        recompute: tuple[str, ...] | None = None,
+        schedules: tuple[str, ...] | None = None,
+        dtype: str = "bf16",
+        optimizer: str = "adam",
+        progress: Callable[[str], None] | None = None,
+        coster: GraphCoster | None = None,
+        keep_alternatives: int = 5,
+    ) -> None:
+        self.g = graph
+        self.cluster = cluster
+        self.W = cluster.num_devices
+        self.B = global_batch
+        self.fixed = dict(fixed or {})
+        self.recompute = tuple(recompute or RECOMPUTE_CHOICES)
+        self.schedules = tuple(schedules or SCHEDULE_CHOICES)
+        self.dtype = dtype
+        self.optimizer = optimizer
+        self.progress = progress or (lambda _msg: None)
+        self.coster = coster or GraphCoster(graph, cluster, dtype=dtype)
+        self.keep = keep_alternatives
+        self.mem_limit = int(cluster.usable_mem_bytes)
+        self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._sp_choice: dict[int, bool] = {}
+
+    # ---- enumeration -------------------------------------------------------------------
+    def tp_choices(self) -> list[int]:
+        heads = int(self.g.meta.get("num_heads") or 0)
+        kv = int(self.g.meta.get("num_kv_heads") or heads)
+        dpn = self.cluster.devices_per_node
+        out = []
+        for t in divisors(self.W):
+            if t > dpn or dpn % t:
+                continue
+            if heads and (heads % t or kv % t):
+                continue
+            out.append(t)
+        return out
+
+    def sp_for(self, tp: int) -> bool:
+        """Sequence parallelism for a TP degree: on when its placement is no slower (it always
+        saves activation memory), off for tp = 1 or a sequence tp does not divide."""
+        if tp not in self._sp_choice:
+            if "sequence_parallel" in self.fixed:
+                self._sp_choice[tp] = bool(self.fixed["sequence_parallel"]) and tp > 1
+            elif tp == 1 or self.g.seq_len % tp or self.g.seq_len <= 1:
+                self._sp_choice[tp] = False
+            else:
+                a = self.coster.tp_solution(tp, False).objective
+                b = self.coster.tp_solution(tp, True).objective
+                self._sp_choice[tp] = b <= a * 1.001
+        return self._sp_choice[tp]
+
+    def configs(self) -> list[Config]:
+        f = self.fixed
+        n_layers = len(self.coster.ranges)
+        out = []
+        for tp in self.tp_choices():
+            if "tp" in f and f["tp"] != tp:
+                continue
+            for pp in divisors(self.W // tp):
+                if pp > n_layers or ("pp" in f and f["pp"] != pp):
+                    continue
+                dp = self.W // (tp * pp)
+                if ("dp" in f and f["dp"] != dp) or self.B % dp:
+                    continue
+                per_replica = self.B // dp
+                mbs = [f["micro_batch_size"]] if "micro_batch_size" in f else MICRO_BATCH_CHOICES
+                for b in mbs:
+                    if per_replica % b:
+                        continue
+                    m = per_replica // b
+                    if "num_microbatches" in f and f["num_microbatches"] != m:
+                        continue
+                    for sched, v in self._schedules(pp, m, n_layers):
+                        for rc in self.recompute:
+                            for kind in self._dp_kinds(dp):
+                                out.append(Config(dp, tp, pp, b, m, sched, v, rc, False, kind))
+        return out
+
+    def _dp_kinds(self, dp: int) -> list[str]:
+        """One entry per configuration: "ddp" is upgraded to "fsdp" by ``evaluate_auto`` only
+        when it does not fit (unless the DP kind is pinned)."""
+        if "dp_kind" in self.fixed:
+            return [self.fixed["dp_kind"]]
+        return ["none"] if dp == 1 else ["ddp"]
+
+    def _auto(self, c: Config) -> bool:
+        return c.dp_kind == "ddp" and "dp_kind" not in self.fixed
+
+    def evaluate_auto(self, c: Config) -> Evaluation:
+        ev = self.evaluate(c)
+        if ev.fits or not self._auto(c):
+            return ev
+        ev2 = self.evaluate(replace(c, dp_kind="fsdp"))
+        return ev2 if ev2.fits or ev2.max_mem_bytes < ev.max_mem_bytes else ev
+
+    def bound(self, c: Config) -> tuple[float, float]:
+        lb, mlb = self.lower_bound(c)
+        if self._auto(c):
+            lb2, mlb2 = self.lower_bound(replace(c, dp_kind="fsdp"))
+            return min(lb, lb2), min(mlb, mlb2)
+        return lb, mlb
+
+    def _schedules(self, pp: int, m: int, n_layers: int) -> list[tuple[str, int]]:
+        f = self.fixed
+        if pp == 1:
+            return [("1f1b", 1)] if "schedule" not in f or f["schedule"] in ("1f1b", "gpipe") else []
+        out = []
+        for s in self.schedules:
+            if "schedule" in f and f["schedule"] != s:
+                continue
+            vs = [1]
+            if s == "interleaved-1f1b":
+                vs = [v for v in (2, 3, 4) if pp * v <= n_layers]
+            elif s == "zbv":
+                vs = [2] if 2 * pp <= n_layers else []
+            if "virtual_stages" in f:
+                vs = [v for v in vs if v == f["virtual_stages"]]
+            for v in vs:
+                try:
+                    validate(s, pp, m, v)
+                except ValueError:
+                    continue
+                out.append((s, v))
+        return out
+
+    # ---- costs shared by bound and evaluation --------------------------------------------
+    def _table(self, c: Config) -> CostTable:
+        return self.coster.table(c.tp, c.sequence_parallel, c.recompute, c.micro_batch)
+
+    def _states(self, params: float, c: Config) -> float:
+        zero = 3 if c.dp_kind == "fsdp" else 0
+        return model_state_bytes(params, optimizer=self.optimizer, zero=zero, dp=c.dp).total
+
+    def _optimizer_s(self, params: float, c: Config) -> float:
+        local = params / (c.dp if c.dp_kind == "fsdp" else 1)
+        return 2 * 16 * local / (self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)
+
+    def _dp_spans(self, c: Config) -> bool:
+        return c.tp * c.dp > self.cluster.devices_per_node  # mesh (pp, dp, tp): dp just outside tp
+
+    def _pp_spans(self, c: Config) -> bool:
+        return self.W > self.cluster.devices_per_node and c.pp > 1 and c.tp * c.dp < self.W
+
+    def _grad_sync_s(self, params: float, c: Config) -> float:
+        if c.dp == 1:
+            return 0.0
+        nbytes = params * 2  # bf16 gradients
+        kind = "reduce_scatter" if c.dp_kind == "fsdp" else "all_reduce"
+        return collective_time_s(kind, nbytes, c.dp, self.cluster, spans_nodes=self._dp_spans(c))
+
+    def lower_bound(self, c: Config) -> tuple[float, float]:
+        """(step-time lower bound, memory lower bound) without splitting or simulating."""
+        t = self._table(c)
+        work = sum(layer.total_s for layer in t.layers)
+        avg_params = t.param_count / c.pp
+        step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
+        step += 0.1 * self._grad_sync_s(avg_params, c) if c.dp_kind == "ddp" else 0.0
+        mem = self._states(avg_params, c)
+        if c.schedule == "gpipe" and c.pp > 1:
+            mem += c.num_microbatches * sum(layer.act_bytes for layer in t.layers) / c.pp
+        return step, mem
+
+    # ---- exact evaluation ----------------------------------------------------------------
+    def split(self, t: CostTable, num_stages: int) -> list[tuple[int, int]]:
+        key = (id(t), num_stages)
+        if key not in self._split_cache:
+            self._split_cache[key] = balanced_split([layer.total_s for layer in t.layers], num_stages)
+        return self._split_cache[key]
+
+    def evaluate(self, c: Config) -> Evaluation:
+        t = self._table(c)
+        n_st = c.pp * c.virtual_stages
+        runs = self.split(t, n_st) if n_st > 1 else [(0, len(t.layers))]
+        st_f, st_b, st_w, st_send, st_sendb, st_rec, st_tp = [], [], [], [], [], [], []
+        st_params, st_act = [], []
+        pp_spans = self._pp_spans(c)
+        for a, b in runs:
+            ls: list[LayerCost] = t.layers[a:b]
+            st_f.append(sum(x.fwd_total_s for x in ls))
+            st_b.append(sum(x.bwd_input_total_s for x in ls))
+            st_w.append(sum(x.bwd_weight_s for x in ls))
+            st_rec.append(sum(x.recompute_s for x in ls))
+            st_tp.append(sum(x.tp_comm_s for x in ls))
+            sb = ls[-1].out_bytes
+            st_sendb.append(int(sb))
+            st_send.append(collective_time_s("send_recv", sb, 2, self.cluster, spans_nodes=pp_spans) if sb else 0.0)
+            st_params.append(sum(x.param_count for x in ls))
+            st_act.append(sum(x.act_bytes for x in ls))
+        makespan, bubble_frac, stage_peak = self._simulate(c, st_f, st_b, st_w, st_send)
+        ranks = list(range(c.pp))
+        placement = _placement(c.schedule, c.pp, c.virtual_stages)
+        r_params = [sum(st_params[s] for s in range(n_st) if placement[s] == r) for r in ranks]
+        r_act = [sum(st_act[s] * stage_peak[s] for s in range(n_st) if placement[s] == r) for r in ranks]
+        r_states = [self._states(p, c) for p in r_params]
+        fsdp_buf = 0.0
+        if c.dp_kind == "fsdp":  # the unsharded parameters of the layer being computed (+ prefetch)
+            fsdp_buf = 2 * 2 * max(x.param_count for x in t.layers)
+        r_mem = [int(r_states[r] + r_act[r] + fsdp_buf) for r in ranks]
+        # DP sync, optimizer
+        worst = max(ranks, key=lambda r: r_params[r])
+        sync = self._grad_sync_s(r_params[worst], c)
+        rank_b = [sum(st_b[s] + st_w[s] for s in range(n_st) if placement[s] == r) for r in ranks]
+        if c.dp_kind == "fsdp" and c.dp > 1:
+            gather = collective_time_s("all_gather", r_params[worst] * 2, c.dp, self.cluster, spans_nodes=self._dp_spans(c))
+            per_mb = 2 * gather + sync  # fwd + bwd all-gather, reduce-scatter, every microbatch
+            comp_mb = max(sum(st_f[s] for s in range(n_st) if placement[s] == r) + rank_b[r] for r in ranks)
+            dp_exposed = c.num_microbatches * max(0.0, per_mb - comp_mb) + 0.1 * per_mb
+            dp_bytes = {"all_gather": int(2 * r_params[worst] * 2 * c.num_microbatches),
+                        "reduce_scatter": int(r_params[worst] * 2 * c.num_microbatches)}  # fmt: skip
+        elif c.dp > 1:
+            dp_exposed = max(0.1 * sync, sync - rank_b[worst])
+            dp_bytes = {"all_reduce": int(r_params[worst] * 2)}
+        else:
+            dp_exposed, dp_bytes = 0.0, {}
+        opt = self._optimizer_s(max(r_params), c)
+        step = makespan + dp_exposed + opt
+        m = c.num_microbatches
+        rank_work = [sum(st_f[s] + st_b[s] + st_w[s] for s in range(n_st) if placement[s] == r) for r in ranks]
+        busiest = max(ranks, key=lambda r: rank_work[r])
+        on_b = [s for s in range(n_st) if placement[s] == busiest]
+        tp_s = m * sum(st_tp[s] for s in on_b)
+        rec_s = m * sum(st_rec[s] for s in on_b)
+        compute = m * rank_work[busiest] - tp_s
+        pp_comm = m * sum(st_send[s] for s in on_b) * (2 if c.pp > 1 else 0)
+        comm_bytes = {k: int(v * m / c.pp) for k, v in t.tp_comm_bytes.items()}
+        for k, v in dp_bytes.items():
+            comm_bytes[k] = comm_bytes.get(k, 0) + v
+        if c.pp > 1:
+            comm_bytes["send_recv"] = int(2 * m * sum(st_sendb[s] for s in on_b))
+        mem_breakdown = {
+            "params": int(model_state_bytes(r_params[worst], optimizer=self.optimizer,
+                                            zero=3 if c.dp_kind == "fsdp" else 0, dp=c.dp).params),
+            "grads": int(model_state_bytes(r_params[worst], optimizer=self.optimizer,
+                                           zero=3 if c.dp_kind == "fsdp" else 0, dp=c.dp).grads),
+            "optimizer": int(model_state_bytes(r_params[worst], optimizer=self.optimizer,
+                                               zero=3 if c.dp_kind == "fsdp" else 0, dp=c.dp).optimizer),
+            "activations": int(max(r_act)),
+        }  # fmt: skip
+        return Evaluation(
+            config=c, step_s=step, pipeline_s=makespan, compute_s=compute, tp_comm_s=tp_s, pp_comm_s=pp_comm,
+            dp_comm_s=dp_exposed, bubble_s=max(0.0, makespan - m * rank_work[busiest]), optimizer_s=opt,
+            recompute_s=rec_s, bubble_fraction=bubble_frac, peak_mem_bytes=tuple(r_mem),
+            mem_breakdown=mem_breakdown, comm_bytes=comm_bytes, stage_layers=list(runs),
+            stage_times=[(st_f[s], st_b[s] + st_w[s], st_w[s], st_send[s]) for s in range(n_st)],
+            stage_mem=[int(self._states(st_params[s], c) + st_act[s] * stage_peak[s]) for s in range(n_st)],
+            stage_send_bytes=st_sendb, fits=max(r_mem) <= self.mem_limit, mem_limit_bytes=self.mem_limit, table=t,
+        )  # fmt: skip
+
+    def _simulate(
+        self, c: Config, f: list[float], b: list[float], w: list[float], send: list[float]
+    ) -> tuple[float, float, list[int]]:
+        """(makespan, bubble fraction, per-stage peak in-flight microbatches)."""
+        from meshplan.partition.schedule import inflight
+
+        p, v, m = c.pp, c.virtual_stages, c.num_microbatches
+        if p == 1:  # gradient accumulation: m forward/backward pairs back to back
+            return m * (f[0] + b[0] + w[0]), 0.0, [1]
+
+        def run(mm: int) -> Any:
+            return simulate(c.schedule, p, mm, virtual_stages=v, fwd_s=f, bwd_input_s=b, bwd_weight_s=w,
+                            p2p_s=send, keep_events=False)  # fmt: skip
+
+        cap = SIM_CAP_FACTOR * p * v
+        m1 = _valid_count(c.schedule, p, v, cap)
+        if m <= cap or m1 is None:
+            tl = run(m)
+            return tl.makespan_s, tl.bubble_fraction, list(tl.stage_peak_inflight)
+        m2 = _valid_count(c.schedule, p, v, m1 + p)
+        t1, t2 = run(m1), run(m2 or m1 + p)
+        slope = (t2.makespan_s - t1.makespan_s) / ((m2 or m1 + p) - m1)
+        makespan = t1.makespan_s + slope * (m - m1)
+        busy = m * sum(fi + bi + wi for fi, bi, wi in zip(f, b, w))
+        bubble = p * makespan / busy - 1.0 if busy > 0 else 0.0
+        _, stage_peak = inflight(c.schedule, p, m2 or m1, v)
+        return makespan, max(0.0, bubble), list(stage_peak)
+
+    # ---- the search ----------------------------------------------------------------------
+    def run(self, *, exhaustive: bool = False) -> SearchResult:
+        t0 = time.perf_counter()
+        cfgs = self.configs()
+        cfgs = [replace(c, sequence_parallel=self.sp_for(c.tp)) for c in cfgs]
+        self.progress(f"{len(cfgs)} configurations; bounding")
+        bounded = []
+        min_mem_lb = math.inf
+        for c in cfgs:
+            lb, mlb = self.bound(c)
+            min_mem_lb = min(min_mem_lb, mlb)
+            bounded.append((lb, mlb, c))
+        bounded.sort(key=lambda x: (x[0], x[2].summary()))
+        fitting: list[Evaluation] = []
+        oom: list[Evaluation] = []
+        evaluated = 0
+        min_mem = math.inf
+        for i, (lb, mlb, c) in enumerate(bounded):
+            best = min((e.step_s for e in fitting), default=math.inf)
+            if not exhaustive:
+                if len(fitting) > self.keep and lb > best * (1 + ALT_MARGIN):
+                    break
+                if mlb > self.mem_limit and (len(oom) >= 2 or fitting):
+                    continue
+            ev = self.evaluate_auto(c)
+            evaluated += 1
+            min_mem = min(min_mem, ev.max_mem_bytes)
+            (fitting if ev.fits else oom).append(ev)
+            if evaluated % 50 == 0:
+                self.progress(f"evaluated {evaluated} of {len(bounded)} (bound {lb:.3g} s, best {best:.3g} s)")
+            del i
+        fitting.sort(key=lambda e: (e.step_s, e.config.summary()))
+        oom.sort(key=lambda e: (e.step_s, e.config.summary()))
+        best_ev = fitting[0] if fitting else None
+        alts: list[tuple[Evaluation, str]] = []
+        if best_ev is not None:
+            seen = {_group(best_ev.config)}
+            for e in fitting[1:]:
+                key = _group(e.config)
+                if key in seen:  # one alternative per (degrees, schedule, recompute): a real choice
+                    continue
+                seen.add(key)
+                alts.append((e, f"slower by {100 * (e.step_s / best_ev.step_s - 1):.1f}%"))
+                if len(alts) >= self.keep - 1:
+                    break
+            for e in oom:
+                if e.step_s < best_ev.step_s:
+                    over = (e.max_mem_bytes - self.mem_limit) / GiB
+                    alts.append((e, f"out of memory by {over:.1f} GiB"))
+                    break
+        else:
+            for e in oom[: self.keep]:
+                alts.append((e, f"out of memory by {(e.max_mem_bytes - self.mem_limit) / GiB:.1f} GiB"))
+        if min_mem == math.inf:
+            min_mem = min_mem_lb
+        self.progress(f"done: {evaluated} evaluated in {time.perf_counter() - t0:.2f} s")
+        return SearchResult(
+            best=best_ev, alternatives=alts, candidates=len(cfgs), evaluated=evaluated,
+            seconds=time.perf_counter() - t0, ilp_solves=self.coster.ilp_solves,
+            ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem), mem_limit_bytes=self.mem_limit,
+            coster=self.coster,
+        )  # fmt: skip
+
+
+def _group(c: Config) -> tuple[Any, ...]:
+    return (c.dp, c.tp, c.pp, c.schedule, c.recompute)
+
+
+def _placement(schedule: str, pp: int, v: int) -> tuple[int, ...]:
+    from meshplan.partition.schedule import stage_to_rank
+
+    return stage_to_rank(schedule, pp, v)
+
+
+def _valid_count(schedule: str, p: int, v: int, at_least: int) -> int | None:
+    """The smallest microbatch count ≥ ``at_least`` the schedule accepts (multiple of p)."""
+    m = max(p, ((at_least + p - 1) // p) * p)
+    for cand in (m, m + p, 2 * m):
+        try:
+            validate(schedule, p, cand, v)
+            return cand
+        except ValueError:
+            continue
+    return None
