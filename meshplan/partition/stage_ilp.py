@@ -104,11 +104,28 @@ class StageSplit:
     status: str  # solver status ("optimal", "feasible") or "exact"/"heuristic"
     solver: str  # "highs", "cbc" or "" for dp/greedy
     seconds: float
+    schedule: str = "1f1b"
+    num_microbatches: int = 1
+    virtual_stages: int = 1
 
     @property
     def ranges(self) -> tuple[tuple[int, int], ...]:
         b = self.boundaries
         return tuple((b[i], b[i + 1]) for i in range(len(b) - 1))
+
+    def timeline(self, *, keep_events: bool = False) -> sch.Timeline:
+        """Simulate this split under its schedule (the step time the search should trust)."""
+        return sch.simulate(
+            self.schedule,
+            (len(self.boundaries) - 1) // self.virtual_stages,
+            self.num_microbatches,
+            virtual_stages=self.virtual_stages,
+            fwd_s=self.stage_fwd_s,
+            bwd_input_s=[b - w for b, w in zip(self.stage_bwd_s, self.stage_bwd_weight_s)],
+            bwd_weight_s=self.stage_bwd_weight_s,
+            p2p_s=self.stage_send_s,
+            keep_events=keep_events,
+        )
 
 
 @dataclass(frozen=True)
@@ -258,6 +275,9 @@ def _result(
         status=status,
         solver=solver,
         seconds=seconds,
+        schedule=pr.schedule,
+        num_microbatches=pr.m,
+        virtual_stages=pr.v,
     )
 
 
