@@ -116,16 +116,20 @@ def check_group_size(fqn: str, weight: torch.Tensor, group_size: int) -> None:
             )
 
 
-class ShardLocalFakeQuantizer(nn.Module):
+class ShardLocalFakeQuantizer:
     """Apply a torchao weight fake-quantizer to the local shard of a DTensor (or to a plain tensor).
 
-    ``forward(w)``: plain ``w`` -> ``inner(w)``; DTensor ``w`` ->
+    ``__call__(w)``: plain ``w`` -> ``inner(w)``; DTensor ``w`` ->
     ``DTensor.from_local(inner(w.to_local()), w.device_mesh, w.placements)``. The gradient is
     the inner quantizer's straight-through estimate, applied shard by shard.
+
+    Deliberately not an ``nn.Module``: torch's RowwiseParallel partitions *every* submodule of a
+    linear and reads its ``.weight``, so a fake-quantizer submodule makes ``parallelize_module``
+    fail (the "torchao QAT and TP fail together" trap). Held as a plain attribute it is invisible
+    to TP, ``state_dict`` and ``named_modules``; it owns no parameters or buffers.
     """
 
     def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
         self.inner = inner
 
     @property
@@ -133,21 +137,24 @@ class ShardLocalFakeQuantizer(nn.Module):
         # torchao's convert step reads ``weight_fake_quantizer.config`` (range learning check)
         return self.inner.config
 
-    @property
-    def enabled(self) -> bool:
-        return bool(getattr(self.inner, "enabled", True))
+    def __repr__(self) -> str:
+        return f"ShardLocalFakeQuantizer({self.inner!r})"
 
-    @enabled.setter
-    def enabled(self, value: bool) -> None:
-        self.inner.enabled = value
-
-    def forward(self, w: torch.Tensor) -> torch.Tensor:
+    def __call__(self, w: torch.Tensor) -> torch.Tensor:
         if isinstance(w, DTensor):
             local = self.inner(w.to_local())
             return DTensor.from_local(
                 local, w.device_mesh, w.placements, run_check=False, shape=w.shape, stride=w.stride()
             )
         return self.inner(w)
+
+
+def _set_weight_quantizer(mod: nn.Module, value: Any) -> None:
+    # nn.Module refuses to replace a registered child module with a non-module: drop it first
+    if "weight_fake_quantizer" in mod._modules:
+        del mod._modules["weight_fake_quantizer"]
+    mod.__dict__.pop("weight_fake_quantizer", None)
+    mod.weight_fake_quantizer = value
 
 
 def _wrap_quantizers(model: nn.Module, fqns: list[str], group_size: int, *, tp: bool) -> None:
@@ -165,7 +172,7 @@ def _wrap_quantizers(model: nn.Module, fqns: list[str], group_size: int, *, tp: 
         fq = mod.weight_fake_quantizer
         if fq is not None and not isinstance(fq, ShardLocalFakeQuantizer):
             check_group_size(fqn, mod.weight, group_size)
-            mod.weight_fake_quantizer = ShardLocalFakeQuantizer(fq)
+            _set_weight_quantizer(mod, ShardLocalFakeQuantizer(fq))
 
 
 def prepare_qat(
@@ -246,7 +253,7 @@ def convert_qat(
                     "full state dict into an unsharded copy of the model and convert that"
                 )
             if isinstance(mod.weight_fake_quantizer, ShardLocalFakeQuantizer):
-                mod.weight_fake_quantizer = mod.weight_fake_quantizer.inner
+                _set_weight_quantizer(mod, mod.weight_fake_quantizer.inner)
     base = qat_base_config(quantization, dynamic_activations=dynamic_activations)
     quantize_(model, QATConfig(base, step="convert"))
     return model

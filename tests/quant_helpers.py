@@ -1,0 +1,86 @@
+"""Helpers shared by the quantization tests: a tiny GPT, a TP plan for it, a gloo spawner.
+
+The spawner starts ``world`` processes with ``torch.multiprocessing.spawn`` and a
+``tcp://127.0.0.1:PORT`` rendezvous (cheaper than torchrun), one thread each, with a timeout so a
+mismatch fails instead of hanging. Failures in a child re-raise in the parent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from meshplan.models.gpt import GPT, GPTConfig
+
+TINY = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=128, block_size=16)
+
+
+def tiny_gpt(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(TINY)
+
+
+def batch(n: int = 4, t: int = 16, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, TINY.vocab_size, (n, t), generator=g)
+    return x, torch.roll(x, -1, dims=1)
+
+
+def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = model(x)
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+
+def gpt_tp_plan(model: GPT) -> dict[str, str]:
+    """Megatron layout: q/k/v/fc_in colwise, o_proj/fc_out rowwise."""
+    plan = {}
+    for i in range(len(model.blocks)):
+        for n in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.fc_in"):
+            plan[f"blocks.{i}.{n}"] = "colwise"
+        for n in ("attn.o_proj", "mlp.fc_out"):
+            plan[f"blocks.{i}.{n}"] = "rowwise"
+    return plan
+
+
+def parallelize(model: nn.Module, styles: dict[str, str], mesh: Any) -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    cls = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    parallelize_module(model, mesh, {k: cls[v]() for k, v in styles.items()})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(rank: int, world: int, port: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., None], world: int = 2, *args: Any) -> None:
+    """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; re-raise a child's failure."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=True)
