@@ -46,7 +46,7 @@ def make_plan(dp: int = 1, tp: int = 1, pp: int = 1, *, schedule: str = "1f1b", 
     styles["lm_head"] = "colwise" if tp > 1 else "replicate"
     degrees = {"pp": pp, "dp": dp, "tp": tp}
     mesh = MeshSpec(axis_names, tuple(degrees[a] for a in axis_names))
-    compute = sum(fwd) + sum(bwd)
+    compute = m * (sum(fwd) + sum(bwd))
     step = placement.makespan_s + 1e-3 * (tp > 1) + 0.5e-3 * (dp > 1)
     pred = Prediction(step_s=step, pipeline_s=placement.makespan_s, compute_s=compute / pp,
                       tp_comm_s=1e-3 * (tp > 1), dp_comm_s=0.5e-3 * (dp > 1), pp_comm_s=sum(send),

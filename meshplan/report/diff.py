@@ -17,6 +17,7 @@ No torch import.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +79,8 @@ class Difference:
     field: str
     a: str
     b: str
-    effect: str  # the predicted / textbook direction of the change, a -> b
+    effect: str  # the usual (textbook) direction of the change, a -> b
+    predicted: str = ""  # for schedule / microbatches / virtual stages: A re-simulated with only this change
 
 
 def _fmt(v: Any) -> str:
@@ -106,9 +108,9 @@ def diff_plans(a: Plan, b: Plan) -> list[Difference]:
     """Every decision that differs from ``a`` to ``b``, with the usual effect of the change."""
     out: list[Difference] = []
 
-    def add(name: str, va: Any, vb: Any, effect: str) -> None:
+    def add(name: str, va: Any, vb: Any, effect: str, predict: Callable[[], str] | None = None) -> None:
         if va != vb:
-            out.append(Difference(name, _fmt(va), _fmt(vb), effect))
+            out.append(Difference(name, _fmt(va), _fmt(vb), effect, predict() if predict and a.pp == b.pp else ""))
 
     if a.model_name != b.model_name:
         add("model", a.model_name, b.model_name, "different models: figures are not comparable")
@@ -124,13 +126,16 @@ def diff_plans(a: Plan, b: Plan) -> list[Difference]:
                                       "shallower pipeline: smaller bubble, more memory per rank"))
     add("mesh axis order", a.mesh.axis_names, b.mesh.axis_names,
         "changes which axis gets consecutive ranks (intra-node links)")
-    add("schedule", a.schedule, b.schedule, _schedule_effect(a.schedule, b.schedule))
+    add("schedule", a.schedule, b.schedule, _schedule_effect(a.schedule, b.schedule),
+        lambda: what_if_pipeline(a, schedule=b.schedule, v=b.virtual_stages))
     add("virtual_stages", a.virtual_stages, b.virtual_stages, _direction(
         a.virtual_stages, b.virtual_stages, "more chunks per rank: bubble / v, p2p traffic x v",
-        "fewer chunks per rank: bigger bubble, less p2p"))
+        "fewer chunks per rank: bigger bubble, less p2p"),
+        lambda: what_if_pipeline(a, schedule=b.schedule, v=b.virtual_stages))
     add("num_microbatches", a.num_microbatches, b.num_microbatches, _direction(
         a.num_microbatches, b.num_microbatches, "more microbatches: bubble (p-1)/m shrinks, smaller kernels",
-        "fewer microbatches: bigger bubble"))
+        "fewer microbatches: bigger bubble"),
+        (lambda: what_if_pipeline(a, m=b.num_microbatches)) if a.micro_batch_size == b.micro_batch_size else None)
     add("micro_batch_size", a.micro_batch_size, b.micro_batch_size, _direction(
         a.micro_batch_size, b.micro_batch_size, "bigger microbatch: more activation memory, better kernel efficiency",
         "smaller microbatch: less activation memory"))
@@ -162,6 +167,39 @@ def diff_plans(a: Plan, b: Plan) -> list[Difference]:
         if sa != sb:
             out.append(Difference(f"tp style {pat}", sa, sb, _tp_effect(sa, sb)))
     return out
+
+
+def what_if_pipeline(a: Plan, *, schedule: str | None = None, m: int | None = None, v: int | None = None) -> str:
+    """Re-simulate A's pipeline with only the schedule / microbatch count / virtual stages changed.
+
+    Per-microbatch stage times stay A's; when the number of virtual stages changes, A's total
+    forward / backward time is re-split evenly over the new stages (balanced-layer assumption).
+    Returns "pipeline X -> Y ms (change), bubble x% -> y%", or why it cannot be simulated.
+    """
+    from meshplan.partition.schedule import simulate
+
+    stages = sorted(a.stages, key=lambda s: s.index)
+    if len(stages) != a.pp * a.virtual_stages or not any(s.fwd_s for s in stages):
+        return ""
+    sched, mm, vv = schedule or a.schedule, m or a.num_microbatches, v or a.virtual_stages
+    f = [s.fwd_s for s in stages]
+    bi = [max(0.0, s.bwd_s - s.bwd_weight_s) for s in stages]
+    bw = [s.bwd_weight_s for s in stages]
+    c = [s.send_s for s in stages]
+    try:
+        base = simulate(a.schedule, a.pp, a.num_microbatches, virtual_stages=a.virtual_stages, fwd_s=f,
+                        bwd_input_s=bi, bwd_weight_s=bw, p2p_s=c, keep_events=False)
+        if vv != a.virtual_stages:
+            n = a.pp * vv
+            send = max(c) if c else 0.0
+            f, bi, bw, c = [sum(f) / n] * n, [sum(bi) / n] * n, [sum(bw) / n] * n, [send] * n
+        new = simulate(sched, a.pp, mm, virtual_stages=vv, fwd_s=f, bwd_input_s=bi, bwd_weight_s=bw, p2p_s=c,
+                       keep_events=False)
+    except ValueError as e:
+        return f"cannot simulate: {e}"
+    return (f"pipeline {base.makespan_s * 1e3:.3f} -> {new.makespan_s * 1e3:.3f} ms "
+            f"({_change(base.makespan_s, new.makespan_s, 's')}), bubble {base.bubble_fraction:.1%} -> "
+            f"{new.bubble_fraction:.1%}")
 
 
 def _quant(q: Any) -> str:
@@ -271,6 +309,10 @@ def format_diff(a: Plan, b: Plan, *, names: tuple[str, str] = ("A", "B")) -> str
     if diffs:
         lines.append(tabulate([(d.field, d.a, d.b, d.effect) for d in diffs],
                               headers=["changed", na, nb, f"usual effect ({na} -> {nb})"], tablefmt="simple"))
+        sims = [(d.field, d.predicted) for d in diffs if d.predicted]
+        if sims:
+            lines += ["", f"Predicted effect of each pipeline change alone ({na}'s stage times re-simulated):"]
+            lines.append(tabulate(sims, headers=["changed", "predicted"], tablefmt="simple"))
     else:
         lines.append("The two plans make the same decisions.")
     lines += ["", "Predicted figures (cost model):"]

@@ -152,7 +152,7 @@ def rank_coords(mesh: MeshSpec, rank: int) -> dict[str, int]:
     for name, deg in zip(reversed(mesh.axis_names), reversed(mesh.degrees)):
         out[name] = rank % deg
         rank //= deg
-    return out
+    return {name: out[name] for name in mesh.axis_names}  # outermost first, like the mesh
 
 
 def mesh_drawing(plan: Plan, width_px: int = 960) -> Drawing:

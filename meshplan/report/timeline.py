@@ -10,10 +10,11 @@ the microbatch number written in a box wide enough for it), idle time (bubbles) 
 p2p sends as thin connectors from producer to consumer, a time axis in ms and a legend.
 The same Drawing becomes inline SVG (HTML report) or a PNG (:mod:`meshplan.report.png`).
 
-Large plans stay bounded: with more than ``max_events`` events (e.g. pp 16 x m 64 x 3 kinds)
-each lane is drawn per pixel column (the kind that covers most of the column), which caps the
-rectangles at lanes x plot width; connectors and labels are then left out and the picture says
-so. :func:`format_text_timeline` is the terminal form for small plans.
+Large plans stay bounded: with more than ``max_events`` events (e.g. pp 16 x m 64 x 2 kinds)
+microbatches are no longer drawn one by one: each lane becomes 6-pixel bins, each a stacked bar
+of the F / B / W share of its time (rounded to quarters, equal neighbours merged), so the
+rectangle count is bounded by lanes x width / 6 whatever m is (a few per lane in practice);
+connectors and labels are then left out and the picture says so. :func:`format_text_timeline` is the terminal form for small plans.
 
 No torch import.
 """
@@ -45,6 +46,7 @@ LANE_BG = "#fafafa"
 MARGIN_LEFT_PX, MARGIN_RIGHT_PX = 64, 16
 TITLE_PX, AXIS_PX, LEGEND_PX, NOTE_PX = 26, 30, 20, 16
 DEFAULT_MAX_EVENTS = 2000
+BIN_PX = 6  # bin width of dense lanes
 
 
 class EventLike(Protocol):
@@ -172,7 +174,7 @@ def layout_timeline(
             d.text(MARGIN_LEFT_PX - 6, y + lane_h / 2 + 4, f"rank {r}", 10, anchor="end")
         evs = sorted(by_rank.get(r, []), key=lambda e: e.start_s)
         if aggregated:
-            _draw_lane_binned(d, evs, chunk, y, lane_h, plot_w, px_per_s)
+            _draw_lane_binned(d, evs, y, lane_h, plot_w, px_per_s)
             continue
         for e in evs:
             x0, x1 = x_of(e.start_s), x_of(e.end_s)
@@ -218,34 +220,54 @@ def layout_timeline(
     idle = sum(s.idle_s for s in stats) / max(1e-30, lanes * tl.makespan_s)
     note = f"predicted makespan {span_ms:.3f} ms, idle share {idle:.1%}; {len(tl.events)} events"
     if aggregated:
-        note += f" (> {max_events}: drawn per pixel column, labels and p2p omitted)"
+        note += f" (> {max_events}: drawn as F/B/W share per {BIN_PX} px, no labels or p2p)"
     d.text(MARGIN_LEFT_PX, ly + NOTE_PX + 2, note, 10, fill="#444444")
     d.caption = f"Pipeline schedule timeline, {lanes} ranks. {note}"
     return d
 
 
-def _draw_lane_binned(d: Drawing, evs: list[Any], chunk: dict[int, int], y: float, lane_h: int,
-                      plot_w: int, px_per_s: float) -> None:
-    """One rectangle per run of pixel columns with the same dominant (kind, chunk)."""
-    cover: list[dict[tuple[str, int], float]] = [{} for _ in range(plot_w)]
+def _draw_lane_binned(d: Drawing, evs: list[Any], y: float, lane_h: int, plot_w: int, px_per_s: float) -> None:
+    """Dense lanes: per ``BIN_PX``-wide bin, a stacked bar of the F / B / W share of the bin's time.
+
+    Shares are rounded to quarters and equal neighbouring bins merge, so a steady 1F1B phase is a
+    few rectangles whatever m is; idle time stays the pale lane background.
+    """
+    bins = -(-plot_w // BIN_PX)
+    cover = [[0.0] * len(KINDS) for _ in range(bins)]
+    kind_idx = {k: i for i, k in enumerate(KINDS)}
     for e in evs:
-        a, b = e.start_s * px_per_s, e.end_s * px_per_s
-        key = (e.kind, min(chunk.get(e.stage, 0), 2))
-        for c in range(max(0, int(a)), min(plot_w, int(math.ceil(b)))):
+        a, b, k = e.start_s * px_per_s / BIN_PX, e.end_s * px_per_s / BIN_PX, kind_idx.get(e.kind, 0)
+        for c in range(max(0, int(a)), min(bins, int(math.ceil(b)))):
             part = min(b, c + 1) - max(a, c)
             if part > 0:
-                cover[c][key] = cover[c].get(key, 0.0) + part
-    run_key: tuple[str, int] | None = None
-    run_start = 0
-    for c in range(plot_w + 1):
-        key = None
-        if c < plot_w and cover[c]:
-            best = max(cover[c].items(), key=lambda kv: kv[1])
-            key = best[0] if best[1] >= 0.5 else None
-        if key != run_key:
-            if run_key is not None:
-                d.rect(MARGIN_LEFT_PX + run_start, y, c - run_start, lane_h, KIND_COLOURS[run_key[0]][run_key[1]])
-            run_key, run_start = key, c
+                cover[c][k] += part
+    runs: list[tuple[int, int, tuple[int, ...]]] = []  # (first bin, last bin + 1, quarters per kind)
+    for c in range(bins):
+        q = _quarters(cover[c])
+        if runs and runs[-1][2] == q and runs[-1][1] == c:
+            runs[-1] = (runs[-1][0], c + 1, q)
+        else:
+            runs.append((c, c + 1, q))
+    for c0, c1, q in runs:
+        x0 = MARGIN_LEFT_PX + c0 * BIN_PX
+        w = min(c1 * BIN_PX, plot_w) - c0 * BIN_PX
+        bottom = y + lane_h
+        for k, quarters in enumerate(q):
+            h = lane_h * min(quarters, 4) / 4
+            if h > 0 and bottom > y:
+                h = min(h, bottom - y)
+                d.rect(x0, bottom - h, w, h, KIND_COLOURS[KINDS[k]][0])
+                bottom -= h
+
+
+def _quarters(shares: list[float]) -> tuple[int, ...]:
+    """Shares rounded to quarters by largest remainder, so the rounded total matches the busy share."""
+    total = min(4, round(sum(shares) * 4))
+    q = [int(v * 4) for v in shares]
+    rest = sorted(range(len(shares)), key=lambda i: shares[i] * 4 - q[i], reverse=True)
+    for i in rest[: max(0, total - sum(q))]:
+        q[i] += 1
+    return tuple(q)
 
 
 def _draw_p2p(d: Drawing, tl: TimelineLike, x_of: Any, y_of: Any, lane_h: int) -> None:
