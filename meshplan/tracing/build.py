@@ -23,7 +23,7 @@ from meshplan.tracing.classify import (
     is_leaf_class,
     module_kind,
     op_name,
-    saved_bytes,
+    saved_parts,
 )
 
 _PARAM_VIEW_OPS = {
@@ -92,6 +92,9 @@ def build_nodes(
     nodes: list[GraphNode] = []
     edges: list[tuple[int, int, int]] = []
     seen_groups: set[int] = set()
+    storage_of: dict[fx.Node, fx.Node] = {}  # a view/getitem node -> the node that made its storage
+    persistent: set[fx.Node] = set()  # inputs, buffers and what is computed from them only
+    saved_once: set[fx.Node] = set()
 
     for n in gm.graph.nodes:
         if n.op == "call_module" and n.target == "_guards_fn":
@@ -139,6 +142,25 @@ def build_nodes(
         in_metas = [records[i].first if i in records else None for i in in_nodes]
         kind = _kind_of(gm, n, op, bool(pnames))
         first = rec.first
+        if kind == "reshape" and in_nodes:
+            storage_of[n] = storage_of.get(in_nodes[0], in_nodes[0])
+        if kind in ("input", "constant") or (
+            in_nodes and not pnames and all(i in persistent for i in in_nodes) and kind != "output"
+        ):
+            persistent.add(n)
+        saved = 0
+        if n.op not in ("placeholder", "output") and not _inactive_dropout(gm, n, op):
+            for pos, nb in saved_parts(kind, op, in_metas, first):
+                if pos < 0:
+                    saved += nb
+                    continue
+                src = in_nodes[pos]
+                if src in persistent:
+                    continue
+                root = storage_of.get(src, src)
+                if root not in saved_once:
+                    saved_once.add(root)
+                    saved += nb
         node = GraphNode(
             id=len(nodes),
             name=n.name,
@@ -157,7 +179,7 @@ def build_nodes(
             shared_params=tuple(dict.fromkeys(shared)),
             frozen_param_numel=frozen,
             fwd_flops=int(rec.flops),
-            saved_bytes=saved_bytes(kind, op, in_metas, first) if n.op not in ("placeholder", "output") else 0,
+            saved_bytes=saved,
             attrs=_attrs(gm, n, kind, in_metas, first, pnames, pidx),
         )
         ids[n] = node.id
@@ -165,6 +187,18 @@ def build_nodes(
         for i in in_nodes:
             edges.append((ids[i], node.id, records[i].nbytes if i in records else 0))
     return nodes, edges
+
+
+def _inactive_dropout(gm: fx.GraphModule, n: fx.Node, op: str) -> bool:
+    """A dropout with p == 0 (or in eval mode) saves no mask."""
+    if "dropout" not in op.lower():
+        return False
+    if n.op == "call_module":
+        mod = gm.get_submodule(str(n.target))
+        return not mod.training or float(getattr(mod, "p", 0.0)) == 0.0
+    p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+    train = n.kwargs.get("train", n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True))
+    return not isinstance(p, int | float) or float(p) == 0.0 or train is False
 
 
 def _attr(gm: nn.Module, target: str) -> Any:

@@ -125,59 +125,59 @@ class TensorMeta:
     nbytes: int
 
 
-def _bytes(ms: Sequence[TensorMeta | None]) -> int:
-    return sum(m.nbytes for m in ms if m is not None)
-
-
 _FREE_ELEMENTWISE = {"add", "sub", "neg", "cat", "stack", "iadd", "to", "_to_copy", "type_as", "float", "type",
                      "clone", "rsub", "repeat", "repeat_interleave", "where", "masked_fill", "tril", "triu"}
 
 
-def saved_bytes(kind: str, op: str, inputs: Sequence[TensorMeta | None], out: TensorMeta | None) -> int:
-    """Bytes a node keeps alive for its backward (activations only; parameters are not counted).
+def saved_parts(kind: str, op: str, inputs: Sequence[TensorMeta | None], out: TensorMeta | None) -> list[tuple[int, int]]:
+    """What a node keeps alive for its backward, as (input position, bytes) pairs; position -1 is
+    memory the node itself creates (its output, row statistics, a dropout mask).
 
-    linear: its input; matmul: both operands; attention: q, k, v, output and the fp32
+    linear: its input; matmul: both operands; attention: q, k, v, its output and the fp32
     log-sum-exp (one per query row); norm: its input plus fp32 row statistics (mean and rstd for
     LayerNorm, rstd for RMSNorm); activation: its input (softmax: its output); embedding: the
     indices; elementwise mul/div: both operands, add/sub/cat: nothing, dropout: a 1-byte mask,
     others (pow, rsqrt, exp, mean ...): their input; reshape/constant/input/output: nothing;
-    loss: its input.
+    loss: its input. The caller counts a tensor saved by several nodes once (q/k/v projections
+    share one saved input) and skips inputs that are constants (buffers, model inputs).
     """
-    acts = [m for m in inputs if m is not None]
+    acts = [(i, m) for i, m in enumerate(inputs) if m is not None]
     if kind in ("linear", "embedding", "loss"):
-        return acts[0].nbytes if acts else 0
+        return [(acts[0][0], acts[0][1].nbytes)] if acts else []
     if kind == "matmul":
-        return _bytes(acts[:2])
+        return [(i, m.nbytes) for i, m in acts[:2]]
     if kind == "attention":
-        if len(acts) < 3 or out is None:
-            return _bytes(acts) + (out.nbytes if out else 0)
-        q = acts[0]
-        rows = 1
-        for d in q.shape[:-1]:
-            rows *= d
-        return _bytes(acts[:3]) + out.nbytes + 4 * rows
+        parts = [(i, m.nbytes) for i, m in acts[:3]]
+        if out is not None:
+            rows = _rows(acts[0][1]) if acts else 0
+            parts += [(-1, out.nbytes), (-1, 4 * rows)]
+        return parts
     if kind == "norm":
         if not acts:
-            return 0
-        x = acts[0]
-        rows = 1
-        for d in x.shape[:-1]:
-            rows *= d
+            return []
+        i, x = acts[0]
         nstats = 1 if "rms" in op.lower() else 2
-        return x.nbytes + 4 * rows * nstats
+        return [(i, x.nbytes), (-1, 4 * _rows(x) * nstats)]
     if kind == "activation":
         if "softmax" in op.lower() and out is not None:
-            return out.nbytes
-        return acts[0].nbytes if acts else 0
+            return [(-1, out.nbytes)]
+        return [(acts[0][0], acts[0][1].nbytes)] if acts else []
     if kind == "elementwise":
         if "dropout" in op.lower():
-            return (out.nbytes // max(1, _itemsize(out))) if out else 0
+            return [(-1, out.nbytes // max(1, _itemsize(out)))] if out else []
         if op in _FREE_ELEMENTWISE:
-            return 0
+            return []
         if op in ("mul", "div", "truediv", "imul"):
-            return _bytes(acts[:2])
-        return acts[0].nbytes if acts else 0
-    return 0
+            return [(i, m.nbytes) for i, m in acts[:2]]
+        return [(acts[0][0], acts[0][1].nbytes)] if acts else []
+    return []
+
+
+def _rows(m: TensorMeta) -> int:
+    rows = 1
+    for d in m.shape[:-1]:
+        rows *= d
+    return rows
 
 
 def _itemsize(m: TensorMeta) -> int:
