@@ -1,0 +1,78 @@
+"""``meshplan profile``: measure this machine (matmul, memory, collectives) into a ClusterSpec JSON.
+
+The profile loads wherever a preset name goes: ``meshplan plan --cluster profile.json``.
+torch is imported inside ``run`` only (through ``meshplan.cost_models.profile``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "measure this machine's FLOP/s, memory bandwidth and collectives into a cluster profile JSON"
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+    if not out or any(n < 1 for n in out):
+        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nproc", type=int, default=2, help="processes (devices) to measure collectives across (default 2)"
+    )
+    parser.add_argument(
+        "-o", "--output", default="profile.json", help="where to write the profile (default profile.json)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer sizes and repetitions (collectives up to 4 MB)"
+    )
+    parser.add_argument(
+        "--min-bytes", type=int, default=4096, help="smallest collective size in bytes (default 4096)"
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=None,
+        help="largest collective size in bytes (default 64 MiB, quick 4 MiB)",
+    )
+    parser.add_argument(
+        "--reps", type=int, default=None, help="timed repetitions per measurement (default 5, quick 3)"
+    )
+    parser.add_argument(
+        "--matmul-sizes", type=_sizes, default=None, help="comma-separated square matmul sizes, e.g. 128,256"
+    )
+    parser.add_argument(
+        "--mem-test-bytes", type=int, default=None, help="bytes copied to measure memory bandwidth"
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="collective backend (default: nccl with GPUs, else gloo)",
+    )
+    parser.add_argument("--name", default=None, help="name recorded in the profile")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from meshplan.cost_models.profile import check_profile, profile_machine
+
+    spec = profile_machine(
+        nproc=args.nproc, quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes, reps=args.reps,
+        matmul_sizes=args.matmul_sizes, mem_test_bytes=args.mem_test_bytes, backend=args.backend, name=args.name,
+    )  # fmt: skip
+    spec.save(args.output)
+    for w in check_profile(spec):
+        print(f"meshplan profile: warning: {w}", file=sys.stderr)
+    peak = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in sorted(spec.peak_flops.items()))
+    print(
+        f"wrote {args.output}: {spec.num_devices} devices; peak {peak}; memory bandwidth "
+        f"{spec.mem_bw_bytes_per_s / 1e9:.2f} GB/s; collectives alpha {spec.intra_latency_s * 1e6:.1f} us, "
+        f"bw {spec.intra_bw_bytes_per_s / 1e9:.3f} GB/s; kernel floor {spec.kernel_floor_s * 1e6:.1f} us"
+    )
+    return 0

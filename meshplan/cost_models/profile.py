@@ -1,0 +1,357 @@
+"""``meshplan profile``: measure the local machine into a ClusterSpec (the one cost module with torch).
+
+Measures, on the device the run would use (CUDA when present, else CPU):
+
+- matmul FLOP/s by size and dtype (``2·n³`` FLOPs per ``n×n @ n×n``); the best is the peak;
+- memory bandwidth from a large tensor copy (``2·bytes`` moved: one read, one write);
+- the kernel floor: the median time of a tiny kernel;
+- collectives across ``nproc`` processes (``torch.multiprocessing.spawn``, ``tcp://127.0.0.1``
+  rendezvous; gloo, or nccl when there is a GPU per process): all-reduce and a send/recv
+  ping-pong at sizes from ``min_bytes`` to ``max_bytes``, with the alpha-beta model fitted by
+  least squares on relative error (``fit_alpha_beta``).
+
+The result is a ClusterSpec with ``devices_per_node = nproc``, inter-node figures equal to the
+intra-node ones (one machine), efficiencies 1.0 (the measured peaks already are what kernels
+reach), the raw measurements in ``extra`` and ``source`` saying it was measured, when and how.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from meshplan.cost_models.hardware import ClusterSpec
+
+Log = Callable[[str], None]
+
+DEFAULT_MATMUL_SIZES = (256, 512, 1024, 2048)
+QUICK_MATMUL_SIZES = (128, 256, 512)
+
+
+def _stderr(msg: str) -> None:
+    print(f"[meshplan profile] {msg}", file=sys.stderr, flush=True)
+
+
+def byte_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """Powers of 4 from ``min_bytes`` up to ``max_bytes`` (both included), e.g. 4 KB … 64 MB."""
+    if not 4 <= min_bytes <= max_bytes:
+        raise ValueError(f"need 4 <= min_bytes <= max_bytes, got {min_bytes}, {max_bytes}")
+    out, n = [], min_bytes
+    while n < max_bytes:
+        out.append(n)
+        n *= 4
+    out.append(max_bytes)
+    return out
+
+
+def fit_alpha_beta(points: Sequence[tuple[float, float]], kind: str, group_size: int) -> tuple[float, float]:
+    """Fit ``t = c0 + c1·n`` to (bytes, seconds) points, minimising relative error (weights 1/t²),
+    and map it to the ring model of ``meshplan.cost_models.comm``:
+
+    - all_reduce: ``t = 2(k−1)·α + 2(k−1)/k · n/bw``  ->  α = c0/(2(k−1)), bw = 2(k−1)/(k·c1)
+    - send_recv:  ``t = α + n/bw``                    ->  α = c0,         bw = 1/c1
+
+    Returns (α seconds, bw bytes/s); α is clamped at 0. Raises ValueError with fewer than two
+    distinct sizes or a non-positive slope.
+    """
+    if kind not in ("all_reduce", "send_recv"):
+        raise ValueError(f"fit_alpha_beta: kind must be all_reduce or send_recv, got {kind!r}")
+    pts = [(float(n), float(t)) for n, t in points if t > 0]
+    if len({n for n, _ in pts}) < 2:
+        raise ValueError("fit_alpha_beta needs timings at two or more sizes")
+    w = [1.0 / t**2 for _, t in pts]
+    sw = sum(w)
+    mx = sum(wi * n for wi, (n, _) in zip(w, pts)) / sw
+    my = sum(wi * t for wi, (_, t) in zip(w, pts)) / sw
+    sxx = sum(wi * (n - mx) ** 2 for wi, (n, _) in zip(w, pts))
+    sxy = sum(wi * (n - mx) * (t - my) for wi, (n, t) in zip(w, pts))
+    c1 = sxy / sxx
+    c0 = my - c1 * mx
+    if not c1 > 0:
+        raise ValueError(
+            f"fit_alpha_beta: time does not grow with size (slope {c1:.3g} s/B); measure larger sizes"
+        )
+    k = group_size
+    if kind == "all_reduce":
+        return max(0.0, c0 / (2 * (k - 1))), 2 * (k - 1) / (k * c1)
+    return max(0.0, c0), 1.0 / c1
+
+
+def _fit_or_bound(points: Sequence[tuple[float, float]], kind: str, k: int, log: Log) -> tuple[float, float]:
+    """``fit_alpha_beta``, or when noise hides the slope (tiny sizes on a busy machine) the bounds
+    it implies: α from the smallest size alone, bandwidth from the largest size alone."""
+    try:
+        return fit_alpha_beta(points, kind, k)
+    except ValueError as e:
+        log(f"{kind}: {e}; using the smallest size for latency and the largest for bandwidth")
+    (_, t0), (n1, t1) = min(points), max(points)
+    if kind == "all_reduce":
+        return t0 / (2 * (k - 1)), 2 * (k - 1) / k * n1 / t1
+    return t0, n1 / t1
+
+
+def _sync(torch: Any, device: Any) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
+    """Fastest of ``reps`` timed calls after two warm-ups: what the hardware can do (peaks are
+    best-case figures; on a shared machine the median measures the neighbours)."""
+    for _ in range(2):
+        fn()
+    _sync(torch, device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(torch, device)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def measure_matmul(
+    sizes: Sequence[int], dtypes: Sequence[str], reps: int, device: Any, log: Log = _stderr
+) -> dict[str, list[tuple[int, float]]]:
+    """FLOP/s of ``n×n @ n×n`` per dtype and size (``2·n³ / best seconds``)."""
+    import torch
+
+    tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for dt in dtypes:
+        out[dt] = []
+        for n in sizes:
+            a = torch.randn(n, n, device=device).to(tdt[dt])
+            b = torch.randn(n, n, device=device).to(tdt[dt])
+            t = _best_time(lambda a=a, b=b: torch.mm(a, b), torch, device, reps)
+            out[dt].append((n, 2 * n**3 / t))
+            log(f"matmul {dt} {n}x{n}: {2 * n**3 / t / 1e9:.1f} GFLOP/s")
+    return out
+
+
+def measure_mem_bw(nbytes: int, reps: int, device: Any, log: Log = _stderr) -> float:
+    """Device memory bandwidth in bytes/s: ``2·nbytes / t`` for a copy of ``nbytes``."""
+    import torch
+
+    n = max(1, nbytes // 4)
+    src = torch.ones(n, device=device)
+    dst = torch.empty_like(src)
+    t = _best_time(lambda: dst.copy_(src), torch, device, reps)
+    bw = 2 * n * 4 / t
+    log(f"memory copy {n * 4 / 1e6:.0f} MB: {bw / 1e9:.2f} GB/s")
+    return bw
+
+
+def measure_kernel_floor(device: Any, reps: int = 50) -> float:
+    """Best seconds of a one-element add: the launch overhead every kernel pays."""
+    import torch
+
+    x = torch.ones(1, device=device)
+    return _best_time(lambda: torch.add(x, x), torch, device, reps)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _collective_worker(
+    rank: int, world: int, init_method: str, backend: str, sizes: list[int], reps: int, out_path: str
+) -> None:
+    """One spawned rank: time all_reduce and a send/recv ping-pong at each size; rank 0 writes JSON."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    try:
+        res: dict[str, list[tuple[int, float]]] = {"all_reduce": [], "send_recv": []}
+        warm = torch.ones(max(1, sizes[-1] // 4), device=device)
+        for _ in range(3):  # the first collectives set up connections and buffers
+            dist.all_reduce(warm)
+        for nbytes in sizes:
+            x = torch.ones(max(1, nbytes // 4), device=device)
+            times = []
+            for i in range(reps + 1):
+                dist.barrier()
+                _sync(torch, device)
+                t0 = time.perf_counter()
+                dist.all_reduce(x)
+                _sync(torch, device)
+                if i:
+                    times.append(time.perf_counter() - t0)
+            res["all_reduce"].append((x.numel() * 4, statistics.median(times)))
+            times = []
+            for i in range(reps + 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(x, 1)
+                    dist.recv(x, 1)
+                elif rank == 1:
+                    dist.recv(x, 0)
+                    dist.send(x, 0)
+                _sync(torch, device)
+                if i:
+                    times.append((time.perf_counter() - t0) / 2)  # half a round trip
+            res["send_recv"].append((x.numel() * 4, statistics.median(times)))
+            if rank == 0:
+                _stderr(
+                    f"collectives at {nbytes / 1024:.0f} KiB: all_reduce {res['all_reduce'][-1][1] * 1e3:.3f} ms, "
+                    f"send_recv {res['send_recv'][-1][1] * 1e3:.3f} ms"
+                )
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(res))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_collectives(
+    nproc: int, sizes: list[int], reps: int, backend: str, log: Log = _stderr
+) -> dict[str, list[tuple[int, float]]]:
+    """(bytes, seconds) of all_reduce and send/recv across ``nproc`` spawned processes."""
+    import torch.multiprocessing as mp
+
+    if nproc < 2:
+        raise ValueError(f"nproc must be >= 2 to measure collectives, got {nproc}")
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    log(f"spawning {nproc} processes ({backend}, {init}) for {len(sizes)} sizes x {reps} reps")
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "collectives.json")
+        mp.spawn(_collective_worker, args=(nproc, init, backend, sizes, reps, out), nprocs=nproc, join=True)
+        raw = json.loads(Path(out).read_text())
+    return {k: [(int(n), float(t)) for n, t in v] for k, v in raw.items()}
+
+
+def _host_mem_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 * 1024**3
+
+
+def profile_machine(
+    *,
+    nproc: int = 2,
+    quick: bool = False,
+    min_bytes: int = 4096,
+    max_bytes: int | None = None,
+    reps: int | None = None,
+    matmul_sizes: Sequence[int] | None = None,
+    mem_test_bytes: int | None = None,
+    backend: str = "auto",
+    name: str | None = None,
+    log: Log = _stderr,
+) -> ClusterSpec:
+    """Measure this machine and return it as a ClusterSpec of ``nproc`` devices on one node.
+
+    Defaults: collectives 4 KB–64 MB, 5 reps (``quick``: up to 4 MB, 3 reps); matmul sizes
+    256–2048 (``quick``: 128–512); memory copy of 256 MB (``quick``: 32 MB). ``backend``:
+    ``auto`` (nccl with a GPU per process, else gloo), ``gloo`` or ``nccl``. Per-device memory is
+    the GPU's memory, or on CPU the host memory divided by ``nproc``.
+    """
+    import torch
+
+    if not isinstance(nproc, int) or nproc < 2:
+        raise ValueError(f"nproc must be an integer >= 2, got {nproc!r}")
+    has_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= nproc
+    if backend == "auto":
+        backend = "nccl" if has_gpus else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be auto, gloo or nccl, got {backend!r}")
+    if backend == "nccl" and not has_gpus:
+        raise ValueError(f"backend nccl needs {nproc} GPUs, found {torch.cuda.device_count()}")
+    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+    max_bytes = max_bytes or (4 << 20 if quick else 64 << 20)
+    reps = reps or (3 if quick else 5)
+    sizes_mm = tuple(matmul_sizes or (QUICK_MATMUL_SIZES if quick else DEFAULT_MATMUL_SIZES))
+    mem_test_bytes = mem_test_bytes or (32 << 20 if quick else 256 << 20)
+    started = datetime.now(UTC)
+    t_start = time.perf_counter()
+
+    log(f"device {device}, backend {backend}, nproc {nproc}")
+    dtypes = ("fp32", "bf16") if device.type == "cpu" else ("fp32", "bf16", "fp16")
+    mm = measure_matmul(sizes_mm, dtypes, reps, device, log)
+    peak = {dt: max(f for _, f in v) for dt, v in mm.items()}
+    if device.type == "cpu":
+        peak["fp16"] = peak["bf16"]
+    mem_bw = measure_mem_bw(mem_test_bytes, reps, device, log)
+    floor = measure_kernel_floor(device)
+    log(f"kernel floor {floor * 1e6:.1f} us")
+    coll = measure_collectives(nproc, byte_sizes(min_bytes, max_bytes), reps, backend, log)
+    alpha, bw = _fit_or_bound(coll["all_reduce"], "all_reduce", nproc, log)
+    p2p_alpha, p2p_bw = _fit_or_bound(coll["send_recv"], "send_recv", 2, log)
+    log(f"all_reduce fit: alpha {alpha * 1e6:.1f} us, bw {bw / 1e9:.3f} GB/s; "
+        f"send_recv fit: alpha {p2p_alpha * 1e6:.1f} us, bw {p2p_bw / 1e9:.3f} GB/s")  # fmt: skip
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        mem, dev_name = int(props.total_memory), props.name
+    else:
+        mem, dev_name = _host_mem_bytes() // nproc, platform.processor() or platform.machine()
+    elapsed = time.perf_counter() - t_start
+    source = (
+        f"measured by `meshplan profile` on {platform.node() or 'localhost'} ({dev_name}) at "
+        f"{started.isoformat(timespec='seconds')}: torch {torch.__version__}, {backend} across {nproc} "
+        f"processes (spawn, tcp://127.0.0.1), matmul sizes {list(sizes_mm)}, collectives "
+        f"{min_bytes}-{max_bytes} bytes, {reps} reps (best time for matmul/memory, median for collectives), alpha-beta fit on relative error"
+    )
+    return ClusterSpec(
+        name=name or f"local-{device.type}-{nproc}",
+        num_devices=nproc,
+        devices_per_node=nproc,
+        peak_flops=peak,
+        mem_bytes=mem,
+        mem_bw_bytes_per_s=mem_bw,
+        intra_bw_bytes_per_s=bw,
+        intra_latency_s=alpha,
+        inter_bw_bytes_per_s=bw,  # one machine: "between nodes" is the same link
+        inter_latency_s=alpha,
+        matmul_efficiency=1.0,
+        mem_efficiency=1.0,
+        comm_efficiency=1.0,
+        kernel_floor_s=floor,
+        source=source,
+        extra={
+            "measured": True,
+            "measured_at": started.isoformat(timespec="seconds"),
+            "profile_seconds": round(elapsed, 3),
+            "device": dev_name,
+            "backend": backend,
+            "torch": torch.__version__,
+            "cpu_threads": torch.get_num_threads(),
+            "matmul_flops_by_size": {dt: [[n, f] for n, f in v] for dt, v in mm.items()},
+            "collectives": {k: [[n, t] for n, t in v] for k, v in coll.items()},
+            "send_recv_latency_s": p2p_alpha,
+            "send_recv_bw_bytes_per_s": p2p_bw,
+        },
+    )
+
+
+def check_profile(spec: ClusterSpec) -> list[str]:
+    """Warnings about a measured profile whose figures look implausible (empty when fine)."""
+    warn = []
+    if spec.intra_latency_s == 0:
+        warn.append("fitted latency is 0: the smallest sizes were not latency bound; lower --min-bytes")
+    if not math.isfinite(spec.intra_bw_bytes_per_s) or spec.intra_bw_bytes_per_s > 1e13:
+        warn.append("fitted bandwidth is implausibly high; raise --max-bytes")
+    return warn
