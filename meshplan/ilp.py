@@ -68,13 +68,30 @@ def constraint_families(problem: pulp.LpProblem) -> dict[str, int]:
     return dict(Counter(family_of(con.name) for con in problem.constraints()))
 
 
-def _make_solver(name: str, time_limit_s: float, gap_rel: float | None = None) -> pulp.LpSolver:
+class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc]
+    """In-process HiGHS that starts from the variables' current values (``setInitialValue``);
+    pulp's own warmStart option only exists for the HiGHS command-line solver."""
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        import highspy
+
+        start = highspy.HighsSolution()
+        start.col_value = [float(v.varValue or 0.0) for v in lp.variables()]
+        start.value_valid = True
+        lp.solverModel.setSolution(start)
+        lp.solverModel.run()
+
+
+def _make_solver(
+    name: str, time_limit_s: float, gap_rel: float | None = None, warm_start: bool = False
+) -> pulp.LpSolver:
     if name == "highs":
-        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+        cls = _WarmHiGHS if warm_start else pulp.HiGHS
+        return cls(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
     if name == "cbc":
         with warnings.catch_warnings():  # pulp 3.3 warns that PULP_CBC_CMD goes away in 4.0
             warnings.simplefilter("ignore", DeprecationWarning)
-            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, warmStart=warm_start)
     raise ValueError(f"unknown solver {name!r}; use one of {SOLVERS}")
 
 
@@ -86,10 +103,14 @@ def _solver_available(name: str) -> bool:
 
 
 def _run_once(
-    problem: pulp.LpProblem, name: str, time_limit_s: float, gap_rel: float | None = None
+    problem: pulp.LpProblem,
+    name: str,
+    time_limit_s: float,
+    gap_rel: float | None = None,
+    warm_start: bool = False,
 ) -> tuple[str, str]:
     """Solve with one solver; returns (pulp status, pulp solution status) as strings."""
-    problem.solve(_make_solver(name, time_limit_s, gap_rel))
+    problem.solve(_make_solver(name, time_limit_s, gap_rel, warm_start))
     return pulp.LpStatus[problem.status], pulp.LpSolution[problem.sol_status]
 
 
@@ -149,6 +170,7 @@ def solve(
     solver: str = "highs",
     diagnose: bool = True,
     gap_rel: float | None = None,
+    warm_start: bool = False,
 ) -> SolveResult:
     """Solve ``problem`` in place (variables get ``varValue``) and report how.
 
@@ -156,7 +178,8 @@ def solve(
     unavailable, raises, or finds no solution in time. Raises ``InfeasibleProblemError`` (naming
     the constraint families, and with ``diagnose`` the ones that cause it) for an infeasible
     model, ``SolverFailedError`` when no solver produced a solution. ``gap_rel`` sets the MIP
-    relative gap (solver default, about 1e-4, when None; 0 for a proven optimum).
+    relative gap (solver default, about 1e-4, when None; 0 for a proven optimum). ``warm_start``
+    hands the variables' current values (``var.setInitialValue``) to the solver as a start.
     """
     if time_limit_s <= 0:
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
@@ -167,7 +190,7 @@ def solve(
             tried.append(f"{name}: not available")
             continue
         try:
-            status, sol_status = _run_once(problem, name, time_limit_s, gap_rel)
+            status, sol_status = _run_once(problem, name, time_limit_s, gap_rel, warm_start)
         except Exception as exc:  # solver crashed: fall back to the next one
             tried.append(f"{name}: raised {type(exc).__name__}: {exc}")
             continue

@@ -35,8 +35,8 @@ def test_falls_back_to_cbc_when_highs_raises(monkeypatch: pytest.MonkeyPatch) ->
         def actualSolve(self, lp, **kw):  # noqa: ANN001, ANN003, ANN201
             raise RuntimeError("boom")
 
-    def fake(name: str, t: float, gap_rel: float | None = None) -> pulp.LpSolver:
-        return Broken(msg=False, timeLimit=t) if name == "highs" else real(name, t, gap_rel)
+    def fake(name: str, t: float, gap_rel: float | None = None, warm: bool = False) -> pulp.LpSolver:
+        return Broken(msg=False, timeLimit=t) if name == "highs" else real(name, t, gap_rel, warm)
 
     monkeypatch.setattr(ilp, "_make_solver", fake)
     prob, _ = _knapsack(5)
@@ -62,3 +62,12 @@ def test_families_and_bad_args() -> None:
         ilp.solve(prob, time_limit_s=0)
     with pytest.raises(ValueError, match="unknown solver"):
         ilp.solve(prob, solver="gurobi")
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+def test_warm_start_keeps_answer(solver: str) -> None:
+    prob, x = _knapsack(5)
+    for var, val in zip(x, (1, 1, 0)):
+        var.setInitialValue(val)
+    res = ilp.solve(prob, time_limit_s=5, solver=solver, warm_start=True)
+    assert res.objective == pytest.approx(7.0) and res.solver == solver

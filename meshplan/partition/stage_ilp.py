@@ -373,6 +373,19 @@ class StageSplitILP:
         self.add_memory()
         return self
 
+    def set_start(self, bounds: Sequence[int]) -> None:
+        """Give the solver a known split (e.g. the DP's) as its starting incumbent."""
+        obj, rank_t, _ = _evaluate(self.pr, bounds)
+        for s in range(self.pr.n):
+            for lo in range(len(self.pr.layers)):
+                self.x[lo, s].setInitialValue(1 if bounds[s] <= lo < bounds[s + 1] else 0)
+        self.t.setInitialValue(max(rank_t))
+        chunk = [
+            sum(self.pr.fill_s(x) for x in self.pr.layers[bounds[s] : bounds[s + 1]])
+            for s in range(self.pr.n)
+        ]
+        self.c.setInitialValue(max(0.0, *chunk))
+
     def boundaries(self) -> list[int]:
         pr = self.pr
         stage_of = [
@@ -557,16 +570,27 @@ def split_stages(
             method = "ilp"  # per-stage DP cannot see a rank's several stages: ask the ILP
         else:
             return _result(pr, found[0], "dp", found[1], "", time.perf_counter() - t0)
+    start = _dp(pr)  # incumbent for the solver, and the answer if the solver does worse
     model = StageSplitILP(pr).build()
+    if start is not None:
+        model.set_start(start[0])
     try:
-        res = ilp.solve(model.problem, time_limit_s=time_limit_s, diagnose=False, gap_rel=1e-6)
-        return _result(pr, model.boundaries(), "ilp", res.status, res.solver, time.perf_counter() - t0)
+        res = ilp.solve(
+            model.problem,
+            time_limit_s=time_limit_s,
+            diagnose=False,
+            gap_rel=1e-6,
+            warm_start=start is not None,
+        )
+        bounds = model.boundaries()
+        if start is not None and _evaluate(pr, start[0])[0] < _evaluate(pr, bounds)[0] - 1e-12:
+            return _result(pr, start[0], "dp", start[1], "", time.perf_counter() - t0)
+        return _result(pr, bounds, "ilp", res.status, res.solver, time.perf_counter() - t0)
     except ilp.InfeasibleProblemError:
         raise _infeasible(pr) from None
     except ilp.SolverFailedError:
-        found = _dp(pr)
-        if found is not None:
-            return _result(pr, found[0], "dp", found[1], "", time.perf_counter() - t0)
+        if start is not None:
+            return _result(pr, start[0], "dp", start[1], "", time.perf_counter() - t0)
         bounds = _greedy(pr)
         if not _fits(pr, bounds):
             raise _infeasible(pr) from None
