@@ -145,9 +145,12 @@ def _rgb(colour: str) -> bytes:
     c = colour.lstrip("#")
     if len(c) == 3:
         c = "".join(ch * 2 for ch in c)
-    if len(c) != 6:
-        raise ValueError(f"colour {colour!r}: use #rrggbb")
-    return bytes.fromhex(c)
+    try:
+        if len(c) != 6:
+            raise ValueError
+        return bytes.fromhex(c)
+    except ValueError:
+        raise ValueError(f"colour {colour!r}: use #rrggbb") from None
 
 
 class Canvas:
