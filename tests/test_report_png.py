@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 from report_fixtures import make_plan
 
-from meshplan.report.png import ADVANCE, FONT, Canvas, encode_png, rasterize, write_png, write_timeline_png
+from meshplan.report.png import (
+    ADVANCE,
+    FONT,
+    Canvas,
+    encode_png,
+    rasterize,
+    write_overview_png,
+    write_png,
+    write_timeline_png,
+)
 from meshplan.report.svg import Drawing
 from meshplan.report.timeline import timeline_height_px
 
@@ -127,3 +136,14 @@ def test_clipping_and_bad_input(tmp_path: Path) -> None:
         Canvas(0, 5)
     with pytest.raises(ValueError, match="at least 200"):
         write_timeline_png(make_plan(pp=2, m=4), tmp_path / "x.png", width=100)
+
+
+def test_overview_png_stacks_the_report_figures(tmp_path: Path) -> None:
+    from meshplan.report.svg import block_tp_drawing, memory_drawing, mesh_drawing
+
+    plan = make_plan(dp=2, tp=4, pp=4, m=8, schedule="zbv", v=2)
+    w, h, rows = decode_png(write_overview_png(plan, tmp_path / "o.png", width=1000).read_bytes())
+    parts = [mesh_drawing(plan, 1000).height, timeline_height_px(4), memory_drawing(plan, 1000).height,
+             block_tp_drawing(plan, 1000).height]
+    assert w == 1000 and h == sum(parts) + 4 * 12 + 3 * 24  # figures, gaps, three title lines
+    assert len({rows[y][3 * x : 3 * x + 3] for y in range(0, h, 4) for x in range(0, w, 4)}) > 10

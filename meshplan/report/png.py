@@ -7,7 +7,8 @@ character draws as ``?``), scaled by an integer factor from the font size. :func
 writes 8-bit truecolour PNG (filter 0 on every row, one zlib IDAT chunk, CRC-32 per chunk as the
 PNG specification, RFC 2083, requires). :func:`write_timeline_png` draws a plan's pipeline
 schedule: ``width`` pixels wide (default 1200), height from the number of pipeline ranks
-(:func:`meshplan.report.timeline.timeline_height_px`).
+(:func:`meshplan.report.timeline.timeline_height_px`); :func:`write_overview_png` stacks the
+report's figures (mesh, timeline, memory, TP per block) into one image.
 
 The font was drawn for this project: 5 columns x 7 rows per glyph, advance 6 px at scale 1.
 No torch import.
@@ -242,6 +243,8 @@ def rasterize(d: Drawing) -> Canvas:
             w = len(it.text) * ADVANCE * scale
             x = it.x - (w / 2 if it.anchor == "middle" else w if it.anchor == "end" else 0)
             cv.text(round(x), round(it.y), it.text, col(it.fill), scale)
+            if it.bold:  # a second pass one pixel to the right
+                cv.text(round(x) + 1, round(it.y), it.text, col(it.fill), scale)
     return cv
 
 
@@ -273,6 +276,22 @@ def write_timeline_png(plan: Plan, path: str | Path, width: int = 1200) -> Path:
     from meshplan.report.timeline import layout_timeline, plan_timeline
 
     return write_png(layout_timeline(plan_timeline(plan), width_px=width, title=_title(plan)), path)
+
+
+def write_overview_png(plan: Plan, path: str | Path, width: int = 1200) -> Path:
+    """One picture of the report's figures: device mesh, pipeline timeline, memory bars, TP per block."""
+    from meshplan.report.svg import block_tp_drawing, memory_drawing, mesh_drawing, stack_drawings
+    from meshplan.report.timeline import layout_timeline, plan_timeline
+
+    parts = [mesh_drawing(plan, width_px=width),
+             layout_timeline(plan_timeline(plan), width_px=width, num_ranks=plan.pp, title=_title(plan)),
+             memory_drawing(plan, width_px=width)]
+    titles = [f"{plan.model_name}: {plan.summary()} on {plan.world_size} devices - device mesh",
+              "", "Predicted peak memory per pipeline rank"]
+    if plan.tp_styles:
+        parts.append(block_tp_drawing(plan, width_px=width))
+        titles.append("Tensor-parallel style per linear")
+    return write_png(stack_drawings(parts, titles=titles), path)
 
 
 def _title(plan: Plan) -> str:

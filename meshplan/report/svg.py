@@ -306,3 +306,24 @@ def block_tp_drawing(plan: Plan, width_px: int = 960) -> Drawing:
            "sharded, replicate = full copy", 10, fill="#444444")
     d.caption = "Tensor-parallel style of each linear, per repeated block."
     return d
+
+
+def stack_drawings(drawings: list[Drawing], *, gap_px: int = 12, titles: list[str] | None = None) -> Drawing:
+    """Drawings one under another (left-aligned), each under an optional bold title line."""
+    width = max(d.width for d in drawings)
+    out = Drawing(width, 0)
+    y = 0.0
+    for i, d in enumerate(drawings):
+        if titles and titles[i]:
+            out.text(10, y + 16, titles[i], 13, bold=True)
+            y += 24
+        for it in d.items:
+            if isinstance(it, Rect):
+                out.items.append(Rect(it.x, it.y + y, it.w, it.h, it.fill, it.stroke, it.stroke_w, it.title))
+            elif isinstance(it, Line):
+                out.items.append(Line(it.x1, it.y1 + y, it.x2, it.y2 + y, it.stroke, it.width))
+            else:
+                out.items.append(Text(it.x, it.y + y, it.text, it.size, it.fill, it.anchor, it.bold))
+        y += d.height + gap_px
+    out.height = int(y)
+    return out
