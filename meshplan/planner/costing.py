@@ -17,8 +17,9 @@ microbatch on one device:
 - ``out_bytes``: the tensors crossing the cut after the layer (``CutPoint.crossing_bytes``
   × batch_scale in the training dtype, ÷ tp with sequence parallelism).
 
-The TP placement is solved once per (tp, sp) at micro_batch 1 and re-costed at each microbatch
-size (the placement hardly moves with the batch; the ILP stays out of the search's inner loop).
+The TP placement is solved once per (tp, sp) and microbatch bucket (1, 4 or 16 sequences) and
+re-costed at each microbatch size in the bucket (the placement hardly moves within a bucket; the
+ILP stays out of the search's inner loop).
 Block instances of one type share one costed row. No torch import.
 """
 
@@ -119,7 +120,7 @@ class GraphCoster:
         self.dtype = dtype
         self.time_limit_s = time_limit_s
         self.ranges = layer_ranges(graph)
-        self._tp: dict[tuple[int, bool], GraphTPSolution] = {}
+        self._tp: dict[tuple[int, bool, int], GraphTPSolution] = {}
         self._tables: dict[tuple[int, bool, str, int], CostTable] = {}
         self._cuts = {c.after: c for c in graph.cut_points}
         self._in_bytes: dict[int, int] = {}
@@ -129,11 +130,14 @@ class GraphCoster:
         self.ilp_seconds = 0.0
 
     # ---- TP placement ------------------------------------------------------------------
-    def tp_solution(self, tp: int, sp: bool) -> GraphTPSolution:
-        key = (tp, sp)
+    def tp_solution(self, tp: int, sp: bool, micro_batch: int = 1) -> GraphTPSolution:
+        """Placement for (tp, sp), solved at the microbatch bucket of ``micro_batch``
+        (1, 4 or 16 sequences) and reused for the sizes around it."""
+        ref = placement_bucket(micro_batch)
+        key = (tp, sp, ref)
         if key not in self._tp:
             sol = solve_tp(
-                self.g, tp, self.cluster, sequence_parallel=sp, batch_scale=1.0 / max(1, self.g.batch_size),
+                self.g, tp, self.cluster, sequence_parallel=sp, batch_scale=ref / max(1, self.g.batch_size),
                 dtype=self.dtype, time_limit_s=self.time_limit_s,
             )  # fmt: skip
             self.ilp_solves += sol.solves
@@ -146,7 +150,7 @@ class GraphCoster:
         key = (tp, sp, recompute, micro_batch)
         if key in self._tables:
             return self._tables[key]
-        sol = self.tp_solution(tp, sp)
+        sol = self.tp_solution(tp, sp, micro_batch)
         scale = micro_batch / max(1, self.g.batch_size)
         layers: list[LayerCost] = []
         by_type: dict[tuple[str, int], LayerCost] = {}
@@ -165,7 +169,7 @@ class GraphCoster:
                 if tid:
                     by_type[tkey] = layer
             for _, k, v in self._layer_events(a, b, tid, sol):
-                comm_total[k] = comm_total.get(k, 0) + int(2 * v * scale * self.g.batch_size)
+                comm_total[k] = comm_total.get(k, 0) + int(2 * v * scale * self.g.batch_size / sol.micro_batch)
             layers.append(layer)
         table = CostTable(tp, sp, recompute, micro_batch, layers, sol, comm_total)
         self._tables[key] = table
@@ -194,8 +198,8 @@ class GraphCoster:
 
     def _layer_comm_s(self, a: int, b: int, tid: str | None, sol: GraphTPSolution, scale: float) -> float:
         """TP comm of one layer per microbatch: the placement's collectives re-costed at ``scale``
-        (the ILP ran at one sequence, ``batch_scale = 1 / traced batch``)."""
-        factor = scale * self.g.batch_size
+        (the ILP ran at ``placement_bucket`` sequences)."""
+        factor = scale * self.g.batch_size / sol.micro_batch
         return _events_comm_s(self._layer_events(a, b, tid, sol), factor, sol.tp, self.cluster)
 
     def _cost_layer(
@@ -241,6 +245,11 @@ class GraphCoster:
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind,
         )  # fmt: skip
+
+
+def placement_bucket(micro_batch: int) -> int:
+    """Microbatch size the TP placement is solved at for ``micro_batch``: 1, 4 or 16."""
+    return 1 if micro_batch < 2 else 4 if micro_batch < 8 else 16
 
 
 def _float_dtype(nodes: list[GraphNode]) -> str | None:

@@ -18,8 +18,11 @@ state of its output; ``shard(k)`` divides its work)::
     embedding    rowwise (vocab-parallel) R→P (t) · replicate R→R (1)
     attention    heads S→S (t; needs t | heads and t | kv_heads) · R→R (1)
     matmul       S→S (t) · R→R (1)
-    reshape      s→s for s ∈ {R, S, P, Q}; a split/chunk of the last dim may not keep S
-    elementwise  s→s for s ∈ {R, S, Q} (all full-size inputs alike; broadcast inputs exempt)
+    reshape      s→s for s ∈ {R, S, P, Q}; a split/chunk that cuts the sharded feature dim (a
+                 fused qkv [B, T, 3h] split along h) may not keep S
+    elementwise  s→s for s ∈ {R, S, Q} (all full-size inputs alike; broadcast inputs exempt);
+                 not S on the residual stream [B, T, hidden] (torch's styles keep it whole or,
+                 with sequence parallelism, sequence-sharded)
     activation   s→s for s ∈ {R, S, Q}
     norm         R→R (1) · Q→Q (t, sequence parallel)
     others       R→R (loss, output, other, input, constant)
@@ -27,13 +30,14 @@ state of its output; ``shard(k)`` divides its work)::
 Variables::
 
     x[n,k] ∈ {0,1}        node n runs strategy k
-    y[e,a,b] ∈ {0,1}      edge e = (u → v, input slot) carries u's output in state a to v, which
-                          needs state b; only allowed pairs (a,b) get a variable
+    w[u,a,b] ∈ [0,1]      u's output, produced in state a, is converted to state b for some
+                          consumer (paid once however many consumers read it)
+    X_out(u,a) = Σ_{k: out(k)=a} x[u,k],   X_in(v,b) = Σ_{k: in(k)=b} x[v,k]
 
 Objective (seconds per microbatch, forward + backward)::
 
     min  Σ_n Σ_k x[n,k]·(T_fwd + T_bwd_in + T_bwd_w)(n, shard(k))
-       + Σ_e Σ_(a,b) y[e,a,b]·2·C(a→b, bytes(e))          backward comm mirrors forward
+       + Σ_(u,a,b) w[u,a,b]·2·C(a→b, bytes(u))             backward comm mirrors forward
        + λ · Σ_n Σ_k x[n,k]·param_bytes(n)/shard_w(k)       small memory term
 
 with ``C`` the cost model's collective time plus one kernel launch (``kernel_floor_s``, so a
@@ -43,10 +47,11 @@ S→R and Q→R all-gather, S↔Q all-to-all, R→S and R→Q a free local slice
 Constraint families (names ``<family>__<index>``, see ``meshplan.ilp``)::
 
     one_strategy   Σ_k x[n,k] = 1                                    ∀ n
-    edge_out       Σ_b y[e,a,b] = Σ_{k: out(k)=a} x[u,k]               ∀ e, a
-    edge_in        Σ_a y[e,a,b] = Σ_{k: in_slot(k)=b} x[v,k]           ∀ e, b
+    edge_allowed   X_out(u,a) + X_in(v,b) ≤ 1          ∀ edges u→v, pairs (a,b) with no transition
+    reshard        w[u,a,b] ≥ X_out(u,a) + X_in(v,b) − 1   ∀ edges u→v, costly pairs (a,b)
     boundary_in    inputs from outside the segment arrive in the boundary state (R, or Q with
-                   sequence parallelism): x[v,k] = 0 for k needing another state than allowed
+                   sequence parallelism): x[v,k] = 0 for k needing a state it cannot reach
+    boundary_reshard  w[u,a,b] ≥ x[v,k] for an external u (fixed state a) and k needing b
     boundary_out   segment outputs leave in the boundary state: x[u,k] = 0 for other out(k)
     tied           an embedding and a linear sharing a weight shard it alike:
                    x[emb,rowwise] = x[lin,colwise]
@@ -156,7 +161,7 @@ class TPPlacementILP:
         self.hidden = int(graph.meta.get("hidden") or 0)
         self.prob = pulp.LpProblem(name, pulp.LpMinimize)
         self.x: dict[tuple[int, int], pulp.LpVariable] = {}
-        self.y: dict[tuple[int, int, int, str, str], pulp.LpVariable] = {}
+        self.w: dict[tuple[int, str, str], pulp.LpVariable] = {}
         self.strategies: dict[int, list[Strategy]] = {}
         self.readers: dict[int, list[int]] = {}
         for n in graph.nodes:
@@ -201,11 +206,13 @@ class TPPlacementILP:
             return [rep] + ([Strategy("heads", "S", "S", t)] if (k == "matmul" or self._heads_ok()) else [])
         if k == "reshape":
             states = ["R", "P"] + (["Q"] if seq_ok else [])
-            if not any(s in n.target.lower() for s in _SPLIT_TARGETS):
+            if self._keeps_shard(n):
                 states.insert(1, "S")
             return [Strategy(f"pass-{s}", s, s, 1) for s in states]
         if k in ("elementwise", "activation"):
-            out = [Strategy("pass-R", "R", "R", 1), Strategy("pass-S", "S", "S", t)]
+            out = [Strategy("pass-R", "R", "R", 1)]
+            if not self._is_stream(n):  # the residual stream is never hidden-sharded (torch styles)
+                out.append(Strategy("pass-S", "S", "S", t))
             if seq_ok:
                 out.append(Strategy("pass-Q", "Q", "Q", t))
             return out
@@ -213,10 +220,24 @@ class TPPlacementILP:
             return [rep] + ([Strategy("seq", "Q", "Q", t)] if seq_ok else [])
         return [rep]
 
+    def _keeps_shard(self, n: GraphNode) -> bool:
+        """A view/transpose keeps S; a split/chunk keeps it only when it does not cut the
+        sharded feature dim: it splits another dim (last dim unchanged) or inside the head
+        dim of an already head-separated (rank ≥ 4) tensor. Splitting a fused qkv output
+        [B, T, 3h] along h would hand each rank the wrong pieces."""
+        if not any(s in n.target.lower() for s in _SPLIT_TARGETS):
+            return True
+        src = next((self.g.nodes[i] for i in n.inputs if self.g.nodes[i].out_shape), None)
+        if src is None or not n.out_shape:
+            return False
+        return src.out_shape[-1] == n.out_shape[-1] or len(src.out_shape) >= 4
+
     def _exempt(self, n: GraphNode, src: int) -> bool:
         """Inputs that need no state agreement: buffers, ids, broadcast operands."""
         p = self.g.nodes[src]
         if p.kind in ("constant",) or (p.kind == "input" and n.kind == "embedding"):
+            return True
+        if not p.out_shape or not p.out_bytes or not n.out_shape:  # shapes, sizes, ints: metadata
             return True
         if n.kind in ("elementwise", "activation") and p.out_shape and n.out_shape:
             return _numel(p.out_shape) < _numel(n.out_shape)
@@ -283,31 +304,42 @@ class TPPlacementILP:
                     out.append((u, v, slot))
         return out
 
+    def _X(self, nid: int, state: str, *, out: bool) -> Any:
+        """Σ x[n,k] over strategies whose output (``out``) or input requirement is ``state``."""
+        return pulp.lpSum(
+            self.x[nid, k]
+            for k, s in enumerate(self.strategies[nid])
+            if (s.out_state if out else s.in_state) == state
+        )
+
+    def _reshard_var(self, u: int, a: str, b: str) -> pulp.LpVariable:
+        key = (u, a, b)
+        if key not in self.w:
+            self.w[key] = pulp.LpVariable(f"w_{u}_{a}{b}", lowBound=0, upBound=1)
+        return self.w[key]
+
     def add_edge_consistency(self) -> None:
-        ci = 0
-        for u, v, slot in self._internal_edges():
-            su, sv = self.strategies[u], self.strategies[v]
-            outs = sorted({s.out_state for s in su})
-            ins = sorted({s.in_state for s in sv if s.in_state is not None})
+        """Forbid impossible transitions on each edge; a costly one turns on w[u,a,b], paid once
+        per producer and target state however many consumers need it (one all-gather of the
+        norm output serves q, k and v alike)."""
+        ci = ri = 0
+        for u, v, _slot in self._internal_edges():
+            outs = sorted({s.out_state for s in self.strategies[u]})
+            ins = sorted({s.in_state for s in self.strategies[v] if s.in_state is not None})
             for a in outs:
                 for b in ins:
-                    if (a, b) in TRANSITIONS:
-                        self.y[u, v, slot, a, b] = pulp.LpVariable(f"y_{u}_{v}_{slot}_{a}{b}", cat="Binary")
-            for a in outs:
-                lhs = pulp.lpSum(self.y[u, v, slot, a, b] for b in ins if (u, v, slot, a, b) in self.y)
-                rhs = pulp.lpSum(self.x[u, k] for k, s in enumerate(su) if s.out_state == a)
-                self.prob += lhs == rhs, f"edge_out__{ci}"
-                ci += 1
-            for b in ins:
-                lhs = pulp.lpSum(self.y[u, v, slot, a, b] for a in outs if (u, v, slot, a, b) in self.y)
-                rhs = pulp.lpSum(self.x[v, k] for k, s in enumerate(sv) if s.in_state == b)
-                self.prob += lhs == rhs, f"edge_in__{ci}"
-                ci += 1
+                    if (a, b) not in TRANSITIONS:
+                        self.prob += self._X(u, a, out=True) + self._X(v, b, out=False) <= 1, f"edge_allowed__{ci}"
+                        ci += 1
+                    elif TRANSITIONS[(a, b)] is not None:
+                        w = self._reshard_var(u, a, b)
+                        self.prob += w >= self._X(u, a, out=True) + self._X(v, b, out=False) - 1, f"reshard__{ri}"
+                        ri += 1
 
     def add_boundary_in(self) -> None:
-        """External inputs arrive in a fixed state; a consumer's strategy pays the reshard."""
-        self._boundary_in_cost: dict[tuple[int, int], float] = {}
-        ci = 0
+        """External inputs arrive in a fixed state (R, or Q for the residual stream with SP);
+        a consumer that needs another state pays the reshard once per producer and state."""
+        ci = ri = 0
         for v in self.ids:
             n = self.g.nodes[v]
             for u in dict.fromkeys(n.inputs):
@@ -320,9 +352,10 @@ class TPPlacementILP:
                     if (a, s.in_state) not in TRANSITIONS:
                         self.prob += self.x[v, k] == 0, f"boundary_in__{ci}"
                         ci += 1
-                    else:
-                        c = 2 * self.comm_cost_s(a, s.in_state, self.edge_bytes(u))
-                        self._boundary_in_cost[v, k] = self._boundary_in_cost.get((v, k), 0.0) + c
+                    elif TRANSITIONS[(a, s.in_state)] is not None:
+                        w = self._reshard_var(u, a, s.in_state)
+                        self.prob += w >= self.x[v, k], f"boundary_reshard__{ri}"
+                        ri += 1
 
     def add_boundary_out(self) -> None:
         """Outputs read outside the segment leave in the state the next segment expects."""
@@ -331,11 +364,9 @@ class TPPlacementILP:
         for u in self.ids:
             n = self.g.nodes[u]
             outside = [r for r in self.readers.get(u, []) if r not in self.idset]
-            if not outside and n.kind != "output":
+            if not outside or n.kind == "output":
                 continue
-            if n.kind == "output":
-                continue  # the graph output node itself requires R via its strategy
-            want = self.boundary if self._is_stream(n) else "R"
+            want = self._exit_state(n)
             for k, s in enumerate(self.strategies[u]):
                 if (s.out_state, want) not in TRANSITIONS:
                     self.prob += self.x[u, k] == 0, f"boundary_out__{ci}"
@@ -343,6 +374,9 @@ class TPPlacementILP:
                 else:
                     c = 2 * self.comm_cost_s(s.out_state, want, self.edge_bytes(u))
                     self._boundary_out_cost[u, k] = c
+
+    def _exit_state(self, n: GraphNode) -> str:
+        return self.boundary if self._is_stream(n) else "R"
 
     def add_tied(self) -> None:
         """Tied embedding/linear pairs: vocab-parallel embedding iff colwise head."""
@@ -374,12 +408,10 @@ class TPPlacementILP:
             for k, s in enumerate(self.strategies[nid]):
                 w_shard = s.shard if n.kind in ("linear", "embedding", "matmul") else 1
                 c = self.node_cost_s(n, s.shard) + self.lam * n.param_bytes / w_shard
-                c += self._boundary_in_cost.get((nid, k), 0.0) + self._boundary_out_cost.get((nid, k), 0.0)
+                c += self._boundary_out_cost.get((nid, k), 0.0)
                 terms.append(c * self.x[nid, k])
-        for (u, _v, _slot, a, b), var in self.y.items():
-            c = 2 * self.comm_cost_s(a, b, self.edge_bytes(u))
-            if c:
-                terms.append(c * var)
+        for (u, a, b), var in self.w.items():
+            terms.append(2 * self.comm_cost_s(a, b, self.edge_bytes(u)) * var)
         self.prob += pulp.lpSum(terms)
 
     def build(self) -> pulp.LpProblem:
@@ -428,6 +460,7 @@ class TPPlacementILP:
             comm_s += 2 * self.comm_cost_s(a, b, nbytes)
             comm_bytes[kind] = comm_bytes.get(kind, 0) + int(2 * nbytes)
 
+        needed: dict[tuple[int, str], str] = {}  # (producer, target state) -> its state, once
         for nid in self.ids:
             n = self.g.nodes[nid]
             s = self.strategies[nid][choice[nid]]
@@ -440,10 +473,15 @@ class TPPlacementILP:
                 if self._exempt(n, u) or s.in_state is None:
                     continue
                 a = self.strategies[u][choice[u]].out_state if u in self.idset else self._external_state(u)
-                add_comm(a, s.in_state, self.edge_bytes(u))
+                needed[u, s.in_state] = a
+        for (u, b), a in needed.items():
+            nid = u
+            add_comm(a, b, self.edge_bytes(u))
+        for nid in self.ids:
+            n = self.g.nodes[nid]
             outside = [r for r in self.readers.get(nid, []) if r not in self.idset]
             if outside and n.kind != "output":
-                add_comm(s.out_state, self.boundary if self._is_stream(n) else "R", self.edge_bytes(nid))
+                add_comm(state[nid], self._exit_state(n), self.edge_bytes(nid))
         return TPSolution(
             tp=self.tp, sequence_parallel=self.sp, styles=styles, rel_styles={}, node_shard=shard,
             node_state=state, comm_s=comm_s, comm_bytes=comm_bytes, compute_s=compute,
@@ -519,6 +557,7 @@ class GraphTPSolution:
     seconds: float
     solver: str
     solves: int
+    micro_batch: float = 1.0  # sequences per microbatch the placement was solved at
 
 
 def block_node_ids(graph: ModelGraph) -> set[int]:
@@ -605,5 +644,5 @@ def solve_tp(
         tp=tp, sequence_parallel=sequence_parallel, styles=styles, node_shard=shard, node_state=state,
         segment_comm_s=seg_s, segment_comm_bytes=seg_b, segment_events=seg_e, comm_s=total_s, comm_bytes=total_b,
         objective=objective, status=status, seconds=time.perf_counter() - t0,
-        solver="+".join(sorted(solvers)), solves=solves,
+        solver="+".join(sorted(solvers)), solves=solves, micro_batch=batch_scale * graph.batch_size,
     )  # fmt: skip
