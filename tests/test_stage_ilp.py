@@ -221,3 +221,37 @@ def test_objective_equals_simulated_step_for_equal_stages(schedule: str, v: int,
     assert out.boundaries == tuple(range(0, 2 * pp * v + 1, 2))
     assert out.timeline().makespan_s == pytest.approx(out.objective_s)
     assert out.schedule == schedule and out.num_microbatches == m and out.virtual_stages == v
+
+
+@pytest.mark.parametrize(
+    ("schedule", "v"), [("1f1b", 1), ("zero-bubble", 1), ("interleaved-1f1b", 2), ("zbv", 2)]
+)
+def test_ilp_objective_is_the_documented_formula(schedule: str, v: int) -> None:
+    rng = random.Random(7)
+    layers = [
+        si.Layer(
+            f"l{i}", fwd_s=rng.uniform(1, 3), bwd_s=4.0, bwd_weight_s=1.5, boundary_bytes=rng.choice([0, 900])
+        )
+        for i in range(2 * v + 3)
+    ]
+    pr = si._make_problem(layers, 2, 4, schedule, v, None, lambda nb: nb * 1e-3, 0)
+    model = si.StageSplitILP(pr).build()
+    assert set(ilp.constraint_families(model.problem)) >= {
+        "assignment",
+        "contiguity",
+        "nonempty",
+        "bottleneck",
+    }
+    res = ilp.solve(model.problem, time_limit_s=5, gap_rel=0.0)
+    assert res.objective == pytest.approx(si._evaluate(pr, model.boundaries())[0])
+
+
+def test_edge_cases() -> None:
+    one = si.split_stages(_uniform(3), pp=1, num_microbatches=4, method="ilp")
+    assert one.boundaries == (0, 3) and one.objective_s == pytest.approx(4 * 9.0)
+    exact = si.split_stages(_uniform(4), pp=4, num_microbatches=4, method="ilp")
+    assert exact.boundaries == (0, 1, 2, 3, 4)
+    zero = si.split_stages(
+        [si.Layer(f"z{i}", fwd_s=0.0, bwd_s=0.0) for i in range(4)], pp=2, num_microbatches=2
+    )
+    assert zero.objective_s == 0.0 and len(zero.boundaries) == 3
