@@ -10,7 +10,7 @@ from meshplan import ilp
 
 def _knapsack(capacity: float) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
     prob = pulp.LpProblem("knap", pulp.LpMaximize)
-    x = [pulp.LpVariable(f"x{i}", cat="Binary") for i in range(3)]
+    x = [prob.add_variable(f"x{i}", cat="Binary") for i in range(3)]
     prob += 3 * x[0] + 4 * x[1] + 5 * x[2]
     prob += 2 * x[0] + 3 * x[1] + 4 * x[2] <= capacity, "capacity__0"
     prob += x[0] + x[1] + x[2] >= 1, "pick__0"
