@@ -1,0 +1,70 @@
+"""``explain_plan(plan) -> str``: why this configuration won and what the runner-up costs.
+
+A basic explanation from what the Plan records: the chosen degrees and what each buys
+(TP splits a layer's work inside a node, PP splits the layers, DP splits the batch), the
+dominant part of the predicted step, the schedule and microbatching choice in terms of the
+bubble, the recompute choice in terms of memory, and each recorded alternative with its
+reason and its cost relative to the plan. All figures are the cost model's predictions.
+No torch import.
+"""
+
+from __future__ import annotations
+
+from meshplan.plan import Plan
+from meshplan.report.text import fmt_bytes, fmt_s
+
+
+def _dominant(plan: Plan) -> tuple[str, float]:
+    pr = plan.predicted
+    parts = {
+        "compute": pr.compute_s, "TP communication": pr.tp_comm_s, "PP communication": pr.pp_comm_s,
+        "exposed DP communication": pr.dp_comm_s, "pipeline bubble": pr.bubble_s, "optimizer step": pr.optimizer_s,
+    }  # fmt: skip
+    name = max(parts, key=lambda k: parts[k])
+    return name, parts[name]
+
+
+def explain_plan(plan: Plan) -> str:
+    p = plan
+    pr = p.predicted
+    lines = [f"Why {p.summary()} for {p.model_name} on {p.world_size} devices (all figures predicted):"]
+    lines.append(
+        f"- predicted step {fmt_s(pr.step_s)}, {pr.tokens_per_s:,.0f} tokens/s, MFU {100 * pr.mfu:.1f}%; "
+        f"peak memory {fmt_bytes(max(pr.peak_mem_bytes or (0,)))} per device"
+    )
+    name, value = _dominant(p)
+    if pr.step_s:
+        lines.append(f"- the step is dominated by {name} ({100 * value / pr.step_s:.0f}% of it)")
+    if p.tp > 1:
+        sharded = sum(1 for s in p.tp_styles.values() if s != "replicate")
+        lines.append(
+            f"- tp={p.tp}: {sharded} of {len(p.tp_styles)} linear/embedding layers are sharded inside a node; TP traffic "
+            f"costs {fmt_s(pr.tp_comm_s)} per step" + (" with sequence parallelism" if p.sequence_parallel else "")
+        )
+    else:
+        lines.append("- tp=1: splitting layers across devices did not pay for its communication (or was not allowed)")
+    if p.pp > 1:
+        lines.append(
+            f"- pp={p.pp}: the layers are cut into {len(p.stages)} stages; schedule {p.schedule} with "
+            f"{p.num_microbatches} microbatches leaves a bubble of {100 * pr.bubble_fraction:.1f}%"
+        )
+    else:
+        lines.append(f"- pp=1: no pipeline; {p.num_microbatches} microbatches are accumulated per step")
+    if p.dp > 1:
+        lines.append(
+            f"- dp={p.dp} ({p.dp_kind}): gradient sync exposes {fmt_s(pr.dp_comm_s)} after overlap with the backward"
+        )
+    lines.append(
+        f"- recompute={p.recompute}: activations take {fmt_bytes(pr.mem_breakdown.get('activations', 0))} on the "
+        f"fullest rank" + (f"; recomputation costs {fmt_s(pr.recompute_s)}" if pr.recompute_s else "")
+    )
+    if p.alternatives:
+        first = p.alternatives[0]
+        cost = f"{fmt_s(first.step_s)}" if first.step_s is not None else "does not fit"
+        lines.append(f"Runner-up: {first.summary} — {cost}; {first.reason}")
+        for a in p.alternatives[1:]:
+            cost = f"{fmt_s(a.step_s)}" if a.step_s is not None else "does not fit"
+            lines.append(f"  also: {a.summary} — {cost}; {a.reason}")
+    else:
+        lines.append("No alternatives were recorded (an estimate of a given configuration, or a single candidate).")
+    return "\n".join(lines)

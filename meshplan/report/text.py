@@ -1,0 +1,164 @@
+"""The plain-text report of a Plan: ``format_plan(plan) -> str`` (what ``print(plan)`` shows).
+
+Sections: header (model, cluster, batch); mesh and axis order; pipeline stages (layers, time,
+memory, boundary traffic); TP style of every linear, grouped per repeated block (one block
+shown, "× 12"); predicted step-time breakdown; throughput (tokens/s, TFLOP/s per device, MFU);
+memory breakdown; bytes per collective kind; alternatives with why they lost. Every number is
+labelled as the cost model's prediction. Tables via ``tabulate``. No torch import.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+
+from tabulate import tabulate
+
+from meshplan.plan import Plan
+
+GiB = 1024**3
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, div in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+_INDEX = re.compile(r"\.(\d+)(?=\.|$)")
+
+
+def group_tp_styles(styles: dict[str, str]) -> list[tuple[str, int, list[tuple[str, str]]]]:
+    """Group FQN -> style by repeated block: [(pattern like "blocks.*", instances, [(rel, style)])].
+
+    Instances whose (relative name -> style) maps are identical collapse into one group; FQNs
+    without a numeric index form the group "(rest)"."""
+    per_inst: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+    rest: list[tuple[str, str]] = []
+    for fqn, style in styles.items():
+        m = _INDEX.search(fqn)
+        if not m:
+            rest.append((fqn, style))
+            continue
+        prefix, idx = fqn[: m.start()], m.group(1)
+        rel = fqn[m.end() + 1 :]
+        per_inst.setdefault((prefix, idx), {})[rel or "(self)"] = style
+    groups: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], int] = OrderedDict()
+    for (prefix, _idx), rels in per_inst.items():
+        key = (prefix, tuple(rels.items()))
+        groups[key] = groups.get(key, 0) + 1
+    out = [(f"{prefix}.*", n, list(items)) for (prefix, items), n in groups.items()]
+    if rest:
+        out.append(("(rest)", 1, rest))
+    return out
+
+
+def _stage_layers(plan: Plan, modules: tuple[str, ...]) -> str:
+    """Compact description of a stage's modules: "blocks.0-11 + wte, wpe"."""
+    idx: OrderedDict[str, list[int]] = OrderedDict()
+    other: list[str] = []
+    for m in modules:
+        mm = _INDEX.search(m)
+        if mm:
+            idx.setdefault(m[: mm.start()], []).append(int(mm.group(1)))
+        else:
+            top = m.split(".")[0]
+            if top not in other:
+                other.append(top)
+    parts = []
+    for prefix, ids in idx.items():
+        u = sorted(set(ids))
+        parts.append(f"{prefix}.{u[0]}-{u[-1]}" if len(u) > 1 else f"{prefix}.{u[0]}")
+    parts += other
+    text = ", ".join(parts) or "(no parameters)"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def format_plan(plan: Plan) -> str:
+    p = plan
+    pr = p.predicted
+    cl = p.cluster
+    out: list[str] = []
+    out.append(f"meshplan plan for {p.model_name} — {p.summary()}")
+    out.append(
+        f"cluster {cl.get('name', '?')}: {p.world_size} devices, {cl.get('devices_per_node', '?')} per node; "
+        f"global batch {p.global_batch_size} × seq {p.seq_len}; dtype {p.dtype}, optimizer {p.optimizer}"
+    )
+    out.append("")
+    out.append("Mesh (outermost axis first; the innermost axis is on consecutive ranks):")
+    out.append(tabulate([[a, d] for a, d in zip(p.mesh.axis_names, p.mesh.degrees)], headers=["axis", "degree"]))
+    extra = [f"schedule {p.schedule}"]
+    if p.virtual_stages > 1:
+        extra.append(f"{p.virtual_stages} virtual stages per rank")
+    extra += [f"{p.num_microbatches} microbatches of {p.micro_batch_size}", f"recompute {p.recompute}",
+              f"data parallel {p.dp_kind}", f"sequence parallel {'on' if p.sequence_parallel else 'off'}"]  # fmt: skip
+    out.append("; ".join(extra))
+    out.append("")
+    out.append("Pipeline stages (predicted, per microbatch):")
+    rows = [
+        [s.index, s.rank, _stage_layers(p, s.modules), s.node_end - s.node_start, fmt_s(s.fwd_s), fmt_s(s.bwd_s),
+         fmt_bytes(s.mem_bytes), fmt_bytes(s.send_bytes), fmt_s(s.send_s)]
+        for s in p.stages
+    ]  # fmt: skip
+    out.append(tabulate(rows, headers=["stage", "rank", "layers", "nodes", "fwd", "bwd", "memory", "sends", "send time"]))
+    out.append("")
+    out.append(f"Tensor parallelism (tp={p.tp}): style of every linear")
+    groups = group_tp_styles(p.tp_styles)
+    if not groups:
+        out.append("  (no linear layers)")
+    for pattern, n, items in groups:
+        title = f"{pattern} × {n}" if n > 1 else pattern
+        out.append(f"  {title}")
+        for rel, style in items:
+            out.append(f"    {rel:<36} {style}")
+    out.append("")
+    out.append(f"Step time breakdown (predicted): {fmt_s(pr.step_s)} per step")
+    parts = [
+        ("compute", pr.compute_s), ("recompute (within compute)", pr.recompute_s), ("TP communication", pr.tp_comm_s),
+        ("PP communication", pr.pp_comm_s), ("DP communication (exposed)", pr.dp_comm_s),
+        ("pipeline bubble", pr.bubble_s), ("optimizer step", pr.optimizer_s),
+    ]  # fmt: skip
+    rows = [[k, fmt_s(v), f"{100 * v / pr.step_s:.1f}%" if pr.step_s else "-"] for k, v in parts]
+    out.append(tabulate(rows, headers=["part", "time", "share"]))
+    out.append(f"bubble fraction {pr.bubble_fraction:.3f}; simulated pipeline makespan {fmt_s(pr.pipeline_s)}")
+    out.append("")
+    out.append(
+        f"Throughput (predicted): {pr.tokens_per_s:,.0f} tokens/s; {pr.tflops_per_device:.1f} TFLOP/s per device; "
+        f"MFU {100 * pr.mfu:.1f}% (6N + 12·L·h·s FLOPs per token)"
+    )
+    out.append("")
+    mem_rows = [[r, fmt_bytes(b)] for r, b in enumerate(pr.peak_mem_bytes)]
+    limit = cl.get("mem_bytes", 0) - cl.get("mem_reserved_bytes", 0)
+    out.append(f"Peak memory per pipeline rank (predicted; limit {fmt_bytes(limit)}):")
+    out.append(tabulate(mem_rows, headers=["pp rank", "peak"]))
+    if pr.mem_breakdown:
+        out.append("  largest rank: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in pr.mem_breakdown.items()))
+    if pr.comm_bytes:
+        out.append("Bytes moved per device per step (predicted): "
+                   + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(pr.comm_bytes.items())))  # fmt: skip
+    out.append("")
+    if p.alternatives:
+        out.append("Alternatives considered (predicted):")
+        rows = [
+            [a.summary, fmt_s(a.step_s) if a.step_s is not None else "-", fmt_bytes(a.peak_mem_bytes), a.reason]
+            for a in p.alternatives
+        ]
+        out.append(tabulate(rows, headers=["configuration", "step", "peak memory", "why not chosen"]))
+        out.append("")
+    sv = p.solver
+    out.append(
+        f"Solver: {sv.status or '-'} ({sv.solver or '-'}), {sv.candidates} configurations, {sv.ilp_solves} ILP solves, "
+        f"{sv.seconds:.2f} s"
+    )
+    for note in p.notes:
+        out.append(f"note: {note}")
+    return "\n".join(out)
