@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,18 @@ def test_fit_recovers_the_ring_model(k: int) -> None:
     assert fit_alpha_beta(pts, "send_recv", 2) == pytest.approx((1e-4, 2e9))
 
 
+def test_fit_shrugs_off_a_slow_small_message() -> None:
+    # a gloo-on-CPU-like link: 150 us, 1 GB/s; the first size pays a 3 ms first-call hiccup
+    spec = dataclasses.replace(
+        ClusterSpec.preset("h100"), intra_latency_s=1.5e-4, intra_bw_bytes_per_s=1e9, comm_efficiency=1.0
+    )
+    pts = [(n, collective_time_s("all_reduce", n, 2, spec)) for n in byte_sizes(4096, 64 << 20)]
+    pts[0] = (pts[0][0], pts[0][1] + 3e-3)
+    alpha, bw = fit_alpha_beta(pts, "all_reduce", 2)
+    assert bw == pytest.approx(spec.intra_bw_bytes_per_s * spec.comm_efficiency, rel=0.02)
+    assert alpha == pytest.approx(spec.intra_latency_s, rel=0.5)  # the median ignores one outlier
+
+
 def test_fit_errors() -> None:
     with pytest.raises(ValueError, match="two or more sizes"):
         fit_alpha_beta([(4096, 1e-3), (4096, 2e-3)], "all_reduce", 2)
@@ -41,7 +54,9 @@ def test_fit_errors() -> None:
 
 
 @pytest.mark.distributed
-def test_profile_command_two_ranks_writes_loadable_profile(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_profile_command_two_ranks_writes_loadable_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     from meshplan.cli import main
 
     out = tmp_path / "profile.json"

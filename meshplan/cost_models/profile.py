@@ -8,7 +8,7 @@ Measures, on the device the run would use (CUDA when present, else CPU):
 - collectives across ``nproc`` processes (``torch.multiprocessing.spawn``, ``tcp://127.0.0.1``
   rendezvous; gloo, or nccl when there is a GPU per process): all-reduce and a send/recv
   ping-pong at sizes from ``min_bytes`` to ``max_bytes``, with the alpha-beta model fitted by
-  least squares on relative error (``fit_alpha_beta``).
+  least squares (``fit_alpha_beta``).
 
 The result is a ClusterSpec with ``devices_per_node = nproc``, inter-node figures equal to the
 intra-node ones (one machine), efficiencies 1.0 (the measured peaks already are what kernels
@@ -56,36 +56,37 @@ def byte_sizes(min_bytes: int, max_bytes: int) -> list[int]:
 
 
 def fit_alpha_beta(points: Sequence[tuple[float, float]], kind: str, group_size: int) -> tuple[float, float]:
-    """Fit ``t = c0 + c1·n`` to (bytes, seconds) points, minimising relative error (weights 1/t²),
-    and map it to the ring model of ``meshplan.cost_models.comm``:
+    """Fit ``t = c0 + c1·n`` to (bytes, seconds) points and map it to the ring model of
+    ``meshplan.cost_models.comm``:
 
     - all_reduce: ``t = 2(k−1)·α + 2(k−1)/k · n/bw``  ->  α = c0/(2(k−1)), bw = 2(k−1)/(k·c1)
     - send_recv:  ``t = α + n/bw``                    ->  α = c0,         bw = 1/c1
 
-    Returns (α seconds, bw bytes/s); α is clamped at 0. Raises ValueError with fewer than two
-    distinct sizes or a non-positive slope.
+    The slope ``c1`` is the least-squares slope over all points (the large, bandwidth-bound
+    messages dominate it, as they dominate training traffic); the intercept ``c0`` is the median
+    of ``t − c1·n`` over the smaller half of the sizes (the latency-bound ones), clamped at 0.
+    Exact data is recovered exactly. Returns (α seconds, bw bytes/s). Raises ValueError with
+    fewer than two distinct sizes or a non-positive slope.
     """
     if kind not in ("all_reduce", "send_recv"):
         raise ValueError(f"fit_alpha_beta: kind must be all_reduce or send_recv, got {kind!r}")
-    pts = [(float(n), float(t)) for n, t in points if t > 0]
+    pts = sorted((float(n), float(t)) for n, t in points if t > 0)
     if len({n for n, _ in pts}) < 2:
         raise ValueError("fit_alpha_beta needs timings at two or more sizes")
-    w = [1.0 / t**2 for _, t in pts]
-    sw = sum(w)
-    mx = sum(wi * n for wi, (n, _) in zip(w, pts)) / sw
-    my = sum(wi * t for wi, (_, t) in zip(w, pts)) / sw
-    sxx = sum(wi * (n - mx) ** 2 for wi, (n, _) in zip(w, pts))
-    sxy = sum(wi * (n - mx) * (t - my) for wi, (n, t) in zip(w, pts))
-    c1 = sxy / sxx
-    c0 = my - c1 * mx
+    mx = statistics.fmean(n for n, _ in pts)
+    my = statistics.fmean(t for _, t in pts)
+    sxx = sum((n - mx) ** 2 for n, _ in pts)
+    c1 = sum((n - mx) * (t - my) for n, t in pts) / sxx
     if not c1 > 0:
         raise ValueError(
             f"fit_alpha_beta: time does not grow with size (slope {c1:.3g} s/B); measure larger sizes"
         )
+    small = pts[: max(1, (len(pts) + 1) // 2)]
+    c0 = max(0.0, statistics.median(t - c1 * n for n, t in small))
     k = group_size
     if kind == "all_reduce":
-        return max(0.0, c0 / (2 * (k - 1))), 2 * (k - 1) / (k * c1)
-    return max(0.0, c0), 1.0 / c1
+        return c0 / (2 * (k - 1)), 2 * (k - 1) / (k * c1)
+    return c0, 1.0 / c1
 
 
 def _fit_or_bound(points: Sequence[tuple[float, float]], kind: str, k: int, log: Log) -> tuple[float, float]:
@@ -313,7 +314,7 @@ def profile_machine(
         f"measured by `meshplan profile` on {platform.node() or 'localhost'} ({dev_name}) at "
         f"{started.isoformat(timespec='seconds')}: torch {torch.__version__}, {backend} across {nproc} "
         f"processes (spawn, tcp://127.0.0.1), matmul sizes {list(sizes_mm)}, collectives "
-        f"{min_bytes}-{max_bytes} bytes, {reps} reps (best time for matmul/memory, median for collectives), alpha-beta fit on relative error"
+        f"{min_bytes}-{max_bytes} bytes, {reps} reps (best time for matmul/memory, median for collectives), alpha-beta fit (least-squares slope, intercept from the small sizes)"
     )
     return ClusterSpec(
         name=name or f"local-{device.type}-{nproc}",
