@@ -13,7 +13,8 @@ Where it sits in the runtime's order (quantization -> stage split -> TP -> data 
 - QLoRA with TP: call it AFTER ``parallelize_module`` (it quantizes each rank's shard; NF4
   weights cannot be sharded), or before TP with ``tp_mesh``/``tp_styles`` and leave the
   returned FQNs out of the TP plan.
-- data parallel (DDP / FSDP2) goes on after it; the optimizer takes the parameters that still
+- data parallel (DDP / FSDP2) goes on after it (QLoRA + DDP: call ``ddp_ignore_quantized(model)``
+  before ``DDP(model)``); the optimizer takes the parameters that still
   require grad (for QLoRA only the LoRA factors).
 """
 
@@ -37,6 +38,7 @@ from meshplan.runtime.quant.qlora import (
     LoRALinear,
     LoRATPLayout,
     apply_qlora,
+    ddp_ignore_quantized,
     lora_parameters,
     lora_tp_plan,
     merge_lora,
@@ -52,6 +54,7 @@ __all__ = [
     "check_group_size",
     "convert_for_deployment",
     "convert_qat",
+    "ddp_ignore_quantized",
     "is_targeted",
     "lora_parameters",
     "lora_tp_plan",

@@ -30,7 +30,8 @@ quantization by the double-quantization rounding (about 1e-3 relative); with
 
 LoRA factors are initialised from a generator seeded by ``seed`` and the module FQN, full size,
 then sliced, so every rank and a single-process run get the same adapters. All parameters are
-plain tensors (no DTensor), so DDP and FSDP2 wrap a QLoRA model directly; for pipeline stages
+plain tensors (no DTensor), so DDP and FSDP2 wrap a QLoRA model directly (call
+:func:`ddp_ignore_quantized` before DDP: its start-up broadcast re-quantizes NF4); for pipeline stages
 :class:`LoRALinear` is a plain module (traceable, or a leaf by ``is_lora_leaf``).
 """
 
@@ -54,9 +55,11 @@ __all__ = [
     "LoRALinear",
     "LoRATPLayout",
     "apply_qlora",
+    "ddp_ignore_quantized",
     "lora_parameters",
     "lora_tp_plan",
     "merge_lora",
+    "nf4_parameter_names",
     "nf4_scaler_block_size",
     "style_of",
 ]
@@ -330,6 +333,29 @@ def apply_qlora(
         parent_name, _, child = fqn.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
     return fqns
+
+
+def nf4_parameter_names(model: nn.Module) -> list[str]:
+    """FQNs of the NF4 (frozen, quantized) parameters of ``model``."""
+    from torchao.quantization import NF4Tensor
+
+    return [n for n, p in model.named_parameters() if isinstance(p, NF4Tensor)]
+
+
+def ddp_ignore_quantized(model: nn.Module) -> list[str]:
+    """Tell DDP (before wrapping ``model``) to leave the NF4 base weights alone; returns their FQNs.
+
+    DDP broadcasts every parameter from rank 0 at construction; torchao's NF4Tensor goes through
+    a lossy re-quantizing copy there (seen: base weights change by ~1e-3, so gradients no longer
+    match a single-process run). The NF4 weights are identical on every rank already (same init,
+    deterministic quantization) and never receive gradients, so ignoring them is exact.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    names = nf4_parameter_names(model)
+    if names:
+        DDP._set_params_and_buffers_to_ignore_for_model(model, names)
+    return names
 
 
 def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
