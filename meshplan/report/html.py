@@ -1,13 +1,13 @@
 """The HTML plan report: one self-contained file (inline CSS and inline SVG, nothing else).
 
-``meshplan report plan.json --html report.html`` calls :func:`write_html`. The page holds:
-the plan's decisions and predicted figures (every figure labelled "predicted": they come from the
-cost model, not a measurement); the device mesh (devices by node coloured by pipeline stage, TP
-groups outlined, dp/tp index per device); the pipeline schedule timeline drawn from
+``meshplan report plan.json --html report.html`` calls :func:`write_html`. The page holds, in
+order: headline predicted figures (every figure labelled "predicted": they come from the cost
+model, not a measurement); the pipeline schedule timeline drawn from
 ``partition.schedule.simulate`` (the schedule that scored the plan: swimlane per pipeline rank,
 F/B/W boxes, bubbles, p2p sends, time axis in ms) and, for small plans, its text form; the
-per-stage table; the TP style of each linear per repeated block and the per-layer table;
-peak memory per pipeline rank against the device limit; communication bytes by kind; the ranked
+device mesh (devices by node coloured by pipeline stage, TP groups outlined, dp/tp index per
+device); the decisions and the step-time breakdown; the per-stage table; the TP style of each
+linear per repeated block and the per-layer table; peak memory per pipeline rank against the device limit; communication bytes by kind; the ranked
 alternatives with why each lost; solver facts and notes.
 
 The file references nothing outside itself: no scripts, fonts, images, stylesheets or links
@@ -128,12 +128,25 @@ def _timeline_section(plan: Plan, width_px: int) -> str:
 def _stage_table(plan: Plan) -> str:
     rows = []
     for s in sorted(plan.stages, key=lambda s: s.index):
-        rows.append([s.index, s.rank, compress_fqns(s.modules), f"{s.first_node} .. {s.last_node}",
+        rows.append([s.index, s.rank, compress_fqns(_top_modules(s.modules)), f"{s.first_node} .. {s.last_node}",
                      _ms(s.fwd_s), _ms(s.bwd_s), _ms(s.bwd_weight_s), _ms(s.send_s), _bytes(s.send_bytes),
                      f"{s.param_count:,}", _bytes(s.mem_bytes)])
     return _table(["stage", "pp rank", "modules", "nodes", "predicted fwd ms", "predicted bwd ms",
                    "of which W ms", "predicted send ms", "send bytes", "params", "predicted memory"], rows,
                   {0, 1, 4, 5, 6, 7, 8, 9, 10})
+
+
+def _top_modules(modules: tuple[str, ...]) -> list[str]:
+    """``blocks.3.attn.q_proj`` -> ``blocks.3`` (the repeated block it is in), order kept, no repeats.
+
+    The stage table names blocks; where a stage boundary cuts a block, the nodes column shows it.
+    """
+    out: dict[str, None] = {}
+    for m in modules:
+        parts = m.split(".")
+        cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+        out[".".join(parts[: cut + 1]) if cut is not None else m] = None
+    return list(out)
 
 
 def _stage_of(plan: Plan, fqn: str) -> int | None:
@@ -187,10 +200,10 @@ def render_html(plan: Plan, *, width_px: int = 1200) -> str:
         f'<p class="sub">{escape(plan.summary())} on {plan.world_size} devices. '
         "All figures are <b>predicted</b> by meshplan's cost model, not measured.</p>",
         _cards(plan),
+        '<h2>Pipeline schedule <span class="pred">predicted</span></h2>', _timeline_section(plan, width_px),
+        "<h2>Device mesh</h2>", f'<div class="figure">{to_svg(mesh_drawing(plan, width_px=min(width_px, 1000)))}</div>',
         "<h2>Decisions</h2>", _decisions(plan),
         '<h2>Step time <span class="pred">predicted</span></h2>', _breakdown(plan),
-        "<h2>Device mesh</h2>", f'<div class="figure">{to_svg(mesh_drawing(plan, width_px=min(width_px, 1000)))}</div>',
-        '<h2>Pipeline schedule <span class="pred">predicted</span></h2>', _timeline_section(plan, width_px),
         '<h2>Stages <span class="pred">predicted</span></h2>', _stage_table(plan),
         "<h2>Tensor parallelism per block</h2>",
     ]
@@ -202,7 +215,7 @@ def render_html(plan: Plan, *, width_px: int = 1200) -> str:
     sec += ['<h2>Memory per pipeline rank <span class="pred">predicted</span></h2>',
             f'<div class="figure">{to_svg(memory_drawing(plan, width_px=min(width_px, 1000)))}</div>']
     if p.mem_breakdown:
-        sec.append(_table(["memory part (max rank)", "predicted"], [[k, _bytes(v)] for k, v in p.mem_breakdown.items()],
+        sec.append(_table(["memory part", "predicted"], [[k, _bytes(v)] for k, v in p.mem_breakdown.items()],
                           {1}))
     if p.comm_bytes:
         sec += ['<h2>Communication per device per step <span class="pred">predicted</span></h2>',

@@ -7,7 +7,8 @@ scored the plan, so its makespan is ``Prediction.pipeline_s``) with the plan's p
 :func:`layout_timeline` lays the timeline out as a :class:`~meshplan.report.svg.Drawing`, one
 swimlane per pipeline rank: F / B / W boxes per microbatch (later virtual chunks a shade lighter,
 the microbatch number written in a box wide enough for it), idle time (bubbles) in pale red,
-p2p sends as thin connectors from producer to consumer, a time axis in ms and a legend.
+p2p sends as thin connectors from producer to consumer (above 300 events: as a thin bar on the
+receiving lane, from the producer's end to the consumer's start), a time axis in ms and a legend.
 The same Drawing becomes inline SVG (HTML report) or a PNG (:mod:`meshplan.report.png`).
 
 Large plans stay bounded: with more than ``max_events`` events (e.g. pp 16 x m 64 x 2 kinds)
@@ -47,6 +48,7 @@ MARGIN_LEFT_PX, MARGIN_RIGHT_PX = 64, 16
 TITLE_PX, AXIS_PX, LEGEND_PX, NOTE_PX = 26, 30, 20, 16
 DEFAULT_MAX_EVENTS = 2000
 BIN_PX = 6  # bin width of dense lanes
+MAX_CONNECTOR_EVENTS = 300  # above this, p2p is drawn inside the receiving lane instead of across lanes
 
 
 class EventLike(Protocol):
@@ -186,7 +188,7 @@ def layout_timeline(
             if lane_h >= 10 and x1 - x0 >= text_width_px(label, 9) + 3:
                 d.text((x0 + x1) / 2, y + lane_h / 2 + 3.5, label, 9, fill="#ffffff", anchor="middle")
     if not aggregated:
-        _draw_p2p(d, tl, x_of, y_of, lane_h)
+        _draw_p2p(d, tl, x_of, y_of, lane_h, connectors=len(tl.events) <= MAX_CONNECTOR_EVENTS)
     # time axis in ms
     axis_y = y_of(lanes) + 2
     d.line(MARGIN_LEFT_PX, axis_y, MARGIN_LEFT_PX + plot_w, axis_y, "#333333")
@@ -270,8 +272,12 @@ def _quarters(shares: list[float]) -> tuple[int, ...]:
     return tuple(q)
 
 
-def _draw_p2p(d: Drawing, tl: TimelineLike, x_of: Any, y_of: Any, lane_h: int) -> None:
-    """Connect each F to the next stage's F of the same microbatch, and each B to the previous stage's B."""
+def _draw_p2p(d: Drawing, tl: TimelineLike, x_of: Any, y_of: Any, lane_h: int, *, connectors: bool) -> None:
+    """p2p of each F to the next stage's F (same microbatch) and each B to the previous stage's B.
+
+    ``connectors``: a line from the producer's end to the consumer's start across the lanes;
+    otherwise (busy pictures) a 2 px bar on top of the consumer's lane over the same interval.
+    """
     index = {(e.stage, e.microbatch, e.kind): e for e in tl.events}
     for e in tl.events:
         if e.kind == "F":
@@ -281,6 +287,11 @@ def _draw_p2p(d: Drawing, tl: TimelineLike, x_of: Any, y_of: Any, lane_h: int) -
         else:
             continue
         if nxt is None or nxt.rank == e.rank:
+            continue
+        if not connectors:
+            x0, x1 = x_of(e.end_s), x_of(max(nxt.start_s, e.end_s))
+            if x1 - x0 >= 1:
+                d.rect(x0, y_of(nxt.rank), x1 - x0, 2, P2P_COLOUR)
             continue
         down = nxt.rank > e.rank
         y0 = y_of(e.rank) + (lane_h if down else 0)
@@ -327,12 +338,12 @@ def format_text_timeline(plan_or_timeline: Plan | TimelineLike, width: int = 100
     ms = tl.makespan_s * 1e3
     lines = [f"{'':>{name_w}} |0 ms{f'{ms:.3f} ms|':>{width - 3}}"]
     lines += [f"{f'rank {r}':>{name_w}} |{''.join(row)}|" for r, row in enumerate(rows)]
-    legend = "F forward, B backward (input grad), W backward (weight grad), . idle (bubble)"
+    legend = ["F forward, B backward (input grad), W backward (weight grad), . idle (bubble)"]
     if any(c > 0 for c in chunk.values()):
-        legend += "; lower case: a later virtual stage (chunk) of the rank"
+        legend.append("lower case: a later virtual stage (chunk) of the rank")
     if squeezed:
-        legend += "; short events show their kind letter only"
-    lines.append(f"{'':>{name_w}}  {legend}")
+        legend.append("short events show their kind letter only")
+    lines += [f"{'':>{name_w}}  {text}" for text in legend]
     if ranks > max_ranks:
         lines.append(f"{'':>{name_w}}  ({ranks - max_ranks} more ranks not shown)")
     return "\n".join(lines)
