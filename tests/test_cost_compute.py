@@ -10,6 +10,7 @@ from meshplan.cost_models.compute import (
     NodeTime,
     backward_factors,
     dtype_bytes,
+    elem_scale,
     node_input_bytes,
     node_time,
     nodes_time,
@@ -127,3 +128,11 @@ def test_node_time_errors() -> None:
         node_time(_linear(), A100, batch_scale=0)
     with pytest.raises(ValueError, match="dtype"):
         dtype_bytes("int3")
+    with pytest.raises(ValueError, match="dtype"):
+        node_time(_linear(), A100, dtype="int3")
+
+
+def test_elem_scale() -> None:
+    assert elem_scale("float32", "bf16") == 0.5
+    assert elem_scale("torch.bfloat16", "fp32") == 2.0
+    assert elem_scale("int64", "bf16") == 1.0 and elem_scale(None, "bf16") == 1.0

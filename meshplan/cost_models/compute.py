@@ -68,6 +68,15 @@ def dtype_bytes(dtype: str) -> int:
     return _DTYPE_BYTES[key]
 
 
+def elem_scale(traced_dtype: str | None, dtype: str) -> float:
+    """Bytes of ``dtype`` over bytes of ``traced_dtype`` for float tensors (0.5 for an fp32 trace
+    costed in bf16); 1.0 when either is not a float dtype (int64 ids, unknown)."""
+    key = (traced_dtype or "").replace("torch.", "")
+    if key not in _DTYPE_BYTES or dtype not in _DTYPE_BYTES:
+        return 1.0
+    return _DTYPE_BYTES[dtype] / _DTYPE_BYTES[key]
+
+
 @dataclass(frozen=True)
 class NodeTime:
     """Seconds for one node on one device: forward, backward input-grad (B), backward weight-grad (W)."""
@@ -186,9 +195,8 @@ def node_time(
     _check_kind(node.kind)
     if node.kind in FREE_KINDS:
         return NodeTime(0.0, 0.0, 0.0)
-    r = 1.0
-    if node.out_dtype and node.out_dtype.replace("torch.", "") in _DTYPE_BYTES:
-        r = dtype_bytes(dtype) / dtype_bytes(node.out_dtype)
+    dtype_bytes(dtype)  # validates the name
+    r = elem_scale(node.out_dtype, dtype)
     in_b = estimate_input_bytes(node) if input_bytes is None else input_bytes
     w_shard = shard if node.kind in SHARDED_WEIGHT_KINDS else 1
     # A lookup reads only the rows it returns (counted as its input), never the whole table.
