@@ -18,11 +18,12 @@ the step time is::
            hidden under compute where it fits)
          + optimizer step (memory bound: 16 B/param read and written, ÷ dp with fsdp)
 
-Search: every configuration gets a cheap lower bound ``m · Σ layer time / pp + optimizer +
-0.1 · dp sync`` (the busiest rank works at least the average) and a model-state memory lower
-bound; configurations are then evaluated exactly (stage split + simulation + memory) in
-lower-bound order, stopping once the lower bound exceeds the best fitting step time by the
-alternatives' margin. With ``exhaustive=True`` every configuration is evaluated (tests check
+Search: every configuration gets a cheap memory lower bound (model states of the average rank;
+configurations that cannot fit are skipped). Phase 1 costs each remaining one without the
+schedule simulation: stage split, memory per rank (exact), DP sync, optimizer, and a makespan
+lower bound ``max_k (Σ_{s<k} F_s + m·T_k)``. Phase 2 simulates the fitting ones in order of that
+bound and stops once the bound exceeds the best simulated step (and enough alternatives within
+``ALT_MARGIN`` are known): the best plan is the same as exhaustive enumeration's. With ``exhaustive=True`` every configuration is evaluated (tests check
 both give the same answer). Pipelines with many microbatches are simulated at two small valid
 microbatch counts and extrapolated linearly (steady state: one microbatch per bottleneck period).
 No torch import.
@@ -103,6 +104,7 @@ class Evaluation:
     fits: bool
     mem_limit_bytes: int
     table: CostTable = field(repr=False, default=None)  # type: ignore[assignment]
+    exact: bool = True  # False: the makespan is a lower bound (not simulated)
 
     @property
     def max_mem_bytes(self) -> int:
@@ -267,12 +269,14 @@ class Searcher:
     def _auto(self, c: Config) -> bool:
         return c.dp_kind == "ddp" and "dp_kind" not in self.fixed
 
-    def evaluate_auto(self, c: Config) -> Evaluation:
-        ev = self.evaluate(c)
-        if ev.fits or not self._auto(c):
-            return ev
-        ev2 = self.evaluate(replace(c, dp_kind="fsdp"))
-        return ev2 if ev2.fits or ev2.max_mem_bytes < ev.max_mem_bytes else ev
+    def evaluate_auto(self, c: Config, *, exact: bool = True) -> Evaluation:
+        """``evaluate``, upgrading DDP to FSDP when DDP does not fit (and DP is not pinned)."""
+        ev = self.evaluate(c, exact=False)
+        if not ev.fits and self._auto(c):
+            ev2 = self.evaluate(replace(c, dp_kind="fsdp"), exact=False)
+            if ev2.fits or ev2.max_mem_bytes < ev.max_mem_bytes:
+                ev = ev2
+        return self.evaluate(ev.config) if exact and ev.fits else ev
 
     def bound(self, c: Config) -> tuple[float, float]:
         lb, mlb = self.lower_bound(c)
@@ -348,7 +352,12 @@ class Searcher:
             self._split_cache[key] = balanced_split([layer.total_s for layer in t.layers], num_stages)
         return self._split_cache[key]
 
-    def evaluate(self, c: Config) -> Evaluation:
+    def evaluate(self, c: Config, *, exact: bool = True) -> Evaluation:
+        """Cost ``c``: stage split, memory, DP sync, optimizer and (``exact``) the simulated
+        makespan. With ``exact=False`` the makespan is the lower bound
+        ``max_k (Σ_{s<k} F_s + m·T_k)`` (v = 1; the k-th stage cannot start before the first
+        microbatch reaches it and then works m·T_k) or ``m · busiest rank`` (v > 1), and the
+        result's ``exact`` is False."""
         t = self._table(c)
         n_st = c.pp * c.virtual_stages
         runs = self.split(t, n_st) if n_st > 1 else [(0, len(t.layers))]
@@ -367,9 +376,22 @@ class Searcher:
             st_send.append(collective_time_s("send_recv", sb, 2, self.cluster, spans_nodes=pp_spans) if sb else 0.0)
             st_params.append(sum(x.param_count for x in ls))
             st_act.append(sum(x.act_bytes for x in ls))
-        makespan, bubble_frac, stage_peak = self._simulate(c, st_f, st_b, st_w, st_send)
         ranks = list(range(c.pp))
         placement = _placement(c.schedule, c.pp, c.virtual_stages)
+        if exact:
+            makespan, bubble_frac, stage_peak = self._simulate(c, st_f, st_b, st_w, st_send)
+        else:
+            stage_peak = self._stage_peaks(c)
+            mb = c.num_microbatches
+            totals = [st_f[s] + st_b[s] + st_w[s] for s in range(n_st)]
+            if c.virtual_stages == 1:
+                fill, makespan = 0.0, 0.0
+                for k in range(n_st):
+                    makespan = max(makespan, fill + mb * totals[k])
+                    fill += st_f[k]
+            else:
+                makespan = mb * max(sum(totals[s] for s in range(n_st) if placement[s] == r) for r in ranks)
+            bubble_frac = 0.0
         r_params = [sum(st_params[s] for s in range(n_st) if placement[s] == r) for r in ranks]
         r_act = [sum(st_act[s] * stage_peak[s] for s in range(n_st) if placement[s] == r) for r in ranks]
         r_states = [self._states(p, c) for p in r_params]
@@ -425,7 +447,21 @@ class Searcher:
             stage_times=[(st_f[s], st_b[s] + st_w[s], st_w[s], st_send[s]) for s in range(n_st)],
             stage_mem=[int(self._states(st_params[s], c) + st_act[s] * stage_peak[s]) for s in range(n_st)],
             stage_send_bytes=st_sendb, fits=max(r_mem) <= self.mem_limit, mem_limit_bytes=self.mem_limit, table=t,
+            exact=exact,
         )  # fmt: skip
+
+    def _stage_peaks(self, c: Config) -> list[int]:
+        """Per-stage peak in-flight microbatches from the schedule's action order alone."""
+        from meshplan.partition.schedule import inflight
+
+        p, v, m = c.pp, c.virtual_stages, c.num_microbatches
+        if p == 1:
+            return [1]
+        if c.schedule == "gpipe":
+            return [m] * (p * v)
+        cap = SIM_CAP_FACTOR * p * v
+        m_eff = m if m <= cap else (_valid_count(c.schedule, p, v, cap) or m)
+        return list(inflight(c.schedule, p, m_eff, v)[1])
 
     def _simulate(
         self, c: Config, f: list[float], b: list[float], w: list[float], send: list[float]
@@ -468,24 +504,28 @@ class Searcher:
             min_mem_lb = min(min_mem_lb, mlb)
             bounded.append((lb, mlb, c))
         bounded.sort(key=lambda x: (x[0], x[2].summary()))
-        fitting: list[Evaluation] = []
+        # phase 1: everything but the simulation (split, memory, DP, optimizer), in bound order
+        partial: list[Evaluation] = []
         oom: list[Evaluation] = []
-        evaluated = 0
-        min_mem = math.inf
-        for i, (lb, mlb, c) in enumerate(bounded):
+        for _lb, mlb, c in bounded:
+            if not exhaustive and mlb > self.mem_limit and (len(oom) >= 2 or partial):
+                continue  # cannot fit whatever the split: skip (a few are kept to report)
+            ev = self.evaluate_auto(c, exact=False)
+            (partial if ev.fits else oom).append(ev)
+        self.progress(f"{len(partial)} fitting, {len(oom)} out of memory; simulating schedules")
+        # phase 2: simulate in order of the (now split-aware) bound
+        partial.sort(key=lambda e: (e.step_s, e.config.summary()))
+        fitting: list[Evaluation] = []
+        evaluated = len(partial) + len(oom)
+        for i, pe in enumerate(partial):
             best = min((e.step_s for e in fitting), default=math.inf)
-            if not exhaustive:
-                if len(fitting) > self.keep and lb > best * (1 + ALT_MARGIN):
-                    break
-                if mlb > self.mem_limit and (len(oom) >= 2 or fitting):
-                    continue
-            ev = self.evaluate_auto(c)
-            evaluated += 1
-            min_mem = min(min_mem, ev.max_mem_bytes)
-            (fitting if ev.fits else oom).append(ev)
-            if evaluated % 50 == 0:
-                self.progress(f"evaluated {evaluated} of {len(bounded)} (bound {lb:.3g} s, best {best:.3g} s)")
-            del i
+            groups = {_group(e.config) for e in fitting if e.step_s <= best * (1 + ALT_MARGIN)}
+            if not exhaustive and pe.step_s > best and (len(groups) >= self.keep or pe.step_s > best * (1 + ALT_MARGIN)):
+                break
+            fitting.append(self.evaluate(pe.config))
+            if (i + 1) % 50 == 0:
+                self.progress(f"simulated {i + 1} of {len(partial)} (bound {pe.step_s:.3g} s, best {best:.3g} s)")
+        min_mem = min((e.max_mem_bytes for e in partial + oom), default=math.inf)
         fitting.sort(key=lambda e: (e.step_s, e.config.summary()))
         oom.sort(key=lambda e: (e.step_s, e.config.summary()))
         best_ev = fitting[0] if fitting else None

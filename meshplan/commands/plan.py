@@ -1,0 +1,77 @@
+"""``meshplan plan MODEL --world-size N``: search the best parallel plan, print it, write plan.json.
+
+Traces MODEL on the meta device (``meshplan.models.load_model(spec, device="meta")``), runs
+``meshplan.planner.api.plan_graph`` with progress lines on stderr, prints the text report and
+writes the Plan JSON with ``-o``. Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search.
+torch is imported inside ``run`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+HELP = "plan data/tensor/pipeline parallelism for a model on N devices (predicted costs)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="zoo name (gpt2-small, llama3-8b, gpt3-175b, ...), file.py:factory or pkg.mod:factory")
+    parser.add_argument("--world-size", "-n", type=int, required=True, help="number of devices")
+    parser.add_argument("--cluster", default="h100", help="preset (h100, h200, a100-80g, a100-40g, v100) or profile .json")
+    parser.add_argument("--global-batch", type=int, default=None, help="sequences per step (default 8 × world size)")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's maximum)")
+    parser.add_argument("--tp", type=int, default=None, help="pin the tensor-parallel degree")
+    parser.add_argument("--pp", type=int, default=None, help="pin the pipeline-parallel degree")
+    parser.add_argument("--dp", type=int, default=None, help="pin the data-parallel degree")
+    parser.add_argument("--schedule", default=None, help="pin the pipeline schedule (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="pin the microbatch size")
+    parser.add_argument("--recompute", default=None, help="pin activation recompute (none, selective, full)")
+    parser.add_argument("--dp-kind", default=None, help="pin data parallelism (ddp, fsdp)")
+    parser.add_argument("-o", "--output", default=None, metavar="PLAN_JSON", help="write the plan here")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def pins(args: argparse.Namespace) -> dict[str, object]:
+    fixed: dict[str, object] = {}
+    for arg, key in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("schedule", "schedule"),
+                     ("micro_batch", "micro_batch_size"), ("recompute", "recompute"), ("dp_kind", "dp_kind")):  # fmt: skip
+        v = getattr(args, arg)
+        if v is not None:
+            fixed[key] = v
+    return fixed
+
+
+def run(args: argparse.Namespace) -> int:
+    from meshplan.planner import validate as V
+    from meshplan.planner.api import _check, plan_graph
+
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
+
+    fixed = pins(args)
+    # bad input fails before the (slow) trace
+    _check(args.world_size, args.cluster, args.global_batch, fixed, None, None)
+    V.check_fixed(fixed, args.world_size)
+    from meshplan.models import load_model
+    from meshplan.models.registry import default_inputs
+    from meshplan.trace import trace_model
+
+    progress(f"building {args.model} on the meta device")
+    spec = load_model(args.model, device="meta")
+    inputs = spec.example_inputs
+    if args.seq is not None:
+        inputs = default_inputs(spec.model, batch_size=1, seq_len=args.seq, device="meta") or inputs
+    progress("tracing")
+    graph = trace_model(spec.model, inputs, name=spec.name)
+    progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
+    plan = plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch, fixed=fixed,
+                      progress=progress)  # fmt: skip
+    print(plan)
+    if args.output:
+        plan.save(args.output)
+        progress(f"wrote {args.output}")
+    return 0
