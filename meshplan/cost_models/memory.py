@@ -248,9 +248,11 @@ def inflight_microbatches(
     - ``1f1b``: min(m, p − i) (warm-up of p − i − 1 forwards, then one in, one out). SC'21 §2.2.1.
     - ``interleaved-1f1b``: min(m, ((p − i − 1)·2 + (v − 1)·p + 1) / v) chunk-microbatches,
       i.e. p·(1 + (p − 1)/(p·v)) on stage 0 (Korthikanti §4.2.3; the warm-up count of
-      Megatron's and torch's ScheduleInterleaved1F1B, plus the one in steady state); v = 1 is 1F1B.
+      Megatron's and torch's ScheduleInterleaved1F1B, plus the one in steady state); at v = 1
+      torch's schedule still warms up 2(p − i − 1) forwards, so it holds 2(p − i) − 1, not p − i.
     - ``zero-bubble`` (ZB-H1): min(m, p − i), as 1F1B: deferred W passes keep no more than
-      p − i microbatches alive (Qi et al. 2023, §2.2).
+      p − i microbatches alive (Qi et al. 2023, §2.2); with v > 1 chunks (torch's looped
+      ScheduleInterleavedZeroBubble) min(m·v, p·v − i)/v, as its action order gives.
     - ``zbv``: min(m, p) on every rank: each rank holds 2 chunks in a V; peak equals 1F1B's
       stage-0 peak and is balanced across ranks (Qi et al. 2024, "Pipeline Parallelism with
       Controllable Memory", ZB-V).
@@ -267,8 +269,10 @@ def inflight_microbatches(
     p, i, m, v = pp, stage_index, num_microbatches, virtual_stages
     if schedule == "gpipe":
         return float(m)
-    if schedule in ("1f1b", "zero-bubble") or (schedule == "interleaved-1f1b" and v == 1):
+    if schedule == "1f1b":
         return float(min(m, p - i))
+    if schedule == "zero-bubble":
+        return min(m * v, p * v - i) / v
     if schedule == "interleaved-1f1b":
         return min(float(m), ((p - i - 1) * 2 + (v - 1) * p + 1) / v)
     return float(min(m, p))  # zbv
