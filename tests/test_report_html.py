@@ -182,3 +182,26 @@ def test_explain_command(tmp_path, capsys) -> None:
         assert rc == 1 and "no plan explainer" in err
     assert main(["explain", str(tmp_path / "missing.json")]) == 1
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_report_of_real_planner_plans(tmp_path) -> None:
+    """Plans from the planner (GPT-shaped graph): timeline = predicted pipeline time, report self-contained."""
+    api = pytest.importorskip("meshplan.planner.api")
+    from planner_fixtures import gpt_graph  # a GPT-shaped ModelGraph built without torch
+
+    from meshplan.report.diff import diff_plans
+    from meshplan.report.png import write_timeline_png
+
+    graph = gpt_graph(layers=4)
+    kw = dict(tp=2, pp=2, dp=2, num_microbatches=4, cluster="h100")
+    a = api.estimate_graph(graph, 8, schedule="1f1b", **kw)
+    b = api.estimate_graph(graph, 8, schedule="zbv", **kw)
+    for p in (a, b):
+        tl = plan_timeline(p)
+        assert tl.makespan_s == pytest.approx(p.predicted.pipeline_s, rel=1e-9)
+        html = render_html(p)
+        assert EXTERNAL.search(html) is None and "= the plan's predicted pipeline time" in html
+        assert write_timeline_png(p, tmp_path / "t.png").stat().st_size > 1000
+    assert "W" in {e.kind for e in plan_timeline(b).events}
+    fields = {d.field for d in diff_plans(a, b)}
+    assert {"schedule", "virtual_stages"} <= fields
