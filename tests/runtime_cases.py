@@ -108,14 +108,6 @@ def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int 
     ref = reference(model_fn(), data)
     out = []
     for cfg in cfgs:
-        try:
-            le, pe, notes = run_config(model_fn, cfg, data, ref)
-            out.append((cfg, le, pe, ""))
-        except Exception as e:  # noqa: BLE001 - report per config, keep going
-            import traceback
-
-            out.append((cfg, float("inf"), float("inf"), f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"))
-            import torch.distributed as dist
-
-            dist.barrier()
+        le, pe, notes = run_config(model_fn, cfg, data, ref)
+        out.append((cfg, le, pe, notes))
     return out

@@ -6,7 +6,9 @@ Modes (``dp_mode``):
 * ``"manual"`` zero-bubble schedules (interleaved zero-bubble, ZBV) with pp > 1: DDP and FSDP2
   give wrong or missing gradients under them (PLATFORM.md), so gradients are all-reduced (mean)
   over the dp group after the schedule's ``step()`` by ``allreduce_grads``. Also used when the
-  plan says ``dp_kind="none"`` on a dp > 1 mesh (the replicas must still agree).
+  plan says ``dp_kind="none"`` on a dp > 1 mesh (the replicas must still agree), and for
+  ``dp_kind="ddp"`` with pp > 1 (DDP-wrapped stages assert in DDP's reducer on the second
+  step under torch 2.13's pipelining; seen in tests).
 * ``"fsdp"``   the plan asks for FSDP, or TP is combined with DP (DDP around DTensor fails):
   FSDP2 ``fully_shard(module, mesh=mesh["dp"])``.
 * ``"ddp"``    plain data parallel: ``DistributedDataParallel(module, process_group=dp_group)``.
@@ -35,6 +37,11 @@ def dp_mode(plan: Plan) -> str:
         return "manual"
     if plan.dp_kind == "fsdp" or plan.tp > 1:
         return "fsdp"
+    if plan.pp > 1:
+        # DDP-wrapped pipeline stages hit a reducer assert on the second step here ("rebuilt
+        # parameter indices size is not same as original model parameters size", torch 2.13,
+        # gloo, 1F1B and Interleaved1F1B): same gradients, reduced once after step() instead.
+        return "manual"
     return "ddp"
 
 
