@@ -10,9 +10,10 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -21,6 +22,15 @@ from torch import nn
 from meshplan.models.gpt import GPT, GPTConfig
 
 TINY = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=128, block_size=16)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Tiny matmuls run faster on one thread, and the test machine's cores are shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def tiny_gpt(seed: int = 0) -> GPT:

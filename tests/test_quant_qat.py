@@ -6,7 +6,15 @@ import copy
 
 import pytest
 import torch
-from quant_helpers import batch, gpt_tp_plan, lm_loss, parallelize, spawn, tiny_gpt
+from quant_helpers import (
+    batch,
+    gpt_tp_plan,
+    lm_loss,
+    one_thread,  # noqa: F401  (fixture used through pytestmark)
+    parallelize,
+    spawn,
+    tiny_gpt,
+)
 
 from meshplan.plan import Quantization
 from meshplan.runtime.quant import (
@@ -18,6 +26,7 @@ from meshplan.runtime.quant import (
 )
 
 Q = Quantization(mode="qat", bits=4, group_size=32)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_targeting_defaults_to_block_linears_and_suffixes() -> None:

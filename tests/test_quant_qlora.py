@@ -6,7 +6,15 @@ import copy
 
 import pytest
 import torch
-from quant_helpers import batch, gpt_tp_plan, lm_loss, parallelize, spawn, tiny_gpt
+from quant_helpers import (
+    batch,
+    gpt_tp_plan,
+    lm_loss,
+    one_thread,  # noqa: F401  (fixture used through pytestmark)
+    parallelize,
+    spawn,
+    tiny_gpt,
+)
 
 from meshplan.plan import Quantization
 from meshplan.runtime.quant import (
@@ -20,6 +28,8 @@ from meshplan.runtime.quant import (
 from meshplan.runtime.quant.qlora import nf4_scaler_block_size
 
 Q = Quantization(mode="qlora", group_size=64, lora_rank=4, lora_alpha=8.0)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _is_nf4(t: torch.Tensor) -> bool:
