@@ -467,8 +467,6 @@ class Searcher:
         self, c: Config, f: list[float], b: list[float], w: list[float], send: list[float]
     ) -> tuple[float, float, list[int]]:
         """(makespan, bubble fraction, per-stage peak in-flight microbatches)."""
-        from meshplan.partition.schedule import inflight
-
         p, v, m = c.pp, c.virtual_stages, c.num_microbatches
         if p == 1:  # gradient accumulation: m forward/backward pairs back to back
             return m * (f[0] + b[0] + w[0]), 0.0, [1]
@@ -488,8 +486,7 @@ class Searcher:
         makespan = t1.makespan_s + slope * (m - m1)
         busy = m * sum(fi + bi + wi for fi, bi, wi in zip(f, b, w))
         bubble = p * makespan / busy - 1.0 if busy > 0 else 0.0
-        _, stage_peak = inflight(c.schedule, p, m2 or m1, v)
-        return makespan, max(0.0, bubble), list(stage_peak)
+        return makespan, max(0.0, bubble), self._stage_peaks(c)
 
     # ---- the search ----------------------------------------------------------------------
     def run(self, *, exhaustive: bool = False) -> SearchResult:

@@ -287,7 +287,7 @@ class TPPlacementILP:
             n = self.g.nodes[nid]
             self.strategies[nid] = self.node_strategies(n)
             for k, _ in enumerate(self.strategies[nid]):
-                self.x[nid, k] = pulp.LpVariable(f"x_{nid}_{k}", cat="Binary")
+                self.x[nid, k] = self.prob.add_variable(f"x_{nid}_{k}", cat="Binary")
 
     def add_one_strategy(self) -> None:
         for i, nid in enumerate(self.ids):
@@ -315,7 +315,7 @@ class TPPlacementILP:
     def _reshard_var(self, u: int, a: str, b: str) -> pulp.LpVariable:
         key = (u, a, b)
         if key not in self.w:
-            self.w[key] = pulp.LpVariable(f"w_{u}_{a}{b}", lowBound=0, upBound=1)
+            self.w[key] = self.prob.add_variable(f"w_{u}_{a}{b}", lowBound=0, upBound=1)
         return self.w[key]
 
     def add_edge_consistency(self) -> None:

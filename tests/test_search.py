@@ -1,0 +1,110 @@
+"""Joint search: even splits, heavy layers, memory pressure, bound validity, equality with
+exhaustive enumeration under the same cost model, infeasibility."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from planner_fixtures import gpt_graph
+
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.errors import NoFeasiblePlanError
+from meshplan.plan import Plan
+from meshplan.planner.api import plan_graph
+from meshplan.planner.search import Searcher, balanced_split
+
+H100 = ClusterSpec.preset("h100")
+
+
+def small_mem(spec: ClusterSpec, gib: float) -> ClusterSpec:
+    return dataclasses.replace(spec, mem_bytes=int(gib * 1024**3))
+
+
+def test_balanced_split_uniform_and_heavy():
+    assert balanced_split([1.0] * 8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert balanced_split([1, 1, 1, 4, 1, 1, 1], 3) == [(0, 3), (3, 4), (4, 7)]  # the heavy layer alone
+    assert balanced_split([5.0], 1) == [(0, 1)]
+    with pytest.raises(ValueError):
+        balanced_split([1.0, 1.0], 3)
+
+
+def test_uniform_blocks_split_evenly_in_a_plan():
+    g = gpt_graph(layers=8, h=1024, heads=16, vocab=1024)
+    p = plan_graph(g, 4, cluster="h100", global_batch_size=16, fixed={"pp": 4, "tp": 1, "schedule": "1f1b"})
+    per_stage = [sum(1 for m in s.modules if m.endswith(".ln_1")) for s in p.stages]
+    assert per_stage == [2, 2, 2, 2]
+    assert Plan.from_json(p.to_json()) == p
+
+
+def test_heavy_block_gets_its_own_stage():
+    g = gpt_graph(layers=6, h=1024, heads=16, vocab=1024, heavy={2: 4.0})
+    p = plan_graph(g, 4, cluster="h100", global_batch_size=16, fixed={"pp": 4, "tp": 1, "schedule": "1f1b"})
+    heavy_stage = next(s for s in p.stages if "blocks.2.ln_1" in s.modules)
+    assert [m for m in heavy_stage.modules if m.endswith(".ln_1")] == ["blocks.2.ln_1"]
+    assert Plan.from_json(p.to_json()) == p
+
+
+def test_tight_memory_forces_more_model_parallelism():
+    g = gpt_graph(layers=8, h=4096, heads=32, seq=2048, vocab=32768)
+    kw = dict(global_batch_size=32, fixed={"dp_kind": "ddp"}, recompute=["none"])
+    roomy = plan_graph(g, 16, cluster=small_mem(H100.with_devices(16), 200), **kw)
+    tight = plan_graph(g, 16, cluster=small_mem(H100.with_devices(16), 10), **kw)
+    assert roomy.tp * roomy.pp < tight.tp * tight.pp
+    assert max(tight.predicted.peak_mem_bytes) <= 10 * 1024**3
+    for p in (roomy, tight):
+        assert Plan.from_json(p.to_json()) == p
+
+
+@pytest.mark.parametrize(
+    "world,batch,layers,spec",
+    [(8, 16, 4, H100), (16, 64, 8, H100), (8, 32, 6, small_mem(H100, 16))],
+)
+def test_search_matches_exhaustive_enumeration(world, batch, layers, spec):
+    g = gpt_graph(layers=layers, h=2048, heads=16, seq=1024, vocab=8192)
+    cluster = spec.with_devices(world)
+    fast = Searcher(g, cluster, global_batch=batch).run()
+    full = Searcher(g, cluster, global_batch=batch).run(exhaustive=True)
+    assert full.evaluated >= fast.evaluated
+    assert fast.best is not None and full.best is not None
+    assert fast.best.config == full.best.config
+    assert fast.best.step_s == pytest.approx(full.best.step_s)
+
+
+def test_split_aware_bound_never_exceeds_simulation():
+    g = gpt_graph(layers=6, h=2048, heads=16, seq=1024, vocab=8192)
+    s = Searcher(g, H100.with_devices(8), global_batch=32)
+    cfgs = s.configs()
+    assert len(cfgs) > 20
+    for c in cfgs:
+        lb, _ = s.lower_bound(c)
+        rough = s.evaluate(c, exact=False)
+        exact = s.evaluate(c)
+        assert lb <= exact.step_s * (1 + 1e-9), c
+        assert rough.step_s <= exact.step_s * (1 + 1e-9), c
+        assert rough.peak_mem_bytes == exact.peak_mem_bytes
+
+
+def test_pins_are_respected_and_alternatives_have_reasons():
+    g = gpt_graph(layers=8, h=2048, heads=16, seq=1024, vocab=8192)
+    p = plan_graph(g, 16, cluster="h100", global_batch_size=64, fixed={"tp": 2})
+    assert p.tp == 2 and p.dp * p.tp * p.pp == 16
+    assert p.alternatives and all(a.reason for a in p.alternatives)
+    for a in p.alternatives:
+        assert a.reason.startswith(("slower by", "out of memory by"))
+        if a.step_s is not None:
+            assert a.step_s >= p.predicted.step_s
+    assert Plan.from_json(p.to_json()) == p
+
+
+def test_memory_pressure_picks_fsdp_or_recompute_when_allowed():
+    g = gpt_graph(layers=8, h=4096, heads=32, seq=2048, vocab=32768)
+    p = plan_graph(g, 8, cluster=small_mem(H100.with_devices(8), 24), global_batch_size=8, fixed={"tp": 1, "pp": 1})
+    assert p.dp_kind == "fsdp"  # 26 GiB of model states only fit sharded over dp
+    assert max(p.predicted.peak_mem_bytes) <= 24 * 1024**3
+
+
+def test_no_feasible_plan_names_the_smallest_need_and_the_limit():
+    g = gpt_graph(layers=4, h=4096, heads=32, seq=2048, vocab=32768)
+    with pytest.raises(NoFeasiblePlanError, match=r"smallest per-device need found is [\d.]+ GiB, the limit 0\.5"):
+        plan_graph(g, 2, cluster=small_mem(H100.with_devices(2), 0.5), global_batch_size=2)
