@@ -30,13 +30,13 @@ built from the gathered (full) state dict.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from meshplan.cost_models.quant import is_targeted
 from meshplan.plan import Quantization
 
 __all__ = [
@@ -48,19 +48,6 @@ __all__ = [
     "qat_base_config",
     "targeted_linears",
 ]
-
-
-def is_targeted(fqn: str, target_modules: Iterable[str]) -> bool:
-    """Whether a linear's FQN is selected: ends with one of ``target_modules`` (at a dot boundary).
-
-    An empty ``target_modules`` selects the linears inside repeated blocks: FQNs with a numeric
-    path component such as ``blocks.3.attn.q_proj`` (so an LM head or an input projection stays
-    in full precision, the usual choice for both QAT and QLoRA).
-    """
-    targets = tuple(target_modules)
-    if not targets:
-        return any(part.isdigit() for part in fqn.split("."))
-    return any(fqn == t or fqn.endswith("." + t) for t in targets)
 
 
 def targeted_linears(model: nn.Module, quantization: Quantization) -> list[str]:

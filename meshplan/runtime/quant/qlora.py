@@ -288,6 +288,8 @@ def apply_qlora(
     """
     if quantization.mode != "qlora":
         raise ValueError(f"apply_qlora needs quantization.mode == 'qlora', got {quantization.mode!r}")
+    if quantization.bits != 4:
+        raise ValueError(f"QLoRA stores the base in NF4 (4 bits); got bits={quantization.bits}, use bits=4")
     if quantization.lora_rank < 1:
         raise ValueError(f"lora_rank must be >= 1, got {quantization.lora_rank}")
     tp_styles = tp_styles or {}

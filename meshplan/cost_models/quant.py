@@ -1,0 +1,318 @@
+"""Cost of quantized training (QAT, QLoRA) per linear layer: bytes, trainable parameters, extra work.
+
+Owns the targeting rule shared with the runtime (:func:`is_targeted`), parameter storage
+(:func:`quantized_param_bytes`), LoRA sizes (:func:`lora_param_count`,
+:func:`lora_trainable_per_rank`), whole-model QLoRA memory (:func:`qlora_memory_bytes`) and the
+one call the planner makes per linear node, :func:`linear_quant_costs` -> :class:`QuantCost`.
+Pure functions of shapes; no torch import. Units are in the names (bytes, flops, params).
+
+Sources and conventions:
+
+- NF4 (QLoRA): Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs", §3:
+  4-bit NormalFloat codes, one absmax scale per block of 64 weights; double quantization stores
+  those scales as 8-bit values with one fp32 constant per 256 scales, 8/64 + 32/(64·256) ≈ 0.127
+  bit/param (vs 32/64 = 0.5 bit/param for fp32 scales). The runtime's torchao ``to_nf4`` uses
+  exactly this layout (``block_size=group_size``, ``scaler_block_size`` up to 256).
+- LoRA: Hu et al. 2021, "LoRA", §4: ``W x + (alpha/r) B A x`` with A [r, in], B [out, r];
+  r·(in + out) trainable parameters per adapted linear, kept here in fp32 with fp32 gradients
+  and Adam moments (16 bytes per LoRA parameter with Adam).
+- FLOPs use FlopCounterMode's convention, 2 per multiply-add; "tokens" is the number of rows the
+  linear sees in one microbatch (batch × sequence).
+- QAT (torchao fake quantization): each step computes a per-group absmax, then
+  round/clamp/rescale of the weight (a few elementwise passes); the backward passes the gradient
+  straight through. Training memory keeps the full-precision weight plus, per in-flight
+  microbatch, the fake-quantized copy that the matmul saves for backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshplan.plan import QUANT_MODES, TP_STYLES, Quantization
+
+#: NF4 second-level (double-quantization) block: scales per fp32 constant (QLoRA paper: 256).
+NF4_SCALER_BLOCK = 256
+#: Optimizer state values per trainable parameter (fp32 each).
+_OPT_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
+#: Elementwise FLOPs per weight element of one fake-quantize forward: absmax compare, divide,
+#: round, clamp (2), multiply back (torchao ``_fake_quantize_per_channel_group``).
+QAT_FLOPS_PER_WEIGHT = 6.0
+#: Memory passes over the weight per fake-quantize forward: read for the group absmax, read
+#: + write for quantize-dequantize; the straight-through backward adds one read + write.
+QAT_FWD_PASSES = 3.0
+QAT_BWD_PASSES = 2.0
+
+
+def is_targeted(fqn: str, target_modules: Iterable[str]) -> bool:
+    """Whether the linear ``fqn`` is quantized: ends with one of ``target_modules`` at a dot
+    boundary; with none given, every linear inside a repeated block (an FQN with a numeric path
+    component such as ``blocks.3.attn.q_proj``), so LM heads and input projections stay full.
+    The runtime uses this same rule (``meshplan.runtime.quant``)."""
+    targets = tuple(target_modules)
+    if not targets:
+        return any(part.isdigit() for part in fqn.split("."))
+    return any(fqn == t or fqn.endswith("." + t) for t in targets)
+
+
+def _check(mode: str, bits: int, group_size: int) -> None:
+    if mode not in QUANT_MODES:
+        raise ValueError(f"quantization mode {mode!r} unknown; use one of {QUANT_MODES}")
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be in 1..8, got {bits}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be positive, got {group_size}")
+
+
+def nf4_bits_per_param(group_size: int = 64, *, double_quant: bool = True, bits: int = 4) -> float:
+    """Stored bits per weight of NF4 with block size ``group_size``.
+
+    ``bits + 8/group_size + 32/(group_size·256)`` with double quantization (4.127 at 64), else
+    ``bits + 32/group_size`` (4.5 at 64). Unit: bits/param. Source: QLoRA §3 (Dettmers 2023).
+    """
+    _check("qlora", bits, group_size)
+    if double_quant:
+        return bits + 8.0 / group_size + 32.0 / (group_size * NF4_SCALER_BLOCK)
+    return bits + 32.0 / group_size
+
+
+def quantized_param_bytes(
+    numel: float,
+    mode: str,
+    bits: int = 4,
+    group_size: int = 64,
+    *,
+    dtype_bytes: float = 2.0,
+    double_quant: bool = True,
+    deployed: bool = False,
+) -> float:
+    """Bytes that ``numel`` weights of a targeted linear occupy.
+
+    - ``none``: ``numel · dtype_bytes``.
+    - ``qlora``: ``numel · nf4_bits_per_param / 8`` (≈ 0.516 byte/param at group 64).
+    - ``qat`` while training: ``numel · dtype_bytes`` (fake quantization keeps the full weight);
+      ``deployed=True`` (after convert): ``numel · (bits/8 + dtype_bytes/group_size)``, packed
+      integers plus one scale per group in ``dtype_bytes`` (torchao's CPU "unpacked_to_int8"
+      layout stores 1 byte per weight instead of bits/8).
+    Unit: bytes.
+    """
+    _check(mode, bits, group_size)
+    if numel < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    if mode == "qlora":
+        return numel * nf4_bits_per_param(group_size, double_quant=double_quant, bits=bits) / 8.0
+    if mode == "qat" and deployed:
+        return numel * (bits / 8.0 + dtype_bytes / group_size)
+    return numel * dtype_bytes
+
+
+def lora_param_count(in_features: int, out_features: int, rank: int) -> int:
+    """LoRA parameters of one linear: ``rank · (in + out)`` (A [r, in] + B [out, r]). Source: Hu 2021."""
+    if min(in_features, out_features, rank) < 1:
+        raise ValueError(
+            f"in/out features and rank must be positive, got {in_features}, {out_features}, {rank}"
+        )
+    return rank * (in_features + out_features)
+
+
+def lora_trainable_per_rank(in_features: int, out_features: int, rank: int, style: str, tp: int) -> float:
+    """LoRA parameters one TP rank holds (the runtime's ``lora_tp_plan`` layouts).
+
+    colwise: ``r·in + r·out/tp`` (A replicated, B sharded on out); rowwise: ``r·in/tp + r·out``
+    (A sharded on in, B replicated); replicate: ``r·(in + out)``. Unit: parameters.
+    """
+    if style not in TP_STYLES:
+        raise ValueError(f"TP style {style!r} unknown; use one of {TP_STYLES}")
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    lora_param_count(in_features, out_features, rank)
+    if style == "colwise":
+        return rank * in_features + rank * out_features / tp
+    if style == "rowwise":
+        return rank * in_features / tp + rank * out_features
+    return float(rank * (in_features + out_features))
+
+
+def lora_state_bytes_per_param(optimizer: str = "adam") -> float:
+    """fp32 LoRA value + fp32 gradient + fp32 optimizer states: 4 + 4 + 4·k (16 with Adam). Unit: bytes/param."""
+    if optimizer not in _OPT_STATES:
+        raise ValueError(f"optimizer {optimizer!r} unknown; use one of {sorted(_OPT_STATES)}")
+    return 4.0 + 4.0 + 4.0 * _OPT_STATES[optimizer]
+
+
+@dataclass(frozen=True)
+class QuantCost:
+    """Per-rank cost of one linear under a quantization mode, for one microbatch.
+
+    ``param_bytes``: stored weight (+ bias + LoRA factors) bytes; ``grad_bytes``/``optimizer_bytes``
+    of its trainable parameters; ``trainable_params``; ``frozen_params`` (no grad, no optimizer
+    state); ``extra_fwd_flops``/``extra_bwd_flops`` beyond the plain linear; ``extra_bytes_moved``
+    (memory traffic per microbatch fwd+bwd: dequantization or fake-quantize passes);
+    ``extra_saved_bytes`` kept for backward per in-flight microbatch; ``base_weight_grad`` False
+    when the base weight is frozen (the weight-gradient GEMM, 2·tokens·in·out FLOPs, is skipped).
+    """
+
+    param_bytes: float
+    trainable_params: float
+    extra_fwd_flops: float
+    extra_bytes_moved: float
+    extra_bwd_flops: float = 0.0
+    grad_bytes: float = 0.0
+    optimizer_bytes: float = 0.0
+    frozen_params: float = 0.0
+    extra_saved_bytes: float = 0.0
+    base_weight_grad: bool = True
+    targeted: bool = False
+
+    @property
+    def state_bytes(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+def linear_quant_costs(
+    node_attrs: Mapping[str, Any],
+    quantization: Quantization,
+    *,
+    tokens: float,
+    fqn: str | None = None,
+    style: str = "replicate",
+    tp: int = 1,
+    dtype_bytes: float = 2.0,
+    optimizer: str = "adam",
+    bias: bool = False,
+) -> QuantCost:
+    """Cost of one linear node (``node_attrs`` holds ``in_features`` and ``out_features``, global).
+
+    With W = in·out/shard weights on this rank (shard = tp for colwise/rowwise, else 1) and
+    t = ``tokens``:
+
+    - none (or not targeted by ``fqn``): params W·dtype_bytes, trainable W, grad W·dtype_bytes,
+      optimizer W·(4 + 4k) (fp32 master + k fp32 states, as ``memory.model_state_bytes``
+      bf16-mixed); no extra work.
+    - qat: as none, plus extra_fwd_flops = 6·W, extra_bytes_moved = (3 + 2)·W·dtype_bytes
+      (fake-quantize passes), extra_saved_bytes = W·dtype_bytes (the fake-quantized weight saved
+      for backward).
+    - qlora: params W·nf4 + L·4 (L = LoRA params on this rank, ``lora_trainable_per_rank``);
+      trainable L; grads 4L; optimizer 4kL; frozen W; base_weight_grad False;
+      extra_fwd_flops = 2·t·r·(in_l + out_l); extra_bwd_flops = 2 × that (input + weight grads
+      of A and B); extra_bytes_moved = 2·W·(nf4 + dtype_bytes) (dequantize in forward and again
+      in backward: read NF4, write the 16-bit weight the GEMM reads). in_l/out_l are the local
+      sizes of the dims A and B span (colwise: in, out/tp; rowwise: in/tp, out).
+    Bias (``bias=True``) adds out_l values at dtype_bytes, frozen under QLoRA. Units: bytes,
+    FLOPs, parameters. Sources: module docstring.
+    """
+    try:
+        in_f = int(node_attrs["in_features"])
+        out_f = int(node_attrs["out_features"])
+    except KeyError as e:
+        raise ValueError(f"node_attrs needs in_features and out_features, missing {e}") from None
+    if style not in TP_STYLES:
+        raise ValueError(f"TP style {style!r} unknown; use one of {TP_STYLES}")
+    if tp < 1 or tokens < 0:
+        raise ValueError(f"tp must be >= 1 and tokens >= 0, got tp={tp}, tokens={tokens}")
+    if optimizer not in _OPT_STATES:
+        raise ValueError(f"optimizer {optimizer!r} unknown; use one of {sorted(_OPT_STATES)}")
+    q = quantization
+    shard = tp if style in ("colwise", "rowwise") else 1
+    w = in_f * out_f / shard
+    in_l = in_f / tp if style == "rowwise" else in_f
+    out_l = out_f / tp if style == "colwise" else out_f
+    bias_n = out_l if bias else 0.0
+    k = _OPT_STATES[optimizer]
+    targeted = q.mode != "none" and (fqn is None or is_targeted(fqn, q.target_modules))
+
+    if not targeted or q.mode == "qat":
+        n = w + bias_n
+        cost = dict(
+            param_bytes=n * dtype_bytes,
+            trainable_params=n,
+            grad_bytes=n * dtype_bytes,
+            optimizer_bytes=n * (4.0 + 4.0 * k) if dtype_bytes < 4 else n * 4.0 * k,
+            extra_fwd_flops=0.0,
+            extra_bytes_moved=0.0,
+        )
+        if targeted:
+            cost.update(
+                extra_fwd_flops=QAT_FLOPS_PER_WEIGHT * w,
+                extra_bytes_moved=(QAT_FWD_PASSES + QAT_BWD_PASSES) * w * dtype_bytes,
+                extra_saved_bytes=w * dtype_bytes,
+            )
+        return QuantCost(targeted=targeted, **cost)
+
+    # qlora
+    if q.bits != 4:
+        raise ValueError(f"QLoRA stores the base in NF4 (4 bits); got bits={q.bits}, use bits=4")
+    lora = lora_trainable_per_rank(in_f, out_f, q.lora_rank, style, tp)
+    nf4_bytes = nf4_bits_per_param(q.group_size, bits=q.bits) / 8.0
+    lora_flops = 2.0 * tokens * q.lora_rank * (in_l + out_l)
+    return QuantCost(
+        param_bytes=w * nf4_bytes + bias_n * dtype_bytes + 4.0 * lora,
+        trainable_params=lora,
+        grad_bytes=4.0 * lora,
+        optimizer_bytes=4.0 * k * lora,
+        frozen_params=w + bias_n,
+        extra_fwd_flops=lora_flops,
+        extra_bwd_flops=2.0 * lora_flops,
+        extra_bytes_moved=2.0 * w * (nf4_bytes + dtype_bytes),
+        base_weight_grad=False,
+        targeted=True,
+    )
+
+
+@dataclass(frozen=True)
+class QLoRAMemory:
+    """Model-state bytes of a QLoRA model (one replica, no sharding)."""
+
+    base_bytes: float  # NF4 weights of the targeted linears
+    other_bytes: float  # frozen non-targeted parameters (embeddings, norms, head) at dtype_bytes
+    lora_param_bytes: float  # fp32 LoRA factors
+    lora_grad_bytes: float
+    lora_optimizer_bytes: float
+    trainable_params: float
+    frozen_params: float
+
+    @property
+    def total(self) -> float:
+        return (
+            self.base_bytes
+            + self.other_bytes
+            + self.lora_param_bytes
+            + self.lora_grad_bytes
+            + self.lora_optimizer_bytes
+        )
+
+
+def qlora_memory_bytes(
+    linears: Iterable[tuple[int, int]],
+    other_params: float,
+    quantization: Quantization,
+    *,
+    dtype_bytes: float = 2.0,
+    optimizer: str = "adam",
+) -> QLoRAMemory:
+    """Parameters + gradients + optimizer states of a QLoRA model.
+
+    ``linears``: (in_features, out_features) of every targeted linear; ``other_params``: the
+    remaining (frozen, unquantized) parameter count. base = Σ in·out · nf4_bits/8;
+    other = other_params · dtype_bytes; LoRA = Σ r·(in+out) · (4 value + 4 grad + 4k states).
+    Frozen parameters carry no gradient or optimizer state. Unit: bytes. Source: QLoRA §3/§4.
+    """
+    q = quantization
+    nf4_bytes = nf4_bits_per_param(q.group_size, bits=q.bits) / 8.0
+    base_n = lora_n = 0.0
+    for in_f, out_f in linears:
+        base_n += in_f * out_f
+        lora_n += lora_param_count(in_f, out_f, q.lora_rank)
+    k = _OPT_STATES.get(optimizer)
+    if k is None:
+        raise ValueError(f"optimizer {optimizer!r} unknown; use one of {sorted(_OPT_STATES)}")
+    return QLoRAMemory(
+        base_bytes=base_n * nf4_bytes,
+        other_bytes=other_params * dtype_bytes,
+        lora_param_bytes=4.0 * lora_n,
+        lora_grad_bytes=4.0 * lora_n,
+        lora_optimizer_bytes=4.0 * k * lora_n,
+        trainable_params=lora_n,
+        frozen_params=base_n + other_params,
+    )

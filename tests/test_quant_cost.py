@@ -1,0 +1,121 @@
+"""Pure cost model of quantized training (meshplan.cost_models.quant) against hand arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.cost_models.quant import (
+    QuantCost,
+    is_targeted,
+    linear_quant_costs,
+    lora_param_count,
+    lora_trainable_per_rank,
+    nf4_bits_per_param,
+    qlora_memory_bytes,
+    quantized_param_bytes,
+)
+from meshplan.plan import Quantization
+
+H, FFN, LAYERS, VOCAB = 4096, 11008, 32, 32000  # Llama-2-7B shapes
+
+
+def _llama7b_linears() -> list[tuple[int, int]]:
+    per_layer = [(H, H)] * 4 + [(H, FFN), (H, FFN), (FFN, H)]
+    return per_layer * LAYERS
+
+
+def test_nf4_bits_follow_the_qlora_paper() -> None:
+    # 4 bits + 8-bit scale per 64 + one fp32 per 256 scales = 4.127 bits (paper: 0.127 bit/param overhead)
+    assert nf4_bits_per_param(64) == pytest.approx(4 + 8 / 64 + 32 / (64 * 256))
+    assert nf4_bits_per_param(64) - 4 == pytest.approx(0.127, abs=5e-4)
+    assert nf4_bits_per_param(64, double_quant=False) == pytest.approx(4.5)
+    assert quantized_param_bytes(1_000_000, "qlora", 4, 64) == pytest.approx(1e6 * 4.127 / 8, rel=1e-3)
+    assert quantized_param_bytes(1000, "none", dtype_bytes=2) == 2000
+    assert quantized_param_bytes(1000, "qat", 4, 32, dtype_bytes=2) == 2000  # fake quant keeps bf16
+    assert quantized_param_bytes(1024, "qat", 4, 32, dtype_bytes=2, deployed=True) == 1024 * (0.5 + 2 / 32)
+
+
+def test_qlora_memory_of_a_7b_model() -> None:
+    q = Quantization(mode="qlora", group_size=64, lora_rank=64)
+    linears = _llama7b_linears()
+    base_n = sum(i * o for i, o in linears)
+    assert base_n == 6_476_005_376
+    other = 2 * VOCAB * H + (2 * LAYERS + 1) * H  # embedding + untied head + norms
+    mem = qlora_memory_bytes(linears, other, q, dtype_bytes=2, optimizer="adam")
+
+    # base ≈ 0.5 byte/param (0.516 with NF4 scales)
+    assert mem.base_bytes / base_n == pytest.approx(0.5159, abs=1e-4)
+    # LoRA r=64 on every linear: 64·(in+out) per linear ≈ 160M params, 16 B each with Adam
+    lora_n = LAYERS * (4 * 64 * 2 * H + 2 * 64 * (H + FFN) + 64 * (FFN + H))
+    assert mem.trainable_params == lora_n == 159_907_840
+    assert (mem.lora_param_bytes, mem.lora_grad_bytes, mem.lora_optimizer_bytes) == (
+        4 * lora_n,
+        4 * lora_n,
+        8 * lora_n,
+    )
+    # frozen parameters carry no gradient or optimizer state
+    assert mem.frozen_params == base_n + other
+    assert mem.lora_grad_bytes + mem.lora_optimizer_bytes == 12 * mem.trainable_params
+    assert mem.total == pytest.approx(base_n * 4.127 / 8 + other * 2 + 16 * lora_n, rel=1e-4)
+    # ≈ 6.4 GB in all, vs 16 B/param = 108 GB for full bf16-mixed Adam fine-tuning
+    assert 6.3e9 < mem.total < 6.5e9
+
+
+def test_linear_costs_none_qat_qlora() -> None:
+    attrs = {"in_features": 64, "out_features": 128}
+    none = linear_quant_costs(attrs, Quantization(), tokens=10)
+    assert none == QuantCost(
+        param_bytes=64 * 128 * 2,
+        trainable_params=64 * 128,
+        extra_fwd_flops=0.0,
+        extra_bytes_moved=0.0,
+        grad_bytes=64 * 128 * 2,
+        optimizer_bytes=64 * 128 * 12,
+    )
+    qat = linear_quant_costs(attrs, Quantization(mode="qat", group_size=32), tokens=10)
+    assert (
+        qat.targeted and qat.param_bytes == none.param_bytes and qat.trainable_params == none.trainable_params
+    )
+    assert qat.extra_fwd_flops == 6 * 64 * 128
+    assert qat.extra_bytes_moved == 5 * 64 * 128 * 2 and qat.extra_saved_bytes == 64 * 128 * 2
+
+    q = Quantization(mode="qlora", group_size=64, lora_rank=8)
+    ql = linear_quant_costs(attrs, q, tokens=10, bias=True)
+    lora = 8 * (64 + 128)
+    assert ql.trainable_params == lora and ql.frozen_params == 64 * 128 + 128
+    assert ql.grad_bytes == 4 * lora and ql.optimizer_bytes == 8 * lora
+    assert ql.param_bytes == pytest.approx(64 * 128 * nf4_bits_per_param(64) / 8 + 128 * 2 + 4 * lora)
+    assert not ql.base_weight_grad
+    assert ql.extra_fwd_flops == 2 * 10 * 8 * (64 + 128)
+    assert ql.extra_bwd_flops == 2 * ql.extra_fwd_flops
+    # not targeted (an LM head with default targets) -> plain costs
+    assert not linear_quant_costs(attrs, q, tokens=10, fqn="lm_head").targeted
+    assert linear_quant_costs(attrs, q, tokens=10, fqn="blocks.0.mlp.fc_in").targeted
+
+
+def test_lora_tp_layouts() -> None:
+    assert lora_param_count(64, 128, 4) == 4 * 192
+    assert lora_trainable_per_rank(64, 128, 4, "colwise", 2) == 4 * 64 + 4 * 64
+    assert lora_trainable_per_rank(64, 128, 4, "rowwise", 2) == 4 * 32 + 4 * 128
+    q = Quantization(mode="qlora", group_size=64, lora_rank=4)
+    col = linear_quant_costs({"in_features": 64, "out_features": 128}, q, tokens=1, style="colwise", tp=2)
+    assert col.frozen_params == 64 * 64 and col.extra_fwd_flops == 2 * 4 * (64 + 64)
+
+
+def test_targeting_and_validation() -> None:
+    assert is_targeted("model.layers.3.self_attn.q_proj", ())
+    assert not is_targeted("lm_head", ())
+    assert is_targeted("lm_head", ("lm_head",))
+    assert not is_targeted("blocks.0.attn.q_proj", ("k_proj",))
+    with pytest.raises(ValueError, match="in_features"):
+        linear_quant_costs({"in_features": 4}, Quantization(mode="qat"), tokens=1)
+    with pytest.raises(ValueError, match="TP style"):
+        linear_quant_costs({"in_features": 4, "out_features": 4}, Quantization(), tokens=1, style="diag")
+    with pytest.raises(ValueError, match="NF4"):
+        linear_quant_costs(
+            {"in_features": 4, "out_features": 4}, Quantization(mode="qlora", bits=8), tokens=1
+        )
+    with pytest.raises(ValueError, match="mode"):
+        quantized_param_bytes(10, "int3")
+    with pytest.raises(ValueError, match="rank"):
+        lora_param_count(4, 4, 0)
