@@ -44,20 +44,23 @@ def resolve_inputs(
     example_inputs: Any = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[Any, ...]:
-    """Example inputs as a tuple: given ones, ones built from ``input_shapes`` (meta tensors; int64
-    for names such as ``idx``/``input_ids``, float32 otherwise), or ones from a zoo/HF config."""
+    """Example inputs as a tuple: given ones, ones built from ``input_shapes`` (zeros on the model's
+    device, meta for a meta model; int64 for names such as ``idx``/``input_ids``, float32
+    otherwise), or ones from a zoo/HF config."""
     if example_inputs is not None:
         return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     if input_shapes is not None:
         if not isinstance(input_shapes, Mapping) or not input_shapes:
             raise ValueError("input_shapes must be a non-empty mapping name -> shape, e.g. {'idx': (8, 1024)}")
+        p = next(iter(model.parameters()), None)
+        device = p.device if p is not None else torch.device("cpu")
         out = []
         for name, shape in input_shapes.items():
             dims = tuple(int(d) for d in shape)
             if any(d < 1 for d in dims):
                 raise ValueError(f"input_shapes[{name!r}]={tuple(shape)} must have positive dimensions")
             dtype = torch.long if name in _ID_NAMES else torch.float32
-            out.append(torch.zeros(dims, dtype=dtype, device="meta"))
+            out.append(torch.zeros(dims, dtype=dtype, device=device))
         return tuple(out)
     from meshplan.models.registry import default_inputs
 
