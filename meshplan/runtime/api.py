@@ -48,6 +48,7 @@ class ParallelModel:
     dp_mode: str
     schedule: object | None
     ties: list[_Tie] = field(default_factory=list)
+    tied_fqns: list[tuple[str, ...]] = field(default_factory=list)  # user FQNs naming one Parameter
     notes: list[str] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)
     steps_done: int = 0
@@ -275,7 +276,7 @@ def apply_plan(
     pm = ParallelModel(
         plan=plan, env=env, modules=modules, roots=roots, runners=runners, stage_indices=mine,
         optimizer=optimizer_factory(_unique_params(modules)), loss_fn=loss_fn, dp_mode=mode,
-        schedule=schedule, notes=notes,
+        schedule=schedule, notes=notes, tied_fqns=tied,
     )
     pm.ties = _tie_groups(env, shared, pm)
     return pm

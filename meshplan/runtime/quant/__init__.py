@@ -73,14 +73,21 @@ def apply_quantization(
     tp_mesh: Any = None,
     tp_styles: dict[str, str] | None = None,
     seed: int = 0,
+    fsdp_shards: int = 1,
 ) -> list[str]:
-    """Apply ``quantization`` to ``model`` in place; return the FQNs of the linears it changed."""
+    """Apply ``quantization`` to ``model`` in place; return the FQNs of the linears it changed.
+
+    ``fsdp_shards``: the FSDP2 degree that will wrap the model afterwards (QLoRA's NF4 scale
+    blocks must split evenly over it); 1 for DDP / manual DP / none.
+    """
     if quantization.mode == "none":
         return []
     if quantization.mode == "qat":
         return prepare_qat(model, quantization, tp_mesh=tp_mesh)
     if quantization.mode == "qlora":
-        return apply_qlora(model, quantization, tp_mesh=tp_mesh, tp_styles=tp_styles, seed=seed)
+        return apply_qlora(
+            model, quantization, tp_mesh=tp_mesh, tp_styles=tp_styles, seed=seed, fsdp_shards=fsdp_shards
+        )
     raise ValueError(f"unknown quantization mode {quantization.mode!r}")
 
 

@@ -52,10 +52,15 @@ __all__ = [
 
 def targeted_linears(model: nn.Module, quantization: Quantization) -> list[str]:
     """FQNs of the ``nn.Linear`` modules (subclasses included) that ``quantization`` targets."""
+    from meshplan.runtime.quant.qlora import LoRALinear
+
     return [
         name
         for name, mod in model.named_modules()
-        if isinstance(mod, nn.Linear) and name and is_targeted(name, quantization.target_modules)
+        if isinstance(mod, nn.Linear)
+        and not isinstance(mod, LoRALinear)  # already converted
+        and name
+        and is_targeted(name, quantization.target_modules)
     ]
 
 

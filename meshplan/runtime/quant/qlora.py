@@ -107,11 +107,16 @@ def style_of(weight: torch.Tensor) -> str:
     raise ValueError(f"unsupported weight placement {p} for QLoRA")
 
 
-def nf4_scaler_block_size(numel: int, block_size: int, preferred: int = 256) -> int:
-    """Largest divisor of the block count ``numel / block_size`` that is <= ``preferred``.
+def nf4_scaler_block_size(
+    numel: int, block_size: int, preferred: int = 256, *, shard_multiple: int = 1
+) -> int:
+    """Largest divisor s <= ``preferred`` of the block count ``numel / block_size`` that leaves a
+    number of scaler blocks divisible by ``shard_multiple``.
 
     torchao's ``to_nf4`` needs the number of blocks divisible by the scaler block size; 256 is
-    the QLoRA paper's choice, small layers get a smaller one.
+    the QLoRA paper's choice, small layers get a smaller one. FSDP2 shards an NF4 weight by
+    splitting its inner tensors, the per-scaler-block factors included, so under FSDP2 over
+    ``dp`` ranks pass ``shard_multiple=dp``.
     """
     if block_size < 1 or numel % block_size:
         raise ValueError(
@@ -120,9 +125,12 @@ def nf4_scaler_block_size(numel: int, block_size: int, preferred: int = 256) -> 
         )
     n_blocks = numel // block_size
     for s in range(min(preferred, n_blocks), 0, -1):
-        if n_blocks % s == 0:
+        if n_blocks % s == 0 and (n_blocks // s) % shard_multiple == 0:
             return s
-    return 1
+    raise ValueError(
+        f"{n_blocks} NF4 blocks cannot form a number of scaler blocks divisible by {shard_multiple}; "
+        "use a smaller group_size or fewer FSDP ranks"
+    )
 
 
 def _copy_to_tp(t: torch.Tensor, mesh: Any) -> torch.Tensor:
@@ -137,11 +145,17 @@ def _reduce_from_tp(t: torch.Tensor, mesh: Any) -> torch.Tensor:
     )
 
 
-class LoRALinear(nn.Module):
+class LoRALinear(nn.Linear):
     """A frozen (NF4) linear plus a trainable low-rank update, optionally one TP shard of it.
 
     ``in_features``/``out_features`` are the global sizes; the stored tensors are local shards
     per :func:`lora_tp_plan` (``style``) when ``tp_mesh`` is set.
+
+    It subclasses ``nn.Linear`` (without running ``nn.Linear.__init__``) so that graph capture
+    keeps it whole as one ``call_module`` node, like every Linear (meshplan's tracer and
+    ``torch.fx`` leaf rules test ``issubclass(cls, nn.Linear)``); tracing through it would see a
+    Proxy where the NF4 check needs the real weight. Do not hand a LoRALinear to
+    ``parallelize_module``: it shards itself.
     """
 
     def __init__(
@@ -158,8 +172,9 @@ class LoRALinear(nn.Module):
         tp_mesh: Any = None,
         quantize_base: bool = True,
         block_size: int = 64,
+        shard_multiple: int = 1,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not nn.Linear.__init__: no fresh weight to allocate
         if style not in STYLES:
             raise ValueError(f"unknown TP style {style!r}; use one of {STYLES}")
         if style != "replicate" and tp_mesh is None:
@@ -174,7 +189,8 @@ class LoRALinear(nn.Module):
         if quantize_base:
             from torchao.quantization import to_nf4
 
-            base = to_nf4(base, block_size, nf4_scaler_block_size(base.numel(), block_size))
+            sbs = nf4_scaler_block_size(base.numel(), block_size, shard_multiple=shard_multiple)
+            base = to_nf4(base, block_size, sbs)
         self.weight = nn.Parameter(base, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.lora_A = nn.Parameter(lora_A.detach().to(torch.float32).clone())
@@ -277,6 +293,7 @@ def apply_qlora(
     tp_styles: dict[str, str] | None = None,
     quantize_base: bool = True,
     seed: int = 0,
+    fsdp_shards: int = 1,
 ) -> list[str]:
     """Replace the targeted linears of ``model`` with :class:`LoRALinear` in place; freeze the rest.
 
@@ -284,7 +301,8 @@ def apply_qlora(
     whose weight is a DTensor (``parallelize_module`` already ran) is converted shard-locally
     with the style its placements imply; a plain one is sharded here when ``tp_mesh`` is given and
     ``tp_styles[fqn]`` names a style (the runtime must then leave that FQN out of its TP plan).
-    Returns the replaced FQNs.
+    ``fsdp_shards``: the FSDP2 degree that will shard the model (NF4 scaler blocks must split
+    evenly; see :func:`nf4_scaler_block_size`). Returns the replaced FQNs.
     """
     if quantization.mode != "qlora":
         raise ValueError(f"apply_qlora needs quantization.mode == 'qlora', got {quantization.mode!r}")
@@ -331,6 +349,7 @@ def apply_qlora(
             tp_mesh=mesh,
             quantize_base=quantize_base,
             block_size=quantization.group_size,
+            shard_multiple=fsdp_shards,
         )
         parent_name, _, child = fqn.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)

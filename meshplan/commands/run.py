@@ -1,0 +1,65 @@
+"""``meshplan run plan.json --model MODEL --steps N``: launch torchrun on the plan.
+
+Starts ``python -m torch.distributed.run --nproc-per-node N -m meshplan.runtime.train ...``
+(N = the plan's world size unless ``--nproc`` says otherwise; a mismatch fails on every rank
+with a clear error before any collective). ``--print-command`` prints the command only.
+torch is not imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+
+HELP = "run a plan under torchrun (synthetic data by default) and record measured vs predicted step time"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="plan JSON written by `meshplan plan`")
+    p.add_argument("--model", required=True, help="zoo name, file.py:factory or package.module:factory")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--nproc", type=int, default=None, help="ranks to launch (default: the plan's world size)")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint (any plan/world size)")
+    p.add_argument("--data", default=None, help="data hook package.module:fn(step, batch, seq_len) -> (inputs, targets)")
+    p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
+    p.add_argument("--master-port", type=int, default=None)
+    p.add_argument("--print-command", action="store_true", help="print the torchrun command and exit")
+
+
+def build_command(args: argparse.Namespace) -> list[str]:
+    from meshplan.plan import Plan
+    from meshplan.runtime.launch import torchrun_command
+
+    plan = Plan.load(args.plan)
+    nproc = args.nproc or plan.world_size
+    if nproc != plan.world_size:
+        raise ValueError(
+            f"plan {args.plan} needs {plan.world_size} ranks ({plan.summary()}), --nproc is {nproc}; "
+            f"drop --nproc or re-plan for {nproc}"
+        )
+    train = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--lr", str(args.lr),
+             "--optimizer", args.optimizer, "--seed", str(args.seed), "--threads", str(args.threads)]
+    if args.checkpoint_dir:
+        train += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every)]
+    if args.resume:
+        train.append("--resume")
+    if args.data:
+        train += ["--data", args.data]
+    if args.record:
+        train += ["--record", args.record]
+    return torchrun_command(nproc, train, master_port=args.master_port)
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = build_command(args)
+    if args.print_command:
+        print(shlex.join(cmd))
+        return 0
+    return subprocess.call(cmd)

@@ -1,0 +1,90 @@
+"""RunRecord: what a run measured (per-step time, loss, peak memory) beside the Plan's prediction.
+
+Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA; on CPU it is the process's peak
+resident set size (``ru_maxrss``), which includes the Python interpreter and torch itself, so it
+is an upper bound, not the model's share. ``summary_line()`` ends each run, e.g.
+``step 412 ms measured, 398 ms predicted (+3.5%)``; the measured figure is the median over steps
+after the first ``warmup`` (first steps include shape inference and allocator warm-up).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def peak_mem_bytes() -> int:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+@dataclass
+class StepRecord:
+    step: int
+    step_s: float
+    loss: float
+    peak_mem_bytes: int
+
+
+@dataclass
+class RunRecord:
+    plan_summary: str
+    model: str
+    world_size: int
+    predicted_step_s: float
+    predicted_peak_mem_bytes: list[int] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    warmup: int = 1
+    memory_kind: str = "cpu_peak_rss"
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, step: int, step_s: float, loss: float, mem: int) -> None:
+        self.steps.append(StepRecord(step, step_s, loss, mem))
+
+    @property
+    def measured_step_s(self) -> float:
+        times = [s.step_s for s in self.steps]
+        if not times:
+            return 0.0
+        kept = times[self.warmup :] or times
+        return float(statistics.median(kept))
+
+    @property
+    def error_fraction(self) -> float | None:
+        if self.predicted_step_s <= 0 or not self.steps:
+            return None
+        return self.measured_step_s / self.predicted_step_s - 1.0
+
+    def summary_line(self) -> str:
+        if not self.steps:
+            return "no steps run (already at --steps)"
+        ms = self.measured_step_s * 1e3
+        if self.error_fraction is None:
+            return f"step {ms:.0f} ms measured, no prediction in the plan"
+        return f"step {ms:.0f} ms measured, {self.predicted_step_s * 1e3:.0f} ms predicted ({self.error_fraction:+.1%})"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["measured_step_s"] = self.measured_step_s
+        d["error_fraction"] = self.error_fraction
+        return d
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunRecord:
+        d = json.loads(Path(path).read_text())
+        d.pop("measured_step_s", None)
+        d.pop("error_fraction", None)
+        d["steps"] = [StepRecord(**s) for s in d.get("steps", [])]
+        return cls(**d)
