@@ -93,6 +93,39 @@ def test_only_lora_trains_base_stays_nf4_and_merge_matches() -> None:
         torch.testing.assert_close(merged(x), out, atol=1e-5, rtol=1e-5)
 
 
+def test_pipeline_split_keeps_lora_modules_whole() -> None:
+    """Stage split (runtime.split) of a QLoRA model, quantized before or after the split: the
+    LoRALinear is one call_module node, and the chained stages equal the whole model."""
+    from meshplan.runtime import split
+    from meshplan.runtime.handplan import manual_plan
+
+    x, _ = batch(2)
+    ref = tiny_gpt()
+    apply_quantization(ref, Q)
+    with torch.no_grad():
+        for p in lora_parameters(ref):
+            p.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(5))
+    for order in ("before", "after"):
+        m = tiny_gpt()
+        if order == "before":
+            apply_quantization(m, Q)
+        gm, _ = split.capture_graph(m, (x,))
+        assert "blocks.0.attn.q_proj" in {n.target for n in gm.graph.nodes if n.op == "call_module"}
+        pieces = split.split_stages(gm, manual_plan(m, gm, pp=2).stages)
+        if order == "after":
+            for pc in pieces:
+                apply_quantization(pc.module, Q)
+        for pc in pieces:
+            assert any(isinstance(mod, LoRALinear) for mod in pc.module.modules())
+            with torch.no_grad():
+                for n, p in pc.module.named_parameters():
+                    if "lora" in n:
+                        p.copy_(ref.get_parameter(n))
+        h = pieces[0].module(x)
+        out = pieces[1].module(*(h if isinstance(h, tuple) else (h,)))
+        torch.testing.assert_close(out, ref(x), msg=order)
+
+
 def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, world: int = 1):
     """SGD on the trainable params; returns (losses, {step: {param: full grad}}) for steps 0 and last."""
     import torch.distributed as dist
@@ -122,7 +155,10 @@ def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int,
 def _full(model: torch.nn.Module, name: str, t: torch.Tensor) -> torch.Tensor:
     """Gather a LoRA factor (or its grad) sharded by its module's TP style into the full tensor."""
     import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
 
+    if isinstance(t, DTensor):  # FSDP2
+        return t.full_tensor()
     mod_name, _, leaf = name.removeprefix("module.").rpartition(".")
     root = model.module if hasattr(model, "module") else model
     mod = root.get_submodule(mod_name)
@@ -157,11 +193,11 @@ def _qlora_dist(rank: int, world: int) -> None:
     x, y = batch(4)
     steps = 3
 
-    def make(quantize_base: bool = True) -> torch.nn.Module:
+    def make(quantize_base: bool = True, fsdp_shards: int = 1) -> torch.nn.Module:
         from meshplan.runtime.quant import apply_qlora
 
         m = tiny_gpt()
-        apply_qlora(m, Q, quantize_base=quantize_base)
+        apply_qlora(m, Q, quantize_base=quantize_base, fsdp_shards=fsdp_shards)
         return m
 
     ref_nf4 = _train(make(), x, y, steps)
@@ -173,7 +209,16 @@ def _qlora_dist(rank: int, world: int) -> None:
     assert len(ddp_ignore_quantized(dp)) == 12
     _compare("dp2", _train(DDP(dp), x[sl], y[sl], steps, world), ref_nf4, atol=1e-5)
 
+    # dp2: FSDP2 (NF4 inner tensors are sharded too: scale blocks must split over 2 ranks)
+    from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    ref_fsdp = _train(make(fsdp_shards=world), x, y, steps)
+    fs = make(fsdp_shards=world)
+    for blk in fs.blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(fs, mesh=mesh)
+    _compare("fsdp2", _train(fs, x[sl], y[sl], steps, world), ref_fsdp, atol=1e-5)
 
     def tp_model(path: str, quantize_base: bool) -> torch.nn.Module:
         from meshplan.runtime.quant import apply_qlora
