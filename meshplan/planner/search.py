@@ -39,10 +39,10 @@ from typing import Any
 
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.memory import model_state_bytes
+from meshplan.cost_models.memory import ModelStateBytes, inflight_microbatches, model_state_bytes
 from meshplan.graph import ModelGraph
 from meshplan.partition.schedule import simulate, validate
-from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
+from meshplan.planner.costing import CostTable, GraphCoster
 
 GiB = 1024**3
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
@@ -150,7 +150,7 @@ def balanced_split(costs: list[float], num_stages: int) -> list[tuple[int, int]]
 
     lo, hi = max(costs), sum(costs)
     for _ in range(60):
-        if hi - lo <= 1e-9 * max(hi, 1e-30):
+        if hi - lo <= 1e-7 * max(hi, 1e-30):
             break
         mid = (lo + hi) / 2
         if pack(mid) is None:
@@ -202,6 +202,8 @@ class Searcher:
         self.keep = keep_alternatives
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._prefix_cache: dict[int, dict[str, list[float]]] = {}
+        self._bpp_cache: dict[tuple[str, int], ModelStateBytes] = {}
         self._sp_choice: dict[int, bool] = {}
 
     # ---- enumeration -------------------------------------------------------------------
@@ -352,64 +354,87 @@ class Searcher:
             self._split_cache[key] = balanced_split([layer.total_s for layer in t.layers], num_stages)
         return self._split_cache[key]
 
+    def _prefix(self, t: CostTable) -> dict[str, list[float]]:
+        """Prefix sums of the per-layer columns of ``t`` (stage sums in O(1))."""
+        key = id(t)
+        if key not in self._prefix_cache:
+            cols: dict[str, list[float]] = {k: [0.0] for k in ("f", "b", "w", "rec", "tp", "params", "act")}
+            for x in t.layers:
+                for k, v in (("f", x.fwd_total_s), ("b", x.bwd_input_total_s), ("w", x.bwd_weight_s),
+                             ("rec", x.recompute_s), ("tp", x.tp_comm_s), ("params", x.param_count),
+                             ("act", x.act_bytes)):  # fmt: skip
+                    cols[k].append(cols[k][-1] + v)
+            self._prefix_cache[key] = cols
+        return self._prefix_cache[key]
+
+    def _state_bytes_per_param(self, c: Config) -> ModelStateBytes:
+        key = (c.dp_kind, c.dp)
+        if key not in self._bpp_cache:
+            zero = 3 if c.dp_kind == "fsdp" else 0
+            self._bpp_cache[key] = model_state_bytes(1.0, optimizer=self.optimizer, zero=zero, dp=c.dp)
+        return self._bpp_cache[key]
+
     def evaluate(self, c: Config, *, exact: bool = True) -> Evaluation:
         """Cost ``c``: stage split, memory, DP sync, optimizer and (``exact``) the simulated
         makespan. With ``exact=False`` the makespan is the lower bound
         ``max_k (Σ_{s<k} F_s + m·T_k)`` (v = 1; the k-th stage cannot start before the first
         microbatch reaches it and then works m·T_k) or ``m · busiest rank`` (v > 1), and the
-        result's ``exact`` is False."""
+        result's ``exact`` is False.
+
+        Memory of pipeline rank r: model states of its stages (``model_state_bytes``, ZeRO-3 over
+        dp for fsdp) + its stages' activations per microbatch × ``inflight_microbatches``
+        (schedule, pp, r, m, v) (+ two unsharded layers' weights for fsdp)."""
         t = self._table(c)
         n_st = c.pp * c.virtual_stages
+        m = c.num_microbatches
         runs = self.split(t, n_st) if n_st > 1 else [(0, len(t.layers))]
-        st_f, st_b, st_w, st_send, st_sendb, st_rec, st_tp = [], [], [], [], [], [], []
-        st_params, st_act = [], []
+        P = self._prefix(t)
+
+        def col(k: str) -> list[float]:
+            arr = P[k]
+            return [arr[b] - arr[a] for a, b in runs]
+
+        st_f, st_b, st_w, st_rec, st_tp = col("f"), col("b"), col("w"), col("rec"), col("tp")
+        st_params, st_act = col("params"), col("act")
         pp_spans = self._pp_spans(c)
-        for a, b in runs:
-            ls: list[LayerCost] = t.layers[a:b]
-            st_f.append(sum(x.fwd_total_s for x in ls))
-            st_b.append(sum(x.bwd_input_total_s for x in ls))
-            st_w.append(sum(x.bwd_weight_s for x in ls))
-            st_rec.append(sum(x.recompute_s for x in ls))
-            st_tp.append(sum(x.tp_comm_s for x in ls))
-            sb = ls[-1].out_bytes
-            st_sendb.append(int(sb))
-            st_send.append(collective_time_s("send_recv", sb, 2, self.cluster, spans_nodes=pp_spans) if sb else 0.0)
-            st_params.append(sum(x.param_count for x in ls))
-            st_act.append(sum(x.act_bytes for x in ls))
-        ranks = list(range(c.pp))
+        st_sendb = [int(t.layers[b - 1].out_bytes) for _, b in runs]
+        st_send = [
+            collective_time_s("send_recv", sb, 2, self.cluster, spans_nodes=pp_spans) if sb else 0.0 for sb in st_sendb
+        ]
+        ranks = range(c.pp)
         placement = _placement(c.schedule, c.pp, c.virtual_stages)
+        on_rank: list[list[int]] = [[] for _ in ranks]
+        for s_, r_ in enumerate(placement):
+            on_rank[r_].append(s_)
+        totals = [st_f[i] + st_b[i] + st_w[i] for i in range(n_st)]
+        rank_work = [sum(totals[i] for i in on_rank[r]) for r in ranks]
         if exact:
-            makespan, bubble_frac, stage_peak = self._simulate(c, st_f, st_b, st_w, st_send)
+            makespan, bubble_frac = self._simulate(c, st_f, st_b, st_w, st_send)
         else:
-            stage_peak = self._stage_peaks(c)
-            mb = c.num_microbatches
-            totals = [st_f[s] + st_b[s] + st_w[s] for s in range(n_st)]
             if c.virtual_stages == 1:
                 fill, makespan = 0.0, 0.0
                 for k in range(n_st):
-                    makespan = max(makespan, fill + mb * totals[k])
+                    makespan = max(makespan, fill + m * totals[k])
                     fill += st_f[k]
             else:
-                makespan = mb * max(sum(totals[s] for s in range(n_st) if placement[s] == r) for r in ranks)
+                makespan = m * max(rank_work)
             bubble_frac = 0.0
-        r_params = [sum(st_params[s] for s in range(n_st) if placement[s] == r) for r in ranks]
-        r_act = [sum(st_act[s] * stage_peak[s] for s in range(n_st) if placement[s] == r) for r in ranks]
-        r_states = [self._states(p, c) for p in r_params]
-        fsdp_buf = 0.0
-        if c.dp_kind == "fsdp":  # the unsharded parameters of the layer being computed (+ prefetch)
-            fsdp_buf = 2 * 2 * max(x.param_count for x in t.layers)
-        r_mem = [int(r_states[r] + r_act[r] + fsdp_buf) for r in ranks]
-        # DP sync, optimizer
+        bpp = self._state_bytes_per_param(c)
+        per_param = bpp.total
+        infl = [self._inflight(c, r) for r in ranks]
+        r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
+        r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
+        fsdp_buf = 2 * 2 * max(x.param_count for x in t.layers) if c.dp_kind == "fsdp" else 0.0
+        r_mem = [int(r_params[r] * per_param + r_act[r] + fsdp_buf) for r in ranks]
         worst = max(ranks, key=lambda r: r_params[r])
         sync = self._grad_sync_s(r_params[worst], c)
-        rank_b = [sum(st_b[s] + st_w[s] for s in range(n_st) if placement[s] == r) for r in ranks]
+        rank_b = [sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks]
         if c.dp_kind == "fsdp" and c.dp > 1:
             gather = collective_time_s("all_gather", r_params[worst] * 2, c.dp, self.cluster, spans_nodes=self._dp_spans(c))
             per_mb = 2 * gather + sync  # fwd + bwd all-gather, reduce-scatter, every microbatch
-            comp_mb = max(sum(st_f[s] for s in range(n_st) if placement[s] == r) + rank_b[r] for r in ranks)
-            dp_exposed = c.num_microbatches * max(0.0, per_mb - comp_mb) + 0.1 * per_mb
-            dp_bytes = {"all_gather": int(2 * r_params[worst] * 2 * c.num_microbatches),
-                        "reduce_scatter": int(r_params[worst] * 2 * c.num_microbatches)}  # fmt: skip
+            comp_mb = max(rank_work)
+            dp_exposed = m * max(0.0, per_mb - comp_mb) + 0.1 * per_mb
+            dp_bytes = {"all_gather": int(2 * r_params[worst] * 2 * m), "reduce_scatter": int(r_params[worst] * 2 * m)}
         elif c.dp > 1:
             dp_exposed = max(0.1 * sync, sync - rank_b[worst])
             dp_bytes = {"all_reduce": int(r_params[worst] * 2)}
@@ -417,59 +442,41 @@ class Searcher:
             dp_exposed, dp_bytes = 0.0, {}
         opt = self._optimizer_s(max(r_params), c)
         step = makespan + dp_exposed + opt
-        m = c.num_microbatches
-        rank_work = [sum(st_f[s] + st_b[s] + st_w[s] for s in range(n_st) if placement[s] == r) for r in ranks]
         busiest = max(ranks, key=lambda r: rank_work[r])
-        on_b = [s for s in range(n_st) if placement[s] == busiest]
-        tp_s = m * sum(st_tp[s] for s in on_b)
-        rec_s = m * sum(st_rec[s] for s in on_b)
+        on_b = on_rank[busiest]
+        tp_s = m * sum(st_tp[i] for i in on_b)
+        rec_s = m * sum(st_rec[i] for i in on_b)
         compute = m * rank_work[busiest] - tp_s
-        pp_comm = m * sum(st_send[s] for s in on_b) * (2 if c.pp > 1 else 0)
+        pp_comm = m * sum(st_send[i] for i in on_b) * (2 if c.pp > 1 else 0)
         comm_bytes = {k: int(v * m / c.pp) for k, v in t.tp_comm_bytes.items()}
         for k, v in dp_bytes.items():
             comm_bytes[k] = comm_bytes.get(k, 0) + v
         if c.pp > 1:
-            comm_bytes["send_recv"] = int(2 * m * sum(st_sendb[s] for s in on_b))
-        mem_breakdown = {
-            "params": int(model_state_bytes(r_params[worst], optimizer=self.optimizer,
-                                            zero=3 if c.dp_kind == "fsdp" else 0, dp=c.dp).params),
-            "grads": int(model_state_bytes(r_params[worst], optimizer=self.optimizer,
-                                           zero=3 if c.dp_kind == "fsdp" else 0, dp=c.dp).grads),
-            "optimizer": int(model_state_bytes(r_params[worst], optimizer=self.optimizer,
-                                               zero=3 if c.dp_kind == "fsdp" else 0, dp=c.dp).optimizer),
-            "activations": int(max(r_act)),
-        }  # fmt: skip
+            comm_bytes["send_recv"] = int(2 * m * sum(st_sendb[i] for i in on_b))
+        w = r_params[worst]
+        mem_breakdown = {"params": int(w * bpp.params), "grads": int(w * bpp.grads),
+                         "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
         return Evaluation(
             config=c, step_s=step, pipeline_s=makespan, compute_s=compute, tp_comm_s=tp_s, pp_comm_s=pp_comm,
             dp_comm_s=dp_exposed, bubble_s=max(0.0, makespan - m * rank_work[busiest]), optimizer_s=opt,
             recompute_s=rec_s, bubble_fraction=bubble_frac, peak_mem_bytes=tuple(r_mem),
             mem_breakdown=mem_breakdown, comm_bytes=comm_bytes, stage_layers=list(runs),
-            stage_times=[(st_f[s], st_b[s] + st_w[s], st_w[s], st_send[s]) for s in range(n_st)],
-            stage_mem=[int(self._states(st_params[s], c) + st_act[s] * stage_peak[s]) for s in range(n_st)],
+            stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
+            stage_mem=[int(st_params[i] * per_param + st_act[i] * infl[placement[i]]) for i in range(n_st)],
             stage_send_bytes=st_sendb, fits=max(r_mem) <= self.mem_limit, mem_limit_bytes=self.mem_limit, table=t,
             exact=exact,
         )  # fmt: skip
 
-    def _stage_peaks(self, c: Config) -> list[int]:
-        """Per-stage peak in-flight microbatches from the schedule's action order alone."""
-        from meshplan.partition.schedule import inflight
+    def _inflight(self, c: Config, rank: int) -> float:
+        if c.pp == 1:
+            return 1.0
+        return inflight_microbatches(c.schedule, c.pp, rank, c.num_microbatches, c.virtual_stages)
 
-        p, v, m = c.pp, c.virtual_stages, c.num_microbatches
-        if p == 1:
-            return [1]
-        if c.schedule == "gpipe":
-            return [m] * (p * v)
-        cap = SIM_CAP_FACTOR * p * v
-        m_eff = m if m <= cap else (_valid_count(c.schedule, p, v, cap) or m)
-        return list(inflight(c.schedule, p, m_eff, v)[1])
-
-    def _simulate(
-        self, c: Config, f: list[float], b: list[float], w: list[float], send: list[float]
-    ) -> tuple[float, float, list[int]]:
-        """(makespan, bubble fraction, per-stage peak in-flight microbatches)."""
+    def _simulate(self, c: Config, f: list[float], b: list[float], w: list[float], send: list[float]) -> tuple[float, float]:
+        """(makespan, bubble fraction) of the schedule simulator; long runs extrapolated."""
         p, v, m = c.pp, c.virtual_stages, c.num_microbatches
         if p == 1:  # gradient accumulation: m forward/backward pairs back to back
-            return m * (f[0] + b[0] + w[0]), 0.0, [1]
+            return m * (f[0] + b[0] + w[0]), 0.0
 
         def run(mm: int) -> Any:
             return simulate(c.schedule, p, mm, virtual_stages=v, fwd_s=f, bwd_input_s=b, bwd_weight_s=w,
@@ -479,14 +486,14 @@ class Searcher:
         m1 = _valid_count(c.schedule, p, v, cap)
         if m <= cap or m1 is None:
             tl = run(m)
-            return tl.makespan_s, tl.bubble_fraction, list(tl.stage_peak_inflight)
-        m2 = _valid_count(c.schedule, p, v, m1 + p)
-        t1, t2 = run(m1), run(m2 or m1 + p)
-        slope = (t2.makespan_s - t1.makespan_s) / ((m2 or m1 + p) - m1)
+            return tl.makespan_s, tl.bubble_fraction
+        m2 = _valid_count(c.schedule, p, v, m1 + p) or m1 + p
+        t1, t2 = run(m1), run(m2)
+        slope = (t2.makespan_s - t1.makespan_s) / (m2 - m1)
         makespan = t1.makespan_s + slope * (m - m1)
         busy = m * sum(fi + bi + wi for fi, bi, wi in zip(f, b, w))
         bubble = p * makespan / busy - 1.0 if busy > 0 else 0.0
-        return makespan, max(0.0, bubble), self._stage_peaks(c)
+        return makespan, max(0.0, bubble)
 
     # ---- the search ----------------------------------------------------------------------
     def run(self, *, exhaustive: bool = False) -> SearchResult:
