@@ -25,6 +25,8 @@ def block_starts(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
     """(block FQN, first fx node name) for every repeated block, in graph order."""
     seen: dict[str, str] = {}
     for n in gm.graph.nodes:
+        if n.op in ("placeholder", "get_attr", "output"):
+            continue
         fqn = _node_fqn(n)
         if not fqn:
             continue
@@ -75,7 +77,7 @@ def manual_plan(
     starts = block_starts(gm)
     if n_stages > 1 and len(starts) < n_stages:
         raise ValueError(f"{len(starts)} blocks cannot make {n_stages} stages")
-    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     firsts = [nodes[0].name] + [starts[(len(starts) * k) // n_stages][1] for k in range(1, n_stages)]
     pos = {n.name: i for i, n in enumerate(nodes)}
     bounds = [pos[f] for f in firsts] + [len(nodes)]

@@ -71,8 +71,9 @@ def capture_graph(model: nn.Module, example_inputs: tuple) -> tuple[torch.fx.Gra
 
 
 def stage_assignment(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> dict[str, int]:
-    """Map each compute node name to its stage index (placeholders and output excluded)."""
-    order = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    """Map each compute node name to its stage index (placeholders, get_attr and output excluded:
+    a get_attr (a parameter, in exported graphs all at the top) is copied into every stage using it)."""
+    order = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     pos = {n.name: i for i, n in enumerate(order)}
     ordered = sorted(stages, key=lambda s: s.index)
     if [s.index for s in ordered] != list(range(len(ordered))):
@@ -113,6 +114,8 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
 
     last_use: dict[str, int] = {}
     for n in nodes:
+        if n.op == "get_attr":
+            continue
         for u in n.users:
             k = n_stages if u.op == "output" else assign[u.name]
             if k != producer(n):
@@ -134,11 +137,18 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
         for name in live_in[k]:
             env[name] = g.placeholder(name)
         for n in nodes:
+            if n.op == "get_attr":
+                if any(u.op != "output" and assign[u.name] == k for u in n.users):
+                    env[n.name] = g.node_copy(n, look)
+                continue
             if n.op in ("placeholder", "output") or assign[n.name] != k:
                 continue
             env[n.name] = g.node_copy(n, look)
         if k == n_stages - 1:
-            g.output(torch.fx.map_arg(out_node.args[0], look))
+            res = out_node.args[0]
+            if isinstance(res, (tuple, list)) and len(res) == 1:  # exported graphs return (logits,)
+                res = res[0]
+            g.output(torch.fx.map_arg(res, look))
             outs: tuple[str, ...] = ()
         else:
             outs = tuple(live_in[k + 1])

@@ -60,6 +60,7 @@ __all__ = [
     "lora_tp_plan",
     "merge_lora",
     "nf4_parameter_names",
+    "nf4_tensor_bytes",
     "nf4_scaler_block_size",
     "style_of",
 ]
@@ -354,6 +355,12 @@ def apply_qlora(
         parent_name, _, child = fqn.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
     return fqns
+
+
+def nf4_tensor_bytes(w: Any) -> int:
+    """Bytes an NF4Tensor really stores: codes, int8 block scales, scale factors, mean, code table."""
+    parts = (w.quantized_data, w.quantized_scalers, w.quantization_factor, w.scaler_mean, w.nf4)
+    return int(sum(t.numel() * t.element_size() for t in parts))
 
 
 def nf4_parameter_names(model: nn.Module) -> list[str]:
