@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan.cost_models.compute import node_time, roofline_time_s
+from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.quant import (
     QuantCost,
     is_targeted,
@@ -11,9 +13,13 @@ from meshplan.cost_models.quant import (
     lora_param_count,
     lora_trainable_per_rank,
     nf4_bits_per_param,
+    node_quant_cost,
     qlora_memory_bytes,
+    quant_node_time,
+    quant_state_bytes,
     quantized_param_bytes,
 )
+from meshplan.graph import GraphNode
 from meshplan.plan import Quantization
 
 H, FFN, LAYERS, VOCAB = 4096, 11008, 32, 32000  # Llama-2-7B shapes
@@ -71,6 +77,7 @@ def test_linear_costs_none_qat_qlora() -> None:
         extra_bytes_moved=0.0,
         grad_bytes=64 * 128 * 2,
         optimizer_bytes=64 * 128 * 12,
+        weight_params=64 * 128,
     )
     qat = linear_quant_costs(attrs, Quantization(mode="qat", group_size=32), tokens=10)
     assert (
@@ -119,3 +126,52 @@ def test_targeting_and_validation() -> None:
         quantized_param_bytes(10, "int3")
     with pytest.raises(ValueError, match="rank"):
         lora_param_count(4, 4, 0)
+
+
+def _linear_node(fqn: str, in_f: int, out_f: int, tokens: tuple[int, int] = (4, 512)) -> GraphNode:
+    numel = in_f * out_f + out_f
+    return GraphNode(
+        id=0, name=fqn.replace(".", "_"), op="call_module", kind="linear", target="Linear", module_fqn=fqn,
+        out_shape=(*tokens, out_f), out_dtype="bfloat16", out_bytes=tokens[0] * tokens[1] * out_f * 2,
+        param_numel=numel, param_bytes=2 * numel, fwd_flops=2 * tokens[0] * tokens[1] * in_f * out_f,
+        attrs={"in_features": in_f, "out_features": out_f, "bias": True},
+    )  # fmt: skip
+
+
+def test_node_helpers_time_and_states() -> None:
+    cluster = ClusterSpec.preset("h100")
+    node = _linear_node("blocks.0.mlp.fc_in", 4096, 16384)
+    plain = node_time(node, cluster, dtype="bf16")
+    q0 = Quantization()
+    assert quant_node_time(node, q0, cluster) == plain
+    # QAT: extra elementwise passes, weight gradient kept
+    qat = quant_node_time(node, Quantization(mode="qat", group_size=128), cluster)
+    w = 4096 * 16384
+    fq_s = roofline_time_s(6 * w, 3 * w * 2, cluster, dtype="bf16", kind="elementwise")
+    assert fq_s >= 3 * w * 2 / (cluster.mem_bw_bytes_per_s * cluster.mem_efficiency)
+    assert qat.fwd_s == pytest.approx(plain.fwd_s + fq_s)
+    assert qat.bwd_weight_s == plain.bwd_weight_s and qat.bwd_input_s > plain.bwd_input_s
+    # QLoRA: the base weight-gradient GEMM disappears, LoRA grads are tiny
+    ql = Quantization(mode="qlora", group_size=64, lora_rank=16)
+    t = quant_node_time(node, ql, cluster)
+    assert t.bwd_weight_s < 0.1 * plain.bwd_weight_s
+    assert t.fwd_s > plain.fwd_s
+    assert t.fwd_s + t.bwd_input_s + t.bwd_weight_s < plain.fwd_s + plain.bwd_input_s + plain.bwd_weight_s
+    # the LM head is not targeted by default
+    head = _linear_node("lm_head", 4096, 32000)
+    assert quant_node_time(head, ql, cluster) == node_time(head, cluster)
+
+    qc = node_quant_cost(node, ql, shard=2, style="rowwise")
+    assert qc is not None and qc.trainable_params == 16 * 4096 / 2 + 16 * 16384
+    assert qc.extra_fwd_flops == 2 * 4 * 512 * 16 * (4096 / 2 + 16384)
+
+    # states: QLoRA keeps the head frozen at 2 B/param, base at NF4, LoRA with Adam
+    st = quant_state_bytes([node, head], ql)
+    lora = 16 * (4096 + 16384)
+    expect_params = w * nf4_bits_per_param(64) / 8 + 16384 * 2 + 4 * lora + (4096 * 32000 + 32000) * 2
+    assert st.params == pytest.approx(expect_params)
+    assert (st.grads, st.optimizer) == (4 * lora, 8 * lora)
+    plain_st = quant_state_bytes([node, head], q0)
+    n = 2 * (4096 * 16384 + 16384) // 2 + 4096 * 32000 + 32000
+    assert plain_st.total == pytest.approx(16 * n)
+    assert quant_state_bytes([node, head], ql, zero=3, dp=4).params == pytest.approx(st.params / 4)

@@ -56,6 +56,19 @@ def test_layouts_and_validation() -> None:
         apply_qlora(tiny_gpt(), Quantization(mode="qlora", group_size=96))
 
 
+def test_nf4_storage_matches_the_cost_model() -> None:
+    from torchao.quantization import to_nf4
+
+    from meshplan.cost_models.quant import quantized_param_bytes
+    from meshplan.runtime.quant.qlora import nf4_tensor_bytes
+
+    w = torch.randn(1024, 1024)
+    measured = nf4_tensor_bytes(to_nf4(w, 64, 256))
+    predicted = quantized_param_bytes(w.numel(), "qlora", 4, 64)
+    assert measured == pytest.approx(predicted, rel=1e-3)  # 0.516 byte/param
+    assert 0.515 < measured / w.numel() < 0.517
+
+
 def test_only_lora_trains_base_stays_nf4_and_merge_matches() -> None:
     model = tiny_gpt()
     fqns = apply_quantization(model, Q)
