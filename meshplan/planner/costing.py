@@ -178,7 +178,7 @@ class GraphCoster:
     def _modules(self, a: int, b: int) -> tuple[str, ...]:
         seen: dict[str, None] = {}
         for n in self.g.nodes[a:b]:
-            if n.module_fqn and n.param_numel:
+            if n.module_fqn and (n.param_numel or n.param_names):  # tied heads too (they read a weight)
                 seen[n.module_fqn] = None
         return tuple(seen)
 
