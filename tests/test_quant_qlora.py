@@ -166,21 +166,10 @@ def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int,
 
 
 def _full(model: torch.nn.Module, name: str, t: torch.Tensor) -> torch.Tensor:
-    """Gather a LoRA factor (or its grad) sharded by its module's TP style into the full tensor."""
-    import torch.distributed as dist
+    """The full tensor of a (TP- or FSDP-sharded DTensor) LoRA factor or gradient."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(t, DTensor):  # FSDP2
-        return t.full_tensor()
-    mod_name, _, leaf = name.removeprefix("module.").rpartition(".")
-    root = model.module if hasattr(model, "module") else model
-    mod = root.get_submodule(mod_name)
-    dim = getattr(lora_tp_plan(mod.style), leaf) if isinstance(mod, LoRALinear) else None
-    if dim is None or mod.tp_mesh is None:
-        return t.detach().clone()
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t.detach().contiguous())
-    return torch.cat(parts, dim=dim)
+    return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
 
 
 def _compare(tag: str, got, ref, *, atol: float) -> None:
@@ -246,8 +235,9 @@ def _qlora_dist(rank: int, world: int) -> None:
         q = m.get_submodule("blocks.0.attn.q_proj")
         o = m.get_submodule("blocks.0.attn.o_proj")
         assert (q.style, o.style) == ("colwise", "rowwise")
-        assert q.lora_B.shape == (32, 4) and q.lora_A.shape == (4, 64)
-        assert o.lora_A.shape == (4, 32) and o.lora_B.shape == (64, 4)
+        assert q.lora_B.to_local().shape == (32, 4) and q.lora_A.to_local().shape == (4, 64)
+        assert o.lora_A.to_local().shape == (4, 32) and o.lora_B.to_local().shape == (64, 4)
+        assert q.lora_B.shape == (64, 4) and o.lora_A.shape == (4, 64)  # global shapes
         return m
 
     # plain frozen base: the TP LoRA mechanics are exact

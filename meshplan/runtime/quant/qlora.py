@@ -29,8 +29,11 @@ quantization by the double-quantization rounding (about 1e-3 relative); with
 ``quantize_base=False`` (plain frozen base, i.e. LoRA) TP matches single-process exactly.
 
 LoRA factors are initialised from a generator seeded by ``seed`` and the module FQN, full size,
-then sliced, so every rank and a single-process run get the same adapters. All parameters are
-plain tensors (no DTensor), so DDP and FSDP2 wrap a QLoRA model directly (call
+then sliced, so every rank and a single-process run get the same adapters. Under TP the LoRA
+factors and the bias are DTensor parameters (placements per :func:`lora_tp_plan`), so state
+dicts, ``full_tensor()`` and FSDP2 on a 2-D mesh see global tensors; the NF4 base ``weight`` is
+a plain tensor holding this rank's shard (NF4 cannot be a DTensor). Without TP every parameter
+is a plain tensor, so DDP and FSDP2 wrap a QLoRA model directly (call
 :func:`ddp_ignore_quantized` before DDP: its start-up broadcast re-quantizes NF4); for pipeline stages
 :class:`LoRALinear` is a plain module (traceable, or a leaf by ``is_lora_leaf``).
 """
@@ -146,6 +149,10 @@ def _reduce_from_tp(t: torch.Tensor, mesh: Any) -> torch.Tensor:
     )
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 class LoRALinear(nn.Linear):
     """A frozen (NF4) linear plus a trainable low-rank update, optionally one TP shard of it.
 
@@ -193,9 +200,33 @@ class LoRALinear(nn.Linear):
             sbs = nf4_scaler_block_size(base.numel(), block_size, shard_multiple=shard_multiple)
             base = to_nf4(base, block_size, sbs)
         self.weight = nn.Parameter(base, requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
-        self.lora_A = nn.Parameter(lora_A.detach().to(torch.float32).clone())
-        self.lora_B = nn.Parameter(lora_B.detach().to(torch.float32).clone())
+        lay = lora_tp_plan(style)
+        self.bias = (
+            None if bias is None else self._param(bias.detach().clone(), lay.bias, False, (out_features,))
+        )
+        r = lora_A.shape[0]
+        self.lora_A = self._param(
+            lora_A.detach().to(torch.float32).clone(), lay.lora_A, True, (r, in_features)
+        )
+        self.lora_B = self._param(
+            lora_B.detach().to(torch.float32).clone(), lay.lora_B, True, (out_features, r)
+        )
+
+    def _param(
+        self, local: torch.Tensor, dim: int | None, trainable: bool, shape: tuple[int, ...]
+    ) -> nn.Parameter:
+        """Under TP a DTensor (sharded on ``dim`` or replicated) wrapping this rank's values, so
+        state dicts, ``full_tensor()``, FSDP2 over a 2-D mesh and DTensor-aware gradient syncs see
+        the global tensor; the forward computes on ``to_local()``."""
+        if self.tp_mesh is None:
+            return nn.Parameter(local, requires_grad=trainable)
+        placement = Replicate() if dim is None else Shard(dim)
+        dt = DTensor.from_local(local, self.tp_mesh, [placement], run_check=False)  # even shards
+        if tuple(dt.shape) != shape:
+            raise ValueError(
+                f"local {tuple(local.shape)} on {placement} gives {tuple(dt.shape)}, expected {shape}"
+            )
+        return nn.Parameter(dt, requires_grad=trainable)
 
     @property
     def quantized(self) -> bool:
@@ -212,23 +243,22 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mesh = self.tp_mesh
+        # local views; to_local()'s backward hands each grad back with the parameter's placement
+        a, b = _local(self.lora_A), _local(self.lora_B)
+        bias = None if self.bias is None else _local(self.bias)
         if self.style == "colwise":
             y = self._base(_copy_to_tp(x, mesh))
-            if self.bias is not None:
-                y = y + self.bias
-            h = F.linear(x.to(self.lora_A.dtype), self.lora_A)
-            lora = F.linear(_copy_to_tp(h, mesh), self.lora_B)
+            h = F.linear(x.to(a.dtype), a)
+            lora = F.linear(_copy_to_tp(h, mesh), b)
         elif self.style == "rowwise":
             y = _reduce_from_tp(self._base(x), mesh)
-            if self.bias is not None:
-                y = y + self.bias
-            h = _reduce_from_tp(F.linear(x.to(self.lora_A.dtype), self.lora_A), mesh)
-            lora = F.linear(h, self.lora_B)
+            h = _reduce_from_tp(F.linear(x.to(a.dtype), a), mesh)
+            lora = F.linear(h, b)
         else:
             y = self._base(x)
-            if self.bias is not None:
-                y = y + self.bias
-            lora = F.linear(F.linear(x.to(self.lora_A.dtype), self.lora_A), self.lora_B)
+            lora = F.linear(F.linear(x.to(a.dtype), a), b)
+        if bias is not None:
+            y = y + bias
         return y + (self.scaling * lora).to(y.dtype)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LoRALinear:
