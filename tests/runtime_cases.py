@@ -78,9 +78,9 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
     if styles is None:
         styles = handplan.megatron_styles(model) if cfg.get("tp", 1) > 1 else {}
     if cfg.get("pp", 1) > 1:
-        gm, prefix = split.capture_graph(model, ex)
+        gm, _ = split.capture_graph(model, ex)
     else:
-        gm, prefix = torch.fx.GraphModule(nn.Module(), torch.fx.Graph()), ""
+        gm = None
     plan = handplan.manual_plan(
         model, gm, dp=cfg.get("dp", 1), tp=cfg.get("tp", 1), pp=cfg.get("pp", 1),
         schedule=cfg.get("schedule", "1f1b"), virtual_stages=cfg.get("v", 1), microbatches=cfg["m"],
@@ -110,4 +110,40 @@ def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int 
     for cfg in cfgs:
         le, pe, notes = run_config(model_fn, cfg, data, ref)
         out.append((cfg, le, pe, notes))
+    return out
+
+
+def resume_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[float]]:
+    """dp2 for 4 steps with a checkpoint after step 2; then steps 3-4 resumed under tp2 and pp2."""
+    from meshplan.runtime import checkpoint, handplan, split
+    from meshplan.runtime.api import apply_plan
+
+    data = batches(4)
+    out: dict[str, list[float]] = {}
+    model = tiny_gpt()
+    plan = handplan.manual_plan(model, None, dp=2, microbatches=2, micro_batch_size=2, seq_len=SEQ)
+    pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory)
+    losses = []
+    for step, (x, y) in enumerate(data, start=1):
+        losses.append(pm.step(x, y))
+        if step == 2:
+            checkpoint.save(pm, ckpt_dir, step)
+    out["dp2"] = losses
+    for name in ("tp2", "pp2"):
+        model = tiny_gpt()
+        torch.manual_seed(123)  # a different init: the checkpoint must overwrite it
+        for p in model.parameters():
+            p.data.normal_()
+        if name == "tp2":
+            plan = handplan.manual_plan(model, None, tp=2, microbatches=2, micro_batch_size=4, seq_len=SEQ,
+                                        tp_styles=handplan.megatron_styles(model))
+            ex = None
+        else:
+            ex = (data[0][0][:2],)
+            gm, _ = split.capture_graph(model, ex)
+            plan = handplan.manual_plan(model, gm, pp=2, schedule="1f1b", microbatches=4, micro_batch_size=2,
+                                        seq_len=SEQ)
+        pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex)
+        step = checkpoint.load(pm, checkpoint.latest(ckpt_dir))  # type: ignore[arg-type]
+        out[name] = [pm.step(x, y) for x, y in data[step:]]
     return out

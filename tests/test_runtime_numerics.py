@@ -1,0 +1,59 @@
+"""Runtime numerics: every plan in the matrix trains like a single process (gloo, CPU, fp32).
+
+Each class spawns its ranks ONCE and runs many plans inside that spawn (tests/runtime_cases.py):
+loss of 2 steps and every parameter after the optimizer step equal the single-process reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import runtime_cases as rc
+from dist_utils import run_ranks
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+ATOL = 1e-5
+HF_STYLES = {
+    "transformer.h.0.attn.c_attn": "replicate",  # fused q|k|v: a column shard would mix q, k and v
+    "transformer.h.0.mlp.c_fc": "colwise", "transformer.h.0.mlp.c_proj": "rowwise",
+    "transformer.h.1.mlp.c_fc": "colwise", "transformer.h.1.mlp.c_proj": "rowwise",
+}
+PP_SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zero-bubble", 1), ("zero-bubble", 2)]
+
+
+def _check(results: list, expect: int) -> None:
+    rows = results[0]
+    assert len(rows) == expect
+    for rank_rows in results:
+        for cfg, loss_err, param_err, _notes in rank_rows:
+            assert loss_err <= ATOL, f"{cfg}: loss differs by {loss_err}"
+            assert param_err <= ATOL, f"{cfg}: a parameter differs by {param_err}"
+
+
+class TestTwoRanks:
+    def test_gpt_matrix(self) -> None:
+        cfgs = [dict(dp=2, m=2), dict(dp=2, m=2, dp_kind="fsdp"), dict(tp=2, m=2)]
+        cfgs += [dict(pp=2, m=4, schedule=s, v=v) for s, v in PP_SCHEDULES]
+        cfgs += [dict(pp=2, m=4, schedule="zbv", v=2)]
+        _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
+
+    def test_hf_gpt2_tied(self) -> None:
+        cfgs = [dict(pp=2, m=2, schedule="1f1b"), dict(tp=2, m=2, styles=HF_STYLES)]
+        res = run_ranks(rc.worker, 2, "hf_gpt2", cfgs)
+        _check(res, 2)
+        assert any("Conv1D converted" in n for n in res[0][1][3])
+
+
+class TestFourRanks:
+    def test_gpt_matrix(self) -> None:
+        cfgs = [dict(dp=2, tp=2, m=2)]
+        cfgs += [dict(dp=2, pp=2, m=2, schedule=s, v=v) for s, v in PP_SCHEDULES if (s, v) != ("zero-bubble", 2)]
+        cfgs += [dict(dp=2, pp=2, m=2, schedule="1f1b", dp_kind="fsdp")]
+        cfgs += [dict(tp=2, pp=2, m=4, schedule=s, v=v) for s, v in PP_SCHEDULES if (s, v) != ("zero-bubble", 1)]
+        _check(run_ranks(rc.worker, 4, "gpt", cfgs, timeout_s=400), len(cfgs))
+
+
+class TestEightRanks:
+    def test_dp_tp_pp(self) -> None:
+        cfgs = [dict(dp=2, tp=2, pp=2, m=2, schedule="1f1b"), dict(dp=2, tp=2, pp=2, m=2, schedule="zero-bubble", v=2)]
+        _check(run_ranks(rc.worker, 8, "gpt", cfgs, timeout_s=400), len(cfgs))

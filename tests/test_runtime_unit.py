@@ -1,0 +1,172 @@
+"""Runtime pieces in one process: stage split, checks that fail before any collective, TP style
+layouts, schedule placement, data-parallel modes, RunRecord, and the `meshplan run` launcher."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import runtime_cases as rc
+import torch
+import torch.distributed as dist
+
+from meshplan.cli import main
+from meshplan.errors import PlanMismatchError
+from meshplan.plan import Plan
+from meshplan.runtime import data_parallel, handplan, schedules, split, tp
+from meshplan.runtime.api import apply_plan
+from meshplan.runtime.dist import check_launch
+from meshplan.runtime.record import RunRecord
+
+
+@pytest.fixture(scope="module")
+def gpt_and_graph():
+    m = rc.tiny_gpt()
+    x = rc.batches(1)[0][0][:2]
+    gm, prefix = split.capture_graph(m, (x,))
+    return m, gm, x, prefix
+
+
+def _plan(m, gm, **kw) -> Plan:
+    return handplan.manual_plan(m, gm, microbatches=kw.pop("microbatches", 4), micro_batch_size=2, seq_len=8, **kw)
+
+
+@pytest.mark.parametrize("pp,v,schedule", [(2, 1, "1f1b"), (2, 2, "interleaved-1f1b"), (4, 1, "gpipe"), (2, 2, "zbv")])
+def test_stage_chain_equals_model(gpt_and_graph, pp, v, schedule) -> None:
+    m, gm, x, prefix = gpt_and_graph
+    assert prefix == ""
+    plan = _plan(m, gm, pp=pp, virtual_stages=v, schedule=schedule)
+    assert Plan.from_json(plan.to_json()) == plan
+    pieces = split.split_stages(gm, plan.stages)
+    assert len(pieces) == pp * v
+    split.check_stage_chain(pieces, (x,))
+    vals: tuple = (x,)
+    for p in pieces:
+        out = p.module(*vals)
+        vals = out if isinstance(out, tuple) else (out,)
+    torch.testing.assert_close(vals[0], m(x), rtol=0, atol=0)
+    # original FQNs and the very same Parameter objects
+    own = dict(m.named_parameters(remove_duplicate=False))
+    for p in pieces:
+        for name, t in p.module.named_parameters(remove_duplicate=False):
+            assert own[name] is t
+    # each stage's inputs are exactly the previous stage's outputs
+    for a, b in zip(pieces, pieces[1:]):
+        assert a.outputs == b.inputs
+    # the tied embedding/head sits in the first and the last stage: one Parameter in both
+    first = dict(pieces[0].module.named_parameters())
+    last = dict(pieces[-1].module.named_parameters(remove_duplicate=False))
+    assert first["wte.weight"] is last["lm_head.weight"]
+
+
+def test_skip_edge_is_forwarded() -> None:
+    """A value used two stages later (token ids here) travels through the stage in between."""
+
+    class Skip(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 8)
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+            self.head = torch.nn.Embedding(16, 8)
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            h = self.emb(idx)
+            for b in self.blocks:
+                h = b(h)
+            return h + self.head(idx)
+
+    torch.manual_seed(0)
+    m = Skip()
+    x = torch.randint(0, 16, (2, 4))
+    gm, _ = split.capture_graph(m, (x,))
+    plan = handplan.manual_plan(m, gm, pp=3, schedule="gpipe", microbatches=3)
+    pieces = split.split_stages(gm, plan.stages)
+    assert "idx" in pieces[1].inputs and "idx" in pieces[1].outputs
+    vals: tuple = (x,)
+    for p in pieces:
+        out = p.module(*vals)
+        vals = out if isinstance(out, tuple) else (out,)
+    torch.testing.assert_close(vals[0], m(x))
+
+
+def test_unknown_boundary_node_is_a_clear_error(gpt_and_graph) -> None:
+    m, gm, _, _ = gpt_and_graph
+    plan = _plan(m, gm, pp=2)
+    bad = dataclasses.replace(plan.stages[1], first_node="blocks_9_ln_1")
+    with pytest.raises(PlanMismatchError, match="blocks_9_ln_1"):
+        split.split_stages(gm, (plan.stages[0], bad))
+
+
+def test_world_size_mismatch_fails_before_any_collective(gpt_and_graph, monkeypatch) -> None:
+    m, gm, _, _ = gpt_and_graph
+    plan = _plan(m, gm, pp=2)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(PlanMismatchError, match="needs world size 2.*4 processes"):
+        apply_plan(m, plan, loss_fn=rc.loss_fn, optimizer_factory=rc.opt_factory)
+    assert not dist.is_initialized()
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(PlanMismatchError, match="torchrun"):
+        check_launch(plan)
+
+
+def test_fqn_mismatch_fails_before_any_collective(gpt_and_graph, monkeypatch) -> None:
+    m, gm, _, _ = gpt_and_graph
+    plan = dataclasses.replace(_plan(m, gm, tp=2), tp_styles={"blocks.0.attn.qkv": "colwise"})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(PlanMismatchError, match="blocks.0.attn.qkv"):
+        apply_plan(m, plan, loss_fn=rc.loss_fn, optimizer_factory=rc.opt_factory)
+    assert not dist.is_initialized()
+
+
+def test_schedule_placement() -> None:
+    assert [schedules.stage_rank("zbv", i, 2) for i in range(4)] == [0, 1, 1, 0]
+    assert [schedules.stage_rank("interleaved-1f1b", i, 2) for i in range(4)] == [0, 1, 0, 1]
+    with pytest.raises(PlanMismatchError, match="2 stages per rank"):
+        schedules.check_placement("zbv", 2, [0, 1], 4)
+    with pytest.raises(PlanMismatchError, match="microbatches >= pipeline ranks"):
+        schedules.check_placement("1f1b", 4, [0, 1, 2, 3], 2)
+    with pytest.raises(PlanMismatchError, match="runs them on"):
+        schedules.check_placement("interleaved-1f1b", 2, [0, 1, 1, 0], 4)
+
+
+def test_tp_layouts_from_the_module_tree() -> None:
+    from torch.distributed.tensor import Replicate
+
+    styles = {"a.q": "colwise", "a.o": "rowwise", "lm_head": "colwise", "down": "rowwise", "ln": "replicate"}
+    plan = tp.build_parallel_plan(styles, set(styles))
+    assert plan["a.q"].output_layouts == (plan["a.q"].output_layouts)  # paired: default local shard
+    assert plan["lm_head"].output_layouts == Replicate()  # lone colwise: whole output
+    assert plan["down"].input_layouts == Replicate()  # lone rowwise: whole input
+    assert "ln" not in plan
+    eff, notes = tp.effective_styles(torch.nn.Module(), {"lm_head": "colwise"}, [("wte.weight", "lm_head.weight")])
+    assert eff == {"lm_head": "replicate"} and "tied" in notes[0]
+
+
+def test_dp_modes(gpt_and_graph) -> None:
+    m, gm, _, _ = gpt_and_graph
+    assert data_parallel.dp_mode(_plan(m, gm, dp=2, microbatches=2)) == "ddp"
+    assert data_parallel.dp_mode(_plan(m, gm, dp=2, tp=2, microbatches=2)) == "fsdp"
+    assert data_parallel.dp_mode(_plan(m, gm, dp=2, pp=2, schedule="zero-bubble")) == "manual"
+    assert data_parallel.dp_mode(_plan(m, gm, dp=2, pp=2, schedule="zbv", virtual_stages=2)) == "manual"
+    assert data_parallel.dp_mode(_plan(m, gm, dp=2, pp=2, dp_kind="fsdp")) == "fsdp"
+    assert data_parallel.dp_mode(_plan(m, gm, tp=2)) == "none"
+
+
+def test_run_record_summary(tmp_path) -> None:
+    r = RunRecord(plan_summary="dp2", model="gpt-tiny", world_size=2, predicted_step_s=0.398)
+    for i, t in enumerate([1.0, 0.410, 0.412, 0.414]):
+        r.add(i + 1, t, 4.0, 1 << 20)
+    assert r.summary_line() == "step 412 ms measured, 398 ms predicted (+3.5%)"
+    r.save(tmp_path / "r.json")
+    assert RunRecord.load(tmp_path / "r.json") == r
+
+
+def test_cli_print_command_and_nproc_mismatch(gpt_and_graph, tmp_path, capsys) -> None:
+    m, gm, _, _ = gpt_and_graph
+    path = tmp_path / "plan.json"
+    _plan(m, gm, pp=2).save(path)
+    assert main(["run", str(path), "--model", "gpt-tiny", "--steps", "3", "--print-command"]) == 0
+    cmd = capsys.readouterr().out
+    assert "-m torch.distributed.run --nproc-per-node=2" in cmd and "-m meshplan.runtime.train" in cmd
+    assert main(["run", str(path), "--model", "gpt-tiny", "--nproc", "3"]) == 1
+    assert "needs 2 ranks" in capsys.readouterr().err
