@@ -62,7 +62,7 @@ def reference(model: nn.Module, data: list, microbatches: int = 1) -> tuple[list
         loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, {n: p.detach().clone() for n, p in m.named_parameters(remove_duplicate=False)}
 
 

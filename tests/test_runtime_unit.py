@@ -132,11 +132,12 @@ def test_schedule_placement() -> None:
 def test_tp_layouts_from_the_module_tree() -> None:
     from torch.distributed.tensor import Replicate
 
-    styles = {"a.q": "colwise", "a.o": "rowwise", "lm_head": "colwise", "down": "rowwise", "ln": "replicate"}
+    styles = {"a.q": "colwise", "a.o": "rowwise", "lm_head": "colwise", "b.down": "rowwise", "ln": "replicate"}
     plan = tp.build_parallel_plan(styles, set(styles))
-    assert plan["a.q"].output_layouts == (plan["a.q"].output_layouts)  # paired: default local shard
-    assert plan["lm_head"].output_layouts == Replicate()  # lone colwise: whole output
-    assert plan["down"].input_layouts == Replicate()  # lone rowwise: whole input
+    assert plan["a.q"].output_layouts != (Replicate(),)  # paired with a.o: stays a local shard
+    assert plan["a.o"].input_layouts != (Replicate(),)
+    assert plan["lm_head"].output_layouts == (Replicate(),)  # lone colwise: whole output
+    assert plan["b.down"].input_layouts == (Replicate(),)  # lone rowwise: whole input
     assert "ln" not in plan
     eff, notes = tp.effective_styles(torch.nn.Module(), {"lm_head": "colwise"}, [("wte.weight", "lm_head.weight")])
     assert eff == {"lm_head": "replicate"} and "tied" in notes[0]
