@@ -383,6 +383,7 @@ def quant_node_time(
     style: str | None = None,
     batch_scale: float = 1.0,
     dtype: str = "bf16",
+    input_bytes: int | None = None,
 ) -> NodeTime:
     """``compute.node_time`` of ``node`` with the quantization overheads added (seconds).
 
@@ -396,7 +397,9 @@ def quant_node_time(
 
     W = weights on this rank, b = bytes of ``dtype``, t = tokens. Source: module docstring.
     """
-    base = node_time(node, cluster, shard=shard, batch_scale=batch_scale, dtype=dtype)
+    base = node_time(
+        node, cluster, shard=shard, batch_scale=batch_scale, dtype=dtype, input_bytes=input_bytes
+    )
     db = float(_dtype_bytes(dtype))
     qc = node_quant_cost(
         node, quantization, shard=shard, style=style, batch_scale=batch_scale, dtype_bytes=db
