@@ -1,6 +1,6 @@
 """Predicted vs measured throughput on the 22 published runs in ``meshplan/data/published_cases.json``.
 
-    python benchmarks/published_cases.py [--markdown]
+    python benchmarks/published_cases.py [--efficiency h100=0.55 --efficiency a100-80g=0.6 ...]
 
 Each run is costed with ``estimate_graph`` at the authors' configuration (TP/PP/DP degrees,
 global batch, microbatch, recompute, FSDP for MosaicML) on the preset of its GPU (V100 on a
@@ -17,6 +17,7 @@ the recomputed forward pass (hardware FLOPs, SC'21 eq. 3); MosaicML reports MFU 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -44,8 +45,14 @@ def cluster_for(case: dict[str, Any]) -> ClusterSpec:
     else:
         raise ValueError(f"no preset for {gpu}")
     nodes = max(1, n // per_node)
-    return ClusterSpec.preset(name, num_nodes=nodes, devices_per_node=per_node).with_devices(n)
+    spec = ClusterSpec.preset(name, num_nodes=nodes, devices_per_node=per_node).with_devices(n)
+    if name in EFFICIENCY:
+        spec = dataclasses.replace(spec, matmul_efficiency=EFFICIENCY[name])
+    return spec
 
+
+#: preset name -> matmul_efficiency override (``--efficiency``), to test a calibration
+EFFICIENCY: dict[str, float] = {}
 
 _GRAPHS: dict[tuple[Any, ...], Any] = {}
 
@@ -107,7 +114,14 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.parse_args()
+    ap.add_argument("--efficiency", action="append", default=[], metavar="PRESET=VALUE",
+                    help="override a preset's matmul_efficiency, e.g. h100=0.55")  # fmt: skip
+    args = ap.parse_args()
+    for item in args.efficiency:
+        name, _, value = item.partition("=")
+        EFFICIENCY[name] = float(value)
+    if EFFICIENCY:
+        print(f"matmul_efficiency overrides: {EFFICIENCY}\n")
     t0 = time.perf_counter()
     rows = [run_case(c) for c in load_cases()]
     print("| run | GPUs | preset | config | measured tok/s/GPU | predicted tok/s/GPU | error | measured TFLOP/s | "
