@@ -333,6 +333,11 @@ def build_plan(
     notes.append("all times, memory and throughput figures are predictions of meshplan's cost model")
     if c.tp > 1:
         notes.append(f"TP placement solved by ILP at microbatch {sol.micro_batch:g} ({sol.status}, {sol.solver})")
+        if all(v == "replicate" for v in sol.styles.values()):
+            notes.append(
+                f"tp={c.tp} was pinned but sharding does not pay for this model size under the cost model: every "
+                "linear stays replicated (the TP group repeats the same work)"
+            )
     if c.dp_kind == "fsdp":
         notes.append("FSDP (ZeRO-3 over dp) chosen because plain DDP did not fit memory")
     styles = dict(sol.styles)

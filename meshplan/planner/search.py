@@ -261,6 +261,10 @@ class Searcher:
                                 out.append(Config(dp, tp, pp, b, m, sched, v, rc, False, kind))
         return out
 
+    def _shards_something(self, c: Config) -> bool:
+        styles = self._table(c).tp_solution.styles
+        return any(v != "replicate" for v in styles.values())
+
     def _dp_kinds(self, dp: int) -> list[str]:
         """One entry per configuration: "ddp" is upgraded to "fsdp" by ``evaluate_auto`` only
         when it does not fit (unless the DP kind is pinned)."""
@@ -500,6 +504,9 @@ class Searcher:
         t0 = time.perf_counter()
         cfgs = self.configs()
         cfgs = [replace(c, sequence_parallel=self.sp_for(c.tp)) for c in cfgs]
+        if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
+            useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]
+            cfgs = useful or cfgs
         self.progress(f"{len(cfgs)} configurations; bounding")
         bounded = []
         min_mem_lb = math.inf

@@ -239,8 +239,11 @@ class TPPlacementILP:
             return True
         if not p.out_shape or not p.out_bytes or not n.out_shape:  # shapes, sizes, ints: metadata
             return True
-        if n.kind in ("elementwise", "activation") and p.out_shape and n.out_shape:
-            return _numel(p.out_shape) < _numel(n.out_shape)
+        if n.kind in ("elementwise", "activation") and p.out_shape:
+            # a broadcast operand (rotary table, mask, scale) next to a full-size one; a lone
+            # input that grows (repeat_interleave of kv heads, expand) is not exempt
+            sizes = [_numel(self.g.nodes[i].out_shape) for i in n.inputs if self.g.nodes[i].out_shape]
+            return len(sizes) > 1 and _numel(p.out_shape) < max(sizes)
         return False
 
     def _external_state(self, src: int) -> str:
