@@ -1,0 +1,273 @@
+"""Runtime benchmarks (2 ranks, one thread each, gloo on CPU).
+
+    python benchmarks/bench_runtime.py overhead [--steps 12] [--rounds 3]
+        meshplan's runtime vs a hand-written torch.distributed script for the same plan
+        (DDP dp2; 1F1B pp2), median step time, overhead in percent.
+    python benchmarks/bench_runtime.py predict --cluster profile.json [--steps 8]
+        plans costed by ``meshplan.planner.api.estimate_graph`` on a ``meshplan profile`` of this
+        machine (dtype fp32, what the CPU runtime executes) vs the runtime's measured step time.
+
+Each mode spawns its 2 ranks once (``tcp://127.0.0.1``) and runs every configuration inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+CFG = dict(n_layer=4, n_head=4, n_embd=256, vocab_size=2048, block_size=128, tie_weights=False)
+BATCH, SEQ = 8, 128
+
+
+def _model() -> nn.Module:
+    from meshplan.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**CFG))  # type: ignore[arg-type]
+
+
+def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def _opt(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-4, foreach=False)
+
+
+def _data(step: int, batch: int = BATCH, seq: int = SEQ) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    t = torch.randint(0, CFG["vocab_size"], (batch, seq + 1), generator=g)  # type: ignore[call-overload]
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+def _timed(step_fn: Any, steps: int, offset: int) -> list[float]:
+    out = []
+    for s in range(steps):
+        x, y = _data(offset + s)
+        dist.barrier()
+        t0 = time.perf_counter()
+        step_fn(x, y)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+# ---- hand-written baselines ---------------------------------------------------------------------
+def hand_ddp(world: int, rank: int) -> Any:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_model())
+    opt = _opt(list(model.parameters()))
+    per = BATCH // world
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
+        xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
+        loss = _loss(model(xs), ys)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step
+
+
+class _Stage0(nn.Module):
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.wte, self.wpe, self.blocks = m.wte, m.wpe, nn.ModuleList(list(m.blocks)[:2])
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class _Stage1(nn.Module):
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.blocks, self.ln_f, self.lm_head = nn.ModuleList(list(m.blocks)[2:]), m.ln_f, m.lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def hand_1f1b(world: int, rank: int, m: int) -> Any:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    full = _model()
+    mod = _Stage0(full) if rank == 0 else _Stage1(full)
+    stage = PipelineStage(mod, rank, world, torch.device("cpu"))
+    sched = Schedule1F1B(stage, m, loss_fn=_loss)
+    opt = _opt(list(mod.parameters()))
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y, losses=[])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def runtime_step(plan_kw: dict[str, Any]) -> Any:
+    from meshplan.runtime import handplan, split
+    from meshplan.runtime.api import apply_plan
+
+    model = _model()
+    m = plan_kw.get("microbatches", 1)
+    dp = plan_kw.get("dp", 1)
+    mbs = BATCH // (dp * m)
+    ex = (_data(0)[0][:mbs],)
+    gm = split.capture_graph(model, ex)[0] if plan_kw.get("pp", 1) > 1 else None
+    plan = handplan.manual_plan(model, gm, micro_batch_size=mbs, seq_len=SEQ, **plan_kw)
+    pm = apply_plan(model, plan, loss_fn=_loss, optimizer_factory=_opt, example_inputs=ex)
+    return pm.step
+
+
+def overhead_worker(rank: int, world: int, steps: int, rounds: int) -> dict[str, Any]:
+    cases = {
+        "DDP dp2": (lambda: hand_ddp(world, rank), lambda: runtime_step(dict(dp=2, microbatches=1))),
+        "1F1B pp2 (4 microbatches)": (
+            lambda: hand_1f1b(world, rank, 4),
+            lambda: runtime_step(dict(pp=2, schedule="1f1b", microbatches=4)),
+        ),
+    }
+    out: dict[str, Any] = {}
+    for name, (mk_hand, mk_rt) in cases.items():
+        hand, rt = mk_hand(), mk_rt()
+        hand(*_data(0))  # warm-up (shape inference, allocator)
+        rt(*_data(0))
+        th: list[float] = []
+        tr: list[float] = []
+        for r in range(rounds):
+            th += _timed(hand, steps, 1000 * r)
+            tr += _timed(rt, steps, 1000 * r)
+        out[name] = {"hand_ms": statistics.median(th) * 1e3, "runtime_ms": statistics.median(tr) * 1e3}
+    return out
+
+
+PREDICT_CASES = [
+    dict(dp=2, tp=1, pp=1, schedule="1f1b", num_microbatches=1),
+    dict(dp=2, tp=1, pp=1, schedule="1f1b", num_microbatches=2),
+    dict(dp=1, tp=2, pp=1, schedule="1f1b", num_microbatches=1),
+    dict(dp=1, tp=1, pp=2, schedule="gpipe", num_microbatches=4),
+    dict(dp=1, tp=1, pp=2, schedule="1f1b", num_microbatches=4),
+    dict(dp=1, tp=1, pp=2, schedule="1f1b", num_microbatches=8),
+    dict(dp=1, tp=1, pp=2, schedule="interleaved-1f1b", num_microbatches=4, virtual_stages=2),
+    dict(dp=1, tp=1, pp=2, schedule="zero-bubble", num_microbatches=4),
+]
+
+
+def predict_worker(rank: int, world: int, plans_json: list[str], steps: int) -> list[dict[str, Any]]:
+    from meshplan.plan import Plan
+    from meshplan.runtime.api import apply_plan
+
+    out = []
+    for pj in plans_json:
+        plan = Plan.from_json(pj)
+        model = _model()
+        ex = (_data(0)[0][: plan.micro_batch_size],)
+        pm = apply_plan(model, plan, loss_fn=_loss, optimizer_factory=_opt, example_inputs=ex)
+        pm.step(*_data(0, plan.global_batch_size))
+        times = []
+        for s in range(steps):
+            x, y = _data(s + 1, plan.global_batch_size)
+            dist.barrier()
+            t0 = time.perf_counter()
+            pm.step(x, y)
+            times.append(time.perf_counter() - t0)
+        out.append({"plan": plan.summary(), "predicted_ms": plan.predicted.step_s * 1e3,
+                    "measured_ms": statistics.median(times) * 1e3, "notes": pm.notes})
+    return out
+
+
+def make_plans(cluster: str) -> list[str]:
+    from meshplan.planner.api import estimate_graph
+    from meshplan.trace import trace_model
+
+    model = _model()
+    graph = trace_model(model, (_data(0)[0][:1],))
+    plans = []
+    for kw in PREDICT_CASES:
+        p = estimate_graph(graph, 2, global_batch_size=BATCH, cluster=cluster, dtype="fp32", optimizer="adam", **kw)
+        plans.append(p.to_json())
+    return plans
+
+
+# ---- spawning ---------------------------------------------------------------------------------------
+def _entry(rank: int, world: int, port: int, fn: Any, args: tuple, q: Any) -> None:
+    torch.set_num_threads(1)
+    os.environ["WORLD_SIZE"] = str(world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        res = fn(rank, world, *args)
+        if rank == 0:
+            q.put(res)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Any, *args: Any, world: int = 2) -> Any:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    mp.start_processes(_entry, args=(world, port, fn, args, q), nprocs=world, join=True, start_method="spawn")
+    return q.get()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("overhead", "predict"))
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cluster", default=None, help="profile JSON from `meshplan profile` (predict mode)")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    a = ap.parse_args(argv)
+    print(f"model GPT {CFG}, global batch {BATCH}x{SEQ}, 2 ranks x 1 thread, gloo")
+    if a.mode == "overhead":
+        res = spawn(overhead_worker, a.steps, a.rounds)
+        print("| plan | hand-written ms | meshplan runtime ms | overhead |\n|---|---|---|---|")
+        for name, r in res.items():
+            print(f"| {name} | {r['hand_ms']:.1f} | {r['runtime_ms']:.1f} | {r['runtime_ms'] / r['hand_ms'] - 1:+.1%} |")
+    else:
+        if not a.cluster:
+            print("predict needs --cluster profile.json (run `meshplan profile -o profile.json`)", file=sys.stderr)
+            return 2
+        plans = make_plans(a.cluster)
+        res = spawn(predict_worker, plans, a.steps)
+        print("| plan | predicted ms | measured ms | error |\n|---|---|---|---|")
+        errs = []
+        for r in res:
+            e = r["predicted_ms"] / r["measured_ms"] - 1
+            errs.append(abs(e))
+            print(f"| {r['plan']} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {e:+.1%} |")
+        print(f"median |error| {statistics.median(errs):.1%} over {len(errs)} plans")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
