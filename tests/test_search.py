@@ -108,3 +108,13 @@ def test_no_feasible_plan_names_the_smallest_need_and_the_limit():
     g = gpt_graph(layers=4, h=4096, heads=32, seq=2048, vocab=32768)
     with pytest.raises(NoFeasiblePlanError, match=r"smallest per-device need found is [\d.]+ GiB, the limit 0\.5"):
         plan_graph(g, 2, cluster=small_mem(H100.with_devices(2), 0.5), global_batch_size=2)
+
+
+def test_tp_that_shards_nothing_is_skipped_unless_pinned():
+    g = gpt_graph(layers=2, h=64, heads=4, seq=32, vocab=128)  # too small for TP to pay
+    free = plan_graph(g, 2, global_batch_size=4)
+    assert free.tp == 1
+    pinned = plan_graph(g, 2, global_batch_size=4, fixed={"tp": 2})
+    assert pinned.tp == 2
+    assert any("sharding does not pay" in n for n in pinned.notes)
+    assert Plan.from_json(pinned.to_json()) == pinned
