@@ -159,3 +159,23 @@ def _qat_dist(rank: int, world: int) -> None:
 @pytest.mark.distributed
 def test_qat_dp2_and_tp2_match_single_process() -> None:
     spawn(_qat_dist, 2)
+
+
+@pytest.mark.parametrize("mode", ["qat", "qlora"])
+def test_hf_gpt2_conv1d_targets_are_converted(mode: str) -> None:
+    from meshplan.models.hf import HFLogits, hf_gpt2
+
+    torch.manual_seed(0)
+    cfg = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=64, n_positions=16, resid_pdrop=0.0, embd_pdrop=0.0,
+               attn_pdrop=0.0)  # fmt: skip
+    model = hf_gpt2(cfg)
+    x = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        ref = HFLogits(model)(x)
+    q = Quantization(mode=mode, group_size=16 if mode == "qat" else 32, lora_rank=4)
+    fqns = apply_quantization(model, q)
+    assert len(fqns) == 8 and "transformer.h.0.attn.c_attn" in fqns
+    assert all(isinstance(model.get_submodule(f), torch.nn.Linear) for f in fqns)
+    out = HFLogits(model)(x)
+    assert 0 < float((out - ref).abs().max()) < 0.1  # quantized, and close
+    out.float().pow(2).mean().backward()

@@ -53,6 +53,7 @@ __all__ = [
     "apply_quantization",
     "check_group_size",
     "convert_for_deployment",
+    "convert_targeted_conv1d",
     "convert_qat",
     "ddp_ignore_quantized",
     "is_targeted",
@@ -82,6 +83,7 @@ def apply_quantization(
     """
     if quantization.mode == "none":
         return []
+    convert_targeted_conv1d(model, quantization)
     if quantization.mode == "qat":
         return prepare_qat(model, quantization, tp_mesh=tp_mesh)
     if quantization.mode == "qlora":
@@ -89,6 +91,20 @@ def apply_quantization(
             model, quantization, tp_mesh=tp_mesh, tp_styles=tp_styles, seed=seed, fsdp_shards=fsdp_shards
         )
     raise ValueError(f"unknown quantization mode {quantization.mode!r}")
+
+
+def convert_targeted_conv1d(model: nn.Module, quantization: Quantization) -> list[str]:
+    """Turn the targeted HF ``Conv1D`` modules (GPT-2's ``c_attn``, ``c_fc``, ...; weight [in, out])
+    into equal ``nn.Linear`` ones (weight transposed), so QAT/QLoRA can handle them; returns
+    their FQNs. Uses the runtime's own converter (``runtime.tp.convert_conv1d``)."""
+    from meshplan.runtime.tp import convert_conv1d
+
+    fqns = [
+        n
+        for n, m in model.named_modules()
+        if n and type(m).__name__ == "Conv1D" and is_targeted(n, quantization.target_modules)
+    ]
+    return convert_conv1d(model, fqns) if fqns else []
 
 
 def convert_for_deployment(model: nn.Module, quantization: Quantization) -> nn.Module:
