@@ -50,6 +50,8 @@ RECOMPUTE_CHOICES = ("none", "selective", "full")
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 #: Alternatives are looked for among plans at most this much slower than the best.
 ALT_MARGIN = 0.25
+#: At most this many memory-constrained re-splits (partition.stage_ilp DP) per search.
+MAX_MEMORY_RESCUES = 8
 #: Microbatch counts above this (× pp·v) are simulated small and extrapolated.
 SIM_CAP_FACTOR = 3
 
@@ -204,6 +206,7 @@ class Searcher:
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._prefix_cache: dict[int, dict[str, list[float]]] = {}
         self._bpp_cache: dict[tuple[str, int], ModelStateBytes] = {}
+        self._rescues = 0
         self._sp_choice: dict[int, bool] = {}
 
     # ---- enumeration -------------------------------------------------------------------
@@ -277,12 +280,24 @@ class Searcher:
 
     def evaluate_auto(self, c: Config, *, exact: bool = True) -> Evaluation:
         """``evaluate``, upgrading DDP to FSDP when DDP does not fit (and DP is not pinned)."""
-        ev = self.evaluate(c, exact=False)
+        ev = self._fit(c)
         if not ev.fits and self._auto(c):
-            ev2 = self.evaluate(replace(c, dp_kind="fsdp"), exact=False)
+            ev2 = self._fit(replace(c, dp_kind="fsdp"))
             if ev2.fits or ev2.max_mem_bytes < ev.max_mem_bytes:
                 ev = ev2
-        return self.evaluate(ev.config) if exact and ev.fits else ev
+        return self.evaluate(ev.config, runs=ev.stage_layers) if exact and ev.fits else ev
+
+    def _fit(self, c: Config) -> Evaluation:
+        """Bound-evaluate ``c`` on the time-balanced split; if that does not fit but might with
+        another split (within 25 %), try the stage split's memory-constrained DP."""
+        ev = self.evaluate(c, exact=False)
+        if not ev.fits and ev.max_mem_bytes <= 1.25 * self.mem_limit:
+            runs = self.memory_split(c)
+            if runs is not None:
+                ev2 = self.evaluate(c, exact=False, runs=runs)
+                if ev2.fits:
+                    return ev2
+        return ev
 
     def bound(self, c: Config) -> tuple[float, float]:
         lb, mlb = self.lower_bound(c)
@@ -378,7 +393,34 @@ class Searcher:
             self._bpp_cache[key] = model_state_bytes(1.0, optimizer=self.optimizer, zero=zero, dp=c.dp)
         return self._bpp_cache[key]
 
-    def evaluate(self, c: Config, *, exact: bool = True) -> Evaluation:
+    def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
+        """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
+        when the time-balanced split does not fit; None when it finds none."""
+        from meshplan.errors import NoFeasiblePlanError
+        from meshplan.partition.stage_ilp import Layer, split_stages
+
+        if c.virtual_stages != 1 or c.pp == 1 or self._rescues >= MAX_MEMORY_RESCUES:
+            return None
+        self._rescues += 1
+        t = self._table(c)
+        per_param = self._state_bytes_per_param(c).total
+        layers = [
+            Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
+                  state_bytes=int(x.param_count * per_param), act_bytes=int(x.act_bytes), boundary_bytes=int(x.out_bytes))
+            for x in t.layers
+        ]  # fmt: skip
+        spans = self._pp_spans(c)
+        try:
+            split = split_stages(
+                layers, pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule, virtual_stages=1,
+                mem_limit_bytes=self.mem_limit, method="dp",
+                p2p_time=lambda b: collective_time_s("send_recv", b, 2, self.cluster, spans_nodes=spans),
+            )  # fmt: skip
+        except (NoFeasiblePlanError, ValueError):
+            return None
+        return [tuple(r) for r in split.ranges]  # type: ignore[misc]
+
+    def evaluate(self, c: Config, *, exact: bool = True, runs: list[tuple[int, int]] | None = None) -> Evaluation:
         """Cost ``c``: stage split, memory, DP sync, optimizer and (``exact``) the simulated
         makespan. With ``exact=False`` the makespan is the lower bound
         ``max_k (Σ_{s<k} F_s + m·T_k)`` (v = 1; the k-th stage cannot start before the first
@@ -391,7 +433,8 @@ class Searcher:
         t = self._table(c)
         n_st = c.pp * c.virtual_stages
         m = c.num_microbatches
-        runs = self.split(t, n_st) if n_st > 1 else [(0, len(t.layers))]
+        if runs is None:
+            runs = self.split(t, n_st) if n_st > 1 else [(0, len(t.layers))]
         P = self._prefix(t)
 
         def col(k: str) -> list[float]:
@@ -533,7 +576,7 @@ class Searcher:
             groups = {_group(e.config) for e in fitting if e.step_s <= best * (1 + ALT_MARGIN)}
             if not exhaustive and pe.step_s > best and (len(groups) >= self.keep or pe.step_s > best * (1 + ALT_MARGIN)):
                 break
-            fitting.append(self.evaluate(pe.config))
+            fitting.append(self.evaluate(pe.config, runs=pe.stage_layers))
             if (i + 1) % 50 == 0:
                 self.progress(f"simulated {i + 1} of {len(partial)} (bound {pe.step_s:.3g} s, best {best:.3g} s)")
         min_mem = min((e.max_mem_bytes for e in partial + oom), default=math.inf)
