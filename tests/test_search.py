@@ -118,3 +118,16 @@ def test_tp_that_shards_nothing_is_skipped_unless_pinned():
     assert pinned.tp == 2
     assert any("sharding does not pay" in n for n in pinned.notes)
     assert Plan.from_json(pinned.to_json()) == pinned
+
+
+def test_memory_constrained_resplit_when_the_balanced_split_does_not_fit():
+    g = gpt_graph(layers=8, h=1024, heads=16, seq=8192, vocab=1024)  # activations dominate memory
+    pins = {"pp": 2, "tp": 1, "schedule": "1f1b", "micro_batch_size": 1, "recompute": "none"}
+    roomy = Searcher(g, H100.with_devices(2), global_batch=8, fixed=pins)
+    balanced = roomy.evaluate(roomy.configs()[0])
+    assert balanced.stage_layers == [(0, 5), (5, 10)]  # 1F1B: rank 0 holds 2 microbatches, rank 1 one
+    limit = int(0.9 * max(balanced.peak_mem_bytes))
+    tight = Searcher(g, dataclasses.replace(H100.with_devices(2), mem_bytes=limit), global_batch=8, fixed=pins).run()
+    assert tight.best is not None and tight.best.config.recompute == "none"
+    assert tight.best.stage_layers[0][1] < 5  # fewer layers on the rank with more in flight
+    assert max(tight.best.peak_mem_bytes) <= limit

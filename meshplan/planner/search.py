@@ -196,6 +196,8 @@ class Searcher:
         self.B = global_batch
         self.fixed = dict(fixed or {})
         self.recompute = tuple(recompute or RECOMPUTE_CHOICES)
+        if "recompute" in self.fixed and self.fixed["recompute"] not in self.recompute:
+            self.recompute = (*self.recompute, self.fixed["recompute"])
         self.schedules = tuple(schedules or SCHEDULE_CHOICES)
         self.dtype = dtype
         self.optimizer = optimizer
@@ -260,6 +262,8 @@ class Searcher:
                         continue
                     for sched, v in self._schedules(pp, m, n_layers):
                         for rc in self.recompute:
+                            if "recompute" in f and f["recompute"] != rc:
+                                continue
                             for kind in self._dp_kinds(dp):
                                 out.append(Config(dp, tp, pp, b, m, sched, v, rc, False, kind))
         return out
