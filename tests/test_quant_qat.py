@@ -155,6 +155,16 @@ def _qat_dist(rank: int, world: int) -> None:
         assert isinstance(tp.blocks[0].mlp.fc_out.weight, DTensor)
         _compare(order, _train(tp, x, y, 3), ref, 5e-3)
 
+    # deployment from TP: gather the full state dict into a plain QAT model, then convert
+    full = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in tp.state_dict().items()}
+    plain = tiny_gpt()
+    apply_quantization(plain, Q)
+    plain.load_state_dict(full)
+    with torch.no_grad():
+        fake = tp(x)
+        torch.testing.assert_close(plain(x), fake, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(convert_for_deployment(plain, Q)(x), fake, atol=1e-4, rtol=1e-4)
+
 
 @pytest.mark.distributed
 def test_qat_dp2_and_tp2_match_single_process() -> None:

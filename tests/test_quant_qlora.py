@@ -24,6 +24,7 @@ from meshplan.runtime.quant import (
     ddp_ignore_quantized,
     lora_parameters,
     lora_tp_plan,
+    merged_state_dict,
 )
 from meshplan.runtime.quant.qlora import nf4_scaler_block_size
 
@@ -203,7 +204,8 @@ def _qlora_dist(rank: int, world: int) -> None:
         return m
 
     ref_nf4 = _train(make(), x, y, steps)
-    ref_plain = _train(make(False), x, y, steps)
+    ref_plain_model = make(False)
+    ref_plain = _train(ref_plain_model, x, y, steps)
 
     # dp2: DDP over a QLoRA model (frozen NF4 params are skipped by DDP); half batch per rank
     sl = slice(rank * 2, rank * 2 + 2)
@@ -241,7 +243,15 @@ def _qlora_dist(rank: int, world: int) -> None:
         return m
 
     # plain frozen base: the TP LoRA mechanics are exact
-    _compare("tp2 lora after_tp", _train(tp_model("after_tp", False), x, y, steps), ref_plain, atol=1e-5)
+    tp_plain = tp_model("after_tp", False)
+    _compare("tp2 lora after_tp", _train(tp_plain, x, y, steps), ref_plain, atol=1e-5)
+    # deployment from TP: gather + merge the adapters into a plain model == single-process merge
+    deployed = tiny_gpt()
+    deployed.load_state_dict(merged_state_dict(tp_plain))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            deployed(x), convert_for_deployment(ref_plain_model, Q)(x), atol=1e-5, rtol=1e-5
+        )
     _compare("tp2 lora in_apply", _train(tp_model("in_apply", False), x, y, steps), ref_plain, atol=1e-5)
     # NF4 base: both TP paths quantize the same local shards -> equal to each other ...
     nf4_a = _train(tp_model("after_tp", True), x, y, steps)

@@ -42,6 +42,7 @@ from meshplan.runtime.quant.qlora import (
     lora_parameters,
     lora_tp_plan,
     merge_lora,
+    merged_state_dict,
     style_of,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "lora_parameters",
     "lora_tp_plan",
     "merge_lora",
+    "merged_state_dict",
     "prepare_qat",
     "qat_base_config",
     "style_of",

@@ -62,6 +62,8 @@ __all__ = [
     "lora_parameters",
     "lora_tp_plan",
     "merge_lora",
+    "merged_state_dict",
+    "merged_weight",
     "nf4_parameter_names",
     "nf4_tensor_bytes",
     "nf4_scaler_block_size",
@@ -422,6 +424,40 @@ def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 @torch.no_grad()
+def merged_weight(mod: LoRALinear) -> torch.Tensor:
+    """``dequant(W) + (alpha/r) B A`` of one LoRALinear in the base weight's dtype.
+
+    Under TP it is this rank's shard (colwise: rows, from B's row shard and the replicated A;
+    rowwise: columns, from the replicated B and A's column shard) wrapped as a DTensor with the
+    weight's placement, so ``.full_tensor()`` gathers the full merged weight.
+    """
+    w = mod.weight.get_original_weight() if mod.quantized else mod.weight.detach()
+    merged = (w.to(torch.float32) + mod.scaling * (_local(mod.lora_B) @ _local(mod.lora_A))).to(w.dtype)
+    if mod.tp_mesh is None:
+        return merged
+    dim = lora_tp_plan(mod.style).weight
+    return DTensor.from_local(merged, mod.tp_mesh, [Shard(dim)], run_check=False)
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full (gathered) state dict of a QLoRA model with the adapters merged: the state dict of
+    the plain model it came from, ready for ``load_state_dict`` into an unquantized copy for
+    deployment. A collective under TP (every rank must call it)."""
+    out: dict[str, torch.Tensor] = {}
+    lora_mods = {f: m for f, m in model.named_modules() if isinstance(m, LoRALinear)}
+    for name, t in model.state_dict().items():
+        mod_name, _, leaf = name.rpartition(".")
+        mod = lora_mods.get(mod_name)
+        if mod is not None and leaf in ("lora_A", "lora_B"):
+            continue
+        if mod is not None and leaf == "weight":
+            t = merged_weight(mod)
+        out[name] = t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
+    return out
+
+
+@torch.no_grad()
 def merge_lora(model: nn.Module) -> nn.Module:
     """Deployment: replace each single-process LoRALinear with an ``nn.Linear`` holding
     ``dequant(W) + (alpha/r) B A`` (in place; returns ``model``)."""
@@ -430,10 +466,9 @@ def merge_lora(model: nn.Module) -> nn.Module:
             continue
         if mod.style != "replicate":
             raise ValueError(f"{fqn}: merge a gathered single-process copy, not a TP shard")
-        w = mod.weight.get_original_weight() if mod.quantized else mod.weight.detach()
-        merged = w.to(torch.float32) + mod.scaling * (mod.lora_B @ mod.lora_A)
-        lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, dtype=w.dtype)
-        lin.weight.copy_(merged.to(w.dtype))
+        merged = merged_weight(mod)
+        lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, dtype=merged.dtype)
+        lin.weight.copy_(merged)
         if mod.bias is not None:
             lin.bias.copy_(mod.bias)
         parent_name, _, child = fqn.rpartition(".")
