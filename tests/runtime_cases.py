@@ -49,13 +49,23 @@ def opt_factory(params: list[torch.Tensor]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def reference(model: nn.Module, data: list, microbatches: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
+def quantization(mode: str) -> Any:
+    from meshplan.plan import Quantization
+
+    return Quantization(mode=mode, bits=4, group_size=16, lora_rank=4, lora_alpha=8.0)
+
+
+def reference(model: nn.Module, data: list, quant: str = "none") -> tuple[list[float], dict[str, torch.Tensor]]:
     """Single-process training on the global batch: losses and the final parameters."""
     from meshplan.models.hf import HFLogits, is_hf_model
 
     m = copy.deepcopy(model)
+    if quant != "none":
+        from meshplan.runtime.quant import apply_quantization
+
+        apply_quantization(m, quantization(quant))
     run = HFLogits(m) if is_hf_model(m) else m
-    opt = opt_factory(list(m.parameters()))
+    opt = opt_factory([p for p in m.parameters() if p.requires_grad])
     losses = []
     for x, y in data:
         loss = loss_fn(run(x), y)
@@ -63,7 +73,7 @@ def reference(model: nn.Module, data: list, microbatches: int = 1) -> tuple[list
         opt.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
-    return losses, {n: p.detach().clone() for n, p in m.named_parameters(remove_duplicate=False)}
+    return losses, {n: p.detach().clone() for n, p in m.named_parameters(remove_duplicate=False) if p.requires_grad}
 
 
 def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float, float, list[str]]:
@@ -86,6 +96,11 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
         schedule=cfg.get("schedule", "1f1b"), virtual_stages=cfg.get("v", 1), microbatches=cfg["m"],
         micro_batch_size=mbs, seq_len=SEQ, tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"),
     )
+    if cfg.get("quant"):
+        import dataclasses
+
+        plan = dataclasses.replace(plan, quantization=quantization(cfg["quant"]))
+        ref = reference(model_fn(), data, cfg["quant"])
     pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex)
     losses = [pm.step(x, y) for x, y in data]
     ref_losses, ref_params = ref
@@ -93,6 +108,8 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
     param_err = 0.0
     full = pm.full_parameters()
     for name, t in full.items():
+        if name not in ref_params and cfg.get("quant"):
+            continue  # e.g. NF4 base weights kept under another name
         r = ref_params[name]
         if t.shape != r.shape and t.t().shape == r.shape:  # HF Conv1D converted to Linear
             t = t.t()

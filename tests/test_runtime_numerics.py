@@ -26,8 +26,11 @@ def _check(results: list, expect: int) -> None:
     assert len(rows) == expect
     for rank_rows in results:
         for cfg, loss_err, param_err, _notes in rank_rows:
-            assert loss_err <= ATOL, f"{cfg}: loss differs by {loss_err}"
-            assert param_err <= ATOL, f"{cfg}: a parameter differs by {param_err}"
+            # QAT rounds weights to 4-bit levels: a summation-order difference of 1e-7 in a gradient
+            # can move a weight across a rounding boundary, so QAT gets a looser bound (seen: 3e-4)
+            atol = 2e-3 if cfg.get("quant") == "qat" else ATOL
+            assert loss_err <= atol, f"{cfg}: loss differs by {loss_err}"
+            assert param_err <= atol, f"{cfg}: a parameter differs by {param_err}"
 
 
 class TestTwoRanks:
@@ -35,6 +38,8 @@ class TestTwoRanks:
         cfgs = [dict(dp=2, m=2), dict(dp=2, m=2, dp_kind="fsdp"), dict(tp=2, m=2)]
         cfgs += [dict(pp=2, m=4, schedule=s, v=v) for s, v in PP_SCHEDULES]
         cfgs += [dict(pp=2, m=4, schedule="zbv", v=2)]
+        cfgs += [dict(dp=2, m=2, quant="qlora"), dict(pp=2, m=4, schedule="1f1b", quant="qlora"),
+                 dict(pp=2, m=4, schedule="1f1b", quant="qat")]
         _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
 
     def test_hf_gpt2_tied(self) -> None:

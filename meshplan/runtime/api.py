@@ -1,7 +1,9 @@
 """``apply_plan(model, plan, *, loss_fn, optimizer_factory) -> ParallelModel``: run a Plan.
 
-Order (DESIGN.md): checks (no collective) -> process group + DeviceMesh -> stage split ->
-TP per stage -> data parallel per stage -> pipeline stages + schedule -> optimizer.
+Order: checks (no collective) -> process group + DeviceMesh -> stage split -> TP per stage ->
+quantized training per stage (``meshplan.runtime.quant``; after TP because QLoRA quantizes each
+rank's shard, QAT works either way) -> data parallel per stage -> pipeline stages + schedule ->
+optimizer (over the parameters that still require grad).
 
 ``ParallelModel.step(inputs, targets)`` takes the GLOBAL batch (the same tensors on every rank),
 keeps this rank's data-parallel slice, runs forward/backward (the pipeline schedule, or plain
@@ -142,9 +144,11 @@ class ParallelModel:
         return get_model_state_dict(self.container())
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        """FQN -> full (unsharded) parameter of this rank's stages; a collective under TP/FSDP."""
+        """FQN -> full (unsharded) trainable parameter of this rank's stages; a collective under TP/FSDP."""
         out = {}
         for n, p in self.named_parameters().items():
+            if not p.requires_grad:
+                continue
             t = p.full_tensor() if hasattr(p, "full_tensor") else p
             out[n] = t.detach().clone()
         return out
@@ -222,8 +226,6 @@ def apply_plan(
         notes.append("sequence_parallel planned but not applied (runs as plain TP)")
     if plan.recompute != "none":
         notes.append(f"recompute={plan.recompute} planned but not applied by the runtime")
-    if plan.quantization.mode != "none":
-        notes.append(f"quantization {plan.quantization.mode} planned but not applied by the runtime")
 
     # 2. process group and mesh
     env = init_runtime(plan, timeout_s=timeout_s)
@@ -258,8 +260,24 @@ def apply_plan(
             _check_tp_modules(r, styles)
             tp.apply_tp(r, env.mesh["tp"], styles)
 
-    # 5. data parallel per stage
+    # 4b. quantized training (meshplan.runtime.quant), on each stage root after TP: QAT works in
+    # either order with TP; QLoRA must follow parallelize_module (it quantizes each rank's shard)
     mode = dpmod.dp_mode(plan)
+    if plan.quantization.mode != "none":
+        from meshplan.runtime.quant import apply_quantization
+
+        for r in roots:
+            changed = apply_quantization(
+                r, plan.quantization, tp_mesh=env.mesh["tp"] if plan.tp > 1 else None, tp_styles=styles,
+                fsdp_shards=plan.dp if mode == "fsdp" else 1,
+            )
+            if plan.quantization.mode == "qlora" and mode == "ddp":
+                from meshplan.runtime.quant.qlora import ddp_ignore_quantized
+
+                ddp_ignore_quantized(r)
+        notes.append(f"quantization {plan.quantization.mode}: {len(changed)} linears per stage root (last)")
+
+    # 5. data parallel per stage
     dp_mesh = env.mesh["dp"] if plan.dp > 1 else None
     runners = [dpmod.wrap_dp(m, mode, dp_mesh=dp_mesh, dp_group=env.group("dp")) for m in modules]
 
