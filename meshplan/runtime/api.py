@@ -224,6 +224,10 @@ def apply_plan(
     notes: list[str] = []
     if plan.sequence_parallel:
         notes.append("sequence_parallel planned but not applied (runs as plain TP)")
+    pdtype = next((p.dtype for p in model.parameters()), None)
+    if pdtype is not None and str(pdtype).replace("torch.", "").replace("float32", "fp32").replace(
+        "bfloat16", "bf16").replace("float16", "fp16") != plan.dtype:
+        notes.append(f"plan dtype {plan.dtype} not applied: the runtime trains in the model's dtype ({pdtype})")
     if plan.recompute != "none":
         notes.append(f"recompute={plan.recompute} planned but not applied by the runtime")
 
