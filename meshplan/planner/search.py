@@ -31,6 +31,7 @@ No torch import.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable
@@ -138,17 +139,23 @@ def balanced_split(costs: list[float], num_stages: int) -> list[tuple[int, int]]
     if not 1 <= num_stages <= n:
         raise ValueError(f"cannot split {n} layers into {num_stages} stages")
 
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+
     def pack(limit: float) -> list[tuple[int, int]] | None:
-        out, start, acc = [], 0, 0.0
-        for i, c in enumerate(costs):
-            if c > limit:
+        """Greedy: each run takes as many layers as fit under ``limit`` (binary search on the
+        prefix sums); None when more than ``num_stages`` runs are needed."""
+        out, start = [], 0
+        while start < n:
+            end = bisect.bisect_right(prefix, prefix[start] + limit * (1 + 1e-12)) - 1
+            if end <= start:
+                return None  # one layer alone exceeds the limit
+            out.append((start, end))
+            if len(out) > num_stages:
                 return None
-            if acc + c > limit and i > start:
-                out.append((start, i))
-                start, acc = i, 0.0
-            acc += c
-        out.append((start, n))
-        return out if len(out) <= num_stages else None
+            start = end
+        return out
 
     lo, hi = max(costs), sum(costs)
     for _ in range(60):
@@ -361,13 +368,14 @@ class Searcher:
     def lower_bound(self, c: Config) -> tuple[float, float]:
         """(step-time lower bound, memory lower bound) without splitting or simulating."""
         t = self._table(c)
-        work = sum(layer.total_s for layer in t.layers)
-        avg_params = t.param_count / c.pp
+        P = self._prefix(t)
+        work = P["f"][-1] + P["b"][-1] + P["w"][-1]
+        avg_params = P["params"][-1] / c.pp
         step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
         step += 0.1 * self._grad_sync_s(avg_params, c) if c.dp_kind == "ddp" else 0.0
         mem = self._states(avg_params, c)
         if c.schedule == "gpipe" and c.pp > 1:
-            mem += c.num_microbatches * sum(layer.act_bytes for layer in t.layers) / c.pp
+            mem += c.num_microbatches * P["act"][-1] / c.pp
         return step, mem
 
     # ---- exact evaluation ----------------------------------------------------------------
@@ -403,7 +411,7 @@ class Searcher:
         from meshplan.errors import NoFeasiblePlanError
         from meshplan.partition.stage_ilp import Layer, split_stages
 
-        if c.virtual_stages != 1 or c.pp == 1 or self._rescues >= MAX_MEMORY_RESCUES:
+        if c.virtual_stages != 1 or not 1 < c.pp <= 32 or self._rescues >= MAX_MEMORY_RESCUES:
             return None
         self._rescues += 1
         t = self._table(c)
