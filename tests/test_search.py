@@ -89,9 +89,10 @@ def test_pins_are_respected_and_alternatives_have_reasons():
     g = gpt_graph(layers=8, h=2048, heads=16, seq=1024, vocab=8192)
     p = plan_graph(g, 16, cluster="h100", global_batch_size=64, fixed={"tp": 2})
     assert p.tp == 2 and p.dp * p.tp * p.pp == 16
+    assert any(a.reason.startswith("best with pp=") for a in p.alternatives)  # what another degree costs
     assert p.alternatives and all(a.reason for a in p.alternatives)
     for a in p.alternatives:
-        assert a.reason.startswith(("slower by", "out of memory by"))
+        assert a.reason.startswith(("slower by", "out of memory by", "best with"))
         if a.step_s is not None:
             assert a.step_s >= p.predicted.step_s
     assert Plan.from_json(p.to_json()) == p

@@ -51,6 +51,8 @@ RECOMPUTE_CHOICES = ("none", "selective", "full")
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 #: Alternatives are looked for among plans at most this much slower than the best.
 ALT_MARGIN = 0.25
+#: At most this many "best with another tp/pp degree" alternatives (the closest ones).
+MAX_PER_DEGREE = 4
 #: At most this many memory-constrained re-splits (partition.stage_ilp DP) per search.
 MAX_MEMORY_RESCUES = 8
 #: Microbatch counts above this (× pp·v) are simulated small and extrapolated.
@@ -554,6 +556,24 @@ class Searcher:
         bubble = p * makespan / busy - 1.0 if busy > 0 else 0.0
         return makespan, max(0.0, bubble)
 
+    def _per_degree(
+        self, best: Evaluation, partial: list[Evaluation], shown: set[Config]
+    ) -> list[tuple[Evaluation, str]]:
+        """The best plan at each other TP and PP degree (what choosing that degree costs):
+        the 3 lowest-bound fitting configurations of the degree are simulated, the fastest kept."""
+        out: list[tuple[Evaluation, str]] = []
+        for axis in ("tp", "pp"):
+            mine = getattr(best.config, axis)
+            for deg in sorted({getattr(e.config, axis) for e in partial} - {mine}):
+                cands = [e for e in partial if getattr(e.config, axis) == deg][:3]
+                if not cands or any(getattr(c, axis) == deg for c in shown):
+                    continue
+                ev = min((self.evaluate(e.config, runs=e.stage_layers) for e in cands), key=lambda e: e.step_s)
+                shown.add(ev.config)
+                out.append((ev, f"best with {axis}={deg}: slower by {100 * (ev.step_s / best.step_s - 1):.1f}%"))
+        out.sort(key=lambda x: x[0].step_s)
+        return out[:MAX_PER_DEGREE]
+
     # ---- the search ----------------------------------------------------------------------
     def run(self, *, exhaustive: bool = False) -> SearchResult:
         t0 = time.perf_counter()
@@ -606,6 +626,7 @@ class Searcher:
                 alts.append((e, f"slower by {100 * (e.step_s / best_ev.step_s - 1):.1f}%"))
                 if len(alts) >= self.keep - 1:
                     break
+            alts += self._per_degree(best_ev, partial, {a.config for a, _ in alts})
             for e in oom:
                 if e.step_s < best_ev.step_s:
                     over = (e.max_mem_bytes - self.mem_limit) / GiB
