@@ -143,7 +143,7 @@ def format_plan(plan: Plan) -> str:
     if pr.mem_breakdown:
         out.append("  largest rank: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in pr.mem_breakdown.items()))
     if pr.comm_bytes:
-        out.append("Bytes moved per device per step (predicted): "
+        out.append("Collective payload per step on the busiest rank (predicted): "
                    + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(pr.comm_bytes.items())))  # fmt: skip
     out.append("")
     if p.alternatives:
