@@ -24,6 +24,10 @@ def _dominant(plan: Plan) -> tuple[str, float]:
     return name, parts[name]
 
 
+def _degrees(config: dict) -> tuple[int, int, int]:
+    return (config.get("dp", 0), config.get("tp", 0), config.get("pp", 0))
+
+
 def explain_plan(plan: Plan) -> str:
     p = plan
     pr = p.predicted
@@ -50,6 +54,24 @@ def explain_plan(plan: Plan) -> str:
         )
     else:
         lines.append(f"- pp=1: no pipeline; {p.num_microbatches} microbatches are accumulated per step")
+    if len(p.stages) > 1:
+        times = [s.fwd_s + s.bwd_s for s in p.stages]
+        mean = sum(times) / len(times)
+        worst = max(range(len(times)), key=lambda i: times[i])
+        lines.append(
+            f"- stage split: the slowest stage ({worst}) takes {fmt_s(times[worst])} per microbatch vs a mean of "
+            f"{fmt_s(mean)} ({100 * (times[worst] / mean - 1):.0f}% above; the split minimizes this maximum)"
+        )
+    same = [a for a in p.alternatives if a.step_s is not None and _degrees(a.config) == (p.dp, p.tp, p.pp)]
+    other_sched = next((a for a in same if a.config.get("schedule") != p.schedule), None)
+    if other_sched is not None:
+        lines.append(
+            f"- schedule: {p.schedule} beats {other_sched.config.get('schedule')} at the same degrees "
+            f"({other_sched.reason})"
+        )
+    other_rc = next((a for a in same if a.config.get("recompute") != p.recompute), None)
+    if other_rc is not None:
+        lines.append(f"- recompute={other_rc.config.get('recompute')} at the same degrees: {other_rc.reason}")
     if p.dp > 1:
         lines.append(
             f"- dp={p.dp} ({p.dp_kind}): gradient sync exposes {fmt_s(pr.dp_comm_s)} after overlap with the backward"
