@@ -15,6 +15,7 @@ from meshplan.cost_models.quant import (
     nf4_bits_per_param,
     node_quant_cost,
     qlora_memory_bytes,
+    quant_constraint_errors,
     quant_node_time,
     quant_state_bytes,
     quantized_param_bytes,
@@ -175,3 +176,21 @@ def test_node_helpers_time_and_states() -> None:
     n = 2 * (4096 * 16384 + 16384) // 2 + 4096 * 32000 + 32000
     assert plain_st.total == pytest.approx(16 * n)
     assert quant_state_bytes([node, head], ql, zero=3, dp=4).params == pytest.approx(st.params / 4)
+
+
+def test_constraint_errors_mirror_the_runtime() -> None:
+    lin = [
+        ("blocks.0.attn.q_proj", 64, 64, "colwise"),
+        ("blocks.0.attn.o_proj", 64, 64, "rowwise"),
+        ("lm_head", 64, 100, "replicate"),
+    ]
+    assert quant_constraint_errors(lin, Quantization(mode="qat", group_size=32), tp=2) == []
+    errs = quant_constraint_errors(lin, Quantization(mode="qat", group_size=64), tp=2)
+    assert len(errs) == 1 and "o_proj" in errs[0] and "rowwise shard 32" in errs[0]
+    assert quant_constraint_errors(lin, Quantization(mode="qat", group_size=48)) != []
+    assert quant_constraint_errors(lin, Quantization(mode="qlora", group_size=64), tp=2, fsdp_dp=2) == []
+    errs = quant_constraint_errors(
+        [("blocks.0.fc", 3, 64, "replicate")], Quantization(mode="qlora", group_size=128)
+    )
+    assert errs and "NF4 blocks" in errs[0]
+    assert quant_constraint_errors(lin, Quantization()) == []

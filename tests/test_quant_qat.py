@@ -51,6 +51,8 @@ def test_qat_trains_and_converts_close_to_fake_quantized() -> None:
     model = tiny_gpt()
     fqns = apply_quantization(model, Q)
     assert len(fqns) == 12 and all(isinstance(model.get_submodule(f), FakeQuantizedLinear) for f in fqns)
+    assert apply_quantization(model, Q) == fqns  # idempotent
+    assert isinstance(model.get_submodule(fqns[0]).weight_fake_quantizer.inner, torch.nn.Module)
     # the fake quantizer really quantizes: the weight it produces has <= 16 levels per group
     lin = model.get_submodule("blocks.0.attn.q_proj")
     wq = lin.weight_fake_quantizer(lin.weight).detach()

@@ -5,7 +5,8 @@ Owns the targeting rule shared with the runtime (:func:`is_targeted`), parameter
 :func:`lora_trainable_per_rank`), whole-model QLoRA memory (:func:`qlora_memory_bytes`) and the
 one call the planner makes per linear node, :func:`linear_quant_costs` -> :class:`QuantCost`,
 with graph-node wrappers: :func:`node_quant_cost`, :func:`quant_node_time` (``node_time`` plus
-the quantization overheads) and :func:`quant_state_bytes` (model states of a node range).
+the quantization overheads) and :func:`quant_state_bytes` (model states of a node range), and
+:func:`quant_constraint_errors` (what the runtime would reject, for the planner's validation).
 Pure functions of shapes; no torch import. Units are in the names (bytes, flops, params).
 
 Sources and conventions:
@@ -469,3 +470,50 @@ def quant_state_bytes(
     return ModelStateBytes(
         params / (dp if zero >= 3 else 1), grads / (dp if zero >= 2 else 1), opt / (dp if zero >= 1 else 1)
     )
+
+
+def quant_constraint_errors(
+    linears: Iterable[tuple[str, int, int, str]],
+    quantization: Quantization,
+    *,
+    tp: int = 1,
+    fsdp_dp: int = 1,
+) -> list[str]:
+    """Why the runtime would reject ``quantization`` for these linears at this TP degree (empty: fine).
+
+    ``linears``: (fqn, in_features, out_features, TP style) of the model's linears; only targeted
+    ones are checked. QAT: ``group_size`` must divide in_features, and for a rowwise linear the
+    local in_features ``in/tp`` (quantization groups may not cross shard boundaries). QLoRA: NF4
+    blocks of ``group_size`` must tile the local weight (``in·out/shard``), and under FSDP2 over
+    ``fsdp_dp`` ranks the block count must allow scale blocks that split over them (the runtime
+    picks a scale-block size up to 256). Pure; mirrors ``meshplan.runtime.quant`` checks.
+    """
+    q = quantization
+    errors: list[str] = []
+    if q.mode == "none":
+        return errors
+    g = q.group_size
+    for fqn, in_f, out_f, style in linears:
+        if not is_targeted(fqn, q.target_modules):
+            continue
+        shard = tp if style in ("colwise", "rowwise") else 1
+        if q.mode == "qat":
+            local_in = in_f // tp if style == "rowwise" else in_f
+            if in_f % g or local_in % g:
+                errors.append(
+                    f"{fqn}: QAT group_size={g} must divide in_features={in_f}"
+                    + (f" and its rowwise shard {local_in} (tp={tp})" if style == "rowwise" else "")
+                )
+        elif q.mode == "qlora":
+            numel = in_f * out_f
+            if numel % shard or (numel // shard) % g:
+                errors.append(
+                    f"{fqn}: NF4 blocks of {g} do not tile its {numel // max(shard, 1)}-element shard"
+                )
+                continue
+            n_blocks = numel // shard // g
+            if not any(n_blocks % s == 0 and (n_blocks // s) % fsdp_dp == 0 for s in range(1, 257)):
+                errors.append(
+                    f"{fqn}: {n_blocks} NF4 blocks cannot form scale blocks that split over dp={fsdp_dp}"
+                )
+    return errors

@@ -184,6 +184,8 @@ def prepare_qat(
 
     if quantization.mode != "qat":
         raise ValueError(f"prepare_qat needs quantization.mode == 'qat', got {quantization.mode!r}")
+    from torchao.quantization.qat.linear import FakeQuantizedLinear
+
     fqns = targeted_linears(model, quantization)
     if not fqns:
         raise ValueError(
@@ -194,10 +196,12 @@ def prepare_qat(
     is_dtensor = any(isinstance(model.get_submodule(f).weight, DTensor) for f in fqns)
     for fqn in fqns:  # validate before touching the model
         check_group_size(fqn, model.get_submodule(fqn).weight, quantization.group_size)
-    wanted = set(fqns)
+    # linears prepared already (a second call, or by torchao directly) are left as they are
+    todo = [f for f in fqns if not isinstance(model.get_submodule(f), FakeQuantizedLinear)]
+    wanted = set(todo)
     if is_dtensor:
-        _swap_dtensor_linears(model, fqns, base)
-    else:
+        _swap_dtensor_linears(model, todo, base)
+    elif todo:
         quantize_(model, QATConfig(base, step="prepare"), filter_fn=lambda m, fqn: fqn in wanted)
     _wrap_quantizers(model, fqns, quantization.group_size, tp=is_dtensor or tp_mesh is not None)
     return fqns
