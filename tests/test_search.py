@@ -132,3 +132,13 @@ def test_memory_constrained_resplit_when_the_balanced_split_does_not_fit():
     assert tight.best is not None and tight.best.config.recompute == "none"
     assert tight.best.stage_layers[0][1] < 5  # fewer layers on the rank with more in flight
     assert max(tight.best.peak_mem_bytes) <= limit
+
+
+def test_tied_head_in_another_stage_holds_a_copy_of_the_embedding():
+    from meshplan.planner.api import estimate_graph
+
+    g = gpt_graph(layers=4, h=1024, heads=16, vocab=32768)  # lm_head tied to wte
+    one = estimate_graph(g, 1, tp=1, pp=1, dp=1, num_microbatches=1, global_batch_size=4)
+    two = estimate_graph(g, 2, tp=1, pp=2, dp=1, schedule="1f1b", num_microbatches=4, global_batch_size=4)
+    assert one.stages[0].param_count == g.param_count
+    assert sum(s.param_count for s in two.stages) == g.param_count + 32768 * 1024

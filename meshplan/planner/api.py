@@ -308,7 +308,7 @@ def build_plan(
         stages.append(StageSpec(
             index=s, rank=placement[s], node_start=start, node_end=end, first_node=graph.nodes[start].name,
             last_node=graph.nodes[end - 1].name, modules=tuple(mods), fwd_s=f_s, bwd_s=b_s, bwd_weight_s=w_s,
-            send_s=send_s if s + 1 < len(ev.stage_layers) else 0.0, param_count=int(sum(x.param_count for x in ls)),
+            send_s=send_s if s + 1 < len(ev.stage_layers) else 0.0, param_count=int(ev.stage_params[s]),
             mem_bytes=ev.stage_mem[s], send_bytes=ev.stage_send_bytes[s] if s + 1 < len(ev.stage_layers) else 0,
         ))  # fmt: skip
     tokens = global_batch * graph.seq_len

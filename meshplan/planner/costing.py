@@ -52,6 +52,9 @@ class LayerCost:
     act_bytes: float
     out_bytes: float
     kind: str = "block"  # pre | block | post
+    #: (owner node id, parameters per device) of tied weights this layer reads but another layer
+    #: owns (an LM head tied to the embedding): a stage without the owner holds its own copy
+    tied: tuple[tuple[int, float], ...] = ()
 
     @property
     def fwd_total_s(self) -> float:
@@ -128,6 +131,11 @@ class GraphCoster:
             self._in_bytes[d] = self._in_bytes.get(d, 0) + b
         self.ilp_solves = 0
         self.ilp_seconds = 0.0
+        self._owner: dict[str, tuple[int, int]] = {}  # parameter FQN -> (node counting it, numel)
+        for n in graph.nodes:
+            if n.param_numel:
+                for p in n.param_names:
+                    self._owner.setdefault(p, (n.id, n.param_numel))
 
     # ---- TP placement ------------------------------------------------------------------
     def tp_solution(self, tp: int, sp: bool, micro_batch: int = 1) -> GraphTPSolution:
@@ -162,7 +170,7 @@ class GraphCoster:
                 layer = LayerCost(
                     name, a, b, self._modules(a, b), proto.fwd_s, proto.bwd_input_s, proto.bwd_weight_s,
                     proto.tp_comm_s, proto.recompute_s, proto.param_count, proto.param_count_full,
-                    proto.act_bytes, self._boundary_bytes(b - 1, tp, sp, scale), kind,
+                    proto.act_bytes, self._boundary_bytes(b - 1, tp, sp, scale), kind, proto.tied,
                 )  # fmt: skip
             else:
                 layer = self._cost_layer(name, a, b, kind, tid, sol, recompute, scale)
@@ -211,6 +219,7 @@ class GraphCoster:
         attn_fwd = 0.0
         params = 0.0
         params_full = 0
+        tied: list[tuple[int, float]] = []
         seq = self.g.seq_len
         for n in nodes:
             s = sol.node_shard.get(n.id, 1)
@@ -223,6 +232,10 @@ class GraphCoster:
                 attn_fwd += t.fwd_s
             w_shard = s if n.kind in ("linear", "embedding", "matmul") else 1
             params += n.param_numel / w_shard
+            for p in n.shared_params if not n.param_numel else ():
+                owner = self._owner.get(p)
+                if owner is not None and not a <= owner[0] < b:
+                    tied.append((owner[0], owner[1] / w_shard))
             params_full += n.param_numel
         comm = self._layer_comm_s(a, b, tid, sol, scale)
         first_cut = self._cuts.get(a - 1)
@@ -243,7 +256,7 @@ class GraphCoster:
             rec = 0.0
         return LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
-            self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind,
+            self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
         )  # fmt: skip
 
 

@@ -106,6 +106,7 @@ class Evaluation:
     stage_times: list[tuple[float, float, float, float]]  # fwd, bwd (total), bwd_weight, send per stage
     stage_mem: list[int]
     stage_send_bytes: list[int]
+    stage_params: list[float]  # parameters held per device, tied copies included
     fits: bool
     mem_limit_bytes: int
     table: CostTable = field(repr=False, default=None)  # type: ignore[assignment]
@@ -457,6 +458,11 @@ class Searcher:
 
         st_f, st_b, st_w, st_rec, st_tp = col("f"), col("b"), col("w"), col("rec"), col("tp")
         st_params, st_act = col("params"), col("act")
+        for i, (a, b) in enumerate(runs):  # a tied weight whose owner sits in another stage: a copy
+            for x in t.layers[a:b]:
+                for owner, numel in x.tied:
+                    if not t.layers[a].node_start <= owner < t.layers[b - 1].node_end:
+                        st_params[i] += numel
         pp_spans = self._pp_spans(c)
         st_sendb = [int(t.layers[b - 1].out_bytes) for _, b in runs]
         st_send = [
@@ -524,8 +530,8 @@ class Searcher:
             mem_breakdown=mem_breakdown, comm_bytes=comm_bytes, stage_layers=list(runs),
             stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
             stage_mem=[int(st_params[i] * per_param + st_act[i] * infl[placement[i]]) for i in range(n_st)],
-            stage_send_bytes=st_sendb, fits=max(r_mem) <= self.mem_limit, mem_limit_bytes=self.mem_limit, table=t,
-            exact=exact,
+            stage_send_bytes=st_sendb, stage_params=st_params, fits=max(r_mem) <= self.mem_limit,
+            mem_limit_bytes=self.mem_limit, table=t, exact=exact,
         )  # fmt: skip
 
     def _inflight(self, c: Config, rank: int) -> float:
