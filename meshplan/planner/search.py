@@ -414,7 +414,7 @@ class Searcher:
         from meshplan.errors import NoFeasiblePlanError
         from meshplan.partition.stage_ilp import Layer, split_stages
 
-        if c.virtual_stages != 1 or not 1 < c.pp <= 32 or self._rescues >= MAX_MEMORY_RESCUES:
+        if c.virtual_stages != 1 or not 1 < c.pp <= 32 or c.num_microbatches < 2 or self._rescues >= MAX_MEMORY_RESCUES:
             return None
         self._rescues += 1
         t = self._table(c)
@@ -431,7 +431,7 @@ class Searcher:
                 mem_limit_bytes=self.mem_limit, method="dp",
                 p2p_time=lambda b: collective_time_s("send_recv", b, 2, self.cluster, spans_nodes=spans),
             )  # fmt: skip
-        except (NoFeasiblePlanError, ValueError):
+        except (NoFeasiblePlanError, ValueError, ArithmeticError):  # m = 1 divides by zero in its DP
             return None
         return [tuple(r) for r in split.ranges]  # type: ignore[misc]
 
