@@ -72,7 +72,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = GPTConfig(n_layer=a.layers, n_head=a.hidden // 64, n_embd=a.hidden, vocab_size=4096, block_size=a.seq)
+    cfg = GPTConfig(
+        n_layer=a.layers, n_head=a.hidden // 64, n_embd=a.hidden, vocab_size=4096, block_size=a.seq
+    )
     modes = {
         "none": Quantization(),
         "qat int4 g32": Quantization(mode="qat", bits=4, group_size=32),
