@@ -18,8 +18,12 @@ CASES = {
     # name: (model spec or GPTConfig overrides, world size, cluster, global batch)
     "gpt3-175b": ("gpt3-175b", 1024, "h100", 1536),
     "llama3-8b": ("llama3-8b", 64, "h100", 512),
-    "gpt-1t": ({"n_layer": 128, "n_head": 160, "n_embd": 25600, "block_size": 2048, "vocab_size": 51200}, 3072,
-               "a100-80g", 3072),  # fmt: skip
+    "gpt-1t": (
+        {"n_layer": 128, "n_head": 160, "n_embd": 25600, "block_size": 2048, "vocab_size": 51200},
+        3072,
+        "a100-80g",
+        3072,
+    ),  # fmt: skip
 }
 
 
@@ -67,7 +71,9 @@ def main() -> None:
     args = ap.parse_args()
     import torch  # noqa: F401  (import cost is not part of any case)
 
-    print("| case | devices | cluster | global batch | build s | trace s | search s | search CPU s | total s | configs | ILP solves | plan | predicted step s | predicted MFU |")
+    print(
+        "| case | devices | cluster | global batch | build s | trace s | search s | search CPU s | total s | configs | ILP solves | plan | predicted step s | predicted MFU |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.case or list(CASES):
         r = min((run_case(name) for _ in range(args.repeat)), key=lambda x: x["total_s"])

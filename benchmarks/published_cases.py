@@ -72,7 +72,9 @@ def graph_for(case: dict[str, Any]) -> Any:
                         vocab_size=m["vocab"], block_size=m["seq_len"], bias=not mpt)  # fmt: skip
         with torch.device("meta"):
             model = GPT(cfg)
-        _GRAPHS[key] = trace_model(model, default_inputs(model, device="meta"), name=case["id"].rsplit("-", 2)[0])
+        _GRAPHS[key] = trace_model(
+            model, default_inputs(model, device="meta"), name=case["id"].rsplit("-", 2)[0]
+        )
     return _GRAPHS[key]
 
 

@@ -71,7 +71,12 @@ def test_estimate_graph_reports_when_it_does_not_fit():
 
 def test_plan_graph_round_trips_many_plans():
     g = gpt_graph(layers=4, h=1024, heads=16, vocab=4096)
-    for world, pins in ((1, {}), (2, {"tp": 2}), (8, {"pp": 2, "schedule": "interleaved-1f1b"}), (8, {"dp": 8})):
+    for world, pins in (
+        (1, {}),
+        (2, {"tp": 2}),
+        (8, {"pp": 2, "schedule": "interleaved-1f1b"}),
+        (8, {"dp": 8}),
+    ):
         p = roundtrip(plan_graph(g, world, global_batch_size=16, fixed=pins))
         for k, v in pins.items():
             assert getattr(p, k) == v

@@ -18,7 +18,9 @@ def _plan() -> Plan:
 
 
 def test_group_tp_styles_collapses_identical_blocks():
-    styles = {f"blocks.{i}.{r}": s for i in range(3) for r, s in (("attn.q", "colwise"), ("attn.o", "rowwise"))}
+    styles = {
+        f"blocks.{i}.{r}": s for i in range(3) for r, s in (("attn.q", "colwise"), ("attn.o", "rowwise"))
+    }
     styles["lm_head"] = "replicate"
     styles["blocks.2.attn.o"] = "replicate"  # a block that differs gets its own group
     groups = group_tp_styles(styles)

@@ -100,14 +100,18 @@ def test_pins_are_respected_and_alternatives_have_reasons():
 
 def test_memory_pressure_picks_fsdp_or_recompute_when_allowed():
     g = gpt_graph(layers=8, h=4096, heads=32, seq=2048, vocab=32768)
-    p = plan_graph(g, 8, cluster=small_mem(H100.with_devices(8), 24), global_batch_size=8, fixed={"tp": 1, "pp": 1})
+    p = plan_graph(
+        g, 8, cluster=small_mem(H100.with_devices(8), 24), global_batch_size=8, fixed={"tp": 1, "pp": 1}
+    )
     assert p.dp_kind == "fsdp"  # 26 GiB of model states only fit sharded over dp
     assert max(p.predicted.peak_mem_bytes) <= 24 * 1024**3
 
 
 def test_no_feasible_plan_names_the_smallest_need_and_the_limit():
     g = gpt_graph(layers=4, h=4096, heads=32, seq=2048, vocab=32768)
-    with pytest.raises(NoFeasiblePlanError, match=r"smallest per-device need found is [\d.]+ GiB, the limit 0\.5"):
+    with pytest.raises(
+        NoFeasiblePlanError, match=r"smallest per-device need found is [\d.]+ GiB, the limit 0\.5"
+    ):
         plan_graph(g, 2, cluster=small_mem(H100.with_devices(2), 0.5), global_batch_size=2)
 
 
@@ -128,7 +132,9 @@ def test_memory_constrained_resplit_when_the_balanced_split_does_not_fit():
     balanced = roomy.evaluate(roomy.configs()[0])
     assert balanced.stage_layers == [(0, 5), (5, 10)]  # 1F1B: rank 0 holds 2 microbatches, rank 1 one
     limit = int(0.9 * max(balanced.peak_mem_bytes))
-    tight = Searcher(g, dataclasses.replace(H100.with_devices(2), mem_bytes=limit), global_batch=8, fixed=pins).run()
+    tight = Searcher(
+        g, dataclasses.replace(H100.with_devices(2), mem_bytes=limit), global_batch=8, fixed=pins
+    ).run()
     assert tight.best is not None and tight.best.config.recompute == "none"
     assert tight.best.stage_layers[0][1] < 5  # fewer layers on the rank with more in flight
     assert max(tight.best.peak_mem_bytes) <= limit

@@ -95,8 +95,17 @@ def test_attention_not_sharded_when_heads_do_not_divide():
 
 
 def _node(nid, target, shape, inputs=()):
-    return GraphNode(id=nid, name=f"n{nid}", op="call_function", kind="reshape", target=target, inputs=inputs,
-                     out_shape=shape, out_dtype="bfloat16", out_bytes=2)
+    return GraphNode(
+        id=nid,
+        name=f"n{nid}",
+        op="call_function",
+        kind="reshape",
+        target=target,
+        inputs=inputs,
+        out_shape=shape,
+        out_dtype="bfloat16",
+        out_bytes=2,
+    )
 
 
 def test_split_of_fused_qkv_does_not_keep_shard_but_head_dim_chunk_does():

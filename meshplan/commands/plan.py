@@ -16,15 +16,27 @@ HELP = "plan data/tensor/pipeline parallelism for a model on N devices (predicte
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="zoo name (gpt2-small, llama3-8b, gpt3-175b, ...), file.py:factory or pkg.mod:factory")
+    parser.add_argument(
+        "model", help="zoo name (gpt2-small, llama3-8b, gpt3-175b, ...), file.py:factory or pkg.mod:factory"
+    )
     parser.add_argument("--world-size", "-n", type=int, required=True, help="number of devices")
-    parser.add_argument("--cluster", default="h100", help="preset (h100, h200, a100-80g, a100-40g, v100) or profile .json")
-    parser.add_argument("--global-batch", type=int, default=None, help="sequences per step (default 8 × world size)")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's maximum)")
+    parser.add_argument(
+        "--cluster", default="h100", help="preset (h100, h200, a100-80g, a100-40g, v100) or profile .json"
+    )
+    parser.add_argument(
+        "--global-batch", type=int, default=None, help="sequences per step (default 8 × world size)"
+    )
+    parser.add_argument(
+        "--seq", type=int, default=None, help="sequence length (default: the model's maximum)"
+    )
     parser.add_argument("--tp", type=int, default=None, help="pin the tensor-parallel degree")
     parser.add_argument("--pp", type=int, default=None, help="pin the pipeline-parallel degree")
     parser.add_argument("--dp", type=int, default=None, help="pin the data-parallel degree")
-    parser.add_argument("--schedule", default=None, help="pin the pipeline schedule (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv)")
+    parser.add_argument(
+        "--schedule",
+        default=None,
+        help="pin the pipeline schedule (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv)",
+    )
     parser.add_argument("--micro-batch", type=int, default=None, help="pin the microbatch size")
     parser.add_argument("--recompute", default=None, help="pin activation recompute (none, selective, full)")
     parser.add_argument("--dp-kind", default=None, help="pin data parallelism (ddp, fsdp)")

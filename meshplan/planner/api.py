@@ -104,7 +104,9 @@ def plan_graph(
             f"per-device need found is {res.min_mem_bytes / GiB:.1f} GiB, the limit {res.mem_limit_bytes / GiB:.1f} "
             f"GiB; add devices, lower the global batch ({B}) or sequence length, or use a larger-memory cluster"
         )
-    return build_plan(graph, spec, res.best, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0)
+    return build_plan(
+        graph, spec, res.best, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0
+    )
 
 
 def estimate_graph(
@@ -135,7 +137,9 @@ def estimate_graph(
             num_microbatches -= 1
     if micro_batch_size is None:
         if (B // dp) % num_microbatches:
-            raise ValueError(f"global batch {B} / dp {dp} = {B // dp} is not divisible by num_microbatches={num_microbatches}")
+            raise ValueError(
+                f"global batch {B} / dp {dp} = {B // dp} is not divisible by num_microbatches={num_microbatches}"
+            )
         micro_batch_size = B // dp // num_microbatches
     if num_microbatches is None:
         num_microbatches = B // dp // micro_batch_size
@@ -149,7 +153,9 @@ def estimate_graph(
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, n_layers)
     v = virtual_stages or (2 if schedule == "zbv" else 1)
     if pp * v > n_layers:
-        raise ValueError(f"pp·virtual_stages = {pp * v} exceeds the {n_layers} layers the model can be cut into")
+        raise ValueError(
+            f"pp·virtual_stages = {pp * v} exceeds the {n_layers} layers the model can be cut into"
+        )
     if pp > 1:
         from meshplan.partition.schedule import validate as validate_schedule
 
@@ -163,9 +169,13 @@ def estimate_graph(
     ev = searcher.evaluate_auto(cfg) if dp_kind is None else searcher.evaluate(cfg)
     res = SearchResult(ev if ev.fits else None, [], 1, 1, time.perf_counter() - t0, searcher.coster.ilp_solves,
                        searcher.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, searcher.coster)  # fmt: skip
-    notes = [] if ev.fits else [
-        f"does not fit: needs {ev.max_mem_bytes / GiB:.1f} GiB per device, limit {ev.mem_limit_bytes / GiB:.1f} GiB"
-    ]
+    notes = (
+        []
+        if ev.fits
+        else [
+            f"does not fit: needs {ev.max_mem_bytes / GiB:.1f} GiB per device, limit {ev.mem_limit_bytes / GiB:.1f} GiB"
+        ]
+    )
     return build_plan(graph, spec, ev, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0,
                       extra_notes=notes, status="estimate")  # fmt: skip
 
@@ -323,8 +333,11 @@ def build_plan(
     )  # fmt: skip
     alts = tuple(
         Alternative(
-            summary=e.config.summary(), config=e.config.as_dict(), step_s=e.step_s if e.fits else None,
-            peak_mem_bytes=e.max_mem_bytes, reason=why,
+            summary=e.config.summary(),
+            config=e.config.as_dict(),
+            step_s=e.step_s if e.fits else None,
+            peak_mem_bytes=e.max_mem_bytes,
+            reason=why,
         )
         for e, why in res.alternatives
     )
@@ -332,7 +345,9 @@ def build_plan(
     notes = list(extra_notes or [])
     notes.append("all times, memory and throughput figures are predictions of meshplan's cost model")
     if c.tp > 1:
-        notes.append(f"TP placement solved by ILP at microbatch {sol.micro_batch:g} ({sol.status}, {sol.solver})")
+        notes.append(
+            f"TP placement solved by ILP at microbatch {sol.micro_batch:g} ({sol.status}, {sol.solver})"
+        )
         if all(v == "replicate" for v in sol.styles.values()):
             notes.append(
                 f"tp={c.tp} was pinned but sharding does not pay for this model size under the cost model: every "

@@ -99,7 +99,9 @@ def layer_ranges(graph: ModelGraph) -> list[tuple[str, int, int, str, str | None
     pos = 0
     for a, b, name, tid in inst:
         if a > pos:
-            out.append(("pre" if not out else f"between.{len(out)}", pos, a, "pre" if not out else "post", None))
+            out.append(
+                ("pre" if not out else f"between.{len(out)}", pos, a, "pre" if not out else "post", None)
+            )
         out.append((name, a, b, "block", tid))
         pos = b
     if pos < len(graph.nodes):
@@ -117,7 +119,9 @@ def _elem_scale(dtype_name: str | None, dtype: str) -> float:
 class GraphCoster:
     """Caches TP placements and cost tables of one graph on one cluster."""
 
-    def __init__(self, graph: ModelGraph, cluster: ClusterSpec, *, dtype: str = "bf16", time_limit_s: float = 10.0):
+    def __init__(
+        self, graph: ModelGraph, cluster: ClusterSpec, *, dtype: str = "bf16", time_limit_s: float = 10.0
+    ):
         self.g = graph
         self.cluster = cluster
         self.dtype = dtype
@@ -177,7 +181,9 @@ class GraphCoster:
                 if tid:
                     by_type[tkey] = layer
             for _, k, v in self._layer_events(a, b, tid, sol):
-                comm_total[k] = comm_total.get(k, 0) + int(2 * v * scale * self.g.batch_size / sol.micro_batch)
+                comm_total[k] = comm_total.get(k, 0) + int(
+                    2 * v * scale * self.g.batch_size / sol.micro_batch
+                )
             layers.append(layer)
         table = CostTable(tp, sp, recompute, micro_batch, layers, sol, comm_total)
         self._tables[key] = table
@@ -194,12 +200,17 @@ class GraphCoster:
         cut = self._cuts.get(after)
         if cut is None:
             return 0.0
-        total = sum(self.g.nodes[i].out_bytes * _elem_scale(self.g.nodes[i].out_dtype, self.dtype) for i in cut.crossing)
+        total = sum(
+            self.g.nodes[i].out_bytes * _elem_scale(self.g.nodes[i].out_dtype, self.dtype)
+            for i in cut.crossing
+        )
         if not cut.crossing:
             total = cut.crossing_bytes
         return total * scale / (tp if sp else 1)
 
-    def _layer_events(self, a: int, b: int, tid: str | None, sol: GraphTPSolution) -> list[tuple[int, str, float]]:
+    def _layer_events(
+        self, a: int, b: int, tid: str | None, sol: GraphTPSolution
+    ) -> list[tuple[int, str, float]]:
         if tid:
             return sol.segment_events.get(f"block:{tid}", [])
         return [e for e in sol.segment_events.get("rest", []) if a <= e[0] < b]
@@ -211,7 +222,14 @@ class GraphCoster:
         return _events_comm_s(self._layer_events(a, b, tid, sol), factor, sol.tp, self.cluster)
 
     def _cost_layer(
-        self, name: str, a: int, b: int, kind: str, tid: str | None, sol: GraphTPSolution, recompute: str,
+        self,
+        name: str,
+        a: int,
+        b: int,
+        kind: str,
+        tid: str | None,
+        sol: GraphTPSolution,
+        recompute: str,
         scale: float,
     ) -> LayerCost:
         nodes = self.g.nodes[a:b]
@@ -289,7 +307,9 @@ def _saved_shard(n: GraphNode, sol: GraphTPSolution) -> int:
     return 1
 
 
-def _events_comm_s(events: list[tuple[int, str, float]], factor: float, tp: int, cluster: ClusterSpec) -> float:
+def _events_comm_s(
+    events: list[tuple[int, str, float]], factor: float, tp: int, cluster: ClusterSpec
+) -> float:
     """Forward + backward seconds of the placement's collectives at ``factor`` × their bytes."""
     from meshplan.planner.tp_ilp import _collective_time
 

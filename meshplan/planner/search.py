@@ -171,7 +171,10 @@ def balanced_split(costs: list[float], num_stages: int) -> list[tuple[int, int]]
             hi = mid
     runs = pack(hi) or [(i, i + 1) for i in range(n)]
     while len(runs) < num_stages:  # split the largest splittable run: the maximum never grows
-        k = max((i for i, (a, b) in enumerate(runs) if b - a > 1), key=lambda i: sum(costs[runs[i][0]:runs[i][1]]))
+        k = max(
+            (i for i, (a, b) in enumerate(runs) if b - a > 1),
+            key=lambda i: sum(costs[runs[i][0] : runs[i][1]]),
+        )
         a, b = runs[k]
         best_j, best_v = a + 1, math.inf
         for j in range(a + 1, b):
@@ -414,7 +417,12 @@ class Searcher:
         from meshplan.errors import NoFeasiblePlanError
         from meshplan.partition.stage_ilp import Layer, split_stages
 
-        if c.virtual_stages != 1 or not 1 < c.pp <= 32 or c.num_microbatches < 2 or self._rescues >= MAX_MEMORY_RESCUES:
+        if (
+            c.virtual_stages != 1
+            or not 1 < c.pp <= 32
+            or c.num_microbatches < 2
+            or self._rescues >= MAX_MEMORY_RESCUES
+        ):
             return None
         self._rescues += 1
         t = self._table(c)
@@ -435,7 +443,9 @@ class Searcher:
             return None
         return [tuple(r) for r in split.ranges]  # type: ignore[misc]
 
-    def evaluate(self, c: Config, *, exact: bool = True, runs: list[tuple[int, int]] | None = None) -> Evaluation:
+    def evaluate(
+        self, c: Config, *, exact: bool = True, runs: list[tuple[int, int]] | None = None
+    ) -> Evaluation:
         """Cost ``c``: stage split, memory, DP sync, optimizer and (``exact``) the simulated
         makespan. With ``exact=False`` the makespan is the lower bound
         ``max_k (Σ_{s<k} F_s + m·T_k)`` (v = 1; the k-th stage cannot start before the first
@@ -466,7 +476,8 @@ class Searcher:
         pp_spans = self._pp_spans(c)
         st_sendb = [int(t.layers[b - 1].out_bytes) for _, b in runs]
         st_send = [
-            collective_time_s("send_recv", sb, 2, self.cluster, spans_nodes=pp_spans) if sb else 0.0 for sb in st_sendb
+            collective_time_s("send_recv", sb, 2, self.cluster, spans_nodes=pp_spans) if sb else 0.0
+            for sb in st_sendb
         ]
         ranks = range(c.pp)
         placement = _placement(c.schedule, c.pp, c.virtual_stages)
@@ -497,11 +508,16 @@ class Searcher:
         sync = self._grad_sync_s(r_params[worst], c)
         rank_b = [sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks]
         if c.dp_kind == "fsdp" and c.dp > 1:
-            gather = collective_time_s("all_gather", r_params[worst] * 2, c.dp, self.cluster, spans_nodes=self._dp_spans(c))
+            gather = collective_time_s(
+                "all_gather", r_params[worst] * 2, c.dp, self.cluster, spans_nodes=self._dp_spans(c)
+            )
             per_mb = 2 * gather + sync  # fwd + bwd all-gather, reduce-scatter, every microbatch
             comp_mb = max(rank_work)
             dp_exposed = m * max(0.0, per_mb - comp_mb) + 0.1 * per_mb
-            dp_bytes = {"all_gather": int(2 * r_params[worst] * 2 * m), "reduce_scatter": int(r_params[worst] * 2 * m)}
+            dp_bytes = {
+                "all_gather": int(2 * r_params[worst] * 2 * m),
+                "reduce_scatter": int(r_params[worst] * 2 * m),
+            }
         elif c.dp > 1:
             dp_exposed = max(0.1 * sync, sync - rank_b[worst])
             dp_bytes = {"all_reduce": int(r_params[worst] * 2)}
@@ -539,7 +555,9 @@ class Searcher:
             return 1.0
         return inflight_microbatches(c.schedule, c.pp, rank, c.num_microbatches, c.virtual_stages)
 
-    def _simulate(self, c: Config, f: list[float], b: list[float], w: list[float], send: list[float]) -> tuple[float, float]:
+    def _simulate(
+        self, c: Config, f: list[float], b: list[float], w: list[float], send: list[float]
+    ) -> tuple[float, float]:
         """(makespan, bubble fraction) of the schedule simulator; long runs extrapolated."""
         p, v, m = c.pp, c.virtual_stages, c.num_microbatches
         if p == 1:  # gradient accumulation: m forward/backward pairs back to back
@@ -574,9 +592,13 @@ class Searcher:
                 cands = [e for e in partial if getattr(e.config, axis) == deg][:3]
                 if not cands or any(getattr(c, axis) == deg for c in shown):
                     continue
-                ev = min((self.evaluate(e.config, runs=e.stage_layers) for e in cands), key=lambda e: e.step_s)
+                ev = min(
+                    (self.evaluate(e.config, runs=e.stage_layers) for e in cands), key=lambda e: e.step_s
+                )
                 shown.add(ev.config)
-                out.append((ev, f"best with {axis}={deg}: slower by {100 * (ev.step_s / best.step_s - 1):.1f}%"))
+                out.append(
+                    (ev, f"best with {axis}={deg}: slower by {100 * (ev.step_s / best.step_s - 1):.1f}%")
+                )
         out.sort(key=lambda x: x[0].step_s)
         return out[:MAX_PER_DEGREE]
 
@@ -612,11 +634,17 @@ class Searcher:
         for i, pe in enumerate(partial):
             best = min((e.step_s for e in fitting), default=math.inf)
             groups = {_group(e.config) for e in fitting if e.step_s <= best * (1 + ALT_MARGIN)}
-            if not exhaustive and pe.step_s > best and (len(groups) >= self.keep or pe.step_s > best * (1 + ALT_MARGIN)):
+            if (
+                not exhaustive
+                and pe.step_s > best
+                and (len(groups) >= self.keep or pe.step_s > best * (1 + ALT_MARGIN))
+            ):
                 break
             fitting.append(self.evaluate(pe.config, runs=pe.stage_layers))
             if (i + 1) % 50 == 0:
-                self.progress(f"simulated {i + 1} of {len(partial)} (bound {pe.step_s:.3g} s, best {best:.3g} s)")
+                self.progress(
+                    f"simulated {i + 1} of {len(partial)} (bound {pe.step_s:.3g} s, best {best:.3g} s)"
+                )
         min_mem = min((e.max_mem_bytes for e in partial + oom), default=math.inf)
         fitting.sort(key=lambda e: (e.step_s, e.config.summary()))
         oom.sort(key=lambda e: (e.step_s, e.config.summary()))

@@ -127,7 +127,9 @@ def _collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) ->
 
     spans = tp > cluster.devices_per_node
     # + one kernel launch: of two plans moving the same bytes, the one with fewer collectives wins
-    return float(collective_time_s(kind, int(nbytes), tp, cluster, spans_nodes=spans)) + cluster.kernel_floor_s
+    return (
+        float(collective_time_s(kind, int(nbytes), tp, cluster, spans_nodes=spans)) + cluster.kernel_floor_s
+    )
 
 
 class TPPlacementILP:
@@ -332,11 +334,17 @@ class TPPlacementILP:
             for a in outs:
                 for b in ins:
                     if (a, b) not in TRANSITIONS:
-                        self.prob += self._X(u, a, out=True) + self._X(v, b, out=False) <= 1, f"edge_allowed__{ci}"
+                        self.prob += (
+                            self._X(u, a, out=True) + self._X(v, b, out=False) <= 1,
+                            f"edge_allowed__{ci}",
+                        )
                         ci += 1
                     elif TRANSITIONS[(a, b)] is not None:
                         w = self._reshard_var(u, a, b)
-                        self.prob += w >= self._X(u, a, out=True) + self._X(v, b, out=False) - 1, f"reshard__{ri}"
+                        self.prob += (
+                            w >= self._X(u, a, out=True) + self._X(v, b, out=False) - 1,
+                            f"reshard__{ri}",
+                        )
                         ri += 1
 
     def add_boundary_in(self) -> None:
@@ -613,7 +621,11 @@ def solve_tp(
     for bt in graph.blocks:
         a0, b0 = bt.node_ranges[0]
         same = all(b - a == b0 - a0 for a, b in bt.node_ranges)
-        todo = [(0, bt.instances[0], (a0, b0))] if same else list(zip(range(bt.count), bt.instances, bt.node_ranges))
+        todo = (
+            [(0, bt.instances[0], (a0, b0))]
+            if same
+            else list(zip(range(bt.count), bt.instances, bt.node_ranges))
+        )
         for idx, prefix, (a, b) in todo:
             sol = solve_segment(
                 graph, list(range(a, b)), tp, cluster, sequence_parallel=sequence_parallel,

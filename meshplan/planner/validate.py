@@ -66,7 +66,12 @@ def check_fixed(fixed: dict[str, Any] | None, world_size: int) -> dict[str, Any]
 
 
 def check_against_graph(
-    f: dict[str, Any], graph: ModelGraph, world_size: int, devices_per_node: int, global_batch: int, n_layers: int
+    f: dict[str, Any],
+    graph: ModelGraph,
+    world_size: int,
+    devices_per_node: int,
+    global_batch: int,
+    n_layers: int,
 ) -> None:
     """Pins that contradict the model or the cluster, with the reason."""
     heads = int(graph.meta.get("num_heads") or 0)

@@ -43,10 +43,13 @@ def explain_plan(plan: Plan) -> str:
         sharded = sum(1 for s in p.tp_styles.values() if s != "replicate")
         lines.append(
             f"- tp={p.tp}: {sharded} of {len(p.tp_styles)} linear/embedding layers are sharded inside a node; TP traffic "
-            f"costs {fmt_s(pr.tp_comm_s)} per step" + (" with sequence parallelism" if p.sequence_parallel else "")
+            f"costs {fmt_s(pr.tp_comm_s)} per step"
+            + (" with sequence parallelism" if p.sequence_parallel else "")
         )
     else:
-        lines.append("- tp=1: splitting layers across devices did not pay for its communication (or was not allowed)")
+        lines.append(
+            "- tp=1: splitting layers across devices did not pay for its communication (or was not allowed)"
+        )
     if p.pp > 1:
         lines.append(
             f"- pp={p.pp}: the layers are cut into {len(p.stages)} stages; schedule {p.schedule} with "
@@ -88,5 +91,7 @@ def explain_plan(plan: Plan) -> str:
             cost = f"{fmt_s(a.step_s)}" if a.step_s is not None else "does not fit"
             lines.append(f"  also: {a.summary} — {cost}; {a.reason}")
     else:
-        lines.append("No alternatives were recorded (an estimate of a given configuration, or a single candidate).")
+        lines.append(
+            "No alternatives were recorded (an estimate of a given configuration, or a single candidate)."
+        )
     return "\n".join(lines)

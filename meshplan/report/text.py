@@ -95,7 +95,9 @@ def format_plan(plan: Plan) -> str:
     )
     out.append("")
     out.append("Mesh (outermost axis first; the innermost axis is on consecutive ranks):")
-    out.append(tabulate([[a, d] for a, d in zip(p.mesh.axis_names, p.mesh.degrees)], headers=["axis", "degree"]))
+    out.append(
+        tabulate([[a, d] for a, d in zip(p.mesh.axis_names, p.mesh.degrees)], headers=["axis", "degree"])
+    )
     extra = [f"schedule {p.schedule}"]
     if p.virtual_stages > 1:
         extra.append(f"{p.virtual_stages} virtual stages per rank")
@@ -109,7 +111,11 @@ def format_plan(plan: Plan) -> str:
          fmt_bytes(s.mem_bytes), fmt_bytes(s.send_bytes), fmt_s(s.send_s)]
         for s in p.stages
     ]  # fmt: skip
-    out.append(tabulate(rows, headers=["stage", "rank", "layers", "nodes", "fwd", "bwd", "memory", "sends", "send time"]))
+    out.append(
+        tabulate(
+            rows, headers=["stage", "rank", "layers", "nodes", "fwd", "bwd", "memory", "sends", "send time"]
+        )
+    )
     out.append("")
     out.append(f"Tensor parallelism (tp={p.tp}): style of every linear")
     groups = group_tp_styles(p.tp_styles)
@@ -129,7 +135,9 @@ def format_plan(plan: Plan) -> str:
     ]  # fmt: skip
     rows = [[k, fmt_s(v), f"{100 * v / pr.step_s:.1f}%" if pr.step_s else "-"] for k, v in parts]
     out.append(tabulate(rows, headers=["part", "time", "share"]))
-    out.append(f"bubble fraction {pr.bubble_fraction:.3f}; simulated pipeline makespan {fmt_s(pr.pipeline_s)}")
+    out.append(
+        f"bubble fraction {pr.bubble_fraction:.3f}; simulated pipeline makespan {fmt_s(pr.pipeline_s)}"
+    )
     out.append("")
     out.append(
         f"Throughput (predicted): {pr.tokens_per_s:,.0f} tokens/s; {pr.tflops_per_device:.1f} TFLOP/s per device; "
@@ -149,7 +157,12 @@ def format_plan(plan: Plan) -> str:
     if p.alternatives:
         out.append("Alternatives considered (predicted):")
         rows = [
-            [a.summary, fmt_s(a.step_s) if a.step_s is not None else "-", fmt_bytes(a.peak_mem_bytes), a.reason]
+            [
+                a.summary,
+                fmt_s(a.step_s) if a.step_s is not None else "-",
+                fmt_bytes(a.peak_mem_bytes),
+                a.reason,
+            ]
             for a in p.alternatives
         ]
         out.append(tabulate(rows, headers=["configuration", "step", "peak memory", "why not chosen"]))
