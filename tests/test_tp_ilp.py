@@ -10,7 +10,8 @@ from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode
 from meshplan.ilp import constraint_families
-from meshplan.planner.tp_ilp import MEM_WEIGHT_S_PER_BYTE, TPPlacementILP, solve_segment, solve_tp
+from meshplan.planner.tp_graph import solve_tp
+from meshplan.planner.tp_ilp import MEM_WEIGHT_S_PER_BYTE, TPPlacementILP, solve_segment
 
 H100 = ClusterSpec.preset("h100")
 BLOCK = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.fc_in", "mlp.fc_out")

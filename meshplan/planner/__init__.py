@@ -1,0 +1,3 @@
+"""Planning: tensor-parallel placement ILP (``tp_ilp``, ``tp_graph``), per-layer cost tables
+(``costing``), the joint DP/TP/PP search (``search``, ``search_types``), input checks
+(``validate``) and the public entry points ``autoparallel`` / ``estimate`` (``api``). No torch."""

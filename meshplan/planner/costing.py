@@ -31,7 +31,7 @@ from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import node_activation_bytes
 from meshplan.graph import GraphNode, ModelGraph
-from meshplan.planner.tp_ilp import GraphTPSolution, solve_tp
+from meshplan.planner.tp_graph import GraphTPSolution, solve_tp
 
 
 @dataclass(frozen=True)

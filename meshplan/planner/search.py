@@ -31,11 +31,10 @@ No torch import.
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from meshplan.cost_models.comm import collective_time_s
@@ -44,6 +43,7 @@ from meshplan.cost_models.memory import ModelStateBytes, inflight_microbatches, 
 from meshplan.graph import ModelGraph
 from meshplan.partition.schedule import simulate, validate
 from meshplan.planner.costing import CostTable, GraphCoster
+from meshplan.planner.search_types import Config, Evaluation, SearchResult, balanced_split, divisors
 
 GiB = 1024**3
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
@@ -57,132 +57,6 @@ MAX_PER_DEGREE = 4
 MAX_MEMORY_RESCUES = 8
 #: Microbatch counts above this (× pp·v) are simulated small and extrapolated.
 SIM_CAP_FACTOR = 3
-
-
-@dataclass(frozen=True)
-class Config:
-    dp: int
-    tp: int
-    pp: int
-    micro_batch: int
-    num_microbatches: int
-    schedule: str
-    virtual_stages: int
-    recompute: str
-    sequence_parallel: bool
-    dp_kind: str
-
-    def summary(self) -> str:
-        v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
-        sp = " sp" if self.sequence_parallel else ""
-        return (
-            f"dp{self.dp} tp{self.tp}{sp} pp{self.pp} {self.schedule}{v} mb{self.micro_batch}x{self.num_microbatches}"
-            f" recompute={self.recompute} {self.dp_kind}"
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-@dataclass
-class Evaluation:
-    """An exactly costed configuration."""
-
-    config: Config
-    step_s: float
-    pipeline_s: float
-    compute_s: float
-    tp_comm_s: float
-    pp_comm_s: float
-    dp_comm_s: float
-    bubble_s: float
-    optimizer_s: float
-    recompute_s: float
-    bubble_fraction: float
-    peak_mem_bytes: tuple[int, ...]
-    mem_breakdown: dict[str, int]
-    comm_bytes: dict[str, int]
-    stage_layers: list[tuple[int, int]]  # [start, end) layer indices per stage (model order)
-    stage_times: list[tuple[float, float, float, float]]  # fwd, bwd (total), bwd_weight, send per stage
-    stage_mem: list[int]
-    stage_send_bytes: list[int]
-    stage_params: list[float]  # parameters held per device, tied copies included
-    fits: bool
-    mem_limit_bytes: int
-    table: CostTable = field(repr=False, default=None)  # type: ignore[assignment]
-    exact: bool = True  # False: the makespan is a lower bound (not simulated)
-
-    @property
-    def max_mem_bytes(self) -> int:
-        return max(self.peak_mem_bytes) if self.peak_mem_bytes else 0
-
-
-@dataclass
-class SearchResult:
-    best: Evaluation | None
-    alternatives: list[tuple[Evaluation, str]]
-    candidates: int
-    evaluated: int
-    seconds: float
-    ilp_solves: int
-    ilp_seconds: float
-    min_mem_bytes: int  # smallest per-device need seen (exact where evaluated)
-    mem_limit_bytes: int
-    coster: GraphCoster = field(repr=False, default=None)  # type: ignore[assignment]
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def balanced_split(costs: list[float], num_stages: int) -> list[tuple[int, int]]:
-    """Contiguous split of ``costs`` into ``num_stages`` non-empty runs minimising the largest
-    run sum (bisection on the bottleneck + greedy packing; exact up to the bisection tolerance)."""
-    n = len(costs)
-    if not 1 <= num_stages <= n:
-        raise ValueError(f"cannot split {n} layers into {num_stages} stages")
-
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-
-    def pack(limit: float) -> list[tuple[int, int]] | None:
-        """Greedy: each run takes as many layers as fit under ``limit`` (binary search on the
-        prefix sums); None when more than ``num_stages`` runs are needed."""
-        out, start = [], 0
-        while start < n:
-            end = bisect.bisect_right(prefix, prefix[start] + limit * (1 + 1e-12)) - 1
-            if end <= start:
-                return None  # one layer alone exceeds the limit
-            out.append((start, end))
-            if len(out) > num_stages:
-                return None
-            start = end
-        return out
-
-    lo, hi = max(costs), sum(costs)
-    for _ in range(60):
-        if hi - lo <= 1e-7 * max(hi, 1e-30):
-            break
-        mid = (lo + hi) / 2
-        if pack(mid) is None:
-            lo = mid
-        else:
-            hi = mid
-    runs = pack(hi) or [(i, i + 1) for i in range(n)]
-    while len(runs) < num_stages:  # split the largest splittable run: the maximum never grows
-        k = max(
-            (i for i, (a, b) in enumerate(runs) if b - a > 1),
-            key=lambda i: sum(costs[runs[i][0] : runs[i][1]]),
-        )
-        a, b = runs[k]
-        best_j, best_v = a + 1, math.inf
-        for j in range(a + 1, b):
-            v = max(sum(costs[a:j]), sum(costs[j:b]))
-            if v < best_v:
-                best_j, best_v = j, v
-        runs[k : k + 1] = [(a, best_j), (best_j, b)]
-    return runs
 
 
 class Searcher:
