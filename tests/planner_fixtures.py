@@ -287,3 +287,27 @@ def gpt_graph(
     return b.graph(
         "gpt-fixture", batch, seq, blocks=blocks, meta=meta, tied=[("wte.weight", "lm_head.weight")]
     )
+
+
+def fused_qkv_graph(batch: int = 4, seq: int = 2048, h: int = 4096, heads: int = 32) -> ModelGraph:
+    """input -> Linear(h, 3h) "qkv" -> split(h) -> q, k, v -> SDPA -> Linear(h, h) "proj" -> output,
+    the HF GPT-2 shape (fused c_attn) where a colwise qkv would hand each rank the wrong pieces."""
+    b = _Builder()
+    lead = (batch, seq)
+    tok = batch * seq
+    hd = h // heads
+    x = b.add("input", "x", (), (*lead, h))
+    qkv = linear(b, x, h, 3 * h, lead, "qkv")
+    sp = b.add("reshape", "split", (qkv,), (*lead, h))
+    parts = []
+    for _ in range(3):
+        g = b.add("reshape", "getitem", (sp,), (*lead, h))
+        g = b.add("reshape", "view", (g,), (batch, seq, heads, hd))
+        parts.append(b.add("reshape", "transpose", (g,), (batch, heads, seq, hd)))
+    att = b.add("attention", "scaled_dot_product_attention", tuple(parts), (batch, heads, seq, hd),
+                flops=4 * batch * seq * seq * h, saved=4 * tok * h * E)  # fmt: skip
+    y = b.add("reshape", "transpose", (att,), (batch, seq, heads, hd))
+    y = b.add("reshape", "reshape", (y,), (*lead, h))
+    o = linear(b, y, h, h, lead, "proj")
+    b.add("output", "output", (o,), (*lead, h))
+    return b.graph("fused", batch, seq, meta={"hidden": h, "num_heads": heads, "num_kv_heads": heads})

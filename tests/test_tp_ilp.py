@@ -136,3 +136,18 @@ def test_segment_relative_styles():
 def test_bad_tp_degree():
     with pytest.raises(ValueError, match="tp must be >= 1"):
         TPPlacementILP(gpt_graph(layers=1), [], 0, H100)
+
+
+def test_fused_qkv_split_is_never_consumed_sharded():
+    from planner_fixtures import fused_qkv_graph
+
+    g = fused_qkv_graph()
+    sol = solve_tp(g, 4, H100)
+    split = next(n.id for n in g.nodes if n.target == "split")
+    assert sol.node_state[split] not in ("S", "P")  # each rank would hold the wrong slice of [q|k|v]
+    if sol.styles["qkv"] == "colwise":  # then its output is gathered before the split...
+        assert sol.gathered == {"qkv"}
+        assert "all_gather" in sol.comm_bytes
+    att = next(n.id for n in g.nodes if n.kind == "attention")
+    assert sol.node_shard[att] == 4  # ...and the heads are sharded again after it (free slice)
+    assert sol.styles["proj"] == "rowwise"

@@ -348,6 +348,15 @@ def build_plan(
         notes.append(
             f"TP placement solved by ILP at microbatch {sol.micro_batch:g} ({sol.status}, {sol.solver})"
         )
+        if sol.gathered:
+            from meshplan.report.text import group_tp_styles
+
+            pats = [f"{pat}: {', '.join(r for r, _ in items)}" for pat, _, items in group_tp_styles(
+                {f: "colwise" for f in sorted(sol.gathered)})]  # fmt: skip
+            notes.append(
+                "colwise outputs gathered to every rank (ColwiseParallel(output_layouts=Replicate())), not "
+                "consumed sharded by a rowwise sibling: " + "; ".join(pats)
+            )
         if all(v == "replicate" for v in sol.styles.values()):
             notes.append(
                 f"tp={c.tp} was pinned but sharding does not pay for this model size under the cost model: every "

@@ -11,7 +11,7 @@ No torch import.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import ModelGraph
@@ -44,6 +44,7 @@ class GraphTPSolution:
     solver: str
     solves: int
     micro_batch: float = 1.0  # sequences per microbatch the placement was solved at
+    gathered: set[str] = field(default_factory=set)  # colwise FQNs whose output is all-gathered
 
 
 def block_node_ids(graph: ModelGraph) -> set[int]:
@@ -69,6 +70,7 @@ def solve_tp(
     traced batch."""
     t0 = time.perf_counter()
     styles: dict[str, str] = {}
+    gathered: set[str] = set()
     shard: dict[int, int] = {}
     state: dict[int, str] = {}
     seg_s: dict[str, float] = {}
@@ -114,6 +116,8 @@ def solve_tp(
             for inst, (ia, _ib) in targets:
                 for rel, style in sol.rel_styles.items():
                     styles[f"{inst}.{rel}"] = style
+                cut = len(prefix) + 1
+                gathered.update(f"{inst}.{g[cut:]}" for g in sol.gathered if g.startswith(prefix + "."))
                 for nid, s in sol.node_shard.items():
                     shard[ia + (nid - a)] = s
                     state[ia + (nid - a)] = sol.node_state[nid]
@@ -127,6 +131,7 @@ def solve_tp(
         solves += 1
         account(sol, "rest", 1)
         styles.update(sol.styles)
+        gathered.update(sol.gathered)
         shard.update(sol.node_shard)
         state.update(sol.node_state)
     status = "optimal" if all(s == "optimal" for s in statuses) else "feasible"
@@ -135,4 +140,5 @@ def solve_tp(
         segment_comm_s=seg_s, segment_comm_bytes=seg_b, segment_events=seg_e, comm_s=total_s, comm_bytes=total_b,
         objective=objective, status=status, seconds=time.perf_counter() - t0,
         solver="+".join(sorted(solvers)), solves=solves, micro_batch=batch_scale * graph.batch_size,
+        gathered=gathered,
     )  # fmt: skip

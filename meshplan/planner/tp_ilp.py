@@ -19,7 +19,7 @@ state of its output; ``shard(k)`` divides its work)::
     attention    heads S→S (t; needs t | heads and t | kv_heads) · R→R (1)
     matmul       S→S (t) · R→R (1)
     reshape      s→s for s ∈ {R, S, P, Q}; a split/chunk that cuts the sharded feature dim (a
-                 fused qkv [B, T, 3h] split along h) may not keep S
+                 fused qkv [B, T, 3h] split along h) keeps neither S nor P
     elementwise  s→s for s ∈ {R, S, Q} (all full-size inputs alike; broadcast inputs exempt);
                  not S on the residual stream [B, T, hidden] (torch's styles keep it whole or,
                  with sequence parallelism, sequence-sharded)
@@ -41,8 +41,11 @@ Objective (seconds per microbatch, forward + backward)::
        + λ · Σ_n Σ_k x[n,k]·param_bytes(n)/shard_w(k)       small memory term
 
 with ``C`` the cost model's collective time plus one kernel launch (``kernel_floor_s``, so a
-single all-reduce beats an equal-volume reduce-scatter + all-gather pair): P→R all-reduce, P→Q and P→S reduce-scatter,
-S→R and Q→R all-gather, S↔Q all-to-all, R→S and R→Q a free local slice, a→a free.
+single all-reduce beats an equal-volume reduce-scatter + all-gather pair): P→R all-reduce,
+P→Q reduce-scatter, S→R and Q→R all-gather, R→S and R→Q a free local slice, a→a free. Only
+transitions torch's TP styles express exist (RowwiseParallel's output all-reduce or sequence
+reduce-scatter, ColwiseParallel's output gather, SequenceParallel's gather and slice); P
+passes through views but not through a split (each piece would need its own reduction).
 
 Constraint families (names ``<family>__<index>``, see ``meshplan.ilp``)::
 
@@ -75,9 +78,9 @@ STATES = ("R", "S", "P", "Q")
 #: Forward collective for a transition a→b (None = free); pairs absent here are not allowed.
 TRANSITIONS: dict[tuple[str, str], str | None] = {
     ("R", "R"): None, ("R", "S"): None, ("R", "Q"): None,
-    ("S", "S"): None, ("S", "R"): "all_gather", ("S", "Q"): "all_to_all",
-    ("P", "P"): None, ("P", "R"): "all_reduce", ("P", "Q"): "reduce_scatter", ("P", "S"): "reduce_scatter",
-    ("Q", "Q"): None, ("Q", "R"): "all_gather", ("Q", "S"): "all_to_all",
+    ("S", "S"): None, ("S", "R"): "all_gather",
+    ("P", "P"): None, ("P", "R"): "all_reduce", ("P", "Q"): "reduce_scatter",
+    ("Q", "Q"): None, ("Q", "R"): "all_gather",
 }  # fmt: skip
 #: Default weight of the memory term, seconds per parameter byte (1 GB ≈ 0.1 ms: a tie-breaker).
 MEM_WEIGHT_S_PER_BYTE = 1e-13
@@ -119,6 +122,7 @@ class TPSolution:
     seconds: float = 0.0
     solver: str = ""
     comm_events: list[tuple[int, str, float]] = field(default_factory=list)  # (node id, kind, bytes) fwd
+    gathered: set[str] = field(default_factory=set)  # colwise linears whose output is all-gathered
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -207,9 +211,9 @@ class TPPlacementILP:
         if k in ("attention", "matmul"):
             return [rep] + ([Strategy("heads", "S", "S", t)] if (k == "matmul" or self._heads_ok()) else [])
         if k == "reshape":
-            states = ["R", "P"] + (["Q"] if seq_ok else [])
-            if self._keeps_shard(n):
-                states.insert(1, "S")
+            states = ["R"] + (["Q"] if seq_ok else [])
+            if self._keeps_shard(n):  # a split of a partial-sum tensor would need per-piece reductions
+                states[1:1] = ["S", "P"]
             return [Strategy(f"pass-{s}", s, s, 1) for s in states]
         if k in ("elementwise", "activation"):
             out = [Strategy("pass-R", "R", "R", 1)]
@@ -485,9 +489,14 @@ class TPPlacementILP:
                     continue
                 a = self.strategies[u][choice[u]].out_state if u in self.idset else self._external_state(u)
                 needed[u, s.in_state] = a
+        gathered: set[str] = set()
         for (u, b), a in needed.items():
             nid = u
             add_comm(a, b, self.edge_bytes(u))
+            if (a, b) == ("S", "R"):  # which colwise linear's output is gathered?
+                src = self._sharded_source(u, state)
+                if src is not None and self.g.nodes[src].module_fqn:
+                    gathered.add(self.g.nodes[src].module_fqn)
         for nid in self.ids:
             n = self.g.nodes[nid]
             outside = [r for r in self.readers.get(nid, []) if r not in self.idset]
@@ -497,7 +506,21 @@ class TPPlacementILP:
             tp=self.tp, sequence_parallel=self.sp, styles=styles, rel_styles={}, node_shard=shard,
             node_state=state, comm_s=comm_s, comm_bytes=comm_bytes, compute_s=compute,
             objective=compute + comm_s, status=status, seconds=seconds, solver=solver, comm_events=events,
+            gathered=gathered,
         )  # fmt: skip
+
+    def _sharded_source(self, nid: int, state: dict[int, str]) -> int | None:
+        """The colwise linear an S tensor comes from, walking back through S-state views."""
+        seen = 0
+        while nid in self.idset and seen < 64:
+            n = self.g.nodes[nid]
+            if n.kind == "linear":
+                return nid
+            ins = [i for i in n.inputs if state.get(i) == "S"]
+            if n.kind != "reshape" or not ins:
+                return None
+            nid, seen = ins[0], seen + 1
+        return None
 
 
 def _elem_scale(traced_dtype: str | None, dtype: str) -> float:
