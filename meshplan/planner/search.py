@@ -182,7 +182,8 @@ class Searcher:
         """Bound-evaluate ``c`` on the time-balanced split; if that does not fit but might with
         another split (within 25 %), try the stage split's memory-constrained DP."""
         ev = self.evaluate(c, exact=False)
-        if not ev.fits and ev.max_mem_bytes <= 1.25 * self.mem_limit:
+        could_fit = self.lower_bound(c)[1] <= self.mem_limit  # same configs in fast and exhaustive runs
+        if not ev.fits and could_fit and ev.max_mem_bytes <= 1.25 * self.mem_limit:
             runs = self.memory_split(c)
             if runs is not None:
                 ev2 = self.evaluate(c, exact=False, runs=runs)
