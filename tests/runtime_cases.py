@@ -29,6 +29,14 @@ def tiny_hf_gpt2() -> nn.Module:
     return m.train()
 
 
+def tiny_llama() -> nn.Module:
+    from meshplan.models.llama import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    return Llama(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, dim=32, ffn_hidden=64, vocab_size=VOCAB,
+                             max_seq_len=16, rope_theta=10000.0))
+
+
 def batches(steps: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -84,6 +92,15 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
     model = model_fn()
     mbs = BATCH // (cfg.get("dp", 1) * cfg["m"])
     ex = (data[0][0][:mbs],)
+    if cfg.get("planner"):  # a Plan made by the planner: its node names must match the runtime's capture
+        from meshplan.planner.api import estimate
+
+        plan = estimate(model, cfg.get("dp", 1) * cfg.get("tp", 1) * cfg.get("pp", 1), dp=cfg.get("dp", 1),
+                        tp=cfg.get("tp", 1), pp=cfg.get("pp", 1), schedule=cfg.get("schedule", "1f1b"),
+                        num_microbatches=cfg["m"], global_batch_size=BATCH, seq_len=SEQ, cluster="h100",
+                        example_inputs=(data[0][0][:1],))
+        pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex)
+        return _compare(pm, data, ref, cfg)
     styles = cfg.get("styles")
     if styles is None:
         styles = handplan.megatron_styles(model) if cfg.get("tp", 1) > 1 else {}
@@ -102,6 +119,10 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
         plan = dataclasses.replace(plan, quantization=quantization(cfg["quant"]))
         ref = reference(model_fn(), data, cfg["quant"])
     pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex)
+    return _compare(pm, data, ref, cfg)
+
+
+def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, list[str]]:
     losses = [pm.step(x, y) for x, y in data]
     ref_losses, ref_params = ref
     loss_err = max(abs(a - b) for a, b in zip(losses, ref_losses))
@@ -120,7 +141,7 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
 
 
 def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int = 2) -> list[tuple]:
-    model_fn = {"gpt": tiny_gpt, "hf_gpt2": tiny_hf_gpt2}[model_name]
+    model_fn = {"gpt": tiny_gpt, "hf_gpt2": tiny_hf_gpt2, "llama": tiny_llama}[model_name]
     data = batches(steps)
     ref = reference(model_fn(), data)
     out = []

@@ -40,6 +40,8 @@ class TestTwoRanks:
         cfgs += [dict(pp=2, m=4, schedule="zbv", v=2)]
         cfgs += [dict(dp=2, m=2, quant="qlora"), dict(pp=2, m=4, schedule="1f1b", quant="qlora"),
                  dict(pp=2, m=4, schedule="1f1b", quant="qat")]
+        # plans made by the planner (meshplan.planner.api.estimate): fx node names must agree
+        cfgs += [dict(planner=1, pp=2, m=4, schedule="interleaved-1f1b"), dict(planner=1, tp=2, m=2)]
         _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
 
     def test_hf_gpt2_tied(self) -> None:
@@ -47,6 +49,11 @@ class TestTwoRanks:
         res = run_ranks(rc.worker, 2, "hf_gpt2", cfgs)
         _check(res, 2)
         assert any("Conv1D converted" in n for n in res[0][1][3])
+
+
+    def test_llama_rotary_skip_edges(self) -> None:
+        cfgs = [dict(tp=2, m=2), dict(pp=2, m=4, schedule="1f1b"), dict(pp=2, m=4, schedule="zero-bubble")]
+        _check(run_ranks(rc.worker, 2, "llama", cfgs), len(cfgs))
 
 
 class TestFourRanks:
