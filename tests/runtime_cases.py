@@ -4,6 +4,7 @@ reference, and a worker that runs many plans inside one spawn and reports the di
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import torch
@@ -113,6 +114,10 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
         schedule=cfg.get("schedule", "1f1b"), virtual_stages=cfg.get("v", 1), microbatches=cfg["m"],
         micro_batch_size=mbs, seq_len=SEQ, tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"),
     )
+    if cfg.get("recompute"):
+        import dataclasses
+
+        plan = dataclasses.replace(plan, recompute=cfg["recompute"])
     if cfg.get("quant"):
         import dataclasses
 
@@ -175,6 +180,7 @@ def resume_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[float]
         if name == "tp2":
             plan = handplan.manual_plan(model, None, tp=2, microbatches=2, micro_batch_size=4, seq_len=SEQ,
                                         tp_styles=handplan.megatron_styles(model))
+            plan = dataclasses.replace(plan, recompute="full")  # checkpoint wrappers: FQNs must still match
             ex = None
         else:
             ex = (data[0][0][:2],)
@@ -183,5 +189,8 @@ def resume_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[float]
                                         seq_len=SEQ)
         pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex)
         step = checkpoint.load(pm, checkpoint.latest(ckpt_dir))  # type: ignore[arg-type]
+        if name == "tp2":
+            keys = set(pm.state_dict())
+            assert keys == {n for n, _ in tiny_gpt().state_dict().items()}, sorted(keys)[:5]
         out[name] = [pm.step(x, y) for x, y in data[step:]]
     return out

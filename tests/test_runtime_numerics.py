@@ -40,6 +40,7 @@ class TestTwoRanks:
         cfgs += [dict(pp=2, m=4, schedule="zbv", v=2)]
         cfgs += [dict(dp=2, m=2, quant="qlora"), dict(pp=2, m=4, schedule="1f1b", quant="qlora"),
                  dict(pp=2, m=4, schedule="1f1b", quant="qat")]
+        cfgs += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1b", recompute="full")]
         # plans made by the planner (meshplan.planner.api.estimate): fx node names must agree
         cfgs += [dict(planner=1, pp=2, m=4, schedule="interleaved-1f1b"), dict(planner=1, tp=2, m=2)]
         _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))

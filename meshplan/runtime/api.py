@@ -26,7 +26,7 @@ from torch import nn
 from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan
 from meshplan.runtime import data_parallel as dpmod
-from meshplan.runtime import schedules, split, tp
+from meshplan.runtime import recompute, schedules, split, tp
 from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime, ranks_along
 
 
@@ -72,7 +72,7 @@ class ParallelModel:
         out: dict[str, torch.Tensor] = {}
         for m in self.roots:
             for n, p in m.named_parameters(remove_duplicate=False):
-                out.setdefault(n, p)
+                out.setdefault(recompute.clean_fqn(n), p)
         return out
 
     def container(self) -> nn.Module:
@@ -228,8 +228,6 @@ def apply_plan(
     if pdtype is not None and str(pdtype).replace("torch.", "").replace("float32", "fp32").replace(
         "bfloat16", "bf16").replace("float16", "fp16") != plan.dtype:
         notes.append(f"plan dtype {plan.dtype} not applied: the runtime trains in the model's dtype ({pdtype})")
-    if plan.recompute != "none":
-        notes.append(f"recompute={plan.recompute} planned but not applied by the runtime")
 
     # 2. process group and mesh
     env = init_runtime(plan, timeout_s=timeout_s)
@@ -281,6 +279,11 @@ def apply_plan(
                 ddp_ignore_quantized(r)
         notes.append(f"quantization {plan.quantization.mode}: {len(changed)} linears per stage root (last)")
 
+    # 4c. activation recomputation (wraps what runs; roots keep the user's FQNs)
+    modules, rnote = recompute.apply_recompute(modules, plan.recompute, pipelined=pp > 1, schedule=plan.schedule)
+    if rnote:
+        notes.append(rnote)
+
     # 5. data parallel per stage
     dp_mesh = env.mesh["dp"] if plan.dp > 1 else None
     runners = [dpmod.wrap_dp(m, mode, dp_mesh=dp_mesh, dp_group=env.group("dp")) for m in modules]
@@ -300,7 +303,7 @@ def apply_plan(
         optimizer=optimizer_factory(_unique_params(modules)), loss_fn=loss_fn, dp_mode=mode,
         schedule=schedule, notes=notes, tied_fqns=tied,
     )
-    pm.ties = _tie_groups(env, shared, pm)
+    pm.ties = _tie_groups(env, shared, pm, {i: pieces[i].module for i in mine} if pp > 1 else {})
     return pm
 
 
@@ -337,7 +340,9 @@ def _shared_params(pieces: list, ordered: list) -> list[tuple[list[int], dict[in
     return out
 
 
-def _tie_groups(env: RuntimeEnv, shared: list[tuple[list[int], dict[int, str]]], pm: ParallelModel) -> list[_Tie]:
+def _tie_groups(
+    env: RuntimeEnv, shared: list[tuple[list[int], dict[int, str]]], pm: ParallelModel, stage_mods: dict[int, nn.Module]
+) -> list[_Tie]:
     """Groups joining the pipeline ranks that each hold a copy of a tied parameter.
 
     Every rank creates every group (``new_group`` is collective over the world), in one order.
@@ -351,6 +356,6 @@ def _tie_groups(env: RuntimeEnv, shared: list[tuple[list[int], dict[int, str]]],
                 if not mine:
                     raise AssertionError(f"rank {env.rank} holds none of {names}")
                 i, name = mine[0]
-                p = dict(pm.modules[pm.stage_indices.index(i)].named_parameters(remove_duplicate=False))[name]
+                p = dict(stage_mods[i].named_parameters(remove_duplicate=False))[name]
                 out.append(_Tie(fqns=tuple(names.values()), param=p, group=g))
     return out

@@ -1,0 +1,78 @@
+"""Activation recomputation from the Plan's ``recompute`` ("none" | "selective" | "full").
+
+* pp = 1 (the eager model runs): every child of every ``nn.ModuleList`` (the repeated blocks) is
+  wrapped with torch's non-reentrant ``checkpoint_wrapper``: a block keeps only its input and
+  re-runs its forward in backward.
+* pp > 1 (a stage is one flat fx GraphModule, blocks are not separate calls): the whole stage is
+  one checkpointed segment per microbatch, so an in-flight microbatch holds only its stage input.
+  Not applied under zero-bubble schedules (their split input/weight backward re-enters the
+  recomputed graph twice), which is reported in the RunRecord notes.
+
+"selective" (recompute attention only) has no generic counterpart here and runs as "full".
+Checkpoint wrappers add ``_checkpoint_wrapped_module.`` to FQNs; ``clean_fqn`` strips it (DCP's
+state-dict helpers strip it too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+WRAPPED = "_checkpoint_wrapped_module."
+
+
+def clean_fqn(name: str) -> str:
+    return name.replace(WRAPPED, "")
+
+
+class CheckpointedStage(nn.Module):
+    """Runs ``inner`` under non-reentrant activation checkpointing."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        return checkpoint(self.inner, *args, use_reentrant=False)
+
+
+def checkpoint_blocks(model: nn.Module) -> int:
+    """Wrap every ModuleList child of ``model`` in a checkpoint wrapper; returns how many."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    ids = {id(c) for m in model.modules() if isinstance(m, nn.ModuleList) for c in m}
+    if not ids:
+        return 0
+    fn: Callable[[nn.Module], bool] = lambda m: id(m) in ids  # noqa: E731
+    apply_activation_checkpointing(
+        model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=fn,
+    )
+    return len(ids)
+
+
+def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, schedule: str) -> tuple[list[nn.Module], str]:
+    """The modules to run (possibly wrapped) and a note for the RunRecord."""
+    if mode == "none":
+        return modules, ""
+    suffix = " (selective runs as full)" if mode == "selective" else ""
+    if pipelined:
+        if schedule in ("zero-bubble", "zbv"):
+            return modules, f"recompute={mode} not applied under {schedule} (split backward)"
+        return [CheckpointedStage(m) for m in modules], f"recompute={mode}: one checkpointed segment per stage{suffix}"
+    n = sum(checkpoint_blocks(m) for m in modules)
+    if n == 0:
+        return modules, f"recompute={mode} not applied: no nn.ModuleList blocks found"
+    return modules, f"recompute={mode}: {n} blocks checkpointed{suffix}"
+
+
+__all__ = ["apply_recompute", "clean_fqn", "CheckpointedStage", "checkpoint_blocks", "torch"]
