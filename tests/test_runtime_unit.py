@@ -171,3 +171,30 @@ def test_cli_print_command_and_nproc_mismatch(gpt_and_graph, tmp_path, capsys) -
     assert "-m torch.distributed.run --nproc-per-node=2" in cmd and "-m meshplan.runtime.train" in cmd
     assert main(["run", str(path), "--model", "gpt-tiny", "--nproc", "3"]) == 1
     assert "needs 2 ranks" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_meshplan_run_end_to_end(gpt_and_graph, tmp_path) -> None:
+    """`meshplan run` launches torchrun, trains, checkpoints and writes a RunRecord."""
+    import subprocess
+    import sys
+
+    from meshplan.models import load_model
+
+    spec = load_model("gpt-tiny", batch_size=2, seq_len=16)
+    gm, _ = split.capture_graph(spec.model, spec.example_inputs)
+    plan = handplan.manual_plan(spec.model, gm, model_name="gpt-tiny", pp=2, schedule="1f1b", microbatches=2,
+                                micro_batch_size=2, seq_len=16, step_s=0.05)
+    plan.save(tmp_path / "plan.json")
+    out = subprocess.run(
+        [sys.executable, "-m", "meshplan.cli", "run", str(tmp_path / "plan.json"), "--model", "gpt-tiny",
+         "--steps", "2", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
+         "--record", str(tmp_path / "rec.json")],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ms predicted" in out.stdout
+    rec = RunRecord.load(tmp_path / "rec.json")
+    assert [s.step for s in rec.steps] == [1, 2] and rec.predicted_step_s == 0.05
+    assert (tmp_path / "ck" / "step-000002" / "meshplan.json").is_file()

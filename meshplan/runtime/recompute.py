@@ -19,7 +19,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -74,5 +73,3 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
         return modules, f"recompute={mode} not applied: no nn.ModuleList blocks found"
     return modules, f"recompute={mode}: {n} blocks checkpointed{suffix}"
 
-
-__all__ = ["apply_recompute", "clean_fqn", "CheckpointedStage", "checkpoint_blocks", "torch"]
