@@ -100,7 +100,11 @@ class ParallelModel:
         if self.schedule is None:
             model = self.runners[0]
             for i, (xm, ym) in enumerate(zip(x.chunk(m), y.chunk(m))):
-                ctx = model.no_sync() if self.dp_mode == "ddp" and i < m - 1 else _null()  # type: ignore[operator]
+                last = i == m - 1
+                # reduce gradients once, after the last microbatch (DDP no_sync / FSDP2 sync flag)
+                ctx = model.no_sync() if hasattr(model, "no_sync") and not last else _null()  # type: ignore[operator]
+                if hasattr(model, "set_requires_gradient_sync"):
+                    model.set_requires_gradient_sync(last)  # type: ignore[operator]
                 with ctx:
                     loss = self.loss_fn(model(xm), ym)
                     (loss / m).backward()
