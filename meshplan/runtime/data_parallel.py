@@ -40,7 +40,8 @@ def dp_mode(plan: Plan) -> str:
     if plan.pp > 1:
         # DDP-wrapped pipeline stages hit a reducer assert on the second step here ("rebuilt
         # parameter indices size is not same as original model parameters size", torch 2.13,
-        # gloo, 1F1B and Interleaved1F1B): same gradients, reduced once after step() instead.
+        # gloo, 1F1B and Interleaved1F1B; also with hand-written nn.Module stages, so not the fx
+        # split): same gradients, reduced once after step() instead.
         return "manual"
     return "ddp"
 
