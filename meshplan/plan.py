@@ -172,6 +172,9 @@ class Plan:
     tp_styles: dict[str, str]  # linear FQN -> colwise | rowwise | replicate
     predicted: Prediction
     sequence_parallel: bool = False
+    # colwise linears whose output the plan all-gathers back to every rank (e.g. a fused qkv that is
+    # split afterwards): torch's ColwiseParallel(output_layouts=Replicate())
+    tp_gathered_outputs: tuple[str, ...] = ()
     dp_kind: str = "ddp"
     recompute: str = "none"
     quantization: Quantization = field(default_factory=Quantization)
