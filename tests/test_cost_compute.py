@@ -11,6 +11,7 @@ from meshplan.cost_models.compute import (
     backward_factors,
     dtype_bytes,
     elem_scale,
+    matmul_efficiency_at,
     node_input_bytes,
     node_time,
     nodes_time,
@@ -136,3 +137,85 @@ def test_elem_scale() -> None:
     assert elem_scale("float32", "bf16") == 0.5
     assert elem_scale("torch.bfloat16", "fp32") == 2.0
     assert elem_scale("int64", "bf16") == 1.0 and elem_scale(None, "bf16") == 1.0
+
+
+# ---- eager calibration (fields a `meshplan profile` fills; presets leave them empty) ------------
+EAGER = dataclasses.replace(
+    A100,
+    op_overhead_s=4e-6,
+    bwd_op_overhead_s=10e-6,
+    matmul_efficiency_by_flops=[[1e9, 0.8, 0.6], [1e6, 0.2, 0.1]],  # unsorted on purpose
+)
+
+
+def test_matmul_efficiency_interpolates_in_log_flops_and_clamps() -> None:
+    assert matmul_efficiency_at(A100, 1e3) == A100.matmul_efficiency  # no table: flat, any size
+    assert matmul_efficiency_at(A100, 1e15, backward=True) == A100.matmul_efficiency
+    assert matmul_efficiency_at(EAGER, 1e6) == pytest.approx(0.2)
+    assert matmul_efficiency_at(EAGER, 10**7.5) == pytest.approx(0.5)  # half way in log10: 6 -> 9
+    assert matmul_efficiency_at(EAGER, 10**7.5, backward=True) == pytest.approx(0.35)
+    assert matmul_efficiency_at(EAGER, 1.0) == pytest.approx(0.2)  # clamped below the table
+    assert matmul_efficiency_at(EAGER, 1e12, backward=True) == pytest.approx(0.6)  # and above it
+
+
+def test_roofline_efficiency_override() -> None:
+    assert roofline_time_s(1e12, 0, A100, efficiency=0.5) == pytest.approx(1e12 / (312e12 * 0.5))
+    with pytest.raises(ValueError, match="efficiency"):
+        roofline_time_s(1e12, 0, A100, efficiency=1.5)
+
+
+def test_node_time_uses_size_dependent_efficiency_fwd_and_bwd() -> None:
+    n = _linear(tokens=64, fin=256, fout=256)  # 2·64·256·256 ≈ 8.4 MFLOP: compute bound on the table
+    flops = n.fwd_flops
+    eff_f, eff_b = matmul_efficiency_at(EAGER, flops), matmul_efficiency_at(EAGER, flops, backward=True)
+    assert 0.2 < eff_b < eff_f < 0.8
+    t = node_time(n, EAGER)
+    compute_f, compute_b = flops / (312e12 * eff_f), flops / (312e12 * eff_b)
+    bytes_s = (64 * 256 * 2 * 2 + 256 * 256 * 2) / (A100.mem_bw_bytes_per_s * A100.mem_efficiency)
+    assert t.fwd_s == pytest.approx(max(compute_f, bytes_s, A100.kernel_floor_s) + 4e-6)
+    assert t.bwd_input_s == pytest.approx(max(compute_b, bytes_s, A100.kernel_floor_s) + 10e-6)
+    assert t.bwd_weight_s == pytest.approx(t.bwd_input_s)
+    # a small GEMM loses more of the peak than a big one: time per FLOP falls with size
+    big = _linear(tokens=4096, fin=4096, fout=4096)
+    tb = node_time(big, EAGER)
+    assert tb.fwd_s / big.fwd_flops < (t.fwd_s - 4e-6) / flops
+    assert tb.fwd_s == pytest.approx(big.fwd_flops / (312e12 * 0.8) + 4e-6, rel=1e-6)
+
+
+def test_op_overhead_per_part_and_views_cost_host_time() -> None:
+    norm = GraphNode(id=4, name="ln", op="call_module", kind="norm", target="LayerNorm", out_bytes=1024,
+                     param_numel=2, param_bytes=8, fwd_flops=5000)  # fmt: skip
+    plain, eager = node_time(norm, A100), node_time(norm, EAGER)
+    assert eager.fwd_s == pytest.approx(plain.fwd_s + 4e-6)
+    assert eager.bwd_input_s == pytest.approx(plain.bwd_input_s + 10e-6)
+    assert eager.bwd_weight_s == pytest.approx(plain.bwd_weight_s + 10e-6)
+    view = GraphNode(id=3, name="v", op="call_method", kind="reshape", target="view", out_bytes=10**9)
+    assert node_time(view, EAGER) == NodeTime(4e-6, 10e-6, 0.0)
+    assert node_time(view, A100) == NodeTime(0.0, 0.0, 0.0)  # presets: views stay free
+    inp = GraphNode(id=0, name="x", op="placeholder", kind="input", target="x", out_bytes=100)
+    assert node_time(inp, EAGER) == NodeTime(0.0, 0.0, 0.0)
+
+
+def test_presets_have_no_eager_calibration() -> None:
+    # GPU presets are calibrated against published runs: the eager fields must leave them as they were
+    for name in ("a100-80g", "h100", "v100"):
+        spec = ClusterSpec.preset(name)
+        assert spec.op_overhead_s == 0.0 and spec.bwd_op_overhead_s == 0.0
+        assert spec.matmul_efficiency_by_flops == []
+    n = _linear()
+    assert node_time(n, A100).fwd_s == pytest.approx(n.fwd_flops / (312e12 * A100.matmul_efficiency))
+
+
+def test_eager_fields_validate_and_round_trip() -> None:
+    assert ClusterSpec.from_json(EAGER.to_json()) == EAGER
+    with pytest.raises(ValueError, match="matmul_efficiency_by_flops"):
+        dataclasses.replace(A100, matmul_efficiency_by_flops=[[1e6, 0.0, 0.5]])
+    with pytest.raises(ValueError, match="matmul_efficiency_by_flops"):
+        dataclasses.replace(A100, matmul_efficiency_by_flops=[[1e6, 0.5]])
+    with pytest.raises(ValueError, match="op_overhead_s"):
+        dataclasses.replace(A100, op_overhead_s=-1.0)
+    # an old profile JSON without the new fields still loads (defaults)
+    d = A100.to_dict()
+    for k in ("op_overhead_s", "bwd_op_overhead_s", "matmul_efficiency_by_flops"):
+        d.pop(k)
+    assert ClusterSpec.from_dict(d) == A100

@@ -61,7 +61,7 @@ def test_profile_command_two_ranks_writes_loadable_profile(
 
     out = tmp_path / "profile.json"
     argv = ["profile", "--nproc", "2", "--quick", "--max-bytes", "65536", "--reps", "2",
-            "--matmul-sizes", "64", "--mem-test-bytes", "1000000", "-o", str(out)]  # fmt: skip
+            "--matmul-sizes", "64", "--mem-test-bytes", "1000000", "--eager-shapes", "32:16,64:32", "-o", str(out)]  # fmt: skip
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "wrote" in captured.out and "[meshplan profile]" in captured.err  # progress on stderr
@@ -71,6 +71,12 @@ def test_profile_command_two_ranks_writes_loadable_profile(
     assert {"fp32", "bf16"} <= set(spec.peak_flops) and spec.mem_bw_bytes_per_s > 0
     assert "measured" in spec.source and spec.extra["measured"] is True
     assert len(spec.extra["collectives"]["all_reduce"]) == 3  # 4 KiB, 16 KiB, 64 KiB
+    # the eager calibration: one efficiency row per linear chain, sorted by GEMM FLOPs; op overheads
+    rows = spec.matmul_efficiency_by_flops
+    assert [r[0] for r in rows] == [2 * 32 * 16 * 64, 2 * 64 * 32 * 128]
+    assert all(0 < r[1] <= 1 and 0 < r[2] <= 1 for r in rows)
+    assert spec.op_overhead_s >= 0 and spec.bwd_op_overhead_s >= 0
+    assert "eager op overhead" in captured.out
     # a measured profile works wherever a preset does
     assert resolve_cluster(out, 8).num_nodes == 4
     assert collective_time_s("all_reduce", 1 << 20, 2, spec) > 0
@@ -80,6 +86,30 @@ def test_profile_command_rejects_bad_nproc(tmp_path: Path) -> None:
     from meshplan.cli import main
 
     assert main(["profile", "--nproc", "1", "-o", str(tmp_path / "p.json")]) == 1
+
+
+def test_eager_measurements_are_plausible() -> None:
+    import torch
+
+    from meshplan.cost_models.profile import measure_eager_matmul, measure_op_overhead
+
+    cpu = torch.device("cpu")
+    rows = measure_eager_matmul([(16, 8)], 1e15, 2, cpu, lambda _msg: None)  # a huge peak: tiny efficiency
+    assert rows[0][0] == 2 * 16 * 8 * 32 and 0 < rows[0][1] < 0.01 and 0 < rows[0][2] < 0.01
+    fwd_s, bwd_s = measure_op_overhead(cpu, 0.0, reps=3, n_ops=4)
+    assert 0 < fwd_s < 0.01 and 0 < bwd_s < 0.01  # an eager op costs microseconds, not nothing
+    assert measure_op_overhead(cpu, 1.0, reps=3, n_ops=4) == (0.0, 0.0)  # the floor is subtracted, clamped
+
+
+def test_profile_cli_rejects_bad_eager_shapes() -> None:
+    import argparse
+
+    from meshplan.commands.profile import _shapes
+
+    assert _shapes("128:64,512:256") == ((128, 64), (512, 256))
+    for bad in ("128", "a:b", "0:4"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _shapes(bad)
 
 
 def test_noisy_timings_fall_back_to_bounds() -> None:

@@ -1,4 +1,4 @@
-"""``meshplan profile``: measure this machine (matmul, memory, collectives) into a ClusterSpec JSON.
+"""``meshplan profile``: measure this machine (matmul, memory, eager op costs, collectives) into a ClusterSpec JSON.
 
 The profile loads wherever a preset name goes: ``meshplan plan --cluster profile.json``.
 torch is imported inside ``run`` only (through ``meshplan.cost_models.profile``).
@@ -22,6 +22,16 @@ def _sizes(text: str) -> tuple[int, ...]:
     return out
 
 
+def _shapes(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        out = tuple((int(a), int(b)) for a, b in (x.split(":") for x in text.split(",") if x.strip()))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected TOKENS:HIDDEN pairs like 128:128,512:256, got {text!r}") from e
+    if not out or any(t < 1 or h < 1 for t, h in out):
+        raise argparse.ArgumentTypeError(f"expected positive TOKENS:HIDDEN pairs, got {text!r}")
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nproc", type=int, default=2, help="processes (devices) to measure collectives across (default 2)"
@@ -30,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o", "--output", default="profile.json", help="where to write the profile (default profile.json)"
     )
     parser.add_argument(
-        "--quick", action="store_true", help="fewer sizes and repetitions (collectives up to 4 MB)"
+        "--quick", action="store_true", help="fewer sizes and repetitions (collectives up to 16 MB)"
     )
     parser.add_argument(
         "--min-bytes", type=int, default=4096, help="smallest collective size in bytes (default 4096)"
@@ -39,13 +49,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-bytes",
         type=int,
         default=None,
-        help="largest collective size in bytes (default 64 MiB, quick 4 MiB)",
+        help="largest collective size in bytes (default 64 MiB, quick 16 MiB)",
     )
     parser.add_argument(
         "--reps", type=int, default=None, help="timed repetitions per measurement (default 5, quick 3)"
     )
     parser.add_argument(
         "--matmul-sizes", type=_sizes, default=None, help="comma-separated square matmul sizes, e.g. 128,256"
+    )
+    parser.add_argument(
+        "--eager-shapes",
+        type=_shapes,
+        default=None,
+        help="TOKENS:HIDDEN linear chains timed for GEMM efficiency by size, e.g. 128:128,512:256",
     )
     parser.add_argument(
         "--mem-test-bytes", type=int, default=None, help="bytes copied to measure memory bandwidth"
@@ -65,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     spec = profile_machine(
         nproc=args.nproc, quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes, reps=args.reps,
         matmul_sizes=args.matmul_sizes, mem_test_bytes=args.mem_test_bytes, backend=args.backend, name=args.name,
+        eager_shapes=args.eager_shapes,
     )  # fmt: skip
     spec.save(args.output)
     for w in check_profile(spec):
@@ -73,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.output}: {spec.num_devices} devices; peak {peak}; memory bandwidth "
         f"{spec.mem_bw_bytes_per_s / 1e9:.2f} GB/s; collectives alpha {spec.intra_latency_s * 1e6:.1f} us, "
-        f"bw {spec.intra_bw_bytes_per_s / 1e9:.3f} GB/s; kernel floor {spec.kernel_floor_s * 1e6:.1f} us"
+        f"bw {spec.intra_bw_bytes_per_s / 1e9:.3f} GB/s; kernel floor {spec.kernel_floor_s * 1e6:.1f} us; "
+        f"eager op overhead {spec.op_overhead_s * 1e6:.1f} / {spec.bwd_op_overhead_s * 1e6:.1f} us (fwd / bwd part)"
     )
     return 0

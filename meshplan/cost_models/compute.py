@@ -12,11 +12,19 @@ Model (Williams, Waterman & Patterson, "Roofline", CACM 2009)::
 
 Matmul-like kinds (linear, matmul, attention) run on the tensor cores at ``peak(dtype)``; every
 other kind runs on the vector units, taken as ``peak("fp32")``. The efficiencies and the floor are
-ClusterSpec fields, so a measured profile calibrates them. No torch import.
+ClusterSpec fields, so a measured profile calibrates them.
+
+Eager calibration (fields a ``meshplan profile`` fills; presets leave them empty, so GPU costing
+is unchanged): ``matmul_efficiency_by_flops`` replaces the flat ``matmul_efficiency`` of a GEMM by
+one interpolated at its size, separately for forward and backward (small GEMMs reach far less of
+the peak than big ones); ``op_overhead_s`` / ``bwd_op_overhead_s`` add eager PyTorch's per-op
+dispatch and autograd cost to every op's forward and to each non-zero backward part (views
+included: they are free on the device but not on the host). No torch import.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.cost_models.hardware import ClusterSpec
@@ -106,14 +114,45 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"node kind {kind!r} unknown; use one of {NODE_KINDS}")
 
 
+def matmul_efficiency_at(cluster: ClusterSpec, flops: float, *, backward: bool = False) -> float:
+    """Fraction of peak a GEMM of ``flops`` FLOPs reaches on ``cluster``.
+
+    Without a table (``cluster.matmul_efficiency_by_flops`` empty: every preset) it is
+    ``cluster.matmul_efficiency`` at any size. With one (rows ``[flops, fwd_eff, bwd_eff]``, from
+    ``meshplan profile``), it is the forward (or ``backward``) column interpolated linearly in
+    ``log(flops)`` between the two nearest rows, clamped to the first/last row outside them.
+    """
+    rows = sorted(cluster.matmul_efficiency_by_flops)
+    if not rows:
+        return cluster.matmul_efficiency
+    col = 2 if backward else 1
+    if flops <= rows[0][0]:
+        return float(rows[0][col])
+    if flops >= rows[-1][0]:
+        return float(rows[-1][col])
+    for lo, hi in zip(rows, rows[1:], strict=False):
+        if lo[0] <= flops <= hi[0]:
+            if hi[0] == lo[0]:
+                return float(hi[col])
+            f = (math.log(flops) - math.log(lo[0])) / (math.log(hi[0]) - math.log(lo[0]))
+            return float(lo[col] + f * (hi[col] - lo[col]))
+    return float(rows[-1][col])  # unreachable: the rows bracket flops
+
+
 def roofline_time_s(
-    flops: float, bytes_moved: float, cluster: ClusterSpec, *, dtype: str = "bf16", kind: str = "linear"
+    flops: float,
+    bytes_moved: float,
+    cluster: ClusterSpec,
+    *,
+    dtype: str = "bf16",
+    kind: str = "linear",
+    efficiency: float | None = None,
 ) -> float:
     """Seconds for one kernel: ``max(flops/(peak·eff_mm), bytes/(mem_bw·eff_mem), floor)``.
 
     ``peak`` is ``cluster.peak(dtype)`` for matmul kinds (linear, matmul, attention) and
-    ``cluster.peak("fp32")`` (vector units) for the rest; ``eff_mm = cluster.matmul_efficiency``,
-    ``eff_mem = cluster.mem_efficiency``, ``floor = cluster.kernel_floor_s`` (launch overhead).
+    ``cluster.peak("fp32")`` (vector units) for the rest; ``eff_mm = efficiency`` when given, else
+    ``cluster.matmul_efficiency``; ``eff_mem = cluster.mem_efficiency``, ``floor = cluster.kernel_floor_s`` (launch overhead).
     A kernel that does no work (0 FLOPs, 0 bytes) or a free kind (reshape, input, ...) costs 0.
     Units: FLOPs, bytes -> seconds. Source: roofline model (Williams et al., CACM 2009).
     """
@@ -123,7 +162,10 @@ def roofline_time_s(
     if kind in FREE_KINDS or (flops == 0 and bytes_moved == 0):
         return 0.0
     peak = cluster.peak(dtype) if kind in MATMUL_KINDS else cluster.peak("fp32")
-    t_compute = flops / (peak * cluster.matmul_efficiency)
+    if efficiency is not None and not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    eff = cluster.matmul_efficiency if efficiency is None else efficiency
+    t_compute = flops / (peak * eff)
     t_memory = bytes_moved / (cluster.mem_bw_bytes_per_s * cluster.mem_efficiency)
     return max(t_compute, t_memory, cluster.kernel_floor_s)
 
@@ -185,7 +227,10 @@ def node_time(
     in fp32 and trained in bf16 moves half the bytes). ``input_bytes`` defaults to
     ``estimate_input_bytes(node)``; pass ``node_input_bytes(graph.edges, node.id)`` when known.
     W is 0 for a node with no trainable parameters (frozen QLoRA base weights get no weight
-    gradient). Each non-zero part is at least ``cluster.kernel_floor_s``. Unit: seconds.
+    gradient). Each non-zero part is at least ``cluster.kernel_floor_s``. With an eager
+    calibration (see the module docstring) matmul kinds use ``matmul_efficiency_at(cluster, flops)``
+    for forward and its backward column for B and W, ``op_overhead_s`` is added to forward and
+    ``bwd_op_overhead_s`` to each non-zero backward part, and a reshape costs just those. Unit: seconds.
     Sources: roofline (Williams et al. 2009); B/W split (Qi et al. 2023, zero-bubble).
     """
     if not isinstance(shard, int) or shard < 1:
@@ -193,6 +238,8 @@ def node_time(
     if not batch_scale > 0:
         raise ValueError(f"batch_scale must be > 0, got {batch_scale!r}")
     _check_kind(node.kind)
+    if node.kind == "reshape" and (cluster.op_overhead_s or cluster.bwd_op_overhead_s):
+        return NodeTime(cluster.op_overhead_s, cluster.bwd_op_overhead_s, 0.0)  # a view: host cost only
     if node.kind in FREE_KINDS:
         return NodeTime(0.0, 0.0, 0.0)
     dtype_bytes(dtype)  # validates the name
@@ -203,16 +250,24 @@ def node_time(
     w_bytes = 0 if node.kind == "embedding" else node.param_bytes * r / w_shard
     flops = node.fwd_flops * batch_scale / shard
     bytes_moved = (in_b + node.out_bytes) * batch_scale * r / shard + w_bytes
-    fwd = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind)
+    sized = node.kind in MATMUL_KINDS and bool(cluster.matmul_efficiency_by_flops)
+    eff_f = matmul_efficiency_at(cluster, flops) if sized else None
+    fwd = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=eff_f)
     if fwd == 0.0:
         return NodeTime(0.0, 0.0, 0.0)
+    # backward GEMMs run at the table's backward efficiency (same FLOPs per part as forward)
+    bwd_unit = fwd
+    if sized:
+        eff_b = matmul_efficiency_at(cluster, flops, backward=True)
+        bwd_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=eff_b)
     fb, fw = backward_factors(node.kind)
     if node.param_numel - node.frozen_param_numel <= 0:
         fw = 0.0
     floor = cluster.kernel_floor_s
-    bwd_in = max(fb * fwd, floor) if fb > 0 else 0.0
-    bwd_w = max(fw * fwd, floor) if fw > 0 else 0.0
-    return NodeTime(fwd, bwd_in, bwd_w)
+    ov_b = cluster.bwd_op_overhead_s
+    bwd_in = max(fb * bwd_unit, floor) + ov_b if fb > 0 else 0.0
+    bwd_w = max(fw * bwd_unit, floor) + ov_b if fw > 0 else 0.0
+    return NodeTime(fwd + cluster.op_overhead_s, bwd_in, bwd_w)
 
 
 def nodes_time(

@@ -43,6 +43,13 @@ class ClusterSpec:
     comm_efficiency: float = 0.8  # fraction of link bandwidth that collectives reach
     kernel_floor_s: float = 5e-6  # smallest time any kernel launch takes
     mem_reserved_bytes: int = 0  # memory the framework keeps (CUDA context, allocator slack)
+    # Eager-framework calibration (``meshplan profile``; presets leave them empty/0, so their
+    # costing is unchanged): seconds of dispatch + autograd bookkeeping per op in forward and per
+    # backward part, and GEMM efficiency by size as rows [flops per GEMM, fwd eff, bwd eff]
+    # (interpolated in log(flops) by ``cost_models.compute.matmul_efficiency_at``).
+    op_overhead_s: float = 0.0
+    bwd_op_overhead_s: float = 0.0
+    matmul_efficiency_by_flops: list[list[float]] = field(default_factory=list)
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -74,7 +81,8 @@ class ClusterSpec:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise bad(name, f"must be a positive number, got {v!r}")
-        for name in ("intra_latency_s", "inter_latency_s", "kernel_floor_s", "mem_reserved_bytes"):
+        for name in ("intra_latency_s", "inter_latency_s", "kernel_floor_s", "mem_reserved_bytes",
+                     "op_overhead_s", "bwd_op_overhead_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                 raise bad(name, f"must be a non-negative number, got {v!r}")
@@ -84,6 +92,12 @@ class ClusterSpec:
                 raise bad(name, f"must be in (0, 1], got {v!r}")
         if self.mem_reserved_bytes >= self.mem_bytes:
             raise bad("mem_reserved_bytes", f"{self.mem_reserved_bytes} leaves no memory of {self.mem_bytes}")
+        rows = self.matmul_efficiency_by_flops
+        if not isinstance(rows, list) or any(
+            not isinstance(r, (list, tuple)) or len(r) != 3 or not r[0] > 0 or not all(0 < e <= 1 for e in r[1:])
+            for r in rows
+        ):
+            raise bad("matmul_efficiency_by_flops", f"needs rows [flops > 0, fwd eff, bwd eff in (0, 1]], got {rows!r}")
         if not isinstance(self.extra, dict):
             raise bad("extra", f"must be a dict, got {type(self.extra).__name__}")
 

@@ -4,7 +4,10 @@ Measures, on the device the run would use (CUDA when present, else CPU):
 
 - matmul FLOP/s by size and dtype (``2·n³`` FLOPs per ``n×n @ n×n``); the best is the peak;
 - memory bandwidth from a large tensor copy (``2·bytes`` moved: one read, one write);
-- the kernel floor: the median time of a tiny kernel;
+- the kernel floor: the best time of a tiny kernel;
+- how eager training runs GEMMs: the efficiency of chains of ``nn.Linear`` with autograd, forward
+  and backward, by GEMM size (``measure_eager_matmul``), and the per-op cost of module call,
+  dispatch and autograd beyond the floor (``measure_op_overhead``);
 - collectives across ``nproc`` processes (``torch.multiprocessing.spawn``, ``tcp://127.0.0.1``
   rendezvous; gloo, or nccl when there is a GPU per process): all-reduce and a send/recv
   ping-pong at sizes from ``min_bytes`` to ``max_bytes``, with the alpha-beta model fitted by
@@ -162,6 +165,72 @@ def measure_kernel_floor(device: Any, reps: int = 50) -> float:
     return _best_time(lambda: torch.add(x, x), torch, device, reps)
 
 
+#: (tokens, hidden) of the eager linear chains ``measure_eager_matmul`` times: GEMMs of ~17 MFLOP
+#: to ~2 GFLOP, the range small models train at.
+DEFAULT_EAGER_SHAPES = ((128, 128), (512, 256), (2048, 256), (1024, 512))
+QUICK_EAGER_SHAPES = ((128, 128), (512, 256), (2048, 256))
+
+
+def _median_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
+    """Median of ``reps`` timed calls after two warm-ups (what a training step sees)."""
+    for _ in range(2):
+        fn()
+    _sync(torch, device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(torch, device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_eager_matmul(
+    shapes: Sequence[tuple[int, int]], peak_flops: float, reps: int, device: Any, log: Log = _stderr
+) -> list[list[float]]:
+    """GEMM efficiency by size as eager training runs GEMMs: rows ``[flops per GEMM, fwd eff, bwd eff]``.
+
+    For each (tokens ``T``, hidden ``h``) a chain of 4 ``nn.Linear`` (h→4h→h→4h→h, distinct
+    weights, autograd on) runs forward, then forward+backward of ``sum()``; forward does
+    ``4·2·T·h·4h`` FLOPs, backward twice that (dX and dW). Efficiency = FLOP/s over
+    ``peak_flops`` (the square-matmul peak), clamped to (0, 1]. It includes what a square
+    ``torch.mm`` loop hides: bias adds, allocation, autograd, weights that left the cache.
+    """
+    import torch
+
+    rows = []
+    for t, h in shapes:
+        layers = torch.nn.Sequential(*[
+            torch.nn.Linear(h, 4 * h) if i % 2 == 0 else torch.nn.Linear(4 * h, h) for i in range(4)
+        ]).to(device)  # fmt: skip
+        x = torch.randn(t, h, device=device, requires_grad=True)
+        t_f = _median_time(lambda x=x, m=layers: m(x), torch, device, reps)
+        t_fb = _median_time(lambda x=x, m=layers: m(x).sum().backward(), torch, device, reps)
+        gemm = 2.0 * t * h * 4 * h
+        eff_f = min(1.0, 4 * gemm / t_f / peak_flops)
+        eff_b = min(1.0, 8 * gemm / max(t_fb - t_f, 1e-9) / peak_flops)
+        rows.append([gemm, eff_f, eff_b])
+        log(f"eager linear chain {t}x{h}: GEMM {gemm / 1e6:.0f} MFLOP, efficiency fwd {eff_f:.2f} bwd {eff_b:.2f}")
+    return rows
+
+
+def measure_op_overhead(device: Any, floor_s: float, reps: int = 15, n_ops: int = 20) -> tuple[float, float]:
+    """(forward, per-backward-part) seconds eager PyTorch spends per op beyond the kernel floor.
+
+    Times a chain of ``n_ops`` tiny ``nn.Linear(8, 8)`` modules on one row (module call, dispatch,
+    autograd graph recording; the kernels do almost nothing): forward per module, and backward
+    per module split over its two parts (input grad, weight grad). ``floor_s`` (already paid by
+    every kernel in the roofline) is subtracted; results are clamped at 0.
+    """
+    import torch
+
+    chain = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(n_ops)]).to(device)
+    x = torch.randn(1, 8, device=device, requires_grad=True)
+    t_f = _median_time(lambda: chain(x), torch, device, reps) / n_ops
+    t_fb = _median_time(lambda: chain(x).sum().backward(), torch, device, reps) / n_ops
+    return max(0.0, t_f - floor_s), max(0.0, (t_fb - t_f) / 2 - floor_s)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -261,12 +330,15 @@ def profile_machine(
     mem_test_bytes: int | None = None,
     backend: str = "auto",
     name: str | None = None,
+    eager_shapes: Sequence[tuple[int, int]] | None = None,
     log: Log = _stderr,
 ) -> ClusterSpec:
     """Measure this machine and return it as a ClusterSpec of ``nproc`` devices on one node.
 
-    Defaults: collectives 4 KB–64 MB, 5 reps (``quick``: up to 4 MB, 3 reps); matmul sizes
-    256–2048 (``quick``: 128–512); memory copy of 256 MB (``quick``: 32 MB). ``backend``:
+    Defaults: collectives 4 KB–64 MB, 5 reps (``quick``: up to 16 MB, 3 reps); matmul sizes
+    256–2048 (``quick``: 128–512); memory copy of 256 MB (``quick``: 32 MB); eager linear chains
+    ``DEFAULT_EAGER_SHAPES`` (``quick``: ``QUICK_EAGER_SHAPES``) for the size-dependent GEMM
+    efficiency, and the per-op overhead of eager PyTorch (``measure_op_overhead``). ``backend``:
     ``auto`` (nccl with a GPU per process, else gloo), ``gloo`` or ``nccl``. Per-device memory is
     the GPU's memory, or on CPU the host memory divided by ``nproc``.
     """
@@ -282,7 +354,7 @@ def profile_machine(
     if backend == "nccl" and not has_gpus:
         raise ValueError(f"backend nccl needs {nproc} GPUs, found {torch.cuda.device_count()}")
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
-    max_bytes = max_bytes or (4 << 20 if quick else 64 << 20)
+    max_bytes = max_bytes or (16 << 20 if quick else 64 << 20)
     reps = reps or (3 if quick else 5)
     sizes_mm = tuple(matmul_sizes or (QUICK_MATMUL_SIZES if quick else DEFAULT_MATMUL_SIZES))
     mem_test_bytes = mem_test_bytes or (32 << 20 if quick else 256 << 20)
@@ -298,6 +370,10 @@ def profile_machine(
     mem_bw = measure_mem_bw(mem_test_bytes, reps, device, log)
     floor = measure_kernel_floor(device)
     log(f"kernel floor {floor * 1e6:.1f} us")
+    shapes = tuple(eager_shapes or (QUICK_EAGER_SHAPES if quick else DEFAULT_EAGER_SHAPES))
+    eff_table = measure_eager_matmul(shapes, peak["fp32"], max(reps, 5), device, log)
+    op_f, op_b = measure_op_overhead(device, floor)
+    log(f"eager op overhead: forward {op_f * 1e6:.1f} us, per backward part {op_b * 1e6:.1f} us")
     coll = measure_collectives(nproc, byte_sizes(min_bytes, max_bytes), reps, backend, log)
     alpha, bw = _fit_or_bound(coll["all_reduce"], "all_reduce", nproc, log)
     p2p_alpha, p2p_bw = _fit_or_bound(coll["send_recv"], "send_recv", 2, log)
@@ -314,7 +390,7 @@ def profile_machine(
         f"measured by `meshplan profile` on {platform.node() or 'localhost'} ({dev_name}) at "
         f"{started.isoformat(timespec='seconds')}: torch {torch.__version__}, {backend} across {nproc} "
         f"processes (spawn, tcp://127.0.0.1), matmul sizes {list(sizes_mm)}, collectives "
-        f"{min_bytes}-{max_bytes} bytes, {reps} reps (best time for matmul/memory, median for collectives), alpha-beta fit (least-squares slope, intercept from the small sizes)"
+        f"{min_bytes}-{max_bytes} bytes, {reps} reps (best time for matmul/memory, median for collectives), alpha-beta fit (least-squares slope, intercept from the small sizes), eager linear chains {[list(x) for x in shapes]} (median time, fp32)"
     )
     return ClusterSpec(
         name=name or f"local-{device.type}-{nproc}",
@@ -331,6 +407,9 @@ def profile_machine(
         mem_efficiency=1.0,
         comm_efficiency=1.0,
         kernel_floor_s=floor,
+        op_overhead_s=op_f,
+        bwd_op_overhead_s=op_b,
+        matmul_efficiency_by_flops=eff_table,
         source=source,
         extra={
             "measured": True,
