@@ -35,3 +35,22 @@ def test_plan_with_seq_override(tmp_path, capsys):
     assert main(["plan", "gpt-tiny", "--world-size", "2", "--seq", "16", "--quiet", "-o", str(out)]) == 0
     capsys.readouterr()
     assert Plan.load(out).seq_len == 16
+
+
+def test_report_writes_html_and_png(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "gpt-tiny", "--world-size", "4", "--cluster", "a100-80g", "--global-batch", "16",
+                 "--pp", "2", "--quiet", "-o", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    html, png = tmp_path / "r.html", tmp_path / "t.png"
+    rc = main(["report", str(out), "--html", str(html), "--png", str(png), "--png-width", "640"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert f"wrote {html}" in cap.out and f"wrote {png}" in cap.out
+    assert html.read_text().lstrip().lower().startswith("<!doctype html")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert int.from_bytes(data[16:20], "big") == 640  # IHDR width
+    assert "predicted schedule" in cap.out  # pp·m is small: the text timeline is in the report
+    assert main(["report", str(out), "--png", str(png), "--png-width", "5"]) == 1
+    assert "--png-width" in capsys.readouterr().err

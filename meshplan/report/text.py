@@ -3,7 +3,8 @@
 Sections: header (model, cluster, batch); mesh and axis order; pipeline stages (layers, time,
 memory, boundary traffic); TP style of every linear, grouped per repeated block (one block
 shown, "× 12"); predicted step-time breakdown; throughput (tokens/s, TFLOP/s per device, MFU);
-memory breakdown; bytes per collective kind; alternatives with why they lost. Every number is
+memory breakdown; bytes per collective kind; alternatives with why they lost; a character
+timeline of the predicted schedule when pp × microbatches ≤ 64. Every number is
 labelled as the cost model's prediction. Tables via ``tabulate``. No torch import.
 """
 
@@ -81,6 +82,22 @@ def _stage_layers(plan: Plan, modules: tuple[str, ...]) -> str:
     parts += other
     text = ", ".join(parts) or "(no parameters)"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+#: The text timeline is shown when pp × num_microbatches is at most this.
+MAX_TIMELINE_EVENTS = 64
+
+
+def _text_timeline(plan: Plan) -> str:
+    """``report.timeline.format_text_timeline(plan, width=100)`` for small pipelines, else ""."""
+    if plan.pp * plan.num_microbatches > MAX_TIMELINE_EVENTS or not plan.stages:
+        return ""
+    from meshplan.report.timeline import format_text_timeline
+
+    try:
+        return format_text_timeline(plan, width=100)
+    except ValueError:  # an empty schedule (zero predicted times): nothing to draw
+        return ""
 
 
 def format_plan(plan: Plan) -> str:
@@ -166,6 +183,11 @@ def format_plan(plan: Plan) -> str:
             for a in p.alternatives
         ]
         out.append(tabulate(rows, headers=["configuration", "step", "peak memory", "why not chosen"]))
+        out.append("")
+    timeline = _text_timeline(p)
+    if timeline:
+        out.append(f"Pipeline timeline (predicted schedule, {p.schedule}, one row per pp rank):")
+        out.append(timeline)
         out.append("")
     sv = p.solver
     out.append(
