@@ -3,9 +3,14 @@
     python benchmarks/bench_runtime.py overhead [--steps 12] [--rounds 3]
         meshplan's runtime vs a hand-written torch.distributed script for the same plan
         (DDP dp2; 1F1B pp2), median step time, overhead in percent.
-    python benchmarks/bench_runtime.py predict --cluster profile.json [--steps 8]
+    python benchmarks/bench_runtime.py predict --cluster profile.json [--steps 8] [--repeats 3]
         plans costed by ``meshplan.planner.api.estimate_graph`` on a ``meshplan profile`` of this
-        machine (dtype fp32, what the CPU runtime executes) vs the runtime's measured step time.
+        machine (dtype fp32, what the CPU runtime executes) vs the runtime's measured step time
+        (median of ``steps`` steps; with ``repeats`` > 1, the median over that many spawns).
+    python benchmarks/bench_runtime.py nodes --cluster profile.json [--batch 4]
+        one process, one thread: every traced node of the GPT run alone (forward, then backward
+        with autograd), summed per node kind, vs ``cost_models.compute.node_time`` on the profile,
+        with and without the profile's eager calibration; plus the whole model and AdamW's step.
 
 Each mode spawns its 2 ranks once (``tcp://127.0.0.1``) and runs every configuration inside.
 """
@@ -199,6 +204,111 @@ def predict_worker(rank: int, world: int, plans_json: list[str], steps: int) -> 
     return out
 
 
+def _median_s(fn: Any, reps: int) -> float:
+    for _ in range(2):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _node_callable(gm: Any, n: Any, env: dict[str, Any]) -> tuple[Any, list[torch.Tensor]]:
+    """A closure running fx node ``n`` alone on fresh leaf copies of its recorded inputs, and the
+    tensors its backward differentiates (float inputs, the module's parameters)."""
+    from torch.fx.node import map_arg
+    from torch.utils._pytree import tree_map
+
+    leaves: list[torch.Tensor] = []
+
+    def prep(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            t = v.detach().clone().requires_grad_(True)
+            leaves.append(t)
+            return t
+        return v
+
+    args = tree_map(prep, map_arg(n.args, lambda m: env[m.name]))
+    kwargs = tree_map(prep, map_arg(n.kwargs, lambda m: env[m.name]))
+    if n.op == "call_module":
+        mod = gm.get_submodule(n.target)
+        return (lambda: mod(*args, **kwargs)), leaves + list(mod.parameters())
+    if n.op == "call_function":
+        return (lambda: n.target(*args, **kwargs)), leaves
+    return (lambda: getattr(args[0], n.target)(*args[1:], **kwargs)), leaves
+
+
+def nodes_report(cluster: str, batch: int, reps: int = 15) -> None:
+    """Per-kind measured vs predicted node times (see the module docstring); prints tables."""
+    import dataclasses
+
+    from torch import fx
+
+    from meshplan.cost_models.compute import node_time
+    from meshplan.cost_models.hardware import ClusterSpec
+    from meshplan.trace import capture, trace_model
+
+    torch.set_num_threads(1)
+    spec = ClusterSpec.load(cluster)
+    flat = dataclasses.replace(spec, op_overhead_s=0.0, bwd_op_overhead_s=0.0, matmul_efficiency_by_flops=[])
+    model = _model()
+    x, y = _data(0, batch)
+    graph = trace_model(model, (x,))
+    gm, _ = capture(model, (x,))
+    in_bytes: dict[int, int] = {}
+    for _, d, b in graph.edges:
+        in_bytes[d] = in_bytes.get(d, 0) + b
+    by_name = {n.name: n for n in graph.nodes}
+    env: dict[str, Any] = {}
+
+    class _Record(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            env[n.name] = super().run_node(n)
+            return env[n.name]
+
+    _Record(gm).run(x)
+    agg: dict[str, list[float]] = {}
+    for n in gm.graph.nodes:
+        gn = by_name.get(n.name)
+        if n.op in ("placeholder", "output", "get_attr") or gn is None:
+            continue
+        f, wrt = _node_callable(gm, n, env)
+        t_f = _median_s(f, reps)
+        out = f()
+        t_b = 0.0
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            go = torch.ones_like(out)
+            t_b = max(0.0, _median_s(lambda f=f, wrt=wrt, go=go: torch.autograd.grad(f(), wrt, go, allow_unused=True), reps) - t_f)
+        new = node_time(gn, spec, dtype="fp32", input_bytes=in_bytes.get(gn.id, 0))
+        old = node_time(gn, flat, dtype="fp32", input_bytes=in_bytes.get(gn.id, 0))
+        a = agg.setdefault(gn.kind, [0.0] * 7)
+        for i, v in enumerate((1, t_f, t_b, old.fwd_s, old.bwd_s, new.fwd_s, new.bwd_s)):
+            a[i] += v
+    print(f"per node kind, microbatch {batch}x{SEQ}, 1 thread (ms): measured alone vs node_time "
+          "without / with the eager calibration")
+    print("| kind | nodes | measured fwd | measured bwd | flat fwd | flat bwd | calibrated fwd | calibrated bwd |")
+    print("|---|---|---|---|---|---|---|---|")
+    tot = [0.0] * 7
+    for k, a in sorted(agg.items()):
+        tot = [t + v for t, v in zip(tot, a, strict=True)]
+        print(f"| {k} | {int(a[0])} | " + " | ".join(f"{v * 1e3:.2f}" for v in a[1:]) + " |")
+    print(f"| **sum** | {int(tot[0])} | " + " | ".join(f"**{v * 1e3:.1f}**" for v in tot[1:]) + " |")
+    opt = _opt(list(model.parameters()))
+
+    def fb() -> None:
+        _loss(model(x), y).backward()
+
+    t_fwd = _median_s(lambda: model(x), 7)
+    t_fb = _median_s(fb, 7)
+    t_opt = _median_s(opt.step, 7)  # grads stay set: every step does the full AdamW update
+    params = sum(p.numel() for p in model.parameters())
+    print(f"whole model (one call, loss included): fwd {t_fwd * 1e3:.1f} ms, fwd+bwd {t_fb * 1e3:.1f} ms; "
+          f"AdamW (foreach=False) step {t_opt * 1e3:.1f} ms for {params} parameters "
+          f"(2·16 B/param at the profile's memory bandwidth: {32 * params / spec.mem_bw_bytes_per_s * 1e3:.1f} ms)")
+
+
 def make_plans(cluster: str) -> list[str]:
     from meshplan.planner.api import estimate_graph
     from meshplan.trace import trace_model
@@ -238,12 +348,21 @@ def spawn(fn: Any, *args: Any, world: int = 2) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("overhead", "predict"))
+    ap.add_argument("mode", choices=("overhead", "predict", "nodes"))
+    ap.add_argument("--repeats", type=int, default=1, help="predict: spawns to take the median over")
+    ap.add_argument("--batch", type=int, default=4, help="nodes: microbatch size")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cluster", default=None, help="profile JSON from `meshplan profile` (predict mode)")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
+    if a.mode == "nodes":
+        if not a.cluster:
+            print("nodes needs --cluster profile.json (run `meshplan profile -o profile.json`)", file=sys.stderr)
+            return 2
+        print(f"model GPT {CFG}")
+        nodes_report(a.cluster, a.batch)
+        return 0
     print(f"model GPT {CFG}, global batch {BATCH}x{SEQ}, 2 ranks x 1 thread, gloo")
     if a.mode == "overhead":
         res = spawn(overhead_worker, a.steps, a.rounds)
@@ -255,7 +374,11 @@ def main(argv: list[str] | None = None) -> int:
             print("predict needs --cluster profile.json (run `meshplan profile -o profile.json`)", file=sys.stderr)
             return 2
         plans = make_plans(a.cluster)
-        res = spawn(predict_worker, plans, a.steps)
+        runs = [spawn(predict_worker, plans, a.steps) for _ in range(max(1, a.repeats))]
+        res = runs[0]
+        for i, r in enumerate(res):
+            r["runs_ms"] = [run[i]["measured_ms"] for run in runs]
+            r["measured_ms"] = statistics.median(r["runs_ms"])
         print("| plan | predicted ms | measured ms | error |\n|---|---|---|---|")
         errs = []
         for r in res:
