@@ -115,12 +115,12 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
         micro_batch_size=mbs, seq_len=SEQ, tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"),
     )
     if cfg.get("recompute"):
-        import dataclasses
-
         plan = dataclasses.replace(plan, recompute=cfg["recompute"])
+    if cfg.get("gathered"):
+        plan = dataclasses.replace(plan, tp_gathered_outputs=tuple(cfg["gathered"]))
+    if cfg.get("sp"):
+        plan = dataclasses.replace(plan, sequence_parallel=True)
     if cfg.get("quant"):
-        import dataclasses
-
         plan = dataclasses.replace(plan, quantization=quantization(cfg["quant"]))
         ref = reference(model_fn(), data, cfg["quant"])
     pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex)
@@ -137,7 +137,7 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
         if name not in ref_params and cfg.get("quant"):
             continue  # e.g. NF4 base weights kept under another name
         r = ref_params[name]
-        if t.shape != r.shape and t.t().shape == r.shape:  # HF Conv1D converted to Linear
+        if name.rsplit(".", 1)[0] in pm.converted and name.endswith(".weight"):  # HF Conv1D now a Linear
             t = t.t()
         param_err = max(param_err, float((t - r).abs().max()))
     if not full:

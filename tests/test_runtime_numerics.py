@@ -18,6 +18,12 @@ HF_STYLES = {
     "transformer.h.0.mlp.c_fc": "colwise", "transformer.h.0.mlp.c_proj": "rowwise",
     "transformer.h.1.mlp.c_fc": "colwise", "transformer.h.1.mlp.c_proj": "rowwise",
 }
+HF_FUSED_STYLES = {  # the fused q|k|v column-sharded, its output gathered before the split (tp_gathered_outputs)
+    f"transformer.h.{i}.{m}": s for i in range(2)
+    for m, s in (("attn.c_attn", "colwise"), ("attn.c_proj", "rowwise"), ("mlp.c_fc", "colwise"),
+                 ("mlp.c_proj", "rowwise"))
+}
+HF_GATHERED = [f"transformer.h.{i}.attn.c_attn" for i in range(2)]
 PP_SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zero-bubble", 1), ("zero-bubble", 2)]
 
 
@@ -46,9 +52,10 @@ class TestTwoRanks:
         _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
 
     def test_hf_gpt2_tied(self) -> None:
-        cfgs = [dict(pp=2, m=2, schedule="1f1b"), dict(tp=2, m=2, styles=HF_STYLES)]
+        cfgs = [dict(pp=2, m=2, schedule="1f1b"), dict(tp=2, m=2, styles=HF_STYLES),
+                dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED)]
         res = run_ranks(rc.worker, 2, "hf_gpt2", cfgs)
-        _check(res, 2)
+        _check(res, 3)
         assert any("Conv1D converted" in n for n in res[0][1][3])
 
 

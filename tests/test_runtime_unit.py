@@ -143,6 +143,18 @@ def test_tp_layouts_from_the_module_tree() -> None:
     assert eff == {"lm_head": "replicate"} and "tied" in notes[0]
 
 
+def test_tp_gathered_outputs_unpair_the_rowwise_sibling() -> None:
+    from torch.distributed.tensor import Replicate
+
+    styles = {"a.qkv": "colwise", "a.o": "rowwise", "m.up": "colwise", "m.down": "rowwise"}
+    plan = tp.build_parallel_plan(styles, set(styles), gathered=["a.qkv"])
+    assert plan["a.qkv"].output_layouts == (Replicate(),)  # gathered although a.o is rowwise
+    assert plan["a.o"].input_layouts == (Replicate(),)  # its input is whole now
+    assert plan["m.up"].output_layouts != (Replicate(),) and plan["m.down"].input_layouts != (Replicate(),)
+    with pytest.raises(ValueError, match="must name colwise"):
+        tp.build_parallel_plan(styles, set(styles), gathered=["a.o"])
+
+
 def test_dp_modes(gpt_and_graph) -> None:
     m, gm, _, _ = gpt_and_graph
     assert data_parallel.dp_mode(_plan(m, gm, dp=2, microbatches=2)) == "ddp"

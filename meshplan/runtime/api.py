@@ -52,6 +52,7 @@ class ParallelModel:
     ties: list[_Tie] = field(default_factory=list)
     tied_fqns: list[tuple[str, ...]] = field(default_factory=list)  # user FQNs naming one Parameter
     notes: list[str] = field(default_factory=list)
+    converted: list[str] = field(default_factory=list)  # HF Conv1D modules now nn.Linear (weight transposed)
     step_times_s: list[float] = field(default_factory=list)
     steps_done: int = 0
 
@@ -239,6 +240,7 @@ def apply_plan(
     tied = split.tied_parameter_groups(model)
     styles, tnotes = tp.effective_styles(model, plan.tp_styles, tied)
     notes += tnotes
+    conv: list[str] = []
     if plan.tp > 1:
         conv = tp.convert_conv1d(model, [f for f, s in styles.items() if s != "replicate"])
         if conv:
@@ -264,7 +266,7 @@ def apply_plan(
     if plan.tp > 1:
         for r in roots:
             _check_tp_modules(r, styles)
-            tp.apply_tp(r, env.mesh["tp"], styles)
+            tp.apply_tp(r, env.mesh["tp"], styles, plan.tp_gathered_outputs)
 
     # 4b. quantized training (meshplan.runtime.quant), on each stage root after TP: QAT works in
     # either order with TP; QLoRA must follow parallelize_module (it quantizes each rank's shard)
@@ -305,7 +307,7 @@ def apply_plan(
     pm = ParallelModel(
         plan=plan, env=env, modules=modules, roots=roots, runners=runners, stage_indices=mine,
         optimizer=optimizer_factory(_unique_params(modules)), loss_fn=loss_fn, dp_mode=mode,
-        schedule=schedule, notes=notes, tied_fqns=tied,
+        schedule=schedule, notes=notes, tied_fqns=tied, converted=conv,
     )
     pm.ties = _tie_groups(env, shared, pm, {i: pieces[i].module for i in mine} if pp > 1 else {})
     return pm

@@ -5,7 +5,9 @@ No model-specific branches. The layouts come from the module tree alone:
 * ``colwise`` -> ``ColwiseParallel()``; its output stays a local shard (heads or FFN columns)
   when a ``rowwise`` sibling (same parent module) consumes the shards, as in Megatron pairs
   (q/k/v + o, fc_in + fc_out). A colwise module with no rowwise sibling (an LM head) gets
-  ``output_layouts=Replicate()`` so the model output is whole.
+  ``output_layouts=Replicate()`` so the model output is whole. So does every FQN in the Plan's
+  ``tp_gathered_outputs`` (a fused qkv whose output is split after the linear: a column shard
+  would mix q, k and v, the gathered output does not).
 * ``rowwise`` -> ``RowwiseParallel()``; with no colwise sibling its input is whole, so
   ``input_layouts=Replicate()`` (the input is split locally, not assumed pre-sharded).
 * ``replicate`` -> nothing (the weight is a plain tensor on every TP rank; DTensor's backward
@@ -51,16 +53,27 @@ def _parent(fqn: str) -> str:
     return fqn.rsplit(".", 1)[0] if "." in fqn else ""
 
 
-def build_parallel_plan(styles: dict[str, str], present: set[str]) -> dict[str, object]:
-    """FQN -> ParallelStyle for the sharded modules among ``present``."""
-    col_parents = {_parent(f) for f, s in styles.items() if s == "colwise"}
+def build_parallel_plan(
+    styles: dict[str, str], present: set[str], gathered: Iterable[str] = ()
+) -> dict[str, object]:
+    """FQN -> ParallelStyle for the sharded modules among ``present``.
+
+    ``gathered`` (the Plan's ``tp_gathered_outputs``) names colwise linears whose output is
+    all-gathered (``output_layouts=Replicate()``) whatever their siblings are; they do not pair a
+    rowwise sibling, which then takes a whole input.
+    """
+    gathered = set(gathered)
+    bad = sorted(f for f in gathered if styles.get(f) not in ("colwise", "replicate"))  # replicate: a tied weight
+    if bad:
+        raise ValueError(f"tp_gathered_outputs must name colwise linears; not colwise in the plan: {bad[:4]}")
+    col_parents = {_parent(f) for f, s in styles.items() if s == "colwise" and f not in gathered}
     row_parents = {_parent(f) for f, s in styles.items() if s == "rowwise"}
     out: dict[str, object] = {}
     for fqn, style in styles.items():
         if fqn not in present or style == "replicate":
             continue
         if style == "colwise":
-            paired = _parent(fqn) in row_parents
+            paired = _parent(fqn) in row_parents and fqn not in gathered
             out[fqn] = ColwiseParallel() if paired else ColwiseParallel(output_layouts=Replicate())
         else:
             paired = _parent(fqn) in col_parents
@@ -82,11 +95,11 @@ def check_divisible(module: nn.Module, styles: dict[str, str], tp: int) -> None:
             raise ValueError(f"{fqn}: {style} splits a dimension of {w.shape[dim]} which tp={tp} does not divide")
 
 
-def apply_tp(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str]) -> int:
+def apply_tp(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str], gathered: Iterable[str] = ()) -> int:
     """Parallelize the sub-modules of ``module`` named in ``styles``; returns how many were sharded."""
     present = {n for n, _ in module.named_modules()}
     check_divisible(module, styles, mesh.size())
-    plan = build_parallel_plan(styles, present)
+    plan = build_parallel_plan(styles, present, gathered)
     if plan:
         parallelize_module(module, mesh, plan)  # type: ignore[arg-type]
     return len(plan)
