@@ -133,6 +133,10 @@ class Prediction:
     tokens_per_s: float = 0.0
     tflops_per_device: float = 0.0
     mfu: float = 0.0
+    # with quantization: the same configuration costed unquantized, for the report
+    # (state_bytes[_unquantized], peak_mem_bytes[_unquantized], step_s_unquantized, fits_unquantized,
+    # overhead_s, weight_grad_saved_s, trainable_fraction)
+    quant_effect: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

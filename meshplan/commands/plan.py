@@ -40,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch", type=int, default=None, help="pin the microbatch size")
     parser.add_argument("--recompute", default=None, help="pin activation recompute (none, selective, full)")
     parser.add_argument("--dp-kind", default=None, help="pin data parallelism (ddp, fsdp)")
+    parser.add_argument(
+        "--quantization", default="none", choices=("none", "qat", "qlora"),
+        help="plan quantized training: qat (fake-quantized weights) or qlora (NF4 base + LoRA adapters)",
+    )  # fmt: skip
+    parser.add_argument("--lora-rank", type=int, default=None, help="LoRA rank for --quantization qlora (default 16)")
     parser.add_argument("-o", "--output", default=None, metavar="PLAN_JSON", help="write the plan here")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -56,7 +61,7 @@ def pins(args: argparse.Namespace) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     from meshplan.planner import validate as V
-    from meshplan.planner.api import _check, plan_graph
+    from meshplan.planner.api import _check, plan_graph, resolve_quantization
 
     t0 = time.perf_counter()
 
@@ -68,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     # bad input fails before the (slow) trace
     _check(args.world_size, args.cluster, args.global_batch, fixed, None, None)
     V.check_fixed(fixed, args.world_size)
+    if args.lora_rank is not None and args.quantization != "qlora":
+        raise ValueError("--lora-rank applies to --quantization qlora only")
+    quant = resolve_quantization(args.quantization, args.lora_rank)
     from meshplan.models import load_model
     from meshplan.models.registry import default_inputs
     from meshplan.trace import trace_model
@@ -81,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     graph = trace_model(spec.model, inputs, name=spec.name)
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
     plan = plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch, fixed=fixed,
-                      progress=progress)  # fmt: skip
+                      progress=progress, quantization=quant)  # fmt: skip
     print(plan)
     if args.output:
         plan.save(args.output)

@@ -27,9 +27,18 @@ from typing import Any
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.graph import ModelGraph
-from meshplan.plan import Alternative, MeshSpec, Plan, Prediction, SolverInfo, StageSpec
+from meshplan.plan import (
+    QUANT_MODES,
+    Alternative,
+    MeshSpec,
+    Plan,
+    Prediction,
+    Quantization,
+    SolverInfo,
+    StageSpec,
+)
 from meshplan.planner import validate as V
-from meshplan.planner.costing import layer_ranges
+from meshplan.planner.costing import GraphCoster, layer_ranges
 from meshplan.planner.search import Config, Evaluation, GiB, Searcher, SearchResult
 
 #: Default sequences per device when no global batch is given.
@@ -72,6 +81,30 @@ def _cluster(cluster: str | ClusterSpec | Path | None, world_size: int) -> Clust
     return resolve_cluster(cluster if cluster is not None else default_cluster_name(), world_size)
 
 
+def resolve_quantization(quantization: str | Quantization | None, lora_rank: int | None = None) -> Quantization:
+    """``"none" | "qat" | "qlora"`` or a ``Quantization`` (None: no quantization); ``lora_rank``
+    overrides the LoRA rank of a mode name."""
+    if quantization is None:
+        quantization = "none"
+    if isinstance(quantization, Quantization):
+        q = quantization
+    elif isinstance(quantization, str):
+        if quantization not in QUANT_MODES:
+            raise ValueError(f"quantization {quantization!r} unknown; use one of {QUANT_MODES} or a Quantization")
+        q = Quantization(mode=quantization)
+    else:
+        raise ValueError(f"quantization must be one of {QUANT_MODES} or a Quantization, got {quantization!r}")
+    if lora_rank is not None:
+        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
+            raise ValueError(f"lora_rank must be a positive integer, got {lora_rank!r}")
+        from dataclasses import replace
+
+        q = replace(q, lora_rank=lora_rank)
+    if q.mode == "qlora" and q.bits != 4:
+        raise ValueError(f"QLoRA stores the base in NF4 (4 bits); got bits={q.bits}")
+    return q
+
+
 # ---- graph-level API ----------------------------------------------------------------------
 def plan_graph(
     graph: ModelGraph,
@@ -86,14 +119,17 @@ def plan_graph(
     dtype: str = "bf16",
     optimizer: str = "adam",
     exhaustive: bool = False,
+    quantization: str | Quantization | None = None,
 ) -> Plan:
     """Search the best plan for an already traced graph (see ``autoparallel``)."""
     world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, recompute, schedules)
+    q = resolve_quantization(quantization)
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, len(layer_ranges(graph)))
     t0 = time.perf_counter()
     searcher = Searcher(
         graph, spec, global_batch=B, fixed=f, recompute=tuple(recompute) if recompute else None,
         schedules=tuple(schedules) if schedules else None, dtype=dtype, optimizer=optimizer, progress=progress,
+        coster=GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer),
     )  # fmt: skip
     res = searcher.run(exhaustive=exhaustive)
     if not searcher.configs():
@@ -127,8 +163,10 @@ def estimate_graph(
     cluster: str | ClusterSpec | Path | None = "h100",
     dtype: str = "bf16",
     optimizer: str = "adam",
+    quantization: str | Quantization | None = None,
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes)."""
+    q = resolve_quantization(quantization)
     fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute}
     world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, None, None)
     if micro_batch_size is None and num_microbatches is None:
@@ -161,11 +199,15 @@ def estimate_graph(
 
         validate_schedule(schedule, pp, num_microbatches, v)
     t0 = time.perf_counter()
-    searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer)
+    coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer)
+    searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster)
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
     kind = dp_kind or ("none" if dp == 1 else "ddp")
     cfg = Config(dp, tp, pp, micro_batch_size, num_microbatches, schedule if pp > 1 else "1f1b", v if pp > 1 else 1,
                  recompute, sp, kind)  # fmt: skip
+    errors = searcher.quant_errors(cfg)
+    if errors:
+        raise ValueError(f"{q.mode} quantization cannot run this configuration: " + "; ".join(errors[:3]))
     ev = searcher.evaluate_auto(cfg) if dp_kind is None else searcher.evaluate(cfg)
     res = SearchResult(ev if ev.fits else None, [], 1, 1, time.perf_counter() - t0, searcher.coster.ilp_solves,
                        searcher.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, searcher.coster)  # fmt: skip
@@ -229,6 +271,7 @@ def autoparallel(
     recompute: tuple[str, ...] | list[str] | None = None,
     schedules: tuple[str, ...] | list[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    quantization: str | Quantization | None = None,
 ) -> Plan:
     """The fastest plan for training ``model`` on ``world_size`` devices that fits memory.
 
@@ -237,14 +280,18 @@ def autoparallel(
     ``seq_len``: tokens per sequence (default: the model's maximum). ``fixed``: pins, e.g.
     ``{"tp": 8, "schedule": "1f1b"}`` (keys: ``validate.FIXED_KEYS``). ``recompute`` /
     ``schedules``: the choices the search may use. ``progress``: called with status lines.
+    ``quantization``: "none" (default), "qat", "qlora" or a ``Quantization`` (rank, group size,
+    target modules): QLoRA plans for an NF4 base with fp32 LoRA adapters (far smaller model
+    states, so often fewer model-parallel axes), QAT for fake-quantized full training.
     """
     world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, recompute, schedules)
+    q = resolve_quantization(quantization)
     if progress:
         progress(f"tracing {type(model).__name__}")
     graph = _trace(model, example_inputs, seq_len)
     return plan_graph(
         graph, world_size, cluster=spec, global_batch_size=B, fixed=f, recompute=recompute, schedules=schedules,
-        progress=progress,
+        progress=progress, quantization=q,
     )  # fmt: skip
 
 
@@ -266,8 +313,10 @@ def estimate(
     cluster: str | ClusterSpec | Path | None = None,
     seq_len: int | None = None,
     example_inputs: Any = None,
+    quantization: str | Quantization | None = None,
 ) -> Plan:
     """Cost a user-given configuration of ``model`` (same cost model as ``autoparallel``)."""
+    q = resolve_quantization(quantization)
     V.check_world_size(world_size)
     V.check_batch(global_batch_size)
     V.check_fixed({"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute}, world_size)
@@ -277,6 +326,7 @@ def estimate(
         graph, world_size, tp=tp, pp=pp, dp=dp, schedule=schedule, num_microbatches=num_microbatches,
         recompute=recompute, micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,
         virtual_stages=virtual_stages, dp_kind=dp_kind, sequence_parallel=sequence_parallel, cluster=spec,
+        quantization=q,
     )  # fmt: skip
 
 
@@ -323,13 +373,18 @@ def build_plan(
         ))  # fmt: skip
     tokens = global_batch * graph.seq_len
     tokens_per_s = tokens / ev.step_s if ev.step_s > 0 else 0.0
-    flops_per_s = tokens_per_s * model_flops_per_token(graph) / cluster.num_devices
+    qe = quant_effect(graph, cluster, ev, global_batch, res, dtype=dtype, optimizer=optimizer)
+    model_flops = model_flops_per_token(graph)
+    if res.coster is not None and res.coster.quant.mode == "qlora":  # frozen weights: no weight-gradient GEMM
+        model_flops -= 2 * graph.param_count * (1 - qe.get("trainable_fraction", 0.0))
+    flops_per_s = tokens_per_s * model_flops / cluster.num_devices
     pred = Prediction(
         step_s=ev.step_s, compute_s=ev.compute_s, tp_comm_s=ev.tp_comm_s, pp_comm_s=ev.pp_comm_s,
         dp_comm_s=ev.dp_comm_s, bubble_s=ev.bubble_s, optimizer_s=ev.optimizer_s, recompute_s=ev.recompute_s,
         bubble_fraction=ev.bubble_fraction, peak_mem_bytes=ev.peak_mem_bytes, mem_breakdown=dict(ev.mem_breakdown),
         comm_bytes=dict(ev.comm_bytes), tokens_per_s=tokens_per_s, tflops_per_device=flops_per_s / 1e12,
         mfu=flops_per_s / cluster.peak(dtype), pipeline_s=ev.pipeline_s,
+        quant_effect=qe,
     )  # fmt: skip
     alts = tuple(
         Alternative(
@@ -371,13 +426,51 @@ def build_plan(
         micro_batch_size=c.micro_batch, num_microbatches=c.num_microbatches, schedule=c.schedule,
         virtual_stages=c.virtual_stages, stages=tuple(stages), tp_styles=styles, predicted=pred,
         sequence_parallel=c.sequence_parallel, dp_kind=c.dp_kind, recompute=c.recompute, dtype=dtype,
-        optimizer=optimizer, capture=graph.capture,
+        optimizer=optimizer, capture=graph.capture, quantization=res.coster.quant if res.coster else Quantization(),
         solver=SolverInfo(
             status=status or ("optimal" if sol.status == "optimal" else "feasible"), objective=ev.step_s,
             seconds=seconds, solver=sol.solver, candidates=res.candidates, ilp_solves=res.ilp_solves,
         ),
         alternatives=alts, notes=tuple(notes),
     )  # fmt: skip
+
+
+def quant_effect(
+    graph: ModelGraph, cluster: ClusterSpec, ev: Evaluation, global_batch: int, res: SearchResult, *, dtype: str,
+    optimizer: str,
+) -> dict[str, float]:
+    """The chosen configuration costed again without quantization (same split, same TP placement),
+    for the report: model-state and peak bytes, step time and whether it fits, the per-step time
+    quantization adds (dequantization, LoRA GEMMs, fake quantization) and the weight-gradient time
+    a frozen base saves, on the busiest pipeline rank. Empty without quantization."""
+    coster = res.coster
+    if coster is None or coster.quant.mode == "none":
+        return {}
+    plain_coster = GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer)
+    plain_coster._tp.update(coster._tp)  # the same TP placements: no ILP re-solve
+    c = ev.config
+    plain = Searcher(graph, cluster, global_batch=global_batch, dtype=dtype, optimizer=optimizer,
+                     coster=plain_coster).evaluate(c, runs=ev.stage_layers)  # fmt: skip
+
+    def states(e: Evaluation) -> float:
+        return float(sum(e.mem_breakdown.get(k, 0) for k in ("params", "grads", "optimizer")))
+
+    m = c.num_microbatches
+    added = saved = 0.0
+    for (f, b, w, _), (pf, pb, pw, _) in zip(ev.stage_times, plain.stage_times):
+        added = max(added, m * ((f + b - w) - (pf + pb - pw)))  # per-stage, the largest (v = 1 typical)
+        saved = max(saved, m * (pw - w))
+    t = ev.table
+    total = sum(x.param_count for x in t.layers)
+    trainable = sum(x.trainable_params for x in t.layers)
+    return {
+        "state_bytes": states(ev), "state_bytes_unquantized": states(plain),
+        "peak_mem_bytes": float(ev.max_mem_bytes), "peak_mem_bytes_unquantized": float(plain.max_mem_bytes),
+        "step_s_unquantized": plain.step_s, "fits_unquantized": 1.0 if plain.fits else 0.0,
+        "overhead_s": added, "weight_grad_saved_s": saved,
+        "trainable_fraction": trainable / total if total else 0.0,
+        "mem_limit_bytes": float(ev.mem_limit_bytes),
+    }  # fmt: skip
 
 
 __all__ = ["autoparallel", "estimate", "plan_graph", "estimate_graph", "build_plan", "Config"]

@@ -20,17 +20,25 @@ microbatch on one device:
 The TP placement is solved once per (tp, sp) and microbatch bucket (1, 4 or 16 sequences) and
 re-costed at each microbatch size in the bucket (the placement hardly moves within a bucket; the
 ILP stays out of the search's inner loop).
-Block instances of one type share one costed row. No torch import.
+Block instances of one type share one costed row.
+
+With a ``Quantization`` (QAT or QLoRA), linear nodes are timed by ``cost_models.quant.
+quant_node_time`` (fake-quantize passes; NF4 dequantization + LoRA GEMMs, no base weight-grad
+GEMM) and each layer also carries its model-state bytes (``quant_state_bytes``: NF4 base,
+fp32 LoRA factors with gradients and optimizer states, frozen weights without either), its
+trainable parameter count and the extra bytes QAT saves for backward. No torch import.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import node_activation_bytes
+from meshplan.cost_models.quant import node_quant_cost, quant_node_time, quant_state_bytes
 from meshplan.graph import GraphNode, ModelGraph
+from meshplan.plan import Quantization
 from meshplan.planner.tp_graph import GraphTPSolution, solve_tp
 
 
@@ -55,6 +63,12 @@ class LayerCost:
     #: (owner node id, parameters per device) of tied weights this layer reads but another layer
     #: owns (an LM head tied to the embedding): a stage without the owner holds its own copy
     tied: tuple[tuple[int, float], ...] = ()
+    #: under quantization only (else -1): model-state bytes per device without ZeRO (params,
+    #: grads, optimizer states) and the trainable parameter count
+    state_param_bytes: float = -1.0
+    state_grad_bytes: float = -1.0
+    state_opt_bytes: float = -1.0
+    trainable_params: float = -1.0
 
     @property
     def fwd_total_s(self) -> float:
@@ -120,9 +134,18 @@ class GraphCoster:
     """Caches TP placements and cost tables of one graph on one cluster."""
 
     def __init__(
-        self, graph: ModelGraph, cluster: ClusterSpec, *, dtype: str = "bf16", time_limit_s: float = 10.0
+        self,
+        graph: ModelGraph,
+        cluster: ClusterSpec,
+        *,
+        dtype: str = "bf16",
+        time_limit_s: float = 10.0,
+        quantization: Quantization | None = None,
+        optimizer: str = "adam",
     ):
         self.g = graph
+        self.quant = quantization or Quantization()
+        self.optimizer = optimizer
         self.cluster = cluster
         self.dtype = dtype
         self.time_limit_s = time_limit_s
@@ -171,10 +194,9 @@ class GraphCoster:
             tkey = (tid or "", b - a)
             proto = by_type.get(tkey) if tid else None
             if proto is not None:
-                layer = LayerCost(
-                    name, a, b, self._modules(a, b), proto.fwd_s, proto.bwd_input_s, proto.bwd_weight_s,
-                    proto.tp_comm_s, proto.recompute_s, proto.param_count, proto.param_count_full,
-                    proto.act_bytes, self._boundary_bytes(b - 1, tp, sp, scale), kind, proto.tied,
+                layer = replace(
+                    proto, name=name, node_start=a, node_end=b, modules=self._modules(a, b),
+                    out_bytes=self._boundary_bytes(b - 1, tp, sp, scale), kind=kind,
                 )  # fmt: skip
             else:
                 layer = self._cost_layer(name, a, b, kind, tid, sol, recompute, scale)
@@ -239,10 +261,14 @@ class GraphCoster:
         params_full = 0
         tied: list[tuple[int, float]] = []
         seq = self.g.seq_len
+        quant = self.quant.mode != "none"
         for n in nodes:
             s = sol.node_shard.get(n.id, 1)
             t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.dtype,
                           input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip
+            if quant and n.kind == "linear":
+                t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
+                                    batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip
             fwd += t.fwd_s
             bi += t.bwd_input_s
             bw += t.bwd_weight_s
@@ -272,9 +298,42 @@ class GraphCoster:
             rec = attn_fwd
         else:
             rec = 0.0
-        return LayerCost(
+        layer = LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
+        )  # fmt: skip
+        return self._quant_states(layer, nodes, sol, scale) if quant else layer
+
+    def _quant_states(
+        self, layer: LayerCost, nodes: list[GraphNode], sol: GraphTPSolution, scale: float
+    ) -> LayerCost:
+        """``layer`` with its model-state bytes, trainable count and QAT saved bytes under quantization."""
+        q = self.quant
+        precision = "fp32" if self.dtype == "fp32" else "bf16-mixed"
+        wb = 4.0 if precision == "fp32" else 2.0
+
+        def shard_of(n: GraphNode) -> int:
+            return sol.node_shard.get(n.id, 1) if n.kind in ("linear", "embedding", "matmul") else 1
+
+        def style_of(n: GraphNode) -> str | None:
+            return sol.styles.get(n.module_fqn or "")
+
+        st = quant_state_bytes(nodes, q, shard_of=shard_of, style_of=style_of, optimizer=self.optimizer,
+                               precision=precision)  # fmt: skip
+        trainable = saved = 0.0
+        for n in nodes:
+            if not n.param_numel:
+                continue
+            qc = node_quant_cost(n, q, shard=shard_of(n), style=style_of(n), batch_scale=scale, dtype_bytes=wb,
+                                 optimizer=self.optimizer)  # fmt: skip
+            if qc is not None and qc.targeted:
+                trainable += qc.trainable_params
+                saved += qc.extra_saved_bytes
+            elif q.mode != "qlora":
+                trainable += n.param_numel / shard_of(n)
+        return replace(
+            layer, act_bytes=layer.act_bytes + saved, state_param_bytes=st.params, state_grad_bytes=st.grads,
+            state_opt_bytes=st.optimizer, trainable_params=trainable,
         )  # fmt: skip
 
 

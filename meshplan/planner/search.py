@@ -42,7 +42,7 @@ from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, inflight_microbatches, model_state_bytes
 from meshplan.graph import ModelGraph
 from meshplan.partition.schedule import simulate, validate
-from meshplan.planner.costing import CostTable, GraphCoster
+from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.search_types import Config, Evaluation, SearchResult, balanced_split, divisors
 
 GiB = 1024**3
@@ -89,7 +89,10 @@ class Searcher:
         self.dtype = dtype
         self.optimizer = optimizer
         self.progress = progress or (lambda _msg: None)
-        self.coster = coster or GraphCoster(graph, cluster, dtype=dtype)
+        self.coster = coster or GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer)
+        self.quant = self.coster.quant.mode != "none"
+        self._bpp0 = model_state_bytes(1.0, optimizer=optimizer)
+        self._quant_err: dict[tuple[int, int], list[str]] = {}
         self.keep = keep_alternatives
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -172,7 +175,7 @@ class Searcher:
     def evaluate_auto(self, c: Config, *, exact: bool = True) -> Evaluation:
         """``evaluate``, upgrading DDP to FSDP when DDP does not fit (and DP is not pinned)."""
         ev = self._fit(c)
-        if not ev.fits and self._auto(c):
+        if not ev.fits and self._auto(c) and not self.quant_errors(replace(c, dp_kind="fsdp")):
             ev2 = self._fit(replace(c, dp_kind="fsdp"))
             if ev2.fits or ev2.max_mem_bytes < ev.max_mem_bytes:
                 ev = ev2
@@ -191,9 +194,29 @@ class Searcher:
                     return ev2
         return ev
 
+    def quant_errors(self, c: Config) -> list[str]:
+        """Why the runtime would reject the quantization at ``c``'s TP placement and FSDP degree
+        (``cost_models.quant.quant_constraint_errors``); empty without quantization."""
+        if not self.quant:
+            return []
+        sol = self._table(c).tp_solution
+        fsdp_dp = c.dp if c.dp_kind == "fsdp" else 1
+        key = (id(sol), fsdp_dp)
+        if key not in self._quant_err:
+            from meshplan.cost_models.quant import quant_constraint_errors
+
+            linears = [
+                (n.module_fqn, int(n.attrs["in_features"]), int(n.attrs["out_features"]),
+                 sol.styles.get(n.module_fqn, "replicate"))
+                for n in self.g.nodes
+                if n.kind == "linear" and n.module_fqn and "in_features" in n.attrs and "out_features" in n.attrs
+            ]  # fmt: skip
+            self._quant_err[key] = quant_constraint_errors(linears, self.coster.quant, tp=c.tp, fsdp_dp=fsdp_dp)
+        return self._quant_err[key]
+
     def bound(self, c: Config) -> tuple[float, float]:
         lb, mlb = self.lower_bound(c)
-        if self._auto(c):
+        if self._auto(c) and not self.quant_errors(replace(c, dp_kind="fsdp")):
             lb2, mlb2 = self.lower_bound(replace(c, dp_kind="fsdp"))
             return min(lb, lb2), min(mlb, mlb2)
         return lb, mlb
@@ -240,9 +263,12 @@ class Searcher:
         return self.W > self.cluster.devices_per_node and c.pp > 1 and c.tp * c.dp < self.W
 
     def _grad_sync_s(self, params: float, c: Config) -> float:
+        return self._sync_bytes_s(params * 2, c)  # bf16 gradients
+
+    def _sync_bytes_s(self, nbytes: float, c: Config) -> float:
+        """Gradient sync of ``nbytes`` of gradients over dp (all-reduce, or reduce-scatter for fsdp)."""
         if c.dp == 1:
             return 0.0
-        nbytes = params * 2  # bf16 gradients
         kind = "reduce_scatter" if c.dp_kind == "fsdp" else "all_reduce"
         return collective_time_s(kind, nbytes, c.dp, self.cluster, spans_nodes=self._dp_spans(c))
 
@@ -252,9 +278,15 @@ class Searcher:
         P = self._prefix(t)
         work = P["f"][-1] + P["b"][-1] + P["w"][-1]
         avg_params = P["params"][-1] / c.pp
-        step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
-        step += 0.1 * self._grad_sync_s(avg_params, c) if c.dp_kind == "ddp" else 0.0
-        mem = self._states(avg_params, c)
+        if self.quant:  # only trainable parameters are synced and stepped
+            div = c.dp if c.dp_kind == "fsdp" else 1
+            step = c.num_microbatches * work / c.pp + self._optimizer_s(P["train"][-1] / c.pp, c)
+            step += 0.1 * self._sync_bytes_s(P["sg"][-1] / c.pp, c) if c.dp_kind == "ddp" else 0.0
+            mem = (P["sp"][-1] + P["sg"][-1] + P["so"][-1]) / c.pp / div
+        else:
+            step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
+            step += 0.1 * self._grad_sync_s(avg_params, c) if c.dp_kind == "ddp" else 0.0
+            mem = self._states(avg_params, c)
         if c.schedule == "gpipe" and c.pp > 1:
             mem += c.num_microbatches * P["act"][-1] / c.pp
         return step, mem
@@ -274,8 +306,9 @@ class Searcher:
             for x in t.layers:
                 for k, v in (("f", x.fwd_total_s), ("b", x.bwd_input_total_s), ("w", x.bwd_weight_s),
                              ("rec", x.recompute_s), ("tp", x.tp_comm_s), ("params", x.param_count),
-                             ("act", x.act_bytes)):  # fmt: skip
-                    cols[k].append(cols[k][-1] + v)
+                             ("act", x.act_bytes), ("sp", x.state_param_bytes), ("sg", x.state_grad_bytes),
+                             ("so", x.state_opt_bytes), ("train", x.trainable_params)):  # fmt: skip
+                    cols.setdefault(k, [0.0]).append(cols[k][-1] + v)
             self._prefix_cache[key] = cols
         return self._prefix_cache[key]
 
@@ -302,9 +335,16 @@ class Searcher:
         self._rescues += 1
         t = self._table(c)
         per_param = self._state_bytes_per_param(c).total
+        div = c.dp if c.dp_kind == "fsdp" else 1
+
+        def states(x: LayerCost) -> int:
+            if self.quant:
+                return int((x.state_param_bytes + x.state_grad_bytes + x.state_opt_bytes) / div)
+            return int(x.param_count * per_param)
+
         layers = [
             Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
-                  state_bytes=int(x.param_count * per_param), act_bytes=int(x.act_bytes), boundary_bytes=int(x.out_bytes))
+                  state_bytes=states(x), act_bytes=int(x.act_bytes), boundary_bytes=int(x.out_bytes))
             for x in t.layers
         ]  # fmt: skip
         spans = self._pp_spans(c)
@@ -343,11 +383,26 @@ class Searcher:
 
         st_f, st_b, st_w, st_rec, st_tp = col("f"), col("b"), col("w"), col("rec"), col("tp")
         st_params, st_act = col("params"), col("act")
+        bpp = self._state_bytes_per_param(c)
+        per_param = bpp.total
+        if self.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
+            st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
+        else:
+            st_q = [[p * self._bpp0.params, p * self._bpp0.grads, p * self._bpp0.optimizer, p] for p in st_params]
+        frozen_tied = self.coster.quant.mode == "qlora"
         for i, (a, b) in enumerate(runs):  # a tied weight whose owner sits in another stage: a copy
             for x in t.layers[a:b]:
                 for owner, numel in x.tied:
                     if not t.layers[a].node_start <= owner < t.layers[b - 1].node_end:
                         st_params[i] += numel
+                        b0 = self._bpp0
+                        extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
+                            numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
+                        st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
+        div = c.dp if c.dp_kind == "fsdp" else 1
+        st_state = [(q[0] + q[1] + q[2]) / div for q in st_q]
+        if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
+            st_state = [p * per_param for p in st_params]
         pp_spans = self._pp_spans(c)
         st_sendb = [int(t.layers[b - 1].out_bytes) for _, b in runs]
         st_send = [
@@ -372,33 +427,33 @@ class Searcher:
             else:
                 makespan = m * max(rank_work)
             bubble_frac = 0.0
-        bpp = self._state_bytes_per_param(c)
-        per_param = bpp.total
         infl = [self._inflight(c, r) for r in ranks]
         r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
+        r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
+        r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
         r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
         fsdp_buf = 2 * 2 * max(x.param_count for x in t.layers) if c.dp_kind == "fsdp" else 0.0
-        r_mem = [int(r_params[r] * per_param + r_act[r] + fsdp_buf) for r in ranks]
-        worst = max(ranks, key=lambda r: r_params[r])
-        sync = self._grad_sync_s(r_params[worst], c)
+        r_mem = [int(r_state[r] + r_act[r] + fsdp_buf) for r in ranks]
+        worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
+        # gradients synced: bf16 of every parameter, or (quantized) only the trainable ones
+        sync = self._sync_bytes_s(r_q[worst][1] if self.quant else r_params[worst] * 2, c)
+        gather_bytes = r_q[worst][0] if self.quant else r_params[worst] * 2
         rank_b = [sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks]
         if c.dp_kind == "fsdp" and c.dp > 1:
             gather = collective_time_s(
-                "all_gather", r_params[worst] * 2, c.dp, self.cluster, spans_nodes=self._dp_spans(c)
+                "all_gather", gather_bytes, c.dp, self.cluster, spans_nodes=self._dp_spans(c)
             )
             per_mb = 2 * gather + sync  # fwd + bwd all-gather, reduce-scatter, every microbatch
             comp_mb = max(rank_work)
             dp_exposed = m * max(0.0, per_mb - comp_mb) + 0.1 * per_mb
-            dp_bytes = {
-                "all_gather": int(2 * r_params[worst] * 2 * m),
-                "reduce_scatter": int(r_params[worst] * 2 * m),
-            }
+            grad_bytes = r_q[worst][1] if self.quant else r_params[worst] * 2
+            dp_bytes = {"all_gather": int(2 * gather_bytes * m), "reduce_scatter": int(grad_bytes * m)}
         elif c.dp > 1:
             dp_exposed = max(0.1 * sync, sync - rank_b[worst])
-            dp_bytes = {"all_reduce": int(r_params[worst] * 2)}
+            dp_bytes = {"all_reduce": int(r_q[worst][1] if self.quant else r_params[worst] * 2)}
         else:
             dp_exposed, dp_bytes = 0.0, {}
-        opt = self._optimizer_s(max(r_params), c)
+        opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
         step = makespan + dp_exposed + opt
         busiest = max(ranks, key=lambda r: rank_work[r])
         on_b = on_rank[busiest]
@@ -414,13 +469,17 @@ class Searcher:
         w = r_params[worst]
         mem_breakdown = {"params": int(w * bpp.params), "grads": int(w * bpp.grads),
                          "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
+        if self.quant:
+            big = max(ranks, key=lambda r: r_state[r])
+            mem_breakdown.update(params=int(r_q[big][0] / div), grads=int(r_q[big][1] / div),
+                                 optimizer=int(r_q[big][2] / div))  # fmt: skip
         return Evaluation(
             config=c, step_s=step, pipeline_s=makespan, compute_s=compute, tp_comm_s=tp_s, pp_comm_s=pp_comm,
             dp_comm_s=dp_exposed, bubble_s=max(0.0, makespan - m * rank_work[busiest]), optimizer_s=opt,
             recompute_s=rec_s, bubble_fraction=bubble_frac, peak_mem_bytes=tuple(r_mem),
             mem_breakdown=mem_breakdown, comm_bytes=comm_bytes, stage_layers=list(runs),
             stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
-            stage_mem=[int(st_params[i] * per_param + st_act[i] * infl[placement[i]]) for i in range(n_st)],
+            stage_mem=[int(st_state[i] + st_act[i] * infl[placement[i]]) for i in range(n_st)],
             stage_send_bytes=st_sendb, stage_params=st_params, fits=max(r_mem) <= self.mem_limit,
             mem_limit_bytes=self.mem_limit, table=t, exact=exact,
         )  # fmt: skip
@@ -485,6 +544,15 @@ class Searcher:
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
             useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]
             cfgs = useful or cfgs
+        if self.quant:
+            ok = [c for c in cfgs if not self.quant_errors(c)]
+            if not ok and cfgs:
+                errs = self.quant_errors(cfgs[0])
+                raise ValueError(
+                    f"{self.coster.quant.mode} quantization cannot be applied at any candidate TP degree: "
+                    + "; ".join(errs[:3]) + (f" (and {len(errs) - 3} more)" if len(errs) > 3 else "")
+                )
+            cfgs = ok
         self.progress(f"{len(cfgs)} configurations; bounding")
         bounded = []
         min_mem_lb = math.inf

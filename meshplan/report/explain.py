@@ -28,6 +28,32 @@ def _degrees(config: dict) -> tuple[int, int, int]:
     return (config.get("dp", 0), config.get("tp", 0), config.get("pp", 0))
 
 
+def _quant_reason(p: Plan) -> list[str]:
+    """Why quantization changes the plan: model-state memory (and time) vs the same configuration
+    unquantized, from ``Prediction.quant_effect``."""
+    q, e = p.quantization, p.predicted.quant_effect
+    if q.mode == "none" or not e:
+        return []
+    name = "QLoRA" if q.mode == "qlora" else "QAT"
+    unq = "full fine-tuning" if q.mode == "qlora" else "unquantized training"
+    limit = e.get("mem_limit_bytes", 0.0)
+    line = (
+        f"- quantization {q.mode}: memory: {unq} needs {fmt_bytes(e['state_bytes_unquantized'])} per device for model "
+        f"states vs {fmt_bytes(e['state_bytes'])} under {name} at this configuration"
+    )
+    if not e.get("fits_unquantized"):
+        over = e["peak_mem_bytes_unquantized"] - limit
+        line += (f"; without {name} this configuration is out of memory by {fmt_bytes(over)} (peak "
+                 f"{fmt_bytes(e['peak_mem_bytes_unquantized'])}, limit {fmt_bytes(limit)}), so {unq} would need more "
+                 "model parallelism (pipeline stages, tensor parallelism or FSDP sharding)")  # fmt: skip
+    extra = "dequantization and LoRA" if q.mode == "qlora" else "fake quantization"
+    line2 = f"- quantization time: {extra} add {fmt_s(e.get('overhead_s', 0.0))} per step"
+    if e.get("weight_grad_saved_s"):
+        line2 += f"; the frozen base saves {fmt_s(e['weight_grad_saved_s'])} of weight-gradient work"
+    line2 += f" (step {fmt_s(p.predicted.step_s)} vs {fmt_s(e['step_s_unquantized'])} unquantized at this configuration)"
+    return [line, line2]
+
+
 def explain_plan(plan: Plan) -> str:
     p = plan
     pr = p.predicted
@@ -83,6 +109,7 @@ def explain_plan(plan: Plan) -> str:
         f"- recompute={p.recompute}: activations take {fmt_bytes(pr.mem_breakdown.get('activations', 0))} on the "
         f"fullest rank" + (f"; recomputation costs {fmt_s(pr.recompute_s)}" if pr.recompute_s else "")
     )
+    lines += _quant_reason(p)
     if p.alternatives:
         first = p.alternatives[0]
         cost = f"{fmt_s(first.step_s)}" if first.step_s is not None else "does not fit"

@@ -3,8 +3,8 @@
 Sections: header (model, cluster, batch); mesh and axis order; pipeline stages (layers, time,
 memory, boundary traffic); TP style of every linear, grouped per repeated block (one block
 shown, "× 12"); predicted step-time breakdown; throughput (tokens/s, TFLOP/s per device, MFU);
-memory breakdown; bytes per collective kind; alternatives with why they lost; a character
-timeline of the predicted schedule when pp × microbatches ≤ 64. Every number is
+memory breakdown; bytes per collective kind; alternatives with why they lost; the quantization (mode, model
+states/peak memory/step with vs without it); a character timeline of the predicted schedule when pp × microbatches ≤ 64. Every number is
 labelled as the cost model's prediction. Tables via ``tabulate``. No torch import.
 """
 
@@ -84,6 +84,44 @@ def _stage_layers(plan: Plan, modules: tuple[str, ...]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def quant_lines(plan: Plan) -> list[str]:
+    """The quantization section: the mode, and (from ``Prediction.quant_effect``, the same
+    configuration costed unquantized) model-state and peak bytes and step time with vs without."""
+    q = plan.quantization
+    if q.mode == "none":
+        return []
+    targets = ", ".join(q.target_modules) if q.target_modules else "every linear inside a repeated block"
+    if q.mode == "qlora":
+        what = (f"QLoRA: frozen NF4 base ({q.bits}-bit, blocks of {q.group_size}), fp32 LoRA adapters rank "
+                f"{q.lora_rank} (alpha {q.lora_alpha:g})")  # fmt: skip
+    else:
+        what = f"QAT: weights fake-quantized to {q.bits} bits in groups of {q.group_size}"
+    out = [f"Quantization: {what}; targets: {targets}"]
+    e = plan.predicted.quant_effect
+    if not e:
+        return out
+    if q.mode == "qlora":
+        out[-1] += f"; {100 * e.get('trainable_fraction', 0):.2f}% of parameters trainable"
+    unq = "full fine-tuning" if q.mode == "qlora" else "unquantized training"
+    out.append(
+        f"  model states per device (predicted): {fmt_bytes(e['state_bytes'])} vs {fmt_bytes(e['state_bytes_unquantized'])} "
+        f"for {unq} at this configuration"
+    )
+    limit = e.get("mem_limit_bytes", 0.0)
+    fit = "fits" if e.get("fits_unquantized") else f"out of memory by {fmt_bytes(e['peak_mem_bytes_unquantized'] - limit)}"
+    out.append(
+        f"  peak memory: {fmt_bytes(e['peak_mem_bytes'])} vs {fmt_bytes(e['peak_mem_bytes_unquantized'])} for {unq} "
+        f"(limit {fmt_bytes(limit)}: {unq} {fit})"
+    )
+    extra = "dequantization + LoRA GEMMs" if q.mode == "qlora" else "fake quantization"
+    line = (f"  step: {fmt_s(plan.predicted.step_s)} vs {fmt_s(e['step_s_unquantized'])} for {unq}; {extra} add "
+            f"{fmt_s(e.get('overhead_s', 0.0))} per step")  # fmt: skip
+    if e.get("weight_grad_saved_s"):
+        line += f", the frozen base skips {fmt_s(e['weight_grad_saved_s'])} of weight-gradient GEMMs"
+    out.append(line + " (busiest pipeline rank)")
+    return out
+
+
 #: The text timeline is shown when pp × num_microbatches is at most this.
 MAX_TIMELINE_EVENTS = 64
 
@@ -121,6 +159,10 @@ def format_plan(plan: Plan) -> str:
     extra += [f"{p.num_microbatches} microbatches of {p.micro_batch_size}", f"recompute {p.recompute}",
               f"data parallel {p.dp_kind}", f"sequence parallel {'on' if p.sequence_parallel else 'off'}"]  # fmt: skip
     out.append("; ".join(extra))
+    qlines = quant_lines(p)
+    if qlines:
+        out.append("")
+        out += qlines
     out.append("")
     out.append("Pipeline stages (predicted, per microbatch):")
     rows = [
