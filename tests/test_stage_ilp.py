@@ -255,3 +255,20 @@ def test_edge_cases() -> None:
         [si.Layer(f"z{i}", fwd_s=0.0, bwd_s=0.0) for i in range(4)], pp=2, num_microbatches=2
     )
     assert zero.objective_s == 0.0 and len(zero.boundaries) == 3
+
+
+def test_one_microbatch_dp_has_no_division_by_zero() -> None:
+    # m = 1 (gpipe; 1f1b needs m >= pp): the bottleneck term (m - 1)·T vanishes, only the cuts count
+    schedule = "gpipe"
+    layers = [
+        si.Layer(f"l{i}", fwd_s=t, bwd_s=2 * t, boundary_bytes=b, state_bytes=GIB)
+        for i, (t, b) in enumerate([(1.0, 500), (1.0, 0), (3.0, 800), (1.0, 900)])
+    ]
+    kw = dict(pp=2, num_microbatches=1, schedule=schedule, p2p_time=lambda nb: nb * 1e-3)
+    want = _brute(layers, pp=2, m=1, schedule=schedule, p2p_time=kw["p2p_time"])
+    for method in ("dp", "ilp"):
+        got = si.split_stages(layers, method=method, **kw)
+        assert got.objective_s == pytest.approx(want, rel=1e-9)
+    assert si.split_stages(layers, method="dp", **kw).boundaries == (0, 2, 4)  # the free cut
+    limited = si.split_stages(layers, method="dp", mem_limit_bytes=2.5 * GIB, **kw)
+    assert all(m <= 2.5 * GIB for m in limited.rank_mem_bytes)

@@ -471,7 +471,10 @@ def _dp(pr: _Problem, max_candidates: int = 64) -> tuple[list[int], str] | None:
     seg = sorted(
         {pre[hi] - pre[lo] for lo in range(len(pr.layers)) for hi in range(lo + 1, len(pr.layers) + 1)}
     )
-    cands = [t for t in seg if t_star - 1e-12 <= t <= t_star + max_saving / pr.coef_t + 1e-12]
+    if pr.coef_t > 0:
+        cands = [t for t in seg if t_star - 1e-12 <= t <= t_star + max_saving / pr.coef_t + 1e-12]
+    else:  # one microbatch with gpipe/1f1b: the bottleneck has no weight, only the cuts count
+        cands = [t_star, seg[-1]]
     status = "exact" if len(cands) <= max_candidates else "heuristic"
     for cap in cands[:max_candidates]:
         b = _dp_min_p2p(pr, cap)
