@@ -147,6 +147,11 @@ class SolverInfo:
     solver: str = ""
     candidates: int = 0  # configurations considered
     ilp_solves: int = 0
+    # the pipeline-stage split ILP (partition.stage_ilp) of the chosen plan; empty for pp = 1
+    split_method: str = ""  # "ilp", or "dp" when its warm start (the exact DP) stayed better
+    split_status: str = ""
+    split_objective_s: float = 0.0  # the linearized step time the split ILP minimizes
+    split_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

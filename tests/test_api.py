@@ -125,3 +125,13 @@ def test_device_name_to_preset():
     assert preset_for_device_name("Tesla V100-SXM2-32GB") == "v100"
     assert preset_for_device_name("NVIDIA H200") == "h200"
     assert preset_for_device_name("AMD Instinct MI300X") is None
+
+
+def test_gathered_colwise_outputs_are_a_plan_field():
+    from planner_fixtures import fused_qkv_graph
+
+    p = estimate_graph(fused_qkv_graph(), 4, tp=4, pp=1, dp=1, global_batch_size=4)
+    assert p.tp_styles["qkv"] == "colwise" and p.tp_gathered_outputs == ("qkv",)
+    assert any("tp_gathered_outputs" in n for n in p.notes)
+    assert Plan.from_json(p.to_json()) == p
+    assert estimate_graph(fused_qkv_graph(), 4, tp=1, pp=1, dp=4, global_batch_size=4).tp_gathered_outputs == ()

@@ -209,8 +209,14 @@ def estimate_graph(
     if errors:
         raise ValueError(f"{q.mode} quantization cannot run this configuration: " + "; ".join(errors[:3]))
     ev = searcher.evaluate_auto(cfg) if dp_kind is None else searcher.evaluate(cfg)
+    split = None
+    if ev.fits and pp > 1:
+        from meshplan.planner.finalize import WINNER_SPLIT_LIMIT_S, refine_split
+
+        ev, split = refine_split(searcher, ev, WINNER_SPLIT_LIMIT_S)
     res = SearchResult(ev if ev.fits else None, [], 1, 1, time.perf_counter() - t0, searcher.coster.ilp_solves,
-                       searcher.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, searcher.coster)  # fmt: skip
+                       searcher.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, searcher.coster,
+                       split=split)  # fmt: skip
     notes = (
         []
         if ev.fits
@@ -397,20 +403,23 @@ def build_plan(
         for e, why in res.alternatives
     )
     sol = t.tp_solution
+    sp = res.split
     notes = list(extra_notes or [])
+    if sp is not None:
+        notes.append(
+            f"stage split re-solved by the stage-split ILP ({sp.status}, {sp.solver or sp.method}, {sp.seconds:.2f} s"
+            + (", kept its DP warm start" if sp.method != "ilp" else "")
+            + ("; it beat the search's time-balanced split" if sp.improved else "") + ")"
+        )
     notes.append("all times, memory and throughput figures are predictions of meshplan's cost model")
     if c.tp > 1:
         notes.append(
             f"TP placement solved by ILP at microbatch {sol.micro_batch:g} ({sol.status}, {sol.solver})"
         )
         if sol.gathered:
-            from meshplan.report.text import group_tp_styles
-
-            pats = [f"{pat}: {', '.join(r for r, _ in items)}" for pat, _, items in group_tp_styles(
-                {f: "colwise" for f in sorted(sol.gathered)})]  # fmt: skip
             notes.append(
-                "colwise outputs gathered to every rank (ColwiseParallel(output_layouts=Replicate())), not "
-                "consumed sharded by a rowwise sibling: " + "; ".join(pats)
+                f"{len(sol.gathered)} colwise linears have their output gathered to every rank (see "
+                "tp_gathered_outputs: ColwiseParallel(output_layouts=Replicate()))"
             )
         if all(v == "replicate" for v in sol.styles.values()):
             notes.append(
@@ -425,11 +434,15 @@ def build_plan(
         mesh=MeshSpec(MESH_AXES, (c.pp, c.dp, c.tp)), global_batch_size=global_batch, seq_len=graph.seq_len,
         micro_batch_size=c.micro_batch, num_microbatches=c.num_microbatches, schedule=c.schedule,
         virtual_stages=c.virtual_stages, stages=tuple(stages), tp_styles=styles, predicted=pred,
-        sequence_parallel=c.sequence_parallel, dp_kind=c.dp_kind, recompute=c.recompute, dtype=dtype,
+        sequence_parallel=c.sequence_parallel, dp_kind=c.dp_kind,
+        tp_gathered_outputs=tuple(sorted(sol.gathered)) if c.tp > 1 else (), recompute=c.recompute, dtype=dtype,
         optimizer=optimizer, capture=graph.capture, quantization=res.coster.quant if res.coster else Quantization(),
         solver=SolverInfo(
             status=status or ("optimal" if sol.status == "optimal" else "feasible"), objective=ev.step_s,
-            seconds=seconds, solver=sol.solver, candidates=res.candidates, ilp_solves=res.ilp_solves,
+            seconds=seconds, solver=sol.solver, candidates=res.candidates,
+            ilp_solves=res.ilp_solves + (1 if sp is not None and sp.method == "ilp" else 0),
+            split_method=sp.method if sp else "", split_status=sp.status if sp else "",
+            split_objective_s=sp.objective_s if sp else 0.0, split_seconds=sp.seconds if sp else 0.0,
         ),
         alternatives=alts, notes=tuple(notes),
     )  # fmt: skip

@@ -51,8 +51,6 @@ RECOMPUTE_CHOICES = ("none", "selective", "full")
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 #: Alternatives are looked for among plans at most this much slower than the best.
 ALT_MARGIN = 0.25
-#: At most this many "best with another tp/pp degree" alternatives (the closest ones).
-MAX_PER_DEGREE = 4
 #: At most this many memory-constrained re-splits (partition.stage_ilp DP) per search.
 MAX_MEMORY_RESCUES = 8
 #: Microbatch counts above this (× pp·v) are simulated small and extrapolated.
@@ -76,6 +74,7 @@ class Searcher:
         progress: Callable[[str], None] | None = None,
         coster: GraphCoster | None = None,
         keep_alternatives: int = 5,
+        ilp_split: bool = True,
     ) -> None:
         self.g = graph
         self.cluster = cluster
@@ -94,6 +93,8 @@ class Searcher:
         self._bpp0 = model_state_bytes(1.0, optimizer=optimizer)
         self._quant_err: dict[tuple[int, int], list[str]] = {}
         self.keep = keep_alternatives
+        self.ilp_split = ilp_split
+        self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._prefix_cache: dict[int, dict[str, list[float]]] = {}
@@ -319,20 +320,10 @@ class Searcher:
             self._bpp_cache[key] = model_state_bytes(1.0, optimizer=self.optimizer, zero=zero, dp=c.dp)
         return self._bpp_cache[key]
 
-    def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
-        """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
-        when the time-balanced split does not fit; None when it finds none."""
-        from meshplan.errors import NoFeasiblePlanError
-        from meshplan.partition.stage_ilp import Layer, split_stages
+    def split_layers(self, c: Config) -> list[Any]:
+        """``c``'s layers as ``partition.stage_ilp.Layer`` (times, model states, activations, sends)."""
+        from meshplan.partition.stage_ilp import Layer
 
-        if (
-            c.virtual_stages != 1
-            or not 1 < c.pp <= 32
-            or c.num_microbatches < 2
-            or self._rescues >= MAX_MEMORY_RESCUES
-        ):
-            return None
-        self._rescues += 1
         t = self._table(c)
         per_param = self._state_bytes_per_param(c).total
         div = c.dp if c.dp_kind == "fsdp" else 1
@@ -342,19 +333,37 @@ class Searcher:
                 return int((x.state_param_bytes + x.state_grad_bytes + x.state_opt_bytes) / div)
             return int(x.param_count * per_param)
 
-        layers = [
+        return [
             Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
                   state_bytes=states(x), act_bytes=int(x.act_bytes), boundary_bytes=int(x.out_bytes))
             for x in t.layers
         ]  # fmt: skip
+
+    def fsdp_buffer(self, c: Config) -> float:
+        """Two unsharded layers' bf16 weights FSDP gathers at a time (0 without fsdp)."""
+        return 2 * 2 * max(x.param_count for x in self._table(c).layers) if c.dp_kind == "fsdp" else 0.0
+
+    def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
+        """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
+        when the time-balanced split does not fit; None when it finds none."""
+        from meshplan.errors import NoFeasiblePlanError
+        from meshplan.partition.stage_ilp import split_stages
+
+        if (
+            c.virtual_stages != 1
+            or not 1 < c.pp <= 32
+            or self._rescues >= MAX_MEMORY_RESCUES
+        ):
+            return None
+        self._rescues += 1
         spans = self._pp_spans(c)
         try:
             split = split_stages(
-                layers, pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule, virtual_stages=1,
+                self.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule, virtual_stages=1,
                 mem_limit_bytes=self.mem_limit, method="dp",
                 p2p_time=lambda b: collective_time_s("send_recv", b, 2, self.cluster, spans_nodes=spans),
             )  # fmt: skip
-        except (NoFeasiblePlanError, ValueError, ArithmeticError):  # m = 1 divides by zero in its DP
+        except (NoFeasiblePlanError, ValueError):
             return None
         return [tuple(r) for r in split.ranges]  # type: ignore[misc]
 
@@ -432,7 +441,7 @@ class Searcher:
         r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
         r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
-        fsdp_buf = 2 * 2 * max(x.param_count for x in t.layers) if c.dp_kind == "fsdp" else 0.0
+        fsdp_buf = self.fsdp_buffer(c)
         r_mem = [int(r_state[r] + r_act[r] + fsdp_buf) for r in ranks]
         worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
         # gradients synced: bf16 of every parameter, or (quantized) only the trainable ones
@@ -514,28 +523,6 @@ class Searcher:
         bubble = p * makespan / busy - 1.0 if busy > 0 else 0.0
         return makespan, max(0.0, bubble)
 
-    def _per_degree(
-        self, best: Evaluation, partial: list[Evaluation], shown: set[Config]
-    ) -> list[tuple[Evaluation, str]]:
-        """The best plan at each other TP and PP degree (what choosing that degree costs):
-        the 3 lowest-bound fitting configurations of the degree are simulated, the fastest kept."""
-        out: list[tuple[Evaluation, str]] = []
-        for axis in ("tp", "pp"):
-            mine = getattr(best.config, axis)
-            for deg in sorted({getattr(e.config, axis) for e in partial} - {mine}):
-                cands = [e for e in partial if getattr(e.config, axis) == deg][:3]
-                if not cands or any(getattr(c, axis) == deg for c in shown):
-                    continue
-                ev = min(
-                    (self.evaluate(e.config, runs=e.stage_layers) for e in cands), key=lambda e: e.step_s
-                )
-                shown.add(ev.config)
-                out.append(
-                    (ev, f"best with {axis}={deg}: slower by {100 * (ev.step_s / best.step_s - 1):.1f}%")
-                )
-        out.sort(key=lambda x: x[0].step_s)
-        return out[:MAX_PER_DEGREE]
-
     # ---- the search ----------------------------------------------------------------------
     def run(self, *, exhaustive: bool = False) -> SearchResult:
         t0 = time.perf_counter()
@@ -561,6 +548,7 @@ class Searcher:
             min_mem_lb = min(min_mem_lb, mlb)
             bounded.append((lb, mlb, c))
         bounded.sort(key=lambda x: (x[0], x[2].summary()))
+        self.bounded = bounded
         # phase 1: everything but the simulation (split, memory, DP, optimizer), in bound order
         partial: list[Evaluation] = []
         oom: list[Evaluation] = []
@@ -593,22 +581,14 @@ class Searcher:
         oom.sort(key=lambda e: (e.step_s, e.config.summary()))
         best_ev = fitting[0] if fitting else None
         alts: list[tuple[Evaluation, str]] = []
+        split = None
         if best_ev is not None:
-            seen = {_group(best_ev.config)}
-            for e in fitting[1:]:
-                key = _group(e.config)
-                if key in seen:  # one alternative per (degrees, schedule, recompute): a real choice
-                    continue
-                seen.add(key)
-                alts.append((e, f"slower by {100 * (e.step_s / best_ev.step_s - 1):.1f}%"))
-                if len(alts) >= self.keep - 1:
-                    break
-            alts += self._per_degree(best_ev, partial, {a.config for a, _ in alts})
-            for e in oom:
-                if e.step_s < best_ev.step_s:
-                    over = (e.max_mem_bytes - self.mem_limit) / GiB
-                    alts.append((e, f"out of memory by {over:.1f} GiB"))
-                    break
+            from meshplan.planner.finalize import finalize, select_alternatives
+
+            labelled = select_alternatives(self, best_ev, fitting, partial, oom)
+            if self.ilp_split and best_ev.config.pp > 1:
+                self.progress("stage split of the winner and the top contenders by ILP")
+            best_ev, alts, split = finalize(self, best_ev, labelled, refine=self.ilp_split)
         else:
             for e in oom[: self.keep]:
                 alts.append((e, f"out of memory by {(e.max_mem_bytes - self.mem_limit) / GiB:.1f} GiB"))
@@ -619,7 +599,7 @@ class Searcher:
             best=best_ev, alternatives=alts, candidates=len(cfgs), evaluated=evaluated,
             seconds=time.perf_counter() - t0, ilp_solves=self.coster.ilp_solves,
             ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem), mem_limit_bytes=self.mem_limit,
-            coster=self.coster,
+            coster=self.coster, split=split,
         )  # fmt: skip
 
 

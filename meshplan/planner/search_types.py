@@ -73,6 +73,18 @@ class Evaluation:
         return max(self.peak_mem_bytes) if self.peak_mem_bytes else 0
 
 
+@dataclass(frozen=True)
+class SplitSolve:
+    """What the stage-split ILP reported for the winner's split (``partition.stage_ilp``)."""
+
+    method: str  # "ilp", or "dp" when its warm start (the exact DP) stayed better
+    status: str
+    solver: str
+    objective_s: float  # the linearized step time the ILP minimizes
+    seconds: float
+    improved: bool  # the ILP's split beat the search's time-balanced split in simulation
+
+
 @dataclass
 class SearchResult:
     best: Evaluation | None
@@ -85,6 +97,7 @@ class SearchResult:
     min_mem_bytes: int  # smallest per-device need seen (exact where evaluated)
     mem_limit_bytes: int
     coster: GraphCoster = field(repr=False, default=None)  # type: ignore[assignment]
+    split: SplitSolve | None = None  # the stage-split ILP's answer for the winner (pp > 1)
 
 
 def divisors(n: int) -> list[int]:

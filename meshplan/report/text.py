@@ -236,6 +236,11 @@ def format_plan(plan: Plan) -> str:
         f"Solver: {sv.status or '-'} ({sv.solver or '-'}), {sv.candidates} configurations, {sv.ilp_solves} ILP solves, "
         f"{sv.seconds:.2f} s"
     )
+    if sv.split_method:
+        out.append(
+            f"Stage split: {sv.split_method} ({sv.split_status}), linearized step {fmt_s(sv.split_objective_s)}, "
+            f"{sv.split_seconds:.2f} s"
+        )
     for note in p.notes:
         out.append(f"note: {note}")
     return "\n".join(out)

@@ -1,0 +1,186 @@
+"""After the search: the stage-split ILP for the winner and the reported contenders, and the
+ranked alternatives a reader needs to see why the winner won.
+
+``refine_split`` re-solves a candidate's pipeline split with ``partition.stage_ilp.split_stages(
+method="ilp")`` (HiGHS/CBC under a time limit, warm-started from its exact DP, keeping the better
+of the two) and re-simulates; the search itself scores its many candidates with the fast
+time-balanced split. ``select_alternatives`` picks, besides the close runners-up the search kept,
+the best plan at each other TP and PP degree, the best plan of each other family (data parallel
+only, tensor parallel without pipeline, pipeline without tensor parallel, both) and the best plan
+that did not fit; ``finalize`` refines the winner and the top contenders, re-picks the winner if
+a refined contender beats it and writes each alternative's reason ("slower by 8.1%",
+"best with data parallelism only: out of memory by 12.3 GiB"). No torch import.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from meshplan.cost_models.comm import collective_time_s
+from meshplan.planner.search_types import Config, Evaluation, SplitSolve
+
+if TYPE_CHECKING:
+    from meshplan.planner.search import Searcher
+
+GiB = 1024**3
+#: ILP time limit for the winner's split and for each refined contender's (seconds).
+WINNER_SPLIT_LIMIT_S = 2.0
+CONTENDER_SPLIT_LIMIT_S = 0.5
+#: How many reported contenders (with a pipeline) get their split re-solved.
+REFINED_CONTENDERS = 3
+#: At most this many "best with another tp/pp degree" alternatives (the closest ones).
+MAX_PER_DEGREE = 4
+FAMILY_NAMES = {
+    "dp": "data parallelism only",
+    "tp": "tensor parallelism without a pipeline",
+    "pp": "a pipeline without tensor parallelism",
+    "tp+pp": "tensor and pipeline parallelism",
+}
+
+
+def family(c: Config) -> str:
+    """dp (tp = pp = 1), tp (tp > 1, pp = 1), pp (pp > 1, tp = 1) or tp+pp."""
+    if c.pp == 1:
+        return "dp" if c.tp == 1 else "tp"
+    return "pp" if c.tp == 1 else "tp+pp"
+
+
+def refine_split(s: Searcher, ev: Evaluation, time_limit_s: float) -> tuple[Evaluation, SplitSolve | None]:
+    """``ev`` re-split by the stage-split ILP and re-simulated: the better (fitting) of the two,
+    with what the ILP reported (None without a pipeline or when the ILP finds nothing)."""
+    from meshplan.errors import NoFeasiblePlanError
+    from meshplan.partition.stage_ilp import split_stages
+
+    c = ev.config
+    if c.pp == 1:
+        return ev, None
+    spans = s._pp_spans(c)
+    try:
+        split = split_stages(
+            s.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule,
+            virtual_stages=c.virtual_stages, mem_limit_bytes=s.mem_limit, reserved_bytes=int(s.fsdp_buffer(c)),
+            p2p_time=lambda b: collective_time_s("send_recv", b, 2, s.cluster, spans_nodes=spans),
+            method="ilp", time_limit_s=time_limit_s,
+        )  # fmt: skip
+    except (NoFeasiblePlanError, ValueError):
+        return ev, None
+    runs = [tuple(r) for r in split.ranges]
+    better = ev
+    if runs != [tuple(r) for r in ev.stage_layers]:
+        ev2 = s.evaluate(c, runs=runs)  # type: ignore[arg-type]
+        if ev2.fits and ev2.step_s < ev.step_s * (1 - 1e-9):
+            better = ev2
+    info = SplitSolve(
+        method=split.method, status=split.status, solver=split.solver, objective_s=split.objective_s,
+        seconds=split.seconds, improved=better is not ev,
+    )  # fmt: skip
+    return better, info
+
+
+def _per_degree(s: Searcher, best: Evaluation, partial: list[Evaluation], shown: set[Config]) -> list[tuple[Evaluation, str]]:
+    """The best plan at each other TP and PP degree (the 3 lowest-bound fitting configurations of
+    the degree are simulated, the fastest kept), the closest ``MAX_PER_DEGREE``."""
+    out: list[tuple[Evaluation, str]] = []
+    for axis in ("tp", "pp"):
+        mine = getattr(best.config, axis)
+        for deg in sorted({getattr(e.config, axis) for e in partial} - {mine}):
+            cands = [e for e in partial if getattr(e.config, axis) == deg][:3]
+            if not cands or any(getattr(c, axis) == deg for c in shown):
+                continue
+            ev = min((s.evaluate(e.config, runs=e.stage_layers) for e in cands), key=lambda e: e.step_s)
+            shown.add(ev.config)
+            out.append((ev, f"best with {axis}={deg}"))
+    out.sort(key=lambda x: x[0].step_s)
+    return out[:MAX_PER_DEGREE]
+
+
+def _per_family(
+    s: Searcher, best: Evaluation, partial: list[Evaluation], oom: list[Evaluation], shown: set[Config]
+) -> list[tuple[Evaluation, str]]:
+    """The best plan of each family other than the winner's: the fastest fitting one (3 lowest
+    bounds simulated), else the one closest to fitting the search evaluated, else the family's
+    lowest-bound configuration costed now (so "data parallelism only: out of memory" shows)."""
+    out: list[tuple[Evaluation, str]] = []
+    mine = family(best.config)
+    for fam, name in FAMILY_NAMES.items():
+        if fam == mine:
+            continue
+        label = f"best with {name}"
+        fits = [e for e in partial if family(e.config) == fam]
+        if fits:
+            already = [c for c in shown if family(c) == fam]
+            if already:  # a shown alternative of this family is its best: label nothing twice
+                continue
+            ev = min((s.evaluate(e.config, runs=e.stage_layers) for e in fits[:3]), key=lambda e: e.step_s)
+            out.append((ev, label))
+            shown.add(ev.config)
+            continue
+        bad = [e for e in oom if family(e.config) == fam]
+        if not bad:
+            cfgs = [c for _lb, _m, c in s.bounded if family(c) == fam]
+            if not cfgs:
+                continue  # the search had no configuration of this family (pins, world size)
+            bad = [s.evaluate_auto(min(cfgs, key=lambda c: s.bound(c)[1]), exact=False)]
+        ev = min(bad, key=lambda e: (e.max_mem_bytes, e.step_s))
+        out.append((ev, label))
+        shown.add(ev.config)
+    return out
+
+
+def select_alternatives(
+    s: Searcher, best: Evaluation, fitting: list[Evaluation], partial: list[Evaluation], oom: list[Evaluation]
+) -> list[tuple[Evaluation, str]]:
+    """(evaluation, label) of every alternative to report; labels "" for close runners-up."""
+    from meshplan.planner.search import _group
+
+    alts: list[tuple[Evaluation, str]] = []
+    seen = {_group(best.config)}
+    for e in fitting[1:]:
+        key = _group(e.config)
+        if key in seen:  # one alternative per (degrees, schedule, recompute): a real choice
+            continue
+        seen.add(key)
+        alts.append((e, ""))
+        if len(alts) >= s.keep - 1:
+            break
+    shown = {a.config for a, _ in alts}
+    alts += _per_degree(s, best, partial, shown)
+    alts += _per_family(s, best, partial, oom, shown)
+    if not any(not e.fits for e, _ in alts) and oom:  # the best plan that did not fit
+        alts.append((min(oom, key=lambda e: (e.step_s, e.config.summary())), ""))
+    return alts
+
+
+def finalize(
+    s: Searcher, best: Evaluation, labelled: list[tuple[Evaluation, str]], *, refine: bool = True
+) -> tuple[Evaluation, list[tuple[Evaluation, str]], SplitSolve | None]:
+    """Refine the winner's and the top pipelined contenders' splits by ILP, re-pick the winner,
+    and rank the alternatives (fitting by step, then out of memory by overshoot) with reasons."""
+    info = None
+    if refine:
+        best, info = refine_split(s, best, WINNER_SPLIT_LIMIT_S)
+        done = 0
+        for i, (e, label) in enumerate(labelled):
+            if done >= REFINED_CONTENDERS:
+                break
+            if e.fits and e.config.pp > 1:
+                labelled[i] = (refine_split(s, e, CONTENDER_SPLIT_LIMIT_S)[0], label)
+                done += 1
+        challenger = min((e for e, _ in labelled if e.fits), key=lambda e: e.step_s, default=None)
+        if challenger is not None and challenger.step_s < best.step_s * (1 - 1e-9):
+            i = next(i for i, (e, _) in enumerate(labelled) if e is challenger)
+            labelled[i] = (best, "")
+            best, info = challenger, None
+    fits = sorted((x for x in labelled if x[0].fits), key=lambda x: (x[0].step_s, x[0].config.summary()))
+    oom = sorted((x for x in labelled if not x[0].fits), key=lambda x: (x[0].max_mem_bytes, x[0].config.summary()))
+    out = []
+    for e, label in fits + oom:
+        if e.fits:
+            why = f"slower by {100 * (e.step_s / best.step_s - 1):.1f}%" if best.step_s > 0 else "slower"
+        else:
+            why = f"out of memory by {(e.max_mem_bytes - s.mem_limit) / GiB:.1f} GiB"
+        out.append((e, f"{label}: {why}" if label else why))
+    return best, out, info
+
+
+__all__ = ["family", "refine_split", "select_alternatives", "finalize"]
