@@ -31,7 +31,9 @@ def _check(results: list, expect: int) -> None:
     rows = results[0]
     assert len(rows) == expect
     for rank_rows in results:
-        for cfg, loss_err, param_err, _notes in rank_rows:
+        for cfg, loss_err, param_err, notes in rank_rows:
+            if cfg.get("sp"):  # sequence parallelism really ran (not the plain-TP fallback)
+                assert any(n.startswith("sequence_parallel applied") for n in notes), notes
             # QAT rounds weights to 4-bit levels: a summation-order difference of 1e-7 in a gradient
             # can move a weight across a rounding boundary, so QAT gets a looser bound (seen: 3e-4)
             atol = 2e-3 if cfg.get("quant") == "qat" else ATOL
@@ -47,20 +49,23 @@ class TestTwoRanks:
         cfgs += [dict(dp=2, m=2, quant="qlora"), dict(pp=2, m=4, schedule="1f1b", quant="qlora"),
                  dict(pp=2, m=4, schedule="1f1b", quant="qat")]
         cfgs += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1b", recompute="full")]
+        cfgs += [dict(tp=2, m=2, sp=1)]  # sequence parallelism
         # plans made by the planner (meshplan.planner.api.estimate): fx node names must agree
         cfgs += [dict(planner=1, pp=2, m=4, schedule="interleaved-1f1b"), dict(planner=1, tp=2, m=2)]
         _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
 
     def test_hf_gpt2_tied(self) -> None:
         cfgs = [dict(pp=2, m=2, schedule="1f1b"), dict(tp=2, m=2, styles=HF_STYLES),
-                dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED)]
+                dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED),
+                dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED, sp=1)]
         res = run_ranks(rc.worker, 2, "hf_gpt2", cfgs)
-        _check(res, 3)
+        _check(res, 4)
         assert any("Conv1D converted" in n for n in res[0][1][3])
 
 
     def test_llama_rotary_skip_edges(self) -> None:
-        cfgs = [dict(tp=2, m=2), dict(pp=2, m=4, schedule="1f1b"), dict(pp=2, m=4, schedule="zero-bubble")]
+        cfgs = [dict(tp=2, m=2), dict(pp=2, m=4, schedule="1f1b"), dict(pp=2, m=4, schedule="zero-bubble"),
+                dict(tp=2, m=2, sp=1)]
         _check(run_ranks(rc.worker, 2, "llama", cfgs), len(cfgs))
 
 

@@ -155,6 +155,22 @@ def test_tp_gathered_outputs_unpair_the_rowwise_sibling() -> None:
         tp.build_parallel_plan(styles, set(styles), gathered=["a.o"])
 
 
+def test_sequence_parallel_regions_and_blockers() -> None:
+    from torch.distributed.tensor import Replicate, Shard
+
+    model = rc.tiny_gpt()
+    styles = handplan.megatron_styles(model)
+    assert tp.block_fqns(model)[:2] == ["blocks.0", "blocks.1"]
+    assert tp.tp_regions(model, styles)[:2] == ["blocks.0.attn", "blocks.0.mlp"]
+    assert tp.sp_blocker(model, styles) == ""
+    plan = tp.build_parallel_plan(styles, set(styles), sp_blocks=tp.block_fqns(model))
+    assert plan["blocks.0.attn.o_proj"].output_layouts == (Shard(1),)  # reduce-scatter along the sequence
+    assert plan["blocks.0.attn.q_proj"].input_layouts == (Replicate(),)  # its region gathers the input
+    del styles["blocks.1.attn.v_proj"]
+    assert "blocks.1.attn.v_proj" in tp.sp_blocker(model, styles)  # a replicated linear sees a slice
+    assert "ModuleList" in tp.sp_blocker(torch.nn.Sequential(torch.nn.Linear(2, 2)), {})
+
+
 def test_dp_modes(gpt_and_graph) -> None:
     m, gm, _, _ = gpt_and_graph
     assert data_parallel.dp_mode(_plan(m, gm, dp=2, microbatches=2)) == "ddp"

@@ -227,8 +227,6 @@ def apply_plan(
             f"global batch {plan.global_batch_size} is not divisible by dp*microbatches = {plan.dp}*{plan.num_microbatches}"
         )
     notes: list[str] = []
-    if plan.sequence_parallel:
-        notes.append("sequence_parallel planned but not applied (runs as plain TP)")
     pdtype = next((p.dtype for p in model.parameters()), None)
     if pdtype is not None and str(pdtype).replace("torch.", "").replace("float32", "fp32").replace(
         "bfloat16", "bf16").replace("float16", "fp16") != plan.dtype:
@@ -264,9 +262,20 @@ def apply_plan(
 
     # 4. TP per stage (styles are keyed by the user's FQNs: apply them on the un-prefixed roots)
     if plan.tp > 1:
+        sp = plan.sequence_parallel
+        why = "" if not sp else ("pipelined stages are flat fx graphs" if pp > 1 else tp.sp_blocker(roots[0], styles))
+        if sp and why:
+            notes.append(f"sequence_parallel planned but not applied ({why}): runs as plain TP")
+        elif sp:
+            notes.append("sequence_parallel applied: norms under SequenceParallel, residual stream sequence-sharded")
         for r in roots:
             _check_tp_modules(r, styles)
-            tp.apply_tp(r, env.mesh["tp"], styles, plan.tp_gathered_outputs)
+            if sp and not why:
+                tp.apply_sequence_parallel(r, env.mesh["tp"], styles, plan.tp_gathered_outputs)
+            else:
+                tp.apply_tp(r, env.mesh["tp"], styles, plan.tp_gathered_outputs)
+    elif plan.sequence_parallel:
+        notes.append("sequence_parallel ignored: tp = 1")
 
     # 4b. quantized training (meshplan.runtime.quant), on each stage root after TP: QAT works in
     # either order with TP; QLoRA must follow parallelize_module (it quantizes each rank's shard)

@@ -14,10 +14,30 @@ No model-specific branches. The layouts come from the module tree alone:
   all-reduces the input gradients of the sharded layers, so replicated weights get equal grads).
 
 A tied parameter (embedding / LM head) is kept replicated even if the plan shards it: sharding
-one of two modules sharing a Parameter would untie them. Sequence parallelism is not applied
-(the plan's ``sequence_parallel`` is reported in the RunRecord notes as not honoured): torch's
-``SequenceParallel`` needs the residual stream to be a local sequence shard end to end, which a
-generic fx-split stage cannot guarantee.
+one of two modules sharing a Parameter would untie them.
+
+Sequence parallelism (the Plan's ``sequence_parallel``, Megatron/Korthikanti layout) at pp = 1,
+from the module tree alone. The "blocks" are the children of the model's ``nn.ModuleList``s:
+
+* the residual stream is a plain local tensor holding this rank's slice of the sequence (dim 1)
+  from the first block's input (a forward pre-hook chunks it: Replicate -> Shard(1), whose
+  backward all-gathers) to the last block's output (a forward hook all-gathers it: Shard(1) ->
+  Replicate, whose backward keeps the local chunk); embeddings, the final norm and the head run
+  as in plain TP;
+* norms inside blocks (``nn.LayerNorm``, ``nn.RMSNorm`` or a class named ``*Norm``) run under
+  ``SequenceParallel(use_local_output=True)`` (their weights become replicated DTensors whose
+  gradients DTensor all-reduces);
+* the "TP regions" (the parents of the colwise linears inside a block: attention, MLP) all-gather
+  their first input along the sequence (a forward pre-hook; backward keeps the local chunk), so
+  the code inside them (``x.shape``-based reshapes, attention over the whole sequence) sees what
+  it sees under plain TP; rowwise linears inside blocks take ``output_layouts=Shard(1)``
+  (reduce-scatter instead of all-reduce), so a region returns the local sequence slice.
+
+``sp_blocker`` says why a model cannot run so (then it runs as plain TP, noted in the RunRecord):
+no ModuleList blocks, a block holding a parameterised module that is neither a norm nor a
+colwise/rowwise linear (a replicated linear there would see only a slice of the sequence), or a
+sharded linear whose parent is not a TP region strictly inside the block.
+Pipelined stages (flat fx graphs, no block calls to hook) are not sequence-parallelised.
 
 HF ``Conv1D`` layers (GPT-2) are not ``nn.Linear``; ``convert_conv1d`` turns the ones a plan
 shards into ``nn.Linear`` (weight transposed, same FQN, same values) before TP is applied.
@@ -25,13 +45,18 @@ shards into ``nn.Linear`` (weight transposed, same FQN, same values) before TP i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 
 def effective_styles(
@@ -54,15 +79,17 @@ def _parent(fqn: str) -> str:
 
 
 def build_parallel_plan(
-    styles: dict[str, str], present: set[str], gathered: Iterable[str] = ()
+    styles: dict[str, str], present: set[str], gathered: Iterable[str] = (), sp_blocks: Iterable[str] = ()
 ) -> dict[str, object]:
     """FQN -> ParallelStyle for the sharded modules among ``present``.
 
     ``gathered`` (the Plan's ``tp_gathered_outputs``) names colwise linears whose output is
     all-gathered (``output_layouts=Replicate()``) whatever their siblings are; they do not pair a
-    rowwise sibling, which then takes a whole input.
+    rowwise sibling, which then takes a whole input. ``sp_blocks`` (sequence parallelism) are the
+    block FQNs whose rowwise linears reduce-scatter their output along the sequence.
     """
     gathered = set(gathered)
+    blocks = tuple(b + "." for b in sp_blocks)
     bad = sorted(f for f in gathered if styles.get(f) not in ("colwise", "replicate"))  # replicate: a tied weight
     if bad:
         raise ValueError(f"tp_gathered_outputs must name colwise linears; not colwise in the plan: {bad[:4]}")
@@ -72,13 +99,96 @@ def build_parallel_plan(
     for fqn, style in styles.items():
         if fqn not in present or style == "replicate":
             continue
+        seq = Shard(1) if blocks and fqn.startswith(blocks) else Replicate()
         if style == "colwise":
             paired = _parent(fqn) in row_parents and fqn not in gathered
-            out[fqn] = ColwiseParallel() if paired else ColwiseParallel(output_layouts=Replicate())
+            out[fqn] = ColwiseParallel(output_layouts=Shard(-1) if paired else Replicate())
         else:
             paired = _parent(fqn) in col_parents
-            out[fqn] = RowwiseParallel() if paired else RowwiseParallel(input_layouts=Replicate())
+            out[fqn] = RowwiseParallel(input_layouts=Shard(-1) if paired else Replicate(), output_layouts=seq)
     return out
+
+
+def block_fqns(module: nn.Module) -> list[str]:
+    """FQNs of the children of every ``nn.ModuleList`` in ``module`` (the repeated blocks)."""
+    return [f"{n}.{c}" if n else c for n, m in module.named_modules() if isinstance(m, nn.ModuleList)
+            for c, _ in m.named_children()]
+
+
+def is_norm(m: nn.Module) -> bool:
+    return isinstance(m, (nn.LayerNorm, nn.RMSNorm)) or type(m).__name__.endswith("Norm")
+
+
+def sp_blocker(module: nn.Module, styles: dict[str, str]) -> str:
+    """Why ``module`` cannot run sequence-parallel under ``styles`` ("" when it can)."""
+    blocks = block_fqns(module)
+    if not blocks:
+        return "no nn.ModuleList blocks found"
+    for b in blocks:
+        for name, m in module.get_submodule(b).named_modules():
+            if not any(True for _ in m.parameters(recurse=False)) or is_norm(m):
+                continue
+            fqn = f"{b}.{name}" if name else b
+            if styles.get(fqn) not in ("colwise", "rowwise"):
+                return f"{fqn} ({type(m).__name__}) is inside a block but not colwise/rowwise"
+    regions = set(tp_regions(module, styles))
+    for f, st in styles.items():
+        if st in ("colwise", "rowwise") and any(f.startswith(b + ".") for b in blocks) and _parent(f) not in regions:
+            return f"{f} ({st}) has no TP region (a parent module holding a colwise linear) inside its block"
+    return ""
+
+
+def tp_regions(module: nn.Module, styles: dict[str, str]) -> list[str]:
+    """Parents of the colwise linears inside blocks, strictly below the block (attention, MLP)."""
+    blocks = set(block_fqns(module))
+    present = {n for n, _ in module.named_modules()}
+    out = []
+    for f, st in styles.items():
+        p = _parent(f)
+        if st == "colwise" and f in present and p not in blocks and any(p.startswith(b + ".") for b in blocks):
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def _seq_shard_input(mesh: DeviceMesh) -> object:
+    def hook(_m: nn.Module, args: tuple) -> tuple:
+        x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
+        return (x.redistribute(mesh, [Shard(1)]).to_local(), *args[1:])
+
+    return hook
+
+
+def _seq_gather(mesh: DeviceMesh) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Local sequence slice -> whole sequence (all-gather; backward keeps the local chunk)."""
+
+    def gather(x: torch.Tensor) -> torch.Tensor:
+        return DTensor.from_local(x, mesh, [Shard(1)], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+
+    return gather
+
+
+def apply_sequence_parallel(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str], gathered: Iterable[str] = ()) -> int:
+    """TP with sequence parallelism (see the module docstring); returns how many modules were parallelised."""
+    reason = sp_blocker(module, styles)
+    if reason:
+        raise ValueError(f"sequence parallelism cannot apply: {reason}")
+    present = {n for n, _ in module.named_modules()}
+    check_divisible(module, styles, mesh.size())
+    blocks = block_fqns(module)
+    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks)
+    for b in blocks:
+        for name, m in module.get_submodule(b).named_modules():
+            if name and is_norm(m):
+                plan[f"{b}.{name}"] = SequenceParallel(use_local_output=True)
+    parallelize_module(module, mesh, plan)  # type: ignore[arg-type]
+    gather = _seq_gather(mesh)
+    module.get_submodule(blocks[0]).register_forward_pre_hook(_seq_shard_input(mesh))  # type: ignore[arg-type]
+    module.get_submodule(blocks[-1]).register_forward_hook(
+        lambda _m, _a, out: (gather(out[0]), *out[1:]) if isinstance(out, tuple) else gather(out))
+    for r in tp_regions(module, styles):
+        module.get_submodule(r).register_forward_pre_hook(lambda _m, args: (gather(args[0]), *args[1:]))
+    return len(plan)
 
 
 def check_divisible(module: nn.Module, styles: dict[str, str], tp: int) -> None:
