@@ -52,6 +52,12 @@ def test_raw_hf_model_is_wrapped_and_names_match_user_model() -> None:
     assert used <= names and "transformer.h.0.attn.c_attn.weight" in used
     assert g.blocks[0].instances == ("transformer.h.0", "transformer.h.1")
     assert g.tied_params == [("transformer.wte.weight", "lm_head.weight")]
+    # the tied weight is read under one name in the exported graph; each node still names its own module
+    fqns = {n.kind: n.module_fqn for n in g.nodes if n.kind in ("embedding", "linear") and n.module_fqn in
+            ("transformer.wte", "lm_head")}
+    lookups = [n.module_fqn for n in g.nodes if n.kind == "embedding"]
+    assert lookups == ["transformer.wte", "transformer.wpe"], lookups
+    assert fqns == {"embedding": "transformer.wte", "linear": "lm_head"}
     gm, kind = capture(m, (ids,))
     assert kind == "export"
     torch.testing.assert_close(gm(ids), m(input_ids=ids, use_cache=False).logits)

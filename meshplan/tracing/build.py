@@ -233,11 +233,23 @@ def _kind_of(gm: fx.GraphModule, n: fx.Node, op: str, reads_params: bool) -> str
 
 
 def _module_fqn(n: fx.Node, pnames: list[str], pidx: ParamIndex) -> str | None:
+    """The module owning the node's parameters. A tied parameter has several names (an exported
+    graph reads GPT-2's embedding weight as ``lm_head.weight``): the name whose module is the
+    innermost module on the node's ``nn_module_stack`` wins (``transformer.wte`` for the lookup)."""
     if n.op == "call_module":
         return pidx.user(str(n.target))
-    if pnames:
-        return pidx.user(pnames[0].rsplit(".", 1)[0]) if "." in pnames[0] else ""
-    return None
+    if not pnames:
+        return None
+    names = [pidx.user(pnames[0])]
+    gid = pidx.group_of.get(pnames[0])
+    if gid is not None:
+        names += [u for u in pidx.groups[gid] if u not in names]
+    stack = [pidx.user(str(v[0])) for v in (n.meta.get("nn_module_stack") or {}).values()]
+    for scope in reversed(stack):
+        for u in names:
+            if "." in u and u.rsplit(".", 1)[0] == scope:
+                return scope
+    return names[0].rsplit(".", 1)[0] if "." in names[0] else ""
 
 
 def _attrs(
