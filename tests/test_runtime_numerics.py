@@ -32,6 +32,8 @@ def _check(results: list, expect: int) -> None:
     assert len(rows) == expect
     for rank_rows in results:
         for cfg, loss_err, param_err, notes in rank_rows:
+            if cfg.get("recompute") == "selective":  # the attention calls were really checkpointed
+                assert any(n.startswith("sdpa_checkpointed=") for n in notes), notes
             if cfg.get("sp"):  # sequence parallelism really ran (not the plain-TP fallback)
                 assert any(n.startswith("sequence_parallel applied") for n in notes), notes
             # QAT rounds weights to 4-bit levels: a summation-order difference of 1e-7 in a gradient
@@ -50,6 +52,7 @@ class TestTwoRanks:
                  dict(pp=2, m=4, schedule="1f1b", quant="qat")]
         cfgs += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1b", recompute="full")]
         cfgs += [dict(tp=2, m=2, sp=1)]  # sequence parallelism
+        cfgs += [dict(dp=2, m=2, recompute="selective"), dict(pp=2, m=4, schedule="zero-bubble", recompute="selective")]
         # plans made by the planner (meshplan.planner.api.estimate): fx node names must agree
         cfgs += [dict(planner=1, pp=2, m=4, schedule="interleaved-1f1b"), dict(planner=1, tp=2, m=2)]
         _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
@@ -57,9 +60,10 @@ class TestTwoRanks:
     def test_hf_gpt2_tied(self) -> None:
         cfgs = [dict(pp=2, m=2, schedule="1f1b"), dict(tp=2, m=2, styles=HF_STYLES),
                 dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED),
-                dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED, sp=1)]
+                dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED, sp=1),
+                dict(pp=2, m=2, schedule="1f1b", recompute="selective")]  # exported stages: aten SDPA
         res = run_ranks(rc.worker, 2, "hf_gpt2", cfgs)
-        _check(res, 4)
+        _check(res, 5)
         assert any("Conv1D converted" in n for n in res[0][1][3])
 
 

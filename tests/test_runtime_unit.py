@@ -171,6 +171,40 @@ def test_sequence_parallel_regions_and_blockers() -> None:
     assert "ModuleList" in tp.sp_blocker(torch.nn.Sequential(torch.nn.Linear(2, 2)), {})
 
 
+def test_selective_recompute_reruns_only_attention(gpt_and_graph) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from meshplan.runtime import recompute
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, y = rc.batches(1)[0]
+    _model, gm, _x, _prefix = gpt_and_graph
+    for module in (rc.tiny_gpt(), gm):  # eager model (pp = 1) and an fx GraphModule (a pipeline stage)
+        grads = []
+        for mode in ("none", "selective"):
+            run = module if mode == "none" else recompute.apply_recompute([module], mode, pipelined=False,
+                                                                          schedule="1f1b")[0][0]
+            module.zero_grad()
+            loss = rc.loss_fn(run(x[:2]), y[:2])
+            with Count() as c:
+                loss.backward()
+            fwd_in_bwd = [o for o in c.ops if "scaled_dot_product" in o and "backward" not in o]
+            assert len(fwd_in_bwd) == (4 if mode == "selective" else 0)  # one re-run attention per layer
+            assert "aten.native_layer_norm.default" not in c.ops  # the rest of the block is not re-run
+            grads.append({n: p.grad.clone() for n, p in module.named_parameters()})
+        module.zero_grad(set_to_none=True)
+        for n, g in grads[0].items():
+            torch.testing.assert_close(grads[1][n], g, rtol=0, atol=0)
+
+
 def test_dp_modes(gpt_and_graph) -> None:
     m, gm, _, _ = gpt_and_graph
     assert data_parallel.dp_mode(_plan(m, gm, dp=2, microbatches=2)) == "ddp"

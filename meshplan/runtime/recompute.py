@@ -8,7 +8,14 @@
   Not applied under zero-bubble schedules (their split input/weight backward re-enters the
   recomputed graph twice), which is reported in the RunRecord notes.
 
-"selective" (recompute attention only) has no generic counterpart here and runs as "full".
+"selective" (Korthikanti et al.: recompute only the attention core, keep the linears'
+activations), at any pp and under every schedule: what runs (the model at pp = 1, each stage
+module at pp > 1) is wrapped in ``SelectiveStage``, whose forward runs under a
+``TorchFunctionMode`` that turns every ``F.scaled_dot_product_attention`` call (a
+``call_function`` node in an fx stage, or the eager call in the model's code) into a
+non-reentrant ``checkpoint`` of that call alone: backward re-runs the attention, everything else
+keeps its saved activations. Attention written as explicit matmul/softmax ops is not matched (the
+note says so only by the count of the SDPA calls seen, ``SelectiveStage.calls``).
 Checkpoint wrappers add ``_checkpoint_wrapped_module.`` to FQNs; ``clean_fqn`` strips it (DCP's
 state-dict helpers strip it too).
 """
@@ -19,7 +26,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 WRAPPED = "_checkpoint_wrapped_module."
@@ -38,6 +48,37 @@ class CheckpointedStage(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         return checkpoint(self.inner, *args, use_reentrant=False)
+
+
+_ATTENTION = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+
+
+class _RecomputeAttention(TorchFunctionMode):
+    """Runs each scaled-dot-product attention under its own non-reentrant checkpoint."""
+
+    def __init__(self, owner: SelectiveStage) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _ATTENTION:
+            self.owner.calls += 1
+            return checkpoint(func, *args, use_reentrant=False, **kwargs)
+        return func(*args, **kwargs)
+
+
+class SelectiveStage(nn.Module):
+    """Runs ``inner`` with only its attention cores recomputed in backward; ``calls`` counts them."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with _RecomputeAttention(self):
+            return self.inner(*args, **kwargs)
 
 
 def checkpoint_blocks(model: nn.Module) -> int:
@@ -63,7 +104,12 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
     """The modules to run (possibly wrapped) and a note for the RunRecord."""
     if mode == "none":
         return modules, ""
-    suffix = " (selective runs as full)" if mode == "selective" else ""
+    if mode == "selective":
+        return [SelectiveStage(m) for m in modules], (
+            "recompute=selective: each scaled_dot_product_attention call checkpointed on its own "
+            "(attention core recomputed, linear activations kept)"
+        )
+    suffix = ""
     if pipelined:
         if schedule in ("zero-bubble", "zbv"):
             return modules, f"recompute={mode} not applied under {schedule} (split backward)"
