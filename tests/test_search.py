@@ -148,3 +148,28 @@ def test_tied_head_in_another_stage_holds_a_copy_of_the_embedding():
     two = estimate_graph(g, 2, tp=1, pp=2, dp=1, schedule="1f1b", num_microbatches=4, global_batch_size=4)
     assert one.stages[0].param_count == g.param_count
     assert sum(s.param_count for s in two.stages) == g.param_count + 32768 * 1024
+
+
+def test_alternatives_show_other_families_and_what_did_not_fit():
+    g = gpt_graph(layers=8, h=4096, heads=32, seq=2048, vocab=32768)
+    kw = dict(global_batch_size=32, fixed={"dp_kind": "ddp"}, recompute=["none"])
+    p = plan_graph(g, 16, cluster=small_mem(H100.with_devices(16), 24), **kw)
+    assert p.pp > 1 or p.tp > 1  # a full data-parallel replica does not fit 24 GiB
+    dp_only = [a for a in p.alternatives if a.reason.startswith("best with data parallelism only")]
+    assert len(dp_only) == 1 and dp_only[0].step_s is None and "out of memory by" in dp_only[0].reason
+    assert dp_only[0].config["tp"] == 1 and dp_only[0].config["pp"] == 1
+    fitting = [a.step_s for a in p.alternatives if a.step_s is not None]
+    assert fitting == sorted(fitting) and all(s >= p.predicted.step_s for s in fitting)
+    assert p.alternatives[-1].step_s is None  # ranked: fitting first, then out of memory
+    assert "why not data parallelism only: out of memory by" in p.explain()
+
+
+def test_winner_split_comes_from_the_stage_split_ilp():
+    g = gpt_graph(layers=6, h=1024, heads=16, vocab=1024, heavy={2: 4.0})
+    p = plan_graph(g, 4, cluster="h100", global_batch_size=16, fixed={"pp": 4, "tp": 1, "schedule": "1f1b"})
+    sv = p.solver
+    assert sv.split_method in ("ilp", "dp") and sv.split_status and sv.split_seconds > 0
+    assert sv.split_objective_s > 0 and "Stage split:" in str(p)
+    assert any("stage-split ILP" in n for n in p.notes)
+    flat = plan_graph(g, 4, cluster="h100", global_batch_size=16, fixed={"pp": 1})
+    assert flat.solver.split_method == "" and "Stage split:" not in str(flat)

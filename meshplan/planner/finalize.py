@@ -14,7 +14,7 @@ a refined contender beats it and writes each alternative's reason ("slower by 8.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.planner.search_types import Config, Evaluation, SplitSolve
@@ -24,10 +24,12 @@ if TYPE_CHECKING:
 
 GiB = 1024**3
 #: ILP time limit for the winner's split and for each refined contender's (seconds).
-WINNER_SPLIT_LIMIT_S = 2.0
+WINNER_SPLIT_LIMIT_S = 1.5
 CONTENDER_SPLIT_LIMIT_S = 0.5
-#: How many reported contenders (with a pipeline) get their split re-solved.
+#: How many reported contenders (with a pipeline) get their split re-solved, and only while their
+#: ILP is small (layers × stages binaries at most this): building a large pulp model takes seconds.
 REFINED_CONTENDERS = 3
+MAX_CONTENDER_BINARIES = 800
 #: At most this many "best with another tp/pp degree" alternatives (the closest ones).
 MAX_PER_DEGREE = 4
 FAMILY_NAMES = {
@@ -55,10 +57,16 @@ def refine_split(s: Searcher, ev: Evaluation, time_limit_s: float) -> tuple[Eval
     if c.pp == 1:
         return ev, None
     spans = s._pp_spans(c)
+    layers = s.split_layers(c)
+    reserved = int(s.fsdp_buffer(c))
+    # the ILP's memory model (per-stage in-flight counts, no tied copies) may differ from the
+    # search's: the limit never excludes the current split, so the warm start is feasible, and
+    # ``evaluate`` below judges whether the ILP's split fits
+    limit = max(float(s.mem_limit), _split_mem(layers, ev.stage_layers, c) + reserved)
     try:
         split = split_stages(
-            s.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule,
-            virtual_stages=c.virtual_stages, mem_limit_bytes=s.mem_limit, reserved_bytes=int(s.fsdp_buffer(c)),
+            layers, pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule,
+            virtual_stages=c.virtual_stages, mem_limit_bytes=limit * (1 + 1e-9), reserved_bytes=reserved,
             p2p_time=lambda b: collective_time_s("send_recv", b, 2, s.cluster, spans_nodes=spans),
             method="ilp", time_limit_s=time_limit_s,
         )  # fmt: skip
@@ -75,6 +83,19 @@ def refine_split(s: Searcher, ev: Evaluation, time_limit_s: float) -> tuple[Eval
         seconds=split.seconds, improved=better is not ev,
     )  # fmt: skip
     return better, info
+
+
+def _split_mem(layers: list[Any], runs: list[tuple[int, int]], c: Config) -> float:
+    """Largest rank memory of ``runs`` in ``partition.stage_ilp``'s model (states + in-flight
+    activations per stage, summed over a rank's stages)."""
+    from meshplan.partition import schedule as sch
+
+    inflight = sch.inflight(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)[1]
+    placement = sch.stage_to_rank(c.schedule, c.pp, c.virtual_stages)
+    rank = [0.0] * c.pp
+    for st, (a, b) in enumerate(runs):
+        rank[placement[st]] += sum(x.state_bytes + inflight[st] * x.act_bytes for x in layers[a:b])
+    return max(rank)
 
 
 def _per_degree(s: Searcher, best: Evaluation, partial: list[Evaluation], shown: set[Config]) -> list[tuple[Evaluation, str]]:
@@ -163,7 +184,8 @@ def finalize(
         for i, (e, label) in enumerate(labelled):
             if done >= REFINED_CONTENDERS:
                 break
-            if e.fits and e.config.pp > 1:
+            n_bin = len(e.table.layers) * e.config.pp * e.config.virtual_stages
+            if e.fits and e.config.pp > 1 and n_bin <= MAX_CONTENDER_BINARIES:
                 labelled[i] = (refine_split(s, e, CONTENDER_SPLIT_LIMIT_S)[0], label)
                 done += 1
         challenger = min((e for e, _ in labelled if e.fits), key=lambda e: e.step_s, default=None)

@@ -110,6 +110,10 @@ def explain_plan(plan: Plan) -> str:
         f"fullest rank" + (f"; recomputation costs {fmt_s(pr.recompute_s)}" if pr.recompute_s else "")
     )
     lines += _quant_reason(p)
+    for a in p.alternatives:  # the best plan of each other family: why it lost
+        if a.reason.startswith("best with ") and not a.reason.startswith(("best with tp=", "best with pp=")):
+            name, _, why = a.reason[len("best with ") :].partition(": ")
+            lines.append(f"- why not {name}: {why} ({a.summary})")
     if p.alternatives:
         first = p.alternatives[0]
         cost = f"{fmt_s(first.step_s)}" if first.step_s is not None else "does not fit"
