@@ -164,6 +164,18 @@ class GraphCoster:
                 for p in n.param_names:
                     self._owner.setdefault(p, (n.id, n.param_numel))
 
+    def quant_errors(self, sol: GraphTPSolution, fsdp_dp: int = 1) -> list[str]:
+        """``cost_models.quant.quant_constraint_errors`` of this graph's linears at ``sol``'s styles."""
+        from meshplan.cost_models.quant import quant_constraint_errors
+
+        linears = [
+            (n.module_fqn, int(n.attrs["in_features"]), int(n.attrs["out_features"]),
+             sol.styles.get(n.module_fqn, "replicate"))
+            for n in self.g.nodes
+            if n.kind == "linear" and n.module_fqn and "in_features" in n.attrs and "out_features" in n.attrs
+        ]  # fmt: skip
+        return quant_constraint_errors(linears, self.quant, tp=sol.tp, fsdp_dp=fsdp_dp)
+
     # ---- TP placement ------------------------------------------------------------------
     def tp_solution(self, tp: int, sp: bool, micro_batch: int = 1) -> GraphTPSolution:
         """Placement for (tp, sp), solved at the microbatch bucket of ``micro_batch``

@@ -26,6 +26,10 @@ bound and stops once the bound exceeds the best simulated step (and enough alter
 ``ALT_MARGIN`` are known): the best plan is the same as exhaustive enumeration's. With ``exhaustive=True`` every configuration is evaluated (tests check
 both give the same answer). Pipelines with many microbatches are simulated at two small valid
 microbatch counts and extrapolated linearly (steady state: one microbatch per bottleneck period).
+The candidates are scored on the fast time-balanced split; the winner's (and small contenders')
+split is then re-solved by the stage-split ILP and the alternatives chosen in ``planner.finalize``.
+With a ``Quantization`` on the coster, model states, gradient sync and the optimizer step count
+the quantized layout (only trainable parameters are synced and stepped).
 No torch import.
 """
 
@@ -43,7 +47,14 @@ from meshplan.cost_models.memory import ModelStateBytes, inflight_microbatches, 
 from meshplan.graph import ModelGraph
 from meshplan.partition.schedule import simulate, validate
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
-from meshplan.planner.search_types import Config, Evaluation, SearchResult, balanced_split, divisors
+from meshplan.planner.search_types import (
+    Config,
+    Evaluation,
+    SearchResult,
+    _valid_count,
+    balanced_split,
+    divisors,
+)
 
 GiB = 1024**3
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
@@ -204,15 +215,7 @@ class Searcher:
         fsdp_dp = c.dp if c.dp_kind == "fsdp" else 1
         key = (id(sol), fsdp_dp)
         if key not in self._quant_err:
-            from meshplan.cost_models.quant import quant_constraint_errors
-
-            linears = [
-                (n.module_fqn, int(n.attrs["in_features"]), int(n.attrs["out_features"]),
-                 sol.styles.get(n.module_fqn, "replicate"))
-                for n in self.g.nodes
-                if n.kind == "linear" and n.module_fqn and "in_features" in n.attrs and "out_features" in n.attrs
-            ]  # fmt: skip
-            self._quant_err[key] = quant_constraint_errors(linears, self.coster.quant, tp=c.tp, fsdp_dp=fsdp_dp)
+            self._quant_err[key] = self.coster.quant_errors(sol, fsdp_dp)
         return self._quant_err[key]
 
     def bound(self, c: Config) -> tuple[float, float]:
@@ -611,15 +614,3 @@ def _placement(schedule: str, pp: int, v: int) -> tuple[int, ...]:
     from meshplan.partition.schedule import stage_to_rank
 
     return stage_to_rank(schedule, pp, v)
-
-
-def _valid_count(schedule: str, p: int, v: int, at_least: int) -> int | None:
-    """The smallest microbatch count ≥ ``at_least`` the schedule accepts (multiple of p)."""
-    m = max(p, ((at_least + p - 1) // p) * p)
-    for cand in (m, m + p, 2 * m):
-        try:
-            validate(schedule, p, cand, v)
-            return cand
-        except ValueError:
-            continue
-    return None

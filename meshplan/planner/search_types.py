@@ -152,3 +152,17 @@ def balanced_split(costs: list[float], num_stages: int) -> list[tuple[int, int]]
                 best_j, best_v = j, v
         runs[k : k + 1] = [(a, best_j), (best_j, b)]
     return runs
+
+
+def _valid_count(schedule: str, p: int, v: int, at_least: int) -> int | None:
+    """The smallest microbatch count ≥ ``at_least`` the schedule accepts (multiple of p)."""
+    from meshplan.partition.schedule import validate
+
+    m = max(p, ((at_least + p - 1) // p) * p)
+    for cand in (m, m + p, 2 * m):
+        try:
+            validate(schedule, p, cand, v)
+            return cand
+        except ValueError:
+            continue
+    return None
