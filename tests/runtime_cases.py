@@ -147,12 +147,16 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
 
 
 def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int = 2) -> list[tuple]:
-    model_fn = {"gpt": tiny_gpt, "hf_gpt2": tiny_hf_gpt2, "llama": tiny_llama}[model_name]
+    """Runs every plan of ``cfgs`` on ``model_name`` (a cfg's "model" key overrides it)."""
+    fns = {"gpt": tiny_gpt, "hf_gpt2": tiny_hf_gpt2, "llama": tiny_llama}
     data = batches(steps)
-    ref = reference(model_fn(), data)
+    refs: dict[str, tuple] = {}
     out = []
     for cfg in cfgs:
-        le, pe, notes = run_config(model_fn, cfg, data, ref)
+        name = cfg.get("model", model_name)
+        if name not in refs:
+            refs[name] = reference(fns[name](), data)
+        le, pe, notes = run_config(fns[name], cfg, data, refs[name])
         out.append((cfg, le, pe, notes))
     return out
 

@@ -171,6 +171,22 @@ def test_sequence_parallel_regions_and_blockers() -> None:
     assert "ModuleList" in tp.sp_blocker(torch.nn.Sequential(torch.nn.Linear(2, 2)), {})
 
 
+def test_sequence_boundaries_in_the_fx_graph() -> None:
+    model = rc.tiny_gpt()
+    gm, _ = split.capture_graph(model, (rc.batches(1)[0][0][:2],))
+    assert tp.insert_sequence_boundaries(gm, tp.block_fqns(model), None) == ""  # type: ignore[arg-type]
+    order = [n for n in gm.graph.nodes if n.op == "call_module"]
+    targets = [str(n.target) for n in order]
+    i, j = targets.index("_sp_shard"), targets.index("_sp_gather")
+    assert targets[i + 1] == "blocks.0.ln_1" and targets[j + 1] == "ln_f"
+    shard = order[i]
+    assert {str(u.target) for u in shard.users if u.op == "call_module"} == {"blocks.0.ln_1"}
+    assert len(shard.args[0].users) == 1  # the residual stream now flows only through the shard
+    nn = torch.nn
+    no_final = torch.fx.symbolic_trace(nn.Sequential(nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 4)), nn.Linear(4, 4)))
+    assert "no norm module after" in tp.insert_sequence_boundaries(no_final, ["0"], None)  # type: ignore[arg-type]
+
+
 def test_selective_recompute_reruns_only_attention(gpt_and_graph) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 

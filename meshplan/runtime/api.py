@@ -245,10 +245,18 @@ def apply_plan(
             notes.append(f"HF Conv1D converted to nn.Linear for TP (weights transposed): {conv}")
 
     # 3. stage split
+    sp_why = ""
+    if plan.sequence_parallel and plan.tp > 1:
+        sp_why = tp.sp_blocker(model, styles)
     if pp > 1:
         gm, prefix = split.capture_graph(model, tuple(example_inputs))  # type: ignore[arg-type]
         pieces = split.split_stages(gm, ordered)
         split.check_stage_chain(pieces, tuple(example_inputs))  # type: ignore[arg-type]
+        if plan.sequence_parallel and plan.tp > 1 and not sp_why:
+            # after the chain check: the boundaries only make sense once the norms gather (TP below)
+            sp_why = tp.insert_sequence_boundaries(gm, [prefix + b for b in tp.block_fqns(model)], env.mesh["tp"])
+            if not sp_why:
+                pieces = split.split_stages(gm, ordered)
         mine = [s.index for s in ordered if s.rank == env.coord("pp")]
         modules: list[nn.Module] = [pieces[i].module for i in mine]
         roots = [_sub_or_self(m, prefix) for m in modules]
@@ -262,15 +270,17 @@ def apply_plan(
 
     # 4. TP per stage (styles are keyed by the user's FQNs: apply them on the un-prefixed roots)
     if plan.tp > 1:
-        sp = plan.sequence_parallel
-        why = "" if not sp else ("pipelined stages are flat fx graphs" if pp > 1 else tp.sp_blocker(roots[0], styles))
-        if sp and why:
-            notes.append(f"sequence_parallel planned but not applied ({why}): runs as plain TP")
+        sp = plan.sequence_parallel and not sp_why
+        if plan.sequence_parallel and sp_why:
+            notes.append(f"sequence_parallel planned but not applied ({sp_why}): runs as plain TP")
         elif sp:
             notes.append("sequence_parallel applied: norms under SequenceParallel, residual stream sequence-sharded")
         for r in roots:
             _check_tp_modules(r, styles)
-            if sp and not why:
+            if sp and pp > 1:
+                tp.apply_stage_sequence_parallel(r, env.mesh["tp"], styles, tp.block_fqns(model),
+                                                 plan.tp_gathered_outputs)
+            elif sp:
                 tp.apply_sequence_parallel(r, env.mesh["tp"], styles, plan.tp_gathered_outputs)
             else:
                 tp.apply_tp(r, env.mesh["tp"], styles, plan.tp_gathered_outputs)

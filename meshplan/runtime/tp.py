@@ -37,7 +37,15 @@ from the module tree alone. The "blocks" are the children of the model's ``nn.Mo
 no ModuleList blocks, a block holding a parameterised module that is neither a norm nor a
 colwise/rowwise linear (a replicated linear there would see only a slice of the sequence), or a
 sharded linear whose parent is not a TP region strictly inside the block.
-Pipelined stages (flat fx graphs, no block calls to hook) are not sequence-parallelised.
+
+Pipelined stages are flat fx graphs (blocks are not calls to hook), so there the same layout is
+made in the graph: ``insert_sequence_boundaries`` puts a ``SeqShard`` module after the value that
+feeds the first block's norm (the residual stream) and a ``SeqGather`` before the first norm after
+the blocks (the final norm), before the graph is cut into stages; each in-block norm's output is
+all-gathered by a forward hook (its consumers, the TP regions, see the whole sequence), and
+rowwise linears reduce-scatter as above. Values crossing a stage boundary inside the blocks are
+then the local sequence slice. Graphs without call_module norms (torch.export captures) are not
+sequence-parallelised.
 
 HF ``Conv1D`` layers (GPT-2) are not ``nn.Linear``; ``convert_conv1d`` turns the ones a plan
 shards into ``nn.Linear`` (weight transposed, same FQN, same values) before TP is applied.
@@ -166,6 +174,78 @@ def _seq_gather(mesh: DeviceMesh) -> Callable[[torch.Tensor], torch.Tensor]:
         return DTensor.from_local(x, mesh, [Shard(1)], run_check=False).redistribute(mesh, [Replicate()]).to_local()
 
     return gather
+
+
+class SeqShard(nn.Module):
+    """Whole sequence -> this rank's slice (dim 1); backward all-gathers."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return DTensor.from_local(x, self.mesh, [Replicate()], run_check=False).redistribute(
+            self.mesh, [Shard(1)]).to_local()
+
+
+class SeqGather(nn.Module):
+    """This rank's slice (dim 1) -> whole sequence (all-gather); backward keeps the local chunk."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.gather = _seq_gather(mesh)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gather(x)
+
+
+def insert_sequence_boundaries(gm: torch.fx.GraphModule, blocks: Iterable[str], mesh: DeviceMesh) -> str:
+    """Insert ``SeqShard``/``SeqGather`` around the blocks of ``gm`` (see the module docstring);
+    returns "" when done, else why not (``gm`` is then unchanged)."""
+    prefixes = tuple(b + "." for b in blocks)
+    norms = [n for n in gm.graph.nodes if n.op == "call_module" and is_norm(gm.get_submodule(str(n.target)))]
+    inside = [n for n in norms if str(n.target).startswith(prefixes)]
+    if not inside:
+        return "no norm modules inside blocks in the captured graph"
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    after = [n for n in norms if not str(n.target).startswith(prefixes) and order[n] > order[inside[-1]]]
+    if not after:
+        return "no norm module after the blocks (where the sequence is gathered)"
+    first, final = inside[0], after[0]
+    x, y = first.args[0], final.args[0]
+    if not isinstance(x, torch.fx.Node) or not isinstance(y, torch.fx.Node):
+        return "norm inputs are not graph values"
+    gm.add_submodule("_sp_shard", SeqShard(mesh))
+    gm.add_submodule("_sp_gather", SeqGather(mesh))
+    with gm.graph.inserting_after(x):
+        s = gm.graph.call_module("_sp_shard", (x,))
+    x.replace_all_uses_with(s, delete_user_cb=lambda u: u is not s)
+    with gm.graph.inserting_before(final):
+        g = gm.graph.call_module("_sp_gather", (y,))
+    final.replace_input_with(y, g)
+    gm.graph.lint()
+    gm.recompile()
+    return ""
+
+
+def apply_stage_sequence_parallel(
+    stage: nn.Module, mesh: DeviceMesh, styles: dict[str, str], blocks: Iterable[str], gathered: Iterable[str] = ()
+) -> int:
+    """TP + SP on one pipeline stage module cut from a graph prepared by ``insert_sequence_boundaries``."""
+    blocks = list(blocks)
+    prefixes = tuple(b + "." for b in blocks)
+    present = {n for n, _ in stage.named_modules()}
+    check_divisible(stage, styles, mesh.size())
+    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks)
+    norms = [n for n, m in stage.named_modules() if n.startswith(prefixes) and is_norm(m)]
+    for n in norms:
+        plan[n] = SequenceParallel(use_local_output=True)
+    if plan:
+        parallelize_module(stage, mesh, plan)  # type: ignore[arg-type]
+    gather = _seq_gather(mesh)
+    for n in norms:
+        stage.get_submodule(n).register_forward_hook(lambda _m, _a, out: gather(out))
+    return len(plan)
 
 
 def apply_sequence_parallel(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str], gathered: Iterable[str] = ()) -> int:
