@@ -47,6 +47,11 @@ def test_qlora_gives_a_simpler_faster_plan_and_says_why(big_gpt):
     assert "Quantization: QLoRA" in text and "for full fine-tuning at this configuration" in text
     assert Plan.from_json(qlora.to_json()) == qlora
     assert not full.predicted.quant_effect and "Quantization" not in str(full)
+    from meshplan.report.html import render_html
+
+    html = render_html(qlora)
+    assert "<h2>Quantization" in html and "for full fine-tuning at this configuration" in html
+    assert "<h2>Quantization" not in render_html(full)
 
 
 def test_qlora_syncs_and_steps_only_the_adapters(big_gpt):

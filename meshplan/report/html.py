@@ -221,6 +221,11 @@ def render_html(plan: Plan, *, width_px: int = 1200) -> str:
         sec += ['<h2>Communication per device per step <span class="pred">predicted</span></h2>',
                 _table(["collective", "predicted bytes"], [[k, _bytes(v)] for k, v in sorted(p.comm_bytes.items())],
                        {1})]
+    if plan.quantization.mode != "none":
+        from meshplan.report.text import quant_lines
+
+        sec += ['<h2>Quantization <span class="pred">predicted effect</span></h2>',
+                "<ul>" + "".join(f"<li>{escape(line.strip())}</li>" for line in quant_lines(plan)) + "</ul>"]
     sec += ["<h2>Alternatives, ranked</h2>", _alternatives(plan)]
     s = plan.solver
     sec += ["<h2>Solver</h2>", _table(["status", "solver", "objective", "seconds", "configurations", "ILP solves"],
