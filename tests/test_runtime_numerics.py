@@ -81,7 +81,8 @@ class TestFourRanks:
         cfgs += [dict(tp=2, pp=2, m=4, schedule=s, v=v) for s, v in PP_SCHEDULES if (s, v) != ("zero-bubble", 1)]
         # sequence parallelism inside pipeline stages (boundaries inserted in the fx graph)
         cfgs += [dict(tp=2, pp=2, m=4, schedule="interleaved-1f1b", v=2, sp=1),
-                 dict(tp=2, pp=2, m=4, schedule="1f1b", sp=1, model="llama")]
+                 dict(tp=2, pp=2, m=4, schedule="1f1b", sp=1, model="llama"),
+                 dict(dp=2, tp=2, m=2, sp=1, dp_kind="fsdp", recompute="selective")]
         _check(run_ranks(rc.worker, 4, "gpt", cfgs, timeout_s=400), len(cfgs))
 
 

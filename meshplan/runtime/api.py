@@ -1,6 +1,8 @@
 """``apply_plan(model, plan, *, loss_fn, optimizer_factory) -> ParallelModel``: run a Plan.
 
-Order: checks (no collective) -> process group + DeviceMesh -> stage split -> TP per stage ->
+Order: checks (no collective) -> process group + DeviceMesh -> stage split (with sequence
+parallelism at pp > 1, sequence shard/gather modules are first inserted in the captured graph) ->
+TP per stage (with sequence parallelism when the plan asks and ``tp.sp_blocker`` finds nothing) ->
 quantized training per stage (``meshplan.runtime.quant``; after TP because QLoRA quantizes each
 rank's shard, QAT works either way) -> data parallel per stage -> pipeline stages + schedule ->
 optimizer (over the parameters that still require grad).
