@@ -173,3 +173,14 @@ def test_winner_split_comes_from_the_stage_split_ilp():
     assert any("stage-split ILP" in n for n in p.notes)
     flat = plan_graph(g, 4, cluster="h100", global_batch_size=16, fixed={"pp": 1})
     assert flat.solver.split_method == "" and "Stage split:" not in str(flat)
+
+
+def test_dp_sync_bytes_follow_the_training_dtype():
+    from meshplan.planner.api import estimate_graph
+
+    g = gpt_graph()
+    kw = dict(tp=1, pp=1, dp=4, dp_kind="ddp", num_microbatches=1, global_batch_size=4)
+    bf16 = estimate_graph(g, 4, **kw)
+    fp32 = estimate_graph(g, 4, dtype="fp32", **kw)
+    assert fp32.predicted.comm_bytes["all_reduce"] == 2 * bf16.predicted.comm_bytes["all_reduce"]
+    assert fp32.predicted.dp_comm_s > bf16.predicted.dp_comm_s

@@ -102,6 +102,9 @@ class Searcher:
         self.coster = coster or GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer)
         self.quant = self.coster.quant.mode != "none"
         self._bpp0 = model_state_bytes(1.0, optimizer=optimizer)
+        # bytes per element of the gradients DP syncs and of the parameters FSDP gathers: the
+        # training dtype (bf16 mixed precision: 2; fp32 training: 4)
+        self._elem_bytes = 4 if dtype in ("fp32", "float32") else 2
         self._quant_err: dict[tuple[int, int], list[str]] = {}
         self.keep = keep_alternatives
         self.ilp_split = ilp_split
@@ -267,7 +270,7 @@ class Searcher:
         return self.W > self.cluster.devices_per_node and c.pp > 1 and c.tp * c.dp < self.W
 
     def _grad_sync_s(self, params: float, c: Config) -> float:
-        return self._sync_bytes_s(params * 2, c)  # bf16 gradients
+        return self._sync_bytes_s(params * self._elem_bytes, c)
 
     def _sync_bytes_s(self, nbytes: float, c: Config) -> float:
         """Gradient sync of ``nbytes`` of gradients over dp (all-reduce, or reduce-scatter for fsdp)."""
@@ -344,7 +347,7 @@ class Searcher:
 
     def fsdp_buffer(self, c: Config) -> float:
         """Two unsharded layers' bf16 weights FSDP gathers at a time (0 without fsdp)."""
-        return 2 * 2 * max(x.param_count for x in self._table(c).layers) if c.dp_kind == "fsdp" else 0.0
+        return 2 * self._elem_bytes * max(x.param_count for x in self._table(c).layers) if c.dp_kind == "fsdp" else 0.0
 
     def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
         """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
@@ -447,9 +450,9 @@ class Searcher:
         fsdp_buf = self.fsdp_buffer(c)
         r_mem = [int(r_state[r] + r_act[r] + fsdp_buf) for r in ranks]
         worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
-        # gradients synced: bf16 of every parameter, or (quantized) only the trainable ones
-        sync = self._sync_bytes_s(r_q[worst][1] if self.quant else r_params[worst] * 2, c)
-        gather_bytes = r_q[worst][0] if self.quant else r_params[worst] * 2
+        # gradients synced: every parameter in the training dtype, or (quantized) only the trainable ones
+        sync = self._sync_bytes_s(r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes, c)
+        gather_bytes = r_q[worst][0] if self.quant else r_params[worst] * self._elem_bytes
         rank_b = [sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks]
         if c.dp_kind == "fsdp" and c.dp > 1:
             gather = collective_time_s(
@@ -458,11 +461,11 @@ class Searcher:
             per_mb = 2 * gather + sync  # fwd + bwd all-gather, reduce-scatter, every microbatch
             comp_mb = max(rank_work)
             dp_exposed = m * max(0.0, per_mb - comp_mb) + 0.1 * per_mb
-            grad_bytes = r_q[worst][1] if self.quant else r_params[worst] * 2
+            grad_bytes = r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes
             dp_bytes = {"all_gather": int(2 * gather_bytes * m), "reduce_scatter": int(grad_bytes * m)}
         elif c.dp > 1:
             dp_exposed = max(0.1 * sync, sync - rank_b[worst])
-            dp_bytes = {"all_reduce": int(r_q[worst][1] if self.quant else r_params[worst] * 2)}
+            dp_bytes = {"all_reduce": int(r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes)}
         else:
             dp_exposed, dp_bytes = 0.0, {}
         opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
