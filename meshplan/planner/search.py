@@ -25,7 +25,8 @@ lower bound ``max_k (Σ_{s<k} F_s + m·T_k)``. Phase 2 simulates the fitting one
 bound and stops once the bound exceeds the best simulated step (and enough alternatives within
 ``ALT_MARGIN`` are known): the best plan is the same as exhaustive enumeration's. With ``exhaustive=True`` every configuration is evaluated (tests check
 both give the same answer). Pipelines with many microbatches are simulated at two small valid
-microbatch counts and extrapolated linearly (steady state: one microbatch per bottleneck period).
+microbatch counts and extrapolated linearly (steady state: one microbatch per bottleneck period;
+``planner.pipeline_time``).
 The candidates are scored on the fast time-balanced split; the winner's (and small contenders')
 split is then re-solved by the stage-split ILP and the alternatives chosen in ``planner.finalize``.
 With a ``Quantization`` on the coster, model states, gradient sync and the optimizer step count
@@ -43,15 +44,16 @@ from typing import Any
 
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.memory import ModelStateBytes, inflight_microbatches, model_state_bytes
+from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.graph import ModelGraph
-from meshplan.partition.schedule import simulate, validate
+from meshplan.partition.schedule import validate
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
+from meshplan.planner.pipeline_time import inflight, makespan_lower_bound, simulated_makespan
+from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import (
     Config,
     Evaluation,
     SearchResult,
-    _valid_count,
     balanced_split,
     divisors,
 )
@@ -64,8 +66,6 @@ MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 ALT_MARGIN = 0.25
 #: At most this many memory-constrained re-splits (partition.stage_ilp DP) per search.
 MAX_MEMORY_RESCUES = 8
-#: Microbatch counts above this (× pp·v) are simulated small and extrapolated.
-SIM_CAP_FACTOR = 3
 
 
 class Searcher:
@@ -425,24 +425,17 @@ class Searcher:
             for sb in st_sendb
         ]
         ranks = range(c.pp)
-        placement = _placement(c.schedule, c.pp, c.virtual_stages)
+        placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
         on_rank: list[list[int]] = [[] for _ in ranks]
         for s_, r_ in enumerate(placement):
             on_rank[r_].append(s_)
         totals = [st_f[i] + st_b[i] + st_w[i] for i in range(n_st)]
         rank_work = [sum(totals[i] for i in on_rank[r]) for r in ranks]
         if exact:
-            makespan, bubble_frac = self._simulate(c, st_f, st_b, st_w, st_send)
+            makespan, bubble_frac = simulated_makespan(c, st_f, st_b, st_w, st_send)
         else:
-            if c.virtual_stages == 1:
-                fill, makespan = 0.0, 0.0
-                for k in range(n_st):
-                    makespan = max(makespan, fill + m * totals[k])
-                    fill += st_f[k]
-            else:
-                makespan = m * max(rank_work)
-            bubble_frac = 0.0
-        infl = [self._inflight(c, r) for r in ranks]
+            makespan, bubble_frac = makespan_lower_bound(c, st_f, totals, rank_work), 0.0
+        infl = [inflight(c, r) for r in ranks]
         r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
         r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
@@ -498,36 +491,6 @@ class Searcher:
             stage_send_bytes=st_sendb, stage_params=st_params, fits=max(r_mem) <= self.mem_limit,
             mem_limit_bytes=self.mem_limit, table=t, exact=exact,
         )  # fmt: skip
-
-    def _inflight(self, c: Config, rank: int) -> float:
-        if c.pp == 1:
-            return 1.0
-        return inflight_microbatches(c.schedule, c.pp, rank, c.num_microbatches, c.virtual_stages)
-
-    def _simulate(
-        self, c: Config, f: list[float], b: list[float], w: list[float], send: list[float]
-    ) -> tuple[float, float]:
-        """(makespan, bubble fraction) of the schedule simulator; long runs extrapolated."""
-        p, v, m = c.pp, c.virtual_stages, c.num_microbatches
-        if p == 1:  # gradient accumulation: m forward/backward pairs back to back
-            return m * (f[0] + b[0] + w[0]), 0.0
-
-        def run(mm: int) -> Any:
-            return simulate(c.schedule, p, mm, virtual_stages=v, fwd_s=f, bwd_input_s=b, bwd_weight_s=w,
-                            p2p_s=send, keep_events=False)  # fmt: skip
-
-        cap = SIM_CAP_FACTOR * p * v
-        m1 = _valid_count(c.schedule, p, v, cap)
-        if m <= cap or m1 is None:
-            tl = run(m)
-            return tl.makespan_s, tl.bubble_fraction
-        m2 = _valid_count(c.schedule, p, v, m1 + p) or m1 + p
-        t1, t2 = run(m1), run(m2)
-        slope = (t2.makespan_s - t1.makespan_s) / (m2 - m1)
-        makespan = t1.makespan_s + slope * (m - m1)
-        busy = m * sum(fi + bi + wi for fi, bi, wi in zip(f, b, w))
-        bubble = p * makespan / busy - 1.0 if busy > 0 else 0.0
-        return makespan, max(0.0, bubble)
 
     # ---- the search ----------------------------------------------------------------------
     def run(self, *, exhaustive: bool = False) -> SearchResult:
@@ -611,9 +574,3 @@ class Searcher:
 
 def _group(c: Config) -> tuple[Any, ...]:
     return (c.dp, c.tp, c.pp, c.schedule, c.recompute)
-
-
-def _placement(schedule: str, pp: int, v: int) -> tuple[int, ...]:
-    from meshplan.partition.schedule import stage_to_rank
-
-    return stage_to_rank(schedule, pp, v)

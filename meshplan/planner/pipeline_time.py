@@ -1,0 +1,71 @@
+"""Pipeline makespan and in-flight microbatches of one configuration, for ``planner.search``.
+
+Owns how the search turns per-stage times into a pipeline makespan: the schedule simulator
+(``partition.schedule.simulate``, long runs simulated at two small valid microbatch counts and
+extrapolated linearly), the cheap makespan lower bound used before simulating, the stage → rank
+placement and the activations in flight per pipeline rank. No torch import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.cost_models.memory import inflight_microbatches
+from meshplan.partition.schedule import simulate
+from meshplan.planner.search_types import Config, _valid_count
+
+#: Microbatch counts above this (× pp·v) are simulated small and extrapolated.
+SIM_CAP_FACTOR = 3
+
+
+def placement(schedule: str, pp: int, v: int) -> tuple[int, ...]:
+    """Pipeline rank of every stage (``partition.schedule.stage_to_rank``)."""
+    from meshplan.partition.schedule import stage_to_rank
+
+    return stage_to_rank(schedule, pp, v)
+
+
+def inflight(c: Config, rank: int) -> float:
+    """Microbatches whose activations pipeline rank ``rank`` holds at its peak (1 without pp)."""
+    if c.pp == 1:
+        return 1.0
+    return inflight_microbatches(c.schedule, c.pp, rank, c.num_microbatches, c.virtual_stages)
+
+
+def makespan_lower_bound(c: Config, st_f: list[float], totals: list[float], rank_work: list[float]) -> float:
+    """``max_k (Σ_{s<k} F_s + m·T_k)`` (v = 1: stage k cannot start before the first microbatch
+    reaches it and then works m·T_k) or ``m · busiest rank`` (v > 1)."""
+    m = c.num_microbatches
+    if c.virtual_stages != 1:
+        return m * max(rank_work)
+    fill, makespan = 0.0, 0.0
+    for k in range(c.pp * c.virtual_stages):
+        makespan = max(makespan, fill + m * totals[k])
+        fill += st_f[k]
+    return makespan
+
+
+def simulated_makespan(
+    c: Config, f: list[float], b: list[float], w: list[float], send: list[float]
+) -> tuple[float, float]:
+    """(makespan, bubble fraction) of the schedule simulator; long runs extrapolated."""
+    p, v, m = c.pp, c.virtual_stages, c.num_microbatches
+    if p == 1:  # gradient accumulation: m forward/backward pairs back to back
+        return m * (f[0] + b[0] + w[0]), 0.0
+
+    def run(mm: int) -> Any:
+        return simulate(c.schedule, p, mm, virtual_stages=v, fwd_s=f, bwd_input_s=b, bwd_weight_s=w,
+                        p2p_s=send, keep_events=False)  # fmt: skip
+
+    cap = SIM_CAP_FACTOR * p * v
+    m1 = _valid_count(c.schedule, p, v, cap)
+    if m <= cap or m1 is None:
+        tl = run(m)
+        return tl.makespan_s, tl.bubble_fraction
+    m2 = _valid_count(c.schedule, p, v, m1 + p) or m1 + p
+    t1, t2 = run(m1), run(m2)
+    slope = (t2.makespan_s - t1.makespan_s) / (m2 - m1)
+    makespan = t1.makespan_s + slope * (m - m1)
+    busy = m * sum(fi + bi + wi for fi, bi, wi in zip(f, b, w))
+    bubble = p * makespan / busy - 1.0 if busy > 0 else 0.0
+    return makespan, max(0.0, bubble)
