@@ -110,9 +110,8 @@ def _sync(torch: Any, device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _best_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
-    """Fastest of ``reps`` timed calls after two warm-ups: what the hardware can do (peaks are
-    best-case figures; on a shared machine the median measures the neighbours)."""
+def _timed_calls(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> list[float]:
+    """Seconds of each of ``reps`` calls of ``fn`` (device synchronized) after two warm-ups."""
     for _ in range(2):
         fn()
     _sync(torch, device)
@@ -122,7 +121,13 @@ def _best_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> flo
         fn()
         _sync(torch, device)
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
+
+
+def _best_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
+    """Fastest of ``reps`` timed calls after two warm-ups: what the hardware can do (peaks are
+    best-case figures; on a shared machine the median measures the neighbours)."""
+    return min(_timed_calls(fn, torch, device, reps))
 
 
 def measure_matmul(
@@ -173,16 +178,7 @@ QUICK_EAGER_SHAPES = ((128, 128), (512, 256), (2048, 256))
 
 def _median_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
     """Median of ``reps`` timed calls after two warm-ups (what a training step sees)."""
-    for _ in range(2):
-        fn()
-    _sync(torch, device)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        _sync(torch, device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(_timed_calls(fn, torch, device, reps))
 
 
 def _median_backward_time(forward: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
