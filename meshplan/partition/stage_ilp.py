@@ -422,10 +422,15 @@ def _dp_min_max(pr: _Problem, cost: Callable[[int, int, int], float]) -> tuple[f
                     best[k][hi], arg[k][hi] = val, lo
     if best[n][L] == inf:
         return None
+    return best[n][L], _backtrack(arg, n, L)
+
+
+def _backtrack(arg: list[list[int]], n: int, L: int) -> list[int]:
+    """Stage boundaries ``[0, ..., L]`` from ``arg[k][hi]`` (where stage k starts when it ends at hi)."""
     bounds = [L]
     for k in range(n, 0, -1):
         bounds.append(arg[k][bounds[-1]])
-    return best[n][L], bounds[::-1]
+    return bounds[::-1]
 
 
 def _dp_min_p2p(pr: _Problem, cap_s: float) -> list[int] | None:
@@ -449,10 +454,7 @@ def _dp_min_p2p(pr: _Problem, cap_s: float) -> list[int] | None:
                     best[k][hi], arg[k][hi] = val, lo
     if best[n][L] == inf:
         return None
-    bounds = [L]
-    for k in range(n, 0, -1):
-        bounds.append(arg[k][bounds[-1]])
-    return bounds[::-1]
+    return _backtrack(arg, n, L)
 
 
 def _dp(pr: _Problem, max_candidates: int = 64) -> tuple[list[int], str] | None:
