@@ -13,7 +13,6 @@ Timings on a shared 2-core machine are noisy; report only what a run printed.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -22,19 +21,9 @@ import torch
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.profile import median_time_s as _time
 from meshplan.cost_models.profile import profile_machine
 from meshplan.graph import GraphNode
-
-
-def _time(fn, reps: int = 5) -> float:
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def linear_rows(spec: ClusterSpec, shapes: list[tuple[int, int, int]]) -> list[str]:

@@ -33,6 +33,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+from meshplan.cost_models.profile import median_time_s
+
 CFG = dict(n_layer=4, n_head=4, n_embd=256, vocab_size=2048, block_size=128, tie_weights=False)
 BATCH, SEQ = 8, 128
 
@@ -204,17 +206,6 @@ def predict_worker(rank: int, world: int, plans_json: list[str], steps: int) -> 
     return out
 
 
-def _median_s(fn: Any, reps: int) -> float:
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
 def _node_callable(gm: Any, n: Any, env: dict[str, Any]) -> tuple[Any, list[torch.Tensor]]:
     """A closure running fx node ``n`` alone on fresh leaf copies of its recorded inputs, and the
     tensors its backward differentiates (float inputs, the module's parameters)."""
@@ -275,12 +266,12 @@ def nodes_report(cluster: str, batch: int, reps: int = 15) -> None:
         if n.op in ("placeholder", "output", "get_attr") or gn is None:
             continue
         f, wrt = _node_callable(gm, n, env)
-        t_f = _median_s(f, reps)
+        t_f = median_time_s(f, reps)
         out = f()
         t_b = 0.0
         if isinstance(out, torch.Tensor) and out.requires_grad:
             go = torch.ones_like(out)
-            t_b = max(0.0, _median_s(lambda f=f, wrt=wrt, go=go: torch.autograd.grad(f(), wrt, go, allow_unused=True), reps) - t_f)
+            t_b = max(0.0, median_time_s(lambda f=f, wrt=wrt, go=go: torch.autograd.grad(f(), wrt, go, allow_unused=True), reps) - t_f)
         new = node_time(gn, spec, dtype="fp32", input_bytes=in_bytes.get(gn.id, 0))
         old = node_time(gn, flat, dtype="fp32", input_bytes=in_bytes.get(gn.id, 0))
         a = agg.setdefault(gn.kind, [0.0] * 7)
@@ -300,9 +291,9 @@ def nodes_report(cluster: str, batch: int, reps: int = 15) -> None:
     def fb() -> None:
         _loss(model(x), y).backward()
 
-    t_fwd = _median_s(lambda: model(x), 7)
-    t_fb = _median_s(fb, 7)
-    t_opt = _median_s(opt.step, 7)  # grads stay set: every step does the full AdamW update
+    t_fwd = median_time_s(lambda: model(x), 7)
+    t_fb = median_time_s(fb, 7)
+    t_opt = median_time_s(opt.step, 7)  # grads stay set: every step does the full AdamW update
     params = sum(p.numel() for p in model.parameters())
     print(f"whole model (one call, loss included): fwd {t_fwd * 1e3:.1f} ms, fwd+bwd {t_fb * 1e3:.1f} ms; "
           f"AdamW (foreach=False) step {t_opt * 1e3:.1f} ms for {params} parameters "

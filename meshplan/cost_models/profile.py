@@ -181,6 +181,13 @@ def _median_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> f
     return statistics.median(_timed_calls(fn, torch, device, reps))
 
 
+def median_time_s(fn: Callable[[], Any], reps: int = 5) -> float:
+    """Median seconds of ``reps`` calls of ``fn`` on the CPU after two warm-ups (for benchmarks)."""
+    import torch
+
+    return _median_time(fn, torch, torch.device("cpu"), reps)
+
+
 def _median_backward_time(forward: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
     """Median seconds of ``forward().sum().backward()``'s backward alone (forward run untimed)."""
     times = []
