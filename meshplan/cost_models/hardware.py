@@ -179,6 +179,21 @@ class ClusterSpec:
             raise ValueError(f"cluster profile {str(path)!r} is not valid JSON: {e}") from e
 
 
+def preset_for_gpu_name(name: str) -> str | None:
+    """Preset name for a GPU name ("NVIDIA H100 80GB HBM3" -> "h100",
+    "A100-SXM4-40GB" -> "a100-40g"), or None when no preset matches."""
+    n = name.upper().replace(" ", "")
+    if "H200" in n:
+        return "h200"
+    if "H100" in n:
+        return "h100"
+    if "A100" in n:
+        return "a100-40g" if "40GB" in n else "a100-80g"
+    if "V100" in n:
+        return "v100"
+    return None
+
+
 def resolve_cluster(cluster: str | ClusterSpec | Path, world_size: int) -> ClusterSpec:
     """A ClusterSpec with ``world_size`` devices from a preset name, a profile path or a spec.
 

@@ -11,6 +11,8 @@ import json
 from importlib import resources
 from typing import Any
 
+from meshplan.cost_models.hardware import preset_for_gpu_name
+
 REQUIRED_KEYS = ("id", "model", "cluster", "training", "expert_config", "measured")
 
 
@@ -35,13 +37,7 @@ def published_case(case_id: str) -> dict[str, Any]:
 
 def preset_for_case(case: dict[str, Any]) -> str:
     """The ClusterSpec preset name matching a case's GPU ("v100", "a100-40g", "a100-80g", "h100")."""
-    gpu = case["cluster"]["gpu"].upper()
-    if "V100" in gpu:
-        return "v100"
-    if "A100" in gpu:
-        return "a100-40g" if "40GB" in gpu else "a100-80g"
-    if "H200" in gpu:
-        return "h200"
-    if "H100" in gpu:
-        return "h100"
+    preset = preset_for_gpu_name(case["cluster"]["gpu"])
+    if preset is not None:
+        return preset
     raise ValueError(f"published case {case['id']!r}: no preset for GPU {case['cluster']['gpu']!r}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
+from meshplan.cost_models.hardware import preset_for_gpu_name as preset_for_device_name
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.graph import ModelGraph
 from meshplan.plan import (
@@ -47,20 +48,6 @@ MESH_AXES = ("pp", "dp", "tp")
 
 
 # ---- cluster ------------------------------------------------------------------------------
-def preset_for_device_name(name: str) -> str | None:
-    """Preset name for a CUDA device name ("NVIDIA H100 80GB HBM3" -> "h100"), or None."""
-    n = name.lower()
-    if "h200" in n:
-        return "h200"
-    if "h100" in n:
-        return "h100"
-    if "a100" in n:
-        return "a100-40g" if "40" in n else "a100-80g"
-    if "v100" in n:
-        return "v100"
-    return None
-
-
 def default_cluster_name() -> str:
     """The local accelerator's preset when torch sees CUDA devices, else "h100"."""
     import sys
