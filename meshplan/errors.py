@@ -17,3 +17,7 @@ class NoFeasiblePlanError(MeshplanError):
 
 class PlanMismatchError(MeshplanError, ValueError):
     """A plan does not fit the model or the launch it is applied to."""
+
+
+class NonFiniteError(MeshplanError, ArithmeticError):
+    """A loss, gradient norm or parameter became NaN/inf; training stops rather than save it."""

@@ -199,3 +199,54 @@ def resume_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[float]
             assert keys == {n for n, _ in tiny_gpt().state_dict().items()}, sorted(keys)[:5]
         out[name] = [pm.step(x, y) for x, y in data[step:]]
     return out
+
+
+def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
+    """Atomic save + pruning, then the refusals: zeroed shard bytes, another model, NaN parameters."""
+    from pathlib import Path
+
+    from meshplan.errors import NonFiniteError
+    from meshplan.models.gpt import GPT, GPTConfig
+    from meshplan.runtime import checkpoint, handplan
+    from meshplan.runtime.api import apply_plan
+
+    def make(model: nn.Module) -> Any:
+        plan = handplan.manual_plan(model, None, dp=2, microbatches=1, micro_batch_size=4, seq_len=SEQ)
+        return apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory)
+
+    def err(fn: Any) -> str:
+        try:
+            fn()
+        except (checkpoint.CheckpointError, NonFiniteError) as e:
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+
+    out: dict[str, Any] = {}
+    pm = make(tiny_gpt())
+    for step, (x, y) in enumerate(batches(3), start=1):
+        pm.step(x, y)
+        checkpoint.save(pm, ckpt_dir, step, keep=2, extra={"data_pos": step * 10})
+    d = Path(ckpt_dir)
+    out["dirs"] = sorted(p.name for p in d.iterdir())
+    newest = checkpoint.newest_complete(d)
+    out["newest"] = newest.name if newest else None
+    man = checkpoint.read_manifest(newest)  # type: ignore[arg-type]
+    out["extra"] = man["extra"]
+    out["manifest_keys"] = sorted(man)
+    out["loaded_step"] = checkpoint.load(make(tiny_gpt()), newest)  # type: ignore[arg-type]
+    torch.manual_seed(0)
+    other = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB + 16, block_size=16))
+    out["other_model"] = err(lambda: checkpoint.load(make(other), newest))
+    torch.distributed.barrier()
+    if rank == 0:  # zero some bytes inside the largest shard
+        shard = max((p for p in newest.iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)  # type: ignore[union-attr]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+        shard.write_bytes(bytes(data))
+    torch.distributed.barrier()
+    out["zeroed"] = err(lambda: checkpoint.load(make(tiny_gpt()), newest))
+    with torch.no_grad():
+        next(iter(pm.parameters())).view(-1)[0] = float("nan") if rank == 1 else 0.0
+    out["nan"] = err(lambda: checkpoint.save(pm, ckpt_dir, 4, keep=2))
+    out["dirs_after_nan"] = sorted(p.name for p in d.iterdir())
+    return out

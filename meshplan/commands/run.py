@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=None, help="ranks to launch (default: the plan's world size)")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--keep-checkpoints", type=int, default=3,
+                   help="keep the newest K complete checkpoints, delete older ones (0: keep all; default 3)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint (any plan/world size)")
     p.add_argument("--data", default=None, help="data hook package.module:fn(step, batch, seq_len) -> (inputs, targets)")
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
@@ -47,7 +49,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
     train = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--lr", str(args.lr),
              "--optimizer", args.optimizer, "--seed", str(args.seed), "--threads", str(args.threads)]
     if args.checkpoint_dir:
-        train += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every)]
+        train += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every),
+                  "--keep-checkpoints", str(args.keep_checkpoints)]
     if args.resume:
         train.append("--resume")
     if args.data:

@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="package.module:fn data hook (default: synthetic)")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K checkpoints (0: all)")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU")
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.resume:
         if not args.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir")
-        ck = checkpoint.latest(args.checkpoint_dir)
+        ck = checkpoint.newest_complete(args.checkpoint_dir)
         if ck is None:
             raise FileNotFoundError(f"--resume: no checkpoint in {args.checkpoint_dir}")
         start = checkpoint.load(pm, ck)
@@ -143,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank == 0:
             print(f"step {step:5d}  loss {loss:.6f}  {dt * 1e3:8.1f} ms  peak {mem.item() / 2**20:.0f} MiB", flush=True)
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
-            checkpoint.save(pm, args.checkpoint_dir, step)
+            checkpoint.save(pm, args.checkpoint_dir, step, keep=args.keep_checkpoints)
     if rank == 0:
         out = args.record or os.path.join(os.path.dirname(os.path.abspath(args.plan)), "run_record.json")
         rec.save(out)

@@ -1,0 +1,24 @@
+"""Atomic DCP checkpoints at 2 ranks: pruning, manifest, checksum and model-fingerprint refusals, no NaN saved."""
+
+from __future__ import annotations
+
+import pytest
+import runtime_cases as rc
+from dist_utils import run_ranks
+
+pytestmark = [pytest.mark.distributed]
+
+
+class TestCheckpoint:
+    def test_atomic_pruned_verified_and_refusing(self, tmp_path) -> None:
+        res = run_ranks(rc.checkpoint_worker, 2, str(tmp_path / "ck"))
+        for r in res:
+            assert r["dirs"] == ["latest", "step-000002", "step-000003"]  # keep=2, no temp dir left
+            assert r["newest"] == "step-000003" and r["loaded_step"] == 3
+            assert r["extra"] == {"data_pos": 30}
+            assert {"files", "model_fingerprint", "plan", "step"} <= set(r["manifest_keys"])
+            assert r["other_model"].startswith("CheckpointError") and "different model" in r["other_model"]
+            assert "wte.weight" in r["other_model"] or "lm_head" in r["other_model"], r["other_model"]
+            assert r["zeroed"].startswith("CheckpointError") and "checksum mismatch" in r["zeroed"], r["zeroed"]
+            assert r["nan"].startswith("NonFiniteError") and "step 4" in r["nan"], r["nan"]
+            assert r["dirs_after_nan"] == r["dirs"]
