@@ -3,6 +3,7 @@
 Starts ``python -m torch.distributed.run --nproc-per-node N -m meshplan.runtime.train ...``
 (N = the plan's world size unless ``--nproc`` says otherwise; a mismatch fails on every rank
 with a clear error before any collective). ``--print-command`` prints the command only.
+SIGINT/SIGTERM stop the whole process tree (``runtime/supervise.py``): exit code 130/143.
 torch is not imported here.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 
 HELP = "run a plan under torchrun (synthetic data by default) and record measured vs predicted step time"
 
@@ -65,4 +65,6 @@ def run(args: argparse.Namespace) -> int:
     if args.print_command:
         print(shlex.join(cmd))
         return 0
-    return subprocess.call(cmd)
+    from meshplan.runtime.supervise import run_tree
+
+    return run_tree(cmd)

@@ -1,0 +1,116 @@
+"""Run a launcher command (torchrun) as a supervised process tree that a signal stops completely.
+
+``run_tree(cmd)`` starts ``cmd`` in its own session (so a terminal's Ctrl-C reaches only us) with
+two things in its environment that every descendant inherits:
+
+- ``MESHPLAN_RUN_TAG=<unique>``: torchrun starts each worker in a session of its own, and a
+  worker whose torchrun died is re-parented to init, so neither the process group nor the
+  parent links find them all; the tag in ``/proc/<pid>/environ`` does.
+- ``TMPDIR=<a fresh directory>``: torchelastic's ``torchelastic_*`` log/temp directories (and any
+  other temp file of the run) land there and are deleted when the run ends, however it ends.
+
+On SIGINT or SIGTERM it forwards the signal to the launcher's process group and to every tagged
+process, waits up to ``grace_s`` for them to exit (a second signal cuts the wait short), then
+SIGKILLs whatever is left and returns ``128 + signal`` (130 / 143). A checkpoint being written
+when the signal lands is never published: ``checkpoint.save`` renames its temporary directory
+only after every rank finished, so the newest complete checkpoint stays the previous one.
+torch is not imported here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+TAG_VAR = "MESHPLAN_RUN_TAG"
+GRACE_S = 20.0
+_POLL_S = 0.2
+
+
+def tagged_pids(tag: str, var: str = TAG_VAR) -> list[int]:
+    """Live processes (of this user) whose environment holds ``var=tag``; [] without /proc."""
+    needle = f"{var}={tag}".encode()
+    out = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return out
+    for p in proc.iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            env = (p / "environ").read_bytes()
+            state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and needle in env.split(b"\0"):
+            out.append(int(p.name))
+    return out
+
+
+def _signal_all(pgid: int, tag: str, sig: int) -> None:
+    for kill, target in [(os.killpg, pgid)] + [(os.kill, pid) for pid in tagged_pids(tag)]:
+        try:
+            kill(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait_gone(proc: subprocess.Popen, tag: str, deadline: float, stop: list[int] | None = None) -> bool:
+    """Wait until the launcher and every tagged process exited; False at ``deadline`` (or a 2nd signal)."""
+    while time.monotonic() < deadline:
+        proc.poll()
+        if proc.returncode is not None and not tagged_pids(tag):
+            return True
+        if stop is not None and len(stop) > 1:
+            return False
+        time.sleep(_POLL_S)
+    return False
+
+
+def run_tree(cmd: Sequence[str], *, grace_s: float = GRACE_S, env: Mapping[str, str] | None = None) -> int:
+    """Run ``cmd`` supervised (see the module docstring); its exit code, or 128+signal if stopped by one."""
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    tmp = tempfile.mkdtemp(prefix="meshplan-run-")
+    child_env = dict(os.environ if env is None else env)
+    child_env[TAG_VAR] = tag
+    child_env["TMPDIR"] = tmp
+    received: list[int] = []
+    proc = subprocess.Popen(list(cmd), env=child_env, start_new_session=True)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        _signal_all(proc.pid, tag, signum if len(received) == 1 else signal.SIGKILL)
+
+    handled = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, on_signal) for s in handled}
+    try:
+        while proc.poll() is None and not received:
+            time.sleep(_POLL_S)
+        if received:
+            if not _wait_gone(proc, tag, time.monotonic() + grace_s, received):
+                _signal_all(proc.pid, tag, signal.SIGKILL)
+        elif tagged_pids(tag):  # the launcher exited and left workers behind: give them a moment
+            _signal_all(proc.pid, tag, signal.SIGTERM)
+            if not _wait_gone(proc, tag, time.monotonic() + min(grace_s, 5.0)):
+                _signal_all(proc.pid, tag, signal.SIGKILL)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if proc.poll() is None:
+            _signal_all(proc.pid, tag, signal.SIGKILL)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        _wait_gone(proc, tag, time.monotonic() + 5.0)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if received:
+        return 128 + int(received[0])
+    return int(proc.returncode)
