@@ -6,6 +6,7 @@ torch-backed name is used)::
     meshplan.trace_model(model, example_inputs)          -> ModelGraph
     meshplan.autoparallel(model, world_size, ...)        -> Plan
     meshplan.estimate(model, world_size, tp=, pp=, ...)  -> Plan
+    meshplan.format_plan(plan) / meshplan.explain_plan(plan) -> str (the text report, the "why")
     meshplan.apply_plan(model, plan, loss_fn=, optimizer_factory=) -> ParallelModel
     meshplan.ClusterSpec.preset("h100", num_nodes=16)
 """
@@ -28,6 +29,8 @@ _LAZY = {
     "ClusterSpec": "meshplan.cost_models.hardware",
     "autoparallel": "meshplan.planner.api",
     "estimate": "meshplan.planner.api",
+    "format_plan": "meshplan.report.text",
+    "explain_plan": "meshplan.report.explain",
     "apply_plan": "meshplan.runtime.api",
     "RunRecord": "meshplan.runtime.record",
     "TraceError": "meshplan.errors",

@@ -264,14 +264,10 @@ class Plan:
         return cls.from_json(Path(path).read_text())
 
     def __str__(self) -> str:
-        from meshplan.report.text import format_plan
-
-        return format_plan(self)
-
-    def explain(self) -> str:
-        from meshplan.report.explain import explain_plan
-
-        return explain_plan(self)
+        """One line; the full text report is ``meshplan.report.text.format_plan(plan)`` and the
+        explanation ``meshplan.report.explain.explain_plan(plan)`` (the report reads plans, never
+        the other way round)."""
+        return f"Plan({self.model_name}: {self.summary()} on {self.world_size} devices)"
 
 
 # ---- generic dataclass <-> JSON, driven by type hints ------------------------------------------

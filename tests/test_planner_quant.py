@@ -13,6 +13,8 @@ from meshplan.cli import main
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.plan import Plan, Quantization
 from meshplan.planner.api import estimate_graph, plan_graph, resolve_quantization
+from meshplan.report.explain import explain_plan
+from meshplan.report.text import format_plan
 
 GiB = 1024**3
 
@@ -40,13 +42,13 @@ def test_qlora_gives_a_simpler_faster_plan_and_says_why(big_gpt):
     assert e["state_bytes_unquantized"] > 20 * GiB > 2 * GiB > e["state_bytes"]
     assert e["fits_unquantized"] == 0.0 and e["overhead_s"] > 0 and e["weight_grad_saved_s"] > 0
     assert 0 < e["trainable_fraction"] < 0.05
-    why = qlora.explain()
+    why = explain_plan(qlora)
     assert "full fine-tuning needs" in why and "GiB per device for model states vs" in why
     assert "out of memory by" in why
-    text = str(qlora)
+    text = format_plan(qlora)
     assert "Quantization: QLoRA" in text and "for full fine-tuning at this configuration" in text
     assert Plan.from_json(qlora.to_json()) == qlora
-    assert not full.predicted.quant_effect and "Quantization" not in str(full)
+    assert not full.predicted.quant_effect and "Quantization" not in format_plan(full)
     from meshplan.report.html import render_html
 
     html = render_html(qlora)

@@ -32,7 +32,7 @@ def test_group_tp_styles_collapses_identical_blocks():
 def test_format_plan_sections():
     p = _plan()
     text = format_plan(p)
-    assert str(p) == text
+    assert p.summary() in str(p) and "\n" not in str(p)
     for needle in ("Mesh", "axis", "Pipeline stages (predicted", "Tensor parallelism (tp=8)", "blocks.* × 12",
                    "attn.q_proj", "colwise", "rowwise", "Step time breakdown (predicted)", "TP communication",
                    "pipeline bubble", "DP communication", "tokens/s", "TFLOP/s per device", "MFU",
@@ -48,7 +48,6 @@ def test_explain_names_the_runner_up():
     p = _plan()
     text = explain_plan(p)
     assert p.summary() in text and "predicted" in text
-    assert p.explain() == text
     if p.alternatives:
         assert f"Runner-up: {p.alternatives[0].summary}" in text
 

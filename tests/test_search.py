@@ -13,6 +13,8 @@ from meshplan.errors import NoFeasiblePlanError
 from meshplan.plan import Plan
 from meshplan.planner.api import plan_graph
 from meshplan.planner.search import Searcher, balanced_split
+from meshplan.report.explain import explain_plan
+from meshplan.report.text import format_plan
 
 H100 = ClusterSpec.preset("h100")
 
@@ -161,7 +163,7 @@ def test_alternatives_show_other_families_and_what_did_not_fit():
     fitting = [a.step_s for a in p.alternatives if a.step_s is not None]
     assert fitting == sorted(fitting) and all(s >= p.predicted.step_s for s in fitting)
     assert p.alternatives[-1].step_s is None  # ranked: fitting first, then out of memory
-    assert "why not data parallelism only: out of memory by" in p.explain()
+    assert "why not data parallelism only: out of memory by" in explain_plan(p)
 
 
 def test_winner_split_comes_from_the_stage_split_ilp():
@@ -169,7 +171,7 @@ def test_winner_split_comes_from_the_stage_split_ilp():
     p = plan_graph(g, 4, cluster="h100", global_batch_size=16, fixed={"pp": 4, "tp": 1, "schedule": "1f1b"})
     sv = p.solver
     assert sv.split_method in ("ilp", "dp") and sv.split_status and sv.split_seconds > 0
-    assert sv.split_objective_s > 0 and "Stage split:" in str(p)
+    assert sv.split_objective_s > 0 and "Stage split:" in format_plan(p)
     assert any("stage-split ILP" in n for n in p.notes)
     flat = plan_graph(g, 4, cluster="h100", global_batch_size=16, fixed={"pp": 1})
     assert flat.solver.split_method == "" and "Stage split:" not in str(flat)

@@ -10,7 +10,9 @@ import pytest
 
 from meshplan import ilp
 from meshplan.errors import NoFeasiblePlanError
+from meshplan.partition import stage_dp as sd
 from meshplan.partition import stage_ilp as si
+from meshplan.partition import stage_problem as sp
 
 GIB = 1 << 30
 
@@ -21,11 +23,11 @@ def _uniform(n: int, **kw: float) -> list[si.Layer]:
 
 def _brute(layers, *, pp, m, schedule="1f1b", v=1, limit=None, p2p_time=None):  # noqa: ANN001, ANN202
     """Best objective over every contiguous split (None if nothing fits)."""
-    pr = si._make_problem(layers, pp, m, schedule, v, limit, p2p_time, 0)
+    pr = sp.make_problem(layers, pp, m, schedule, v, limit, p2p_time, 0)
     best = None
     for cuts in itertools.combinations(range(1, len(layers)), pr.n - 1):
         bounds = [0, *cuts, len(layers)]
-        obj, _, mem = si._evaluate(pr, bounds)
+        obj, _, mem = sp.evaluate_split(pr, bounds)
         if max(mem) <= pr.limit_bytes and (best is None or obj < best):
             best = obj
     return best
@@ -186,8 +188,8 @@ def test_solver_failure_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_greedy_split_is_contiguous_and_balanced() -> None:
-    pr = si._make_problem(_uniform(10), 4, 8, "1f1b", 1, None, None, 0)
-    bounds = si._greedy(pr)
+    pr = sp.make_problem(_uniform(10), 4, 8, "1f1b", 1, None, None, 0)
+    bounds = sd.greedy_split(pr)
     assert bounds[0] == 0 and bounds[-1] == 10 and all(b > a for a, b in itertools.pairwise(bounds))
     assert len(bounds) == 5
 
@@ -201,7 +203,7 @@ def test_bad_input() -> None:
         si.Layer("x", fwd_s=1.0, bwd_s=1.0, bwd_weight_s=2.0)
     with pytest.raises(ValueError, match="divisible by pp"):
         si.split_stages(_uniform(8), pp=4, num_microbatches=6, schedule="interleaved-1f1b", virtual_stages=2)
-    assert math.isinf(si._make_problem(_uniform(4), 2, 2, "1f1b", 1, None, None, 0).limit_bytes)
+    assert math.isinf(sp.make_problem(_uniform(4), 2, 2, "1f1b", 1, None, None, 0).limit_bytes)
 
 
 @pytest.mark.parametrize(
@@ -234,7 +236,7 @@ def test_ilp_objective_is_the_documented_formula(schedule: str, v: int) -> None:
         )
         for i in range(2 * v + 3)
     ]
-    pr = si._make_problem(layers, 2, 4, schedule, v, None, lambda nb: nb * 1e-3, 0)
+    pr = sp.make_problem(layers, 2, 4, schedule, v, None, lambda nb: nb * 1e-3, 0)
     model = si.StageSplitILP(pr).build()
     assert set(ilp.constraint_families(model.problem)) >= {
         "assignment",
@@ -243,7 +245,7 @@ def test_ilp_objective_is_the_documented_formula(schedule: str, v: int) -> None:
         "bottleneck",
     }
     res = ilp.solve(model.problem, time_limit_s=5, gap_rel=0.0)
-    assert res.objective == pytest.approx(si._evaluate(pr, model.boundaries())[0])
+    assert res.objective == pytest.approx(sp.evaluate_split(pr, model.boundaries())[0])
 
 
 def test_edge_cases() -> None:

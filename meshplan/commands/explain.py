@@ -1,4 +1,4 @@
-"""``meshplan explain plan.json``: why this plan won, what the runner-up cost (``Plan.explain()``).
+"""``meshplan explain plan.json``: why this plan won, what the runner-up cost (``report.explain.explain_plan``).
 
 The explanation text itself is ``meshplan.report.explain.explain_plan``; ``--timeline`` appends
 the predicted pipeline schedule as a character timeline (``meshplan.report.timeline``).
@@ -8,7 +8,6 @@ No torch import.
 from __future__ import annotations
 
 import argparse
-import sys
 
 HELP = "Explain a plan: why its configuration won and what the alternatives cost (predicted)."
 
@@ -22,18 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from meshplan.plan import Plan
+    from meshplan.report.explain import explain_plan
 
     plan = Plan.load(args.plan)
-    try:
-        import meshplan.report.explain  # noqa: F401
-    except ModuleNotFoundError as e:
-        if e.name != "meshplan.report.explain":
-            raise
-        print("meshplan explain: error: this meshplan build has no plan explainer "
-              "(meshplan/report/explain.py is missing); `meshplan report PLAN` still prints the plan",
-              file=sys.stderr)
-        return 1
-    print(plan.explain())
+    print(explain_plan(plan))
     if args.timeline:
         from meshplan.report.timeline import format_text_timeline
 

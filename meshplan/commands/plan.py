@@ -62,6 +62,7 @@ def pins(args: argparse.Namespace) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     from meshplan.planner import validate as V
     from meshplan.planner.api import _check, plan_graph, resolve_quantization
+    from meshplan.report.text import format_plan
 
     t0 = time.perf_counter()
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
     plan = plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch, fixed=fixed,
                       progress=progress, quantization=quant)  # fmt: skip
-    print(plan)
+    print(format_plan(plan))
     if args.output:
         plan.save(args.output)
         progress(f"wrote {args.output}")

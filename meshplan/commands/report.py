@@ -21,11 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from meshplan.plan import Plan
+    from meshplan.report.text import format_plan
 
     if args.png_width < 200:
         raise ValueError(f"--png-width must be at least 200 pixels, got {args.png_width}")
     plan = Plan.load(args.plan)
-    print(plan)
+    print(format_plan(plan))
     if args.html:
         from meshplan.report.html import write_html
 

@@ -14,15 +14,12 @@ a refined contender beats it and writes each alternative's reason ("slower by 8.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from meshplan.cost_models.comm import collective_time_s
-from meshplan.planner.search_types import Config, Evaluation, SplitSolve
+from meshplan.planner.evaluate import ConfigEvaluator
+from meshplan.planner.search_types import Config, Evaluation, GiB, SplitSolve, group
 
-if TYPE_CHECKING:
-    from meshplan.planner.search import Searcher
-
-GiB = 1024**3
 #: ILP time limit for the winner's split and for each refined contender's (seconds).
 WINNER_SPLIT_LIMIT_S = 1.5
 CONTENDER_SPLIT_LIMIT_S = 0.5
@@ -47,7 +44,7 @@ def family(c: Config) -> str:
     return "pp" if c.tp == 1 else "tp+pp"
 
 
-def refine_split(s: Searcher, ev: Evaluation, time_limit_s: float) -> tuple[Evaluation, SplitSolve | None]:
+def refine_split(s: ConfigEvaluator, ev: Evaluation, time_limit_s: float) -> tuple[Evaluation, SplitSolve | None]:
     """``ev`` re-split by the stage-split ILP and re-simulated: the better (fitting) of the two,
     with what the ILP reported (None without a pipeline or when the ILP finds nothing)."""
     from meshplan.errors import NoFeasiblePlanError
@@ -98,7 +95,7 @@ def _split_mem(layers: list[Any], runs: list[tuple[int, int]], c: Config) -> flo
     return max(rank)
 
 
-def _per_degree(s: Searcher, best: Evaluation, partial: list[Evaluation], shown: set[Config]) -> list[tuple[Evaluation, str]]:
+def _per_degree(s: ConfigEvaluator, best: Evaluation, partial: list[Evaluation], shown: set[Config]) -> list[tuple[Evaluation, str]]:
     """The best plan at each other TP and PP degree (the 3 lowest-bound fitting configurations of
     the degree are simulated, the fastest kept), the closest ``MAX_PER_DEGREE``."""
     out: list[tuple[Evaluation, str]] = []
@@ -116,7 +113,7 @@ def _per_degree(s: Searcher, best: Evaluation, partial: list[Evaluation], shown:
 
 
 def _per_family(
-    s: Searcher, best: Evaluation, partial: list[Evaluation], oom: list[Evaluation], shown: set[Config]
+    s: ConfigEvaluator, best: Evaluation, partial: list[Evaluation], oom: list[Evaluation], shown: set[Config]
 ) -> list[tuple[Evaluation, str]]:
     """The best plan of each family other than the winner's: the fastest fitting one (3 lowest
     bounds simulated), else the one closest to fitting the search evaluated, else the family's
@@ -149,15 +146,13 @@ def _per_family(
 
 
 def select_alternatives(
-    s: Searcher, best: Evaluation, fitting: list[Evaluation], partial: list[Evaluation], oom: list[Evaluation]
+    s: ConfigEvaluator, best: Evaluation, fitting: list[Evaluation], partial: list[Evaluation], oom: list[Evaluation]
 ) -> list[tuple[Evaluation, str]]:
     """(evaluation, label) of every alternative to report; labels "" for close runners-up."""
-    from meshplan.planner.search import _group
-
     alts: list[tuple[Evaluation, str]] = []
-    seen = {_group(best.config)}
+    seen = {group(best.config)}
     for e in fitting[1:]:
-        key = _group(e.config)
+        key = group(e.config)
         if key in seen:  # one alternative per (degrees, schedule, recompute): a real choice
             continue
         seen.add(key)
@@ -173,7 +168,7 @@ def select_alternatives(
 
 
 def finalize(
-    s: Searcher, best: Evaluation, labelled: list[tuple[Evaluation, str]], *, refine: bool = True
+    s: ConfigEvaluator, best: Evaluation, labelled: list[tuple[Evaluation, str]], *, refine: bool = True
 ) -> tuple[Evaluation, list[tuple[Evaluation, str]], SplitSolve | None]:
     """Refine the winner's and the top pipelined contenders' splits by ILP, re-pick the winner,
     and rank the alternatives (fitting by step, then out of memory by overshoot) with reasons."""

@@ -14,6 +14,10 @@ from typing import Any
 
 from meshplan.planner.costing import CostTable, GraphCoster
 
+GiB = 1024**3
+SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+
 
 @dataclass(frozen=True)
 class Config:
@@ -166,3 +170,8 @@ def _valid_count(schedule: str, p: int, v: int, at_least: int) -> int | None:
         except ValueError:
             continue
     return None
+
+
+def group(c: Config) -> tuple[Any, ...]:
+    """What makes two configurations a different choice for a reader: degrees, schedule, recompute."""
+    return (c.dp, c.tp, c.pp, c.schedule, c.recompute)

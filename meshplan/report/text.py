@@ -1,4 +1,4 @@
-"""The plain-text report of a Plan: ``format_plan(plan) -> str`` (what ``print(plan)`` shows).
+"""The plain-text report of a Plan: ``format_plan(plan) -> str`` (what ``meshplan plan`` / ``meshplan report`` print).
 
 Sections: header (model, cluster, batch); mesh and axis order; pipeline stages (layers, time,
 memory, boundary traffic); TP style of every linear, grouped per repeated block (one block

@@ -38,6 +38,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from meshplan.cost_models.quant import is_targeted
 from meshplan.plan import Quantization
+from meshplan.runtime.quant.targets import targeted_linears
 
 __all__ = [
     "ShardLocalFakeQuantizer",
@@ -48,20 +49,6 @@ __all__ = [
     "qat_base_config",
     "targeted_linears",
 ]
-
-
-def targeted_linears(model: nn.Module, quantization: Quantization) -> list[str]:
-    """FQNs of the ``nn.Linear`` modules (subclasses included) that ``quantization`` targets."""
-    from meshplan.runtime.quant.qlora import LoRALinear
-
-    return [
-        name
-        for name, mod in model.named_modules()
-        if isinstance(mod, nn.Linear)
-        and not isinstance(mod, LoRALinear)  # already converted
-        and name
-        and is_targeted(name, quantization.target_modules)
-    ]
 
 
 def qat_base_config(quantization: Quantization, *, dynamic_activations: bool = False) -> Any:

@@ -1,0 +1,368 @@
+"""Costing one point of the search space: ``ConfigEvaluator``, the base of ``planner.search.Searcher``.
+
+``evaluate(config)`` gives an ``Evaluation``: stage split (time-balanced, or the memory-constrained
+DP of ``partition.stage_ilp`` when that does not fit), memory per pipeline rank, exposed DP
+gradient sync, optimizer step and (``exact``) the schedule simulator's makespan; ``lower_bound``
+is the cheap (step, memory) bound the search orders candidates by; ``evaluate_auto`` upgrades DDP
+to FSDP when DDP does not fit. The formulas are in ``planner.search``'s docstring. With a
+``Quantization`` on the coster, model states, gradient sync and the optimizer step count the
+quantized layout. No torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from meshplan.cost_models.comm import collective_time_s
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
+from meshplan.graph import ModelGraph
+from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
+from meshplan.planner.pipeline_time import inflight, makespan_lower_bound, simulated_makespan
+from meshplan.planner.pipeline_time import placement as stage_placement
+from meshplan.planner.search_types import (
+    RECOMPUTE_CHOICES,
+    SCHEDULE_CHOICES,
+    Config,
+    Evaluation,
+    balanced_split,
+)
+
+#: At most this many memory-constrained re-splits (partition.stage_ilp DP) per search.
+MAX_MEMORY_RESCUES = 8
+
+
+class ConfigEvaluator:
+    """Costs configurations of one graph on one cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        cluster: ClusterSpec,
+        *,
+        global_batch: int,
+        fixed: dict[str, Any] | None = None,
+        recompute: tuple[str, ...] | None = None,
+        schedules: tuple[str, ...] | None = None,
+        dtype: str = "bf16",
+        optimizer: str = "adam",
+        progress: Callable[[str], None] | None = None,
+        coster: GraphCoster | None = None,
+        keep_alternatives: int = 5,
+        ilp_split: bool = True,
+    ) -> None:
+        self.g = graph
+        self.cluster = cluster
+        self.W = cluster.num_devices
+        self.B = global_batch
+        self.fixed = dict(fixed or {})
+        self.recompute = tuple(recompute or RECOMPUTE_CHOICES)
+        if "recompute" in self.fixed and self.fixed["recompute"] not in self.recompute:
+            self.recompute = (*self.recompute, self.fixed["recompute"])
+        self.schedules = tuple(schedules or SCHEDULE_CHOICES)
+        self.dtype = dtype
+        self.optimizer = optimizer
+        self.progress = progress or (lambda _msg: None)
+        self.coster = coster or GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer)
+        self.quant = self.coster.quant.mode != "none"
+        self._bpp0 = model_state_bytes(1.0, optimizer=optimizer)
+        # bytes per element of the gradients DP syncs and of the parameters FSDP gathers: the
+        # training dtype (bf16 mixed precision: 2; fp32 training: 4)
+        self._elem_bytes = 4 if dtype in ("fp32", "float32") else 2
+        self._quant_err: dict[tuple[int, int], list[str]] = {}
+        self.keep = keep_alternatives
+        self.ilp_split = ilp_split
+        self.bounded: list[tuple[float, float, Config]] = []
+        self.mem_limit = int(cluster.usable_mem_bytes)
+        self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._prefix_cache: dict[int, dict[str, list[float]]] = {}
+        self._bpp_cache: dict[tuple[str, int], ModelStateBytes] = {}
+        self._rescues = 0
+        self._sp_choice: dict[int, bool] = {}
+
+    def _auto(self, c: Config) -> bool:
+        return c.dp_kind == "ddp" and "dp_kind" not in self.fixed
+
+    def evaluate_auto(self, c: Config, *, exact: bool = True) -> Evaluation:
+        """``evaluate``, upgrading DDP to FSDP when DDP does not fit (and DP is not pinned)."""
+        ev = self._fit(c)
+        if not ev.fits and self._auto(c) and not self.quant_errors(replace(c, dp_kind="fsdp")):
+            ev2 = self._fit(replace(c, dp_kind="fsdp"))
+            if ev2.fits or ev2.max_mem_bytes < ev.max_mem_bytes:
+                ev = ev2
+        return self.evaluate(ev.config, runs=ev.stage_layers) if exact and ev.fits else ev
+
+    def _fit(self, c: Config) -> Evaluation:
+        """Bound-evaluate ``c`` on the time-balanced split; if that does not fit but might with
+        another split (within 25 %), try the stage split's memory-constrained DP."""
+        ev = self.evaluate(c, exact=False)
+        could_fit = self.lower_bound(c)[1] <= self.mem_limit  # same configs in fast and exhaustive runs
+        if not ev.fits and could_fit and ev.max_mem_bytes <= 1.25 * self.mem_limit:
+            runs = self.memory_split(c)
+            if runs is not None:
+                ev2 = self.evaluate(c, exact=False, runs=runs)
+                if ev2.fits:
+                    return ev2
+        return ev
+
+    def quant_errors(self, c: Config) -> list[str]:
+        """Why the runtime would reject the quantization at ``c``'s TP placement and FSDP degree
+        (``cost_models.quant.quant_constraint_errors``); empty without quantization."""
+        if not self.quant:
+            return []
+        sol = self._table(c).tp_solution
+        fsdp_dp = c.dp if c.dp_kind == "fsdp" else 1
+        key = (id(sol), fsdp_dp)
+        if key not in self._quant_err:
+            self._quant_err[key] = self.coster.quant_errors(sol, fsdp_dp)
+        return self._quant_err[key]
+
+    def bound(self, c: Config) -> tuple[float, float]:
+        lb, mlb = self.lower_bound(c)
+        if self._auto(c) and not self.quant_errors(replace(c, dp_kind="fsdp")):
+            lb2, mlb2 = self.lower_bound(replace(c, dp_kind="fsdp"))
+            return min(lb, lb2), min(mlb, mlb2)
+        return lb, mlb
+
+    # ---- costs shared by bound and evaluation --------------------------------------------
+    def _table(self, c: Config) -> CostTable:
+        return self.coster.table(c.tp, c.sequence_parallel, c.recompute, c.micro_batch)
+
+    def _states(self, params: float, c: Config) -> float:
+        zero = 3 if c.dp_kind == "fsdp" else 0
+        return model_state_bytes(params, optimizer=self.optimizer, zero=zero, dp=c.dp).total
+
+    def _optimizer_s(self, params: float, c: Config) -> float:
+        local = params / (c.dp if c.dp_kind == "fsdp" else 1)
+        return 2 * 16 * local / (self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)
+
+    def _dp_spans(self, c: Config) -> bool:
+        return c.tp * c.dp > self.cluster.devices_per_node  # mesh (pp, dp, tp): dp just outside tp
+
+    def _pp_spans(self, c: Config) -> bool:
+        return self.W > self.cluster.devices_per_node and c.pp > 1 and c.tp * c.dp < self.W
+
+    def _grad_sync_s(self, params: float, c: Config) -> float:
+        return self._sync_bytes_s(params * self._elem_bytes, c)
+
+    def _sync_bytes_s(self, nbytes: float, c: Config) -> float:
+        """Gradient sync of ``nbytes`` of gradients over dp (all-reduce, or reduce-scatter for fsdp)."""
+        if c.dp == 1:
+            return 0.0
+        kind = "reduce_scatter" if c.dp_kind == "fsdp" else "all_reduce"
+        return collective_time_s(kind, nbytes, c.dp, self.cluster, spans_nodes=self._dp_spans(c))
+
+    def lower_bound(self, c: Config) -> tuple[float, float]:
+        """(step-time lower bound, memory lower bound) without splitting or simulating."""
+        t = self._table(c)
+        P = self._prefix(t)
+        work = P["f"][-1] + P["b"][-1] + P["w"][-1]
+        avg_params = P["params"][-1] / c.pp
+        if self.quant:  # only trainable parameters are synced and stepped
+            div = c.dp if c.dp_kind == "fsdp" else 1
+            step = c.num_microbatches * work / c.pp + self._optimizer_s(P["train"][-1] / c.pp, c)
+            step += 0.1 * self._sync_bytes_s(P["sg"][-1] / c.pp, c) if c.dp_kind == "ddp" else 0.0
+            mem = (P["sp"][-1] + P["sg"][-1] + P["so"][-1]) / c.pp / div
+        else:
+            step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
+            step += 0.1 * self._grad_sync_s(avg_params, c) if c.dp_kind == "ddp" else 0.0
+            mem = self._states(avg_params, c)
+        if c.schedule == "gpipe" and c.pp > 1:
+            mem += c.num_microbatches * P["act"][-1] / c.pp
+        return step, mem
+
+    # ---- exact evaluation ----------------------------------------------------------------
+    def split(self, t: CostTable, num_stages: int) -> list[tuple[int, int]]:
+        key = (id(t), num_stages)
+        if key not in self._split_cache:
+            self._split_cache[key] = balanced_split([layer.total_s for layer in t.layers], num_stages)
+        return self._split_cache[key]
+
+    def _prefix(self, t: CostTable) -> dict[str, list[float]]:
+        """Prefix sums of the per-layer columns of ``t`` (stage sums in O(1))."""
+        key = id(t)
+        if key not in self._prefix_cache:
+            cols: dict[str, list[float]] = {k: [0.0] for k in ("f", "b", "w", "rec", "tp", "params", "act")}
+            for x in t.layers:
+                for k, v in (("f", x.fwd_total_s), ("b", x.bwd_input_total_s), ("w", x.bwd_weight_s),
+                             ("rec", x.recompute_s), ("tp", x.tp_comm_s), ("params", x.param_count),
+                             ("act", x.act_bytes), ("sp", x.state_param_bytes), ("sg", x.state_grad_bytes),
+                             ("so", x.state_opt_bytes), ("train", x.trainable_params)):  # fmt: skip
+                    cols.setdefault(k, [0.0]).append(cols[k][-1] + v)
+            self._prefix_cache[key] = cols
+        return self._prefix_cache[key]
+
+    def _state_bytes_per_param(self, c: Config) -> ModelStateBytes:
+        key = (c.dp_kind, c.dp)
+        if key not in self._bpp_cache:
+            zero = 3 if c.dp_kind == "fsdp" else 0
+            self._bpp_cache[key] = model_state_bytes(1.0, optimizer=self.optimizer, zero=zero, dp=c.dp)
+        return self._bpp_cache[key]
+
+    def split_layers(self, c: Config) -> list[Any]:
+        """``c``'s layers as ``partition.stage_ilp.Layer`` (times, model states, activations, sends)."""
+        from meshplan.partition.stage_ilp import Layer
+
+        t = self._table(c)
+        per_param = self._state_bytes_per_param(c).total
+        div = c.dp if c.dp_kind == "fsdp" else 1
+
+        def states(x: LayerCost) -> int:
+            if self.quant:
+                return int((x.state_param_bytes + x.state_grad_bytes + x.state_opt_bytes) / div)
+            return int(x.param_count * per_param)
+
+        return [
+            Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
+                  state_bytes=states(x), act_bytes=int(x.act_bytes), boundary_bytes=int(x.out_bytes))
+            for x in t.layers
+        ]  # fmt: skip
+
+    def fsdp_buffer(self, c: Config) -> float:
+        """Two unsharded layers' bf16 weights FSDP gathers at a time (0 without fsdp)."""
+        return 2 * self._elem_bytes * max(x.param_count for x in self._table(c).layers) if c.dp_kind == "fsdp" else 0.0
+
+    def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
+        """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
+        when the time-balanced split does not fit; None when it finds none."""
+        from meshplan.errors import NoFeasiblePlanError
+        from meshplan.partition.stage_ilp import split_stages
+
+        if (
+            c.virtual_stages != 1
+            or not 1 < c.pp <= 32
+            or self._rescues >= MAX_MEMORY_RESCUES
+        ):
+            return None
+        self._rescues += 1
+        spans = self._pp_spans(c)
+        try:
+            split = split_stages(
+                self.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule, virtual_stages=1,
+                mem_limit_bytes=self.mem_limit, method="dp",
+                p2p_time=lambda b: collective_time_s("send_recv", b, 2, self.cluster, spans_nodes=spans),
+            )  # fmt: skip
+        except (NoFeasiblePlanError, ValueError):
+            return None
+        return [tuple(r) for r in split.ranges]  # type: ignore[misc]
+
+    def evaluate(
+        self, c: Config, *, exact: bool = True, runs: list[tuple[int, int]] | None = None
+    ) -> Evaluation:
+        """Cost ``c``: stage split, memory, DP sync, optimizer and (``exact``) the simulated
+        makespan. With ``exact=False`` the makespan is the lower bound
+        ``max_k (Σ_{s<k} F_s + m·T_k)`` (v = 1; the k-th stage cannot start before the first
+        microbatch reaches it and then works m·T_k) or ``m · busiest rank`` (v > 1), and the
+        result's ``exact`` is False.
+
+        Memory of pipeline rank r: model states of its stages (``model_state_bytes``, ZeRO-3 over
+        dp for fsdp) + its stages' activations per microbatch × ``inflight_microbatches``
+        (schedule, pp, r, m, v) (+ two unsharded layers' weights for fsdp)."""
+        t = self._table(c)
+        n_st = c.pp * c.virtual_stages
+        m = c.num_microbatches
+        if runs is None:
+            runs = self.split(t, n_st) if n_st > 1 else [(0, len(t.layers))]
+        P = self._prefix(t)
+
+        def col(k: str) -> list[float]:
+            arr = P[k]
+            return [arr[b] - arr[a] for a, b in runs]
+
+        st_f, st_b, st_w, st_rec, st_tp = col("f"), col("b"), col("w"), col("rec"), col("tp")
+        st_params, st_act = col("params"), col("act")
+        bpp = self._state_bytes_per_param(c)
+        per_param = bpp.total
+        if self.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
+            st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
+        else:
+            st_q = [[p * self._bpp0.params, p * self._bpp0.grads, p * self._bpp0.optimizer, p] for p in st_params]
+        frozen_tied = self.coster.quant.mode == "qlora"
+        for i, (a, b) in enumerate(runs):  # a tied weight whose owner sits in another stage: a copy
+            for x in t.layers[a:b]:
+                for owner, numel in x.tied:
+                    if not t.layers[a].node_start <= owner < t.layers[b - 1].node_end:
+                        st_params[i] += numel
+                        b0 = self._bpp0
+                        extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
+                            numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
+                        st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
+        div = c.dp if c.dp_kind == "fsdp" else 1
+        st_state = [(q[0] + q[1] + q[2]) / div for q in st_q]
+        if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
+            st_state = [p * per_param for p in st_params]
+        pp_spans = self._pp_spans(c)
+        st_sendb = [int(t.layers[b - 1].out_bytes) for _, b in runs]
+        st_send = [
+            collective_time_s("send_recv", sb, 2, self.cluster, spans_nodes=pp_spans) if sb else 0.0
+            for sb in st_sendb
+        ]
+        ranks = range(c.pp)
+        placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
+        on_rank: list[list[int]] = [[] for _ in ranks]
+        for s_, r_ in enumerate(placement):
+            on_rank[r_].append(s_)
+        totals = [st_f[i] + st_b[i] + st_w[i] for i in range(n_st)]
+        rank_work = [sum(totals[i] for i in on_rank[r]) for r in ranks]
+        if exact:
+            makespan, bubble_frac = simulated_makespan(c, st_f, st_b, st_w, st_send)
+        else:
+            makespan, bubble_frac = makespan_lower_bound(c, st_f, totals, rank_work), 0.0
+        infl = [inflight(c, r) for r in ranks]
+        r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
+        r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
+        r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
+        r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
+        fsdp_buf = self.fsdp_buffer(c)
+        r_mem = [int(r_state[r] + r_act[r] + fsdp_buf) for r in ranks]
+        worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
+        # gradients synced: every parameter in the training dtype, or (quantized) only the trainable ones
+        sync = self._sync_bytes_s(r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes, c)
+        gather_bytes = r_q[worst][0] if self.quant else r_params[worst] * self._elem_bytes
+        rank_b = [sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks]
+        if c.dp_kind == "fsdp" and c.dp > 1:
+            gather = collective_time_s(
+                "all_gather", gather_bytes, c.dp, self.cluster, spans_nodes=self._dp_spans(c)
+            )
+            per_mb = 2 * gather + sync  # fwd + bwd all-gather, reduce-scatter, every microbatch
+            comp_mb = max(rank_work)
+            dp_exposed = m * max(0.0, per_mb - comp_mb) + 0.1 * per_mb
+            grad_bytes = r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes
+            dp_bytes = {"all_gather": int(2 * gather_bytes * m), "reduce_scatter": int(grad_bytes * m)}
+        elif c.dp > 1:
+            dp_exposed = max(0.1 * sync, sync - rank_b[worst])
+            dp_bytes = {"all_reduce": int(r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes)}
+        else:
+            dp_exposed, dp_bytes = 0.0, {}
+        opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
+        step = makespan + dp_exposed + opt
+        busiest = max(ranks, key=lambda r: rank_work[r])
+        on_b = on_rank[busiest]
+        tp_s = m * sum(st_tp[i] for i in on_b)
+        rec_s = m * sum(st_rec[i] for i in on_b)
+        compute = m * rank_work[busiest] - tp_s
+        pp_comm = m * sum(st_send[i] for i in on_b) * (2 if c.pp > 1 else 0)
+        comm_bytes = {k: int(v * m / c.pp) for k, v in t.tp_comm_bytes.items()}
+        for k, v in dp_bytes.items():
+            comm_bytes[k] = comm_bytes.get(k, 0) + v
+        if c.pp > 1:
+            comm_bytes["send_recv"] = int(2 * m * sum(st_sendb[i] for i in on_b))
+        w = r_params[worst]
+        mem_breakdown = {"params": int(w * bpp.params), "grads": int(w * bpp.grads),
+                         "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
+        if self.quant:
+            big = max(ranks, key=lambda r: r_state[r])
+            mem_breakdown.update(params=int(r_q[big][0] / div), grads=int(r_q[big][1] / div),
+                                 optimizer=int(r_q[big][2] / div))  # fmt: skip
+        return Evaluation(
+            config=c, step_s=step, pipeline_s=makespan, compute_s=compute, tp_comm_s=tp_s, pp_comm_s=pp_comm,
+            dp_comm_s=dp_exposed, bubble_s=max(0.0, makespan - m * rank_work[busiest]), optimizer_s=opt,
+            recompute_s=rec_s, bubble_fraction=bubble_frac, peak_mem_bytes=tuple(r_mem),
+            mem_breakdown=mem_breakdown, comm_bytes=comm_bytes, stage_layers=list(runs),
+            stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
+            stage_mem=[int(st_state[i] + st_act[i] * infl[placement[i]]) for i in range(n_st)],
+            stage_send_bytes=st_sendb, stage_params=st_params, fits=max(r_mem) <= self.mem_limit,
+            mem_limit_bytes=self.mem_limit, table=t, exact=exact,
+        )  # fmt: skip
