@@ -249,4 +249,28 @@ def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
         next(iter(pm.parameters())).view(-1)[0] = float("nan") if rank == 1 else 0.0
     out["nan"] = err(lambda: checkpoint.save(pm, ckpt_dir, 4, keep=2))
     out["dirs_after_nan"] = sorted(p.name for p in d.iterdir())
+
+    flag = {"nan": False}
+
+    def nan_loss(o: Any, y: torch.Tensor) -> torch.Tensor:
+        loss = loss_fn(o, y)
+        return loss * float("nan") if flag["nan"] else loss
+
+    model = tiny_gpt()
+    plan = handplan.manual_plan(model, None, dp=2, microbatches=1, micro_batch_size=4, seq_len=SEQ)
+    pm = apply_plan(model, plan, loss_fn=nan_loss, optimizer_factory=opt_factory)
+    (x, y), = batches(1)
+    pm.step(x, y)
+    before = {k: v.detach().clone() for k, v in pm.named_parameters().items()}
+    flag["nan"] = True
+    out["nan_loss"] = pm.step(x, y)
+    flag["nan"] = False
+    out["unchanged_after_nan"] = all(torch.equal(before[k], v) for k, v in pm.named_parameters().items())
+    pm.check_grads = True
+    p0 = next(iter(pm.named_parameters().values()))
+    h = p0.register_hook(lambda g: g * float("inf") if rank == 1 else g)
+    out["inf_grad_loss"] = pm.step(x, y)
+    h.remove()
+    out["after_bad_loss"] = pm.step(x, y)
+    out["skipped"] = list(pm.skipped_steps)
     return out

@@ -1,4 +1,5 @@
-"""Atomic DCP checkpoints at 2 ranks: pruning, manifest, checksum and model-fingerprint refusals, no NaN saved."""
+"""Atomic DCP checkpoints at 2 ranks: pruning, manifest, checksum and model-fingerprint refusals, no NaN
+saved; a NaN loss or (with check_grads) an inf gradient on one rank applies no update on any rank."""
 
 from __future__ import annotations
 
@@ -22,3 +23,7 @@ class TestCheckpoint:
             assert r["zeroed"].startswith("CheckpointError") and "checksum mismatch" in r["zeroed"], r["zeroed"]
             assert r["nan"].startswith("NonFiniteError") and "step 4" in r["nan"], r["nan"]
             assert r["dirs_after_nan"] == r["dirs"]
+            # a NaN loss / an inf gradient (rank 1 only, with check_grads) applies no update, on every rank
+            assert r["nan_loss"] != r["nan_loss"] and r["unchanged_after_nan"]
+            assert r["inf_grad_loss"] == r["inf_grad_loss"] and r["after_bad_loss"] == r["after_bad_loss"]
+            assert r["skipped"] == [2, 3]

@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
+    p.add_argument("--skip-nonfinite", type=int, default=0, metavar="K",
+                   help="skip up to K steps whose loss is NaN/inf (no update applied) instead of stopping at the first")
+    p.add_argument("--check-grads", action="store_true", help="also count a NaN/inf gradient as a non-finite step")
     p.add_argument("--master-port", type=int, default=None)
     p.add_argument("--print-command", action="store_true", help="print the torchrun command and exit")
 
@@ -53,6 +56,10 @@ def build_command(args: argparse.Namespace) -> list[str]:
                   "--keep-checkpoints", str(args.keep_checkpoints)]
     if args.resume:
         train.append("--resume")
+    if args.skip_nonfinite:
+        train += ["--skip-nonfinite", str(args.skip_nonfinite)]
+    if args.check_grads:
+        train.append("--check-grads")
     if args.data:
         train += ["--data", args.data]
     if args.record:

@@ -12,11 +12,13 @@ keeps this rank's data-parallel slice, runs forward/backward (the pipeline sched
 gradient accumulation over the plan's microbatches when pp=1), syncs data-parallel gradients
 where the mode is manual, sums the gradients of tied weights between the pipeline ranks holding a
 copy, steps the optimizer, and returns the loss of the whole global step (mean of the microbatch
-losses; identical on all ranks). ``loss_fn`` must average over its batch.
+losses; identical on all ranks). A step whose loss is NaN/inf (or, with ``check_grads``, any
+gradient) does not step the optimizer and is listed in ``skipped_steps``. ``loss_fn`` must average over its batch.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -57,6 +59,10 @@ class ParallelModel:
     converted: list[str] = field(default_factory=list)  # HF Conv1D modules now nn.Linear (weight transposed)
     step_times_s: list[float] = field(default_factory=list)
     steps_done: int = 0
+    # NaN guard: a step whose global loss (or, with check_grads, any gradient) is NaN/inf applies no
+    # update; its number goes to skipped_steps and the caller decides whether to stop (train.py does)
+    check_grads: bool = False
+    skipped_steps: list[int] = field(default_factory=list)
 
     # ---- info ---------------------------------------------------------------------------
     @property
@@ -129,19 +135,28 @@ class ParallelModel:
                 g = tie.param.grad
                 g = g.to_local() if hasattr(g, "to_local") else g
                 dist.all_reduce(g, group=tie.group)
-        self.optimizer.step()
+        loss, grads_bad = self._global_loss(local_loss)
+        if math.isfinite(loss) and not grads_bad:
+            self.optimizer.step()
+        else:
+            self.skipped_steps.append(self.steps_done + 1)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self._global_loss(local_loss)
         self.step_times_s.append(time.perf_counter() - t0)
         self.steps_done += 1
         return loss
 
-    def _global_loss(self, local_loss: torch.Tensor) -> float:
+    def _global_loss(self, local_loss: torch.Tensor) -> tuple[float, bool]:
+        """(loss of the global step, whether any rank has a non-finite gradient): ONE all-reduce."""
         share = self.env.degree("dp") * self.env.degree("tp")
         contrib = (local_loss / share) if self.has_last else torch.zeros((), dtype=torch.float64)
-        contrib = contrib.to(self.env.device)
-        dist.all_reduce(contrib)
-        return float(contrib.item())
+        bad = torch.zeros((), dtype=torch.float64)
+        if self.check_grads:
+            grads = [g.to_local() if hasattr(g, "to_local") else g for p in self.parameters() if (g := p.grad) is not None]
+            if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+                bad += 1
+        both = torch.stack([contrib, bad]).to(self.env.device)
+        dist.all_reduce(both)
+        return float(both[0].item()), bool(both[1].item() > 0)
 
     # ---- state --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:

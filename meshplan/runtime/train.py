@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from meshplan.errors import NonFiniteError
 from meshplan.plan import Plan
 
 
@@ -41,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU")
     p.add_argument("--timeout", type=float, default=120.0, help="process-group timeout, seconds")
+    p.add_argument("--skip-nonfinite", type=int, default=0, help="skip up to K NaN/inf steps instead of stopping")
+    p.add_argument("--check-grads", action="store_true", help="also treat a NaN/inf gradient as a bad step")
     return p
 
 
@@ -102,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.runtime import checkpoint
     from meshplan.runtime.api import apply_plan
     from meshplan.runtime.dist import check_launch
+    from meshplan.runtime.guard import NonFiniteGuard
     from meshplan.runtime.record import RunRecord, peak_mem_bytes
 
     plan = Plan.load(args.plan)
@@ -117,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
                     example_inputs=example, timeout_s=args.timeout)
     rank = pm.env.rank
+    pm.check_grads = args.check_grads
+    guard = NonFiniteGuard(args.skip_nonfinite)
     start = 0
     if args.resume:
         if not args.checkpoint_dir:
@@ -143,6 +150,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         rec.add(step, dt, loss, int(mem.item()))
         if rank == 0:
             print(f"step {step:5d}  loss {loss:.6f}  {dt * 1e3:8.1f} ms  peak {mem.item() / 2**20:.0f} MiB", flush=True)
+        try:
+            warning = guard.after_step(step, loss, step in pm.skipped_steps)
+        except NonFiniteError as e:
+            if rank == 0:
+                print(f"error: {e}", file=sys.stderr, flush=True)
+            torch.distributed.destroy_process_group()
+            return 3
+        if warning and rank == 0:
+            print(warning, file=sys.stderr, flush=True)
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
             checkpoint.save(pm, args.checkpoint_dir, step, keep=args.keep_checkpoints)
     if rank == 0:
