@@ -32,6 +32,7 @@ NODE_KINDS = (
     "reshape",  # view / transpose / split / getitem / contiguous ...: moves no data, forwards sharding
     "loss",  # cross entropy and friends
     "constant",  # get_attr buffers (rotary tables, masks)
+    "moe",  # a mixture-of-experts block captured whole (router + experts; attrs num_experts, top_k, ...)
     "other",
 )
 

@@ -34,19 +34,32 @@ class PlanFormatError(ValueError):
 
 @dataclass(frozen=True)
 class MeshSpec:
-    """Device mesh: axis names outermost first, e.g. ("pp", "dp", "tp") with degrees (4, 8, 8).
+    """Device mesh: axis names outermost first, e.g. ("pp", "dp", "cp", "tp") with degrees (4, 8, 2, 8).
 
-    The innermost axes are laid out on consecutive ranks, so they stay inside a node.
+    The innermost axes are laid out on consecutive ranks, so they stay inside a node. The axis
+    order follows torchtitan (pp, dp, cp, tp). ``ep`` (expert parallelism) is not an axis of its
+    own: like torchtitan, it borrows its ranks from dp x cp (consecutive blocks of ``ep`` ranks of
+    the flattened dp x cp index), so it does not multiply the world size and must divide dp x cp.
     """
 
     axis_names: tuple[str, ...]
     degrees: tuple[int, ...]
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if len(self.axis_names) != len(self.degrees):
             raise ValueError(f"mesh axis_names {self.axis_names} and degrees {self.degrees} differ in length")
         if any(d < 1 for d in self.degrees):
             raise ValueError(f"mesh degrees must be >= 1, got {self.degrees}")
+        if len(set(self.axis_names)) != len(self.axis_names):
+            raise ValueError(f"mesh axis_names {self.axis_names} repeat an axis")
+        if "ep" in self.axis_names:
+            raise ValueError('"ep" is not a mesh axis (it borrows dp x cp ranks); set MeshSpec.ep instead')
+        if self.ep < 1 or (self.dp * self.cp) % self.ep:
+            raise ValueError(
+                f"mesh ep={self.ep} must be >= 1 and divide dp x cp = {self.dp} x {self.cp}; "
+                "pick an ep that divides it or raise dp/cp"
+            )
 
     @property
     def world_size(self) -> int:
@@ -56,12 +69,23 @@ class MeshSpec:
         return out
 
     def degree(self, axis: str) -> int:
-        """Degree of ``axis``; 1 for an axis the mesh does not have."""
+        """Degree of ``axis``; 1 for an axis the mesh does not have (``"ep"``: the ep degree)."""
+        if axis == "ep":
+            return self.ep
         return dict(zip(self.axis_names, self.degrees)).get(axis, 1)
 
     @property
     def dp(self) -> int:
-        return self.degree("dp")
+        """Data-parallel degree: the product of the axes named dp, dp_replicate, dp_shard."""
+        out = 1
+        for name, d in zip(self.axis_names, self.degrees):
+            if name == "dp" or name.startswith("dp_"):
+                out *= d
+        return out
+
+    @property
+    def cp(self) -> int:
+        return self.degree("cp")
 
     @property
     def tp(self) -> int:
@@ -221,9 +245,20 @@ class Plan:
     def pp(self) -> int:
         return self.mesh.pp
 
+    @property
+    def cp(self) -> int:
+        return self.mesh.cp
+
+    @property
+    def ep(self) -> int:
+        return self.mesh.ep
+
     def summary(self) -> str:
         return (
-            f"dp{self.dp} tp{self.tp} pp{self.pp} {self.schedule}"
+            f"dp{self.dp}"
+            + (f" cp{self.cp}" if self.cp > 1 else "")
+            + (f" ep{self.ep}" if self.ep > 1 else "")
+            + f" tp{self.tp} pp{self.pp} {self.schedule}"
             + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
             + f" mb{self.micro_batch_size}x{self.num_microbatches} recompute={self.recompute}"
             + f" {self.dp_kind}"

@@ -33,6 +33,7 @@ from meshplan.tracing.annotate import NodeRecord, propagate
 from meshplan.tracing.blocks import cut_points, find_blocks
 from meshplan.tracing.build import ParamIndex, build_nodes, model_meta
 from meshplan.tracing.capture import Captured, capture_with
+from meshplan.tracing.moe import moe_capture, moe_meta
 
 __all__ = ["TraceError", "capture", "trace_model", "resolve_inputs"]
 
@@ -77,7 +78,9 @@ def _capture(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Captured, dict[
     def validate(cap: Captured) -> dict[fx.Node, NodeRecord]:
         return propagate(cap.gm, inputs, keep_device=cap.kind == "export")
 
-    return capture_with(model, inputs, validate)
+    # mixture-of-experts blocks route data-dependently: planning captures each as one node
+    with moe_capture(model):
+        return capture_with(model, inputs, validate)
 
 
 def capture(
@@ -125,6 +128,7 @@ def trace_model(
     cuts = cut_points(nodes, blocks)
     params = list(model.parameters())
     meta = model_meta(model, nodes)
+    meta.update(moe_meta(model))
     if cap.fx_error:
         meta["fx_error"] = cap.fx_error
     batch, seq = _batch_seq([n for n in nodes if n.kind == "input"])

@@ -31,7 +31,7 @@ from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import NODE_KINDS, GraphNode
 
 #: Kinds that run as GEMMs on the tensor cores.
-MATMUL_KINDS = frozenset({"linear", "matmul", "attention"})
+MATMUL_KINDS = frozenset({"linear", "matmul", "attention", "moe"})
 #: Kinds that cost nothing (no kernel: placeholders, views, buffers).
 FREE_KINDS = frozenset({"input", "output", "constant", "reshape"})
 #: Kinds whose weights are split by tensor parallelism (so ``shard`` divides their parameter bytes).
@@ -49,6 +49,7 @@ SHARDED_WEIGHT_KINDS = frozenset({"linear", "embedding", "matmul"})
 _BACKWARD_FACTORS: dict[str, tuple[float, float]] = {
     "linear": (1.0, 1.0),
     "matmul": (1.0, 1.0),
+    "moe": (1.0, 1.0),  # the router and the expert MLPs are GEMMs: dX and dW one forward each
     "attention": (2.0, 0.0),
     "norm": (1.5, 0.5),
     "activation": (1.0, 0.0),

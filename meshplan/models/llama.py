@@ -165,10 +165,15 @@ class Llama(nn.Module):
         self.rope_cos = cos.to(self.rope_cos.device)
         self.rope_sin = sin.to(self.rope_sin.device)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        T = idx.shape[1]
-        cos = self.rope_cos[:T]
-        sin = self.rope_sin[:T]
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``position_ids`` (``[T]`` or ``[B, T]``, the same row for every sequence) gives the tokens'
+        positions when ``idx`` is a shard of the sequence (context parallelism); default 0..T-1."""
+        if position_ids is None:
+            cos = self.rope_cos[: idx.shape[1]]
+            sin = self.rope_sin[: idx.shape[1]]
+        else:
+            pos = position_ids[0] if position_ids.dim() == 2 else position_ids
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
         x = self.tok_embeddings(idx)
         for block in self.blocks:
             x = block(x, cos, sin)

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import flop_counter as fc
 from torch.utils._pytree import tree_leaves
 
+from meshplan.tracing import moe
 from meshplan.tracing.classify import TensorMeta, is_leaf_class
 
 aten = torch.ops.aten
@@ -37,7 +38,7 @@ def _sdpa_cpu_bwd(
 
 def flop_mapping() -> dict[Any, Any]:
     """FlopCounterMode's own formulas plus CPU flash attention forward and backward."""
-    m: dict[Any, Any] = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_fwd}
+    m: dict[Any, Any] = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_fwd, **moe.flop_mapping()}
     bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
     if bwd is not None:
         m[bwd] = _sdpa_cpu_bwd

@@ -25,6 +25,7 @@ from meshplan.tracing.classify import (
     op_name,
     saved_parts,
 )
+from meshplan.tracing.moe import moe_attrs, moe_saved_bytes
 
 _PARAM_VIEW_OPS = {
     "t", "transpose", "permute", "view", "reshape", "contiguous", "detach", "alias", "to", "_to_copy",
@@ -161,6 +162,9 @@ def build_nodes(
                 if root not in saved_once:
                     saved_once.add(root)
                     saved += nb
+        attrs = _attrs(gm, n, kind, in_metas, first, pnames, pidx)
+        if kind == "moe" and first is not None:
+            saved += moe_saved_bytes(attrs, first)
         node = GraphNode(
             id=len(nodes),
             name=n.name,
@@ -180,7 +184,7 @@ def build_nodes(
             frozen_param_numel=frozen,
             fwd_flops=int(rec.flops),
             saved_bytes=saved,
-            attrs=_attrs(gm, n, kind, in_metas, first, pnames, pidx),
+            attrs=attrs,
         )
         ids[n] = node.id
         nodes.append(node)
@@ -283,6 +287,8 @@ def _attrs(
                 w = pidx.param_of[gid]
                 return {"num_embeddings": int(w.shape[0]), "embedding_dim": int(w.shape[1])}
         return {}
+    if kind == "moe":
+        return moe_attrs(n, out)
     if kind == "norm" and acts and acts[0].shape:
         return {"normalized_dim": acts[0].shape[-1]}
     return {}

@@ -12,6 +12,7 @@ fx graph that traces but cannot run (e.g. control flow baked in wrongly) falls b
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +57,19 @@ def wrap_if_hf(model: nn.Module) -> tuple[nn.Module, str]:
 
 
 def fx_capture(model: nn.Module) -> fx.GraphModule:
+    """fx trace of ``model``; forward parameters that default to None (e.g. ``position_ids``) are
+    traced as None and dropped from the graph (their placeholder and fx's is-None assert)."""
     tracer = MeshTracer()
-    graph = tracer.trace(model)
+    sig = inspect.signature(model.forward)
+    none_args = {k: None for k, p in sig.parameters.items() if p.default is None}
+    graph = tracer.trace(model, concrete_args=none_args or None)
+    if none_args:
+        for n in list(graph.nodes):
+            if n.op == "call_function" and getattr(n.target, "__name__", "") == "_assert_is_none":
+                graph.erase_node(n)
+        for n in list(graph.nodes):
+            if n.op == "placeholder" and not n.users and str(n.target) in none_args:
+                graph.erase_node(n)
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 

@@ -43,6 +43,7 @@ for _kind, _names in {
         "_scaled_dot_product_cudnn_attention _scaled_dot_product_attention_math flex_attention"
     ),
     "matmul": "matmul mm bmm baddbmm einsum",
+    "moe": "moe_block",
     "norm": (
         "layer_norm native_layer_norm rms_norm _fused_rms_norm group_norm native_group_norm batch_norm "
         "_native_batch_norm_legit_no_training"
@@ -142,7 +143,7 @@ def saved_parts(kind: str, op: str, inputs: Sequence[TensorMeta | None], out: Te
     share one saved input) and skips inputs that are constants (buffers, model inputs).
     """
     acts = [(i, m) for i, m in enumerate(inputs) if m is not None]
-    if kind in ("linear", "embedding", "loss"):
+    if kind in ("linear", "embedding", "loss", "moe"):
         return [(acts[0][0], acts[0][1].nbytes)] if acts else []
     if kind == "matmul":
         return [(i, m.nbytes) for i, m in acts[:2]]

@@ -1,0 +1,138 @@
+"""The zoo's mixture-of-experts decoder (Mixtral-shaped): ``MoEConfig``, ``MoELlama``, ``moe_llama()``.
+
+Each block is the zoo Llama's attention followed by a sparse MoE feed-forward: ``router`` (a
+bias-free ``nn.Linear(dim, E)``), softmax over the E experts, top-k, the k weights renormalised
+to sum to 1 (Mixtral's routing), and ``experts``, a ``GroupedExperts`` module holding the SwiGLU
+weights of all E experts as 3-D tensors and called as ``experts(x, top_k_index, top_k_weights)``
+(the HF transformers 5.x experts interface). Routing is data dependent (``torch.where`` per
+expert, ``index_add_``): tracing captures the block whole (``meshplan.tracing.moe``) and the
+runtime can shard the experts over an expert-parallel group (``meshplan.runtime.expert_parallel``).
+No token is ever dropped (no capacity limit), so every layout computes the same function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshplan.models.gpt import _resolve
+from meshplan.models.llama import Attention, LlamaConfig, RMSNorm, rotary_tables
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    dim: int
+    ffn_hidden: int  # per expert
+    vocab_size: int
+    max_seq_len: int
+    num_experts: int = 8
+    top_k: int = 2
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"MoEConfig.top_k={self.top_k} must be in 1..num_experts={self.num_experts}")
+
+    def llama(self) -> LlamaConfig:
+        return LlamaConfig(self.n_layer, self.n_head, self.n_kv_head, self.dim, self.ffn_hidden, self.vocab_size,
+                           self.max_seq_len, self.rope_theta, self.norm_eps)
+
+
+MOE_PRESETS: dict[str, MoEConfig] = {
+    "moe-tiny": MoEConfig(n_layer=2, n_head=4, n_kv_head=2, dim=32, ffn_hidden=48, vocab_size=64, max_seq_len=32,
+                          num_experts=4, top_k=2),
+    "mixtral-8x7b": MoEConfig(n_layer=32, n_head=32, n_kv_head=8, dim=4096, ffn_hidden=14336, vocab_size=32000,
+                              max_seq_len=32768, num_experts=8, top_k=2, rope_theta=1e6),
+}
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts as 3-D weights: ``w_gate``/``w_up`` ``[E, F, H]``, ``w_down`` ``[E, H, F]``."""
+
+    def __init__(self, num_experts: int, dim: int, ffn_hidden: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.w_gate = nn.Parameter(torch.randn(num_experts, ffn_hidden, dim) * 0.02)
+        self.w_up = nn.Parameter(torch.randn(num_experts, ffn_hidden, dim) * 0.02)
+        self.w_down = nn.Parameter(torch.randn(num_experts, dim, ffn_hidden) * 0.02)
+
+    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        """x ``[N, H]``, top_k_index / top_k_weights ``[N, k]`` -> ``[N, H]`` (weighted sum of k experts)."""
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            tok, slot = torch.where(top_k_index == e)
+            h = x[tok]
+            y = F.linear(F.silu(F.linear(h, self.w_gate[e])) * F.linear(h, self.w_up[e]), self.w_down[e])
+            out.index_add_(0, tok, y * top_k_weights[tok, slot, None].to(y.dtype))
+        return out
+
+
+class SparseMoE(nn.Module):
+    """Router + top-k + grouped experts (Mixtral routing: softmax, top-k, renormalise)."""
+
+    def __init__(self, dim: int, ffn_hidden: int, num_experts: int, top_k: int) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(dim, num_experts, bias=False)
+        self.experts = GroupedExperts(num_experts, dim, ffn_hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        probs = F.softmax(self.router(flat).float(), dim=-1)
+        w, idx = torch.topk(probs, self.top_k, dim=-1)
+        w = (w / w.sum(dim=-1, keepdim=True)).to(x.dtype)
+        return self.experts(flat, idx, w).reshape(shape)
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg.llama())
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.moe = SparseMoE(cfg.dim, cfg.ffn_hidden, cfg.num_experts, cfg.top_k)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.moe(self.ffn_norm(x))
+
+
+class MoELlama(nn.Module):
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.blocks = nn.ModuleList(MoEBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        cos, sin = rotary_tables(config.dim // config.n_head, config.max_seq_len, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        for m in self.modules():
+            if isinstance(m, nn.Linear | nn.Embedding):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if position_ids is None:
+            cos, sin = self.rope_cos[: idx.shape[1]], self.rope_sin[: idx.shape[1]]
+        else:
+            pos = position_ids[0] if position_ids.dim() == 2 else position_ids
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+        x = self.tok_embeddings(idx)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+
+def moe_llama(name_or_config: str | MoEConfig = "moe-tiny", **overrides: Any) -> MoELlama:
+    """Build a MoELlama from a preset name (see ``MOE_PRESETS``) or a config, with field overrides."""
+    return MoELlama(_resolve(MOE_PRESETS, name_or_config, MoEConfig, overrides))

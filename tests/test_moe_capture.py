@@ -1,0 +1,70 @@
+"""MoE detection, capture of data-dependent routing, FLOPs and parameter counts (#17)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from moe_models import PlainMoENet, hf_mixtral_tiny, hf_qwen2_moe_tiny
+from torch.utils.flop_counter import FlopCounterMode
+
+from meshplan.models.moe import moe_llama
+from meshplan.trace import trace_model
+from meshplan.tracing.moe import find_moe, moe_flops
+
+
+def _moe_nodes(g):
+    return [n for n in g.nodes if n.kind == "moe"]
+
+
+def test_zoo_moe_captured_by_fx_with_blocks_and_flops_equal_real_forward():
+    torch.manual_seed(0)
+    m = moe_llama()
+    x = torch.randint(0, 64, (2, 16))
+    g = trace_model(m, (x,))
+    assert g.capture == "fx"
+    nodes = _moe_nodes(g)
+    assert len(nodes) == 2 and g.blocks and g.blocks[0].module_class == "MoEBlock"
+    a = nodes[0].attrs
+    assert (a["num_experts"], a["top_k"], a["tokens"]) == (4, 2, 32)
+    assert a["expert_numel"] == 3 * 48 * 32 and a["dense_numel"] == 32 * 4
+    # parameter memory counts every expert; the node holds the router and all E experts
+    assert nodes[0].param_numel == 4 * 3 * 48 * 32 + 32 * 4
+    assert g.param_count == sum(p.numel() for p in m.parameters())
+    # the captured FLOPs equal what the real (data-dependent) forward does: no token is dropped
+    block = m.blocks[0].moe
+    h = torch.randn(2, 16, 32)
+    with FlopCounterMode(display=False) as fc:
+        block(h)
+    assert nodes[0].fwd_flops == fc.get_total_flops() == moe_flops(32, 2, a["expert_numel"], a["dense_numel"])
+
+
+def test_plain_modulelist_moe_is_captured_not_refused():
+    g = trace_model(PlainMoENet(), (torch.randint(0, 32, (2, 5)),))
+    nodes = _moe_nodes(g)
+    assert len(nodes) == 2
+    a = nodes[0].attrs
+    assert (a["num_experts"], a["top_k"]) == (4, 2)
+    assert a["expert_numel"] == 16 * 24 + 24 + 24 * 16 + 16
+    assert nodes[0].fwd_flops == 2 * 10 * (16 * 4 + 2 * a["expert_numel"])
+    assert g.meta["moe_layout"] == "list" and g.meta["moe_layers"] == 2
+
+
+@pytest.mark.parametrize("build", [hf_mixtral_tiny, hf_qwen2_moe_tiny])
+def test_hf_moe_blocks_captured(build):
+    torch.manual_seed(0)
+    m = build()
+    g = trace_model(m, (torch.randint(0, 64, (2, 16)),))
+    nodes = _moe_nodes(g)
+    assert len(nodes) == 2
+    infos = [i for _, _, i in find_moe(m)]
+    assert infos[0].layout == "grouped" and infos[0].top_k == 2 and infos[0].num_experts == 4
+    assert nodes[0].param_numel == sum(p.numel() for p in m.get_submodule(infos[0].fqn).parameters())
+    assert g.param_count == sum(p.numel() for p in m.parameters())
+    a = nodes[0].attrs
+    assert nodes[0].fwd_flops == moe_flops(32, 2, a["expert_numel"], a["dense_numel"])
+
+
+def test_dense_model_has_no_moe():
+    from meshplan.models import llama
+
+    assert find_moe(llama()) == []
