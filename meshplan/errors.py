@@ -21,3 +21,7 @@ class PlanMismatchError(MeshplanError, ValueError):
 
 class NonFiniteError(MeshplanError, ArithmeticError):
     """A loss, gradient norm or parameter became NaN/inf; training stops rather than save it."""
+
+
+class MissingExtraError(MeshplanError, ImportError):
+    """An optional dependency is not installed; the message names the extra (``meshplan[plot]``)."""

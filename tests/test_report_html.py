@@ -181,7 +181,7 @@ def test_report_of_real_planner_plans(tmp_path) -> None:
     from planner_fixtures import gpt_graph  # a GPT-shaped ModelGraph built without torch
 
     from meshplan.report.diff import diff_plans
-    from meshplan.report.png import write_timeline_png
+    from meshplan.report.plot import write_timeline_png
 
     graph = gpt_graph(layers=4)
     kw = dict(tp=2, pp=2, dp=2, num_microbatches=4, cluster="h100")

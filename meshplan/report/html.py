@@ -8,7 +8,8 @@ F/B/W boxes, bubbles, p2p sends, time axis in ms) and, for small plans, its text
 device mesh (devices by node coloured by pipeline stage, TP groups outlined, dp/tp index per
 device); the decisions and the step-time breakdown; the per-stage table; the TP style of each
 linear per repeated block and the per-layer table; peak memory per pipeline rank against the device limit; communication bytes by kind; the ranked
-alternatives with why each lost; solver facts and notes.
+alternatives with why each lost; solver facts and notes; with a run record (``--record``), the
+run measured beside the predictions (``report.run_html``).
 
 The file references nothing outside itself: no scripts, fonts, images, stylesheets or links
 (no URL at all, inline SVG needs no namespace). No torch import.
@@ -21,41 +22,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshplan.report.diff import _bytes, compress_fqns, fqn_pattern
+from meshplan.report.html_base import CSS as _CSS
+from meshplan.report.html_base import table as _table
 from meshplan.report.svg import block_tp_drawing, memory_drawing, mesh_drawing, to_svg
 
 if TYPE_CHECKING:
     from meshplan.plan import Plan
+    from meshplan.report.run_view import RunView
 
 TEXT_TIMELINE_MAX_EVENTS = 400
 
-_CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:24px auto;
-max-width:1280px;color:#1d2329;padding:0 16px}
-h1{font-size:22px;margin-bottom:2px}h2{font-size:17px;margin-top:30px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.sub{color:#555;margin-top:0}.pred{color:#7a4fa0;font-size:11px;font-weight:600;text-transform:uppercase;
-letter-spacing:.04em}
-table{border-collapse:collapse;margin:8px 0;font-size:13px}th,td{border:1px solid #ddd;padding:3px 8px;
-text-align:left;vertical-align:top}th{background:#f3f5f7}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}.card{border:1px solid #ddd;border-radius:6px;
-padding:8px 12px;min-width:130px}.card b{display:block;font-size:18px}
-pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}.note{color:#555;font-size:13px}
-.bad{color:#c0392b}.figure{overflow-x:auto}
-"""
-
-
 def _ms(s: float) -> str:
     return f"{s * 1e3:.3f}"
-
-
-def _table(headers: list[str], rows: list[list[str]], numeric: set[int] | None = None) -> str:
-    numeric = numeric or set()
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f'<td{" class=n" if i in numeric else ""}>{escape(str(c))}</td>'
-                         for i, c in enumerate(r)) + "</tr>"
-        for r in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _cards(plan: Plan) -> str:
@@ -191,8 +169,9 @@ def _alternatives(plan: Plan) -> str:
                    "why it lost"], rows, {2, 3, 4})
 
 
-def render_html(plan: Plan, *, width_px: int = 1200) -> str:
-    """The report as one HTML string (self-contained)."""
+def render_html(plan: Plan, *, width_px: int = 1200, record: RunView | None = None) -> str:
+    """The report as one HTML string (self-contained); with ``record``, a section of the run
+    (``report.run_html``) measured beside the plan's predictions."""
     p = plan.predicted
     title = f"meshplan report: {plan.model_name}"
     sec: list[str] = [
@@ -231,6 +210,12 @@ def render_html(plan: Plan, *, width_px: int = 1200) -> str:
     sec += ["<h2>Solver</h2>", _table(["status", "solver", "objective", "seconds", "configurations", "ILP solves"],
                                       [[s.status or "-", s.solver or "-", f"{s.objective:.6g}", f"{s.seconds:.3f}",
                                         s.candidates, s.ilp_solves]], {2, 3, 4, 5})]
+    if record is not None:
+        from meshplan.report.run_html import run_section_html
+
+        sec += ['<h2 id="run">The run <span class="pred">measured</span></h2>',
+                f'<p class="sub">{escape(record.plan_summary)} on {record.world_size} ranks, {len(record.steps)} '
+                "steps (the run record given with --record).</p>", run_section_html(record, heading="h3")]
     if plan.notes:
         sec.append("<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in plan.notes) + "</ul>")
     body = "\n".join(sec)
@@ -239,8 +224,8 @@ def render_html(plan: Plan, *, width_px: int = 1200) -> str:
             f'<p class="note">meshplan plan format {plan.format_version}.</p>\n</body></html>\n')
 
 
-def write_html(plan: Plan, path: str | Path, *, width_px: int = 1200) -> Path:
-    """Write the self-contained HTML report of ``plan`` to ``path``; returns the path."""
+def write_html(plan: Plan, path: str | Path, *, width_px: int = 1200, record: RunView | None = None) -> Path:
+    """Write the self-contained HTML report of ``plan`` (and ``record``) to ``path``; returns the path."""
     p = Path(path)
-    p.write_text(render_html(plan, width_px=width_px), encoding="utf-8")
+    p.write_text(render_html(plan, width_px=width_px, record=record), encoding="utf-8")
     return p

@@ -1,12 +1,12 @@
-"""Vector drawing primitives shared by the SVG and PNG renderers, and the SVG serializer.
+"""Vector drawing primitives for the inline SVG pictures of the HTML report, and the SVG serializer.
 
 A picture (the pipeline timeline, the device mesh, memory bars) is laid out once as a
 :class:`Drawing`: a list of filled rectangles, straight lines and one-line ASCII text in pixel
 coordinates (origin top-left). :func:`to_svg` writes it as an inline ``<svg>`` element for the HTML
-report; :mod:`meshplan.report.png` rasterizes the same Drawing, so the two pictures agree.
+report; the PNG pictures are drawn with matplotlib from the same data (:mod:`meshplan.report.plot`).
 
 Colours are ``#rrggbb`` strings. Text is drawn in a monospace face whose advance is
-``0.6 * size`` pixels per character (the PNG font has the same advance), which is what layout
+``0.6 * size`` pixels per character, which is what layout
 code uses to decide whether a label fits. No torch import; no external references in the output.
 
 Also the plan pictures other than the timeline: :func:`mesh_drawing` (devices by node, coloured
@@ -38,7 +38,7 @@ class Rect:
     fill: str
     stroke: str | None = None
     stroke_w: float = 1.0
-    title: str = ""  # hover text in SVG (a <title> child); ignored by the PNG rasterizer
+    title: str = ""  # hover text in SVG (a <title> child)
 
 
 @dataclass(frozen=True)
@@ -306,24 +306,3 @@ def block_tp_drawing(plan: Plan, width_px: int = 960) -> Drawing:
            "sharded, replicate = full copy", 10, fill="#444444")
     d.caption = "Tensor-parallel style of each linear, per repeated block."
     return d
-
-
-def stack_drawings(drawings: list[Drawing], *, gap_px: int = 12, titles: list[str] | None = None) -> Drawing:
-    """Drawings one under another (left-aligned), each under an optional bold title line."""
-    width = max(d.width for d in drawings)
-    out = Drawing(width, 0)
-    y = 0.0
-    for i, d in enumerate(drawings):
-        if titles and titles[i]:
-            out.text(10, y + 16, titles[i], 13, bold=True)
-            y += 24
-        for it in d.items:
-            if isinstance(it, Rect):
-                out.items.append(Rect(it.x, it.y + y, it.w, it.h, it.fill, it.stroke, it.stroke_w, it.title))
-            elif isinstance(it, Line):
-                out.items.append(Line(it.x1, it.y1 + y, it.x2, it.y2 + y, it.stroke, it.width))
-            else:
-                out.items.append(Text(it.x, it.y + y, it.text, it.size, it.fill, it.anchor, it.bold))
-        y += d.height + gap_px
-    out.height = int(y)
-    return out

@@ -9,7 +9,7 @@ swimlane per pipeline rank: F / B / W boxes per microbatch (later virtual chunks
 the microbatch number written in a box wide enough for it), idle time (bubbles) in pale red,
 p2p sends as thin connectors from producer to consumer (above 300 events: as a thin bar on the
 receiving lane, from the producer's end to the consumer's start), a time axis in ms and a legend.
-The same Drawing becomes inline SVG (HTML report) or a PNG (:mod:`meshplan.report.png`).
+The Drawing becomes inline SVG (HTML report); the PNG is drawn by matplotlib (:mod:`meshplan.report.plot`).
 
 Large plans stay bounded: with more than ``max_events`` events (e.g. pp 16 x m 64 x 2 kinds)
 microbatches are no longer drawn one by one: each lane becomes 6-pixel bins, each a stacked bar
