@@ -100,7 +100,8 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
                         tp=cfg.get("tp", 1), pp=cfg.get("pp", 1), schedule=cfg.get("schedule", "1f1b"),
                         num_microbatches=cfg["m"], global_batch_size=BATCH, seq_len=SEQ, cluster="h100",
                         example_inputs=(data[0][0][:1],))
-        pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex)
+        # the planner's plan says bf16; this matrix checks fp32 exactness (bf16: test_runtime_precision)
+        pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex, dtype="fp32")
         return _compare(pm, data, ref, cfg)
     styles = cfg.get("styles")
     if styles is None:

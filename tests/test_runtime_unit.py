@@ -268,11 +268,12 @@ def test_meshplan_run_end_to_end(gpt_and_graph, tmp_path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "meshplan.cli", "run", str(tmp_path / "plan.json"), "--model", "gpt-tiny",
          "--steps", "2", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
-         "--record", str(tmp_path / "rec.json")],
+         "--record", str(tmp_path / "rec.json"), "--dtype", "fp32"],
         capture_output=True, text=True, timeout=180,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ms predicted" in out.stdout
     rec = RunRecord.load(tmp_path / "rec.json")
     assert [s.step for s in rec.steps] == [1, 2] and rec.predicted_step_s == 0.05
+    assert rec.precision == "fp32" and rec.grad_sync_collectives_per_step == 0  # pp2, no data parallelism
     assert (tmp_path / "ck" / "step-000002" / "meshplan.json").is_file()

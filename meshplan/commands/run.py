@@ -30,6 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clip-grad-norm", type=float, default=1.0,
+                   help="clip the global gradient norm (all ranks and stages) to this; 0 disables")
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="after --warmup-steps: constant, or cosine decay to 0 at --steps")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps")
+    p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
+                   help="training precision: the plan's dtype (default) or bf16 / fp16 / fp32")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
     p.add_argument("--skip-nonfinite", type=int, default=0, metavar="K",
                    help="skip up to K steps whose loss is NaN/inf (no update applied) instead of stopping at the first")
@@ -50,7 +57,9 @@ def build_command(args: argparse.Namespace) -> list[str]:
             f"drop --nproc or re-plan for {nproc}"
         )
     train = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--lr", str(args.lr),
-             "--optimizer", args.optimizer, "--seed", str(args.seed), "--threads", str(args.threads)]
+             "--optimizer", args.optimizer, "--seed", str(args.seed), "--threads", str(args.threads),
+             "--dtype", args.dtype, "--clip-grad-norm", str(args.clip_grad_norm), "--lr-schedule",
+             args.lr_schedule, "--warmup-steps", str(args.warmup_steps)]
     if args.checkpoint_dir:
         train += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every),
                   "--keep-checkpoints", str(args.keep_checkpoints)]

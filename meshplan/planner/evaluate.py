@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from meshplan.cost_models.comm import collective_time_s
+from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES, overlapped_sync_exposed_s, uniform_bucket_bytes
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.graph import ModelGraph
@@ -144,9 +145,6 @@ class ConfigEvaluator:
     def _pp_spans(self, c: Config) -> bool:
         return self.W > self.cluster.devices_per_node and c.pp > 1 and c.tp * c.dp < self.W
 
-    def _grad_sync_s(self, params: float, c: Config) -> float:
-        return self._sync_bytes_s(params * self._elem_bytes, c)
-
     def _sync_bytes_s(self, nbytes: float, c: Config) -> float:
         """Gradient sync of ``nbytes`` of gradients over dp (all-reduce, or reduce-scatter for fsdp)."""
         if c.dp == 1:
@@ -163,11 +161,9 @@ class ConfigEvaluator:
         if self.quant:  # only trainable parameters are synced and stepped
             div = c.dp if c.dp_kind == "fsdp" else 1
             step = c.num_microbatches * work / c.pp + self._optimizer_s(P["train"][-1] / c.pp, c)
-            step += 0.1 * self._sync_bytes_s(P["sg"][-1] / c.pp, c) if c.dp_kind == "ddp" else 0.0
             mem = (P["sp"][-1] + P["sg"][-1] + P["so"][-1]) / c.pp / div
         else:
             step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
-            step += 0.1 * self._grad_sync_s(avg_params, c) if c.dp_kind == "ddp" else 0.0
             mem = self._states(avg_params, c)
         if c.schedule == "gpipe" and c.pp > 1:
             mem += c.num_microbatches * P["act"][-1] / c.pp
@@ -332,8 +328,12 @@ class ConfigEvaluator:
             grad_bytes = r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes
             dp_bytes = {"all_gather": int(2 * gather_bytes * m), "reduce_scatter": int(grad_bytes * m)}
         elif c.dp > 1:
-            dp_exposed = max(0.1 * sync, sync - rank_b[worst])
-            dp_bytes = {"all_reduce": int(r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes)}
+            # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
+            # each all-reduced as soon as it is final in the last microbatch's backward
+            ar_bytes = r_q[worst][1] if self.quant else r_params[worst] * GRAD_REDUCE_BYTES
+            dp_exposed = overlapped_sync_exposed_s(
+                uniform_bucket_bytes(ar_bytes), rank_b[worst], lambda b: self._sync_bytes_s(b, c))
+            dp_bytes = {"all_reduce": int(ar_bytes)}
         else:
             dp_exposed, dp_bytes = 0.0, {}
         opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)

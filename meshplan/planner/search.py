@@ -13,8 +13,9 @@ For every configuration::
 the step time is::
 
     step = makespan(schedule simulator; per-stage F, B, W incl. TP comm and recompute; p2p sends)
-         + exposed DP gradient sync (ddp: all-reduce overlapped with the last microbatch's
-           backward, at least 10 % exposed; fsdp: per-microbatch all-gather + reduce-scatter
+         + exposed DP gradient sync (ddp: fp32 gradients in 25 MiB buckets all-reduced one after
+           the other as each is final in the last microbatch's backward, what is left after that
+           backward is exposed: cost_models.grad_sync.overlapped_sync_exposed_s; fsdp: per-microbatch all-gather + reduce-scatter
            hidden under compute where it fits)
          + optimizer step (memory bound: 16 B/param read and written, ÷ dp with fsdp)
 

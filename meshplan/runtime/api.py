@@ -27,11 +27,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan
 from meshplan.runtime import data_parallel as dpmod
-from meshplan.runtime import recompute, schedules, split, tp
+from meshplan.runtime import optim, recompute, schedules, split, tp
+from meshplan.runtime import precision as prec
 from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime, ranks_along
+from meshplan.runtime.grad_sync import BucketedGradSync
 
 
 @dataclass
@@ -63,6 +66,14 @@ class ParallelModel:
     # update; its number goes to skipped_steps and the caller decides whether to stop (train.py does)
     check_grads: bool = False
     skipped_steps: list[int] = field(default_factory=list)
+    precision: str = "fp32"  # what runs: bf16 | fp16 | fp32 (runtime.precision)
+    scaler: object | None = None  # fp16: torch's ShardedGradScaler over the world
+    grad_sync: BucketedGradSync | None = None  # manual mode: bucketed overlapped all-reduce
+    sync_counter: dpmod.SyncCounter = field(default_factory=dpmod.SyncCounter)
+    grad_sync_collectives: int = 0  # gradient-reducing collective calls counted in the last step
+    max_grad_norm: float | None = None  # clip the global gradient norm to this (runtime.optim); None: no clipping
+    lr_fn: Callable[[int], float] | None = None  # 1-based step -> learning rate; None: the optimizer's own
+    last_grad_norm: float | None = None  # global gradient norm before clipping, last step
 
     # ---- info ---------------------------------------------------------------------------
     @property
@@ -106,6 +117,7 @@ class ParallelModel:
         x, y = self._local_batch(inputs), self._local_batch(targets)
         m = self.plan.num_microbatches
         local_loss = torch.zeros((), dtype=torch.float64)
+        self.sync_counter.calls = 0
         if self.schedule is None:
             model = self.runners[0]
             for i, (xm, ym) in enumerate(zip(x.chunk(m), y.chunk(m))):
@@ -115,8 +127,9 @@ class ParallelModel:
                 if hasattr(model, "set_requires_gradient_sync"):
                     model.set_requires_gradient_sync(last)  # type: ignore[operator]
                 with ctx:
-                    loss = self.loss_fn(model(xm), ym)
-                    (loss / m).backward()
+                    loss = self.loss_fn(prec.to_fp32(model(xm)), ym)
+                    part = loss / m
+                    (self.scaler.scale(part) if self.scaler is not None else part).backward()  # type: ignore[attr-defined]
                 local_loss += loss.detach().double().cpu() / m
         else:
             losses: list[torch.Tensor] = []
@@ -124,26 +137,50 @@ class ParallelModel:
             kw = {"target": y, "losses": losses} if self.has_last else {}
             self.schedule.step(*args, **kw)  # type: ignore[attr-defined]
             for p in self.parameters():  # schedules run with scale_grads=False (see schedules.py)
-                if p.grad is not None:
+                if p.grad is not None and not (self.grad_sync is not None and self.grad_sync.owns(p)):
                     p.grad.div_(m)
-            if self.has_last:
-                local_loss += torch.stack([v.detach().double().cpu() for v in losses]).mean()
-        if self.dp_mode == "manual":
-            dpmod.allreduce_grads(self.parameters(), self.env.group("dp"))  # type: ignore[arg-type]
+            if self.has_last:  # the schedule's losses carry the fp16 loss scale
+                local_loss += torch.stack([v.detach().double().cpu() for v in losses]).mean() / self._loss_scale()
+        if self.grad_sync is not None:
+            self.grad_sync.finish()
+        self.grad_sync_collectives = self.sync_counter.calls + (
+            self.grad_sync.collectives_last_step if self.grad_sync is not None else 0)
         for tie in self.ties:
             if tie.param.grad is not None:
                 g = tie.param.grad
                 g = g.to_local() if hasattr(g, "to_local") else g
                 dist.all_reduce(g, group=tie.group)
         loss, grads_bad = self._global_loss(local_loss)
-        if math.isfinite(loss) and not grads_bad:
-            self.optimizer.step()
+        # fp16: non-finite gradients are the scaler's business (it skips the step and lowers the scale)
+        if math.isfinite(loss) and (not grads_bad or self.scaler is not None):
+            self._optimizer_step()
         else:
             self.skipped_steps.append(self.steps_done + 1)
         self.optimizer.zero_grad(set_to_none=True)
         self.step_times_s.append(time.perf_counter() - t0)
         self.steps_done += 1
         return loss
+
+    def _optimizer_step(self) -> None:
+        """fp16 unscale, global gradient-norm clipping, this step's learning rate, the update."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # type: ignore[attr-defined]
+        if self.max_grad_norm:
+            skip = [t.param for t in self.ties if dist.get_rank(t.group) != 0]  # a tied weight counts once
+            self.last_grad_norm = optim.clip_grad_norm(self.parameters(), self.max_grad_norm,
+                                                       pp_group=self.env.group("pp"), skip=skip)
+        if self.lr_fn is not None:
+            optim.set_lr(self.optimizer, self.lr_fn(self.steps_done + 1))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # type: ignore[attr-defined]
+            self.scaler.update()  # type: ignore[attr-defined]
+        else:
+            self.optimizer.step()
+
+    def _loss_scale(self) -> float:
+        if self.scaler is None:
+            return 1.0
+        return float(self.scaler.get_scale())  # type: ignore[attr-defined]
 
     def _global_loss(self, local_loss: torch.Tensor) -> tuple[float, bool]:
         """(loss of the global step, whether any rank has a non-finite gradient): ONE all-reduce."""
@@ -228,8 +265,14 @@ def apply_plan(
     optimizer_factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
     example_inputs: tuple | None = None,
     timeout_s: float = 120.0,
+    dtype: str = "plan",
+    bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
 ) -> ParallelModel:
-    """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (one microbatch) is needed when pp > 1."""
+    """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (one microbatch) is needed when pp > 1.
+
+    ``dtype`` ("plan", "bf16", "fp16", "fp32") is the precision to train in (``runtime.precision``);
+    ``bucket_cap_bytes`` the gradient bucket size of the manual (pipelined) data-parallel sync.
+    """
     # 1. checks that need no collective
     check_launch(plan)
     split.check_fqns(model, plan)
@@ -244,10 +287,12 @@ def apply_plan(
             f"global batch {plan.global_batch_size} is not divisible by dp*microbatches = {plan.dp}*{plan.num_microbatches}"
         )
     notes: list[str] = []
-    pdtype = next((p.dtype for p in model.parameters()), None)
-    if pdtype is not None and str(pdtype).replace("torch.", "").replace("float32", "fp32").replace(
-        "bfloat16", "bf16").replace("float16", "fp16") != plan.dtype:
-        notes.append(f"plan dtype {plan.dtype} not applied: the runtime trains in the model's dtype ({pdtype})")
+    precision = prec.resolve_precision(plan.dtype, dtype)
+    if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
+        raise ValueError(
+            "apply_plan: the model's parameters must be fp32 (master weights); the plan's precision "
+            f"({precision}) is applied by autocast / FSDP2 mixed precision. Build the model in fp32"
+        )
 
     # 2. process group and mesh
     env = init_runtime(plan, timeout_s=timeout_s)
@@ -315,10 +360,6 @@ def apply_plan(
                 r, plan.quantization, tp_mesh=env.mesh["tp"] if plan.tp > 1 else None, tp_styles=styles,
                 fsdp_shards=plan.dp if mode == "fsdp" else 1,
             )
-            if plan.quantization.mode == "qlora" and mode == "ddp":
-                from meshplan.runtime.quant.qlora import ddp_ignore_quantized
-
-                ddp_ignore_quantized(r)
         notes.append(f"quantization {plan.quantization.mode}: {len(changed)} linears per stage root (last)")
 
     # 4c. activation recomputation (wraps what runs; roots keep the user's FQNs)
@@ -326,27 +367,73 @@ def apply_plan(
     if rnote:
         notes.append(rnote)
 
+    # 4d. precision: autocast (or FSDP2 mixed precision) per module, bf16/fp16 sends between stages
+    modules = [
+        prec.wrap_precision(m, precision, fsdp=mode == "fsdp", last_stage=i == len(ordered) - 1,
+                            pipelined=pp > 1, device_type=env.device.type)
+        for m, i in zip(modules, mine)
+    ]
+    notes.append(f"precision {precision}: " + (
+        "fp32 throughout" if precision == "fp32" else
+        ("FSDP2 MixedPrecisionPolicy (params " + precision + ", reduce fp32)" if mode == "fsdp" else
+         "torch.autocast, fp32 parameters and optimizer state") + (", stage sends in " + precision if pp > 1 else "")
+        + (", ShardedGradScaler" if precision == "fp16" else "")))
+
     # 5. data parallel per stage
     dp_mesh = env.mesh["dp"] if plan.dp > 1 else None
-    runners = [dpmod.wrap_dp(m, mode, dp_mesh=dp_mesh, dp_group=env.group("dp")) for m in modules]
+    counter = dpmod.SyncCounter()
+    if plan.quantization.mode == "qlora" and mode == "ddp":
+        from meshplan.runtime.quant.qlora import ddp_ignore_quantized
+
+        for m in modules:
+            ddp_ignore_quantized(m)
+    per_block = pp == 1 and plan.quantization.mode == "none"
+    runners = [dpmod.wrap_dp(m, mode, dp_mesh=dp_mesh, dp_group=env.group("dp"), counter=counter,
+                             mp_policy=prec.fsdp_policy(precision), per_block=per_block) for m in modules]
+    grad_sync = None
+    if mode == "manual":
+        grad_sync = BucketedGradSync(
+            [[p for p in m.parameters()] for m in modules], env.group("dp"),  # type: ignore[arg-type]
+            microbatches=plan.num_microbatches, cap_bytes=bucket_cap_bytes,
+            divide_by=plan.dp * (plan.num_microbatches if pp > 1 else 1),  # pp > 1: also the microbatch mean
+            use_hooks=not (pp > 1 and plan.schedule in dpmod.ZERO_BUBBLE),
+        )
 
     # 6. pipeline stages and schedule
-    schedule = None
+    schedule, scaler = None, None
     if pp > 1:
         from torch.distributed.pipelining import PipelineStage
 
         pstages = [
             PipelineStage(r, i, len(ordered), env.device, group=env.group("pp")) for r, i in zip(runners, mine)
         ]
-        schedule = schedules.build_schedule(plan.schedule, pstages, plan.num_microbatches, loss_fn)
+        if grad_sync is not None and plan.schedule in dpmod.ZERO_BUBBLE:
+            for st, m in zip(pstages, modules):
+                grad_sync.watch_weight_passes(st, list(m.parameters()))
+        scaler = prec.make_scaler(precision)
+        schedule = schedules.build_schedule(plan.schedule, pstages, plan.num_microbatches,
+                                            _StageLoss(loss_fn, scaler))
 
     pm = ParallelModel(
         plan=plan, env=env, modules=modules, roots=roots, runners=runners, stage_indices=mine,
         optimizer=optimizer_factory(_unique_params(modules)), loss_fn=loss_fn, dp_mode=mode,
-        schedule=schedule, notes=notes, tied_fqns=tied, converted=conv,
+        schedule=schedule, notes=notes, tied_fqns=tied, converted=conv, precision=precision,
+        scaler=scaler if pp > 1 else prec.make_scaler(precision), grad_sync=grad_sync, sync_counter=counter,
     )
     pm.ties = _tie_groups(env, shared, pm, {i: pieces[i].module for i in mine} if pp > 1 else {})
     return pm
+
+
+class _StageLoss:
+    """The pipeline schedule's loss: logits upcast to fp32, times the fp16 loss scale if any."""
+
+    def __init__(self, loss_fn: Callable, scaler: object | None) -> None:
+        self.loss_fn = loss_fn
+        self.scaler = scaler
+
+    def __call__(self, out: object, target: torch.Tensor) -> torch.Tensor:
+        loss = self.loss_fn(prec.to_fp32(out), target)
+        return self.scaler.scale(loss) if self.scaler is not None else loss  # type: ignore[attr-defined]
 
 
 def _sub_or_self(m: nn.Module, prefix: str) -> nn.Module:

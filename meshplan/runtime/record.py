@@ -46,6 +46,9 @@ class RunRecord:
     warmup: int = 1
     memory_kind: str = "cpu_peak_rss"
     notes: list[str] = field(default_factory=list)
+    precision: str = ""  # what ran: bf16 | fp16 | fp32 ("" in records written before it existed)
+    # gradient-reducing collective calls one rank issued in the last measured step (counted at the call)
+    grad_sync_collectives_per_step: int | None = None
 
     def add(self, step: int, step_s: float, loss: float, mem: int) -> None:
         self.steps.append(StepRecord(step, step_s, loss, mem))

@@ -13,6 +13,7 @@ returning the GLOBAL batch as tensors (the same on every rank); see examples/dat
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -45,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0, help="process-group timeout, seconds")
     p.add_argument("--skip-nonfinite", type=int, default=0, help="skip up to K NaN/inf steps instead of stopping")
     p.add_argument("--check-grads", action="store_true", help="also treat a NaN/inf gradient as a bad step")
+    p.add_argument("--clip-grad-norm", type=float, default=1.0,
+                   help="clip the global gradient norm (all ranks and stages) to this; 0 disables")
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps before the schedule")
+    p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
+                   help="training precision (default: the plan's dtype)")
     return p
 
 
@@ -89,16 +96,6 @@ def load_hook(spec: str) -> Callable[[int, int, int], tuple]:
     return fn
 
 
-def make_optimizer(name: str, lr: float) -> Callable:
-    def factory(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-        if name == "sgd":
-            return torch.optim.SGD(params, lr=lr, momentum=0.9)
-        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-        return cls(params, lr=lr, foreach=False)
-
-    return factory
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -107,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.runtime.api import apply_plan
     from meshplan.runtime.dist import check_launch
     from meshplan.runtime.guard import NonFiniteGuard
+    from meshplan.runtime.optim import lr_at, make_optimizer
     from meshplan.runtime.record import RunRecord, peak_mem_bytes
 
     plan = Plan.load(args.plan)
@@ -120,10 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = load_hook(args.data) if args.data else synthetic_data(model, example, args.seed)
     seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
-                    example_inputs=example, timeout_s=args.timeout)
+                    example_inputs=example, timeout_s=args.timeout, dtype=args.dtype)
     rank = pm.env.rank
     pm.check_grads = args.check_grads
     guard = NonFiniteGuard(args.skip_nonfinite)
+    pm.max_grad_norm = args.clip_grad_norm or None
+    pm.lr_fn = functools.partial(lr_at, lr=args.lr, schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
+                                 total_steps=args.steps)
     start = 0
     if args.resume:
         if not args.checkpoint_dir:
@@ -138,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan_summary=plan.summary(), model=args.model, world_size=plan.world_size,
         predicted_step_s=plan.predicted.step_s, predicted_peak_mem_bytes=list(plan.predicted.peak_mem_bytes),
         memory_kind="cuda_max_allocated" if torch.cuda.is_available() else "cpu_peak_rss", notes=list(pm.notes),
+        precision=pm.precision,
     )
     for step in range(start + 1, args.steps + 1):
         x, y = data(step, plan.global_batch_size, seq_len)
@@ -148,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mem = torch.tensor([peak_mem_bytes()], dtype=torch.float64)
         torch.distributed.all_reduce(mem, op=torch.distributed.ReduceOp.MAX)
         rec.add(step, dt, loss, int(mem.item()))
+        rec.grad_sync_collectives_per_step = pm.grad_sync_collectives  # counted in this step
         if rank == 0:
             print(f"step {step:5d}  loss {loss:.6f}  {dt * 1e3:8.1f} ms  peak {mem.item() / 2**20:.0f} MiB", flush=True)
         try:

@@ -1,0 +1,69 @@
+"""Data-parallel gradient sync as the runtime executes it: buckets, and what of them stays exposed.
+
+The runtime (``meshplan.runtime.grad_sync`` for pipelined and manual data parallelism, DDP's own
+reducer at pp = 1) packs gradients into buckets in backward order (the reverse of parameter
+registration order) and all-reduces each bucket asynchronously as soon as its last gradient is
+final in the last microbatch's backward, waiting only before the optimizer step. Both sides use
+``bucket_indices`` so the predicted and the executed bucket counts are the same number.
+
+Exposed time (``overlapped_sync_exposed_s``), unit seconds::
+
+    ready_i  = B · (bytes of buckets 0..i) / (all bytes)    bucket i ready during the last backward B
+    finish_i = max(finish_{i-1}, ready_i) + t_allreduce(bytes_i)   one collective at a time
+    exposed  = max(0, finish_last - B)
+
+(backward time is assumed to be spread over the gradients in proportion to their bytes; the
+last bucket is ready only when the backward ends, so its all-reduce is always exposed).
+Gradients are reduced in fp32 (``GRAD_REDUCE_BYTES``): parameters and their gradients stay
+fp32 under autocast, and FSDP2 reduces with ``reduce_dtype=float32``. No torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+DEFAULT_BUCKET_CAP_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25
+GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction on every precision
+
+
+def bucket_indices(param_bytes: Sequence[int], cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> list[list[int]]:
+    """Greedy buckets over ``param_bytes`` (given in backward order): a bucket closes once it holds ``cap_bytes``."""
+    if cap_bytes <= 0:
+        raise ValueError(f"bucket cap must be > 0 bytes, got {cap_bytes}")
+    out: list[list[int]] = []
+    cur: list[int] = []
+    size = 0
+    for i, b in enumerate(param_bytes):
+        cur.append(i)
+        size += b
+        if size >= cap_bytes:
+            out.append(cur)
+            cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def uniform_bucket_bytes(total_bytes: float, cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> list[float]:
+    """Bucket sizes when only the total is known (planning): full buckets and one remainder."""
+    if total_bytes <= 0:
+        return []
+    full = int(total_bytes // cap_bytes)
+    rest = total_bytes - full * cap_bytes
+    return [float(cap_bytes)] * full + ([rest] if rest > 0 else [])
+
+
+def overlapped_sync_exposed_s(
+    bucket_bytes: Sequence[float], backward_s: float, allreduce_s: Callable[[float], float]
+) -> float:
+    """Seconds of bucketed all-reduce left after the last microbatch's backward (formula above)."""
+    total = float(sum(bucket_bytes))
+    if total <= 0:
+        return 0.0
+    done = 0.0
+    finish = 0.0
+    for b in bucket_bytes:
+        done += b
+        ready = backward_s * done / total
+        finish = max(finish, ready) + allreduce_s(b)
+    return max(0.0, finish - backward_s)
