@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ FORMAT_VERSION = 1
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
 RECOMPUTE = ("none", "selective", "full")
-DP_KINDS = ("none", "ddp", "fsdp")
+DP_KINDS = ("none", "ddp", "zero1", "zero2", "fsdp", "hsdp")
 TP_STYLES = ("colwise", "rowwise", "replicate")
 QUANT_MODES = ("none", "qat", "qlora")
 
@@ -252,6 +253,17 @@ class Plan:
     @property
     def ep(self) -> int:
         return self.mesh.ep
+
+    def hsdp_shard_degree(self) -> int:
+        """dp_kind "hsdp": ranks each parameter is sharded over, inside a node; replicated across the rest of dp.
+
+        ``gcd(dp, devices_per_node // (tp * cp))`` (the dp ranks that share a node with this rank;
+        dp when the plan's cluster does not say how many devices a node has).
+        """
+        per_node = int(self.cluster.get("devices_per_node") or 0)
+        if per_node <= 0:
+            return self.dp
+        return math.gcd(self.dp, max(1, per_node // (self.tp * self.cp)))
 
     def summary(self) -> str:
         return (

@@ -117,6 +117,8 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
     )
     if cfg.get("recompute"):
         plan = dataclasses.replace(plan, recompute=cfg["recompute"])
+    if cfg.get("devices_per_node"):  # hsdp: the shard group is a node
+        plan = dataclasses.replace(plan, cluster={"devices_per_node": cfg["devices_per_node"]})
     if cfg.get("gathered"):
         plan = dataclasses.replace(plan, tp_gathered_outputs=tuple(cfg["gathered"]))
     if cfg.get("sp"):
@@ -144,7 +146,9 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
     if not full:
         param_err = float("inf")
     calls = sum(getattr(m, "calls", 0) for m in pm.modules)  # selective recompute: SDPA calls checkpointed
-    return loss_err, param_err, list(pm.notes) + ([f"sdpa_checkpointed={calls}"] if calls else [])
+    runs = sum(getattr(m, "runs", 0) for m in pm.modules)  # full recompute at pp > 1: stage forwards incl. recomputes
+    return loss_err, param_err, list(pm.notes) + ([f"sdpa_checkpointed={calls}"] if calls else []) + (
+        [f"stage_runs={runs}"] if runs else [])
 
 
 def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int = 2) -> list[tuple]:

@@ -34,6 +34,11 @@ def _check(results: list, expect: int) -> None:
         for cfg, loss_err, param_err, notes in rank_rows:
             if cfg.get("recompute") == "selective":  # the attention calls were really checkpointed
                 assert any(n.startswith("sdpa_checkpointed=") for n in notes), notes
+            if cfg.get("recompute") == "full" and cfg.get("pp", 1) > 1:  # stage forwards per microbatch, 2 steps
+                per_mb = 3 if cfg.get("schedule") == "zero-bubble" else 2
+                assert f"stage_runs={2 * cfg['m'] * cfg.get('v', 1) * per_mb}" in notes, (cfg, notes)
+            if cfg.get("dp_kind") in ("zero1", "zero2", "hsdp"):  # the kind really ran
+                assert any(n.startswith(f"data parallel {cfg['dp_kind']}") for n in notes), notes
             if cfg.get("sp"):  # sequence parallelism really ran (not the plain-TP fallback)
                 assert any(n.startswith("sequence_parallel applied") for n in notes), notes
             # QAT rounds weights to 4-bit levels: a summation-order difference of 1e-7 in a gradient
@@ -51,7 +56,9 @@ class TestTwoRanks:
         cfgs += [dict(dp=2, m=2, quant="qlora"), dict(pp=2, m=4, schedule="1f1b", quant="qlora"),
                  dict(pp=2, m=4, schedule="1f1b", quant="qat")]
         cfgs += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1b", recompute="full")]
+        cfgs += [dict(pp=2, m=4, schedule="zero-bubble", recompute="full")]  # recomputed in the B and the W pass
         cfgs += [dict(tp=2, m=2, sp=1)]  # sequence parallelism
+        cfgs += [dict(dp=2, m=2, dp_kind="zero1"), dict(dp=2, m=2, dp_kind="zero2")]  # ZeRO-1 / ZeRO-2
         cfgs += [dict(dp=2, m=2, recompute="selective"), dict(pp=2, m=4, schedule="zero-bubble", recompute="selective")]
         # plans made by the planner (meshplan.planner.api.estimate): fx node names must agree
         cfgs += [dict(planner=1, pp=2, m=4, schedule="interleaved-1f1b"), dict(planner=1, tp=2, m=2)]
@@ -83,6 +90,10 @@ class TestFourRanks:
         cfgs += [dict(tp=2, pp=2, m=4, schedule="interleaved-1f1b", v=2, sp=1),
                  dict(tp=2, pp=2, m=4, schedule="1f1b", sp=1, model="llama"),
                  dict(dp=2, tp=2, m=2, sp=1, dp_kind="fsdp", recompute="selective")]
+        # ZeRO kinds: HSDP (2 replicas x 2 shards), ZeRO-1 under zero-bubble, ZeRO-2 under pipelining
+        cfgs += [dict(dp=4, m=2, dp_kind="hsdp", devices_per_node=2),
+                 dict(dp=2, pp=2, m=2, schedule="zero-bubble", dp_kind="zero1"),
+                 dict(dp=2, pp=2, m=2, schedule="1f1b", dp_kind="zero2")]
         _check(run_ranks(rc.worker, 4, "gpt", cfgs, timeout_s=400), len(cfgs))
 
 

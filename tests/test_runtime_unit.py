@@ -224,11 +224,35 @@ def test_selective_recompute_reruns_only_attention(gpt_and_graph) -> None:
 def test_dp_modes(gpt_and_graph) -> None:
     m, gm, _, _ = gpt_and_graph
     assert data_parallel.dp_mode(_plan(m, gm, dp=2, microbatches=2)) == "ddp"
-    assert data_parallel.dp_mode(_plan(m, gm, dp=2, tp=2, microbatches=2)) == "fsdp"
+    # ddp with TP: DDP cannot wrap DTensors, so the bucketed all-reduce of the local shards (as costed), not FSDP
+    assert data_parallel.dp_mode(_plan(m, gm, dp=2, tp=2, microbatches=2)) == "manual"
+    assert data_parallel.dp_mode(_plan(m, gm, dp=2, tp=2, microbatches=2, dp_kind="fsdp")) == "fsdp"
+    for kind in ("zero2", "hsdp"):
+        assert data_parallel.dp_mode(_plan(m, gm, dp=2, microbatches=2, dp_kind=kind)) == "fsdp"
+    assert data_parallel.dp_mode(_plan(m, gm, dp=2, microbatches=2, dp_kind="zero1")) == "ddp"
     assert data_parallel.dp_mode(_plan(m, gm, dp=2, pp=2, schedule="zero-bubble")) == "manual"
     assert data_parallel.dp_mode(_plan(m, gm, dp=2, pp=2, schedule="zbv", virtual_stages=2)) == "manual"
     assert data_parallel.dp_mode(_plan(m, gm, dp=2, pp=2, dp_kind="fsdp")) == "fsdp"
     assert data_parallel.dp_mode(_plan(m, gm, tp=2)) == "none"
+
+
+def test_dp_kinds_the_runtime_cannot_execute_are_refused(gpt_and_graph) -> None:
+    m, gm, _, _ = gpt_and_graph
+    for kind in ("fsdp", "zero2", "hsdp"):
+        with pytest.raises(PlanMismatchError, match="zero-bubble"):
+            data_parallel.check_dp_kind(_plan(m, gm, dp=2, pp=2, schedule="zero-bubble", dp_kind=kind))
+    with pytest.raises(PlanMismatchError, match="zero1 with tp"):
+        data_parallel.check_dp_kind(_plan(m, gm, dp=2, tp=2, microbatches=2, dp_kind="zero1"))
+    data_parallel.check_dp_kind(_plan(m, gm, dp=2, pp=2, schedule="zero-bubble", dp_kind="zero1"))
+
+
+def test_hsdp_shard_degree_is_the_node() -> None:
+    model = rc.tiny_gpt()
+    p = handplan.manual_plan(model, None, dp=8, microbatches=1, micro_batch_size=1, dp_kind="hsdp")
+    assert p.hsdp_shard_degree() == 8  # no cluster: one shard group
+    assert dataclasses.replace(p, cluster={"devices_per_node": 4}).hsdp_shard_degree() == 4
+    p2 = handplan.manual_plan(model, None, dp=4, tp=2, microbatches=1, micro_batch_size=1, dp_kind="hsdp")
+    assert dataclasses.replace(p2, cluster={"devices_per_node": 4}).hsdp_shard_degree() == 2
 
 
 def test_run_record_summary(tmp_path) -> None:
@@ -277,3 +301,17 @@ def test_meshplan_run_end_to_end(gpt_and_graph, tmp_path) -> None:
     assert [s.step for s in rec.steps] == [1, 2] and rec.predicted_step_s == 0.05
     assert rec.precision == "fp32" and rec.grad_sync_collectives_per_step == 0  # pp2, no data parallelism
     assert (tmp_path / "ck" / "step-000002" / "meshplan.json").is_file()
+
+
+def test_compile_wraps_each_block_in_place() -> None:
+    """--compile: every repeated block compiled in place (FQNs kept); no forward here (a first compile
+    costs ~24 s on this CPU, so compiled numerics are not run in CI)."""
+    from meshplan.runtime.compiling import apply_compile
+
+    m = rc.tiny_gpt()
+    keys = list(m.state_dict())
+    assert apply_compile([m], pipelined=False) == 4
+    assert all(b._compiled_call_impl is not None for b in m.blocks)
+    assert m._compiled_call_impl is None and list(m.state_dict()) == keys
+    stage = rc.tiny_gpt()
+    assert apply_compile([stage], pipelined=True) == 1 and stage._compiled_call_impl is not None

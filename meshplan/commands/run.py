@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                    help="after --warmup-steps: constant, or cosine decay to 0 at --steps")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps")
+    p.add_argument("--compile", action="store_true", help="torch.compile each repeated block (first step compiles)")
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision: the plan's dtype (default) or bf16 / fp16 / fp32")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
@@ -59,7 +60,7 @@ def build_command(args: argparse.Namespace) -> list[str]:
     train = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--lr", str(args.lr),
              "--optimizer", args.optimizer, "--seed", str(args.seed), "--threads", str(args.threads),
              "--dtype", args.dtype, "--clip-grad-norm", str(args.clip_grad_norm), "--lr-schedule",
-             args.lr_schedule, "--warmup-steps", str(args.warmup_steps)]
+             args.lr_schedule, "--warmup-steps", str(args.warmup_steps)] + (["--compile"] if args.compile else [])
     if args.checkpoint_dir:
         train += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every),
                   "--keep-checkpoints", str(args.keep_checkpoints)]

@@ -267,14 +267,17 @@ def apply_plan(
     timeout_s: float = 120.0,
     dtype: str = "plan",
     bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
+    compile: bool = False,
 ) -> ParallelModel:
     """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (one microbatch) is needed when pp > 1.
 
     ``dtype`` ("plan", "bf16", "fp16", "fp32") is the precision to train in (``runtime.precision``);
-    ``bucket_cap_bytes`` the gradient bucket size of the manual (pipelined) data-parallel sync.
+    ``bucket_cap_bytes`` the gradient bucket size of the manual (pipelined) data-parallel sync;
+    ``compile`` applies ``torch.compile`` per repeated block (``runtime.compiling``).
     """
     # 1. checks that need no collective
     check_launch(plan)
+    dpmod.check_dp_kind(plan)
     split.check_fqns(model, plan)
     pp = plan.pp
     ordered = sorted(plan.stages, key=lambda s: s.index)
@@ -379,6 +382,11 @@ def apply_plan(
          "torch.autocast, fp32 parameters and optimizer state") + (", stage sends in " + precision if pp > 1 else "")
         + (", ShardedGradScaler" if precision == "fp16" else "")))
 
+    if compile:
+        from meshplan.runtime.compiling import apply_compile
+
+        notes.append(f"torch.compile: {apply_compile(modules, pipelined=pp > 1)} modules compiled")
+
     # 5. data parallel per stage
     dp_mesh = env.mesh["dp"] if plan.dp > 1 else None
     counter = dpmod.SyncCounter()
@@ -388,8 +396,19 @@ def apply_plan(
         for m in modules:
             ddp_ignore_quantized(m)
     per_block = pp == 1 and plan.quantization.mode == "none"
+    if plan.dp_kind == "hsdp" and dp_mesh is not None:
+        shard = plan.hsdp_shard_degree()
+        dp_mesh = dp_mesh._unflatten(0, (plan.dp // shard, shard), ("dp_replicate", "dp_shard"))
     runners = [dpmod.wrap_dp(m, mode, dp_mesh=dp_mesh, dp_group=env.group("dp"), counter=counter,
-                             mp_policy=prec.fsdp_policy(precision), per_block=per_block) for m in modules]
+                             mp_policy=prec.fsdp_policy(precision), per_block=per_block,
+                             reshard_after_forward=plan.dp_kind != "zero2") for m in modules]
+    if plan.dp > 1:
+        notes.append(f"data parallel {plan.dp_kind}: " + {
+            "fsdp": "FSDP2 fully_shard (ZeRO-3)", "zero2": "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)",
+            "hsdp": f"FSDP2 on a (dp_replicate={plan.dp // plan.hsdp_shard_degree()}, "
+                    f"dp_shard={plan.hsdp_shard_degree()}) mesh",
+        }.get(plan.dp_kind, "DDP" if mode == "ddp" else "bucketed all-reduce from gradient hooks")
+            + (", ZeroRedundancyOptimizer (ZeRO-1)" if plan.dp_kind == "zero1" else ""))
     grad_sync = None
     if mode == "manual":
         grad_sync = BucketedGradSync(
@@ -416,12 +435,19 @@ def apply_plan(
 
     pm = ParallelModel(
         plan=plan, env=env, modules=modules, roots=roots, runners=runners, stage_indices=mine,
-        optimizer=optimizer_factory(_unique_params(modules)), loss_fn=loss_fn, dp_mode=mode,
+        optimizer=_optimizer(optimizer_factory, _unique_params(modules), plan, env), loss_fn=loss_fn, dp_mode=mode,
         schedule=schedule, notes=notes, tied_fqns=tied, converted=conv, precision=precision,
         scaler=scaler if pp > 1 else prec.make_scaler(precision), grad_sync=grad_sync, sync_counter=counter,
     )
     pm.ties = _tie_groups(env, shared, pm, {i: pieces[i].module for i in mine} if pp > 1 else {})
     return pm
+
+
+def _optimizer(factory: Callable, params: list[torch.Tensor], plan: Plan, env: RuntimeEnv) -> torch.optim.Optimizer:
+    opt = factory(params)
+    if plan.dp_kind == "zero1" and plan.dp > 1:
+        return optim.zero1_optimizer(opt, params, env.group("dp"))  # type: ignore[arg-type]
+    return opt
 
 
 class _StageLoss:

@@ -1,18 +1,25 @@
 """Data parallelism for one module (a stage or the whole model), chosen from the Plan.
 
-Modes (``dp_mode``):
+Modes (``dp_mode``), from the plan's ``dp_kind``:
 
 * ``"none"``   dp degree 1.
-* ``"manual"`` bucketed, overlapped all-reduce from gradient hooks (``runtime.grad_sync``):
-  zero-bubble schedules (DDP and FSDP2 give wrong or missing gradients under them, PLATFORM.md),
-  ``dp_kind="ddp"`` with pp > 1 (DDP-wrapped stages assert in DDP's reducer on the second step
-  under torch 2.13's pipelining; seen in tests), and ``dp_kind="none"`` on a dp > 1 mesh.
-* ``"fsdp"``   the plan asks for FSDP, or TP is combined with DDP-style DP (DDP around DTensor
-  fails): FSDP2 ``fully_shard`` over the dp mesh, per repeated block then the root at pp = 1
-  (each block's reduce-scatter overlaps the backward of the blocks before it), the stage root
-  under pp > 1 (an fx stage does not call its blocks as modules).
+* ``"manual"`` bucketed, overlapped all-reduce from gradient hooks (``runtime.grad_sync``), for
+  the replicated kinds (ddp, zero1, none) where DDP cannot run: zero-bubble schedules (DDP and
+  FSDP2 give wrong or missing gradients under them, PLATFORM.md), pp > 1 (DDP-wrapped stages
+  assert in DDP's reducer on the second step under torch 2.13's pipelining; seen in tests), TP
+  (DDP around DTensor fails; the local shards are reduced), and ``dp_kind="none"`` on dp > 1.
+* ``"fsdp"``   dp_kind fsdp (ZeRO-3), zero2 or hsdp: FSDP2 ``fully_shard`` over the dp mesh, per
+  repeated block then the root at pp = 1 (each block's reduce-scatter overlaps the backward of
+  the blocks before it), the stage root under pp > 1 (an fx stage does not call its blocks as
+  modules). zero2: ``reshard_after_forward=False`` (parameters stay gathered from forward to
+  backward, gradients and optimizer state sharded). hsdp: a 2-D (dp_replicate, dp_shard) mesh
+  unflattened from the dp mesh, shard size ``Plan.hsdp_shard_degree()``.
 * ``"ddp"``    ``DistributedDataParallel(module, process_group=dp_group)`` (its reducer buckets
   gradients and overlaps their all-reduce with the backward).
+
+zero1 runs one of the replicated modes with the optimizer wrapped in torch's
+``ZeroRedundancyOptimizer`` over the dp group (``runtime.optim.zero1_optimizer``).
+``check_dp_kind`` refuses, before any collective, what the runtime does not execute.
 
 Gradient-reducing collectives are counted where they are issued (``SyncCounter``): DDP through a
 communication hook that counts and then runs torch's ``allreduce_hook``, FSDP2 through a custom
@@ -30,20 +37,40 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
+from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan
 
 ZERO_BUBBLE = ("zero-bubble", "zbv")
+SHARDED_KINDS = ("zero2", "fsdp", "hsdp")
+
+
+def check_dp_kind(plan: Plan) -> None:
+    """PlanMismatchError for a data-parallel kind this runtime cannot execute as planned."""
+    if plan.dp == 1:
+        return
+    if plan.dp_kind in SHARDED_KINDS and plan.pp > 1 and plan.schedule in ZERO_BUBBLE:
+        raise PlanMismatchError(
+            f"dp_kind {plan.dp_kind} under the {plan.schedule} schedule is not executed: FSDP2 gives wrong "
+            "gradients under zero-bubble schedules; re-plan with dp_kind ddp/zero1 or a 1f1b/interleaved schedule"
+        )
+    if plan.dp_kind == "zero1" and plan.tp > 1:
+        raise PlanMismatchError(
+            "dp_kind zero1 with tp > 1 is not executed (ZeroRedundancyOptimizer does not take DTensor "
+            "parameters); re-plan with dp_kind zero2 or fsdp"
+        )
+    if plan.dp_kind == "hsdp" and plan.tp > 1:
+        raise PlanMismatchError("dp_kind hsdp with tp > 1 is not executed by this runtime; use fsdp or zero2")
 
 
 def dp_mode(plan: Plan) -> str:
     if plan.dp == 1:
         return "none"
+    if plan.dp_kind in SHARDED_KINDS:
+        return "fsdp"
     if plan.pp > 1 and plan.schedule in ZERO_BUBBLE:
         return "manual"
-    if plan.dp_kind == "none":
+    if plan.dp_kind == "none" or plan.tp > 1:
         return "manual"
-    if plan.dp_kind == "fsdp" or plan.tp > 1:
-        return "fsdp"
     if plan.pp > 1:
         # DDP-wrapped pipeline stages hit a reducer assert on the second step here ("rebuilt
         # parameter indices size is not same as original model parameters size", torch 2.13,
@@ -83,6 +110,10 @@ class _CountingReduceScatter(ReduceScatter):
         return dist.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
 
+def _count(counter: SyncCounter) -> None:
+    counter.calls += 1
+
+
 def block_modules(module: nn.Module) -> list[nn.Module]:
     """The repeated blocks: children of every ``nn.ModuleList`` inside ``module``."""
     return [c for m in module.modules() if isinstance(m, nn.ModuleList) for c in m]
@@ -90,7 +121,7 @@ def block_modules(module: nn.Module) -> list[nn.Module]:
 
 def wrap_dp(
     module: nn.Module, mode: str, *, dp_mesh: Any, dp_group: dist.ProcessGroup | None, counter: SyncCounter,
-    mp_policy: Any = None, per_block: bool = False,
+    mp_policy: Any = None, per_block: bool = False, reshard_after_forward: bool = True,
 ) -> nn.Module:
     """Wrap ``module`` for ``mode``; returns the module to run (DDP returns a wrapper)."""
     if mode == "ddp":
@@ -105,7 +136,7 @@ def wrap_dp(
     if mode == "fsdp":
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        kw: dict[str, Any] = {"mesh": dp_mesh}
+        kw: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": reshard_after_forward}
         if mp_policy is not None:
             kw["mp_policy"] = mp_policy
         if per_block:
@@ -114,8 +145,11 @@ def wrap_dp(
                     fully_shard(b, **kw)
         fully_shard(module, **kw)
         comm = _CountingReduceScatter(counter)
+        hsdp = getattr(dp_mesh, "ndim", 1) == 2
         for m in module.modules():
             if isinstance(m, FSDPModule):
                 m.set_custom_reduce_scatter(comm)
+                if hsdp:  # HSDP: the all-reduce over dp_replicate after each reduce-scatter
+                    m.set_all_reduce_hook(lambda _out: _count(counter))
         return module
     return module

@@ -5,8 +5,9 @@
   re-runs its forward in backward.
 * pp > 1 (a stage is one flat fx GraphModule, blocks are not separate calls): the whole stage is
   one checkpointed segment per microbatch, so an in-flight microbatch holds only its stage input.
-  Not applied under zero-bubble schedules (their split input/weight backward re-enters the
-  recomputed graph twice), which is reported in the RunRecord notes.
+  Under zero-bubble schedules too: their split backward (input gradients, later weight
+  gradients) re-runs the segment's forward in each of the two passes (seen: ``runs`` = 3 per
+  microbatch instead of 2), which the RunRecord note says.
 
 "selective" (Korthikanti et al.: recompute only the attention core, keep the linears'
 activations), at any pp and under every schedule: what runs (the model at pp = 1, each stage
@@ -40,14 +41,19 @@ def clean_fqn(name: str) -> str:
 
 
 class CheckpointedStage(nn.Module):
-    """Runs ``inner`` under non-reentrant activation checkpointing."""
+    """Runs ``inner`` under non-reentrant activation checkpointing; ``runs`` counts forwards incl. recomputes."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
+        self.runs = 0
+
+    def _run(self, *args: Any) -> Any:
+        self.runs += 1
+        return self.inner(*args)
 
     def forward(self, *args: Any) -> Any:
-        return checkpoint(self.inner, *args, use_reentrant=False)
+        return checkpoint(self._run, *args, use_reentrant=False)
 
 
 _ATTENTION = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
@@ -112,7 +118,8 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
     suffix = ""
     if pipelined:
         if schedule in ("zero-bubble", "zbv"):
-            return modules, f"recompute={mode} not applied under {schedule} (split backward)"
+            suffix = (" (split backward: the segment is recomputed in the input-gradient pass and again in "
+                      "the weight-gradient pass, 2 extra forwards per microbatch)")
         return [CheckpointedStage(m) for m in modules], f"recompute={mode}: one checkpointed segment per stage{suffix}"
     n = sum(checkpoint_blocks(m) for m in modules)
     if n == 0:

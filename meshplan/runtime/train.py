@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clip the global gradient norm (all ranks and stages) to this; 0 disables")
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps before the schedule")
+    p.add_argument("--compile", action="store_true", help="torch.compile each repeated block (off by default)")
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision (default: the plan's dtype)")
     return p
@@ -109,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     plan = Plan.load(args.plan)
     check_launch(plan)  # before any collective
+    if args.checkpoint_dir and plan.dp_kind == "zero1" and plan.dp > 1:
+        raise ValueError("checkpoints of dp_kind zero1 (ZeroRedundancyOptimizer) are not supported by DCP here; "
+                         "run without --checkpoint-dir or re-plan with dp_kind zero2/fsdp")
     mbs = plan.micro_batch_size
     torch.manual_seed(args.seed)
     spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None)
@@ -118,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = load_hook(args.data) if args.data else synthetic_data(model, example, args.seed)
     seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
-                    example_inputs=example, timeout_s=args.timeout, dtype=args.dtype)
+                    example_inputs=example, timeout_s=args.timeout, dtype=args.dtype,
+                    compile=args.compile)
     rank = pm.env.rank
     pm.check_grads = args.check_grads
     guard = NonFiniteGuard(args.skip_nonfinite)
