@@ -147,3 +147,18 @@ def test_clip_grad_norm_one_process_matches_torch() -> None:
     assert clip_grad_norm(a, 0.5) == pytest.approx(float(ref))
     for x, y in zip(a, b):
         torch.testing.assert_close(x.grad, y.grad)
+
+
+def test_bench_gpu_without_cuda_says_so_and_exits_0(capsys) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the benchmark would run")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    assert mod.main([]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "no CUDA device" in out[0]

@@ -315,3 +315,17 @@ def test_compile_wraps_each_block_in_place() -> None:
     assert m._compiled_call_impl is None and list(m.state_dict()) == keys
     stage = rc.tiny_gpt()
     assert apply_compile([stage], pipelined=True) == 1 and stage._compiled_call_impl is not None
+
+
+def test_full_recompute_under_zero_bubble_is_refused_before_training() -> None:
+    from meshplan.runtime import recompute
+
+    m = rc.tiny_gpt()
+    for sched in ("zero-bubble", "zbv"):
+        with pytest.raises(PlanMismatchError, match="weight-gradient group"):
+            recompute.apply_recompute([m], "full", pipelined=True, schedule=sched)
+    mods, note = recompute.apply_recompute([m], "selective", pipelined=True, schedule="zero-bubble")
+    assert isinstance(mods[0], recompute.SelectiveStage) and "selective" in note
+    # no ModuleList blocks at pp = 1: the whole model is one checkpointed segment (not skipped)
+    mods, note = recompute.apply_recompute([torch.nn.Linear(2, 2)], "full", pipelined=False, schedule="1f1b")
+    assert isinstance(mods[0], recompute.CheckpointedStage) and "one checkpointed segment" in note

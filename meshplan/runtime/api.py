@@ -336,9 +336,12 @@ def apply_plan(
     # 4. TP per stage (styles are keyed by the user's FQNs: apply them on the un-prefixed roots)
     if plan.tp > 1:
         sp = plan.sequence_parallel and not sp_why
-        if plan.sequence_parallel and sp_why:
-            notes.append(f"sequence_parallel planned but not applied ({sp_why}): runs as plain TP")
-        elif sp:
+        if plan.sequence_parallel and sp_why:  # refused, not run as something else than planned
+            raise PlanMismatchError(
+                f"sequence_parallel is planned but this model cannot run it ({sp_why}); "
+                "re-plan with sequence_parallel off"
+            )
+        if sp:
             notes.append("sequence_parallel applied: norms under SequenceParallel, residual stream sequence-sharded")
         for r in roots:
             _check_tp_modules(r, styles)

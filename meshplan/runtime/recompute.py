@@ -2,12 +2,13 @@
 
 * pp = 1 (the eager model runs): every child of every ``nn.ModuleList`` (the repeated blocks) is
   wrapped with torch's non-reentrant ``checkpoint_wrapper``: a block keeps only its input and
-  re-runs its forward in backward.
+  re-runs its forward in backward; a model without ``ModuleList`` blocks is one checkpointed segment.
 * pp > 1 (a stage is one flat fx GraphModule, blocks are not separate calls): the whole stage is
   one checkpointed segment per microbatch, so an in-flight microbatch holds only its stage input.
-  Under zero-bubble schedules too: their split backward (input gradients, later weight
-  gradients) re-runs the segment's forward in each of the two passes (seen: ``runs`` = 3 per
-  microbatch instead of 2), which the RunRecord note says.
+  Refused under zero-bubble schedules (PlanMismatchError before training): gradients are right,
+  but torch's split backward re-runs the checkpointed forward once per weight-gradient group
+  (``runs`` counted: about 20 forwards per microbatch on the last stage of the tiny test GPT,
+  vs 2 under 1F1B), far from the one recompute the plan costs. Selective recompute runs there.
 
 "selective" (Korthikanti et al.: recompute only the attention core, keep the linears'
 activations), at any pp and under every schedule: what runs (the model at pp = 1, each stage
@@ -118,11 +119,17 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
     suffix = ""
     if pipelined:
         if schedule in ("zero-bubble", "zbv"):
-            suffix = (" (split backward: the segment is recomputed in the input-gradient pass and again in "
-                      "the weight-gradient pass, 2 extra forwards per microbatch)")
+            from meshplan.errors import PlanMismatchError
+
+            raise PlanMismatchError(
+                f"recompute={mode} under the {schedule} schedule is not executed: torch's split backward "
+                "re-runs a checkpointed stage's forward for every weight-gradient group (measured here: about "
+                "20 forwards per microbatch instead of 1); re-plan with recompute=selective or a "
+                "1f1b/interleaved-1f1b schedule"
+            )
         return [CheckpointedStage(m) for m in modules], f"recompute={mode}: one checkpointed segment per stage{suffix}"
     n = sum(checkpoint_blocks(m) for m in modules)
-    if n == 0:
-        return modules, f"recompute={mode} not applied: no nn.ModuleList blocks found"
+    if n == 0:  # no repeated blocks to checkpoint one by one: the whole model is one segment
+        return [CheckpointedStage(m) for m in modules], f"recompute={mode}: no nn.ModuleList blocks, the model is one checkpointed segment"
     return modules, f"recompute={mode}: {n} blocks checkpointed{suffix}"
 
