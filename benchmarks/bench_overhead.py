@@ -35,7 +35,9 @@ MEGATRON = {"attn.q_proj": "colwise", "attn.k_proj": "colwise", "attn.v_proj": "
 
 
 def _opt(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    from meshplan.runtime.optim import make_optimizer  # AdamW foreach, DTensors in their own group
+
+    return make_optimizer("adamw", 1e-4)(params)
 
 
 def _flat_allreduce(params: list[torch.Tensor], group: Any) -> None:

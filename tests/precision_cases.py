@@ -11,10 +11,17 @@ import runtime_cases as rc
 import torch
 
 
-def autocast_reference(model: torch.nn.Module, data: list, precision: str, clip: float = 0.0) -> tuple[list[float], dict]:
+def _factory(name: str) -> Any:
+    from meshplan.runtime.optim import make_optimizer
+
+    return rc.opt_factory if name == "sgd" else make_optimizer(name, 1e-3)
+
+
+def autocast_reference(model: torch.nn.Module, data: list, precision: str, clip: float = 0.0,
+                       opt_name: str = "sgd") -> tuple[list[float], dict]:
     """One process, the global batch, ``torch.autocast`` in ``precision``, loss in fp32, SGD (``clip``: grad-norm clip)."""
     m = copy.deepcopy(model)
-    opt = rc.opt_factory(list(m.parameters()))
+    opt = _factory(opt_name)(list(m.parameters()))
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     losses = []
     for x, y in data:
@@ -57,16 +64,17 @@ def precision_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) ->
     for cfg in cfgs:
         model = rc.tiny_gpt()
         plan, ex = _plan(model, cfg, data)
-        pm = apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=rc.opt_factory, example_inputs=ex,
+        pm = apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=_factory(cfg.get("opt", "sgd")), example_inputs=ex,
                         dtype=cfg.get("dtype", "plan"), bucket_cap_bytes=cfg.get("cap", 25 * 2**20))
         pm.max_grad_norm = cfg.get("clip")
-        ref_losses, ref_params = autocast_reference(rc.tiny_gpt(), data, pm.precision, cfg.get("clip", 0.0))
+        ref_losses, ref_params = autocast_reference(rc.tiny_gpt(), data, pm.precision, cfg.get("clip", 0.0),
+                                                    cfg.get("opt", "sgd"))
         losses = [pm.step(x, y) for x, y in data]
         loss_err = max(abs(a - b) for a, b in zip(losses, ref_losses))
         full = pm.full_parameters()
         param_err = max(float((t - ref_params[n]).abs().max()) for n, t in full.items())
         fp32_err = max(float((t - ref32[n]).abs().max()) for n, t in full.items()) if (
-            ref32 := autocast_reference(rc.tiny_gpt(), data, "fp32", cfg.get("clip", 0.0))[1]) else 0.0
+            ref32 := autocast_reference(rc.tiny_gpt(), data, "fp32", cfg.get("clip", 0.0), cfg.get("opt", "sgd"))[1]) else 0.0
         gs = pm.grad_sync
         facts = {"precision": pm.precision, "collectives": pm.grad_sync_collectives, "fp32_err": fp32_err,
                  "param_dtypes": sorted({str(p.dtype) for p in full.values()}), "grad_norm": pm.last_grad_norm}

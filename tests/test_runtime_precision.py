@@ -82,6 +82,7 @@ class TestTwoRanks:
         # global gradient-norm clipping across FSDP2 shards, TP shards and pipeline stages (tied weights)
         cfgs += [dict(dp=2, m=2, dp_kind="fsdp", plan_dtype="fp32", clip=0.05),
                  dict(tp=2, m=2, plan_dtype="fp32", clip=0.05), dict(pp=2, m=2, schedule="1f1b", plan_dtype="fp32", clip=0.05)]
+        cfgs += [dict(tp=2, m=2, plan_dtype="fp32", opt="adamw")]  # foreach AdamW over DTensor + plain parameters
         res = run_ranks(pc.precision_worker, 2, cfgs)
         for rows in res:
             _check(rows)

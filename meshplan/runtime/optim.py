@@ -2,7 +2,8 @@
 
 * ``make_optimizer(name, lr)`` -> a factory ``params -> Optimizer`` for ``apply_plan``: AdamW / Adam
   with ``fused=True`` on CUDA and ``foreach=True`` elsewhere (torch's multi-tensor kernels), SGD
-  with momentum 0.9.
+  with momentum 0.9; plain tensors and DTensors go in separate parameter groups (the multi-tensor
+  kernels refuse a mix, which TP produces).
 * ``lr_at(step, *, lr, schedule, warmup_steps, total_steps)``: the learning rate of a (1-based)
   step, a pure function of the step number: linear warm-up from lr/warmup to lr over
   ``warmup_steps``, then ``constant`` or ``cosine`` decay to 0 at ``total_steps``. A resumed run
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,15 +37,24 @@ def make_optimizer(name: str, lr: float, *, weight_decay: float = 0.0) -> Callab
         raise ValueError(f"--optimizer {name!r} unknown; use adam, adamw or sgd")
 
     def factory(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        groups = param_groups(params)
         if name == "sgd":
-            return torch.optim.SGD(params, lr=lr, momentum=0.9)
+            return torch.optim.SGD(groups, lr=lr, momentum=0.9)
         cuda = bool(params) and params[0].device.type == "cuda"
         fast = {"fused": True} if cuda else {"foreach": True}
         if name == "adam":
-            return torch.optim.Adam(params, lr=lr, **fast)
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **fast)
+            return torch.optim.Adam(groups, lr=lr, **fast)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, **fast)
 
     return factory
+
+
+def param_groups(params: list[torch.Tensor]) -> list[dict[str, Any]]:
+    """Plain tensors and DTensors in separate groups: torch's foreach/fused kernels cannot mix them
+    (TP leaves norms and replicated layers as plain tensors beside DTensor shards)."""
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    dt = [p for p in params if isinstance(p, DTensor)]
+    return [g for g in ({"params": plain}, {"params": dt}) if g["params"]] or [{"params": []}]
 
 
 def zero1_optimizer(opt: torch.optim.Optimizer, params: list[torch.Tensor],
