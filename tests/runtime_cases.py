@@ -21,6 +21,13 @@ def tiny_gpt() -> nn.Module:
     return GPT(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=16))
 
 
+def tiny_gpt_untied() -> nn.Module:
+    from meshplan.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=16, tie_weights=False))
+
+
 def tiny_hf_gpt2() -> nn.Module:
     from meshplan.models.hf import hf_gpt2
 
@@ -106,6 +113,8 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
     styles = cfg.get("styles")
     if styles is None:
         styles = handplan.megatron_styles(model) if cfg.get("tp", 1) > 1 else {}
+        if cfg.get("vocab_head"):  # shard the LM head over the vocabulary (loss_parallel)
+            styles = {**styles, cfg["vocab_head"]: "colwise"}
     if cfg.get("pp", 1) > 1:
         gm, _ = split.capture_graph(model, ex)
     else:
@@ -131,6 +140,14 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
 
 
 def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, list[str]]:
+    extra = []
+    if cfg.get("vocab_head") and cfg.get("pp", 1) == 1:  # the logits really stay vocabulary-sharded
+        from torch.distributed.tensor import DTensor, Shard
+
+        with torch.no_grad():
+            out = pm.runners[0](data[0][0][: BATCH // (cfg.get("dp", 1) * cfg["m"])])
+        if isinstance(out, DTensor) and out.placements[-1] == Shard(out.ndim - 1):
+            extra.append("logits_vocab_sharded")
     losses = [pm.step(x, y) for x, y in data]
     ref_losses, ref_params = ref
     loss_err = max(abs(a - b) for a, b in zip(losses, ref_losses))
@@ -147,13 +164,13 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
         param_err = float("inf")
     calls = sum(getattr(m, "calls", 0) for m in pm.modules)  # selective recompute: SDPA calls checkpointed
     runs = sum(getattr(m, "runs", 0) for m in pm.modules)  # full recompute at pp > 1: stage forwards incl. recomputes
-    return loss_err, param_err, list(pm.notes) + ([f"sdpa_checkpointed={calls}"] if calls else []) + (
+    return loss_err, param_err, list(pm.notes) + extra + ([f"sdpa_checkpointed={calls}"] if calls else []) + (
         [f"stage_runs={runs}"] if runs else [])
 
 
 def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int = 2) -> list[tuple]:
     """Runs every plan of ``cfgs`` on ``model_name`` (a cfg's "model" key overrides it)."""
-    fns = {"gpt": tiny_gpt, "hf_gpt2": tiny_hf_gpt2, "llama": tiny_llama}
+    fns = {"gpt": tiny_gpt, "gpt_untied": tiny_gpt_untied, "hf_gpt2": tiny_hf_gpt2, "llama": tiny_llama}
     data = batches(steps)
     refs: dict[str, tuple] = {}
     out = []

@@ -39,6 +39,9 @@ def _check(results: list, expect: int) -> None:
                 # forwards per stage at the first step
                 v, runs = cfg.get("v", 1), int(next(n for n in notes if n.startswith("stage_runs="))[11:])
                 assert 2 * cfg["m"] * v * 2 <= runs <= 2 * cfg["m"] * v * 2 + 2 * v, (cfg, notes)
+            if cfg.get("vocab_head"):  # loss_parallel really ran; at pp = 1 the model output is a vocab shard
+                assert any(n.startswith("loss_parallel:") for n in notes), notes
+                assert cfg.get("pp", 1) > 1 or "logits_vocab_sharded" in notes, notes
             if cfg.get("dp_kind") in ("zero1", "zero2", "hsdp"):  # the kind really ran
                 assert any(n.startswith(f"data parallel {cfg['dp_kind']}") for n in notes), notes
             if cfg.get("sp"):  # sequence parallelism really ran (not the plain-TP fallback)
@@ -60,6 +63,9 @@ class TestTwoRanks:
         cfgs += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1b", recompute="full")]
         cfgs += [dict(tp=2, m=2, sp=1)]  # sequence parallelism
         cfgs += [dict(dp=2, m=2, dp_kind="zero1"), dict(dp=2, m=2, dp_kind="zero2")]  # ZeRO-1 / ZeRO-2
+        # LM head sharded over the vocabulary, loss under loss_parallel (untied head), with and without SP
+        cfgs += [dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied"),
+                 dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", sp=1)]
         cfgs += [dict(dp=2, m=2, recompute="selective"), dict(pp=2, m=4, schedule="zero-bubble", recompute="selective")]
         # plans made by the planner (meshplan.planner.api.estimate): fx node names must agree
         cfgs += [dict(planner=1, pp=2, m=4, schedule="interleaved-1f1b"), dict(planner=1, tp=2, m=2)]
@@ -95,6 +101,8 @@ class TestFourRanks:
         cfgs += [dict(dp=4, m=2, dp_kind="hsdp", devices_per_node=2),
                  dict(dp=2, pp=2, m=2, schedule="zero-bubble", dp_kind="zero1"),
                  dict(dp=2, pp=2, m=2, schedule="1f1b", dp_kind="zero2")]
+        cfgs += [dict(tp=2, pp=2, m=4, schedule="1f1b", vocab_head="lm_head", model="gpt_untied"),
+                 dict(tp=2, dp=2, m=2, vocab_head="lm_head", model="gpt_untied", dp_kind="fsdp")]
         _check(run_ranks(rc.worker, 4, "gpt", cfgs, timeout_s=400), len(cfgs))
 
 

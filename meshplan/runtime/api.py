@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -31,17 +31,12 @@ from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan
 from meshplan.runtime import data_parallel as dpmod
+from meshplan.runtime import loss_parallel as lpmod
 from meshplan.runtime import optim, recompute, schedules, split, tp
 from meshplan.runtime import precision as prec
-from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime, ranks_along
+from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime
 from meshplan.runtime.grad_sync import BucketedGradSync
-
-
-@dataclass
-class _Tie:
-    fqns: tuple[str, ...]
-    param: torch.Tensor
-    group: dist.ProcessGroup
+from meshplan.runtime.stage_params import Tie, merge_modules, shared_params, tie_groups, unique_params
 
 
 @dataclass
@@ -56,7 +51,7 @@ class ParallelModel:
     loss_fn: Callable
     dp_mode: str
     schedule: object | None
-    ties: list[_Tie] = field(default_factory=list)
+    ties: list[Tie] = field(default_factory=list)
     tied_fqns: list[tuple[str, ...]] = field(default_factory=list)  # user FQNs naming one Parameter
     notes: list[str] = field(default_factory=list)
     converted: list[str] = field(default_factory=list)  # HF Conv1D modules now nn.Linear (weight transposed)
@@ -74,6 +69,7 @@ class ParallelModel:
     max_grad_norm: float | None = None  # clip the global gradient norm to this (runtime.optim); None: no clipping
     lr_fn: Callable[[int], float] | None = None  # 1-based step -> learning rate; None: the optimizer's own
     last_grad_norm: float | None = None  # global gradient norm before clipping, last step
+    loss_parallel: bool = False  # the LM head's output is vocabulary-sharded: loss under loss_parallel()
 
     # ---- info ---------------------------------------------------------------------------
     @property
@@ -85,7 +81,7 @@ class ParallelModel:
         return len(self.plan.stages) - 1 in self.stage_indices if self.plan.pp > 1 else True
 
     def parameters(self) -> list[torch.Tensor]:
-        return _unique_params(self.modules)
+        return unique_params(self.modules)
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """FQN -> local parameter (a DTensor under TP/FSDP), over this rank's stages."""
@@ -99,7 +95,7 @@ class ParallelModel:
         """One module whose FQNs are the original ones, over this rank's stages (for state dicts)."""
         if len(self.roots) == 1 and self.plan.pp == 1:
             return self.roots[0]
-        return _merge_modules(self.roots)
+        return merge_modules(self.roots)
 
     # ---- training -----------------------------------------------------------------------
     def _local_batch(self, t: torch.Tensor) -> torch.Tensor:
@@ -126,21 +122,22 @@ class ParallelModel:
                 ctx = model.no_sync() if hasattr(model, "no_sync") and not last else _null()  # type: ignore[operator]
                 if hasattr(model, "set_requires_gradient_sync"):
                     model.set_requires_gradient_sync(last)  # type: ignore[operator]
-                with ctx:
+                with ctx, lpmod.context(self.loss_parallel):
                     loss = self.loss_fn(prec.to_fp32(model(xm)), ym)
                     part = loss / m
                     (self.scaler.scale(part) if self.scaler is not None else part).backward()  # type: ignore[attr-defined]
-                local_loss += loss.detach().double().cpu() / m
+                local_loss += lpmod.plain(loss.detach()).double().cpu() / m
         else:
             losses: list[torch.Tensor] = []
             args = (x,) if self.has_first else ()
             kw = {"target": y, "losses": losses} if self.has_last else {}
-            self.schedule.step(*args, **kw)  # type: ignore[attr-defined]
+            with lpmod.context(self.loss_parallel):
+                self.schedule.step(*args, **kw)  # type: ignore[attr-defined]
             for p in self.parameters():  # schedules run with scale_grads=False (see schedules.py)
                 if p.grad is not None and not (self.grad_sync is not None and self.grad_sync.owns(p)):
                     p.grad.div_(m)
             if self.has_last:  # the schedule's losses carry the fp16 loss scale
-                local_loss += torch.stack([v.detach().double().cpu() for v in losses]).mean() / self._loss_scale()
+                local_loss += torch.stack([lpmod.plain(v.detach()).double().cpu() for v in losses]).mean() / self._loss_scale()
         if self.grad_sync is not None:
             self.grad_sync.finish()
         self.grad_sync_collectives = self.sync_counter.calls + (
@@ -221,42 +218,6 @@ class _null:
         return None
 
 
-def _unique_params(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
-    seen: set[int] = set()
-    out = []
-    for m in modules:
-        for p in m.parameters():
-            if id(p) not in seen and p.requires_grad:
-                seen.add(id(p))
-                out.append(p)
-    return out
-
-
-def _merge_modules(mods: Iterable[nn.Module]) -> nn.Module:
-    root = nn.Module()
-    for m in mods:
-        _merge_into(root, m)
-    return root
-
-
-def _merge_into(dst: nn.Module, src: nn.Module) -> None:
-    for name, p in src.named_parameters(recurse=False):
-        if name not in dst._parameters:
-            dst.register_parameter(name, p)
-    for name, b in src.named_buffers(recurse=False):
-        if name not in dst._buffers:
-            dst.register_buffer(name, b, persistent=name not in src._non_persistent_buffers_set)
-    for name, child in src.named_children():
-        has_own = any(True for _ in child.parameters(recurse=False)) or any(True for _ in child.buffers(recurse=False))
-        if has_own:
-            if name not in dst._modules:
-                dst.add_module(name, child)
-            continue
-        if name not in dst._modules:
-            dst.add_module(name, nn.Module())
-        _merge_into(dst._modules[name], child)  # type: ignore[arg-type]
-
-
 def apply_plan(
     model: nn.Module,
     plan: Plan,
@@ -313,8 +274,11 @@ def apply_plan(
     sp_why = ""
     if plan.sequence_parallel and plan.tp > 1:
         sp_why = tp.sp_blocker(model, styles)
+    head = None  # the LM head kept sharded over the vocabulary for loss_parallel (runtime.loss_parallel)
     if pp > 1:
         gm, prefix = split.capture_graph(model, tuple(example_inputs))  # type: ignore[arg-type]
+        if plan.tp > 1 and plan.quantization.mode == "none":
+            head = lpmod.vocab_head(gm, prefix, styles, plan.tp_gathered_outputs)
         pieces = split.split_stages(gm, ordered)
         split.check_stage_chain(pieces, tuple(example_inputs))  # type: ignore[arg-type]
         if plan.sequence_parallel and plan.tp > 1 and not sp_why:
@@ -325,13 +289,17 @@ def apply_plan(
         mine = [s.index for s in ordered if s.rank == env.coord("pp")]
         modules: list[nn.Module] = [pieces[i].module for i in mine]
         roots = [_sub_or_self(m, prefix) for m in modules]
-        shared = _shared_params(pieces, ordered)
+        shared = shared_params(pieces, ordered)
     else:
         from meshplan.models.hf import HFLogits, is_hf_model
 
         mine, prefix, shared = [0], "", []
         roots = [model]
         modules = [HFLogits(model) if is_hf_model(model) else model]
+        if plan.tp > 1 and plan.quantization.mode == "none" and example_inputs is not None and any(
+                s == "colwise" for s in styles.values()):
+            cg, cprefix = split.capture_graph(model, tuple(example_inputs))
+            head = lpmod.vocab_head(cg, cprefix, styles, plan.tp_gathered_outputs)
 
     # 4. TP per stage (styles are keyed by the user's FQNs: apply them on the un-prefixed roots)
     if plan.tp > 1:
@@ -343,15 +311,18 @@ def apply_plan(
             )
         if sp:
             notes.append("sequence_parallel applied: norms under SequenceParallel, residual stream sequence-sharded")
+        if head:
+            notes.append(f"loss_parallel: {head} output kept sharded over the vocabulary (no gathered logits)")
+        vs = [head] if head else []
         for r in roots:
             _check_tp_modules(r, styles)
             if sp and pp > 1:
                 tp.apply_stage_sequence_parallel(r, env.mesh["tp"], styles, tp.block_fqns(model),
-                                                 plan.tp_gathered_outputs)
+                                                 plan.tp_gathered_outputs, vocab_sharded=vs)
             elif sp:
-                tp.apply_sequence_parallel(r, env.mesh["tp"], styles, plan.tp_gathered_outputs)
+                tp.apply_sequence_parallel(r, env.mesh["tp"], styles, plan.tp_gathered_outputs, vocab_sharded=vs)
             else:
-                tp.apply_tp(r, env.mesh["tp"], styles, plan.tp_gathered_outputs)
+                tp.apply_tp(r, env.mesh["tp"], styles, plan.tp_gathered_outputs, vocab_sharded=vs)
     elif plan.sequence_parallel:
         notes.append("sequence_parallel ignored: tp = 1")
 
@@ -438,11 +409,12 @@ def apply_plan(
 
     pm = ParallelModel(
         plan=plan, env=env, modules=modules, roots=roots, runners=runners, stage_indices=mine,
-        optimizer=_optimizer(optimizer_factory, _unique_params(modules), plan, env), loss_fn=loss_fn, dp_mode=mode,
+        optimizer=_optimizer(optimizer_factory, unique_params(modules), plan, env), loss_fn=loss_fn, dp_mode=mode,
         schedule=schedule, notes=notes, tied_fqns=tied, converted=conv, precision=precision,
         scaler=scaler if pp > 1 else prec.make_scaler(precision), grad_sync=grad_sync, sync_counter=counter,
+        loss_parallel=head is not None,
     )
-    pm.ties = _tie_groups(env, shared, pm, {i: pieces[i].module for i in mine} if pp > 1 else {})
+    pm.ties = tie_groups(env, shared, pm.stage_indices, {i: pieces[i].module for i in mine} if pp > 1 else {})
     return pm
 
 
@@ -478,42 +450,3 @@ def _check_tp_modules(root: nn.Module, styles: dict[str, str]) -> None:
             f"TP styles name modules that are not nn.Linear/nn.Embedding in this stage: {bad[:4]} "
             "(a torch.export capture keeps no Linear modules); TP inside pipeline stages needs an fx capture"
         )
-
-
-def _shared_params(pieces: list, ordered: list) -> list[tuple[list[int], dict[int, str]]]:
-    """Parameters held by stages on different pipeline ranks: (ranks, stage index -> local FQN).
-
-    Found by Parameter identity, so it works whatever the FQNs are (an exported graph may name the
-    tied LM head by the embedding's FQN).
-    """
-    by_id: dict[int, dict[int, str]] = {}
-    for p in pieces:
-        for name, t in p.module.named_parameters(remove_duplicate=False):
-            by_id.setdefault(id(t), {}).setdefault(p.index, name)
-    out = []
-    for names in by_id.values():
-        ranks = sorted({ordered[i].rank for i in names})
-        if len(ranks) > 1:
-            out.append((ranks, names))
-    return out
-
-
-def _tie_groups(
-    env: RuntimeEnv, shared: list[tuple[list[int], dict[int, str]]], pm: ParallelModel, stage_mods: dict[int, nn.Module]
-) -> list[_Tie]:
-    """Groups joining the pipeline ranks that each hold a copy of a tied parameter.
-
-    Every rank creates every group (``new_group`` is collective over the world), in one order.
-    """
-    out: list[_Tie] = []
-    for holders, names in shared:
-        for ranks in ranks_along(env, "pp", holders):
-            g = dist.new_group(ranks)
-            if env.rank in ranks:
-                mine = [(i, names[i]) for i in pm.stage_indices if i in names]
-                if not mine:
-                    raise AssertionError(f"rank {env.rank} holds none of {names}")
-                i, name = mine[0]
-                p = dict(stage_mods[i].named_parameters(remove_duplicate=False))[name]
-                out.append(_Tie(fqns=tuple(names.values()), param=p, group=g))
-    return out

@@ -87,7 +87,8 @@ def _parent(fqn: str) -> str:
 
 
 def build_parallel_plan(
-    styles: dict[str, str], present: set[str], gathered: Iterable[str] = (), sp_blocks: Iterable[str] = ()
+    styles: dict[str, str], present: set[str], gathered: Iterable[str] = (), sp_blocks: Iterable[str] = (),
+    vocab_sharded: Iterable[str] = (),
 ) -> dict[str, object]:
     """FQN -> ParallelStyle for the sharded modules among ``present``.
 
@@ -95,7 +96,10 @@ def build_parallel_plan(
     all-gathered (``output_layouts=Replicate()``) whatever their siblings are; they do not pair a
     rowwise sibling, which then takes a whole input. ``sp_blocks`` (sequence parallelism) are the
     block FQNs whose rowwise linears reduce-scatter their output along the sequence.
+    ``vocab_sharded`` (``runtime.loss_parallel``) names the LM head whose output stays a DTensor
+    sharded over the vocabulary for torch's ``loss_parallel``.
     """
+    vocab_sharded = set(vocab_sharded)
     gathered = set(gathered)
     blocks = tuple(b + "." for b in sp_blocks)
     bad = sorted(f for f in gathered if styles.get(f) not in ("colwise", "replicate"))  # replicate: a tied weight
@@ -108,7 +112,9 @@ def build_parallel_plan(
         if fqn not in present or style == "replicate":
             continue
         seq = Shard(1) if blocks and fqn.startswith(blocks) else Replicate()
-        if style == "colwise":
+        if style == "colwise" and fqn in vocab_sharded:
+            out[fqn] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        elif style == "colwise":
             paired = _parent(fqn) in row_parents and fqn not in gathered
             out[fqn] = ColwiseParallel(output_layouts=Shard(-1) if paired else Replicate())
         else:
@@ -229,14 +235,15 @@ def insert_sequence_boundaries(gm: torch.fx.GraphModule, blocks: Iterable[str], 
 
 
 def apply_stage_sequence_parallel(
-    stage: nn.Module, mesh: DeviceMesh, styles: dict[str, str], blocks: Iterable[str], gathered: Iterable[str] = ()
+    stage: nn.Module, mesh: DeviceMesh, styles: dict[str, str], blocks: Iterable[str], gathered: Iterable[str] = (),
+    vocab_sharded: Iterable[str] = (),
 ) -> int:
     """TP + SP on one pipeline stage module cut from a graph prepared by ``insert_sequence_boundaries``."""
     blocks = list(blocks)
     prefixes = tuple(b + "." for b in blocks)
     present = {n for n, _ in stage.named_modules()}
     check_divisible(stage, styles, mesh.size())
-    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks)
+    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks, vocab_sharded=vocab_sharded)
     norms = [n for n, m in stage.named_modules() if n.startswith(prefixes) and is_norm(m)]
     for n in norms:
         plan[n] = SequenceParallel(use_local_output=True)
@@ -248,7 +255,8 @@ def apply_stage_sequence_parallel(
     return len(plan)
 
 
-def apply_sequence_parallel(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str], gathered: Iterable[str] = ()) -> int:
+def apply_sequence_parallel(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str], gathered: Iterable[str] = (),
+                            vocab_sharded: Iterable[str] = ()) -> int:
     """TP with sequence parallelism (see the module docstring); returns how many modules were parallelised."""
     reason = sp_blocker(module, styles)
     if reason:
@@ -256,7 +264,7 @@ def apply_sequence_parallel(module: nn.Module, mesh: DeviceMesh, styles: dict[st
     present = {n for n, _ in module.named_modules()}
     check_divisible(module, styles, mesh.size())
     blocks = block_fqns(module)
-    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks)
+    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks, vocab_sharded=vocab_sharded)
     for b in blocks:
         for name, m in module.get_submodule(b).named_modules():
             if name and is_norm(m):
@@ -285,11 +293,12 @@ def check_divisible(module: nn.Module, styles: dict[str, str], tp: int) -> None:
             raise ValueError(f"{fqn}: {style} splits a dimension of {w.shape[dim]} which tp={tp} does not divide")
 
 
-def apply_tp(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str], gathered: Iterable[str] = ()) -> int:
+def apply_tp(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str], gathered: Iterable[str] = (),
+             vocab_sharded: Iterable[str] = ()) -> int:
     """Parallelize the sub-modules of ``module`` named in ``styles``; returns how many were sharded."""
     present = {n for n, _ in module.named_modules()}
     check_divisible(module, styles, mesh.size())
-    plan = build_parallel_plan(styles, present, gathered)
+    plan = build_parallel_plan(styles, present, gathered, vocab_sharded=vocab_sharded)
     if plan:
         parallelize_module(module, mesh, plan)  # type: ignore[arg-type]
     return len(plan)
