@@ -88,3 +88,28 @@ def precision_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) ->
                          costed_buckets=len(bucket_indices([p.numel() * p.element_size() for p in uniq], cfg["cap"])))
         out.append((cfg, loss_err, param_err, facts))
     return out
+
+
+def resume_lr_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[float]]:
+    """Cosine schedule with warm-up: 2 steps, checkpoint, then a resumed run at a new --lr continues it."""
+    import functools
+
+    from meshplan.runtime import checkpoint, handplan
+    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.optim import lr_at, make_optimizer
+
+    data = rc.batches(4)
+    out: dict[str, list[float]] = {"first": [], "resumed": []}
+    for lr, key in ((1e-3, "first"), (5e-4, "resumed")):
+        model = rc.tiny_gpt()
+        plan = handplan.manual_plan(model, None, microbatches=1, micro_batch_size=rc.BATCH, seq_len=rc.SEQ)
+        pm = apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=make_optimizer("adamw", lr))
+        pm.lr_fn = functools.partial(lr_at, lr=lr, schedule="cosine", warmup_steps=2, total_steps=4)
+        pm.max_grad_norm = 1.0
+        start = checkpoint.load(pm, checkpoint.latest(ckpt_dir)) if key == "resumed" else 0  # type: ignore[arg-type]
+        for x, y in data[start:2] if key == "first" else data[start:]:
+            pm.step(x, y)
+            out[key].append(float(pm.optimizer.param_groups[0]["lr"]))
+        if key == "first":
+            checkpoint.save(pm, ckpt_dir, 2)
+    return out

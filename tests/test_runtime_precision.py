@@ -163,3 +163,17 @@ def test_bench_gpu_without_cuda_says_so_and_exits_0(capsys) -> None:
     assert mod.main([]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "no CUDA device" in out[0]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_resume_continues_the_schedule_at_the_new_lr(tmp_path) -> None:
+    import precision_cases as pc
+    from dist_utils import run_ranks
+
+    from meshplan.runtime.optim import lr_at
+
+    out = run_ranks(pc.resume_lr_worker, 1, str(tmp_path / "ck"))[0]
+    kw = dict(schedule="cosine", warmup_steps=2, total_steps=4)
+    assert out["first"] == pytest.approx([lr_at(s, lr=1e-3, **kw) for s in (1, 2)])
+    assert out["resumed"] == pytest.approx([lr_at(s, lr=5e-4, **kw) for s in (3, 4)])  # steps 3-4 at the new rate

@@ -300,6 +300,7 @@ def test_meshplan_run_end_to_end(gpt_and_graph, tmp_path) -> None:
     rec = RunRecord.load(tmp_path / "rec.json")
     assert [s.step for s in rec.steps] == [1, 2] and rec.predicted_step_s == 0.05
     assert rec.precision == "fp32" and rec.grad_sync_collectives_per_step == 0  # pp2, no data parallelism
+    assert rec.dp_kind == "none"
     assert (tmp_path / "ck" / "step-000002" / "meshplan.json").is_file()
 
 

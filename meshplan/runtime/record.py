@@ -47,6 +47,7 @@ class RunRecord:
     memory_kind: str = "cpu_peak_rss"
     notes: list[str] = field(default_factory=list)
     precision: str = ""  # what ran: bf16 | fp16 | fp32 ("" in records written before it existed)
+    dp_kind: str = ""  # data-parallel kind that ran (the plan's; "none" at dp = 1)
     # gradient-reducing collective calls one rank issued in the last measured step (counted at the call)
     grad_sync_collectives_per_step: int | None = None
 

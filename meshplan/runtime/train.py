@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan_summary=plan.summary(), model=args.model, world_size=plan.world_size,
         predicted_step_s=plan.predicted.step_s, predicted_peak_mem_bytes=list(plan.predicted.peak_mem_bytes),
         memory_kind="cuda_max_allocated" if torch.cuda.is_available() else "cpu_peak_rss", notes=list(pm.notes),
-        precision=pm.precision,
+        precision=pm.precision, dp_kind=plan.dp_kind if plan.dp > 1 else "none",
     )
     for step in range(start + 1, args.steps + 1):
         x, y = data(step, plan.global_batch_size, seq_len)
