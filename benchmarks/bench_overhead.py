@@ -28,10 +28,35 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_runtime import BATCH, SEQ, _data, _loss, _model, _Stage0, _Stage1, _timed, spawn
+from bench_runtime import BATCH, SEQ, _data, _loss, _model, _timed, spawn
+from torch import nn
 
 MEGATRON = {"attn.q_proj": "colwise", "attn.k_proj": "colwise", "attn.v_proj": "colwise", "attn.o_proj": "rowwise",
             "mlp.fc_in": "colwise", "mlp.fc_out": "rowwise"}
+
+
+class _Stage0(nn.Module):
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.wte, self.wpe, self.blocks = m.wte, m.wpe, nn.ModuleList(list(m.blocks)[:2])
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class _Stage1(nn.Module):
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.blocks, self.ln_f, self.lm_head = nn.ModuleList(list(m.blocks)[2:]), m.ln_f, m.lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.lm_head(self.ln_f(x))
 
 
 def _opt(params: list[torch.Tensor]) -> torch.optim.Optimizer:

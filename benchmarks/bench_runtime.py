@@ -1,8 +1,6 @@
 """Runtime benchmarks (2 ranks, one thread each, gloo on CPU).
 
-    python benchmarks/bench_runtime.py overhead [--steps 12] [--rounds 3]
-        meshplan's runtime vs a hand-written torch.distributed script for the same plan
-        (DDP dp2; 1F1B pp2), median step time, overhead in percent.
+    (runtime overhead against hand-written loops: ``benchmarks/bench_overhead.py``)
     python benchmarks/bench_runtime.py predict --cluster profile.json [--steps 8] [--repeats 3]
         plans costed by ``meshplan.planner.api.estimate_graph`` on a ``meshplan profile`` of this
         machine (dtype fp32, what the CPU runtime executes) vs the runtime's measured step time
@@ -68,106 +66,6 @@ def _timed(step_fn: Any, steps: int, offset: int) -> list[float]:
         t0 = time.perf_counter()
         step_fn(x, y)
         out.append(time.perf_counter() - t0)
-    return out
-
-
-# ---- hand-written baselines ---------------------------------------------------------------------
-def hand_ddp(world: int, rank: int) -> Any:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = DDP(_model())
-    opt = _opt(list(model.parameters()))
-    per = BATCH // world
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> float:
-        xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
-        loss = _loss(model(xs), ys)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return float(loss.detach())
-
-    return step
-
-
-class _Stage0(nn.Module):
-    def __init__(self, m: nn.Module) -> None:
-        super().__init__()
-        self.wte, self.wpe, self.blocks = m.wte, m.wpe, nn.ModuleList(list(m.blocks)[:2])
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for b in self.blocks:
-            x = b(x)
-        return x
-
-
-class _Stage1(nn.Module):
-    def __init__(self, m: nn.Module) -> None:
-        super().__init__()
-        self.blocks, self.ln_f, self.lm_head = nn.ModuleList(list(m.blocks)[2:]), m.ln_f, m.lm_head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return self.lm_head(self.ln_f(x))
-
-
-def hand_1f1b(world: int, rank: int, m: int) -> Any:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-    full = _model()
-    mod = _Stage0(full) if rank == 0 else _Stage1(full)
-    stage = PipelineStage(mod, rank, world, torch.device("cpu"))
-    sched = Schedule1F1B(stage, m, loss_fn=_loss)
-    opt = _opt(list(mod.parameters()))
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        if rank == 0:
-            sched.step(x)
-        else:
-            sched.step(target=y, losses=[])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
-
-
-def runtime_step(plan_kw: dict[str, Any]) -> Any:
-    from meshplan.runtime import handplan, split
-    from meshplan.runtime.api import apply_plan
-
-    model = _model()
-    m = plan_kw.get("microbatches", 1)
-    dp = plan_kw.get("dp", 1)
-    mbs = BATCH // (dp * m)
-    ex = (_data(0)[0][:mbs],)
-    gm = split.capture_graph(model, ex)[0] if plan_kw.get("pp", 1) > 1 else None
-    plan = handplan.manual_plan(model, gm, micro_batch_size=mbs, seq_len=SEQ, **plan_kw)
-    pm = apply_plan(model, plan, loss_fn=_loss, optimizer_factory=_opt, example_inputs=ex)
-    return pm.step
-
-
-def overhead_worker(rank: int, world: int, steps: int, rounds: int) -> dict[str, Any]:
-    cases = {
-        "DDP dp2": (lambda: hand_ddp(world, rank), lambda: runtime_step(dict(dp=2, microbatches=1))),
-        "1F1B pp2 (4 microbatches)": (
-            lambda: hand_1f1b(world, rank, 4),
-            lambda: runtime_step(dict(pp=2, schedule="1f1b", microbatches=4)),
-        ),
-    }
-    out: dict[str, Any] = {}
-    for name, (mk_hand, mk_rt) in cases.items():
-        hand, rt = mk_hand(), mk_rt()
-        hand(*_data(0))  # warm-up (shape inference, allocator)
-        rt(*_data(0))
-        th: list[float] = []
-        tr: list[float] = []
-        for r in range(rounds * steps):  # alternate step by step: load from other processes hits both alike
-            th += _timed(hand, 1, r)
-            tr += _timed(rt, 1, r)
-        out[name] = {"hand_ms": statistics.median(th) * 1e3, "runtime_ms": statistics.median(tr) * 1e3}
     return out
 
 
@@ -339,11 +237,10 @@ def spawn(fn: Any, *args: Any, world: int = 2) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("overhead", "predict", "nodes"))
+    ap.add_argument("mode", choices=("predict", "nodes"))
     ap.add_argument("--repeats", type=int, default=1, help="predict: spawns to take the median over")
     ap.add_argument("--batch", type=int, default=4, help="nodes: microbatch size")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cluster", default=None, help="profile JSON from `meshplan profile` (predict mode)")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
@@ -355,38 +252,32 @@ def main(argv: list[str] | None = None) -> int:
         nodes_report(a.cluster, a.batch)
         return 0
     print(f"model GPT {CFG}, global batch {BATCH}x{SEQ}, 2 ranks x 1 thread, gloo")
-    if a.mode == "overhead":
-        res = spawn(overhead_worker, a.steps, a.rounds)
-        print("| plan | hand-written ms | meshplan runtime ms | overhead |\n|---|---|---|---|")
-        for name, r in res.items():
-            print(f"| {name} | {r['hand_ms']:.1f} | {r['runtime_ms']:.1f} | {r['runtime_ms'] / r['hand_ms'] - 1:+.1%} |")
-    else:
-        if not a.cluster:
-            print("predict needs --cluster profile.json (run `meshplan profile -o profile.json`)", file=sys.stderr)
-            return 2
-        plans = make_plans(a.cluster)
-        runs, loads = [], [os.getloadavg()[0]]
-        for _ in range(max(1, a.repeats)):
-            runs.append(spawn(predict_worker, plans, a.steps))
-            loads.append(os.getloadavg()[0])
-        res = runs[0]
-        for i, r in enumerate(res):
-            r["runs_ms"] = [run[i]["measured_ms"] for run in runs]
-            r["measured_ms"] = statistics.median(r["runs_ms"])
-            r["best_run_ms"] = min(r["runs_ms"])
-        print(f"1-minute load average before/after each spawn: {', '.join(f'{x:.1f}' for x in loads)}")
-        print("| plan | predicted ms | measured ms (median) | error | fastest run ms | error |")
-        print("|---|---|---|---|---|---|")
-        errs, errs_best = [], []
-        for r in res:
-            e = r["predicted_ms"] / r["measured_ms"] - 1
-            eb = r["predicted_ms"] / r["best_run_ms"] - 1
-            errs.append(abs(e))
-            errs_best.append(abs(eb))
-            print(f"| {r['plan']} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {e:+.1%} "
-                  f"| {r['best_run_ms']:.1f} | {eb:+.1%} |")
-        print(f"median |error| {statistics.median(errs):.1%} (median of runs), "
-              f"{statistics.median(errs_best):.1%} (fastest run) over {len(errs)} plans")
+    if not a.cluster:
+        print("predict needs --cluster profile.json (run `meshplan profile -o profile.json`)", file=sys.stderr)
+        return 2
+    plans = make_plans(a.cluster)
+    runs, loads = [], [os.getloadavg()[0]]
+    for _ in range(max(1, a.repeats)):
+        runs.append(spawn(predict_worker, plans, a.steps))
+        loads.append(os.getloadavg()[0])
+    res = runs[0]
+    for i, r in enumerate(res):
+        r["runs_ms"] = [run[i]["measured_ms"] for run in runs]
+        r["measured_ms"] = statistics.median(r["runs_ms"])
+        r["best_run_ms"] = min(r["runs_ms"])
+    print(f"1-minute load average before/after each spawn: {', '.join(f'{x:.1f}' for x in loads)}")
+    print("| plan | predicted ms | measured ms (median) | error | fastest run ms | error |")
+    print("|---|---|---|---|---|---|")
+    errs, errs_best = [], []
+    for r in res:
+        e = r["predicted_ms"] / r["measured_ms"] - 1
+        eb = r["predicted_ms"] / r["best_run_ms"] - 1
+        errs.append(abs(e))
+        errs_best.append(abs(eb))
+        print(f"| {r['plan']} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {e:+.1%} "
+              f"| {r['best_run_ms']:.1f} | {eb:+.1%} |")
+    print(f"median |error| {statistics.median(errs):.1%} (median of runs), "
+          f"{statistics.median(errs_best):.1%} (fastest run) over {len(errs)} plans")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
