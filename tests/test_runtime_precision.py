@@ -78,7 +78,8 @@ class TestTwoRanks:
         from dist_utils import run_ranks
 
         cfgs = [dict(dp=2, m=2), dict(tp=2, m=2), dict(pp=2, m=2, schedule="1f1b"), dict(dp=2, m=2, dp_kind="fsdp"),
-                dict(dp=2, m=2, dtype="fp16"), dict(dp=2, m=2, plan_dtype="bf16", dtype="fp32")]
+                dict(dp=2, m=2, dtype="fp16"), dict(pp=2, m=2, schedule="1f1b", dtype="fp16"),
+                dict(dp=2, m=2, plan_dtype="bf16", dtype="fp32")]
         # global gradient-norm clipping across FSDP2 shards, TP shards and pipeline stages (tied weights)
         cfgs += [dict(dp=2, m=2, dp_kind="fsdp", plan_dtype="fp32", clip=0.05),
                  dict(tp=2, m=2, plan_dtype="fp32", clip=0.05), dict(pp=2, m=2, schedule="1f1b", plan_dtype="fp32", clip=0.05)]
