@@ -85,7 +85,9 @@ def precision_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) ->
             ps = [p for m in reversed(pm.modules) for p in reversed(list(m.parameters())) if p.requires_grad]
             uniq = list({id(p): p for p in ps}.values())
             facts.update(buckets=gs.num_buckets, overlapped=gs.overlapped_last_step,
-                         costed_buckets=len(bucket_indices([p.numel() * p.element_size() for p in uniq], cfg["cap"])))
+                         costed_buckets=len(bucket_indices(  # this rank's bytes: the local shard under TP
+                             [(p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size() for p in uniq],
+                             cfg["cap"])))
         out.append((cfg, loss_err, param_err, facts))
     return out
 

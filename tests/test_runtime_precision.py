@@ -102,6 +102,7 @@ class TestFourRanks:
         from dist_utils import run_ranks
 
         cfgs = [dict(dp=2, pp=2, m=2, schedule=s, plan_dtype="fp32", cap=16384) for s in ("1f1b", "zero-bubble")]
+        cfgs += [dict(dp=2, tp=2, m=2, plan_dtype="fp32", cap=16384)]  # ddp with TP: the local shards, bucketed
         res = run_ranks(pc.precision_worker, 4, cfgs, timeout_s=400)
         for rows in res:
             _check(rows)
