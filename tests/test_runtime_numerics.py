@@ -97,7 +97,7 @@ class TestFourRanks:
         cfgs += [dict(tp=2, pp=2, m=4, schedule="interleaved-1f1b", v=2, sp=1),
                  dict(dp=2, tp=2, m=2, sp=1, dp_kind="fsdp", recompute="selective")]
         # ZeRO kinds: HSDP (2 replicas x 2 shards), ZeRO-1 under zero-bubble, ZeRO-2 under pipelining
-        cfgs += [dict(dp=4, m=2, dp_kind="hsdp", devices_per_node=2),
+        cfgs += [dict(dp=4, m=2, dp_kind="hsdp", devices_per_node=2), dict(dp=2, tp=2, m=2, dp_kind="hsdp", devices_per_node=2),
                  dict(dp=2, pp=2, m=2, schedule="zero-bubble", dp_kind="zero1"),
                  dict(dp=2, pp=2, m=2, schedule="1f1b", dp_kind="zero2")]
         cfgs += [dict(tp=2, pp=2, m=4, schedule="1f1b", vocab_head="lm_head", model="gpt_untied"),

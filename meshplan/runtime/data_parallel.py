@@ -58,8 +58,6 @@ def check_dp_kind(plan: Plan) -> None:
             "dp_kind zero1 with tp > 1 is not executed (ZeroRedundancyOptimizer does not take DTensor "
             "parameters); re-plan with dp_kind zero2 or fsdp"
         )
-    if plan.dp_kind == "hsdp" and plan.tp > 1:
-        raise PlanMismatchError("dp_kind hsdp with tp > 1 is not executed by this runtime; use fsdp or zero2")
 
 
 def dp_mode(plan: Plan) -> str:
