@@ -301,6 +301,9 @@ def test_meshplan_run_end_to_end(gpt_and_graph, tmp_path) -> None:
     assert [s.step for s in rec.steps] == [1, 2] and rec.predicted_step_s == 0.05
     assert rec.precision == "fp32" and rec.grad_sync_collectives_per_step == 0  # pp2, no data parallelism
     assert rec.dp_kind == "none"
+    assert len(rec.rank_peak_mem_bytes) == 2 and min(rec.rank_peak_mem_bytes) > 0
+    pred = list(plan.predicted.peak_mem_bytes) or [0, 0]  # a hand plan may carry no memory prediction
+    assert rec.predicted_rank_peak_mem_bytes == [pred[r] for r in range(2)]
     assert (tmp_path / "ck" / "step-000002" / "meshplan.json").is_file()
 
 

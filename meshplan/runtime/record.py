@@ -13,6 +13,7 @@ import json
 import resource
 import statistics
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,19 @@ def peak_mem_bytes() -> int:
         return int(torch.cuda.max_memory_allocated())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def gather_peak_mem(pp_rank: int, predicted_per_pp_rank: Sequence[int]) -> list[tuple[int, int]]:
+    """(measured peak bytes, predicted peak bytes of its pipeline rank) for every world rank; a
+    collective (every rank calls it)."""
+    import torch
+    import torch.distributed as dist
+
+    pred = predicted_per_pp_rank[pp_rank] if pp_rank < len(predicted_per_pp_rank) else 0
+    mine = torch.tensor([float(peak_mem_bytes()), float(pred)], dtype=torch.float64)
+    out = [torch.zeros(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [(int(t[0].item()), int(t[1].item())) for t in out]
 
 
 @dataclass
@@ -50,9 +64,21 @@ class RunRecord:
     dp_kind: str = ""  # data-parallel kind that ran (the plan's; "none" at dp = 1)
     # gradient-reducing collective calls one rank issued in the last measured step (counted at the call)
     grad_sync_collectives_per_step: int | None = None
+    # per world rank: the measured peak over the steps so far, and the plan's prediction for the
+    # rank's pipeline stage (``gather_peak_mem``); empty in records of older versions
+    rank_peak_mem_bytes: list[int] = field(default_factory=list)
+    predicted_rank_peak_mem_bytes: list[int] = field(default_factory=list)
 
     def add(self, step: int, step_s: float, loss: float, mem: int) -> None:
         self.steps.append(StepRecord(step, step_s, loss, mem))
+
+    def add_rank_peaks(self, peaks: list[tuple[int, int]]) -> int:
+        """Fold one step's (measured, predicted) bytes per rank in; returns the step's largest measured."""
+        if len(self.rank_peak_mem_bytes) != len(peaks):
+            self.rank_peak_mem_bytes = [0] * len(peaks)
+        self.rank_peak_mem_bytes = [max(a, m) for a, (m, _) in zip(self.rank_peak_mem_bytes, peaks)]
+        self.predicted_rank_peak_mem_bytes = [p for _, p in peaks]
+        return max((m for m, _ in peaks), default=0)
 
     @property
     def measured_step_s(self) -> float:

@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.runtime.dist import check_launch
     from meshplan.runtime.guard import NonFiniteGuard
     from meshplan.runtime.optim import lr_at, make_optimizer
-    from meshplan.runtime.record import RunRecord, peak_mem_bytes
+    from meshplan.runtime.record import RunRecord, gather_peak_mem
 
     plan = Plan.load(args.plan)
     check_launch(plan)  # before any collective
@@ -152,12 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         loss = pm.step(x, y)
         dt = time.perf_counter() - t0
-        mem = torch.tensor([peak_mem_bytes()], dtype=torch.float64)
-        torch.distributed.all_reduce(mem, op=torch.distributed.ReduceOp.MAX)
-        rec.add(step, dt, loss, int(mem.item()))
+        mem = rec.add_rank_peaks(gather_peak_mem(pm.env.coord("pp"), plan.predicted.peak_mem_bytes))
+        rec.add(step, dt, loss, mem)
         rec.grad_sync_collectives_per_step = pm.grad_sync_collectives  # counted in this step
         if rank == 0:
-            print(f"step {step:5d}  loss {loss:.6f}  {dt * 1e3:8.1f} ms  peak {mem.item() / 2**20:.0f} MiB", flush=True)
+            print(f"step {step:5d}  loss {loss:.6f}  {dt * 1e3:8.1f} ms  peak {mem / 2**20:.0f} MiB", flush=True)
         try:
             warning = guard.after_step(step, loss, step in pm.skipped_steps)
         except NonFiniteError as e:
