@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshplan.plan_checks import plan_problems
+
 FORMAT_VERSION = 1
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
@@ -218,6 +220,8 @@ class Plan:
     solver: SolverInfo = field(default_factory=SolverInfo)
     alternatives: tuple[Alternative, ...] = ()
     notes: tuple[str, ...] = ()
+    # fingerprint.module_fingerprint of the model planned for ("" = unknown: not checked at run time)
+    model_fingerprint: str = ""
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -291,7 +295,16 @@ class Plan:
                 f"plan format_version {version!r} is not supported by this meshplan (reads {FORMAT_VERSION}); "
                 "re-plan with this version"
             )
-        return _from_jsonable(cls, d)
+        plan = _from_jsonable(cls, d)
+        plan.validate()
+        return plan
+
+    def validate(self) -> None:
+        """Raise PlanFormatError (one line naming the field) if the runtime cannot run this plan."""
+        problems = plan_problems(self)
+        if problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise PlanFormatError(f"invalid plan: {problems[0]}{more}")
 
     @classmethod
     def from_json(cls, s: str) -> Plan:

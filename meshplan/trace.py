@@ -28,6 +28,7 @@ import torch
 from torch import fx, nn
 
 from meshplan.errors import TraceError
+from meshplan.fingerprint import module_fingerprint
 from meshplan.graph import ModelGraph
 from meshplan.tracing.annotate import NodeRecord, propagate
 from meshplan.tracing.blocks import cut_points, find_blocks
@@ -129,6 +130,7 @@ def trace_model(
     params = list(model.parameters())
     meta = model_meta(model, nodes)
     meta.update(moe_meta(model))
+    meta["param_fingerprint"] = module_fingerprint(model)
     if cap.fx_error:
         meta["fx_error"] = cap.fx_error
     batch, seq = _batch_seq([n for n in nodes if n.kind == "input"])

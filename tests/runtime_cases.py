@@ -295,4 +295,13 @@ def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
     h.remove()
     out["after_bad_loss"] = pm.step(x, y)
     out["skipped"] = list(pm.skipped_steps)
+
+    from meshplan.runtime.batch_check import check_batch
+
+    check_batch(1, (x, y), global_batch=BATCH, seq_len=SEQ)  # the same batch on both ranks passes
+    try:
+        check_batch(1, (x + rank, y), global_batch=BATCH, seq_len=SEQ)
+        out["batch_differs"] = "no error"
+    except ValueError as e:
+        out["batch_differs"] = str(e)
     return out

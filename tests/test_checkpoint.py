@@ -1,5 +1,6 @@
 """Atomic DCP checkpoints at 2 ranks: pruning, manifest, checksum and model-fingerprint refusals, no NaN
-saved; a NaN loss or (with check_grads) an inf gradient on one rank applies no update on any rank."""
+saved; a NaN loss or (with check_grads) an inf gradient on one rank applies no update on any rank;
+a data-hook batch that differs between ranks is refused on every rank."""
 
 from __future__ import annotations
 
@@ -27,3 +28,4 @@ class TestCheckpoint:
             assert r["nan_loss"] != r["nan_loss"] and r["unchanged_after_nan"]
             assert r["inf_grad_loss"] == r["inf_grad_loss"] and r["after_bad_loss"] == r["after_bad_loss"]
             assert r["skipped"] == [2, 3]
+            assert "rank 1 got a different batch than rank 0" in r["batch_differs"], r["batch_differs"]

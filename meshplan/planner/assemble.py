@@ -132,7 +132,7 @@ def build_plan(
             split_method=sp.method if sp else "", split_status=sp.status if sp else "",
             split_objective_s=sp.objective_s if sp else 0.0, split_seconds=sp.seconds if sp else 0.0,
         ),
-        alternatives=alts, notes=tuple(notes),
+        alternatives=alts, notes=tuple(notes), model_fingerprint=str(graph.meta.get("param_fingerprint", "")),
     )  # fmt: skip
 
 

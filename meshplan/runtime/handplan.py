@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from meshplan.fingerprint import module_fingerprint
 from meshplan.plan import MeshSpec, Plan, Prediction, StageSpec
 from meshplan.runtime.schedules import stage_rank
 
@@ -72,7 +73,7 @@ def manual_plan(
         mods = tuple(n for n, c in model.named_modules() if n and not list(c.children()))
         stages = [StageSpec(index=0, rank=0, node_start=0, node_end=0, first_node="", last_node="", modules=mods)]
         return _plan(model_name, dp, tp, pp, schedule, virtual_stages, microbatches, micro_batch_size, seq_len,
-                     tp_styles, dp_kind, axis_names, step_s, stages)
+                     tp_styles, dp_kind, axis_names, step_s, stages, module_fingerprint(model))
     assert gm is not None, "a pipelined plan needs the captured graph"
     starts = block_starts(gm)
     if n_stages > 1 and len(starts) < n_stages:
@@ -92,12 +93,12 @@ def manual_plan(
             )
         )
     return _plan(model_name, dp, tp, pp, schedule, virtual_stages, microbatches, micro_batch_size, seq_len,
-                 tp_styles, dp_kind, axis_names, step_s, stages)
+                 tp_styles, dp_kind, axis_names, step_s, stages, module_fingerprint(model))
 
 
 def _plan(model_name: str, dp: int, tp: int, pp: int, schedule: str, virtual_stages: int, microbatches: int,
           micro_batch_size: int, seq_len: int, tp_styles: dict[str, str] | None, dp_kind: str,
-          axis_names: Sequence[str], step_s: float, stages: list[StageSpec]) -> Plan:
+          axis_names: Sequence[str], step_s: float, stages: list[StageSpec], fingerprint: str = "") -> Plan:
     degrees = {"pp": pp, "dp": dp, "tp": tp}
     names = tuple(axis_names)
     return Plan(
@@ -106,7 +107,7 @@ def _plan(model_name: str, dp: int, tp: int, pp: int, schedule: str, virtual_sta
         global_batch_size=micro_batch_size * microbatches * dp, seq_len=seq_len,
         micro_batch_size=micro_batch_size, num_microbatches=microbatches, schedule=schedule,
         virtual_stages=virtual_stages, stages=tuple(stages), tp_styles=dict(tp_styles or {}),
-        predicted=Prediction(step_s=step_s), dp_kind=dp_kind, dtype="fp32",
+        predicted=Prediction(step_s=step_s), dp_kind=dp_kind, dtype="fp32", model_fingerprint=fingerprint,
     )
 
 

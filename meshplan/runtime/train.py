@@ -100,9 +100,11 @@ def load_hook(spec: str) -> Callable[[int, int, int], tuple]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    from meshplan.fingerprint import check_plan_model
     from meshplan.models import load_model
     from meshplan.runtime import checkpoint
     from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.batch_check import check_batch
     from meshplan.runtime.dist import check_launch
     from meshplan.runtime.guard import NonFiniteGuard
     from meshplan.runtime.optim import lr_at, make_optimizer
@@ -119,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, example = spec.model, spec.example_inputs
     if example is None:
         raise ValueError(f"model {args.model!r} gives no example inputs; return (model, example_inputs) from the factory")
+    check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
     data = load_hook(args.data) if args.data else synthetic_data(model, example, args.seed)
     seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
@@ -130,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pm.max_grad_norm = args.clip_grad_norm or None
     pm.lr_fn = functools.partial(lr_at, lr=args.lr, schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
                                  total_steps=args.steps)
+    first = None
     start = 0
     if args.resume:
         if not args.checkpoint_dir:
@@ -148,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for step in range(start + 1, args.steps + 1):
         x, y = data(step, plan.global_batch_size, seq_len)
+        if args.data:  # a user's hook: shape, dtype and sameness on every rank checked each step
+            first = check_batch(step, (x, y), global_batch=plan.global_batch_size, seq_len=seq_len, first=first)
         torch.distributed.barrier()
         t0 = time.perf_counter()
         loss = pm.step(x, y)
@@ -178,5 +184,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """``main`` with a user's mistake (bad plan, wrong model, damaged checkpoint) as one line, exit 2."""
+    from meshplan.errors import MeshplanError
+
+    try:
+        return main(argv)
+    except (MeshplanError, ValueError, FileNotFoundError) as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"meshplan run: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli_main())
