@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
+if TYPE_CHECKING:  # networkx costs ~0.3 s to import; only to_networkx needs it
+    import networkx as nx
 
 #: Node kinds used by the tracer, the cost models and the planner.
 NODE_KINDS = (
@@ -161,6 +162,8 @@ class ModelGraph:
     def to_networkx(self) -> nx.DiGraph:
         """A networkx DiGraph: nodes keyed by id with every GraphNode field as attributes,
         edges with ``bytes``."""
+        import networkx as nx
+
         g = nx.DiGraph(model_name=self.model_name, capture=self.capture)
         for n in self.nodes:
             g.add_node(n.id, **asdict(n))

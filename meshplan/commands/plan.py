@@ -1,6 +1,7 @@
 """``meshplan plan MODEL --world-size N``: search the best parallel plan, print it, write plan.json.
 
-Traces MODEL on the meta device (``meshplan.models.load_model(spec, device="meta")``), runs
+Traces MODEL on the meta device (``meshplan.tracing.cache.load_graph``: the traced graph comes
+from the trace cache when it holds this model, ``--no-cache`` to bypass it), runs
 ``meshplan.planner.api.plan_graph`` with progress lines on stderr, prints the text report and
 writes the Plan JSON with ``-o``. Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search.
 torch is imported inside ``run`` only.
@@ -46,7 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--lora-rank", type=int, default=None, help="LoRA rank for --quantization qlora (default 16)")
     parser.add_argument("-o", "--output", default=None, metavar="PLAN_JSON", help="write the plan here")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--no-cache", action="store_true",
+        help="trace the model even when its graph is in the trace cache (~/.cache/meshplan/graphs)",
+    )  # fmt: skip
 
 
 def pins(args: argparse.Namespace) -> dict[str, object]:
@@ -77,17 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if args.lora_rank is not None and args.quantization != "qlora":
         raise ValueError("--lora-rank applies to --quantization qlora only")
     quant = resolve_quantization(args.quantization, args.lora_rank)
-    from meshplan.models import load_model
-    from meshplan.models.registry import default_inputs
-    from meshplan.trace import trace_model
+    from meshplan.tracing.cache import load_graph
 
-    progress(f"building {args.model} on the meta device")
-    spec = load_model(args.model, device="meta")
-    inputs = spec.example_inputs
-    if args.seq is not None:
-        inputs = default_inputs(spec.model, batch_size=1, seq_len=args.seq, device="meta") or inputs
-    progress("tracing")
-    graph = trace_model(spec.model, inputs, name=spec.name)
+    graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress)
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
     plan = plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch, fixed=fixed,
                       progress=progress, quantization=quant)  # fmt: skip

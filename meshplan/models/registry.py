@@ -13,7 +13,8 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch import nn
 from meshplan.models.gpt import GPT, GPT_PRESETS, GPTConfig
 from meshplan.models.hf import HFLogits, hf_bert, hf_gpt2, hf_llama
 from meshplan.models.llama import LLAMA_PRESETS, Llama, LlamaConfig
+from meshplan.models.meta_init import skip_init_on_meta
 from meshplan.models.mlp import MLP
 
 
@@ -116,12 +118,23 @@ def _load_factory(spec: str) -> Callable[[], Any]:
     return fn
 
 
+@contextmanager
+def _build_context(dev: torch.device | None) -> Iterator[None]:
+    """Build under ``dev`` (default CPU); on the meta device weight init is skipped (no values)."""
+    with dev if dev is not None else torch.device("cpu"):
+        if dev is not None and dev.type == "meta":
+            with skip_init_on_meta():
+                yield
+        else:
+            yield
+
+
 def load_model(
     spec: str, *, device: str | None = None, batch_size: int = 1, seq_len: int | None = None
 ) -> ModelSpec:
     """Build a model from a zoo name or a factory spec; see the module docstring."""
     dev = torch.device(device) if device is not None else None
-    ctx = dev if dev is not None else torch.device("cpu")
+    ctx = _build_context(dev)
     config: dict[str, Any]
     if spec in GPT_PRESETS:
         with ctx:
