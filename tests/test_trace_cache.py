@@ -13,6 +13,7 @@ import pytest
 
 from meshplan.planner.api import plan_graph
 from meshplan.tracing import cache as C
+from meshplan.tracing.load import load_graph
 
 FACTORY = '''
 import torch
@@ -34,7 +35,7 @@ def _strip_timing(plan) -> dict:
 
 def test_zoo_graph_cached_and_plans_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = C.GraphCache(tmp_path)
-    first = C.load_graph("gpt-tiny", cache=store)  # a miss: traced, then stored
+    first = load_graph("gpt-tiny", cache=store)  # a miss: traced, then stored
     assert len(list(tmp_path.glob("zoo-*.json"))) == 1
 
     import meshplan.trace
@@ -43,7 +44,7 @@ def test_zoo_graph_cached_and_plans_identical(tmp_path: Path, monkeypatch: pytes
         raise AssertionError("a cache hit must not trace")
 
     monkeypatch.setattr(meshplan.trace, "trace_model", boom)
-    hit = C.load_graph("gpt-tiny", cache=store)
+    hit = load_graph("gpt-tiny", cache=store)
     assert hit == first
     a = plan_graph(first, 2, cluster="h100", global_batch_size=4)
     b = plan_graph(hit, 2, cluster="h100", global_batch_size=4)
@@ -57,13 +58,13 @@ def test_factory_key_follows_the_model(tmp_path: Path) -> None:
     store = C.GraphCache(tmp_path / "cache")
     f = tmp_path / "mymodel.py"
     f.write_text(FACTORY.format(width=32))
-    g1 = C.load_graph(f"{f}:model", cache=store)
-    g2 = C.load_graph(f"{f}:model", cache=store)
+    g1 = load_graph(f"{f}:model", cache=store)
+    g2 = load_graph(f"{f}:model", cache=store)
     assert g1 == g2 and len(list(store.directory.glob("model-*.json"))) == 1
-    C.load_graph(f"{f}:model", cache=store, use_cache=False)  # --no-cache: traced, nothing stored
+    load_graph(f"{f}:model", cache=store, use_cache=False)  # --no-cache: traced, nothing stored
     assert len(list(store.directory.glob("model-*.json"))) == 1
     f.write_text(FACTORY.format(width=64))  # a different shape: a different key, a new trace
-    g3 = C.load_graph(f"{f}:model", cache=store)
+    g3 = load_graph(f"{f}:model", cache=store)
     assert len(list(store.directory.glob("model-*.json"))) == 2
     assert g3.param_count > g1.param_count
 
@@ -73,7 +74,7 @@ def test_damaged_entry_is_ignored(tmp_path: Path) -> None:
     key = C.spec_key("gpt-tiny", None)
     assert key is not None
     store.path(key).write_text("{not json")
-    g = C.load_graph("gpt-tiny", cache=store)
+    g = load_graph("gpt-tiny", cache=store)
     assert store.get(key) == g  # replaced by a good one
 
 
@@ -87,9 +88,9 @@ def test_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 def test_zoo_hit_imports_no_torch(tmp_path: Path) -> None:
     store = C.GraphCache(tmp_path)
-    g = C.load_graph("gpt-tiny", cache=store)
+    g = load_graph("gpt-tiny", cache=store)
     code = (
-        "import sys; from meshplan.tracing.cache import GraphCache, load_graph; "
+        "import sys; from meshplan.tracing.cache import GraphCache; from meshplan.tracing.load import load_graph; "
         f"g = load_graph('gpt-tiny', cache=GraphCache({str(tmp_path)!r})); "
         "print(len(g.nodes), 'torch' in sys.modules)"
     )

@@ -1,6 +1,6 @@
 """``meshplan plan MODEL --world-size N``: search the best parallel plan, print it, write plan.json.
 
-Traces MODEL on the meta device (``meshplan.tracing.cache.load_graph``: the traced graph comes
+Traces MODEL on the meta device (``meshplan.tracing.load.load_graph``: the traced graph comes
 from the trace cache when it holds this model, ``--no-cache`` to bypass it), runs
 ``meshplan.planner.api.plan_graph`` with progress lines on stderr, prints the text report and
 writes the Plan JSON with ``-o``. Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search.
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lora_rank is not None and args.quantization != "qlora":
         raise ValueError("--lora-rank applies to --quantization qlora only")
     quant = resolve_quantization(args.quantization, args.lora_rank)
-    from meshplan.tracing.cache import load_graph
+    from meshplan.tracing.load import load_graph
 
     graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress)
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")

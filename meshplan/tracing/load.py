@@ -1,0 +1,59 @@
+"""``load_graph(spec)``: the traced graph of a model spec, through the trace cache.
+
+What ``meshplan plan`` calls. A zoo name is looked up by ``cache.spec_key`` before anything is
+built (a hit imports no torch); a ``file.py:factory`` spec is built on the meta device and looked up
+by ``fingerprint.model_key``. A miss traces (``meshplan.trace.trace_model``) and stores the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from meshplan.graph import ModelGraph
+from meshplan.tracing.cache import GraphCache, spec_key
+
+
+def load_graph(
+    spec: str,
+    *,
+    seq: int | None = None,
+    use_cache: bool = True,
+    cache: GraphCache | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ModelGraph:
+    """The traced graph of model ``spec`` (zoo name or factory spec) built on the meta device at
+    sequence length ``seq``, from the cache when it holds it (see the module docstring).
+
+    A zoo name is looked up before anything is built (a hit imports no torch); a factory spec is
+    built first and looked up by ``fingerprint.model_key``. A miss traces and stores the graph.
+    """
+    say = progress or (lambda _msg: None)
+    store = cache if cache is not None else GraphCache()
+    key = spec_key(spec, seq) if use_cache else None
+    if key is not None:
+        hit = store.get(key)
+        if hit is not None:
+            say(f"traced graph of {spec} from the cache ({store.path(key)})")
+            return hit
+    from meshplan.models import load_model
+    from meshplan.models.registry import default_inputs
+    from meshplan.trace import trace_model
+
+    say(f"building {spec} on the meta device")
+    built = load_model(spec, device="meta")
+    inputs = built.example_inputs
+    if seq is not None:
+        inputs = default_inputs(built.model, batch_size=1, seq_len=seq, device="meta") or inputs
+    if use_cache and key is None:
+        from meshplan.tracing.fingerprint import model_key
+
+        key = model_key(built.model, inputs)
+        hit = store.get(key)
+        if hit is not None:
+            say(f"traced graph of {spec} from the cache ({store.path(key)})")
+            return hit
+    say("tracing")
+    graph = trace_model(built.model, inputs, name=built.name)
+    if key is not None:
+        store.put(key, graph)
+    return graph
