@@ -12,7 +12,7 @@ import meshplan
 
 ROOT = Path(meshplan.__file__).parent
 TORCH_FREE = ["meshplan.plan", "meshplan.graph", "meshplan.errors", "meshplan.cli"]
-TORCH_FREE_PACKAGES = ["partition", "planner", "report", "cost_models"]
+TORCH_FREE_PACKAGES = ["partition", "planner", "report", "cost_models", "engines"]
 TORCH_ALLOWED = {"meshplan.cost_models.profile"}
 
 
@@ -64,3 +64,16 @@ def test_cli_help_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("CLEAN"), "a meshplan/commands module imports torch at top level"
+
+
+def test_engines_are_text_only() -> None:
+    """meshplan/engines/ reads and writes engine configurations: it never imports the runtime,
+    the planner or torch (costing a configuration is the commands' job)."""
+    offenders = []
+    for f in (ROOT / "engines").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            offenders += [f"{f.name}: {n}" for n in names
+                          if n.startswith(("meshplan.runtime", "meshplan.planner", "torch"))]
+    assert not offenders, offenders

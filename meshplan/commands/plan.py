@@ -10,8 +10,11 @@ torch is imported inside ``run`` only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
+
+from meshplan.engines.spec import CAPS, TARGETS, spec_from_plan, unsupported
 
 HELP = "plan data/tensor/pipeline parallelism for a model on N devices (predicted costs)"
 
@@ -52,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-cache", action="store_true",
         help="trace the model even when its graph is in the trace cache (~/.cache/meshplan/graphs)",
     )  # fmt: skip
+    parser.add_argument("--target", default="meshplan", choices=TARGETS,
+                        help="plan only what this engine runs (its schedules and DP kinds); export with "
+                             "`meshplan export --to ENGINE` (default meshplan: everything meshplan's runtime runs)")
 
 
 def pins(args: argparse.Namespace) -> dict[str, object]:
@@ -76,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
     fixed = pins(args)
+    if args.target in CAPS:
+        kinds = CAPS[args.target].dp_kinds
+        if fixed.get("dp_kind") not in (None, *kinds):
+            raise ValueError(f"--dp-kind {fixed['dp_kind']} is not one {args.target} runs ({', '.join(kinds)})")
+
     # bad input fails before the (slow) trace
     _check(args.world_size, args.cluster, args.global_batch, fixed, None, None)
     V.check_fixed(fixed, args.world_size)
@@ -86,8 +97,16 @@ def run(args: argparse.Namespace) -> int:
 
     graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress)
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
+    schedules = CAPS[args.target].schedules if args.target in CAPS else None
     plan = plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch, fixed=fixed,
-                      progress=progress, quantization=quant)  # fmt: skip
+                      progress=progress, quantization=quant, schedules=schedules)  # fmt: skip
+    if args.target in CAPS:
+        left = unsupported(spec_from_plan(plan), args.target)
+        plan = dataclasses.replace(plan, notes=(*plan.notes, f"planned for {args.target}: schedules "
+                                                + ", ".join(CAPS[args.target].schedules)
+                                                + (f"; NOT expressible as is: {'; '.join(left)} (export --nearest)"
+                                                   if left else "; `meshplan export --to " + args.target
+                                                   + "` writes its configuration")))
     print(format_plan(plan))
     if args.output:
         plan.save(args.output)

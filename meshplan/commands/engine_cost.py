@@ -1,0 +1,35 @@
+"""Shared by ``meshplan export --nearest`` and ``meshplan estimate --from-*``: trace a model and
+cost an engine configuration (``engines.spec.EngineSpec``) with ``planner.api.estimate_graph``.
+
+Not a command (``cli.COMMANDS`` does not list it). Torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.engines.spec import EngineSpec
+
+
+def trace_graph(model: str, seq_len: int | None = None) -> Any:
+    """The model's graph on the meta device (from the trace cache when it holds it)."""
+    from meshplan.tracing.load import load_graph
+
+    return load_graph(model, seq=seq_len)
+
+
+def cost_spec(graph: Any, spec: EngineSpec, cluster: Any) -> Any:
+    """The Plan meshplan predicts for ``spec`` (its own stage split: the engine's is not pinned)."""
+    from meshplan.planner.api import estimate_graph
+
+    if spec.cp > 1 or spec.ep > 1:
+        raise ValueError(f"costing context/expert parallelism from an engine config (cp={spec.cp}, ep={spec.ep}) "
+                         "is not supported yet; set them to 1")
+    return estimate_graph(
+        graph, spec.world_size, tp=spec.tp, pp=spec.pp, dp=spec.dp, schedule=spec.schedule,
+        num_microbatches=spec.num_microbatches, micro_batch_size=spec.micro_batch_size,
+        global_batch_size=spec.global_batch_size, recompute=spec.recompute,
+        virtual_stages=spec.virtual_stages if spec.pp > 1 else None,
+        dp_kind=spec.dp_kind if spec.dp > 1 else None, sequence_parallel=spec.sequence_parallel if spec.tp > 1 else None,
+        cluster=cluster, dtype=spec.dtype,
+    )  # fmt: skip

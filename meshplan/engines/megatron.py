@@ -1,0 +1,147 @@
+"""Megatron-LM command-line arguments (``pretrain_gpt.py``'s argparse names, Megatron-LM core_r0.16).
+
+Export writes the parallelism, batch, recompute, optimizer-sharding, precision and overlap flags
+of a spec; the data-parallel degree is not an argument (Megatron derives it from the world size
+as world / (tp * pp * cp)). Import reads them back (``--num-layers-per-virtual-pipeline-stage``
+too) with the world size given; model-shape and optimizer flags are listed as ignored, anything
+else as unknown. No torch import.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from meshplan.engines.imported import Imported
+from meshplan.engines.spec import EngineSpec
+
+VERSION = "Megatron-LM core_r0.16 (megatron/training/arguments.py)"
+VALUE_ARGS = {
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
+    "--num-layers-per-virtual-pipeline-stage", "--context-parallel-size", "--expert-model-parallel-size",
+    "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-granularity", "--recompute-method",
+    "--recompute-num-layers", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--num-layers", "--fp8-format",
+}  # fmt: skip
+FLAG_ARGS = {"--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16",
+             "--overlap-grad-reduce", "--overlap-param-gather"}  # fmt: skip
+#: known, but the model comes from MODEL and the optimizer does not change the layout
+IGNORED = {"--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+           "--max-position-embeddings", "--lr", "--min-lr", "--train-iters", "--lr-decay-style", "--weight-decay",
+           "--clip-grad", "--adam-beta1", "--adam-beta2", "--init-method-std", "--seed", "--log-interval",
+           "--save", "--load", "--data-path", "--tokenizer-type", "--vocab-file", "--merge-file", "--split",
+           "--eval-iters", "--eval-interval", "--save-interval", "--lr-warmup-iters", "--lr-warmup-fraction",
+           "--normalization", "--swiglu", "--group-query-attention", "--position-embedding-type",
+           "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--attention-dropout",
+           "--hidden-dropout", "--use-flash-attn", "--use-mcore-models", "--transformer-impl", "--vocab-size",
+           "--tokenizer-model", "--distributed-backend", "--num-workers", "--lr-decay-iters",
+           "--attention-softmax-in-fp32", "--no-masked-softmax-fusion", "--make-vocab-size-divisible-by",
+           "--kv-channels", "--rotary-base", "--norm-epsilon", "--log-throughput", "--tensorboard-dir",
+           "--wandb-project", "--exit-duration-in-mins", "--timing-log-level", "--overlap-p2p-communication",
+           "--tp-comm-overlap", "--accumulate-allreduce-grads-in-fp32", "--use-rotary-position-embeddings",
+           "--no-position-embedding", "--apply-query-key-layer-scaling"}  # fmt: skip
+
+
+def export(spec: EngineSpec) -> str:
+    a: list[str] = [f"--tensor-model-parallel-size {spec.tp}", f"--pipeline-model-parallel-size {spec.pp}"]
+    if spec.virtual_stages > 1:
+        a.append(f"--num-virtual-stages-per-pipeline-rank {spec.virtual_stages}")
+    if spec.cp > 1:
+        a.append(f"--context-parallel-size {spec.cp}")
+    if spec.ep > 1:
+        a.append(f"--expert-model-parallel-size {spec.ep}")
+    if spec.sequence_parallel:
+        a.append("--sequence-parallel")
+    if spec.num_layers:
+        a.append(f"--num-layers {spec.num_layers}")
+    fl = spec.first_last() if spec.uneven() else None
+    if fl is not None:
+        a += [f"--decoder-first-pipeline-num-layers {fl[0]}", f"--decoder-last-pipeline-num-layers {fl[1]}"]
+    a += [f"--micro-batch-size {spec.micro_batch_size}", f"--global-batch-size {spec.global_batch_size}"]
+    if spec.seq_len:
+        a.append(f"--seq-length {spec.seq_len}")
+    if spec.recompute == "full":
+        a.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    elif spec.recompute == "selective":
+        a.append("--recompute-granularity selective")
+    if spec.dp_kind == "zero1":
+        a.append("--use-distributed-optimizer --overlap-param-gather")
+    elif spec.dp_kind == "fsdp":
+        a.append("--use-torch-fsdp2")
+    if spec.dp > 1:
+        a.append("--overlap-grad-reduce")
+    a.append({"bf16": "--bf16", "fp16": "--fp16", "fp8": "--bf16 --fp8-format hybrid", "fp32": ""}[spec.dtype])
+    return " ".join(x for x in a if x)
+
+
+def parse(text: str, world_size: int) -> Imported:
+    """Megatron arguments (a string, or a file's text; ``\\`` line ends and ``#`` comments allowed)."""
+    lines = [ln.split("#", 1)[0] for ln in text.replace("\\\n", " ").splitlines()]
+    toks = shlex.split(" ".join(lines))
+    vals: dict[str, str] = {}
+    flags: set[str] = set()
+    unknown, ignored = [], []
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        key, _, inline = t.partition("=")
+        if key in VALUE_ARGS:
+            if inline:
+                vals[key] = inline
+            elif i + 1 < len(toks):
+                vals[key], i = toks[i + 1], i + 1
+            else:
+                raise ValueError(f"megatron argument {key} needs a value")
+        elif key in FLAG_ARGS:
+            flags.add(key)
+        elif key.startswith("--"):
+            takes_value = i + 1 < len(toks) and not toks[i + 1].startswith("--") and not inline
+            (ignored if key in IGNORED else unknown).append(key)
+            i += 1 if takes_value else 0
+        else:
+            unknown.append(t)
+        i += 1
+
+    def num(k: str, d: int) -> int:
+        try:
+            return int(vals.get(k, d))
+        except ValueError:
+            raise ValueError(f"megatron argument {k} must be an integer, got {vals[k]!r}") from None
+
+    tp, pp, cp, ep = (num("--tensor-model-parallel-size", 1), num("--pipeline-model-parallel-size", 1),
+                      num("--context-parallel-size", 1), num("--expert-model-parallel-size", 1))  # fmt: skip
+    if world_size % (tp * pp * cp):
+        raise ValueError(f"world size {world_size} is not divisible by tp*pp*cp = {tp}*{pp}*{cp}")
+    dp = world_size // (tp * pp * cp)
+    layers = num("--num-layers", 0)
+    v = num("--num-virtual-stages-per-pipeline-rank", 1)
+    if "--num-layers-per-virtual-pipeline-stage" in vals:
+        if not layers:
+            raise ValueError("--num-layers-per-virtual-pipeline-stage needs --num-layers")
+        v = layers // (pp * num("--num-layers-per-virtual-pipeline-stage", 1))
+    mb = num("--micro-batch-size", 1)
+    gb = num("--global-batch-size", mb * dp)
+    gran = vals.get("--recompute-granularity", "none")
+    if gran not in ("none", "full", "selective"):
+        raise ValueError(f"--recompute-granularity must be full or selective, got {gran!r}")
+    dp_kind = "fsdp" if "--use-torch-fsdp2" in flags else "zero1" if "--use-distributed-optimizer" in flags else "ddp"
+    dtype = "fp8" if "--fp8-format" in vals else "bf16" if "--bf16" in flags else "fp16" if "--fp16" in flags else "fp32"
+    lps: tuple[int, ...] = ()
+    first, last = num("--decoder-first-pipeline-num-layers", 0), num("--decoder-last-pipeline-num-layers", 0)
+    if (first or last) and pp > 1:
+        if not layers:
+            raise ValueError("--decoder-first/last-pipeline-num-layers need --num-layers")
+        f = first or None
+        lst = last or None
+        rest = layers - (f or 0) - (lst or 0)
+        middle = pp - (f is not None) - (lst is not None)
+        if middle <= 0 or rest % middle:
+            raise ValueError(f"{layers} layers: first {first}, last {last} leave {rest} for {middle} stages unevenly")
+        each = rest // middle
+        lps = tuple([f if f is not None else each] + [each] * (pp - 2) + [lst if lst is not None else each])
+    spec = EngineSpec(
+        dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, virtual_stages=v,
+        schedule="interleaved-1f1b" if v > 1 else "1f1b", micro_batch_size=mb, global_batch_size=gb,
+        seq_len=num("--seq-length", 0), recompute=gran, sequence_parallel="--sequence-parallel" in flags,
+        dp_kind=dp_kind if dp > 1 else "none", dtype=dtype, num_layers=layers, layers_per_stage=lps,
+    )  # fmt: skip
+    return Imported(spec, unknown, ignored)

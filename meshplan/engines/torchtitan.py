@@ -1,0 +1,190 @@
+"""torchtitan job configuration: a TOML file with the field names of torchtitan's config classes.
+
+Sections and keys are those of torchtitan 0.3's ``TrainingConfig`` / ``ParallelismConfig``
+(``torchtitan/config/configs.py``): ``[training] local_batch_size, global_batch_size, seq_len,
+mixed_precision_param``; ``[parallelism] data_parallel_replicate_degree,
+data_parallel_shard_degree, tensor_parallel_degree, enable_sequence_parallel,
+pipeline_parallel_degree, pipeline_parallel_schedule, pipeline_parallel_microbatch_size,
+pipeline_parallel_layers_per_stage, pipeline_parallel_first_stage_less_layers,
+pipeline_parallel_last_stage_less_layers, context_parallel_degree, expert_parallel_degree``;
+activation checkpointing as the job TOML of torchtitan <= 0.2 wrote it (``[activation_checkpoint]
+mode = "none" | "selective" | "full"``; 0.3 selects ``FullAC`` / ``SelectiveAC`` config classes
+instead), float8 as ``[model] converters = ["float8"]``. :func:`cli_overrides` gives the same as
+0.3's ``--section.key value`` command-line overrides. Schedules by torchtitan's names (``1F1B``,
+``GPipe``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``). No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from typing import Any
+
+from meshplan.engines.imported import Imported
+from meshplan.engines.spec import EngineSpec
+
+VERSION = "torchtitan 0.3.0 (torchtitan/config/configs.py)"
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+             "zero-bubble": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}  # fmt: skip
+FROM_SCHEDULE = {v.lower(): k for k, v in SCHEDULES.items()}
+DTYPES = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32", "fp16": "float16"}
+KNOWN = {
+    "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param", "dtype"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+                    "enable_sequence_parallel", "pipeline_parallel_degree", "pipeline_parallel_schedule",
+                    "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
+                    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+                    "context_parallel_degree", "expert_parallel_degree"},
+    "activation_checkpoint": {"mode"},
+    "model": {"converters"},
+}  # fmt: skip
+IGNORED_SECTIONS = {"job", "metrics", "optimizer", "lr_scheduler", "checkpoint", "profiling", "profiler",
+                    "comm", "validator", "validation", "debug", "dataloader", "tokenizer", "loss", "compile"}
+IGNORED_KEYS = {"training": {"steps", "max_norm", "dataset", "dataset_path", "gc_freq", "mixed_precision_reduce",
+                             "warmup_steps", "seed"},
+                "model": {"name", "flavor", "hf_assets_path", "tokenizer_path"},
+                "parallelism": {"fsdp_reshard_after_forward", "context_parallel_load_balancer"},
+                "activation_checkpoint": {"selective_ac_option", "preserve_rng_state"}}  # fmt: skip
+
+
+def _dp_degrees(spec: EngineSpec, devices_per_node: int = 8) -> tuple[int, int]:
+    """(replicate, shard) degrees of data parallelism for the spec's DP kind."""
+    if spec.dp_kind == "fsdp":
+        return 1, spec.dp
+    if spec.dp_kind == "hsdp":
+        shard = math.gcd(spec.dp, max(1, devices_per_node // max(1, spec.tp * spec.cp)))
+        return spec.dp // shard, shard
+    return spec.dp, 1
+
+
+def sections(spec: EngineSpec, devices_per_node: int = 8) -> dict[str, dict[str, Any]]:
+    rep, shard = _dp_degrees(spec, devices_per_node)
+    par: dict[str, Any] = {"data_parallel_replicate_degree": rep, "data_parallel_shard_degree": shard,
+                           "tensor_parallel_degree": spec.tp, "enable_sequence_parallel": spec.sequence_parallel,
+                           "pipeline_parallel_degree": spec.pp, "context_parallel_degree": spec.cp,
+                           "expert_parallel_degree": spec.ep}  # fmt: skip
+    if spec.pp > 1:
+        par["pipeline_parallel_schedule"] = SCHEDULES[spec.schedule]
+        par["pipeline_parallel_microbatch_size"] = spec.micro_batch_size
+        lps = spec.layers_per_stage
+        if lps and spec.uneven():
+            fl = spec.first_last()
+            if fl is None or spec.virtual_stages > 1 or fl[0] > lps[1] or fl[1] > lps[1]:
+                raise ValueError(f"torchtitan export: uneven split {list(lps)} is not first/last-fewer; "
+                                 "use --nearest")
+            par["pipeline_parallel_layers_per_stage"] = lps[1]
+            par["pipeline_parallel_first_stage_less_layers"] = lps[1] - fl[0]
+            par["pipeline_parallel_last_stage_less_layers"] = lps[1] - fl[1]
+        elif spec.num_layers:
+            par["pipeline_parallel_layers_per_stage"] = spec.num_layers // (spec.pp * spec.virtual_stages)
+            par["pipeline_parallel_first_stage_less_layers"] = 0
+            par["pipeline_parallel_last_stage_less_layers"] = 0
+    out = {
+        # local_batch_size: per data-parallel rank and step; gradient accumulation makes up the rest
+        "training": {"local_batch_size": spec.global_batch_size // spec.dp if spec.pp > 1 else spec.micro_batch_size,
+                     "global_batch_size": spec.global_batch_size,
+                     "mixed_precision_param": DTYPES[spec.dtype]},
+        "parallelism": par,
+        "activation_checkpoint": {"mode": spec.recompute},
+    }  # fmt: skip
+    if spec.seq_len:
+        out["training"]["seq_len"] = spec.seq_len
+    if spec.dtype == "fp8":
+        out["model"] = {"converters": ["float8"]}
+    return out
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def export(spec: EngineSpec, devices_per_node: int = 8) -> str:
+    lines = ["# torchtitan job config written by `meshplan export` (keys of torchtitan's config classes)"]
+    for name, body in sections(spec, devices_per_node).items():
+        lines.append(f"\n[{name}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
+    return "\n".join(lines) + "\n"
+
+
+def cli_overrides(spec: EngineSpec, devices_per_node: int = 8) -> str:
+    """The same settings as torchtitan 0.3 command-line overrides (``--parallelism.x y``)."""
+    out = []
+    for name, body in sections(spec, devices_per_node).items():
+        if name == "activation_checkpoint":
+            continue  # 0.3 selects an activation-checkpoint config class in the --config function
+        for k, v in body.items():
+            out.append(f"--{name}.{k} " + (",".join(v) if isinstance(v, list) else str(v).lower()
+                                          if isinstance(v, bool) else str(v)))
+    return " ".join(out)
+
+
+def parse(text: str, world_size: int | None = None, num_layers: int = 0) -> Imported:
+    """A job TOML; ``world_size`` resolves ``data_parallel_shard_degree = -1``, ``num_layers`` (the
+    model's blocks) gives an interleaved schedule's virtual stages from the layers per stage."""
+    try:
+        d = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"not a torchtitan TOML job config: {e}") from e
+    unknown, ignored = [], []
+    for sec, body in d.items():
+        if sec in IGNORED_SECTIONS:
+            ignored.append(f"[{sec}]")
+            continue
+        if sec not in KNOWN or not isinstance(body, dict):
+            unknown.append(f"[{sec}]")
+            continue
+        for k in body:
+            if k not in KNOWN[sec]:
+                (ignored if k in IGNORED_KEYS.get(sec, set()) else unknown).append(f"{sec}.{k}")
+    tr, par = d.get("training", {}), d.get("parallelism", {})
+    tp, pp = int(par.get("tensor_parallel_degree", 1)), int(par.get("pipeline_parallel_degree", 1))
+    cp, ep = int(par.get("context_parallel_degree", 1)), int(par.get("expert_parallel_degree", 1))
+    rep, shard = int(par.get("data_parallel_replicate_degree", 1)), int(par.get("data_parallel_shard_degree", -1))
+    if shard == -1:  # torchtitan: the remaining ranks
+        if world_size is None:
+            raise ValueError("data_parallel_shard_degree = -1 needs the world size (--world-size)")
+        shard = world_size // (rep * tp * pp * cp)
+    dp = rep * shard
+    dp_kind = "none" if dp == 1 else "ddp" if shard == 1 else "fsdp" if rep == 1 else "hsdp"
+    sched_name = str(par.get("pipeline_parallel_schedule", "1F1B"))
+    if sched_name.lower() not in FROM_SCHEDULE:
+        raise ValueError(f"pipeline_parallel_schedule {sched_name!r} is not one meshplan models "
+                         f"({', '.join(SCHEDULES.values())})")
+    sched = FROM_SCHEDULE[sched_name.lower()] if pp > 1 else "1f1b"
+    gb = int(tr.get("global_batch_size", -1))
+    local = int(tr.get("local_batch_size", 8))
+    gb = gb if gb > 0 else local * dp
+    mb = int(par.get("pipeline_parallel_microbatch_size", 1)) if pp > 1 else local
+    lps: tuple[int, ...] = ()
+    per = par.get("pipeline_parallel_layers_per_stage")
+    v = 2 if sched == "zbv" else 1
+    if sched == "interleaved-1f1b":
+        v = num_layers // (pp * int(per)) if per and num_layers else 2
+    if per and pp > 1:
+        first, last = int(par.get("pipeline_parallel_first_stage_less_layers", 1)), int(
+            par.get("pipeline_parallel_last_stage_less_layers", 1))
+        if first or last:
+            lps = tuple([int(per) - first] + [int(per)] * (pp * v - 2) + [int(per) - last])
+    mode = str(d.get("activation_checkpoint", {}).get("mode", "none"))
+    if mode not in ("none", "selective", "full"):
+        raise ValueError(f"activation_checkpoint.mode must be none, selective or full, got {mode!r}")
+    param = str(tr.get("mixed_precision_param", "bfloat16"))
+    dtype = "fp8" if "float8" in d.get("model", {}).get("converters", []) else {
+        "bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(param, "bf16")
+    spec = EngineSpec(
+        dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, virtual_stages=v,
+        schedule=sched, micro_batch_size=mb, global_batch_size=gb, seq_len=int(tr.get("seq_len", 0)),
+        recompute=mode, sequence_parallel=bool(par.get("enable_sequence_parallel", True)) and tp > 1,
+        dp_kind=dp_kind, dtype=dtype, num_layers=sum(lps) if lps else num_layers, layers_per_stage=lps,
+    )  # fmt: skip
+    notes = []
+    if sched == "interleaved-1f1b" and not (per and num_layers):
+        notes.append("Interleaved1F1B: virtual stages per rank taken as 2 (torchtitan derives them from "
+                     "pipeline_parallel_layers_per_stage and the model's layer count)")
+    return Imported(spec, unknown, ignored, notes)
