@@ -173,7 +173,14 @@ def test_winner_split_comes_from_the_stage_split_ilp():
     sv = p.solver
     assert sv.split_method in ("ilp", "dp") and sv.split_status and sv.split_seconds > 0
     assert sv.split_objective_s > 0 and "Stage split:" in format_plan(p)
-    assert any("stage-split ILP" in n for n in p.notes)
+    assert any("stage split re-solved by the" in n for n in p.notes)
+    # one stage per rank: the exact DP answers and the plan says so (no ILP built)
+    assert sv.split_method == "dp" and "no ILP needed" in sv.split_status
+    assert "stage boundaries chosen by the exact DP split" in explain_plan(p)
+    inter = plan_graph(g, 2, cluster="h100", global_batch_size=16,
+                       fixed={"pp": 2, "tp": 1, "schedule": "interleaved-1f1b"})  # fmt: skip
+    assert inter.solver.split_method in ("ilp", "dp") and inter.solver.split_status
+    assert "stage boundaries chosen by" in explain_plan(inter)
     flat = plan_graph(g, 4, cluster="h100", global_batch_size=16, fixed={"pp": 1})
     assert flat.solver.split_method == "" and "Stage split:" not in str(flat)
 
@@ -188,3 +195,13 @@ def test_ddp_sync_reduces_fp32_gradients_on_every_precision():
     fp32 = estimate_graph(g, 4, dtype="fp32", **kw)
     assert fp32.predicted.comm_bytes["all_reduce"] == bf16.predicted.comm_bytes["all_reduce"]
     assert bf16.predicted.comm_bytes["all_reduce"] == pytest.approx(4 * g.param_count, rel=0.01)
+
+
+def test_progress_reports_phases_and_counts():
+    g = gpt_graph(layers=8, h=1024, heads=16, vocab=1024)
+    lines: list[str] = []
+    s = Searcher(g, ClusterSpec.preset("h100", num_nodes=1), global_batch=64, progress=lines.append)
+    res = s.run()
+    assert set(res.phase_s) == {"enumerate", "bound", "cost", "simulate", "finalize"}
+    assert all(v >= 0 for v in res.phase_s.values()) and 0 < res.simulated <= res.evaluated <= res.candidates
+    assert lines[0].endswith("configurations; bounding") and lines[-1].startswith("done:")

@@ -266,13 +266,15 @@ def split_stages(
         )
         bounds = model.boundaries()
         if start is not None and evaluate_split(pr, start[0])[0] < evaluate_split(pr, bounds)[0] - 1e-12:
-            return split_result(pr, start[0], "dp", start[1], "", time.perf_counter() - t0)
+            why = f"{start[1]}; the ILP ({res.status}, {time_limit_s:g} s cap) found no better split"
+            return split_result(pr, start[0], "dp", why, "", time.perf_counter() - t0)
         return split_result(pr, bounds, "ilp", res.status, res.solver, time.perf_counter() - t0)
     except ilp.InfeasibleProblemError:
         raise _infeasible(pr) from None
     except ilp.SolverFailedError:
         if start is not None:
-            return split_result(pr, start[0], "dp", start[1], "", time.perf_counter() - t0)
+            why = f"{start[1]}; the ILP gave no answer within its {time_limit_s:g} s cap"
+            return split_result(pr, start[0], "dp", why, "", time.perf_counter() - t0)
         bounds = greedy_split(pr)
         if not split_fits(pr, bounds):
             raise _infeasible(pr) from None

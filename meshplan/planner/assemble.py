@@ -95,8 +95,9 @@ def build_plan(
     notes = list(extra_notes or [])
     if sp is not None:
         notes.append(
-            f"stage split re-solved by the stage-split ILP ({sp.status}, {sp.solver or sp.method}, {sp.seconds:.2f} s"
-            + (", kept its DP warm start" if sp.method != "ilp" else "")
+            (f"stage split re-solved by the stage-split ILP ({sp.status}, {sp.solver}, {sp.seconds:.2f} s"
+             if sp.method == "ilp" else
+             f"stage split re-solved by the exact DP split ({sp.status}, {sp.seconds:.2f} s")
             + ("; it beat the search's time-balanced split" if sp.improved else "") + ")"
         )
     notes.append("all times, memory and throughput figures are predictions of meshplan's cost model")

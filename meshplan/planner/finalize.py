@@ -27,6 +27,10 @@ CONTENDER_SPLIT_LIMIT_S = 0.5
 #: ILP is small (layers × stages binaries at most this): building a large pulp model takes seconds.
 REFINED_CONTENDERS = 3
 MAX_CONTENDER_BINARIES = 800
+#: The winner's split ILP is built only up to this many layers × stages binaries: past it, building
+#: the pulp model alone takes seconds (a 96-layer model at pp = 16: ~1 s), so the exact DP split is
+#: kept and Plan.solver.split_status says why (the time cap counts model building, not just solving).
+MAX_WINNER_BINARIES = 1200
 #: At most this many "best with another tp/pp degree" alternatives (the closest ones).
 MAX_PER_DEGREE = 4
 FAMILY_NAMES = {
@@ -55,20 +59,36 @@ def refine_split(s: ConfigEvaluator, ev: Evaluation, time_limit_s: float) -> tup
         return ev, None
     spans = s._pp_spans(c)
     layers = s.split_layers(c)
+    n_bin = len(layers) * c.pp * c.virtual_stages
+    method = "ilp"
+    if c.virtual_stages == 1 or n_bin > MAX_WINNER_BINARIES:
+        method = "dp"  # exact for one stage per rank; the named fallback past the size cap
     reserved = int(s.fsdp_buffer(c))
     # the ILP's memory model (per-stage in-flight counts, no tied copies) may differ from the
     # search's: the limit never excludes the current split, so the warm start is feasible, and
     # ``evaluate`` below judges whether the ILP's split fits
     limit = max(float(s.mem_limit), _split_mem(layers, ev.stage_layers, c) + reserved)
-    try:
-        split = split_stages(
+
+    def solve(how: str) -> Any:
+        return split_stages(
             layers, pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule,
             virtual_stages=c.virtual_stages, mem_limit_bytes=limit * (1 + 1e-9), reserved_bytes=reserved,
             p2p_time=lambda b: collective_time_s("send_recv", b, 2, s.cluster, spans_nodes=spans),
-            method="ilp", time_limit_s=time_limit_s,
+            method=how, time_limit_s=time_limit_s,
         )  # fmt: skip
+
+    try:
+        split = solve(method)
+        if method == "dp" and split.status != "exact" and n_bin <= MAX_WINNER_BINARIES:
+            split = solve("ilp")  # the DP pruned its candidates: let the ILP prove the split
     except (NoFeasiblePlanError, ValueError):
         return ev, None
+    status = split.status
+    if split.method == "dp" and method == "dp":
+        status += (
+            f"; ILP skipped: {n_bin} binaries over the cap of {MAX_WINNER_BINARIES}" if n_bin > MAX_WINNER_BINARIES
+            else "; one stage per rank: the DP split is optimal, no ILP needed"
+        )  # fmt: skip
     runs = [tuple(r) for r in split.ranges]
     better = ev
     if runs != [tuple(r) for r in ev.stage_layers]:
@@ -76,7 +96,7 @@ def refine_split(s: ConfigEvaluator, ev: Evaluation, time_limit_s: float) -> tup
         if ev2.fits and ev2.step_s < ev.step_s * (1 - 1e-9):
             better = ev2
     info = SplitSolve(
-        method=split.method, status=split.status, solver=split.solver, objective_s=split.objective_s,
+        method=split.method, status=status, solver=split.solver, objective_s=split.objective_s,
         seconds=split.seconds, improved=better is not ev,
     )  # fmt: skip
     return better, info

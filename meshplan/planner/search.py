@@ -164,6 +164,14 @@ class Searcher(ConfigEvaluator):
     # ---- the search ----------------------------------------------------------------------
     def run(self, *, exhaustive: bool = False) -> SearchResult:
         t0 = time.perf_counter()
+        phase_s: dict[str, float] = {}
+        mark = [t0]
+
+        def lap(name: str) -> None:
+            now = time.perf_counter()
+            phase_s[name] = phase_s.get(name, 0.0) + now - mark[0]
+            mark[0] = now
+
         cfgs = self.configs()
         cfgs = [replace(c, sequence_parallel=self.sp_for(c.tp)) for c in cfgs]
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
@@ -178,6 +186,7 @@ class Searcher(ConfigEvaluator):
                     + "; ".join(errs[:3]) + (f" (and {len(errs) - 3} more)" if len(errs) > 3 else "")
                 )
             cfgs = ok
+        lap("enumerate")
         self.progress(f"{len(cfgs)} configurations; bounding")
         bounded = []
         min_mem_lb = math.inf
@@ -187,14 +196,24 @@ class Searcher(ConfigEvaluator):
             bounded.append((lb, mlb, c))
         bounded.sort(key=lambda x: (x[0], x[2].summary()))
         self.bounded = bounded
+        lap("bound")
         # phase 1: everything but the simulation (split, memory, DP, optimizer), in bound order
         partial: list[Evaluation] = []
         oom: list[Evaluation] = []
-        for _lb, mlb, c in bounded:
+        shown = time.perf_counter()
+        for k, (_lb, mlb, c) in enumerate(bounded):
             if not exhaustive and mlb > self.mem_limit and (len(oom) >= 2 or partial):
                 continue  # cannot fit whatever the split: skip (a few are kept to report)
             ev = self.evaluate_auto(c, exact=False)
             (partial if ev.fits else oom).append(ev)
+            if time.perf_counter() - shown > 1.0:  # a line a second on long searches
+                shown = time.perf_counter()
+                best_bound = min((e.step_s for e in partial), default=math.inf)
+                self.progress(
+                    f"costing: {k + 1}/{len(bounded)} configurations, {len(partial)} fit, "
+                    f"best so far {best_bound:.3g} s/step (before simulation)"
+                )
+        lap("cost")
         self.progress(f"{len(partial)} fitting, {len(oom)} out of memory; simulating schedules")
         # phase 2: simulate in order of the (now split-aware) bound
         partial.sort(key=lambda e: (e.step_s, e.config.summary()))
@@ -210,7 +229,8 @@ class Searcher(ConfigEvaluator):
             ):
                 break
             fitting.append(self.evaluate(pe.config, runs=pe.stage_layers))
-            if (i + 1) % 50 == 0:
+            if (i + 1) % 50 == 0 or time.perf_counter() - shown > 1.0:
+                shown = time.perf_counter()
                 self.progress(
                     f"simulated {i + 1} of {len(partial)} (bound {pe.step_s:.3g} s, best {best:.3g} s)"
                 )
@@ -218,6 +238,7 @@ class Searcher(ConfigEvaluator):
         fitting.sort(key=lambda e: (e.step_s, e.config.summary()))
         oom.sort(key=lambda e: (e.step_s, e.config.summary()))
         best_ev = fitting[0] if fitting else None
+        lap("simulate")
         alts: list[tuple[Evaluation, str]] = []
         split = None
         if best_ev is not None:
@@ -230,10 +251,11 @@ class Searcher(ConfigEvaluator):
                 alts.append((e, f"out of memory by {(e.max_mem_bytes - self.mem_limit) / GiB:.1f} GiB"))
         if min_mem == math.inf:
             min_mem = min_mem_lb
+        lap("finalize")
         self.progress(f"done: {evaluated} evaluated in {time.perf_counter() - t0:.2f} s")
         return SearchResult(
             best=best_ev, alternatives=alts, candidates=len(cfgs), evaluated=evaluated,
             seconds=time.perf_counter() - t0, ilp_solves=self.coster.ilp_solves,
             ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem), mem_limit_bytes=self.mem_limit,
-            coster=self.coster, split=split,
+            coster=self.coster, split=split, phase_s=phase_s, simulated=len(fitting),
         )  # fmt: skip

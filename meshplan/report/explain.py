@@ -91,6 +91,12 @@ def explain_plan(plan: Plan) -> str:
             f"- stage split: the slowest stage ({worst}) takes {fmt_s(times[worst])} per microbatch vs a mean of "
             f"{fmt_s(mean)} ({100 * (times[worst] / mean - 1):.0f}% above; the split minimizes this maximum)"
         )
+    if p.solver.split_method:
+        how = {"ilp": "the stage-split ILP", "dp": "the exact DP split", "greedy": "the greedy split"}
+        lines.append(
+            f"- stage boundaries chosen by {how.get(p.solver.split_method, p.solver.split_method)} "
+            f"({p.solver.split_status})"
+        )
     same = [a for a in p.alternatives if a.step_s is not None and _degrees(a.config) == (p.dp, p.tp, p.pp)]
     other_sched = next((a for a in same if a.config.get("schedule") != p.schedule), None)
     if other_sched is not None:
