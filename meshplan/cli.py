@@ -1,4 +1,4 @@
-"""The ``meshplan`` command line: ``meshplan plan | report | run | profile | inspect | explain | diff | export | estimate``.
+"""The ``meshplan`` command line: ``meshplan plan | report | run | profile | inspect | explain | diff | export | estimate | prepare-data``.
 
 Dispatch only; each subcommand lives in ``meshplan.commands.<name>``.
 """
@@ -10,7 +10,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ("inspect", "profile", "plan", "report", "explain", "diff", "run", "export", "estimate")
+COMMANDS = ("inspect", "profile", "plan", "report", "explain", "diff", "run", "export", "estimate", "prepare-data")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,9 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
-            mod = importlib.import_module(f"meshplan.commands.{name}")
+            mod = importlib.import_module(f"meshplan.commands.{name.replace('-', '_')}")
         except ModuleNotFoundError as e:
-            if e.name == f"meshplan.commands.{name}":
+            if e.name == f"meshplan.commands.{name.replace('-', '_')}":
                 continue  # command not built in this version
             raise
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)

@@ -25,7 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-checkpoints", type=int, default=3,
                    help="keep the newest K complete checkpoints, delete older ones (0: keep all; default 3)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint (any plan/world size)")
-    p.add_argument("--data", default=None, help="data hook package.module:fn(step, batch, seq_len) -> (inputs, targets)")
+    p.add_argument("--data", default=None,
+                   help="tokens.bin from `meshplan prepare-data` (each rank reads its share), package.module:fn "
+                        "returning a torch Dataset, or a hook fn(step, batch, seq_len) -> global (inputs, targets)")
+    p.add_argument("--eval-every", type=int, default=0, help="validation loss on tokens.val.bin every K steps")
+    p.add_argument("--eval-batches", type=int, default=4, help="global batches per validation (default 4)")
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw")
@@ -72,6 +76,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
         train.append("--check-grads")
     if args.data:
         train += ["--data", args.data]
+    if args.eval_every:
+        train += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
     if args.record:
         train += ["--record", args.record]
     return torchrun_command(nproc, train, master_port=args.master_port)

@@ -8,7 +8,8 @@ rank's shard, QAT works either way) -> data parallel per stage -> pipeline stage
 optimizer (over the parameters that still require grad).
 
 ``ParallelModel.step(inputs, targets)`` takes the GLOBAL batch (the same tensors on every rank),
-keeps this rank's data-parallel slice, runs forward/backward (the pipeline schedule, or plain
+keeps this rank's data-parallel slice (``step(x, y, local=True)``: the rank's own share, read by
+``meshplan.runtime.data``; None where its pipeline stages do not need it), runs forward/backward (the pipeline schedule, or plain
 gradient accumulation over the plan's microbatches when pp=1), syncs data-parallel gradients
 where the mode is manual, sums the gradients of tied weights between the pipeline ranks holding a
 copy, steps the optimizer, and returns the loss of the whole global step (mean of the microbatch
@@ -108,9 +109,21 @@ class ParallelModel:
         per = b // dp
         return t[d * per : (d + 1) * per].to(self.env.device)
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def rank_batch(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, *,
+                   local: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This rank's (inputs, targets) on its device: sliced from the global batch, or as given when
+        ``local`` (the rank read its own share; inputs may be None off the first stage, targets off the last)."""
+        if not local:
+            assert inputs is not None and targets is not None
+            return self._local_batch(inputs), self._local_batch(targets)
+        if (inputs is None and self.has_first) or (targets is None and self.has_last):
+            raise ValueError("step(local=True): the first stage needs inputs and the last stage needs targets")
+        dev = self.env.device
+        return (None if inputs is None else inputs.to(dev)), (None if targets is None else targets.to(dev))
+
+    def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, *, local: bool = False) -> float:
         t0 = time.perf_counter()
-        x, y = self._local_batch(inputs), self._local_batch(targets)
+        x, y = self.rank_batch(inputs, targets, local=local)
         m = self.plan.num_microbatches
         local_loss = torch.zeros((), dtype=torch.float64)
         self.sync_counter.calls = 0

@@ -68,6 +68,10 @@ class RunRecord:
     # rank's pipeline stage (``gather_peak_mem``); empty in records of older versions
     rank_peak_mem_bytes: list[int] = field(default_factory=list)
     predicted_rank_peak_mem_bytes: list[int] = field(default_factory=list)
+    eval_losses: list[list[float]] = field(default_factory=list)  # [step, held-out loss]
+
+    def add_eval(self, step: int, loss: float) -> None:
+        self.eval_losses.append([step, loss])
 
     def add(self, step: int, step_s: float, loss: float, mem: int) -> None:
         self.steps.append(StepRecord(step, step_s, loss, mem))

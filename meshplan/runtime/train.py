@@ -1,12 +1,14 @@
 """torchrun entry: ``python -m meshplan.runtime.train --plan plan.json --model MODEL --steps N ...``.
 
 Builds the model on every rank with the same seed, applies the Plan, trains ``--steps`` steps on
-deterministic synthetic data (or a user hook ``--data package.module:fn``), checkpoints every
-``--checkpoint-every`` steps with DCP, resumes with ``--resume`` (under any plan / world size),
-and writes a RunRecord JSON. Rank 0 prints one line per step and the final
+``--data`` (``meshplan.runtime.data``: a token file or a Dataset each rank reads its own share of,
+the old per-step global-batch hook, or deterministic synthetic data by default), reports the
+held-out loss every ``--eval-every`` steps, checkpoints every ``--checkpoint-every`` steps with
+DCP (the data position in the manifest's "extra"), resumes with ``--resume`` (under any plan / world size), and
+writes a RunRecord JSON. Rank 0 prints one line per step and the final
 ``step X ms measured, Y ms predicted (+Z%)`` line.
 
-Data hook contract: ``fn(step: int, batch_size: int, seq_len: int) -> (inputs, targets)``
+Per-step hook contract: ``fn(step: int, batch_size: int, seq_len: int) -> (inputs, targets)``
 returning the GLOBAL batch as tensors (the same on every rank); see examples/data_hook.py.
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import os
 import sys
 import time
@@ -36,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data", default=None, help="package.module:fn data hook (default: synthetic)")
+    p.add_argument("--data", default=None,
+                   help="tokens.bin, package.module:fn returning a Dataset, or fn(step, batch, seq_len) (default: synthetic)")
+    p.add_argument("--eval-every", type=int, default=0, help="validation loss on the held-out tokens every K steps")
+    p.add_argument("--eval-batches", type=int, default=4, help="global batches per validation (default 4)")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K checkpoints (0: all)")
@@ -87,14 +91,6 @@ def synthetic_data(model: torch.nn.Module, example: tuple, seed: int) -> Callabl
     return fn
 
 
-def load_hook(spec: str) -> Callable[[int, int, int], tuple]:
-    mod, _, attr = spec.partition(":")
-    if not mod or not attr:
-        raise ValueError(f"--data {spec!r}: expected package.module:function")
-    fn = getattr(importlib.import_module(mod), attr, None)
-    if not callable(fn):
-        raise ValueError(f"--data {spec!r}: {mod} has no function {attr}")
-    return fn
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,10 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from meshplan.fingerprint import check_plan_model
     from meshplan.models import load_model
-    from meshplan.runtime import checkpoint
+    from meshplan.runtime import checkpoint, data
     from meshplan.runtime.api import apply_plan
     from meshplan.runtime.batch_check import check_batch
     from meshplan.runtime.dist import check_launch
+    from meshplan.runtime.evaluate import eval_loss
     from meshplan.runtime.guard import NonFiniteGuard
     from meshplan.runtime.optim import lr_at, make_optimizer
     from meshplan.runtime.record import RunRecord, gather_peak_mem
@@ -122,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if example is None:
         raise ValueError(f"model {args.model!r} gives no example inputs; return (model, example_inputs) from the factory")
     check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
-    data = load_hook(args.data) if args.data else synthetic_data(model, example, args.seed)
+    synthetic = None if args.data else synthetic_data(model, example, args.seed)
     seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
                     example_inputs=example, timeout_s=args.timeout, dtype=args.dtype,
@@ -134,6 +131,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     pm.lr_fn = functools.partial(lr_at, lr=args.lr, schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
                                  total_steps=args.steps)
     first = None
+    stream = data.open_stream(args.data, seq_len=seq_len, seed=args.seed, global_batch=plan.global_batch_size,
+                              share=data.rank_share(pm.env, pm.has_first, pm.has_last), synthetic=synthetic)
+    data.check_vocab(stream, model, args.data)
+    held_out = None
+    if args.eval_every:
+        if not isinstance(stream, data.TokenStream):
+            raise ValueError("--eval-every needs --data tokens.bin (its held-out tokens.val.bin)")
+        held_out = stream.eval_batches(args.eval_batches)
     start = 0
     if args.resume:
         if not args.checkpoint_dir:
@@ -142,6 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ck is None:
             raise FileNotFoundError(f"--resume: no checkpoint in {args.checkpoint_dir}")
         start = checkpoint.load(pm, ck)
+        pos = (checkpoint.read_manifest(ck).get("extra") or {}).get("data")
+        if pos:
+            stream.load_state_dict(pos)
+        else:  # a checkpoint from before data positions were saved: one global batch per step
+            stream.samples_seen = start * plan.global_batch_size
         if rank == 0:
             print(f"resumed from {ck} (step {start})", flush=True)
     rec = RunRecord(
@@ -151,12 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         precision=pm.precision, dp_kind=plan.dp_kind if plan.dp > 1 else "none",
     )
     for step in range(start + 1, args.steps + 1):
-        x, y = data(step, plan.global_batch_size, seq_len)
-        if args.data:  # a user's hook: shape, dtype and sameness on every rank checked each step
+        x, y = stream.next_batch()
+        if args.data and not stream.local:  # a user's hook: shape, dtype and sameness on every rank checked each step
             first = check_batch(step, (x, y), global_batch=plan.global_batch_size, seq_len=seq_len, first=first)
         torch.distributed.barrier()
         t0 = time.perf_counter()
-        loss = pm.step(x, y)
+        loss = pm.step(x, y, local=stream.local)
         dt = time.perf_counter() - t0
         mem = rec.add_rank_peaks(gather_peak_mem(pm.env.coord("pp"), plan.predicted.peak_mem_bytes))
         rec.add(step, dt, loss, mem)
@@ -172,8 +182,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 3
         if warning and rank == 0:
             print(warning, file=sys.stderr, flush=True)
+        if held_out is not None and (step % args.eval_every == 0 or step == args.steps):
+            val = eval_loss(pm, held_out)
+            rec.add_eval(step, val)
+            if rank == 0:
+                print(f"step {step:5d}  validation loss {val:.6f}", flush=True)
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
-            checkpoint.save(pm, args.checkpoint_dir, step, keep=args.keep_checkpoints)
+            checkpoint.save(pm, args.checkpoint_dir, step, keep=args.keep_checkpoints,
+                            extra={"data": stream.state_dict()})
     if rank == 0:
         out = args.record or os.path.join(os.path.dirname(os.path.abspath(args.plan)), "run_record.json")
         rec.save(out)
