@@ -2,8 +2,9 @@
 
 Traces MODEL on the meta device (``meshplan.tracing.load.load_graph``: the traced graph comes
 from the trace cache when it holds this model, ``--no-cache`` to bypass it), runs
-``meshplan.planner.api.plan_graph`` with progress lines on stderr, prints the text report and
-writes the Plan JSON with ``-o``. Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search.
+``meshplan.planner.api.plan_graph`` with progress lines on stderr, writes the Plan JSON with
+``-o`` first, then prints the text report (so ``| true`` or a full disk behind stdout cannot
+lose it). Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search.
 torch is imported inside ``run`` only.
 """
 
@@ -107,8 +108,32 @@ def run(args: argparse.Namespace) -> int:
                                                 + (f"; NOT expressible as is: {'; '.join(left)} (export --nearest)"
                                                    if left else "; `meshplan export --to " + args.target
                                                    + "` writes its configuration")))
-    print(format_plan(plan))
-    if args.output:
+    if args.output:  # saved before the report: a closed or full stdout must not lose the plan
         plan.save(args.output)
         progress(f"wrote {args.output}")
+    return print_report(format_plan(plan), args.output)
+
+
+def print_report(text: str, saved: str | None) -> int:
+    """Print ``text`` on stdout; a reader that went away (``| head``) is fine, a failed write is an error."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    except OSError as e:
+        _silence_stdout()
+        where = f"; the plan was saved to {saved}" if saved else "; pass -o plan.json to keep the plan"
+        print(f"meshplan plan: error: could not write the report to stdout ({e}){where}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _silence_stdout() -> None:
+    """Stop Python's exit-time flush from failing again on the same broken stdout."""
+    import os
+
+    try:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+    except OSError:
+        pass

@@ -42,9 +42,11 @@ import math
 import time
 from dataclasses import replace
 
+from meshplan.errors import NoFeasiblePlanError
 from meshplan.partition.schedule import validate
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import finalize, select_alternatives
+from meshplan.planner.no_config import explain_no_configs
 from meshplan.planner.search_types import (
     RECOMPUTE_CHOICES,
     SCHEDULE_CHOICES,
@@ -173,6 +175,8 @@ class Searcher(ConfigEvaluator):
             mark[0] = now
 
         cfgs = self.configs()
+        if not cfgs:
+            raise NoFeasiblePlanError(explain_no_configs(self, MICRO_BATCH_CHOICES))
         cfgs = [replace(c, sequence_parallel=self.sp_for(c.tp)) for c in cfgs]
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
             useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]
@@ -256,6 +260,7 @@ class Searcher(ConfigEvaluator):
         return SearchResult(
             best=best_ev, alternatives=alts, candidates=len(cfgs), evaluated=evaluated,
             seconds=time.perf_counter() - t0, ilp_solves=self.coster.ilp_solves,
-            ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem), mem_limit_bytes=self.mem_limit,
+            ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem) if math.isfinite(min_mem) else 0,
+            mem_limit_bytes=self.mem_limit,
             coster=self.coster, split=split, phase_s=phase_s, simulated=len(fitting),
         )  # fmt: skip
