@@ -38,7 +38,7 @@ CACHE_FORMAT = 1
 
 _PKG = Path(__file__).resolve().parent.parent  # meshplan/
 #: the code a traced graph depends on (relative to meshplan/)
-_TRACE_CODE = ("graph.py", "trace.py", "tracing", "models")
+_TRACE_CODE = ("graph.py", "trace.py", "fingerprint.py", "tracing", "models")
 
 
 def cache_dir() -> Path:
