@@ -10,11 +10,14 @@ Constraint naming convention used by every meshplan ILP: ``"<family>__<index>"``
 ``constraint_families`` lists them; ``diagnose_infeasibility`` drops one family at a time and
 re-solves (cheap for the small models meshplan builds) to name the families that, removed,
 make the model feasible. An infeasible ``solve`` raises ``InfeasibleProblemError`` with that
-report. No torch import here.
+report. No torch import here. In-process HiGHS is made fork-safe (``_fork_guard``): a child
+forked after the parent solved gets a fresh HiGHS thread pool instead of hanging.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 import warnings
 from collections import Counter
@@ -82,10 +85,31 @@ class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc]
         lp.solverModel.run()
 
 
+@functools.cache
+def _fork_guard() -> None:
+    """Make in-process HiGHS usable in a child forked after the parent solved (called once).
+
+    HiGHS keeps a process-wide pool of worker threads (its global task scheduler) alive after a
+    MIP solve. ``fork`` copies the pool's state but not its threads, so a child's next MIP solve
+    waits forever on workers that do not exist (``highs::parallel::TaskGroup::~TaskGroup``), as in
+    a ``multiprocessing`` pool with Linux's default start method. In the child, right after the
+    fork, the copied scheduler is dropped without waiting (``resetGlobalScheduler(False)``);
+    HiGHS then builds a fresh pool on first use. The parent's pool is untouched.
+    """
+    try:
+        import highspy
+    except ImportError:
+        return
+    reset = getattr(highspy.Highs, "resetGlobalScheduler", None)
+    if reset is not None and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=lambda: reset(False))
+
+
 def _make_solver(
     name: str, time_limit_s: float, gap_rel: float | None = None, warm_start: bool = False
 ) -> pulp.LpSolver:
     if name == "highs":
+        _fork_guard()
         cls = _WarmHiGHS if warm_start else pulp.HiGHS
         return cls(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
     if name == "cbc":

@@ -1,0 +1,44 @@
+"""HiGHS in a forked child after the parent solved (a multiprocessing pool with Linux's default start
+method): the child's MIP solve finishes instead of spinning forever in HiGHS's copied thread pool."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+
+import pulp
+import pytest
+
+from meshplan import ilp
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+
+
+def _knapsack() -> pulp.LpProblem:
+    p = pulp.LpProblem("knapsack", pulp.LpMaximize)
+    xs = [pulp.LpVariable(f"x{i}", cat="Binary") for i in range(60)]
+    p += pulp.lpSum((i % 7 + 1) * x for i, x in enumerate(xs))
+    p += pulp.lpSum((i % 5 + 2) * x for i, x in enumerate(xs)) <= 50, "cap_a"
+    p += pulp.lpSum((i % 3 + 1) * x for i, x in enumerate(xs)) <= 40, "cap_b"
+    return p
+
+
+def _child(q: mp.Queue) -> None:
+    r = ilp.solve(_knapsack(), time_limit_s=10)
+    q.put((r.solver, r.status, r.objective))
+
+
+def test_solve_in_forked_child_after_parent_solved() -> None:
+    parent = ilp.solve(_knapsack(), time_limit_s=10)
+    assert parent.solver == "highs"
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(q,))
+    p.start()
+    p.join(60)
+    hung = p.is_alive()
+    if hung:
+        p.kill()
+        p.join()
+    assert not hung, "the forked child hung in HiGHS"
+    assert q.get(timeout=5) == ("highs", parent.status, parent.objective)
