@@ -173,3 +173,10 @@ def test_export_and_estimate_commands(tmp_path: Path, graph, capsys) -> None:
 
     mine = Plan.load(tmp_path / "mine.json")
     assert (mine.dp, mine.tp, mine.pp, mine.recompute) == (2, 2, 2, "full")
+
+
+def test_torchtitan_uneven_first_last_round_trip() -> None:
+    spec = EngineSpec(dp=8, pp=2, virtual_stages=2, schedule="interleaved-1f1b", micro_batch_size=4,
+                      global_batch_size=64, seq_len=1024, num_layers=12, layers_per_stage=(3, 4, 4, 1))
+    assert not unsupported(spec, "torchtitan") and unsupported(spec, "megatron")  # Megatron: v = 1 only
+    assert torchtitan.parse(torchtitan.export(spec), 16, 12).spec == spec

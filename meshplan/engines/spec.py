@@ -87,18 +87,19 @@ class Capabilities:
     dp_kinds: tuple[str, ...]
     recompute: tuple[str, ...]
     dtypes: tuple[str, ...]
-    split: str  # "any" | "first_last" | "even"
+    split: str  # "first_last" (any first/last count, v = 1) | "fewer_first_last" | "even"
     cp: bool = True
     ep: bool = True
     virtual: bool = True
 
 
 CAPS = {
-    # torchtitan: parallelism.pipeline_parallel_schedule names; FSDP2/HSDP/DDP; any split
-    # (parallelism.module_fqns_per_model_part); float8 through its converters
+    # torchtitan: parallelism.pipeline_parallel_schedule names; FSDP2/HSDP/DDP; even stages but for
+    # fewer layers in the first/last (pipeline_parallel_first/last_stage_less_layers, virtual stages
+    # included); float8 through its converters
     "torchtitan": Capabilities(("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv"),
                                ("none", "ddp", "fsdp", "hsdp"), ("none", "selective", "full"),
-                               ("bf16", "fp32", "fp8"), "any"),
+                               ("bf16", "fp32", "fp8"), "fewer_first_last"),
     # Megatron-LM: 1F1B, interleaved 1F1B with virtual stages; DDP, distributed optimizer (ZeRO-1),
     # torch FSDP2; uneven only through --decoder-first/last-pipeline-num-layers
     "megatron": Capabilities(("1f1b", "interleaved-1f1b"), ("none", "ddp", "zero1", "fsdp"),
@@ -129,9 +130,15 @@ def unsupported(spec: EngineSpec, engine: str) -> list[str]:
     if spec.ep > 1 and not caps.ep:
         out.append(f"expert parallel ep={spec.ep}")
     if spec.uneven():
-        if caps.split == "even" or (caps.split == "first_last" and (spec.first_last() is None or spec.virtual_stages > 1)):
-            out.append(f"uneven stage split {list(spec.layers_per_stage)} (it splits "
-                       + ("evenly" if caps.split == "even" else "evenly but for the first and last stage") + ")")
+        fl = spec.first_last()
+        middle = spec.layers_per_stage[1] if len(spec.layers_per_stage) > 2 else max(spec.layers_per_stage)
+        ok = fl is not None and (
+            (caps.split == "first_last" and spec.virtual_stages == 1)
+            or (caps.split == "fewer_first_last" and fl[0] <= middle and fl[1] <= middle))
+        if not ok:
+            out.append(f"uneven stage split {list(spec.layers_per_stage)} (it splits evenly"
+                       + {"even": "", "first_last": " but for the first and last stage (v = 1)",
+                          "fewer_first_last": " but for fewer layers in the first and last stage"}[caps.split] + ")")
     return out
 
 

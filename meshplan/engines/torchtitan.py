@@ -69,7 +69,7 @@ def sections(spec: EngineSpec, devices_per_node: int = 8) -> dict[str, dict[str,
         lps = spec.layers_per_stage
         if lps and spec.uneven():
             fl = spec.first_last()
-            if fl is None or spec.virtual_stages > 1 or fl[0] > lps[1] or fl[1] > lps[1]:
+            if fl is None or fl[0] > lps[1] or fl[1] > lps[1]:
                 raise ValueError(f"torchtitan export: uneven split {list(lps)} is not first/last-fewer; "
                                  "use --nearest")
             par["pipeline_parallel_layers_per_stage"] = lps[1]
@@ -163,12 +163,12 @@ def parse(text: str, world_size: int | None = None, num_layers: int = 0) -> Impo
     mb = int(par.get("pipeline_parallel_microbatch_size", 1)) if pp > 1 else local
     lps: tuple[int, ...] = ()
     per = par.get("pipeline_parallel_layers_per_stage")
+    first, last = int(par.get("pipeline_parallel_first_stage_less_layers", 1)), int(
+        par.get("pipeline_parallel_last_stage_less_layers", 1))
     v = 2 if sched == "zbv" else 1
-    if sched == "interleaved-1f1b":
-        v = num_layers // (pp * int(per)) if per and num_layers else 2
+    if sched == "interleaved-1f1b":  # stages = (layers + the first/last stages' fewer) / layers per stage
+        v = (num_layers + first + last) // (pp * int(per)) if per and num_layers else 2
     if per and pp > 1:
-        first, last = int(par.get("pipeline_parallel_first_stage_less_layers", 1)), int(
-            par.get("pipeline_parallel_last_stage_less_layers", 1))
         if first or last:
             lps = tuple([int(per) - first] + [int(per)] * (pp * v - 2) + [int(per) - last])
     mode = str(d.get("activation_checkpoint", {}).get("mode", "none"))
