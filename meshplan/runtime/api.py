@@ -38,6 +38,7 @@ from meshplan.runtime import precision as prec
 from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime
 from meshplan.runtime.grad_sync import BucketedGradSync
 from meshplan.runtime.stage_params import Tie, merge_modules, shared_params, tie_groups, unique_params
+from meshplan.runtime.epcp import EPCPState, apply_epcp, epcp_blocker, uses_epcp
 
 
 @dataclass
@@ -71,6 +72,7 @@ class ParallelModel:
     lr_fn: Callable[[int], float] | None = None  # 1-based step -> learning rate; None: the optimizer's own
     last_grad_norm: float | None = None  # global gradient norm before clipping, last step
     loss_parallel: bool = False  # the LM head's output is vocabulary-sharded: loss under loss_parallel()
+    epcp: EPCPState | None = None  # expert/context parallelism (cp or ep > 1): batch shard + grad sync
 
     # ---- info ---------------------------------------------------------------------------
     @property
@@ -107,7 +109,8 @@ class ParallelModel:
                 f"global batch {b} must be divisible by dp*microbatches = {dp}*{self.plan.num_microbatches}"
             )
         per = b // dp
-        return t[d * per : (d + 1) * per].to(self.env.device)
+        t = t[d * per : (d + 1) * per].to(self.env.device)
+        return self.epcp.shard(t) if self.epcp is not None else t
 
     def rank_batch(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, *,
                    local: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -155,6 +158,8 @@ class ParallelModel:
             self.grad_sync.finish()
         self.grad_sync_collectives = self.sync_counter.calls + (
             self.grad_sync.collectives_last_step if self.grad_sync is not None else 0)
+        if self.dp_mode == "epcp" and self.epcp is not None:
+            self.epcp.sync(self.parameters())
         for tie in self.ties:
             if tie.param.grad is not None:
                 g = tie.param.grad
@@ -194,7 +199,7 @@ class ParallelModel:
 
     def _global_loss(self, local_loss: torch.Tensor) -> tuple[float, bool]:
         """(loss of the global step, whether any rank has a non-finite gradient): ONE all-reduce."""
-        share = self.env.degree("dp") * self.env.degree("tp")
+        share = self.env.degree("dp") * self.env.degree("cp") * self.env.degree("tp")
         contrib = (local_loss / share) if self.has_last else torch.zeros((), dtype=torch.float64)
         bad = torch.zeros((), dtype=torch.float64)
         if self.check_grads:
@@ -263,6 +268,9 @@ def apply_plan(
         raise PlanMismatchError(
             f"global batch {plan.global_batch_size} is not divisible by dp*microbatches = {plan.dp}*{plan.num_microbatches}"
         )
+    why = epcp_blocker(model, plan)
+    if why:
+        raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}")
     notes: list[str] = []
     precision = prec.resolve_precision(plan.dtype, dtype)
     if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
@@ -274,6 +282,7 @@ def apply_plan(
     # 2. process group and mesh
     env = init_runtime(plan, timeout_s=timeout_s)
     model = model.to(env.device)
+    ecs = apply_epcp(model, plan, env) if uses_epcp(plan) else None  # experts sharded before anything wraps them
     tied = split.tied_parameter_groups(model)
     styles, tnotes = tp.effective_styles(model, plan.tp_styles, tied)
     notes += tnotes
@@ -352,6 +361,11 @@ def apply_plan(
             )
         notes.append(f"quantization {plan.quantization.mode}: {len(changed)} linears per stage root (last)")
 
+    if ecs is not None:  # cp: the sequence-shard wrapper; cp/ep: gradients reduced by epcp_groups
+        modules = [ecs.wrap(m) for m in modules]
+        mode = "epcp"
+        notes += ecs.notes
+
     # 4c. activation recomputation (wraps what runs; roots keep the user's FQNs)
     modules, rnote = recompute.apply_recompute(modules, plan.recompute, pipelined=pp > 1, schedule=plan.schedule)
     if rnote:
@@ -425,7 +439,7 @@ def apply_plan(
         optimizer=_optimizer(optimizer_factory, unique_params(modules), plan, env), loss_fn=loss_fn, dp_mode=mode,
         schedule=schedule, notes=notes, tied_fqns=tied, converted=conv, precision=precision,
         scaler=scaler if pp > 1 else prec.make_scaler(precision), grad_sync=grad_sync, sync_counter=counter,
-        loss_parallel=head is not None,
+        loss_parallel=head is not None, epcp=ecs,
     )
     pm.ties = tie_groups(env, shared, pm.stage_indices, {i: pieces[i].module for i in mine} if pp > 1 else {})
     return pm
