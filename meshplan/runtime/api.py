@@ -36,9 +36,9 @@ from meshplan.runtime import loss_parallel as lpmod
 from meshplan.runtime import optim, recompute, schedules, split, tp
 from meshplan.runtime import precision as prec
 from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime
+from meshplan.runtime.epcp import EPCPState, apply_epcp, epcp_blocker, uses_epcp
 from meshplan.runtime.grad_sync import BucketedGradSync
 from meshplan.runtime.stage_params import Tie, merge_modules, shared_params, tie_groups, unique_params
-from meshplan.runtime.epcp import EPCPState, apply_epcp, epcp_blocker, uses_epcp
 
 
 @dataclass
