@@ -6,6 +6,9 @@ records it. No torch.
 
 from __future__ import annotations
 
+import builtins
+from typing import Any
+
 from meshplan.partition.schedule import simulate
 from meshplan.plan import Alternative, MeshSpec, Plan, Prediction, Quantization, SolverInfo, StageSpec
 
@@ -68,3 +71,15 @@ def make_plan(dp: int = 1, tp: int = 1, pp: int = 1, *, schedule: str = "1f1b", 
                 solver=SolverInfo(status="Optimal", objective=step, seconds=0.42, solver="HiGHS", candidates=120,
                                   ilp_solves=14),
                 alternatives=alts, notes=("hand-made plan for the report tests",))
+
+
+def block_matplotlib(monkeypatch: Any) -> None:
+    """Make ``import matplotlib...`` fail as it does where the ``meshplan[plot]`` extra is absent."""
+    real_import = builtins.__import__
+
+    def no_mpl(name: str, *a: Any, **kw: Any) -> Any:
+        if name.startswith("matplotlib"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)

@@ -3,12 +3,11 @@ stages, microbatches, memory) present in the figure's artists, not checked pixel
 
 from __future__ import annotations
 
-import builtins
 import struct
 from pathlib import Path
 
 import pytest
-from report_fixtures import make_plan
+from report_fixtures import block_matplotlib, make_plan
 
 pytest.importorskip("matplotlib")
 
@@ -63,13 +62,6 @@ def test_overview_png_has_mesh_timeline_and_memory(tmp_path: Path) -> None:
 def test_bad_width_and_missing_matplotlib(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(ValueError, match="at least 200"):
         plot.write_timeline_png(make_plan(pp=2, m=4), tmp_path / "x.png", width=100)
-    real_import = builtins.__import__
-
-    def no_mpl(name, *a, **kw):
-        if name.startswith("matplotlib"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return real_import(name, *a, **kw)
-
-    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    block_matplotlib(monkeypatch)
     with pytest.raises(MissingExtraError, match=r"meshplan\[plot\]"):
         plot.timeline_figure(make_plan(pp=2, m=4))

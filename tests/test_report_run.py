@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import builtins
 import json
 import struct
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from report_fixtures import make_plan
+from report_fixtures import block_matplotlib, make_plan
 
 from meshplan.cli import main
 from meshplan.report.run_view import format_run, load_run, memory_rows, run_view
@@ -126,14 +125,7 @@ def test_plan_report_with_record_and_tolerant_reading(tmp_path: Path, capsys) ->
 def test_report_png_without_matplotlib_names_the_extra(tmp_path: Path, capsys, monkeypatch) -> None:
     plan_path = tmp_path / "plan.json"
     make_plan(pp=2, m=4).save(plan_path)
-    real_import = builtins.__import__
-
-    def no_mpl(name, *a, **kw):
-        if name.startswith("matplotlib"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return real_import(name, *a, **kw)
-
-    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    block_matplotlib(monkeypatch)
     html = tmp_path / "r.html"
     assert main(["report", str(plan_path), "--html", str(html), "--png", str(tmp_path / "t.png")]) == 1
     assert "meshplan[plot]" in capsys.readouterr().err
