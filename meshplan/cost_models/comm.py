@@ -1,12 +1,14 @@
-"""Communication time: the alpha-beta (latency-bandwidth) ring model of collectives on a ClusterSpec.
+"""Communication time: collectives as NCCL runs them on a ClusterSpec (alpha-beta model).
 
 Owns ``collective_time_s`` (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all,
-send_recv), ``hierarchical_all_reduce_time_s`` (the two-level variant NCCL uses across nodes) and
-the mesh-layout helpers that say which mesh axes stay inside a node: ranks are laid out row-major
-over ``MeshSpec.axis_names`` (outermost first), so the innermost axes are consecutive ranks.
+send_recv), ``nccl_collective`` (the same with the algorithm NCCL would pick), the two-level
+``hierarchical_all_reduce_time_s``, ``group_layout`` (how many nodes a strided group touches and
+how many of its ranks share a node) and the mesh-layout helpers that say which mesh axes stay
+inside a node: ranks are laid out row-major over ``MeshSpec.axis_names`` (outermost first), so
+the innermost axes are consecutive ranks.
 
-Model (Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005; NCCL docs "performance"), with
-k ranks, n bytes, α the link latency and β = 1 / (link bandwidth · comm_efficiency)::
+Single node (Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005), k ranks, n bytes,
+α the NVLink latency and β = 1 / (NVLink bandwidth · comm_efficiency)::
 
     all_reduce      2·(k−1)/k · n·β + 2·(k−1)·α
     all_gather      (k−1)/k · n·β + (k−1)·α          n = the gathered (full) size
@@ -15,16 +17,41 @@ k ranks, n bytes, α the link latency and β = 1 / (link bandwidth · comm_effic
     broadcast       n·β + (k−1)·α                    pipelined ring (chunks stream down the chain)
     send_recv       n·β + α                          one point-to-point message
 
-A group that spans nodes pays the inter-node link (per-device NIC, per direction) for the whole
-ring: the slowest hop sets a ring's pace. No torch import.
+Across nodes (a group of k = N·r ranks on N nodes, r of them per node; ``ranks_per_node``):
+NCCL builds one ring per channel and spreads the channels over the node's NICs (one NIC per GPU
+on DGX-class nodes), so a ring's bus bandwidth is that of the node's r NICs together, capped by
+NVLink: ``B = min(B_nvlink, r · B_nic)`` (NCCL performance docs, "bus bandwidth"; nccl-tests
+multi-node all_reduce busbw ≈ the node's aggregate NIC bandwidth). Every ring step waits on the
+slowest hop (α_net). All-reduce may instead run NCCL's double binary tree across nodes (chains
+inside a node), with log latency and ``TREE_BW_FACTOR`` of the ring bandwidth; the faster of the
+two is taken, as NCCL's tuner does (src/graph/tuning.cc: time = latency + bytes / bus bandwidth,
+per algorithm)::
+
+    ring all_reduce   2·(k−1)/k · n/B + 2·(k−1)·α_net
+    tree all_reduce   2·(k−1)/k · n/(B·TREE_BW_FACTOR) + 2·((r−1)·α_nvl + ⌈log2 N⌉·α_net)
+    all_gather, reduce_scatter, broadcast: the ring formulas with B and α_net
+    all_to_all        max((r−1)/k · n/B_nvlink, (k−r)/k · n/B_nic) + (k−1)·α_net
+                      (the off-node share of each rank leaves through its own NIC)
+    send_recv         n/B_nic + α_net
+
+With r = 1 (one rank of the group per node, e.g. the DP groups of a TP-8 mesh) this is the flat
+ring on one GPU's NIC; with r = 8 the node's eight NICs carry the ring together. Calling
+``collective_time_s(..., spans_nodes=True)`` without ``ranks_per_node`` takes r = 1 (the
+pessimistic layout). No torch import.
 """
 
 from __future__ import annotations
+
+import math
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.plan import MeshSpec
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+#: Tree all-reduce bus bandwidth relative to the ring's across nodes: NCCL's tuner charges its tree
+#: a lower bandwidth than the ring (src/graph/tuning.cc scales the tree's bus bandwidth down), so
+#: large messages take the ring and small ones (latency bound, many nodes) the tree.
+TREE_BW_FACTOR = 0.9
 
 
 def link(cluster: ClusterSpec, spans_nodes: bool) -> tuple[float, float]:
@@ -34,34 +61,101 @@ def link(cluster: ClusterSpec, spans_nodes: bool) -> tuple[float, float]:
     return cluster.intra_latency_s, cluster.intra_bw_bytes_per_s * cluster.comm_efficiency
 
 
-def collective_time_s(
-    kind: str, nbytes: float, group_size: int, cluster: ClusterSpec, *, spans_nodes: bool = False
-) -> float:
-    """Seconds for one collective of ``nbytes`` over ``group_size`` ranks (alpha-beta ring model).
-
-    Formulas in the module docstring (all_reduce: ``2(k−1)/k·n/bw + 2(k−1)·α``; all_gather,
-    reduce_scatter, all_to_all: ``(k−1)/k·n/bw + (k−1)·α``; broadcast: ``n/bw + (k−1)·α``;
-    send_recv: ``n/bw + α``), with ``bw = link bandwidth · cluster.comm_efficiency`` and the
-    inter-node link when ``spans_nodes``. A group of one rank, or 0 bytes, costs 0.
-    Unit: seconds. Source: Patarasuk & Yuan 2009; NCCL performance docs; FORMULAS.md.
-    """
+def _check(kind: str, nbytes: float, group_size: int) -> None:
     if kind not in COLLECTIVES:
         raise ValueError(f"collective kind {kind!r} unknown; use one of {COLLECTIVES}")
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+
+
+def _ring_s(kind: str, n: float, k: int, bw: float, alpha: float) -> float:
+    if kind == "all_reduce":
+        return 2 * (k - 1) / k * n / bw + 2 * (k - 1) * alpha
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (k - 1) / k * n / bw + (k - 1) * alpha
+    if kind == "broadcast":
+        return n / bw + (k - 1) * alpha
+    return n / bw + alpha  # send_recv
+
+
+def nccl_collective(
+    kind: str, nbytes: float, group_size: int, cluster: ClusterSpec, *, ranks_per_node: int
+) -> tuple[str, float]:
+    """(algorithm, seconds) of one collective of ``nbytes`` over ``group_size`` ranks of which
+    ``ranks_per_node`` share each node, as NCCL runs it (formulas in the module docstring).
+
+    The algorithm is "ring", "tree" (all-reduce across nodes when faster), "p2p" (send_recv) or
+    "none" (one rank or 0 bytes). Unit: seconds. Source: NCCL src/graph/tuning.cc; NCCL docs
+    "performance"; Patarasuk & Yuan 2009.
+    """
+    _check(kind, nbytes, group_size)
     k = group_size
     if k == 1 or nbytes == 0:
-        return 0.0
-    alpha, bw = link(cluster, spans_nodes)
-    if kind == "all_reduce":
-        return 2 * (k - 1) / k * nbytes / bw + 2 * (k - 1) * alpha
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (k - 1) / k * nbytes / bw + (k - 1) * alpha
-    if kind == "broadcast":
-        return nbytes / bw + (k - 1) * alpha
-    return nbytes / bw + alpha  # send_recv
+        return "none", 0.0
+    if not isinstance(ranks_per_node, int) or ranks_per_node < 1:
+        raise ValueError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
+    r = min(ranks_per_node, k)
+    nodes = math.ceil(k / r)
+    eff = cluster.comm_efficiency
+    b_nvl, a_nvl = cluster.intra_bw_bytes_per_s * eff, cluster.intra_latency_s
+    if nodes == 1:
+        return ("p2p" if kind == "send_recv" else "ring"), _ring_s(kind, nbytes, k, b_nvl, a_nvl)
+    b_nic, a_net = cluster.inter_bw_bytes_per_s * eff, cluster.inter_latency_s
+    if kind == "send_recv":
+        return "p2p", nbytes / b_nic + a_net
+    if kind == "all_to_all":
+        t = max((r - 1) / k * nbytes / b_nvl, (k - r) / k * nbytes / b_nic) + (k - 1) * a_net
+        return "ring", t
+    bus = min(b_nvl, r * b_nic)
+    ring = _ring_s(kind, nbytes, k, bus, a_net)
+    if kind != "all_reduce":
+        return "ring", ring
+    tree = 2 * (k - 1) / k * nbytes / (bus * TREE_BW_FACTOR) + 2 * (
+        (r - 1) * a_nvl + math.ceil(math.log2(nodes)) * a_net
+    )
+    return ("tree", tree) if tree < ring else ("ring", ring)
+
+
+def collective_time_s(
+    kind: str,
+    nbytes: float,
+    group_size: int,
+    cluster: ClusterSpec,
+    *,
+    spans_nodes: bool = False,
+    ranks_per_node: int | None = None,
+) -> float:
+    """Seconds for one collective of ``nbytes`` over ``group_size`` ranks.
+
+    With ``ranks_per_node`` (how many of the group's ranks share a node; ``group_layout`` gives
+    it for a strided group) the NCCL model of ``nccl_collective``: NVLink ring inside a node,
+    across nodes a ring on the node's aggregate NIC bandwidth or a tree. Without it, the group
+    sits in one node unless ``spans_nodes``, which takes one rank per node (flat ring on one
+    GPU's NIC, the pessimistic layout). A group of one rank, or 0 bytes, costs 0.
+    Unit: seconds. Source: Patarasuk & Yuan 2009; NCCL performance docs; FORMULAS.md.
+    """
+    _check(kind, nbytes, group_size)
+    if ranks_per_node is None:
+        ranks_per_node = 1 if spans_nodes else group_size
+    return nccl_collective(kind, nbytes, group_size, cluster, ranks_per_node=ranks_per_node)[1]
+
+
+def group_layout(group_size: int, stride: int, devices_per_node: int) -> tuple[int, int]:
+    """(nodes, ranks per node) of a process group of ``group_size`` ranks ``stride`` apart
+    (consecutive ranks fill a node of ``devices_per_node`` first).
+
+    E.g. the DP groups of a (dp, tp) = (16, 4) mesh on 8-GPU nodes: stride 4, 2 ranks per node
+    on 8 nodes; of (dp, tp) = (4, 8): stride 8, one rank per node on 4 nodes.
+    """
+    for name, v in (("group_size", group_size), ("stride", stride), ("devices_per_node", devices_per_node)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if stride * (group_size - 1) < devices_per_node and devices_per_node % stride == 0:
+        return 1, group_size  # the whole group fits inside one node (aligned)
+    per_node = max(1, min(group_size, devices_per_node // stride)) if stride < devices_per_node else 1
+    return math.ceil(group_size / per_node), per_node
 
 
 def hierarchical_all_reduce_time_s(
@@ -131,18 +225,17 @@ def axis_spans_nodes(mesh: MeshSpec, axis: str, devices_per_node: int) -> bool:
 def axis_collective_time_s(
     kind: str, nbytes: float, mesh: MeshSpec, axis: str, cluster: ClusterSpec, *, hierarchical: bool = True
 ) -> float:
-    """``collective_time_s`` over the groups of ``axis``, choosing the link from the layout.
+    """``collective_time_s`` over the groups of ``axis``, with the layout the mesh gives them.
 
-    When the axis spans nodes, ``hierarchical`` and ``kind == "all_reduce"`` and every node
-    holds the same number r > 1 of a group's ranks, the two-level all-reduce is used
-    (``hierarchical_all_reduce_time_s``); else the flat ring over the inter-node link.
+    A group inside one node runs on NVLink; one that spans N nodes with r of its ranks per node
+    runs the NCCL model (``nccl_collective``: ring on r NICs or tree). ``hierarchical=False``
+    prices the flat ring on one GPU's NIC instead (r = 1), the pre-NCCL-model figure.
     Unit: seconds.
     """
     k = mesh.degree(axis)
     _check_axis(mesh, axis)
-    spans = axis_spans_nodes(mesh, axis, cluster.devices_per_node)
-    if spans and hierarchical and kind == "all_reduce":
-        nodes = axis_nodes_spanned(mesh, axis, cluster.devices_per_node)
-        if k % nodes == 0 and k // nodes > 1:
-            return hierarchical_all_reduce_time_s(nbytes, k // nodes, nodes, cluster)
-    return collective_time_s(kind, nbytes, k, cluster, spans_nodes=spans)
+    nodes = axis_nodes_spanned(mesh, axis, cluster.devices_per_node)
+    if nodes == 1:
+        return collective_time_s(kind, nbytes, k, cluster)
+    r = max(1, k // nodes) if hierarchical else 1
+    return collective_time_s(kind, nbytes, k, cluster, ranks_per_node=r)

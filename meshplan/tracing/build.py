@@ -18,10 +18,12 @@ from meshplan.graph import GraphNode
 from meshplan.tracing.annotate import NodeRecord
 from meshplan.tracing.capture import Captured
 from meshplan.tracing.classify import (
+    MUL_OPS,
     TensorMeta,
     function_kind,
     is_leaf_class,
     module_kind,
+    mul_saved,
     op_name,
     saved_parts,
 )
@@ -151,7 +153,10 @@ def build_nodes(
             persistent.add(n)
         saved = 0
         if n.op not in ("placeholder", "output") and not _inactive_dropout(gm, n, op):
-            for pos, nb in saved_parts(kind, op, in_metas, first):
+            parts = saved_parts(kind, op, in_metas, first)
+            if kind == "elementwise" and op in MUL_OPS:
+                parts = mul_saved(parts, [in_nodes[p_] in persistent for p_, _ in parts])
+            for pos, nb in parts:
                 if pos < 0:
                     saved += nb
                     continue

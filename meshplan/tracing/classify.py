@@ -137,7 +137,8 @@ def saved_parts(kind: str, op: str, inputs: Sequence[TensorMeta | None], out: Te
     linear: its input; matmul: both operands; attention: q, k, v, its output and the fp32
     log-sum-exp (one per query row); norm: its input plus fp32 row statistics (mean and rstd for
     LayerNorm, rstd for RMSNorm); activation: its input (softmax: its output); embedding: the
-    indices; elementwise mul/div: both operands, add/sub/cat: nothing, dropout: a 1-byte mask,
+    indices; elementwise mul/div: each tensor operand whose partner needs a gradient (x·cos keeps
+    cos, not x; a product with a Python scalar keeps nothing), add/sub/cat: nothing, dropout: a 1-byte mask,
     others (pow, rsqrt, exp, mean ...): their input; reshape/constant/input/output: nothing;
     loss: its input. The caller counts a tensor saved by several nodes once (q/k/v projections
     share one saved input) and skips inputs that are constants (buffers, model inputs).
@@ -169,9 +170,22 @@ def saved_parts(kind: str, op: str, inputs: Sequence[TensorMeta | None], out: Te
         if op in _FREE_ELEMENTWISE:
             return []
         if op in ("mul", "div", "truediv", "imul"):
-            return [(i, m.nbytes) for i, m in acts[:2]]
+            # the caller drops an operand whose partner is a constant (``mul_saved``)
+            return [(i, m.nbytes) for i, m in acts[:2]] if len(acts) >= 2 else []
         return [(acts[0][0], acts[0][1].nbytes)] if acts else []
     return []
+
+
+MUL_OPS = frozenset({"mul", "div", "truediv", "imul"})
+
+
+def mul_saved(parts: list[tuple[int, int]], constant: Sequence[bool]) -> list[tuple[int, int]]:
+    """Of a two-operand mul/div's ``parts``, those autograd really keeps: the gradient of one
+    operand needs the other, so an operand is kept only when its partner is not a constant
+    (``constant[j]`` for the operand at ``parts[j]``): x·cos keeps cos (a buffer, free), not x."""
+    if len(parts) != 2:
+        return parts
+    return [parts[j] for j in (0, 1) if not constant[1 - j]]
 
 
 def _rows(m: TensorMeta) -> int:
