@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--micro-batch", type=int, default=None, help="pin the microbatch size")
     parser.add_argument("--recompute", default=None, help="pin activation recompute (none, selective, full)")
-    parser.add_argument("--dp-kind", default=None, help="pin data parallelism (ddp, fsdp)")
+    parser.add_argument("--dp-kind", default=None, help="pin data parallelism (ddp, zero1, zero2, fsdp, hsdp)")
     parser.add_argument(
         "--quantization", default="none", choices=("none", "qat", "qlora"),
         help="plan quantized training: qat (fake-quantized weights) or qlora (NF4 base + LoRA adapters)",

@@ -42,7 +42,9 @@ class ClusterSpec:
     mem_efficiency: float = 0.8  # fraction of memory bandwidth that memory-bound kernels reach
     comm_efficiency: float = 0.8  # fraction of link bandwidth that collectives reach
     kernel_floor_s: float = 5e-6  # smallest time any kernel launch takes
-    mem_reserved_bytes: int = 0  # memory the framework keeps (CUDA context, allocator slack)
+    # memory the allocator cannot hand to tensors: CUDA context, NCCL buffers, fragmentation
+    # (presets: ``default_reserved_bytes``; 0 for a bare spec or a measured profile)
+    mem_reserved_bytes: int = 0
     # Eager-framework calibration (``meshplan profile``; presets leave them empty/0, so their
     # costing is unchanged): seconds of dispatch + autograd bookkeeping per op in forward and per
     # backward part, and GEMM efficiency by size as rows [flops per GEMM, fwd eff, bwd eff]
@@ -179,6 +181,28 @@ class ClusterSpec:
             raise ValueError(f"cluster profile {str(path)!r} is not valid JSON: {e}") from e
 
 
+#: CUDA context + cuBLAS/cuBLASLt workspaces per process: about 0.5 GiB on A100/H100 with lazy
+#: module loading (PyTorch "CUDA semantics" notes; CUDA_MODULE_LOADING=LAZY default since 11.7)
+CUDA_CONTEXT_BYTES = GiB // 2
+#: NCCL communicator buffers: NCCL_BUFFSIZE (4 MiB) per channel, direction and peer, a few
+#: channels per ring/tree and 3-4 communicators (tp, dp, pp, world): about 0.5 GiB (NCCL env docs)
+NCCL_BUFFER_BYTES = GiB // 2
+#: caching-allocator fragmentation (reserved minus allocated at peak) as a fraction of device
+#: memory: Megatron-LM logs max reserved 3-8 % above max allocated; 3 % is taken (with
+#: expandable segments, torchtitan's default, it is lower)
+FRAGMENTATION_FRACTION = 0.03
+
+
+def default_reserved_bytes(mem_bytes: int) -> int:
+    """Memory a training process on a device of ``mem_bytes`` cannot use for tensors::
+
+        CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + FRAGMENTATION_FRACTION · mem_bytes
+
+    (3.2 GiB on an 80 GB device). Unit: bytes. Sources in the constants' comments.
+    """
+    return int(CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + FRAGMENTATION_FRACTION * mem_bytes)
+
+
 def preset_for_gpu_name(name: str) -> str | None:
     """Preset name for a GPU name ("NVIDIA H100 80GB HBM3" -> "h100",
     "A100-SXM4-40GB" -> "a100-40g"), or None when no preset matches."""
@@ -239,6 +263,7 @@ def _make(
             devices_per_node=dpn,
             peak_flops={"bf16": tflops_bf16 * 1e12, "fp16": tflops_bf16 * 1e12, "fp32": tflops_fp32 * 1e12},
             mem_bytes=int(mem_gb * GB),
+            mem_reserved_bytes=default_reserved_bytes(int(mem_gb * GB)),
             mem_bw_bytes_per_s=hbm_tb_s * 1e12,
             intra_bw_bytes_per_s=nvlink_bidir_gb_s / 2 * GB,
             intra_latency_s=5e-6,

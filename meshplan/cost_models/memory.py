@@ -297,3 +297,20 @@ def activation_peak_bytes(
 def fits(total_bytes: float, mem_bytes: float) -> bool:
     """True when ``total_bytes`` is at most ``mem_bytes`` (and both are finite)."""
     return math.isfinite(total_bytes) and total_bytes <= mem_bytes
+
+
+def loss_buffer_bytes(tokens: float, vocab: int, *, vocab_shard: int = 1, logits_bytes: int = 2) -> float:
+    """Bytes the logits and a fp32 cross-entropy hold at the loss of one microbatch::
+
+        tokens · V / vocab_shard · (logits_bytes + 4 + 4)
+
+    the 16-bit logits, their fp32 copy (``F.cross_entropy(logits.float(), ...)`` as the runtime,
+    torchtitan and HF compute it) and the fp32 log-softmax output saved for backward, alive
+    together at the end of the forward. ``vocab_shard`` = tp when the head stays vocab-parallel
+    into the loss (Megatron's vocab-parallel cross-entropy, torch ``loss_parallel``), 1 when the
+    logits are gathered. A graph that traced its own loss already counts it. Unit: bytes.
+    Source: PyTorch ``log_softmax`` saves its result; Megatron-LM ``VocabParallelCrossEntropy``.
+    """
+    if tokens < 0 or vocab < 1 or vocab_shard < 1:
+        raise ValueError(f"tokens >= 0, vocab >= 1 and vocab_shard >= 1 needed, got {tokens}, {vocab}, {vocab_shard}")
+    return tokens * vocab / vocab_shard * (logits_bytes + 4 + 4)

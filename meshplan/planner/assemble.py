@@ -115,8 +115,8 @@ def build_plan(
                 f"tp={c.tp} was pinned but sharding does not pay for this model size under the cost model: every "
                 "linear stays replicated (the TP group repeats the same work)"
             )
-    if c.dp_kind == "fsdp":
-        notes.append("FSDP (ZeRO-3 over dp) chosen because plain DDP did not fit memory")
+    if ev.kind_note:
+        notes.append(ev.kind_note)
     styles = dict(sol.styles)
     return Plan(
         model_name=graph.model_name, world_size=cluster.num_devices, cluster=cluster.to_dict(),

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.memory import node_activation_bytes
+from meshplan.cost_models.memory import loss_buffer_bytes, node_activation_bytes
 from meshplan.cost_models.quant import node_quant_cost, quant_node_time, quant_state_bytes
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.plan import Quantization
@@ -304,6 +304,8 @@ class GraphCoster:
             hidden=self.g.meta.get("hidden"), seq_len=seq,
             shard_of=lambda n: _saved_shard(n, sol), input_bytes=in_bytes, elem_scale=elem,
         )  # fmt: skip
+        if kind == "post":
+            act += self._loss_bytes(nodes, sol, scale)
         if recompute == "full":
             rec = fwd + comm / 2
         elif recompute == "selective":
@@ -315,6 +317,24 @@ class GraphCoster:
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
+
+    def _loss_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> float:
+        """``memory.loss_buffer_bytes`` of the logits a graph without a traced loss returns (the
+        runtime's fp32 cross-entropy): the last linear producing ``vocab`` features, vocab-parallel
+        unless the placement gathers its output."""
+        vocab = int(self.g.meta.get("vocab") or 0)
+        if not vocab or any(n.kind == "loss" for n in self.g.nodes):
+            return 0.0
+        head = next((n for n in reversed(nodes) if n.kind == "linear" and n.out_shape and n.out_shape[-1] == vocab), None)
+        if head is None:
+            return 0.0
+        tokens = 1.0
+        for d in head.out_shape[:-1]:
+            tokens *= d
+        shard = 1 if (head.module_fqn in sol.gathered or sol.styles.get(head.module_fqn or "") != "colwise") else sol.tp
+        return loss_buffer_bytes(
+            tokens * scale, vocab, vocab_shard=shard, logits_bytes=4 if self.dtype in ("fp32", "float32") else 2
+        )
 
     def _quant_states(
         self, layer: LayerCost, nodes: list[GraphNode], sol: GraphTPSolution, scale: float

@@ -16,6 +16,14 @@ from dataclasses import replace
 from typing import Any
 
 from meshplan.cost_models.comm import collective_time_s
+from meshplan.cost_models.dp_kinds import (
+    KIND_ORDER,
+    ZERO_STAGE,
+    dp_comm,
+    dp_state_bytes,
+    shard_degree,
+    unsharded_buffer_bytes,
+)
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES, overlapped_sync_exposed_s, uniform_bucket_bytes
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
@@ -82,17 +90,37 @@ class ConfigEvaluator:
         self._bpp_cache: dict[tuple[str, int], ModelStateBytes] = {}
         self._rescues = 0
         self._sp_choice: dict[int, bool] = {}
+        self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
 
     def _auto(self, c: Config) -> bool:
         return c.dp_kind == "ddp" and "dp_kind" not in self.fixed
 
+    def _other_kinds(self, c: Config) -> list[Config]:
+        """The sharded kinds ``c`` may take instead of DDP (``dp_kinds.KIND_ORDER``), each as
+        the runtime would accept it; hsdp only where it differs from fsdp (dp spans nodes)."""
+        out = []
+        for kind in KIND_ORDER[1:]:
+            c2 = replace(c, dp_kind=kind)
+            if kind == "hsdp" and self._shard(c2) in (1, c.dp):
+                continue
+            if not self.quant_errors(c2):
+                out.append(c2)
+        return out
+
     def evaluate_auto(self, c: Config, *, exact: bool = True) -> Evaluation:
-        """``evaluate``, upgrading DDP to FSDP when DDP does not fit (and DP is not pinned)."""
-        ev = self._fit(c)
-        if not ev.fits and self._auto(c) and not self.quant_errors(replace(c, dp_kind="fsdp")):
-            ev2 = self._fit(replace(c, dp_kind="fsdp"))
-            if ev2.fits or ev2.max_mem_bytes < ev.max_mem_bytes:
-                ev = ev2
+        """``evaluate`` over the data-parallel kinds (DP not pinned): the fastest kind that fits
+        among ddp, zero1, zero2, hsdp and fsdp, or the smallest when none fits."""
+        ev = base = self._fit(c)
+        if self._auto(c) and c.dp > 1:
+            for c2 in self._other_kinds(c):
+                ev2 = self._fit(c2)
+                if (ev2.fits, -ev2.step_s if ev2.fits else -ev2.max_mem_bytes) > (
+                    ev.fits, -ev.step_s if ev.fits else -ev.max_mem_bytes
+                ):
+                    ev = ev2
+        if ev is not base:
+            self._kind_notes[ev.config] = kind_note(ev, base)
+            ev = replace(ev, kind_note=self._kind_notes[ev.config])
         return self.evaluate(ev.config, runs=ev.stage_layers) if exact and ev.fits else ev
 
     def _fit(self, c: Config) -> Evaluation:
@@ -114,7 +142,7 @@ class ConfigEvaluator:
         if not self.quant:
             return []
         sol = self._table(c).tp_solution
-        fsdp_dp = c.dp if c.dp_kind == "fsdp" else 1
+        fsdp_dp = self._shard(c) if ZERO_STAGE[c.dp_kind] >= 3 else 1
         key = (id(sol), fsdp_dp)
         if key not in self._quant_err:
             self._quant_err[key] = self.coster.quant_errors(sol, fsdp_dp)
@@ -122,35 +150,41 @@ class ConfigEvaluator:
 
     def bound(self, c: Config) -> tuple[float, float]:
         lb, mlb = self.lower_bound(c)
-        if self._auto(c) and not self.quant_errors(replace(c, dp_kind="fsdp")):
-            lb2, mlb2 = self.lower_bound(replace(c, dp_kind="fsdp"))
-            return min(lb, lb2), min(mlb, mlb2)
+        if self._auto(c) and c.dp > 1:
+            for c2 in self._other_kinds(c):
+                lb2, mlb2 = self.lower_bound(c2)
+                lb, mlb = min(lb, lb2), min(mlb, mlb2)
         return lb, mlb
 
     # ---- costs shared by bound and evaluation --------------------------------------------
     def _table(self, c: Config) -> CostTable:
         return self.coster.table(c.tp, c.sequence_parallel, c.recompute, c.micro_batch)
 
+    def _shard(self, c: Config) -> int:
+        """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):
+        a DP group's ranks are tp apart)."""
+        return shard_degree(c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node)
+
+    def _zero_divs(self, c: Config) -> tuple[int, int, int]:
+        """Divisors of (parameter, gradient, optimizer) bytes under ``c``'s ZeRO stage."""
+        s, z = self._shard(c), ZERO_STAGE[c.dp_kind]
+        return (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
+
     def _states(self, params: float, c: Config) -> float:
-        zero = 3 if c.dp_kind == "fsdp" else 0
-        return model_state_bytes(params, optimizer=self.optimizer, zero=zero, dp=c.dp).total
+        return dp_state_bytes(params, c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node,
+                              optimizer=self.optimizer).total  # fmt: skip
 
     def _optimizer_s(self, params: float, c: Config) -> float:
-        local = params / (c.dp if c.dp_kind == "fsdp" else 1)
+        """Optimizer step: memory bound, 16 B/param read and written, on the rank's shard."""
+        local = params / self._zero_divs(c)[2]
         return 2 * 16 * local / (self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)
 
-    def _dp_spans(self, c: Config) -> bool:
-        return c.tp * c.dp > self.cluster.devices_per_node  # mesh (pp, dp, tp): dp just outside tp
+    def _dp_comm(self, params_bytes: float, grad_bytes: float, c: Config):  # -> dp_kinds.DPComm
+        return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp, self.cluster, stride=c.tp, pp=c.pp,
+                       num_microbatches=c.num_microbatches)  # fmt: skip
 
     def _pp_spans(self, c: Config) -> bool:
         return self.W > self.cluster.devices_per_node and c.pp > 1 and c.tp * c.dp < self.W
-
-    def _sync_bytes_s(self, nbytes: float, c: Config) -> float:
-        """Gradient sync of ``nbytes`` of gradients over dp (all-reduce, or reduce-scatter for fsdp)."""
-        if c.dp == 1:
-            return 0.0
-        kind = "reduce_scatter" if c.dp_kind == "fsdp" else "all_reduce"
-        return collective_time_s(kind, nbytes, c.dp, self.cluster, spans_nodes=self._dp_spans(c))
 
     def lower_bound(self, c: Config) -> tuple[float, float]:
         """(step-time lower bound, memory lower bound) without splitting or simulating."""
@@ -159,9 +193,9 @@ class ConfigEvaluator:
         work = P["f"][-1] + P["b"][-1] + P["w"][-1]
         avg_params = P["params"][-1] / c.pp
         if self.quant:  # only trainable parameters are synced and stepped
-            div = c.dp if c.dp_kind == "fsdp" else 1
+            dv = self._zero_divs(c)
             step = c.num_microbatches * work / c.pp + self._optimizer_s(P["train"][-1] / c.pp, c)
-            mem = (P["sp"][-1] + P["sg"][-1] + P["so"][-1]) / c.pp / div
+            mem = (P["sp"][-1] / dv[0] + P["sg"][-1] / dv[1] + P["so"][-1] / dv[2]) / c.pp
         else:
             step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
             mem = self._states(avg_params, c)
@@ -191,10 +225,10 @@ class ConfigEvaluator:
         return self._prefix_cache[key]
 
     def _state_bytes_per_param(self, c: Config) -> ModelStateBytes:
-        key = (c.dp_kind, c.dp)
+        key = (c.dp_kind, c.dp, c.tp)
         if key not in self._bpp_cache:
-            zero = 3 if c.dp_kind == "fsdp" else 0
-            self._bpp_cache[key] = model_state_bytes(1.0, optimizer=self.optimizer, zero=zero, dp=c.dp)
+            self._bpp_cache[key] = dp_state_bytes(1.0, c.dp_kind, c.dp, stride=c.tp, optimizer=self.optimizer,
+                                                  devices_per_node=self.cluster.devices_per_node)  # fmt: skip
         return self._bpp_cache[key]
 
     def split_layers(self, c: Config) -> list[Any]:
@@ -203,11 +237,11 @@ class ConfigEvaluator:
 
         t = self._table(c)
         per_param = self._state_bytes_per_param(c).total
-        div = c.dp if c.dp_kind == "fsdp" else 1
+        dv = self._zero_divs(c)
 
         def states(x: LayerCost) -> int:
             if self.quant:
-                return int((x.state_param_bytes + x.state_grad_bytes + x.state_opt_bytes) / div)
+                return int(x.state_param_bytes / dv[0] + x.state_grad_bytes / dv[1] + x.state_opt_bytes / dv[2])
             return int(x.param_count * per_param)
 
         return [
@@ -216,9 +250,13 @@ class ConfigEvaluator:
             for x in t.layers
         ]  # fmt: skip
 
-    def fsdp_buffer(self, c: Config) -> float:
-        """Two unsharded layers' bf16 weights FSDP gathers at a time (0 without fsdp)."""
-        return 2 * self._elem_bytes * max(x.param_count for x in self._table(c).layers) if c.dp_kind == "fsdp" else 0.0
+    def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:
+        """What a parameter-sharding kind holds unsharded (``dp_kinds.unsharded_buffer_bytes``:
+        two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
+        return unsharded_buffer_bytes(
+            c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self._elem_bytes, pp=c.pp,
+            largest_layer_params=max(x.param_count for x in self._table(c).layers),
+        )  # fmt: skip
 
     def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
         """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
@@ -285,8 +323,8 @@ class ConfigEvaluator:
                         extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
                             numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
                         st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
-        div = c.dp if c.dp_kind == "fsdp" else 1
-        st_state = [(q[0] + q[1] + q[2]) / div for q in st_q]
+        dv = self._zero_divs(c)
+        st_state = [q[0] / dv[0] + q[1] / dv[1] + q[2] / dv[2] for q in st_q]
         if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
             st_state = [p * per_param for p in st_params]
         pp_spans = self._pp_spans(c)
@@ -311,31 +349,26 @@ class ConfigEvaluator:
         r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
         r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
-        fsdp_buf = self.fsdp_buffer(c)
-        r_mem = [int(r_state[r] + r_act[r] + fsdp_buf) for r in ranks]
+        r_mem = [int(r_state[r] + r_act[r] + self.fsdp_buffer(c, r_params[r])) for r in ranks]
         worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
         # gradients synced: every parameter in the training dtype, or (quantized) only the trainable ones
-        sync = self._sync_bytes_s(r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes, c)
+        # gradients are reduced in fp32 (cost_models.grad_sync.GRAD_REDUCE_BYTES), parameters
+        # gathered in the training dtype
+        grad_bytes = r_q[worst][1] if self.quant else r_params[worst] * GRAD_REDUCE_BYTES
         gather_bytes = r_q[worst][0] if self.quant else r_params[worst] * self._elem_bytes
         rank_b = [sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks]
-        if c.dp_kind == "fsdp" and c.dp > 1:
-            gather = collective_time_s(
-                "all_gather", gather_bytes, c.dp, self.cluster, spans_nodes=self._dp_spans(c)
-            )
-            per_mb = 2 * gather + sync  # fwd + bwd all-gather, reduce-scatter, every microbatch
-            comp_mb = max(rank_work)
-            dp_exposed = m * max(0.0, per_mb - comp_mb) + 0.1 * per_mb
-            grad_bytes = r_q[worst][1] if self.quant else r_params[worst] * self._elem_bytes
-            dp_bytes = {"all_gather": int(2 * gather_bytes * m), "reduce_scatter": int(grad_bytes * m)}
-        elif c.dp > 1:
+        rank_f = [sum(st_f[i] for i in on_rank[r]) for r in ranks]
+        d = self._dp_comm(gather_bytes, grad_bytes, c)
+        if c.dp_kind == "ddp" and c.dp > 1:
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
-            # each all-reduced as soon as it is final in the last microbatch's backward
-            ar_bytes = r_q[worst][1] if self.quant else r_params[worst] * GRAD_REDUCE_BYTES
+            # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
+            # the last microbatch's backward
             dp_exposed = overlapped_sync_exposed_s(
-                uniform_bucket_bytes(ar_bytes), rank_b[worst], lambda b: self._sync_bytes_s(b, c))
-            dp_bytes = {"all_reduce": int(ar_bytes)}
+                uniform_bucket_bytes(grad_bytes), rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
         else:
-            dp_exposed, dp_bytes = 0.0, {}
+            dp_exposed = exposed_dp_s(d, backward_s=rank_b[worst], forward_s=rank_f[worst],
+                                      microbatch_s=max(rank_work), num_microbatches=m)  # fmt: skip
+        dp_bytes = d.bytes
         opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
         step = makespan + dp_exposed + opt
         busiest = max(ranks, key=lambda r: rank_work[r])
@@ -354,8 +387,8 @@ class ConfigEvaluator:
                          "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
         if self.quant:
             big = max(ranks, key=lambda r: r_state[r])
-            mem_breakdown.update(params=int(r_q[big][0] / div), grads=int(r_q[big][1] / div),
-                                 optimizer=int(r_q[big][2] / div))  # fmt: skip
+            mem_breakdown.update(params=int(r_q[big][0] / dv[0]), grads=int(r_q[big][1] / dv[1]),
+                                 optimizer=int(r_q[big][2] / dv[2]))  # fmt: skip
         return Evaluation(
             config=c, step_s=step, pipeline_s=makespan, compute_s=compute, tp_comm_s=tp_s, pp_comm_s=pp_comm,
             dp_comm_s=dp_exposed, bubble_s=max(0.0, makespan - m * rank_work[busiest]), optimizer_s=opt,
@@ -364,5 +397,37 @@ class ConfigEvaluator:
             stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
             stage_mem=[int(st_state[i] + st_act[i] * infl[placement[i]]) for i in range(n_st)],
             stage_send_bytes=st_sendb, stage_params=st_params, fits=max(r_mem) <= self.mem_limit,
-            mem_limit_bytes=self.mem_limit, table=t, exact=exact,
+            mem_limit_bytes=self.mem_limit, table=t, exact=exact, kind_note=self._kind_notes.get(c, ""),
         )  # fmt: skip
+
+
+def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: float, num_microbatches: int) -> float:
+    """Seconds of data-parallel communication ``d`` (a ``dp_kinds.DPComm``) compute does not hide::
+
+        max(0.1·sync, sync − B) + max(0.1·gather, gather − F) + m·max(0, per_mb − T_mb) + 0.1·per_mb
+
+    the gradient reduction overlaps the last microbatch's backward B (DDP buckets, Megatron
+    --overlap-grad-reduce), the once-per-step parameter all-gather the first forward F
+    (--overlap-param-gather, FSDP prefetch), per-microbatch collectives (FSDP) each microbatch's
+    compute T_mb, prefetched one layer ahead; at least a tenth of each stays exposed (the last
+    bucket, the first layer's gather). Unit: seconds.
+    """
+    out = 0.0
+    if d.sync_s:
+        out += max(0.1 * d.sync_s, d.sync_s - backward_s)
+    if d.gather_s:
+        out += max(0.1 * d.gather_s, d.gather_s - forward_s)
+    if d.per_microbatch_s:
+        out += num_microbatches * max(0.0, d.per_microbatch_s - microbatch_s) + 0.1 * d.per_microbatch_s
+    return out
+
+
+def kind_note(chosen: Evaluation, ddp: Evaluation) -> str:
+    """Why ``chosen``'s data-parallel kind replaced DDP (``ddp``, the default), in numbers."""
+    gib = 1024**3
+    k = chosen.config.dp_kind
+    if not ddp.fits:
+        return (f"{k} chosen because ddp does not fit: {ddp.max_mem_bytes / gib:.1f} GiB > "
+                f"{ddp.mem_limit_bytes / gib:.1f} GiB per device")  # fmt: skip
+    return (f"{k} chosen over ddp (which fits, {ddp.max_mem_bytes / gib:.1f} GiB): {chosen.step_s:.4g} s vs "
+            f"{ddp.step_s:.4g} s per step (bound), {chosen.max_mem_bytes / gib:.1f} GiB per device")  # fmt: skip

@@ -63,7 +63,7 @@ def refine_split(s: ConfigEvaluator, ev: Evaluation, time_limit_s: float) -> tup
     method = "ilp"
     if c.virtual_stages == 1 or n_bin > MAX_WINNER_BINARIES:
         method = "dp"  # exact for one stage per rank; the named fallback past the size cap
-    reserved = int(s.fsdp_buffer(c))
+    reserved = int(s.fsdp_buffer(c, max(ev.stage_params, default=0.0)))
     # the ILP's memory model (per-stage in-flight counts, no tied copies) may differ from the
     # search's: the limit never excludes the current split, so the warm start is feasible, and
     # ``evaluate`` below judges whether the ILP's split fits

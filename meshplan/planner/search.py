@@ -8,16 +8,18 @@ For every configuration::
     schedule            gpipe | 1f1b | interleaved-1f1b (v = 2, 4 where layers allow, m % pp = 0) |
                         zero-bubble | zbv (v = 2); pp = 1 runs plain gradient accumulation ("1f1b")
     recompute           none | selective | full
-    dp kind             ddp, or fsdp (ZeRO-3 over dp) when the ddp plan does not fit
+    dp kind             the fastest that fits of ddp, zero1, zero2, hsdp, fsdp (cost_models.dp_kinds)
 
 the step time is::
 
     step = makespan(schedule simulator; per-stage F, B, W incl. TP comm and recompute; p2p sends)
-         + exposed DP gradient sync (ddp: fp32 gradients in 25 MiB buckets all-reduced one after
-           the other as each is final in the last microbatch's backward, what is left after that
-           backward is exposed: cost_models.grad_sync.overlapped_sync_exposed_s; fsdp: per-microbatch all-gather + reduce-scatter
-           hidden under compute where it fits)
-         + optimizer step (memory bound: 16 B/param read and written, ÷ dp with fsdp)
+         + exposed DP communication (``planner.evaluate.exposed_dp_s`` of the kind's collectives,
+           ``cost_models.dp_kinds.dp_comm``, NCCL-costed with the DP group's node layout):
+           ddp: fp32 gradients in 25 MiB buckets all-reduced one after the other as each is final
+           in the last microbatch's backward (cost_models.grad_sync.overlapped_sync_exposed_s);
+           others: gradient sync overlapped with the last backward, a once-per-step parameter gather
+           with the first forward, FSDP's per-microbatch gathers with each microbatch's compute
+         + optimizer step (memory bound: 16 B/param read and written, ÷ the ZeRO shard degree)
 
 Search: every configuration gets a cheap memory lower bound (model states of the average rank;
 configurations that cannot fit are skipped). Phase 1 costs each remaining one without the

@@ -71,6 +71,7 @@ class Evaluation:
     mem_limit_bytes: int
     table: CostTable = field(repr=False, default=None)  # type: ignore[assignment]
     exact: bool = True  # False: the makespan is a lower bound (not simulated)
+    kind_note: str = ""  # why a data-parallel kind other than ddp was chosen (empty when ddp or pinned)
 
     @property
     def max_mem_bytes(self) -> int:

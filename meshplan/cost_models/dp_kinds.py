@@ -1,0 +1,179 @@
+"""Data-parallel kinds: what each keeps per rank and which collectives it runs per step.
+
+Kinds (``meshplan.plan.DP_KINDS``) and their ZeRO stage over the sharding group of S ranks::
+
+    none    dp = 1                                         stage 0
+    ddp     replicated states, all-reduce of gradients     stage 0
+    zero1   optimizer states sharded (Megatron's           stage 1   S = dp
+            --use-distributed-optimizer)
+    zero2   + gradients sharded                            stage 2   S = dp
+    fsdp    + parameters sharded (ZeRO-3, FSDP2)           stage 3   S = dp
+    hsdp    fsdp inside a node, replicated across nodes    stage 3   S = the dp group's ranks in
+            (FSDP2 HSDP: dp_replicate × dp_shard)                    one node (``hsdp_shard_degree``)
+
+Memory per rank is ``cost_models.memory.model_state_bytes(zero=stage, dp=S)`` (Rajbhandari et al.
+2020, §5). Collectives (n_g gradient bytes, n_p parameter bytes of the rank's share, each over
+the DP group laid out as ``comm.group_layout`` says; m microbatches)::
+
+    ddp     per step    all_reduce(n_g)                          gradient accumulation without sync
+    zero1   per step    reduce_scatter(n_g) + all_gather(n_p)    Megatron distributed optimizer
+    zero2   per step    all_gather(n_p);  per microbatch reduce_scatter(n_g)  (sharded gradients
+                        cannot accumulate unsharded)
+    fsdp    pp = 1: per microbatch all_gather(n_p) in forward and again in backward (FSDP2
+            reshard_after_forward=True) + reduce_scatter(n_g), each prefetched one layer ahead so
+            only what compute cannot hide is exposed;
+            pp > 1: per step all_gather(n_p) + reduce_scatter(n_g) (torchtitan and
+            torch.distributed.pipelining: reshard_after_forward=False, gradient sync only in
+            the last microbatch's backward), at the cost of the stage's unsharded parameters and
+            gradients held during the step
+    hsdp    the fsdp collectives over the S ranks of a node, plus per step all_reduce(n_g / S)
+            over the dp / S replicas (one rank per node)
+
+Sources: ZeRO (Rajbhandari et al. 2020); Megatron-LM distributed optimizer docs; PyTorch FSDP2
+``fully_shard`` docs (reshard_after_forward, HSDP); torchtitan ``parallelize`` (PP + FSDP). No torch
+import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from meshplan.cost_models.comm import collective_time_s, group_layout
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
+
+#: ZeRO stage of each data-parallel kind over its sharding group
+ZERO_STAGE: dict[str, int] = {"none": 0, "ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3, "hsdp": 3}
+#: kinds in order of how much they save (and move): the planner's upgrade path
+KIND_ORDER: tuple[str, ...] = ("ddp", "zero1", "zero2", "hsdp", "fsdp")
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ZERO_STAGE:
+        raise ValueError(f"dp_kind {kind!r} unknown; use one of {tuple(ZERO_STAGE)}")
+
+
+def hsdp_shard_degree(dp: int, stride: int, devices_per_node: int) -> int:
+    """Ranks of one DP group (``dp`` ranks ``stride`` apart) that share a node: HSDP's shard group,
+    ``gcd(dp, devices_per_node // stride)``.
+
+    E.g. dp = 64 over (dp, tp) = (64, 2) on 8-GPU nodes: 4 (shard inside the node, 16 replicas).
+    """
+    return math.gcd(dp, max(1, devices_per_node // stride))  # as the runtime builds it (Plan.hsdp_shard_degree)
+
+
+def shard_degree(kind: str, dp: int, *, stride: int = 1, devices_per_node: int = 8) -> int:
+    """Ranks the model states are sharded over: 1 (none, ddp), dp (zero1/2, fsdp), or the
+    node-local part of the DP group (hsdp)."""
+    _check_kind(kind)
+    if ZERO_STAGE[kind] == 0 or dp == 1:
+        return 1
+    if kind == "hsdp":
+        return hsdp_shard_degree(dp, stride, devices_per_node)
+    return dp
+
+
+def dp_state_bytes(
+    param_count: float,
+    kind: str,
+    dp: int,
+    *,
+    stride: int = 1,
+    devices_per_node: int = 8,
+    optimizer: str = "adam",
+    precision: str = "bf16-mixed",
+) -> ModelStateBytes:
+    """Parameter, gradient and optimizer bytes per rank under ``kind``: ``model_state_bytes``
+    with the kind's ZeRO stage over ``shard_degree``. Unit: bytes. Source: ZeRO §5."""
+    s = shard_degree(kind, dp, stride=stride, devices_per_node=devices_per_node)
+    return model_state_bytes(param_count, optimizer=optimizer, precision=precision, zero=ZERO_STAGE[kind], dp=s)
+
+
+@dataclass(frozen=True)
+class DPComm:
+    """Seconds of one rank's data-parallel collectives, before overlap with compute.
+
+    ``sync_s``: gradient reduction once per step (overlaps the last microbatch's backward);
+    ``gather_s``: parameter all-gather once per step (overlaps the next step's first forward);
+    ``per_microbatch_s``: collectives repeated every microbatch (overlap that microbatch's
+    compute, prefetched one layer ahead); ``bytes``: per step, by collective kind.
+    """
+
+    sync_s: float = 0.0
+    gather_s: float = 0.0
+    per_microbatch_s: float = 0.0
+    bytes: dict[str, int] = field(default_factory=dict)
+
+
+def dp_comm(
+    kind: str,
+    grad_bytes: float,
+    param_bytes: float,
+    dp: int,
+    cluster: ClusterSpec,
+    *,
+    stride: int = 1,
+    pp: int = 1,
+    num_microbatches: int = 1,
+) -> DPComm:
+    """The collectives of ``kind`` (module docstring) for a rank holding ``grad_bytes`` of
+    gradients and ``param_bytes`` of parameters (unsharded sizes), its DP group of ``dp`` ranks
+    ``stride`` apart (the product of the inner mesh axes), costed by ``comm.collective_time_s``
+    with the group's layout (nodes × ranks per node). Unit: seconds and bytes."""
+    _check_kind(kind)
+    if dp == 1 or kind == "none":
+        return DPComm()
+    dpn = cluster.devices_per_node
+    m = num_microbatches
+
+    def t(coll: str, n: float, k: int, st: int) -> float:
+        return collective_time_s(coll, n, k, cluster, ranks_per_node=group_layout(k, st, dpn)[1])
+
+    if kind == "ddp":
+        return DPComm(sync_s=t("all_reduce", grad_bytes, dp, stride), bytes={"all_reduce": int(grad_bytes)})
+    if kind == "zero1":
+        return DPComm(
+            sync_s=t("reduce_scatter", grad_bytes, dp, stride), gather_s=t("all_gather", param_bytes, dp, stride),
+            bytes={"reduce_scatter": int(grad_bytes), "all_gather": int(param_bytes)},
+        )  # fmt: skip
+    if kind == "zero2":
+        return DPComm(
+            gather_s=t("all_gather", param_bytes, dp, stride),
+            per_microbatch_s=t("reduce_scatter", grad_bytes, dp, stride),
+            bytes={"reduce_scatter": int(grad_bytes * m), "all_gather": int(param_bytes)},
+        )  # fmt: skip
+    s = shard_degree(kind, dp, stride=stride, devices_per_node=dpn)
+    ag, rs = t("all_gather", param_bytes, s, stride), t("reduce_scatter", grad_bytes, s, stride)
+    out: dict[str, int]
+    if pp > 1:
+        res = DPComm(sync_s=rs, gather_s=ag, bytes={"all_gather": int(param_bytes), "reduce_scatter": int(grad_bytes)})
+    else:
+        res = DPComm(per_microbatch_s=2 * ag + rs,
+                     bytes={"all_gather": int(2 * param_bytes * m), "reduce_scatter": int(grad_bytes * m)})  # fmt: skip
+    if kind == "hsdp" and dp > s:
+        rep = dp // s
+        out = dict(res.bytes)
+        out["all_reduce"] = int(grad_bytes / s)
+        return DPComm(sync_s=res.sync_s + t("all_reduce", grad_bytes / s, rep, stride * s), gather_s=res.gather_s,
+                      per_microbatch_s=res.per_microbatch_s, bytes=out)  # fmt: skip
+    return res
+
+
+def unsharded_buffer_bytes(
+    kind: str, dp: int, *, stage_param_count: float, largest_layer_params: float, elem_bytes: int, pp: int = 1
+) -> float:
+    """Bytes a sharded kind holds unsharded beyond its sharded states.
+
+    fsdp/hsdp at pp = 1: two layers' parameters (the one computing and the one prefetched).
+    fsdp/hsdp at pp > 1 (reshard_after_forward=False, sync in the last microbatch only): the
+    stage's parameters and its unreduced gradients, ``2 · stage params · elem_bytes``.
+    zero2: its parameters stay whole (only gradients and optimizer states are sharded): 0 extra.
+    Others: 0. Unit: bytes. Source: PyTorch FSDP2 ``fully_shard`` docs; torchtitan.
+    """
+    _check_kind(kind)
+    if ZERO_STAGE[kind] < 3 or dp == 1:
+        return 0.0
+    if pp > 1:
+        return 2.0 * stage_param_count * elem_bytes
+    return 2.0 * largest_layer_params * elem_bytes

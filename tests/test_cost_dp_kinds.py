@@ -1,0 +1,75 @@
+"""Data-parallel kinds (cost_models.dp_kinds): memory per ZeRO stage and collectives per step."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.cost_models.comm import collective_time_s
+from meshplan.cost_models.dp_kinds import (
+    dp_comm,
+    dp_state_bytes,
+    hsdp_shard_degree,
+    shard_degree,
+    unsharded_buffer_bytes,
+)
+from meshplan.cost_models.hardware import ClusterSpec, default_reserved_bytes
+from meshplan.cost_models.memory import loss_buffer_bytes
+
+H100 = ClusterSpec.preset("h100", num_nodes=16)
+N = 1e9  # parameters per rank
+
+
+def test_state_bytes_per_kind_zero_paper() -> None:
+    # mixed-precision Adam: 2 + 2 + 12 bytes per parameter, dp = 64 (ZeRO §5 arithmetic)
+    assert dp_state_bytes(N, "ddp", 64).total == pytest.approx(16 * N)
+    assert dp_state_bytes(N, "zero1", 64).total == pytest.approx((4 + 12 / 64) * N)  # distributed optimizer
+    assert dp_state_bytes(N, "zero2", 64).total == pytest.approx((2 + 14 / 64) * N)
+    assert dp_state_bytes(N, "fsdp", 64).total == pytest.approx(16 / 64 * N)
+    # hsdp over dp = 64 with a TP of 2: 4 ranks of each DP group per 8-GPU node shard, 16 replicas
+    assert hsdp_shard_degree(64, 2, 8) == 4
+    assert dp_state_bytes(N, "hsdp", 64, stride=2).total == pytest.approx(16 / 4 * N)
+    assert shard_degree("ddp", 64) == 1 and shard_degree("fsdp", 1) == 1
+    with pytest.raises(ValueError, match="dp_kind"):
+        shard_degree("zero3", 8)
+
+
+def test_collectives_per_kind() -> None:
+    g = p = 2 * N  # bf16 gradients and parameters
+    ar = collective_time_s("all_reduce", g, 128, H100, ranks_per_node=8)
+    rs = collective_time_s("reduce_scatter", g, 128, H100, ranks_per_node=8)
+    ag = collective_time_s("all_gather", p, 128, H100, ranks_per_node=8)
+    assert dp_comm("ddp", g, p, 128, H100).sync_s == pytest.approx(ar)
+    z1 = dp_comm("zero1", g, p, 128, H100)
+    assert (z1.sync_s, z1.gather_s) == (pytest.approx(rs), pytest.approx(ag))
+    z2 = dp_comm("zero2", g, p, 128, H100, num_microbatches=4)
+    assert z2.per_microbatch_s == pytest.approx(rs) and z2.bytes["reduce_scatter"] == int(4 * g)
+    # fsdp without PP: gather in forward and backward + reduce-scatter every microbatch
+    f1 = dp_comm("fsdp", g, p, 128, H100, num_microbatches=4)
+    assert f1.per_microbatch_s == pytest.approx(2 * ag + rs) and f1.sync_s == 0
+    # under PP (reshard_after_forward=False): once per step, not per microbatch
+    f2 = dp_comm("fsdp", g, p, 128, H100, pp=4, num_microbatches=16)
+    assert (f2.sync_s, f2.gather_s, f2.per_microbatch_s) == (pytest.approx(rs), pytest.approx(ag), 0.0)
+    # hsdp: fsdp inside the node (NVLink) + all-reduce of a 1/8 share across 16 replicas (one per node)
+    h = dp_comm("hsdp", g, p, 128, H100, num_microbatches=1)
+    inner = collective_time_s("all_gather", p, 8, H100)
+    assert h.per_microbatch_s == pytest.approx(2 * inner + collective_time_s("reduce_scatter", g, 8, H100))
+    assert h.sync_s == pytest.approx(collective_time_s("all_reduce", g / 8, 16, H100, ranks_per_node=1))
+    assert dp_comm("ddp", g, p, 1, H100).sync_s == 0.0
+
+
+def test_unsharded_buffers() -> None:
+    assert unsharded_buffer_bytes("fsdp", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2) == 4e8
+    assert unsharded_buffer_bytes("fsdp", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2, pp=2) == 4 * N
+    assert unsharded_buffer_bytes("zero1", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2) == 0
+
+
+def test_memory_reserve_and_loss_buffer() -> None:
+    gib = 1024**3
+    # 0.5 GiB CUDA context + 0.5 GiB NCCL + 3 % of an 80 GB device
+    assert default_reserved_bytes(80 * 10**9) == pytest.approx(gib + 0.03 * 80e9, abs=1)
+    assert ClusterSpec.preset("h100").usable_mem_bytes == 80 * 10**9 - default_reserved_bytes(80 * 10**9)
+    # Llama-3 8B, 8192 tokens, vocab 128256: bf16 logits + fp32 copy + fp32 log-softmax = 10 B each
+    assert loss_buffer_bytes(8192, 128256) == pytest.approx(8192 * 128256 * 10)
+    assert loss_buffer_bytes(8192, 128256, vocab_shard=8) == pytest.approx(8192 * 128256 * 10 / 8)
+    with pytest.raises(ValueError):
+        loss_buffer_bytes(1, 0)
