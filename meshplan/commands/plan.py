@@ -15,6 +15,7 @@ import dataclasses
 import sys
 import time
 
+from meshplan.commands.argtypes import positive_int
 from meshplan.engines.spec import CAPS, TARGETS, spec_from_plan, unsupported
 
 HELP = "plan data/tensor/pipeline parallelism for a model on N devices (predicted costs)"
@@ -24,32 +25,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", help="zoo name (gpt2-small, llama3-8b, gpt3-175b, ...), file.py:factory or pkg.mod:factory"
     )
-    parser.add_argument("--world-size", "-n", type=int, required=True, help="number of devices")
+    parser.add_argument("--world-size", "-n", type=positive_int, required=True, help="number of devices")
     parser.add_argument(
         "--cluster", default="h100", help="preset (h100, h200, a100-80g, a100-40g, v100) or profile .json"
     )
     parser.add_argument(
-        "--global-batch", type=int, default=None, help="sequences per step (default 8 × world size)"
+        "--global-batch", type=positive_int, default=None, help="sequences per step (default 8 × world size)"
     )
     parser.add_argument(
-        "--seq", type=int, default=None, help="sequence length (default: the model's maximum)"
+        "--seq", type=positive_int, default=None, help="sequence length (default: the model's maximum)"
     )
-    parser.add_argument("--tp", type=int, default=None, help="pin the tensor-parallel degree")
-    parser.add_argument("--pp", type=int, default=None, help="pin the pipeline-parallel degree")
-    parser.add_argument("--dp", type=int, default=None, help="pin the data-parallel degree")
+    parser.add_argument("--tp", type=positive_int, default=None, help="pin the tensor-parallel degree")
+    parser.add_argument("--pp", type=positive_int, default=None, help="pin the pipeline-parallel degree")
+    parser.add_argument("--dp", type=positive_int, default=None, help="pin the data-parallel degree")
     parser.add_argument(
         "--schedule",
         default=None,
         help="pin the pipeline schedule (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv)",
     )
-    parser.add_argument("--micro-batch", type=int, default=None, help="pin the microbatch size")
+    parser.add_argument("--micro-batch", type=positive_int, default=None, help="pin the microbatch size")
     parser.add_argument("--recompute", default=None, help="pin activation recompute (none, selective, full)")
     parser.add_argument("--dp-kind", default=None, help="pin data parallelism (ddp, zero1, zero2, fsdp, hsdp)")
     parser.add_argument(
         "--quantization", default="none", choices=("none", "qat", "qlora"),
         help="plan quantized training: qat (fake-quantized weights) or qlora (NF4 base + LoRA adapters)",
     )  # fmt: skip
-    parser.add_argument("--lora-rank", type=int, default=None, help="LoRA rank for --quantization qlora (default 16)")
+    parser.add_argument("--lora-rank", type=positive_int, default=None, help="LoRA rank for --quantization qlora (default 16)")
     parser.add_argument("-o", "--output", default=None, metavar="PLAN_JSON", help="write the plan here")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument(

@@ -3,8 +3,9 @@
 Starts ``python -m torch.distributed.run --nproc-per-node N -m meshplan.runtime.train ...``
 (N = the plan's world size unless ``--nproc`` says otherwise; a mismatch fails on every rank
 with a clear error before any collective). ``--print-command`` prints the command only.
-SIGINT/SIGTERM stop the whole process tree (``runtime/supervise.py``): exit code 130/143.
-torch is not imported here.
+Before spawning, ``commands/preflight.py`` checks the model spec, data, output directories and
+cores; numbers are checked by argparse (``--nproc 0`` is refused). SIGINT/SIGTERM stop the whole process tree (``runtime/supervise.py``): exit code 130/143.
+torch is imported only by the preflight's zoo lookup.
 """
 
 from __future__ import annotations
@@ -12,40 +13,44 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from meshplan.commands.argtypes import nonneg_float, nonneg_int, positive_float, positive_int
+
 HELP = "run a plan under torchrun (synthetic data by default) and record measured vs predicted step time"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON written by `meshplan plan`")
     p.add_argument("--model", required=True, help="zoo name, file.py:factory or package.module:factory")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--nproc", type=int, default=None, help="ranks to launch (default: the plan's world size)")
+    p.add_argument("--steps", type=positive_int, default=10)
+    p.add_argument("--nproc", type=positive_int, default=None, help="ranks to launch (default: the plan's world size)")
     p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--keep-checkpoints", type=int, default=3,
+    p.add_argument("--checkpoint-every", type=nonneg_int, default=0)
+    p.add_argument("--keep-checkpoints", type=nonneg_int, default=3,
                    help="keep the newest K complete checkpoints, delete older ones (0: keep all; default 3)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint (any plan/world size)")
     p.add_argument("--data", default=None,
                    help="tokens.bin from `meshplan prepare-data` (each rank reads its share), package.module:fn "
                         "returning a torch Dataset, or a hook fn(step, batch, seq_len) -> global (inputs, targets)")
-    p.add_argument("--eval-every", type=int, default=0, help="validation loss on tokens.val.bin every K steps")
-    p.add_argument("--eval-batches", type=int, default=4, help="global batches per validation (default 4)")
+    p.add_argument("--eval-every", type=nonneg_int, default=0, help="validation loss on tokens.val.bin every K steps")
+    p.add_argument("--eval-batches", type=positive_int, default=4, help="global batches per validation (default 4)")
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--clip-grad-norm", type=float, default=1.0,
+    p.add_argument("--clip-grad-norm", type=nonneg_float, default=1.0,
                    help="clip the global gradient norm (all ranks and stages) to this; 0 disables")
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                    help="after --warmup-steps: constant, or cosine decay to 0 at --steps")
-    p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps")
+    p.add_argument("--warmup-steps", type=nonneg_int, default=0, help="linear learning-rate warm-up steps")
     p.add_argument("--compile", action="store_true", help="torch.compile each repeated block (first step compiles)")
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision: the plan's dtype (default) or bf16 / fp16 / fp32")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
-    p.add_argument("--skip-nonfinite", type=int, default=0, metavar="K",
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (CPU)")
+    p.add_argument("--skip-nonfinite", type=nonneg_int, default=0, metavar="K",
                    help="skip up to K steps whose loss is NaN/inf (no update applied) instead of stopping at the first")
     p.add_argument("--check-grads", action="store_true", help="also count a NaN/inf gradient as a non-finite step")
+    p.add_argument("--timeout", type=positive_float, default=120.0,
+                   help="process-group timeout in seconds: a rank waiting longer on a collective fails (default 120)")
     p.add_argument("--master-port", type=int, default=None)
     p.add_argument("--print-command", action="store_true", help="print the torchrun command and exit")
 
@@ -63,6 +68,7 @@ def build_command(args: argparse.Namespace) -> list[str]:
         )
     train = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--lr", str(args.lr),
              "--optimizer", args.optimizer, "--seed", str(args.seed), "--threads", str(args.threads),
+             "--timeout", str(args.timeout),
              "--dtype", args.dtype, "--clip-grad-norm", str(args.clip_grad_norm), "--lr-schedule",
              args.lr_schedule, "--warmup-steps", str(args.warmup_steps)] + (["--compile"] if args.compile else [])
     if args.checkpoint_dir:
@@ -88,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     if args.print_command:
         print(shlex.join(cmd))
         return 0
+    from meshplan.commands.preflight import preflight
+    from meshplan.plan import Plan
+
+    preflight(args, Plan.load(args.plan).world_size)  # before spawning: model, data, writable dirs, cores
     from meshplan.runtime.supervise import run_tree
 
     return run_tree(cmd)

@@ -1,0 +1,29 @@
+"""argparse ``type=`` callables that refuse nonsense numbers at parse time (``--seq 0``, ``--nproc 0``).
+
+argparse turns the ``ValueError`` into ``meshplan X: error: argument --seq: ...`` (exit 2), before
+anything is traced or spawned.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _number(kind: type, low: float, strict: bool):  # type: ignore[no-untyped-def]
+    def parse(text: str):  # type: ignore[no-untyped-def]
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if (v <= low) if strict else (v < low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text}")
+        return v
+
+    parse.__name__ = f"{'positive' if strict else 'non-negative'} {kind.__name__}"
+    return parse
+
+
+positive_int = _number(int, 0, strict=True)
+nonneg_int = _number(int, 0, strict=False)
+positive_float = _number(float, 0.0, strict=True)
+nonneg_float = _number(float, 0.0, strict=False)
