@@ -433,6 +433,8 @@ def profile_machine(
             "measured_at": started.isoformat(timespec="seconds"),
             "profile_seconds": round(elapsed, 3),
             "device": dev_name,
+            "device_type": device.type,
+            "host": platform.node(),
             "backend": backend,
             "torch": torch.__version__,
             "cpu_threads": torch.get_num_threads(),

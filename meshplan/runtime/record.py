@@ -69,6 +69,9 @@ class RunRecord:
     rank_peak_mem_bytes: list[int] = field(default_factory=list)
     predicted_rank_peak_mem_bytes: list[int] = field(default_factory=list)
     eval_losses: list[list[float]] = field(default_factory=list)  # [step, held-out loss]
+    # "" when the plan's cluster is the machine measured (or unknown); else why the prediction is for
+    # another machine (``comparable.not_comparable_reason``): no percentage is printed then
+    not_comparable: str = ""
 
     def add_eval(self, step: int, loss: float) -> None:
         self.eval_losses.append([step, loss])
@@ -104,6 +107,8 @@ class RunRecord:
         ms = self.measured_step_s * 1e3
         if self.error_fraction is None:
             return f"step {ms:.0f} ms measured, no prediction in the plan"
+        if self.not_comparable:
+            return f"step {ms:.0f} ms measured, {self.predicted_step_s * 1e3:.0f} ms {self.not_comparable}"
         return f"step {ms:.0f} ms measured, {self.predicted_step_s * 1e3:.0f} ms predicted ({self.error_fraction:+.1%})"
 
     def to_dict(self) -> dict[str, Any]:

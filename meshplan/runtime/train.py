@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.runtime import checkpoint, data
     from meshplan.runtime.api import apply_plan
     from meshplan.runtime.batch_check import check_batch
+    from meshplan.runtime.comparable import local_device, not_comparable_reason
     from meshplan.runtime.dist import check_launch
     from meshplan.runtime.evaluate import eval_loss
     from meshplan.runtime.guard import NonFiniteGuard
@@ -159,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         predicted_step_s=plan.predicted.step_s, predicted_peak_mem_bytes=list(plan.predicted.peak_mem_bytes),
         memory_kind="cuda_max_allocated" if torch.cuda.is_available() else "cpu_peak_rss", notes=list(pm.notes),
         precision=pm.precision, dp_kind=plan.dp_kind if plan.dp > 1 else "none",
+        not_comparable=not_comparable_reason(plan.cluster, **dict(zip(("device_type", "device_name", "host"),
+                                                                     local_device(torch)))),
     )
     for step in range(start + 1, args.steps + 1):
         x, y = stream.next_batch()
