@@ -2,17 +2,22 @@
 
 Order: checks (no collective) -> process group + DeviceMesh -> stage split (with sequence
 parallelism at pp > 1, sequence shard/gather modules are first inserted in the captured graph) ->
-TP per stage (with sequence parallelism when the plan asks and ``tp.sp_blocker`` finds nothing) ->
+TP per stage (with sequence parallelism when the plan asks; refused when ``tp.sp_blocker`` finds a
+reason; an LM head sharded over the vocabulary keeps its logits sharded for ``loss_parallel``) ->
 quantized training per stage (``meshplan.runtime.quant``; after TP because QLoRA quantizes each
-rank's shard, QAT works either way) -> data parallel per stage -> pipeline stages + schedule ->
-optimizer (over the parameters that still require grad).
+rank's shard, QAT works either way) -> recompute -> precision (``runtime.precision``) ->
+``--compile`` -> data parallel per stage (``runtime.data_parallel``; bucketed overlapped
+all-reduce ``runtime.grad_sync`` where DDP cannot run) -> pipeline stages + schedule -> optimizer
+(over the parameters that still require grad; ZeroRedundancyOptimizer for zero1).
+Plan options the runtime cannot execute as costed raise PlanMismatchError before training.
 
 ``ParallelModel.step(inputs, targets)`` takes the GLOBAL batch (the same tensors on every rank),
 keeps this rank's data-parallel slice (``step(x, y, local=True)``: the rank's own share, read by
 ``meshplan.runtime.data``; None where its pipeline stages do not need it), runs forward/backward (the pipeline schedule, or plain
-gradient accumulation over the plan's microbatches when pp=1), syncs data-parallel gradients
-where the mode is manual, sums the gradients of tied weights between the pipeline ranks holding a
-copy, steps the optimizer, and returns the loss of the whole global step (mean of the microbatch
+gradient accumulation over the plan's microbatches when pp=1), waits for the bucketed data-parallel
+all-reduces (manual mode), sums the gradients of tied weights between the pipeline ranks holding a
+copy, unscales (fp16), clips the global gradient norm (``max_grad_norm``), sets this step's
+learning rate (``lr_fn``), steps the optimizer, and returns the loss of the whole global step (mean of the microbatch
 losses; identical on all ranks). A step whose loss is NaN/inf (or, with ``check_grads``, any
 gradient) does not step the optimizer and is listed in ``skipped_steps``. ``loss_fn`` must average over its batch.
 """
