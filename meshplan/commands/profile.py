@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from meshplan.commands.argtypes import positive_float
+
 HELP = "measure this machine's FLOP/s, memory bandwidth and collectives into a cluster profile JSON"
 
 
@@ -73,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="collective backend (default: nccl with GPUs, else gloo)",
     )
     parser.add_argument("--name", default=None, help="name recorded in the profile")  # fmt: skip
+    parser.add_argument(
+        "--budget", type=positive_float, default=60.0, metavar="S",
+        help="total seconds for all measurements (default 60): each is bounded, larger sizes are skipped when "
+             "time runs out, progress on stderr",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     spec = profile_machine(
         nproc=args.nproc, quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes, reps=args.reps,
         matmul_sizes=args.matmul_sizes, mem_test_bytes=args.mem_test_bytes, backend=args.backend, name=args.name,
-        eager_shapes=args.eager_shapes,
+        eager_shapes=args.eager_shapes, budget_s=args.budget,
     )  # fmt: skip
     spec.save(args.output)
     for w in check_profile(spec):

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.profile_budget import Budget, cpu_has_fast_bf16, fits
 
 Log = Callable[[str], None]
 
@@ -110,53 +111,77 @@ def _sync(torch: Any, device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_calls(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> list[float]:
-    """Seconds of each of ``reps`` calls of ``fn`` (device synchronized) after two warm-ups."""
+def _timed_calls(
+    fn: Callable[[], Any], torch: Any, device: Any, reps: int, deadline: float | None = None
+) -> list[float]:
+    """Seconds of each of ``reps`` calls of ``fn`` (device synchronized) after up to two warm-ups;
+    past ``deadline`` (``time.monotonic()``) it stops early, after at least one timed call."""
     for _ in range(2):
         fn()
-    _sync(torch, device)
-    times = []
+        _sync(torch, device)
+        if deadline is not None and time.monotonic() > deadline:
+            break
+    times: list[float] = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         _sync(torch, device)
         times.append(time.perf_counter() - t0)
+        if deadline is not None and time.monotonic() > deadline:
+            break
     return times
 
 
-def _best_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
+def _best_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int, deadline: float | None = None) -> float:
     """Fastest of ``reps`` timed calls after two warm-ups: what the hardware can do (peaks are
     best-case figures; on a shared machine the median measures the neighbours)."""
-    return min(_timed_calls(fn, torch, device, reps))
+    return min(_timed_calls(fn, torch, device, reps, deadline))
 
 
 def measure_matmul(
-    sizes: Sequence[int], dtypes: Sequence[str], reps: int, device: Any, log: Log = _stderr
+    sizes: Sequence[int], dtypes: Sequence[str], reps: int, device: Any, log: Log = _stderr,
+    deadline: float | None = None, slow_dtypes: Sequence[str] = (),
 ) -> dict[str, list[tuple[int, float]]]:
-    """FLOP/s of ``n×n @ n×n`` per dtype and size (``2·n³ / best seconds``)."""
+    """FLOP/s of ``n×n @ n×n`` per dtype and size (``2·n³ / best seconds``).
+
+    With a ``deadline`` each dtype gets an equal share of the time left, and a size that would not
+    finish in it (estimated from the last size by FLOPs) is skipped with a log line; the smallest
+    size is always measured. ``slow_dtypes`` are measured at the smallest size only.
+    """
     import torch
 
     tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     out: dict[str, list[tuple[int, float]]] = {}
-    for dt in dtypes:
+    sizes = sorted(sizes)
+    for i, dt in enumerate(dtypes):
         out[dt] = []
-        for n in sizes:
+        end = None if deadline is None else time.monotonic() + (deadline - time.monotonic()) / (len(dtypes) - i)
+        todo = sizes[:1] if dt in slow_dtypes else sizes
+        if dt in slow_dtypes and len(sizes) > 1:
+            log(f"matmul {dt}: this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag): sizes "
+                f"{sizes[1:]} skipped, {sizes[0]} only")
+        last: tuple[int, float] | None = None
+        for n in todo:
+            if end is not None and last is not None and not fits(last[1], (n / last[0]) ** 3, reps, end):
+                log(f"matmul {dt}: sizes from {n} skipped (budget)")
+                break
             a = torch.randn(n, n, device=device).to(tdt[dt])
             b = torch.randn(n, n, device=device).to(tdt[dt])
-            t = _best_time(lambda a=a, b=b: torch.mm(a, b), torch, device, reps)
+            t = _best_time(lambda a=a, b=b: torch.mm(a, b), torch, device, reps, end)
+            last = (n, t)
             out[dt].append((n, 2 * n**3 / t))
             log(f"matmul {dt} {n}x{n}: {2 * n**3 / t / 1e9:.1f} GFLOP/s")
     return out
 
 
-def measure_mem_bw(nbytes: int, reps: int, device: Any, log: Log = _stderr) -> float:
+def measure_mem_bw(nbytes: int, reps: int, device: Any, log: Log = _stderr, deadline: float | None = None) -> float:
     """Device memory bandwidth in bytes/s: ``2·nbytes / t`` for a copy of ``nbytes``."""
     import torch
 
     n = max(1, nbytes // 4)
     src = torch.ones(n, device=device)
     dst = torch.empty_like(src)
-    t = _best_time(lambda: dst.copy_(src), torch, device, reps)
+    t = _best_time(lambda: dst.copy_(src), torch, device, reps, deadline)
     bw = 2 * n * 4 / t
     log(f"memory copy {n * 4 / 1e6:.0f} MB: {bw / 1e9:.2f} GB/s")
     return bw
@@ -176,9 +201,9 @@ DEFAULT_EAGER_SHAPES = ((128, 128), (512, 256), (2048, 256), (1024, 512))
 QUICK_EAGER_SHAPES = ((128, 128), (512, 256), (2048, 256))
 
 
-def _median_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
+def _median_time(fn: Callable[[], Any], torch: Any, device: Any, reps: int, deadline: float | None = None) -> float:
     """Median of ``reps`` timed calls after two warm-ups (what a training step sees)."""
-    return statistics.median(_timed_calls(fn, torch, device, reps))
+    return statistics.median(_timed_calls(fn, torch, device, reps, deadline))
 
 
 def median_time_s(fn: Callable[[], Any], reps: int = 5) -> float:
@@ -188,7 +213,9 @@ def median_time_s(fn: Callable[[], Any], reps: int = 5) -> float:
     return _median_time(fn, torch, torch.device("cpu"), reps)
 
 
-def _median_backward_time(forward: Callable[[], Any], torch: Any, device: Any, reps: int) -> float:
+def _median_backward_time(
+    forward: Callable[[], Any], torch: Any, device: Any, reps: int, deadline: float | None = None
+) -> float:
     """Median seconds of ``forward().sum().backward()``'s backward alone (forward run untimed)."""
     times = []
     for i in range(reps + 2):
@@ -199,11 +226,14 @@ def _median_backward_time(forward: Callable[[], Any], torch: Any, device: Any, r
         _sync(torch, device)
         if i >= 2:  # two warm-ups
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        if deadline is not None and time.monotonic() > deadline and (times or i >= 1):
+            break
+    return statistics.median(times or [time.perf_counter() - t0])
 
 
 def measure_eager_matmul(
-    shapes: Sequence[tuple[int, int]], peak_flops: float, reps: int, device: Any, log: Log = _stderr
+    shapes: Sequence[tuple[int, int]], peak_flops: float, reps: int, device: Any, log: Log = _stderr,
+    deadline: float | None = None,
 ) -> list[list[float]]:
     """GEMM efficiency by size as eager training runs GEMMs: rows ``[flops per GEMM, fwd eff, bwd eff]``.
 
@@ -216,13 +246,16 @@ def measure_eager_matmul(
     import torch
 
     rows = []
-    for t, h in shapes:
+    for k, (t, h) in enumerate(shapes):
+        if deadline is not None and rows and time.monotonic() > deadline:
+            log(f"eager linear chains {list(shapes[k:])} skipped (budget)")
+            break
         layers = torch.nn.Sequential(*[
             torch.nn.Linear(h, 4 * h) if i % 2 == 0 else torch.nn.Linear(4 * h, h) for i in range(4)
         ]).to(device)  # fmt: skip
         x = torch.randn(t, h, device=device, requires_grad=True)
-        t_f = _median_time(lambda x=x, m=layers: m(x), torch, device, reps)
-        t_b = _median_backward_time(lambda x=x, m=layers: m(x), torch, device, reps)
+        t_f = _median_time(lambda x=x, m=layers: m(x), torch, device, reps, deadline)
+        t_b = _median_backward_time(lambda x=x, m=layers: m(x), torch, device, reps, deadline)
         gemm = 2.0 * t * h * 4 * h
         eff_f = min(1.0, 4 * gemm / t_f / peak_flops)
         eff_b = min(1.0, 8 * gemm / t_b / peak_flops)
@@ -231,7 +264,9 @@ def measure_eager_matmul(
     return rows
 
 
-def measure_op_overhead(device: Any, floor_s: float, reps: int = 15, n_ops: int = 20) -> tuple[float, float]:
+def measure_op_overhead(
+    device: Any, floor_s: float, reps: int = 15, n_ops: int = 20, deadline: float | None = None
+) -> tuple[float, float]:
     """(forward, per-backward-part) seconds eager PyTorch spends per op beyond the kernel floor.
 
     Times a chain of ``n_ops`` tiny ``nn.Linear(8, 8)`` modules on one row (module call, dispatch,
@@ -243,8 +278,8 @@ def measure_op_overhead(device: Any, floor_s: float, reps: int = 15, n_ops: int 
 
     chain = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(n_ops)]).to(device)
     x = torch.randn(1, 8, device=device, requires_grad=True)
-    t_f = _median_time(lambda: chain(x), torch, device, reps) / n_ops
-    t_b = _median_backward_time(lambda: chain(x), torch, device, reps) / n_ops
+    t_f = _median_time(lambda: chain(x), torch, device, reps, deadline) / n_ops
+    t_b = _median_backward_time(lambda: chain(x), torch, device, reps, deadline) / n_ops
     return max(0.0, t_f - floor_s), max(0.0, t_b / 2 - floor_s)
 
 
@@ -255,7 +290,8 @@ def _free_port() -> int:
 
 
 def _collective_worker(
-    rank: int, world: int, init_method: str, backend: str, sizes: list[int], reps: int, out_path: str
+    rank: int, world: int, init_method: str, backend: str, sizes: list[int], reps: int, out_path: str,
+    wall_deadline: float | None = None,
 ) -> None:
     """One spawned rank: time all_reduce and a send/recv ping-pong at each size; rank 0 writes JSON."""
     from datetime import timedelta
@@ -275,7 +311,17 @@ def _collective_worker(
         warm = torch.ones(max(1, sizes[-1] // 4), device=device)
         for _ in range(3):  # the first collectives set up connections and buffers
             dist.all_reduce(warm)
-        for nbytes in sizes:
+        # smallest and largest first: if the budget cuts the sweep, the alpha-beta fit still spans it
+        order = [sizes[0], sizes[-1], *sizes[1:-1]] if len(sizes) > 2 else list(sizes)
+        for k, nbytes in enumerate(order):
+            go = torch.ones(1, device=device)  # rank 0 decides for all: every rank runs the same collectives
+            if rank == 0 and wall_deadline is not None and k >= 2 and time.time() > wall_deadline:
+                go.zero_()
+            dist.broadcast(go, 0)
+            if not go.item():
+                if rank == 0:
+                    _stderr(f"collectives from {nbytes / 1024:.0f} KiB skipped (budget)")
+                break
             x = torch.ones(max(1, nbytes // 4), device=device)
             times = []
             for i in range(reps + 1):
@@ -307,13 +353,13 @@ def _collective_worker(
                     f"send_recv {res['send_recv'][-1][1] * 1e3:.3f} ms"
                 )
         if rank == 0:
-            Path(out_path).write_text(json.dumps(res))
+            Path(out_path).write_text(json.dumps({k: sorted(v) for k, v in res.items()}))
     finally:
         dist.destroy_process_group()
 
 
 def measure_collectives(
-    nproc: int, sizes: list[int], reps: int, backend: str, log: Log = _stderr
+    nproc: int, sizes: list[int], reps: int, backend: str, log: Log = _stderr, wall_deadline: float | None = None
 ) -> dict[str, list[tuple[int, float]]]:
     """(bytes, seconds) of all_reduce and send/recv across ``nproc`` spawned processes."""
     import torch.multiprocessing as mp
@@ -324,7 +370,7 @@ def measure_collectives(
     log(f"spawning {nproc} processes ({backend}, {init}) for {len(sizes)} sizes x {reps} reps")
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "collectives.json")
-        mp.spawn(_collective_worker, args=(nproc, init, backend, sizes, reps, out), nprocs=nproc, join=True)
+        mp.spawn(_collective_worker, args=(nproc, init, backend, sizes, reps, out, wall_deadline), nprocs=nproc, join=True)
         raw = json.loads(Path(out).read_text())
     return {k: [(int(n), float(t)) for n, t in v] for k, v in raw.items()}
 
@@ -349,6 +395,7 @@ def profile_machine(
     name: str | None = None,
     eager_shapes: Sequence[tuple[int, int]] | None = None,
     log: Log = _stderr,
+    budget_s: float | None = None,
 ) -> ClusterSpec:
     """Measure this machine and return it as a ClusterSpec of ``nproc`` devices on one node.
 
@@ -357,7 +404,10 @@ def profile_machine(
     ``DEFAULT_EAGER_SHAPES`` (``quick``: ``QUICK_EAGER_SHAPES``) for the size-dependent GEMM
     efficiency, and the per-op overhead of eager PyTorch (``measure_op_overhead``). ``backend``:
     ``auto`` (nccl with a GPU per process, else gloo), ``gloo`` or ``nccl``. Per-device memory is
-    the GPU's memory, or on CPU the host memory divided by ``nproc``.
+    the GPU's memory, or on CPU the host memory divided by ``nproc``. ``budget_s``: total seconds
+    (``profile_budget.Budget``: each measurement bounded, larger sizes skipped when out of time,
+    progress lines prefixed with elapsed/budget); None: unbounded. On a CPU without native bf16
+    the bf16 matmul sweep is skipped (smallest size only) with a note.
     """
     import torch
 
@@ -378,20 +428,30 @@ def profile_machine(
     started = datetime.now(UTC)
     t_start = time.perf_counter()
 
+    budget = Budget(budget_s, log) if budget_s is not None else None
+    if budget is not None:
+        log = budget.log
+
+    def phase(name: str) -> float | None:
+        return budget.phase(name) if budget is not None else None
+
     log(f"device {device}, backend {backend}, nproc {nproc}")
     dtypes = ("fp32", "bf16") if device.type == "cpu" else ("fp32", "bf16", "fp16")
-    mm = measure_matmul(sizes_mm, dtypes, reps, device, log)
+    slow = ("bf16",) if device.type == "cpu" and not cpu_has_fast_bf16() else ()
+    mm = measure_matmul(sizes_mm, dtypes, reps, device, log, deadline=phase("matmul"), slow_dtypes=slow)
     peak = {dt: max(f for _, f in v) for dt, v in mm.items()}
     if device.type == "cpu":
         peak["fp16"] = peak["bf16"]
-    mem_bw = measure_mem_bw(mem_test_bytes, reps, device, log)
+    mem_bw = measure_mem_bw(mem_test_bytes, reps, device, log, deadline=phase("memory"))
     floor = measure_kernel_floor(device)
     log(f"kernel floor {floor * 1e6:.1f} us")
     shapes = tuple(eager_shapes or (QUICK_EAGER_SHAPES if quick else DEFAULT_EAGER_SHAPES))
-    eff_table = measure_eager_matmul(shapes, peak["fp32"], max(reps, 5), device, log)
-    op_f, op_b = measure_op_overhead(device, floor)
+    eff_table = measure_eager_matmul(shapes, peak["fp32"], max(reps, 5), device, log, deadline=phase("eager"))
+    op_f, op_b = measure_op_overhead(device, floor, deadline=phase("overhead"))
     log(f"eager op overhead: forward {op_f * 1e6:.1f} us, per backward part {op_b * 1e6:.1f} us")
-    coll = measure_collectives(nproc, byte_sizes(min_bytes, max_bytes), reps, backend, log)
+    phase("collectives")
+    coll = measure_collectives(nproc, byte_sizes(min_bytes, max_bytes), reps, backend, log,
+                               wall_deadline=budget.wall_deadline() if budget is not None else None)
     alpha, bw = _fit_or_bound(coll["all_reduce"], "all_reduce", nproc, log)
     p2p_alpha, p2p_bw = _fit_or_bound(coll["send_recv"], "send_recv", 2, log)
     log(f"all_reduce fit: alpha {alpha * 1e6:.1f} us, bw {bw / 1e9:.3f} GB/s; "
