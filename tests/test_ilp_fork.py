@@ -11,7 +11,10 @@ import pytest
 
 from meshplan import ilp
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="fork start method"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # pulp 3.3 on LpVariable(...)
+]
 
 
 def _knapsack() -> pulp.LpProblem:
