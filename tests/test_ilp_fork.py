@@ -45,3 +45,32 @@ def test_solve_in_forked_child_after_parent_solved() -> None:
         p.join()
     assert not hung, "the forked child hung in HiGHS"
     assert q.get(timeout=5) == ("highs", parent.status, parent.objective)
+
+
+def _plan(q: mp.Queue | None = None) -> tuple[str, str]:
+    from meshplan import autoparallel
+    from meshplan.models import load_model
+
+    spec = load_model("gpt-tiny", batch_size=1)
+    p = autoparallel(spec.model, 2, cluster="h100", global_batch_size=4, example_inputs=spec.example_inputs,
+                     fixed={"tp": 2})  # the TP placement is a HiGHS MIP
+    out = (p.summary(), p.solver.solver)
+    if q is not None:
+        q.put(out)
+    return out
+
+
+def test_autoparallel_in_forked_child_after_parent_planned() -> None:
+    """The issue's case: plan in the parent, then in a forked child (hung forever before the fix)."""
+    parent = _plan()
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_plan, args=(q,))
+    p.start()
+    p.join(120)
+    hung = p.is_alive()
+    if hung:
+        p.kill()
+        p.join()
+    assert not hung, "autoparallel in the forked child hung in HiGHS"
+    assert q.get(timeout=5) == parent
