@@ -3,6 +3,10 @@
 Starts ``python -m torch.distributed.run --nproc-per-node N -m meshplan.runtime.train ...``
 (N = the plan's world size unless ``--nproc`` says otherwise; a mismatch fails on every rank
 with a clear error before any collective). ``--print-command`` prints the command only.
+Several nodes: ``--nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT`` on every node (torchrun
+c10d rendezvous, ``meshplan.runtime.launch``); ``--max-restarts K`` restarts dead workers, which
+resume from the newest complete checkpoint; ``--slurm-script job.sh`` writes an sbatch script
+(``meshplan.runtime.slurm``) instead of running.
 Before spawning, ``commands/preflight.py`` checks the model spec, data, output directories and
 cores; numbers are checked by argparse (``--nproc 0`` is refused). SIGINT/SIGTERM stop the whole process tree (``runtime/supervise.py``): exit code 130/143.
 torch is imported only by the preflight's zoo lookup.
@@ -52,7 +56,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=positive_float, default=120.0,
                    help="process-group timeout in seconds: a rank waiting longer on a collective fails (default 120)")
     p.add_argument("--master-port", type=int, default=None)
+    g = p.add_argument_group("several nodes (torchrun c10d rendezvous; run once per node) and restarts")
+    g.add_argument("--nnodes", type=int, default=None, help="nodes (default 1); nnodes x nproc-per-node = plan world size")
+    g.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: world size / nnodes)")
+    g.add_argument("--node-rank", type=int, default=0, help="this node's index (torchrun's c10d ignores it: rank order follows rendezvous order)")
+    g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="rendezvous address, the same on every node")
+    g.add_argument("--rdzv-id", default="meshplan", help="job id shared by the nodes of one run")
+    g.add_argument("--rdzv-timeout", type=float, default=900.0, metavar="S",
+                   help="seconds to wait for the endpoint and for all nodes to join (default 900)")
+    g.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="restart all workers up to K times when one dies; they resume from the newest complete checkpoint")
+    s_ = p.add_argument_group("Slurm: write an sbatch script instead of running")
+    s_.add_argument("--slurm-script", default=None, metavar="JOB.SH", help="write (and print) an sbatch script running this plan")
+    s_.add_argument("--partition", default=None)
+    s_.add_argument("--time", default=None, help="Slurm time limit, e.g. 04:00:00")
+    s_.add_argument("--gpus-per-node", type=int, default=None)
     p.add_argument("--print-command", action="store_true", help="print the torchrun command and exit")
+
+
+SLURM_ONLY = {"slurm_script", "partition", "time", "gpus_per_node", "print_command", "nnodes", "nproc_per_node",
+              "node_rank", "rdzv_endpoint", "rdzv_id", "nproc", "master_port"}
+
+
+def _launch(args: argparse.Namespace, world_size: int, endpoint: str | None = None):  # -> launch.Launch
+    from meshplan.runtime.launch import plan_launch
+
+    return plan_launch(world_size, nproc=args.nproc, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
+                       node_rank=args.node_rank, rdzv_endpoint=endpoint or args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                       rdzv_timeout_s=args.rdzv_timeout, max_restarts=args.max_restarts, master_port=args.master_port)
+
+
+def run_argv(args: argparse.Namespace) -> list[str]:
+    """The ``meshplan run`` argv that repeats ``args`` (launch and Slurm flags left out): what each node runs."""
+    import sys
+
+    ref = argparse.ArgumentParser()
+    add_arguments(ref)
+    out = [sys.executable, "-m", "meshplan.cli", "run", args.plan]
+    for a in ref._actions:
+        if not a.option_strings or a.dest in SLURM_ONLY or a.dest == "help":
+            continue
+        v = getattr(args, a.dest, a.default)
+        if v == a.default or v is None:
+            continue
+        flag = next(o for o in a.option_strings if o.startswith("--"))
+        out += [flag] if isinstance(a, argparse._StoreTrueAction) else [flag, str(v)]
+    return out
 
 
 def build_command(args: argparse.Namespace) -> list[str]:
@@ -66,6 +115,7 @@ def build_command(args: argparse.Namespace) -> list[str]:
             f"plan {args.plan} needs {plan.world_size} ranks ({plan.summary()}), --nproc is {nproc}; "
             f"drop --nproc or re-plan for {nproc}"
         )
+    launch = _launch(args, plan.world_size)
     train = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--lr", str(args.lr),
              "--optimizer", args.optimizer, "--seed", str(args.seed), "--threads", str(args.threads),
              "--timeout", str(args.timeout),
@@ -86,14 +136,40 @@ def build_command(args: argparse.Namespace) -> list[str]:
         train += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
     if args.record:
         train += ["--record", args.record]
-    return torchrun_command(nproc, train, master_port=args.master_port)
+    return torchrun_command(launch, train)
+
+
+def write_slurm(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from meshplan.plan import Plan
+    from meshplan.runtime.slurm import sbatch_script
+
+    plan = Plan.load(args.plan)
+    if args.nnodes is None:
+        raise ValueError("--slurm-script needs --nnodes N (and --nproc-per-node P unless P = world size / N)")
+    launch = _launch(args, plan.world_size, "slurm-head:0")  # refuses before any file is written
+    text = sbatch_script(run_argv(args), nnodes=launch.nnodes, nproc_per_node=launch.nproc_per_node,
+                         workdir=os.getcwd(), partition=args.partition, time=args.time,
+                         gpus_per_node=args.gpus_per_node)
+    Path(args.slurm_script).write_text(text)
+    print(text, end="")
+    print(f"# wrote {args.slurm_script}: submit with `sbatch {args.slurm_script}`")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.slurm_script:
+        return write_slurm(args)
     cmd = build_command(args)
     if args.print_command:
         print(shlex.join(cmd))
         return 0
+    if args.rdzv_endpoint:
+        from meshplan.runtime.launch import check_endpoint
+
+        check_endpoint(args.rdzv_endpoint, args.rdzv_timeout)
     from meshplan.commands.preflight import preflight
     from meshplan.plan import Plan
 

@@ -141,12 +141,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--eval-every needs --data tokens.bin (its held-out tokens.val.bin)")
         held_out = stream.eval_batches(args.eval_batches)
     start = 0
-    if args.resume:
-        if not args.checkpoint_dir:
-            raise ValueError("--resume needs --checkpoint-dir")
-        ck = checkpoint.newest_complete(args.checkpoint_dir)
-        if ck is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {args.checkpoint_dir}")
+    # torchrun restarted the workers after one died (--max-restarts): resume without --resume
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    if args.resume and not args.checkpoint_dir:
+        raise ValueError("--resume needs --checkpoint-dir")
+    ck = checkpoint.newest_complete(args.checkpoint_dir) if args.checkpoint_dir and (args.resume or restarted) else None
+    if args.resume and ck is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {args.checkpoint_dir}")
+    if ck is not None:
         start = checkpoint.load(pm, ck)
         pos = (checkpoint.read_manifest(ck).get("extra") or {}).get("data")
         if pos:
@@ -154,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:  # a checkpoint from before data positions were saved: one global batch per step
             stream.samples_seen = start * plan.global_batch_size
         if rank == 0:
-            print(f"resumed from {ck} (step {start})", flush=True)
+            why = f" after restart {os.environ['TORCHELASTIC_RESTART_COUNT']}" if restarted else ""
+            print(f"resumed from {ck} (step {start}){why}", flush=True)
     rec = RunRecord(
         plan_summary=plan.summary(), model=args.model, world_size=plan.world_size,
         predicted_step_s=plan.predicted.step_s, predicted_peak_mem_bytes=list(plan.predicted.peak_mem_bytes),
