@@ -43,3 +43,6 @@ class TestPerRankData:
         assert [s for s, _ in rec["eval_losses"]] == [30, 60]
         assert rec["eval_losses"][-1][1] < losses[0] - 1.5
         assert "validation loss" in out.stdout
+        progress = [line for line in out.stdout.splitlines() if "tokens/s" in line]
+        assert [line.split()[1] for line in progress] == ["10/60", "20/60", "30/60", "40/60", "50/60", "60/60"]
+        assert rec["tokens_per_s"] > 0 and rec["tokens_per_step"] == 8 * 32

@@ -32,7 +32,7 @@ def test_sigint_stops_meshplan_run_cleanly(tmp_path: Path) -> None:
                PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.Popen(
         [sys.executable, "-m", "meshplan.cli", "run", str(tmp_path / "plan.json"), "--model", "gpt-tiny",
-         "--steps", "100000", "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--keep-checkpoints", "2"],
+         "--steps", "100000", "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--keep-checkpoints", "2", "--log-every", "1"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     seen = []

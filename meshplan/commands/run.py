@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None,
                    help="tokens.bin from `meshplan prepare-data` (each rank reads its share), package.module:fn "
                         "returning a torch Dataset, or a hook fn(step, batch, seq_len) -> global (inputs, targets)")
+    p.add_argument("--log-every", type=nonneg_int, default=10,
+                   help="a progress line every K steps and after the last (0: last only)")
     p.add_argument("--eval-every", type=nonneg_int, default=0, help="validation loss on tokens.val.bin every K steps")
     p.add_argument("--eval-batches", type=positive_int, default=4, help="global batches per validation (default 4)")
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
@@ -132,6 +134,7 @@ def build_command(args: argparse.Namespace) -> list[str]:
         train.append("--check-grads")
     if args.data:
         train += ["--data", args.data]
+    train += ["--log-every", str(args.log_every)]
     if args.eval_every:
         train += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
     if args.record:

@@ -72,6 +72,7 @@ class RunRecord:
     # "" when the plan's cluster is the machine measured (or unknown); else why the prediction is for
     # another machine (``comparable.not_comparable_reason``): no percentage is printed then
     not_comparable: str = ""
+    tokens_per_step: int = 0  # global batch x sequence length (0: not a token model)
 
     def add_eval(self, step: int, loss: float) -> None:
         self.eval_losses.append([step, loss])
@@ -101,6 +102,12 @@ class RunRecord:
             return None
         return self.measured_step_s / self.predicted_step_s - 1.0
 
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Measured: tokens per step / the median measured step time (None without tokens or steps)."""
+        s = self.measured_step_s
+        return self.tokens_per_step / s if self.tokens_per_step and s > 0 else None
+
     def summary_line(self) -> str:
         if not self.steps:
             return "no steps run (already at --steps)"
@@ -115,6 +122,7 @@ class RunRecord:
         d = asdict(self)
         d["measured_step_s"] = self.measured_step_s
         d["error_fraction"] = self.error_fraction
+        d["tokens_per_s"] = self.tokens_per_s
         return d
 
     def save(self, path: str | Path) -> None:
@@ -125,5 +133,6 @@ class RunRecord:
         d = json.loads(Path(path).read_text())
         d.pop("measured_step_s", None)
         d.pop("error_fraction", None)
+        d.pop("tokens_per_s", None)
         d["steps"] = [StepRecord(**s) for s in d.get("steps", [])]
         return cls(**d)

@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=None,
                    help="tokens.bin, package.module:fn returning a Dataset, or fn(step, batch, seq_len) (default: synthetic)")
+    p.add_argument("--log-every", type=int, default=10, help="a progress line every K steps and after the last (0: last only)")
     p.add_argument("--eval-every", type=int, default=0, help="validation loss on the held-out tokens every K steps")
     p.add_argument("--eval-batches", type=int, default=4, help="global batches per validation (default 4)")
     p.add_argument("--checkpoint-dir", default=None)
@@ -106,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.runtime.evaluate import eval_loss
     from meshplan.runtime.guard import NonFiniteGuard
     from meshplan.runtime.optim import lr_at, make_optimizer
+    from meshplan.runtime.progress import Progress
     from meshplan.runtime.record import RunRecord, gather_peak_mem
 
     plan = Plan.load(args.plan)
@@ -166,6 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         not_comparable=not_comparable_reason(plan.cluster, **dict(zip(("device_type", "device_name", "host"),
                                                                      local_device(torch)))),
     )
+    rec.tokens_per_step = plan.global_batch_size * max(seq_len, 1) if seq_len else 0
+    progress = Progress(total_steps=args.steps, start_step=start, log_every=args.log_every,
+                        tokens_per_step=rec.tokens_per_step or plan.global_batch_size,
+                        predicted_step_s=plan.predicted.step_s,
+                        predicted_peak_mem_bytes=max(plan.predicted.peak_mem_bytes, default=0),
+                        memory_kind="CUDA max allocated" if torch.cuda.is_available() else "peak RSS")
     for step in range(start + 1, args.steps + 1):
         x, y = stream.next_batch()
         if args.data and not stream.local:  # a user's hook: shape, dtype and sameness on every rank checked each step
@@ -177,8 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         mem = rec.add_rank_peaks(gather_peak_mem(pm.env.coord("pp"), plan.predicted.peak_mem_bytes))
         rec.add(step, dt, loss, mem)
         rec.grad_sync_collectives_per_step = pm.grad_sync_collectives  # counted in this step
-        if rank == 0:
-            print(f"step {step:5d}  loss {loss:.6f}  {dt * 1e3:8.1f} ms  peak {mem / 2**20:.0f} MiB", flush=True)
+        line = progress.line(step, loss, dt, mem)
+        if line and rank == 0:
+            print(line, flush=True)
         try:
             warning = guard.after_step(step, loss, step in pm.skipped_steps)
         except NonFiniteError as e:
@@ -192,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             val = eval_loss(pm, held_out)
             rec.add_eval(step, val)
             if rank == 0:
-                print(f"step {step:5d}  validation loss {val:.6f}", flush=True)
+                print(f"step {step:5d}/{args.steps}  validation loss {val:.4f} (held-out tokens)", flush=True)
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
             checkpoint.save(pm, args.checkpoint_dir, step, keep=args.keep_checkpoints,
                             extra={"data": stream.state_dict()})
