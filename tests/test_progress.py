@@ -19,6 +19,9 @@ def test_progress_every_k_steps_and_the_last() -> None:
     resumed = Progress(total_steps=25, start_step=20, log_every=0, tokens_per_step=10, predicted_step_s=0.0,
                        predicted_peak_mem_bytes=0)
     assert [s for s in range(21, 26) if resumed.line(s, 1.0, 0.5, 1)] == [25]
+    other = Progress(total_steps=1, start_step=0, log_every=1, tokens_per_step=1, predicted_step_s=0.1,
+                     predicted_peak_mem_bytes=0, comparable=False)
+    assert "100 ms predicted (predicted for another machine)" in (other.line(1, 1.0, 0.2, 1) or "")
     assert fmt_duration(3725) == "1h02m" and fmt_duration(75) == "1m15s" and fmt_duration(4) == "4s"
 
 

@@ -6,7 +6,8 @@ time are measured over the steps since the previous line (median step time; toke
 those steps / their summed step time, i.e. time inside ``ParallelModel.step``); the ETA is the
 wall time since the first step divided by steps done, times steps left. Memory: the largest rank's
 measured peak (CUDA max allocated, or peak RSS on CPU) against the plan's largest predicted peak.
-Only rank 0 prints (train.py).
+No percentage when the plan was made for another machine (``comparable=False``). Only rank 0
+prints (train.py).
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ class Progress:
     """Collects per-step facts; ``line(step)`` is the text to print at this step, or None."""
 
     def __init__(self, *, total_steps: int, start_step: int, log_every: int, tokens_per_step: int,
-                 predicted_step_s: float, predicted_peak_mem_bytes: int, memory_kind: str = "peak RSS"):
+                 predicted_step_s: float, predicted_peak_mem_bytes: int, memory_kind: str = "peak RSS", comparable: bool = True):
         if log_every < 0:
             raise ValueError(f"--log-every must be >= 0, got {log_every}")
         self.total, self.start, self.every = total_steps, start_step, log_every
         self.tokens_per_step = tokens_per_step
         self.pred_s, self.pred_mem = predicted_step_s, predicted_peak_mem_bytes
-        self.memory_kind = memory_kind
+        self.memory_kind, self.comparable = memory_kind, comparable
         self.t0 = time.monotonic()
         self.window: list[float] = []
 
@@ -56,8 +57,8 @@ class Progress:
         parts = [f"step {step:5d}/{self.total}", f"loss {loss:.4f}", f"tokens/s {tps:,.0f} (measured)",
                  f"ETA {fmt_duration(eta)}"]
         if self.pred_s > 0:
-            parts.append(f"step {med * 1e3:.0f} ms measured / {self.pred_s * 1e3:.0f} ms predicted "
-                         f"({med / self.pred_s - 1:+.0%})")
+            pct = f"({med / self.pred_s - 1:+.0%})" if self.comparable else "(predicted for another machine)"
+            parts.append(f"step {med * 1e3:.0f} ms measured / {self.pred_s * 1e3:.0f} ms predicted {pct}")
         else:
             parts.append(f"step {med * 1e3:.0f} ms measured (no prediction)")
         mem = f"memory {fmt_mib(peak_mem_bytes)} measured ({self.memory_kind})"

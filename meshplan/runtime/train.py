@@ -173,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         tokens_per_step=rec.tokens_per_step or plan.global_batch_size,
                         predicted_step_s=plan.predicted.step_s,
                         predicted_peak_mem_bytes=max(plan.predicted.peak_mem_bytes, default=0),
-                        memory_kind="CUDA max allocated" if torch.cuda.is_available() else "peak RSS")
+                        memory_kind="CUDA max allocated" if torch.cuda.is_available() else "peak RSS",
+                        comparable=not rec.not_comparable)
     for step in range(start + 1, args.steps + 1):
         x, y = stream.next_batch()
         if args.data and not stream.local:  # a user's hook: shape, dtype and sameness on every rank checked each step
