@@ -103,7 +103,8 @@ class SearchResult:
     mem_limit_bytes: int
     coster: GraphCoster = field(repr=False, default=None)  # type: ignore[assignment]
     split: SplitSolve | None = None  # the stage-split ILP's answer for the winner (pp > 1)
-    #: measured wall seconds per search phase: enumerate, bound, cost, simulate, finalize
+    #: measured wall seconds per search phase: enumerate (incl. the TP placement ILP of each TP
+    #: degree), bound, cost (split, memory, DP, optimizer of each candidate), simulate, finalize
     phase_s: dict[str, float] = field(default_factory=dict)
     simulated: int = 0  # configurations whose pipeline schedule was simulated
 
