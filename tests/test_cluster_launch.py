@@ -87,7 +87,7 @@ class TestClusterRuns:
         steps = 8
         # reference: one node, two ranks
         out = meshplan("run", *common, "--steps", str(steps), "--record", str(tmp_path / "one.json"))
-        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.returncode == 0, out.stderr[-12000:]
         ref = _losses(tmp_path / "one.json")
         # two "nodes" on this machine: two launchers meeting at a c10d rendezvous
         port = free_port()
@@ -104,7 +104,7 @@ class TestClusterRuns:
         # a worker SIGKILLed mid-run: torchrun restarts both, they resume from the newest complete checkpoint
         ck = tmp_path / "ck"
         proc = subprocess.Popen([*RUN, *common, "--steps", str(steps), "--checkpoint-dir", str(ck),
-                                 "--checkpoint-every", "1", "--max-restarts", "2",
+                                 "--checkpoint-every", "1", "--max-restarts", "1",
                                  "--record", str(tmp_path / "restart.json")],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 180
@@ -114,7 +114,7 @@ class TestClusterRuns:
         assert victims, "no worker found to kill"
         os.kill(victims[-1], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=240)
-        assert proc.returncode == 0, stderr[-3000:]
+        assert proc.returncode == 0, stderr[-12000:]
         assert "after restart" in stdout
         after = _losses(tmp_path / "restart.json")
         assert min(after) > 1 and max(after) == steps  # the record is the resumed attempt's

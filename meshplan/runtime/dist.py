@@ -72,13 +72,34 @@ def check_launch(plan: Plan) -> None:
         )
 
 
+def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """After a torchrun restart (``--max-restarts``), the agent's store under a per-attempt prefix.
+
+    torchrun's workers share the agent's TCPStore across restarts, so the restarted ranks could
+    read the dead attempt's gloo addresses and fail with "Connection refused"; a prefix per attempt
+    keeps each attempt's keys apart. None (plain ``env://``) on a first attempt or without an agent store.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"meshplan/attempt_{attempt}/", base)
+
+
 def init_runtime(plan: Plan, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> RuntimeEnv:
     """Process group (if none yet) and the Plan's DeviceMesh. Checks the launch first."""
     check_launch(plan)
     use_cuda = torch.cuda.is_available()
     if not dist.is_initialized():
         backend = "nccl" if use_cuda else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = restart_store(timeout)
+        if store is None:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout, store=store,
+                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     rank = dist.get_rank()
     if use_cuda:
         local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
