@@ -78,6 +78,14 @@ def graph_for(case: dict[str, Any]) -> Any:
     return _GRAPHS[key]
 
 
+def _dp_kind(case: dict[str, Any], dp: int) -> str | None:
+    """The authors' data-parallel kind: MosaicML FSDP, Megatron-LM 2020 plain DDP (the
+    distributed optimizer came in 2022); None (dp = 1)."""
+    if dp == 1:
+        return None
+    return "fsdp" if case["id"].startswith("mpt") else "ddp"
+
+
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     from meshplan.planner.api import estimate_graph
 
@@ -91,7 +99,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     spec = cluster_for(case)
     plan = estimate_graph(
         g, spec.num_devices, tp=tp, pp=pp, dp=dp, schedule="1f1b", micro_batch_size=micro, global_batch_size=B,
-        recompute=recompute, dp_kind=("fsdp" if mpt and dp > 1 else None), sequence_parallel=False,
+        recompute=recompute, dp_kind=_dp_kind(case, dp), sequence_parallel=False,
         cluster=spec, dtype="bf16" if mpt else "fp16",
     )  # fmt: skip
     s = m["seq_len"]
@@ -111,6 +119,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         + (" fsdp" if mpt and dp > 1 else ""), "meas_tok": meas_tok, "pred_tok": pred_tok,
         "err": pred_tok / meas_tok - 1, "meas_tflops": ms["tflops_per_gpu"], "pred_tflops": pred_tflops,
         "convention": conv, "fits": not any("does not fit" in x for x in plan.notes),
+        "mem_gib": max(plan.predicted.peak_mem_bytes) / 2**30,
     }  # fmt: skip
 
 
@@ -127,15 +136,16 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = [run_case(c) for c in load_cases()]
     print("| run | GPUs | preset | config | measured tok/s/GPU | predicted tok/s/GPU | error | measured TFLOP/s | "
-          "predicted TFLOP/s | FLOP convention | fits |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "predicted TFLOP/s | FLOP convention | predicted peak GiB | fits |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['id']} | {r['gpus']} | {r['cluster']} | {r['config']} | {r['meas_tok']:.0f} | {r['pred_tok']:.0f} "
               f"| {100 * r['err']:+.1f}% | {r['meas_tflops']:.1f} | {r['pred_tflops']:.1f} | {r['convention']} "
-              f"| {'yes' if r['fits'] else 'no'} |")  # fmt: skip
+              f"| {r['mem_gib']:.1f} | {'yes' if r['fits'] else 'no'} |")  # fmt: skip
     errs = [abs(r["err"]) for r in rows]
     print(f"\nmedian |error| {100 * statistics.median(errs):.1f}% over {len(rows)} runs "
-          f"(max {100 * max(errs):.1f}%); {time.perf_counter() - t0:.1f} s")  # fmt: skip
+          f"(max {100 * max(errs):.1f}%); false \"does not fit\": {sum(not r['fits'] for r in rows)}; "
+          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
