@@ -73,3 +73,12 @@ def test_memory_reserve_and_loss_buffer() -> None:
     assert loss_buffer_bytes(8192, 128256, vocab_shard=8) == pytest.approx(8192 * 128256 * 10 / 8)
     with pytest.raises(ValueError):
         loss_buffer_bytes(1, 0)
+
+
+def test_zero_paper_figure_1() -> None:
+    """ZeRO (Rajbhandari et al. 2020), Figure 1: a 7.5B model, 64-way data parallelism, mixed
+    precision Adam (K = 12): 120 GB baseline, 31.4 GB (P_os), 16.6 GB (P_os+g), 1.9 GB (P_os+g+p)."""
+    psi = 7.5e9
+    for kind, published_gb in (("ddp", 120), ("zero1", 31.4), ("zero2", 16.6), ("fsdp", 1.9)):
+        got = dp_state_bytes(psi, kind, 64).total / 1e9
+        assert got == pytest.approx(published_gb, rel=0.02), kind
