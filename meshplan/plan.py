@@ -150,6 +150,8 @@ class Prediction:
     tp_comm_s: float = 0.0
     pp_comm_s: float = 0.0
     dp_comm_s: float = 0.0  # exposed (not overlapped) data-parallel communication
+    ep_comm_s: float = 0.0  # exposed expert-parallel all-to-all + expert load imbalance
+    cp_comm_s: float = 0.0  # exposed context-parallel ring key/value exchange
     bubble_s: float = 0.0
     optimizer_s: float = 0.0
     recompute_s: float = 0.0

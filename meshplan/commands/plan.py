@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=positive_int, default=None, help="pin the tensor-parallel degree")
     parser.add_argument("--pp", type=positive_int, default=None, help="pin the pipeline-parallel degree")
     parser.add_argument("--dp", type=positive_int, default=None, help="pin the data-parallel degree")
+    parser.add_argument("--cp", type=positive_int, default=None, help="pin the context-parallel degree (sequence split)")
+    parser.add_argument("--ep", type=positive_int, default=None,
+                        help="pin the expert-parallel degree (MoE; borrows dp x cp ranks)")
+    parser.add_argument("--capacity-factor", type=float, default=None,
+                        help="MoE load imbalance the costing assumes: busiest expert rank / mean (default 1.0)")
     parser.add_argument(
         "--schedule",
         default=None,
@@ -64,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def pins(args: argparse.Namespace) -> dict[str, object]:
     fixed: dict[str, object] = {}
-    for arg, key in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("schedule", "schedule"),
+    for arg, key in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
+                     ("capacity_factor", "capacity_factor"), ("schedule", "schedule"),
                      ("micro_batch", "micro_batch_size"), ("recompute", "recompute"), ("dp_kind", "dp_kind")):  # fmt: skip
         v = getattr(args, arg)
         if v is not None:

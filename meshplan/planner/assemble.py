@@ -22,7 +22,7 @@ from meshplan.plan import (
 from meshplan.planner.costing import GraphCoster
 from meshplan.planner.search import Evaluation, Searcher, SearchResult
 
-MESH_AXES = ("pp", "dp", "tp")
+MESH_AXES = ("pp", "dp", "cp", "tp")  # torchtitan's order; ep borrows dp x cp ranks (MeshSpec.ep)
 
 
 def model_flops_per_token(graph: ModelGraph) -> float:
@@ -77,7 +77,8 @@ def build_plan(
         dp_comm_s=ev.dp_comm_s, bubble_s=ev.bubble_s, optimizer_s=ev.optimizer_s, recompute_s=ev.recompute_s,
         bubble_fraction=ev.bubble_fraction, peak_mem_bytes=ev.peak_mem_bytes, mem_breakdown=dict(ev.mem_breakdown),
         comm_bytes=dict(ev.comm_bytes), tokens_per_s=tokens_per_s, tflops_per_device=flops_per_s / 1e12,
-        mfu=flops_per_s / cluster.peak(dtype), pipeline_s=ev.pipeline_s,
+        mfu=flops_per_s / cluster.peak(dtype), pipeline_s=ev.pipeline_s, ep_comm_s=ev.ep_comm_s,
+        cp_comm_s=ev.cp_comm_s,
         quant_effect=qe,
     )  # fmt: skip
     alts = tuple(
@@ -117,10 +118,17 @@ def build_plan(
             )
     if ev.kind_note:
         notes.append(ev.kind_note)
+    if c.cp > 1:
+        notes.append(f"context parallelism cp={c.cp}: each rank holds {graph.seq_len // c.cp} of {graph.seq_len} "
+                     f"tokens (2*cp-chunk causal balance); ring key/value exchange costs {ev.cp_comm_s * 1e3:.2f} ms "
+                     "per step (predicted, not overlapped: the executed ring waits for each block)")
+    if c.ep > 1:
+        notes.append(f"expert parallelism ep={c.ep}: each rank holds 1/{c.ep} of the experts; dispatch+combine "
+                     f"all-to-all and load imbalance cost {ev.ep_comm_s * 1e3:.2f} ms per step (predicted)")
     styles = dict(sol.styles)
     return Plan(
         model_name=graph.model_name, world_size=cluster.num_devices, cluster=cluster.to_dict(),
-        mesh=MeshSpec(MESH_AXES, (c.pp, c.dp, c.tp)), global_batch_size=global_batch, seq_len=graph.seq_len,
+        mesh=MeshSpec(MESH_AXES, (c.pp, c.dp, c.cp, c.tp), ep=c.ep), global_batch_size=global_batch, seq_len=graph.seq_len,
         micro_batch_size=c.micro_batch, num_microbatches=c.num_microbatches, schedule=c.schedule,
         virtual_stages=c.virtual_stages, stages=tuple(stages), tp_styles=styles, predicted=pred,
         sequence_parallel=c.sequence_parallel, dp_kind=c.dp_kind,

@@ -24,11 +24,13 @@ from meshplan.cost_models.dp_kinds import (
     shard_degree,
     unsharded_buffer_bytes,
 )
+from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES, overlapped_sync_exposed_s, uniform_bucket_bytes
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.graph import ModelGraph
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
+from meshplan.planner.epcp_cost import EPCPTerms, epcp_rule, epcp_terms
 from meshplan.planner.pipeline_time import inflight, makespan_lower_bound, simulated_makespan
 from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import (
@@ -83,6 +85,8 @@ class ConfigEvaluator:
         self._quant_err: dict[tuple[int, int], list[str]] = {}
         self.keep = keep_alternatives
         self.ilp_split = ilp_split
+        # MoE load imbalance assumed by the costing (busiest expert rank / mean); a setting, not a pin
+        self.capacity_factor = float(self.fixed.pop("capacity_factor", DEFAULT_CAPACITY_FACTOR))
         self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -158,7 +162,20 @@ class ConfigEvaluator:
 
     # ---- costs shared by bound and evaluation --------------------------------------------
     def _table(self, c: Config) -> CostTable:
-        return self.coster.table(c.tp, c.sequence_parallel, c.recompute, c.micro_batch)
+        # cp: a rank holds micro_batch sequences of seq_len/cp tokens, the work of micro_batch/cp
+        # sequences (attention included, with the causal 2*cp split): cost_models/epcp.py
+        mb = c.micro_batch if c.cp == 1 else c.micro_batch / c.cp
+        return self.coster.table(c.tp, c.sequence_parallel, c.recompute, mb)  # type: ignore[arg-type]
+
+    def epcp_why(self, tp: int, pp: int, cp: int, ep: int, recompute: str) -> str:
+        return epcp_rule(cp=cp, ep=ep, tp=tp, pp=pp, seq_len=self.g.seq_len,
+                         num_experts=int(self.g.meta.get("num_experts", 0) or 0), recompute=recompute,
+                         quantized=self.quant)
+
+    def _epcp(self, c: Config) -> EPCPTerms:
+        return epcp_terms(self.g, self.cluster, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch, dtype=self.dtype,
+                          capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes,
+                          spans_nodes=c.dp * c.cp > self.cluster.devices_per_node)
 
     def _shard(self, c: Config) -> int:
         """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):
@@ -180,7 +197,7 @@ class ConfigEvaluator:
         return 2 * 16 * local / (self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)
 
     def _dp_comm(self, params_bytes: float, grad_bytes: float, c: Config):  # -> dp_kinds.DPComm
-        return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp, self.cluster, stride=c.tp, pp=c.pp,
+        return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
                        num_microbatches=c.num_microbatches)  # fmt: skip
 
     def _pp_spans(self, c: Config) -> bool:
@@ -348,6 +365,11 @@ class ConfigEvaluator:
         r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
         r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
+        ec = self._epcp(c)
+        if ec.expert_params_saved:  # ep: a rank holds E/ep experts (pp = 1: one rank holds all layers)
+            r_params = [p - ec.expert_params_saved for p in r_params]
+            r_state = [s - ec.expert_params_saved * per_param for s in r_state]
+            st_params = [p - ec.expert_params_saved / n_st for p in st_params]
         r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
         r_mem = [int(r_state[r] + r_act[r] + self.fsdp_buffer(c, r_params[r])) for r in ranks]
         worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
@@ -359,7 +381,7 @@ class ConfigEvaluator:
         rank_b = [sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks]
         rank_f = [sum(st_f[i] for i in on_rank[r]) for r in ranks]
         d = self._dp_comm(gather_bytes, grad_bytes, c)
-        if c.dp_kind == "ddp" and c.dp > 1:
+        if c.dp_kind == "ddp" and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
             # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
             # the last microbatch's backward
@@ -370,7 +392,8 @@ class ConfigEvaluator:
                                       microbatch_s=max(rank_work), num_microbatches=m)  # fmt: skip
         dp_bytes = d.bytes
         opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
-        step = makespan + dp_exposed + opt
+        epcp_s = m * ec.per_microbatch_s  # exposed EP all-to-all and CP ring, expert imbalance
+        step = makespan + epcp_s + dp_exposed + opt
         busiest = max(ranks, key=lambda r: rank_work[r])
         on_b = on_rank[busiest]
         tp_s = m * sum(st_tp[i] for i in on_b)
@@ -378,6 +401,8 @@ class ConfigEvaluator:
         compute = m * rank_work[busiest] - tp_s
         pp_comm = m * sum(st_send[i] for i in on_b) * (2 if c.pp > 1 else 0)
         comm_bytes = {k: int(v * m / c.pp) for k, v in t.tp_comm_bytes.items()}
+        for k, v in ec.comm_bytes.items():
+            comm_bytes[k] = comm_bytes.get(k, 0) + int(v * m)
         for k, v in dp_bytes.items():
             comm_bytes[k] = comm_bytes.get(k, 0) + v
         if c.pp > 1:
@@ -398,6 +423,7 @@ class ConfigEvaluator:
             stage_mem=[int(st_state[i] + st_act[i] * infl[placement[i]]) for i in range(n_st)],
             stage_send_bytes=st_sendb, stage_params=st_params, fits=max(r_mem) <= self.mem_limit,
             mem_limit_bytes=self.mem_limit, table=t, exact=exact, kind_note=self._kind_notes.get(c, ""),
+            ep_comm_s=m * (ec.ep_comm_s + ec.imbalance_s), cp_comm_s=m * ec.cp_comm_s,
         )  # fmt: skip
 
 

@@ -109,10 +109,8 @@ class Searcher(ConfigEvaluator):
         for tp in self.tp_choices():
             if "tp" in f and f["tp"] != tp:
                 continue
-            for pp in divisors(self.W // tp):
-                if pp > n_layers or ("pp" in f and f["pp"] != pp):
-                    continue
-                dp = self.W // (tp * pp)
+            for pp, cp, ep in self._pp_cp_ep(tp, n_layers):
+                dp = self.W // (tp * pp * cp)
                 if ("dp" in f and f["dp"] != dp) or self.B % dp:
                     continue
                 per_replica = self.B // dp
@@ -127,8 +125,35 @@ class Searcher(ConfigEvaluator):
                         for rc in self.recompute:
                             if "recompute" in f and f["recompute"] != rc:
                                 continue
-                            for kind in self._dp_kinds(dp):
-                                out.append(Config(dp, tp, pp, b, m, sched, v, rc, False, kind))
+                            if self.epcp_why(tp, pp, cp, ep, rc):
+                                continue
+                            for kind in self._dp_kinds(dp * cp if cp * ep > 1 else dp):
+                                if cp * ep > 1 and kind not in ("none", "ddp"):
+                                    continue  # cp/ep run with their own gradient reduction (runtime/epcp)
+                                kind = "ddp" if cp * ep > 1 else kind
+                                out.append(Config(dp, tp, pp, b, m, sched, v, rc, False, kind, cp, ep))
+        return out
+
+    def _pp_cp_ep(self, tp: int, n_layers: int) -> list[tuple[int, int, int]]:
+        """(pp, cp, ep) triples for ``tp``: cp divides the rest of the world, ep divides dp x cp and
+        the expert count; cp > 1 only for a model with attention, ep > 1 only for a MoE model
+        (the cost model then decides; pins --cp/--ep/--pp restrict)."""
+        f = self.fixed
+        out = []
+        experts = int(self.g.meta.get("num_experts", 0) or 0)
+        has_attn = any(n.kind == "attention" for n in self.g.nodes)
+        for pp in divisors(self.W // tp):
+            if pp > n_layers or ("pp" in f and f["pp"] != pp):
+                continue
+            for cp in divisors(self.W // (tp * pp)):
+                if ("cp" in f and f["cp"] != cp) or (cp > 1 and not has_attn):
+                    continue
+                for ep in divisors(self.W // (tp * pp)):
+                    if ("ep" in f and f["ep"] != ep) or (ep > 1 and not experts):
+                        continue
+                    if ep > 1 and (self.W // (tp * pp)) % ep:
+                        continue
+                    out.append((pp, cp, ep))
         return out
 
     def _shards_something(self, c: Config) -> bool:

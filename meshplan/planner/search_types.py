@@ -31,12 +31,15 @@ class Config:
     recompute: str
     sequence_parallel: bool
     dp_kind: str
+    cp: int = 1  # context parallel degree (an extra mesh axis: world = dp * cp * tp * pp)
+    ep: int = 1  # expert parallel degree (borrows dp x cp ranks)
 
     def summary(self) -> str:
         v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         sp = " sp" if self.sequence_parallel else ""
+        cpep = (f" cp{self.cp}" if self.cp > 1 else "") + (f" ep{self.ep}" if self.ep > 1 else "")
         return (
-            f"dp{self.dp} tp{self.tp}{sp} pp{self.pp} {self.schedule}{v} mb{self.micro_batch}x{self.num_microbatches}"
+            f"dp{self.dp}{cpep} tp{self.tp}{sp} pp{self.pp} {self.schedule}{v} mb{self.micro_batch}x{self.num_microbatches}"
             f" recompute={self.recompute} {self.dp_kind}"
         )
 
@@ -72,6 +75,8 @@ class Evaluation:
     table: CostTable = field(repr=False, default=None)  # type: ignore[assignment]
     exact: bool = True  # False: the makespan is a lower bound (not simulated)
     kind_note: str = ""  # why a data-parallel kind other than ddp was chosen (empty when ddp or pinned)
+    ep_comm_s: float = 0.0  # exposed EP all-to-all + expert load imbalance, per step
+    cp_comm_s: float = 0.0  # exposed CP ring key/value exchange, per step
 
     @property
     def max_mem_bytes(self) -> int:

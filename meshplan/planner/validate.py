@@ -11,7 +11,7 @@ from meshplan.plan import DP_KINDS, RECOMPUTE, SCHEDULES
 #: Keys ``fixed=`` accepts.
 FIXED_KEYS = (
     "tp", "pp", "dp", "schedule", "virtual_stages", "num_microbatches", "micro_batch_size", "recompute",
-    "dp_kind", "sequence_parallel",
+    "dp_kind", "sequence_parallel", "cp", "ep", "capacity_factor",
 )  # fmt: skip
 
 
@@ -43,14 +43,16 @@ def check_fixed(fixed: dict[str, Any] | None, world_size: int) -> dict[str, Any]
     unknown = sorted(set(f) - set(FIXED_KEYS))
     if unknown:
         raise ValueError(f"fixed= has unknown keys {unknown}; known: {list(FIXED_KEYS)}")
-    for k in ("tp", "pp", "dp", "virtual_stages", "num_microbatches", "micro_batch_size"):
+    for k in ("tp", "pp", "dp", "cp", "ep", "virtual_stages", "num_microbatches", "micro_batch_size"):
         if k in f and (isinstance(f[k], bool) or not isinstance(f[k], int) or f[k] < 1):
             raise ValueError(f"fixed[{k!r}] must be a positive integer, got {f[k]!r}")
-    for k in ("tp", "pp", "dp"):
+    if "capacity_factor" in f and not (isinstance(f["capacity_factor"], int | float) and f["capacity_factor"] >= 1):
+        raise ValueError(f"capacity_factor must be a number >= 1, got {f['capacity_factor']!r}")
+    for k in ("tp", "pp", "dp", "cp", "ep"):
         if k in f and world_size % f[k]:
             raise ValueError(f"{k}={f[k]} does not divide world_size={world_size}")
     prod = 1
-    for k in ("tp", "pp", "dp"):
+    for k in ("tp", "pp", "dp", "cp"):  # ep borrows dp x cp ranks: not a factor of the world
         prod *= f.get(k, 1)
     if all(k in f for k in ("tp", "pp", "dp")) and prod != world_size:
         raise ValueError(f"dp·tp·pp = {f['dp']}·{f['tp']}·{f['pp']} = {prod} but world_size is {world_size}")

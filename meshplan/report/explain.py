@@ -28,6 +28,31 @@ def _degrees(config: dict) -> tuple[int, int, int]:
     return (config.get("dp", 0), config.get("tp", 0), config.get("pp", 0))
 
 
+def _epcp_reasons(p: Plan) -> list[str]:
+    """Why the chosen cp / ep degree won, or why a searched cp / ep > 1 lost (from the alternatives)."""
+    out = []
+    pr = p.predicted
+    what = {"cp": ("the sequence is split over", "ring key/value exchange", pr.cp_comm_s),
+            "ep": ("the experts are split over", "dispatch+combine all-to-all and load imbalance", pr.ep_comm_s)}
+    for axis, (split, comm, secs) in what.items():
+        deg = p.mesh.degree(axis)
+        rivals = [a for a in p.alternatives if a.config.get(axis, 1) != deg]
+        fit = [a for a in rivals if a.step_s is not None]
+        rival = min(fit, key=lambda a: a.step_s or 0.0) if fit else (rivals[0] if rivals else None)
+        if deg > 1:
+            line = f"- {axis}={deg}: {split} {deg} ranks; its {comm} costs {fmt_s(secs)} per step"
+            if rival is not None:
+                cost = fmt_s(rival.step_s) if rival.step_s is not None else "does not fit"
+                line += f"; best with {axis}={rival.config.get(axis, 1)}: {rival.summary} — {cost} ({rival.reason})"
+            else:
+                line += f"; no configuration with another {axis} was kept (none fit or none was allowed)"
+            out.append(line)
+        elif rival is not None:
+            cost = fmt_s(rival.step_s) if rival.step_s is not None else "does not fit"
+            out.append(f"- {axis}=1: {axis}={rival.config.get(axis, 1)} lost: {rival.summary} — {cost} ({rival.reason})")
+    return out
+
+
 def _quant_reason(p: Plan) -> list[str]:
     """Why quantization changes the plan: model-state memory (and time) vs the same configuration
     unquantized, from ``Prediction.quant_effect``."""
@@ -116,6 +141,7 @@ def explain_plan(plan: Plan) -> str:
         f"fullest rank" + (f"; recomputation costs {fmt_s(pr.recompute_s)}" if pr.recompute_s else "")
     )
     lines += _quant_reason(p)
+    lines += _epcp_reasons(p)
     for a in p.alternatives:  # the best plan of each other family: why it lost
         if a.reason.startswith("best with ") and not a.reason.startswith(("best with tp=", "best with pp=")):
             name, _, why = a.reason[len("best with ") :].partition(": ")

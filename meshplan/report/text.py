@@ -151,7 +151,8 @@ def format_plan(plan: Plan) -> str:
     out.append("")
     out.append("Mesh (outermost axis first; the innermost axis is on consecutive ranks):")
     out.append(
-        tabulate([[a, d] for a, d in zip(p.mesh.axis_names, p.mesh.degrees)], headers=["axis", "degree"])
+        tabulate([[a, d] for a, d in zip(p.mesh.axis_names, p.mesh.degrees)]
+                 + ([["ep (borrows dp x cp ranks)", p.mesh.ep]] if p.mesh.ep > 1 else []), headers=["axis", "degree"])
     )
     extra = [f"schedule {p.schedule}"]
     if p.virtual_stages > 1:

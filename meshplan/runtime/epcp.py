@@ -37,6 +37,8 @@ def epcp_blocker(model: nn.Module, plan: Plan) -> str:
     what = " x ".join(f"{a}{d}" for a, d in (("cp", plan.cp), ("ep", plan.ep)) if d > 1)
     if plan.pp > 1 or plan.tp > 1:
         return f"{what} runs with data parallelism only here (pp={plan.pp}, tp={plan.tp}); re-plan with pp=tp=1"
+    if plan.quantization.mode != "none":
+        return f"{what} with quantization {plan.quantization.mode} is not executed here"
     if plan.cp > 1 and plan.recompute != "none":
         return f"{what} with recompute={plan.recompute}: a recomputed forward would skip ring attention"
     if plan.cp > 1:

@@ -1,0 +1,83 @@
+"""Costs of expert parallelism (EP) and context parallelism (CP): pure functions, no torch.
+
+Every collective goes through ``_collective_s`` (one switch point onto ``comm.collective_time_s``,
+the hierarchical collective model of ``cost_models/comm.py``).
+
+**EP, per MoE layer and microbatch** (Lepikhin et al. 2020 "GShard" §2; Rajbhandari et al. 2022
+"DeepSpeed-MoE" §5; torchtitan's expert_parallel): a rank holding ``n`` tokens sends each of its
+``k`` routed copies to the expert's rank and receives them back::
+
+    a2a_bytes = n · k · H · elem · (ep − 1) / ep        (bytes leaving a rank, dispatch or combine)
+    ep_comm_s = 4 · T_all_to_all(n · k · H · elem, ep)  (dispatch + combine, forward and backward)
+
+The runtime (``runtime/expert_parallel.py``) waits for each exchange before computing, so none of
+it overlaps. Load balance: the busiest expert rank receives ``capacity_factor`` times the mean
+(``capacity_factor`` = 1: perfect balance; GShard uses 1.25 as the capacity bound), so the expert
+compute of a step is ``capacity_factor ×`` its mean. Expert weights are held ``1/ep`` per rank
+(``expert_params_per_rank``); their gradients are all-reduced over the ``dp·cp/ep`` replicas.
+
+**CP, per attention layer and microbatch** (Liu et al. 2023 "Ring Attention"; Llama 3 paper
+§3.3.2 for the 2·cp-chunk causal balance): each rank holds ``T/cp`` tokens; its key/value block
+(``2 · b · T/cp · kv_heads · head_dim · elem`` bytes) moves ``cp − 1`` times around the ring in
+the forward and its gradient ``cp − 1`` times back in the backward::
+
+    ring_step_s = T_send_recv(kv_bytes)
+    exposed     = (cp − 1) · max(0, ring_step_s − overlap · block_compute_s)   (forward; same backward)
+
+where ``block_compute_s`` is the attention of one query block on one key block (the attention
+time of the layer per rank divided by cp) and ``overlap`` is 1 for an implementation that posts
+the next transfer before computing (torch's CUDA context_parallel) and 0 for the executed CPU
+ring (blocking send/recv before each block). With the causal 2·cp split every rank does 1/cp of
+the causal attention work, so compute and activation memory per rank are those of ``T/cp``
+tokens: the search costs a cp configuration with ``micro_batch / cp`` sequences per rank.
+"""
+
+from __future__ import annotations
+
+from meshplan.cost_models.comm import collective_time_s
+from meshplan.cost_models.hardware import ClusterSpec
+
+DEFAULT_CAPACITY_FACTOR = 1.0  # the runtime drops no token; imbalance is a costing assumption
+
+
+def _collective_s(kind: str, nbytes: float, group: int, cluster: ClusterSpec, spans_nodes: bool) -> float:
+    """The one place EP/CP costs reach the collective model (switch here when it changes)."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    return collective_time_s(kind, nbytes, group, cluster, spans_nodes=spans_nodes)
+
+
+def ep_a2a_bytes(tokens: float, top_k: int, hidden: int, elem_bytes: int) -> float:
+    """Bytes of one dispatch (or combine) all-to-all buffer of a rank: n · k · H · elem."""
+    return tokens * top_k * hidden * elem_bytes
+
+
+def ep_comm_s(tokens: float, top_k: int, hidden: int, elem_bytes: int, ep: int, cluster: ClusterSpec,
+              *, spans_nodes: bool = False) -> float:
+    """Seconds of one MoE layer's four all-to-alls (dispatch + combine, forward + backward)."""
+    return 4 * _collective_s("all_to_all", ep_a2a_bytes(tokens, top_k, hidden, elem_bytes), ep, cluster, spans_nodes)
+
+
+def expert_params_per_rank(expert_numel: float, ep: int) -> float:
+    """Expert parameters one rank holds: all experts' / ep."""
+    return expert_numel / ep
+
+
+def cp_kv_bytes(batch: float, seq_len: int, cp: int, kv_heads: int, head_dim: int, elem_bytes: int) -> float:
+    """Bytes of one rank's key+value block: 2 · b · T/cp · kv_heads · head_dim · elem."""
+    return 2 * batch * (seq_len / cp) * kv_heads * head_dim * elem_bytes
+
+
+def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_compute_s: float, cluster: ClusterSpec, *,
+                      overlap: float = 0.0, spans_nodes: bool = False) -> float:
+    """Exposed seconds of one attention layer's ring exchange, forward + backward.
+
+    ``attn_compute_s``: the layer's attention forward time on this rank (all cp blocks);
+    the backward moves the same bytes against twice the compute."""
+    if cp <= 1:
+        return 0.0
+    step = _collective_s("send_recv", kv_bytes, 2, cluster, spans_nodes)
+    block = attn_compute_s / cp
+    fwd = (cp - 1) * max(0.0, step - overlap * block)
+    bwd = (cp - 1) * max(0.0, step - overlap * 2 * block)
+    return fwd + bwd
