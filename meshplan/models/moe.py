@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshplan.models.gpt import _resolve
-from meshplan.models.llama import Attention, LlamaConfig, RMSNorm, rotary_tables
+from meshplan.models.llama import Attention, Llama, LlamaConfig, RMSNorm
 
 
 @dataclass(frozen=True)
@@ -106,31 +106,16 @@ class MoEBlock(nn.Module):
         return x + self.moe(self.ffn_norm(x))
 
 
-class MoELlama(nn.Module):
-    def __init__(self, config: MoEConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
-        self.blocks = nn.ModuleList(MoEBlock(config) for _ in range(config.n_layer))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        cos, sin = rotary_tables(config.dim // config.n_head, config.max_seq_len, config.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        for m in self.modules():
-            if isinstance(m, nn.Linear | nn.Embedding):
-                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+class MoELlama(Llama):
+    """The zoo Llama (embedding, rotary tables, ``position_ids``, head) with MoE blocks."""
 
-    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if position_ids is None:
-            cos, sin = self.rope_cos[: idx.shape[1]], self.rope_sin[: idx.shape[1]]
-        else:
-            pos = position_ids[0] if position_ids.dim() == 2 else position_ids
-            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
-        x = self.tok_embeddings(idx)
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        return self.lm_head(self.norm(x))
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__(config.llama())
+        self.moe_config = config
+        self.blocks = nn.ModuleList(MoEBlock(config) for _ in range(config.n_layer))
+        for m in self.blocks.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
 
 def moe_llama(name_or_config: str | MoEConfig = "moe-tiny", **overrides: Any) -> MoELlama:
