@@ -91,3 +91,11 @@ def test_dense_model_gets_no_ep(moe_graph):
     g = trace_model(llama(), (torch.randint(0, 128, (1, 32)),))
     with pytest.raises(Exception, match="pins"):
         plan_graph(g, 4, cluster="h100", global_batch_size=8, fixed={"ep": 2})
+
+
+def test_explain_says_why_ep_lost(moe_graph):
+    # ep is searched for a MoE model; at this size sharding experts does not pay, and explain says so
+    p = plan_graph(moe_graph, 4, cluster="h100", global_batch_size=8, fixed={"tp": 1, "pp": 1, "cp": 1})
+    assert p.ep == 1
+    assert any(a.config.get("ep", 1) > 1 for a in p.alternatives)
+    assert "- ep=1: ep=" in explain_plan(p)

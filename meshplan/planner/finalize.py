@@ -116,10 +116,10 @@ def _split_mem(layers: list[Any], runs: list[tuple[int, int]], c: Config) -> flo
 
 
 def _per_degree(s: ConfigEvaluator, best: Evaluation, partial: list[Evaluation], shown: set[Config]) -> list[tuple[Evaluation, str]]:
-    """The best plan at each other TP and PP degree (the 3 lowest-bound fitting configurations of
-    the degree are simulated, the fastest kept), the closest ``MAX_PER_DEGREE``."""
+    """The best plan at each other TP, PP, CP and EP degree (the 3 lowest-bound fitting configurations
+    of the degree are simulated, the fastest kept), the closest ``MAX_PER_DEGREE``."""
     out: list[tuple[Evaluation, str]] = []
-    for axis in ("tp", "pp"):
+    for axis in ("tp", "pp", "cp", "ep"):
         mine = getattr(best.config, axis)
         for deg in sorted({getattr(e.config, axis) for e in partial} - {mine}):
             cands = [e for e in partial if getattr(e.config, axis) == deg][:3]
