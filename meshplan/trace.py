@@ -36,7 +36,7 @@ from meshplan.tracing.build import ParamIndex, build_nodes, model_meta
 from meshplan.tracing.capture import Captured, capture_with
 from meshplan.tracing.moe import moe_capture, moe_meta
 
-__all__ = ["TraceError", "capture", "trace_model", "resolve_inputs"]
+__all__ = ["TraceError", "capture", "capture_full", "trace_model", "resolve_inputs"]
 
 _ID_NAMES = ("idx", "ids", "input_ids", "tokens", "token_ids", "labels", "targets", "positions")
 
@@ -44,26 +44,26 @@ _ID_NAMES = ("idx", "ids", "input_ids", "tokens", "token_ids", "labels", "target
 def resolve_inputs(
     model: nn.Module,
     example_inputs: Any = None,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-) -> tuple[Any, ...]:
-    """Example inputs as a tuple: given ones, ones built from ``input_shapes`` (zeros on the model's
-    device, meta for a meta model; int64 for names such as ``idx``/``input_ids``, float32
-    otherwise), or ones from a zoo/HF config."""
+    input_shapes: Mapping[str, Any] | None = None,
+) -> Any:
+    """Example inputs: given ones (a tuple, or a dict of named tensors kept as it is), ones built
+    from ``input_shapes`` (a dict name -> zeros on the model's device, meta for a meta model; int64
+    for names such as ``idx``/``input_ids``, float32 otherwise, or the dtype given as
+    ``(shape, dtype)``), or ones from a zoo/HF config."""
     if example_inputs is not None:
-        return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        if isinstance(example_inputs, Mapping):
+            return dict(example_inputs)  # type: ignore[return-value]
+        return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     if input_shapes is not None:
         if not isinstance(input_shapes, Mapping) or not input_shapes:
             raise ValueError("input_shapes must be a non-empty mapping name -> shape, e.g. {'idx': (8, 1024)}")
         p = next(iter(model.parameters()), None)
         device = p.device if p is not None else torch.device("cpu")
-        out = []
-        for name, shape in input_shapes.items():
-            dims = tuple(int(d) for d in shape)
-            if any(d < 1 for d in dims):
-                raise ValueError(f"input_shapes[{name!r}]={tuple(shape)} must have positive dimensions")
-            dtype = torch.long if name in _ID_NAMES else torch.float32
-            out.append(torch.zeros(dims, dtype=dtype, device=device))
-        return tuple(out)
+        out: dict[str, torch.Tensor] = {}
+        for name, spec in input_shapes.items():
+            shape, dtype = _shape_dtype(name, spec)
+            out[name] = torch.zeros(shape, dtype=dtype, device=device)
+        return _named_or_positional(model, out)
     from meshplan.models.registry import default_inputs
 
     inputs = default_inputs(model)
@@ -75,9 +75,42 @@ def resolve_inputs(
     return inputs
 
 
-def _capture(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Captured, dict[fx.Node, NodeRecord]]:
+def _shape_dtype(name: str, spec: Any) -> tuple[tuple[int, ...], torch.dtype]:
+    """``(2, 8)`` or ``((2, 8), "int64")`` -> (shape, dtype); ids default to int64, else float32."""
+    dtype: torch.dtype = torch.long if name in _ID_NAMES or name.endswith(("_ids", "_mask")) else torch.float32
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], (str, torch.dtype)):
+        spec, dt = spec
+        dtype = dt if isinstance(dt, torch.dtype) else _dtype(name, dt)
+    dims = tuple(int(d) for d in spec)
+    if not dims or any(d < 1 for d in dims):
+        raise ValueError(f"input_shapes[{name!r}]={tuple(spec)} must have positive dimensions")
+    return dims, dtype
+
+
+def _dtype(name: str, word: str) -> torch.dtype:
+    dt = getattr(torch, word.replace("torch.", ""), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"input_shapes[{name!r}]: unknown dtype {word!r} (e.g. int64, float32, bfloat16, bool)")
+    return dt
+
+
+def _named_or_positional(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
+    """Names that are the model's forward parameters are passed by keyword; others positionally
+    (a plain ``forward(self, x)`` traced with ``input_shapes={"tokens": ...}``)."""
+    from meshplan.models.calls import _forward_params
+    from meshplan.models.hf import is_hf_model
+
+    params = _forward_params(model)
+    if is_hf_model(model) or all(k in params for k in inputs):
+        if not is_hf_model(model) and list(inputs) == params[: len(inputs)]:
+            return tuple(inputs.values())
+        return inputs
+    return tuple(inputs.values())
+
+
+def _capture(model: nn.Module, inputs: Any) -> tuple[Captured, dict[fx.Node, NodeRecord]]:
     def validate(cap: Captured) -> dict[fx.Node, NodeRecord]:
-        return propagate(cap.gm, inputs, keep_device=cap.kind == "export")
+        return propagate(cap.gm, cap.inputs, keep_device=cap.kind == "export")
 
     # mixture-of-experts blocks route data-dependently: planning captures each as one node
     with moe_capture(model):
@@ -92,22 +125,30 @@ def capture(
     An exported graph holds the parameters as ``get_attr`` of their FQNs (``ep.module()``); a HF
     model is captured inside ``HFLogits``, so its targets start with ``model.``.
     """
-    inputs = resolve_inputs(model, example_inputs, input_shapes)
-    cap, _ = _capture(model, inputs)
+    cap = capture_full(model, example_inputs, input_shapes=input_shapes)
     return cap.gm, cap.kind
 
 
+def capture_full(model: nn.Module, example_inputs: Any = None, *, input_shapes: Mapping[str, Any] | None = None
+                 ) -> Captured:
+    """``capture`` with everything the runtime needs: the wrapper's FQN prefix, the keyword of each
+    positional input (``Captured.names``) and the example as positional tensors (``Captured.inputs``)."""
+    inputs = resolve_inputs(model, example_inputs, input_shapes)
+    cap, _ = _capture(model, inputs)
+    return cap
+
+
 def _batch_seq(graph_inputs: list[Any]) -> tuple[int, int]:
-    for n in graph_inputs:
-        shape = n.out_shape
-        if not shape:
-            continue
-        if n.out_dtype and n.out_dtype.startswith(("int", "uint")) and len(shape) >= 2:
-            return shape[0], shape[1]
-        if len(shape) >= 3:
-            return shape[0], shape[1]
-        return shape[0], 1
-    return 1, 1
+    """(batch, sequence length) of the example: token ids [B, T] first (int inputs), else a float
+    [B, T, features] sequence; images [B, C, H, W] and flat features have no sequence (1)."""
+    shaped = [n for n in graph_inputs if n.out_shape]
+    ids = [n for n in shaped if n.out_dtype and n.out_dtype.startswith(("int", "uint")) and len(n.out_shape) >= 2]
+    if ids:
+        return ids[0].out_shape[0], ids[0].out_shape[1]
+    for n in shaped:
+        if len(n.out_shape) == 3:
+            return n.out_shape[0], n.out_shape[1]
+    return (shaped[0].out_shape[0], 1) if shaped else (1, 1)
 
 
 def trace_model(

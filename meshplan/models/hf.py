@@ -2,8 +2,9 @@
 
 ``transformers`` is optional: it is imported inside each builder, and a missing install raises
 an ImportError that says how to get it. Defaults are tiny (2 layers, hidden 64, vocab 128).
-``HFLogits`` wraps a HF model so that ``forward(input_ids)`` returns only the logits
-(``use_cache=False``); the tracer applies it automatically to HF models.
+``HFLogits`` wraps a HF model so that ``forward(*tensors)`` returns only the logits
+(``use_cache=False``; the tensors are passed by name, ``input_ids`` by default); the tracer and
+the runtime apply it automatically to HF models.
 """
 
 from __future__ import annotations
@@ -31,19 +32,28 @@ def is_hf_model(model: nn.Module) -> bool:
 
 
 class HFLogits(nn.Module):
-    """``forward(input_ids) -> logits`` around a HF model; the HF model is ``self.model``."""
+    """``forward(*tensors) -> logits`` around a HF model (``self.model``), ``use_cache=False``.
 
-    def __init__(self, model: nn.Module) -> None:
+    ``names`` are the keywords of the positional tensors (``meshplan.models.calls.call_names``:
+    by default the model's ``main_input_name``, so ``input_ids`` for LMs, ``pixel_values`` for
+    vision models, and ``input_ids, decoder_input_ids`` for an encoder-decoder given two).
+    """
+
+    def __init__(self, model: nn.Module, names: tuple[str, ...] | None = None) -> None:
         super().__init__()
         self.model = model
+        self.names = tuple(names) if names else (getattr(model, "main_input_name", "input_ids"),)
         self._use_cache = hasattr(getattr(model, "config", None), "use_cache")
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        from meshplan.models.calls import logits_of
+
+        if len(args) != len(self.names):
+            raise ValueError(f"expected {len(self.names)} inputs {self.names}, got {len(args)}")
+        kw: dict[str, Any] = dict(zip(self.names, args))
         if self._use_cache:
-            out = self.model(input_ids=input_ids, use_cache=False)
-        else:
-            out = self.model(input_ids=input_ids)
-        return out.logits
+            kw["use_cache"] = False
+        return logits_of(self.model(**kw))
 
 
 def hf_gpt2(config_kwargs: dict[str, Any] | None = None) -> nn.Module:

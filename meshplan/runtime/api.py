@@ -35,6 +35,7 @@ from torch import nn
 
 from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.errors import PlanMismatchError
+from meshplan.models.calls import call_names, microbatch_example, split_inputs
 from meshplan.plan import Plan
 from meshplan.runtime import data_parallel as dpmod
 from meshplan.runtime import loss_parallel as lpmod
@@ -78,6 +79,7 @@ class ParallelModel:
     last_grad_norm: float | None = None  # global gradient norm before clipping, last step
     loss_parallel: bool = False  # the LM head's output is vocabulary-sharded: loss under loss_parallel()
     epcp: EPCPState | None = None  # expert/context parallelism (cp or ep > 1): batch shard + grad sync
+    input_names: tuple[str, ...] | None = None  # dict keys of the example (batches are ordered so)
 
     # ---- info ---------------------------------------------------------------------------
     @property
@@ -108,6 +110,8 @@ class ParallelModel:
     # ---- training -----------------------------------------------------------------------
     def _local_batch(self, t: torch.Tensor) -> torch.Tensor:
         dp, d = self.env.degree("dp"), self.env.coord("dp")
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return t
         b = t.shape[0]
         if b % (dp * self.plan.num_microbatches):
             raise ValueError(
@@ -117,40 +121,55 @@ class ParallelModel:
         t = t[d * per : (d + 1) * per].to(self.env.device)
         return self.epcp.shard(t) if self.epcp is not None else t
 
-    def rank_batch(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, *,
-                   local: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """This rank's (inputs, targets) on its device: sliced from the global batch, or as given when
-        ``local`` (the rank read its own share; inputs may be None off the first stage, targets off the last)."""
+    def _positional(self, inputs: object) -> tuple:
+        """The batch as the positional tensors the modules take (dict keys as at apply time)."""
+        names, vals = split_inputs(inputs)
+        if names is not None and self.input_names is not None and names != self.input_names:
+            if set(names) != set(self.input_names):
+                raise ValueError(f"batch keys {list(names)} differ from the example's {list(self.input_names)}")
+            vals = tuple(inputs[k] for k in self.input_names)  # type: ignore[index]
+        return vals
+
+    def rank_batch(self, inputs: object, targets: torch.Tensor | None, *,
+                   local: bool) -> tuple[tuple, torch.Tensor | None]:
+        """This rank's (inputs as positional tensors, targets) on its device: sliced from the global
+        batch, or as given when ``local`` (the rank read its own share; inputs may be None off the
+        first stage, targets off the last). ``inputs``: a tensor, tuple or dict (as the example)."""
         if not local:
             assert inputs is not None and targets is not None
-            return self._local_batch(inputs), self._local_batch(targets)
+            return tuple(self._local_batch(t) for t in self._positional(inputs)), self._local_batch(targets)
         if (inputs is None and self.has_first) or (targets is None and self.has_last):
             raise ValueError("step(local=True): the first stage needs inputs and the last stage needs targets")
         dev = self.env.device
-        return (None if inputs is None else inputs.to(dev)), (None if targets is None else targets.to(dev))
+        xs = () if inputs is None else tuple(t.to(dev) if isinstance(t, torch.Tensor) else t
+                                             for t in self._positional(inputs))
+        return xs, (None if targets is None else targets.to(dev))
 
-    def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, *, local: bool = False) -> float:
+    def step(self, inputs: object, targets: torch.Tensor | None, *, local: bool = False) -> float:
+        """One training step on the GLOBAL batch (or this rank's share with ``local``): ``inputs`` a
+        tensor, tuple or dict of tensors (as the example given to ``apply_plan``)."""
         t0 = time.perf_counter()
-        x, y = self.rank_batch(inputs, targets, local=local)
+        xs, y = self.rank_batch(inputs, targets, local=local)
         m = self.plan.num_microbatches
         local_loss = torch.zeros((), dtype=torch.float64)
         self.sync_counter.calls = 0
         if self.schedule is None:
             model = self.runners[0]
-            for i, (xm, ym) in enumerate(zip(x.chunk(m), y.chunk(m))):
+            chunks = list(zip(*(t.chunk(m) for t in xs)))
+            for i, (xm, ym) in enumerate(zip(chunks, y.chunk(m))):
                 last = i == m - 1
                 # reduce gradients once, after the last microbatch (DDP no_sync / FSDP2 sync flag)
                 ctx = model.no_sync() if hasattr(model, "no_sync") and not last else _null()  # type: ignore[operator]
                 if hasattr(model, "set_requires_gradient_sync"):
                     model.set_requires_gradient_sync(last)  # type: ignore[operator]
                 with ctx, lpmod.context(self.loss_parallel):
-                    loss = self.loss_fn(prec.to_fp32(model(xm)), ym)
+                    loss = self.loss_fn(prec.to_fp32(model(*xm)), ym)
                     part = loss / m
                     (self.scaler.scale(part) if self.scaler is not None else part).backward()  # type: ignore[attr-defined]
                 local_loss += lpmod.plain(loss.detach()).double().cpu() / m
         else:
             losses: list[torch.Tensor] = []
-            args = (x,) if self.has_first else ()
+            args = xs if self.has_first else ()
             kw = {"target": y, "losses": losses} if self.has_last else {}
             with lpmod.context(self.loss_parallel):
                 self.schedule.step(*args, **kw)  # type: ignore[attr-defined]
@@ -247,13 +266,15 @@ def apply_plan(
     *,
     loss_fn: Callable,
     optimizer_factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
-    example_inputs: tuple | None = None,
+    example_inputs: object = None,
     timeout_s: float = 120.0,
     dtype: str = "plan",
     bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
     compile: bool = False,
 ) -> ParallelModel:
-    """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (one microbatch) is needed when pp > 1.
+    """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (a tensor, tuple or dict of
+    tensors, as batches will be given to ``step``; any batch size, it is resized to the plan's
+    microbatch) is needed when pp > 1 or the model is called by keyword.
 
     ``dtype`` ("plan", "bf16", "fp16", "fp32") is the precision to train in (``runtime.precision``);
     ``bucket_cap_bytes`` the gradient bucket size of the manual (pipelined) data-parallel sync;
@@ -302,12 +323,16 @@ def apply_plan(
     if plan.sequence_parallel and plan.tp > 1:
         sp_why = tp.sp_blocker(model, styles)
     head = None  # the LM head kept sharded over the vocabulary for loss_parallel (runtime.loss_parallel)
+    names = None
+    if example_inputs is not None:
+        example_inputs = microbatch_example(example_inputs, plan.micro_batch_size)
+        names = split_inputs(example_inputs)[0]
     if pp > 1:
-        gm, prefix = split.capture_graph(model, tuple(example_inputs))  # type: ignore[arg-type]
+        gm, prefix = split.capture_graph(model, example_inputs)
         if plan.tp > 1 and plan.quantization.mode == "none":
             head = lpmod.vocab_head(gm, prefix, styles, plan.tp_gathered_outputs)
         pieces = split.split_stages(gm, ordered)
-        split.check_stage_chain(pieces, tuple(example_inputs))  # type: ignore[arg-type]
+        split.check_stage_chain(pieces, example_inputs)
         if plan.sequence_parallel and plan.tp > 1 and not sp_why:
             # after the chain check: the boundaries only make sense once the norms gather (TP below)
             sp_why = tp.insert_sequence_boundaries(gm, [prefix + b for b in tp.block_fqns(model)], env.mesh["tp"])
@@ -318,14 +343,15 @@ def apply_plan(
         roots = [_sub_or_self(m, prefix) for m in modules]
         shared = shared_params(pieces, ordered)
     else:
-        from meshplan.models.hf import HFLogits, is_hf_model
+        from meshplan.tracing.capture import wrap_if_hf
 
         mine, prefix, shared = [0], "", []
         roots = [model]
-        modules = [HFLogits(model) if is_hf_model(model) else model]
+        n_in = len(split_inputs(example_inputs)[1]) if example_inputs is not None else 1
+        modules = [wrap_if_hf(model, call_names(model, names, n_in))[0]]
         if plan.tp > 1 and plan.quantization.mode == "none" and example_inputs is not None and any(
                 s == "colwise" for s in styles.values()):
-            cg, cprefix = split.capture_graph(model, tuple(example_inputs))
+            cg, cprefix = split.capture_graph(model, example_inputs)
             head = lpmod.vocab_head(cg, cprefix, styles, plan.tp_gathered_outputs)
 
     # 4. TP per stage (styles are keyed by the user's FQNs: apply them on the un-prefixed roots)
@@ -444,7 +470,7 @@ def apply_plan(
         optimizer=_optimizer(optimizer_factory, unique_params(modules), plan, env), loss_fn=loss_fn, dp_mode=mode,
         schedule=schedule, notes=notes, tied_fqns=tied, converted=conv, precision=precision,
         scaler=scaler if pp > 1 else prec.make_scaler(precision), grad_sync=grad_sync, sync_counter=counter,
-        loss_parallel=head is not None, epcp=ecs,
+        loss_parallel=head is not None, epcp=ecs, input_names=names,
     )
     pm.ties = tie_groups(env, shared, pm.stage_indices, {i: pieces[i].module for i in mine} if pp > 1 else {})
     return pm

@@ -22,18 +22,19 @@ if TYPE_CHECKING:
     from meshplan.runtime.data import Batch
 
 
-def _batch_loss(pm: ParallelModel, x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor:
+def _batch_loss(pm: ParallelModel, x: tuple, y: torch.Tensor | None) -> torch.Tensor:
+    """``x``: this rank's inputs as positional tensors (``ParallelModel.rank_batch``)."""
     m = pm.plan.num_microbatches
     local = torch.zeros((), dtype=torch.float64)
     if pm.schedule is None:
-        assert x is not None and y is not None
-        for xm, ym in zip(x.chunk(m), y.chunk(m)):
+        assert x and y is not None
+        for xm, ym in zip(zip(*(t.chunk(m) for t in x)), y.chunk(m)):
             with lpmod.context(pm.loss_parallel):
-                loss = pm.loss_fn(prec.to_fp32(pm.runners[0](xm)), ym)
+                loss = pm.loss_fn(prec.to_fp32(pm.runners[0](*xm)), ym)
             local += lpmod.plain(loss.detach()).double().cpu() / m
         return local
     losses: list[torch.Tensor] = []
-    args = (x,) if pm.has_first else ()
+    args = x if pm.has_first else ()
     kw = {"target": y, "losses": losses} if pm.has_last else {}
     with lpmod.context(pm.loss_parallel):
         pm.schedule.eval(*args, **kw)  # type: ignore[attr-defined]

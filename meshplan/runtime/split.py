@@ -16,6 +16,9 @@ whose
   FQN-keyed TP styles and checkpoints, so the partition's graphs are assembled here with
   ``GraphModule(root, graph)``, which keeps dotted names.
 
+Every value a stage sends is made contiguous (``send_ready``): an expanded attention mask or a
+transposed view cannot be sent as it is.
+
 Tied parameters (GPT-2's ``wte.weight``/``lm_head.weight``) stay one Parameter object; after the
 split two stages may hold it. ``tied_parameter_groups`` lists them so the runtime can all-reduce
 their gradients between the pipeline ranks holding a copy (see ``runtime/api.py``).
@@ -26,6 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx
@@ -45,28 +49,16 @@ class StagePiece:
     outputs: tuple[str, ...]
 
 
-def capture_graph(model: nn.Module, example_inputs: tuple) -> tuple[torch.fx.GraphModule, str]:
+def capture_graph(model: nn.Module, example_inputs: Any) -> tuple[torch.fx.GraphModule, str]:
     """Capture ``model`` the way the planner's tracer does, so fx node names agree.
 
-    Returns (graph module, FQN prefix): a HF model is captured through the ``HFLogits`` wrapper,
-    so its FQNs in the graph start with ``"model."``.
+    ``example_inputs``: a tensor, tuple or dict (``meshplan.models.calls``). Returns (graph
+    module, FQN prefix): a HF model (or one called by keyword) is captured through a wrapper, so
+    its FQNs in the graph start with ``"model."``.
     """
-    try:
-        from meshplan.trace import capture  # the shared entry point (docs/architecture.md)
-    except ImportError:
-        capture = None
-    if capture is not None:
-        gm, _how = capture(model, tuple(example_inputs))
-        from meshplan.models.hf import is_hf_model
+    from meshplan.trace import capture_full  # the shared entry point (docs/architecture.md)
 
-        return gm, ("model." if is_hf_model(model) else "")
-    from meshplan.tracing.capture import capture_with
-
-    def _runs(cap: object) -> None:
-        with torch.no_grad():
-            cap.gm(*example_inputs)  # type: ignore[attr-defined]
-
-    cap, _ = capture_with(model, tuple(example_inputs), _runs)
+    cap = capture_full(model, example_inputs)
     return cap.gm, cap.prefix
 
 
@@ -152,12 +144,18 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
             outs: tuple[str, ...] = ()
         else:
             outs = tuple(live_in[k + 1])
-            vals = tuple(look(by_name[x]) for x in outs)
+            # sent tensors must be dense (an expanded attention mask has stride 0: gloo refuses it)
+            vals = tuple(g.call_function(send_ready, (look(by_name[x]),)) for x in outs)
             g.output(vals[0] if len(vals) == 1 else vals)
         g.lint()
         mod = torch.fx.GraphModule(gm, g, class_name=f"Stage{k}")
         pieces.append(StagePiece(index=k, module=mod, inputs=tuple(live_in[k]), outputs=outs))
     return pieces
+
+
+def send_ready(x: Any) -> Any:
+    """A value as a pipeline stage sends it: tensors contiguous, anything else unchanged."""
+    return x.contiguous() if isinstance(x, torch.Tensor) else x
 
 
 def _lookup(env: dict[str, torch.fx.Node], a: torch.fx.Node, k: int) -> torch.fx.Node:
@@ -169,7 +167,9 @@ def _lookup(env: dict[str, torch.fx.Node], a: torch.fx.Node, k: int) -> torch.fx
 def check_stage_chain(pieces: Sequence[StagePiece], example_inputs: tuple) -> None:
     """Run the stages one after another on ``example_inputs``: every value crossing a stage
     boundary must be a tensor (pipelining sends only tensors)."""
-    vals: tuple = tuple(example_inputs)
+    from meshplan.models.calls import split_inputs
+
+    vals: tuple = split_inputs(example_inputs)[1]
     with torch.no_grad():
         for p in pieces[:-1]:
             out = p.module(*vals)

@@ -20,6 +20,7 @@ import torch
 from torch import fx, nn
 
 from meshplan.errors import TraceError
+from meshplan.models.calls import KwargsCall, call_names, split_inputs
 from meshplan.models.hf import HFLogits, is_hf_model
 from meshplan.tracing.classify import is_leaf_class
 
@@ -48,11 +49,18 @@ class Captured:
     root: nn.Module  # the module that was captured (the HF wrapper when one was added)
     prefix: str  # FQN prefix to strip to get back to the user's names ("model." for a wrapped HF model)
     fx_error: str | None = None  # why fx failed, when export was used
+    names: tuple[str, ...] | None = None  # keyword of each positional input (None: positional)
+    inputs: tuple[Any, ...] = ()  # the example as the positional tensors the graph takes
 
 
-def wrap_if_hf(model: nn.Module) -> tuple[nn.Module, str]:
+def wrap_if_hf(model: nn.Module, names: tuple[str, ...] | None = None) -> tuple[nn.Module, str]:
+    """The module that is captured and run for ``model`` called with tensors named ``names``
+    (``meshplan.models.calls``): ``HFLogits`` for a HF model, ``KwargsCall`` for a plain model
+    called by keyword, else the model; and the FQN prefix that wrapper adds."""
     if is_hf_model(model):
-        return HFLogits(model), "model."
+        return HFLogits(model, names), "model."
+    if names:
+        return KwargsCall(model, names), "model."
     return model, ""
 
 
@@ -92,23 +100,27 @@ def _short(e: BaseException) -> str:
 
 
 def capture_with(
-    model: nn.Module, example_inputs: tuple[Any, ...], validate: Any
+    model: nn.Module, example_inputs: Any, validate: Any
 ) -> tuple[Captured, Any]:
     """Capture ``model`` and run ``validate(captured)`` on it; fx first, export on any failure.
 
+    ``example_inputs``: a tensor, tuple or dict (``meshplan.models.calls.split_inputs``); the
+    captured graph takes the tensors positionally (``Captured.inputs``).
     Returns (captured, validate's result). Raises TraceError naming both failures.
     """
-    root, prefix = wrap_if_hf(model)
+    names, example_inputs = split_inputs(example_inputs)
+    names = call_names(model, names, len(example_inputs))
+    root, prefix = wrap_if_hf(model, names)
     fx_err: BaseException | None = None
-    if not prefix:  # fx symbolic tracing does not work on HF models; go straight to export
+    if not is_hf_model(model):  # fx symbolic tracing does not work on HF models; go straight to export
         try:
-            cap = Captured(fx_capture(root), "fx", root, prefix)
+            cap = Captured(fx_capture(root), "fx", root, prefix, None, names, example_inputs)
             return cap, validate(cap)
         except Exception as e:  # noqa: BLE001 - any fx failure means: try export
             fx_err = e
     try:
         cap = Captured(export_capture(root, example_inputs), "export", root, prefix,
-                       _short(fx_err) if fx_err else "skipped (HF transformers model)")
+                       _short(fx_err) if fx_err else "skipped (HF transformers model)", names, example_inputs)
         return cap, validate(cap)
     except Exception as ex_err:  # noqa: BLE001
         name = type(model).__name__
