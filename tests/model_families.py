@@ -270,7 +270,7 @@ def _example(inputs: Any) -> Any:
 
 
 def comm_bound_cluster(world: int) -> Any:
-    """An H100 node whose links are nearly free and compute slow: the TP placement ILP then shards
+    """An H100 node whose links are nearly free (each collective costs a launch) and compute slow: the TP placement ILP then shards
     every layer it can, so the tp cells exercise sharded attention/MLP groups on tiny models."""
     import dataclasses
 
@@ -278,7 +278,7 @@ def comm_bound_cluster(world: int) -> Any:
 
     c = resolve_cluster("h100", world)
     return dataclasses.replace(c, name="comm-free", intra_bw_bytes_per_s=1e18, inter_bw_bytes_per_s=1e18,
-                               intra_latency_s=0.0, inter_latency_s=0.0, kernel_floor_s=0.0,
+                               intra_latency_s=1e-6, inter_latency_s=1e-6,
                                peak_flops={k: v * 1e-6 for k, v in c.peak_flops.items()})
 
 
@@ -304,7 +304,7 @@ def run_cell(fam: Family, cell: str, world: int, ref: list[float]) -> tuple[str,
     try:
         plan = make_plan(fam, cell, world)
         stage = "apply"
-        pm = apply_plan(fam.build(), plan, loss_fn=fam.loss, optimizer_factory=opt_factory,
+        pm = apply_plan(fam.build(), plan, loss_fn=fam.loss, optimizer_factory=opt_factory, dtype="fp32",
                         example_inputs=_example(fam.batch(0)[0]))
     except Exception as e:  # noqa: BLE001 - the cell reports the error it raised before training
         return "error", float("inf"), f"{stage}: {type(e).__name__}: {e}"
