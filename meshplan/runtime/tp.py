@@ -165,12 +165,26 @@ def tp_regions(module: nn.Module, styles: dict[str, str]) -> list[str]:
     return out
 
 
-def _seq_shard_input(mesh: DeviceMesh) -> object:
-    def hook(_m: nn.Module, args: tuple) -> tuple:
-        x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
-        return (x.redistribute(mesh, [Shard(1)]).to_local(), *args[1:])
+def _on_first_input(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """A ``with_kwargs`` forward pre-hook applying ``fn`` to the module's first input, positional or
+    by keyword (HF decoder layers and attention get ``hidden_states=`` by keyword)."""
+
+    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (fn(args[0]), *args[1:]), kwargs
+        for k in ("hidden_states", "x", "input", "inputs_embeds"):
+            if isinstance(kwargs.get(k), torch.Tensor):
+                return args, {**kwargs, k: fn(kwargs[k])}
+        raise ValueError(f"sequence parallelism: no tensor input found (args empty, kwargs {sorted(kwargs)[:6]})")
 
     return hook
+
+
+def _seq_shard_input(mesh: DeviceMesh) -> Callable:
+    def shard(x: torch.Tensor) -> torch.Tensor:
+        return DTensor.from_local(x, mesh, [Replicate()], run_check=False).redistribute(mesh, [Shard(1)]).to_local()
+
+    return _on_first_input(shard)
 
 
 def _seq_gather(mesh: DeviceMesh) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -271,11 +285,11 @@ def apply_sequence_parallel(module: nn.Module, mesh: DeviceMesh, styles: dict[st
                 plan[f"{b}.{name}"] = SequenceParallel(use_local_output=True)
     parallelize_module(module, mesh, plan)  # type: ignore[arg-type]
     gather = _seq_gather(mesh)
-    module.get_submodule(blocks[0]).register_forward_pre_hook(_seq_shard_input(mesh))  # type: ignore[arg-type]
+    module.get_submodule(blocks[0]).register_forward_pre_hook(_seq_shard_input(mesh), with_kwargs=True)
     module.get_submodule(blocks[-1]).register_forward_hook(
         lambda _m, _a, out: (gather(out[0]), *out[1:]) if isinstance(out, tuple) else gather(out))
     for r in tp_regions(module, styles):
-        module.get_submodule(r).register_forward_pre_hook(lambda _m, args: (gather(args[0]), *args[1:]))
+        module.get_submodule(r).register_forward_pre_hook(_on_first_input(gather), with_kwargs=True)
     return len(plan)
 
 
