@@ -127,7 +127,11 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
         env: dict[str, torch.fx.Node] = {}
         look = functools.partial(_lookup, env, k=k)
         for name in live_in[k]:
-            env[name] = g.placeholder(name)
+            src = by_name[name]
+            if k == 0 and src.op == "placeholder":  # keeps a model input's default (position_ids=None)
+                env[name] = g.node_copy(src)
+            else:
+                env[name] = g.placeholder(name)
         for n in nodes:
             if n.op == "get_attr":
                 if any(u.op != "output" and assign[u.name] == k for u in n.users):
