@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from report_fixtures import make_plan  # noqa: E402
 
 from meshplan.report.html import render_html  # noqa: E402
-from meshplan.report.png import write_overview_png, write_timeline_png  # noqa: E402
+from meshplan.report.plot import write_overview_png, write_timeline_png  # noqa: E402
 from meshplan.report.timeline import format_text_timeline, plan_timeline  # noqa: E402
 
 CASES = {

@@ -10,7 +10,7 @@ from meshplan.report.text import format_plan
 def test_plan_writes_json_and_report_prints_it(tmp_path, capsys):
     out = tmp_path / "plan.json"
     rc = main(["plan", "gpt-tiny", "--world-size", "4", "--cluster", "a100-80g", "--global-batch", "16",
-               "--tp", "2", "-o", str(out)])  # fmt: skip
+               "--tp", "2", "--no-cache", "-o", str(out)])  # fmt: skip
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "meshplan plan for gpt-tiny" in cap.out and "predicted" in cap.out

@@ -49,10 +49,16 @@ def _forward_params(model: nn.Module) -> list[str]:
     return [p.name for p in sig.parameters.values() if p.kind in kinds]
 
 
+def is_hf_model(model: nn.Module) -> bool:
+    """True for a transformers PreTrainedModel (checked without importing transformers)."""
+    return any(
+        c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers")
+        for c in type(model).__mro__
+    )
+
+
 def call_names(model: nn.Module, names: tuple[str, ...] | None, n: int) -> tuple[str, ...] | None:
     """Keyword names for ``n`` positional tensors (None: call positionally); see the module docstring."""
-    from meshplan.models.hf import is_hf_model
-
     if names is not None:
         params = _forward_params(model)
         takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD

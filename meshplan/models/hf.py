@@ -14,6 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from meshplan.models.calls import is_hf_model as is_hf_model  # re-exported: the public name lives here too
+from meshplan.models.calls import logits_of
+
 
 def _transformers() -> Any:
     try:
@@ -21,14 +24,6 @@ def _transformers() -> Any:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("this model needs transformers: pip install 'meshplan[hf]'") from e
     return transformers
-
-
-def is_hf_model(model: nn.Module) -> bool:
-    """True for a transformers PreTrainedModel (checked without importing transformers)."""
-    return any(
-        c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers")
-        for c in type(model).__mro__
-    )
 
 
 class HFLogits(nn.Module):
@@ -46,8 +41,6 @@ class HFLogits(nn.Module):
         self._use_cache = hasattr(getattr(model, "config", None), "use_cache")
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        from meshplan.models.calls import logits_of
-
         if len(args) != len(self.names):
             raise ValueError(f"expected {len(self.names)} inputs {self.names}, got {len(args)}")
         kw: dict[str, Any] = dict(zip(self.names, args))

@@ -45,6 +45,7 @@ import time
 from dataclasses import replace
 
 from meshplan.errors import NoFeasiblePlanError
+from meshplan.execution_rules import dp_kind_blocker, recompute_blocker
 from meshplan.partition.schedule import validate
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import finalize, select_alternatives
@@ -127,10 +128,14 @@ class Searcher(ConfigEvaluator):
                                 continue
                             if self.epcp_why(tp, pp, cp, ep, rc):
                                 continue
+                            if recompute_blocker(pp=pp, schedule=sched, recompute=rc):
+                                continue  # the runtime would refuse it (meshplan.execution_rules)
                             for kind in self._dp_kinds(dp * cp if cp * ep > 1 else dp):
                                 if cp * ep > 1 and kind not in ("none", "ddp"):
                                     continue  # cp/ep run with their own gradient reduction (runtime/epcp)
                                 kind = "ddp" if cp * ep > 1 else kind
+                                if dp_kind_blocker(dp=dp, tp=tp, pp=pp, schedule=sched, dp_kind=kind):
+                                    continue
                                 out.append(Config(dp, tp, pp, b, m, sched, v, rc, False, kind, cp, ep))
         return out
 

@@ -38,26 +38,19 @@ from torch import nn
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from meshplan.errors import PlanMismatchError
+from meshplan.execution_rules import SHARDED_DP_KINDS, ZERO_BUBBLE_SCHEDULES, dp_kind_blocker
 from meshplan.plan import Plan
 
-ZERO_BUBBLE = ("zero-bubble", "zbv")
-SHARDED_KINDS = ("zero2", "fsdp", "hsdp")
+ZERO_BUBBLE = ZERO_BUBBLE_SCHEDULES
+SHARDED_KINDS = SHARDED_DP_KINDS
 
 
 def check_dp_kind(plan: Plan) -> None:
-    """PlanMismatchError for a data-parallel kind this runtime cannot execute as planned."""
-    if plan.dp == 1:
-        return
-    if plan.dp_kind in SHARDED_KINDS and plan.pp > 1 and plan.schedule in ZERO_BUBBLE:
-        raise PlanMismatchError(
-            f"dp_kind {plan.dp_kind} under the {plan.schedule} schedule is not executed: FSDP2 gives wrong "
-            "gradients under zero-bubble schedules; re-plan with dp_kind ddp/zero1 or a 1f1b/interleaved schedule"
-        )
-    if plan.dp_kind == "zero1" and plan.tp > 1:
-        raise PlanMismatchError(
-            "dp_kind zero1 with tp > 1 is not executed (ZeroRedundancyOptimizer does not take DTensor "
-            "parameters); re-plan with dp_kind zero2 or fsdp"
-        )
+    """PlanMismatchError for a data-parallel kind this runtime cannot execute as planned
+    (``meshplan.execution_rules``, the rule the planner's search also obeys)."""
+    why = dp_kind_blocker(dp=plan.dp, tp=plan.tp, pp=plan.pp, schedule=plan.schedule, dp_kind=plan.dp_kind)
+    if why:
+        raise PlanMismatchError(why)
 
 
 def dp_mode(plan: Plan) -> str:

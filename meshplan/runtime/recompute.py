@@ -34,6 +34,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
+from meshplan.execution_rules import recompute_blocker
+
 WRAPPED = "_checkpoint_wrapped_module."
 
 
@@ -118,15 +120,11 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
         )
     suffix = ""
     if pipelined:
-        if schedule in ("zero-bubble", "zbv"):
+        why = recompute_blocker(pp=2, schedule=schedule, recompute=mode)
+        if why:
             from meshplan.errors import PlanMismatchError
 
-            raise PlanMismatchError(
-                f"recompute={mode} under the {schedule} schedule is not executed: torch's split backward "
-                "re-runs a checkpointed stage's forward for every weight-gradient group (measured here: about "
-                "20 forwards per microbatch instead of 1); re-plan with recompute=selective or a "
-                "1f1b/interleaved-1f1b schedule"
-            )
+            raise PlanMismatchError(why)
         return [CheckpointedStage(m) for m in modules], f"recompute={mode}: one checkpointed segment per stage{suffix}"
     n = sum(checkpoint_blocks(m) for m in modules)
     if n == 0:  # no repeated blocks to checkpoint one by one: the whole model is one segment
