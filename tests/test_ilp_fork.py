@@ -31,20 +31,25 @@ def _child(q: mp.Queue) -> None:
     q.put((r.solver, r.status, r.objective))
 
 
-def test_solve_in_forked_child_after_parent_solved() -> None:
-    parent = ilp.solve(_knapsack(), time_limit_s=10)
-    assert parent.solver == "highs"
+def _in_forked_child(target, timeout_s: float, hung_message: str) -> object:
+    """Run ``target(queue)`` in a forked child; fail with ``hung_message`` if it outlives ``timeout_s``."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(q,))
+    p = ctx.Process(target=target, args=(q,))
     p.start()
-    p.join(60)
+    p.join(timeout_s)
     hung = p.is_alive()
     if hung:
         p.kill()
         p.join()
-    assert not hung, "the forked child hung in HiGHS"
-    assert q.get(timeout=5) == ("highs", parent.status, parent.objective)
+    assert not hung, hung_message
+    return q.get(timeout=5)
+
+
+def test_solve_in_forked_child_after_parent_solved() -> None:
+    parent = ilp.solve(_knapsack(), time_limit_s=10)
+    assert parent.solver == "highs"
+    assert _in_forked_child(_child, 60, "the forked child hung in HiGHS") == ("highs", parent.status, parent.objective)
 
 
 def _plan(q: mp.Queue | None = None) -> tuple[str, str]:
@@ -63,14 +68,4 @@ def _plan(q: mp.Queue | None = None) -> tuple[str, str]:
 def test_autoparallel_in_forked_child_after_parent_planned() -> None:
     """The issue's case: plan in the parent, then in a forked child (hung forever before the fix)."""
     parent = _plan()
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_plan, args=(q,))
-    p.start()
-    p.join(120)
-    hung = p.is_alive()
-    if hung:
-        p.kill()
-        p.join()
-    assert not hung, "autoparallel in the forked child hung in HiGHS"
-    assert q.get(timeout=5) == parent
+    assert _in_forked_child(_plan, 120, "autoparallel in the forked child hung in HiGHS") == parent

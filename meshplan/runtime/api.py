@@ -35,6 +35,7 @@ from torch import nn
 
 from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.errors import PlanMismatchError
+from meshplan.execution_rules import ZERO_BUBBLE_SCHEDULES
 from meshplan.models.calls import call_names, microbatch_example, split_inputs
 from meshplan.plan import Plan
 from meshplan.runtime import data_parallel as dpmod
@@ -447,7 +448,7 @@ def apply_plan(
             [[p for p in m.parameters()] for m in modules], env.group("dp"),  # type: ignore[arg-type]
             microbatches=plan.num_microbatches, cap_bytes=bucket_cap_bytes,
             divide_by=plan.dp * (plan.num_microbatches if pp > 1 else 1),  # pp > 1: also the microbatch mean
-            use_hooks=not (pp > 1 and plan.schedule in dpmod.ZERO_BUBBLE),
+            use_hooks=not (pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES),
         )
 
     # 6. pipeline stages and schedule
@@ -458,7 +459,7 @@ def apply_plan(
         pstages = [
             PipelineStage(r, i, len(ordered), env.device, group=env.group("pp")) for r, i in zip(runners, mine)
         ]
-        if grad_sync is not None and plan.schedule in dpmod.ZERO_BUBBLE:
+        if grad_sync is not None and plan.schedule in ZERO_BUBBLE_SCHEDULES:
             for st, m in zip(pstages, modules):
                 grad_sync.watch_weight_passes(st, list(m.parameters()))
         scaler = prec.make_scaler(precision)

@@ -41,9 +41,6 @@ from meshplan.errors import PlanMismatchError
 from meshplan.execution_rules import SHARDED_DP_KINDS, ZERO_BUBBLE_SCHEDULES, dp_kind_blocker
 from meshplan.plan import Plan
 
-ZERO_BUBBLE = ZERO_BUBBLE_SCHEDULES
-SHARDED_KINDS = SHARDED_DP_KINDS
-
 
 def check_dp_kind(plan: Plan) -> None:
     """PlanMismatchError for a data-parallel kind this runtime cannot execute as planned
@@ -56,9 +53,9 @@ def check_dp_kind(plan: Plan) -> None:
 def dp_mode(plan: Plan) -> str:
     if plan.dp == 1:
         return "none"
-    if plan.dp_kind in SHARDED_KINDS:
+    if plan.dp_kind in SHARDED_DP_KINDS:
         return "fsdp"
-    if plan.pp > 1 and plan.schedule in ZERO_BUBBLE:
+    if plan.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES:
         return "manual"
     if plan.dp_kind == "none" or plan.tp > 1:
         return "manual"
