@@ -158,6 +158,45 @@ def group_layout(group_size: int, stride: int, devices_per_node: int) -> tuple[i
     return math.ceil(group_size / per_node), per_node
 
 
+def group_collective_s(kind: str, nbytes: float, group_size: int, cluster: ClusterSpec, *, stride: int = 1) -> float:
+    """``nccl_collective`` over a process group of ``group_size`` ranks ``stride`` apart, laid out
+    as ``group_layout`` says on ``cluster``'s nodes (the one call every DP/FSDP/TP/EP term makes).
+
+    Mesh ``(pp, dp, cp, tp)`` (row-major): a tp group has stride 1, a cp group stride tp, a DP
+    group (dp × cp) and an EP group (consecutive positions of the dp × cp row) stride tp, a pp
+    group stride dp·cp·tp. A TP group of 8 on 8-GPU nodes stays on NVLink; a TP group of 16 runs
+    the cross-node ring on the node's 8 NICs. Unit: seconds.
+    """
+    _check(kind, nbytes, group_size)
+    if group_size == 1 or nbytes == 0:
+        return 0.0
+    r = group_layout(group_size, stride, cluster.devices_per_node)[1]
+    return nccl_collective(kind, nbytes, group_size, cluster, ranks_per_node=r)[1]
+
+
+def p2p_crosses_nodes(index_a: int, index_b: int, stride: int, devices_per_node: int) -> bool:
+    """True when the peers of positions ``index_a`` and ``index_b`` on a mesh axis whose ranks are
+    ``stride`` apart (pipeline ranks: stride dp·cp·tp) sit on different nodes: rank
+    ``index·stride + j`` talks to ``index'·stride + j`` for every inner offset j, and the send is an
+    inter-node one when any pair is split (the slowest pair paces the pipeline).
+
+    E.g. pp 4 × (dp·tp = 4) on 8-GPU nodes: pipeline ranks 0↔1 and 2↔3 share a node (NVLink),
+    1↔2 cross nodes (one NIC per GPU); with dp·tp ≥ 8 every boundary crosses.
+    """
+    for name, v in (("stride", stride), ("devices_per_node", devices_per_node)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    d = devices_per_node
+    offsets = (0,) if (stride % d == 0 or d % stride == 0) else (0, stride - 1)  # aligned: one check suffices
+    return any((index_a * stride + j) // d != (index_b * stride + j) // d for j in offsets)
+
+
+def p2p_time_s(nbytes: float, cluster: ClusterSpec, *, crosses_nodes: bool) -> float:
+    """One point-to-point message of ``nbytes``: NVLink inside a node (``n/B_nvlink + α_nvl``), else
+    the sender's own NIC (``n/B_nic + α_net``), ``nccl_collective("send_recv")``. Unit: seconds."""
+    return nccl_collective("send_recv", nbytes, 2, cluster, ranks_per_node=1 if crosses_nodes else 2)[1]
+
+
 def hierarchical_all_reduce_time_s(
     nbytes: float, ranks_per_node: int, num_nodes: int, cluster: ClusterSpec
 ) -> float:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from meshplan.cost_models.comm import collective_time_s, group_layout
+from meshplan.cost_models.comm import group_collective_s
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 
@@ -119,7 +119,7 @@ def dp_comm(
 ) -> DPComm:
     """The collectives of ``kind`` (module docstring) for a rank holding ``grad_bytes`` of
     gradients and ``param_bytes`` of parameters (unsharded sizes), its DP group of ``dp`` ranks
-    ``stride`` apart (the product of the inner mesh axes), costed by ``comm.collective_time_s``
+    ``stride`` apart (the product of the inner mesh axes), costed by ``comm.group_collective_s``
     with the group's layout (nodes × ranks per node). Unit: seconds and bytes."""
     _check_kind(kind)
     if dp == 1 or kind == "none":
@@ -128,7 +128,7 @@ def dp_comm(
     m = num_microbatches
 
     def t(coll: str, n: float, k: int, st: int) -> float:
-        return collective_time_s(coll, n, k, cluster, ranks_per_node=group_layout(k, st, dpn)[1])
+        return group_collective_s(coll, n, k, cluster, stride=st)
 
     if kind == "ddp":
         return DPComm(sync_s=t("all_reduce", grad_bytes, dp, stride), bytes={"all_reduce": int(grad_bytes)})

@@ -34,16 +34,27 @@ tokens: the search costs a cp configuration with ``micro_batch / cp`` sequences 
 
 from __future__ import annotations
 
-from meshplan.cost_models.comm import collective_time_s
+from meshplan.cost_models.comm import collective_time_s, group_collective_s, group_layout, p2p_time_s
 from meshplan.cost_models.hardware import ClusterSpec
 
 DEFAULT_CAPACITY_FACTOR = 1.0  # the runtime drops no token; imbalance is a costing assumption
 
 
-def _collective_s(kind: str, nbytes: float, group: int, cluster: ClusterSpec, spans_nodes: bool) -> float:
-    """The one place EP/CP costs reach the collective model (switch here when it changes)."""
+def _collective_s(kind: str, nbytes: float, group: int, cluster: ClusterSpec, spans_nodes: bool,
+                  stride: int = 0) -> float:
+    """The one place EP/CP costs reach the collective model.
+
+    With ``stride`` (> 0: the group's ranks are that far apart in the mesh, tp for the ep and cp
+    groups of the dp × cp row) the group is priced with its node layout
+    (``comm.group_collective_s``; a cp ring's send crosses nodes when the cp group spans nodes,
+    ``comm.p2p_time_s``); without, inside one node unless ``spans_nodes`` (one rank per node)."""
     if group <= 1 or nbytes <= 0:
         return 0.0
+    if stride > 0:
+        if kind == "send_recv":
+            nodes = group_layout(group, stride, cluster.devices_per_node)[0]
+            return p2p_time_s(nbytes, cluster, crosses_nodes=nodes > 1)
+        return group_collective_s(kind, nbytes, group, cluster, stride=stride)
     return collective_time_s(kind, nbytes, group, cluster, spans_nodes=spans_nodes)
 
 
@@ -53,9 +64,11 @@ def ep_a2a_bytes(tokens: float, top_k: int, hidden: int, elem_bytes: int) -> flo
 
 
 def ep_comm_s(tokens: float, top_k: int, hidden: int, elem_bytes: int, ep: int, cluster: ClusterSpec,
-              *, spans_nodes: bool = False) -> float:
-    """Seconds of one MoE layer's four all-to-alls (dispatch + combine, forward + backward)."""
-    return 4 * _collective_s("all_to_all", ep_a2a_bytes(tokens, top_k, hidden, elem_bytes), ep, cluster, spans_nodes)
+              *, spans_nodes: bool = False, stride: int = 0) -> float:
+    """Seconds of one MoE layer's four all-to-alls (dispatch + combine, forward + backward);
+    ``stride``: distance of the ep group's ranks in the mesh (``_collective_s``)."""
+    return 4 * _collective_s("all_to_all", ep_a2a_bytes(tokens, top_k, hidden, elem_bytes), ep, cluster, spans_nodes,
+                             stride)
 
 
 def expert_params_per_rank(expert_numel: float, ep: int) -> float:
@@ -69,14 +82,14 @@ def cp_kv_bytes(batch: float, seq_len: int, cp: int, kv_heads: int, head_dim: in
 
 
 def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_compute_s: float, cluster: ClusterSpec, *,
-                      overlap: float = 0.0, spans_nodes: bool = False) -> float:
+                      overlap: float = 0.0, spans_nodes: bool = False, stride: int = 0) -> float:
     """Exposed seconds of one attention layer's ring exchange, forward + backward.
 
     ``attn_compute_s``: the layer's attention forward time on this rank (all cp blocks);
     the backward moves the same bytes against twice the compute."""
     if cp <= 1:
         return 0.0
-    step = _collective_s("send_recv", kv_bytes, 2, cluster, spans_nodes)
+    step = _collective_s("send_recv", kv_bytes, cp if stride else 2, cluster, spans_nodes, stride)
     block = attn_compute_s / cp
     fwd = (cp - 1) * max(0.0, step - overlap * block)
     bwd = (cp - 1) * max(0.0, step - overlap * 2 * block)

@@ -53,7 +53,7 @@ def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: 
 
 
 def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, micro_batch: float, dtype: str,
-               capacity_factor: float, elem_bytes: int, spans_nodes: bool = False,
+               capacity_factor: float, elem_bytes: int, spans_nodes: bool = False, stride: int = 0,
                cp_overlap: float = 0.0) -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of them)."""
     out = EPCPTerms()
@@ -67,7 +67,8 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
             out.imbalance_s += (capacity_factor - 1.0) * t.total_s
             if ep > 1:
                 k, h = n.attrs.get("top_k", 1), n.attrs.get("hidden", 0)
-                out.ep_comm_s += ep_comm_s(tokens, k, h, elem_bytes, ep, cluster, spans_nodes=spans_nodes)
+                out.ep_comm_s += ep_comm_s(tokens, k, h, elem_bytes, ep, cluster, spans_nodes=spans_nodes,
+                                          stride=stride)
                 b = ep_a2a_bytes(tokens, k, h, elem_bytes) * (ep - 1) / ep
                 out.comm_bytes["all_to_all"] = out.comm_bytes.get("all_to_all", 0.0) + 4 * b
                 out.expert_params_saved += n.param_numel - n.attrs.get("dense_numel", 0) * 1.0
@@ -77,7 +78,8 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                 continue
             kvb = cp_kv_bytes(micro_batch, graph.seq_len, cp, a.get("num_kv_heads", 1), a["head_dim"], elem_bytes)
             attn_s = node_time(n, cluster, batch_scale=scale, dtype=dtype).fwd_s
-            out.cp_comm_s += cp_ring_exposed_s(kvb, cp, attn_s, cluster, overlap=cp_overlap, spans_nodes=spans_nodes)
+            out.cp_comm_s += cp_ring_exposed_s(kvb, cp, attn_s, cluster, overlap=cp_overlap, spans_nodes=spans_nodes,
+                                               stride=stride)
             out.comm_bytes["send_recv"] = out.comm_bytes.get("send_recv", 0.0) + 2 * (cp - 1) * kvb
     if ep > 1:
         out.expert_params_saved *= 1.0 - 1.0 / ep

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from meshplan.cost_models.comm import collective_time_s
+from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.dp_kinds import (
     KIND_ORDER,
     ZERO_STAGE,
@@ -175,7 +175,7 @@ class ConfigEvaluator:
     def _epcp(self, c: Config) -> EPCPTerms:
         return epcp_terms(self.g, self.cluster, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch, dtype=self.dtype,
                           capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes,
-                          spans_nodes=c.dp * c.cp > self.cluster.devices_per_node)
+                          stride=c.tp)  # ep and cp groups: positions of the dp x cp row, tp apart
 
     def _shard(self, c: Config) -> int:
         """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):
@@ -201,7 +201,16 @@ class ConfigEvaluator:
                        num_microbatches=c.num_microbatches)  # fmt: skip
 
     def _pp_spans(self, c: Config) -> bool:
-        return self.W > self.cluster.devices_per_node and c.pp > 1 and c.tp * c.dp < self.W
+        """Whether any pipeline send (rank r to r + 1, and the interleaved wrap) crosses nodes
+        (``comm.p2p_crosses_nodes``; pipeline ranks are dp·cp·tp apart in the mesh): the
+        pessimistic link for a stage split's p2p term."""
+        stride, dpn = c.dp * c.cp * c.tp, self.cluster.devices_per_node
+        return c.pp > 1 and any(p2p_crosses_nodes(r, (r + 1) % c.pp, stride, dpn) for r in range(c.pp))
+
+    def p2p_time(self, c: Config) -> Callable[[float], float]:
+        """Seconds of one stage-to-stage send of b bytes on ``c``'s slowest pipeline link."""
+        cross = self._pp_spans(c)
+        return lambda b: p2p_time_s(b, self.cluster, crosses_nodes=cross)
 
     def lower_bound(self, c: Config) -> tuple[float, float]:
         """(step-time lower bound, memory lower bound) without splitting or simulating."""
@@ -288,12 +297,10 @@ class ConfigEvaluator:
         ):
             return None
         self._rescues += 1
-        spans = self._pp_spans(c)
         try:
             split = split_stages(
                 self.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule, virtual_stages=1,
-                mem_limit_bytes=self.mem_limit, method="dp",
-                p2p_time=lambda b: collective_time_s("send_recv", b, 2, self.cluster, spans_nodes=spans),
+                mem_limit_bytes=self.mem_limit, method="dp", p2p_time=self.p2p_time(c),
             )  # fmt: skip
         except (NoFeasiblePlanError, ValueError):
             return None
@@ -344,14 +351,17 @@ class ConfigEvaluator:
         st_state = [q[0] / dv[0] + q[1] / dv[1] + q[2] / dv[2] for q in st_q]
         if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
             st_state = [p * per_param for p in st_params]
-        pp_spans = self._pp_spans(c)
         st_sendb = [int(t.layers[b - 1].out_bytes) for _, b in runs]
-        st_send = [
-            collective_time_s("send_recv", sb, 2, self.cluster, spans_nodes=pp_spans) if sb else 0.0
-            for sb in st_sendb
-        ]
         ranks = range(c.pp)
         placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
+        # stage i sends to stage i + 1 on the link between their pipeline ranks: NVLink when both
+        # sit in one node, else one NIC (comm.p2p_crosses_nodes)
+        stride, dpn = c.dp * c.cp * c.tp, self.cluster.devices_per_node
+        st_send = [
+            p2p_time_s(sb, self.cluster, crosses_nodes=i + 1 < n_st
+                       and p2p_crosses_nodes(placement[i], placement[i + 1], stride, dpn)) if sb else 0.0
+            for i, sb in enumerate(st_sendb)
+        ]  # fmt: skip
         on_rank: list[list[int]] = [[] for _ in ranks]
         for s_, r_ in enumerate(placement):
             on_rank[r_].append(s_)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.cost_models.comm import collective_time_s
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.search_types import Config, Evaluation, GiB, SplitSolve, group
 
@@ -57,7 +56,6 @@ def refine_split(s: ConfigEvaluator, ev: Evaluation, time_limit_s: float) -> tup
     c = ev.config
     if c.pp == 1:
         return ev, None
-    spans = s._pp_spans(c)
     layers = s.split_layers(c)
     n_bin = len(layers) * c.pp * c.virtual_stages
     method = "ilp"
@@ -73,7 +71,7 @@ def refine_split(s: ConfigEvaluator, ev: Evaluation, time_limit_s: float) -> tup
         return split_stages(
             layers, pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule,
             virtual_stages=c.virtual_stages, mem_limit_bytes=limit * (1 + 1e-9), reserved_bytes=reserved,
-            p2p_time=lambda b: collective_time_s("send_recv", b, 2, s.cluster, spans_nodes=spans),
+            p2p_time=s.p2p_time(c),
             method=how, time_limit_s=time_limit_s,
         )  # fmt: skip
 

@@ -127,13 +127,12 @@ class TPSolution:
 
 
 def _collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) -> float:
-    from meshplan.cost_models.comm import collective_time_s
+    from meshplan.cost_models.comm import group_collective_s
 
-    spans = tp > cluster.devices_per_node
+    # the tp group is the innermost mesh axis (stride 1): NVLink inside a node, the NCCL
+    # cross-node model with its node layout beyond (comm.group_collective_s)
     # + one kernel launch: of two plans moving the same bytes, the one with fewer collectives wins
-    return (
-        float(collective_time_s(kind, int(nbytes), tp, cluster, spans_nodes=spans)) + cluster.kernel_floor_s
-    )
+    return float(group_collective_s(kind, int(nbytes), tp, cluster, stride=1)) + cluster.kernel_floor_s
 
 
 class TPPlacementILP:
