@@ -68,15 +68,31 @@ def _rename(d: dict[str, object], mapping: dict[str, str]) -> dict[str, object]:
     return out
 
 
+def _local_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's state: ZeroRedundancyOptimizer's per-rank ``optim``.
+
+    ZeRO-1 (dp_kind zero1) gives every rank whole parameters to update; the state of those
+    parameters lives in an ordinary optimizer over that subset. Its flattened state dict has the
+    same keys (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``) as an unsharded optimizer's,
+    only for the parameters this rank owns, so the ranks' keys are disjoint and DCP writes each
+    once; the union is exactly the checkpoint an unsharded run writes. Loading asks for the keys
+    of the parameters this rank owns *now*, so a zero1 checkpoint resumes under another dp degree,
+    another dp kind or another layout, and the other way round.
+    """
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt  # type: ignore[return-value]
+
+
 def _state(pm: ParallelModel) -> dict[str, object]:
     """Model and optimizer state; a tied parameter's optimizer state is keyed by ONE name.
 
     Under pp=1 the optimizer knows the tied embedding/LM-head weight by one FQN, under pp>1 the
     two pipeline ranks know it by different ones; keying it by the group's first FQN lets a
-    checkpoint written under one layout load under the other.
+    checkpoint written under one layout load under the other. zero1: see ``_local_optimizer``.
     """
     c = pm.container()
-    optim = get_optimizer_state_dict(c, pm.optimizer, options=_OPTS)
+    optim = get_optimizer_state_dict(c, _local_optimizer(pm.optimizer), options=_OPTS)
     return {"model": get_model_state_dict(c, options=_OPTS), "optim": _rename(optim, _aliases(pm))}
 
 
@@ -220,7 +236,7 @@ def load(pm: ParallelModel, path: str | Path) -> int:
     own = {n for n, _ in c.named_parameters()}
     back = {canon: alias for alias, canon in _aliases(pm).items() if alias in own and canon not in own}
     optim = _rename(state["optim"], back)  # type: ignore[arg-type]
-    set_optimizer_state_dict(c, pm.optimizer, optim, options=_OPTS)  # type: ignore[arg-type]
+    set_optimizer_state_dict(c, _local_optimizer(pm.optimizer), optim, options=_OPTS)  # type: ignore[arg-type]
     step = int(manifest["step"])
     pm.steps_done = step
     return step

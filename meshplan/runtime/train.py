@@ -112,9 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     plan = Plan.load(args.plan)
     check_launch(plan)  # before any collective
-    if args.checkpoint_dir and plan.dp_kind == "zero1" and plan.dp > 1:
-        raise ValueError("checkpoints of dp_kind zero1 (ZeroRedundancyOptimizer) are not supported by DCP here; "
-                         "run without --checkpoint-dir or re-plan with dp_kind zero2/fsdp")
     mbs = plan.micro_batch_size
     torch.manual_seed(args.seed)
     spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None)

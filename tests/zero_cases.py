@@ -1,0 +1,61 @@
+"""Workers for the ZeRO-1 (ZeroRedundancyOptimizer) tests: checkpoints of sharded optimizer state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import runtime_cases as rc
+import torch
+
+
+def adamw(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    from meshplan.runtime.optim import make_optimizer
+
+    return make_optimizer("adamw", 1e-2, weight_decay=0.1)(params)
+
+
+def _pm(kind: str, *, tp: int = 1, dp: int = 2) -> Any:
+    from meshplan.runtime import handplan
+    from meshplan.runtime.api import apply_plan
+
+    model = rc.tiny_gpt()
+    styles = handplan.megatron_styles(model) if tp > 1 else None
+    plan = handplan.manual_plan(model, None, dp=dp, tp=tp, microbatches=2, micro_batch_size=rc.BATCH // (2 * dp),
+                                seq_len=rc.SEQ, tp_styles=styles, dp_kind=kind)
+    return apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=adamw)
+
+
+def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
+    """zero1 dp2 4 steps (checkpoint after step 2); resumed under zero1 dp2 and ddp dp2; and a ddp
+    checkpoint resumed under zero1."""
+    from meshplan.runtime import checkpoint
+
+    data = rc.batches(4)
+    out: dict[str, Any] = {}
+    for kind in ("zero1", "ddp"):
+        pm = _pm(kind)
+        losses = []
+        for step, (x, y) in enumerate(data, start=1):
+            losses.append(pm.step(x, y))
+            if step == 2:
+                checkpoint.save(pm, f"{ckpt_dir}/{kind}", step)
+        out[kind] = losses
+        out[f"{kind}_optimizer"] = type(pm.optimizer).__name__
+    for saved, kind in (("zero1", "zero1"), ("zero1", "ddp"), ("ddp", "zero1")):
+        pm = _pm(kind)
+        torch.manual_seed(5)
+        with torch.no_grad():
+            for p in pm.parameters():
+                p.normal_()  # the checkpoint must overwrite this
+        step = checkpoint.load(pm, checkpoint.latest(f"{ckpt_dir}/{saved}"))  # type: ignore[arg-type]
+        out[f"{saved}->{kind}"] = [pm.step(x, y) for x, y in data[step:]]
+    return out
+
+
+def one_rank_resume(rank: int, world: int, ckpt_dir: str) -> list[float]:
+    """The zero1 dp2 checkpoint resumed on ONE rank (world size 1, plain AdamW)."""
+    from meshplan.runtime import checkpoint
+
+    pm = _pm("none", dp=1)
+    step = checkpoint.load(pm, checkpoint.latest(ckpt_dir))  # type: ignore[arg-type]
+    return [pm.step(x, y) for x, y in rc.batches(4)[step:]]
