@@ -31,6 +31,12 @@ def dp_kind_blocker(*, dp: int, tp: int, pp: int, schedule: str, dp_kind: str) -
 
 def recompute_blocker(*, pp: int, schedule: str, recompute: str) -> str:
     """Why ``recompute`` cannot run under this schedule ("" when it can)."""
+    if recompute == "op" and pp > 1:
+        return (
+            "recompute=op at pp > 1 is not executed: a pipeline stage is one flat fx graph with no block "
+            "boundaries to count matmuls in (runtime/op_recompute.py checkpoints nn.ModuleList blocks); "
+            "re-plan with recompute=selective or full"
+        )
     if recompute == "full" and pp > 1 and schedule in ZERO_BUBBLE_SCHEDULES:
         return (
             f"recompute=full under the {schedule} schedule is not executed: torch's split backward "

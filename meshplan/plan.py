@@ -25,7 +25,7 @@ from meshplan.plan_checks import plan_problems
 FORMAT_VERSION = 1
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 DP_KINDS = ("none", "ddp", "zero1", "zero2", "fsdp", "hsdp")
 TP_STYLES = ("colwise", "rowwise", "replicate")
 QUANT_MODES = ("none", "qat", "qlora")

@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pin the pipeline schedule (gpipe, 1f1b, interleaved-1f1b, zero-bubble, zbv)",
     )
     parser.add_argument("--micro-batch", type=positive_int, default=None, help="pin the microbatch size")
-    parser.add_argument("--recompute", default=None, help="pin activation recompute (none, selective, full)")
+    parser.add_argument("--recompute", default=None, help="pin activation recompute (none, selective, op, full)")
     parser.add_argument("--dp-kind", default=None, help="pin data parallelism (ddp, zero1, zero2, fsdp, hsdp)")
     parser.add_argument(
         "--quantization", default="none", choices=("none", "qat", "qlora"),

@@ -122,6 +122,9 @@ def activation_bytes_per_layer(
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{k} must be a positive integer, got {v!r}")
     _check_recompute(recompute)
+    if recompute == "op":
+        raise ValueError("recompute='op' has no closed form here (it depends on the block's linears); "
+                         "use node_activation_bytes or op_sac_kept_bytes on the traced block")
     sbh = s * b * h
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)
@@ -191,6 +194,7 @@ def node_activation_bytes(
     shard_of: Callable[[GraphNode], int] | None = None,
     input_bytes: float = 0.0,
     elem_scale: float = 1.0,
+    out_shard_of: Callable[[GraphNode], int] | None = None,
 ) -> float:
     """Activation bytes a run of traced nodes (a block, a stage) keeps for one microbatch.
 
@@ -200,6 +204,10 @@ def node_activation_bytes(
                    at 0; Q and K saved by the score matmul stay), as recomputing the attention
                    core drops them (Korthikanti §5); with fused SDPA there are none, so
                    selective == none.
+    ``op``:        torchtitan's op-level selective recompute (``op_sac_kept_bytes``): the run's
+                   input, the outputs of every other linear (1st, 3rd, ... in the run) and of fused
+                   attention (output + log-sum-exp); with SP also each row-wise linear's
+                   reduce-scattered output. Everything else is recomputed in backward.
     ``full``:      only the inputs of the run are kept: ``input_bytes · batch_scale · elem_scale``
                    (÷tp with SP), e.g. ``CutPoint.crossing_bytes`` or the block's input edge bytes.
 
@@ -217,6 +225,8 @@ def node_activation_bytes(
     if recompute == "full":
         return input_bytes * scale / (tp if sp else 1)
     nodes = list(nodes)
+    if recompute == "op":
+        return op_sac_kept_bytes(nodes, tp=tp, sp=sp, input_bytes=input_bytes, out_shard_of=out_shard_of) * scale
     scores: dict[int, int] = {}
     if recompute == "selective":
         if seq_len is None:
@@ -234,6 +244,68 @@ def node_activation_bytes(
         )
         total += saved * scale / shard
     return total
+
+
+def op_sac_kept_bytes(
+    nodes: Iterable[GraphNode],
+    *,
+    tp: int = 1,
+    sp: bool = False,
+    input_bytes: float = 0.0,
+    out_shard_of: Callable[[GraphNode], int] | None = None,
+) -> float:
+    """Bytes one checkpointed block keeps under op-level selective activation checkpointing.
+
+    torchtitan's ``selective_ac_option = "op"`` (``torchtitan/distributed/activation_checkpoint.py``,
+    ``_custom_policy``): inside each checkpointed block, the outputs of the ops on its save list
+    are stored (``CheckpointPolicy.MUST_SAVE``), every other op is re-run in backward. The save
+    list is ``aten.mm`` (except every second one: "saves output of all compute ops, except every
+    second mm"), the fused attention kernels (all their outputs) and the tensor-parallel
+    ``reduce_scatter_tensor``. In traced-graph terms, per block::
+
+        input                                      (the checkpoint keeps its inputs)
+      + Σ out(linear_j) / out_shard,  j = 1, 3, 5, ... (odd positions in node order)
+      + Σ out(attention) · (1 + 1/head_dim)        (output + fp32 log-sum-exp, fused SDPA)
+      + Σ out(rowwise linear) / tp                 (sequence parallel: the saved reduce-scatter)
+
+    ``out_shard`` is ``out_shard_of(n)`` (the TP placement: tp for a sharded output, 1 for a
+    row-wise linear's partial sums), by default tp for a widening linear and attention.
+    What autograd needs but is not stored (norm outputs, the other linears, activation
+    functions, rotary, the attention inputs) is recomputed. Unit: traced bytes (the caller
+    scales to its batch and dtype). Llama-3-8B, bf16, per token and layer: 8192 (input) +
+    8192 (wq) + 2048 (wv) + 8256 (attention) + 28672 (w1) + 8192 (w2) = 63,552 B, vs
+    ~180 KB kept without recompute.
+    """
+    nodes = list(nodes)
+
+    def default_shard(n: GraphNode) -> int:
+        if n.kind == "attention":
+            return tp
+        fin, fout = n.attrs.get("in_features"), n.attrs.get("out_features")
+        return tp if fin and fout and fout >= fin else 1
+
+    shard = out_shard_of or default_shard
+    total = input_bytes / (tp if sp else 1)
+    count = 0
+    for n in nodes:
+        if n.kind == "linear":
+            count += 1
+            if count % 2:
+                total += n.out_bytes / shard(n)
+            if sp and tp > 1 and shard(n) == 1:
+                total += n.out_bytes / tp
+        elif n.kind == "attention":
+            d = n.out_shape[-1] if n.out_shape else 0
+            total += n.out_bytes * (1 + (1 / d if d else 0)) / shard(n)
+    return total
+
+
+def recompute_transient_bytes(kept_none: float, kept: float) -> float:
+    """Extra bytes alive while one recomputed layer is back-propagated: what recompute dropped
+    for that layer (``kept_none − kept``, both per microbatch) is rematerialized by its re-run
+    forward and lives until that layer's backward ends. Unit: bytes. Source: torch
+    ``utils.checkpoint`` (non-reentrant: the region's forward is re-run on first unpack)."""
+    return max(0.0, kept_none - kept)
 
 
 def inflight_microbatches(
@@ -300,17 +372,21 @@ def fits(total_bytes: float, mem_bytes: float) -> bool:
 
 
 def loss_buffer_bytes(tokens: float, vocab: int, *, vocab_shard: int = 1, logits_bytes: int = 2) -> float:
-    """Bytes the logits and a fp32 cross-entropy hold at the loss of one microbatch::
+    """Peak bytes a fp32 cross-entropy holds over the logits of one microbatch::
 
-        tokens · V / vocab_shard · (logits_bytes + 4 + 4)
+        tokens · V / vocab_shard · max(logits_bytes + 4, 4 + 4, 4 + 4 + 4)
 
-    the 16-bit logits, their fp32 copy (``F.cross_entropy(logits.float(), ...)`` as the runtime,
-    torchtitan and HF compute it) and the fp32 log-softmax output saved for backward, alive
-    together at the end of the forward. ``vocab_shard`` = tp when the head stays vocab-parallel
-    into the loss (Megatron's vocab-parallel cross-entropy, torch ``loss_parallel``), 1 when the
-    logits are gathered. A graph that traced its own loss already counts it. Unit: bytes.
-    Source: PyTorch ``log_softmax`` saves its result; Megatron-LM ``VocabParallelCrossEntropy``.
+    ``F.cross_entropy(logits.float(), ...)`` (the runtime, torchtitan and HF compute it so):
+    the cast holds the logits and their fp32 copy; ``log_softmax`` holds its fp32 input and
+    output (saved for backward); at the start of backward ``nll_loss`` backward writes a dense
+    fp32 gradient and ``log_softmax`` backward its fp32 input gradient while the saved output
+    is still alive: three fp32 tensors of the logits' size, the peak (12 bytes per logit).
+    ``vocab_shard`` = tp when the head stays vocab-parallel into the loss (Megatron's
+    vocab-parallel cross-entropy, torch ``loss_parallel``), 1 when the logits are gathered. A
+    graph that traced its own loss already counts it. Unit: bytes. Source: PyTorch
+    ``log_softmax`` saves its result, ``nll_loss_backward`` and ``_log_softmax_backward_data``
+    return new dense tensors; Megatron-LM ``VocabParallelCrossEntropy``.
     """
     if tokens < 0 or vocab < 1 or vocab_shard < 1:
         raise ValueError(f"tokens >= 0, vocab >= 1 and vocab_shard >= 1 needed, got {tokens}, {vocab}, {vocab_shard}")
-    return tokens * vocab / vocab_shard * (logits_bytes + 4 + 4)
+    return tokens * vocab / vocab_shard * max(logits_bytes + 4, 12)

@@ -10,10 +10,13 @@ microbatch on one device:
 - ``tp_comm_s``: the placement's resharding collectives (forward + backward); half is charged
   to the forward, half to the backward (they sit on the critical path, not overlapped);
 - ``recompute_s``: forward work redone in backward (selective: the attention core and the
-  s×s score tensors; full: the whole forward with its TP collectives);
+  s×s score tensors; op: every op of a block but the saved linears and attention, with the
+  TP collectives not saved; full: the whole forward with its TP collectives);
 - ``param_count``: parameters held per device (TP-sharded weights ÷ tp);
 - ``act_bytes``: what the layer keeps for backward (``node_activation_bytes``; full recompute
-  keeps only the layer input);
+  keeps only the layer input, op-level recompute the input, every other linear's output and
+  the attention outputs); ``transient_bytes`` what recompute rematerializes while the layer is
+  back-propagated; ``loss_bytes`` the cross-entropy peak (post layer);
 - ``out_bytes``: the tensors crossing the cut after the layer (``CutPoint.crossing_bytes``
   × batch_scale in the training dtype, ÷ tp with sequence parallelism).
 
@@ -35,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.memory import loss_buffer_bytes, node_activation_bytes
+from meshplan.cost_models.memory import loss_buffer_bytes, node_activation_bytes, recompute_transient_bytes
 from meshplan.cost_models.quant import node_quant_cost, quant_node_time, quant_state_bytes
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.plan import Quantization
@@ -69,6 +72,12 @@ class LayerCost:
     state_grad_bytes: float = -1.0
     state_opt_bytes: float = -1.0
     trainable_params: float = -1.0
+    #: bytes per microbatch alive only while this layer is back-propagated: what recompute
+    #: dropped, rematerialized by the re-run forward (``memory.recompute_transient_bytes``)
+    transient_bytes: float = 0.0
+    #: of ``act_bytes``, the cross-entropy peak over the logits (``memory.loss_buffer_bytes``):
+    #: alive at the start of backward, freed before any block is back-propagated
+    loss_bytes: float = 0.0
 
     @property
     def fwd_total_s(self) -> float:
@@ -274,6 +283,9 @@ class GraphCoster:
         tied: list[tuple[int, float]] = []
         seq = self.g.seq_len
         quant = self.quant.mode != "none"
+        op_saved_fwd_s = 0.0  # forward time of what op-level recompute keeps (not re-run)
+        n_linear = 0
+        last_linear = (0, 0.0)
         for n in nodes:
             s = sol.node_shard.get(n.id, 1)
             t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.dtype,
@@ -286,6 +298,12 @@ class GraphCoster:
             bw += t.bwd_weight_s
             if n.kind == "attention" or _score_shaped(n, seq):
                 attn_fwd += t.fwd_s
+            if n.kind == "linear":
+                n_linear += 1
+            if n.kind == "attention" or (n.kind == "linear" and n_linear % 2):
+                op_saved_fwd_s += t.fwd_s
+            if n.kind == "linear":
+                last_linear = (n_linear, t.fwd_s)
             w_shard = s if n.kind in ("linear", "embedding", "matmul") else 1
             params += n.param_numel / w_shard
             for p in n.shared_params if not n.param_numel else ():
@@ -299,22 +317,33 @@ class GraphCoster:
         in_bytes = 0.0  # layer input in the traced dtype (what full recompute keeps)
         if first_cut is not None:
             in_bytes = sum(self.g.nodes[i].out_bytes for i in first_cut.crossing)
-        act = node_activation_bytes(
-            nodes, tp=sol.tp, sp=sol.sequence_parallel, recompute=recompute, batch_scale=scale,
-            hidden=self.g.meta.get("hidden"), seq_len=seq,
-            shard_of=lambda n: _saved_shard(n, sol), input_bytes=in_bytes, elem_scale=elem,
-        )  # fmt: skip
-        if kind == "post":
-            act += self._loss_bytes(nodes, sol, scale)
-        if recompute == "full":
+        # torchtitan and the runtime checkpoint op-level only the repeated blocks
+        rc = recompute if recompute != "op" or kind == "block" else "none"
+
+        def kept(mode: str) -> float:
+            return node_activation_bytes(
+                nodes, tp=sol.tp, sp=sol.sequence_parallel, recompute=mode, batch_scale=scale,
+                hidden=self.g.meta.get("hidden"), seq_len=seq, shard_of=lambda n: _saved_shard(n, sol),
+                input_bytes=in_bytes, elem_scale=elem, out_shard_of=lambda n: _out_shard(n, sol),
+            )  # fmt: skip
+
+        act = kept(rc)
+        transient = recompute_transient_bytes(kept("none"), act) if rc != "none" else 0.0
+        loss = self._loss_bytes(nodes, sol, scale) if kind == "post" else 0.0
+        act += loss
+        if rc == "full":
             rec = fwd + comm / 2
-        elif recompute == "selective":
+        elif rc == "selective":
             rec = attn_fwd
+        elif rc == "op":  # the block's last matmul is never re-run (torch's early stop)
+            rec = fwd - op_saved_fwd_s - (last_linear[1] if last_linear[0] % 2 == 0 else 0.0)
+            rec += comm / 2 * (0.5 if sol.sequence_parallel else 1.0)
         else:
             rec = 0.0
         layer = LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
+            transient_bytes=transient, loss_bytes=loss,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
 
@@ -384,6 +413,12 @@ def _float_dtype(nodes: list[GraphNode]) -> str | None:
 def _score_shaped(n: GraphNode, seq_len: int) -> bool:
     sh = n.out_shape
     return bool(sh) and len(sh) >= 2 and sh[-1] == seq_len and sh[-2] == seq_len and seq_len > 1
+
+
+def _out_shard(n: GraphNode, sol: GraphTPSolution) -> int:
+    """How many ways TP splits ``n``'s output: tp when it leaves sharded (S, or Q with sequence
+    parallelism), 1 when replicated or partial sums (a row-wise linear's local product)."""
+    return sol.tp if sol.node_state.get(n.id, "R") in ("S", "Q") else 1
 
 
 def _saved_shard(n: GraphNode, sol: GraphTPSolution) -> int:

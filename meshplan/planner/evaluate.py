@@ -276,6 +276,15 @@ class ConfigEvaluator:
             for x in t.layers
         ]  # fmt: skip
 
+    @staticmethod
+    def _transient(t: CostTable, runs: list[tuple[int, int]]) -> float:
+        """Bytes a rank holds on top of its stored activations while back-propagating: the
+        largest recompute transient of its layers (``LayerCost.transient_bytes``, one layer
+        re-run at a time), less the loss peak freed before any block's backward."""
+        layers = [x for a, b in runs for x in t.layers[a:b]]
+        worst = max((x.transient_bytes for x in layers), default=0.0)
+        return max(0.0, worst - sum(x.loss_bytes for x in layers))
+
     def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:
         """What a parameter-sharding kind holds unsharded (``dp_kinds.unsharded_buffer_bytes``:
         two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
@@ -381,6 +390,7 @@ class ConfigEvaluator:
             r_state = [s - ec.expert_params_saved * per_param for s in r_state]
             st_params = [p - ec.expert_params_saved / n_st for p in st_params]
         r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
+        r_act = [r_act[r] + self._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
         r_mem = [int(r_state[r] + r_act[r] + self.fsdp_buffer(c, r_params[r])) for r in ranks]
         worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
         # gradients synced: every parameter in the training dtype, or (quantized) only the trainable ones

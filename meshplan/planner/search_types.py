@@ -16,7 +16,7 @@ from meshplan.planner.costing import CostTable, GraphCoster
 
 GiB = 1024**3
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
-RECOMPUTE_CHOICES = ("none", "selective", "full")
+RECOMPUTE_CHOICES = ("none", "selective", "op", "full")
 
 
 @dataclass(frozen=True)

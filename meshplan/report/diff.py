@@ -141,7 +141,7 @@ def diff_plans(a: Plan, b: Plan) -> list[Difference]:
         "smaller microbatch: less activation memory"))
     add("global_batch_size", a.global_batch_size, b.global_batch_size, "different batch: step times differ by work")
     add("seq_len", a.seq_len, b.seq_len, "different sequence length: activation memory and compute differ")
-    order = {"none": 0, "selective": 1, "full": 2}
+    order = {"none": 0, "selective": 1, "op": 2, "full": 3}
     add("recompute", a.recompute, b.recompute, _direction(
         order[a.recompute], order[b.recompute], "more recomputation: less activation memory, extra forward compute",
         "less recomputation: more activation memory, less compute"))

@@ -1,4 +1,6 @@
-"""Activation recomputation from the Plan's ``recompute`` ("none" | "selective" | "full").
+"""Activation recomputation from the Plan's ``recompute`` ("none" | "selective" | "op" | "full").
+
+"op" (torchtitan's op-level selective checkpointing) lives in ``runtime/op_recompute.py``.
 
 * pp = 1 (the eager model runs): every child of every ``nn.ModuleList`` (the repeated blocks) is
   wrapped with torch's non-reentrant ``checkpoint_wrapper``: a block keeps only its input and
@@ -119,6 +121,21 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
             "(attention core recomputed, linear activations kept)"
         )
     suffix = ""
+    if mode == "op":
+        why = recompute_blocker(pp=2 if pipelined else 1, schedule=schedule, recompute=mode)
+        if why:
+            from meshplan.errors import PlanMismatchError
+
+            raise PlanMismatchError(why)
+        from meshplan.runtime.op_recompute import op_checkpoint_blocks
+
+        n = sum(op_checkpoint_blocks(m) for m in modules)
+        if n == 0:
+            from meshplan.errors import PlanMismatchError
+
+            raise PlanMismatchError("recompute=op needs repeated blocks (nn.ModuleList children) to checkpoint; "
+                                    "re-plan with recompute=full or selective")
+        return modules, f"recompute=op: {n} blocks checkpointed op-level (every other matmul and attention saved)"
     if pipelined:
         why = recompute_blocker(pp=2, schedule=schedule, recompute=mode)
         if why:

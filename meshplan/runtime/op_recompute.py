@@ -1,0 +1,79 @@
+"""Op-level selective activation checkpointing: ``Plan.recompute = "op"``, as torchtitan runs it.
+
+Each repeated block (every child of an ``nn.ModuleList``) is wrapped with torch's non-reentrant
+``checkpoint_wrapper`` whose ``context_fn`` is ``create_selective_checkpoint_contexts`` with
+``op_sac_policy``: inside the block the outputs of every other matrix multiply (the 1st, 3rd,
+5th ... ``aten.mm`` / ``aten.addmm`` of the block's forward), of the fused attention kernels
+and of the sequence-parallel reduce-scatter are stored; everything else (norms, activation
+functions, rotary, the other linears) is re-run in backward. This is torchtitan's
+``selective_ac_option = "op"`` policy ("saves output of all compute ops, except every second
+mm", ``torchtitan/distributed/activation_checkpoint.py``), with ``addmm`` counted as a matmul
+too (biased linears). The cost model's counterpart is ``cost_models.memory.op_sac_kept_bytes``.
+
+Pipeline stages (flat fx GraphModules, no block boundaries to count in) are not run this way:
+``execution_rules.recompute_blocker`` refuses ``op`` at pp > 1 and the search never plans it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+aten = torch.ops.aten
+
+#: matrix multiplies counted (every other one saved)
+MM_OPS = frozenset({aten.mm.default, aten.addmm.default})
+
+
+def _attention_ops() -> frozenset[Any]:
+    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")  # fmt: skip
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+#: ops whose outputs are always saved: fused attention and the sequence-parallel reduce-scatter
+ALWAYS_SAVED = _attention_ops() | frozenset({torch.ops._c10d_functional.reduce_scatter_tensor.default})
+
+
+def op_sac_policy() -> Callable[..., Any]:
+    """A fresh policy for one forward of one block (its matmul counter starts at 0)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    count = 0
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        nonlocal count
+        if func in MM_OPS:
+            count += 1
+            return CheckpointPolicy.MUST_SAVE if count % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        if func in ALWAYS_SAVED:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(op_sac_policy())
+
+
+def op_checkpoint_blocks(model: nn.Module) -> int:
+    """Wrap every ModuleList child of ``model`` for op-level selective checkpointing; returns how many."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    ids = {id(c) for m in model.modules() if isinstance(m, nn.ModuleList) for c in m}
+    if not ids:
+        return 0
+    wrap = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=_context)
+    apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrap, check_fn=lambda m: id(m) in ids)
+    return len(ids)

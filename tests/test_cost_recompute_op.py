@@ -1,0 +1,81 @@
+"""Op-level selective recompute in the cost model (``recompute="op"``), the cross-entropy peak and the
+recompute transient, on a traced zoo Llama, by hand from the shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.cost_models.memory import (
+    loss_buffer_bytes,
+    node_activation_bytes,
+    op_sac_kept_bytes,
+    recompute_transient_bytes,
+)
+
+torch = pytest.importorskip("torch")
+trace = pytest.importorskip("meshplan.trace")
+llama_mod = pytest.importorskip("meshplan.models.llama")
+
+B, S, H, HEADS, KV, FFN, V = 2, 32, 64, 4, 2, 160, 96
+HD, KVD = H // HEADS, H // HEADS * KV
+
+
+@pytest.fixture(scope="module")
+def graph():
+    cfg = llama_mod.LlamaConfig(n_layer=2, n_head=HEADS, n_kv_head=KV, dim=H, ffn_hidden=FFN, vocab_size=V,
+                                max_seq_len=S)
+    return trace.trace_model(llama_mod.Llama(cfg), (torch.randint(0, V, (B, S)),))
+
+
+def _block(g):
+    a, b = g.blocks[0].node_ranges[0]
+    return g.nodes[a:b]
+
+
+def test_op_keeps_input_every_other_linear_and_attention(graph) -> None:
+    nodes = _block(graph)
+    assert [n.module_fqn.rsplit(".", 1)[-1] for n in nodes if n.kind == "linear"] == [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # fmt: skip
+    tokens, fp32 = B * S, 4
+    # input + q_proj (1st) + v_proj (3rd) + attention output (+ log-sum-exp) + gate_proj (5th) + down_proj (7th)
+    want = tokens * fp32 * (H + H + KVD + H * (1 + 1 / HD) + FFN + H)
+    assert op_sac_kept_bytes(nodes, input_bytes=tokens * H * fp32) == pytest.approx(want)
+    got = node_activation_bytes(nodes, recompute="op", input_bytes=tokens * H * fp32, batch_scale=2.0, elem_scale=0.5)
+    assert got == pytest.approx(want)  # twice the batch, half the bytes
+    none = node_activation_bytes(nodes, recompute="none", seq_len=S)
+    full = node_activation_bytes(nodes, recompute="full", input_bytes=tokens * H * fp32)
+    assert full < want < none
+    assert recompute_transient_bytes(none, want) == pytest.approx(none - want)
+    assert recompute_transient_bytes(want, none) == 0.0
+
+
+def test_op_under_tensor_parallel(graph) -> None:
+    nodes = _block(graph)
+    tokens, fp32, t = B * S, 4, 4
+
+    def out_shard(n):  # colwise linears and attention leave sharded, rowwise ones partial (full size)
+        name = (n.module_fqn or "").rsplit(".", 1)[-1]
+        return 1 if name in ("o_proj", "down_proj") else t
+
+    inp = tokens * H * fp32
+    tp_only = inp + tokens * fp32 * (H / t + KVD / t + H * (1 + 1 / HD) / t + FFN / t + H)
+    assert op_sac_kept_bytes(nodes, tp=t, input_bytes=inp, out_shard_of=out_shard) == pytest.approx(tp_only)
+    # sequence parallel: the input is sequence-sharded and both reduce-scattered outputs are kept
+    sp = tp_only - inp + inp / t + 2 * tokens * H * fp32 / t
+    assert op_sac_kept_bytes(nodes, tp=t, sp=True, input_bytes=inp, out_shard_of=out_shard) == pytest.approx(sp)
+
+
+def test_loss_peak_is_three_fp32_logit_tensors() -> None:
+    assert loss_buffer_bytes(1000, 50, logits_bytes=2) == 1000 * 50 * 12
+    assert loss_buffer_bytes(1000, 50, vocab_shard=5, logits_bytes=4) == 1000 * 10 * 12
+
+
+def test_estimate_orders_recompute_kinds(graph) -> None:
+    from meshplan.planner.api import estimate_graph
+
+    plans = {rc: estimate_graph(graph, 1, tp=1, pp=1, dp=1, micro_batch_size=8, global_batch_size=8, recompute=rc,
+                                cluster="h100") for rc in ("none", "op", "full")}  # fmt: skip
+    mem = {rc: p.predicted.mem_breakdown["activations"] for rc, p in plans.items()}
+    rec = {rc: p.predicted.recompute_s for rc, p in plans.items()}
+    assert mem["full"] < mem["op"] < mem["none"]
+    assert rec["none"] == 0.0 < rec["op"] < rec["full"]
