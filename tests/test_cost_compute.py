@@ -20,7 +20,8 @@ from meshplan.cost_models.compute import (
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import NODE_KINDS, GraphNode
 
-A100 = ClusterSpec.preset("a100-80g")
+# the flat roofline (sm_count 0: no GEMM shape factor); shapes: tests/test_cost_efficiency.py
+A100 = dataclasses.replace(ClusterSpec.preset("a100-80g"), sm_count=0)
 
 
 def _linear(tokens: int = 4096, fin: int = 4096, fout: int = 4096, frozen: bool = False) -> GraphNode:

@@ -27,6 +27,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from meshplan.cost_models.efficiency import (
+    attention_wave_factor,
+    causal_work_fraction,
+    linear_factors,
+    linear_gemm_dims,
+)
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import NODE_KINDS, GraphNode
 
@@ -210,6 +216,7 @@ def node_time(
     batch_scale: float = 1.0,
     dtype: str = "bf16",
     input_bytes: int | None = None,
+    style: str | None = None,
 ) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of ``node`` on one device.
 
@@ -231,8 +238,14 @@ def node_time(
     gradient). Each non-zero part is at least ``cluster.kernel_floor_s``. With an eager
     calibration (see the module docstring) matmul kinds use ``matmul_efficiency_at(cluster, flops)``
     for forward and its backward column for B and W, ``op_overhead_s`` is added to forward and
-    ``bwd_op_overhead_s`` to each non-zero backward part, and a reshape costs just those. Unit: seconds.
-    Sources: roofline (Williams et al. 2009); B/W split (Qi et al. 2023, zero-bubble).
+    ``bwd_op_overhead_s`` to each non-zero backward part, and a reshape costs just those.
+    Without one, on a spec that knows its SM count (``cluster.sm_count``, every GPU preset), the
+    kernel's shape sets the efficiency (``cost_models.efficiency``): a linear layer's forward,
+    input-gradient and weight-gradient GEMMs each run at ``matmul_efficiency × gemm_shape_factor``
+    of their own (M, N, K) (``style`` "rowwise" says TP splits K, else N), and a flash attention
+    does ``causal_work_fraction`` of the counted FLOPs at ``attention_wave_factor``. Unit: seconds.
+    Sources: roofline (Williams et al. 2009); B/W split (Qi et al. 2023, zero-bubble); NVIDIA
+    Matrix Multiplication Background guide (tile/wave quantization); FlashAttention-2 (Dao 2023).
     """
     if not isinstance(shard, int) or shard < 1:
         raise ValueError(f"shard must be a positive integer, got {shard!r}")
@@ -252,23 +265,57 @@ def node_time(
     flops = node.fwd_flops * batch_scale / shard
     bytes_moved = (in_b + node.out_bytes) * batch_scale * r / shard + w_bytes
     sized = node.kind in MATMUL_KINDS and bool(cluster.matmul_efficiency_by_flops)
-    eff_f = matmul_efficiency_at(cluster, flops) if sized else None
+    shaped = shape_efficiencies(node, cluster, shard=shard, batch_scale=batch_scale, style=style)
+    if shaped is not None:
+        flops *= shaped[0]  # the kernel's work (a causal flash attention skips masked blocks)
+        shaped = None if sized else shaped  # a measured per-size table sets the efficiency
+    eff_f = matmul_efficiency_at(cluster, flops) if sized else (shaped[1] if shaped else None)
     fwd = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=eff_f)
     if fwd == 0.0:
         return NodeTime(0.0, 0.0, 0.0)
-    # backward GEMMs run at the table's backward efficiency (same FLOPs per part as forward)
-    bwd_unit = fwd
+    # backward GEMMs run at the table's backward efficiency (same FLOPs per part as forward), or
+    # at the efficiency of their own shape (dX: M×K by N, dW: K×N by M)
+    bwd_in_unit = bwd_w_unit = fwd
     if sized:
         eff_b = matmul_efficiency_at(cluster, flops, backward=True)
-        bwd_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=eff_b)
+        bwd_in_unit = bwd_w_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind,
+                                                   efficiency=eff_b)  # fmt: skip
+    elif shaped is not None:
+        bwd_in_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=shaped[2])
+        bwd_w_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=shaped[3])
     fb, fw = backward_factors(node.kind)
     if node.param_numel - node.frozen_param_numel <= 0:
         fw = 0.0
     floor = cluster.kernel_floor_s
     ov_b = cluster.bwd_op_overhead_s
-    bwd_in = max(fb * bwd_unit, floor) + ov_b if fb > 0 else 0.0
-    bwd_w = max(fw * bwd_unit, floor) + ov_b if fw > 0 else 0.0
+    bwd_in = max(fb * bwd_in_unit, floor) + ov_b if fb > 0 else 0.0
+    bwd_w = max(fw * bwd_w_unit, floor) + ov_b if fw > 0 else 0.0
     return NodeTime(fwd + cluster.op_overhead_s, bwd_in, bwd_w)
+
+
+def shape_efficiencies(
+    node: GraphNode, cluster: ClusterSpec, *, shard: int = 1, batch_scale: float = 1.0, style: str | None = None
+) -> tuple[float, float, float, float] | None:
+    """(work fraction, forward, input-gradient, weight-gradient efficiency) of a linear or
+    attention node by its kernel's shape on ``cluster`` (``cost_models.efficiency``), or None when
+    the shape is unknown or the spec has no SM count (then the flat ``matmul_efficiency``)."""
+    sms = cluster.sm_count
+    if sms <= 0 or not node.out_shape:
+        return None
+    base = cluster.matmul_efficiency
+    a = node.attrs
+    if node.kind == "linear" and a.get("in_features") and a.get("out_features"):
+        numel = math.prod(node.out_shape)
+        tokens = max(1.0, numel / a["out_features"] * batch_scale)
+        m, n, k = linear_gemm_dims(tokens, a["in_features"], a["out_features"], shard, style)
+        f, b, w = linear_factors(m, max(1.0, n), max(1.0, k), sms)
+        return 1.0, base * f, base * b, base * w
+    if node.kind == "attention" and a.get("num_heads") and a.get("seq_len"):
+        frac = causal_work_fraction(int(a["seq_len"]), bool(a.get("is_causal")))
+        batch = (node.out_shape[0] if len(node.out_shape) == 4 else 1) * batch_scale
+        e = base * attention_wave_factor(batch, a["num_heads"] / shard, int(a["seq_len"]), sms)
+        return frac, e, e, e
+    return None
 
 
 def nodes_time(

@@ -1,7 +1,7 @@
 """ClusterSpec: the hardware a plan is made for, with published presets and JSON profiles.
 
-Figures and sources: FORMULAS.md "Hardware" (vendor datasheets): dense BF16 peak, HBM size and
-bandwidth, NVLink bandwidth (the datasheet's bidirectional figure halved to one direction),
+Figures and sources: FORMULAS.md "Hardware" (vendor datasheets): dense BF16 peak, SM count
+(V100 80, A100 108, H100/H200 SXM 132: NVIDIA architecture whitepapers), HBM size and bandwidth, NVLink bandwidth (the datasheet's bidirectional figure halved to one direction),
 InfiniBand per GPU per direction (DGX A100: 8x HDR 200 Gb/s = 25 GB/s; DGX H100: 8x NDR 400 Gb/s
 = 50 GB/s). Efficiencies are the calibratable fraction of peak that real kernels reach.
 
@@ -52,6 +52,9 @@ class ClusterSpec:
     op_overhead_s: float = 0.0
     bwd_op_overhead_s: float = 0.0
     matmul_efficiency_by_flops: list[list[float]] = field(default_factory=list)
+    # streaming multiprocessors per device (datasheet): GEMM tile/wave quantization and the
+    # flash-attention grid (``cost_models.efficiency``); 0 = unknown, no shape factor
+    sm_count: int = 0
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -92,6 +95,8 @@ class ClusterSpec:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 < v <= 1):
                 raise bad(name, f"must be in (0, 1], got {v!r}")
+        if not isinstance(self.sm_count, int) or isinstance(self.sm_count, bool) or self.sm_count < 0:
+            raise bad("sm_count", f"must be a non-negative integer (0 = unknown), got {self.sm_count!r}")
         if self.mem_reserved_bytes >= self.mem_bytes:
             raise bad("mem_reserved_bytes", f"{self.mem_reserved_bytes} leaves no memory of {self.mem_bytes}")
         rows = self.matmul_efficiency_by_flops
@@ -253,6 +258,7 @@ def _make(
     ib_gb_s: float,
     per_node: int,
     source: str,
+    sm_count: int,
     matmul_efficiency: float = 0.75,
 ):
     def build(num_nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
@@ -270,6 +276,7 @@ def _make(
             inter_bw_bytes_per_s=ib_gb_s * GB,
             inter_latency_s=1e-5,
             matmul_efficiency=matmul_efficiency,
+            sm_count=sm_count,
             source=source,
         )
 
@@ -286,6 +293,7 @@ _MATMUL_EFF = {"a100-40g": 0.60, "a100-80g": 0.60, "h100": 0.55, "h200": 0.55, "
 PRESETS = {
     "a100-40g": _make(
         "a100-40g",
+        sm_count=108,
         matmul_efficiency=_MATMUL_EFF["a100-40g"],
         tflops_bf16=312,
         tflops_fp32=19.5,
@@ -298,6 +306,7 @@ PRESETS = {
     ),
     "a100-80g": _make(
         "a100-80g",
+        sm_count=108,
         matmul_efficiency=_MATMUL_EFF["a100-80g"],
         tflops_bf16=312,
         tflops_fp32=19.5,
@@ -310,6 +319,7 @@ PRESETS = {
     ),
     "h100": _make(
         "h100",
+        sm_count=132,
         matmul_efficiency=_MATMUL_EFF["h100"],
         tflops_bf16=989,
         tflops_fp32=67,
@@ -322,6 +332,7 @@ PRESETS = {
     ),
     "h200": _make(
         "h200",
+        sm_count=132,
         matmul_efficiency=_MATMUL_EFF["h200"],
         tflops_bf16=989,
         tflops_fp32=67,
@@ -334,6 +345,7 @@ PRESETS = {
     ),
     "v100": _make(
         "v100",
+        sm_count=80,
         matmul_efficiency=_MATMUL_EFF["v100"],
         tflops_bf16=125,
         tflops_fp32=15.7,

@@ -459,9 +459,9 @@ def profile_machine(
 
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        mem, dev_name = int(props.total_memory), props.name
-    else:
-        mem, dev_name = _host_mem_bytes() // nproc, platform.processor() or platform.machine()
+        mem, dev_name, sms = int(props.total_memory), props.name, int(props.multi_processor_count)
+    else:  # a CPU has no SM grid: no GEMM/attention shape factor (sm_count 0)
+        mem, dev_name, sms = _host_mem_bytes() // nproc, platform.processor() or platform.machine(), 0
     elapsed = time.perf_counter() - t_start
     source = (
         f"measured by `meshplan profile` on {platform.node() or 'localhost'} ({dev_name}) at "
@@ -487,6 +487,7 @@ def profile_machine(
         op_overhead_s=op_f,
         bwd_op_overhead_s=op_b,
         matmul_efficiency_by_flops=eff_table,
+        sm_count=sms,
         source=source,
         extra={
             "measured": True,

@@ -289,7 +289,7 @@ class GraphCoster:
         for n in nodes:
             s = sol.node_shard.get(n.id, 1)
             t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.dtype,
-                          input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip
+                          input_bytes=self._in_bytes.get(n.id, 0), style=sol.styles.get(n.module_fqn or ""))  # fmt: skip
             if quant and n.kind == "linear":
                 t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
                                     batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip
