@@ -4,7 +4,8 @@ Traces MODEL on the meta device (``meshplan.tracing.load.load_graph``: the trace
 from the trace cache when it holds this model, ``--no-cache`` to bypass it), runs
 ``meshplan.planner.api.plan_graph`` with progress lines on stderr, writes the Plan JSON with
 ``-o`` first, then prints the text report (so ``| true`` or a full disk behind stdout cannot
-lose it). Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search.
+lose it). Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search; ``--dtype`` pins the
+training precision or (``auto``) plans in bf16 and fp8 and keeps the faster.
 torch is imported inside ``run`` only.
 """
 
@@ -14,9 +15,14 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 
 from meshplan.commands.argtypes import positive_int
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.precision import TRAINING_DTYPES, check_training_dtype
 from meshplan.engines.spec import CAPS, TARGETS, spec_from_plan, unsupported
+from meshplan.errors import NoFeasiblePlanError
+from meshplan.plan import Plan
 
 HELP = "plan data/tensor/pipeline parallelism for a model on N devices (predicted costs)"
 
@@ -62,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-cache", action="store_true",
         help="trace the model even when its graph is in the trace cache (~/.cache/meshplan/graphs)",
     )  # fmt: skip
+    parser.add_argument("--dtype", default="bf16", choices=(*TRAINING_DTYPES, "auto"),
+                        help="training precision (default bf16); fp8 = torchao float8 training, costed on GPUs with "
+                             "FP8 tensor cores (h100/h200) and run by torchtitan (--target torchtitan); auto: the "
+                             "fastest that fits among bf16 and fp8 where the cluster and the target run them")  # fmt: skip
     parser.add_argument("--target", default="meshplan", choices=TARGETS,
                         help="plan only what this engine runs (its schedules and DP kinds); export with "
                              "`meshplan export --to ENGINE` (default meshplan: everything meshplan's runtime runs)")
@@ -96,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--dp-kind {fixed['dp_kind']} is not one {args.target} runs ({', '.join(kinds)})")
 
     # bad input fails before the (slow) trace
-    _check(args.world_size, args.cluster, args.global_batch, fixed, None, None)
+    spec = _check(args.world_size, args.cluster, args.global_batch, fixed, None, None)[1]
+    dtypes = dtype_candidates(args.dtype, spec, args.target)
     V.check_fixed(fixed, args.world_size)
     if args.lora_rank is not None and args.quantization != "qlora":
         raise ValueError("--lora-rank applies to --quantization qlora only")
@@ -106,8 +117,15 @@ def run(args: argparse.Namespace) -> int:
     graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress)
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
     schedules = CAPS[args.target].schedules if args.target in CAPS else None
-    plan = plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch, fixed=fixed,
-                      progress=progress, quantization=quant, schedules=schedules)  # fmt: skip
+
+    def plan_in(dtype: str) -> Plan:
+        return plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch,
+                          fixed=fixed, progress=progress, quantization=quant, schedules=schedules, dtype=dtype)  # fmt: skip
+
+    plan = choose_dtype(plan_in, dtypes, progress) if len(dtypes) > 1 else plan_in(dtypes[0])
+    if plan.dtype == "fp8" and args.target == "meshplan":
+        plan = dataclasses.replace(plan, notes=(*plan.notes, "dtype fp8 (torchao float8 training) is costed but not "
+                                                "executed by `meshplan run`: export it with `meshplan export --to torchtitan`"))  # fmt: skip
     if args.target in CAPS:
         left = unsupported(spec_from_plan(plan), args.target)
         plan = dataclasses.replace(plan, notes=(*plan.notes, f"planned for {args.target}: schedules "
@@ -144,3 +162,35 @@ def _silence_stdout() -> None:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
     except OSError:
         pass
+
+
+#: the precisions `meshplan run` executes (fp8 is refused by runtime/precision.py)
+RUNTIME_DTYPES = ("bf16", "fp16", "fp32")
+
+
+def dtype_candidates(dtype: str, spec: ClusterSpec, target: str) -> tuple[str, ...]:
+    """The training dtypes to plan in: ``dtype`` when pinned (checked against the cluster), or for
+    "auto" bf16 and fp8 where the cluster has FP8 tensor cores and ``target`` runs float8."""
+    if dtype != "auto":
+        check_training_dtype(dtype, spec)
+        return (dtype,)
+    runs = CAPS[target].dtypes if target in CAPS else RUNTIME_DTYPES
+    return tuple(d for d in ("bf16", "fp8") if d in runs and (d != "fp8" or "fp8" in spec.peak_flops))
+
+
+def choose_dtype(plan_in: Callable[[str], Plan], dtypes: tuple[str, ...], progress: Callable[[str], None]) -> Plan:
+    """The fastest plan over ``dtypes`` (``--dtype auto``), with a note naming what the others gave."""
+    plans = {}
+    for d in dtypes:
+        progress(f"planning in {d}")
+        try:
+            plans[d] = plan_in(d)
+        except NoFeasiblePlanError:
+            continue
+    if not plans:
+        raise NoFeasiblePlanError(f"no plan fits in any of {', '.join(dtypes)}")
+    best = min(plans.values(), key=lambda p: p.predicted.step_s)
+    others = "; ".join(f"{d}: {p.predicted.step_s:.4g} s" for d, p in plans.items() if p is not best)
+    note = f"dtype {best.dtype} chosen (--dtype auto): {best.predicted.step_s:.4g} s per step" + (
+        f" vs {others}" if others else "")
+    return dataclasses.replace(best, notes=(*best.notes, note))

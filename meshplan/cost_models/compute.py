@@ -34,6 +34,7 @@ from meshplan.cost_models.efficiency import (
     linear_gemm_dims,
 )
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.precision import activation_dtype, fp8_cast_bytes, fp8_eligible
 from meshplan.graph import NODE_KINDS, GraphNode
 
 #: Kinds that run as GEMMs on the tensor cores.
@@ -217,6 +218,7 @@ def node_time(
     dtype: str = "bf16",
     input_bytes: int | None = None,
     style: str | None = None,
+    is_head: bool = False,
 ) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of ``node`` on one device.
 
@@ -243,7 +245,10 @@ def node_time(
     kernel's shape sets the efficiency (``cost_models.efficiency``): a linear layer's forward,
     input-gradient and weight-gradient GEMMs each run at ``matmul_efficiency × gemm_shape_factor``
     of their own (M, N, K) (``style`` "rowwise" says TP splits K, else N), and a flash attention
-    does ``causal_work_fraction`` of the counted FLOPs at ``attention_wave_factor``. Unit: seconds.
+    does ``causal_work_fraction`` of the counted FLOPs at ``attention_wave_factor``. With
+    ``dtype="fp8"`` (torchao float8 training, ``cost_models.precision``) a convertible linear
+    (16-aligned, not ``is_head``) runs its three GEMMs at ``peak("fp8")`` plus the memory-bound
+    scaling/cast bytes of ``fp8_cast_bytes``; everything else, and every tensor's bytes, is bf16. Unit: seconds.
     Sources: roofline (Williams et al. 2009); B/W split (Qi et al. 2023, zero-bubble); NVIDIA
     Matrix Multiplication Background guide (tile/wave quantization); FlashAttention-2 (Dao 2023).
     """
@@ -257,6 +262,7 @@ def node_time(
     if node.kind in FREE_KINDS:
         return NodeTime(0.0, 0.0, 0.0)
     dtype_bytes(dtype)  # validates the name
+    train_dtype, dtype = dtype, activation_dtype(dtype)  # fp8 training: bf16 tensors, fp8 GEMMs
     r = elem_scale(node.out_dtype, dtype)
     in_b = estimate_input_bytes(node) if input_bytes is None else input_bytes
     w_shard = shard if node.kind in SHARDED_WEIGHT_KINDS else 1
@@ -270,6 +276,16 @@ def node_time(
         flops *= shaped[0]  # the kernel's work (a causal flash attention skips masked blocks)
         shaped = None if sized else shaped  # a measured per-size table sets the efficiency
     eff_f = matmul_efficiency_at(cluster, flops) if sized else (shaped[1] if shaped else None)
+    a = node.attrs
+    fp8 = (train_dtype == "fp8" and node.kind == "linear"
+           and fp8_eligible(a.get("in_features"), a.get("out_features"), is_head=is_head))  # fmt: skip
+    cast = (0.0, 0.0, 0.0)
+    if fp8:
+        dtype = "fp8"  # the GEMMs' peak
+        tokens = max(1.0, math.prod(node.out_shape or (1,)) / a["out_features"] * batch_scale)
+        mem_bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
+        dims = linear_gemm_dims(tokens, a["in_features"], a["out_features"], shard, style)
+        cast = tuple(b / mem_bw for b in fp8_cast_bytes(*dims))  # type: ignore[assignment]
     fwd = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=eff_f)
     if fwd == 0.0:
         return NodeTime(0.0, 0.0, 0.0)
@@ -288,9 +304,9 @@ def node_time(
         fw = 0.0
     floor = cluster.kernel_floor_s
     ov_b = cluster.bwd_op_overhead_s
-    bwd_in = max(fb * bwd_in_unit, floor) + ov_b if fb > 0 else 0.0
-    bwd_w = max(fw * bwd_w_unit, floor) + ov_b if fw > 0 else 0.0
-    return NodeTime(fwd + cluster.op_overhead_s, bwd_in, bwd_w)
+    bwd_in = max(fb * bwd_in_unit, floor) + ov_b + cast[1] if fb > 0 else 0.0
+    bwd_w = max(fw * bwd_w_unit, floor) + ov_b + cast[2] if fw > 0 else 0.0
+    return NodeTime(fwd + cluster.op_overhead_s + cast[0], bwd_in, bwd_w)
 
 
 def shape_efficiencies(

@@ -260,6 +260,7 @@ def _make(
     source: str,
     sm_count: int,
     matmul_efficiency: float = 0.75,
+    tflops_fp8: float | None = None,
 ):
     def build(num_nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
         dpn = devices_per_node or per_node
@@ -267,7 +268,8 @@ def _make(
             name=name,
             num_devices=num_nodes * dpn,
             devices_per_node=dpn,
-            peak_flops={"bf16": tflops_bf16 * 1e12, "fp16": tflops_bf16 * 1e12, "fp32": tflops_fp32 * 1e12},
+            peak_flops={"bf16": tflops_bf16 * 1e12, "fp16": tflops_bf16 * 1e12, "fp32": tflops_fp32 * 1e12,
+                        **({"fp8": tflops_fp8 * 1e12} if tflops_fp8 else {})},
             mem_bytes=int(mem_gb * GB),
             mem_reserved_bytes=default_reserved_bytes(int(mem_gb * GB)),
             mem_bw_bytes_per_s=hbm_tb_s * 1e12,
@@ -320,6 +322,7 @@ PRESETS = {
     "h100": _make(
         "h100",
         sm_count=132,
+        tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)
         matmul_efficiency=_MATMUL_EFF["h100"],
         tflops_bf16=989,
         tflops_fp32=67,
@@ -333,6 +336,7 @@ PRESETS = {
     "h200": _make(
         "h200",
         sm_count=132,
+        tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)
         matmul_efficiency=_MATMUL_EFF["h200"],
         tflops_bf16=989,
         tflops_fp32=67,

@@ -9,6 +9,7 @@ quantization for the report. No torch import.
 from __future__ import annotations
 
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.precision import activation_dtype
 from meshplan.graph import ModelGraph
 from meshplan.plan import (
     Alternative,
@@ -77,7 +78,7 @@ def build_plan(
         dp_comm_s=ev.dp_comm_s, bubble_s=ev.bubble_s, optimizer_s=ev.optimizer_s, recompute_s=ev.recompute_s,
         bubble_fraction=ev.bubble_fraction, peak_mem_bytes=ev.peak_mem_bytes, mem_breakdown=dict(ev.mem_breakdown),
         comm_bytes=dict(ev.comm_bytes), tokens_per_s=tokens_per_s, tflops_per_device=flops_per_s / 1e12,
-        mfu=flops_per_s / cluster.peak(dtype), pipeline_s=ev.pipeline_s, ep_comm_s=ev.ep_comm_s,
+        mfu=flops_per_s / cluster.peak(activation_dtype(dtype)), pipeline_s=ev.pipeline_s, ep_comm_s=ev.ep_comm_s,
         cp_comm_s=ev.cp_comm_s,
         quant_effect=qe,
     )  # fmt: skip

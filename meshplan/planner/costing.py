@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import loss_buffer_bytes, node_activation_bytes, recompute_transient_bytes
+from meshplan.cost_models.precision import activation_dtype
 from meshplan.cost_models.quant import node_quant_cost, quant_node_time, quant_state_bytes
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.plan import Quantization
@@ -156,7 +157,12 @@ class GraphCoster:
         self.quant = quantization or Quantization()
         self.optimizer = optimizer
         self.cluster = cluster
-        self.dtype = dtype
+        # tensors (activations, logits, TP traffic) in the activation dtype; the GEMMs of fp8
+        # training on the FP8 tensor cores (cost_models.precision)
+        self.train_dtype = dtype
+        self.dtype = activation_dtype(dtype)
+        vocab = int(graph.meta.get("vocab") or 0)
+        self._heads = {n.id for n in graph.nodes if n.kind == "linear" and vocab and n.attrs.get("out_features") == vocab}
         self.time_limit_s = time_limit_s
         self.ranges = layer_ranges(graph)
         self._tp: dict[tuple[int, bool, int], GraphTPSolution] = {}
@@ -288,8 +294,9 @@ class GraphCoster:
         last_linear = (0, 0.0)
         for n in nodes:
             s = sol.node_shard.get(n.id, 1)
-            t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.dtype,
-                          input_bytes=self._in_bytes.get(n.id, 0), style=sol.styles.get(n.module_fqn or ""))  # fmt: skip
+            t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.train_dtype,
+                          input_bytes=self._in_bytes.get(n.id, 0), style=sol.styles.get(n.module_fqn or ""),
+                          is_head=n.id in self._heads)  # fmt: skip
             if quant and n.kind == "linear":
                 t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
                                     batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip

@@ -28,6 +28,7 @@ from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES, overlapped_sync_exposed_s, uniform_bucket_bytes
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
+from meshplan.cost_models.precision import check_training_dtype, fp8_weight_copy_bytes
 from meshplan.graph import ModelGraph
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.epcp_cost import EPCPTerms, epcp_rule, epcp_terms
@@ -95,6 +96,8 @@ class ConfigEvaluator:
         self._rescues = 0
         self._sp_choice: dict[int, bool] = {}
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
+        check_training_dtype(dtype, cluster)
+        self._largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
 
     def _auto(self, c: Config) -> bool:
         return c.dp_kind == "ddp" and "dp_kind" not in self.fixed
@@ -391,7 +394,8 @@ class ConfigEvaluator:
             st_params = [p - ec.expert_params_saved / n_st for p in st_params]
         r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
         r_act = [r_act[r] + self._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
-        r_mem = [int(r_state[r] + r_act[r] + self.fsdp_buffer(c, r_params[r])) for r in ranks]
+        fp8_copy = fp8_weight_copy_bytes(self._largest_linear / c.tp) if self.dtype == "fp8" else 0.0
+        r_mem = [int(r_state[r] + r_act[r] + self.fsdp_buffer(c, r_params[r]) + fp8_copy) for r in ranks]
         worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
         # gradients synced: every parameter in the training dtype, or (quantized) only the trainable ones
         # gradients are reduced in fp32 (cost_models.grad_sync.GRAD_REDUCE_BYTES), parameters

@@ -1,0 +1,99 @@
+"""Precision as a cost option: fp8 (torchao float8 training) GEMMs, scaling overhead, memory,
+refusal on GPUs without FP8 tensor cores, and ``meshplan plan --dtype`` pinned or auto."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from planner_fixtures import gpt_graph
+
+from meshplan.commands.plan import choose_dtype, dtype_candidates
+from meshplan.cost_models.compute import node_time, roofline_time_s
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.precision import (
+    check_training_dtype,
+    fp8_cast_bytes,
+    fp8_eligible,
+    fp8_weight_copy_bytes,
+)
+from meshplan.graph import GraphNode
+from meshplan.planner.api import estimate_graph
+
+H100 = ClusterSpec.preset("h100")
+A100 = ClusterSpec.preset("a100-80g")
+FLAT = dataclasses.replace(H100, sm_count=0)  # no shape factor: hand arithmetic below
+
+
+def _linear(tokens: int, fin: int, fout: int) -> GraphNode:
+    return GraphNode(
+        id=1, name="fc", op="call_module", kind="linear", target="Linear", module_fqn="fc", inputs=(0,),
+        out_shape=(tokens, fout), out_dtype="bfloat16", out_bytes=tokens * fout * 2, param_numel=fin * fout,
+        param_bytes=fin * fout * 2, fwd_flops=2 * tokens * fin * fout, attrs={"in_features": fin, "out_features": fout},
+    )  # fmt: skip
+
+
+def test_fp8_only_where_the_gpu_has_fp8_tensor_cores() -> None:
+    assert H100.peak("fp8") == pytest.approx(1979e12) and ClusterSpec.preset("h200").peak("fp8") == 1979e12
+    check_training_dtype("fp8", H100)
+    check_training_dtype("bf16", A100)
+    with pytest.raises(ValueError, match="FP8 tensor cores.*a100-80g.*--dtype bf16"):
+        check_training_dtype("fp8", A100)
+    with pytest.raises(ValueError, match="dtype 'int8' unknown"):
+        check_training_dtype("int8", H100)
+    with pytest.raises(ValueError, match="FP8 tensor cores"):
+        estimate_graph(gpt_graph(layers=2), 8, tp=1, pp=1, dp=8, cluster="a100-80g", dtype="fp8")
+
+
+def test_which_linears_torchao_converts() -> None:
+    assert fp8_eligible(4096, 11008)
+    assert not fp8_eligible(4096, 50257)  # not 16-aligned
+    assert not fp8_eligible(4096, 32000, is_head=True)  # the LM head stays bf16 (torchtitan default)
+
+
+def test_fp8_linear_runs_at_the_fp8_peak_plus_its_casts() -> None:
+    n = _linear(8192, 4096, 4096)
+    t8, t16 = node_time(n, FLAT, dtype="fp8"), node_time(n, FLAT, dtype="bf16")
+    moved = 2 * 8192 * 4096 * 2 + 4096 * 4096 * 2  # bf16 input + output + weight: tensors stay bf16
+    bw = FLAT.mem_bw_bytes_per_s * FLAT.mem_efficiency
+    cf, cb, cw = (b / bw for b in fp8_cast_bytes(8192, 4096, 4096))
+    gemm = roofline_time_s(n.fwd_flops, moved, FLAT, dtype="fp8")
+    assert t8.fwd_s == pytest.approx(gemm + cf)
+    assert t8.bwd_input_s == pytest.approx(gemm + cb) and t8.bwd_weight_s == pytest.approx(gemm + cw)
+    assert 1.3 < t16.total_s / t8.total_s < 2.0  # 2x the tensor-core rate, minus the casts
+    assert fp8_cast_bytes(10, 20, 30) == (5 * (10 * 30 + 30 * 20), 5 * 10 * 20 + 3 * 30 * 20, 3 * 10 * 30 + 3 * 10 * 20)
+    # the head, attention and memory-bound ops are bf16 in fp8 training
+    assert node_time(n, FLAT, dtype="fp8", is_head=True) == t16
+    norm = dataclasses.replace(n, kind="norm", target="LayerNorm", param_numel=0, param_bytes=0, attrs={})
+    assert node_time(norm, FLAT, dtype="fp8") == node_time(norm, FLAT, dtype="bf16")
+
+
+def test_planner_costs_fp8_faster_with_its_weight_copies() -> None:
+    g = gpt_graph(layers=4, h=2048, heads=16, seq=2048, vocab=32768)
+    kw = dict(tp=1, pp=1, dp=8, cluster="h100", global_batch_size=16, micro_batch_size=2)
+    p16, p8 = estimate_graph(g, 8, **kw, dtype="bf16"), estimate_graph(g, 8, **kw, dtype="fp8")
+    assert p8.dtype == "fp8"
+    assert 1.05 < p16.predicted.compute_s / p8.predicted.compute_s < 2.0
+    largest = max(n.param_numel for n in g.nodes if n.kind == "linear")
+    assert max(p8.predicted.peak_mem_bytes) - max(p16.predicted.peak_mem_bytes) == pytest.approx(
+        fp8_weight_copy_bytes(largest), abs=8)
+    # MFU against the bf16 peak (as torchtitan reports float8 runs): faster steps, higher MFU
+    assert p8.predicted.mfu > p16.predicted.mfu
+
+
+def test_dtype_pinned_or_auto_by_cluster_and_target() -> None:
+    assert dtype_candidates("fp16", H100, "meshplan") == ("fp16",)
+    assert dtype_candidates("auto", H100, "meshplan") == ("bf16",)  # meshplan's runtime refuses fp8
+    assert dtype_candidates("auto", H100, "torchtitan") == ("bf16", "fp8")
+    assert dtype_candidates("auto", A100, "torchtitan") == ("bf16",)
+    with pytest.raises(ValueError, match="FP8 tensor cores"):
+        dtype_candidates("fp8", A100, "torchtitan")
+
+    g = gpt_graph(layers=2, h=2048, heads=16, seq=2048, vocab=32768)
+
+    def plan_in(d: str):  # noqa: ANN202
+        return estimate_graph(g, 8, tp=1, pp=1, dp=8, cluster="h100", global_batch_size=16, dtype=d)
+
+    best = choose_dtype(plan_in, ("bf16", "fp8"), lambda _m: None)
+    assert best.dtype == "fp8"
+    assert best.notes[-1].startswith("dtype fp8 chosen (--dtype auto): ") and " vs bf16: " in best.notes[-1]
