@@ -16,8 +16,10 @@ forked after the parent solved gets a fresh HiGHS thread pool instead of hanging
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import sys
 import time
 import warnings
 from collections import Counter
@@ -105,11 +107,40 @@ def _fork_guard() -> None:
         os.register_at_fork(after_in_child=lambda: reset(False))
 
 
+@functools.cache
+def _quiet_banner() -> None:
+    """Build the process's first ``highspy.Highs`` with file descriptor 1 on the null device.
+
+    highspy 1.16 prints its banner ("Running HiGHS ... Copyright ...") from C++ to the process's
+    standard output when the first ``Highs`` object is made, before pulp can set
+    ``output_flag=False`` on it, so it landed inside the plan ``meshplan plan`` writes to stdout.
+    Later objects print nothing, and pulp's ``msg=False`` silences the solves themselves.
+    """
+    try:
+        import highspy
+    except ImportError:
+        return
+    sys.stdout.flush()
+    saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        highspy.Highs()
+        try:  # C stdio may hold the banner in its buffer: flush it while fd 1 is the null device
+            ctypes.CDLL(None).fflush(None)
+        except (OSError, AttributeError, TypeError):
+            pass
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
 def _make_solver(
     name: str, time_limit_s: float, gap_rel: float | None = None, warm_start: bool = False
 ) -> pulp.LpSolver:
     if name == "highs":
         _fork_guard()
+        _quiet_banner()
         cls = _WarmHiGHS if warm_start else pulp.HiGHS
         return cls(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
     if name == "cbc":

@@ -55,3 +55,24 @@ def test_report_writes_html_and_png(tmp_path, capsys):
     assert "predicted schedule" in cap.out  # pp·m is small: the text timeline is in the report
     assert main(["report", str(out), "--png", str(png), "--png-width", "5"]) == 1
     assert "--png-width" in capsys.readouterr().err
+
+
+def test_plan_stdout_is_the_report_alone_and_quiet_silences_stderr(tmp_path):
+    """A fresh process (the HiGHS banner is printed by the first Highs object a process makes):
+    stdout starts with the report, no solver banner; -q leaves stderr empty."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "MESHPLAN_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "meshplan.cli", "plan", "gpt-tiny", "-n", "8", "--cluster", "h100"]
+    loud = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert loud.returncode == 0, loud.stderr
+    assert loud.stdout.startswith("meshplan plan for gpt-tiny"), loud.stdout[:300]
+    assert "HiGHS" not in loud.stdout and "HiGHS" not in loud.stderr
+    assert "configurations; bounding" in loud.stderr and "configurations; bounding" not in loud.stdout
+    quiet = subprocess.run([*cmd, "-q"], capture_output=True, text=True, env=env, timeout=300)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert quiet.stdout.splitlines()[0] == loud.stdout.splitlines()[0]  # the same plan (timings differ)

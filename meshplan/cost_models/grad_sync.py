@@ -56,14 +56,27 @@ def uniform_bucket_bytes(total_bytes: float, cap_bytes: int = DEFAULT_BUCKET_CAP
 def overlapped_sync_exposed_s(
     bucket_bytes: Sequence[float], backward_s: float, allreduce_s: Callable[[float], float]
 ) -> float:
-    """Seconds of bucketed all-reduce left after the last microbatch's backward (formula above)."""
+    """Seconds of bucketed all-reduce left after the last microbatch's backward (formula above).
+
+    The recurrence is summed per run of equal consecutive buckets (a 175B stage has thousands of
+    25 MiB buckets and one remainder): over q = 1..k equal buckets of t seconds each,
+    ``finish_k = max(finish_0 + k·t, ready_1 + k·t, ready_k + t)`` (``ready_q + (k - q + 1)·t`` is
+    linear in q, so its maximum is at an end), one ``allreduce_s`` call per run.
+    """
     total = float(sum(bucket_bytes))
     if total <= 0:
         return 0.0
     done = 0.0
     finish = 0.0
-    for b in bucket_bytes:
-        done += b
-        ready = backward_s * done / total
-        finish = max(finish, ready) + allreduce_s(b)
+    i, n = 0, len(bucket_bytes)
+    while i < n:
+        b = bucket_bytes[i]
+        j = i + 1
+        while j < n and bucket_bytes[j] == b:
+            j += 1
+        k, t = j - i, allreduce_s(b)
+        first = backward_s * (done + b) / total
+        done += k * b
+        finish = max(finish + k * t, first + k * t, backward_s * done / total + t)
+        i = j
     return max(0.0, finish - backward_s)

@@ -9,7 +9,9 @@ No torch import.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections import deque
 from collections.abc import Callable
 
 from meshplan.partition.stage_problem import SplitProblem, evaluate_split, split_fits, stage_mem
@@ -47,32 +49,89 @@ def _backtrack(arg: list[list[int]], n: int, L: int) -> list[int]:
 
 
 def _dp_min_p2p(pr: SplitProblem, cap_s: float) -> list[int] | None:
-    """Cheapest-p2p contiguous split with every stage time <= cap_s and memory <= limit (v = 1)."""
+    """Cheapest-p2p contiguous split with every stage time <= cap_s and memory <= limit.
+
+    The same dynamic program as ``best[k][hi] = cut(hi) + min_lo best[k-1][lo]`` over the
+    admissible ``lo`` (stage ``[lo, hi)`` within the time cap and the memory limit), in
+    O(n · L) rather than O(n · L²): with non-negative layer times and bytes, the admissible ``lo``
+    of an ``hi`` form one window ``[a(hi), hi)`` whose left end never moves back as ``hi`` grows,
+    so a monotone deque gives each window's minimum (its earliest minimum, as the quadratic
+    loop's first strict improvement did). Floating-point differences of prefix sums are monotone
+    in ``lo``, so the windows are exactly the quadratic loop's admissible sets.
+    """
     L, n = len(pr.layers), pr.n
-    pre = pr.pre_t
+    pre, ps, pa = pr.pre_t, pr.pre_state, pr.pre_act
+    tcap = cap_s * (1 + 1e-12)
+    limit, reserved = pr.limit_bytes, pr.reserved_bytes
     inf = math.inf
-    best = [[inf] * (L + 1) for _ in range(n + 1)]
-    arg = [[0] * (L + 1) for _ in range(n + 1)]
-    best[0][0] = 0.0
+    prev = [inf] * (L + 1)
+    prev[0] = 0.0
+    args: list[list[int]] = [[]]
     for k in range(1, n + 1):
+        cur = [inf] * (L + 1)
+        arg = [0] * (L + 1)
+        infl = pr.inflight[k - 1]
+        crosses = k < n and pr.crosses(k - 1)
+        window: deque[int] = deque()  # lo with finite prev, prev non-decreasing front to back
+        nxt = a = k - 1
         for hi in range(k, L - (n - k) + 1):
-            cut = pr.cut_s[hi - 1] if k < n and pr.crosses(k - 1) else 0.0
-            for lo in range(k - 1, hi):
-                if best[k - 1][lo] == inf or pre[hi] - pre[lo] > cap_s * (1 + 1e-12):
-                    continue
-                if stage_mem(pr, k - 1, lo, hi) + pr.reserved_bytes > pr.limit_bytes:
-                    continue
-                val = best[k - 1][lo] + cut
-                if val < best[k][hi]:
-                    best[k][hi], arg[k][hi] = val, lo
-    if best[n][L] == inf:
+            while nxt < hi:  # every lo < hi enters the window once
+                v = prev[nxt]
+                if v < inf:
+                    while window and prev[window[-1]] > v:
+                        window.pop()
+                    window.append(nxt)
+                nxt += 1
+            while a < hi and (
+                pre[hi] - pre[a] > tcap or ps[hi] - ps[a] + infl * (pa[hi] - pa[a]) + reserved > limit
+            ):
+                a += 1
+            while window and window[0] < a:
+                window.popleft()
+            if window:
+                lo = window[0]
+                cur[hi] = prev[lo] + (pr.cut_s[hi - 1] if crosses else 0.0)
+                arg[hi] = lo
+        prev = cur
+        args.append(arg)
+    if prev[L] == inf:
         return None
-    return _backtrack(arg, n, L)
+    return _backtrack(args, n, L)
+
+
+def _segment_sums(pr: SplitProblem) -> list[float]:
+    """Every distinct stage time a contiguous split can have, ascending (the candidate bottlenecks)."""
+    pre, L = pr.pre_t, len(pr.layers)
+    return sorted({pre[hi] - pre[lo] for lo in range(L) for hi in range(lo + 1, L + 1)})
+
+
+def _min_max(pr: SplitProblem, seg: list[float]) -> tuple[float, list[int]] | None:
+    """(least bottleneck stage time, the cheapest-p2p split reaching it): bisection over the
+    candidate bottlenecks ``seg``, feasibility by ``_dp_min_p2p`` (monotone in the cap)."""
+    if not seg or _dp_min_p2p(pr, seg[-1]) is None:
+        return None
+    # no bottleneck is below the mean stage time or the largest layer (less a rounding margin)
+    floor = max(pr.pre_t[-1] / pr.n, max(x.time_s for x in pr.layers)) * (1 - 1e-9)
+    lo, hi = bisect.bisect_left(seg, floor), len(seg) - 1  # seg[hi] is feasible
+    lo = min(lo, hi)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _dp_min_p2p(pr, seg[mid]) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    bounds = _dp_min_p2p(pr, seg[hi])
+    assert bounds is not None
+    return seg[hi], bounds
 
 
 def dp_split(pr: SplitProblem, max_candidates: int = 64) -> tuple[list[int], str] | None:
-    pre = pr.pre_t
-    found = dp_min_max(pr, lambda s, lo, hi: pre[hi] - pre[lo])
+    """Exact split for v = 1 (module docstring): the least bottleneck T*, then, for each larger
+    candidate bottleneck T that could still pay through cheaper cuts, the cheapest-p2p split
+    under T. A candidate is skipped once ``coef · T + 2 · (cheapest p2p of any split)`` cannot
+    beat the best objective found. For v > 1 the min-max split (per-stage memory)."""
+    seg = _segment_sums(pr)
+    found = _min_max(pr, seg)
     if found is None:
         return None
     t_star, bounds = found
@@ -81,17 +140,24 @@ def dp_split(pr: SplitProblem, max_candidates: int = 64) -> tuple[list[int], str
             return None
         return bounds, "heuristic"
     best_obj = evaluate_split(pr, bounds)[0]
-    # a larger bottleneck T can only pay off through cheaper cuts: try each T up to the saving
-    max_saving = 2 * sum(sorted(pr.cut_s[:-1], reverse=True)[: pr.n - 1])
-    seg = sorted(
-        {pre[hi] - pre[lo] for lo in range(len(pr.layers)) for hi in range(lo + 1, len(pr.layers) + 1)}
-    )
+    loosest = _dp_min_p2p(pr, seg[-1])  # cheapest cuts with no bottleneck cap: a floor on 2 · p2p
+    assert loosest is not None
+    loose_obj, loose_t, _ = evaluate_split(pr, loosest)
+    p2p_floor = loose_obj - pr.coef_t * max(loose_t) - pr.constant_s
+    if loose_obj < best_obj - 1e-15:
+        bounds, best_obj = loosest, loose_obj
     if pr.coef_t > 0:
-        cands = [t for t in seg if t_star - 1e-12 <= t <= t_star + max_saving / pr.coef_t + 1e-12]
+        top = t_star + max(0.0, best_obj - pr.constant_s - p2p_floor - pr.coef_t * t_star) / pr.coef_t
+        cands = [t for t in seg if t_star < t <= top + 1e-12]
     else:  # one microbatch with gpipe/1f1b: the bottleneck has no weight, only the cuts count
-        cands = [t_star, seg[-1]]
-    status = "exact" if len(cands) <= max_candidates else "heuristic"
-    for cap in cands[:max_candidates]:
+        cands = []
+    status = "exact"
+    for i, cap in enumerate(cands):
+        if pr.coef_t * cap + p2p_floor + pr.constant_s >= best_obj - 1e-15:
+            break  # every later candidate's objective is at least this
+        if i == max_candidates:
+            status = "heuristic"
+            break
         b = _dp_min_p2p(pr, cap)
         if b is not None and evaluate_split(pr, b)[0] < best_obj - 1e-15:
             bounds, best_obj = b, evaluate_split(pr, b)[0]

@@ -240,7 +240,8 @@ class ConfigEvaluator:
         return self._split_cache[key]
 
     def _prefix(self, t: CostTable) -> dict[str, list[float]]:
-        """Prefix sums of the per-layer columns of ``t`` (stage sums in O(1))."""
+        """Prefix sums of the per-layer columns of ``t`` (stage sums in O(1)), and under "largest" the
+        largest layer's parameter count."""
         key = id(t)
         if key not in self._prefix_cache:
             cols: dict[str, list[float]] = {k: [0.0] for k in ("f", "b", "w", "rec", "tp", "params", "act")}
@@ -250,6 +251,7 @@ class ConfigEvaluator:
                              ("act", x.act_bytes), ("sp", x.state_param_bytes), ("sg", x.state_grad_bytes),
                              ("so", x.state_opt_bytes), ("train", x.trainable_params)):  # fmt: skip
                     cols.setdefault(k, [0.0]).append(cols[k][-1] + v)
+            cols["largest"] = [max((x.param_count for x in t.layers), default=0.0)]
             self._prefix_cache[key] = cols
         return self._prefix_cache[key]
 
@@ -293,7 +295,7 @@ class ConfigEvaluator:
         two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
         return unsharded_buffer_bytes(
             c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self._elem_bytes, pp=c.pp,
-            largest_layer_params=max(x.param_count for x in self._table(c).layers),
+            largest_layer_params=self._prefix(self._table(c))["largest"][0],
         )  # fmt: skip
 
     def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
