@@ -83,3 +83,26 @@ def test_zero_paper_figure_1() -> None:
     for kind, published_gb in (("ddp", 120), ("zero1", 31.4), ("zero2", 16.6), ("fsdp", 1.9)):
         got = dp_state_bytes(psi, kind, 64).total / 1e9
         assert got == pytest.approx(published_gb, rel=0.02), kind
+
+
+def test_fsdp_exposed_per_unit_prefetch() -> None:
+    from meshplan.cost_models.dp_kinds import DPComm
+    from meshplan.planner.evaluate import exposed_dp_s
+
+    ag, rs, L, m = 0.4, 0.6, 9, 3
+    d = DPComm(per_microbatch_s=2 * ag + rs, mb_forward_s=ag, units=L)
+    assert dp_comm("fsdp", 2 * N, 2 * N, 8, H100, units=L).units == L
+    # compute hides everything but the first unit's gathers and the last reduce-scatter
+    hidden = exposed_dp_s(d, backward_s=10.0, forward_s=5.0, microbatch_s=15.0, num_microbatches=m)
+    assert hidden == pytest.approx(m * (2 * ag + rs) / L)
+    # a short forward exposes the forward gathers beyond it, unit by unit; backward likewise
+    f, b = 0.1, 0.5
+    got = exposed_dp_s(d, backward_s=b, forward_s=f, microbatch_s=f + b, num_microbatches=m)
+    want = m * (ag / L + (L - 1) / L * (ag - f) + ag / L + (L - 1) / L * (ag + rs - b) + rs / L)
+    assert got == pytest.approx(want)
+    # forward's idle time does not hide backward's excess (the old aggregate did)
+    assert got > m * max(0.0, 2 * ag + rs - (f + b))
+    # one unit (no split known): the aggregate formula
+    one = DPComm(per_microbatch_s=1.0)
+    assert exposed_dp_s(one, backward_s=0.5, forward_s=0.2, microbatch_s=0.7, num_microbatches=2) == pytest.approx(
+        2 * 0.3 + 0.1)

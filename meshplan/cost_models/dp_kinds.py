@@ -97,13 +97,18 @@ class DPComm:
     ``sync_s``: gradient reduction once per step (overlaps the last microbatch's backward);
     ``gather_s``: parameter all-gather once per step (overlaps the next step's first forward);
     ``per_microbatch_s``: collectives repeated every microbatch (overlap that microbatch's
-    compute, prefetched one layer ahead); ``bytes``: per step, by collective kind.
+    compute, prefetched one layer ahead); ``bytes``: per step, by collective kind. For FSDP at
+    pp = 1 also its split: ``mb_forward_s`` (the forward all-gathers; the rest, backward
+    all-gathers and reduce-scatters, is ``per_microbatch_s − mb_forward_s``) over ``units`` FSDP
+    units (one per repeated block + the root), each gathered one unit ahead of its compute.
     """
 
     sync_s: float = 0.0
     gather_s: float = 0.0
     per_microbatch_s: float = 0.0
     bytes: dict[str, int] = field(default_factory=dict)
+    mb_forward_s: float = 0.0
+    units: int = 1
 
 
 def dp_comm(
@@ -116,6 +121,7 @@ def dp_comm(
     stride: int = 1,
     pp: int = 1,
     num_microbatches: int = 1,
+    units: int = 1,
 ) -> DPComm:
     """The collectives of ``kind`` (module docstring) for a rank holding ``grad_bytes`` of
     gradients and ``param_bytes`` of parameters (unsharded sizes), its DP group of ``dp`` ranks
@@ -149,14 +155,15 @@ def dp_comm(
     if pp > 1:
         res = DPComm(sync_s=rs, gather_s=ag, bytes={"all_gather": int(param_bytes), "reduce_scatter": int(grad_bytes)})
     else:
-        res = DPComm(per_microbatch_s=2 * ag + rs,
+        res = DPComm(per_microbatch_s=2 * ag + rs, mb_forward_s=ag, units=max(1, units),
                      bytes={"all_gather": int(2 * param_bytes * m), "reduce_scatter": int(grad_bytes * m)})  # fmt: skip
     if kind == "hsdp" and dp > s:
         rep = dp // s
         out = dict(res.bytes)
         out["all_reduce"] = int(grad_bytes / s)
         return DPComm(sync_s=res.sync_s + t("all_reduce", grad_bytes / s, rep, stride * s), gather_s=res.gather_s,
-                      per_microbatch_s=res.per_microbatch_s, bytes=out)  # fmt: skip
+                      per_microbatch_s=res.per_microbatch_s, bytes=out, mb_forward_s=res.mb_forward_s,
+                      units=res.units)  # fmt: skip
     return res
 
 

@@ -200,8 +200,10 @@ class ConfigEvaluator:
         return 2 * 16 * local / (self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)
 
     def _dp_comm(self, params_bytes: float, grad_bytes: float, c: Config):  # -> dp_kinds.DPComm
+        # FSDP units at pp = 1: the runtime wraps every repeated block, then the root
+        units = sum(len(b.instances) for b in self.g.blocks) + 1
         return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
-                       num_microbatches=c.num_microbatches)  # fmt: skip
+                       num_microbatches=c.num_microbatches, units=units)  # fmt: skip
 
     def _pp_spans(self, c: Config) -> bool:
         """Whether any pipeline send (rank r to r + 1, and the interleaved wrap) crosses nodes
@@ -456,20 +458,37 @@ class ConfigEvaluator:
 def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: float, num_microbatches: int) -> float:
     """Seconds of data-parallel communication ``d`` (a ``dp_kinds.DPComm``) compute does not hide::
 
-        max(0.1·sync, sync − B) + max(0.1·gather, gather − F) + m·max(0, per_mb − T_mb) + 0.1·per_mb
+        max(0.1·sync, sync − B) + max(0.1·gather, gather − F) + m·E_mb
 
     the gradient reduction overlaps the last microbatch's backward B (DDP buckets, Megatron
     --overlap-grad-reduce), the once-per-step parameter all-gather the first forward F
-    (--overlap-param-gather, FSDP prefetch), per-microbatch collectives (FSDP) each microbatch's
-    compute T_mb, prefetched one layer ahead; at least a tenth of each stays exposed (the last
-    bucket, the first layer's gather). Unit: seconds.
+    (--overlap-param-gather, FSDP prefetch); at least a tenth of each stays exposed (the last
+    bucket, the first layer's gather). Per-microbatch collectives (FSDP at pp = 1) as FSDP2 runs
+    them over L units (``d.units``), each unit's all-gather prefetched one unit ahead of its
+    compute and its reduce-scatter issued when its backward ends (ag, rs: one microbatch's
+    forward gathers and backward gathers + reduce-scatters; F, B its forward and backward)::
+
+        E_mb = ag/L + (L−1)/L · max(0, ag − F)               forward: the first unit waits
+             + ag/L + (L−1)/L · max(0, ag + rs − B) + rs/L    backward: first gather, last reduce
+
+    (``units`` 1 or no split: ``max(0, per_mb − T_mb)`` per microbatch + ``0.1·per_mb``).
+    Unit: seconds. Source: PyTorch FSDP2 ``fully_shard`` (implicit forward prefetch, backward
+    prefetch of one unit, reduce-scatter in its own stream).
     """
     out = 0.0
     if d.sync_s:
         out += max(0.1 * d.sync_s, d.sync_s - backward_s)
     if d.gather_s:
         out += max(0.1 * d.gather_s, d.gather_s - forward_s)
-    if d.per_microbatch_s:
+    if d.per_microbatch_s and d.units > 1 and d.mb_forward_s:
+        L, ag_f = d.units, d.mb_forward_s
+        bwd = d.per_microbatch_s - ag_f  # backward gathers + reduce-scatters
+        ag_b = min(ag_f, bwd)
+        rs = bwd - ag_b
+        e_mb = ag_f / L + (L - 1) / L * max(0.0, ag_f - forward_s)
+        e_mb += ag_b / L + (L - 1) / L * max(0.0, bwd - backward_s) + rs / L
+        out += num_microbatches * e_mb
+    elif d.per_microbatch_s:
         out += num_microbatches * max(0.0, d.per_microbatch_s - microbatch_s) + 0.1 * d.per_microbatch_s
     return out
 
