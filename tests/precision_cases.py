@@ -75,9 +75,11 @@ def precision_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) ->
         param_err = max(float((t - ref_params[n]).abs().max()) for n, t in full.items())
         fp32_err = max(float((t - ref32[n]).abs().max()) for n, t in full.items()) if (
             ref32 := autocast_reference(rc.tiny_gpt(), data, "fp32", cfg.get("clip", 0.0), cfg.get("opt", "sgd"))[1]) else 0.0
+        facts_sync = _sync_facts(pm, plan)
         gs = pm.grad_sync
         facts = {"precision": pm.precision, "collectives": pm.grad_sync_collectives, "fp32_err": fp32_err,
-                 "param_dtypes": sorted({str(p.dtype) for p in full.values()}), "grad_norm": pm.last_grad_norm}
+                 "param_dtypes": sorted({str(p.dtype) for p in full.values()}), "grad_norm": pm.last_grad_norm,
+                 **facts_sync}
         if gs is not None:
             from meshplan.cost_models.grad_sync import bucket_indices
 
@@ -90,6 +92,23 @@ def precision_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) ->
                              cfg["cap"])))
         out.append((cfg, loss_err, param_err, facts))
     return out
+
+
+def _sync_facts(pm: Any, plan: Any) -> dict[str, Any]:
+    """Counted gradient-sync bytes and dtypes of the last step, and the bytes the cost model prices
+    for them (``cost_models.dp_kinds.dp_comm`` with ``GRAD_REDUCE_BYTES`` per gradient, as the
+    planner calls it)."""
+    from meshplan.cost_models.dp_kinds import dp_comm
+    from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
+    from meshplan.cost_models.hardware import resolve_cluster
+
+    n = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in pm.parameters() if p.requires_grad)
+    if pm.dp_mode == "fsdp":  # FSDP2 shards: the unsharded count of this rank's parameters
+        n = sum(p.numel() for p in pm.parameters() if p.requires_grad)
+    d = dp_comm(plan.dp_kind, n * GRAD_REDUCE_BYTES, n * 2, plan.dp, resolve_cluster("h100", plan.world_size),
+                pp=plan.pp, num_microbatches=plan.num_microbatches).bytes
+    return {"sync_bytes": pm.grad_sync_bytes, "sync_dtypes": sorted(pm.sync_counter.dtypes),
+            "costed_sync_bytes": d.get("reduce_scatter", 0) + d.get("all_reduce", 0)}
 
 
 def resume_lr_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[float]]:

@@ -89,7 +89,14 @@ class TestTwoRanks:
             _check(rows)
         facts = {str(c): f for c, _, _, f in res[0]}
         assert facts[str(cfgs[0])]["collectives"] >= 1  # DDP's bucket all-reduce, counted by its comm hook
-        assert facts[str(cfgs[3])]["collectives"] == 5  # FSDP2: 4 blocks + the root, one reduce-scatter each
+        # FSDP2: 4 blocks + the root, one reduce-scatter each per microbatch (gradients accumulate
+        # sharded, as cost_models.dp_kinds prices fsdp at pp = 1)
+        fs = facts[str(cfgs[3])]
+        assert fs["collectives"] == 5 * 2, fs
+        # bf16 run, fp32 reduction: the counted bytes are the costed bytes (GRAD_REDUCE_BYTES = 4)
+        assert fs["sync_dtypes"] == ["float32"] and fs["sync_bytes"] == fs["costed_sync_bytes"] > 0, fs
+        dd = facts[str(cfgs[0])]  # ddp bf16: one all-reduce of fp32 gradients per step
+        assert dd["sync_dtypes"] == ["float32"] and dd["sync_bytes"] == dd["costed_sync_bytes"] > 0, dd
         norms = [f["grad_norm"] for c, _, _, f in res[0] if c.get("clip")]
         assert all(n is not None and n > 0.05 for n in norms), norms  # clipping was active
 
@@ -110,6 +117,7 @@ class TestFourRanks:
                 assert f["buckets"] > 1, f
                 assert f["collectives"] == f["buckets"] == f["costed_buckets"], (cfg, f)
                 assert f["overlapped"] == f["buckets"], (cfg, f)  # all issued from the backward
+                assert f["sync_bytes"] == f["costed_sync_bytes"] > 0, (cfg, f)  # fp32, this rank's (local) gradients
 
 
 def test_lr_schedule() -> None:

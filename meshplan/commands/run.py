@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision: the plan's dtype (default) or bf16 / fp16 / fp32")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (CPU)")
+    p.add_argument("--profile-steps", type=nonneg_int, default=1, metavar="K",
+                   help="after the timed steps, K extra steps under torch's profiler for the RunRecord's "
+                        "per-phase times (0: none; default 1)")
     p.add_argument("--skip-nonfinite", type=nonneg_int, default=0, metavar="K",
                    help="skip up to K steps whose loss is NaN/inf (no update applied) instead of stopping at the first")
     p.add_argument("--check-grads", action="store_true", help="also count a NaN/inf gradient as a non-finite step")
@@ -134,7 +137,7 @@ def build_command(args: argparse.Namespace) -> list[str]:
         train.append("--check-grads")
     if args.data:
         train += ["--data", args.data]
-    train += ["--log-every", str(args.log_every)]
+    train += ["--log-every", str(args.log_every), "--profile-steps", str(args.profile_steps)]
     if args.eval_every:
         train += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
     if args.record:

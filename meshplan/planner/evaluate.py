@@ -401,10 +401,11 @@ class ConfigEvaluator:
         fp8_copy = fp8_weight_copy_bytes(self._largest_linear / c.tp) if self.dtype == "fp8" else 0.0
         r_mem = [int(r_state[r] + r_act[r] + self.fsdp_buffer(c, r_params[r]) + fp8_copy) for r in ranks]
         worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
-        # gradients synced: every parameter in the training dtype, or (quantized) only the trainable ones
-        # gradients are reduced in fp32 (cost_models.grad_sync.GRAD_REDUCE_BYTES), parameters
-        # gathered in the training dtype
-        grad_bytes = r_q[worst][1] if self.quant else r_params[worst] * GRAD_REDUCE_BYTES
+        # gradients synced: every parameter, or (quantized) only the trainable ones, reduced in fp32
+        # on every precision as the runtime does (cost_models.grad_sync.GRAD_REDUCE_BYTES: fp32
+        # master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in the
+        # training dtype
+        grad_bytes = (r_q[worst][3] if self.quant else r_params[worst]) * GRAD_REDUCE_BYTES
         gather_bytes = r_q[worst][0] if self.quant else r_params[worst] * self._elem_bytes
         rank_b = [sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks]
         rank_f = [sum(st_f[i] for i in on_rank[r]) for r in ranks]

@@ -63,7 +63,15 @@ def run_section_html(v: RunView, *, heading: str = "h2") -> str:
         sec.append('<p class="note">The record has no tokens/s and no batch size to compute it from.</p>')
     if v.phases:
         sec.append(f"<{h}>Phases</{h}>")
-        sec.append(table(["phase", "recorded"], [[k, json.dumps(x)] for k, x in v.phases.items()]))
+        timed = {k: x for k, x in v.phases.items() if isinstance(x, dict) and "measured_s" in x}
+        if timed:  # runtime.phases: seconds per step, measured on profiled steps beside the plan's
+            sec.append(table(["phase", "measured ms", "predicted ms"], [
+                [k, f"{x['measured_s'] * 1e3:.1f}",
+                 f"{x['predicted_s'] * 1e3:.1f}" if isinstance(x.get("predicted_s"), (int, float)) else "-"]
+                for k, x in timed.items()], {1, 2}))
+        rest = {k: x for k, x in v.phases.items() if k not in timed}
+        if rest:
+            sec.append(table(["phase", "recorded"], [[k, json.dumps(x)] for k, x in rest.items()]))
     if v.grad_sync_collectives_per_step is not None:
         sec.append(f'<p class="note">Gradient-sync collectives per step (measured): '
                    f"{v.grad_sync_collectives_per_step:g}</p>")

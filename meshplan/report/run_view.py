@@ -173,7 +173,15 @@ def format_run(v: RunView) -> str:
     if v.grad_sync_collectives_per_step is not None:
         out.append(f"  gradient-sync collectives per step: {v.grad_sync_collectives_per_step:g} (measured)")
     for name, val in v.phases.items():
-        out.append(f"  phase {name}: {json.dumps(val)}")
+        if isinstance(val, dict) and "measured_s" in val:  # runtime.phases: {measured_s, predicted_s}
+            pred = val.get("predicted_s")
+            out.append(f"  phase {name}: {val['measured_s'] * 1e3:.1f} ms measured"
+                       + (f", {pred * 1e3:.1f} ms predicted" if isinstance(pred, (int, float)) else ""))
+        elif name == "how" and isinstance(val, dict):
+            out.append(f"  phases measured by: {val.get('method', '?')}, {val.get('profiled_steps', '?')} profiled "
+                       f"step(s), rank {val.get('rank', '?')}")
+        else:
+            out.append(f"  phase {name}: {json.dumps(val)}")
     out += [f"  note: {n}" for n in v.notes]
     if v.extra:
         out.append(f"  other fields (not shown): {', '.join(sorted(v.extra))}")

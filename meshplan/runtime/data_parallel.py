@@ -69,11 +69,23 @@ def dp_mode(plan: Plan) -> str:
 
 
 class SyncCounter:
-    """Counts gradient-reducing collective calls; ``calls`` is reset by the train step."""
+    """Counts gradient-reducing collective calls, and the bytes (and dtypes) they reduce; reset by
+    the train step (``reset``)."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
         self.calls = 0
+        self.bytes = 0  # input bytes of the counted collectives (the full buffer before a reduce-scatter)
+        self.dtypes: set[str] = set()
+
+    def reset(self) -> None:
+        self.calls, self.bytes = 0, 0
+        self.dtypes = set()
+
+    def add(self, t: torch.Tensor) -> None:
+        self.calls += 1
+        self.bytes += t.numel() * t.element_size()
+        self.dtypes.add(str(t.dtype).removeprefix("torch."))
 
 
 def _counting_allreduce_hook(state: SyncCounter, bucket):  # type: ignore[no-untyped-def]
@@ -81,7 +93,7 @@ def _counting_allreduce_hook(state: SyncCounter, bucket):  # type: ignore[no-unt
     # ``from __future__ import annotations`` would turn them into strings
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    state.calls += 1
+    state.add(bucket.buffer())
     return allreduce_hook(state.group, bucket)  # type: ignore[arg-type]
 
 
@@ -94,12 +106,9 @@ class _CountingReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op: Any, async_op: bool = False) -> dist.Work | None:
-        self.counter.calls += 1
+        self.counter.add(input_tensor)
         return dist.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
-
-def _count(counter: SyncCounter) -> None:
-    counter.calls += 1
 
 
 def block_modules(module: nn.Module) -> list[nn.Module]:
@@ -138,6 +147,6 @@ def wrap_dp(
             if isinstance(m, FSDPModule):
                 m.set_custom_reduce_scatter(comm)
                 if hsdp:  # HSDP: the all-reduce over dp_replicate after each reduce-scatter
-                    m.set_all_reduce_hook(lambda _out: _count(counter))
+                    m.set_all_reduce_hook(counter.add)
         return module
     return module

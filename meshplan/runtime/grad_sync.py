@@ -20,7 +20,7 @@ Where a contribution is seen:
   this reduction is correct there.
 
 ``collectives_last_step`` is the number of all-reduce calls this object issued in the last step
-(counted as they are issued), ``overlapped_last_step`` how many of them were issued from the
+(counted as they are issued), ``bytes_last_step`` the bytes they reduced, ``overlapped_last_step`` how many of them were issued from the
 backward (before ``finish()``). DTensor gradients (TP inside the stage) reduce their local shard.
 """
 
@@ -82,6 +82,8 @@ class BucketedGradSync:
         self.counts: dict[int, int] = {}
         self.collectives_last_step = 0
         self.overlapped_last_step = 0  # of those, issued from a hook (before finish())
+        self.bytes_last_step = 0  # bytes all-reduced in the last step
+        self._bytes = 0
         self._issued = 0
         self._overlapped = 0
         self.handles: list[Any] = []
@@ -141,6 +143,7 @@ class BucketedGradSync:
         b.flat = flat
         b.work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         self._issued += 1
+        self._bytes += flat.numel() * flat.element_size()
 
     def finish(self) -> None:
         """Issue what is left, wait for every bucket, write the averaged gradients back; reset."""
@@ -164,5 +167,6 @@ class BucketedGradSync:
                 off += n
             b.work, b.flat, b.ready = None, None, 0
         self.collectives_last_step, self.overlapped_last_step = self._issued, self._overlapped
-        self._issued = self._overlapped = 0
+        self.bytes_last_step = self._bytes
+        self._issued = self._overlapped = self._bytes = 0
         self.counts.clear()

@@ -73,6 +73,9 @@ class RunRecord:
     # another machine (``comparable.not_comparable_reason``): no percentage is printed then
     not_comparable: str = ""
     tokens_per_step: int = 0  # global batch x sequence length (0: not a token model)
+    # per phase {"measured_s", "predicted_s"} seconds per step, plus "how" (``runtime.phases``;
+    # measured on extra profiled steps after the timed ones); empty when not profiled
+    phases: dict[str, Any] = field(default_factory=dict)
 
     def add_eval(self, step: int, loss: float) -> None:
         self.eval_losses.append([step, loss])
@@ -109,6 +112,16 @@ class RunRecord:
         return self.tokens_per_step / s if self.tokens_per_step and s > 0 else None
 
     def summary_line(self) -> str:
+        """The end-of-run line: step time measured vs predicted, and the largest mismatch by phase."""
+        line = self._step_text()
+        if self.phases and self.steps and self.error_fraction is not None:
+            from meshplan.runtime.phases import mismatch_text
+
+            text = mismatch_text(self.phases, comparable=not self.not_comparable)
+            line += f"; {text}" if text else ""
+        return line
+
+    def _step_text(self) -> str:
         if not self.steps:
             return "no steps run (already at --steps)"
         ms = self.measured_step_s * 1e3

@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU")
+    p.add_argument("--profile-steps", type=int, default=1,
+                   help="extra steps after the timed ones, under torch's profiler: RunRecord 'phases' (0: none)")
     p.add_argument("--timeout", type=float, default=120.0, help="process-group timeout, seconds")
     p.add_argument("--skip-nonfinite", type=int, default=0, help="skip up to K NaN/inf steps instead of stopping")
     p.add_argument("--check-grads", action="store_true", help="also treat a NaN/inf gradient as a bad step")
@@ -203,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
             checkpoint.save(pm, args.checkpoint_dir, step, keep=args.keep_checkpoints,
                             extra={"data": stream.state_dict()})
+    ran = bool(rec.steps)
+    if args.profile_steps > 0 and ran:  # after the timed steps and the last checkpoint: off the step times
+        rec.phases = _profile_phases(pm, stream, args.profile_steps)
     if rank == 0:
         out = args.record or os.path.join(os.path.dirname(os.path.abspath(args.plan)), "run_record.json")
         rec.save(out)
@@ -211,6 +216,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(rec.summary_line(), flush=True)
     torch.distributed.destroy_process_group()
     return 0
+
+
+def _profile_phases(pm: Any, stream: Any, k: int) -> dict[str, Any]:
+    """``k`` extra steps under torch's profiler (``runtime.phases``): the RunRecord's ``phases``.
+    Their updates are not checkpointed and their times are not in the step times."""
+    from meshplan.runtime import phases
+
+    mine = phases.measure(pm, [stream.next_batch() for _ in range(k)], local=stream.local)
+    return phases.record_phases(phases.gather(mine), pm.plan, steps=k)
 
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
