@@ -213,10 +213,12 @@ def apply_plan(
         dp_mesh = dp_mesh._unflatten(0, (plan.dp // shard, shard), ("dp_replicate", "dp_shard"))
     runners = [dpmod.wrap_dp(m, mode, dp_mesh=dp_mesh, dp_group=env.group("dp"), counter=counter,
                              mp_policy=prec.fsdp_policy(precision), per_block=per_block,
-                             reshard_after_forward=plan.dp_kind != "zero2") for m in modules]
+                             # under pp > 1 every kind keeps the stage gathered from the first forward to the
+                             # last backward (torchtitan; one all-gather per step, as dp_kinds costs it)
+                             reshard_after_forward=plan.dp_kind != "zero2" and pp == 1) for m in modules]
     if plan.dp > 1:
         notes.append(f"data parallel {plan.dp_kind}: " + {
-            "fsdp": "FSDP2 fully_shard (ZeRO-3)", "zero2": "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)",
+            "fsdp": "FSDP2 fully_shard (ZeRO-3" + (")" if pp == 1 else ", stage gathered once per step)"), "zero2": "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)",
             "hsdp": f"FSDP2 on a (dp_replicate={plan.dp // plan.hsdp_shard_degree()}, "
                     f"dp_shard={plan.hsdp_shard_degree()}) mesh",
         }.get(plan.dp_kind, "DDP" if mode == "ddp" else "bucketed all-reduce from gradient hooks")
