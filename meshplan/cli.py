@@ -1,4 +1,4 @@
-"""The ``meshplan`` command line: ``meshplan plan | report | run | profile | inspect | explain | diff | export | estimate | prepare-data``.
+"""The ``meshplan`` command line: ``meshplan plan | report | run | profile | inspect | explain | diff | export | estimate | prepare-data | calibrate``.
 
 Dispatch only; each subcommand lives in ``meshplan.commands.<name>``.
 """
@@ -10,7 +10,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ("inspect", "profile", "plan", "report", "explain", "diff", "run", "export", "estimate", "prepare-data")
+COMMANDS = ("inspect", "profile", "plan", "report", "explain", "diff", "run", "export", "estimate", "prepare-data",
+            "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

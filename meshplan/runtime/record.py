@@ -76,6 +76,8 @@ class RunRecord:
     # per phase {"measured_s", "predicted_s"} seconds per step, plus "how" (``runtime.phases``;
     # measured on extra profiled steps after the timed ones); empty when not profiled
     phases: dict[str, Any] = field(default_factory=dict)
+    # the Plan that ran (Plan.to_dict(); {} in older records): what ``meshplan calibrate`` re-costs
+    plan: dict[str, Any] = field(default_factory=dict)
 
     def add_eval(self, step: int, loss: float) -> None:
         self.eval_losses.append([step, loss])

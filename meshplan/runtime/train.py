@@ -168,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                      local_device(torch)))),
     )
     rec.tokens_per_step = plan.global_batch_size * max(seq_len, 1) if seq_len else 0
+    rec.plan = plan.to_dict()
     progress = Progress(total_steps=args.steps, start_step=start, log_every=args.log_every,
                         tokens_per_step=rec.tokens_per_step or plan.global_batch_size,
                         predicted_step_s=plan.predicted.step_s,

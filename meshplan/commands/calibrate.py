@@ -1,0 +1,116 @@
+"""``meshplan calibrate RECORD.json... --cluster NAME -o calibrated.json``.
+
+Reads RunRecords (``meshplan run --record``; each holds the Plan that ran, the model spec and the
+measured step times, and per-phase seconds when the runtime recorded them), re-costs every run's
+layout on ``--cluster`` (a preset name or a cluster JSON), fits the cluster's efficiency terms to
+the measurements (``meshplan.planner.calibration``) and writes the calibrated cluster JSON, usable
+wherever a preset name goes (``meshplan plan --cluster calibrated.json``). Prints the fitted
+multipliers and values, and every run's predicted step time before and after beside the measured
+one (stdout); progress on stderr unless ``-q``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = "fit a cluster's efficiency terms to measured runs (RunRecords) and write a calibrated cluster JSON"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("records", nargs="+", metavar="RECORD.json", help="run records written by meshplan run --record")
+    parser.add_argument("--cluster", required=True, help="cluster preset or cluster JSON the runs are predicted with")
+    parser.add_argument("-o", "--output", required=True, metavar="CLUSTER_JSON", help="where to write the calibrated cluster")
+    parser.add_argument("--name", default=None, help="name of the calibrated cluster (default: NAME-calibrated)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def read_record(path: str) -> dict[str, Any]:
+    """A RunRecord's JSON with the fields calibration needs checked (clear errors)."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"run record {path!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"run record {path!r} is not valid JSON: {e}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("steps"), list):
+        raise ValueError(f"{path!r} is not a run record (no 'steps' list)")
+    if not d.get("plan"):
+        raise ValueError(f"run record {path!r} has no 'plan' (written by a meshplan before 'plan' was recorded): "
+                         "re-run it with this version of meshplan run --record")  # fmt: skip
+    if not d.get("model"):
+        raise ValueError(f"run record {path!r} has no 'model' spec to trace")
+    return d
+
+
+def measured_step_s(d: dict[str, Any]) -> float:
+    """The record's median step time after its warm-up steps (RunRecord.measured_step_s)."""
+    import statistics
+
+    times = [float(s["step_s"]) for s in d["steps"] if isinstance(s, dict) and "step_s" in s]
+    if not times:
+        raise ValueError("run record has no measured steps")
+    kept = times[int(d.get("warmup", 1)) :] or times
+    return float(statistics.median(kept))
+
+
+def run(args: argparse.Namespace) -> int:
+    from meshplan.cost_models.hardware import resolve_cluster
+    from meshplan.plan import Plan
+    from meshplan.planner import calibration as cal
+    from meshplan.tracing.load import load_graph
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    cases = []
+    for path in args.records:
+        d = read_record(path)
+        plan = Plan.from_dict(d["plan"])
+        progress(f"{path}: {plan.summary()} on {d['model']}")
+        graph = load_graph(d["model"], seq=plan.seq_len, progress=progress)
+        cases.append(cal.Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=measured_step_s(d),
+                              measured_phases=cal.measured_phases(d.get("phases"))))  # fmt: skip
+    world = max(c.plan.world_size for c in cases)
+    spec = resolve_cluster(args.cluster, world)
+    result = cal.fit(cases, spec, progress=progress)
+    out = result.spec
+    from dataclasses import replace
+
+    names = ", ".join(c.name for c in cases)
+    out = replace(out, name=args.name or f"{spec.name}-calibrated",
+                  source=f"{spec.name} calibrated by meshplan calibrate on {len(cases)} run(s): {names}",
+                  extra={**out.extra, "calibration": {"factors": result.factors, "records": names}})  # fmt: skip
+    out.save(args.output)
+    print(format_fit(result, spec, out))
+    print(f"wrote {args.output} (use it as --cluster {args.output})")
+    return 0
+
+
+def format_fit(result: Any, before: Any, after: Any) -> str:
+    """The fitted multipliers, the spec values they changed, and per run predicted (before, after)
+    vs measured step time with the relative errors."""
+    lines = ["fitted terms (multiplier of the speed each stands for; 1 = unchanged):"]
+    for k, f in result.factors.items():
+        lines.append(f"  {k:<14} x{f:.3g}")
+    lines.append("cluster values (before -> after):")
+    for fld in ("matmul_efficiency", "mem_efficiency", "op_overhead_s", "bwd_op_overhead_s", "kernel_floor_s",
+                "intra_bw_bytes_per_s", "intra_latency_s", "inter_bw_bytes_per_s", "inter_latency_s"):  # fmt: skip
+        a, b = getattr(before, fld), getattr(after, fld)
+        if a != b:
+            lines.append(f"  {fld:<22} {a:.4g} -> {b:.4g}")
+    pa, pb = max(before.peak_flops.values()), max(after.peak_flops.values())
+    if pa != pb:
+        lines.append(f"  {'peak_flops (max)':<22} {pa:.4g} -> {pb:.4g}")
+    lines.append("step time per run: predicted before / after calibration vs measured (median after warm-up)")
+    for name, b, a, m in result.rows:
+        lines.append(f"  {name:<28} {b * 1e3:9.2f} ms ({b / m - 1:+.1%})  {a * 1e3:9.2f} ms ({a / m - 1:+.1%})"
+                     f"  measured {m * 1e3:.2f} ms")  # fmt: skip
+    eb = max(abs(x) for x in result.error(1))
+    ea = max(abs(x) for x in result.error(2))
+    lines.append(f"largest |error|: {eb:.1%} before, {ea:.1%} after ({result.iterations} iterations)")
+    return "\n".join(lines)

@@ -1,0 +1,275 @@
+"""Calibration: fit a cluster's efficiency terms to measured runs (``meshplan calibrate``).
+
+A case is one measured run: the traced graph, the Plan that ran, its measured step time and,
+when the RunRecord has them, measured seconds per phase. ``predict`` re-costs the plan's layout
+(``planner.api.estimate_graph``: same degrees, microbatches, schedule, recompute, DP kind) on a
+candidate ClusterSpec. ``fit`` finds multipliers ``exp(θ_k)`` of the spec's terms (``TERMS``) that
+minimize, over the cases,
+
+    Σ_runs (log pred_step(θ) - log measured_step)²
+  + Σ_phases ½ (log pred_phase(θ) - log measured_phase)²      (phases present in the records)
+  + λ Σ_k (θ_k / σ_k)²                                       (λ = ``RIDGE``, σ = ``PRIOR_SIGMA``)
+
+by damped Gauss-Newton with a forward-difference Jacobian (``STEP`` in log space). The ridge keeps
+terms the runs do not exercise (a Jacobian column of zeros: e.g. the inter-node link in a
+one-node run) at their original values, and with fewer runs than terms spreads the correction
+over the terms in proportion to σ_k² times their share of the predicted time (a log-normal prior
+of width σ_k on each multiplier: the fit is its maximum a posteriori). A multiplier is clamped to
+[1/``MAX_FACTOR``, ``MAX_FACTOR``].
+
+Terms and what each scales in the ClusterSpec (``apply_terms``):
+
+- ``gemm``: GEMM efficiency (``matmul_efficiency`` and every row of ``matmul_efficiency_by_flops``,
+  so its shape by size is kept); past an efficiency of 1 the rest goes into ``peak_flops``;
+- ``memory``: the bandwidth memory-bound kernels reach (``mem_efficiency``, the rest into
+  ``mem_bw_bytes_per_s``);
+- ``op_overhead``: eager per-op host time (``op_overhead_s``, ``bwd_op_overhead_s``, and
+  ``kernel_floor_s``);
+- ``intra_bw`` / ``intra_latency``: collectives inside a node; ``inter_bw`` / ``inter_latency``:
+  across nodes.
+
+Phases compared (names of the RunRecord's "phases"; any may be missing): "forward" +
+"backward" against the predicted compute (with recompute), "optimizer", "exposed_comm" (TP + PP
++ DP + EP + CP exposed) and "bubble". No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.graph import ModelGraph
+from meshplan.plan import Plan, Prediction
+
+TERMS = ("gemm", "memory", "op_overhead", "intra_bw", "intra_latency", "inter_bw", "inter_latency")
+#: prior width of each term's log multiplier (how far off the starting spec may plausibly be):
+#: GEMM and memory efficiency are known within ~2x from datasheets and kernels; per-op host time,
+#: link bandwidth and especially collective latency depend on the software stack (NCCL vs gloo,
+#: eager dispatch, load) and can be off by 10x or more
+PRIOR_SIGMA = {"gemm": 0.7, "memory": 0.7, "op_overhead": 2.3, "intra_bw": 1.2, "intra_latency": 2.3,
+               "inter_bw": 1.2, "inter_latency": 2.3}  # fmt: skip
+RIDGE = 1e-3
+STEP = 0.05
+MAX_FACTOR = 1e3
+PHASE_WEIGHT = 0.5
+#: an eager op's host time when the spec has none to scale (presets): the multiplier acts on this
+DEFAULT_OP_OVERHEAD_S = 1e-6
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured run: what ran and what it measured (seconds)."""
+
+    name: str
+    graph: ModelGraph
+    plan: Plan
+    measured_step_s: float
+    measured_phases: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What ``fit`` found: the calibrated spec, the multipliers, and per case (predicted step
+    seconds before, after, measured)."""
+
+    spec: ClusterSpec
+    factors: dict[str, float]
+    rows: list[tuple[str, float, float, float]]
+    iterations: int
+
+    def error(self, which: int) -> list[float]:
+        """Relative step-time errors of every case, ``which`` = 1 before, 2 after the fit."""
+        return [r[which] / r[3] - 1.0 for r in self.rows]
+
+
+def _scaled_eff(eff: float, f: float) -> tuple[float, float]:
+    """(efficiency, extra peak factor) for an efficiency multiplied by ``f``, efficiency kept <= 1."""
+    e = eff * f
+    return (e, 1.0) if e <= 1.0 else (1.0, e)
+
+
+def apply_terms(spec: ClusterSpec, factors: dict[str, float]) -> ClusterSpec:
+    """``spec`` with each term of ``factors`` (name -> multiplier of the speed it stands for;
+    > 1 is faster) applied as the module docstring says. Unknown names are a ValueError."""
+    bad = set(factors) - set(TERMS)
+    if bad:
+        raise ValueError(f"unknown calibration terms {sorted(bad)}; use {TERMS}")
+    g = factors.get("gemm", 1.0)
+    eff, peak_x = _scaled_eff(spec.matmul_efficiency, g)
+    rows = []
+    for flops, ef, eb in spec.matmul_efficiency_by_flops:
+        ef2, xf = _scaled_eff(ef, g)
+        eb2, xb = _scaled_eff(eb, g)
+        peak_x = max(peak_x, xf, xb)
+        rows.append([flops, ef2, eb2])
+    if peak_x > 1.0:  # some efficiency hit 1: put the rest in the peak, scale the others back
+        eff = min(1.0, spec.matmul_efficiency * g / peak_x)
+        rows = [[fl, min(1.0, ef * g / peak_x), min(1.0, eb * g / peak_x)]
+                for fl, ef, eb in spec.matmul_efficiency_by_flops]  # fmt: skip
+    m = factors.get("memory", 1.0)
+    mem_eff, bw_x = _scaled_eff(spec.mem_efficiency, m)
+    o = 1.0 / factors.get("op_overhead", 1.0)  # a faster host: less time per op
+    op_f = (spec.op_overhead_s or DEFAULT_OP_OVERHEAD_S) * o if "op_overhead" in factors else spec.op_overhead_s
+    op_b = (spec.bwd_op_overhead_s or DEFAULT_OP_OVERHEAD_S) * o if "op_overhead" in factors else spec.bwd_op_overhead_s
+    return replace(
+        spec,
+        matmul_efficiency=eff,
+        matmul_efficiency_by_flops=rows,
+        peak_flops={k: v * peak_x for k, v in spec.peak_flops.items()},
+        mem_efficiency=mem_eff,
+        mem_bw_bytes_per_s=spec.mem_bw_bytes_per_s * bw_x,
+        op_overhead_s=op_f,
+        bwd_op_overhead_s=op_b,
+        kernel_floor_s=spec.kernel_floor_s * o,
+        intra_bw_bytes_per_s=spec.intra_bw_bytes_per_s * factors.get("intra_bw", 1.0),
+        intra_latency_s=spec.intra_latency_s / factors.get("intra_latency", 1.0),
+        inter_bw_bytes_per_s=spec.inter_bw_bytes_per_s * factors.get("inter_bw", 1.0),
+        inter_latency_s=spec.inter_latency_s / factors.get("inter_latency", 1.0),
+    )
+
+
+def predict(case: Case, spec: ClusterSpec) -> Prediction:
+    """The predicted step of ``case``'s layout on ``spec`` (``estimate_graph`` with every degree,
+    batch, schedule, recompute and DP kind of the plan pinned)."""
+    from meshplan.planner.api import estimate_graph
+
+    p = case.plan
+    if p.cp > 1 or p.ep > 1:
+        raise ValueError(f"{case.name}: calibration re-costs a plan with estimate_graph, which takes no cp/ep "
+                         f"(plan has cp={p.cp}, ep={p.ep})")  # fmt: skip
+    est = estimate_graph(
+        case.graph, p.world_size, tp=p.tp, pp=p.pp, dp=p.dp, schedule=p.schedule,
+        num_microbatches=p.num_microbatches, recompute=p.recompute, micro_batch_size=p.micro_batch_size,
+        global_batch_size=p.global_batch_size, virtual_stages=p.virtual_stages,
+        dp_kind=p.dp_kind if p.dp > 1 else None, sequence_parallel=p.sequence_parallel,
+        cluster=spec.with_devices(p.world_size), dtype=p.dtype, optimizer=p.optimizer, quantization=p.quantization,
+    )  # fmt: skip
+    return est.predicted
+
+
+def predicted_phases(pred: Prediction) -> dict[str, float]:
+    """The predicted seconds the RunRecord phases are compared with (module docstring)."""
+    return {
+        "compute": pred.compute_s,
+        "optimizer": pred.optimizer_s,
+        "exposed_comm": pred.tp_comm_s + pred.pp_comm_s + pred.dp_comm_s + pred.ep_comm_s + pred.cp_comm_s,
+        "bubble": pred.bubble_s,
+    }
+
+
+def measured_phases(phases: Any) -> dict[str, float]:
+    """Measured seconds per compared phase from a RunRecord's "phases" (missing: {}).
+
+    Accepts ``{"measured": {name: s}, ...}`` or ``{name: {"measured": s, ...}}``; forward and
+    backward are summed into "compute"."""
+    if not isinstance(phases, dict):
+        return {}
+    flat: dict[str, float] = {}
+    if isinstance(phases.get("measured"), dict):
+        src = phases["measured"]
+        flat = {k: float(v) for k, v in src.items() if isinstance(v, (int, float))}
+    else:
+        for k, v in phases.items():
+            if isinstance(v, dict) and isinstance(v.get("measured"), (int, float)):
+                flat[k] = float(v["measured"])
+            elif isinstance(v, (int, float)):
+                flat[k] = float(v)
+    out: dict[str, float] = {}
+    if "forward" in flat and "backward" in flat:
+        out["compute"] = flat["forward"] + flat["backward"]
+    for k in ("optimizer", "bubble"):
+        if k in flat:
+            out[k] = flat[k]
+    for k in ("exposed_comm", "exposed_communication", "comm"):
+        if k in flat:
+            out["exposed_comm"] = flat[k]
+            break
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _residuals(cases: Sequence[Case], spec: ClusterSpec) -> tuple[list[float], list[Prediction]]:
+    res, preds = [], []
+    for c in cases:
+        p = predict(c, spec)
+        preds.append(p)
+        res.append(math.log(max(p.step_s, 1e-12) / c.measured_step_s))
+        pp = predicted_phases(p)
+        for k, v in c.measured_phases.items():
+            if pp.get(k, 0.0) > 0:
+                res.append(math.sqrt(PHASE_WEIGHT) * math.log(pp[k] / v))
+    return res, preds
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (a is small, square, positive definite)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for i in range(n):
+        piv = max(range(i, n), key=lambda r: abs(m[r][i]))
+        m[i], m[piv] = m[piv], m[i]
+        for r in range(i + 1, n):
+            f = m[r][i] / m[i][i]
+            for c in range(i, n + 1):
+                m[r][c] -= f * m[i][c]
+    x = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        x[i] = (m[i][n] - sum(m[i][c] * x[c] for c in range(i + 1, n))) / m[i][i]
+    return x
+
+
+def fit(
+    cases: Sequence[Case], spec: ClusterSpec, *, iterations: int = 8, progress: Callable[[str], None] | None = None
+) -> Fit:
+    """Fit ``TERMS`` of ``spec`` to ``cases`` (module docstring); returns the calibrated spec."""
+    if not cases:
+        raise ValueError("calibration needs at least one run record")
+    for c in cases:
+        if not c.measured_step_s > 0:
+            raise ValueError(f"{c.name}: measured step time must be > 0, got {c.measured_step_s!r}")
+    say = progress or (lambda _m: None)
+    k = len(TERMS)
+    theta = [0.0] * k
+    lim = math.log(MAX_FACTOR)
+    w = [RIDGE / PRIOR_SIGMA[t] ** 2 for t in TERMS]
+
+    def prior(th: list[float]) -> float:
+        return sum(wi * x * x for wi, x in zip(w, th, strict=True))
+
+    def at(th: list[float]) -> ClusterSpec:
+        return apply_terms(spec, {t: math.exp(v) for t, v in zip(TERMS, th, strict=True)})
+
+    _, before = _residuals(cases, spec)
+    r, _ = _residuals(cases, at(theta))
+    cost = sum(x * x for x in r)
+    done = 0
+    for it in range(iterations):
+        done = it + 1
+        cols = []
+        for j in range(k):
+            th = theta[:]
+            th[j] += STEP
+            rj, _ = _residuals(cases, at(th))
+            cols.append([(a - b) / STEP for a, b in zip(rj, r, strict=True)])
+        jtj = [[sum(cols[i][n] * cols[j][n] for n in range(len(r))) + (w[i] if i == j else 0.0)
+                for j in range(k)] for i in range(k)]  # fmt: skip
+        jtr = [-sum(cols[i][n] * r[n] for n in range(len(r))) - w[i] * theta[i] for i in range(k)]
+        delta = _solve(jtj, jtr)
+        damp, improved = 1.0, False
+        while damp > 1e-3:
+            cand = [max(-lim, min(lim, t + damp * d)) for t, d in zip(theta, delta, strict=True)]
+            rc, _ = _residuals(cases, at(cand))
+            if sum(x * x for x in rc) + prior(cand) < cost + prior(theta) - 1e-12:
+                theta, r, cost, improved = cand, rc, sum(x * x for x in rc), True
+                break
+            damp /= 2
+        say(f"calibration iteration {done}: rms log error {math.sqrt(cost / max(1, len(r))):.4f}")
+        if not improved or max(abs(d) for d in delta) * damp < 1e-4:
+            break
+    calibrated = at(theta)
+    _, after = _residuals(cases, calibrated)
+    factors = {t: math.exp(v) for t, v in zip(TERMS, theta, strict=True)}
+    rows = [(c.name, b.step_s, a.step_s, c.measured_step_s) for c, b, a in zip(cases, before, after, strict=True)]
+    return Fit(spec=calibrated, factors=factors, rows=rows, iterations=done)

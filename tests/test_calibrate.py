@@ -1,0 +1,87 @@
+"""meshplan calibrate: the fit recovers a machine's terms from a run and predicts another layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshplan.cli import main
+from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
+from meshplan.planner import calibration as cal
+from meshplan.planner.api import estimate_graph
+from meshplan.tracing.load import load_graph
+
+CPU = {"name": "cpu-nominal", "num_devices": 2, "devices_per_node": 2,
+       "peak_flops": {"fp32": 100e9, "bf16": 100e9, "fp16": 100e9}, "mem_bytes": 8 * 10**9,
+       "mem_bw_bytes_per_s": 10e9, "intra_bw_bytes_per_s": 2e9, "intra_latency_s": 5e-5,
+       "inter_bw_bytes_per_s": 1e9, "inter_latency_s": 1e-4}  # fmt: skip
+#: the "real" machine of the synthetic runs: slower GEMMs, heavy per-op host time, slow collectives
+TRUE = {"gemm": 0.4, "op_overhead": 0.05, "intra_latency": 0.02, "intra_bw": 0.5}
+
+
+def _case(name: str, spec: ClusterSpec, truth: ClusterSpec, **layout: int) -> cal.Case:
+    g = load_graph("gpt-tiny")
+    plan = estimate_graph(g, 2, cluster=spec, dtype="fp32", global_batch_size=8, **layout)
+    c = cal.Case(name, g, plan, 1.0)
+    pred = cal.predict(c, truth)
+    phases = {"measured": {"forward": pred.compute_s / 3, "backward": 2 * pred.compute_s / 3,
+                           "optimizer": pred.optimizer_s,
+                           "exposed_comm": cal.predicted_phases(pred)["exposed_comm"]}}  # fmt: skip
+    return cal.Case(name, g, plan, pred.step_s, cal.measured_phases(phases))
+
+
+def test_apply_terms_scales_what_each_term_names() -> None:
+    spec = ClusterSpec.from_dict(CPU)
+    out = cal.apply_terms(spec, {"gemm": 2.0, "intra_latency": 4.0, "op_overhead": 10.0})
+    assert out.matmul_efficiency == 1.0 and out.peak_flops["fp32"] == pytest.approx(150e9)  # 0.75*2 -> 1 x 1.5
+    assert out.intra_latency_s == pytest.approx(5e-5 / 4) and out.intra_bw_bytes_per_s == spec.intra_bw_bytes_per_s
+    assert out.op_overhead_s == pytest.approx(cal.DEFAULT_OP_OVERHEAD_S / 10)
+    assert out.kernel_floor_s == pytest.approx(spec.kernel_floor_s / 10)
+    with pytest.raises(ValueError, match="unknown calibration terms"):
+        cal.apply_terms(spec, {"nope": 1.0})
+
+
+def test_fit_on_one_layout_predicts_another() -> None:
+    spec = resolve_cluster(ClusterSpec.from_dict(CPU), 2)
+    truth = cal.apply_terms(spec, TRUE)
+    dp = _case("dp2", spec, truth, dp=2, tp=1, pp=1)
+    tp = _case("tp2", spec, truth, dp=1, tp=2, pp=1)
+    before = cal.predict(tp, spec).step_s / tp.measured_step_s - 1
+    result = cal.fit([dp], spec)
+    after = cal.predict(tp, result.spec).step_s / tp.measured_step_s - 1
+    assert abs(before) > 0.5  # the nominal spec is far off
+    assert abs(result.error(2)[0]) < 0.02  # the fitted run itself
+    assert abs(after) < 0.15, (before, after, result.factors)
+
+
+def test_measured_phases_shapes_and_missing() -> None:
+    assert cal.measured_phases(None) == {}
+    assert cal.measured_phases({"forward": {"measured": 1.0, "predicted": 2.0}, "backward": {"measured": 2.0},
+                                "bubble": {"measured": 0.5}}) == {"compute": 3.0, "bubble": 0.5}  # fmt: skip
+    assert cal.measured_phases({"measured": {"optimizer": 0.1, "exposed_comm": 0.2}}) == {
+        "optimizer": 0.1, "exposed_comm": 0.2}  # fmt: skip
+
+
+def test_cli_writes_a_cluster_usable_as_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = resolve_cluster(ClusterSpec.from_dict(CPU), 2)
+    truth = cal.apply_terms(spec, TRUE)
+    case = _case("dp2", spec, truth, dp=2, tp=1, pp=1)
+    base = tmp_path / "cpu.json"
+    spec.save(base)
+    rec = {"model": "gpt-tiny", "world_size": 2, "predicted_step_s": case.plan.predicted.step_s, "warmup": 1,
+           "steps": [{"step": i, "step_s": case.measured_step_s, "loss": 1.0, "peak_mem_bytes": 0} for i in range(3)],
+           "plan": case.plan.to_dict()}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps(rec))
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(tmp_path / "run.json"), "--cluster", str(base), "-o", str(out), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "fitted terms" in text and "before" in text and "largest |error|" in text
+    cal_spec = ClusterSpec.load(out)
+    assert cal_spec.name == "cpu-nominal-calibrated" and "calibration" in cal_spec.extra
+    assert main(["plan", "gpt-tiny", "-n", "2", "--cluster", str(out), "--dtype", "fp32", "-q"]) == 0
+    del rec["plan"]
+    (tmp_path / "old.json").write_text(json.dumps(rec))
+    assert main(["calibrate", str(tmp_path / "old.json"), "--cluster", str(base), "-o", str(out)]) == 1
+    assert "has no 'plan'" in capsys.readouterr().err
