@@ -9,6 +9,7 @@ import pytest
 
 from meshplan.cli import main
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
+from meshplan.plan_phases import predicted_phases
 from meshplan.planner import calibration as cal
 from meshplan.planner.api import estimate_graph
 from meshplan.tracing.load import load_graph
@@ -25,11 +26,9 @@ def _case(name: str, spec: ClusterSpec, truth: ClusterSpec, **layout: int) -> ca
     g = load_graph("gpt-tiny")
     plan = estimate_graph(g, 2, cluster=spec, dtype="fp32", global_batch_size=8, **layout)
     c = cal.Case(name, g, plan, 1.0)
-    pred = cal.predict(c, truth)
-    phases = {"measured": {"forward": pred.compute_s / 3, "backward": 2 * pred.compute_s / 3,
-                           "optimizer": pred.optimizer_s,
-                           "exposed_comm": cal.predicted_phases(pred)["exposed_comm"]}}  # fmt: skip
-    return cal.Case(name, g, plan, pred.step_s, cal.measured_phases(phases))
+    ran = cal.predict(c, truth)  # what the "machine" measures: the plan costed on the true terms
+    phases = {k: {"measured_s": v, "predicted_s": 0.0} for k, v in predicted_phases(ran).items()}
+    return cal.Case(name, g, plan, ran.predicted.step_s, cal.measured_phases({**phases, "how": {}}))
 
 
 def test_apply_terms_scales_what_each_term_names() -> None:
@@ -48,9 +47,9 @@ def test_fit_on_one_layout_predicts_another() -> None:
     truth = cal.apply_terms(spec, TRUE)
     dp = _case("dp2", spec, truth, dp=2, tp=1, pp=1)
     tp = _case("tp2", spec, truth, dp=1, tp=2, pp=1)
-    before = cal.predict(tp, spec).step_s / tp.measured_step_s - 1
+    before = cal.predict(tp, spec).predicted.step_s / tp.measured_step_s - 1
     result = cal.fit([dp], spec)
-    after = cal.predict(tp, result.spec).step_s / tp.measured_step_s - 1
+    after = cal.predict(tp, result.spec).predicted.step_s / tp.measured_step_s - 1
     assert abs(before) > 0.5  # the nominal spec is far off
     assert abs(result.error(2)[0]) < 0.02  # the fitted run itself
     assert abs(after) < 0.15, (before, after, result.factors)
@@ -58,10 +57,10 @@ def test_fit_on_one_layout_predicts_another() -> None:
 
 def test_measured_phases_shapes_and_missing() -> None:
     assert cal.measured_phases(None) == {}
-    assert cal.measured_phases({"forward": {"measured": 1.0, "predicted": 2.0}, "backward": {"measured": 2.0},
-                                "bubble": {"measured": 0.5}}) == {"compute": 3.0, "bubble": 0.5}  # fmt: skip
-    assert cal.measured_phases({"measured": {"optimizer": 0.1, "exposed_comm": 0.2}}) == {
-        "optimizer": 0.1, "exposed_comm": 0.2}  # fmt: skip
+    rec = {"forward": {"measured_s": 1.0, "predicted_s": 2.0}, "backward": {"measured_s": 2.0, "predicted_s": 1.0},
+           "bubble": {"measured_s": 0.0, "predicted_s": 0.1}, "other": {"measured_s": 0.3}, "how": {"rank": 0}}
+    assert cal.measured_phases(rec) == {"forward": 1.0, "backward": 2.0}  # fmt: skip
+    assert cal.measured_phases({"measured": {"optimizer": 0.1, "comm": 0.2}}) == {"optimizer": 0.1, "comm": 0.2}
 
 
 def test_cli_writes_a_cluster_usable_as_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,9 +28,9 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
 - ``intra_bw`` / ``intra_latency``: collectives inside a node; ``inter_bw`` / ``inter_latency``:
   across nodes.
 
-Phases compared (names of the RunRecord's "phases"; any may be missing): "forward" +
-"backward" against the predicted compute (with recompute), "optimizer", "exposed_comm" (TP + PP
-+ DP + EP + CP exposed) and "bubble". No torch import.
+Phases compared (the RunRecord's "phases" written by ``runtime.phases``; any may be missing):
+forward, backward, optimizer, comm (exposed), bubble, each against ``plan_phases.predicted_phases``
+of the re-costed plan (the definition the runtime records its predictions with). No torch import.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import ModelGraph
 from meshplan.plan import Plan, Prediction
+from meshplan.plan_phases import predicted_phases
 
 TERMS = ("gemm", "memory", "op_overhead", "intra_bw", "intra_latency", "inter_bw", "inter_latency")
 #: prior width of each term's log multiplier (how far off the starting spec may plausibly be):
@@ -131,9 +132,9 @@ def apply_terms(spec: ClusterSpec, factors: dict[str, float]) -> ClusterSpec:
     )
 
 
-def predict(case: Case, spec: ClusterSpec) -> Prediction:
-    """The predicted step of ``case``'s layout on ``spec`` (``estimate_graph`` with every degree,
-    batch, schedule, recompute and DP kind of the plan pinned)."""
+def predict(case: Case, spec: ClusterSpec) -> Plan:
+    """``case``'s layout re-costed on ``spec`` (``estimate_graph`` with every degree, batch,
+    schedule, recompute and DP kind of the plan pinned)."""
     from meshplan.planner.api import estimate_graph
 
     p = case.plan
@@ -147,56 +148,39 @@ def predict(case: Case, spec: ClusterSpec) -> Prediction:
         dp_kind=p.dp_kind if p.dp > 1 else None, sequence_parallel=p.sequence_parallel,
         cluster=spec.with_devices(p.world_size), dtype=p.dtype, optimizer=p.optimizer, quantization=p.quantization,
     )  # fmt: skip
-    return est.predicted
+    return est
 
 
-def predicted_phases(pred: Prediction) -> dict[str, float]:
-    """The predicted seconds the RunRecord phases are compared with (module docstring)."""
-    return {
-        "compute": pred.compute_s,
-        "optimizer": pred.optimizer_s,
-        "exposed_comm": pred.tp_comm_s + pred.pp_comm_s + pred.dp_comm_s + pred.ep_comm_s + pred.cp_comm_s,
-        "bubble": pred.bubble_s,
-    }
+#: the RunRecord phases compared (``plan_phases.predicted_phases``; "other" is what is left over)
+PHASES = ("forward", "backward", "optimizer", "comm", "bubble")
 
 
 def measured_phases(phases: Any) -> dict[str, float]:
-    """Measured seconds per compared phase from a RunRecord's "phases" (missing: {}).
+    """Measured seconds per compared phase (``PHASES``) from a RunRecord's "phases" ({} when missing).
 
-    Accepts ``{"measured": {name: s}, ...}`` or ``{name: {"measured": s, ...}}``; forward and
-    backward are summed into "compute"."""
+    Reads the runtime's ``{name: {"measured_s": s, "predicted_s": s}, "how": ...}`` (and the
+    shapes ``{name: {"measured": s}}`` / ``{"measured": {name: s}}``); phases of 0 s are dropped."""
     if not isinstance(phases, dict):
         return {}
-    flat: dict[str, float] = {}
-    if isinstance(phases.get("measured"), dict):
-        src = phases["measured"]
-        flat = {k: float(v) for k, v in src.items() if isinstance(v, (int, float))}
-    else:
-        for k, v in phases.items():
-            if isinstance(v, dict) and isinstance(v.get("measured"), (int, float)):
-                flat[k] = float(v["measured"])
-            elif isinstance(v, (int, float)):
-                flat[k] = float(v)
+    src = phases["measured"] if isinstance(phases.get("measured"), dict) else phases
     out: dict[str, float] = {}
-    if "forward" in flat and "backward" in flat:
-        out["compute"] = flat["forward"] + flat["backward"]
-    for k in ("optimizer", "bubble"):
-        if k in flat:
-            out[k] = flat[k]
-    for k in ("exposed_comm", "exposed_communication", "comm"):
-        if k in flat:
-            out["exposed_comm"] = flat[k]
-            break
-    return {k: v for k, v in out.items() if v > 0}
+    for k in PHASES:
+        v = src.get(k)
+        if isinstance(v, dict):
+            v = v.get("measured_s", v.get("measured"))
+        if isinstance(v, (int, float)) and v > 0:
+            out[k] = float(v)
+    return out
 
 
 def _residuals(cases: Sequence[Case], spec: ClusterSpec) -> tuple[list[float], list[Prediction]]:
     res, preds = [], []
     for c in cases:
-        p = predict(c, spec)
+        plan = predict(c, spec)
+        p = plan.predicted
         preds.append(p)
         res.append(math.log(max(p.step_s, 1e-12) / c.measured_step_s))
-        pp = predicted_phases(p)
+        pp = predicted_phases(plan)
         for k, v in c.measured_phases.items():
             if pp.get(k, 0.0) > 0:
                 res.append(math.sqrt(PHASE_WEIGHT) * math.log(pp[k] / v))

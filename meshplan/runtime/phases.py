@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.plan import Plan
+from meshplan.plan_phases import predicted_phases  # torch-free: the planner's calibration uses it too
 
 PHASES = ("forward", "backward", "optimizer", "comm", "bubble", "other")
 PREFIX = "meshplan::"
@@ -123,28 +124,6 @@ def measure(pm: Any, batches: Iterable[tuple[Any, Any]], *, local: bool = False)
         pm.phase_spans.enabled = False
     n = len(walls)
     return phases_from_events(prof.events(), n, sum(walls) / n if n else 0.0)
-
-
-def predicted_phases(plan: Plan) -> dict[str, float]:
-    """The plan's predicted seconds per step per phase, for its busiest pipeline rank.
-
-    forward/backward: the microbatches times the predicted forward / backward (+ weight-gradient)
-    time of the rank's stages (``StageSpec.fwd_s`` / ``bwd_s``, TP communication included);
-    optimizer, comm (exposed dp + ep + cp), bubble: the plan's ``Prediction`` terms; other: the
-    rest of the predicted step.
-    """
-    pr = plan.predicted
-    m = plan.num_microbatches
-    per_rank: dict[int, tuple[float, float]] = {}
-    for s in plan.stages:
-        f, b = per_rank.get(s.rank, (0.0, 0.0))
-        per_rank[s.rank] = (f + s.fwd_s, b + s.bwd_s)
-    f, b = max(per_rank.values(), key=sum, default=(0.0, 0.0))
-    out = {"forward": m * f, "backward": m * b, "optimizer": pr.optimizer_s,
-           "comm": pr.dp_comm_s + pr.ep_comm_s + pr.cp_comm_s, "bubble": pr.bubble_s if plan.pp > 1 else 0.0}
-    rest = pr.step_s - sum(out.values())
-    out["other"] = rest if rest > 1e-9 * max(pr.step_s, 1e-30) else 0.0
-    return out
 
 
 def gather(mine: dict[str, float]) -> list[dict[str, float]]:
