@@ -37,6 +37,16 @@ def tiny_hf_gpt2() -> nn.Module:
     return m.train()
 
 
+def tiny_hf_llama() -> nn.Module:
+    """HF transformers Llama, untied LM head (the TP plan can shard it over the vocabulary)."""
+    from meshplan.models.hf import hf_llama
+
+    torch.manual_seed(0)
+    return hf_llama(dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=16,
+                         tie_word_embeddings=False, attention_dropout=0.0)).train()
+
+
 def tiny_llama() -> nn.Module:
     from meshplan.models.llama import Llama, LlamaConfig
 
@@ -170,7 +180,8 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
 
 def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int = 2) -> list[tuple]:
     """Runs every plan of ``cfgs`` on ``model_name`` (a cfg's "model" key overrides it)."""
-    fns = {"gpt": tiny_gpt, "gpt_untied": tiny_gpt_untied, "hf_gpt2": tiny_hf_gpt2, "llama": tiny_llama}
+    fns = {"gpt": tiny_gpt, "gpt_untied": tiny_gpt_untied, "hf_gpt2": tiny_hf_gpt2, "llama": tiny_llama,
+           "hf_llama": tiny_hf_llama}
     data = batches(steps)
     refs: dict[str, tuple] = {}
     out = []

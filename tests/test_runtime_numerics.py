@@ -81,6 +81,24 @@ class TestTwoRanks:
         assert any("Conv1D converted" in n for n in res[0][1][3])
 
 
+    def test_loss_parallel_hf_and_quantized_heads(self) -> None:
+        # the LM head sharded over the vocabulary (no gathered logits) for a HF model (torch.export
+        # capture: the head is an aten.linear inside nn.Linear) and under QLoRA / QAT (head not quantized)
+        cfgs = [dict(tp=2, m=2, vocab_head="lm_head", model="hf_llama"),
+                dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", quant="qat"),
+                dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", quant="qlora"),
+                dict(tp=2, m=2, model="gpt_untied", quant="qlora")]  # the same plan, logits gathered
+        res = run_ranks(rc.worker, 2, "gpt", cfgs)
+        _check([r[:2] for r in res], 2)
+        for r in res:
+            (_, le, pe, notes), (_, gle, gpe, _) = r[2], r[3]
+            assert any(n.startswith("loss_parallel:") for n in notes) and "logits_vocab_sharded" in notes, notes
+            # QLoRA quantizes each TP rank's shard of a base weight (NF4 blocks of the shard), so tp2
+            # differs from one device by ~2e-5 (measured 2.1e-5 loss, 1.2e-5 parameters) with or without
+            # loss_parallel; the vocabulary-sharded loss equals the gathered one
+            assert abs(le - gle) <= 1e-6 and abs(pe - gpe) <= 1e-6, (le, gle, pe, gpe)
+            assert le <= 5e-5 and pe <= 5e-5, (le, pe)
+
     def test_llama_rotary_skip_edges(self) -> None:
         cfgs = [dict(tp=2, m=2), dict(pp=2, m=4, schedule="1f1b"), dict(pp=2, m=4, schedule="zero-bubble"),
                 dict(tp=2, m=2, sp=1)]

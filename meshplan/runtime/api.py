@@ -109,7 +109,7 @@ def apply_plan(
         names = split_inputs(example_inputs)[0]
     if pp > 1:
         gm, prefix = split.capture_graph(model, example_inputs)
-        if plan.tp > 1 and plan.quantization.mode == "none":
+        if plan.tp > 1:
             head = lpmod.vocab_head(gm, prefix, styles, plan.tp_gathered_outputs)
         pieces = split.split_stages(gm, ordered)
         split.check_stage_chain(pieces, example_inputs)
@@ -129,10 +129,17 @@ def apply_plan(
         roots = [model]
         n_in = len(split_inputs(example_inputs)[1]) if example_inputs is not None else 1
         modules = [wrap_if_hf(model, call_names(model, names, n_in))[0]]
-        if plan.tp > 1 and plan.quantization.mode == "none" and example_inputs is not None and any(
-                s == "colwise" for s in styles.values()):
+        if plan.tp > 1 and example_inputs is not None and any(s == "colwise" for s in styles.values()):
             cg, cprefix = split.capture_graph(model, example_inputs)
             head = lpmod.vocab_head(cg, cprefix, styles, plan.tp_gathered_outputs)
+
+    if head and plan.quantization.mode != "none":
+        from meshplan.runtime.quant.targets import targeted_linears
+
+        if head in targeted_linears(model, plan.quantization):  # a quantized head's layouts gather its output
+            notes.append(f"loss_parallel not applied: the LM head {head} is quantized ({plan.quantization.mode}); "
+                         "its logits are gathered")
+            head = None
 
     # 4. TP per stage (styles are keyed by the user's FQNs: apply them on the un-prefixed roots)
     if plan.tp > 1:
