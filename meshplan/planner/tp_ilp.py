@@ -58,6 +58,10 @@ Constraint families (names ``<family>__<index>``, see ``meshplan.ilp``)::
     boundary_out   segment outputs leave in the boundary state: x[u,k] = 0 for other out(k)
     tied           an embedding and a linear sharing a weight shard it alike:
                    x[emb,rowwise] = x[lin,colwise]
+    tp_group       coherent groups (``tp_groups``: attention q/k/v + output projection, MLP up
+                   projections + down projection): g ∈ {0,1} per group, Σ_{k colwise} x[p,k] = g
+                   for producers p, Σ_{k rowwise} x[c,k] = g for consumers c, g = 0 when the
+                   group has a blocker; x[n,rowwise] = 0 for a linear that is no group's consumer
 
 Blocks chain because every block instance starts and ends in the same boundary state.
 No torch import.
@@ -66,74 +70,27 @@ No torch import.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import pulp
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode, ModelGraph
+from meshplan.planner.tp_groups import TPGroup, find_groups
+from meshplan.planner.tp_types import (
+    _SPLIT_TARGETS,
+    MEM_WEIGHT_S_PER_BYTE,
+    STATES,
+    TRANSITIONS,
+    Strategy,
+    TPSolution,
+    _collective_time,
+    _elem_scale,
+    _numel,
+)
 
-STATES = ("R", "S", "P", "Q")
-#: Forward collective for a transition a→b (None = free); pairs absent here are not allowed.
-TRANSITIONS: dict[tuple[str, str], str | None] = {
-    ("R", "R"): None, ("R", "S"): None, ("R", "Q"): None,
-    ("S", "S"): None, ("S", "R"): "all_gather",
-    ("P", "P"): None, ("P", "R"): "all_reduce", ("P", "Q"): "reduce_scatter",
-    ("Q", "Q"): None, ("Q", "R"): "all_gather",
-}  # fmt: skip
-#: Default weight of the memory term, seconds per parameter byte (1 GB ≈ 0.1 ms: a tie-breaker).
-MEM_WEIGHT_S_PER_BYTE = 1e-13
-_SPLIT_TARGETS = ("split", "chunk", "unbind", "tensor_split")
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """One way to run a node: required input states (None = exempt), output state, work split."""
-
-    name: str
-    in_state: str | None  # the state every non-exempt input must arrive in
-    out_state: str
-    shard: int
-    style: str | None = None  # TP style word for linear/embedding nodes
-
-
-@dataclass
-class TPSolution:
-    """The answer for one segment.
-
-    ``styles`` maps module FQN -> style for the solved instance (``rel_styles`` relative to the
-    instance prefix, so it can be stamped onto every instance); ``node_shard`` node id -> work
-    split; ``comm_bytes`` collective kind -> bytes per microbatch (forward + backward);
-    ``comm_s`` and ``compute_s`` seconds per microbatch; ``node_state`` node id -> output state.
-    """
-
-    tp: int
-    sequence_parallel: bool
-    styles: dict[str, str]
-    rel_styles: dict[str, str]
-    node_shard: dict[int, int]
-    node_state: dict[int, str]
-    comm_s: float
-    comm_bytes: dict[str, int]
-    compute_s: float
-    objective: float
-    status: str = "optimal"
-    seconds: float = 0.0
-    solver: str = ""
-    comm_events: list[tuple[int, str, float]] = field(default_factory=list)  # (node id, kind, bytes) fwd
-    gathered: set[str] = field(default_factory=set)  # colwise linears whose output is all-gathered
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) -> float:
-    from meshplan.cost_models.comm import group_collective_s
-
-    # the tp group is the innermost mesh axis (stride 1): NVLink inside a node, the NCCL
-    # cross-node model with its node layout beyond (comm.group_collective_s)
-    # + one kernel launch: of two plans moving the same bytes, the one with fewer collectives wins
-    return float(group_collective_s(kind, int(nbytes), tp, cluster, stride=1)) + cluster.kernel_floor_s
-
+__all__ = ["MEM_WEIGHT_S_PER_BYTE", "STATES", "TRANSITIONS", "Strategy", "TPSolution", "TPPlacementILP",
+           "solve_segment", "_collective_time"]
 
 class TPPlacementILP:
     """Builds and solves the placement ILP of one segment (a list of consecutive nodes)."""
@@ -415,6 +372,31 @@ class TPPlacementILP:
                         self.prob += self.x[li, k] == 0, f"tied__{ci}"
                         ci += 1
 
+    def add_groups(self) -> None:
+        """Coherent groups (``tp_groups``): one binary g per group; producers colwise = g, consumers
+        rowwise = g (a group with a blocker, or a member lacking the style, has g = 0); a linear
+        may be rowwise only as a group's consumer."""
+        self.groups: list[TPGroup] = find_groups(self.g, self.ids) if self.tp > 1 else []
+        consumers = {c for grp in self.groups for c in grp.consumers}
+        ci = 0
+        for gi, grp in enumerate(self.groups):
+            gv = self.prob.add_variable(f"g_{gi}", cat="Binary")
+            members = [(p, "colwise") for p in grp.producers] + [(c, "rowwise") for c in grp.consumers]
+            for nid, style in members:
+                ks = [k for k, s in enumerate(self.strategies[nid]) if s.style == style]
+                if grp.blocker or not ks:
+                    self.prob += gv == 0, f"tp_group__{ci}"
+                else:
+                    self.prob += pulp.lpSum(self.x[nid, k] for k in ks) == gv, f"tp_group__{ci}"
+                ci += 1
+        for nid in self.ids:
+            if self.g.nodes[nid].kind != "linear" or nid in consumers:
+                continue
+            for k, s in enumerate(self.strategies[nid]):
+                if s.style == "rowwise":
+                    self.prob += self.x[nid, k] == 0, f"tp_group__{ci}"
+                    ci += 1
+
     def set_objective(self) -> None:
         terms = []
         for nid in self.ids:
@@ -435,6 +417,7 @@ class TPPlacementILP:
         self.add_boundary_in()
         self.add_boundary_out()
         self.add_tied()
+        self.add_groups()
         self.set_objective()
         return self.prob
 
@@ -520,23 +503,6 @@ class TPPlacementILP:
                 return None
             nid, seen = ins[0], seen + 1
         return None
-
-
-def _elem_scale(traced_dtype: str | None, dtype: str) -> float:
-    """Training-dtype bytes over traced-dtype bytes for float tensors (1 for ints/unknown)."""
-    from meshplan.cost_models.compute import _DTYPE_BYTES
-
-    key = (traced_dtype or "").replace("torch.", "")
-    if key not in _DTYPE_BYTES or dtype not in _DTYPE_BYTES:
-        return 1.0
-    return _DTYPE_BYTES[dtype] / _DTYPE_BYTES[key]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= int(d)
-    return out
 
 
 def solve_segment(

@@ -1,0 +1,88 @@
+"""Data types and helpers of the TP placement ILP (``tp_ilp``): sharding states, the transitions
+torch's TP styles express, a node strategy, one segment's solution, collective/element-size
+helpers. No torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshplan.cost_models.hardware import ClusterSpec
+
+STATES = ("R", "S", "P", "Q")
+#: Forward collective for a transition a→b (None = free); pairs absent here are not allowed.
+TRANSITIONS: dict[tuple[str, str], str | None] = {
+    ("R", "R"): None, ("R", "S"): None, ("R", "Q"): None,
+    ("S", "S"): None, ("S", "R"): "all_gather",
+    ("P", "P"): None, ("P", "R"): "all_reduce", ("P", "Q"): "reduce_scatter",
+    ("Q", "Q"): None, ("Q", "R"): "all_gather",
+}  # fmt: skip
+#: Default weight of the memory term, seconds per parameter byte (1 GB ≈ 0.1 ms: a tie-breaker).
+MEM_WEIGHT_S_PER_BYTE = 1e-13
+_SPLIT_TARGETS = ("split", "chunk", "unbind", "tensor_split")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run a node: required input states (None = exempt), output state, work split."""
+
+    name: str
+    in_state: str | None  # the state every non-exempt input must arrive in
+    out_state: str
+    shard: int
+    style: str | None = None  # TP style word for linear/embedding nodes
+
+
+@dataclass
+class TPSolution:
+    """The answer for one segment.
+
+    ``styles`` maps module FQN -> style for the solved instance (``rel_styles`` relative to the
+    instance prefix, so it can be stamped onto every instance); ``node_shard`` node id -> work
+    split; ``comm_bytes`` collective kind -> bytes per microbatch (forward + backward);
+    ``comm_s`` and ``compute_s`` seconds per microbatch; ``node_state`` node id -> output state.
+    """
+
+    tp: int
+    sequence_parallel: bool
+    styles: dict[str, str]
+    rel_styles: dict[str, str]
+    node_shard: dict[int, int]
+    node_state: dict[int, str]
+    comm_s: float
+    comm_bytes: dict[str, int]
+    compute_s: float
+    objective: float
+    status: str = "optimal"
+    seconds: float = 0.0
+    solver: str = ""
+    comm_events: list[tuple[int, str, float]] = field(default_factory=list)  # (node id, kind, bytes) fwd
+    gathered: set[str] = field(default_factory=set)  # colwise linears whose output is all-gathered
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) -> float:
+    from meshplan.cost_models.comm import group_collective_s
+
+    # the tp group is the innermost mesh axis (stride 1): NVLink inside a node, the NCCL
+    # cross-node model with its node layout beyond (comm.group_collective_s)
+    # + one kernel launch: of two plans moving the same bytes, the one with fewer collectives wins
+    return float(group_collective_s(kind, int(nbytes), tp, cluster, stride=1)) + cluster.kernel_floor_s
+
+
+def _elem_scale(traced_dtype: str | None, dtype: str) -> float:
+    """Training-dtype bytes over traced-dtype bytes for float tensors (1 for ints/unknown)."""
+    from meshplan.cost_models.compute import _DTYPE_BYTES
+
+    key = (traced_dtype or "").replace("torch.", "")
+    if key not in _DTYPE_BYTES or dtype not in _DTYPE_BYTES:
+        return 1.0
+    return _DTYPE_BYTES[dtype] / _DTYPE_BYTES[key]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= int(d)
+    return out

@@ -1,0 +1,126 @@
+"""Which linears' outputs are split into heads in a way a column shard would silently break.
+
+Under tensor parallelism a colwise q/k/v projection returns this rank's slice of the features
+``[B, T, F/t]``. A head split written as ``view(B, T, -1, head_dim)`` then gives ``F/(t·head_dim)``
+local heads, as torch's TP styles expect; one written as ``view(B, -1, num_heads, head_dim)``
+(OPT) gives ``[B, T/t, num_heads, head_dim]``: the sequence folded into the heads, with no error.
+
+``fold_views(root, inputs, blocks, prefix)`` runs the model forward once per linear of the first
+instance of each repeated block, on fake tensors, with that linear's output narrowed to half its
+features, and watches the first view/reshape that splits the narrowed last dim: if it keeps the
+leading dims (batch, sequence) the linear is safe, otherwise it is reported. The forward stops at
+that view (or at the end of the block), so a probe costs about one block. Returns the user FQNs
+(every instance of the block) of the linears to keep replicated; the planner reads them from
+``ModelGraph.meta["tp_fold_views"]`` (``planner/tp_groups.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+from meshplan.graph import BlockType
+
+_VIEWS = {torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.unflatten, torch.unflatten}
+
+
+class _Stop(Exception):
+    def __init__(self, folded: bool) -> None:
+        super().__init__("probe done")
+        self.folded = folded
+
+
+class _Watch(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lead: tuple[int, ...] | None = None  # leading dims of the narrowed output
+        self.width = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.lead is not None and func in _VIEWS and args and isinstance(args[0], torch.Tensor):
+            x = args[0]
+            if (isinstance(out, torch.Tensor) and x.dim() >= 2 and tuple(x.shape[:-1]) == self.lead
+                    and x.shape[-1] == self.width and out.shape[-1] != x.shape[-1]):
+                raise _Stop(tuple(out.shape[: len(self.lead)]) != self.lead)
+        return out
+
+
+def _narrow_hook(watch: _Watch) -> Any:
+    def hook(_m: nn.Module, _a: Any, out: Any) -> Any:
+        if not isinstance(out, torch.Tensor) or out.dim() < 3 or out.shape[-1] % 2:
+            raise _Stop(False)
+        half = out[..., : out.shape[-1] // 2]
+        watch.lead, watch.width = tuple(half.shape[:-1]), int(half.shape[-1])
+        return half
+
+    return hook
+
+
+def _end_hook(_m: nn.Module, _a: Any, _out: Any) -> None:
+    raise _Stop(False)
+
+
+def _is_linear(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
+
+
+def fold_views(root: nn.Module, inputs: Sequence[Any], blocks: Sequence[BlockType], prefix: str = "") -> list[str]:
+    """User FQNs of linears whose head split folds the sequence on a column shard (see above)."""
+    import logging
+
+    out: list[str] = []
+    flog = logging.getLogger("torch._subclasses.fake_tensor")  # probes end in shape errors: keep them quiet
+    level = flog.level
+    flog.setLevel(logging.CRITICAL)
+    try:
+        _probe_all(root, blocks, prefix, out, inputs)
+    finally:
+        flog.setLevel(level)
+    return out
+
+
+def _probe_all(root: nn.Module, blocks: Sequence[BlockType], prefix: str, out: list[str], inputs: Sequence[Any]) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from meshplan.tracing.annotate import _fake_state
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes: dict[int, torch.Tensor] = {}
+
+    def to_fake(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in fakes:
+            with mode:
+                fakes[id(t)] = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
+        return fakes[id(t)]
+
+    args = [to_fake(x) if isinstance(x, torch.Tensor) else x for x in tree_leaves(tuple(inputs))]
+    for bt in blocks:
+        first = prefix + bt.instances[0]
+        try:
+            block = root.get_submodule(first)
+        except AttributeError:
+            continue
+        for rel, lin in block.named_modules():
+            if not rel or not _is_linear(lin):
+                continue
+            watch = _Watch()
+            hooks = [lin.register_forward_hook(_narrow_hook(watch)), block.register_forward_hook(_end_hook)]
+            folded = False
+            try:
+                with _fake_state(root, to_fake), torch.no_grad(), mode, watch:
+                    root(*args)
+            except _Stop as s:
+                folded = s.folded
+            except Exception:  # noqa: BLE001 - a probe that cannot run proves nothing either way
+                folded = False
+            finally:
+                for h in hooks:
+                    h.remove()
+            if folded:
+                out += [f"{inst}.{rel}" for inst in bt.instances]
