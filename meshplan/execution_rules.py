@@ -8,6 +8,8 @@ No torch import here (the planner calls it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 ZERO_BUBBLE_SCHEDULES = ("zero-bubble", "zbv")
 SHARDED_DP_KINDS = ("zero2", "fsdp", "hsdp")
 
@@ -44,4 +46,50 @@ def recompute_blocker(*, pp: int, schedule: str, recompute: str) -> str:
             "20 forwards per microbatch instead of 1); re-plan with recompute=selective or a "
             "1f1b/interleaved-1f1b schedule"
         )
+    return ""
+
+
+def tp_pp_blocker(*, tp: int, pp: int, capture: str) -> str:
+    """Why tp > 1 with pp > 1 cannot run for a model captured as ``capture`` ("fx" or "export")."""
+    if tp > 1 and pp > 1 and capture != "fx":
+        return (
+            "tp > 1 with pp > 1 is not executed for a model captured by torch.export (HF transformers "
+            "models are): its pipeline stages keep no nn.Linear modules to apply TP styles to, and its "
+            "shapes are fixed in the graph; such plans are not searched (tp alone or pp alone run)"
+        )
+    return ""
+
+
+def _parent(fqn: str) -> str:
+    return fqn.rsplit(".", 1)[0] if "." in fqn else ""
+
+
+def sequence_parallel_blocker(
+    blocks: Sequence[str], param_modules: Mapping[str, str], styles: Mapping[str, str]
+) -> str:
+    """Why sequence parallelism cannot run ("" when it can), from the module tree as names only.
+
+    ``blocks``: FQNs of the children of the model's ``nn.ModuleList``s (the runtime's blocks);
+    ``param_modules``: FQN -> class name of every module holding parameters of its own;
+    ``styles``: the plan's TP styles. Inside a block every such module must be a norm (class name
+    ending in "Norm") or a colwise/rowwise linear, and every sharded linear's parent must be a
+    TP region (the parent of a colwise linear) strictly inside its block: a replicated linear or
+    another layer with weights would see only this rank's slice of the sequence.
+    """
+    if not blocks:
+        return "no nn.ModuleList blocks found"
+    inside = tuple(b + "." for b in blocks)
+    for fqn, cls in param_modules.items():
+        if not (fqn in blocks or fqn.startswith(inside)) or cls.endswith("Norm"):
+            continue
+        if styles.get(fqn) not in ("colwise", "rowwise"):
+            return f"{fqn} ({cls}) is inside a block but not colwise/rowwise"
+    block_set = set(blocks)
+    regions = {
+        _parent(f) for f, st in styles.items()
+        if st == "colwise" and f in param_modules and _parent(f) not in block_set and _parent(f).startswith(inside)
+    }  # fmt: skip
+    for f, st in styles.items():
+        if st in ("colwise", "rowwise") and f.startswith(inside) and _parent(f) not in regions:
+            return f"{f} ({st}) has no TP region (a parent module holding a colwise linear) inside its block"
     return ""

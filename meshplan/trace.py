@@ -35,6 +35,7 @@ from meshplan.tracing.blocks import cut_points, find_blocks
 from meshplan.tracing.build import ParamIndex, build_nodes, model_meta
 from meshplan.tracing.capture import Captured, capture_with
 from meshplan.tracing.fold_probe import fold_views
+from meshplan.tracing.module_tree import block_fqns, param_modules
 from meshplan.tracing.moe import moe_capture, moe_meta
 
 __all__ = ["TraceError", "capture", "capture_full", "trace_model", "resolve_inputs"]
@@ -171,9 +172,11 @@ def trace_model(
     cuts = cut_points(nodes, blocks)
     params = list(model.parameters())
     meta = model_meta(model, nodes)
-    folded = fold_views(cap.root, cap.inputs, blocks, cap.prefix)
+    folded = fold_views(cap.root, cap.inputs, cap.prefix)
     if folded:
         meta["tp_fold_views"] = folded
+    meta["module_lists"] = block_fqns(model)
+    meta["param_modules"] = param_modules(model)
     meta.update(moe_meta(model))
     meta["param_fingerprint"] = module_fingerprint(model)
     if cap.fx_error:

@@ -27,3 +27,24 @@ def test_search_never_enumerates_a_refused_combination():
     for c in configs:
         assert not dp_kind_blocker(dp=c.dp, tp=c.tp, pp=c.pp, schedule=c.schedule, dp_kind=c.dp_kind), c
         assert not recompute_blocker(pp=c.pp, schedule=c.schedule, recompute=c.recompute), c
+
+
+def test_tp_with_pp_is_not_searched_for_export_captures():
+    """An 8-layer Llama-8B-wide decoder on 8 H100 with dp pinned to 1: tp x pp wins when the model
+    is fx-captured; an export capture (every HF model) cannot run tp x pp (its stages keep no
+    nn.Linear), so the search leaves those out and says so in the notes and explain."""
+    import dataclasses
+
+    from meshplan.execution_rules import tp_pp_blocker
+    from meshplan.planner.api import plan_graph
+    from meshplan.report.explain import explain_plan
+
+    g = gpt_graph(layers=8, h=8192, heads=64, seq=4096, vocab=32768)
+    fx = plan_graph(g, 8, cluster="h100", global_batch_size=8, fixed={"dp": 1})
+    assert fx.tp > 1 and fx.pp > 1, fx.summary()
+    ex = plan_graph(dataclasses.replace(g, capture="export"), 8, cluster="h100", global_batch_size=8, fixed={"dp": 1})
+    assert not (ex.tp > 1 and ex.pp > 1), ex.summary()
+    assert tp_pp_blocker(tp=ex.tp, pp=ex.pp, capture="export") == ""
+    assert any(n.startswith("not searched: tp > 1 with pp > 1") for n in ex.notes)
+    assert "not searched: tp > 1 with pp > 1" in explain_plan(ex)
+    assert tp_pp_blocker(tp=2, pp=2, capture="fx") == ""

@@ -27,8 +27,6 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
 }
 #: cells not run yet, with the reason (kept explicit, so the matrix says what it does not cover)
 NOT_RUN: dict[tuple[str, str], str] = {
-    **{(f, "tp2"): "TP placements not yet coherent per attention/MLP group" for f in
-       ("gpt", "hf_gpt2", "hf_llama", "hf_opt", "hf_qwen2", "hf_neox", "hf_bert", "hf_t5", "hf_vit", "lstm")},
     ("cnn", "dp2"): "BatchNorm under DP: SyncBatchNorm not yet applied",
     ("cnn", "tp2"): "BatchNorm statistics depend on the microbatch (the cell uses 2 microbatches)",
     ("cnn", "auto"): "BatchNorm under DP: SyncBatchNorm not yet applied",

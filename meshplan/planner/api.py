@@ -123,7 +123,8 @@ def plan_graph(
             f"GiB; add devices, lower the global batch ({B}) or sequence length, or use a larger-memory cluster"
         )
     return build_plan(
-        graph, spec, res.best, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0
+        graph, spec, res.best, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0,
+        extra_notes=list(searcher.rule_notes.values()),
     )
 
 

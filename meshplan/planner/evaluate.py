@@ -95,6 +95,7 @@ class ConfigEvaluator:
         self._bpp_cache: dict[tuple[str, int], ModelStateBytes] = {}
         self._rescues = 0
         self._sp_choice: dict[int, bool] = {}
+        self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
         check_training_dtype(dtype, cluster)
         self._largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)

@@ -45,7 +45,12 @@ import time
 from dataclasses import replace
 
 from meshplan.errors import NoFeasiblePlanError
-from meshplan.execution_rules import dp_kind_blocker, recompute_blocker
+from meshplan.execution_rules import (
+    dp_kind_blocker,
+    recompute_blocker,
+    sequence_parallel_blocker,
+    tp_pp_blocker,
+)
 from meshplan.partition.schedule import validate
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import finalize, select_alternatives
@@ -97,11 +102,22 @@ class Searcher(ConfigEvaluator):
                 self._sp_choice[tp] = bool(self.fixed["sequence_parallel"]) and tp > 1
             elif tp == 1 or self.g.seq_len % tp or self.g.seq_len <= 1:
                 self._sp_choice[tp] = False
+            elif self.sp_blocker(tp):
+                self._sp_choice[tp] = False
             else:
                 a = self.coster.tp_solution(tp, False).objective
                 b = self.coster.tp_solution(tp, True).objective
                 self._sp_choice[tp] = b <= a * 1.001
         return self._sp_choice[tp]
+
+    def sp_blocker(self, tp: int) -> str:
+        """Why the runtime would refuse sequence parallelism at this TP degree ("" when it runs):
+        its own rule on the traced module tree and the placement solved with sequence parallelism."""
+        meta = self.g.meta
+        if "module_lists" not in meta:
+            return "the graph records no module tree (traced by an older meshplan); re-trace"
+        styles = self.coster.tp_solution(tp, True).styles
+        return sequence_parallel_blocker(meta["module_lists"], meta.get("param_modules") or {}, styles)
 
     def configs(self) -> list[Config]:
         f = self.fixed
@@ -111,6 +127,10 @@ class Searcher(ConfigEvaluator):
             if "tp" in f and f["tp"] != tp:
                 continue
             for pp, cp, ep in self._pp_cp_ep(tp, n_layers):
+                why = tp_pp_blocker(tp=tp, pp=pp, capture=self.g.capture)
+                if why:  # the runtime would refuse it: named in the plan's notes and explain
+                    self.rule_notes.setdefault("tp_pp", "not searched: " + why)
+                    continue
                 dp = self.W // (tp * pp * cp)
                 if ("dp" in f and f["dp"] != dp) or self.B % dp:
                     continue

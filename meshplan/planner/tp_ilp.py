@@ -11,21 +11,7 @@ Sharding states of an activation (on the TP group of ``t`` ranks)::
     P  partial sums            rowwise output before its reduction
     Q  sequence-sharded        sequence parallelism (Korthikanti et al. 2022) for norms/residual
 
-Strategies ``k ∈ K(n)`` of a node ``n`` (each fixes the state every input must arrive in and the
-state of its output; ``shard(k)`` divides its work)::
-
-    linear       colwise R→S (t) · rowwise S→P (t) · replicate R→R (1)
-    embedding    rowwise (vocab-parallel) R→P (t) · replicate R→R (1)
-    attention    heads S→S (t; needs t | heads and t | kv_heads) · R→R (1)
-    matmul       S→S (t) · R→R (1)
-    reshape      s→s for s ∈ {R, S, P, Q}; a split/chunk that cuts the sharded feature dim (a
-                 fused qkv [B, T, 3h] split along h) keeps neither S nor P
-    elementwise  s→s for s ∈ {R, S, Q} (all full-size inputs alike; broadcast inputs exempt);
-                 not S on the residual stream [B, T, hidden] (torch's styles keep it whole or,
-                 with sequence parallelism, sequence-sharded)
-    activation   s→s for s ∈ {R, S, Q}
-    norm         R→R (1) · Q→Q (t, sequence parallel)
-    others       R→R (loss, output, other, input, constant)
+Strategies ``k ∈ K(n)`` of a node and the transitions the runtime realizes: ``tp_strategies``.
 
 Variables::
 
@@ -77,8 +63,8 @@ import pulp
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.planner.tp_groups import TPGroup, find_groups
+from meshplan.planner.tp_strategies import TPStrategies
 from meshplan.planner.tp_types import (
-    _SPLIT_TARGETS,
     MEM_WEIGHT_S_PER_BYTE,
     STATES,
     TRANSITIONS,
@@ -86,13 +72,12 @@ from meshplan.planner.tp_types import (
     TPSolution,
     _collective_time,
     _elem_scale,
-    _numel,
 )
 
 __all__ = ["MEM_WEIGHT_S_PER_BYTE", "STATES", "TRANSITIONS", "Strategy", "TPSolution", "TPPlacementILP",
            "solve_segment", "_collective_time"]
 
-class TPPlacementILP:
+class TPPlacementILP(TPStrategies):
     """Builds and solves the placement ILP of one segment (a list of consecutive nodes)."""
 
     def __init__(
@@ -134,90 +119,6 @@ class TPPlacementILP:
             self._in_bytes[d] = self._in_bytes.get(d, 0) + b
         self._cost_cache: dict[tuple[int, int], float] = {}
         self._comm_cache: dict[tuple[str, float], float] = {}
-
-    # ---- strategy enumeration -----------------------------------------------------------
-    def _heads_ok(self) -> bool:
-        heads = int(self.g.meta.get("num_heads") or 0)
-        kv = int(self.g.meta.get("num_kv_heads") or heads)
-        return heads > 0 and heads % self.tp == 0 and kv % self.tp == 0
-
-    def _seq_ok(self) -> bool:
-        """Q (sequence-sharded) states exist only with sequence parallelism on."""
-        return self.sp and self.g.seq_len % self.tp == 0 and self.g.seq_len > 1
-
-    def node_strategies(self, n: GraphNode) -> list[Strategy]:
-        t = self.tp
-        rep = Strategy("replicate", "R", "R", 1, "replicate" if n.kind in ("linear", "embedding") else None)
-        if t == 1:
-            return [rep]
-        k = n.kind
-        seq_ok = self._seq_ok()
-        if k == "linear":
-            out: list[Strategy] = [rep]
-            fin, fout = n.attrs.get("in_features"), n.attrs.get("out_features")
-            if fout is None or fout % t == 0:
-                out.append(Strategy("colwise", "R", "S", t, "colwise"))
-            if fin is None or fin % t == 0:
-                out.append(Strategy("rowwise", "S", "P", t, "rowwise"))
-            return out
-        if k == "embedding":
-            vocab = n.attrs.get("num_embeddings")
-            ok = vocab is None or vocab % t == 0
-            return [rep] + ([Strategy("rowwise", "R", "P", t, "rowwise")] if ok else [])
-        if k in ("attention", "matmul"):
-            return [rep] + ([Strategy("heads", "S", "S", t)] if (k == "matmul" or self._heads_ok()) else [])
-        if k == "reshape":
-            states = ["R"] + (["Q"] if seq_ok else [])
-            if self._keeps_shard(n):  # a split of a partial-sum tensor would need per-piece reductions
-                states[1:1] = ["S", "P"]
-            return [Strategy(f"pass-{s}", s, s, 1) for s in states]
-        if k in ("elementwise", "activation"):
-            out = [Strategy("pass-R", "R", "R", 1)]
-            if not self._is_stream(n):  # the residual stream is never hidden-sharded (torch styles)
-                out.append(Strategy("pass-S", "S", "S", t))
-            if seq_ok:
-                out.append(Strategy("pass-Q", "Q", "Q", t))
-            return out
-        if k == "norm":
-            return [rep] + ([Strategy("seq", "Q", "Q", t)] if seq_ok else [])
-        return [rep]
-
-    def _keeps_shard(self, n: GraphNode) -> bool:
-        """A view/transpose keeps S; a split/chunk keeps it only when it does not cut the
-        sharded feature dim: it splits another dim (last dim unchanged) or inside the head
-        dim of an already head-separated (rank ≥ 4) tensor. Splitting a fused qkv output
-        [B, T, 3h] along h would hand each rank the wrong pieces."""
-        if not any(s in n.target.lower() for s in _SPLIT_TARGETS):
-            return True
-        src = next((self.g.nodes[i] for i in n.inputs if self.g.nodes[i].out_shape), None)
-        if src is None or not n.out_shape:
-            return False
-        return src.out_shape[-1] == n.out_shape[-1] or len(src.out_shape) >= 4
-
-    def _exempt(self, n: GraphNode, src: int) -> bool:
-        """Inputs that need no state agreement: buffers, ids, broadcast operands."""
-        p = self.g.nodes[src]
-        if p.kind in ("constant",) or (p.kind == "input" and n.kind == "embedding"):
-            return True
-        if not p.out_shape or not p.out_bytes or not n.out_shape:  # shapes, sizes, ints: metadata
-            return True
-        if n.kind in ("elementwise", "activation") and p.out_shape:
-            # a broadcast operand (rotary table, mask, scale) next to a full-size one; a lone
-            # input that grows (repeat_interleave of kv heads, expand) is not exempt
-            sizes = [_numel(self.g.nodes[i].out_shape) for i in n.inputs if self.g.nodes[i].out_shape]
-            return len(sizes) > 1 and _numel(p.out_shape) < max(sizes)
-        return False
-
-    def _external_state(self, src: int) -> str:
-        """State in which a tensor produced outside the segment arrives."""
-        p = self.g.nodes[src]
-        return self.boundary if self._is_stream(p) else "R"
-
-    def _is_stream(self, p: GraphNode) -> bool:
-        """Residual-stream-shaped tensor (batch, seq, hidden): what flows between blocks."""
-        if p.kind in ("input", "constant") or not p.out_shape or len(p.out_shape) < 2:
-            return False
-        return not self.hidden or p.out_shape[-1] == self.hidden
 
     # ---- costs -----------------------------------------------------------------------------
     def node_cost_s(self, n: GraphNode, shard: int) -> float:
@@ -293,7 +194,7 @@ class TPPlacementILP:
             ins = sorted({s.in_state for s in self.strategies[v] if s.in_state is not None})
             for a in outs:
                 for b in ins:
-                    if (a, b) not in TRANSITIONS:
+                    if not self._runs(u, a, b, v):
                         self.prob += (
                             self._X(u, a, out=True) + self._X(v, b, out=False) <= 1,
                             f"edge_allowed__{ci}",
@@ -320,7 +221,7 @@ class TPPlacementILP:
                 for k, s in enumerate(self.strategies[v]):
                     if s.in_state is None:
                         continue
-                    if (a, s.in_state) not in TRANSITIONS:
+                    if not self._runs(u, a, s.in_state, v):
                         self.prob += self.x[v, k] == 0, f"boundary_in__{ci}"
                         ci += 1
                     elif TRANSITIONS[(a, s.in_state)] is not None:
@@ -345,9 +246,6 @@ class TPPlacementILP:
                 else:
                     c = 2 * self.comm_cost_s(s.out_state, want, self.edge_bytes(u))
                     self._boundary_out_cost[u, k] = c
-
-    def _exit_state(self, n: GraphNode) -> str:
-        return self.boundary if self._is_stream(n) else "R"
 
     def add_tied(self) -> None:
         """Tied embedding/linear pairs: vocab-parallel embedding iff colwise head."""
@@ -386,8 +284,8 @@ class TPPlacementILP:
                 ks = [k for k, s in enumerate(self.strategies[nid]) if s.style == style]
                 if grp.blocker or not ks:
                     self.prob += gv == 0, f"tp_group__{ci}"
-                else:
-                    self.prob += pulp.lpSum(self.x[nid, k] for k in ks) == gv, f"tp_group__{ci}"
+                    ci += 1
+                self.prob += pulp.lpSum(self.x[nid, k] for k in ks) == gv, f"tp_group__{ci}"
                 ci += 1
         for nid in self.ids:
             if self.g.nodes[nid].kind != "linear" or nid in consumers:

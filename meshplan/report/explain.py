@@ -142,6 +142,7 @@ def explain_plan(plan: Plan) -> str:
     )
     lines += _quant_reason(p)
     lines += _epcp_reasons(p)
+    lines += [f"- {n}" for n in p.notes if n.startswith("not searched: ")]  # what the runtime would refuse
     for a in p.alternatives:  # the best plan of each other family: why it lost
         if a.reason.startswith("best with ") and not a.reason.startswith(("best with tp=", "best with pp=")):
             name, _, why = a.reason[len("best with ") :].partition(": ")

@@ -66,6 +66,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from meshplan.execution_rules import sequence_parallel_blocker
+from meshplan.tracing.module_tree import block_fqns, param_modules
+
 
 def effective_styles(
     model: nn.Module, tp_styles: dict[str, str], tied: Iterable[tuple[str, ...]]
@@ -123,33 +126,14 @@ def build_parallel_plan(
     return out
 
 
-def block_fqns(module: nn.Module) -> list[str]:
-    """FQNs of the children of every ``nn.ModuleList`` in ``module`` (the repeated blocks)."""
-    return [f"{n}.{c}" if n else c for n, m in module.named_modules() if isinstance(m, nn.ModuleList)
-            for c, _ in m.named_children()]
-
-
 def is_norm(m: nn.Module) -> bool:
     return isinstance(m, (nn.LayerNorm, nn.RMSNorm)) or type(m).__name__.endswith("Norm")
 
 
 def sp_blocker(module: nn.Module, styles: dict[str, str]) -> str:
-    """Why ``module`` cannot run sequence-parallel under ``styles`` ("" when it can)."""
-    blocks = block_fqns(module)
-    if not blocks:
-        return "no nn.ModuleList blocks found"
-    for b in blocks:
-        for name, m in module.get_submodule(b).named_modules():
-            if not any(True for _ in m.parameters(recurse=False)) or is_norm(m):
-                continue
-            fqn = f"{b}.{name}" if name else b
-            if styles.get(fqn) not in ("colwise", "rowwise"):
-                return f"{fqn} ({type(m).__name__}) is inside a block but not colwise/rowwise"
-    regions = set(tp_regions(module, styles))
-    for f, st in styles.items():
-        if st in ("colwise", "rowwise") and any(f.startswith(b + ".") for b in blocks) and _parent(f) not in regions:
-            return f"{f} ({st}) has no TP region (a parent module holding a colwise linear) inside its block"
-    return ""
+    """Why ``module`` cannot run sequence-parallel under ``styles`` ("" when it can): the planner's
+    rule (``execution_rules.sequence_parallel_blocker``) on this module tree."""
+    return sequence_parallel_blocker(block_fqns(module), param_modules(module), styles)
 
 
 def tp_regions(module: nn.Module, styles: dict[str, str]) -> list[str]:

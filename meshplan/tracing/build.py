@@ -331,6 +331,8 @@ def model_meta(model: nn.Module, nodes: list[GraphNode]) -> dict[str, Any]:
         meta["num_kv_heads"] = meta["num_kv_heads"] or a["num_kv_heads"]
     if meta["num_heads"] and not meta["num_kv_heads"]:
         meta["num_kv_heads"] = meta["num_heads"]
+    if not meta["hidden"] and attn and attn[0].attrs.get("head_dim"):  # plain torch: no config to read
+        meta["hidden"] = attn[0].attrs["num_heads"] * attn[0].attrs["head_dim"]
     if meta["hidden"] and meta["num_heads"] and not meta["head_dim"]:
         meta["head_dim"] = meta["hidden"] // meta["num_heads"]
     if meta["ffn_hidden"] is None and meta["hidden"] and cfg is not None and hasattr(cfg, "n_inner"):

@@ -5,12 +5,14 @@ Under tensor parallelism a colwise q/k/v projection returns this rank's slice of
 local heads, as torch's TP styles expect; one written as ``view(B, -1, num_heads, head_dim)``
 (OPT) gives ``[B, T/t, num_heads, head_dim]``: the sequence folded into the heads, with no error.
 
-``fold_views(root, inputs, blocks, prefix)`` runs the model forward once per linear of the first
-instance of each repeated block, on fake tensors, with that linear's output narrowed to half its
-features, and watches the first view/reshape that splits the narrowed last dim: if it keeps the
-leading dims (batch, sequence) the linear is safe, otherwise it is reported. The forward stops at
-that view (or at the end of the block), so a probe costs about one block. Returns the user FQNs
-(every instance of the block) of the linears to keep replicated; the planner reads them from
+``fold_views(root, inputs, prefix)`` runs the model forward on fake tensors once per *kind* of
+linear (parent module class, attribute name, weight shape: every layer's ``self_attn.q_proj`` is
+one kind, probed at its first instance), with that linear's output narrowed to half its features,
+and watches the first view/reshape that splits the narrowed last dim: if it keeps the leading dims
+(batch, sequence) the kind is safe, otherwise every linear of that kind is reported. The forward
+stops at that view or at the end of the linear's parent module (where heads are split), so a
+probe costs the forward up to the first instance. Linears directly under the model (heads) are
+not probed. Returns the user FQNs of the linears to keep replicated; the planner reads them from
 ``ModelGraph.meta["tp_fold_views"]`` (``planner/tp_groups.py``).
 """
 
@@ -23,8 +25,6 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
-
-from meshplan.graph import BlockType
 
 _VIEWS = {torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.unflatten, torch.unflatten}
 
@@ -55,7 +55,7 @@ def _narrow_hook(watch: _Watch) -> Any:
     def hook(_m: nn.Module, _a: Any, out: Any) -> Any:
         if not isinstance(out, torch.Tensor) or out.dim() < 3 or out.shape[-1] % 2:
             raise _Stop(False)
-        half = out[..., : out.shape[-1] // 2]
+        half = out[..., : out.shape[-1] // 2].contiguous()  # a shard is a contiguous local tensor
         watch.lead, watch.width = tuple(half.shape[:-1]), int(half.shape[-1])
         return half
 
@@ -70,7 +70,7 @@ def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
 
 
-def fold_views(root: nn.Module, inputs: Sequence[Any], blocks: Sequence[BlockType], prefix: str = "") -> list[str]:
+def fold_views(root: nn.Module, inputs: Sequence[Any], prefix: str = "") -> list[str]:
     """User FQNs of linears whose head split folds the sequence on a column shard (see above)."""
     import logging
 
@@ -79,13 +79,23 @@ def fold_views(root: nn.Module, inputs: Sequence[Any], blocks: Sequence[BlockTyp
     level = flog.level
     flog.setLevel(logging.CRITICAL)
     try:
-        _probe_all(root, blocks, prefix, out, inputs)
+        _probe_all(root, prefix, out, inputs)
     finally:
         flog.setLevel(level)
     return out
 
 
-def _probe_all(root: nn.Module, blocks: Sequence[BlockType], prefix: str, out: list[str], inputs: Sequence[Any]) -> None:
+def _signature(root: nn.Module, name: str, lin: nn.Module) -> tuple[str, str, tuple[int, ...]] | None:
+    """(parent class, attribute name, weight shape): linears alike in these fold alike. None for a
+    linear directly under the root (a head: its output is the model's, never split into heads)."""
+    if "." not in name:
+        return None
+    parent, attr = name.rsplit(".", 1)
+    w = getattr(lin, "weight", None)
+    return type(root.get_submodule(parent)).__qualname__, attr, tuple(w.shape) if w is not None else ()
+
+
+def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[Any]) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from meshplan.tracing.annotate import _fake_state
@@ -100,27 +110,32 @@ def _probe_all(root: nn.Module, blocks: Sequence[BlockType], prefix: str, out: l
         return fakes[id(t)]
 
     args = [to_fake(x) if isinstance(x, torch.Tensor) else x for x in tree_leaves(tuple(inputs))]
-    for bt in blocks:
-        first = prefix + bt.instances[0]
-        try:
-            block = root.get_submodule(first)
-        except AttributeError:
+    wrapper = prefix.rstrip(".")
+    by_sig: dict[tuple, list[str]] = {}
+    first: dict[tuple, tuple[str, nn.Module]] = {}
+    for name, lin in root.named_modules():
+        if not name.startswith(prefix) or not _is_linear(lin):
             continue
-        for rel, lin in block.named_modules():
-            if not rel or not _is_linear(lin):
-                continue
-            watch = _Watch()
-            hooks = [lin.register_forward_hook(_narrow_hook(watch)), block.register_forward_hook(_end_hook)]
+        user = name[len(prefix):]
+        sig = _signature(root.get_submodule(wrapper) if wrapper else root, user, lin)
+        if sig is None:
+            continue
+        by_sig.setdefault(sig, []).append(user)
+        first.setdefault(sig, (name, lin))
+    for sig, (name, lin) in first.items():
+        end = root.get_submodule(name.rsplit(".", 1)[0])  # the parent: where heads are split
+        watch = _Watch()
+        hooks = [lin.register_forward_hook(_narrow_hook(watch)), end.register_forward_hook(_end_hook)]
+        folded = False
+        try:
+            with _fake_state(root, to_fake), torch.no_grad(), mode, watch:
+                root(*args)
+        except _Stop as stop:
+            folded = stop.folded
+        except Exception:  # noqa: BLE001 - a probe that cannot run proves nothing either way
             folded = False
-            try:
-                with _fake_state(root, to_fake), torch.no_grad(), mode, watch:
-                    root(*args)
-            except _Stop as s:
-                folded = s.folded
-            except Exception:  # noqa: BLE001 - a probe that cannot run proves nothing either way
-                folded = False
-            finally:
-                for h in hooks:
-                    h.remove()
-            if folded:
-                out += [f"{inst}.{rel}" for inst in bt.instances]
+        finally:
+            for h in hooks:
+                h.remove()
+        if folded:
+            out += by_sig[sig]
