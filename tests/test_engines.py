@@ -5,7 +5,6 @@ engine version it was taken from); what an engine cannot run is refused or made 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import tomllib
@@ -97,16 +96,6 @@ def dataclass_replace(spec: EngineSpec, **kw) -> EngineSpec:
     return dataclasses.replace(spec, **kw)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan not installed")
-def test_torchtitan_config_classes_accept_the_export() -> None:  # pragma: no cover - needs the package
-    from torchtitan.config.configs import ParallelismConfig, TrainingConfig
-
-    spec = EngineSpec(dp=2, tp=2, pp=2, schedule="1f1b", micro_batch_size=1, global_batch_size=8, num_layers=8)
-    d = tomllib.loads(torchtitan.export(spec))
-    TrainingConfig(**d["training"])
-    ParallelismConfig(**d["parallelism"])
-
-
 def test_unsupported_is_refused_or_nearest() -> None:
     zb = EngineSpec(dp=2, pp=4, schedule="zbv", virtual_stages=2, micro_batch_size=1, global_batch_size=16,
                     dp_kind="zero2", num_layers=16, layers_per_stage=(1, 2, 2, 2, 2, 2, 2, 3))  # fmt: skip
@@ -153,10 +142,13 @@ def test_export_and_estimate_commands(tmp_path: Path, graph, capsys) -> None:
     plan = estimate_graph(graph, 8, global_batch_size=32, cluster="h100", **CASES["torchtitan"])
     plan.save(tmp_path / "plan.json")
     out = tmp_path / "job.toml"
-    assert main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "-o", str(out),
-                 "--torchtitan-cli"]) == 0
+    assert main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "-o", str(out), "--toml"]) == 0
     assert tomllib.loads(out.read_text())["parallelism"]["pipeline_parallel_schedule"] == "ZBVZeroBubble"
-    assert "--parallelism.pipeline_parallel_schedule ZBVZeroBubble" in capsys.readouterr().out
+    assert main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "-o", str(tmp_path / "tt.args")]) == 0
+    cli = (tmp_path / "tt.args").read_text()
+    assert "--parallelism.pipeline_parallel_schedule ZBVZeroBubble" in cli and "activation-checkpoint:full" in cli
+    assert torchtitan.parse(cli, 8, 8).spec == torchtitan.parse(out.read_text(), 8, 8).spec
+    capsys.readouterr()
     assert main(["export", str(tmp_path / "plan.json"), "--to", "megatron"]) == 1
     err = capsys.readouterr().err
     assert "schedule 'zbv'" in err and "--nearest" in err and "--target megatron" in err

@@ -1,8 +1,8 @@
 """``meshplan export plan.json --to {torchtitan,megatron,deepspeed} [-o FILE] [--nearest]``.
 
-Writes the plan as the engine's own configuration (``meshplan.engines``): torchtitan a job TOML
-(``--torchtitan-cli`` also prints torchtitan 0.3's ``--section.key`` overrides), Megatron-LM its
-command-line arguments, DeepSpeed a ``ds_config.json``. What the engine cannot express (a
+Writes the plan as the engine's own configuration (``meshplan.engines``): torchtitan 0.3's
+command-line overrides (what follows ``--module M --config C``; ``--toml`` writes the job TOML of
+torchtitan <= 0.2 instead), Megatron-LM its command-line arguments, DeepSpeed a ``ds_config.json``. What the engine cannot express (a
 schedule it lacks, an uneven split it has no setting for, a DP kind) is never dropped: export
 stops naming each item, or with ``--nearest`` exports the closest configuration the engine runs
 and prints its predicted cost beside the plan's (tracing ``--model``, default the plan's model).
@@ -25,16 +25,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nearest", action="store_true",
                         help="export the closest configuration the engine runs, with its predicted cost")
     parser.add_argument("--model", default=None, help="model to re-cost the nearest configuration (default: the plan's)")
-    parser.add_argument("--torchtitan-cli", action="store_true", help="also print torchtitan 0.3 --section.key overrides")
+    parser.add_argument("--toml", action="store_true",
+                        help="torchtitan: write the job TOML of torchtitan <= 0.2 instead of 0.3's command-line overrides")
 
 
-def render(spec, engine: str, devices_per_node: int = 8) -> str:  # type: ignore[no-untyped-def]
+def render(spec, engine: str, devices_per_node: int = 8, toml: bool = False) -> str:  # type: ignore[no-untyped-def]
     from meshplan.engines import deepspeed, megatron, torchtitan
 
     if engine == "megatron":
         return megatron.export(spec) + "\n"
     if engine == "torchtitan":
-        return torchtitan.export(spec, devices_per_node)
+        if toml:
+            return torchtitan.export(spec, devices_per_node)
+        notes = "".join(f"# note: {n}\n" for n in torchtitan.cli_notes(spec))
+        return notes + torchtitan.cli_overrides(spec, devices_per_node) + "\n"
     return deepspeed.export(spec)
 
 
@@ -62,14 +66,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"# predicted step: plan {p.step_s * 1e3:.1f} ms, nearest {q.step_s * 1e3:.1f} ms "
               f"({q.step_s / p.step_s - 1:+.1%}); peak memory {max(p.peak_mem_bytes) / 2**30:.1f} -> "
               f"{max(q.peak_mem_bytes) / 2**30:.1f} GiB")
-    text = render(spec, args.to, int(plan.cluster.get("devices_per_node", 8) or 8))
+    text = render(spec, args.to, int(plan.cluster.get("devices_per_node", 8) or 8), args.toml)
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}")
     else:
         print(text, end="")
-    if args.torchtitan_cli and args.to == "torchtitan":
-        from meshplan.engines.torchtitan import cli_overrides
-
-        print(cli_overrides(spec, int(plan.cluster.get("devices_per_node", 8) or 8)))
     return 0

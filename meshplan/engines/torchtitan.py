@@ -17,6 +17,7 @@ instead), float8 as ``[model] converters = ["float8"]``. :func:`cli_overrides` g
 from __future__ import annotations
 
 import math
+import shlex
 import tomllib
 from typing import Any
 
@@ -29,7 +30,8 @@ SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1
 FROM_SCHEDULE = {v.lower(): k for k, v in SCHEDULES.items()}
 DTYPES = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32", "fp16": "float16"}
 KNOWN = {
-    "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param", "dtype"},
+    "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param", "dtype",
+                 "disable_cuda_graphs"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
                     "enable_sequence_parallel", "pipeline_parallel_degree", "pipeline_parallel_schedule",
                     "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
@@ -79,11 +81,14 @@ def sections(spec: EngineSpec, devices_per_node: int = 8) -> dict[str, dict[str,
             par["pipeline_parallel_layers_per_stage"] = spec.num_layers // (spec.pp * spec.virtual_stages)
             par["pipeline_parallel_first_stage_less_layers"] = 0
             par["pipeline_parallel_last_stage_less_layers"] = 0
-    out = {
+    training: dict[str, Any] = {
         # local_batch_size: per data-parallel rank and step; gradient accumulation makes up the rest
-        "training": {"local_batch_size": spec.global_batch_size // spec.dp if spec.pp > 1 else spec.micro_batch_size,
-                     "global_batch_size": spec.global_batch_size,
-                     "mixed_precision_param": DTYPES[spec.dtype]},
+        "local_batch_size": spec.global_batch_size // spec.dp if spec.pp > 1 else spec.micro_batch_size,
+        "global_batch_size": spec.global_batch_size, "mixed_precision_param": DTYPES[spec.dtype]}
+    if spec.pp > 1:  # torchtitan 0.3's Trainer.Config refuses pp > 1 with CUDA graphs on
+        training["disable_cuda_graphs"] = True
+    out = {
+        "training": training,
         "parallelism": par,
         "activation_checkpoint": {"mode": spec.recompute},
     }  # fmt: skip
@@ -113,25 +118,90 @@ def export(spec: EngineSpec, devices_per_node: int = 8) -> str:
 
 
 def cli_overrides(spec: EngineSpec, devices_per_node: int = 8) -> str:
-    """The same settings as torchtitan 0.3 command-line overrides (``--parallelism.x y``)."""
+    """The same settings as torchtitan 0.3 command-line overrides, as its ``ConfigManager`` (tyro)
+    parses them after ``--module M --config C``: ``--section.key value``, booleans as
+    ``--section.key`` / ``--section.no_key``, and activation checkpointing as the trailing
+    ``activation-checkpoint:{none,selective,full}`` subcommand. float8 has no override in 0.3 (its
+    config functions set the model's converters): :func:`cli_notes` says so."""
     out = []
     for name, body in sections(spec, devices_per_node).items():
-        if name == "activation_checkpoint":
-            continue  # 0.3 selects an activation-checkpoint config class in the --config function
+        if name in ("activation_checkpoint", "model"):
+            continue
         for k, v in body.items():
-            out.append(f"--{name}.{k} " + (",".join(v) if isinstance(v, list) else str(v).lower()
-                                          if isinstance(v, bool) else str(v)))
+            out.append((f"--{name}.{k}" if v else f"--{name}.no_{k}") if isinstance(v, bool) else f"--{name}.{k} {v}")
+    out.append(f"activation-checkpoint:{spec.recompute}")
     return " ".join(out)
 
 
-def parse(text: str, world_size: int | None = None, num_layers: int = 0) -> Imported:
-    """A job TOML; ``world_size`` resolves ``data_parallel_shard_degree = -1``, ``num_layers`` (the
-    model's blocks) gives an interleaved schedule's virtual stages from the layers per stage."""
+def cli_notes(spec: EngineSpec) -> list[str]:
+    """What the 0.3 command line cannot say and the user must pick in ``--config``."""
+    if spec.dtype == "fp8":
+        return ["float8: torchtitan 0.3 sets Float8LinearConverter in the model's config function "
+                "(e.g. --config llama3_debugmodel_float8); no command-line override selects it"]
+    return []
+
+
+def _value(tok: str) -> Any:
+    low = tok.lower()
+    if low in ("true", "false"):
+        return low == "true"
     try:
-        d = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"not a torchtitan TOML job config: {e}") from e
-    unknown, ignored = [], []
+        return int(tok)
+    except ValueError:
+        return tok
+
+
+def read_cli(text: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """torchtitan 0.3 overrides (``--section.key v``, ``--section.no_key``, ``activation-checkpoint:X``;
+    ``\\`` line ends and ``#`` comments allowed) as the job TOML's sections, and the arguments that
+    are not overrides (``--module``/``--config``: they choose the model, listed as ignored)."""
+    lines = [ln.split("#", 1)[0] for ln in text.replace("\\\n", " ").splitlines()]
+    toks = shlex.split(" ".join(lines))
+    d: dict[str, dict[str, Any]] = {}
+    other: list[str] = []
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        has_value = i + 1 < len(toks) and not toks[i + 1].startswith("--") and ":" not in toks[i + 1]
+        if t.replace("_", "-").startswith("activation-checkpoint:"):
+            d.setdefault("activation_checkpoint", {})["mode"] = t.split(":", 1)[1].replace("-", "_")
+        elif t.startswith("--") and "." in t:
+            key, eq, inline = t[2:].partition("=")
+            sec, _, k = key.replace("-", "_").partition(".")
+            if eq:
+                d.setdefault(sec, {})[k] = _value(inline)
+            elif has_value:
+                d.setdefault(sec, {})[k], i = _value(toks[i + 1]), i + 1
+            elif k.startswith("no_"):
+                d.setdefault(sec, {})[k[3:]] = False
+            else:
+                d.setdefault(sec, {})[k] = True
+        elif t.startswith("--"):
+            other.append(t + (f" {toks[i + 1]}" if has_value and "=" not in t else ""))
+            i += 1 if has_value and "=" not in t else 0
+        else:
+            other.append(t)
+        i += 1
+    if "model" in d and isinstance(d["model"].get("converters"), str):
+        d["model"]["converters"] = d["model"]["converters"].split(",")
+    return d, other
+
+
+def parse(text: str, world_size: int | None = None, num_layers: int = 0) -> Imported:
+    """A job TOML, or torchtitan 0.3 command-line overrides (text starting with ``--``); ``world_size``
+    resolves ``data_parallel_shard_degree = -1``, ``num_layers`` (the model's blocks) gives an
+    interleaved schedule's virtual stages from the layers per stage."""
+    unknown: list[str] = []
+    ignored: list[str] = []
+    if text.lstrip().startswith(("--", "activation")):
+        d, other = read_cli(text)
+        ignored += [o for o in other if o.split()[0] in ("--module", "--config")]
+        unknown += [o for o in other if o.split()[0] not in ("--module", "--config")]
+    else:
+        try:
+            d = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"not a torchtitan TOML job config: {e}") from e
     for sec, body in d.items():
         if sec in IGNORED_SECTIONS:
             ignored.append(f"[{sec}]")
