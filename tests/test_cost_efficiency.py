@@ -99,8 +99,15 @@ def test_flash_attention_skips_the_masked_half_and_is_wave_quantized() -> None:
     assert tc.fwd_s / tnc.fwd_s == pytest.approx(17 / 32)
     assert tc.bwd_input_s == pytest.approx(2 * tc.fwd_s)
     flat = dataclasses.replace(H100, sm_count=0)
-    eff = H100.matmul_efficiency * attention_wave_factor(4, 32, 2048, 132)
+    # the flash kernel's own fraction of peak (FlashAttention-2 on H100: 35 %), wave-quantized
+    assert H100.attention_efficiency == 0.35 and A100.attention_efficiency == 0.53
+    assert ClusterSpec.preset("v100").attention_efficiency == 0.0  # no FA2 kernel: matmul_efficiency
+    eff = H100.attention_efficiency * attention_wave_factor(4, 32, 2048, 132)
     assert tnc.fwd_s == pytest.approx(node_time(nc, flat).fwd_s * H100.matmul_efficiency / eff)
+    plain = dataclasses.replace(H100, attention_efficiency=0.0)  # unset: the GEMM efficiency
+    assert node_time(nc, plain).fwd_s == pytest.approx(tnc.fwd_s * 0.35 / H100.matmul_efficiency)
+    with pytest.raises(ValueError, match="attention_efficiency"):
+        dataclasses.replace(H100, attention_efficiency=1.5)
     assert math.isclose(node_time(c, flat).fwd_s, node_time(nc, flat).fwd_s)  # no SM count: dense FLOPs
     # a GPU profile's measured table sets the efficiency; the kernel still skips the masked half
     prof = dataclasses.replace(H100, matmul_efficiency_by_flops=[[1e6, 0.5, 0.5], [1e14, 0.5, 0.5]])

@@ -329,6 +329,7 @@ def shape_efficiencies(
     if node.kind == "attention" and a.get("num_heads") and a.get("seq_len"):
         frac = causal_work_fraction(int(a["seq_len"]), bool(a.get("is_causal")))
         batch = (node.out_shape[0] if len(node.out_shape) == 4 else 1) * batch_scale
+        base = cluster.attention_efficiency or base  # the flash kernel's own fraction of peak
         e = base * attention_wave_factor(batch, a["num_heads"] / shard, int(a["seq_len"]), sms)
         return frac, e, e, e
     return None

@@ -55,6 +55,9 @@ class ClusterSpec:
     # streaming multiprocessors per device (datasheet): GEMM tile/wave quantization and the
     # flash-attention grid (``cost_models.efficiency``); 0 = unknown, no shape factor
     sm_count: int = 0
+    # fraction of peak the fused (flash) attention kernel reaches on its real work, forward +
+    # backward (``cost_models.efficiency``); 0 = ``matmul_efficiency``
+    attention_efficiency: float = 0.0
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -97,6 +100,8 @@ class ClusterSpec:
                 raise bad(name, f"must be in (0, 1], got {v!r}")
         if not isinstance(self.sm_count, int) or isinstance(self.sm_count, bool) or self.sm_count < 0:
             raise bad("sm_count", f"must be a non-negative integer (0 = unknown), got {self.sm_count!r}")
+        if not (isinstance(self.attention_efficiency, (int, float)) and 0 <= self.attention_efficiency <= 1):
+            raise bad("attention_efficiency", f"must be in [0, 1] (0 = matmul_efficiency), got {self.attention_efficiency!r}")
         if self.mem_reserved_bytes >= self.mem_bytes:
             raise bad("mem_reserved_bytes", f"{self.mem_reserved_bytes} leaves no memory of {self.mem_bytes}")
         rows = self.matmul_efficiency_by_flops
@@ -261,6 +266,7 @@ def _make(
     sm_count: int,
     matmul_efficiency: float = 0.75,
     tflops_fp8: float | None = None,
+    attention_efficiency: float = 0.0,
 ):
     def build(num_nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
         dpn = devices_per_node or per_node
@@ -279,6 +285,7 @@ def _make(
             inter_latency_s=1e-5,
             matmul_efficiency=matmul_efficiency,
             sm_count=sm_count,
+            attention_efficiency=attention_efficiency,
             source=source,
         )
 
@@ -292,10 +299,20 @@ def _make(
 _MATMUL_EFF = {"a100-40g": 0.60, "a100-80g": 0.60, "h100": 0.55, "h200": 0.55, "v100": 0.65}
 
 
+# attention_efficiency: what the flash-attention kernel PyTorch's SDPA runs (FlashAttention-2)
+# reaches of dense peak on its real (causal-skipped) work. A100: Dao 2023 (FlashAttention-2) fig.
+# "attention forward + backward speed on A100", causal, head dim 128, seq 2k: ~165 of 312 TFLOP/s
+# (the abstract's range is 50-73 %); H100: Shah et al. 2024 (FlashAttention-3) abstract,
+# "FlashAttention-2 achieves only 35% utilization on H100". H200 shares H100's SMs. V100 has no
+# FlashAttention-2 kernel: its attention stays at matmul_efficiency.
+FA2_A100 = 0.53
+FA2_H100 = 0.35
+
 PRESETS = {
     "a100-40g": _make(
         "a100-40g",
         sm_count=108,
+        attention_efficiency=FA2_A100,
         matmul_efficiency=_MATMUL_EFF["a100-40g"],
         tflops_bf16=312,
         tflops_fp32=19.5,
@@ -309,6 +326,7 @@ PRESETS = {
     "a100-80g": _make(
         "a100-80g",
         sm_count=108,
+        attention_efficiency=FA2_A100,
         matmul_efficiency=_MATMUL_EFF["a100-80g"],
         tflops_bf16=312,
         tflops_fp32=19.5,
@@ -322,6 +340,7 @@ PRESETS = {
     "h100": _make(
         "h100",
         sm_count=132,
+        attention_efficiency=FA2_H100,
         tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)
         matmul_efficiency=_MATMUL_EFF["h100"],
         tflops_bf16=989,
@@ -336,6 +355,7 @@ PRESETS = {
     "h200": _make(
         "h200",
         sm_count=132,
+        attention_efficiency=FA2_H100,
         tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)
         matmul_efficiency=_MATMUL_EFF["h200"],
         tflops_bf16=989,
