@@ -41,8 +41,12 @@ def test_collectives_per_kind() -> None:
     assert dp_comm("ddp", g, p, 128, H100).sync_s == pytest.approx(ar)
     z1 = dp_comm("zero1", g, p, 128, H100)
     assert (z1.sync_s, z1.gather_s) == (pytest.approx(rs), pytest.approx(ag))
+    # zero2 (FSDP2, reshard_after_forward=False): one gather per microbatch, kept to its backward
     z2 = dp_comm("zero2", g, p, 128, H100, num_microbatches=4)
-    assert z2.per_microbatch_s == pytest.approx(rs) and z2.bytes["reduce_scatter"] == int(4 * g)
+    assert z2.per_microbatch_s == pytest.approx(ag + rs) and z2.bytes["reduce_scatter"] == int(4 * g)
+    assert (z2.mb_forward_s, z2.mb_bwd_gather_s) == (pytest.approx(ag), 0.0) and z2.bytes["all_gather"] == int(4 * p)
+    z2p = dp_comm("zero2", g, p, 128, H100, pp=4, num_microbatches=16)  # under PP: once per step
+    assert (z2p.sync_s, z2p.gather_s, z2p.per_microbatch_s) == (pytest.approx(rs), pytest.approx(ag), 0.0)
     # fsdp without PP: gather in forward and backward + reduce-scatter every microbatch
     f1 = dp_comm("fsdp", g, p, 128, H100, num_microbatches=4)
     assert f1.per_microbatch_s == pytest.approx(2 * ag + rs) and f1.sync_s == 0
@@ -50,16 +54,23 @@ def test_collectives_per_kind() -> None:
     f2 = dp_comm("fsdp", g, p, 128, H100, pp=4, num_microbatches=16)
     assert (f2.sync_s, f2.gather_s, f2.per_microbatch_s) == (pytest.approx(rs), pytest.approx(ag), 0.0)
     # hsdp: fsdp inside the node (NVLink) + all-reduce of a 1/8 share across 16 replicas (one per node)
-    h = dp_comm("hsdp", g, p, 128, H100, num_microbatches=1)
+    # (with every reduce-scatter at pp = 1: FSDP2 HSDP reduces each unit's gradient across replicas)
+    h = dp_comm("hsdp", g, p, 128, H100, num_microbatches=2)
     inner = collective_time_s("all_gather", p, 8, H100)
-    assert h.per_microbatch_s == pytest.approx(2 * inner + collective_time_s("reduce_scatter", g, 8, H100))
-    assert h.sync_s == pytest.approx(collective_time_s("all_reduce", g / 8, 16, H100, ranks_per_node=1))
+    across = collective_time_s("all_reduce", g / 8, 16, H100, ranks_per_node=1)
+    assert h.per_microbatch_s == pytest.approx(2 * inner + collective_time_s("reduce_scatter", g, 8, H100) + across)
+    assert h.sync_s == 0 and h.bytes["all_reduce"] == int(2 * g / 8)
+    hp = dp_comm("hsdp", g, p, 128, H100, pp=2, num_microbatches=2)  # under PP once per step
+    assert hp.sync_s == pytest.approx(collective_time_s("reduce_scatter", g, 8, H100) + across)
     assert dp_comm("ddp", g, p, 1, H100).sync_s == 0.0
 
 
 def test_unsharded_buffers() -> None:
     assert unsharded_buffer_bytes("fsdp", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2) == 4e8
-    assert unsharded_buffer_bytes("fsdp", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2, pp=2) == 4 * N
+    # under PP: the stage's bf16 parameters + its fp32 accumulated gradients (FSDP2 reduce dtype)
+    assert unsharded_buffer_bytes("fsdp", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2, pp=2) == 6 * N
+    assert unsharded_buffer_bytes("zero2", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2, pp=2) == 4 * N
+    assert unsharded_buffer_bytes("zero2", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2) == 0
     assert unsharded_buffer_bytes("zero1", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2) == 0
 
 
@@ -90,7 +101,7 @@ def test_fsdp_exposed_per_unit_prefetch() -> None:
     from meshplan.planner.evaluate import exposed_dp_s
 
     ag, rs, L, m = 0.4, 0.6, 9, 3
-    d = DPComm(per_microbatch_s=2 * ag + rs, mb_forward_s=ag, units=L)
+    d = DPComm(per_microbatch_s=2 * ag + rs, mb_forward_s=ag, mb_bwd_gather_s=ag, units=L)
     assert dp_comm("fsdp", 2 * N, 2 * N, 8, H100, units=L).units == L
     # compute hides everything but the first unit's gathers and the last reduce-scatter
     hidden = exposed_dp_s(d, backward_s=10.0, forward_s=5.0, microbatch_s=15.0, num_microbatches=m)
@@ -106,3 +117,7 @@ def test_fsdp_exposed_per_unit_prefetch() -> None:
     one = DPComm(per_microbatch_s=1.0)
     assert exposed_dp_s(one, backward_s=0.5, forward_s=0.2, microbatch_s=0.7, num_microbatches=2) == pytest.approx(
         2 * 0.3 + 0.1)
+    # zero2: no backward gather, so its backward only has the reduce-scatters to hide
+    z = DPComm(per_microbatch_s=ag + rs, mb_forward_s=ag, units=L)
+    got_z = exposed_dp_s(z, backward_s=b, forward_s=f, microbatch_s=f + b, num_microbatches=m)
+    assert got_z == pytest.approx(m * (ag / L + (L - 1) / L * (ag - f) + (L - 1) / L * (rs - b) + rs / L))

@@ -17,17 +17,17 @@ the DP group laid out as ``comm.group_layout`` says; m microbatches)::
 
     ddp     per step    all_reduce(n_g)                          gradient accumulation without sync
     zero1   per step    reduce_scatter(n_g) + all_gather(n_p)    Megatron distributed optimizer
-    zero2   per step    all_gather(n_p);  per microbatch reduce_scatter(n_g)  (sharded gradients
-                        cannot accumulate unsharded)
+    zero2   FSDP2 with reshard_after_forward=False: pp = 1: per microbatch all_gather(n_p) in
+            forward (kept to backward) + reduce_scatter(n_g); pp > 1: as fsdp
     fsdp    pp = 1: per microbatch all_gather(n_p) in forward and again in backward (FSDP2
-            reshard_after_forward=True) + reduce_scatter(n_g), each prefetched one layer ahead so
-            only what compute cannot hide is exposed;
+            reshard_after_forward=True) + reduce_scatter(n_g), each prefetched one unit ahead so
+            only what compute cannot hide is exposed (the runtime syncs every microbatch);
             pp > 1: per step all_gather(n_p) + reduce_scatter(n_g) (torchtitan and
             torch.distributed.pipelining: reshard_after_forward=False, gradient sync only in
             the last microbatch's backward), at the cost of the stage's unsharded parameters and
-            gradients held during the step
-    hsdp    the fsdp collectives over the S ranks of a node, plus per step all_reduce(n_g / S)
-            over the dp / S replicas (one rank per node)
+            fp32 accumulated gradients held during the step
+    hsdp    the fsdp collectives over the S ranks of a node, plus all_reduce(n_g / S) over the
+            dp / S replicas (one rank per node) with each reduce-scatter
 
 Sources: ZeRO (Rajbhandari et al. 2020); Megatron-LM distributed optimizer docs; PyTorch FSDP2
 ``fully_shard`` docs (reshard_after_forward, HSDP); torchtitan ``parallelize`` (PP + FSDP). No torch
@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.cost_models.comm import group_collective_s
+from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 
@@ -97,10 +98,11 @@ class DPComm:
     ``sync_s``: gradient reduction once per step (overlaps the last microbatch's backward);
     ``gather_s``: parameter all-gather once per step (overlaps the next step's first forward);
     ``per_microbatch_s``: collectives repeated every microbatch (overlap that microbatch's
-    compute, prefetched one layer ahead); ``bytes``: per step, by collective kind. For FSDP at
-    pp = 1 also its split: ``mb_forward_s`` (the forward all-gathers; the rest, backward
-    all-gathers and reduce-scatters, is ``per_microbatch_s − mb_forward_s``) over ``units`` FSDP
-    units (one per repeated block + the root), each gathered one unit ahead of its compute.
+    compute, prefetched one layer ahead); ``bytes``: per step, by collective kind. For FSDP2 kinds
+    at pp = 1 also its split: ``mb_forward_s`` (forward all-gathers), ``mb_bwd_gather_s``
+    (backward all-gathers; the rest of ``per_microbatch_s`` is reduce-scatters and hsdp's
+    all-reduce) over ``units`` FSDP units (one per repeated block + the root), each gathered one
+    unit ahead of its compute.
     """
 
     sync_s: float = 0.0
@@ -108,6 +110,7 @@ class DPComm:
     per_microbatch_s: float = 0.0
     bytes: dict[str, int] = field(default_factory=dict)
     mb_forward_s: float = 0.0
+    mb_bwd_gather_s: float = 0.0
     units: int = 1
 
 
@@ -143,28 +146,20 @@ def dp_comm(
             sync_s=t("reduce_scatter", grad_bytes, dp, stride), gather_s=t("all_gather", param_bytes, dp, stride),
             bytes={"reduce_scatter": int(grad_bytes), "all_gather": int(param_bytes)},
         )  # fmt: skip
-    if kind == "zero2":
-        return DPComm(
-            gather_s=t("all_gather", param_bytes, dp, stride),
-            per_microbatch_s=t("reduce_scatter", grad_bytes, dp, stride),
-            bytes={"reduce_scatter": int(grad_bytes * m), "all_gather": int(param_bytes)},
-        )  # fmt: skip
+    # zero2, fsdp, hsdp: FSDP2 over the S-rank shard group (+ hsdp's all-reduce across replicas)
     s = shard_degree(kind, dp, stride=stride, devices_per_node=dpn)
     ag, rs = t("all_gather", param_bytes, s, stride), t("reduce_scatter", grad_bytes, s, stride)
-    out: dict[str, int]
+    rep = dp // s if kind == "hsdp" else 1
+    ar = t("all_reduce", grad_bytes / s, rep, stride * s) if rep > 1 else 0.0
+    gathers = 1 if kind == "zero2" else 2  # zero2: reshard_after_forward=False, no backward re-gather
+    n = 1 if pp > 1 else m  # under PP once per step, else every microbatch
+    out = {"all_gather": int(param_bytes * (1 if pp > 1 else gathers) * n), "reduce_scatter": int(grad_bytes * n)}
+    if ar:
+        out["all_reduce"] = int(grad_bytes / s * n)
     if pp > 1:
-        res = DPComm(sync_s=rs, gather_s=ag, bytes={"all_gather": int(param_bytes), "reduce_scatter": int(grad_bytes)})
-    else:
-        res = DPComm(per_microbatch_s=2 * ag + rs, mb_forward_s=ag, units=max(1, units),
-                     bytes={"all_gather": int(2 * param_bytes * m), "reduce_scatter": int(grad_bytes * m)})  # fmt: skip
-    if kind == "hsdp" and dp > s:
-        rep = dp // s
-        out = dict(res.bytes)
-        out["all_reduce"] = int(grad_bytes / s)
-        return DPComm(sync_s=res.sync_s + t("all_reduce", grad_bytes / s, rep, stride * s), gather_s=res.gather_s,
-                      per_microbatch_s=res.per_microbatch_s, bytes=out, mb_forward_s=res.mb_forward_s,
-                      units=res.units)  # fmt: skip
-    return res
+        return DPComm(sync_s=rs + ar, gather_s=ag, bytes=out)
+    return DPComm(per_microbatch_s=gathers * ag + rs + ar, mb_forward_s=ag, mb_bwd_gather_s=ag if gathers == 2 else 0.0,
+                  units=max(1, units), bytes=out)  # fmt: skip
 
 
 def unsharded_buffer_bytes(
@@ -173,14 +168,17 @@ def unsharded_buffer_bytes(
     """Bytes a sharded kind holds unsharded beyond its sharded states.
 
     fsdp/hsdp at pp = 1: two layers' parameters (the one computing and the one prefetched).
-    fsdp/hsdp at pp > 1 (reshard_after_forward=False, sync in the last microbatch only): the
-    stage's parameters and its unreduced gradients, ``2 · stage params · elem_bytes``.
-    zero2: its parameters stay whole (only gradients and optimizer states are sharded): 0 extra.
-    Others: 0. Unit: bytes. Source: PyTorch FSDP2 ``fully_shard`` docs; torchtitan.
+    fsdp/hsdp at pp > 1 (reshard_after_forward=False, gradient sync in the last microbatch
+    only): the stage's parameters and its unreduced gradients, which FSDP2 accumulates in its
+    fp32 reduce dtype (``to_accumulated_grad_if_needed``): ``stage params · (elem_bytes + 4)``.
+    zero2: its parameters stay whole (counted in its states); under PP its unreduced fp32
+    gradients, ``stage params · 4``. Others: 0. Unit: bytes. Source: PyTorch FSDP2
+    ``fully_shard`` docs and ``_fsdp_param.py``; torch.distributed.pipelining's no-sync backward.
     """
     _check_kind(kind)
-    if ZERO_STAGE[kind] < 3 or dp == 1:
+    if ZERO_STAGE[kind] < 2 or dp == 1:
         return 0.0
     if pp > 1:
-        return 2.0 * stage_param_count * elem_bytes
-    return 2.0 * largest_layer_params * elem_bytes
+        own = 0.0 if kind == "zero2" else elem_bytes
+        return stage_param_count * (own + GRAD_REDUCE_BYTES)
+    return 0.0 if kind == "zero2" else 2.0 * largest_layer_params * elem_bytes

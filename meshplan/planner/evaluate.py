@@ -467,11 +467,12 @@ def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: f
     (--overlap-param-gather, FSDP prefetch); at least a tenth of each stays exposed (the last
     bucket, the first layer's gather). Per-microbatch collectives (FSDP at pp = 1) as FSDP2 runs
     them over L units (``d.units``), each unit's all-gather prefetched one unit ahead of its
-    compute and its reduce-scatter issued when its backward ends (ag, rs: one microbatch's
-    forward gathers and backward gathers + reduce-scatters; F, B its forward and backward)::
+    compute and its reduce-scatter issued when its backward ends (ag, ag_b, rs: one microbatch's
+    forward gathers, backward gathers (0 for zero2) and reduce-scatters + hsdp all-reduces;
+    F, B its forward and backward)::
 
-        E_mb = ag/L + (L−1)/L · max(0, ag − F)               forward: the first unit waits
-             + ag/L + (L−1)/L · max(0, ag + rs − B) + rs/L    backward: first gather, last reduce
+        E_mb = ag/L + (L−1)/L · max(0, ag − F)                   forward: the first unit waits
+             + ag_b/L + (L−1)/L · max(0, ag_b + rs − B) + rs/L    backward: first gather, last reduce
 
     (``units`` 1 or no split: ``max(0, per_mb − T_mb)`` per microbatch + ``0.1·per_mb``).
     Unit: seconds. Source: PyTorch FSDP2 ``fully_shard`` (implicit forward prefetch, backward
@@ -483,9 +484,8 @@ def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: f
     if d.gather_s:
         out += max(0.1 * d.gather_s, d.gather_s - forward_s)
     if d.per_microbatch_s and d.units > 1 and d.mb_forward_s:
-        L, ag_f = d.units, d.mb_forward_s
-        bwd = d.per_microbatch_s - ag_f  # backward gathers + reduce-scatters
-        ag_b = min(ag_f, bwd)
+        L, ag_f, ag_b = d.units, d.mb_forward_s, d.mb_bwd_gather_s
+        bwd = d.per_microbatch_s - ag_f  # backward gathers + reduce-scatters (+ hsdp all-reduce)
         rs = bwd - ag_b
         e_mb = ag_f / L + (L - 1) / L * max(0.0, ag_f - forward_s)
         e_mb += ag_b / L + (L - 1) / L * max(0.0, bwd - backward_s) + rs / L
