@@ -429,14 +429,19 @@ class ConfigEvaluator:
         tp_s = m * sum(st_tp[i] for i in on_b)
         rec_s = m * sum(st_rec[i] for i in on_b)
         compute = m * rank_work[busiest] - tp_s
-        pp_comm = m * sum(st_send[i] for i in on_b) * (2 if c.pp > 1 else 0)
+        # p2p the busiest rank sends: outputs forward (not the last stage), input gradients backward
+        # (not the first: the boundary below); the simulated makespan times both directions already
+        def sends(xs: list) -> float:
+            return sum((xs[i] if i < n_st - 1 else 0) + (xs[i - 1] if i > 0 else 0) for i in on_b)
+
+        pp_comm = m * sends(st_send) if c.pp > 1 else 0.0
         comm_bytes = {k: int(v * m / c.pp) for k, v in t.tp_comm_bytes.items()}
         for k, v in ec.comm_bytes.items():
             comm_bytes[k] = comm_bytes.get(k, 0) + int(v * m)
         for k, v in dp_bytes.items():
             comm_bytes[k] = comm_bytes.get(k, 0) + v
         if c.pp > 1:
-            comm_bytes["send_recv"] = int(2 * m * sum(st_sendb[i] for i in on_b))
+            comm_bytes["send_recv"] = int(m * sends(st_sendb))
         w = r_params[worst]
         mem_breakdown = {"params": int(w * bpp.params), "grads": int(w * bpp.grads),
                          "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
