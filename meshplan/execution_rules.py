@@ -93,3 +93,20 @@ def sequence_parallel_blocker(
         if st in ("colwise", "rowwise") and f.startswith(inside) and _parent(f) not in regions:
             return f"{f} ({st}) has no TP region (a parent module holding a colwise linear) inside its block"
     return ""
+
+
+BATCH_NORM_CLASSES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
+                      "LazyBatchNorm2d", "LazyBatchNorm3d")
+
+
+def microbatch_blocker(*, pp: int, num_microbatches: int, batch_norms: int) -> str:
+    """Why a pipeline of ``num_microbatches`` microbatches cannot equal one device ("" when it can):
+    a training-mode BatchNorm normalizes each microbatch with its own statistics."""
+    if pp > 1 and num_microbatches > 1 and batch_norms:
+        return (
+            f"the model has {batch_norms} BatchNorm layer{'s' * (batch_norms != 1)}: under pp={pp} with "
+            f"{num_microbatches} microbatches each normalizes a microbatch with that microbatch's statistics, "
+            "not the batch's, so training would differ from one device; re-plan with num_microbatches=1 "
+            "(or pp=1), or use GroupNorm/LayerNorm"
+        )
+    return ""

@@ -57,6 +57,7 @@ class GraphNode:
     out_shape: tuple[int, ...] | None = None  # first tensor output's shape
     out_dtype: str | None = None  # e.g. "float32", "bfloat16", "int64"
     out_bytes: int = 0  # bytes of all tensor outputs
+    out_tensor: bool = True  # the output is exactly one tensor (a pipeline stage can send it)
     param_names: tuple[str, ...] = ()  # parameters this node reads (FQNs as in named_parameters)
     param_numel: int = 0  # parameters counted at this node (a tied parameter only at first use)
     param_bytes: int = 0  # bytes of those parameters

@@ -153,6 +153,39 @@ class CNN(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
+class BasicBlock(nn.Module):
+    """A ResNet basic block with GroupNorm (statistics per sample: the same on any microbatch)."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.gn1 = nn.GroupNorm(2, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.gn2 = nn.GroupNorm(2, cout)
+        self.down = nn.Conv2d(cin, cout, 1, stride=stride, bias=False) if stride != 1 or cin != cout else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.gn2(self.conv2(F.relu(self.gn1(self.conv1(x)))))
+        return F.relu(out + (x if self.down is None else self.down(x)))
+
+
+class ResNet(nn.Module):
+    """A tiny ResNet: stem, layer1 (two identical blocks), layer2 (a strided block with a
+    projection shortcut and a plain one), pooled linear head. Few repeated blocks: the pipeline
+    is cut at the graph's cut points (stage boundaries, block boundaries)."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.GroupNorm(2, 8), nn.ReLU())
+        self.layer1 = nn.Sequential(BasicBlock(8, 8), BasicBlock(8, 8))
+        self.layer2 = nn.Sequential(BasicBlock(8, 16, stride=2), BasicBlock(16, 16))
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer2(self.layer1(self.stem(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
 class UNet(nn.Module):
     """A two-level UNet: the encoder's skip tensors feed the decoder (no repeated blocks)."""
 
@@ -229,6 +262,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("hf_t5", _seeded(hf_t5), _t5_batch, lm_loss),
     Family("hf_vit", _seeded(hf_vit), _vit_batch, lm_loss),
     Family("cnn", _seeded(CNN), images, lm_loss),
+    Family("resnet", _seeded(ResNet), images, lm_loss),
     Family("unet", _seeded(UNet), _unet_batch, mse_loss),
     Family("lstm", _seeded(LSTMLM), tokens, lm_loss),
 ]}

@@ -28,6 +28,7 @@ from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
 from meshplan.cost_models.hardware import preset_for_gpu_name as preset_for_device_name
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.graph import ModelGraph
+from meshplan.partition.cuts import layer_ranges, too_few_cuts
 from meshplan.plan import (
     QUANT_MODES,
     Plan,
@@ -35,7 +36,7 @@ from meshplan.plan import (
 )
 from meshplan.planner import validate as V
 from meshplan.planner.assemble import MESH_AXES, build_plan, model_flops_per_token, quant_effect
-from meshplan.planner.costing import GraphCoster, layer_ranges
+from meshplan.planner.costing import GraphCoster
 from meshplan.planner.search import Config, GiB, Searcher, SearchResult
 
 #: Default sequences per device when no global batch is given.
@@ -174,9 +175,7 @@ def estimate_graph(
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, n_layers)
     v = virtual_stages or (2 if schedule == "zbv" else 1)
     if pp * v > n_layers:
-        raise ValueError(
-            f"pp·virtual_stages = {pp * v} exceeds the {n_layers} layers the model can be cut into"
-        )
+        raise ValueError(too_few_cuts(graph, pp, v))
     if pp > 1:
         from meshplan.partition.schedule import validate as validate_schedule
 

@@ -1,7 +1,8 @@
 """Costing a ModelGraph into per-layer tables for the search and the stage split.
 
-A *layer* is the run of nodes between two block-boundary cut points: the pre-block segment
-(embeddings), each repeated-block instance, the post-block segment (final norm, head, loss).
+A *layer* is the run of nodes between two cut points (``partition.cuts.layer_ranges``): the
+pre-block segment (embeddings), each repeated-block instance, the post-block segment (final norm,
+head, loss); a graph without (enough) repeated blocks is cut at its candidate cut points.
 For one (tp, sequence_parallel, recompute, micro_batch) the table gives, per layer and per
 microbatch on one device:
 
@@ -42,6 +43,7 @@ from meshplan.cost_models.memory import loss_buffer_bytes, node_activation_bytes
 from meshplan.cost_models.precision import activation_dtype
 from meshplan.cost_models.quant import node_quant_cost, quant_node_time, quant_state_bytes
 from meshplan.graph import GraphNode, ModelGraph
+from meshplan.partition.cuts import layer_ranges
 from meshplan.plan import Quantization
 from meshplan.planner.tp_graph import GraphTPSolution, solve_tp
 
@@ -112,25 +114,6 @@ class CostTable:
     @property
     def param_count(self) -> float:
         return sum(layer.param_count for layer in self.layers)
-
-
-def layer_ranges(graph: ModelGraph) -> list[tuple[str, int, int, str, str | None]]:
-    """(name, start, end, kind, block type_id) of every layer in node order."""
-    inst = sorted(
-        (a, b, name, bt.type_id) for bt in graph.blocks for name, (a, b) in zip(bt.instances, bt.node_ranges)
-    )
-    out: list[tuple[str, int, int, str, str | None]] = []
-    pos = 0
-    for a, b, name, tid in inst:
-        if a > pos:
-            out.append(
-                ("pre" if not out else f"between.{len(out)}", pos, a, "pre" if not out else "post", None)
-            )
-        out.append((name, a, b, "block", tid))
-        pos = b
-    if pos < len(graph.nodes):
-        out.append(("post" if out else "model", pos, len(graph.nodes), "post", None))
-    return out
 
 
 def _elem_scale(dtype_name: str | None, dtype: str) -> float:

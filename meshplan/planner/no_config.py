@@ -38,7 +38,7 @@ def explain_no_configs(s: Any, micro_batch_choices: tuple[int, ...]) -> str:
             continue
         for pp in _divisors(W // tp):
             if pp > n_layers:
-                note(f"pp={pp} exceeds the model's {n_layers} layers")
+                note(f"pp={pp} needs {pp - 1} cuts, the model has {n_layers - 1} candidate cut points")
                 continue
             if "pp" in f and f["pp"] != pp:
                 note(f"pp is pinned to {f['pp']}")

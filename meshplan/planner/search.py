@@ -40,13 +40,16 @@ No torch import.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import replace
 
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.execution_rules import (
+    BATCH_NORM_CLASSES,
     dp_kind_blocker,
+    microbatch_blocker,
     recompute_blocker,
     sequence_parallel_blocker,
     tp_pp_blocker,
@@ -81,6 +84,11 @@ class Searcher(ConfigEvaluator):
     """The joint search for one graph on one cluster (see the module docstring)."""
 
     # ---- enumeration -------------------------------------------------------------------
+    @functools.cached_property
+    def _batch_norms(self) -> int:
+        """BatchNorm calls in the graph (pipelined microbatches would each use their own statistics)."""
+        return sum(n.op == "call_module" and n.target in BATCH_NORM_CLASSES for n in self.g.nodes)
+
     def tp_choices(self) -> list[int]:
         heads = int(self.g.meta.get("num_heads") or 0)
         kv = int(self.g.meta.get("num_kv_heads") or heads)
@@ -142,6 +150,8 @@ class Searcher(ConfigEvaluator):
                     m = per_replica // b
                     if "num_microbatches" in f and f["num_microbatches"] != m:
                         continue
+                    if microbatch_blocker(pp=pp, num_microbatches=m, batch_norms=self._batch_norms):
+                        continue  # the runtime would refuse it (meshplan.execution_rules)
                     for sched, v in self._schedules(pp, m, n_layers):
                         for rc in self.recompute:
                             if "recompute" in f and f["recompute"] != rc:

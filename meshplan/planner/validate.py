@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.graph import ModelGraph
+from meshplan.partition.cuts import too_few_cuts
 from meshplan.plan import DP_KINDS, RECOMPUTE, SCHEDULES
 
 #: Keys ``fixed=`` accepts.
@@ -90,7 +91,7 @@ def check_against_graph(
             )
     pp = f.get("pp")
     if pp is not None and pp > n_layers:
-        raise ValueError(f"pp={pp} exceeds the {n_layers} layers the model can be cut into")
+        raise ValueError(too_few_cuts(graph, pp))
     dp = f.get("dp")
     if dp is not None and global_batch % dp:
         raise ValueError(f"global batch {global_batch} is not divisible by dp={dp}")

@@ -23,7 +23,7 @@ from torch import nn
 
 from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.errors import PlanMismatchError
-from meshplan.execution_rules import ZERO_BUBBLE_SCHEDULES
+from meshplan.execution_rules import BATCH_NORM_CLASSES, ZERO_BUBBLE_SCHEDULES, microbatch_blocker
 from meshplan.models.calls import call_names, microbatch_example, split_inputs
 from meshplan.plan import Plan
 from meshplan.runtime import data_parallel as dpmod
@@ -74,7 +74,10 @@ def apply_plan(
         raise PlanMismatchError(
             f"global batch {plan.global_batch_size} is not divisible by dp*microbatches = {plan.dp}*{plan.num_microbatches}"
         )
-    why = epcp_blocker(model, plan)
+    why = epcp_blocker(model, plan) or microbatch_blocker(
+        pp=pp, num_microbatches=plan.num_microbatches,
+        batch_norms=sum(type(m).__name__ in BATCH_NORM_CLASSES and m.training for m in model.modules()),
+    )
     if why:
         raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}")
     notes: list[str] = []

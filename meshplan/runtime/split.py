@@ -17,7 +17,10 @@ whose
   ``GraphModule(root, graph)``, which keeps dotted names.
 
 Every value a stage sends is made contiguous (``send_ready``): an expanded attention mask or a
-transposed view cannot be sent as it is.
+transposed view cannot be sent as it is; so is every gradient it sends back for a value it
+received (``grad_send_ready``: the gradient of one input of a ``cat`` is a strided slice). The
+dtypes and shapes of what crosses are found by ``PipelineStage``'s shape inference on the first
+step, from these very modules.
 
 Tied parameters (GPT-2's ``wte.weight``/``lm_head.weight``) stay one Parameter object; after the
 split two stages may hold it. ``tied_parameter_groups`` lists them so the runtime can all-reduce
@@ -130,8 +133,8 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
             src = by_name[name]
             if k == 0 and src.op == "placeholder":  # keeps a model input's default (position_ids=None)
                 env[name] = g.node_copy(src)
-            else:
-                env[name] = g.placeholder(name)
+            else:  # the gradient sent back for a received value must be dense too (a cat's slice is not)
+                env[name] = g.call_function(grad_send_ready, (g.placeholder(name),))
         for n in nodes:
             if n.op == "get_attr":
                 if any(u.op != "output" and assign[u.name] == k for u in n.users):
@@ -160,6 +163,26 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
 def send_ready(x: Any) -> Any:
     """A value as a pipeline stage sends it: tensors contiguous, anything else unchanged."""
     return x.contiguous() if isinstance(x, torch.Tensor) else x
+
+
+class _DenseGrad(torch.autograd.Function):
+    """Identity forward; backward hands on the incoming gradient made contiguous."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def grad_send_ready(x: Any) -> Any:
+    """A value a stage received: a float tensor that needs a gradient gets it back contiguous (the
+    pipeline sends it to the previous stage; gloo refuses strided tensors), anything else unchanged."""
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        return _DenseGrad.apply(x)
+    return x
 
 
 def _lookup(env: dict[str, torch.fx.Node], a: torch.fx.Node, k: int) -> torch.fx.Node:

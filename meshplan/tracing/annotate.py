@@ -49,6 +49,7 @@ def flop_mapping() -> dict[Any, Any]:
 class NodeRecord:
     metas: list[TensorMeta]  # every tensor in the node's output, flattened
     flops: int
+    tensor: bool = True  # the output is one tensor (not a tuple, an int, None)
 
     @property
     def first(self) -> TensorMeta | None:
@@ -129,7 +130,7 @@ class _Recorder(fx.Interpreter):
         before = self._total()
         out = super().run_node(n)
         flops = self._total() - before
-        self.records[n] = NodeRecord(metas_of(out), flops)
+        self.records[n] = NodeRecord(metas_of(out), flops, isinstance(out, torch.Tensor))
         if key is not None and isinstance(out, torch.Tensor):
             self.memo[key] = (tuple(out.shape), tuple(out.stride()), out.dtype, flops)
         return out

@@ -140,7 +140,7 @@ def build_nodes(
             if not p.requires_grad:
                 frozen += p.numel()
 
-        rec = records.get(n) or NodeRecord([], 0)
+        rec = records.get(n) or NodeRecord([], 0, False)
         in_nodes = [i for i in ins if i in ids]
         in_metas = [records[i].first if i in records else None for i in in_nodes]
         kind = _kind_of(gm, n, op, bool(pnames))
@@ -182,6 +182,7 @@ def build_nodes(
             out_shape=first.shape if first else None,
             out_dtype=first.dtype if first else None,
             out_bytes=rec.nbytes,
+            out_tensor=rec.tensor,
             param_names=tuple(dict.fromkeys(pidx.user(p) for p in pnames)),
             param_numel=numel,
             param_bytes=nbytes,

@@ -1,0 +1,129 @@
+"""Pipeline cut points for graphs without (enough) repeated blocks (partition/cuts.py, #14 item 4).
+
+Tiny plain-PyTorch models from the family matrix (tests/model_families.py) are traced; the layers
+the stage split sees come from their candidate cut points, every cut is costed with the bytes
+crossing it, values that cannot be sent (an LSTM's tuple) are refused with the reason, and a
+pipeline deeper than the cut points allow fails naming them. Transformers keep the block path.
+The 2-rank numerics of these pipelines are in tests/test_model_families.py.
+"""
+
+from __future__ import annotations
+
+import model_families as mf
+import pytest
+
+from meshplan.cost_models.hardware import resolve_cluster
+from meshplan.graph import ModelGraph
+from meshplan.partition.cuts import (
+    block_layer_ranges,
+    blocks_dominate,
+    cut_candidates,
+    layer_ranges,
+    too_few_cuts,
+    usable_cuts,
+)
+from meshplan.planner.api import estimate_graph
+from meshplan.planner.costing import GraphCoster
+from meshplan.trace import trace_model
+
+
+def _graph(name: str) -> ModelGraph:
+    fam = mf.FAMILIES[name]
+    return trace_model(fam.build(), mf._example(fam.batch(0)[0]), name=name)
+
+
+@pytest.fixture(scope="module")
+def graphs() -> dict[str, ModelGraph]:
+    return {n: _graph(n) for n in ("unet", "lstm", "resnet", "gpt")}
+
+
+def test_transformer_keeps_the_block_path(graphs: dict[str, ModelGraph]) -> None:
+    g = graphs["gpt"]
+    assert blocks_dominate(g)
+    assert layer_ranges(g) == block_layer_ranges(g)
+    assert [r[0] for r in layer_ranges(g)] == ["pre", "blocks.0", "blocks.1", "post"]
+
+
+def test_unet_layers_at_module_boundaries_with_skip_tensors(graphs: dict[str, ModelGraph]) -> None:
+    g = graphs["unet"]
+    assert not g.blocks
+    ranges = layer_ranges(g)
+    assert len(ranges) > 4 and ranges[0][1] == 0 and ranges[-1][2] == len(g.nodes)
+    assert all(a[2] == b[1] for a, b in zip(ranges, ranges[1:]))  # contiguous cover
+    cuts = {c.label: c for c in usable_cuts(g)}
+    # e1 (enc1's output) is read by the decoder's cat: it crosses every cut up to the cat
+    e1 = g.by_name("enc1_1").id
+    for c in g.cut_points:
+        if c.after in {x.after for x in cuts.values()} and e1 <= c.after < g.by_name("cat").id:
+            assert e1 in c.crossing
+    assert cuts["after enc1.1"].tensors == 1
+    assert cuts["after mid.1"].tensors == 3  # e1, e2 (residual into add) and mid's output
+    assert cuts["after cat"].tensors == 1
+
+
+def test_cut_bytes_are_costed_per_microbatch(graphs: dict[str, ModelGraph]) -> None:
+    g = graphs["unet"]
+    coster = GraphCoster(g, resolve_cluster("h100", 2), dtype="fp32")
+    t = coster.table(1, False, "none", 4)  # 4 sequences per microbatch, traced with 1
+    cuts = {c.after: c for c in g.cut_points}
+    for layer in t.layers[:-1]:
+        assert layer.out_bytes == pytest.approx(4 * cuts[layer.node_end - 1].crossing_bytes)
+        assert layer.out_bytes > 0
+
+
+def test_lstm_tuple_outputs_are_refused_with_the_reason(graphs: dict[str, ModelGraph]) -> None:
+    g = graphs["lstm"]
+    assert not g.by_name("lstm1").out_tensor and g.by_name("emb").out_tensor
+    refused = [c for c in cut_candidates(g) if c.reason]
+    assert refused and all("tuple of tensors" in c.reason for c in refused)
+    assert [c.label for c in usable_cuts(g)] == ["after emb", "after lstm1", "after lstm2"]
+    assert [r[0] for r in layer_ranges(g)] == ["emb", "lstm1", "lstm2", "head"]
+
+
+def test_resnet_keeps_its_few_blocks_whole_and_cuts_the_rest(graphs: dict[str, ModelGraph]) -> None:
+    g = graphs["resnet"]
+    assert g.blocks and not blocks_dominate(g)  # layer1's two blocks repeat; layer2's do not
+    ranges = layer_ranges(g)
+    names = [r[0] for r in ranges]
+    assert "layer1.0" in names and "layer1.1" in names
+    whole = {(a, b) for bt in g.blocks for a, b in bt.node_ranges}
+    assert whole <= {(a, b) for _, a, b, _, _ in ranges}
+    assert len(ranges) > len(block_layer_ranges(g))
+
+
+def test_too_deep_pipeline_names_the_cut_points(graphs: dict[str, ModelGraph]) -> None:
+    g = graphs["lstm"]
+    msg = too_few_cuts(g, 8)
+    assert msg.startswith("pp=8 needs 7 cuts; lstm has 3 candidate cut points: after emb (crossing 1 tensor, 1.0 KiB)")
+    assert "after lstm1: crosses a value that is not one tensor: lstm1 (a tuple of tensors)" in msg
+    assert msg.endswith("pick pp<=4")
+    with pytest.raises(ValueError, match="pp=8 needs 7 cuts; lstm has 3 candidate cut points"):
+        estimate_graph(g, 8, tp=1, pp=8, dp=1, global_batch_size=8, num_microbatches=8, cluster="h100")
+    plan = estimate_graph(g, 4, tp=1, pp=4, dp=1, global_batch_size=8, num_microbatches=4, cluster="h100")
+    assert [s.first_node for s in plan.stages] == ["ids", "lstm1", "lstm2", "head"]
+    assert all(s.send_bytes > 0 for s in plan.stages[:-1])
+
+
+def test_pp2_split_is_costed_and_named(graphs: dict[str, ModelGraph]) -> None:
+    g = graphs["unet"]
+    plan = estimate_graph(g, 2, tp=1, pp=2, dp=1, global_batch_size=8, num_microbatches=4, cluster="h100",
+                          dtype="fp32")
+    first = plan.stages[1].node_start
+    cut = next(c for c in g.cut_points if c.after == first - 1)
+    assert plan.stages[0].send_bytes == 2 * cut.crossing_bytes  # microbatch 2, traced batch 1, fp32 sends
+    assert plan.stages[0].send_s > 0
+    assert first - 1 in {c.after for c in usable_cuts(g)}
+
+
+def test_batch_norm_pipelines_keep_one_microbatch() -> None:
+    """A training BatchNorm normalizes each pipelined microbatch alone: the rule refuses m > 1 and
+    the search never enumerates it (the cnn pp2 cell of the family matrix pins the runtime error)."""
+    from meshplan.execution_rules import microbatch_blocker
+    from meshplan.planner.search import Searcher
+
+    assert "2 BatchNorm layers" in microbatch_blocker(pp=2, num_microbatches=4, batch_norms=2)
+    assert microbatch_blocker(pp=2, num_microbatches=1, batch_norms=2) == ""
+    assert microbatch_blocker(pp=1, num_microbatches=4, batch_norms=2) == ""
+    g = _graph("cnn")
+    configs = Searcher(g, resolve_cluster("h100", 4), global_batch=8).configs()
+    assert any(c.pp > 1 for c in configs) and all(c.pp == 1 or c.num_microbatches == 1 for c in configs)
