@@ -110,3 +110,16 @@ def microbatch_blocker(*, pp: int, num_microbatches: int, batch_norms: int) -> s
             "(or pp=1), or use GroupNorm/LayerNorm"
         )
     return ""
+
+
+def tied_weight_blocker(*, pp: int, schedule: str, uses: int, name: str) -> str:
+    """Why a pipeline stage reading parameter ``name`` at ``uses`` places cannot run under
+    ``schedule`` ("" when it can): torch's split weight-gradient pass (zero-bubble, zbv) frees a
+    stage's graph after the first group holding the weight, then fails on the second."""
+    if pp > 1 and schedule in ZERO_BUBBLE_SCHEDULES and uses > 1:
+        return (
+            f"the {schedule} schedule cannot run a stage that reads the tied parameter {name} at {uses} places "
+            "(torch's split weight-gradient pass fails: 'backward through the graph a second time'); "
+            "re-plan with a 1f1b or interleaved-1f1b schedule"
+        )
+    return ""

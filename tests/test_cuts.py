@@ -9,8 +9,11 @@ The 2-rank numerics of these pipelines are in tests/test_model_families.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import model_families as mf
 import pytest
+import torch
 
 from meshplan.cost_models.hardware import resolve_cluster
 from meshplan.graph import ModelGraph
@@ -127,3 +130,41 @@ def test_batch_norm_pipelines_keep_one_microbatch() -> None:
     g = _graph("cnn")
     configs = Searcher(g, resolve_cluster("h100", 4), global_batch=8).configs()
     assert any(c.pp > 1 for c in configs) and all(c.pp == 1 or c.num_microbatches == 1 for c in configs)
+
+
+class _SharedLinear(torch.nn.Module):
+    """One Linear applied twice (weights shared inside what becomes one stage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.shared = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.shared(torch.relu(self.shared(self.a(x)))))
+
+
+def test_zero_bubble_skipped_when_a_stage_reads_a_weight_twice(graphs: dict[str, ModelGraph]) -> None:
+    """torch's split weight-gradient pass fails on a stage reading one parameter at two places
+    (T5's shared embedding): the search skips zero-bubble schedules for such graphs and the
+    runtime refuses them naming the stage; GPT's tied embedding (first and last layer) is fine."""
+    from meshplan.execution_rules import tied_weight_blocker
+    from meshplan.planner.search import Searcher
+    from meshplan.runtime.split import capture_graph, most_used_parameter, split_stages
+
+    assert "zbv schedule cannot run a stage that reads the tied parameter w at 2 places" in tied_weight_blocker(
+        pp=2, schedule="zbv", uses=2, name="w")
+    assert tied_weight_blocker(pp=2, schedule="1f1b", uses=2, name="w") == ""
+    cluster = resolve_cluster("h100", 2)
+    assert Searcher(graphs["gpt"], cluster, global_batch=8).zero_bubble_why == ""
+    model, x = _SharedLinear(), torch.randn(2, 8)
+    g = trace_model(model, x)
+    s = Searcher(g, cluster, global_batch=8)
+    assert "shared.weight at 2 places" in s.zero_bubble_why
+    assert s.configs() and all(c.schedule not in ("zero-bubble", "zbv") for c in s.configs())
+    plan = estimate_graph(g, 2, tp=1, pp=2, dp=1, global_batch_size=8, num_microbatches=2, cluster="h100",
+                          schedule="zero-bubble")
+    gm, _ = capture_graph(model, x)
+    stages = [plan.stages[0], dataclasses.replace(plan.stages[1], first_node="b")]  # both uses in stage 0
+    assert [most_used_parameter(p) for p in split_stages(gm, stages)] == [("shared.weight", 2), ("b.weight", 1)]

@@ -48,10 +48,12 @@ from dataclasses import replace
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.execution_rules import (
     BATCH_NORM_CLASSES,
+    ZERO_BUBBLE_SCHEDULES,
     dp_kind_blocker,
     microbatch_blocker,
     recompute_blocker,
     sequence_parallel_blocker,
+    tied_weight_blocker,
     tp_pp_blocker,
 )
 from meshplan.partition.schedule import validate
@@ -88,6 +90,23 @@ class Searcher(ConfigEvaluator):
     def _batch_norms(self) -> int:
         """BatchNorm calls in the graph (pipelined microbatches would each use their own statistics)."""
         return sum(n.op == "call_module" and n.target in BATCH_NORM_CLASSES for n in self.g.nodes)
+
+    @functools.cached_property
+    def zero_bubble_why(self) -> str:
+        """Why zero-bubble schedules are skipped ("" when they are not): a parameter read at two
+        places that may fall in one stage (``execution_rules.tied_weight_blocker``). A tied
+        embedding read in the first layer and again by the head in the last is fine."""
+        canon = {name: grp[0] for grp in self.g.tied_params for name in grp}
+        uses: dict[str, list[int]] = {}
+        for n in self.g.nodes:
+            for p in dict.fromkeys(canon.get(x, x) for x in n.param_names):
+                uses.setdefault(p, []).append(n.id)
+        ranges = self.coster.ranges
+        first_end, last_start = ranges[0][2], ranges[-1][1]
+        for p, ids in uses.items():
+            if len(ids) > 1 and not (len(ids) == 2 and ids[0] < first_end and ids[1] >= last_start):
+                return tied_weight_blocker(pp=2, schedule="zero-bubble", uses=len(ids), name=p)
+        return ""
 
     def tp_choices(self) -> list[int]:
         heads = int(self.g.meta.get("num_heads") or 0)
@@ -210,6 +229,8 @@ class Searcher(ConfigEvaluator):
         for s in self.schedules:
             if "schedule" in f and f["schedule"] != s:
                 continue
+            if s in ZERO_BUBBLE_SCHEDULES and self.zero_bubble_why:
+                continue  # the runtime would refuse it (meshplan.execution_rules)
             vs = [1]
             if s == "interleaved-1f1b":
                 vs = [v for v in (2, 3, 4) if pp * v <= n_layers]

@@ -23,7 +23,12 @@ from torch import nn
 
 from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.errors import PlanMismatchError
-from meshplan.execution_rules import BATCH_NORM_CLASSES, ZERO_BUBBLE_SCHEDULES, microbatch_blocker
+from meshplan.execution_rules import (
+    BATCH_NORM_CLASSES,
+    ZERO_BUBBLE_SCHEDULES,
+    microbatch_blocker,
+    tied_weight_blocker,
+)
 from meshplan.models.calls import call_names, microbatch_example, split_inputs
 from meshplan.plan import Plan
 from meshplan.runtime import data_parallel as dpmod
@@ -116,6 +121,11 @@ def apply_plan(
             head = lpmod.vocab_head(gm, prefix, styles, plan.tp_gathered_outputs)
         pieces = split.split_stages(gm, ordered)
         split.check_stage_chain(pieces, example_inputs)
+        for piece in pieces:  # every rank checks every stage: all refuse together, none hangs
+            pname, uses = split.most_used_parameter(piece)
+            why = tied_weight_blocker(pp=pp, schedule=plan.schedule, uses=uses, name=pname)
+            if why:
+                raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: stage {piece.index}: {why}")
         if plan.sequence_parallel and plan.tp > 1 and not sp_why:
             # after the chain check: the boundaries only make sense once the norms gather (TP below)
             sp_why = tp.insert_sequence_boundaries(gm, [prefix + b for b in tp.block_fqns(model)], env.mesh["tp"])

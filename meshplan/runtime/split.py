@@ -209,6 +209,32 @@ def check_stage_chain(pieces: Sequence[StagePiece], example_inputs: tuple) -> No
                 )
 
 
+def most_used_parameter(piece: StagePiece) -> tuple[str, int]:
+    """(FQN, number of graph nodes reading it) of the parameter the stage reads most often (a
+    tied embedding and LM head in one stage: 2); ("", 0) for a stage without parameters."""
+    uses: dict[int, int] = {}
+    names: dict[int, str] = {}
+    gm = piece.module
+    for n in gm.graph.nodes:
+        params: list[tuple[str, nn.Parameter]] = []
+        if n.op == "call_module":
+            mod = gm.get_submodule(str(n.target))
+            params = [(f"{n.target}.{k}", p) for k, p in mod.named_parameters(remove_duplicate=False)]
+        elif n.op == "get_attr":
+            obj = gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part, None)
+            if isinstance(obj, nn.Parameter):
+                params = [(str(n.target), obj)]
+        for name, p in dict((id(p), (name, p)) for name, p in params).values():
+            uses[id(p)] = uses.get(id(p), 0) + 1
+            names.setdefault(id(p), name)
+    if not uses:
+        return "", 0
+    top = max(uses, key=uses.__getitem__)
+    return names[top], uses[top]
+
+
 def tied_parameter_groups(model: nn.Module) -> list[tuple[str, ...]]:
     """FQN groups that name one Parameter object (e.g. ``("wte.weight", "lm_head.weight")``)."""
     seen: dict[int, list[str]] = {}
