@@ -123,12 +123,13 @@ def main() -> None:
               f"{sum(1 for c in cands if c.reason)} refused; "
               f"{len(layers)} layers; trace {trace_s:.2f} s (measured wall)")
         t0 = time.perf_counter()
-        m = 1 if "resnet" in name else 8  # BatchNorm: one microbatch (execution_rules.microbatch_blocker)
-        plan = estimate_graph(g, 8, tp=1, pp=4, dp=2, global_batch_size=batch, num_microbatches=m, cluster="h100")
+        bn = "resnet" in name  # BatchNorm: one microbatch (execution_rules.microbatch_blocker), so GPipe
+        plan = estimate_graph(g, 8, tp=1, pp=4, dp=2, global_batch_size=batch, num_microbatches=1 if bn else 8,
+                              schedule="gpipe" if bn else "1f1b", cluster="h100")
         plan_s = time.perf_counter() - t0
         cuts = {c.after: c for c in cands}
         print(f"   pp=4 dp=2 on 8 H100 ({plan.summary()}): estimate {plan_s:.2f} s (measured wall); "
-              f"predicted step {plan.prediction.step_s * 1e3:.2f} ms, pp comm {plan.prediction.pp_comm_s * 1e3:.3f} ms")
+              f"predicted step {plan.predicted.step_s * 1e3:.2f} ms, pp comm {plan.predicted.pp_comm_s * 1e3:.3f} ms")
         for s in plan.stages[:-1]:
             c = cuts.get(s.node_end - 1)
             label = c.describe() if c else f"after node {s.node_end - 1}"
