@@ -43,6 +43,8 @@ def test_fp8_only_where_the_gpu_has_fp8_tensor_cores() -> None:
         check_training_dtype("int8", H100)
     with pytest.raises(ValueError, match="FP8 tensor cores"):
         estimate_graph(gpt_graph(layers=2), 8, tp=1, pp=1, dp=8, cluster="a100-80g", dtype="fp8")
+    with pytest.raises(ValueError, match="fp8.*with quantization 'qat'.*--dtype bf16"):
+        estimate_graph(gpt_graph(layers=2), 8, tp=1, pp=1, dp=8, cluster="h100", dtype="fp8", quantization="qat")
 
 
 def test_which_linears_torchao_converts() -> None:

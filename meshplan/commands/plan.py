@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     # bad input fails before the (slow) trace
     spec = _check(args.world_size, args.cluster, args.global_batch, fixed, None, None)[1]
     dtypes = dtype_candidates(args.dtype, spec, args.target)
+    if args.dtype == "auto" and args.quantization not in (None, "none"):
+        dtypes = ("bf16",)  # float8 training converts plain linears only (no QAT/QLoRA)
     V.check_fixed(fixed, args.world_size)
     if args.lora_rank is not None and args.quantization != "qlora":
         raise ValueError("--lora-rank applies to --quantization qlora only")

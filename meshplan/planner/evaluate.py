@@ -98,6 +98,9 @@ class ConfigEvaluator:
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
         check_training_dtype(dtype, cluster)
+        if dtype == "fp8" and self.quant:
+            raise ValueError(f"dtype fp8 (torchao float8 training) with quantization {self.coster.quant.mode!r}: "
+                             "torchao converts plain nn.Linear layers only; use --dtype bf16 with quantization")
         self._largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
 
     def _auto(self, c: Config) -> bool:
