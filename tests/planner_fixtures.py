@@ -311,3 +311,12 @@ def fused_qkv_graph(batch: int = 4, seq: int = 2048, h: int = 4096, heads: int =
     o = linear(b, y, h, h, lead, "proj")
     b.add("output", "output", (o,), (*lead, h))
     return b.graph("fused", batch, seq, meta={"hidden": h, "num_heads": heads, "num_kv_heads": heads})
+
+
+def linear_node(tokens: int, fin: int, fout: int) -> GraphNode:
+    """One bf16 linear node of ``tokens`` rows, ``fin`` -> ``fout`` features (kernel-level cost tests)."""
+    return GraphNode(
+        id=1, name="fc", op="call_module", kind="linear", target="Linear", module_fqn="fc", inputs=(0,),
+        out_shape=(tokens, fout), out_dtype="bfloat16", out_bytes=tokens * fout * 2, param_numel=fin * fout,
+        param_bytes=fin * fout * 2, fwd_flops=2 * tokens * fin * fout, attrs={"in_features": fin, "out_features": fout},
+    )  # fmt: skip

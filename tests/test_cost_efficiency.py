@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 import pytest
+from planner_fixtures import linear_node
 
 from meshplan.cost_models.compute import node_time, roofline_time_s
 from meshplan.cost_models.efficiency import (
@@ -20,14 +21,6 @@ from meshplan.graph import GraphNode
 
 H100 = ClusterSpec.preset("h100")
 A100 = ClusterSpec.preset("a100-80g")
-
-
-def _linear(tokens: int, fin: int, fout: int) -> GraphNode:
-    return GraphNode(
-        id=1, name="fc", op="call_module", kind="linear", target="Linear", module_fqn="fc", inputs=(0,),
-        out_shape=(tokens, fout), out_dtype="bfloat16", out_bytes=tokens * fout * 2, param_numel=fin * fout,
-        param_bytes=fin * fout * 2, fwd_flops=2 * tokens * fin * fout, attrs={"in_features": fin, "out_features": fout},
-    )  # fmt: skip
 
 
 def _attention(batch: int, heads: int, seq: int, hd: int, causal: bool) -> GraphNode:
@@ -71,14 +64,14 @@ def test_linear_dims_by_tp_style() -> None:
 
 def test_node_time_linear_runs_each_gemm_at_its_shape() -> None:
     flat = dataclasses.replace(H100, sm_count=0)
-    n = _linear(1024, 4096, 4096)
+    n = linear_node(1024, 4096, 4096)
     t, t0 = node_time(n, H100), node_time(n, flat)
     f = gemm_shape_factor(1024, 4096, 4096, 132)
     assert t.fwd_s == pytest.approx(t0.fwd_s / f)
     assert t.bwd_input_s == pytest.approx(t0.bwd_input_s / gemm_shape_factor(1024, 4096, 4096, 132))
     assert t.bwd_weight_s == pytest.approx(t0.bwd_weight_s / gemm_shape_factor(4096, 4096, 1024, 132))
     # a narrow TP shard of a small microbatch is slower per FLOP than the whole GEMM
-    small = _linear(512, 8192, 8192)
+    small = linear_node(512, 8192, 8192)
     ratio = gemm_shape_factor(512, 8192, 8192, 132) / gemm_shape_factor(512, 1024, 8192, 132)
     assert ratio > 1.05
     assert 8 * node_time(small, H100, shard=8).fwd_s == pytest.approx(ratio * node_time(small, H100).fwd_s)

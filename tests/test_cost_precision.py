@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from planner_fixtures import gpt_graph
+from planner_fixtures import gpt_graph, linear_node
 
 from meshplan.commands.plan import choose_dtype, dtype_candidates
 from meshplan.cost_models.compute import node_time, roofline_time_s
@@ -17,20 +17,11 @@ from meshplan.cost_models.precision import (
     fp8_eligible,
     fp8_weight_copy_bytes,
 )
-from meshplan.graph import GraphNode
 from meshplan.planner.api import estimate_graph
 
 H100 = ClusterSpec.preset("h100")
 A100 = ClusterSpec.preset("a100-80g")
 FLAT = dataclasses.replace(H100, sm_count=0)  # no shape factor: hand arithmetic below
-
-
-def _linear(tokens: int, fin: int, fout: int) -> GraphNode:
-    return GraphNode(
-        id=1, name="fc", op="call_module", kind="linear", target="Linear", module_fqn="fc", inputs=(0,),
-        out_shape=(tokens, fout), out_dtype="bfloat16", out_bytes=tokens * fout * 2, param_numel=fin * fout,
-        param_bytes=fin * fout * 2, fwd_flops=2 * tokens * fin * fout, attrs={"in_features": fin, "out_features": fout},
-    )  # fmt: skip
 
 
 def test_fp8_only_where_the_gpu_has_fp8_tensor_cores() -> None:
@@ -54,7 +45,7 @@ def test_which_linears_torchao_converts() -> None:
 
 
 def test_fp8_linear_runs_at_the_fp8_peak_plus_its_casts() -> None:
-    n = _linear(8192, 4096, 4096)
+    n = linear_node(8192, 4096, 4096)
     t8, t16 = node_time(n, FLAT, dtype="fp8"), node_time(n, FLAT, dtype="bf16")
     moved = 2 * 8192 * 4096 * 2 + 4096 * 4096 * 2  # bf16 input + output + weight: tensors stay bf16
     bw = FLAT.mem_bw_bytes_per_s * FLAT.mem_efficiency
