@@ -52,7 +52,7 @@ def read_config(args: argparse.Namespace, num_layers: int = 0):  # type: ignore[
 
 def run(args: argparse.Namespace) -> int:
     from meshplan.commands.engine_cost import cost_spec, trace_graph
-    from meshplan.engines.spec import CAPS
+    from meshplan.engines.spec import CAPS, search_limits
     from meshplan.planner.api import plan_graph
     from meshplan.report.diff import format_diff
 
@@ -84,9 +84,9 @@ def run(args: argparse.Namespace) -> int:
     mine = cost_spec(graph, spec, args.cluster)
     target = args.target or engine
     progress("searching meshplan's best plan" + (f" for {target}" if target != "meshplan" else ""))
-    schedules = CAPS[target].schedules if target in CAPS else None
+    limits = search_limits(target, {}, spec.dtype) if target in CAPS else {}
     best = plan_graph(graph, spec.world_size, cluster=args.cluster, global_batch_size=spec.global_batch_size,
-                      schedules=schedules, dtype=spec.dtype, progress=None)  # fmt: skip
+                      dtype=spec.dtype, progress=None, **limits)  # fmt: skip
     print()
     print(format_diff(mine, best, names=(f"your {engine} config", f"meshplan best ({target})")))
     for path, p in ((args.output, mine), (args.best_output, best)):

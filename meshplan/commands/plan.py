@@ -20,7 +20,7 @@ from collections.abc import Callable
 from meshplan.commands.argtypes import positive_int
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.precision import TRAINING_DTYPES, check_training_dtype
-from meshplan.engines.spec import CAPS, TARGETS, spec_from_plan, unsupported
+from meshplan.engines.spec import CAPS, TARGETS, search_limits, spec_from_plan, unsupported
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.plan import Plan
 
@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "FP8 tensor cores (h100/h200) and run by torchtitan (--target torchtitan); auto: the "
                              "fastest that fits among bf16 and fp8 where the cluster and the target run them")  # fmt: skip
     parser.add_argument("--target", default="meshplan", choices=TARGETS,
-                        help="plan only what this engine runs (its schedules and DP kinds); export with "
+                        help="plan only what this engine runs (its schedules, DP kinds, recompute kinds and "
+                             "stage-split rule); export with "
                              "`meshplan export --to ENGINE` (default meshplan: everything meshplan's runtime runs)")
 
 
@@ -100,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
     fixed = pins(args)
-    if args.target in CAPS:
-        kinds = CAPS[args.target].dp_kinds
-        if fixed.get("dp_kind") not in (None, *kinds):
-            raise ValueError(f"--dp-kind {fixed['dp_kind']} is not one {args.target} runs ({', '.join(kinds)})")
+    # --target: the engine's schedules, DP kinds, recompute kinds and stage-split rule (engines.spec)
+    limits = search_limits(args.target, fixed, None if args.dtype == "auto" else args.dtype) \
+        if args.target in CAPS else {}
+    fixed = limits.pop("fixed", fixed)
 
     # bad input fails before the (slow) trace
     spec = _check(args.world_size, args.cluster, args.global_batch, fixed, None, None)[1]
@@ -118,11 +119,10 @@ def run(args: argparse.Namespace) -> int:
 
     graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress)
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
-    schedules = CAPS[args.target].schedules if args.target in CAPS else None
 
     def plan_in(dtype: str) -> Plan:
         return plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch,
-                          fixed=fixed, progress=progress, quantization=quant, schedules=schedules, dtype=dtype)  # fmt: skip
+                          fixed=fixed, progress=progress, quantization=quant, dtype=dtype, **limits)  # fmt: skip
 
     plan = choose_dtype(plan_in, dtypes, progress) if len(dtypes) > 1 else plan_in(dtypes[0])
     if plan.dtype == "fp8" and args.target == "meshplan":
@@ -130,8 +130,10 @@ def run(args: argparse.Namespace) -> int:
                                                 "executed by `meshplan run`: export it with `meshplan export --to torchtitan`"))  # fmt: skip
     if args.target in CAPS:
         left = unsupported(spec_from_plan(plan), args.target)
+        caps = CAPS[args.target]
         plan = dataclasses.replace(plan, notes=(*plan.notes, f"planned for {args.target}: schedules "
-                                                + ", ".join(CAPS[args.target].schedules)
+                                                + ", ".join(caps.schedules) + "; DP kinds " + ", ".join(caps.dp_kinds)
+                                                + f"; stage split {caps.split.replace('_', '/')}"
                                                 + (f"; NOT expressible as is: {'; '.join(left)} (export --nearest)"
                                                    if left else "; `meshplan export --to " + args.target
                                                    + "` writes its configuration")))

@@ -87,7 +87,7 @@ class Capabilities:
     dp_kinds: tuple[str, ...]
     recompute: tuple[str, ...]
     dtypes: tuple[str, ...]
-    split: str  # "first_last" (any first/last count, v = 1) | "fewer_first_last" | "even"
+    split: str  # partition.engine_split rule: "first_last" (v = 1) | "fewer_first_last" | "even"
     cp: bool = True
     ep: bool = True
     virtual: bool = True
@@ -109,6 +109,26 @@ CAPS = {
     "deepspeed": Capabilities(("1f1b",), ("none", "ddp", "zero1", "zero2", "fsdp"), ("none", "full"),
                               ("bf16", "fp16", "fp32"), "even", cp=False, ep=False, virtual=False),
 }  # fmt: skip
+
+
+def search_limits(engine: str, fixed: dict | None = None, dtype: str | None = None) -> dict:
+    """``plan_graph`` keyword arguments that keep the search to what ``engine`` runs: its schedules,
+    DP kinds, recompute kinds and stage-split rule, and ``fixed`` with cp/ep pinned to 1 where it
+    has neither. Refuses (ValueError) a pinned DP kind, recompute or ``dtype`` it does not run."""
+    caps = CAPS[engine]
+    f = dict(fixed or {})
+    for key, allowed in (("dp_kind", caps.dp_kinds), ("recompute", caps.recompute), ("schedule", caps.schedules)):
+        if f.get(key) not in (None, *allowed):
+            raise ValueError(f"--{key.replace('_', '-')} {f[key]} is not one {engine} runs ({', '.join(allowed)})")
+    if dtype is not None and dtype not in caps.dtypes:
+        raise ValueError(f"--dtype {dtype} is not one {engine} runs ({', '.join(caps.dtypes)})")
+    for axis, ok in (("cp", caps.cp), ("ep", caps.ep)):
+        if not ok:
+            if int(f.get(axis, 1)) != 1:
+                raise ValueError(f"--{axis} {f[axis]}: {engine} has no {axis} axis")
+            f[axis] = 1
+    return {"fixed": f, "schedules": caps.schedules, "dp_kinds": caps.dp_kinds, "recompute": caps.recompute,
+            "split_rule": caps.split}
 
 
 def unsupported(spec: EngineSpec, engine: str) -> list[str]:

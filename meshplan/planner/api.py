@@ -103,8 +103,12 @@ def plan_graph(
     optimizer: str = "adam",
     exhaustive: bool = False,
     quantization: str | Quantization | None = None,
+    split_rule: str = "any",
+    dp_kinds: tuple[str, ...] | list[str] | None = None,
 ) -> Plan:
-    """Search the best plan for an already traced graph (see ``autoparallel``)."""
+    """Search the best plan for an already traced graph (see ``autoparallel``). ``split_rule`` and
+    ``dp_kinds`` restrict it to what an engine runs (``meshplan plan --target``): its stage-split
+    rule (``partition.engine_split``) and the data-parallel kinds it has."""
     world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, recompute, schedules)
     q = resolve_quantization(quantization)
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, len(layer_ranges(graph)))
@@ -112,7 +116,8 @@ def plan_graph(
     searcher = Searcher(
         graph, spec, global_batch=B, fixed=f, recompute=tuple(recompute) if recompute else None,
         schedules=tuple(schedules) if schedules else None, dtype=dtype, optimizer=optimizer, progress=progress,
-        coster=GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer),
+        coster=GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer), split_rule=split_rule,
+        dp_kinds=tuple(dp_kinds) if dp_kinds else None,
     )  # fmt: skip
     res = searcher.run(exhaustive=exhaustive)
     if not searcher.configs():

@@ -30,6 +30,7 @@ from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.cost_models.precision import check_training_dtype, fp8_weight_copy_bytes
 from meshplan.graph import ModelGraph
+from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.epcp_cost import EPCPTerms, epcp_rule, epcp_terms
 from meshplan.planner.pipeline_time import inflight, makespan_lower_bound, simulated_makespan
@@ -64,6 +65,8 @@ class ConfigEvaluator:
         coster: GraphCoster | None = None,
         keep_alternatives: int = 5,
         ilp_split: bool = True,
+        split_rule: str = "any",
+        dp_kinds: tuple[str, ...] | None = None,
     ) -> None:
         self.g = graph
         self.cluster = cluster
@@ -85,7 +88,13 @@ class ConfigEvaluator:
         self._elem_bytes = 4 if dtype in ("fp32", "float32") else 2
         self._quant_err: dict[tuple[int, int], list[str]] = {}
         self.keep = keep_alternatives
-        self.ilp_split = ilp_split
+        # an engine's stage-split rule (partition.engine_split) and DP kinds (meshplan plan --target);
+        # the split ILP's refinement ignores the rule, so it is off under one
+        if split_rule not in SPLIT_RULES:
+            raise ValueError(f"split_rule must be one of {', '.join(SPLIT_RULES)}, got {split_rule!r}")
+        self.split_rule = split_rule
+        self.dp_kinds = tuple(dp_kinds) if dp_kinds else tuple(KIND_ORDER)
+        self.ilp_split = ilp_split and split_rule == "any"
         # MoE load imbalance assumed by the costing (busiest expert rank / mean); a setting, not a pin
         self.capacity_factor = float(self.fixed.pop("capacity_factor", DEFAULT_CAPACITY_FACTOR))
         self.bounded: list[tuple[float, float, Config]] = []
@@ -111,6 +120,8 @@ class ConfigEvaluator:
         the runtime would accept it; hsdp only where it differs from fsdp (dp spans nodes)."""
         out = []
         for kind in KIND_ORDER[1:]:
+            if kind not in self.dp_kinds:
+                continue
             c2 = replace(c, dp_kind=kind)
             if kind == "hsdp" and self._shard(c2) in (1, c.dp):
                 continue
@@ -239,10 +250,18 @@ class ConfigEvaluator:
         return step, mem
 
     # ---- exact evaluation ----------------------------------------------------------------
-    def split(self, t: CostTable, num_stages: int) -> list[tuple[int, int]]:
-        key = (id(t), num_stages)
+    def split(self, t: CostTable, num_stages: int, virtual_stages: int = 1) -> list[tuple[int, int]]:
+        """The time-balanced split, or under an engine's split rule the legal one with the smallest
+        bottleneck (``Searcher.configs`` only enumerates stage counts the rule can split)."""
+        rule = rule_for(self.split_rule, virtual_stages)
+        key = (id(t), num_stages, rule)
         if key not in self._split_cache:
-            self._split_cache[key] = balanced_split([layer.total_s for layer in t.layers], num_stages)
+            costs = [layer.total_s for layer in t.layers]
+            runs = balanced_split(costs, num_stages) if rule == "any" else rule_split(
+                costs, [x.kind == "block" for x in t.layers], rule, num_stages)  # fmt: skip
+            if runs is None:
+                raise ValueError(f"no {rule!r} split of {len(t.layers)} layers into {num_stages} stages")
+            self._split_cache[key] = runs
         return self._split_cache[key]
 
     def _prefix(self, t: CostTable) -> dict[str, list[float]]:
@@ -312,6 +331,7 @@ class ConfigEvaluator:
 
         if (
             c.virtual_stages != 1
+            or self.split_rule != "any"  # the memory DP splits freely
             or not 1 < c.pp <= 32
             or self._rescues >= MAX_MEMORY_RESCUES
         ):
@@ -342,7 +362,7 @@ class ConfigEvaluator:
         n_st = c.pp * c.virtual_stages
         m = c.num_microbatches
         if runs is None:
-            runs = self.split(t, n_st) if n_st > 1 else [(0, len(t.layers))]
+            runs = self.split(t, n_st, c.virtual_stages) if n_st > 1 else [(0, len(t.layers))]
         P = self._prefix(t)
 
         def col(k: str) -> list[float]:

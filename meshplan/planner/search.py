@@ -56,6 +56,7 @@ from meshplan.execution_rules import (
     tied_weight_blocker,
     tp_pp_blocker,
 )
+from meshplan.partition.engine_split import block_counts, rule_for
 from meshplan.partition.schedule import validate
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import finalize, select_alternatives
@@ -172,6 +173,8 @@ class Searcher(ConfigEvaluator):
                     if microbatch_blocker(pp=pp, num_microbatches=m, batch_norms=self._batch_norms):
                         continue  # the runtime would refuse it (meshplan.execution_rules)
                     for sched, v in self._schedules(pp, m, n_layers):
+                        if pp > 1 and not self._splittable(pp * v, v):
+                            continue
                         for rc in self.recompute:
                             if "recompute" in f and f["recompute"] != rc:
                                 continue
@@ -213,6 +216,19 @@ class Searcher(ConfigEvaluator):
     def _shards_something(self, c: Config) -> bool:
         styles = self._table(c).tp_solution.styles
         return any(v != "replicate" for v in styles.values())
+
+    def _splittable(self, n_stages: int, v: int) -> bool:
+        """Whether the split rule (``--target``'s engine) has a split of the blocks into ``n_stages``;
+        the first stage count it has none for is named in the plan's notes."""
+        if self.split_rule == "any":
+            return True
+        rule = rule_for(self.split_rule, v)
+        blocks = sum(1 for r in self.coster.ranges if r[3] == "block")
+        if next(block_counts(rule, blocks, n_stages), None) is not None:
+            return True
+        self.rule_notes.setdefault("split", f"not searched: {n_stages} stages (the {rule!r} stage-split rule of the "
+                                            f"target engine has no split of {blocks} blocks into them)")  # fmt: skip
+        return False
 
     def _dp_kinds(self, dp: int) -> list[str]:
         """One entry per configuration: "ddp" is upgraded to "fsdp" by ``evaluate_auto`` only
