@@ -23,11 +23,7 @@ def dp_kind_blocker(*, dp: int, tp: int, pp: int, schedule: str, dp_kind: str) -
             f"dp_kind {dp_kind} under the {schedule} schedule is not executed: FSDP2 gives wrong "
             "gradients under zero-bubble schedules; re-plan with dp_kind ddp/zero1 or a 1f1b/interleaved schedule"
         )
-    if dp_kind == "zero1" and tp > 1:
-        return (
-            "dp_kind zero1 with tp > 1 is not executed (ZeroRedundancyOptimizer does not take DTensor "
-            "parameters); re-plan with dp_kind zero2 or fsdp"
-        )
+    # zero1 with tp > 1 runs: runtime/zero1.TPZero gives ZeroRedundancyOptimizer the TP shards' local tensors
     return ""
 
 
@@ -39,13 +35,9 @@ def recompute_blocker(*, pp: int, schedule: str, recompute: str) -> str:
             "boundaries to count matmuls in (runtime/op_recompute.py checkpoints nn.ModuleList blocks); "
             "re-plan with recompute=selective or full"
         )
-    if recompute == "full" and pp > 1 and schedule in ZERO_BUBBLE_SCHEDULES:
-        return (
-            f"recompute=full under the {schedule} schedule is not executed: torch's split backward "
-            "re-runs a checkpointed stage's forward for every weight-gradient group (measured here: about "
-            "20 forwards per microbatch instead of 1); re-plan with recompute=selective or a "
-            "1f1b/interleaved-1f1b schedule"
-        )
+    # recompute=full under zero-bubble / ZBV runs: runtime/cached_checkpoint.py recomputes a stage once
+    # per microbatch in the input-gradient pass and keeps it for the weight-gradient passes (torch's
+    # checkpoint would re-run it for every weight-gradient group of the split backward)
     return ""
 
 

@@ -172,6 +172,13 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
         param_err = max(param_err, float((t - r).abs().max()))
     if not full:
         param_err = float("inf")
+    if cfg.get("recompute") == "full":  # split-backward recompute caches die with the microbatch's graph
+        import gc
+
+        from meshplan.runtime.cached_checkpoint import _Frame
+
+        gc.collect()
+        extra.append(f"live_frames={sum(isinstance(o, _Frame) for o in gc.get_objects())}")
     calls = sum(getattr(m, "calls", 0) for m in pm.modules)  # selective recompute: SDPA calls checkpointed
     runs = sum(getattr(m, "runs", 0) for m in pm.modules)  # full recompute at pp > 1: stage forwards incl. recomputes
     return loss_err, param_err, list(pm.notes) + extra + ([f"sdpa_checkpointed={calls}"] if calls else []) + (

@@ -39,6 +39,7 @@ def _check(results: list, expect: int) -> None:
                 # forwards per stage at the first step
                 v, runs = cfg.get("v", 1), int(next(n for n in notes if n.startswith("stage_runs="))[11:])
                 assert 2 * cfg["m"] * v * 2 <= runs <= 2 * cfg["m"] * v * 2 + 2 * v, (cfg, notes)
+                assert "live_frames=0" in notes, notes  # recomputed activations freed after the step
             if cfg.get("vocab_head"):  # loss_parallel really ran; at pp = 1 the model output is a vocab shard
                 assert any(n.startswith("loss_parallel:") for n in notes), notes
                 assert cfg.get("pp", 1) > 1 or "logits_vocab_sharded" in notes, notes
@@ -61,6 +62,9 @@ class TestTwoRanks:
         cfgs += [dict(dp=2, m=2, quant="qlora"), dict(pp=2, m=4, schedule="1f1b", quant="qlora"),
                  dict(pp=2, m=4, schedule="1f1b", quant="qat")]
         cfgs += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1b", recompute="full")]
+        # full recompute under split backward: ONE recompute per microbatch (runtime/cached_checkpoint.py)
+        cfgs += [dict(pp=2, m=4, schedule="zero-bubble", recompute="full"), dict(pp=2, m=4, schedule="zbv", v=2,
+                                                                                recompute="full")]
         cfgs += [dict(tp=2, m=2, sp=1)]  # sequence parallelism
         cfgs += [dict(dp=2, m=2, dp_kind="zero1"), dict(dp=2, m=2, dp_kind="zero2")]  # ZeRO-1 / ZeRO-2
         # LM head sharded over the vocabulary, loss under loss_parallel (untied head), with and without SP

@@ -21,3 +21,15 @@ class TestZero1Checkpoint:
         assert res[1]["zero1->zero1"] == r["zero1->zero1"]
         one = run_ranks(zc.one_rank_resume, 1, str(tmp_path / "zero1"))[0]
         assert one == pytest.approx(r["zero1"][2:], abs=1e-5)
+
+
+class TestZero1TP:
+    def test_zero1_with_tp_equals_ddp_and_checkpoints(self, tmp_path) -> None:
+        res = run_ranks(zc.tp_worker, 4, str(tmp_path), timeout_s=400)
+        for r in res:
+            assert r["zero1_optimizer"] == "TPZero", r["zero1_optimizer"]
+            assert any("ZeroRedundancyOptimizer" in n for n in r["zero1_notes"]), r["zero1_notes"]
+            assert r["zero1"] == pytest.approx(r["ddp"], abs=1e-6)
+            assert r["param_err"] <= 1e-6, r["param_err"]
+            assert r["->zero12x2"] == pytest.approx(r["zero1"][2:], abs=1e-6)
+            assert r["->ddp4x1"] == pytest.approx(r["zero1"][2:], abs=1e-5)

@@ -59,3 +59,30 @@ def one_rank_resume(rank: int, world: int, ckpt_dir: str) -> list[float]:
     pm = _pm("none", dp=1)
     step = checkpoint.load(pm, checkpoint.latest(ckpt_dir))  # type: ignore[arg-type]
     return [pm.step(x, y) for x, y in rc.batches(4)[step:]]
+
+
+def tp_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
+    """dp2 x tp2: zero1 (ZeroRedundancyOptimizer over the TP shards) against ddp, 4 steps; a zero1
+    checkpoint after step 2 resumed under zero1 dp2 x tp2 and under ddp dp4 (plain tensors)."""
+    from meshplan.runtime import checkpoint
+
+    data = rc.batches(4)
+    out: dict[str, Any] = {}
+    for kind in ("ddp", "zero1"):
+        pm = _pm(kind, tp=2)
+        losses = []
+        for step, (x, y) in enumerate(data, start=1):
+            losses.append(pm.step(x, y))
+            if step == 2 and kind == "zero1":
+                checkpoint.save(pm, ckpt_dir, step)
+        out[kind] = losses
+        out[f"{kind}_params"] = pm.full_parameters()
+        out[f"{kind}_optimizer"] = type(pm.optimizer).__name__
+        out[f"{kind}_notes"] = list(pm.notes)
+    a, b = out.pop("ddp_params"), out.pop("zero1_params")
+    out["param_err"] = max(float((a[k] - b[k]).abs().max()) for k in a)
+    for kind, tp, dp in (("zero1", 2, 2), ("ddp", 1, 4)):
+        pm = _pm(kind, tp=tp, dp=dp)
+        step = checkpoint.load(pm, checkpoint.latest(ckpt_dir))  # type: ignore[arg-type]
+        out[f"->{kind}{dp}x{tp}"] = [pm.step(x, y) for x, y in data[step:]]
+    return out

@@ -29,6 +29,7 @@ from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES, overlapped_sync_ex
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.cost_models.precision import check_training_dtype, fp8_weight_copy_bytes
+from meshplan.execution_rules import dp_kind_blocker
 from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
@@ -125,6 +126,8 @@ class ConfigEvaluator:
             c2 = replace(c, dp_kind=kind)
             if kind == "hsdp" and self._shard(c2) in (1, c.dp):
                 continue
+            if dp_kind_blocker(dp=c.dp, tp=c.tp, pp=c.pp, schedule=c.schedule, dp_kind=kind):
+                continue  # the runtime would refuse it (meshplan.execution_rules)
             if not self.quant_errors(c2):
                 out.append(c2)
         return out

@@ -33,14 +33,15 @@ from meshplan.models.calls import call_names, microbatch_example, split_inputs
 from meshplan.plan import Plan
 from meshplan.runtime import data_parallel as dpmod
 from meshplan.runtime import loss_parallel as lpmod
-from meshplan.runtime import optim, recompute, schedules, split, tp
 from meshplan.runtime import precision as prec
+from meshplan.runtime import recompute, schedules, split, tp
 from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime
 from meshplan.runtime.epcp import apply_epcp, epcp_blocker, uses_epcp
 from meshplan.runtime.grad_sync import BucketedGradSync
 from meshplan.runtime.parallel_model import ParallelModel
 from meshplan.runtime.phases import PhaseSpans, watch_stages
 from meshplan.runtime.stage_params import shared_params, tie_groups, unique_params
+from meshplan.runtime.zero1 import zero1_optimizer
 
 __all__ = ["ParallelModel", "apply_plan"]
 
@@ -282,7 +283,7 @@ def apply_plan(
 def _optimizer(factory: Callable, params: list[torch.Tensor], plan: Plan, env: RuntimeEnv) -> torch.optim.Optimizer:
     opt = factory(params)
     if plan.dp_kind == "zero1" and plan.dp > 1:
-        return optim.zero1_optimizer(opt, params, env.group("dp"))  # type: ignore[arg-type]
+        return zero1_optimizer(opt, params, env.group("dp"))  # type: ignore[arg-type]
     return opt
 
 

@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 from meshplan.errors import NonFiniteError
 from meshplan.runtime import checkpoint_files as files
 from meshplan.runtime.checkpoint_files import CheckpointError, newest_complete, read_manifest
+from meshplan.runtime.zero1 import load_view, state_view
 
 __all__ = ["CheckpointError", "DEFAULT_KEEP", "latest", "load", "model_fingerprint", "newest_complete",
            "read_manifest", "save"]
@@ -69,7 +70,7 @@ def _rename(d: dict[str, object], mapping: dict[str, str]) -> dict[str, object]:
 
 
 def _local_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer that holds this rank's state: ZeroRedundancyOptimizer's per-rank ``optim``.
+    """The optimizer that holds this rank's state, over the model's parameters (``zero1.state_view``).
 
     ZeRO-1 (dp_kind zero1) gives every rank whole parameters to update; the state of those
     parameters lives in an ordinary optimizer over that subset. Its flattened state dict has the
@@ -77,14 +78,13 @@ def _local_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     only for the parameters this rank owns, so the ranks' keys are disjoint and DCP writes each
     once; the union is exactly the checkpoint an unsharded run writes. Loading asks for the keys
     of the parameters this rank owns *now*, so a zero1 checkpoint resumes under another dp degree,
-    another dp kind or another layout, and the other way round.
+    another dp kind or another layout, and the other way round. Under TP the shard's state is
+    DTensor-wrapped like an unsharded TP optimizer's.
     """
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    return opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt  # type: ignore[return-value]
+    return state_view(opt)
 
 
-def _state(pm: ParallelModel) -> dict[str, object]:
+def _state(pm: ParallelModel, view: torch.optim.Optimizer | None = None) -> dict[str, object]:
     """Model and optimizer state; a tied parameter's optimizer state is keyed by ONE name.
 
     Under pp=1 the optimizer knows the tied embedding/LM-head weight by one FQN, under pp>1 the
@@ -92,7 +92,7 @@ def _state(pm: ParallelModel) -> dict[str, object]:
     checkpoint written under one layout load under the other. zero1: see ``_local_optimizer``.
     """
     c = pm.container()
-    optim = get_optimizer_state_dict(c, _local_optimizer(pm.optimizer), options=_OPTS)
+    optim = get_optimizer_state_dict(c, view or _local_optimizer(pm.optimizer), options=_OPTS)
     return {"model": get_model_state_dict(c, options=_OPTS), "optim": _rename(optim, _aliases(pm))}
 
 
@@ -222,7 +222,8 @@ def load(pm: ParallelModel, path: str | Path) -> int:
     manifest = read_manifest(path)
     verify(path, manifest)
     c = pm.container()
-    state = _state(pm)
+    view = _local_optimizer(pm.optimizer)
+    state = _state(pm, view)
     saved_fp = manifest.get("model_fingerprint")
     if saved_fp is not None:
         diff = files.fingerprint_diff(saved_fp, model_fingerprint(state["model"]))  # type: ignore[arg-type]
@@ -236,7 +237,8 @@ def load(pm: ParallelModel, path: str | Path) -> int:
     own = {n for n, _ in c.named_parameters()}
     back = {canon: alias for alias, canon in _aliases(pm).items() if alias in own and canon not in own}
     optim = _rename(state["optim"], back)  # type: ignore[arg-type]
-    set_optimizer_state_dict(c, _local_optimizer(pm.optimizer), optim, options=_OPTS)  # type: ignore[arg-type]
+    set_optimizer_state_dict(c, view, optim, options=_OPTS)  # type: ignore[arg-type]
+    load_view(pm.optimizer, view)
     step = int(manifest["step"])
     pm.steps_done = step
     return step

@@ -18,7 +18,7 @@ Modes (``dp_mode``), from the plan's ``dp_kind``:
   gradients and overlaps their all-reduce with the backward).
 
 zero1 runs one of the replicated modes with the optimizer wrapped in torch's
-``ZeroRedundancyOptimizer`` over the dp group (``runtime.optim.zero1_optimizer``).
+``ZeroRedundancyOptimizer`` over the dp group (``runtime.zero1``; with tp > 1 over the TP shards' local tensors).
 ``check_dp_kind`` refuses, before any collective, what the runtime does not execute.
 
 Gradient-reducing collectives are counted where they are issued (``SyncCounter``): DDP through a

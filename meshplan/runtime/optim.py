@@ -57,19 +57,6 @@ def param_groups(params: list[torch.Tensor]) -> list[dict[str, Any]]:
     return [g for g in ({"params": plain}, {"params": dt}) if g["params"]] or [{"params": []}]
 
 
-def zero1_optimizer(opt: torch.optim.Optimizer, params: list[torch.Tensor],
-                    group: dist.ProcessGroup) -> torch.optim.Optimizer:
-    """``opt``'s class and settings, its state sharded over ``group`` by torch's ZeroRedundancyOptimizer."""
-    import inspect
-
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    cls = type(opt)
-    accepted = set(inspect.signature(cls.__init__).parameters)
-    kw = {k: v for k, v in opt.defaults.items() if k in accepted and k != "params"}
-    return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group, **kw)
-
-
 def lr_at(step: int, *, lr: float, schedule: str = "constant", warmup_steps: int = 0, total_steps: int = 0) -> float:
     """Learning rate of 1-based ``step`` (formula in the module docstring)."""
     if schedule not in LR_SCHEDULES:

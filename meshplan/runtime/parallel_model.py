@@ -205,6 +205,8 @@ class ParallelModel:
 
     def _optimizer_step(self) -> None:
         """fp16 unscale, global gradient-norm clipping, this step's learning rate, the update."""
+        if hasattr(self.optimizer, "bind_grads"):  # zero1 over TP shards (runtime.zero1.TPZero)
+            self.optimizer.bind_grads()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # type: ignore[attr-defined]
         if self.max_grad_norm:

@@ -7,10 +7,10 @@
   re-runs its forward in backward; a model without ``ModuleList`` blocks is one checkpointed segment.
 * pp > 1 (a stage is one flat fx GraphModule, blocks are not separate calls): the whole stage is
   one checkpointed segment per microbatch, so an in-flight microbatch holds only its stage input.
-  Refused under zero-bubble schedules (PlanMismatchError before training): gradients are right,
-  but torch's split backward re-runs the checkpointed forward once per weight-gradient group
-  (``runs`` counted: about 20 forwards per microbatch on the last stage of the tiny test GPT,
-  vs 2 under 1F1B), far from the one recompute the plan costs. Selective recompute runs there.
+  Under zero-bubble schedules torch's checkpoint would re-run the stage once per weight-gradient
+  group of the split backward (about 20 forwards per microbatch on the tiny test GPT, vs 2 under
+  1F1B); there the stage is a ``cached_checkpoint.CachedCheckpointStage``: one recompute per
+  microbatch, in the input-gradient pass, its saved tensors kept for the weight-gradient passes.
 
 "selective" (Korthikanti et al.: recompute only the attention core, keep the linears'
 activations), at any pp and under every schedule: what runs (the model at pp = 1, each stage
@@ -36,7 +36,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from meshplan.execution_rules import recompute_blocker
+from meshplan.execution_rules import ZERO_BUBBLE_SCHEDULES, recompute_blocker
 
 WRAPPED = "_checkpoint_wrapped_module."
 
@@ -142,6 +142,12 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
             from meshplan.errors import PlanMismatchError
 
             raise PlanMismatchError(why)
+        if schedule in ZERO_BUBBLE_SCHEDULES:
+            from meshplan.runtime.cached_checkpoint import CachedCheckpointStage
+
+            return [CachedCheckpointStage(m) for m in modules], (
+                f"recompute={mode}: one checkpointed segment per stage, recomputed once per microbatch in the "
+                "input-gradient pass and kept for the weight-gradient passes (split backward)")
         return [CheckpointedStage(m) for m in modules], f"recompute={mode}: one checkpointed segment per stage{suffix}"
     n = sum(checkpoint_blocks(m) for m in modules)
     if n == 0:  # no repeated blocks to checkpoint one by one: the whole model is one segment
