@@ -320,13 +320,35 @@ def test_compile_wraps_each_block_in_place() -> None:
     assert apply_compile([stage], pipelined=True) == 1 and stage._compiled_call_impl is not None
 
 
-def test_full_recompute_under_zero_bubble_is_refused_before_training() -> None:
+def test_full_recompute_under_split_backward_runs_once_per_microbatch() -> None:
+    import gc
+
     from meshplan.runtime import recompute
+    from meshplan.runtime.cached_checkpoint import CachedCheckpointStage, _Frame
 
     m = rc.tiny_gpt()
     for sched in ("zero-bubble", "zbv"):
-        with pytest.raises(PlanMismatchError, match="weight-gradient group"):
-            recompute.apply_recompute([m], "full", pipelined=True, schedule=sched)
+        mods, note = recompute.apply_recompute([m], "full", pipelined=True, schedule=sched)
+        assert isinstance(mods[0], CachedCheckpointStage) and "once per microbatch" in note
+    # the split backward by hand: input gradient, then one autograd.grad per parameter (as torch's
+    # weight-gradient pass groups them): ONE recompute, gradients equal to the plain backward's
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8, requires_grad=True)
+    torch.manual_seed(1)
+    ref = inner(x).pow(2).sum()
+    ref_grads = torch.autograd.grad(ref, [x, *inner.parameters()])
+    stage = CachedCheckpointStage(inner)
+    torch.manual_seed(1)  # the same dropout mask: the recompute restores the forward's RNG state
+    loss = stage(x).pow(2).sum()
+    gx = torch.autograd.grad(loss, [x], retain_graph=True)[0]
+    gws = [torch.autograd.grad(loss, [p], retain_graph=True)[0] for p in inner.parameters()]
+    assert stage.runs == 2  # the forward and ONE recompute for 1 + 4 backward calls
+    for got, want in zip([gx, *gws], ref_grads):
+        torch.testing.assert_close(got, want)
+    del loss
+    gc.collect()
+    assert not any(isinstance(o, _Frame) for o in gc.get_objects())  # the cache died with the graph
     mods, note = recompute.apply_recompute([m], "selective", pipelined=True, schedule="zero-bubble")
     assert isinstance(mods[0], recompute.SelectiveStage) and "selective" in note
     # no ModuleList blocks at pp = 1: the whole model is one checkpointed segment (not skipped)
