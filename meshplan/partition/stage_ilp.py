@@ -204,7 +204,10 @@ def _min_rank_memory(pr: SplitProblem) -> float:
         return max(evaluate_split(free, greedy_split(free))[2])
 
 
-def _infeasible(pr: SplitProblem) -> NoFeasiblePlanError:
+def _infeasible(pr: SplitProblem, explain: bool = True) -> NoFeasiblePlanError:
+    if not explain:  # the caller only needs to know (the search's memory rescue): no extra solve
+        return NoFeasiblePlanError(f"no split of {len(pr.layers)} layers into {pr.n} stages fits "
+                                   f"{pr.limit_bytes / GIB:.3f} GiB per device")  # fmt: skip
     need = _min_rank_memory(pr)
     return NoFeasiblePlanError(
         f"no split of {len(pr.layers)} layers into {pr.n} stages ({pr.schedule}, pp={pr.pp}, "
@@ -229,12 +232,14 @@ def split_stages(
     reserved_bytes: int = 0,
     method: str = "auto",
     time_limit_s: float = 10.0,
+    explain: bool = True,
 ) -> StageSplit:
     """Split ``layers`` into pp * virtual_stages contiguous stages minimizing the linearized step.
 
     method: "ilp" (HiGHS/CBC, falls back to DP/greedy if the solver fails), "dp" (exact for
     v = 1), or "auto" (dp for v = 1, ilp otherwise). Raises ``NoFeasiblePlanError`` naming the
-    smallest per-rank memory reachable when nothing fits ``mem_limit_bytes``.
+    smallest per-rank memory reachable when nothing fits ``mem_limit_bytes`` (with ``explain=False``
+    without that figure, which costs another solve).
     """
     if method not in ("auto", "ilp", "dp"):
         raise ValueError(f"method must be 'auto', 'ilp' or 'dp', got {method!r}")
@@ -248,7 +253,7 @@ def split_stages(
         found = dp_split(pr)
         if found is None:
             if pr.v == 1:
-                raise _infeasible(pr)
+                raise _infeasible(pr, explain)
             method = "ilp"  # per-stage DP cannot see a rank's several stages: ask the ILP
         else:
             return split_result(pr, found[0], "dp", found[1], "", time.perf_counter() - t0)
@@ -270,12 +275,12 @@ def split_stages(
             return split_result(pr, start[0], "dp", why, "", time.perf_counter() - t0)
         return split_result(pr, bounds, "ilp", res.status, res.solver, time.perf_counter() - t0)
     except ilp.InfeasibleProblemError:
-        raise _infeasible(pr) from None
+        raise _infeasible(pr, explain) from None
     except ilp.SolverFailedError:
         if start is not None:
             why = f"{start[1]}; the ILP gave no answer within its {time_limit_s:g} s cap"
             return split_result(pr, start[0], "dp", why, "", time.perf_counter() - t0)
         bounds = greedy_split(pr)
         if not split_fits(pr, bounds):
-            raise _infeasible(pr) from None
+            raise _infeasible(pr, explain) from None
         return split_result(pr, bounds, "greedy", "heuristic", "", time.perf_counter() - t0)

@@ -343,7 +343,7 @@ class ConfigEvaluator:
         try:
             split = split_stages(
                 self.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule, virtual_stages=1,
-                mem_limit_bytes=self.mem_limit, method="dp", p2p_time=self.p2p_time(c),
+                mem_limit_bytes=self.mem_limit, method="dp", explain=False, p2p_time=self.p2p_time(c),
             )  # fmt: skip
         except (NoFeasiblePlanError, ValueError):
             return None
