@@ -7,8 +7,9 @@
 the meta device (through the trace cache, so each depth is traced once) and searched on H100
 (global batch 2 × world); prints the search time split by phase (measured wall seconds:
 enumerate incl. the TP placement ILPs, bound, cost, simulate, finalize incl. the stage-split ILPs), the configurations enumerated / costed / simulated,
-the time per costed configuration, and the growth exponent: the least-squares slope of
-log(search s) against log(configurations costed) over the rows (1.0 = linear).
+the search's CPU seconds (steadier than wall on a shared machine), the CPU time per costed
+configuration, and the growth exponent: the least-squares slope of log(search CPU s) against
+log(configurations costed) over the rows (1.0 = linear).
 
 ``commands``: the issue's targets as whole ``meshplan plan`` commands (Python start-up and import
 included), each run twice: cold (empty trace cache) and warm (cache filled by the cold run);
@@ -72,8 +73,8 @@ def growth(worlds: list[int], layer_counts: list[int]) -> None:
     phases = ("enumerate", "bound", "cost", "simulate", "finalize")
     head = f"{'world':>6} {'layers':>6} {'configs':>7} {'costed':>6} {'simul':>5} " + " ".join(
         f"{p:>9}" for p in phases
-    ) + f" {'search s':>8} {'ms/costed':>9}"
-    print("search time per phase, measured wall seconds on this machine")
+    ) + f" {'search s':>8} {'CPU s':>6} {'ms/costed':>9}"
+    print("search time per phase, measured wall seconds on this machine; CPU s = the search's process CPU time")
     print(head)
     pts = []
     for layers in layer_counts:
@@ -81,14 +82,14 @@ def growth(worlds: list[int], layer_counts: list[int]) -> None:
         for world in worlds:
             spec = resolve_cluster("h100", world)
             s = Searcher(g, spec, global_batch=2 * world, coster=GraphCoster(g, spec))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             r = s.run()
-            total = time.perf_counter() - t0
-            pts.append((r.evaluated, total))
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
+            pts.append((r.evaluated, cpu))
             print(
                 f"{world:>6} {layers:>6} {r.candidates:>7} {r.evaluated:>6} {r.simulated:>5} "
                 + " ".join(f"{r.phase_s.get(p, 0.0):>9.3f}" for p in phases)
-                + f" {total:>8.2f} {1e3 * total / max(1, r.evaluated):>9.2f}",
+                + f" {total:>8.2f} {cpu:>6.2f} {1e3 * cpu / max(1, r.evaluated):>9.2f}",
                 flush=True,
             )
     xs = [math.log(n) for n, _ in pts if n > 0]
@@ -98,7 +99,7 @@ def growth(worlds: list[int], layer_counts: list[int]) -> None:
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / max(
             1e-12, sum((x - mx) ** 2 for x in xs)
         )
-        print(f"growth exponent: search s ~ (configurations costed)^{slope:.2f} over {len(xs)} rows")
+        print(f"growth exponent: search CPU s ~ (configurations costed)^{slope:.2f} over {len(xs)} rows")
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:

@@ -3,7 +3,10 @@
 Reads RunRecords (``meshplan run --record``; each holds the Plan that ran, the model spec and the
 measured step times, and per-phase seconds when the runtime recorded them), re-costs every run's
 layout on ``--cluster`` (a preset name or a cluster JSON), fits the cluster's efficiency terms to
-the measurements (``meshplan.planner.calibration``) and writes the calibrated cluster JSON, usable
+the measured step times (``meshplan.planner.calibration``; with ``--use-phases`` also to the
+per-phase seconds: off by default, because the runtime's phase boundaries are not the cost model's
+terms everywhere: ZeRO-1's parameter broadcast is measured inside "optimizer" but costed as DP
+communication, and the profiled steps carry the profiler's overhead) and writes the calibrated cluster JSON, usable
 wherever a preset name goes (``meshplan plan --cluster calibrated.json``). Prints the fitted
 multipliers and values, and every run's predicted step time before and after beside the measured
 one (stdout); progress on stderr unless ``-q``.
@@ -25,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, help="cluster preset or cluster JSON the runs are predicted with")
     parser.add_argument("-o", "--output", required=True, metavar="CLUSTER_JSON", help="where to write the calibrated cluster")
     parser.add_argument("--name", default=None, help="name of the calibrated cluster (default: NAME-calibrated)")
+    parser.add_argument("--use-phases", action="store_true",
+                        help="also fit the runs' measured phases (RunRecord 'phases'), not only their step times")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -73,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
         plan = Plan.from_dict(d["plan"])
         progress(f"{path}: {plan.summary()} on {d['model']}")
         graph = load_graph(d["model"], seq=plan.seq_len, progress=progress)
-        cases.append(cal.Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=measured_step_s(d),
-                              measured_phases=cal.measured_phases(d.get("phases"))))  # fmt: skip
+        step = measured_step_s(d)
+        cases.append(cal.Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=step,
+                              measured_phases=cal.measured_phases(d.get("phases"), step) if args.use_phases else {}))  # fmt: skip
     world = max(c.plan.world_size for c in cases)
     spec = resolve_cluster(args.cluster, world)
     result = cal.fit(cases, spec, progress=progress)

@@ -7,7 +7,7 @@ candidate ClusterSpec. ``fit`` finds multipliers ``exp(θ_k)`` of the spec's ter
 minimize, over the cases,
 
     Σ_runs (log pred_step(θ) - log measured_step)²
-  + Σ_phases ½ (log pred_phase(θ) - log measured_phase)²      (phases present in the records)
+  + Σ_phases ¼ (log pred_phase(θ) - log measured_phase)²      (phases present in the records)
   + λ Σ_k (θ_k / σ_k)²                                       (λ = ``RIDGE``, σ = ``PRIOR_SIGMA``)
 
 by damped Gauss-Newton with a forward-difference Jacobian (``STEP`` in log space). The ridge keeps
@@ -55,7 +55,7 @@ PRIOR_SIGMA = {"gemm": 0.7, "memory": 0.7, "op_overhead": 2.3, "intra_bw": 1.2, 
 RIDGE = 1e-3
 STEP = 0.05
 MAX_FACTOR = 1e3
-PHASE_WEIGHT = 0.5
+PHASE_WEIGHT = 0.25
 #: an eager op's host time when the spec has none to scale (presets): the multiplier acts on this
 DEFAULT_OP_OVERHEAD_S = 1e-6
 
@@ -155,21 +155,28 @@ def predict(case: Case, spec: ClusterSpec) -> Plan:
 PHASES = ("forward", "backward", "optimizer", "comm", "bubble")
 
 
-def measured_phases(phases: Any) -> dict[str, float]:
+def measured_phases(phases: Any, step_s: float | None = None) -> dict[str, float]:
     """Measured seconds per compared phase (``PHASES``) from a RunRecord's "phases" ({} when missing).
 
     Reads the runtime's ``{name: {"measured_s": s, "predicted_s": s}, "how": ...}`` (and the
-    shapes ``{name: {"measured": s}}`` / ``{"measured": {name: s}}``); phases of 0 s are dropped."""
+    shapes ``{name: {"measured": s}}`` / ``{"measured": {name: s}}``); phases of 0 s are dropped.
+    With ``step_s`` (the measured step time) the phases are scaled so that they and "other" add up
+    to it: the runtime measures them on extra steps under torch's profiler, whose overhead
+    inflates every phase; the phases then give the split of the step, the step time its total."""
     if not isinstance(phases, dict):
         return {}
     src = phases["measured"] if isinstance(phases.get("measured"), dict) else phases
-    out: dict[str, float] = {}
-    for k in PHASES:
+
+    def value(k: str) -> float:
         v = src.get(k)
         if isinstance(v, dict):
             v = v.get("measured_s", v.get("measured"))
-        if isinstance(v, (int, float)) and v > 0:
-            out[k] = float(v)
+        return float(v) if isinstance(v, (int, float)) and v > 0 else 0.0
+
+    out = {k: value(k) for k in PHASES if value(k) > 0}
+    total = sum(out.values()) + value("other")
+    if step_s is not None and step_s > 0 and total > 0:
+        out = {k: v * step_s / total for k, v in out.items()}
     return out
 
 

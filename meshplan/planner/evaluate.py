@@ -107,6 +107,7 @@ class ConfigEvaluator:
         self._sp_choice: dict[int, bool] = {}
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
+        self._every_kind_fits: set[Config] = set()  # evaluate_auto found every DP kind it tried fitting
         check_training_dtype(dtype, cluster)
         if dtype == "fp8" and self.quant:
             raise ValueError(f"dtype fp8 (torchao float8 training) with quantization {self.coster.quant.mode!r}: "
@@ -136,13 +137,17 @@ class ConfigEvaluator:
         """``evaluate`` over the data-parallel kinds (DP not pinned): the fastest kind that fits
         among ddp, zero1, zero2, hsdp and fsdp, or the smallest when none fits."""
         ev = base = self._fit(c)
+        all_fit = base.fits
         if self._auto(c) and c.dp > 1:
             for c2 in self._other_kinds(c):
                 ev2 = self._fit(c2)
+                all_fit = all_fit and ev2.fits
                 if (ev2.fits, -ev2.step_s if ev2.fits else -ev2.max_mem_bytes) > (
                     ev.fits, -ev.step_s if ev.fits else -ev.max_mem_bytes
                 ):
                     ev = ev2
+        if all_fit:
+            self._every_kind_fits.add(c)
         if ev is not base:
             self._kind_notes[ev.config] = kind_note(ev, base)
             ev = replace(ev, kind_note=self._kind_notes[ev.config])

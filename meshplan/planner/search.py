@@ -213,6 +213,14 @@ class Searcher(ConfigEvaluator):
                     out.append((pp, cp, ep))
         return out
 
+    def dominated(self, c: Config) -> bool:
+        """True when ``c`` recomputes activations and its twin without recompute (same in every
+        other field) was costed with every data-parallel kind fitting: each kind of ``c`` then
+        does the same work plus the recompute with the same communication, so it is no faster
+        (its longer backward can hide at most the recompute's own time of DP sync), and ``c``
+        cannot hold the only fitting kind. Bound order costs the twin first (its bound is lower)."""
+        return c.recompute != "none" and replace(c, recompute="none") in self._every_kind_fits
+
     def _shards_something(self, c: Config) -> bool:
         styles = self._table(c).tp_solution.styles
         return any(v != "replicate" for v in styles.values())
@@ -304,9 +312,13 @@ class Searcher(ConfigEvaluator):
         partial: list[Evaluation] = []
         oom: list[Evaluation] = []
         shown = time.perf_counter()
+        pruned = 0
         for k, (_lb, mlb, c) in enumerate(bounded):
             if not exhaustive and mlb > self.mem_limit and (len(oom) >= 2 or partial):
                 continue  # cannot fit whatever the split: skip (a few are kept to report)
+            if not exhaustive and self.dominated(c):
+                pruned += 1
+                continue
             ev = self.evaluate_auto(c, exact=False)
             (partial if ev.fits else oom).append(ev)
             if time.perf_counter() - shown > 1.0:  # a line a second on long searches
@@ -361,5 +373,5 @@ class Searcher(ConfigEvaluator):
             seconds=time.perf_counter() - t0, ilp_solves=self.coster.ilp_solves,
             ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem) if math.isfinite(min_mem) else 0,
             mem_limit_bytes=self.mem_limit,
-            coster=self.coster, split=split, phase_s=phase_s, simulated=len(fitting),
+            coster=self.coster, split=split, phase_s=phase_s, simulated=len(fitting), pruned=pruned,
         )  # fmt: skip

@@ -112,6 +112,7 @@ class SearchResult:
     #: degree), bound, cost (split, memory, DP, optimizer of each candidate), simulate, finalize
     phase_s: dict[str, float] = field(default_factory=dict)
     simulated: int = 0  # configurations whose pipeline schedule was simulated
+    pruned: int = 0  # configurations skipped before costing as dominated (``Searcher.dominated``)
 
 
 def divisors(n: int) -> list[int]:
