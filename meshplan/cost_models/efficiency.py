@@ -11,9 +11,9 @@ DU-09799-001, §2.3 typical cuBLAS tiles, §3.1 tile quantization, §3.2 wave qu
     factor     = max over cuBLAS-like tiles (tm, tn, e_tile) and s of e_tile · useful · waves
 
 ``e_tile`` is a tile's throughput relative to the largest (256×128): smaller tiles reuse each
-loaded operand over fewer outputs (§2.3: "larger tiles ... more data reuse ... more efficient";
-the values in ``TILES`` are taken from the guide's 128×128 vs 256×128 and 64×64 comparison, an
-assumption named here, not a fit). The library picks the best configuration for the shape
+loaded operand over fewer outputs (§2.3: larger tiles are more efficient). The guide gives that
+ordering, not these numbers: the values in ``TILES`` (1, 0.95, 0.85, 0.7) are an assumption named
+here, not fitted to any case; a ``meshplan profile`` table replaces the whole model. The library picks the best configuration for the shape
 (cuBLAS heuristics), which the max stands for. The GEMM's efficiency is then
 ``ClusterSpec.matmul_efficiency × factor``: the preset's value is what large, well-shaped GEMMs
 reach in a training step; narrow tensor-parallel shards and small microbatches lose to
