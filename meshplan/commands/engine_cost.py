@@ -19,17 +19,15 @@ def trace_graph(model: str, seq_len: int | None = None) -> Any:
 
 
 def cost_spec(graph: Any, spec: EngineSpec, cluster: Any) -> Any:
-    """The Plan meshplan predicts for ``spec`` (its own stage split: the engine's is not pinned)."""
+    """The Plan meshplan predicts for ``spec`` (its own stage split: the engine's is not pinned;
+    context and expert parallelism costed by ``cost_models/epcp.py`` through ``estimate_graph``)."""
     from meshplan.planner.api import estimate_graph
 
-    if spec.cp > 1 or spec.ep > 1:
-        raise ValueError(f"costing context/expert parallelism from an engine config (cp={spec.cp}, ep={spec.ep}) "
-                         "is not supported yet; set them to 1")
     return estimate_graph(
         graph, spec.world_size, tp=spec.tp, pp=spec.pp, dp=spec.dp, schedule=spec.schedule,
         num_microbatches=spec.num_microbatches, micro_batch_size=spec.micro_batch_size,
         global_batch_size=spec.global_batch_size, recompute=spec.recompute,
         virtual_stages=spec.virtual_stages if spec.pp > 1 else None,
         dp_kind=spec.dp_kind if spec.dp > 1 else None, sequence_parallel=spec.sequence_parallel if spec.tp > 1 else None,
-        cluster=cluster, dtype=spec.dtype,
+        cluster=cluster, dtype=spec.dtype, cp=spec.cp, ep=spec.ep,
     )  # fmt: skip

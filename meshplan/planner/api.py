@@ -153,10 +153,18 @@ def estimate_graph(
     dtype: str = "bf16",
     optimizer: str = "adam",
     quantization: str | Quantization | None = None,
+    cp: int = 1,
+    ep: int = 1,
+    capacity_factor: float | None = None,
 ) -> Plan:
-    """Cost one configuration on a traced graph; the Plan says whether it fits (notes)."""
+    """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
+    multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
+    ``cost_models/epcp.py`` (a note names what meshplan's runtime would not run)."""
     q = resolve_quantization(quantization)
-    fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute}
+    fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute,
+                             "cp": cp, "ep": ep}
+    if capacity_factor is not None:
+        fixed["capacity_factor"] = capacity_factor
     world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, None, None)
     if micro_batch_size is None and num_microbatches is None:
         num_microbatches = max(1, min(B // dp, pp * (2 if pp > 1 else 1)))
@@ -185,17 +193,22 @@ def estimate_graph(
         from meshplan.partition.schedule import validate as validate_schedule
 
         validate_schedule(schedule, pp, num_microbatches, v)
+    experts = int(graph.meta.get("num_experts", 0) or 0)
+    if ep > 1 and ((dp * cp) % ep or not experts or experts % ep):
+        raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} and the model's experts ({experts or 'none: not a MoE'})")
     t0 = time.perf_counter()
     coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer)
     searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster)
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
     kind = dp_kind or ("none" if dp == 1 else "ddp")
+    if cp * ep > 1 and dp_kind is None:
+        kind = "ddp"  # cp/ep reduce gradients their own way (runtime/epcp): no sharded kind searched
     cfg = Config(dp, tp, pp, micro_batch_size, num_microbatches, schedule if pp > 1 else "1f1b", v if pp > 1 else 1,
-                 recompute, sp, kind)  # fmt: skip
+                 recompute, sp, kind, cp, ep)  # fmt: skip
     errors = searcher.quant_errors(cfg)
     if errors:
         raise ValueError(f"{q.mode} quantization cannot run this configuration: " + "; ".join(errors[:3]))
-    ev = searcher.evaluate_auto(cfg) if dp_kind is None else searcher.evaluate(cfg)
+    ev = searcher.evaluate_auto(cfg) if dp_kind is None and cp * ep == 1 else searcher.evaluate(cfg)
     split = None
     if ev.fits and pp > 1:
         from meshplan.planner.finalize import WINNER_SPLIT_LIMIT_S, refine_split
@@ -211,6 +224,9 @@ def estimate_graph(
             f"does not fit: needs {ev.max_mem_bytes / GiB:.1f} GiB per device, limit {ev.mem_limit_bytes / GiB:.1f} GiB"
         ]
     )
+    why = searcher.epcp_why(tp, pp, cp, ep, recompute)
+    if why:
+        notes.append(f"cp={cp} ep={ep} costed (cost_models/epcp.py), but meshplan's runtime does not run it: {why}")
     return build_plan(graph, spec, ev, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0,
                       extra_notes=notes, status="estimate")  # fmt: skip
 
