@@ -29,6 +29,7 @@ class Family:
     build: Callable[[], nn.Module]
     batch: Callable[[int], tuple[Any, torch.Tensor]]
     loss: Callable[[Any, torch.Tensor], torch.Tensor]
+    batch_stats: bool = False  # BatchNorm: statistics depend on the microbatch, so dp2/tp2 cells use one
 
 
 def _logits(out: Any) -> torch.Tensor:
@@ -261,7 +262,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("hf_bert", _seeded(hf_bert), _masked_batch, lm_loss),
     Family("hf_t5", _seeded(hf_t5), _t5_batch, lm_loss),
     Family("hf_vit", _seeded(hf_vit), _vit_batch, lm_loss),
-    Family("cnn", _seeded(CNN), images, lm_loss),
+    Family("cnn", _seeded(CNN), images, lm_loss, batch_stats=True),
     Family("resnet", _seeded(ResNet), images, lm_loss),
     Family("unet", _seeded(UNet), _unet_batch, mse_loss),
     Family("lstm", _seeded(LSTMLM), tokens, lm_loss),
@@ -324,7 +325,7 @@ def make_plan(fam: Family, cell: str, world: int) -> Any:
     if cell == "auto":
         return autoparallel(model, world, global_batch_size=BATCH, example_inputs=ex, cluster="h100")
     deg = {"dp2": dict(dp=2, tp=1, pp=1), "tp2": dict(dp=1, tp=2, pp=1), "pp2": dict(dp=1, tp=1, pp=2)}[cell]
-    m = 4 if cell == "pp2" else 2
+    m = 4 if cell == "pp2" else (1 if fam.batch_stats else 2)
     cluster = comm_bound_cluster(world) if cell == "tp2" else "h100"
     return estimate(model, world, **deg, num_microbatches=m, global_batch_size=BATCH, cluster=cluster,
                     example_inputs=ex)

@@ -24,9 +24,6 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
 }
 #: cells not run yet, with the reason (kept explicit, so the matrix says what it does not cover)
 NOT_RUN: dict[tuple[str, str], str] = {
-    ("cnn", "dp2"): "BatchNorm under DP: SyncBatchNorm not yet applied",
-    ("cnn", "tp2"): "BatchNorm statistics depend on the microbatch (the cell uses 2 microbatches)",
-    ("cnn", "auto"): "BatchNorm under DP: SyncBatchNorm not yet applied",
     ("resnet", "tp2"): "convolutions are not tensor-parallel (only the head would shard)",
 }
 

@@ -119,6 +119,12 @@ def build_plan(
             )
     if ev.kind_note:
         notes.append(ev.kind_note)
+    bns = sum(1 for n in graph.nodes if n.kind == "norm" and "BatchNorm" in n.target)
+    if bns:
+        per = c.micro_batch * c.dp
+        notes.append(f"BatchNorm ({bns} layers): statistics over each microbatch of {per} samples (synchronised "
+                     f"over dp={c.dp})" + (f", not the global batch of {global_batch}: {c.num_microbatches} "
+                                           "microbatches normalise separately" if c.num_microbatches > 1 else ""))
     if c.cp > 1:
         notes.append(f"context parallelism cp={c.cp}: each rank holds {graph.seq_len // c.cp} of {graph.seq_len} "
                      f"tokens (2*cp-chunk causal balance); ring key/value exchange costs {ev.cp_comm_s * 1e3:.2f} ms "

@@ -16,6 +16,7 @@ Plan options the runtime cannot execute as costed raise PlanMismatchError before
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -35,6 +36,7 @@ from meshplan.runtime import data_parallel as dpmod
 from meshplan.runtime import loss_parallel as lpmod
 from meshplan.runtime import precision as prec
 from meshplan.runtime import recompute, schedules, split, tp
+from meshplan.runtime import sync_batchnorm as sbn
 from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime
 from meshplan.runtime.epcp import apply_epcp, epcp_blocker, uses_epcp
 from meshplan.runtime.grad_sync import BucketedGradSync
@@ -57,6 +59,7 @@ def apply_plan(
     dtype: str = "plan",
     bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
     compile: bool = False,
+    sync_batchnorm: bool = True,
 ) -> ParallelModel:
     """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (a tensor, tuple or dict of
     tensors, as batches will be given to ``step``; any batch size, it is resized to the plan's
@@ -64,7 +67,9 @@ def apply_plan(
 
     ``dtype`` ("plan", "bf16", "fp16", "fp32") is the precision to train in (``runtime.precision``);
     ``bucket_cap_bytes`` the gradient bucket size of the manual (pipelined) data-parallel sync;
-    ``compile`` applies ``torch.compile`` per repeated block (``runtime.compiling``).
+    ``compile`` applies ``torch.compile`` per repeated block (``runtime.compiling``);
+    ``sync_batchnorm`` (dp > 1) reduces BatchNorm statistics over the dp group (``runtime.sync_batchnorm``;
+    False keeps per-rank statistics, with a warning).
     """
     # 1. checks that need no collective
     check_launch(plan)
@@ -179,6 +184,19 @@ def apply_plan(
                 tp.apply_tp(r, env.mesh["tp"], styles, plan.tp_gathered_outputs, vocab_sharded=vs)
     elif plan.sequence_parallel:
         notes.append("sequence_parallel ignored: tp = 1")
+
+    # 4a. BatchNorm under DP: statistics over the whole data-parallel microbatch (runtime.sync_batchnorm)
+    bns = [n for r in roots for n in sbn.batchnorm_names(r)] if plan.dp > 1 else []
+    if bns and sync_batchnorm:
+        for r in roots:
+            sbn.sync_batchnorm(r, env.group("dp"), env.device.type)
+        notes.append(f"BatchNorm synchronised over dp={plan.dp} ({len(bns)} layers): statistics of the whole "
+                     "data-parallel microbatch, equal running buffers on every rank")
+    elif bns:
+        warnings.warn(f"{len(bns)} BatchNorm layers are not synchronised (sync_batchnorm=False): each of the "
+                      f"{plan.dp} dp ranks normalises with its own share of the batch", stacklevel=2)
+        notes.append(f"BatchNorm NOT synchronised ({len(bns)} layers, sync_batchnorm=False): per-rank statistics "
+                     "of 1/dp of the batch, running buffers differ per rank; results differ from one device")
 
     # 4b. quantized training (meshplan.runtime.quant), on each stage root after TP: QAT works in
     # either order with TP; QLoRA must follow parallelize_module (it quantizes each rank's shard)
