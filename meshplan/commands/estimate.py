@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from meshplan.commands.argtypes import add_input_shape, input_shapes
 from meshplan.engines.spec import TARGETS
 
 HELP = "cost a torchtitan / Megatron-LM / DeepSpeed configuration and compare it with meshplan's best plan"
@@ -29,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", "-n", type=int, required=True, help="number of devices the job runs on")
     parser.add_argument("--cluster", default="h100", help="cluster preset or profile JSON (default h100)")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the config's, else the model's)")
+    add_input_shape(parser)
     parser.add_argument("--target", default=None, choices=TARGETS,
                         help="restrict meshplan's best plan to what this engine runs (default: the source engine)")
     parser.add_argument("-o", "--output", default=None, metavar="PLAN_JSON", help="save the costed user configuration")
@@ -63,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     engine, imp = read_config(args)  # bad config fails before the (slow) trace
     spec = imp.spec
     progress(f"tracing {args.model}")
-    graph = trace_graph(args.model, args.seq or spec.seq_len or None)
+    shapes = input_shapes(args.input_shape)
+    graph = trace_graph(args.model, None if shapes else (args.seq or spec.seq_len or None), shapes)
     if engine == "torchtitan" and spec.schedule == "interleaved-1f1b":
         engine, imp = read_config(args, int(graph.meta.get("num_layers") or 0))
         spec = imp.spec

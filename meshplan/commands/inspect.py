@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from meshplan.commands.argtypes import add_input_shape, input_shapes
+
 HELP = "trace a model and show its blocks, parameters, FLOPs, activation bytes and cut points"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo name (gpt2-small, llama3-8b, gpt-tiny, ...), file.py:factory or pkg.mod:factory")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's maximum)")
+    add_input_shape(parser)
     parser.add_argument("--batch", type=int, default=1, help="sequences per traced batch (default 1)")
     parser.add_argument(
         "--device", default="meta", help="device to build the model on (default meta: no weights allocated)"
@@ -124,10 +127,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch < 1 or (args.seq is not None and args.seq < 1):
         raise ValueError("--batch and --seq must be positive")
+    shapes = input_shapes(args.input_shape)
+    if shapes is not None and args.seq is not None:
+        raise ValueError("--seq and --input-shape both given: the input shapes fix the sequence length; drop --seq")
     spec = load_model(args.model, device=args.device, batch_size=args.batch, seq_len=args.seq)
-    if spec.example_inputs is None:
-        raise ValueError(f"{args.model}: the factory gave no example inputs; return (module, example_inputs)")
-    graph = trace_model(spec.model, spec.example_inputs, name=spec.name)
+    if spec.example_inputs is None and shapes is None:
+        raise ValueError(f"{args.model}: the factory gave no example inputs; return (module, example_inputs) "
+                         "or give --input-shape NAME=2x3x224x224[:dtype]")
+    if shapes is not None:
+        graph = trace_model(spec.model, input_shapes=shapes, name=spec.name)
+    else:
+        graph = trace_model(spec.model, spec.example_inputs, name=spec.name)
     print(summarize(graph, args.max_cuts))
     if args.json:
         with open(args.json, "w") as f:

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from meshplan.commands.argtypes import positive_int
+from meshplan.commands.argtypes import add_input_shape, input_shapes, positive_int
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.precision import TRAINING_DTYPES, check_training_dtype
 from meshplan.engines.spec import CAPS, TARGETS, search_limits, spec_from_plan, unsupported
@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seq", type=positive_int, default=None, help="sequence length (default: the model's maximum)"
     )
+    add_input_shape(parser)
     parser.add_argument("--tp", type=positive_int, default=None, help="pin the tensor-parallel degree")
     parser.add_argument("--pp", type=positive_int, default=None, help="pin the pipeline-parallel degree")
     parser.add_argument("--dp", type=positive_int, default=None, help="pin the data-parallel degree")
@@ -117,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     quant = resolve_quantization(args.quantization, args.lora_rank)
     from meshplan.tracing.load import load_graph
 
-    graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress)
+    graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress,
+                       input_shapes=input_shapes(args.input_shape))
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
 
     def plan_in(dtype: str) -> Plan:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.precision import activation_dtype
+from meshplan.execution_rules import BATCH_NORM_CLASSES
 from meshplan.graph import ModelGraph
 from meshplan.plan import (
     Alternative,
@@ -119,7 +120,7 @@ def build_plan(
             )
     if ev.kind_note:
         notes.append(ev.kind_note)
-    bns = sum(1 for n in graph.nodes if n.kind == "norm" and "BatchNorm" in n.target)
+    bns = sum(n.op == "call_module" and n.target in BATCH_NORM_CLASSES for n in graph.nodes)  # as the search counts
     if bns:
         per = c.micro_batch * c.dp
         notes.append(f"BatchNorm ({bns} layers): statistics over each microbatch of {per} samples (synchronised "

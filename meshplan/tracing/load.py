@@ -7,7 +7,8 @@ by ``fingerprint.model_key``. A miss traces (``meshplan.trace.trace_model``) and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from meshplan.graph import ModelGraph
 from meshplan.tracing.cache import GraphCache, spec_key
@@ -20,16 +21,21 @@ def load_graph(
     use_cache: bool = True,
     cache: GraphCache | None = None,
     progress: Callable[[str], None] | None = None,
+    input_shapes: Mapping[str, Any] | None = None,
 ) -> ModelGraph:
     """The traced graph of model ``spec`` (zoo name or factory spec) built on the meta device at
     sequence length ``seq``, from the cache when it holds it (see the module docstring).
 
     A zoo name is looked up before anything is built (a hit imports no torch); a factory spec is
     built first and looked up by ``fingerprint.model_key``. A miss traces and stores the graph.
+    ``input_shapes`` (name -> shape or (shape, dtype), ``--input-shape``) replaces the spec's example
+    inputs (then ``seq`` must be None); the graph is then cached by ``model_key`` of those inputs.
     """
+    if input_shapes is not None and seq is not None:
+        raise ValueError("--seq and --input-shape both given: the input shapes fix the sequence length; drop --seq")
     say = progress or (lambda _msg: None)
     store = cache if cache is not None else GraphCache()
-    key = spec_key(spec, seq) if use_cache else None
+    key = spec_key(spec, seq) if use_cache and input_shapes is None else None
     if key is not None:
         hit = store.get(key)
         if hit is not None:
@@ -37,13 +43,15 @@ def load_graph(
             return hit
     from meshplan.models import load_model
     from meshplan.models.registry import default_inputs
-    from meshplan.trace import trace_model
+    from meshplan.trace import resolve_inputs, trace_model
 
     say(f"building {spec} on the meta device")
     built = load_model(spec, device="meta")
     inputs = built.example_inputs
     if seq is not None:
         inputs = default_inputs(built.model, batch_size=1, seq_len=seq, device="meta") or inputs
+    if input_shapes is not None:
+        inputs = resolve_inputs(built.model, None, input_shapes)
     if use_cache and key is None:
         from meshplan.tracing.fingerprint import model_key
 
