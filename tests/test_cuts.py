@@ -168,3 +168,16 @@ def test_zero_bubble_skipped_when_a_stage_reads_a_weight_twice(graphs: dict[str,
     gm, _ = capture_graph(model, x)
     stages = [plan.stages[0], dataclasses.replace(plan.stages[1], first_node="b")]  # both uses in stage 0
     assert [most_used_parameter(p) for p in split_stages(gm, stages)] == [("shared.weight", 2), ("b.weight", 1)]
+
+
+def test_skip_tensors_forwarded_through_a_stage_are_in_its_memory(graphs: dict[str, ModelGraph]) -> None:
+    """A middle stage of a UNet receives enc1's output and sends it on to the decoder: it holds
+    it per in-flight microbatch although none of its layers saves it."""
+    g = graphs["unet"]
+    coster = GraphCoster(g, resolve_cluster("h100", 4), dtype="fp32")
+    t = coster.table(1, False, "none", 4)
+    names = [x.name for x in t.layers]
+    a, b = names.index("enc2.0"), names.index("add") + 1  # enc2 .. mid's residual add
+    e1 = g.by_name("enc1_1")
+    assert coster.passthrough_bytes(t, a, b) == pytest.approx(4 * e1.out_bytes)
+    assert coster.passthrough_bytes(t, 0, b) == 0.0 and coster.passthrough_bytes(t, a, len(t.layers)) == 0.0

@@ -151,6 +151,7 @@ class GraphCoster:
         self._tp: dict[tuple[int, bool, int], GraphTPSolution] = {}
         self._tables: dict[tuple[int, bool, str, int], CostTable] = {}
         self._cuts = {c.after: c for c in graph.cut_points}
+        self._through: dict[tuple[int, int, int], float] = {}
         self._in_bytes: dict[int, int] = {}
         for _, d, b in graph.edges:
             self._in_bytes[d] = self._in_bytes.get(d, 0) + b
@@ -227,6 +228,24 @@ class GraphCoster:
             if n.module_fqn and (n.param_numel or n.param_names):  # tied heads too (they read a weight)
                 seen[n.module_fqn] = None
         return tuple(seen)
+
+    def passthrough_bytes(self, t: CostTable, a: int, b: int) -> float:
+        """Bytes per microbatch that a stage of layers [a, b) receives and sends on unchanged (a
+        skip tensor crossing the whole stage: a UNet's encoder outputs). The stage holds them for
+        every in-flight microbatch although none of its layers saves them. 0 for the first and
+        last stage; constants are copied into each stage, never sent."""
+        if a == 0 or b >= len(t.layers):
+            return 0.0
+        key = (id(t), a, b)
+        if key not in self._through:
+            cin, cout = self._cuts.get(t.layers[a].node_start - 1), self._cuts.get(t.layers[b - 1].node_end - 1)
+            nodes = self.g.nodes
+            through = set(cin.crossing) & set(cout.crossing) if cin is not None and cout is not None else set()
+            total = sum(nodes[i].out_bytes * _elem_scale(nodes[i].out_dtype, self.dtype)
+                        for i in through if nodes[i].kind != "constant")  # fmt: skip
+            scale = t.micro_batch / max(1, self.g.batch_size)
+            self._through[key] = total * scale / (t.tp if t.sequence_parallel else 1)
+        return self._through[key]
 
     def _boundary_bytes(self, after: int, tp: int, sp: bool, scale: float) -> float:
         cut = self._cuts.get(after)

@@ -379,6 +379,8 @@ class ConfigEvaluator:
 
         st_f, st_b, st_w, st_rec, st_tp = col("f"), col("b"), col("w"), col("rec"), col("tp")
         st_params, st_act = col("params"), col("act")
+        if n_st > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
+            st_act = [x + self.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
         bpp = self._state_bytes_per_param(c)
         per_param = bpp.total
         if self.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
