@@ -181,3 +181,12 @@ def test_skip_tensors_forwarded_through_a_stage_are_in_its_memory(graphs: dict[s
     e1 = g.by_name("enc1_1")
     assert coster.passthrough_bytes(t, a, b) == pytest.approx(4 * e1.out_bytes)
     assert coster.passthrough_bytes(t, 0, b) == 0.0 and coster.passthrough_bytes(t, a, len(t.layers)) == 0.0
+
+
+def test_inspect_lists_the_cut_points_of_a_graph_without_blocks(graphs: dict[str, ModelGraph]) -> None:
+    from meshplan.commands.inspect import summarize
+
+    out = summarize(graphs["lstm"])
+    assert "Pipeline cut points (3 usable of 7 module boundaries; pp <= 4)" in out
+    assert "lstm1 (a tuple of tensors)" in out
+    assert "Pipeline cut points" not in summarize(graphs["gpt"])

@@ -13,6 +13,7 @@ import argparse
 from typing import Any
 
 from meshplan.commands.argtypes import add_input_shape, input_shapes
+from meshplan.partition.cuts import blocks_dominate, cut_candidates, layer_ranges, usable_cuts
 
 HELP = "trace a model and show its blocks, parameters, FLOPs, activation bytes and cut points"
 
@@ -114,7 +115,17 @@ def summarize(graph: Any, max_cuts: int = 16) -> str:
         parts.append(title + "\n" + tabulate(
             crows, headers=["after", "node", "next block", "tensors", "bytes", "crossing"]
         ))
-    else:
+    if not blocks_dominate(graph):  # the stage split works on these (partition/cuts.py)
+        cands = cut_candidates(graph)
+        usable = usable_cuts(graph)
+        rows = [(c.after, c.label, c.tensors, human_bytes(c.crossing_bytes), c.reason or "usable")
+                for c in cands[:max_cuts]]  # fmt: skip
+        more = f", first {max_cuts} shown" if len(cands) > max_cuts else ""
+        parts.append(
+            f"Pipeline cut points ({len(usable)} usable of {len(cands)} module boundaries{more}; "
+            f"pp <= {len(layer_ranges(graph))})\n" + tabulate(rows, headers=["after", "cut", "tensors", "bytes", "status"])
+        )
+    elif not crows:
         parts.append(f"Cut points: {len(graph.cut_points)} (none at a block boundary)")
     if "fx_error" in graph.meta:
         parts.append(f"note: torch.fx could not trace this model ({graph.meta['fx_error']}); torch.export was used")
