@@ -28,6 +28,7 @@ from meshplan.tracing.classify import (
     saved_parts,
 )
 from meshplan.tracing.moe import moe_attrs, moe_saved_bytes
+from meshplan.tracing.rnn_flops import rnn_attrs, rnn_flops
 
 _PARAM_VIEW_OPS = {
     "t", "transpose", "permute", "view", "reshape", "contiguous", "detach", "alias", "to", "_to_copy",
@@ -168,6 +169,11 @@ def build_nodes(
                     saved_once.add(root)
                     saved += nb
         attrs = _attrs(gm, n, kind, in_metas, first, pnames, pidx)
+        flops = int(rec.flops)
+        rnn = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+        if isinstance(rnn, nn.RNNBase) and in_metas and in_metas[0] is not None:  # FlopCounterMode counts 0
+            flops = flops or rnn_flops(rnn, tuple(in_metas[0].shape))
+            attrs = {**attrs, **rnn_attrs(rnn)}
         if kind == "moe" and first is not None:
             saved += moe_saved_bytes(attrs, first)
         node = GraphNode(
@@ -188,7 +194,7 @@ def build_nodes(
             param_bytes=nbytes,
             shared_params=tuple(dict.fromkeys(shared)),
             frozen_param_numel=frozen,
-            fwd_flops=int(rec.flops),
+            fwd_flops=flops,
             saved_bytes=saved,
             attrs=attrs,
         )
@@ -285,6 +291,8 @@ def _attrs(
         if causal is None and len(n.args) > 5 and isinstance(n.args[5], bool):
             causal = n.args[5]
         a["is_causal"] = bool(causal)
+        mask = n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None)
+        a["has_mask"] = mask is not None  # an explicit mask: every score is computed (no causal skip)
         return a
     if kind == "embedding":
         if pnames:
