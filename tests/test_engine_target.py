@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -88,3 +89,18 @@ def test_search_limits_refuse_what_the_engine_lacks() -> None:
     with pytest.raises(ValueError, match="--dtype fp16 is not one torchtitan runs"):
         search_limits("torchtitan", {}, "fp16")
     assert search_limits("deepspeed", {})["fixed"] == {"cp": 1, "ep": 1}
+
+
+def test_engine_config_is_costed_with_the_engines_split(graph) -> None:
+    from meshplan.commands.engine_cost import cost_spec
+    from meshplan.engines.spec import EngineSpec
+
+    spec = EngineSpec(dp=4, pp=4, micro_batch_size=1, global_batch_size=32, dp_kind="ddp", num_layers=12)
+    free = cost_spec(graph, spec, "h100")
+    assert not _legal("even", blocks_per_stage(free))  # meshplan's own split is uneven here
+    ds = cost_spec(graph, spec, "h100", "deepspeed")
+    assert blocks_per_stage(ds) == (3, 3, 3, 3) and ds.predicted.step_s >= free.predicted.step_s
+    mine = cost_spec(graph, dataclasses.replace(spec, layers_per_stage=(2, 4, 4, 2)), "h100", "megatron")
+    assert blocks_per_stage(mine) == (2, 4, 4, 2)
+    with pytest.raises(ValueError, match="add up to the model's 12 repeated blocks"):
+        cost_spec(graph, dataclasses.replace(spec, layers_per_stage=(2, 4, 4, 3)), "h100", "megatron")

@@ -18,9 +18,12 @@ def trace_graph(model: str, seq_len: int | None = None, input_shapes: dict | Non
     return load_graph(model, seq=seq_len, input_shapes=input_shapes)
 
 
-def cost_spec(graph: Any, spec: EngineSpec, cluster: Any) -> Any:
-    """The Plan meshplan predicts for ``spec`` (its own stage split: the engine's is not pinned;
-    context and expert parallelism costed by ``cost_models/epcp.py`` through ``estimate_graph``)."""
+def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = None) -> Any:
+    """The Plan meshplan predicts for ``spec`` run by ``engine``: its configured blocks per stage
+    when it sets them (``spec.layers_per_stage``), else the split the engine's rule gives
+    (``engines.spec.CAPS[engine].split``; meshplan's own split when ``engine`` is None); context and
+    expert parallelism costed by ``cost_models/epcp.py`` through ``estimate_graph``."""
+    from meshplan.engines.spec import CAPS
     from meshplan.planner.api import estimate_graph
 
     return estimate_graph(
@@ -30,4 +33,6 @@ def cost_spec(graph: Any, spec: EngineSpec, cluster: Any) -> Any:
         virtual_stages=spec.virtual_stages if spec.pp > 1 else None,
         dp_kind=spec.dp_kind if spec.dp > 1 else None, sequence_parallel=spec.sequence_parallel if spec.tp > 1 else None,
         cluster=cluster, dtype=spec.dtype, cp=spec.cp, ep=spec.ep,
+        split_rule=CAPS[engine].split if engine in CAPS else "any",
+        blocks_per_stage=spec.layers_per_stage if spec.pp > 1 and spec.layers_per_stage else None,
     )  # fmt: skip

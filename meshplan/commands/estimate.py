@@ -81,10 +81,9 @@ def run(args: argparse.Namespace) -> int:
     for n in imp.notes:
         print(f"  note: {n}")
     if spec.layers_per_stage:
-        print(f"  note: the configured split {list(spec.layers_per_stage)} blocks per stage is costed with "
-              "meshplan's own split of the same stage count")
+        print(f"  note: costed with the configured split: {list(spec.layers_per_stage)} blocks per stage")
     progress("costing it")
-    mine = cost_spec(graph, spec, args.cluster)
+    mine = cost_spec(graph, spec, args.cluster, engine)
     target = args.target or engine
     progress("searching meshplan's best plan" + (f" for {target}" if target != "meshplan" else ""))
     limits = search_limits(target, {}, spec.dtype) if target in CAPS else {}

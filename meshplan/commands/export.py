@@ -60,12 +60,15 @@ def run(args: argparse.Namespace) -> int:
         from meshplan.cost_models.hardware import ClusterSpec
 
         near = cost_spec(trace_graph(args.model or plan.model_name, plan.seq_len or None), spec,
-                         ClusterSpec.from_dict(plan.cluster))  # fmt: skip
+                         ClusterSpec.from_dict(plan.cluster), args.to)  # fmt: skip
         print(f"# nearest {args.to} configuration: " + "; ".join(changes))
         p, q = plan.predicted, near.predicted
         print(f"# predicted step: plan {p.step_s * 1e3:.1f} ms, nearest {q.step_s * 1e3:.1f} ms "
               f"({q.step_s / p.step_s - 1:+.1%}); peak memory {max(p.peak_mem_bytes) / 2**30:.1f} -> "
               f"{max(q.peak_mem_bytes) / 2**30:.1f} GiB")
+        for n in near.notes:
+            if n.startswith("does not fit"):
+                print(f"# nearest {n}")
     text = render(spec, args.to, int(plan.cluster.get("devices_per_node", 8) or 8), args.toml)
     if args.output:
         Path(args.output).write_text(text)

@@ -71,12 +71,13 @@ def sections(spec: EngineSpec, devices_per_node: int = 8) -> dict[str, dict[str,
         lps = spec.layers_per_stage
         if lps and spec.uneven():
             fl = spec.first_last()
-            if fl is None or fl[0] > lps[1] or fl[1] > lps[1]:
+            per = lps[1] if len(lps) > 2 else max(lps)  # two stages: the larger is the full count
+            if fl is None or fl[0] > per or fl[1] > per:
                 raise ValueError(f"torchtitan export: uneven split {list(lps)} is not first/last-fewer; "
                                  "use --nearest")
-            par["pipeline_parallel_layers_per_stage"] = lps[1]
-            par["pipeline_parallel_first_stage_less_layers"] = lps[1] - fl[0]
-            par["pipeline_parallel_last_stage_less_layers"] = lps[1] - fl[1]
+            par["pipeline_parallel_layers_per_stage"] = per
+            par["pipeline_parallel_first_stage_less_layers"] = per - fl[0]
+            par["pipeline_parallel_last_stage_less_layers"] = per - fl[1]
         elif spec.num_layers:
             par["pipeline_parallel_layers_per_stage"] = spec.num_layers // (spec.pp * spec.virtual_stages)
             par["pipeline_parallel_first_stage_less_layers"] = 0

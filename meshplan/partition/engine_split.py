@@ -56,6 +56,21 @@ def block_counts(rule: str, n_blocks: int, n_stages: int) -> Iterator[tuple[int,
             yield (per - a, *([per] * (n - 2)), per - (less - a))
 
 
+def block_runs(is_block: Sequence[bool], counts: Sequence[int]) -> list[tuple[int, int]]:
+    """Layer ranges of the stages holding ``counts`` blocks each (a stage begins at its first
+    block: glue before it joins it; trailing layers join the last stage)."""
+    blocks = [i for i, b in enumerate(is_block) if b]
+    if sum(counts) != len(blocks) or min(counts, default=0) < 1:
+        raise ValueError(f"blocks per stage {list(counts)} must be >= 1 each and add up to the model's "
+                         f"{len(blocks)} repeated blocks")
+    starts, k = [0], 0
+    for c in counts[:-1]:
+        k += c
+        starts.append(blocks[k])
+    bounds = [*starts, len(is_block)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def rule_for(rule: str, virtual_stages: int) -> str:
     """Megatron-LM takes uneven first/last stages only without virtual stages: "even" with them."""
     return "even" if rule == "first_last" and virtual_stages > 1 else rule
@@ -66,18 +81,12 @@ def rule_split(
 ) -> list[tuple[int, int]] | None:
     """The split of the layers (``(start, end)`` per stage) that ``rule`` allows with the smallest
     largest-stage cost; None when the rule allows none (e.g. "even" with blocks not divisible)."""
-    blocks = [i for i, b in enumerate(is_block) if b]
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
     best: tuple[float, list[tuple[int, int]]] | None = None
-    for counts in block_counts(rule, len(blocks), n_stages):
-        starts, k = [0], 0
-        for c in counts[:-1]:
-            k += c
-            starts.append(blocks[k])  # a stage begins at its first block; glue before it joins it
-        bounds = [*starts, len(costs)]
-        runs = list(zip(bounds[:-1], bounds[1:]))
+    for counts in block_counts(rule, sum(map(bool, is_block)), n_stages):
+        runs = block_runs(is_block, counts)
         worst = max(prefix[b] - prefix[a] for a, b in runs)
         if best is None or worst < best[0]:
             best = (worst, runs)

@@ -29,6 +29,7 @@ from meshplan.cost_models.hardware import preset_for_gpu_name as preset_for_devi
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.graph import ModelGraph
 from meshplan.partition.cuts import layer_ranges, too_few_cuts
+from meshplan.partition.engine_split import block_runs
 from meshplan.plan import (
     QUANT_MODES,
     Plan,
@@ -156,10 +157,14 @@ def estimate_graph(
     cp: int = 1,
     ep: int = 1,
     capacity_factor: float | None = None,
+    split_rule: str = "any",
+    blocks_per_stage: tuple[int, ...] | None = None,
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
-    ``cost_models/epcp.py`` (a note names what meshplan's runtime would not run)."""
+    ``cost_models/epcp.py`` (a note names what meshplan's runtime would not run). The stage split
+    is meshplan's best, or under ``split_rule`` an engine's (``partition.engine_split``), or
+    exactly ``blocks_per_stage`` repeated blocks per stage (an engine configuration's own)."""
     q = resolve_quantization(quantization)
     fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute,
                              "cp": cp, "ep": ep}
@@ -198,7 +203,8 @@ def estimate_graph(
         raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} and the model's experts ({experts or 'none: not a MoE'})")
     t0 = time.perf_counter()
     coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer)
-    searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster)
+    searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
+                        split_rule=split_rule)  # fmt: skip
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
     kind = dp_kind or ("none" if dp == 1 else "ddp")
     if cp * ep > 1 and dp_kind is None:
@@ -208,9 +214,17 @@ def estimate_graph(
     errors = searcher.quant_errors(cfg)
     if errors:
         raise ValueError(f"{q.mode} quantization cannot run this configuration: " + "; ".join(errors[:3]))
-    ev = searcher.evaluate_auto(cfg) if dp_kind is None and cp * ep == 1 else searcher.evaluate(cfg)
+    runs = None
+    if blocks_per_stage and pp > 1:
+        if len(blocks_per_stage) != pp * cfg.virtual_stages:
+            raise ValueError(f"blocks_per_stage has {len(blocks_per_stage)} entries for pp·v = {pp * cfg.virtual_stages} stages")
+        runs = block_runs([x.kind == "block" for x in searcher._table(cfg).layers], blocks_per_stage)
+    if runs is not None or (dp_kind is not None or cp * ep > 1):
+        ev = searcher.evaluate(cfg, runs=runs)
+    else:
+        ev = searcher.evaluate_auto(cfg)
     split = None
-    if ev.fits and pp > 1:
+    if ev.fits and pp > 1 and runs is None and split_rule == "any":
         from meshplan.planner.finalize import WINNER_SPLIT_LIMIT_S, refine_split
 
         ev, split = refine_split(searcher, ev, WINNER_SPLIT_LIMIT_S)

@@ -219,11 +219,14 @@ def _schedule_effect(a: str, b: str) -> str:
 
 
 def _dp_kind_effect(a: str, b: str) -> str:
-    if b == "fsdp":
-        return "FSDP: params/grads/optimizer sharded over dp (less memory), all-gather + reduce-scatter per step"
-    if b == "ddp":
-        return "DDP: full replicas (more memory), one gradient all-reduce"
-    return "no data parallel communication"
+    effects = {
+        "fsdp": "FSDP: params/grads/optimizer sharded over dp (less memory), all-gather + reduce-scatter per step",
+        "hsdp": "HSDP: sharded inside a node, replicated across nodes; gathers stay on NVLink",
+        "zero2": "ZeRO-2: grads and optimizer states sharded over dp, reduce-scatter + parameter all-gather",
+        "zero1": "ZeRO-1: optimizer states sharded over dp (less memory), gradients reduced + parameters all-gathered",
+        "ddp": "DDP: full replicas (more memory), one gradient all-reduce",
+    }
+    return effects.get(b, "no data parallel communication")
 
 
 def _tp_effect(a: str, b: str) -> str:
