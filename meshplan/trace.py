@@ -171,7 +171,7 @@ def trace_model(
     blocks, nodes = find_blocks(cap.root, pidx, nodes)
     cuts = cut_points(nodes, blocks)
     params = list(model.parameters())
-    meta = model_meta(model, nodes)
+    meta = model_meta(model, nodes, blocks)
     folded = fold_views(cap.root, cap.inputs, cap.prefix)
     if folded:
         meta["tp_fold_views"] = folded

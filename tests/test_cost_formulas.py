@@ -12,9 +12,13 @@ from meshplan.cost_models.published import load_published_cases, preset_for_case
 CASES = load_published_cases()
 
 
+GPT_CASES = [c for c in CASES if c["model"].get("arch", "gpt") == "gpt"]
+LLAMA_CASES = [c for c in CASES if c["model"].get("arch") == "llama"]
+
+
 def test_published_cases_load() -> None:
-    assert len(CASES) == 22
-    assert len({c["id"] for c in CASES}) == 22
+    assert len(CASES) >= 22 and len(GPT_CASES) == 22 and LLAMA_CASES
+    assert len({c["id"] for c in CASES}) == len(CASES)
     for c in CASES:
         assert c["model"]["layers"] > 0 and c["cluster"]["n_gpus"] > 0
         preset_for_case(c)  # every GPU maps to a preset
@@ -29,7 +33,16 @@ def _gpt_params_from_shapes(L: int, h: int, V: int, s: int, ffn: int) -> int:
     return V * h + s * h + L * per_layer + 2 * h
 
 
-@pytest.mark.parametrize("c", CASES, ids=[c["id"] for c in CASES])
+@pytest.mark.parametrize("c", LLAMA_CASES, ids=[c["id"] for c in LLAMA_CASES])
+def test_llama_case_shapes_give_the_published_parameter_count(c: dict) -> None:
+    # untied embedding and head, q/k/v/o with grouped kv heads, SwiGLU (3 matrices), 2 RMSNorms + final
+    m = c["model"]
+    h, hd, ffn, V = m["hidden"], m["hidden"] // m["heads"], m["ffn_hidden"], m["vocab"]
+    layer = h * (2 * h + 2 * m["kv_heads"] * hd) + 3 * h * ffn + 2 * h
+    assert (2 * V * h + m["layers"] * layer + h) / 1e9 == pytest.approx(m["params_b"], rel=0.01)
+
+
+@pytest.mark.parametrize("c", GPT_CASES, ids=[c["id"] for c in GPT_CASES])
 def test_param_count_formula_matches_shapes_and_published(c: dict) -> None:
     m = c["model"]
     formula = F.gpt_param_count(m["layers"], m["hidden"], m["vocab"], m["seq_len"])
@@ -77,7 +90,7 @@ def test_two_flop_conventions_differ_by_recompute_pass() -> None:
     )
 
 
-MPT = [c for c in CASES if c["measured"]["other"].get("tokens_per_s_per_gpu")]
+MPT = [c for c in CASES if c["measured"]["other"].get("tokens_per_s_per_gpu") and c["measured"].get("mfu_pct")]
 
 
 @pytest.mark.parametrize("c", MPT, ids=[c["id"] for c in MPT])

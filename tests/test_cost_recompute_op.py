@@ -65,9 +65,15 @@ def test_op_under_tensor_parallel(graph) -> None:
     assert op_sac_kept_bytes(nodes, tp=t, sp=True, input_bytes=inp, out_shard_of=out_shard) == pytest.approx(sp)
 
 
-def test_loss_peak_is_three_fp32_logit_tensors() -> None:
+def test_loss_peak_per_cross_entropy_kernel() -> None:
+    # eager F.cross_entropy: saved log-softmax + its incoming and outgoing fp32 gradients
     assert loss_buffer_bytes(1000, 50, logits_bytes=2) == 1000 * 50 * 12
-    assert loss_buffer_bytes(1000, 50, vocab_shard=5, logits_bytes=4) == 1000 * 10 * 12
+    # vocab-sharded logits under torch's loss_parallel: (zeros + exp(x)) * g beside the saved x
+    assert loss_buffer_bytes(1000, 50, vocab_shard=5, logits_bytes=4) == 1000 * 10 * 16
+    # fused kernels (Megatron, flash-attn): one fp32 buffer, or the cast of 16-bit logits
+    assert loss_buffer_bytes(1000, 50, logits_bytes=2, kernel="fused") == 1000 * 50 * 6
+    with pytest.raises(ValueError, match="loss kernel"):
+        loss_buffer_bytes(1000, 50, kernel="chunked")
 
 
 def test_estimate_orders_recompute_kinds(graph) -> None:

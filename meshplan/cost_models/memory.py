@@ -371,22 +371,37 @@ def fits(total_bytes: float, mem_bytes: float) -> bool:
     return math.isfinite(total_bytes) and total_bytes <= mem_bytes
 
 
-def loss_buffer_bytes(tokens: float, vocab: int, *, vocab_shard: int = 1, logits_bytes: int = 2) -> float:
-    """Peak bytes a fp32 cross-entropy holds over the logits of one microbatch::
+#: fp32 tensors of the logits' size a cross-entropy implementation holds at its peak (see
+#: ``loss_buffer_bytes``), besides the 16-bit logits during the cast
+LOSS_KERNELS: dict[str, int] = {"cross_entropy": 3, "loss_parallel": 4, "fused": 1}
 
-        tokens · V / vocab_shard · max(logits_bytes + 4, 4 + 4, 4 + 4 + 4)
 
-    ``F.cross_entropy(logits.float(), ...)`` (the runtime, torchtitan and HF compute it so):
-    the cast holds the logits and their fp32 copy; ``log_softmax`` holds its fp32 input and
-    output (saved for backward); at the start of backward ``nll_loss`` backward writes a dense
-    fp32 gradient and ``log_softmax`` backward its fp32 input gradient while the saved output
-    is still alive: three fp32 tensors of the logits' size, the peak (12 bytes per logit).
-    ``vocab_shard`` = tp when the head stays vocab-parallel into the loss (Megatron's
-    vocab-parallel cross-entropy, torch ``loss_parallel``), 1 when the logits are gathered. A
-    graph that traced its own loss already counts it. Unit: bytes. Source: PyTorch
-    ``log_softmax`` saves its result, ``nll_loss_backward`` and ``_log_softmax_backward_data``
-    return new dense tensors; Megatron-LM ``VocabParallelCrossEntropy``.
+def loss_buffer_bytes(
+    tokens: float, vocab: int, *, vocab_shard: int = 1, logits_bytes: int = 2, kernel: str | None = None
+) -> float:
+    """Peak bytes a cross-entropy holds over the logits of one microbatch::
+
+        tokens · V / vocab_shard · max(logits_bytes + 4, 4 · k)
+
+    with ``k`` fp32 tensors of the logits' size alive at the kernel's peak (``LOSS_KERNELS``):
+
+    - ``cross_entropy`` (k = 3): ``F.cross_entropy(logits.float(), ...)`` as the runtime,
+      torchtitan and HF compute it: at the start of backward ``nll_loss`` backward writes a
+      dense fp32 gradient and ``log_softmax`` backward its fp32 input gradient while the saved
+      log-softmax output is alive;
+    - ``loss_parallel`` (k = 4; the default when ``vocab_shard`` > 1): torch's
+      ``loss_parallel`` on vocab-sharded logits, whose backward forms ``(zeros + exp(x)) · g``
+      beside the saved log-softmax ``x`` (``torch/distributed/tensor/parallel/loss.py``);
+    - ``fused`` (k = 1): kernels that keep one fp32 buffer and overwrite it with the gradient
+      (Megatron-LM ``VocabParallelCrossEntropy``, flash-attn / llm-foundry fused cross-entropy).
+
+    The cast holds the 16-bit logits and their fp32 copy together (``logits_bytes + 4``).
+    ``vocab_shard`` = tp when the head stays vocab-parallel into the loss, 1 when the logits
+    are gathered. A graph that traced its own loss already counts it. Unit: bytes.
     """
     if tokens < 0 or vocab < 1 or vocab_shard < 1:
         raise ValueError(f"tokens >= 0, vocab >= 1 and vocab_shard >= 1 needed, got {tokens}, {vocab}, {vocab_shard}")
-    return tokens * vocab / vocab_shard * max(logits_bytes + 4, 12)
+    kernel = kernel or ("loss_parallel" if vocab_shard > 1 else "cross_entropy")
+    if kernel not in LOSS_KERNELS:
+        raise ValueError(f"loss kernel {kernel!r} unknown; use one of {sorted(LOSS_KERNELS)}")
+    return tokens * vocab / vocab_shard * max(logits_bytes + 4, 4 * LOSS_KERNELS[kernel])

@@ -159,12 +159,16 @@ def estimate_graph(
     capacity_factor: float | None = None,
     split_rule: str = "any",
     blocks_per_stage: tuple[int, ...] | None = None,
+    loss_kernel: str | None = None,
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
     ``cost_models/epcp.py`` (a note names what meshplan's runtime would not run). The stage split
     is meshplan's best, or under ``split_rule`` an engine's (``partition.engine_split``), or
-    exactly ``blocks_per_stage`` repeated blocks per stage (an engine configuration's own)."""
+    exactly ``blocks_per_stage`` repeated blocks per stage (an engine configuration's own).
+    ``loss_kernel`` (``cost_models.memory.LOSS_KERNELS``) prices another engine's cross-entropy
+    when costing its configuration (e.g. "fused" for Megatron-LM's or llm-foundry's); None is
+    what meshplan's runtime runs."""
     q = resolve_quantization(quantization)
     fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute,
                              "cp": cp, "ep": ep}
@@ -202,7 +206,7 @@ def estimate_graph(
     if ep > 1 and ((dp * cp) % ep or not experts or experts % ep):
         raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} and the model's experts ({experts or 'none: not a MoE'})")
     t0 = time.perf_counter()
-    coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer)
+    coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, loss_kernel=loss_kernel)
     searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
                         split_rule=split_rule)  # fmt: skip
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)

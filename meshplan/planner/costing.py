@@ -135,8 +135,10 @@ class GraphCoster:
         time_limit_s: float = 10.0,
         quantization: Quantization | None = None,
         optimizer: str = "adam",
+        loss_kernel: str | None = None,
     ):
         self.g = graph
+        self.loss_kernel = loss_kernel  # memory.LOSS_KERNELS key; None = what the runtime runs
         self.quant = quantization or Quantization()
         self.optimizer = optimizer
         self.cluster = cluster
@@ -371,7 +373,8 @@ class GraphCoster:
             tokens *= d
         shard = 1 if (head.module_fqn in sol.gathered or sol.styles.get(head.module_fqn or "") != "colwise") else sol.tp
         return loss_buffer_bytes(
-            tokens * scale, vocab, vocab_shard=shard, logits_bytes=4 if self.dtype in ("fp32", "float32") else 2
+            tokens * scale, vocab, vocab_shard=shard, logits_bytes=4 if self.dtype in ("fp32", "float32") else 2,
+            kernel=self.loss_kernel,
         )
 
     def _quant_states(

@@ -14,7 +14,8 @@ state of its output; ``shard(k)`` divides its work)::
                  with sequence parallelism, sequence-sharded)
     activation   s→s for s ∈ {R, S, Q}
     norm         R→R (1) · Q→Q (t, sequence parallel)
-    others       R→R (loss, output, other, input, constant)
+    output       R→R · S→S when it returns an untied LM head's logits (vocab-parallel loss)
+    others       R→R (loss, other, input, constant)
 
 A transition in ``tp_types.TRANSITIONS`` is used on an edge u→v only where torch's TP styles
 perform it (``TPStrategies._runs``): R→S only into a rowwise linear (it slices its whole input),
@@ -93,7 +94,21 @@ class TPStrategies:
             return out
         if k == "norm":
             return [rep] + ([Strategy("seq", "Q", "Q", t)] if seq_ok else [])
+        if k == "output" and self._vocab_logits(n):  # loss_parallel: logits stay vocab-sharded
+            return [rep, Strategy("vocab", "S", "S", 1)]
         return [rep]
+
+    def _vocab_logits(self, n: GraphNode) -> bool:
+        """The graph returns an untied LM head's output directly (a linear of ``vocab`` features,
+        t | vocab): the runtime computes the loss on the vocab-sharded logits
+        (``runtime/loss_parallel.py``, torch ``loss_parallel``; Megatron's vocab-parallel
+        cross-entropy) instead of gathering them. A tied head (it reads the embedding's weight)
+        is gathered by the runtime."""
+        vocab = int(self.g.meta.get("vocab") or 0)
+        if len(n.inputs) != 1 or not vocab or vocab % self.tp:
+            return False
+        src = self.g.nodes[n.inputs[0]]
+        return src.kind == "linear" and src.attrs.get("out_features") == vocab and not src.shared_params
 
     def _keeps_shard(self, n: GraphNode) -> bool:
         """A view/transpose keeps S; a split/chunk keeps it only when it does not cut the

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from meshplan.graph import GraphNode
+from meshplan.graph import BlockType, GraphNode
 from meshplan.tracing.annotate import NodeRecord
 from meshplan.tracing.capture import Captured
 from meshplan.tracing.classify import (
@@ -29,6 +29,7 @@ from meshplan.tracing.classify import (
 )
 from meshplan.tracing.moe import moe_attrs, moe_saved_bytes
 from meshplan.tracing.rnn_flops import rnn_attrs, rnn_flops
+from meshplan.tracing.sizes import SIZE_KEYS, cross_check, graph_sizes
 
 _PARAM_VIEW_OPS = {
     "t", "transpose", "permute", "view", "reshape", "contiguous", "detach", "alias", "to", "_to_copy",
@@ -308,8 +309,11 @@ def _attrs(
     return {}
 
 
-def model_meta(model: nn.Module, nodes: list[GraphNode]) -> dict[str, Any]:
-    """hidden, num_heads, num_kv_heads, num_layers, vocab, ffn_hidden, head_dim where discoverable."""
+def model_meta(model: nn.Module, nodes: list[GraphNode], blocks: list[BlockType] | None = None) -> dict[str, Any]:
+    """hidden, num_heads, num_kv_heads, num_layers, vocab, ffn_hidden, head_dim: read off the graph
+    (``tracing.sizes.graph_sizes``, any nn.Module); a model ``config`` (HF or zoo) only fills
+    what the graph does not show and is cross-checked (``meta["size_mismatch"]`` lists where it
+    disagrees; the graph's value is kept)."""
     cfg = getattr(model, "config", None)
     if cfg is None and hasattr(model, "model"):
         cfg = getattr(model.model, "config", None)
@@ -323,7 +327,7 @@ def model_meta(model: nn.Module, nodes: list[GraphNode]) -> dict[str, Any]:
                 return v
         return None
 
-    meta: dict[str, Any] = {
+    declared: dict[str, Any] = {
         "hidden": pick("n_embd", "dim", "hidden_size", "d_model", "hidden"),
         "num_heads": pick("n_head", "num_attention_heads", "num_heads"),
         "num_kv_heads": pick("n_kv_head", "num_key_value_heads", "num_kv_heads"),
@@ -332,24 +336,21 @@ def model_meta(model: nn.Module, nodes: list[GraphNode]) -> dict[str, Any]:
         "ffn_hidden": pick("ffn", "ffn_hidden", "intermediate_size", "n_inner"),
         "head_dim": pick("head_dim"),
     }
-    attn = [n for n in nodes if n.kind == "attention" and "num_heads" in n.attrs]
-    if attn:
-        a = attn[0].attrs
-        meta["num_heads"] = meta["num_heads"] or a["num_heads"]
-        meta["head_dim"] = meta["head_dim"] or a["head_dim"]
-        meta["num_kv_heads"] = meta["num_kv_heads"] or a["num_kv_heads"]
+    if declared["ffn_hidden"] is None and declared["hidden"] and cfg is not None and hasattr(cfg, "n_inner"):
+        declared["ffn_hidden"] = 4 * declared["hidden"]  # HF GPT-2: n_inner None means 4 * n_embd
+    if declared["num_heads"] and not declared["num_kv_heads"]:
+        declared["num_kv_heads"] = declared["num_heads"]
+    found = graph_sizes(nodes, list(blocks or []))
+    meta: dict[str, Any] = {k: found.get(k, declared.get(k)) for k in SIZE_KEYS}
     if meta["num_heads"] and not meta["num_kv_heads"]:
         meta["num_kv_heads"] = meta["num_heads"]
-    if not meta["hidden"] and attn and attn[0].attrs.get("head_dim"):  # plain torch: no config to read
-        meta["hidden"] = attn[0].attrs["num_heads"] * attn[0].attrs["head_dim"]
+    if not meta["hidden"] and meta["num_heads"] and meta["head_dim"]:  # no norm, embedding or block to read
+        meta["hidden"] = meta["num_heads"] * meta["head_dim"]
     if meta["hidden"] and meta["num_heads"] and not meta["head_dim"]:
         meta["head_dim"] = meta["hidden"] // meta["num_heads"]
-    if meta["ffn_hidden"] is None and meta["hidden"] and cfg is not None and hasattr(cfg, "n_inner"):
-        meta["ffn_hidden"] = 4 * meta["hidden"]  # HF GPT-2: n_inner None means 4 * n_embd
-    if meta["vocab"] is None:
-        emb = [n for n in nodes if n.kind == "embedding" and "num_embeddings" in n.attrs]
-        if emb:
-            meta["vocab"] = emb[0].attrs["num_embeddings"]
+    mismatch = cross_check(found, declared)
+    if mismatch:
+        meta["size_mismatch"] = mismatch
     dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
     meta["param_dtype"] = dtypes.pop() if len(dtypes) == 1 else sorted(dtypes)
     meta["model_class"] = type(model).__name__

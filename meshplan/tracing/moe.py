@@ -100,7 +100,9 @@ def _expert_layout(ex: nn.Module, e: int) -> str | None:
         shapes = {tuple((n, tuple(p.shape)) for n, p in sub.named_parameters()) for sub in ex}
         return "list" if len(shapes) == 1 and next(iter(shapes)) else None
     params = list(ex.parameters())
-    if params and all(p.dim() >= 2 and p.shape[0] == e for p in params):
+    # grouped experts stack E weight matrices: 3-D (E, out, in); a dense Linear whose out_features
+    # happens to equal the router's width (a SwiGLU "up" beside a "gate") is not a set of experts
+    if params and all(p.dim() >= 3 and p.shape[0] == e for p in params):
         return "grouped"
     return None
 

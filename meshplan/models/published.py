@@ -1,0 +1,57 @@
+"""The model of a published training run (``meshplan/data/published_cases.json``), traced on meta.
+
+``case_model(case)`` builds a zoo model of the case's shape on the meta device (no weights):
+``model.arch`` "llama" (RMSNorm, SwiGLU, grouped-query attention with ``kv_heads``, rotary,
+untied head: Llama 2/3, torchtitan) or "gpt" (the default: LayerNorm, GeLU MLP, learned
+positions, tied embeddings; ``bias`` false for MPT, whose ALiBi is stood in for by learned
+positions). ``case_graph(case)`` traces it at the case's sequence length (one microbatch
+sequence), memoized per shape for a sweep.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from meshplan.graph import ModelGraph
+
+_GRAPHS: dict[tuple[Any, ...], ModelGraph] = {}
+
+
+def _arch(case: dict[str, Any]) -> str:
+    return str(case["model"].get("arch") or "gpt")
+
+
+def case_model(case: dict[str, Any]) -> nn.Module:
+    """The case's model on the meta device."""
+    from meshplan.models.gpt import GPT, GPTConfig
+    from meshplan.models.llama import Llama, LlamaConfig
+
+    m = case["model"]
+    with torch.device("meta"):
+        if _arch(case) == "llama":
+            cfg = LlamaConfig(n_layer=m["layers"], n_head=m["heads"], n_kv_head=m.get("kv_heads") or m["heads"],
+                              dim=m["hidden"], ffn_hidden=m["ffn_hidden"], vocab_size=m["vocab"],
+                              max_seq_len=m["seq_len"])  # fmt: skip
+            return Llama(cfg)
+        if _arch(case) != "gpt":
+            raise ValueError(f"published case {case['id']!r}: model.arch must be 'gpt' or 'llama', got {_arch(case)!r}")
+        bias = m.get("bias", not case["id"].startswith("mpt"))
+        return GPT(GPTConfig(n_layer=m["layers"], n_head=m["heads"], n_embd=m["hidden"], ffn_hidden=m["ffn_hidden"],
+                             vocab_size=m["vocab"], block_size=m["seq_len"], bias=bias))  # fmt: skip
+
+
+def case_graph(case: dict[str, Any]) -> ModelGraph:
+    """The traced graph of the case's model (memoized by shape)."""
+    from meshplan.models.registry import default_inputs
+    from meshplan.trace import trace_model
+
+    m = case["model"]
+    key = (_arch(case), m["layers"], m["hidden"], m["heads"], m.get("kv_heads"), m["ffn_hidden"], m["seq_len"],
+           m["vocab"], m.get("bias", not case["id"].startswith("mpt")))  # fmt: skip
+    if key not in _GRAPHS:
+        model = case_model(case)
+        _GRAPHS[key] = trace_model(model, default_inputs(model, device="meta"), name=case["id"])
+    return _GRAPHS[key]

@@ -1,0 +1,168 @@
+"""Costing a published training run at its authors' configuration (``meshplan/data/published_cases.json``).
+
+``case_cluster(case)`` is the preset of the case's GPU with what the case says of its hardware
+(memory size, peak FLOP/s, HBM bandwidth, GPUs per node); ``case_setup(case)`` the authors'
+parallel configuration (degrees, microbatch, schedule, recompute kind, data-parallel kind,
+precision); ``estimate_case(case, graph)`` runs ``estimate_graph`` on a traced graph of the
+case's model and returns predicted vs measured throughput (tokens/s per GPU, independent of
+FLOP conventions) and memory. ``autoparallel_gain(case, graph)`` runs the search on the same
+cluster and batch and says by how much and why its plan beats the authors' (predicted).
+
+Measured memory figures are compared as their source defines them: ``max reserved`` (the
+caching allocator's peak, torchtitan's ``memory`` column) against the predicted peak of
+allocated bytes plus the allocator's fragmentation share (``hardware.FRAGMENTATION_FRACTION``
+of the device), ``max allocated`` against the predicted peak alone. No torch import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from meshplan.cost_models.hardware import FRAGMENTATION_FRACTION, ClusterSpec, default_reserved_bytes
+from meshplan.cost_models.published import preset_for_case
+from meshplan.graph import ModelGraph
+
+GiB = 1024**3
+
+
+def case_cluster(case: dict[str, Any]) -> ClusterSpec:
+    """The ClusterSpec of a case: its GPU's preset, overridden by the case's own hardware figures
+    (``mem_gb``, ``peak_tflops``, ``hbm_TBps``) where they differ from the preset's datasheet."""
+    cl = case["cluster"]
+    n, per_node = int(cl["n_gpus"]), int(cl["gpus_per_node"])
+    spec = ClusterSpec.preset(preset_for_case(case), num_nodes=max(1, n // per_node), devices_per_node=per_node)
+    spec = spec.with_devices(n)
+    changes: dict[str, Any] = {}
+    if cl.get("mem_gb") and abs(cl["mem_gb"] * 1e9 - spec.mem_bytes) > 1e9:
+        mem = int(cl["mem_gb"] * 1e9)
+        changes.update(mem_bytes=mem, mem_reserved_bytes=default_reserved_bytes(mem))
+    if cl.get("peak_tflops"):
+        peak = float(cl["peak_tflops"]) * 1e12
+        half = ("bf16", "fp16")
+        if any(abs(spec.peak_flops.get(k, peak) - peak) > 1e12 for k in half):
+            changes["peak_flops"] = {**spec.peak_flops, **{k: peak for k in half}}
+    if cl.get("hbm_TBps"):
+        changes["mem_bw_bytes_per_s"] = float(cl["hbm_TBps"]) * 1e12
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
+def _recompute(text: Any) -> str:
+    t = str(text or "none").lower()
+    if t.startswith(("yes", "full")):
+        return "full"
+    if "op" in t.split() or t in ("op", "selective-op", "selective op"):
+        return "op"
+    if t.startswith("selective"):
+        return "selective"
+    return "none"
+
+
+def _dtype(text: Any) -> str:
+    t = str(text or "bf16").lower()
+    return "fp16" if "fp16" in t else "fp32" if t.startswith("fp32") else "bf16"
+
+
+def case_setup(case: dict[str, Any]) -> dict[str, Any]:
+    """The authors' configuration as ``estimate_graph`` keywords (+ ``seq_len``)."""
+    tr, ex = case["training"], case["expert_config"]
+    tp, pp, dp = int(ex["tp"]), int(ex.get("pp") or 1), int(ex["dp"])
+    B = int(tr["global_batch"])
+    micro = int(tr.get("micro_batch") or tr.get("per_replica_batch") or B // dp)
+    kind = ex.get("dp_kind") or ("fsdp" if case["id"].startswith("mpt") else "ddp")
+    v = int(ex.get("interleave") or 1)
+    schedule = ex.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b")
+    sp = ex.get("sequence_parallel")
+    return {
+        "tp": tp, "pp": pp, "dp": dp, "micro_batch_size": micro, "global_batch_size": B,
+        "recompute": _recompute(tr.get("recompute")), "dp_kind": kind if dp > 1 else None,
+        "schedule": schedule if pp > 1 else "1f1b", "virtual_stages": v if pp > 1 else None,
+        "sequence_parallel": bool(sp) if sp is not None else False, "dtype": _dtype(tr.get("precision")),
+        "loss_kernel": tr.get("loss_kernel"),
+    }  # fmt: skip
+
+
+def measured_tokens_per_gpu(case: dict[str, Any]) -> float | None:
+    """Tokens/s per GPU the source measured: from its step time, or as it reports them."""
+    ms, m = case["measured"], case["model"]
+    n = case["cluster"]["n_gpus"]
+    if ms.get("step_time_s"):
+        return case["training"]["global_batch"] * m["seq_len"] / ms["step_time_s"] / n
+    return (ms.get("other") or {}).get("tokens_per_s_per_gpu")
+
+
+def comparable_mem_gib(case: dict[str, Any], peak_bytes: float, spec: ClusterSpec) -> float:
+    """The predicted counterpart of the case's measured memory figure, in GiB."""
+    what = str(case["measured"].get("mem_what", "max reserved"))
+    frag = FRAGMENTATION_FRACTION * spec.mem_bytes if "reserved" in what else 0.0
+    return (peak_bytes + frag) / GiB
+
+
+def estimate_case(case: dict[str, Any], graph: ModelGraph) -> dict[str, Any]:
+    """Predicted vs measured throughput and memory of one case at the authors' configuration."""
+    from meshplan.planner.api import estimate_graph
+
+    setup = case_setup(case)
+    spec = case_cluster(case)
+    plan = estimate_graph(graph, spec.num_devices, cluster=spec, **setup)
+    n, s = spec.num_devices, case["model"]["seq_len"]
+    pred_tok = setup["global_batch_size"] * s / plan.predicted.step_s / n
+    meas_tok = measured_tokens_per_gpu(case)
+    peak = max(plan.predicted.peak_mem_bytes)
+    meas_mem = case["measured"].get("peak_mem_gib")
+    pred_mem = comparable_mem_gib(case, peak, spec)
+    return {
+        "id": case["id"], "gpus": n, "cluster": spec.name, "plan": plan, "setup": setup,
+        "config": (f"tp{setup['tp']} pp{setup['pp']} dp{setup['dp']} mb{setup['micro_batch_size']} "
+                   f"rc={setup['recompute']} {setup['dp_kind'] or ''}").strip(),
+        "pred_tok": pred_tok, "meas_tok": meas_tok, "err": (pred_tok / meas_tok - 1) if meas_tok else None,
+        "fits": not any("does not fit" in x for x in plan.notes), "peak_gib": peak / GiB,
+        "pred_mem_gib": pred_mem, "meas_mem_gib": meas_mem,
+        "mem_err": (pred_mem / meas_mem - 1) if meas_mem else None,
+        "time_comparable": (case["measured"].get("other") or {}).get("time_comparable", True),
+    }  # fmt: skip
+
+
+#: Prediction fields a plan's step is made of, with the mechanism each stands for
+_TERMS = (
+    ("compute_s", "compute"), ("recompute_s", "recompute"), ("tp_comm_s", "TP communication"),
+    ("pp_comm_s", "pipeline sends"), ("dp_comm_s", "exposed DP communication"), ("bubble_s", "pipeline bubble"),
+    ("optimizer_s", "optimizer step"), ("ep_comm_s", "EP all-to-all"), ("cp_comm_s", "CP ring"),
+)  # fmt: skip
+
+
+def _config(p: Any) -> str:
+    return (f"tp{p.tp} pp{p.pp} dp{p.dp} mb{p.micro_batch_size} {p.schedule if p.pp > 1 else ''} "
+            f"rc={p.recompute} {p.dp_kind}").replace("  ", " ")  # fmt: skip
+
+
+def why_faster(expert: Any, auto: Any) -> str:
+    """Why plan ``auto`` is predicted faster than ``expert``: the configuration changes and the
+    two step terms (``Prediction`` fields) that shrink most, in milliseconds. Every term is
+    one the runtime executes as costed (recompute kinds, DP kinds, schedules, microbatching:
+    ``execution_rules`` keeps the search to what runs)."""
+    changes = [f"{k} {a}→{b}" for k, a, b in (
+        ("tp", expert.tp, auto.tp), ("pp", expert.pp, auto.pp), ("dp", expert.dp, auto.dp),
+        ("microbatch", expert.micro_batch_size, auto.micro_batch_size), ("recompute", expert.recompute, auto.recompute),
+        ("dp_kind", expert.dp_kind, auto.dp_kind), ("schedule", expert.schedule, auto.schedule)) if a != b]  # fmt: skip
+    pe, pa = expert.predicted, auto.predicted
+    def term(p: Any, f: str) -> float:  # compute_s includes the recompute: count that once
+        return p.compute_s - p.recompute_s if f == "compute_s" else getattr(p, f)
+
+    deltas = sorted(((term(pe, f) - term(pa, f), name) for f, name in _TERMS), reverse=True)
+    saved = [f"{name} −{1e3 * d:.0f} ms" for d, name in deltas[:2] if d > 0.005 * pe.step_s]
+    return f"{', '.join(changes) or 'same configuration'}: {'; '.join(saved) or 'no term shrinks by 0.5 %'}"
+
+
+def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any) -> dict[str, Any]:
+    """``plan_graph`` on the case's cluster, batch and precision: its predicted speed-up over
+    the authors' configuration (costed by the same model) and why (``why_faster``)."""
+    from meshplan.planner.api import plan_graph
+
+    setup = case_setup(case)
+    spec = case_cluster(case)
+    auto = plan_graph(graph, spec.num_devices, cluster=spec, global_batch_size=setup["global_batch_size"],
+                      dtype=setup["dtype"])  # fmt: skip
+    gain = expert_plan.predicted.step_s / auto.predicted.step_s
+    return {"auto_config": _config(auto), "gain": gain, "why": why_faster(expert_plan, auto) if gain > 1.0 else "—",
+            "auto_plan": auto}  # fmt: skip

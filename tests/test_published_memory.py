@@ -1,0 +1,41 @@
+"""Predicted peak memory against published measurements (torchtitan's Llama 3.1 runs), within 15 %.
+
+Each case is costed at its authors' configuration (``planner.published_estimate``) on a meta-traced
+zoo Llama of its shape; torchtitan reports the caching allocator's peak reserved bytes, compared
+with the predicted peak + the allocator's fragmentation share. Figures and their sources live in
+``meshplan/data/published_cases.json``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.cost_models.published import load_published_cases
+from meshplan.planner.published_estimate import case_cluster, case_setup
+
+CASES = load_published_cases()
+MEMORY = [c for c in CASES if c["measured"].get("peak_mem_gib")]
+#: cases traced here (the larger ones run in benchmarks/published_cases.py)
+FAST = [c for c in MEMORY if c["model"]["layers"] <= 32]
+
+
+def test_cases_keep_their_sources_and_memory_figures() -> None:
+    assert len(MEMORY) >= 3 and FAST
+    for c in CASES:
+        assert c["source"] and c["model"]["seq_len"] > 0, c["id"]
+    for c in MEMORY:
+        assert c["measured"]["mem_what"] in ("max reserved", "max allocated"), c["id"]
+    setup = case_setup(next(c for c in CASES if c["id"] == "tt-llama3.1-8b-h100-8gpu-fsdp"))
+    assert setup["recompute"] == "op" and setup["dp_kind"] == "fsdp" and setup["micro_batch_size"] == 2
+    spec = case_cluster(next(c for c in CASES if c["id"] == "tt-llama3.1-8b-h100-8gpu-fsdp"))
+    assert spec.mem_bytes == 96 * 10**9 and spec.peak_flops["bf16"] == pytest.approx(912e12)
+
+
+@pytest.mark.parametrize("case", FAST, ids=[c["id"] for c in FAST])
+def test_predicted_memory_within_15_percent_of_published(case) -> None:
+    from meshplan.models.published import case_graph
+    from meshplan.planner.published_estimate import estimate_case
+
+    r = estimate_case(case, case_graph(case))
+    assert r["fits"], r["plan"].notes
+    assert abs(r["mem_err"]) <= 0.15, (r["pred_mem_gib"], r["meas_mem_gib"])
