@@ -57,7 +57,8 @@ def test_plain_module_has_its_hf_twins_sizes_and_tp_costs(twins) -> None:
                            sequence_parallel=False).predicted for g in (plain, hf))  # fmt: skip
     assert a.comm_bytes == b.comm_bytes and a.comm_bytes
     assert a.tp_comm_s == pytest.approx(b.tp_comm_s, rel=1e-6)
-    assert max(a.peak_mem_bytes) == pytest.approx(max(b.peak_mem_bytes), rel=0.02)
+    # HF's graph also keeps its rotary tables and position ops: activations within 5 %
+    assert max(a.peak_mem_bytes) == pytest.approx(max(b.peak_mem_bytes), rel=0.05)
 
 
 def test_a_wrong_config_is_reported_and_the_graph_wins() -> None:
