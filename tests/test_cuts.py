@@ -190,3 +190,21 @@ def test_inspect_lists_the_cut_points_of_a_graph_without_blocks(graphs: dict[str
     assert "Pipeline cut points (3 usable of 7 module boundaries; pp <= 4)" in out
     assert "lstm1 (a tuple of tensors)" in out
     assert "Pipeline cut points" not in summarize(graphs["gpt"])
+
+
+def test_many_cut_points_are_thinned_keeping_the_cheapest_per_flops_bin() -> None:
+    from meshplan.partition import cuts
+
+    layers: list[torch.nn.Module] = []
+    for i in range(100):  # 16 -> 32 -> 16 -> ...: every other output is narrow
+        layers += [torch.nn.Linear(32 if i % 2 else 16, 16 if i % 2 else 32), torch.nn.ReLU()]
+    g = trace_model(torch.nn.Sequential(*layers), torch.randn(2, 16))
+    ok = [c for c in cut_candidates(g) if not c.reason]
+    assert len(ok) > cuts.MAX_CUTS
+    kept = usable_cuts(g)
+    assert 50 <= len(kept) <= cuts.MAX_CUTS  # one per FLOPs bin (100 linears, 63 bins)
+    assert [c.after for c in kept] == sorted(c.after for c in kept)
+    small = min(c.crossing_bytes for c in ok)
+    narrow = sum(c.crossing_bytes == small for c in kept)
+    assert narrow > len(kept) - narrow  # a bin holding both keeps the narrow (16-wide) output
+    assert len(layer_ranges(g)) == len(kept) + 1
