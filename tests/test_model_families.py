@@ -24,7 +24,6 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
 }
 #: cells not run yet, with the reason (kept explicit, so the matrix says what it does not cover)
 NOT_RUN: dict[tuple[str, str], str] = {
-    ("resnet", "tp2"): "convolutions are not tensor-parallel (only the head would shard)",
 }
 
 
