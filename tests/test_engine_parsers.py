@@ -34,6 +34,7 @@ SPECS = {
         dataclasses.replace(BASE, pp=1, dp=4, micro_batch_size=2, global_batch_size=16, dp_kind="ddp",
                             dtype="fp32"),
         dataclasses.replace(BASE, schedule="zbv", virtual_stages=2, dp_kind="fsdp"),
+        dataclasses.replace(BASE, tp=1, dp=4, schedule="gpipe", layers_per_stage=(5, 3), num_layers=8),
     ],
     "megatron": [
         dataclasses.replace(BASE, schedule="interleaved-1f1b", virtual_stages=2, sequence_parallel=True,
@@ -94,7 +95,7 @@ def _expect(engine: str, s: EngineSpec) -> dict:
             out.update(schedule=torchtitan.SCHEDULES[s.schedule], pp_microbatch=s.micro_batch_size,
                        local_batch=s.global_batch_size // s.dp)
             if s.uneven():
-                mid = s.layers_per_stage[1]
+                mid = s.layers_per_stage[1] if len(s.layers_per_stage) > 2 else max(s.layers_per_stage)
                 out.update(layers_per_stage=mid, first_less=mid - s.layers_per_stage[0],
                            last_less=mid - s.layers_per_stage[-1])
         else:
