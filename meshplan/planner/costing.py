@@ -152,6 +152,7 @@ class GraphCoster:
         self.ranges = layer_ranges(graph)
         self._tp: dict[tuple[int, bool, int], GraphTPSolution] = {}
         self._tables: dict[tuple[int, bool, str, int], CostTable] = {}
+        self._module_cache: dict[tuple[int, int], tuple[str, ...]] = {}
         self._cuts = {c.after: c for c in graph.cut_points}
         self._through: dict[tuple[int, int, int], float] = {}
         self._in_bytes: dict[int, int] = {}
@@ -225,11 +226,15 @@ class GraphCoster:
         return table
 
     def _modules(self, a: int, b: int) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for n in self.g.nodes[a:b]:
-            if n.module_fqn and (n.param_numel or n.param_names):  # tied heads too (they read a weight)
-                seen[n.module_fqn] = None
-        return tuple(seen)
+        """Modules holding parameters in nodes [a, b) (the same for every table: computed once per range)."""
+        key = (a, b)
+        if key not in self._module_cache:
+            seen: dict[str, None] = {}
+            for n in self.g.nodes[a:b]:
+                if n.module_fqn and (n.param_numel or n.param_names):  # tied heads too (they read a weight)
+                    seen[n.module_fqn] = None
+            self._module_cache[key] = tuple(seen)
+        return self._module_cache[key]
 
     def passthrough_bytes(self, t: CostTable, a: int, b: int) -> float:
         """Bytes per microbatch that a stage of layers [a, b) receives and sends on unchanged (a
