@@ -1,8 +1,8 @@
 """Op-level selective activation checkpointing: ``Plan.recompute = "op"``, as torchtitan runs it.
 
 Each repeated block (every child of an ``nn.ModuleList``) is wrapped with torch's non-reentrant
-``checkpoint_wrapper`` whose ``context_fn`` is ``create_selective_checkpoint_contexts`` with
-``op_sac_policy``: inside the block the outputs of every other matrix multiply (the 1st, 3rd,
+``checkpoint_wrapper`` (``recompute.checkpoint_blocks``) whose ``context_fn`` is ``op_sac_context``,
+``create_selective_checkpoint_contexts`` with ``op_sac_policy``: inside the block the outputs of every other matrix multiply (the 1st, 3rd,
 5th ... ``aten.mm`` / ``aten.addmm`` of the block's forward), of the fused attention kernels
 and of the sequence-parallel reduce-scatter are stored; everything else (norms, activation
 functions, rotary, the other linears) is re-run in backward. This is torchtitan's
@@ -17,11 +17,9 @@ Pipeline stages (flat fx GraphModules, no block boundaries to count in) are not 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
 
 aten = torch.ops.aten
 
@@ -57,23 +55,8 @@ def op_sac_policy() -> Callable[..., Any]:
     return policy
 
 
-def _context() -> Any:
+def op_sac_context() -> Any:
+    """The selective-checkpoint contexts of one block's forward (``checkpoint_wrapper``'s ``context_fn``)."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     return create_selective_checkpoint_contexts(op_sac_policy())
-
-
-def op_checkpoint_blocks(model: nn.Module) -> int:
-    """Wrap every ModuleList child of ``model`` for op-level selective checkpointing; returns how many."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
-
-    ids = {id(c) for m in model.modules() if isinstance(m, nn.ModuleList) for c in m}
-    if not ids:
-        return 0
-    wrap = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=_context)
-    apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrap, check_fn=lambda m: id(m) in ids)
-    return len(ids)

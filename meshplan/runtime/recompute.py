@@ -92,8 +92,10 @@ class SelectiveStage(nn.Module):
             return self.inner(*args, **kwargs)
 
 
-def checkpoint_blocks(model: nn.Module) -> int:
-    """Wrap every ModuleList child of ``model`` in a checkpoint wrapper; returns how many."""
+def checkpoint_blocks(model: nn.Module, context_fn: Callable[[], Any] | None = None) -> int:
+    """Wrap every ModuleList child of ``model`` in a checkpoint wrapper; returns how many.
+    ``context_fn`` (a selective-checkpoint context, ``op_recompute.op_sac_context``) picks what
+    each block keeps; None re-runs the whole block."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,
@@ -105,8 +107,9 @@ def checkpoint_blocks(model: nn.Module) -> int:
         return 0
     fn: Callable[[nn.Module], bool] = lambda m: id(m) in ids  # noqa: E731
     apply_activation_checkpointing(
-        model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=fn,
+        model, check_fn=fn, checkpoint_wrapper_fn=partial(
+            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+            **({"context_fn": context_fn} if context_fn is not None else {})),
     )
     return len(ids)
 
@@ -127,9 +130,9 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
             from meshplan.errors import PlanMismatchError
 
             raise PlanMismatchError(why)
-        from meshplan.runtime.op_recompute import op_checkpoint_blocks
+        from meshplan.runtime.op_recompute import op_sac_context
 
-        n = sum(op_checkpoint_blocks(m) for m in modules)
+        n = sum(checkpoint_blocks(m, op_sac_context) for m in modules)
         if n == 0:
             from meshplan.errors import PlanMismatchError
 
