@@ -115,3 +115,31 @@ def tied_weight_blocker(*, pp: int, schedule: str, uses: int, name: str) -> str:
             "re-plan with a 1f1b or interleaved-1f1b schedule"
         )
     return ""
+
+
+def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: int, recompute: str,
+              quantized: bool = False, sequence_parallel: bool = False) -> str:
+    """Why context parallelism ``cp`` / expert parallelism ``ep`` cannot run with the rest of a
+    configuration ("" when it can). What runs (``runtime/epcp.py``): cp and ep under data
+    parallelism and tensor parallelism (TP inside attention and dense layers, ring attention on
+    the rank's local heads, MoE blocks replicated over tp), full recomputation (a checkpointed block
+    re-enters ring attention when it re-runs). ``num_experts`` 0: unknown here (the runtime checks
+    the model)."""
+    if cp == 1 and ep == 1:
+        return ""
+    what = " x ".join(f"{a}{d}" for a, d in (("cp", cp), ("ep", ep)) if d > 1)
+    if quantized:
+        return f"{what} with quantized training is not executed; re-plan without quantization or with cp = ep = 1"
+    if pp > 1:
+        return (f"{what} with pipeline parallelism (pp={pp}) is not executed: the pipeline's stage graphs are "
+                "captured with fx, which cannot hold the ring attention / token exchange; re-plan with pp = 1")
+    if sequence_parallel and tp > 1:
+        return f"{what} with sequence_parallel is not executed; re-plan with sequence_parallel off"
+    if cp > 1 and (seq_len <= 0 or seq_len % (2 * cp)):
+        return f"seq_len {seq_len} is not divisible by 2*cp = {2 * cp} (causal load balancing)"
+    if cp > 1 and recompute == "selective":
+        return (f"{what} with recompute=selective is not executed (ring attention replaces the attention "
+                "call that selective recomputation checkpoints); re-plan with recompute none or full")
+    if ep > 1 and num_experts and num_experts % ep:
+        return f"ep={ep} does not divide the {num_experts} experts"
+    return ""

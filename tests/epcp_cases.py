@@ -31,14 +31,29 @@ def build(kind: str) -> torch.nn.Module:
     return llama(vocab_size=VOCAB)
 
 
-def make_plan(model: torch.nn.Module, dp: int, cp: int, ep: int, m: int) -> Plan:
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROWWISE = ("o_proj", "down_proj")
+
+
+def tp_styles(model: torch.nn.Module) -> dict[str, str]:
+    """Megatron-style attention / dense-MLP sharding (MoE blocks stay replicated)."""
+    out = {}
+    for n, _ in model.named_modules():
+        leaf = n.rsplit(".", 1)[-1]
+        if leaf in COLWISE or leaf in ROWWISE:
+            out[n] = "colwise" if leaf in COLWISE else "rowwise"
+    return out
+
+
+def make_plan(model: torch.nn.Module, dp: int, cp: int, ep: int, m: int, tp: int = 1, recompute: str = "none") -> Plan:
     mods = tuple(n for n, c in model.named_modules() if n and not list(c.children()))
     stage = StageSpec(index=0, rank=0, node_start=0, node_end=0, first_node="", last_node="", modules=mods)
     return Plan(
-        model_name="t", world_size=dp * cp, cluster={}, mesh=MeshSpec(("pp", "dp", "cp", "tp"), (1, dp, cp, 1), ep=ep),
+        model_name="t", world_size=dp * cp * tp, cluster={},
+        mesh=MeshSpec(("pp", "dp", "cp", "tp"), (1, dp, cp, tp), ep=ep),
         global_batch_size=2 * dp * m, seq_len=SEQ, micro_batch_size=2, num_microbatches=m, schedule="1f1b",
-        virtual_stages=1, stages=(stage,), tp_styles={}, predicted=Prediction(step_s=0.0), dp_kind="ddp",
-        dtype="fp32",
+        virtual_stages=1, stages=(stage,), tp_styles=tp_styles(model) if tp > 1 else {},
+        predicted=Prediction(step_s=0.0), dp_kind="ddp", dtype="fp32", recompute=recompute,
     )
 
 
@@ -58,7 +73,8 @@ def worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, f
     for cfg in cfgs:
         model = build(cfg["model"])
         ref = copy.deepcopy(model)
-        plan = make_plan(model, cfg.get("dp", 1), cfg.get("cp", 1), cfg.get("ep", 1), cfg.get("m", 1))
+        plan = make_plan(model, cfg.get("dp", 1), cfg.get("cp", 1), cfg.get("ep", 1), cfg.get("m", 1),
+                         cfg.get("tp", 1), cfg.get("recompute", "none"))
         pm = apply_plan(model, plan, loss_fn=_loss, optimizer_factory=_opt)
         ropt = _opt(list(ref.parameters()))
         loss_err = 0.0
@@ -77,10 +93,15 @@ def worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, f
         ep_rank = pm.epcp.groups.ep_rank if pm.epcp is not None else 0
         for name, p in pm.named_parameters().items():
             r = refp[name].detach()
+            if hasattr(p, "full_tensor"):  # TP: compare the whole parameter
+                p = p.full_tensor()
             if r.shape != p.shape:  # grouped experts: this rank holds rows ep_rank*E/ep ...
                 n = p.shape[0]
                 r = r[ep_rank * n : (ep_rank + 1) * n]
             param_err = max(param_err, float((p.detach() - r).abs().max()))
-        out.append((cfg, loss_err, param_err, list(pm.notes)))
+        notes = list(pm.notes)
+        if any(hasattr(p, "full_tensor") for p in pm.parameters()):
+            notes.append("tp: DTensor parameters")
+        out.append((cfg, loss_err, param_err, notes))
         torch.distributed.barrier()
     return out

@@ -8,10 +8,11 @@ import torch
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.cost_models.epcp import cp_kv_bytes, cp_ring_exposed_s, ep_a2a_bytes, ep_comm_s
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.execution_rules import epcp_rule
 from meshplan.plan import Plan
 from meshplan.planner.api import plan_graph
-from meshplan.planner.epcp_cost import epcp_rule
 from meshplan.report.explain import explain_plan
+from meshplan.trace import trace_model
 
 H100 = ClusterSpec.preset("h100", num_nodes=1)
 
@@ -37,10 +38,34 @@ def test_cp_ring_formula_and_overlap():
 def test_rule_refuses_what_the_runtime_cannot_run():
     ok = dict(cp=2, ep=2, tp=1, pp=1, seq_len=32, num_experts=4, recompute="none")
     assert epcp_rule(**ok) == ""
-    assert "tp = pp = 1" in epcp_rule(**{**ok, "tp": 2})
+    assert epcp_rule(**{**ok, "tp": 2}) == ""  # cp x tp, ep x tp run (MoE blocks replicated over tp)
+    assert epcp_rule(**{**ok, "recompute": "full"}) == ""  # checkpointed blocks re-run the ring
+    assert "pipeline" in epcp_rule(**{**ok, "pp": 2})
+    assert "sequence_parallel" in epcp_rule(**{**ok, "tp": 2, "sequence_parallel": True})
     assert "2*cp" in epcp_rule(**{**ok, "seq_len": 30})
-    assert "recomputation" in epcp_rule(**{**ok, "recompute": "full"})
+    assert "selective" in epcp_rule(**{**ok, "recompute": "selective"})
+    assert "selective" not in epcp_rule(**{**ok, "cp": 1, "recompute": "selective"})  # ep alone: any recompute
     assert "experts" in epcp_rule(**{**ok, "ep": 8})
+
+
+def test_runtime_refusal_is_the_planner_rule():
+    """runtime.epcp.epcp_blocker says what execution_rules.epcp_rule says (one rule, both sides)."""
+    from epcp_cases import make_plan
+
+    from meshplan.models.moe import moe_llama
+    from meshplan.runtime.epcp import epcp_blocker
+
+    model = moe_llama(vocab_size=64)
+    for dp, cp, ep, tp, rc in ((1, 2, 1, 1, "selective"), (1, 2, 2, 2, "none"), (2, 1, 2, 1, "full")):
+        plan = make_plan(model, dp, cp, ep, 1, tp, rc)
+        rule = epcp_rule(cp=cp, ep=ep, tp=tp, pp=1, seq_len=plan.seq_len, num_experts=4, recompute=rc)
+        assert epcp_blocker(model, plan) == rule
+    plan = make_plan(model, 1, 2, 2, 1)
+    pp2 = type(plan)(**{**plan.__dict__, "world_size": 4,
+                        "mesh": type(plan.mesh)(plan.mesh.axis_names, (2, 1, 2, 1), ep=2)})
+    assert "pipeline" in epcp_blocker(model, pp2)
+    assert epcp_blocker(model, pp2) == epcp_rule(cp=2, ep=2, tp=1, pp=2, seq_len=plan.seq_len, num_experts=4,
+                                                 recompute="none")
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +97,18 @@ def test_ep_pinned_shards_expert_memory(moe_graph):
     assert "ep=2:" in explain_plan(p)
 
 
-def test_search_never_emits_cp_or_ep_with_tp_or_pp(moe_graph):
+def test_search_never_emits_cp_or_ep_with_pp_and_composes_them_with_tp(moe_graph):
     p = plan_graph(moe_graph, 8, cluster="h100", global_batch_size=4)
     for a in p.alternatives:
         c = a.config
         if c.get("cp", 1) > 1 or c.get("ep", 1) > 1:
-            assert c["tp"] == 1 and c["pp"] == 1, a.summary
+            assert c["pp"] == 1 and not c.get("sequence_parallel"), a.summary
     if p.cp > 1 or p.ep > 1:
-        assert p.tp == 1 and p.pp == 1
+        assert p.pp == 1
     with pytest.raises(Exception, match="pins"):
-        plan_graph(moe_graph, 8, cluster="h100", global_batch_size=4, fixed={"cp": 2, "tp": 2})
+        plan_graph(moe_graph, 8, cluster="h100", global_batch_size=4, fixed={"cp": 2, "pp": 2})
+    q = plan_graph(moe_graph, 8, cluster="h100", global_batch_size=4, fixed={"cp": 2, "ep": 2, "tp": 2})
+    assert (q.cp, q.ep, q.tp, q.pp) == (2, 2, 2, 1) and not q.sequence_parallel
 
 
 def test_dense_model_gets_no_ep(moe_graph):
@@ -99,3 +126,46 @@ def test_explain_says_why_ep_lost(moe_graph):
     assert p.ep == 1
     assert any(a.config.get("ep", 1) > 1 for a in p.alternatives)
     assert "- ep=1: ep=" in explain_plan(p)
+
+
+def _meta_graph(build, seq: int):
+    from meshplan.models.meta_init import skip_init_on_meta
+
+    with torch.device("meta"), skip_init_on_meta():
+        model = build()
+    return trace_model(model, (torch.zeros(1, seq, dtype=torch.long, device="meta"),))
+
+
+def test_search_picks_ep_where_it_pays():
+    """A fine-grained MoE (64 experts, top-2) at 512 tokens per sequence on one 8-GPU node: each
+    rank sees ~16 tokens per expert, so replicated experts make every MoE layer stream all 64
+    experts' weights; ep = 8 streams 1/8 of them and its all-to-all stays on NVLink. The search
+    picks ep > 1 on its own and explain says why (all figures predicted)."""
+    from meshplan.models.moe import MoEConfig, moe_llama
+
+    cfg = MoEConfig(n_layer=2, n_head=16, n_kv_head=8, dim=1024, ffn_hidden=2048, vocab_size=32000,
+                    max_seq_len=512, num_experts=64, top_k=2)
+    p = plan_graph(_meta_graph(lambda: moe_llama(cfg), 512), 8, cluster="h100", global_batch_size=8)
+    assert p.ep > 1 and p.pp == 1, p.summary()
+    assert p.predicted.ep_comm_s > 0 and p.predicted.ep_expert_read_s < 0
+    text = explain_plan(p)
+    assert f"- ep={p.ep}: the experts are split over {p.ep} ranks" in text
+    assert "streams only its" in text and "best with ep=" in text
+    ep1 = [a for a in p.alternatives if a.config.get("ep", 1) == 1 and a.step_s is not None]
+    assert ep1 and min(a.step_s for a in ep1) > p.predicted.step_s  # every ep = 1 layout kept was slower
+
+
+def test_cp_where_long_sequences_pay_and_not_at_8k():
+    """Llama-3.1-8B-shaped (4 of its 32 layers) on 16 H100: at 128k tokens per sequence the search
+    splits the sequence (cp > 1); at 8k with the same devices it keeps cp = 1 and explain says
+    what cp = 2 would have cost. No sequence-length threshold: both come from the cost model."""
+    from meshplan.models import llama
+
+    long = plan_graph(_meta_graph(lambda: llama("llama3.1-8b", n_layer=4), 131072), 16, cluster="h100",
+                      global_batch_size=2)
+    assert long.cp > 1 and long.predicted.cp_comm_s > 0, long.summary()
+    assert f"- cp={long.cp}: the sequence is split over {long.cp} ranks" in explain_plan(long)
+    short = plan_graph(_meta_graph(lambda: llama("llama3.1-8b", n_layer=4), 8192), 16, cluster="h100",
+                       global_batch_size=16)
+    assert short.cp == 1, short.summary()
+    assert "- cp=1: cp=2 lost" in explain_plan(short)

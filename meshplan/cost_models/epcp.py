@@ -29,7 +29,9 @@ time of the layer per rank divided by cp) and ``overlap`` is 1 for an implementa
 the next transfer before computing (torch's CUDA context_parallel) and 0 for the executed CPU
 ring (blocking send/recv before each block). With the causal 2·cp split every rank does 1/cp of
 the causal attention work, so compute and activation memory per rank are those of ``T/cp``
-tokens: the search costs a cp configuration with ``micro_batch / cp`` sequences per rank.
+tokens: the search costs a cp configuration with ``micro_batch / cp`` sequences per rank. Under full
+recomputation the re-run forward repeats the ring (``forward_passes = 2``), as torchtitan's CP
+with activation checkpointing does.
 """
 
 from __future__ import annotations
@@ -82,15 +84,17 @@ def cp_kv_bytes(batch: float, seq_len: int, cp: int, kv_heads: int, head_dim: in
 
 
 def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_compute_s: float, cluster: ClusterSpec, *,
-                      overlap: float = 0.0, spans_nodes: bool = False, stride: int = 0) -> float:
+                      overlap: float = 0.0, spans_nodes: bool = False, stride: int = 0,
+                      forward_passes: int = 1) -> float:
     """Exposed seconds of one attention layer's ring exchange, forward + backward.
 
     ``attn_compute_s``: the layer's attention forward time on this rank (all cp blocks);
-    the backward moves the same bytes against twice the compute."""
+    the backward moves the same bytes against twice the compute. ``forward_passes`` = 2 under
+    full recomputation (the checkpointed block re-runs its forward, ring included, in backward)."""
     if cp <= 1:
         return 0.0
     step = _collective_s("send_recv", kv_bytes, cp if stride else 2, cluster, spans_nodes, stride)
     block = attn_compute_s / cp
     fwd = (cp - 1) * max(0.0, step - overlap * block)
     bwd = (cp - 1) * max(0.0, step - overlap * 2 * block)
-    return fwd + bwd
+    return forward_passes * fwd + bwd

@@ -53,6 +53,11 @@ LLAMA_PRESETS: dict[str, LlamaConfig] = {
     "llama3-8b": LlamaConfig(
         n_layer=32, n_head=32, n_kv_head=8, dim=4096, ffn_hidden=14336, vocab_size=128256, max_seq_len=8192
     ),
+    # Llama 3.1 (Meta 2024, "The Llama 3 Herd of Models" §3.4.2): same shapes, trained on to 128k context
+    "llama3.1-8b": LlamaConfig(
+        n_layer=32, n_head=32, n_kv_head=8, dim=4096, ffn_hidden=14336, vocab_size=128256, max_seq_len=131072,
+        rope_theta=500000.0,
+    ),
     "llama3-70b": LlamaConfig(
         n_layer=80, n_head=64, n_kv_head=8, dim=8192, ffn_hidden=28672, vocab_size=128256, max_seq_len=8192
     ),

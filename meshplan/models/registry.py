@@ -26,6 +26,7 @@ from meshplan.models.hf import HFLogits, hf_bert, hf_gpt2, hf_llama
 from meshplan.models.llama import LLAMA_PRESETS, Llama, LlamaConfig
 from meshplan.models.meta_init import skip_init_on_meta
 from meshplan.models.mlp import MLP
+from meshplan.models.moe import MOE_PRESETS, MoELlama
 
 
 @dataclass
@@ -50,7 +51,7 @@ _HF_BUILDERS: dict[str, Callable[[dict[str, Any] | None], nn.Module]] = {
 
 
 def known_models() -> list[str]:
-    return [*GPT_PRESETS, *LLAMA_PRESETS, *MLP_PRESETS, *_HF_BUILDERS]
+    return [*GPT_PRESETS, *LLAMA_PRESETS, *MOE_PRESETS, *MLP_PRESETS, *_HF_BUILDERS]
 
 
 def token_ids(batch_size: int, seq_len: int, vocab: int, device: str | torch.device | None) -> torch.Tensor:
@@ -144,6 +145,10 @@ def load_model(
         with ctx:
             model = Llama(LLAMA_PRESETS[spec])
         config = {"family": "llama", **asdict(LLAMA_PRESETS[spec])}
+    elif spec in MOE_PRESETS:
+        with ctx:
+            model = MoELlama(MOE_PRESETS[spec])
+        config = {"family": "moe", **asdict(MOE_PRESETS[spec])}
     elif spec in MLP_PRESETS:
         i, h, o, n = MLP_PRESETS[spec]
         with ctx:

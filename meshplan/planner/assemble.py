@@ -80,7 +80,7 @@ def build_plan(
         bubble_fraction=ev.bubble_fraction, peak_mem_bytes=ev.peak_mem_bytes, mem_breakdown=dict(ev.mem_breakdown),
         comm_bytes=dict(ev.comm_bytes), tokens_per_s=tokens_per_s, tflops_per_device=flops_per_s / 1e12,
         mfu=flops_per_s / cluster.peak(activation_dtype(dtype)), pipeline_s=ev.pipeline_s, ep_comm_s=ev.ep_comm_s,
-        cp_comm_s=ev.cp_comm_s,
+        cp_comm_s=ev.cp_comm_s, ep_expert_read_s=ev.ep_expert_read_s,
         quant_effect=qe,
     )  # fmt: skip
     alts = tuple(

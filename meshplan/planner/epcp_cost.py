@@ -3,17 +3,22 @@
 ``epcp_terms(graph, cluster, cp, ep, micro_batch, dtype, capacity_factor)`` returns, per
 microbatch on one rank, the exposed EP all-to-all seconds (every MoE node), the exposed CP ring
 seconds (every attention node), the extra expert compute of load imbalance
-(``(capacity_factor − 1) ×`` the MoE nodes' time), the bytes each collective moves, and the
-expert parameters a rank does NOT hold (``(1 − 1/ep) ×`` all experts). The search only emits
-cp/ep > 1 with pp = tp = 1 (what the runtime executes), so a rank holds the whole layer stack.
+(``(capacity_factor − 1) ×`` the MoE nodes' time), the MoE time a rank saves by streaming only its
+E/ep experts' weights (the cost table's roofline reads all E: at a few tokens per expert a MoE layer
+is bound by reading its weights, which EP divides — Rajbhandari et al. 2022, DeepSpeed-MoE §5),
+the bytes each collective moves, and the expert parameters a rank does NOT hold
+(``(1 − 1/ep) ×`` all experts). The search only emits
+cp/ep > 1 with pp = 1 (what the runtime executes), so a rank holds the whole layer stack; under
+TP the per-rank share of a MoE node is its whole (MoE blocks stay replicated over tp) and the
+ring moves the rank's local key/value heads.
 
-``epcp_rule(...)`` is the one rule, shared with the runtime's refusal, for which combinations run.
+Which combinations run is ``meshplan.execution_rules.epcp_rule`` (shared with the runtime's refusal).
 No torch import.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.epcp import cp_kv_bytes, cp_ring_exposed_s, ep_a2a_bytes, ep_comm_s
@@ -26,36 +31,23 @@ class EPCPTerms:
     ep_comm_s: float = 0.0  # per microbatch, exposed
     cp_comm_s: float = 0.0  # per microbatch, exposed
     imbalance_s: float = 0.0  # per microbatch: (capacity_factor - 1) x MoE compute
+    expert_read_s: float = 0.0  # per microbatch, <= 0: MoE time saved reading E/ep experts' weights, not E
     expert_params_saved: float = 0.0  # parameters a rank does not hold thanks to ep
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per microbatch
 
     @property
     def per_microbatch_s(self) -> float:
-        return self.ep_comm_s + self.cp_comm_s + self.imbalance_s
-
-
-def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: int, recompute: str,
-              quantized: bool = False) -> str:
-    """Why (cp, ep) cannot run with the rest of a configuration ('' when it can)."""
-    if cp == 1 and ep == 1:
-        return ""
-    if quantized:
-        return "cp/ep with quantized training is not executed"
-    if tp > 1 or pp > 1:
-        return "cp/ep run with data parallelism only (tp = pp = 1)"
-    if cp > 1 and (seq_len <= 0 or seq_len % (2 * cp)):
-        return f"seq_len {seq_len} not divisible by 2*cp = {2 * cp}"
-    if cp > 1 and recompute != "none":
-        return "recomputation under cp is not executed"
-    if ep > 1 and (num_experts <= 0 or num_experts % ep):
-        return f"ep={ep} does not divide the {num_experts} experts"
-    return ""
+        return self.ep_comm_s + self.cp_comm_s + self.imbalance_s + self.expert_read_s
 
 
 def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, micro_batch: float, dtype: str,
-               capacity_factor: float, elem_bytes: int, spans_nodes: bool = False, stride: int = 0,
-               cp_overlap: float = 0.0) -> EPCPTerms:
-    """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of them)."""
+               capacity_factor: float, elem_bytes: int, tp: int = 1, recompute: str = "none",
+               spans_nodes: bool = False, stride: int = 0, cp_overlap: float = 0.0) -> EPCPTerms:
+    """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
+    them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp). Under TP a rank's ring
+    moves its ``kv_heads/tp`` local heads and attends with ``1/tp`` of the heads; MoE blocks are
+    replicated over tp (each tp rank exchanges its tokens). With ``recompute="full"`` the re-run
+    forward repeats the ring exchange."""
     out = EPCPTerms()
     if cp == 1 and ep == 1:
         return out
@@ -64,6 +56,13 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
         if n.kind == "moe":
             tokens = n.attrs.get("tokens", 0) * scale
             t = node_time(n, cluster, batch_scale=scale, dtype=dtype)
+            if ep > 1:  # the cost table's MoE node streams all E experts' weights; a rank holds E/ep
+                dense = n.attrs.get("dense_numel", 0)
+                held = dense + (n.param_numel - dense) / ep
+                t_ep = node_time(replace(n, param_bytes=int(n.param_bytes * held / max(1, n.param_numel))),
+                                 cluster, batch_scale=scale, dtype=dtype)
+                out.expert_read_s += t_ep.total_s - t.total_s
+                t = t_ep
             out.imbalance_s += (capacity_factor - 1.0) * t.total_s
             if ep > 1:
                 k, h = n.attrs.get("top_k", 1), n.attrs.get("hidden", 0)
@@ -71,16 +70,27 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                                           stride=stride)
                 b = ep_a2a_bytes(tokens, k, h, elem_bytes) * (ep - 1) / ep
                 out.comm_bytes["all_to_all"] = out.comm_bytes.get("all_to_all", 0.0) + 4 * b
-                out.expert_params_saved += n.param_numel - n.attrs.get("dense_numel", 0) * 1.0
         elif n.kind == "attention" and cp > 1:
             a = n.attrs
             if not a.get("head_dim"):
                 continue
-            kvb = cp_kv_bytes(micro_batch, graph.seq_len, cp, a.get("num_kv_heads", 1), a["head_dim"], elem_bytes)
-            attn_s = node_time(n, cluster, batch_scale=scale, dtype=dtype).fwd_s
-            out.cp_comm_s += cp_ring_exposed_s(kvb, cp, attn_s, cluster, overlap=cp_overlap, spans_nodes=spans_nodes,
-                                               stride=stride)
-            out.comm_bytes["send_recv"] = out.comm_bytes.get("send_recv", 0.0) + 2 * (cp - 1) * kvb
-    if ep > 1:
-        out.expert_params_saved *= 1.0 - 1.0 / ep
+            kv_heads = a.get("num_kv_heads", 1) / tp
+            kvb = cp_kv_bytes(micro_batch, graph.seq_len, cp, kv_heads, a["head_dim"], elem_bytes)  # type: ignore[arg-type]
+            attn_s = node_time(n, cluster, batch_scale=scale, dtype=dtype).fwd_s / tp
+            rounds = 2 + (recompute == "full")  # forward, backward, and the recomputed forward
+            out.cp_comm_s += cp_ring_exposed_s(kvb, cp, attn_s, cluster, overlap=cp_overlap,
+                                               spans_nodes=spans_nodes, stride=stride,
+                                               forward_passes=rounds - 1)
+            out.comm_bytes["send_recv"] = out.comm_bytes.get("send_recv", 0.0) + rounds * (cp - 1) * kvb
+    out.expert_params_saved = expert_params_saved(graph, ep)
     return out
+
+
+def expert_params(graph: ModelGraph) -> float:
+    """Parameters of all experts of all MoE nodes (routers and shared experts excluded)."""
+    return float(sum(n.param_numel - n.attrs.get("dense_numel", 0) for n in graph.nodes if n.kind == "moe"))
+
+
+def expert_params_saved(graph: ModelGraph, ep: int) -> float:
+    """Parameters a rank does not hold at expert-parallel degree ``ep``: (1 − 1/ep) × all experts."""
+    return expert_params(graph) * (1.0 - 1.0 / ep) if ep > 1 else 0.0

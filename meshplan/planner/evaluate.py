@@ -29,11 +29,11 @@ from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES, overlapped_sync_ex
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.cost_models.precision import check_training_dtype, fp8_weight_copy_bytes
-from meshplan.execution_rules import dp_kind_blocker
+from meshplan.execution_rules import dp_kind_blocker, epcp_rule
 from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
-from meshplan.planner.epcp_cost import EPCPTerms, epcp_rule, epcp_terms
+from meshplan.planner.epcp_cost import EPCPTerms, epcp_terms, expert_params, expert_params_saved
 from meshplan.planner.pipeline_time import inflight, makespan_lower_bound, simulated_makespan
 from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import (
@@ -115,7 +115,8 @@ class ConfigEvaluator:
         self._largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
 
     def _auto(self, c: Config) -> bool:
-        return c.dp_kind == "ddp" and "dp_kind" not in self.fixed
+        # cp/ep configurations run their own gradient reduction (runtime/epcp): no other DP kind
+        return c.dp_kind == "ddp" and "dp_kind" not in self.fixed and c.cp * c.ep == 1
 
     def _other_kinds(self, c: Config) -> list[Config]:
         """The sharded kinds ``c`` may take instead of DDP (``dp_kinds.KIND_ORDER``), each as
@@ -194,14 +195,16 @@ class ConfigEvaluator:
         return self.coster.table(c.tp, c.sequence_parallel, c.recompute, mb)  # type: ignore[arg-type]
 
     def epcp_why(self, tp: int, pp: int, cp: int, ep: int, recompute: str) -> str:
+        """``execution_rules.epcp_rule`` (what the runtime refuses) for these degrees; a pinned
+        sequence_parallel counts (otherwise cp/ep configurations are costed without SP)."""
         return epcp_rule(cp=cp, ep=ep, tp=tp, pp=pp, seq_len=self.g.seq_len,
                          num_experts=int(self.g.meta.get("num_experts", 0) or 0), recompute=recompute,
-                         quantized=self.quant)
+                         quantized=self.quant, sequence_parallel=bool(self.fixed.get("sequence_parallel")))
 
     def _epcp(self, c: Config) -> EPCPTerms:
         return epcp_terms(self.g, self.cluster, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch, dtype=self.dtype,
-                          capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes,
-                          stride=c.tp)  # ep and cp groups: positions of the dp x cp row, tp apart
+                          capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes, tp=c.tp,
+                          recompute=c.recompute, stride=c.tp)  # ep and cp groups: dc-row positions, tp apart
 
     def _shard(self, c: Config) -> int:
         """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):
@@ -245,7 +248,7 @@ class ConfigEvaluator:
         t = self._table(c)
         P = self._prefix(t)
         work = P["f"][-1] + P["b"][-1] + P["w"][-1]
-        avg_params = P["params"][-1] / c.pp
+        avg_params = (P["params"][-1] - expert_params_saved(self.g, c.ep)) / c.pp  # ep: E/ep experts per rank
         if self.quant:  # only trainable parameters are synced and stepped
             dv = self._zero_divs(c)
             step = c.num_microbatches * work / c.pp + self._optimizer_s(P["train"][-1] / c.pp, c)
@@ -448,8 +451,19 @@ class ConfigEvaluator:
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
             # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
             # the last microbatch's backward
+            exp_b = expert_params(self.g) / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 else 0.0
             dp_exposed = overlapped_sync_exposed_s(
-                uniform_bucket_bytes(grad_bytes), rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
+                uniform_bucket_bytes(grad_bytes - exp_b), rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
+            if exp_b and c.dp * c.cp > c.ep:  # ep: expert gradients over their dp*cp/ep replicas only (runtime/epcp)
+                dc = c.dp * c.cp
+                rep = dp_comm("ddp", exp_b, exp_b, dc // c.ep, self.cluster, stride=c.tp * c.ep)
+                dp_exposed += overlapped_sync_exposed_s(
+                    uniform_bucket_bytes(exp_b), rank_b[worst],
+                    lambda b: dp_comm("ddp", b, b, dc // c.ep, self.cluster, stride=c.tp * c.ep).sync_s)
+                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)
+                                      + rep.bytes.get("all_reduce", 0)})
+            elif exp_b:
+                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)})
         else:
             dp_exposed = exposed_dp_s(d, backward_s=rank_b[worst], forward_s=rank_f[worst],
                                       microbatch_s=max(rank_work), num_microbatches=m)  # fmt: skip
@@ -492,6 +506,7 @@ class ConfigEvaluator:
             stage_send_bytes=st_sendb, stage_params=st_params, fits=max(r_mem) <= self.mem_limit,
             mem_limit_bytes=self.mem_limit, table=t, exact=exact, kind_note=self._kind_notes.get(c, ""),
             ep_comm_s=m * (ec.ep_comm_s + ec.imbalance_s), cp_comm_s=m * ec.cp_comm_s,
+            ep_expert_read_s=m * ec.expert_read_s,
         )  # fmt: skip
 
 

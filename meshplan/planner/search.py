@@ -284,7 +284,8 @@ class Searcher(ConfigEvaluator):
         cfgs = self.configs()
         if not cfgs:
             raise NoFeasiblePlanError(explain_no_configs(self, MICRO_BATCH_CHOICES))
-        cfgs = [replace(c, sequence_parallel=self.sp_for(c.tp)) for c in cfgs]
+        # cp/ep run without sequence parallelism (execution_rules.epcp_rule)
+        cfgs = [replace(c, sequence_parallel=self.sp_for(c.tp) and c.cp * c.ep == 1) for c in cfgs]
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
             useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]
             cfgs = useful or cfgs

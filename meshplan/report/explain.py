@@ -41,6 +41,9 @@ def _epcp_reasons(p: Plan) -> list[str]:
         rival = min(fit, key=lambda a: a.step_s or 0.0) if fit else (rivals[0] if rivals else None)
         if deg > 1:
             line = f"- {axis}={deg}: {split} {deg} ranks; its {comm} costs {fmt_s(secs)} per step"
+            if axis == "ep" and pr.ep_expert_read_s < 0:
+                line += (f", and each rank streams only its 1/{deg} of the expert weights, "
+                         f"{fmt_s(-pr.ep_expert_read_s)} less MoE time per step")
             if rival is not None:
                 cost = fmt_s(rival.step_s) if rival.step_s is not None else "does not fit"
                 line += f"; best with {axis}={rival.config.get(axis, 1)}: {rival.summary} — {cost} ({rival.reason})"

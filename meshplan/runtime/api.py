@@ -271,6 +271,9 @@ def apply_plan(
             use_hooks=not (pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES),
         )
 
+    if ecs is not None:  # hooks on the final (post-TP) parameters: bucketed reduction over dc / replicas
+        ecs.attach(unique_params(modules), plan.num_microbatches, bucket_cap_bytes)
+
     # 6. pipeline stages and schedule
     schedule, scaler, spans = None, None, PhaseSpans()
     if pp > 1:

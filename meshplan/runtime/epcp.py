@@ -2,14 +2,17 @@
 
 ``epcp_blocker(model, plan)`` says (before any collective) why a plan's cp/ep cannot run on this
 runtime; ``apply_plan`` raises ``PlanMismatchError`` with it. Supported: cp and ep under data
-parallelism, alone or together, with pp = 1 and tp = 1, no activation recomputation under cp (a
-recomputed forward would run outside the ring-attention mode), fp32/bf16 models. The planner
-never emits the others (``meshplan.planner`` applies the same rule).
+parallelism, alone or together, with tp (no sequence parallelism; MoE blocks replicated over tp),
+pp = 1, full recomputation (a re-run block re-enters ring attention), fp32/bf16 models. The
+planner never emits the others (both sides call ``execution_rules.epcp_rule``).
 
 ``EPCPState`` (from ``apply_epcp``) wraps the model for cp (``ContextParallel``), shards every
-global batch (the dp slice, then the cp sequence shard) and reduces gradients after backward
-(``epcp_groups.sync_grads``): dense ones averaged over dp x cp, expert ones summed over their
-replicas only.
+global batch (the dp slice, then the cp sequence shard) and reduces gradients: dense ones averaged
+over dp x cp, expert ones summed over their replicas only and divided by dp x cp. Once the final
+parameters are known (after TP), ``attach`` builds one ``BucketedGradSync`` per group (dense over
+the dc row, experts over their replica group): buckets are all-reduced from gradient hooks while
+the last microbatch's backward runs, as the cost model's overlapped DDP term assumes
+(``cost_models.grad_sync``); ``sync`` waits for them after backward.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from meshplan.execution_rules import epcp_rule
 from meshplan.plan import Plan
 from meshplan.runtime.context_parallel import ContextParallel, RingContext, cp_blocker, shard_sequence
 from meshplan.runtime.dist import RuntimeEnv
-from meshplan.runtime.epcp_groups import DCGroups, build_groups, sync_grads
+from meshplan.runtime.epcp_groups import DCGroups, build_groups
 from meshplan.runtime.expert_parallel import apply_expert_parallel, ep_blocker
+from meshplan.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, BucketedGradSync
+from meshplan.tracing.moe import find_moe
 
 
 def uses_epcp(plan: Plan) -> bool:
@@ -31,19 +37,16 @@ def uses_epcp(plan: Plan) -> bool:
 
 
 def epcp_blocker(model: nn.Module, plan: Plan) -> str:
-    """Why this runtime cannot run ``plan``'s cp/ep on ``model`` ('' when it can)."""
+    """Why this runtime cannot run ``plan``'s cp/ep on ``model`` ('' when it can): the planner's
+    rule (``execution_rules.epcp_rule``), then what only the model can tell."""
     if not uses_epcp(plan):
         return ""
-    what = " x ".join(f"{a}{d}" for a, d in (("cp", plan.cp), ("ep", plan.ep)) if d > 1)
-    if plan.pp > 1 or plan.tp > 1:
-        return f"{what} runs with data parallelism only here (pp={plan.pp}, tp={plan.tp}); re-plan with pp=tp=1"
-    if plan.quantization.mode != "none":
-        return f"{what} with quantization {plan.quantization.mode} is not executed here"
-    if plan.cp > 1 and plan.recompute != "none":
-        return f"{what} with recompute={plan.recompute}: a recomputed forward would skip ring attention"
+    why = epcp_rule(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp, seq_len=plan.seq_len or 2 * plan.cp,
+                    num_experts=0, recompute=plan.recompute, quantized=plan.quantization.mode != "none",
+                    sequence_parallel=plan.sequence_parallel)
+    if why:
+        return why
     if plan.cp > 1:
-        if plan.seq_len and plan.seq_len % (2 * plan.cp):
-            return f"seq_len {plan.seq_len} is not divisible by 2*cp = {2 * plan.cp} (causal load balancing)"
         why = cp_blocker(model)
         if why:
             return why
@@ -51,6 +54,12 @@ def epcp_blocker(model: nn.Module, plan: Plan) -> str:
         why = ep_blocker(model, plan.ep)
         if why:
             return why
+    if plan.tp > 1:
+        for fqn, _m, _info in find_moe(model):
+            inside = sorted(k for k, v in plan.tp_styles.items() if v != "replicate" and (k + ".").startswith(fqn + "."))
+            if inside:
+                return (f"tp styles shard {inside[0]} inside the MoE block {fqn}; under cp/ep MoE blocks stay "
+                        "replicated over tp (re-plan: the planner keeps them replicated)")
     return ""
 
 
@@ -61,6 +70,23 @@ class EPCPState:
     groups: DCGroups
     expert_ids: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    syncs: list[BucketedGradSync] = field(default_factory=list)
+    unsynced: list[torch.Tensor] = field(default_factory=list)  # expert params with no replica: only / dc
+
+    def attach(self, params: list[torch.Tensor], microbatches: int,
+               cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> None:
+        """Gradient hooks on the final parameters (call once, after TP replaced them)."""
+        g = self.groups
+        dense = [p for p in params if id(p) not in self.expert_ids]
+        experts = [p for p in params if id(p) in self.expert_ids]
+        for ps, group in ((dense, g.dc_group), (experts, g.replica_group)):
+            if not ps:
+                continue
+            if group is None:
+                self.unsynced += ps
+            else:
+                self.syncs.append(BucketedGradSync([ps], group, microbatches=microbatches, cap_bytes=cap_bytes,
+                                                   divide_by=g.dc_size))
 
     def wrap(self, module: nn.Module) -> nn.Module:
         if self.plan.cp <= 1:
@@ -73,10 +99,19 @@ class EPCPState:
             return t
         return shard_sequence(t, self.plan.cp, self.env.coord("cp"))
 
-    def sync(self, params: list[torch.Tensor]) -> None:
-        dense = [p for p in params if id(p) not in self.expert_ids]
-        experts = [p for p in params if id(p) in self.expert_ids]
-        sync_grads(dense, experts, self.groups)
+    def sync(self) -> tuple[int, int]:
+        """Wait for the step's gradient all-reduces (issued from hooks) and average; returns how
+        many ran and the bytes they reduced."""
+        n = b = 0
+        for s in self.syncs:
+            s.finish()
+            n += s.collectives_last_step
+            b += s.bytes_last_step
+        if self.groups.dc_size > 1:
+            for p in self.unsynced:
+                if p.grad is not None:
+                    (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).div_(self.groups.dc_size)
+        return n, b
 
 
 def apply_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv) -> EPCPState:
@@ -91,5 +126,6 @@ def apply_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv) -> EPCPState:
     if plan.cp > 1:
         state.notes.append(f"context parallelism cp={plan.cp}: sequence in {2 * plan.cp} chunks (causal balance), "
                            "ring attention on send/recv")
-    state.notes.append(f"gradients reduced over dp x cp = {groups.dc_size} ranks (experts: over their replicas)")
+    state.notes.append(f"gradients reduced over dp x cp = {groups.dc_size} ranks (experts: over their replicas), "
+                       "bucketed all-reduce from gradient hooks")
     return state

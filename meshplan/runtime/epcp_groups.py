@@ -1,4 +1,4 @@
-"""Process groups of expert and context parallelism, and their gradient reduction.
+"""Process groups of expert and context parallelism (their gradient reduction: ``runtime.epcp``).
 
 Ranks are laid out by the Plan's mesh (``("pp", "dp", "cp", "tp")``, outermost first). For a
 fixed pp and tp coordinate, the dp x cp ranks form one *dc row* (dp-major, cp-minor, like
@@ -18,12 +18,9 @@ Every ``new_group`` call is made by every rank in one order (torch requires it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from meshplan.runtime.dist import RuntimeEnv
 
@@ -66,16 +63,3 @@ def build_groups(env: RuntimeEnv, ep: int) -> DCGroups:
             pos = row.index(env.rank)
             mine = DCGroups(dc, g_dc, ep, pos % ep, eps[pos // ep], reps[pos % ep])
     return mine or out
-
-
-def sync_grads(dense: Iterable[torch.Tensor], experts: Iterable[torch.Tensor], groups: DCGroups) -> None:
-    """Average dense gradients over the dc row; sum expert gradients over their replicas, / dc."""
-    for params, group in ((dense, groups.dc_group), (experts, groups.replica_group)):
-        for p in params:
-            if p.grad is None:
-                continue
-            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            if group is not None:
-                dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
-            if groups.dc_size > 1:
-                g.div_(groups.dc_size)

@@ -23,7 +23,7 @@ Two expert layouts (``MoEInfo.layout``):
   deterministic (no router noise), which the check refuses otherwise. Remote experts are
   replaced by parameter-free placeholders, so local experts keep their FQNs.
 
-Expert gradients are reduced over their replicas only (``epcp_groups.sync_grads``).
+Expert gradients are reduced over their replicas only (``runtime.epcp.EPCPState``).
 """
 
 from __future__ import annotations

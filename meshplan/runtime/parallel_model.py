@@ -194,8 +194,10 @@ class ParallelModel:
             self.grad_sync.collectives_last_step if self.grad_sync is not None else 0)
         self.grad_sync_bytes = self.sync_counter.bytes + (
             self.grad_sync.bytes_last_step if self.grad_sync is not None else 0)
-        if self.dp_mode == "epcp" and self.epcp is not None:
-            self.epcp.sync(self.parameters())
+        if self.dp_mode == "epcp" and self.epcp is not None:  # dense over dp x cp, experts over replicas
+            calls, nbytes = self.epcp.sync()
+            self.grad_sync_collectives += calls
+            self.grad_sync_bytes += nbytes
         for tie in self.ties:
             if tie.param.grad is not None:
                 g = tie.param.grad
