@@ -429,10 +429,14 @@ class ConfigEvaluator:
         r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
         ec = self._epcp(c)
-        if ec.expert_params_saved:  # ep: a rank holds E/ep experts (pp = 1: one rank holds all layers)
-            r_params = [p - ec.expert_params_saved for p in r_params]
-            r_state = [s - ec.expert_params_saved * per_param for s in r_state]
-            st_params = [p - ec.expert_params_saved / n_st for p in st_params]
+        if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
+            # share of the layers on a rank ~ its share of the parameters (1 at pp = 1; the search
+            # only emits ep with pp = 1, a published ep x pp configuration is costed this way)
+            tot = sum(st_params) or 1.0
+            frac = [p / tot for p in r_params]
+            r_state = [s - ec.expert_params_saved * f * per_param for s, f in zip(r_state, frac)]
+            r_params = [p - ec.expert_params_saved * f for p, f in zip(r_params, frac)]
+            st_params = [p - ec.expert_params_saved * p / tot for p in st_params]
         r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
         r_act = [r_act[r] + self._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
         fp8_copy = fp8_weight_copy_bytes(self._largest_linear / c.tp) if self.dtype == "fp8" else 0.0
@@ -469,7 +473,9 @@ class ConfigEvaluator:
                                       microbatch_s=max(rank_work), num_microbatches=m)  # fmt: skip
         dp_bytes = d.bytes
         opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
-        epcp_s = m * ec.per_microbatch_s  # exposed EP all-to-all and CP ring, expert imbalance
+        # exposed EP all-to-all and CP ring, expert imbalance: all layers per microbatch at pp = 1; under
+        # pp a stage holds 1/pp of them and the pipeline runs m + pp - 1 stage slots
+        epcp_s = ec.per_microbatch_s * (m if c.pp == 1 else (m + c.pp - 1) / c.pp)
         step = makespan + epcp_s + dp_exposed + opt
         busiest = max(ranks, key=lambda r: rank_work[r])
         on_b = on_rank[busiest]

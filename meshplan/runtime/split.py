@@ -57,11 +57,14 @@ def capture_graph(model: nn.Module, example_inputs: Any) -> tuple[torch.fx.Graph
 
     ``example_inputs``: a tensor, tuple or dict (``meshplan.models.calls``). Returns (graph
     module, FQN prefix): a HF model (or one called by keyword) is captured through a wrapper, so
-    its FQNs in the graph start with ``"model."``.
+    its FQNs in the graph start with ``"model."``. Mixture-of-experts blocks (one planning op in the
+    capture) are called as the real blocks (``tracing.moe.restore_moe_blocks``).
     """
     from meshplan.trace import capture_full  # the shared entry point (docs/architecture.md)
+    from meshplan.tracing.moe import restore_moe_blocks
 
     cap = capture_full(model, example_inputs)
+    restore_moe_blocks(cap.gm, cap.root)  # MoE blocks captured as one planning op run as themselves
     return cap.gm, cap.prefix
 
 

@@ -267,3 +267,45 @@ def moe_meta(model: nn.Module) -> dict[str, Any]:
     if not all(i.top_k_found for i in infos):
         out["moe_note"] = "top-k not found on the MoE block, its router or config: k = 1 assumed"
     return out
+
+
+def restore_moe_blocks(gm: Any, root: nn.Module) -> list[str]:
+    """Turn every ``meshplan::moe_block`` call of a captured graph back into a call of the real
+    block (``call_module`` of its FQN, found in the node's ``nn_module_stack``), so the graph runs:
+    what the runtime's pipeline split needs (the op itself only plans). The node keeps its name
+    (plans name stage boundaries by node); the block's parameters keep their FQNs. Returns the
+    FQNs of the blocks restored. ``root``: the module that was captured."""
+    done: list[str] = []
+    graph = gm.graph
+    for n in list(graph.nodes):
+        if n.op != "call_function" or "moe_block" not in str(n.target):
+            continue
+        stack = list((n.meta.get("nn_module_stack") or {}).values())
+        fqn = ""
+        for path, _cls in reversed(stack):
+            path = str(path).replace("L['self'].", "").replace("L__self___", "")
+            try:
+                block = root.get_submodule(path)
+            except AttributeError:
+                continue
+            if moe_info(block, path) is not None:
+                fqn = path
+                break
+        if not fqn:
+            raise RuntimeError(f"captured MoE node {n.name} names no MoE block in its module stack {stack}")
+        gm.add_submodule(fqn, root.get_submodule(fqn))
+        name, x, params = n.name, n.args[0], n.args[1]
+        with graph.inserting_before(n):
+            new = graph.call_module(fqn, (x,))
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        new._rename(name)
+        for p in params:  # the parameters the op was handed: unused now
+            if not p.users:
+                graph.erase_node(p)
+        done.append(fqn)
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done
