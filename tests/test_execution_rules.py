@@ -48,9 +48,11 @@ def test_tp_with_pp_is_not_searched_for_export_captures():
     from meshplan.report.explain import explain_plan
 
     g = gpt_graph(layers=8, h=8192, heads=64, seq=4096, vocab=32768)
-    fx = plan_graph(g, 8, cluster="h100", global_batch_size=8, fixed={"dp": 1})
+    # cp pinned to 1: with cp x tp searched (#17), cp4 x tp2 would win here instead of tp x pp
+    fx = plan_graph(g, 8, cluster="h100", global_batch_size=8, fixed={"dp": 1, "cp": 1})
     assert fx.tp > 1 and fx.pp > 1, fx.summary()
-    ex = plan_graph(dataclasses.replace(g, capture="export"), 8, cluster="h100", global_batch_size=8, fixed={"dp": 1})
+    ex = plan_graph(dataclasses.replace(g, capture="export"), 8, cluster="h100", global_batch_size=8,
+                    fixed={"dp": 1, "cp": 1})
     assert not (ex.tp > 1 and ex.pp > 1), ex.summary()
     assert tp_pp_blocker(tp=ex.tp, pp=ex.pp, capture="export") == ""
     assert any(n.startswith("not searched: tp > 1 with pp > 1") for n in ex.notes)
