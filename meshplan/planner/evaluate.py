@@ -475,7 +475,8 @@ class ConfigEvaluator:
         opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
         # exposed EP all-to-all and CP ring, expert imbalance: all layers per microbatch at pp = 1; under
         # pp a stage holds 1/pp of them and the pipeline runs m + pp - 1 stage slots
-        epcp_s = ec.per_microbatch_s * (m if c.pp == 1 else (m + c.pp - 1) / c.pp)
+        slots = m if c.pp == 1 else (m + c.pp - 1) / c.pp
+        epcp_s = ec.per_microbatch_s * slots
         step = makespan + epcp_s + dp_exposed + opt
         busiest = max(ranks, key=lambda r: rank_work[r])
         on_b = on_rank[busiest]
@@ -511,8 +512,8 @@ class ConfigEvaluator:
             stage_mem=[int(st_state[i] + st_act[i] * infl[placement[i]]) for i in range(n_st)],
             stage_send_bytes=st_sendb, stage_params=st_params, fits=max(r_mem) <= self.mem_limit,
             mem_limit_bytes=self.mem_limit, table=t, exact=exact, kind_note=self._kind_notes.get(c, ""),
-            ep_comm_s=m * (ec.ep_comm_s + ec.imbalance_s), cp_comm_s=m * ec.cp_comm_s,
-            ep_expert_read_s=m * ec.expert_read_s,
+            ep_comm_s=slots * (ec.ep_comm_s + ec.imbalance_s), cp_comm_s=slots * ec.cp_comm_s,
+            ep_expert_read_s=slots * ec.expert_read_s,
         )  # fmt: skip
 
 

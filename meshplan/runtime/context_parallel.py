@@ -1,8 +1,15 @@
 """Context parallelism on torch collectives: the sequence split over the cp group, ring attention.
 
-torch's own ``context_parallel`` (``torch.distributed.tensor.experimental``) does not run on CPU
-(its SDPA sharding has no strategy for the CPU flash kernel; PLATFORM.md), so this module builds
-ring attention from point-to-point collectives and keeps torch's as the CUDA alternative to come.
+torch's own ``context_parallel`` (``torch.distributed.tensor.experimental``) does not run on CPU:
+its dispatcher handles only the CUDA SDPA kernels (``_scaled_dot_product_{flash,efficient,cudnn}_attention``
+and their backwards; the CPU flash kernel raises "CP only supports flash attention and memory
+efficient attention"). It is not used on CUDA either, on purpose: no GPU was lent to this work,
+and a path that cannot be run here is not shipped untested; it would also shard the sequence with
+its own load balancer inside a context manager around forward *and* backward, which the
+pipelined/recomputed paths here would have to follow. This module's ring runs on any backend
+(NCCL's ``batch_isend_irecv`` on CUDA), blocking on each transfer, and the cost model prices it so
+(``overlap = 0``); switching to torch's overlapped ring is the change to make once a GPU can test it
+(``cost_models.epcp.cp_ring_exposed_s(overlap=1)`` then prices it).
 
 * **Layout (causal load balancing).** The sequence is cut into ``2·cp`` equal chunks; cp rank r
   holds chunks ``r`` and ``2·cp−1−r`` (``shard_sequence``), so every rank has the same amount of
