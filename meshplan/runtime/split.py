@@ -229,8 +229,9 @@ def most_used_parameter(piece: StagePiece) -> tuple[str, int]:
                 obj = getattr(obj, part, None)
             if isinstance(obj, nn.Parameter):
                 params = [(str(n.target), obj)]
+        reads = len(n.users) if n.op == "get_attr" else 1  # an exported graph reads a weight by get_attr
         for name, p in dict((id(p), (name, p)) for name, p in params).values():
-            uses[id(p)] = uses.get(id(p), 0) + 1
+            uses[id(p)] = uses.get(id(p), 0) + reads
             names.setdefault(id(p), name)
     if not uses:
         return "", 0
