@@ -29,7 +29,7 @@ SPECS = {
     "torchtitan": [
         dataclasses.replace(BASE, schedule="1f1b", sequence_parallel=True, recompute="full", dp_kind="fsdp"),
         dataclasses.replace(BASE, dp=16, tp=1, schedule="interleaved-1f1b", virtual_stages=2, micro_batch_size=2,
-                            global_batch_size=64, recompute="selective", dp_kind="hsdp",
+                            global_batch_size=64, recompute="op", dp_kind="hsdp",
                             layers_per_stage=(1, 2, 2, 1)),
         dataclasses.replace(BASE, pp=1, dp=4, micro_batch_size=2, global_batch_size=16, dp_kind="ddp",
                             dtype="fp32"),
@@ -90,7 +90,7 @@ def _expect(engine: str, s: EngineSpec) -> dict:
         out = {"dp_replicate": rep, "dp_shard": shard, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep,
                "sp": s.sequence_parallel, "global_batch": s.global_batch_size, "seq_len": s.seq_len,
                "param_dtype": torchtitan.DTYPES[s.dtype],
-               "ac": {"none": None, "full": "FullAC.Config", "selective": "SelectiveAC.Config"}[s.recompute]}
+               "ac": {"none": None, "full": "FullAC.Config", "op": "SelectiveAC.Config"}[s.recompute]}
         if s.pp > 1:
             out.update(schedule=torchtitan.SCHEDULES[s.schedule], pp_microbatch=s.micro_batch_size,
                        local_batch=s.global_batch_size // s.dp)

@@ -172,3 +172,18 @@ def test_torchtitan_uneven_first_last_round_trip() -> None:
                       global_batch_size=64, seq_len=1024, num_layers=12, layers_per_stage=(3, 4, 4, 1))
     assert not unsupported(spec, "torchtitan") and unsupported(spec, "megatron")  # Megatron: v = 1 only
     assert torchtitan.parse(torchtitan.export(spec), 16, 12).spec == spec
+
+
+def test_torchtitan_selective_ac_is_meshplans_op_level_recompute() -> None:
+    op = EngineSpec(dp=8, micro_batch_size=2, global_batch_size=16, recompute="op", dp_kind="fsdp")
+    assert "activation-checkpoint:selective" in torchtitan.cli_overrides(op)
+    toml = tomllib.loads(torchtitan.export(op))["activation_checkpoint"]
+    assert toml == {"mode": "selective", "selective_ac_option": "op"}
+    assert torchtitan.parse(torchtitan.export(op), 8).spec.recompute == "op"
+    assert torchtitan.parse(torchtitan.cli_overrides(op), 8).spec.recompute == "op"
+    layer = torchtitan.parse('[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n', 8)
+    assert layer.spec.recompute == "op" and "costed as op-level" in layer.notes[0]
+    megatron_selective = dataclass_replace(op, recompute="selective")
+    assert "recompute 'selective'" in " ".join(unsupported(megatron_selective, "torchtitan"))
+    assert nearest(megatron_selective, "torchtitan")[0].recompute == "op"
+    assert nearest(op, "megatron")[0].recompute == "selective" and nearest(op, "deepspeed")[0].recompute == "full"

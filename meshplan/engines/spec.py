@@ -96,9 +96,9 @@ class Capabilities:
 CAPS = {
     # torchtitan: parallelism.pipeline_parallel_schedule names; FSDP2/HSDP/DDP; even stages but for
     # fewer layers in the first/last (pipeline_parallel_first/last_stage_less_layers, virtual stages
-    # included); float8 through its converters
+    # included); float8 through its converters; its selective AC is op-level (meshplan "op")
     "torchtitan": Capabilities(("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv"),
-                               ("none", "ddp", "fsdp", "hsdp"), ("none", "selective", "full"),
+                               ("none", "ddp", "fsdp", "hsdp"), ("none", "op", "full"),
                                ("bf16", "fp32", "fp8"), "fewer_first_last"),
     # Megatron-LM: 1F1B, interleaved 1F1B with virtual stages; DDP, distributed optimizer (ZeRO-1),
     # torch FSDP2; uneven only through --decoder-first/last-pipeline-num-layers
@@ -182,8 +182,9 @@ def nearest(spec: EngineSpec, engine: str) -> tuple[EngineSpec, list[str]]:
         change("virtual_stages", 2 if s.schedule in ("zbv", "interleaved-1f1b") and caps.virtual else 1)
     if s.dp_kind not in caps.dp_kinds:
         change("dp_kind", next((k for k in _DP_FALLBACK.get(s.dp_kind, ()) if k in caps.dp_kinds), "ddp"))
-    if s.recompute not in caps.recompute:
-        change("recompute", "full" if "full" in caps.recompute else "none")
+    if s.recompute not in caps.recompute:  # op-level and attention-core selective are the closest pair
+        near = {"selective": "op", "op": "selective"}.get(s.recompute)
+        change("recompute", near if near in caps.recompute else "full" if "full" in caps.recompute else "none")
     if s.dtype not in caps.dtypes:
         change("dtype", "bf16")
     if s.cp > 1 and not caps.cp:

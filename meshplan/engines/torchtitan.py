@@ -29,6 +29,10 @@ SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1
              "zero-bubble": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}  # fmt: skip
 FROM_SCHEDULE = {v.lower(): k for k, v in SCHEDULES.items()}
 DTYPES = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32", "fp16": "float16"}
+#: meshplan recompute -> torchtitan activation checkpointing: its selective AC is the op-level policy
+#: (meshplan "op"; 0.3's SelectiveAC, <= 0.2's selective_ac_option = "op"); Megatron-style attention-core
+#: recompute (meshplan "selective") it does not have
+AC_MODE = {"none": "none", "op": "selective", "full": "full"}
 KNOWN = {
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param", "dtype",
                  "disable_cuda_graphs"},
@@ -37,7 +41,7 @@ KNOWN = {
                     "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
                     "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
                     "context_parallel_degree", "expert_parallel_degree"},
-    "activation_checkpoint": {"mode"},
+    "activation_checkpoint": {"mode", "selective_ac_option"},
     "model": {"converters"},
 }  # fmt: skip
 IGNORED_SECTIONS = {"job", "metrics", "optimizer", "lr_scheduler", "checkpoint", "profiling", "profiler",
@@ -46,7 +50,7 @@ IGNORED_KEYS = {"training": {"steps", "max_norm", "dataset", "dataset_path", "gc
                              "warmup_steps", "seed"},
                 "model": {"name", "flavor", "hf_assets_path", "tokenizer_path"},
                 "parallelism": {"fsdp_reshard_after_forward", "context_parallel_load_balancer"},
-                "activation_checkpoint": {"selective_ac_option", "preserve_rng_state"}}  # fmt: skip
+                "activation_checkpoint": {"preserve_rng_state"}}  # fmt: skip
 
 
 def _dp_degrees(spec: EngineSpec, devices_per_node: int = 8) -> tuple[int, int]:
@@ -91,13 +95,21 @@ def sections(spec: EngineSpec, devices_per_node: int = 8) -> dict[str, dict[str,
     out = {
         "training": training,
         "parallelism": par,
-        "activation_checkpoint": {"mode": spec.recompute},
+        "activation_checkpoint": {"mode": _ac_mode(spec.recompute)},
     }  # fmt: skip
+    if spec.recompute == "op":
+        out["activation_checkpoint"]["selective_ac_option"] = "op"
     if spec.seq_len:
         out["training"]["seq_len"] = spec.seq_len
     if spec.dtype == "fp8":
         out["model"] = {"converters": ["float8"]}
     return out
+
+
+def _ac_mode(recompute: str) -> str:
+    if recompute not in AC_MODE:
+        raise ValueError(f"torchtitan has no recompute {recompute!r} ({', '.join(AC_MODE)}); use --nearest")
+    return AC_MODE[recompute]
 
 
 def _toml_value(v: Any) -> str:
@@ -130,7 +142,7 @@ def cli_overrides(spec: EngineSpec, devices_per_node: int = 8) -> str:
             continue
         for k, v in body.items():
             out.append((f"--{name}.{k}" if v else f"--{name}.no_{k}") if isinstance(v, bool) else f"--{name}.{k} {v}")
-    out.append(f"activation-checkpoint:{spec.recompute}")
+    out.append(f"activation-checkpoint:{_ac_mode(spec.recompute)}")
     return " ".join(out)
 
 
@@ -242,19 +254,24 @@ def parse(text: str, world_size: int | None = None, num_layers: int = 0) -> Impo
     if per and pp > 1:
         if first or last:
             lps = tuple([int(per) - first] + [int(per)] * (pp * v - 2) + [int(per) - last])
-    mode = str(d.get("activation_checkpoint", {}).get("mode", "none"))
+    ac = d.get("activation_checkpoint", {})
+    mode = str(ac.get("mode", "none"))
     if mode not in ("none", "selective", "full"):
         raise ValueError(f"activation_checkpoint.mode must be none, selective or full, got {mode!r}")
+    option = str(ac.get("selective_ac_option", "op"))
     param = str(tr.get("mixed_precision_param", "bfloat16"))
     dtype = "fp8" if "float8" in d.get("model", {}).get("converters", []) else {
         "bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(param, "bf16")
     spec = EngineSpec(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, virtual_stages=v,
         schedule=sched, micro_batch_size=mb, global_batch_size=gb, seq_len=int(tr.get("seq_len", 0)),
-        recompute=mode, sequence_parallel=bool(par.get("enable_sequence_parallel", True)) and tp > 1,
+        recompute={"selective": "op"}.get(mode, mode), sequence_parallel=bool(par.get("enable_sequence_parallel", True)) and tp > 1,
         dp_kind=dp_kind, dtype=dtype, num_layers=sum(lps) if lps else num_layers, layers_per_stage=lps,
     )  # fmt: skip
     notes = []
+    if mode == "selective" and option != "op":
+        notes.append(f"selective_ac_option {option!r} (every {option}th block fully recomputed) costed as "
+                     "op-level selective recompute")
     if sched == "interleaved-1f1b" and not (per and num_layers):
         notes.append("Interleaved1F1B: virtual stages per rank taken as 2 (torchtitan derives them from "
                      "pipeline_parallel_layers_per_stage and the model's layer count)")
