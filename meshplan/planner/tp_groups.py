@@ -24,6 +24,7 @@ on a column shard it silently folds the sequence into the heads). No torch impor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshplan.graph import GraphNode, ModelGraph
@@ -51,8 +52,9 @@ def runtime_pairs(producers: list[str], consumers: list[str]) -> bool:
     return bool(producers) and bool(consumers) and pp == cp
 
 
-def _back(g: ModelGraph, start: list[int], ids: set[int], ok: object) -> set[int]:
-    """Linears reached walking back from ``start`` through pass-through nodes accepted by ``ok``."""
+def _walk(g: ModelGraph, start: list[int], ids: set[int], step: Callable[[GraphNode], list[int] | None]) -> set[int]:
+    """Linears reached from ``start`` inside ``ids``; ``step(n)`` gives the next nodes to visit
+    from a non-linear node ``n`` (None: stop there)."""
     out: set[int] = set()
     todo, seen = list(start), set()
     while todo and len(seen) < _MAX_WALK * 4:
@@ -63,25 +65,19 @@ def _back(g: ModelGraph, start: list[int], ids: set[int], ok: object) -> set[int
         n = g.nodes[u]
         if n.kind == "linear":
             out.add(u)
-        elif n.kind in _PASS and ok(n):  # type: ignore[operator]
-            todo.extend(n.inputs)
+        else:
+            todo.extend(step(n) or [])
     return out
+
+
+def _back(g: ModelGraph, start: list[int], ids: set[int], ok: Callable[[GraphNode], bool]) -> set[int]:
+    """Linears reached walking back from ``start`` through pass-through nodes accepted by ``ok``."""
+    return _walk(g, start, ids, lambda n: list(n.inputs) if n.kind in _PASS and ok(n) else None)
 
 
 def _forward(g: ModelGraph, start: int, ids: set[int], readers: dict[int, list[int]]) -> set[int]:
-    out: set[int] = set()
-    todo, seen = list(readers.get(start, [])), set()
-    while todo and len(seen) < _MAX_WALK * 4:
-        v = todo.pop()
-        if v in seen or v not in ids:
-            continue
-        seen.add(v)
-        n = g.nodes[v]
-        if n.kind == "linear":
-            out.add(v)
-        elif n.kind in ("reshape",):
-            todo.extend(readers.get(v, []))
-    return out
+    """Linears reading ``start``'s output through views only (an attention's output projection)."""
+    return _walk(g, readers.get(start, []), ids, lambda n: readers.get(n.id, []) if n.kind == "reshape" else None)
 
 
 def find_groups(g: ModelGraph, node_ids: list[int]) -> list[TPGroup]:
