@@ -100,6 +100,18 @@ def hf_qwen2() -> nn.Module:
                                               max_position_embeddings=16))
 
 
+def hf_mixtral() -> nn.Module:
+    from moe_models import hf_mixtral_tiny
+
+    return hf_mixtral_tiny()
+
+
+def hf_qwen2_moe() -> nn.Module:
+    from moe_models import hf_qwen2_moe_tiny
+
+    return hf_qwen2_moe_tiny()
+
+
 def hf_opt() -> nn.Module:
     tf = _tf()
     return tf.OPTForCausalLM(tf.OPTConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64,
@@ -259,6 +271,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("hf_qwen2", _seeded(hf_qwen2), tokens, lm_loss),
     Family("hf_opt", _seeded(hf_opt), tokens, lm_loss),
     Family("hf_neox", _seeded(hf_neox), tokens, lm_loss),
+    Family("hf_mixtral", _seeded(hf_mixtral), tokens, lm_loss),
+    Family("hf_qwen2_moe", _seeded(hf_qwen2_moe), tokens, lm_loss),
     Family("hf_bert", _seeded(hf_bert), _masked_batch, lm_loss),
     Family("hf_t5", _seeded(hf_t5), _t5_batch, lm_loss),
     Family("hf_vit", _seeded(hf_vit), _vit_batch, lm_loss),
