@@ -52,18 +52,6 @@ def tp_pp_blocker(*, tp: int, pp: int, capture: str) -> str:
     return ""
 
 
-def moe_pp_blocker(*, pp: int, num_experts: int) -> str:
-    """Why pp > 1 cannot run for a mixture-of-experts model ("" when it can): the pipeline stages are
-    cut from the planning capture, where each MoE block is one ``meshplan::moe_block`` op that does
-    not execute (``tracing/moe.py``)."""
-    if pp > 1 and num_experts:
-        return (
-            "pp > 1 is not executed for a mixture-of-experts model: its pipeline stages would be cut from the "
-            "planning capture, whose MoE blocks do not run; such plans are not searched (dp, tp, ep run)"
-        )
-    return ""
-
-
 def _parent(fqn: str) -> str:
     return fqn.rsplit(".", 1)[0] if "." in fqn else ""
 

@@ -59,20 +59,3 @@ def test_tp_with_pp_is_not_searched_for_export_captures():
     assert "not searched: tp > 1 with pp > 1" in explain_plan(ex)
     assert tp_pp_blocker(tp=2, pp=2, capture="fx") == ""
 
-
-def test_moe_pipelines_are_not_searched():
-    """A MoE model's stages would be cut from the planning capture (its MoE op does not run): the
-    search leaves pp > 1 out and says so; the runtime refuses it with the same rule."""
-    from meshplan.execution_rules import moe_pp_blocker
-    from meshplan.planner.api import plan_graph
-
-    g = gpt_graph(layers=4, h=1024, heads=16, seq=512, vocab=8192)
-    g.meta["num_experts"] = 4
-    assert any(c.pp > 1 for c in Searcher(gpt_graph(layers=4, h=1024, heads=16, seq=512, vocab=8192),
-                                          ClusterSpec.preset("h100").with_devices(8), global_batch=16).configs())
-    s = Searcher(g, ClusterSpec.preset("h100").with_devices(8), global_batch=16)
-    assert s.configs() and all(c.pp == 1 for c in s.configs())
-    plan = plan_graph(g, 8, cluster="h100", global_batch_size=16)
-    assert plan.pp == 1 and any(n.startswith("not searched: pp > 1 is not executed for a mixture-of-experts")
-                                for n in plan.notes)
-    assert moe_pp_blocker(pp=1, num_experts=4) == moe_pp_blocker(pp=2, num_experts=0) == ""

@@ -20,7 +20,6 @@ ATOL = 1e-5
 CELLS = ("dp2", "tp2", "pp2", "auto")
 #: (family, cell) -> a phrase of the error raised before training
 UNSUPPORTED: dict[tuple[str, str], str] = {
-    ("hf_mixtral", "pp2"): "pp > 1 is not executed for a mixture-of-experts model",
     ("cnn", "pp2"): "BatchNorm layers: under pp=2 with 4 microbatches",
 }
 #: cells not run yet, with the reason (kept explicit, so the matrix says what it does not cover)

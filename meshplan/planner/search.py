@@ -51,7 +51,6 @@ from meshplan.execution_rules import (
     ZERO_BUBBLE_SCHEDULES,
     dp_kind_blocker,
     microbatch_blocker,
-    moe_pp_blocker,
     recompute_blocker,
     sequence_parallel_blocker,
     tied_weight_blocker,
@@ -159,10 +158,6 @@ class Searcher(ConfigEvaluator):
                 why = tp_pp_blocker(tp=tp, pp=pp, capture=self.g.capture)
                 if why:  # the runtime would refuse it: named in the plan's notes and explain
                     self.rule_notes.setdefault("tp_pp", "not searched: " + why)
-                    continue
-                why = moe_pp_blocker(pp=pp, num_experts=int(self.g.meta.get("num_experts", 0) or 0))
-                if why:
-                    self.rule_notes.setdefault("moe_pp", "not searched: " + why)
                     continue
                 dp = self.W // (tp * pp * cp)
                 if ("dp" in f and f["dp"] != dp) or self.B % dp:

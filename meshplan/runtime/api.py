@@ -28,7 +28,6 @@ from meshplan.execution_rules import (
     BATCH_NORM_CLASSES,
     ZERO_BUBBLE_SCHEDULES,
     microbatch_blocker,
-    moe_pp_blocker,
     tied_weight_blocker,
 )
 from meshplan.models.calls import call_names, microbatch_example, split_inputs
@@ -45,7 +44,6 @@ from meshplan.runtime.parallel_model import ParallelModel
 from meshplan.runtime.phases import PhaseSpans, watch_stages
 from meshplan.runtime.stage_params import shared_params, tie_groups, unique_params
 from meshplan.runtime.zero1 import zero1_optimizer
-from meshplan.tracing.moe import find_moe
 
 __all__ = ["ParallelModel", "apply_plan"]
 
@@ -90,7 +88,7 @@ def apply_plan(
     why = epcp_blocker(model, plan) or microbatch_blocker(
         pp=pp, num_microbatches=plan.num_microbatches,
         batch_norms=sum(type(m).__name__ in BATCH_NORM_CLASSES and m.training for m in model.modules()),
-    ) or (moe_pp_blocker(pp=pp, num_experts=len(find_moe(model))) if pp > 1 else "")
+    )
     if why:
         raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}")
     notes: list[str] = []
