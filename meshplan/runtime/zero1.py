@@ -70,7 +70,6 @@ def zero1_optimizer(opt: torch.optim.Optimizer, params: list[torch.Tensor],
     accepted = set(inspect.signature(cls.__init__).parameters)
     kw = {k: v for k, v in opt.defaults.items() if k in accepted and k != "params"}
     if any(isinstance(p, DTensor) for p in params):
-        kw.pop("foreach", None)  # the local shards are plain tensors; torch picks its default kernels
         return TPZero(params, optimizer_class=cls, process_group=group, **kw)
     return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group, **kw)
 
