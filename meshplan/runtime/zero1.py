@@ -89,10 +89,11 @@ def state_view(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     if not isinstance(opt, TPZero):
         return inner
     to_model = opt.model_param_of()
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [to_model[id(p)] for p in g["params"]]}
-              for g in inner.param_groups]
-    view = type(inner)([g for g in groups if g["params"]] or [{"params": []}], **{
-        k: v for k, v in inner.defaults.items() if k in ("lr",)})
+    # foreach off: a group here mixes DTensor and plain parameters, which the multi-tensor kernels
+    # refuse (DCP may run one zero-gradient step on the view to create missing state)
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "foreach": False,
+               "params": [to_model[id(p)] for p in g["params"]]} for g in inner.param_groups]
+    view = type(inner)([g for g in groups if g["params"]] or [{"params": []}])
     for loc, st in inner.state.items():
         p = to_model[id(loc)]
         view.state[p] = {k: _wrap(v, p) for k, v in st.items()}
