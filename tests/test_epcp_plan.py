@@ -156,16 +156,16 @@ def test_search_picks_ep_where_it_pays():
 
 
 def test_cp_where_long_sequences_pay_and_not_at_8k():
-    """Llama-3.1-8B-shaped (4 of its 32 layers) on 16 H100: at 128k tokens per sequence the search
+    """Llama-3.1-8B-shaped (2 of its 32 layers) on 16 H100: at 128k tokens per sequence the search
     splits the sequence (cp > 1); at 8k with the same devices it keeps cp = 1 and explain says
     what cp = 2 would have cost. No sequence-length threshold: both come from the cost model."""
     from meshplan.models import llama
 
-    long = plan_graph(_meta_graph(lambda: llama("llama3.1-8b", n_layer=4), 131072), 16, cluster="h100",
+    long = plan_graph(_meta_graph(lambda: llama("llama3.1-8b", n_layer=2), 131072), 16, cluster="h100",
                       global_batch_size=2)
     assert long.cp > 1 and long.predicted.cp_comm_s > 0, long.summary()
     assert f"- cp={long.cp}: the sequence is split over {long.cp} ranks" in explain_plan(long)
-    short = plan_graph(_meta_graph(lambda: llama("llama3.1-8b", n_layer=4), 8192), 16, cluster="h100",
+    short = plan_graph(_meta_graph(lambda: llama("llama3.1-8b", n_layer=2), 8192), 16, cluster="h100",
                        global_batch_size=16)
     assert short.cp == 1, short.summary()
     assert "- cp=1: cp=2 lost" in explain_plan(short)
