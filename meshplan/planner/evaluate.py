@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
@@ -104,6 +105,8 @@ class ConfigEvaluator:
         self._prefix_cache: dict[int, dict[str, list[float]]] = {}
         self._bpp_cache: dict[tuple[str, int], ModelStateBytes] = {}
         self._rescues = 0
+        self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
+        self._kind_free_memo: dict[tuple[Config, bool, tuple | None], SimpleNamespace] = {}
         self._sp_choice: dict[int, bool] = {}
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
@@ -368,7 +371,86 @@ class ConfigEvaluator:
 
         Memory of pipeline rank r: model states of its stages (``model_state_bytes``, ZeRO-3 over
         dp for fsdp) + its stages' activations per microbatch × ``inflight_microbatches``
-        (schedule, pp, r, m, v) (+ two unsharded layers' weights for fsdp)."""
+        (schedule, pp, r, m, v) (+ two unsharded layers' weights for fsdp).
+
+        What does not depend on the DP kind (split, stage times and activations, sends, makespan)
+        is computed once per (configuration but its kind, ``exact``, ``runs``) and shared by the
+        kinds ``evaluate_auto`` tries (``_kind_free``; ``memo_kind_free = False`` turns that off)."""
+        k = self._kind_free(c, exact, runs)
+        t, n_st, m, runs, ranks, on_rank = k.t, k.n_st, k.m, k.runs, k.ranks, k.on_rank
+        st_q, r_q, ec, worst, rank_work = k.st_q, k.r_q, k.ec, k.worst, k.rank_work
+        bpp = self._state_bytes_per_param(c)
+        per_param = bpp.total
+        dv = self._zero_divs(c)
+        st_state = [q[0] / dv[0] + q[1] / dv[1] + q[2] / dv[2] for q in st_q]
+        if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
+            st_state = [p * per_param for p in k.st_params0]
+        r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
+        if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
+            r_state = [s - e * per_param for s, e in zip(r_state, k.ep_cut)]
+        r_params, r_act = k.r_params, k.r_act
+        r_mem = [int(r_state[r] + r_act[r] + self.fsdp_buffer(c, r_params[r]) + k.fp8_copy) for r in ranks]
+        d = self._dp_comm(k.gather_bytes, k.grad_bytes, c)
+        if c.dp_kind == "ddp" and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
+            # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
+            # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
+            # the last microbatch's backward
+            exp_b = expert_params(self.g) / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 else 0.0
+            dp_exposed = overlapped_sync_exposed_s(
+                uniform_bucket_bytes(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
+            if exp_b and c.dp * c.cp > c.ep:  # ep: expert gradients over their dp*cp/ep replicas only (runtime/epcp)
+                dc = c.dp * c.cp
+                rep = dp_comm("ddp", exp_b, exp_b, dc // c.ep, self.cluster, stride=c.tp * c.ep)
+                dp_exposed += overlapped_sync_exposed_s(
+                    uniform_bucket_bytes(exp_b), k.rank_b[worst],
+                    lambda b: dp_comm("ddp", b, b, dc // c.ep, self.cluster, stride=c.tp * c.ep).sync_s)
+                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)
+                                      + rep.bytes.get("all_reduce", 0)})
+            elif exp_b:
+                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)})
+        else:
+            dp_exposed = exposed_dp_s(d, backward_s=k.rank_b[worst], forward_s=k.rank_f[worst],
+                                      microbatch_s=max(rank_work), num_microbatches=m)  # fmt: skip
+        dp_bytes = d.bytes
+        opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
+        # exposed EP all-to-all and CP ring, expert imbalance: all layers per microbatch at pp = 1; under
+        # pp a stage holds 1/pp of them and the pipeline runs m + pp - 1 stage slots
+        slots = m if c.pp == 1 else (m + c.pp - 1) / c.pp
+        epcp_s = ec.per_microbatch_s * slots
+        step = k.makespan + epcp_s + dp_exposed + opt
+        comm_bytes = {key: int(v * m / c.pp) for key, v in t.tp_comm_bytes.items()}
+        for key, v in ec.comm_bytes.items():
+            comm_bytes[key] = comm_bytes.get(key, 0) + int(v * m)
+        for key, v in dp_bytes.items():
+            comm_bytes[key] = comm_bytes.get(key, 0) + v
+        if c.pp > 1:
+            comm_bytes["send_recv"] = k.send_recv
+        w = r_params[worst]
+        mem_breakdown = {"params": int(w * bpp.params), "grads": int(w * bpp.grads),
+                         "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
+        if self.quant:
+            big = max(ranks, key=lambda r: r_state[r])
+            mem_breakdown.update(params=int(r_q[big][0] / dv[0]), grads=int(r_q[big][1] / dv[1]),
+                                 optimizer=int(r_q[big][2] / dv[2]))  # fmt: skip
+        st_act, infl, placement = k.st_act, k.infl, k.placement
+        return Evaluation(
+            config=c, step_s=step, pipeline_s=k.makespan, compute_s=k.compute, tp_comm_s=k.tp_s,
+            pp_comm_s=k.pp_comm, dp_comm_s=dp_exposed, bubble_s=k.bubble, optimizer_s=opt,
+            recompute_s=k.rec_s, bubble_fraction=k.bubble_frac, peak_mem_bytes=tuple(r_mem),
+            mem_breakdown=mem_breakdown, comm_bytes=comm_bytes, stage_layers=list(runs),
+            stage_times=list(k.stage_times),
+            stage_mem=[int(st_state[i] + st_act[i] * infl[placement[i]]) for i in range(n_st)],
+            stage_send_bytes=list(k.st_sendb), stage_params=list(k.st_params), fits=max(r_mem) <= self.mem_limit,
+            mem_limit_bytes=self.mem_limit, table=t, exact=exact, kind_note=self._kind_notes.get(c, ""),
+            ep_comm_s=slots * (ec.ep_comm_s + ec.imbalance_s), cp_comm_s=slots * ec.cp_comm_s,
+            ep_expert_read_s=slots * ec.expert_read_s,
+        )  # fmt: skip
+
+    def _kind_free(self, c: Config, exact: bool, runs: list[tuple[int, int]] | None) -> SimpleNamespace:
+        """The part of ``evaluate`` that does not depend on ``c.dp_kind``, memoized (read only)."""
+        key = (replace(c, dp_kind="ddp"), exact, tuple(runs) if runs is not None else None)
+        if self.memo_kind_free and key in self._kind_free_memo:
+            return self._kind_free_memo[key]
         t = self._table(c)
         n_st = c.pp * c.virtual_stages
         m = c.num_microbatches
@@ -384,8 +466,6 @@ class ConfigEvaluator:
         st_params, st_act = col("params"), col("act")
         if n_st > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
             st_act = [x + self.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
-        bpp = self._state_bytes_per_param(c)
-        per_param = bpp.total
         if self.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
             st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
         else:
@@ -400,10 +480,7 @@ class ConfigEvaluator:
                         extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
                             numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
                         st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
-        dv = self._zero_divs(c)
-        st_state = [q[0] / dv[0] + q[1] / dv[1] + q[2] / dv[2] for q in st_q]
-        if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
-            st_state = [p * per_param for p in st_params]
+        st_params0 = list(st_params)
         st_sendb = [int(t.layers[b - 1].out_bytes) for _, b in runs]
         ranks = range(c.pp)
         placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
@@ -427,94 +504,50 @@ class ConfigEvaluator:
         infl = [inflight(c, r) for r in ranks]
         r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
         r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
-        r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
         ec = self._epcp(c)
+        ep_cut = [0.0 for _ in ranks]  # expert parameters a rank does not hold under ep
         if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
             # share of the layers on a rank ~ its share of the parameters (1 at pp = 1; the search
             # only emits ep with pp = 1, a published ep x pp configuration is costed this way)
             tot = sum(st_params) or 1.0
-            frac = [p / tot for p in r_params]
-            r_state = [s - ec.expert_params_saved * f * per_param for s, f in zip(r_state, frac)]
-            r_params = [p - ec.expert_params_saved * f for p, f in zip(r_params, frac)]
+            ep_cut = [ec.expert_params_saved * (p / tot) for p in r_params]
+            r_params = [p - e for p, e in zip(r_params, ep_cut)]
             st_params = [p - ec.expert_params_saved * p / tot for p in st_params]
         r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
         r_act = [r_act[r] + self._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
         fp8_copy = fp8_weight_copy_bytes(self._largest_linear / c.tp) if self.dtype == "fp8" else 0.0
-        r_mem = [int(r_state[r] + r_act[r] + self.fsdp_buffer(c, r_params[r]) + fp8_copy) for r in ranks]
         worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
-        # gradients synced: every parameter, or (quantized) only the trainable ones, reduced in fp32
-        # on every precision as the runtime does (cost_models.grad_sync.GRAD_REDUCE_BYTES: fp32
-        # master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in the
-        # training dtype
-        grad_bytes = (r_q[worst][3] if self.quant else r_params[worst]) * GRAD_REDUCE_BYTES
-        gather_bytes = r_q[worst][0] if self.quant else r_params[worst] * self._elem_bytes
-        rank_b = [sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks]
-        rank_f = [sum(st_f[i] for i in on_rank[r]) for r in ranks]
-        d = self._dp_comm(gather_bytes, grad_bytes, c)
-        if c.dp_kind == "ddp" and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
-            # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
-            # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
-            # the last microbatch's backward
-            exp_b = expert_params(self.g) / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 else 0.0
-            dp_exposed = overlapped_sync_exposed_s(
-                uniform_bucket_bytes(grad_bytes - exp_b), rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
-            if exp_b and c.dp * c.cp > c.ep:  # ep: expert gradients over their dp*cp/ep replicas only (runtime/epcp)
-                dc = c.dp * c.cp
-                rep = dp_comm("ddp", exp_b, exp_b, dc // c.ep, self.cluster, stride=c.tp * c.ep)
-                dp_exposed += overlapped_sync_exposed_s(
-                    uniform_bucket_bytes(exp_b), rank_b[worst],
-                    lambda b: dp_comm("ddp", b, b, dc // c.ep, self.cluster, stride=c.tp * c.ep).sync_s)
-                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)
-                                      + rep.bytes.get("all_reduce", 0)})
-            elif exp_b:
-                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)})
-        else:
-            dp_exposed = exposed_dp_s(d, backward_s=rank_b[worst], forward_s=rank_f[worst],
-                                      microbatch_s=max(rank_work), num_microbatches=m)  # fmt: skip
-        dp_bytes = d.bytes
-        opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
-        # exposed EP all-to-all and CP ring, expert imbalance: all layers per microbatch at pp = 1; under
-        # pp a stage holds 1/pp of them and the pipeline runs m + pp - 1 stage slots
-        slots = m if c.pp == 1 else (m + c.pp - 1) / c.pp
-        epcp_s = ec.per_microbatch_s * slots
-        step = makespan + epcp_s + dp_exposed + opt
         busiest = max(ranks, key=lambda r: rank_work[r])
         on_b = on_rank[busiest]
         tp_s = m * sum(st_tp[i] for i in on_b)
-        rec_s = m * sum(st_rec[i] for i in on_b)
-        compute = m * rank_work[busiest] - tp_s
+
         # p2p the busiest rank sends: outputs forward (not the last stage), input gradients backward
         # (not the first: the boundary below); the simulated makespan times both directions already
         def sends(xs: list) -> float:
             return sum((xs[i] if i < n_st - 1 else 0) + (xs[i - 1] if i > 0 else 0) for i in on_b)
 
-        pp_comm = m * sends(st_send) if c.pp > 1 else 0.0
-        comm_bytes = {k: int(v * m / c.pp) for k, v in t.tp_comm_bytes.items()}
-        for k, v in ec.comm_bytes.items():
-            comm_bytes[k] = comm_bytes.get(k, 0) + int(v * m)
-        for k, v in dp_bytes.items():
-            comm_bytes[k] = comm_bytes.get(k, 0) + v
-        if c.pp > 1:
-            comm_bytes["send_recv"] = int(m * sends(st_sendb))
-        w = r_params[worst]
-        mem_breakdown = {"params": int(w * bpp.params), "grads": int(w * bpp.grads),
-                         "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
-        if self.quant:
-            big = max(ranks, key=lambda r: r_state[r])
-            mem_breakdown.update(params=int(r_q[big][0] / dv[0]), grads=int(r_q[big][1] / dv[1]),
-                                 optimizer=int(r_q[big][2] / dv[2]))  # fmt: skip
-        return Evaluation(
-            config=c, step_s=step, pipeline_s=makespan, compute_s=compute, tp_comm_s=tp_s, pp_comm_s=pp_comm,
-            dp_comm_s=dp_exposed, bubble_s=max(0.0, makespan - m * rank_work[busiest]), optimizer_s=opt,
-            recompute_s=rec_s, bubble_fraction=bubble_frac, peak_mem_bytes=tuple(r_mem),
-            mem_breakdown=mem_breakdown, comm_bytes=comm_bytes, stage_layers=list(runs),
+        out = SimpleNamespace(
+            t=t, n_st=n_st, m=m, runs=runs, ranks=ranks, on_rank=on_rank, placement=placement, st_q=st_q,
+            st_params0=st_params0, st_params=st_params, st_act=st_act, st_sendb=st_sendb, rank_work=rank_work,
+            makespan=makespan, bubble_frac=bubble_frac, infl=infl, r_params=r_params, r_q=r_q, ec=ec,
+            r_act=r_act, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut,
+            # gradients synced: every parameter, or (quantized) only the trainable ones, reduced in
+            # fp32 on every precision as the runtime does (cost_models.grad_sync.GRAD_REDUCE_BYTES:
+            # fp32 master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in
+            # the training dtype
+            grad_bytes=(r_q[worst][3] if self.quant else r_params[worst]) * GRAD_REDUCE_BYTES,
+            gather_bytes=r_q[worst][0] if self.quant else r_params[worst] * self._elem_bytes,
+            rank_b=[sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks],
+            rank_f=[sum(st_f[i] for i in on_rank[r]) for r in ranks],
+            tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b), compute=m * rank_work[busiest] - tp_s,
+            bubble=max(0.0, makespan - m * rank_work[busiest]),
+            pp_comm=m * sends(st_send) if c.pp > 1 else 0.0,
+            send_recv=int(m * sends(st_sendb)) if c.pp > 1 else 0,
             stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
-            stage_mem=[int(st_state[i] + st_act[i] * infl[placement[i]]) for i in range(n_st)],
-            stage_send_bytes=st_sendb, stage_params=st_params, fits=max(r_mem) <= self.mem_limit,
-            mem_limit_bytes=self.mem_limit, table=t, exact=exact, kind_note=self._kind_notes.get(c, ""),
-            ep_comm_s=slots * (ec.ep_comm_s + ec.imbalance_s), cp_comm_s=slots * ec.cp_comm_s,
-            ep_expert_read_s=slots * ec.expert_read_s,
         )  # fmt: skip
+        if self.memo_kind_free:
+            self._kind_free_memo[key] = out
+        return out
 
 
 def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: float, num_microbatches: int) -> float:

@@ -1,0 +1,66 @@
+"""The DP-kind-free part of ``ConfigEvaluator.evaluate`` is computed once per configuration and
+shared by the DP kinds (``_kind_free``): every evaluation and every search result is identical
+to the unmemoized path (``memo_kind_free = False``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from planner_fixtures import gpt_graph
+
+from meshplan.cost_models.dp_kinds import KIND_ORDER
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.quant import Quantization
+from meshplan.planner.costing import GraphCoster
+from meshplan.planner.search import Searcher
+
+H100 = ClusterSpec.preset("h100")
+
+
+def fields(ev) -> dict:
+    return {f.name: getattr(ev, f.name) for f in dataclasses.fields(ev) if f.name != "table"}
+
+
+def pair(g, cluster, quant: str = "none", **kw) -> tuple[Searcher, Searcher]:
+    out = []
+    for memo in (True, False):
+        coster = GraphCoster(g, cluster, quantization=Quantization(mode=quant)) if quant != "none" else None
+        s = Searcher(g, cluster, coster=coster, **kw)
+        s.memo_kind_free = memo
+        out.append(s)
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("quant", ["none", "qlora"])
+def test_every_kind_evaluates_identically_with_and_without_the_memo(quant):
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)  # lm_head tied to wte
+    on, off = pair(g, H100.with_devices(8), quant, global_batch=32)
+    n = 0
+    for c in on.configs():
+        for kind in KIND_ORDER:  # the kinds of one configuration in turn: the memo is hit
+            c2 = dataclasses.replace(c, dp_kind=kind)
+            for exact in (False, True):
+                a, b = on.evaluate(c2, exact=exact), off.evaluate(c2, exact=exact)
+                assert fields(a) == fields(b), (c2, exact)
+                n += 1
+    assert n > 100 and not off._kind_free_memo
+    assert len(on._kind_free_memo) * len(KIND_ORDER) == n  # one entry per (configuration but kind, exact)
+
+
+@pytest.mark.parametrize(
+    "world,batch,layers,gib",
+    [(16, 64, 8, None), (8, 32, 6, 16.0)],  # roomy, and memory pressure (sharded kinds chosen)
+)
+def test_search_best_plan_is_unchanged_by_the_memo(world, batch, layers, gib):
+    g = gpt_graph(layers=layers, h=2048, heads=16, seq=1024, vocab=8192)
+    cluster = H100.with_devices(world)
+    if gib is not None:
+        cluster = dataclasses.replace(cluster, mem_bytes=int(gib * 1024**3), mem_reserved_bytes=0)
+    on, off = pair(g, cluster, global_batch=batch)
+    a, b = on.run(), off.run()
+    assert a.best is not None and b.best is not None
+    assert fields(a.best) == fields(b.best)
+    assert a.best.step_s == b.best.step_s and a.best.peak_mem_bytes == b.best.peak_mem_bytes
+    assert [e.config for e, _ in a.alternatives] == [e.config for e, _ in b.alternatives]
+    assert a.evaluated == b.evaluated
