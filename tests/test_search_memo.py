@@ -32,12 +32,24 @@ def pair(g, cluster, quant: str = "none", **kw) -> tuple[Searcher, Searcher]:
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("quant", ["none", "qlora"])
-def test_every_kind_evaluates_identically_with_and_without_the_memo(quant):
-    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)  # lm_head tied to wte
-    on, off = pair(g, H100.with_devices(8), quant, global_batch=32)
+def moe_graph():
+    import torch
+
+    from meshplan.models.moe import moe_llama
+    from meshplan.trace import trace_model
+
+    torch.manual_seed(0)
+    return trace_model(moe_llama(), (torch.randint(0, 64, (1, 32)),))
+
+
+@pytest.mark.parametrize("case", ["tied", "qlora", "moe"])
+def test_every_kind_evaluates_identically_with_and_without_the_memo(case):
+    g = moe_graph() if case == "moe" else gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)  # tied head
+    on, off = pair(g, H100.with_devices(8), "qlora" if case == "qlora" else "none", global_batch=32)
     n = 0
-    for c in on.configs():
+    cfgs = on.configs()
+    assert case != "moe" or any(c.ep > 1 for c in cfgs)
+    for c in cfgs:
         for kind in KIND_ORDER:  # the kinds of one configuration in turn: the memo is hit
             c2 = dataclasses.replace(c, dp_kind=kind)
             for exact in (False, True):
