@@ -10,8 +10,21 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 VOCAB, SEQ, BATCH = 64, 8, 8
+
+
+class OpLog(TorchDispatchMode):
+    """Records every aten op dispatched inside it (``ops``: their names), e.g. to see what backward re-runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 def tiny_gpt() -> nn.Module:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import runtime_cases as rc
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from meshplan.errors import PlanMismatchError
 from meshplan.execution_rules import recompute_blocker
@@ -15,20 +14,10 @@ from meshplan.runtime import recompute
 MM = ("aten.mm.default", "aten.addmm.default")
 
 
-class _Count(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def _backward_ops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[str]:
     model.zero_grad(set_to_none=True)
     loss = rc.loss_fn(model(x), y)
-    with _Count() as c:
+    with rc.OpLog() as c:
         loss.backward()
     return c.ops
 

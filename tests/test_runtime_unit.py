@@ -188,18 +188,7 @@ def test_sequence_boundaries_in_the_fx_graph() -> None:
 
 
 def test_selective_recompute_reruns_only_attention(gpt_and_graph) -> None:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from meshplan.runtime import recompute
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
 
     x, y = rc.batches(1)[0]
     _model, gm, _x, _prefix = gpt_and_graph
@@ -210,7 +199,7 @@ def test_selective_recompute_reruns_only_attention(gpt_and_graph) -> None:
                                                                           schedule="1f1b")[0][0]
             module.zero_grad()
             loss = rc.loss_fn(run(x[:2]), y[:2])
-            with Count() as c:
+            with rc.OpLog() as c:
                 loss.backward()
             fwd_in_bwd = [o for o in c.ops if "scaled_dot_product" in o and "backward" not in o]
             assert len(fwd_in_bwd) == (4 if mode == "selective" else 0)  # one re-run attention per layer

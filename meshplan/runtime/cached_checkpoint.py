@@ -83,8 +83,8 @@ def _unpack(handle: tuple[_Frame, int]) -> torch.Tensor:
     return frame.cache[i]
 
 
-class CachedCheckpointStage(nn.Module):
-    """Runs ``inner`` with its activations recomputed once per microbatch (module docstring)."""
+class CountingStage(nn.Module):
+    """A stage wrapper whose ``_run`` calls ``inner`` and counts forwards, recomputes included."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -94,6 +94,10 @@ class CachedCheckpointStage(nn.Module):
     def _run(self, *args: Any) -> Any:
         self.runs += 1
         return self.inner(*args)
+
+
+class CachedCheckpointStage(CountingStage):
+    """Runs ``inner`` with its activations recomputed once per microbatch (module docstring)."""
 
     def forward(self, *args: Any) -> Any:
         dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")

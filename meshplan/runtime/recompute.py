@@ -37,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.execution_rules import ZERO_BUBBLE_SCHEDULES, recompute_blocker
+from meshplan.runtime.cached_checkpoint import CachedCheckpointStage, CountingStage
 
 WRAPPED = "_checkpoint_wrapped_module."
 
@@ -45,17 +46,8 @@ def clean_fqn(name: str) -> str:
     return name.replace(WRAPPED, "")
 
 
-class CheckpointedStage(nn.Module):
+class CheckpointedStage(CountingStage):
     """Runs ``inner`` under non-reentrant activation checkpointing; ``runs`` counts forwards incl. recomputes."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-        self.runs = 0
-
-    def _run(self, *args: Any) -> Any:
-        self.runs += 1
-        return self.inner(*args)
 
     def forward(self, *args: Any) -> Any:
         return checkpoint(self._run, *args, use_reentrant=False)
@@ -146,8 +138,6 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
 
             raise PlanMismatchError(why)
         if schedule in ZERO_BUBBLE_SCHEDULES:
-            from meshplan.runtime.cached_checkpoint import CachedCheckpointStage
-
             return [CachedCheckpointStage(m) for m in modules], (
                 f"recompute={mode}: one checkpointed segment per stage, recomputed once per microbatch in the "
                 "input-gradient pass and kept for the weight-gradient passes (split backward)")
