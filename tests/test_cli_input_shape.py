@@ -78,3 +78,63 @@ def test_plan_and_inspect_a_vision_factory_at_the_given_shape(tmp_path, capsys):
     text = capsys.readouterr().out
     # traced at 1x3x32x32: the 3x3 conv 3->8 over 32x32 pixels is 2*27*8*1024 = 442,368 FLOPs (+ the head)
     assert re.search(r"forward FLOPs \(traced batch\)\s+443 kFLOP", text), text[:800]
+
+
+ONE_INPUT = '''
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, pixel_values):
+        return self.head(self.conv(pixel_values).mean(dim=(2, 3)))
+
+
+def build():
+    return Net()
+'''
+
+
+def test_run_command_forwards_input_shapes(tmp_path):
+    from meshplan.commands import run as run_cmd
+
+    f = tmp_path / "vision.py"
+    f.write_text(ONE_INPUT)
+    out = tmp_path / "plan.json"
+    assert main(["plan", f"{f}:build", "-n", "2", "--global-batch", "4", "--quiet", "--no-cache",
+                 "--input-shape", "pixel_values=1x3x16x16", "-o", str(out)]) == 0
+    p = argparse.ArgumentParser()
+    run_cmd.add_arguments(p)
+    args = p.parse_args([str(out), "--model", f"{f}:build", "--input-shape", "pixel_values=1x3x16x16:float32"])
+    cmd = run_cmd.build_command(args)
+    assert cmd[cmd.index("--input-shape") + 1] == "pixel_values=1x3x16x16:float32"
+    again = run_cmd.run_argv(args)
+    assert again[again.index("--input-shape") + 1] == "pixel_values=1x3x16x16:float32"
+
+
+@pytest.mark.distributed
+def test_run_a_factory_without_examples_at_the_given_shape(tmp_path):
+    """`meshplan run --input-shape` trains a model whose factory gives no example inputs; dp2 equals one device."""
+    import json
+
+    from cluster_cases import meshplan
+
+    f = tmp_path / "vision.py"
+    f.write_text(ONE_INPUT)
+    shape = ["--input-shape", "pixel_values=1x3x16x16"]
+    losses = {}
+    for n in ("1", "2"):
+        plan = tmp_path / f"plan{n}.json"
+        assert main(["plan", f"{f}:build", "-n", n, "--global-batch", "4", "--quiet", "--no-cache", "--dp", n,
+                     *shape, "-o", str(plan)]) == 0
+        rec = tmp_path / f"rec{n}.json"
+        res = meshplan("run", str(plan), "--model", f"{f}:build", "--steps", "3", "--dtype", "fp32",
+                       "--record", str(rec), *shape, timeout=300)
+        assert res.returncode == 0, res.stderr[-4000:]
+        losses[n] = [s["loss"] for s in json.loads(rec.read_text())["steps"]]
+    assert len(losses["1"]) == 3
+    assert losses["2"] == pytest.approx(losses["1"], abs=1e-6), losses

@@ -68,6 +68,12 @@ def input_shapes(values: list | None) -> dict | None:
     return out
 
 
+def input_shape_text(name: str, spec: tuple) -> str:
+    """The ``--input-shape`` text of one parsed ``(name, spec)`` (what ``input_shape`` reads back)."""
+    dims, dtype = spec if len(spec) == 2 and isinstance(spec[1], str) else (spec, "")
+    return f"{name}={'x'.join(str(d) for d in dims)}" + (f":{dtype}" if dtype else "")
+
+
 def add_input_shape(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape", action="append", type=input_shape, default=None, metavar="NAME=2x3x224x224[:dtype]",

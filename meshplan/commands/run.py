@@ -17,7 +17,14 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from meshplan.commands.argtypes import nonneg_float, nonneg_int, positive_float, positive_int
+from meshplan.commands.argtypes import (
+    add_input_shape,
+    input_shape_text,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 
 HELP = "run a plan under torchrun (synthetic data by default) and record measured vs predicted step time"
 
@@ -61,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=positive_float, default=120.0,
                    help="process-group timeout in seconds: a rank waiting longer on a collective fails (default 120)")
     p.add_argument("--master-port", type=int, default=None)
+    add_input_shape(p)
     g = p.add_argument_group("several nodes (torchrun c10d rendezvous; run once per node) and restarts")
     g.add_argument("--nnodes", type=int, default=None, help="nodes (default 1); nnodes x nproc-per-node = plan world size")
     g.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: world size / nnodes)")
@@ -105,6 +113,9 @@ def run_argv(args: argparse.Namespace) -> list[str]:
         if v == a.default or v is None:
             continue
         flag = next(o for o in a.option_strings if o.startswith("--"))
+        if a.dest == "input_shape":
+            out += [w for name, spec in v for w in (flag, input_shape_text(name, spec))]
+            continue
         out += [flag] if isinstance(a, argparse._StoreTrueAction) else [flag, str(v)]
     return out
 
@@ -142,6 +153,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
         train += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
     if args.record:
         train += ["--record", args.record]
+    for name, spec in args.input_shape or []:
+        train += ["--input-shape", input_shape_text(name, spec)]
     return torchrun_command(launch, train)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from meshplan.commands.argtypes import add_input_shape, input_shapes
 from meshplan.errors import NonFiniteError
 from meshplan.plan import Plan
 
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="torch.compile each repeated block (off by default)")
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision (default: the plan's dtype)")
+    add_input_shape(p)
     return p
 
 
@@ -96,6 +98,19 @@ def synthetic_data(model: torch.nn.Module, example: tuple, seed: int) -> Callabl
 
 
 
+def shaped_example(model: torch.nn.Module, shapes: dict | None) -> tuple:
+    """Example inputs built from ``--input-shape`` (zeros; synthetic data draws its batches in their
+    shape). Synthetic data feeds one input, so the model's forward must take exactly these inputs
+    and the first one is the batch; anything else needs ``--data``."""
+    from meshplan.trace import resolve_inputs
+
+    example = resolve_inputs(model, None, shapes)
+    if isinstance(example, dict):
+        raise ValueError(f"--input-shape names {sorted(example)} are passed by keyword to {type(model).__name__}; "
+                         "meshplan run feeds positional inputs: name the forward's first arguments in order")
+    return tuple(example)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -118,8 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None)
     model, example = spec.model, spec.example_inputs
+    if args.input_shape:  # the shapes the plan was made with, for a factory without examples
+        example = shaped_example(model, input_shapes(args.input_shape))
     if example is None:
-        raise ValueError(f"model {args.model!r} gives no example inputs; return (model, example_inputs) from the factory")
+        raise ValueError(f"model {args.model!r} gives no example inputs; return (model, example_inputs) from the "
+                         "factory or give --input-shape NAME=2x3x224x224[:dtype]")
     check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
     synthetic = None if args.data else synthetic_data(model, example, args.seed)
     seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
