@@ -9,8 +9,8 @@ import re
 import pytest
 
 from meshplan.cli import main
-from meshplan.commands.argtypes import input_shape, input_shapes
 from meshplan.plan import Plan
+from meshplan.shapes import input_shape, input_shapes
 
 FACTORY = '''
 import torch

@@ -1,4 +1,5 @@
-"""Dependency direction (DESIGN.md): planning code never imports torch; runtime never imports planner."""
+"""Dependency direction (DESIGN.md): planning code never imports torch; runtime never imports planner;
+nothing below the CLI (cli.py, commands/) imports it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import meshplan
 
 ROOT = Path(meshplan.__file__).parent
-TORCH_FREE = ["meshplan.plan", "meshplan.graph", "meshplan.errors", "meshplan.cli"]
+TORCH_FREE = ["meshplan.plan", "meshplan.graph", "meshplan.errors", "meshplan.cli", "meshplan.shapes"]
 TORCH_FREE_PACKAGES = ["partition", "planner", "report", "cost_models", "engines"]
 TORCH_ALLOWED = {"meshplan.cost_models.profile"}
 
@@ -39,18 +40,35 @@ def test_planning_modules_do_not_import_torch():
     assert out.stdout.strip().endswith("CLEAN"), f"torch imported while importing {mods}"
 
 
+def _imported(f: Path) -> list[str]:
+    """Every module name ``f`` imports, at module level or inside functions (relative imports resolved)."""
+    mod = list(f.relative_to(ROOT.parent).with_suffix("").parts)
+    pkg = mod if mod[-1] == "__init__" else mod[:-1]
+    names: list[str] = []
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+            names += [base] + [f"{base}.{a.name}" for a in node.names]
+    return names
+
+
 def test_runtime_never_imports_planner():
-    runtime = ROOT / "runtime"
-    offenders = []
-    for f in runtime.rglob("*.py") if runtime.exists() else []:
-        tree = ast.parse(f.read_text())
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            offenders += [f"{f.name}: {n}" for n in names if n.startswith(("meshplan.planner", "meshplan.partition"))]
+    offenders = [f"{f.name}: {n}" for f in (ROOT / "runtime").rglob("*.py") for n in _imported(f)
+                 if n.startswith(("meshplan.planner", "meshplan.partition"))]
+    assert not offenders, offenders
+
+
+def test_nothing_below_the_cli_imports_it():
+    """``meshplan/cli.py`` and ``meshplan/commands/`` are the top layer: no other module (the
+    runtime's torchrun entry included) imports them; what both need lives below (e.g. ``meshplan.shapes``)."""
+    top = ("meshplan.cli", "meshplan.commands")
+    offenders = [f"{f.relative_to(ROOT)}: {n}" for f in ROOT.rglob("*.py")
+                 if f.name != "cli.py" and "commands" not in f.relative_to(ROOT).parts[:-1]
+                 for n in _imported(f) if n in top or n.startswith(tuple(t + "." for t in top))]
     assert not offenders, offenders
 
 

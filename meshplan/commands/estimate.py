@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from meshplan.commands.argtypes import add_input_shape, input_shapes
 from meshplan.engines.spec import TARGETS
+from meshplan.shapes import add_input_shape, input_shapes
 
 HELP = "cost a torchtitan / Megatron-LM / DeepSpeed configuration and compare it with meshplan's best plan"
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from meshplan.commands.argtypes import add_input_shape, input_shapes
 from meshplan.partition.cuts import blocks_dominate, cut_candidates, layer_ranges, usable_cuts
+from meshplan.shapes import add_input_shape, input_shapes
 
 HELP = "trace a model and show its blocks, parameters, FLOPs, activation bytes and cut points"
 

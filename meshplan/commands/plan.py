@@ -17,12 +17,13 @@ import sys
 import time
 from collections.abc import Callable
 
-from meshplan.commands.argtypes import add_input_shape, input_shapes, positive_int
+from meshplan.commands.argtypes import positive_int
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.precision import TRAINING_DTYPES, check_training_dtype
 from meshplan.engines.spec import CAPS, TARGETS, search_limits, spec_from_plan, unsupported
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.plan import Plan
+from meshplan.shapes import add_input_shape, input_shapes
 
 HELP = "plan data/tensor/pipeline parallelism for a model on N devices (predicted costs)"
 

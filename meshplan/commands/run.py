@@ -18,13 +18,12 @@ import argparse
 import shlex
 
 from meshplan.commands.argtypes import (
-    add_input_shape,
-    input_shape_text,
     nonneg_float,
     nonneg_int,
     positive_float,
     positive_int,
 )
+from meshplan.shapes import add_input_shape, input_shape_text
 
 HELP = "run a plan under torchrun (synthetic data by default) and record measured vs predicted step time"
 

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from meshplan.commands.argtypes import add_input_shape, input_shapes
 from meshplan.errors import NonFiniteError
 from meshplan.plan import Plan
+from meshplan.shapes import add_input_shape, input_shapes
 
 
 def build_parser() -> argparse.ArgumentParser:
