@@ -99,7 +99,7 @@ def test_zero_paper_figure_1() -> None:
 
 def test_fsdp_exposed_per_unit_prefetch() -> None:
     from meshplan.cost_models.dp_kinds import DPComm
-    from meshplan.planner.evaluate import exposed_dp_s
+    from meshplan.planner.dp_exposure import exposed_dp_s
 
     ag, rs, L, m = 0.4, 0.6, 9, 3
     d = DPComm(per_microbatch_s=2 * ag + rs, mb_forward_s=ag, mb_bwd_gather_s=ag, units=L)

@@ -13,7 +13,7 @@ For every configuration::
 the step time is::
 
     step = makespan(schedule simulator; per-stage F, B, W incl. TP comm and recompute; p2p sends)
-         + exposed DP communication (``planner.evaluate.exposed_dp_s`` of the kind's collectives,
+         + exposed DP communication (``planner.dp_exposure.exposed_dp_s`` of the kind's collectives,
            ``cost_models.dp_kinds.dp_comm``, NCCL-costed with the DP group's node layout):
            ddp: fp32 gradients in 25 MiB buckets all-reduced one after the other as each is final
            in the last microbatch's backward (cost_models.grad_sync.overlapped_sync_exposed_s);

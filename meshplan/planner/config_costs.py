@@ -1,0 +1,297 @@
+"""The costs every evaluation of one configuration shares: ``ConfigCosts``, the base of
+``planner.evaluate.ConfigEvaluator`` (and so of ``planner.search.Searcher``).
+
+It holds the search's settings (cluster, global batch, pins, recompute / schedule / DP-kind
+choices, dtype, optimizer, an engine's split rule) and the terms both the cheap bound and the
+exact evaluation use: the per-(tp, sp, recompute, micro-batch) cost table and its prefix sums,
+the time-balanced (or engine-rule) stage split and the memory-constrained re-split
+(``partition.stage_ilp``), model-state bytes under each DP kind's sharding, the optimizer step,
+DP collectives (``cost_models.dp_kinds``), pipeline send times and the (step, memory) lower
+bound the search orders candidates by. With a ``Quantization`` on the coster, model states
+count the quantized layout. No torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
+from meshplan.cost_models.dp_kinds import (
+    KIND_ORDER,
+    ZERO_STAGE,
+    dp_comm,
+    dp_state_bytes,
+    shard_degree,
+    unsharded_buffer_bytes,
+)
+from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
+from meshplan.cost_models.precision import check_training_dtype
+from meshplan.execution_rules import epcp_rule
+from meshplan.graph import ModelGraph
+from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
+from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
+from meshplan.planner.epcp_cost import EPCPTerms, epcp_terms, expert_params_saved
+from meshplan.planner.search_types import (
+    RECOMPUTE_CHOICES,
+    SCHEDULE_CHOICES,
+    Config,
+    balanced_split,
+)
+
+#: At most this many memory-constrained re-splits (partition.stage_ilp DP) per search.
+MAX_MEMORY_RESCUES = 8
+
+
+class ConfigCosts:
+    """Settings of one search and the cost terms its evaluations share (see the module docstring)."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        cluster: ClusterSpec,
+        *,
+        global_batch: int,
+        fixed: dict[str, Any] | None = None,
+        recompute: tuple[str, ...] | None = None,
+        schedules: tuple[str, ...] | None = None,
+        dtype: str = "bf16",
+        optimizer: str = "adam",
+        progress: Callable[[str], None] | None = None,
+        coster: GraphCoster | None = None,
+        keep_alternatives: int = 5,
+        ilp_split: bool = True,
+        split_rule: str = "any",
+        dp_kinds: tuple[str, ...] | None = None,
+    ) -> None:
+        self.g = graph
+        self.cluster = cluster
+        self.W = cluster.num_devices
+        self.B = global_batch
+        self.fixed = dict(fixed or {})
+        self.recompute = tuple(recompute or RECOMPUTE_CHOICES)
+        if "recompute" in self.fixed and self.fixed["recompute"] not in self.recompute:
+            self.recompute = (*self.recompute, self.fixed["recompute"])
+        self.schedules = tuple(schedules or SCHEDULE_CHOICES)
+        self.dtype = dtype
+        self.optimizer = optimizer
+        self.progress = progress or (lambda _msg: None)
+        self.coster = coster or GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer)
+        self.quant = self.coster.quant.mode != "none"
+        self._bpp0 = model_state_bytes(1.0, optimizer=optimizer)
+        # bytes per element of the gradients DP syncs and of the parameters FSDP gathers: the
+        # training dtype (bf16 mixed precision: 2; fp32 training: 4)
+        self._elem_bytes = 4 if dtype in ("fp32", "float32") else 2
+        self._quant_err: dict[tuple[int, int], list[str]] = {}
+        self.keep = keep_alternatives
+        # an engine's stage-split rule (partition.engine_split) and DP kinds (meshplan plan --target);
+        # the split ILP's refinement ignores the rule, so it is off under one
+        if split_rule not in SPLIT_RULES:
+            raise ValueError(f"split_rule must be one of {', '.join(SPLIT_RULES)}, got {split_rule!r}")
+        self.split_rule = split_rule
+        self.dp_kinds = tuple(dp_kinds) if dp_kinds else tuple(KIND_ORDER)
+        self.ilp_split = ilp_split and split_rule == "any"
+        # MoE load imbalance assumed by the costing (busiest expert rank / mean); a setting, not a pin
+        self.capacity_factor = float(self.fixed.pop("capacity_factor", DEFAULT_CAPACITY_FACTOR))
+        self.bounded: list[tuple[float, float, Config]] = []
+        self.mem_limit = int(cluster.usable_mem_bytes)
+        self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._prefix_cache: dict[int, dict[str, list[float]]] = {}
+        self._bpp_cache: dict[tuple[str, int], ModelStateBytes] = {}
+        self._rescues = 0
+        self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
+        self._kind_free_memo: dict[tuple[Config, bool, tuple | None], SimpleNamespace] = {}
+        self._sp_choice: dict[int, bool] = {}
+        self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
+        self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
+        self._every_kind_fits: set[Config] = set()  # evaluate_auto found every DP kind it tried fitting
+        check_training_dtype(dtype, cluster)
+        if dtype == "fp8" and self.quant:
+            raise ValueError(f"dtype fp8 (torchao float8 training) with quantization {self.coster.quant.mode!r}: "
+                             "torchao converts plain nn.Linear layers only; use --dtype bf16 with quantization")
+        self._largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
+
+    def quant_errors(self, c: Config) -> list[str]:
+        """Why the runtime would reject the quantization at ``c``'s TP placement and FSDP degree
+        (``cost_models.quant.quant_constraint_errors``); empty without quantization."""
+        if not self.quant:
+            return []
+        sol = self._table(c).tp_solution
+        fsdp_dp = self._shard(c) if ZERO_STAGE[c.dp_kind] >= 3 else 1
+        key = (id(sol), fsdp_dp)
+        if key not in self._quant_err:
+            self._quant_err[key] = self.coster.quant_errors(sol, fsdp_dp)
+        return self._quant_err[key]
+
+    # ---- costs shared by bound and evaluation --------------------------------------------
+    def _table(self, c: Config) -> CostTable:
+        # cp: a rank holds micro_batch sequences of seq_len/cp tokens, the work of micro_batch/cp
+        # sequences (attention included, with the causal 2*cp split): cost_models/epcp.py
+        mb = c.micro_batch if c.cp == 1 else c.micro_batch / c.cp
+        return self.coster.table(c.tp, c.sequence_parallel, c.recompute, mb)  # type: ignore[arg-type]
+
+    def epcp_why(self, tp: int, pp: int, cp: int, ep: int, recompute: str) -> str:
+        """``execution_rules.epcp_rule`` (what the runtime refuses) for these degrees; a pinned
+        sequence_parallel counts (otherwise cp/ep configurations are costed without SP)."""
+        return epcp_rule(cp=cp, ep=ep, tp=tp, pp=pp, seq_len=self.g.seq_len,
+                         num_experts=int(self.g.meta.get("num_experts", 0) or 0), recompute=recompute,
+                         quantized=self.quant, sequence_parallel=bool(self.fixed.get("sequence_parallel")))
+
+    def _epcp(self, c: Config) -> EPCPTerms:
+        return epcp_terms(self.g, self.cluster, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch, dtype=self.dtype,
+                          capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes, tp=c.tp,
+                          recompute=c.recompute, stride=c.tp)  # ep and cp groups: dc-row positions, tp apart
+
+    def _shard(self, c: Config) -> int:
+        """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):
+        a DP group's ranks are tp apart)."""
+        return shard_degree(c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node)
+
+    def _zero_divs(self, c: Config) -> tuple[int, int, int]:
+        """Divisors of (parameter, gradient, optimizer) bytes under ``c``'s ZeRO stage."""
+        s, z = self._shard(c), ZERO_STAGE[c.dp_kind]
+        return (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
+
+    def _states(self, params: float, c: Config) -> float:
+        return dp_state_bytes(params, c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node,
+                              optimizer=self.optimizer).total  # fmt: skip
+
+    def _optimizer_s(self, params: float, c: Config) -> float:
+        """Optimizer step: memory bound, 16 B/param read and written, on the rank's shard."""
+        local = params / self._zero_divs(c)[2]
+        return 2 * 16 * local / (self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)
+
+    def _dp_comm(self, params_bytes: float, grad_bytes: float, c: Config):  # -> dp_kinds.DPComm
+        # FSDP units at pp = 1: the runtime wraps every repeated block, then the root
+        units = sum(len(b.instances) for b in self.g.blocks) + 1
+        return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
+                       num_microbatches=c.num_microbatches, units=units)  # fmt: skip
+
+    def _pp_spans(self, c: Config) -> bool:
+        """Whether any pipeline send (rank r to r + 1, and the interleaved wrap) crosses nodes
+        (``comm.p2p_crosses_nodes``; pipeline ranks are dp·cp·tp apart in the mesh): the
+        pessimistic link for a stage split's p2p term."""
+        stride, dpn = c.dp * c.cp * c.tp, self.cluster.devices_per_node
+        return c.pp > 1 and any(p2p_crosses_nodes(r, (r + 1) % c.pp, stride, dpn) for r in range(c.pp))
+
+    def p2p_time(self, c: Config) -> Callable[[float], float]:
+        """Seconds of one stage-to-stage send of b bytes on ``c``'s slowest pipeline link."""
+        cross = self._pp_spans(c)
+        return lambda b: p2p_time_s(b, self.cluster, crosses_nodes=cross)
+
+    def lower_bound(self, c: Config) -> tuple[float, float]:
+        """(step-time lower bound, memory lower bound) without splitting or simulating."""
+        t = self._table(c)
+        P = self._prefix(t)
+        work = P["f"][-1] + P["b"][-1] + P["w"][-1]
+        avg_params = (P["params"][-1] - expert_params_saved(self.g, c.ep)) / c.pp  # ep: E/ep experts per rank
+        if self.quant:  # only trainable parameters are synced and stepped
+            dv = self._zero_divs(c)
+            step = c.num_microbatches * work / c.pp + self._optimizer_s(P["train"][-1] / c.pp, c)
+            mem = (P["sp"][-1] / dv[0] + P["sg"][-1] / dv[1] + P["so"][-1] / dv[2]) / c.pp
+        else:
+            step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
+            mem = self._states(avg_params, c)
+        if c.schedule == "gpipe" and c.pp > 1:
+            mem += c.num_microbatches * P["act"][-1] / c.pp
+        return step, mem
+
+    # ---- exact evaluation ----------------------------------------------------------------
+    def split(self, t: CostTable, num_stages: int, virtual_stages: int = 1) -> list[tuple[int, int]]:
+        """The time-balanced split, or under an engine's split rule the legal one with the smallest
+        bottleneck (``Searcher.configs`` only enumerates stage counts the rule can split)."""
+        rule = rule_for(self.split_rule, virtual_stages)
+        key = (id(t), num_stages, rule)
+        if key not in self._split_cache:
+            costs = [layer.total_s for layer in t.layers]
+            runs = balanced_split(costs, num_stages) if rule == "any" else rule_split(
+                costs, [x.kind == "block" for x in t.layers], rule, num_stages)  # fmt: skip
+            if runs is None:
+                raise ValueError(f"no {rule!r} split of {len(t.layers)} layers into {num_stages} stages")
+            self._split_cache[key] = runs
+        return self._split_cache[key]
+
+    def _prefix(self, t: CostTable) -> dict[str, list[float]]:
+        """Prefix sums of the per-layer columns of ``t`` (stage sums in O(1)), and under "largest" the
+        largest layer's parameter count."""
+        key = id(t)
+        if key not in self._prefix_cache:
+            cols: dict[str, list[float]] = {k: [0.0] for k in ("f", "b", "w", "rec", "tp", "params", "act")}
+            for x in t.layers:
+                for k, v in (("f", x.fwd_total_s), ("b", x.bwd_input_total_s), ("w", x.bwd_weight_s),
+                             ("rec", x.recompute_s), ("tp", x.tp_comm_s), ("params", x.param_count),
+                             ("act", x.act_bytes), ("sp", x.state_param_bytes), ("sg", x.state_grad_bytes),
+                             ("so", x.state_opt_bytes), ("train", x.trainable_params)):  # fmt: skip
+                    cols.setdefault(k, [0.0]).append(cols[k][-1] + v)
+            cols["largest"] = [max((x.param_count for x in t.layers), default=0.0)]
+            self._prefix_cache[key] = cols
+        return self._prefix_cache[key]
+
+    def _state_bytes_per_param(self, c: Config) -> ModelStateBytes:
+        key = (c.dp_kind, c.dp, c.tp)
+        if key not in self._bpp_cache:
+            self._bpp_cache[key] = dp_state_bytes(1.0, c.dp_kind, c.dp, stride=c.tp, optimizer=self.optimizer,
+                                                  devices_per_node=self.cluster.devices_per_node)  # fmt: skip
+        return self._bpp_cache[key]
+
+    def split_layers(self, c: Config) -> list[Any]:
+        """``c``'s layers as ``partition.stage_ilp.Layer`` (times, model states, activations, sends)."""
+        from meshplan.partition.stage_ilp import Layer
+
+        t = self._table(c)
+        per_param = self._state_bytes_per_param(c).total
+        dv = self._zero_divs(c)
+
+        def states(x: LayerCost) -> int:
+            if self.quant:
+                return int(x.state_param_bytes / dv[0] + x.state_grad_bytes / dv[1] + x.state_opt_bytes / dv[2])
+            return int(x.param_count * per_param)
+
+        return [
+            Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
+                  state_bytes=states(x), act_bytes=int(x.act_bytes), boundary_bytes=int(x.out_bytes))
+            for x in t.layers
+        ]  # fmt: skip
+
+    @staticmethod
+    def _transient(t: CostTable, runs: list[tuple[int, int]]) -> float:
+        """Bytes a rank holds on top of its stored activations while back-propagating: the
+        largest recompute transient of its layers (``LayerCost.transient_bytes``, one layer
+        re-run at a time), less the loss peak freed before any block's backward."""
+        layers = [x for a, b in runs for x in t.layers[a:b]]
+        worst = max((x.transient_bytes for x in layers), default=0.0)
+        return max(0.0, worst - sum(x.loss_bytes for x in layers))
+
+    def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:
+        """What a parameter-sharding kind holds unsharded (``dp_kinds.unsharded_buffer_bytes``:
+        two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
+        return unsharded_buffer_bytes(
+            c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self._elem_bytes, pp=c.pp,
+            largest_layer_params=self._prefix(self._table(c))["largest"][0],
+        )  # fmt: skip
+
+    def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
+        """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
+        when the time-balanced split does not fit; None when it finds none."""
+        from meshplan.errors import NoFeasiblePlanError
+        from meshplan.partition.stage_ilp import split_stages
+
+        if (
+            c.virtual_stages != 1
+            or self.split_rule != "any"  # the memory DP splits freely
+            or not 1 < c.pp <= 32
+            or self._rescues >= MAX_MEMORY_RESCUES
+        ):
+            return None
+        self._rescues += 1
+        try:
+            split = split_stages(
+                self.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule, virtual_stages=1,
+                mem_limit_bytes=self.mem_limit, method="dp", explain=False, p2p_time=self.p2p_time(c),
+            )  # fmt: skip
+        except (NoFeasiblePlanError, ValueError):
+            return None
+        return [tuple(r) for r in split.ranges]  # type: ignore[misc]

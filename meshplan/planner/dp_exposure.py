@@ -1,0 +1,59 @@
+"""Data-parallel communication as a step sees it: ``exposed_dp_s`` (the seconds of a DP kind's
+collectives that compute does not hide) and ``kind_note`` (why ``evaluate_auto`` replaced DDP by
+another kind, in numbers). Used by ``planner.evaluate``. No torch import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.planner.search_types import Evaluation
+
+
+def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: float, num_microbatches: int) -> float:
+    """Seconds of data-parallel communication ``d`` (a ``dp_kinds.DPComm``) compute does not hide::
+
+        max(0.1·sync, sync − B) + max(0.1·gather, gather − F) + m·E_mb
+
+    the gradient reduction overlaps the last microbatch's backward B (DDP buckets, Megatron
+    --overlap-grad-reduce), the once-per-step parameter all-gather the first forward F
+    (--overlap-param-gather, FSDP prefetch); at least a tenth of each stays exposed (the last
+    bucket, the first layer's gather). Per-microbatch collectives (FSDP at pp = 1) as FSDP2 runs
+    them over L units (``d.units``), each unit's all-gather prefetched one unit ahead of its
+    compute and its reduce-scatter issued when its backward ends (ag, ag_b, rs: one microbatch's
+    forward gathers, backward gathers (0 for zero2) and reduce-scatters + hsdp all-reduces;
+    F, B its forward and backward)::
+
+        E_mb = ag/L + (L−1)/L · max(0, ag − F)                   forward: the first unit waits
+             + ag_b/L + (L−1)/L · max(0, ag_b + rs − B) + rs/L    backward: first gather, last reduce
+
+    (``units`` 1 or no split: ``max(0, per_mb − T_mb)`` per microbatch + ``0.1·per_mb``).
+    Unit: seconds. Source: PyTorch FSDP2 ``fully_shard`` (implicit forward prefetch, backward
+    prefetch of one unit, reduce-scatter in its own stream).
+    """
+    out = 0.0
+    if d.sync_s:
+        out += max(0.1 * d.sync_s, d.sync_s - backward_s)
+    if d.gather_s:
+        out += max(0.1 * d.gather_s, d.gather_s - forward_s)
+    if d.per_microbatch_s and d.units > 1 and d.mb_forward_s:
+        L, ag_f, ag_b = d.units, d.mb_forward_s, d.mb_bwd_gather_s
+        bwd = d.per_microbatch_s - ag_f  # backward gathers + reduce-scatters (+ hsdp all-reduce)
+        rs = bwd - ag_b
+        e_mb = ag_f / L + (L - 1) / L * max(0.0, ag_f - forward_s)
+        e_mb += ag_b / L + (L - 1) / L * max(0.0, bwd - backward_s) + rs / L
+        out += num_microbatches * e_mb
+    elif d.per_microbatch_s:
+        out += num_microbatches * max(0.0, d.per_microbatch_s - microbatch_s) + 0.1 * d.per_microbatch_s
+    return out
+
+
+def kind_note(chosen: Evaluation, ddp: Evaluation) -> str:
+    """Why ``chosen``'s data-parallel kind replaced DDP (``ddp``, the default), in numbers."""
+    gib = 1024**3
+    k = chosen.config.dp_kind
+    if not ddp.fits:
+        return (f"{k} chosen because ddp does not fit: {ddp.max_mem_bytes / gib:.1f} GiB > "
+                f"{ddp.mem_limit_bytes / gib:.1f} GiB per device")  # fmt: skip
+    return (f"{k} chosen over ddp (which fits, {ddp.max_mem_bytes / gib:.1f} GiB): {chosen.step_s:.4g} s vs "
+            f"{ddp.step_s:.4g} s per step (bound), {chosen.max_mem_bytes / gib:.1f} GiB per device")  # fmt: skip

@@ -1,0 +1,129 @@
+"""The part of costing one configuration that does not depend on its data-parallel kind:
+``kind_free_terms`` (used by ``planner.evaluate.ConfigEvaluator.evaluate``, which memoizes it
+across the DP kinds ``evaluate_auto`` tries).
+
+For a configuration and a stage split (the evaluator's own, or given ``runs``) it computes per
+stage the forward / input-backward / weight-backward / recompute / TP seconds, parameters and
+stored activations (skip tensors passed through, tied-weight copies), the sends between stages
+on their links, the stage-to-rank placement of the schedule, the makespan (the schedule
+simulator when ``exact``, else its lower bound) and per pipeline rank the work, parameters,
+activations held (in-flight microbatches + recompute transient) and the EP/CP terms. The kind-
+dependent rest (model-state sharding, DP sync, optimizer) is ``ConfigEvaluator.evaluate``.
+No torch import.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
+from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
+from meshplan.cost_models.precision import fp8_weight_copy_bytes
+from meshplan.planner.pipeline_time import inflight, makespan_lower_bound, simulated_makespan
+from meshplan.planner.pipeline_time import placement as stage_placement
+from meshplan.planner.search_types import Config
+
+if TYPE_CHECKING:
+    from meshplan.planner.config_costs import ConfigCosts
+
+
+def kind_free_terms(
+    ev: ConfigCosts, c: Config, exact: bool, runs: list[tuple[int, int]] | None
+) -> SimpleNamespace:
+    """``c``'s DP-kind-free terms on evaluator ``ev`` (read only; see the module docstring)."""
+    t = ev._table(c)
+    n_st = c.pp * c.virtual_stages
+    m = c.num_microbatches
+    if runs is None:
+        runs = ev.split(t, n_st, c.virtual_stages) if n_st > 1 else [(0, len(t.layers))]
+    P = ev._prefix(t)
+
+    def col(k: str) -> list[float]:
+        arr = P[k]
+        return [arr[b] - arr[a] for a, b in runs]
+
+    st_f, st_b, st_w, st_rec, st_tp = col("f"), col("b"), col("w"), col("rec"), col("tp")
+    st_params, st_act = col("params"), col("act")
+    if n_st > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
+        st_act = [x + ev.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
+    if ev.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
+        st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
+    else:
+        st_q = [[p * ev._bpp0.params, p * ev._bpp0.grads, p * ev._bpp0.optimizer, p] for p in st_params]
+    frozen_tied = ev.coster.quant.mode == "qlora"
+    for i, (a, b) in enumerate(runs):  # a tied weight whose owner sits in another stage: a copy
+        for x in t.layers[a:b]:
+            for owner, numel in x.tied:
+                if not t.layers[a].node_start <= owner < t.layers[b - 1].node_end:
+                    st_params[i] += numel
+                    b0 = ev._bpp0
+                    extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
+                        numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
+                    st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
+    st_params0 = list(st_params)
+    st_sendb = [int(t.layers[b - 1].out_bytes) for _, b in runs]
+    ranks = range(c.pp)
+    placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
+    # stage i sends to stage i + 1 on the link between their pipeline ranks: NVLink when both
+    # sit in one node, else one NIC (comm.p2p_crosses_nodes)
+    stride, dpn = c.dp * c.cp * c.tp, ev.cluster.devices_per_node
+    st_send = [
+        p2p_time_s(sb, ev.cluster, crosses_nodes=i + 1 < n_st
+                   and p2p_crosses_nodes(placement[i], placement[i + 1], stride, dpn)) if sb else 0.0
+        for i, sb in enumerate(st_sendb)
+    ]  # fmt: skip
+    on_rank: list[list[int]] = [[] for _ in ranks]
+    for s_, r_ in enumerate(placement):
+        on_rank[r_].append(s_)
+    totals = [st_f[i] + st_b[i] + st_w[i] for i in range(n_st)]
+    rank_work = [sum(totals[i] for i in on_rank[r]) for r in ranks]
+    if exact:
+        makespan, bubble_frac = simulated_makespan(c, st_f, st_b, st_w, st_send)
+    else:
+        makespan, bubble_frac = makespan_lower_bound(c, st_f, totals, rank_work), 0.0
+    infl = [inflight(c, r) for r in ranks]
+    r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
+    r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
+    ec = ev._epcp(c)
+    ep_cut = [0.0 for _ in ranks]  # expert parameters a rank does not hold under ep
+    if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
+        # share of the layers on a rank ~ its share of the parameters (1 at pp = 1; the search
+        # only emits ep with pp = 1, a published ep x pp configuration is costed this way)
+        tot = sum(st_params) or 1.0
+        ep_cut = [ec.expert_params_saved * (p / tot) for p in r_params]
+        r_params = [p - e for p, e in zip(r_params, ep_cut)]
+        st_params = [p - ec.expert_params_saved * p / tot for p in st_params]
+    r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
+    r_act = [r_act[r] + ev._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
+    fp8_copy = fp8_weight_copy_bytes(ev._largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
+    worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
+    busiest = max(ranks, key=lambda r: rank_work[r])
+    on_b = on_rank[busiest]
+    tp_s = m * sum(st_tp[i] for i in on_b)
+
+    # p2p the busiest rank sends: outputs forward (not the last stage), input gradients backward
+    # (not the first: the boundary below); the simulated makespan times both directions already
+    def sends(xs: list) -> float:
+        return sum((xs[i] if i < n_st - 1 else 0) + (xs[i - 1] if i > 0 else 0) for i in on_b)
+
+    out = SimpleNamespace(
+        t=t, n_st=n_st, m=m, runs=runs, ranks=ranks, on_rank=on_rank, placement=placement, st_q=st_q,
+        st_params0=st_params0, st_params=st_params, st_act=st_act, st_sendb=st_sendb, rank_work=rank_work,
+        makespan=makespan, bubble_frac=bubble_frac, infl=infl, r_params=r_params, r_q=r_q, ec=ec,
+        r_act=r_act, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut,
+        # gradients synced: every parameter, or (quantized) only the trainable ones, reduced in
+        # fp32 on every precision as the runtime does (cost_models.grad_sync.GRAD_REDUCE_BYTES:
+        # fp32 master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in
+        # the training dtype
+        grad_bytes=(r_q[worst][3] if ev.quant else r_params[worst]) * GRAD_REDUCE_BYTES,
+        gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev._elem_bytes,
+        rank_b=[sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks],
+        rank_f=[sum(st_f[i] for i in on_rank[r]) for r in ranks],
+        tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b), compute=m * rank_work[busiest] - tp_s,
+        bubble=max(0.0, makespan - m * rank_work[busiest]),
+        pp_comm=m * sends(st_send) if c.pp > 1 else 0.0,
+        send_recv=int(m * sends(st_sendb)) if c.pp > 1 else 0,
+        stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
+    )  # fmt: skip
+    return out
