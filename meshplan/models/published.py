@@ -2,10 +2,12 @@
 
 ``case_model(case)`` builds a zoo model of the case's shape on the meta device (no weights):
 ``model.arch`` "llama" (RMSNorm, SwiGLU, grouped-query attention with ``kv_heads``, rotary,
-untied head: Llama 2/3, torchtitan) or "gpt" (the default: LayerNorm, GeLU MLP, learned
-positions, tied embeddings; ``bias`` false for MPT, whose ALiBi is stood in for by learned
-positions). ``case_graph(case)`` traces it at the case's sequence length (one microbatch
-sequence), memoized per shape for a sweep.
+untied head: Llama 2/3, torchtitan), "moe" (the same Llama with every feed-forward a sparse MoE:
+``num_experts`` SwiGLU experts of ``ffn_hidden`` each, ``top_k`` routed per token, optional
+``shared_ffn`` always-on experts: Mixtral, ``models/moe.py``; traced through ``tracing/moe.py``)
+or "gpt" (the default: LayerNorm, GeLU MLP, learned positions, tied embeddings; ``bias`` false
+for MPT, whose ALiBi is stood in for by learned positions). ``case_graph(case)`` traces it at
+the case's sequence length (one microbatch sequence), memoized per shape for a sweep.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import nn
 from meshplan.graph import ModelGraph
 
 _GRAPHS: dict[tuple[Any, ...], ModelGraph] = {}
+_ARCHS = ("gpt", "llama", "moe")
 
 
 def _arch(case: dict[str, Any]) -> str:
@@ -28,16 +31,23 @@ def case_model(case: dict[str, Any]) -> nn.Module:
     """The case's model on the meta device."""
     from meshplan.models.gpt import GPT, GPTConfig
     from meshplan.models.llama import Llama, LlamaConfig
+    from meshplan.models.meta_init import skip_init_on_meta
+    from meshplan.models.moe import MoEConfig, MoELlama
 
-    m = case["model"]
-    with torch.device("meta"):
-        if _arch(case) == "llama":
+    m, arch = case["model"], _arch(case)
+    if arch not in _ARCHS:
+        raise ValueError(f"published case {case['id']!r}: model.arch must be one of {_ARCHS}, got {arch!r}")
+    with torch.device("meta"), skip_init_on_meta():
+        if arch == "moe":
+            return MoELlama(MoEConfig(n_layer=m["layers"], n_head=m["heads"], n_kv_head=m.get("kv_heads") or m["heads"],
+                                      dim=m["hidden"], ffn_hidden=m["ffn_hidden"], vocab_size=m["vocab"],
+                                      max_seq_len=m["seq_len"], num_experts=m["num_experts"], top_k=m["top_k"],
+                                      shared_ffn=m.get("shared_ffn") or 0))  # fmt: skip
+        if arch == "llama":
             cfg = LlamaConfig(n_layer=m["layers"], n_head=m["heads"], n_kv_head=m.get("kv_heads") or m["heads"],
                               dim=m["hidden"], ffn_hidden=m["ffn_hidden"], vocab_size=m["vocab"],
                               max_seq_len=m["seq_len"])  # fmt: skip
             return Llama(cfg)
-        if _arch(case) != "gpt":
-            raise ValueError(f"published case {case['id']!r}: model.arch must be 'gpt' or 'llama', got {_arch(case)!r}")
         bias = m.get("bias", not case["id"].startswith("mpt"))
         return GPT(GPTConfig(n_layer=m["layers"], n_head=m["heads"], n_embd=m["hidden"], ffn_hidden=m["ffn_hidden"],
                              vocab_size=m["vocab"], block_size=m["seq_len"], bias=bias))  # fmt: skip
@@ -50,7 +60,8 @@ def case_graph(case: dict[str, Any]) -> ModelGraph:
 
     m = case["model"]
     key = (_arch(case), m["layers"], m["hidden"], m["heads"], m.get("kv_heads"), m["ffn_hidden"], m["seq_len"],
-           m["vocab"], m.get("bias", not case["id"].startswith("mpt")))  # fmt: skip
+           m["vocab"], m.get("bias", not case["id"].startswith("mpt")), m.get("num_experts"), m.get("top_k"),
+           m.get("shared_ffn"))  # fmt: skip
     if key not in _GRAPHS:
         model = case_model(case)
         _GRAPHS[key] = trace_model(model, default_inputs(model, device="meta"), name=case["id"])

@@ -64,7 +64,9 @@ def _dtype(text: Any) -> str:
 
 
 def case_setup(case: dict[str, Any]) -> dict[str, Any]:
-    """The authors' configuration as ``estimate_graph`` keywords (+ ``seq_len``)."""
+    """The authors' configuration as ``estimate_graph`` keywords: degrees (``ep`` borrows dp ranks),
+    microbatch, schedule, recompute kind, DP kind, precision, loss kernel, and the MoE load-balance
+    assumption ``training.capacity_factor`` where the case states one (else the cost model's)."""
     tr, ex = case["training"], case["expert_config"]
     tp, pp, dp = int(ex["tp"]), int(ex.get("pp") or 1), int(ex["dp"])
     B = int(tr["global_batch"])
@@ -78,7 +80,8 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         "recompute": _recompute(tr.get("recompute")), "dp_kind": kind if dp > 1 else None,
         "schedule": schedule if pp > 1 else "1f1b", "virtual_stages": v if pp > 1 else None,
         "sequence_parallel": bool(sp) if sp is not None else False, "dtype": _dtype(tr.get("precision")),
-        "loss_kernel": tr.get("loss_kernel"),
+        "loss_kernel": tr.get("loss_kernel"), "ep": int(ex.get("ep") or 1),
+        **({"capacity_factor": float(tr["capacity_factor"])} if tr.get("capacity_factor") else {}),
     }  # fmt: skip
 
 
@@ -113,7 +116,7 @@ def estimate_case(case: dict[str, Any], graph: ModelGraph) -> dict[str, Any]:
     pred_mem = comparable_mem_gib(case, peak, spec)
     return {
         "id": case["id"], "gpus": n, "cluster": spec.name, "plan": plan, "setup": setup,
-        "config": (f"tp{setup['tp']} pp{setup['pp']} dp{setup['dp']} mb{setup['micro_batch_size']} "
+        "config": (f"tp{setup['tp']} pp{setup['pp']} dp{setup['dp']}{_ep(setup['ep'])} mb{setup['micro_batch_size']} "
                    f"rc={setup['recompute']} {setup['dp_kind'] or ''}").strip(),
         "pred_tok": pred_tok, "meas_tok": meas_tok, "err": (pred_tok / meas_tok - 1) if meas_tok else None,
         "fits": not any("does not fit" in x for x in plan.notes), "peak_gib": peak / GiB,
@@ -131,8 +134,12 @@ _TERMS = (
 )  # fmt: skip
 
 
+def _ep(ep: int) -> str:
+    return f" ep{ep}" if ep > 1 else ""
+
+
 def _config(p: Any) -> str:
-    return (f"tp{p.tp} pp{p.pp} dp{p.dp} mb{p.micro_batch_size} {p.schedule if p.pp > 1 else ''} "
+    return (f"tp{p.tp} pp{p.pp} dp{p.dp}{_ep(p.ep)} mb{p.micro_batch_size} {p.schedule if p.pp > 1 else ''} "
             f"rc={p.recompute} {p.dp_kind}").replace("  ", " ")  # fmt: skip
 
 
@@ -142,7 +149,7 @@ def why_faster(expert: Any, auto: Any) -> str:
     one the runtime executes as costed (recompute kinds, DP kinds, schedules, microbatching:
     ``execution_rules`` keeps the search to what runs)."""
     changes = [f"{k} {a}→{b}" for k, a, b in (
-        ("tp", expert.tp, auto.tp), ("pp", expert.pp, auto.pp), ("dp", expert.dp, auto.dp),
+        ("tp", expert.tp, auto.tp), ("pp", expert.pp, auto.pp), ("dp", expert.dp, auto.dp), ("ep", expert.ep, auto.ep),
         ("microbatch", expert.micro_batch_size, auto.micro_batch_size), ("recompute", expert.recompute, auto.recompute),
         ("dp_kind", expert.dp_kind, auto.dp_kind), ("schedule", expert.schedule, auto.schedule)) if a != b]  # fmt: skip
     pe, pa = expert.predicted, auto.predicted
