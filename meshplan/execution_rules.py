@@ -47,7 +47,7 @@ def tp_pp_blocker(*, tp: int, pp: int, capture: str) -> str:
         return (
             "tp > 1 with pp > 1 is not executed for a model captured by torch.export (HF transformers "
             "models are): its pipeline stages keep no nn.Linear modules to apply TP styles to, and its "
-            "shapes are fixed in the graph; such plans are not searched (tp alone or pp alone run)"
+            "shapes are fixed in the graph; re-plan with tp = 1 or pp = 1 (each alone runs)"
         )
     return ""
 

@@ -29,6 +29,7 @@ from meshplan.execution_rules import (
     ZERO_BUBBLE_SCHEDULES,
     microbatch_blocker,
     tied_weight_blocker,
+    tp_pp_blocker,
 )
 from meshplan.models.calls import call_names, microbatch_example, split_inputs
 from meshplan.plan import Plan
@@ -122,7 +123,11 @@ def apply_plan(
         example_inputs = microbatch_example(example_inputs, plan.micro_batch_size)
         names = split_inputs(example_inputs)[0]
     if pp > 1:
-        gm, prefix = split.capture_graph(model, example_inputs)
+        cap = split.capture(model, example_inputs)
+        gm, prefix = cap.gm, cap.prefix
+        why = tp_pp_blocker(tp=plan.tp, pp=pp, capture=cap.kind)  # the rule the search obeys
+        if why:
+            raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}; this model's fx capture: {cap.fx_error}")
         if plan.tp > 1:
             head = lpmod.vocab_head(gm, prefix, styles, plan.tp_gathered_outputs)
         pieces = split.split_stages(gm, ordered)
@@ -174,7 +179,6 @@ def apply_plan(
             notes.append(f"loss_parallel: {head} output kept sharded over the vocabulary (no gathered logits)")
         vs = [head] if head else []
         for r in roots:
-            _check_tp_modules(r, styles)
             if sp and pp > 1:
                 tp.apply_stage_sequence_parallel(r, env.mesh["tp"], styles, tp.block_fqns(model),
                                                  plan.tp_gathered_outputs, vocab_sharded=vs)
@@ -325,13 +329,3 @@ class _StageLoss:
 def _sub_or_self(m: nn.Module, prefix: str) -> nn.Module:
     return m.get_submodule(prefix.rstrip(".")) if prefix else m
 
-
-def _check_tp_modules(root: nn.Module, styles: dict[str, str]) -> None:
-    mods = dict(root.named_modules())
-    bad = [f for f, s in styles.items() if s != "replicate" and f in mods
-           and not isinstance(mods[f], (nn.Linear, nn.Embedding))]
-    if bad:
-        raise PlanMismatchError(
-            f"TP styles name modules that are not nn.Linear/nn.Embedding in this stage: {bad[:4]} "
-            "(a torch.export capture keeps no Linear modules); TP inside pipeline stages needs an fx capture"
-        )

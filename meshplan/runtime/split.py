@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
@@ -40,6 +40,9 @@ from torch import nn
 
 from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan, StageSpec
+
+if TYPE_CHECKING:
+    from meshplan.tracing.capture import Captured
 
 
 @dataclass
@@ -52,19 +55,26 @@ class StagePiece:
     outputs: tuple[str, ...]
 
 
-def capture_graph(model: nn.Module, example_inputs: Any) -> tuple[torch.fx.GraphModule, str]:
+def capture(model: nn.Module, example_inputs: Any) -> Captured:
     """Capture ``model`` the way the planner's tracer does, so fx node names agree.
 
-    ``example_inputs``: a tensor, tuple or dict (``meshplan.models.calls``). Returns (graph
-    module, FQN prefix): a HF model (or one called by keyword) is captured through a wrapper, so
-    its FQNs in the graph start with ``"model."``. Mixture-of-experts blocks (one planning op in the
-    capture) are called as the real blocks (``tracing.moe.restore_moe_blocks``).
+    ``example_inputs``: a tensor, tuple or dict (``meshplan.models.calls``). A HF model (or one
+    called by keyword) is captured through a wrapper, so its FQNs in the graph start with the
+    returned ``prefix`` (``"model."``); ``kind`` says whether fx or torch.export made the graph.
+    Mixture-of-experts blocks (one planning op in the capture) are called as the real blocks
+    (``tracing.moe.restore_moe_blocks``).
     """
     from meshplan.trace import capture_full  # the shared entry point (docs/architecture.md)
     from meshplan.tracing.moe import restore_moe_blocks
 
     cap = capture_full(model, example_inputs)
     restore_moe_blocks(cap.gm, cap.root)  # MoE blocks captured as one planning op run as themselves
+    return cap
+
+
+def capture_graph(model: nn.Module, example_inputs: Any) -> tuple[torch.fx.GraphModule, str]:
+    """``capture``'s (graph module, FQN prefix)."""
+    cap = capture(model, example_inputs)
     return cap.gm, cap.prefix
 
 
