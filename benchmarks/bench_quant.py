@@ -4,7 +4,7 @@ For a small zoo GPT (default 4 layers, hidden 256, seq 128, batch 4, fp32, AdamW
 steps with no quantization, QAT (int4 weights, group 32) and QLoRA (NF4 base, LoRA rank 16) and
 prints a markdown table: median step seconds, model-state bytes (parameters as stored + gradients
 + AdamW states of the trainable parameters, summed from the real tensors) and the cost model's
-prediction of the same bytes (``meshplan.cost_models.quant.quant_state_bytes`` on the traced
+prediction of the same bytes (``meshplan.cost_models.quant_nodes.quant_state_bytes`` on the traced
 graph, precision fp32). Run: ``python benchmarks/bench_quant.py [--layers 4 --hidden 256]``.
 """
 
@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from meshplan.cost_models.quant import quant_state_bytes
+from meshplan.cost_models.quant_nodes import quant_state_bytes
 from meshplan.models.gpt import GPT, GPTConfig
 from meshplan.plan import Quantization
 from meshplan.runtime.quant import apply_quantization

@@ -9,7 +9,7 @@ import pytest
 
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
-from meshplan.cost_models.profile import byte_sizes, fit_alpha_beta
+from meshplan.cost_models.profile_comm import byte_sizes, fit_alpha_beta
 
 
 def test_byte_sizes() -> None:
@@ -113,8 +113,8 @@ def test_profile_cli_rejects_bad_eager_shapes() -> None:
 
 
 def test_noisy_timings_fall_back_to_bounds() -> None:
-    from meshplan.cost_models.profile import _fit_or_bound
+    from meshplan.cost_models.profile_comm import fit_or_bound
 
     pts = [(4096, 2e-3), (65536, 1e-3)]  # noise: the larger message was faster
-    alpha, bw = _fit_or_bound(pts, "all_reduce", 2, lambda _msg: None)
+    alpha, bw = fit_or_bound(pts, "all_reduce", 2, lambda _msg: None)
     assert alpha == pytest.approx(2e-3 / 2) and bw == pytest.approx(65536 / 1e-3)

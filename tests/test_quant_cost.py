@@ -1,4 +1,4 @@
-"""Pure cost model of quantized training (meshplan.cost_models.quant) against hand arithmetic."""
+"""Pure cost model of quantized training (meshplan.cost_models.quant, quant_nodes) against hand arithmetic."""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ from meshplan.cost_models.quant import (
     lora_param_count,
     lora_trainable_per_rank,
     nf4_bits_per_param,
-    node_quant_cost,
     qlora_memory_bytes,
     quant_constraint_errors,
-    quant_node_time,
-    quant_state_bytes,
     quantized_param_bytes,
 )
+from meshplan.cost_models.quant_nodes import node_quant_cost, quant_node_time, quant_state_bytes
 from meshplan.graph import GraphNode
 from meshplan.plan import Quantization
 

@@ -13,11 +13,18 @@ only the smallest size is measured. No torch import here.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 Log = Callable[[str], None]
+
+
+def log_stderr(msg: str) -> None:
+    """The default progress line of ``meshplan profile``."""
+    print(f"[meshplan profile] {msg}", file=sys.stderr, flush=True)
+
 
 #: phase -> share of the budget still left when the phase starts
 SHARES = {"matmul": 0.35, "memory": 0.1, "eager": 0.3, "overhead": 0.15, "collectives": 1.0}

@@ -26,7 +26,7 @@ re-costed at each microbatch size in the bucket (the placement hardly moves with
 ILP stays out of the search's inner loop).
 Block instances of one type share one costed row.
 
-With a ``Quantization`` (QAT or QLoRA), linear nodes are timed by ``cost_models.quant.
+With a ``Quantization`` (QAT or QLoRA), linear nodes are timed by ``cost_models.quant_nodes.
 quant_node_time`` (fake-quantize passes; NF4 dequantization + LoRA GEMMs, no base weight-grad
 GEMM) and each layer also carries its model-state bytes (``quant_state_bytes``: NF4 base,
 fp32 LoRA factors with gradients and optimizer states, frozen weights without either), its
@@ -41,7 +41,7 @@ from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import loss_buffer_bytes, node_activation_bytes, recompute_transient_bytes
 from meshplan.cost_models.precision import activation_dtype
-from meshplan.cost_models.quant import node_quant_cost, quant_node_time, quant_state_bytes
+from meshplan.cost_models.quant_nodes import node_quant_cost, quant_node_time, quant_state_bytes
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.partition.cuts import layer_ranges
 from meshplan.plan import Quantization
