@@ -28,7 +28,7 @@ def test_cases_keep_their_sources_and_memory_figures() -> None:
     setup = case_setup(next(c for c in CASES if c["id"] == "tt-llama3.1-8b-h100-8gpu-fsdp"))
     assert setup["recompute"] == "op" and setup["dp_kind"] == "fsdp" and setup["micro_batch_size"] == 2
     spec = case_cluster(next(c for c in CASES if c["id"] == "tt-llama3.1-8b-h100-8gpu-fsdp"))
-    assert spec.mem_bytes == 96 * 10**9 and spec.peak_flops["bf16"] == pytest.approx(912e12)
+    assert spec.mem_bytes == 96 * 10**9 and spec.peak_flops["bf16"] == pytest.approx(886e12)
 
 
 @pytest.mark.parametrize("case", FAST, ids=[c["id"] for c in FAST])
