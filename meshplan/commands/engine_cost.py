@@ -10,6 +10,9 @@ from typing import Any
 
 from meshplan.engines.spec import EngineSpec
 
+#: engines whose TP plan always shards the token embedding over the vocabulary
+VOCAB_PARALLEL_ENGINES = ("megatron", "torchtitan")
+
 
 def trace_graph(model: str, seq_len: int | None = None, input_shapes: dict | None = None) -> Any:
     """The model's graph on the meta device (from the trace cache when it holds it)."""
@@ -35,4 +38,7 @@ def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = N
         cluster=cluster, dtype=spec.dtype, cp=spec.cp, ep=spec.ep,
         split_rule=CAPS[engine].split if engine in CAPS else "any",
         blocks_per_stage=spec.layers_per_stage if spec.pp > 1 and spec.layers_per_stage else None,
+        # Megatron's VocabParallelEmbedding and torchtitan's RowwiseParallel tok_embeddings shard the
+        # token embedding over the vocabulary under TP (tp_strategies)
+        vocab_parallel_embedding=engine in VOCAB_PARALLEL_ENGINES,
     )  # fmt: skip

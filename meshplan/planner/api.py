@@ -160,6 +160,7 @@ def estimate_graph(
     split_rule: str = "any",
     blocks_per_stage: tuple[int, ...] | None = None,
     loss_kernel: str | None = None,
+    vocab_parallel_embedding: bool = False,
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
@@ -168,7 +169,10 @@ def estimate_graph(
     exactly ``blocks_per_stage`` repeated blocks per stage (an engine configuration's own).
     ``loss_kernel`` (``cost_models.memory.LOSS_KERNELS``) prices another engine's cross-entropy
     when costing its configuration (e.g. "fused" for Megatron-LM's or llm-foundry's); None is
-    what meshplan's runtime runs."""
+    what meshplan's runtime runs. ``vocab_parallel_embedding`` costs the engines' TP layout of the
+    token embedding (Megatron-LM's VocabParallelEmbedding, torchtitan's RowwiseParallel
+    tok_embeddings: sharded over the vocabulary, tied head too); False is meshplan's runtime
+    (a tied embedding and head replicated, an untied one as the placement ILP chooses)."""
     q = resolve_quantization(quantization)
     fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute,
                              "cp": cp, "ep": ep}
@@ -206,7 +210,8 @@ def estimate_graph(
     if ep > 1 and ((dp * cp) % ep or not experts or experts % ep):
         raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} and the model's experts ({experts or 'none: not a MoE'})")
     t0 = time.perf_counter()
-    coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, loss_kernel=loss_kernel)
+    coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, loss_kernel=loss_kernel,
+                         vocab_parallel_embedding=vocab_parallel_embedding)  # fmt: skip
     searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
                         split_rule=split_rule)  # fmt: skip
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)

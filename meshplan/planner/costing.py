@@ -46,6 +46,7 @@ from meshplan.graph import GraphNode, ModelGraph
 from meshplan.partition.cuts import layer_ranges
 from meshplan.plan import Quantization
 from meshplan.planner.tp_graph import GraphTPSolution, solve_tp
+from meshplan.planner.tp_types import collective_passes
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,11 @@ class GraphCoster:
         quantization: Quantization | None = None,
         optimizer: str = "adam",
         loss_kernel: str | None = None,
+        vocab_parallel_embedding: bool = False,
     ):
         self.g = graph
+        # the engines' TP layout (tp_strategies): the token embedding always vocab-parallel
+        self.vocab_parallel = vocab_parallel_embedding
         self.loss_kernel = loss_kernel  # memory.LOSS_KERNELS key; None = what the runtime runs
         self.quant = quantization or Quantization()
         self.optimizer = optimizer
@@ -187,7 +191,7 @@ class GraphCoster:
         if key not in self._tp:
             sol = solve_tp(
                 self.g, tp, self.cluster, sequence_parallel=sp, batch_scale=ref / max(1, self.g.batch_size),
-                dtype=self.dtype, time_limit_s=self.time_limit_s,
+                dtype=self.dtype, time_limit_s=self.time_limit_s, vocab_parallel=self.vocab_parallel,
             )  # fmt: skip
             self.ilp_solves += sol.solves
             self.ilp_seconds += sol.seconds
@@ -216,9 +220,9 @@ class GraphCoster:
                 layer = self._cost_layer(name, a, b, kind, tid, sol, recompute, scale)
                 if tid:
                     by_type[tkey] = layer
-            for _, k, v in self._layer_events(a, b, tid, sol):
+            for nid, k, v in self._layer_events(a, b, tid, sol):
                 comm_total[k] = comm_total.get(k, 0) + int(
-                    2 * v * scale * self.g.batch_size / sol.micro_batch
+                    collective_passes(self.g.nodes[nid].kind, k) * v * scale * self.g.batch_size / sol.micro_batch
                 )
             layers.append(layer)
         table = CostTable(tp, sp, recompute, micro_batch, layers, sol, comm_total)
@@ -277,7 +281,7 @@ class GraphCoster:
         """TP comm of one layer per microbatch: the placement's collectives re-costed at ``scale``
         (the ILP ran at ``placement_bucket`` sequences)."""
         factor = scale * self.g.batch_size / sol.micro_batch
-        return _events_comm_s(self._layer_events(a, b, tid, sol), factor, sol.tp, self.cluster)
+        return _events_comm_s(self._layer_events(a, b, tid, sol), factor, sol.tp, self.cluster, self.g)
 
     def _cost_layer(
         self,
@@ -451,9 +455,11 @@ def _saved_shard(n: GraphNode, sol: GraphTPSolution) -> int:
 
 
 def _events_comm_s(
-    events: list[tuple[int, str, float]], factor: float, tp: int, cluster: ClusterSpec
+    events: list[tuple[int, str, float]], factor: float, tp: int, cluster: ClusterSpec, graph: ModelGraph
 ) -> float:
-    """Forward + backward seconds of the placement's collectives at ``factor`` × their bytes."""
+    """Forward + backward seconds of the placement's collectives at ``factor`` × their bytes
+    (``tp_types.collective_passes``: twice, once for a vocab-parallel embedding's all-reduce)."""
     from meshplan.planner.tp_ilp import _collective_time
 
-    return sum(2 * _collective_time(kind, nbytes * factor, tp, cluster) for _, kind, nbytes in events)
+    return sum(collective_passes(graph.nodes[nid].kind, kind) * _collective_time(kind, nbytes * factor, tp, cluster)
+               for nid, kind, nbytes in events)  # fmt: skip

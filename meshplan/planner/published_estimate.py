@@ -82,6 +82,9 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         "sequence_parallel": bool(sp) if sp is not None else False, "dtype": _dtype(tr.get("precision")),
         "loss_kernel": tr.get("loss_kernel"), "ep": int(ex.get("ep") or 1),
         **({"capacity_factor": float(tr["capacity_factor"])} if tr.get("capacity_factor") else {}),
+        # every engine of the published runs (Megatron-LM, torchtitan, llm-foundry at tp 1) shards the
+        # token embedding over the vocabulary under TP
+        "vocab_parallel_embedding": True,
     }  # fmt: skip
 
 

@@ -64,10 +64,12 @@ def solve_tp(
     batch_scale: float = 1.0,
     dtype: str = "bf16",
     time_limit_s: float = 10.0,
+    vocab_parallel: bool = False,
 ) -> GraphTPSolution:
     """Place every linear of ``graph`` for a TP degree: one ILP per block type (reused for all
     its instances) and one for the rest. Costs are per microbatch of ``batch_scale`` × the
-    traced batch."""
+    traced batch. ``vocab_parallel``: the engines' layout (Megatron-LM, torchtitan) where the
+    token embedding is always vocab-parallel; else what meshplan's runtime runs."""
     t0 = time.perf_counter()
     styles: dict[str, str] = {}
     gathered: set[str] = set()
@@ -126,7 +128,7 @@ def solve_tp(
     if rest:
         sol = solve_segment(
             graph, rest, tp, cluster, sequence_parallel=sequence_parallel, batch_scale=batch_scale,
-            dtype=dtype, time_limit_s=time_limit_s, name="tp_rest",
+            dtype=dtype, time_limit_s=time_limit_s, name="tp_rest", vocab_parallel=vocab_parallel,
         )  # fmt: skip
         solves += 1
         account(sol, "rest", 1)

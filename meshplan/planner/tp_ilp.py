@@ -72,6 +72,7 @@ from meshplan.planner.tp_types import (
     TPSolution,
     _collective_time,
     _elem_scale,
+    collective_passes,
 )
 
 __all__ = ["MEM_WEIGHT_S_PER_BYTE", "STATES", "TRANSITIONS", "Strategy", "TPSolution", "TPPlacementILP",
@@ -92,6 +93,7 @@ class TPPlacementILP(TPStrategies):
         dtype: str = "bf16",
         mem_weight_s_per_byte: float = MEM_WEIGHT_S_PER_BYTE,
         name: str = "tp",
+        vocab_parallel: bool = False,
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
@@ -104,6 +106,7 @@ class TPPlacementILP(TPStrategies):
         self.batch_scale = batch_scale
         self.dtype = dtype
         self.lam = mem_weight_s_per_byte
+        self.vocab_parallel = vocab_parallel
         self.boundary = "Q" if sequence_parallel else "R"
         self.hidden = int(graph.meta.get("hidden") or 0)
         self.prob = pulp.LpProblem(name, pulp.LpMinimize)
@@ -137,6 +140,10 @@ class TPPlacementILP(TPStrategies):
         """Bytes of ``src``'s output per microbatch in the training dtype."""
         n = self.g.nodes[src]
         return n.out_bytes * self.batch_scale * _elem_scale(n.out_dtype, self.dtype)
+
+    def passes(self, u: int, a: str, b: str) -> int:
+        """Forward + backward count of the collective a→b on ``u``'s output (``collective_passes``)."""
+        return collective_passes(self.g.nodes[u].kind, TRANSITIONS[(a, b)])
 
     def comm_cost_s(self, a: str, b: str, nbytes: float) -> float:
         kind = TRANSITIONS[(a, b)]
@@ -244,15 +251,16 @@ class TPPlacementILP(TPStrategies):
                     self.prob += self.x[u, k] == 0, f"boundary_out__{ci}"
                     ci += 1
                 else:
-                    c = 2 * self.comm_cost_s(s.out_state, want, self.edge_bytes(u))
+                    c = self.passes(u, s.out_state, want) * self.comm_cost_s(s.out_state, want, self.edge_bytes(u))
                     self._boundary_out_cost[u, k] = c
 
     def add_tied(self) -> None:
         """Tied embedding/linear pairs: vocab-parallel embedding iff colwise head."""
         groups: dict[str, list[int]] = {}
+        canon = {name: grp[0] for grp in self.g.tied_params for name in grp}  # wte.weight = lm_head.weight
         for nid in self.ids:
             n = self.g.nodes[nid]
-            for p in set(n.param_names) | set(n.shared_params):
+            for p in {canon.get(q, q) for q in set(n.param_names) | set(n.shared_params)}:
                 groups.setdefault(p, []).append(nid)
         ci = 0
         for members in groups.values():
@@ -305,7 +313,7 @@ class TPPlacementILP(TPStrategies):
                 c += self._boundary_out_cost.get((nid, k), 0.0)
                 terms.append(c * self.x[nid, k])
         for (u, a, b), var in self.w.items():
-            terms.append(2 * self.comm_cost_s(a, b, self.edge_bytes(u)) * var)
+            terms.append(self.passes(u, a, b) * self.comm_cost_s(a, b, self.edge_bytes(u)) * var)
         self.prob += pulp.lpSum(terms)
 
     def build(self) -> pulp.LpProblem:
@@ -352,8 +360,9 @@ class TPPlacementILP(TPStrategies):
             if kind is None or self.tp == 1:
                 return
             events.append((nid, kind, nbytes))
-            comm_s += 2 * self.comm_cost_s(a, b, nbytes)
-            comm_bytes[kind] = comm_bytes.get(kind, 0) + int(2 * nbytes)
+            n_pass = self.passes(nid, a, b)
+            comm_s += n_pass * self.comm_cost_s(a, b, nbytes)
+            comm_bytes[kind] = comm_bytes.get(kind, 0) + int(n_pass * nbytes)
 
         needed: dict[tuple[int, str], str] = {}  # (producer, target state) -> its state, once
         for nid in self.ids:
@@ -415,12 +424,14 @@ def solve_segment(
     prefix: str | None = None,
     time_limit_s: float = 10.0,
     name: str = "tp",
+    vocab_parallel: bool = False,
 ) -> TPSolution:
     """Solve the placement of one segment; ``prefix`` (a block instance, e.g. "blocks.0") makes
-    ``rel_styles`` relative FQNs such as "attn.q_proj"."""
+    ``rel_styles`` relative FQNs such as "attn.q_proj". ``vocab_parallel``: the engines' layout
+    (the token embedding always vocab-parallel, a tied head with it; ``tp_strategies``)."""
     ilp = TPPlacementILP(
         graph, node_ids, tp, cluster, sequence_parallel=sequence_parallel, batch_scale=batch_scale,
-        dtype=dtype, name=name,
+        dtype=dtype, name=name, vocab_parallel=vocab_parallel,
     )  # fmt: skip
     sol = ilp.solve(time_limit_s=time_limit_s)
     if prefix:

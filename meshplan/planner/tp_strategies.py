@@ -4,7 +4,10 @@ Strategies ``k ∈ K(n)`` of a node ``n`` (each fixes the state every input must
 state of its output; ``shard(k)`` divides its work)::
 
     linear       colwise R→S (t) · rowwise S→P (t) · replicate R→R (1)
-    embedding    rowwise (vocab-parallel) R→P (t) · replicate R→R (1)
+    embedding    rowwise (vocab-parallel) R→P (t) · replicate R→R (1); a tied token embedding and
+                 its head: replicate only (the runtime keeps tied weights whole, ``runtime/tp.py``);
+                 under the engines' layout (``vocab_parallel``: Megatron's VocabParallelEmbedding,
+                 torchtitan's RowwiseParallel tok_embeddings) the token embedding is rowwise only
     attention    heads S→S (t; needs t | heads, t | kv_heads, no per-head mask/bias input) · R→R (1)
     matmul       S→S (t) · R→R (1)
     reshape      s→s for s ∈ {R, S, P, Q}; a split/chunk that cuts the sharded feature dim (a
@@ -37,6 +40,7 @@ class TPStrategies:
     hidden: int
     boundary: str
     idset: set[int]
+    vocab_parallel: bool = False  # the engines' layout: the token embedding always vocab-parallel
 
     def _heads_ok(self) -> bool:
         heads = int(self.g.meta.get("num_heads") or 0)
@@ -64,6 +68,8 @@ class TPStrategies:
             return [rep]
         k = n.kind
         seq_ok = self._seq_ok()
+        if k in ("linear", "embedding") and not self.vocab_parallel and self._tied(n):
+            return [rep]  # meshplan's runtime keeps a tied weight replicated (runtime/tp.effective_styles)
         if k == "linear":
             out: list[Strategy] = [rep]
             fin, fout = n.attrs.get("in_features"), n.attrs.get("out_features")
@@ -75,7 +81,10 @@ class TPStrategies:
         if k == "embedding":
             vocab = n.attrs.get("num_embeddings")
             ok = vocab is None or vocab % t == 0
-            return [rep] + ([Strategy("rowwise", "R", "P", t, "rowwise")] if ok else [])
+            row = Strategy("rowwise", "R", "P", t, "rowwise")
+            if ok and self.vocab_parallel and vocab and vocab == int(self.g.meta.get("vocab") or 0):
+                return [row]
+            return [rep] + ([row] if ok else [])
         if k == "matmul":
             return [rep, Strategy("heads", "S", "S", t)]
         if k == "attention":
@@ -108,7 +117,13 @@ class TPStrategies:
         if len(n.inputs) != 1 or not vocab or vocab % self.tp:
             return False
         src = self.g.nodes[n.inputs[0]]
-        return src.kind == "linear" and src.attrs.get("out_features") == vocab and not src.shared_params
+        untied = not src.shared_params or self.vocab_parallel  # engines shard a tied head's logits too
+        return src.kind == "linear" and src.attrs.get("out_features") == vocab and untied
+
+    def _tied(self, n: GraphNode) -> bool:
+        """``n`` reads a weight another module shares (``ModelGraph.tied_params``: GPT-2's wte/lm_head)."""
+        names = set(n.param_names) | set(n.shared_params)
+        return any(len(grp) > 1 and names & set(grp) for grp in self.g.tied_params)
 
     def _keeps_shard(self, n: GraphNode) -> bool:
         """A view/transpose keeps S; a split/chunk keeps it only when it does not cut the

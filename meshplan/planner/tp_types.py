@@ -62,6 +62,18 @@ class TPSolution:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def collective_passes(node_kind: str, collective: str | None) -> int:
+    """How many times the ``collective`` of a transition out of a node of ``node_kind`` runs per microbatch
+    (forward + backward): 2 (the backward mirrors the forward: a rowwise linear's all-reduce pairs
+    with its colwise partner's input-gradient all-reduce, a reduce-scatter with an all-gather),
+    but 1 for the all-reduce of a vocab-parallel embedding's partial sums (P→R): its input is
+    token ids, which take no gradient, and the backward of DTensor's Partial→Replicate (Megatron's
+    ``reduce_from_tensor_model_parallel_region``) is the identity."""
+    if collective is None:
+        return 0
+    return 1 if node_kind == "embedding" and collective == "all_reduce" else 2
+
+
 def _collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) -> float:
     from meshplan.cost_models.comm import group_collective_s
 
