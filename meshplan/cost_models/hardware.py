@@ -58,6 +58,9 @@ class ClusterSpec:
     # fraction of peak the fused (flash) attention kernel reaches on its real work, forward +
     # backward (``cost_models.efficiency``); 0 = ``matmul_efficiency``
     attention_efficiency: float = 0.0
+    # SMs a running NCCL collective occupies (one CTA per channel; presets: NCCL's MAXCHANNELS 32):
+    # compute that overlaps it runs on the others (``cost_models.contention``); 0 = not modelled
+    comm_sms: int = 0
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -100,6 +103,9 @@ class ClusterSpec:
                 raise bad(name, f"must be in (0, 1], got {v!r}")
         if not isinstance(self.sm_count, int) or isinstance(self.sm_count, bool) or self.sm_count < 0:
             raise bad("sm_count", f"must be a non-negative integer (0 = unknown), got {self.sm_count!r}")
+        if (not isinstance(self.comm_sms, int) or isinstance(self.comm_sms, bool) or self.comm_sms < 0
+                or (self.sm_count and self.comm_sms >= self.sm_count)):  # fmt: skip
+            raise bad("comm_sms", f"must be an integer in [0, sm_count) (0 = not modelled), got {self.comm_sms!r}")
         if not (isinstance(self.attention_efficiency, (int, float)) and 0 <= self.attention_efficiency <= 1):
             raise bad("attention_efficiency", f"must be in [0, 1] (0 = matmul_efficiency), got {self.attention_efficiency!r}")
         if self.mem_reserved_bytes >= self.mem_bytes:
@@ -286,6 +292,7 @@ def _make(
             matmul_efficiency=matmul_efficiency,
             sm_count=sm_count,
             attention_efficiency=attention_efficiency,
+            comm_sms=NCCL_MAX_CHANNELS,
             source=source,
         )
 
@@ -307,6 +314,11 @@ _MATMUL_EFF = {"a100-40g": 0.60, "a100-80g": 0.60, "h100": 0.55, "h200": 0.55, "
 # FlashAttention-2 kernel: its attention stays at matmul_efficiency.
 FA2_A100 = 0.53
 FA2_H100 = 0.35
+
+# comm_sms: the CTAs (one SM each) a bandwidth-bound NCCL collective runs on: NCCL's channel cap
+# MAXCHANNELS = 32 (src/include/device.h), which its ring search reaches on NVSwitch nodes for DP
+# buckets and FSDP units (cost_models/contention.py); NCCL_MAX_CTAS or a profile sets another
+NCCL_MAX_CHANNELS = 32
 
 PRESETS = {
     "a100-40g": _make(
