@@ -123,7 +123,8 @@ def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: 
     configuration ("" when it can). What runs (``runtime/epcp.py``): cp and ep under data
     parallelism and tensor parallelism (TP inside attention and dense layers, ring attention on
     the rank's local heads, MoE blocks replicated over tp), full recomputation (a checkpointed block
-    re-enters ring attention when it re-runs). ``num_experts`` 0: unknown here (the runtime checks
+    re-enters ring attention when it re-runs) and selective recomputation (each ring attention call
+    checkpointed, its re-run replaying its ring shifts in backward). ``num_experts`` 0: unknown here (the runtime checks
     the model)."""
     if cp == 1 and ep == 1:
         return ""
@@ -137,9 +138,6 @@ def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: 
         return f"{what} with sequence_parallel is not executed; re-plan with sequence_parallel off"
     if cp > 1 and (seq_len <= 0 or seq_len % (2 * cp)):
         return f"seq_len {seq_len} is not divisible by 2*cp = {2 * cp} (causal load balancing)"
-    if cp > 1 and recompute == "selective":
-        return (f"{what} with recompute=selective is not executed (ring attention replaces the attention "
-                "call that selective recomputation checkpoints); re-plan with recompute none or full")
     if ep > 1 and num_experts and num_experts % ep:
         return f"ep={ep} does not divide the {num_experts} experts"
     return ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -28,10 +30,13 @@ def test_cp_ring_formula_and_overlap():
     kv = cp_kv_bytes(1, 8192, 4, 8, 128, 2)
     assert kv == 2 * 1 * 2048 * 8 * 128 * 2
     step = collective_time_s("send_recv", kv, 2, H100)
-    # the executed ring waits for every block: (cp - 1) transfers forward and backward, all exposed
-    assert cp_ring_exposed_s(kv, 4, 1.0, H100) == pytest.approx(2 * 3 * step)
-    # a ring that overlaps transfers with block compute hides them when a block outlasts a transfer
-    assert cp_ring_exposed_s(kv, 4, 8 * step, H100, overlap=1.0) == 0.0
+    # no compute to hide behind: (cp - 1) transfers forward and backward, all exposed
+    assert cp_ring_exposed_s(kv, 4, 0.0, H100) == pytest.approx(2 * 3 * step)
+    # the executed ring posts each shift before the step's blocks: a step lasts max(blocks, transfer)
+    assert cp_ring_exposed_s(kv, 4, 4 * 2 * step, H100) == 0.0  # a step's blocks outlast a transfer
+    # blocks of half a transfer forward (the backward's twice as long hides it): 3 x step/2 exposed
+    assert cp_ring_exposed_s(kv, 4, 4 * step / 2, H100) == pytest.approx(3 * step / 2)
+    assert cp_ring_exposed_s(kv, 4, 4 * step / 2, H100, forward_passes=2) == pytest.approx(3 * step)
     assert cp_ring_exposed_s(kv, 1, 1.0, H100) == 0.0
 
 
@@ -43,8 +48,7 @@ def test_rule_refuses_what_the_runtime_cannot_run():
     assert "pipeline" in epcp_rule(**{**ok, "pp": 2})
     assert "sequence_parallel" in epcp_rule(**{**ok, "tp": 2, "sequence_parallel": True})
     assert "2*cp" in epcp_rule(**{**ok, "seq_len": 30})
-    assert "selective" in epcp_rule(**{**ok, "recompute": "selective"})
-    assert "selective" not in epcp_rule(**{**ok, "cp": 1, "recompute": "selective"})  # ep alone: any recompute
+    assert epcp_rule(**{**ok, "recompute": "selective"}) == ""  # the checkpointed ring call replays its shifts
     assert "experts" in epcp_rule(**{**ok, "ep": 8})
 
 
@@ -56,7 +60,8 @@ def test_runtime_refusal_is_the_planner_rule():
     from meshplan.runtime.epcp import epcp_blocker
 
     model = moe_llama(vocab_size=64)
-    for dp, cp, ep, tp, rc in ((1, 2, 1, 1, "selective"), (1, 2, 2, 2, "none"), (2, 1, 2, 1, "full")):
+    for dp, cp, ep, tp, rc in ((1, 2, 1, 1, "selective"), (1, 2, 2, 2, "none"), (2, 1, 2, 1, "full"),
+                               (1, 4, 1, 1, "none")):
         plan = make_plan(model, dp, cp, ep, 1, tp, rc)
         rule = epcp_rule(cp=cp, ep=ep, tp=tp, pp=1, seq_len=plan.seq_len, num_experts=4, recompute=rc)
         assert epcp_blocker(model, plan) == rule
@@ -163,9 +168,11 @@ def test_cp_where_long_sequences_pay_and_not_at_8k():
 
     long = plan_graph(_meta_graph(lambda: llama("llama3.1-8b", n_layer=2), 131072), 16, cluster="h100",
                       global_batch_size=2)
-    assert long.cp > 1 and long.predicted.cp_comm_s > 0, long.summary()
+    assert long.cp > 1, long.summary()
+    # at 128k tokens a ring step's attention outlasts a shift: the overlapped ring is hidden
+    assert long.predicted.cp_comm_s == 0.0 and any("ring key/value exchange exposes 0.00 ms" in n for n in long.notes)
     assert f"- cp={long.cp}: the sequence is split over {long.cp} ranks" in explain_plan(long)
     short = plan_graph(_meta_graph(lambda: llama("llama3.1-8b", n_layer=2), 8192), 16, cluster="h100",
                        global_batch_size=16)
     assert short.cp == 1, short.summary()
-    assert "- cp=1: cp=2 lost" in explain_plan(short)
+    assert re.search(r"- cp=1: cp=\d+ lost", explain_plan(short)), explain_plan(short)

@@ -16,22 +16,29 @@ it overlaps. Load balance: the busiest expert rank receives ``capacity_factor`` 
 compute of a step is ``capacity_factor ×`` its mean. Expert weights are held ``1/ep`` per rank
 (``expert_params_per_rank``); their gradients are all-reduced over the ``dp·cp/ep`` replicas.
 
-**CP, per attention layer and microbatch** (Liu et al. 2023 "Ring Attention"; Llama 3 paper
-§3.3.2 for the 2·cp-chunk causal balance): each rank holds ``T/cp`` tokens; its key/value block
-(``2 · b · T/cp · kv_heads · head_dim · elem`` bytes) moves ``cp − 1`` times around the ring in
-the forward and its gradient ``cp − 1`` times back in the backward::
+**CP, per attention layer and microbatch, as ``runtime/context_parallel.py`` runs it** (Liu et
+al. 2023 "Ring Attention" §3 for the overlapped ring; Llama 3 paper §3.3.2 for the 2·cp-chunk
+causal balance): each rank holds ``T/cp`` tokens; its key/value block of the UN-repeated
+grouped-query heads (``2 · b · T/cp · kv_heads · head_dim · elem`` bytes) moves ``cp − 1`` times
+around the ring in the forward and its gradient ``cp − 1`` times back in the backward. Every
+shift is posted before the block it overlaps is computed and waited after it, so a ring step
+lasts ``max(block compute, transfer)``::
 
-    ring_step_s = T_send_recv(kv_bytes)
-    exposed     = (cp − 1) · max(0, ring_step_s − overlap · block_compute_s)   (forward; same backward)
+    t      = T_send_recv(kv_bytes)                    (one shift, comm.p2p_time_s)
+    c_fwd  = attn_fwd_s / cp,   c_bwd = attn_bwd_s / cp   (one ring step's blocks)
+    fwd    = Σ_{s=0}^{cp−2} max(c_fwd, t) + c_fwd     (step s computes while block s+1 arrives)
+    exposed_fwd = (cp − 1) · max(0, t − c_fwd)
+    exposed_bwd = (cp − 1) · max(0, t − c_bwd)         (the gradient of block s+1 travels back
+                                                        while block s's backward runs)
 
-where ``block_compute_s`` is the attention of one query block on one key block (the attention
-time of the layer per rank divided by cp) and ``overlap`` is 1 for an implementation that posts
-the next transfer before computing (torch's CUDA context_parallel) and 0 for the executed CPU
-ring (blocking send/recv before each block). With the causal 2·cp split every rank does 1/cp of
-the causal attention work, so compute and activation memory per rank are those of ``T/cp``
-tokens: the search costs a cp configuration with ``micro_batch / cp`` sequences per rank. Under full
-recomputation the re-run forward repeats the ring (``forward_passes = 2``), as torchtitan's CP
-with activation checkpointing does.
+The first transfer is posted before the rank's own (diagonal) blocks and the last step sends
+nothing, so no transfer is exposed whole. With the 2·cp-chunk split every ring step holds the
+same work (step 0: two causal diagonal blocks + one full block; every other step: two full
+blocks; in units of a chunk × chunk block: 2 each), so ``c = attention / cp`` is exact, not an
+average: compute and activation memory per rank are those of ``T/cp`` tokens and the search
+costs a cp configuration with ``micro_batch / cp`` sequences per rank. Under recomputation (full,
+or selective: the ring attention call checkpointed) the re-run forward repeats the ring
+(``forward_passes = 2``), as torchtitan's CP with activation checkpointing does.
 """
 
 from __future__ import annotations
@@ -83,18 +90,20 @@ def cp_kv_bytes(batch: float, seq_len: int, cp: int, kv_heads: int, head_dim: in
     return 2 * batch * (seq_len / cp) * kv_heads * head_dim * elem_bytes
 
 
-def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_compute_s: float, cluster: ClusterSpec, *,
-                      overlap: float = 0.0, spans_nodes: bool = False, stride: int = 0,
+def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_fwd_s: float, cluster: ClusterSpec, *,
+                      attn_bwd_s: float | None = None, spans_nodes: bool = False, stride: int = 0,
                       forward_passes: int = 1) -> float:
-    """Exposed seconds of one attention layer's ring exchange, forward + backward.
+    """Exposed seconds of one attention layer's ring exchange, forward + backward, as executed:
+    per ring step ``max(0, t − c)`` with ``t`` one shift's transfer and ``c`` one step's blocks
+    (``attn_fwd_s / cp`` forward, ``attn_bwd_s / cp`` backward; ``attn_bwd_s`` defaults to
+    twice the forward, Dao 2023), ``cp − 1`` shifts each way (module docstring).
 
-    ``attn_compute_s``: the layer's attention forward time on this rank (all cp blocks);
-    the backward moves the same bytes against twice the compute. ``forward_passes`` = 2 under
-    full recomputation (the checkpointed block re-runs its forward, ring included, in backward)."""
+    ``attn_fwd_s``: the layer's attention forward time on this rank (all cp steps).
+    ``forward_passes`` = 2 under recomputation (the re-run forward repeats its shifts)."""
     if cp <= 1:
         return 0.0
     step = _collective_s("send_recv", kv_bytes, cp if stride else 2, cluster, spans_nodes, stride)
-    block = attn_compute_s / cp
-    fwd = (cp - 1) * max(0.0, step - overlap * block)
-    bwd = (cp - 1) * max(0.0, step - overlap * 2 * block)
+    bwd_s = 2 * attn_fwd_s if attn_bwd_s is None else attn_bwd_s
+    fwd = (cp - 1) * max(0.0, step - attn_fwd_s / cp)
+    bwd = (cp - 1) * max(0.0, step - bwd_s / cp)
     return forward_passes * fwd + bwd

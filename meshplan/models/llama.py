@@ -3,8 +3,10 @@
 RMSNorm, rotary embeddings (cos/sin tables computed once as non-persistent buffers and sliced
 to the sequence length), SwiGLU feed-forward (``gate_proj``, ``up_proj``, ``down_proj``),
 grouped-query attention (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``) and an untied ``lm_head``.
-Heads are reshaped with ``view(B, T, -1, head_dim)`` and kv heads repeated by the fixed ratio
-n_head / n_kv_head, so tensor-parallel sharding of the projections (fewer local heads) works.
+Heads are reshaped with ``view(B, T, -1, head_dim)``; the kv heads are NOT repeated: attention is
+``scaled_dot_product_attention(..., enable_gqa=True)`` (query head h reads kv head
+h // (n_head / n_kv_head), the ratio tensor-parallel sharding keeps; torch's own grouped-query
+path), so context parallelism's ring exchanges the n_kv_head heads, not n_head repeated copies.
 """
 
 from __future__ import annotations
@@ -118,10 +120,7 @@ class Attention(nn.Module):
         q = apply_rotary(q, cos, sin).transpose(1, 2)
         k = apply_rotary(k, cos, sin).transpose(1, 2)
         v = v.transpose(1, 2)
-        if self.n_rep > 1:  # local kv heads repeated to the local q heads (ratio is TP-invariant)
-            k = k.repeat_interleave(self.n_rep, dim=1)
-            v = v.repeat_interleave(self.n_rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_rep > 1)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 

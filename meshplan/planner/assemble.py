@@ -128,8 +128,8 @@ def build_plan(
                                            "microbatches normalise separately" if c.num_microbatches > 1 else ""))
     if c.cp > 1:
         notes.append(f"context parallelism cp={c.cp}: each rank holds {graph.seq_len // c.cp} of {graph.seq_len} "
-                     f"tokens (2*cp-chunk causal balance); ring key/value exchange costs {ev.cp_comm_s * 1e3:.2f} ms "
-                     "per step (predicted, not overlapped: the executed ring waits for each block)")
+                     f"tokens (2*cp-chunk causal balance); ring key/value exchange exposes {ev.cp_comm_s * 1e3:.2f} ms "
+                     "per step (predicted; each shift overlapped with one ring step's attention blocks)")
     if c.ep > 1:
         notes.append(f"expert parallelism ep={c.ep}: each rank holds 1/{c.ep} of the experts; dispatch+combine "
                      f"all-to-all and load imbalance cost {ev.ep_comm_s * 1e3:.2f} ms per step (predicted)")

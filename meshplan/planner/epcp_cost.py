@@ -42,12 +42,15 @@ class EPCPTerms:
 
 def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, micro_batch: float, dtype: str,
                capacity_factor: float, elem_bytes: int, tp: int = 1, recompute: str = "none",
-               spans_nodes: bool = False, stride: int = 0, cp_overlap: float = 0.0) -> EPCPTerms:
+               spans_nodes: bool = False, stride: int = 0) -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
     them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp). Under TP a rank's ring
     moves its ``kv_heads/tp`` local heads and attends with ``1/tp`` of the heads; MoE blocks are
-    replicated over tp (each tp rank exchanges its tokens). With ``recompute="full"`` the re-run
-    forward repeats the ring exchange."""
+    replicated over tp (each tp rank exchanges its tokens). Under any recompute kind the re-run
+    forward repeats the ring exchange (full and op: the checkpointed block re-runs its ring;
+    selective: the ring attention call is the checkpointed region).
+    ``kv_heads`` is the attention node's key heads as traced: a model that repeats its kv heads
+    before SDPA sends the repeated copies (the runtime's ring sends what SDPA receives)."""
     out = EPCPTerms()
     if cp == 1 and ep == 1:
         return out
@@ -76,9 +79,9 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                 continue
             kv_heads = a.get("num_kv_heads", 1) / tp
             kvb = cp_kv_bytes(micro_batch, graph.seq_len, cp, kv_heads, a["head_dim"], elem_bytes)  # type: ignore[arg-type]
-            attn_s = node_time(n, cluster, batch_scale=scale, dtype=dtype).fwd_s / tp
-            rounds = 2 + (recompute == "full")  # forward, backward, and the recomputed forward
-            out.cp_comm_s += cp_ring_exposed_s(kvb, cp, attn_s, cluster, overlap=cp_overlap,
+            at = node_time(n, cluster, batch_scale=scale, dtype=dtype)
+            rounds = 2 + (recompute != "none")  # forward, backward, the recomputed forward
+            out.cp_comm_s += cp_ring_exposed_s(kvb, cp, at.fwd_s / tp, cluster, attn_bwd_s=at.bwd_s / tp,
                                                spans_nodes=spans_nodes, stride=stride,
                                                forward_passes=rounds - 1)
             out.comm_bytes["send_recv"] = out.comm_bytes.get("send_recv", 0.0) + rounds * (cp - 1) * kvb

@@ -3,7 +3,8 @@
 ``epcp_blocker(model, plan)`` says (before any collective) why a plan's cp/ep cannot run on this
 runtime; ``apply_plan`` raises ``PlanMismatchError`` with it. Supported: cp and ep under data
 parallelism, alone or together, with tp (no sequence parallelism; MoE blocks replicated over tp),
-pp = 1, full recomputation (a re-run block re-enters ring attention), fp32/bf16 models. The
+pp = 1, full recomputation (a re-run block re-enters ring attention), selective recomputation
+(``RingContext.checkpoint``: each ring attention call is its own checkpoint), fp32/bf16 models. The
 planner never emits the others (both sides call ``execution_rules.epcp_rule``).
 
 ``EPCPState`` (from ``apply_epcp``) wraps the model for cp (``ContextParallel``), shards every
@@ -72,6 +73,7 @@ class EPCPState:
     notes: list[str] = field(default_factory=list)
     syncs: list[BucketedGradSync] = field(default_factory=list)
     unsynced: list[torch.Tensor] = field(default_factory=list)  # expert params with no replica: only / dc
+    ring: RingContext | None = None  # cp > 1: the ring (its ``stats`` count the bytes it sends)
 
     def attach(self, params: list[torch.Tensor], microbatches: int,
                cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> None:
@@ -91,7 +93,9 @@ class EPCPState:
     def wrap(self, module: nn.Module) -> nn.Module:
         if self.plan.cp <= 1:
             return module
-        return ContextParallel(module, RingContext(self.env.mesh.get_group("cp"), self.plan.cp, self.env.coord("cp")))
+        self.ring = RingContext(self.env.mesh.get_group("cp"), self.plan.cp, self.env.coord("cp"),
+                                checkpoint=self.plan.recompute == "selective")
+        return ContextParallel(module, self.ring)
 
     def shard(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's sequence shard of a (dp-sliced) batch ``t`` [B, T, ...]."""
@@ -125,7 +129,10 @@ def apply_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv) -> EPCPState:
                            "tokens exchanged with all_to_all_single")
     if plan.cp > 1:
         state.notes.append(f"context parallelism cp={plan.cp}: sequence in {2 * plan.cp} chunks (causal balance), "
-                           "ring attention on send/recv")
+                           "ring attention on send/recv of the un-repeated key/value heads, each shift "
+                           "overlapped with a block's compute"
+                           + ("; every ring attention call checkpointed (recompute=selective: its re-run "
+                              "replays the shifts)" if plan.recompute == "selective" else ""))
     state.notes.append(f"gradients reduced over dp x cp = {groups.dc_size} ranks (experts: over their replicas), "
                        "bucketed all-reduce from gradient hooks")
     return state

@@ -1,0 +1,84 @@
+"""The context-parallel ring as run and as costed (#17): grouped-query key/value heads exchanged
+un-repeated, each shift overlapped with a block's compute, selective recompute under cp.
+
+* The ring alone equals SDPA (``enable_gqa``) on the whole sequence, output and q/k/v gradients,
+  causal and not; its events show every shift posted before the blocks it overlaps and waited
+  after them, forward and backward.
+* Whole plans (the zoo Llama, 4 query / 2 key-value heads) train like one device for 3 steps under
+  recompute none / selective / full / op at cp2, cp4, cp2 x dp2 and cp2 x tp2, and the bytes the
+  ring sent in each step (counted at its ``isend`` call sites) equal the cost model's
+  ``epcp_terms(...).comm_bytes["send_recv"]`` for that configuration.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_utils import run_ranks
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+ATOL = 1e-5  # fp32 ring merge vs one device's SDPA (losses and parameters after 3 SGD steps, lr 0.5)
+
+
+def _costed_bytes(cfg: dict) -> float:
+    """The cost model's ring bytes per step for ``cfg`` (epcp_cases' plan: 2 sequences per microbatch)."""
+    from epcp_cases import SEQ, build
+
+    from meshplan.cost_models.hardware import ClusterSpec
+    from meshplan.planner.epcp_cost import epcp_terms
+    from meshplan.trace import trace_model
+
+    g = trace_model(build("llama"), (torch.zeros(1, SEQ, dtype=torch.long),))
+    assert {n.attrs["num_kv_heads"] for n in g.nodes_of_kind("attention")} == {2}  # un-repeated, traced
+    t = epcp_terms(g, ClusterSpec.preset("h100"), cp=cfg["cp"], ep=1, micro_batch=2, dtype="fp32",
+                   capacity_factor=1.0, elem_bytes=4, tp=cfg.get("tp", 1), recompute=cfg["recompute"])
+    return t.comm_bytes["send_recv"] * cfg.get("m", 1)
+
+
+def _check_plans(rows: list, cfgs: list[dict]) -> None:
+    assert [r[0] for r in rows] == cfgs
+    for cfg, loss_err, param_err, sent, notes in rows:
+        assert loss_err <= ATOL, f"{cfg}: loss differs by {loss_err}"
+        assert param_err <= ATOL, f"{cfg}: a parameter differs by {param_err}"
+        assert sent == [_costed_bytes(cfg)] * len(sent), (cfg, sent)
+        cp_note = next(s for s in notes if s.startswith("context parallelism"))
+        assert "un-repeated" in cp_note and "overlapped" in cp_note
+        assert ("checkpointed" in cp_note) == (cfg["recompute"] == "selective"), cp_note
+
+
+class TestTwoRanks:
+    def test_ring_attention_and_plans(self) -> None:
+        cfgs = [dict(cp=2, recompute=rc) for rc in ("none", "selective", "full", "op")]
+        results = run_ranks(_worker(), 2, cfgs, timeout_s=500)
+        for attn, plans in results:
+            for causal, errs, events, sends, nbytes in attn:
+                assert max(errs) <= ATOL, (causal, errs)
+                # forward: the shift posted before the own blocks, waited after them; backward: the
+                # gradient of block 1 sent back while block 0's backward runs
+                assert events == ["post kv", "block 0", "wait kv", "block 1",
+                                  "block bw 1", "post dkv", "block bw 0", "wait dkv"], events
+                assert sends == 2 and nbytes == 2 * (2 * 2 * 2 * 8 * 8 * 8)  # [k;v] of 2 kv heads, float64
+            _check_plans(plans, cfgs)
+        # the replayed forward under recomputation sends its shifts again: 3/2 of the plain ring
+        sent = {r[0]["recompute"]: r[3][0] for r in results[0][1]}
+        assert sent["selective"] == sent["full"] == sent["op"] == 3 * sent["none"] // 2
+
+
+class TestFourRanks:
+    def test_ring_attention_and_plans(self) -> None:
+        cfgs = [dict(cp=4, recompute="none"), dict(cp=2, dp=2, m=2, recompute="selective"),
+                dict(cp=2, tp=2, recompute="selective")]
+        for attn, plans in run_ranks(_worker(), 4, cfgs, timeout_s=600):
+            for causal, errs, events, sends, _ in attn:
+                assert max(errs) <= ATOL, (causal, errs)
+                assert events[:6] == ["post kv", "block 0", "wait kv", "post kv", "block 1", "wait kv"], events
+                assert events[-4:] == ["wait dkv", "post dkv", "block bw 0", "wait dkv"], events
+                assert sends == 6
+            _check_plans(plans, cfgs)
+
+
+def _worker():  # imported lazily: the workers import torch.distributed only in the spawned ranks
+    from cp_ring_cases import both_worker
+
+    return both_worker
