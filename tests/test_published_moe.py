@@ -50,3 +50,22 @@ def test_ep_case_is_traced_as_a_moe_and_costed_with_its_ep() -> None:
     plan = r["plan"]
     assert plan.ep == case["expert_config"]["ep"] and plan.predicted.ep_comm_s > 0
     assert f"ep{plan.ep}" in r["config"] and r["meas_tok"] > 0
+
+
+def test_heads_wider_than_hidden_over_heads_run_and_trace() -> None:
+    """Qwen3's attention (64 heads of 128 on a 4096 residual): ``attn_head_dim`` decouples the
+    head width from ``dim / n_head``; the model runs, and the traced sizes read the real width."""
+    import torch
+
+    from meshplan.models.llama import Llama, LlamaConfig
+    from meshplan.trace import trace_model
+
+    cfg = LlamaConfig(n_layer=1, n_head=4, n_kv_head=2, dim=24, ffn_hidden=32, vocab_size=16, max_seq_len=8,
+                      attn_head_dim=8)
+    model = Llama(cfg)
+    assert model.blocks[0].attn.q_proj.out_features == 32 and model.blocks[0].attn.o_proj.in_features == 32
+    x = torch.randint(0, 16, (2, 8))
+    assert model(x).shape == (2, 8, 16)
+    g = trace_model(model, (x,))
+    attn = [n for n in g.nodes if n.kind == "attention"]
+    assert attn and attn[0].attrs["head_dim"] == 8 and attn[0].attrs["num_heads"] == 4

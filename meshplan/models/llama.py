@@ -32,19 +32,22 @@ class LlamaConfig:
     max_seq_len: int
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
+    attn_head_dim: int = 0  # per-head width; 0: dim // n_head (Qwen3: 64 heads of 128 on dim 4096)
 
     def __post_init__(self) -> None:
         for k in ("n_layer", "n_head", "n_kv_head", "dim", "ffn_hidden", "vocab_size", "max_seq_len"):
             if getattr(self, k) < 1:
                 raise ValueError(f"LlamaConfig.{k} must be positive, got {getattr(self, k)}")
-        if self.dim % self.n_head:
-            raise ValueError(f"dim={self.dim} must be divisible by n_head={self.n_head}")
+        if self.attn_head_dim < 0:
+            raise ValueError(f"LlamaConfig.attn_head_dim must be >= 0 (0: dim // n_head), got {self.attn_head_dim}")
+        if not self.attn_head_dim and self.dim % self.n_head:
+            raise ValueError(f"dim={self.dim} must be divisible by n_head={self.n_head} (or set attn_head_dim)")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head}")
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_head
+        return self.attn_head_dim or self.dim // self.n_head
 
 
 LLAMA_PRESETS: dict[str, LlamaConfig] = {

@@ -45,6 +45,7 @@ class MoEConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     shared_ffn: int = 0  # hidden size of the shared (always-on) experts; 0 = none
+    head_dim: int = 0  # per-head width of attention; 0: dim // n_head
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -54,7 +55,7 @@ class MoEConfig:
 
     def llama(self) -> LlamaConfig:
         return LlamaConfig(self.n_layer, self.n_head, self.n_kv_head, self.dim, self.ffn_hidden, self.vocab_size,
-                           self.max_seq_len, self.rope_theta, self.norm_eps)
+                           self.max_seq_len, self.rope_theta, self.norm_eps, attn_head_dim=self.head_dim)
 
 
 _TINY = MoEConfig(n_layer=2, n_head=4, n_kv_head=2, dim=32, ffn_hidden=48, vocab_size=64, max_seq_len=32,
