@@ -87,6 +87,12 @@ def main() -> None:
             line += f" {r['auto_config']} | {r['gain']:.2f}x | {r['why']} |"
         print(line)
     errs = [abs(r["err"]) for r in rows if r["err"] is not None and r["time_comparable"]]
+    timed = [r for r in rows if r["err"] is not None and r["time_comparable"]]
+    ep_errs = [abs(r["err"]) for r in timed if r["setup"]["ep"] > 1]
+    dense = [abs(r["err"]) for r in timed if r["setup"]["ep"] == 1]
+    if ep_errs and dense:
+        print(f"\nexpert-parallel rows: median |error| {100 * statistics.median(ep_errs):.1f}% over {len(ep_errs)}; "
+              f"the other rows: {100 * statistics.median(dense):.1f}% over {len(dense)}")
     merrs = [abs(r["mem_err"]) for r in rows if r["mem_err"] is not None]
     print(f"\nstep time: median |error| {100 * statistics.median(errs):.1f}% over {len(errs)} runs "
           f"(max {100 * max(errs):.1f}%); memory: median |error| "
