@@ -42,6 +42,11 @@ pipelined/recomputed paths here would have to follow. This module's ring runs on
   that holds the ring the same way; a posted shift is always waited before the merge, whose
   saved tensors come last, so an early-stopped re-run never leaves a send in flight.
 
+Not for long sequences on a GPU yet: ``_block`` materializes each chunk × chunk score matrix in
+fp32 and autograd keeps it for backward (about ``5·H·T²/cp`` bytes per layer per rank; measured
+59.7 MiB against SDPA's 5.0 MiB at T = 1024, 8 heads, cp = 1), where the cost model prices flash
+attention (docs/cost_model.md, "CP, not as executed").
+
 The loss of each rank is the mean over its tokens; with equal shards the step's loss is the mean
 over the cp ranks, and dense gradients are averaged over dp x cp (``epcp_groups``).
 """
