@@ -28,7 +28,8 @@ GiB = 1024**3
 
 def case_cluster(case: dict[str, Any]) -> ClusterSpec:
     """The ClusterSpec of a case: its GPU's preset, overridden by the case's own hardware figures
-    (``mem_gb``, ``peak_tflops``, ``hbm_TBps``) where they differ from the preset's datasheet."""
+    (``mem_gb``, ``peak_tflops``, ``hbm_TBps``) where they differ from the preset's datasheet; a
+    16-bit peak other than the preset's scales the float8 peak by the same clock ratio."""
     cl = case["cluster"]
     n, per_node = int(cl["n_gpus"]), int(cl["gpus_per_node"])
     spec = ClusterSpec.preset(preset_for_case(case), num_nodes=max(1, n // per_node), devices_per_node=per_node)
@@ -41,7 +42,9 @@ def case_cluster(case: dict[str, Any]) -> ClusterSpec:
         peak = float(cl["peak_tflops"]) * 1e12
         half = ("bf16", "fp16")
         if any(abs(spec.peak_flops.get(k, peak) - peak) > 1e12 for k in half):
-            changes["peak_flops"] = {**spec.peak_flops, **{k: peak for k in half}}
+            # the tensor clock sets every tensor-core rate: float8's peak scales with the 16-bit one
+            fp8 = {"fp8": spec.peak_flops["fp8"] * peak / spec.peak_flops["bf16"]} if "fp8" in spec.peak_flops else {}
+            changes["peak_flops"] = {**spec.peak_flops, **{k: peak for k in half}, **fp8}
     if cl.get("hbm_TBps"):
         changes["mem_bw_bytes_per_s"] = float(cl["hbm_TBps"]) * 1e12
     return dataclasses.replace(spec, **changes) if changes else spec
@@ -59,7 +62,11 @@ def _recompute(text: Any) -> str:
 
 
 def _dtype(text: Any) -> str:
+    """The precision a case's ``training.precision`` text names: Float8 linears (torchao's
+    tensorwise recipe, what ``--dtype fp8`` costs) -> "fp8", else fp16 / fp32 / bf16."""
     t = str(text or "bf16").lower()
+    if t.startswith(("fp8", "float8")):
+        return "fp8"
     return "fp16" if "fp16" in t else "fp32" if t.startswith("fp32") else "bf16"
 
 
@@ -120,7 +127,8 @@ def estimate_case(case: dict[str, Any], graph: ModelGraph) -> dict[str, Any]:
     return {
         "id": case["id"], "gpus": n, "cluster": spec.name, "plan": plan, "setup": setup,
         "config": (f"tp{setup['tp']} pp{setup['pp']} dp{setup['dp']}{_ep(setup['ep'])} mb{setup['micro_batch_size']} "
-                   f"rc={setup['recompute']} {setup['dp_kind'] or ''}").strip(),
+                   f"rc={setup['recompute']} {setup['dp_kind'] or ''}"
+                   f"{'' if setup['dtype'] == 'bf16' else ' ' + setup['dtype']}").strip(),
         "pred_tok": pred_tok, "meas_tok": meas_tok, "err": (pred_tok / meas_tok - 1) if meas_tok else None,
         "fits": not any("does not fit" in x for x in plan.notes), "peak_gib": peak / GiB,
         "pred_mem_gib": pred_mem, "meas_mem_gib": meas_mem,
