@@ -46,11 +46,16 @@ def bucket_indices(param_bytes: Sequence[int], cap_bytes: int = DEFAULT_BUCKET_C
 
 def uniform_bucket_bytes(total_bytes: float, cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> list[float]:
     """Bucket sizes when only the total is known (planning): full buckets and one remainder."""
+    return [b for b, k in uniform_bucket_runs(total_bytes, cap_bytes) for _ in range(k)]
+
+
+def uniform_bucket_runs(total_bytes: float, cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> list[tuple[float, int]]:
+    """``uniform_bucket_bytes`` as runs of (bucket bytes, count): at most two runs, whatever the total."""
     if total_bytes <= 0:
         return []
     full = int(total_bytes // cap_bytes)
     rest = total_bytes - full * cap_bytes
-    return [float(cap_bytes)] * full + ([rest] if rest > 0 else [])
+    return ([(float(cap_bytes), full)] if full else []) + ([(rest, 1)] if rest > 0 else [])
 
 
 def overlapped_sync_exposed_s(
@@ -58,25 +63,40 @@ def overlapped_sync_exposed_s(
 ) -> float:
     """Seconds of bucketed all-reduce left after the last microbatch's backward (formula above).
 
-    The recurrence is summed per run of equal consecutive buckets (a 175B stage has thousands of
-    25 MiB buckets and one remainder): over q = 1..k equal buckets of t seconds each,
+    The recurrence is summed per run of equal consecutive buckets (``overlapped_sync_exposed_runs``).
+    """
+    runs: list[tuple[float, int]] = []
+    for b in bucket_bytes:
+        if runs and runs[-1][0] == b:
+            runs[-1] = (b, runs[-1][1] + 1)
+        else:
+            runs.append((b, 1))
+    return overlapped_sync_exposed_runs(runs, backward_s, allreduce_s)
+
+
+def overlapped_sync_exposed_runs(
+    runs: Sequence[tuple[float, int]], backward_s: float, allreduce_s: Callable[[float], float]
+) -> float:
+    """``overlapped_sync_exposed_s`` of buckets given as runs of (bytes, count) of equal consecutive
+    buckets (a 175B stage has thousands of 25 MiB buckets and one remainder: two runs, see
+    ``uniform_bucket_runs``). Over q = 1..k equal buckets of t seconds each,
     ``finish_k = max(finish_0 + k·t, ready_1 + k·t, ready_k + t)`` (``ready_q + (k - q + 1)·t`` is
     linear in q, so its maximum is at an end), one ``allreduce_s`` call per run.
     """
-    total = float(sum(bucket_bytes))
+    total = 0.0  # the buckets' sum, bit for bit as adding them one by one
+    for b, k in runs:
+        if total.is_integer() and float(b).is_integer() and total + b * k < 2**53:
+            total += b * k  # whole numbers below 2**53: every partial sum is exact
+        else:
+            for _ in range(k):
+                total += b
     if total <= 0:
         return 0.0
     done = 0.0
     finish = 0.0
-    i, n = 0, len(bucket_bytes)
-    while i < n:
-        b = bucket_bytes[i]
-        j = i + 1
-        while j < n and bucket_bytes[j] == b:
-            j += 1
-        k, t = j - i, allreduce_s(b)
+    for b, k in runs:
+        t = allreduce_s(b)
         first = backward_s * (done + b) / total
         done += k * b
         finish = max(finish + k * t, first + k * t, backward_s * done / total + t)
-        i = j
     return max(0.0, finish - backward_s)

@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshplan.partition.schedule_lockstep import MIN_RANKS, lockstep_times
+
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
 ZERO_BUBBLE = frozenset({"zero-bubble", "zbv"})
 
@@ -70,9 +72,17 @@ class Timeline:
     makespan_s: float
     busy_s: tuple[float, ...]
     bubble_fraction: float
-    peak_inflight: tuple[int, ...]
-    stage_peak_inflight: tuple[int, ...]
     stage_to_rank: tuple[int, ...]
+
+    @property
+    def peak_inflight(self) -> tuple[int, ...]:
+        """Peak in-flight microbatches per rank (``inflight``: a property of the order alone)."""
+        return inflight(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)[0]
+
+    @property
+    def stage_peak_inflight(self) -> tuple[int, ...]:
+        """Peak in-flight microbatches per stage."""
+        return inflight(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)[1]
 
     @property
     def idle_fraction(self) -> float:
@@ -300,9 +310,11 @@ def simulate(
 
     A scalar for a per-stage argument means the same value on every stage. ``p2p_s`` may have
     n or n-1 entries (n = pp * virtual_stages; the last stage sends nothing).
-    ``keep_events=False`` skips building the event list (faster in the search).
+    ``keep_events=False`` skips building the event list (faster in the search) and, from
+    ``schedule_lockstep.MIN_RANKS`` ranks on, runs the ranks in lock step with numpy
+    (``partition.schedule_lockstep``: the same floating-point operations, so the same times).
     """
-    orders = rank_orders(schedule, pp, num_microbatches, virtual_stages)
+    validate(schedule, pp, num_microbatches, virtual_stages)
     n = pp * virtual_stages
     m = num_microbatches
     f = _per_stage("fwd_s", fwd_s, n)
@@ -317,6 +329,11 @@ def simulate(
     # time for stage s's output (fwd) / stage s+1's input grad (bwd) to cross the s|s+1 boundary
     hop = [c[s] if s + 1 < n and placement[s] != placement[s + 1] else 0.0 for s in range(n)]
 
+    if not keep_events and pp >= MIN_RANKS:
+        orders = rank_orders(schedule, pp, m, virtual_stages) if schedule == "zbv" else None  # else numpy-built
+        rank_free, busy = lockstep_times((schedule, pp, m, virtual_stages), orders, f, b_dur, bw, hop)
+        return _timeline(schedule, pp, m, virtual_stages, (), rank_free, busy, placement)
+    orders = rank_orders(schedule, pp, m, virtual_stages)
     end_f: list[float | None] = [None] * (n * m)
     end_b: list[float | None] = [None] * (n * m)
     rank_free = [0.0] * pp
@@ -379,23 +396,27 @@ def simulate(
             raise AssertionError(
                 f"schedule {schedule} deadlocks (p={pp}, m={m}, v={virtual_stages}): {stuck}"
             )
+    if keep_events:
+        events.sort(key=lambda e: (e.start_s, e.rank))
+    return _timeline(schedule, pp, m, virtual_stages, tuple(events), rank_free, busy, placement)
+
+
+def _timeline(
+    schedule: str, pp: int, m: int, v: int, events: tuple[Event, ...], rank_free: list[float], busy: list[float],
+    placement: tuple[int, ...],
+) -> Timeline:
     makespan = max(rank_free)
     total_busy = sum(busy)
     bubble = pp * makespan / total_busy - 1.0 if total_busy > 0 else 0.0
-    peak_rank, peak_stage = inflight(schedule, pp, num_microbatches, virtual_stages)
-    if keep_events:
-        events.sort(key=lambda e: (e.start_s, e.rank))
     return Timeline(
         schedule=schedule,
         pp=pp,
         num_microbatches=m,
-        virtual_stages=virtual_stages,
-        events=tuple(events),
+        virtual_stages=v,
+        events=events,
         makespan_s=makespan,
         busy_s=tuple(busy),
         bubble_fraction=bubble,
-        peak_inflight=peak_rank,
-        stage_peak_inflight=peak_stage,
         stage_to_rank=placement,
     )
 

@@ -103,7 +103,8 @@ class ConfigCosts:
         self._bpp_cache: dict[tuple[str, int], ModelStateBytes] = {}
         self._rescues = 0
         self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
-        self._kind_free_memo: dict[tuple[Config, bool, tuple | None], SimpleNamespace] = {}
+        self._kind_free_memo: dict[tuple, SimpleNamespace] = {}  # key: Config's fields but dp_kind, exact, runs
+        self._other_kinds_memo: dict[Config, list[Config]] = {}
         self._sp_choice: dict[int, bool] = {}
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
@@ -272,6 +273,12 @@ class ConfigCosts:
             c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self._elem_bytes, pp=c.pp,
             largest_layer_params=self._prefix(self._table(c))["largest"][0],
         )  # fmt: skip
+
+    def fsdp_buffers(self, c: Config, rank_params: list[float]) -> list[float]:
+        """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""
+        largest = self._prefix(self._table(c))["largest"][0]
+        return [unsharded_buffer_bytes(c.dp_kind, c.dp, stage_param_count=p, elem_bytes=self._elem_bytes, pp=c.pp,
+                                       largest_layer_params=largest) for p in rank_params]  # fmt: skip
 
     def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
         """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)

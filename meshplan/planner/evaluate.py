@@ -17,7 +17,11 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from meshplan.cost_models.dp_kinds import KIND_ORDER, dp_comm
-from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES, overlapped_sync_exposed_s, uniform_bucket_bytes
+from meshplan.cost_models.grad_sync import (
+    GRAD_REDUCE_BYTES,
+    overlapped_sync_exposed_runs,
+    uniform_bucket_runs,
+)
 from meshplan.execution_rules import dp_kind_blocker
 from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
@@ -38,6 +42,8 @@ class ConfigEvaluator(ConfigCosts):
     def _other_kinds(self, c: Config) -> list[Config]:
         """The sharded kinds ``c`` may take instead of DDP (``dp_kinds.KIND_ORDER``), each as
         the runtime would accept it; hsdp only where it differs from fsdp (dp spans nodes)."""
+        if c in self._other_kinds_memo:
+            return self._other_kinds_memo[c]
         out = []
         for kind in KIND_ORDER[1:]:
             if kind not in self.dp_kinds:
@@ -49,6 +55,7 @@ class ConfigEvaluator(ConfigCosts):
                 continue  # the runtime would refuse it (meshplan.execution_rules)
             if not self.quant_errors(c2):
                 out.append(c2)
+        self._other_kinds_memo[c] = out
         return out
 
     def evaluate_auto(self, c: Config, *, exact: bool = True) -> Evaluation:
@@ -121,20 +128,21 @@ class ConfigEvaluator(ConfigCosts):
         if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
             r_state = [s - e * per_param for s, e in zip(r_state, k.ep_cut)]
         r_params, r_act = k.r_params, k.r_act
-        r_mem = [int(r_state[r] + r_act[r] + self.fsdp_buffer(c, r_params[r]) + k.fp8_copy) for r in ranks]
+        buf = self.fsdp_buffers(c, r_params)
+        r_mem = [int(r_state[r] + r_act[r] + buf[r] + k.fp8_copy) for r in ranks]
         d = self._dp_comm(k.gather_bytes, k.grad_bytes, c)
         if c.dp_kind == "ddp" and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
             # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
             # the last microbatch's backward
             exp_b = expert_params(self.g) / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 else 0.0
-            dp_exposed = overlapped_sync_exposed_s(
-                uniform_bucket_bytes(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
+            dp_exposed = overlapped_sync_exposed_runs(
+                uniform_bucket_runs(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
             if exp_b and c.dp * c.cp > c.ep:  # ep: expert gradients over their dp*cp/ep replicas only (runtime/epcp)
                 dc = c.dp * c.cp
                 rep = dp_comm("ddp", exp_b, exp_b, dc // c.ep, self.cluster, stride=c.tp * c.ep)
-                dp_exposed += overlapped_sync_exposed_s(
-                    uniform_bucket_bytes(exp_b), k.rank_b[worst],
+                dp_exposed += overlapped_sync_exposed_runs(
+                    uniform_bucket_runs(exp_b), k.rank_b[worst],
                     lambda b: dp_comm("ddp", b, b, dc // c.ep, self.cluster, stride=c.tp * c.ep).sync_s)
                 d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)
                                       + rep.bytes.get("all_reduce", 0)})
@@ -180,7 +188,8 @@ class ConfigEvaluator(ConfigCosts):
 
     def _kind_free(self, c: Config, exact: bool, runs: list[tuple[int, int]] | None) -> SimpleNamespace:
         """The part of ``evaluate`` that does not depend on ``c.dp_kind``, memoized (read only)."""
-        key = (replace(c, dp_kind="ddp"), exact, tuple(runs) if runs is not None else None)
+        key = (c.dp, c.tp, c.pp, c.micro_batch, c.num_microbatches, c.schedule, c.virtual_stages, c.recompute,
+               c.sequence_parallel, c.cp, c.ep, exact, tuple(runs) if runs is not None else None)  # all but dp_kind
         if self.memo_kind_free and key in self._kind_free_memo:
             return self._kind_free_memo[key]
         out = kind_free_terms(self, c, exact, runs)

@@ -1,0 +1,59 @@
+"""The numpy lock-step simulator (``partition.schedule_lockstep``) against the event simulator:
+the same action orders as ``schedule.rank_orders`` and bit-identical makespans and busy times."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from meshplan.partition import schedule as sch
+from meshplan.partition import schedule_lockstep as ls
+
+
+def _valid(name: str, p: int, m: int, v: int) -> bool:
+    try:
+        sch.validate(name, p, m, v)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"])
+def test_numpy_orders_equal_rank_orders(name: str) -> None:
+    n = 0
+    for v in (1, 2, 3):
+        for p in (1, 2, 3, 5, 8):
+            for m in range(1, 3 * p + 2):
+                if not _valid(name, p, m, v):
+                    continue
+                kind, stage, mb = ls.order_arrays((name, p, m, v))
+                for r, ref in enumerate(sch.rank_orders(name, p, m, v)):
+                    got = [("FBW"[k], s, j) for k, s, j in zip(kind[:, r].tolist(), stage[:, r].tolist(), mb[:, r].tolist())]
+                    assert got == list(ref), (name, p, m, v, r)
+                n += 1
+    assert n > 20
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3),
+                                    ("zero-bubble", 1), ("zero-bubble", 2), ("zbv", 2)])  # fmt: skip
+def test_lockstep_times_equal_event_simulation_bit_for_bit(name: str, v: int) -> None:
+    rng = random.Random(7)
+    n = 0
+    for p in (ls.MIN_RANKS, 7, 8, 12):
+        for m in (p, 2 * p, 3 * p + 1, 4 * p):
+            if not _valid(name, p, m, v):
+                continue
+            k = p * v
+            times = {
+                "fwd_s": [rng.uniform(0.1, 2) for _ in range(k)],
+                "bwd_input_s": [rng.uniform(0.1, 3) for _ in range(k)],
+                "bwd_weight_s": [rng.uniform(0, 1) for _ in range(k)],
+                "p2p_s": [rng.choice([0.0, rng.uniform(0, 0.5)]) for _ in range(k)],
+            }
+            ev = sch.simulate(name, p, m, virtual_stages=v, keep_events=True, **times)
+            fast = sch.simulate(name, p, m, virtual_stages=v, keep_events=False, **times)
+            assert (fast.makespan_s, fast.busy_s, fast.bubble_fraction) == (ev.makespan_s, ev.busy_s, ev.bubble_fraction)
+            assert fast.peak_inflight == ev.peak_inflight and not fast.events
+            n += 1
+    assert n >= 3
