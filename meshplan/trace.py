@@ -21,7 +21,7 @@ node name in that GraphModule. The same model and input shapes always give the s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from meshplan.tracing.capture import Captured, capture_with
 from meshplan.tracing.fold_probe import fold_views
 from meshplan.tracing.module_tree import block_fqns, param_modules
 from meshplan.tracing.moe import moe_capture, moe_meta
+from meshplan.tracing.reuse import plan_reuse, reuse_line
 
 __all__ = ["TraceError", "capture", "capture_full", "trace_model", "resolve_inputs"]
 
@@ -110,13 +111,25 @@ def _named_or_positional(model: nn.Module, inputs: dict[str, torch.Tensor]) -> A
     return tuple(inputs.values())
 
 
-def _capture(model: nn.Module, inputs: Any) -> tuple[Captured, dict[fx.Node, NodeRecord]]:
+def _capture(model: nn.Module, inputs: Any, progress: Callable[[str], None] | None = None
+             ) -> tuple[Captured, dict[fx.Node, NodeRecord], tuple[str, ...]]:
+    """Captured graph, its node records and the FQNs of the block copies annotated from a template."""
+    copies: list[str] = []
+
     def validate(cap: Captured) -> dict[fx.Node, NodeRecord]:
-        return propagate(cap.gm, cap.inputs, keep_device=cap.kind == "export")
+        plan, why = plan_reuse(cap.gm, cap.root)
+        report: dict[str, Any] = {}
+        records = propagate(cap.gm, cap.inputs, keep_device=cap.kind == "export", reuse=plan, report=report)
+        if progress is not None:
+            progress(reuse_line(plan, why, report))
+        fell = set(report.get("fallbacks") or ())
+        copies[:] = [c.prefix for c in plan.copies if c.prefix not in fell] if plan else []
+        return records
 
     # mixture-of-experts blocks route data-dependently: planning captures each as one node
     with moe_capture(model):
-        return capture_with(model, inputs, validate)
+        cap, records = capture_with(model, inputs, validate)
+    return cap, records, tuple(copies)
 
 
 def capture(
@@ -136,7 +149,7 @@ def capture_full(model: nn.Module, example_inputs: Any = None, *, input_shapes: 
     """``capture`` with everything the runtime needs: the wrapper's FQN prefix, the keyword of each
     positional input (``Captured.names``) and the example as positional tensors (``Captured.inputs``)."""
     inputs = resolve_inputs(model, example_inputs, input_shapes)
-    cap, _ = _capture(model, inputs)
+    cap, _, _ = _capture(model, inputs)
     return cap
 
 
@@ -159,20 +172,22 @@ def trace_model(
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     name: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> ModelGraph:
     """Capture and annotate ``model``; see the module docstring. Raises TraceError if neither
-    torch.fx nor torch.export can capture it, ValueError for bad inputs."""
+    torch.fx nor torch.export can capture it, ValueError for bad inputs. ``progress`` gets one line
+    saying whether repeated blocks were annotated once and reused (``tracing.reuse``) or why not."""
     if not isinstance(model, nn.Module):
         raise ValueError(f"trace_model needs an nn.Module, got {type(model).__name__}")
     inputs = resolve_inputs(model, example_inputs, input_shapes)
-    cap, records = _capture(model, inputs)
+    cap, records, copies = _capture(model, inputs, progress)
     pidx = ParamIndex(cap.root, cap.prefix)
     nodes, edges = build_nodes(cap, records, pidx)
     blocks, nodes = find_blocks(cap.root, pidx, nodes)
     cuts = cut_points(nodes, blocks)
     params = list(model.parameters())
     meta = model_meta(model, nodes, blocks)
-    folded = fold_views(cap.root, cap.inputs, cap.prefix)
+    folded = fold_views(cap.root, cap.inputs, cap.prefix, skip=copies)
     if folded:
         meta["tp_fold_views"] = folded
     meta["module_lists"] = block_fqns(model)

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_leaves
 
 from meshplan.tracing import moe
 from meshplan.tracing.classify import TensorMeta, is_leaf_class
+from meshplan.tracing.reuse import ReusePlan
 
 aten = torch.ops.aten
 
@@ -69,18 +70,38 @@ def metas_of(value: Any) -> list[TensorMeta]:
     return [tensor_meta(x) for x in tree_leaves(value) if isinstance(x, torch.Tensor)]
 
 
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
 @contextmanager
-def _fake_state(gm: nn.Module, to_fake: Any) -> Iterator[None]:
-    """Swap every parameter and buffer of ``gm`` (shared submodules included) for a fake, restore after."""
+def _fake_state(gm: nn.Module, to_fake: Any, skip: tuple[str, ...] = ()) -> Iterator[Any]:
+    """Swap every parameter and buffer of ``gm`` (shared submodules included) for a fake, restore
+    after. Modules reached only under a ``skip`` prefix (block copies that are not run) keep their
+    tensors; the context yields ``swap(prefix)``, which fakes such a subtree when it must run."""
     saved: list[tuple[dict[str, Any], str, Any]] = []
-    try:
-        for mod in gm.modules():
+    done: set[int] = set()
+
+    def swap_modules(mods: Any) -> None:
+        for mod in mods:
+            if id(mod) in done:
+                continue
+            done.add(id(mod))
             for store in (mod._parameters, mod._buffers):
                 for k, v in list(store.items()):
                     if isinstance(v, torch.Tensor):
                         saved.append((store, k, v))
                         store[k] = to_fake(v)
-        yield
+
+    def swap(prefix: str) -> None:
+        swap_modules(m for n, m in gm.named_modules(remove_duplicate=False) if _under(n, (prefix,)))
+
+    try:
+        if skip:
+            swap_modules(m for n, m in gm.named_modules(remove_duplicate=False) if not _under(n, skip))
+        else:
+            swap_modules(gm.modules())
+        yield swap
     finally:
         for store, k, v in reversed(saved):
             store[k] = v
@@ -94,6 +115,15 @@ def _sig(x: Any) -> Any:
     return repr(x)
 
 
+def _value_sig(x: Any) -> Any:
+    """What a block's propagation may read from an input value: tensor metadata, else the value."""
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, x.device, x.storage_offset(), x.requires_grad)
+    if isinstance(x, list | tuple):
+        return (type(x).__name__, tuple(_value_sig(v) for v in x))
+    return ("V", type(x).__name__, repr(x))
+
+
 class _Recorder(fx.Interpreter):
     """Runs nodes one by one, reading the FLOP counter around each.
 
@@ -101,19 +131,74 @@ class _Recorder(fx.Interpreter):
     parameter shapes and input shapes/strides is not re-run: its output is a fresh fake tensor of
     the recorded shape and stride and its FLOPs the recorded count (a 96-layer model repeats the
     same few leaves hundreds of times; this halves annotation time).
+
+    With a ``reuse`` plan (``tracing.reuse``), a block copy whose external inputs match its
+    template's is not run at all: each node gets its template node's record, and only the nodes
+    read outside the copy get a value (a fresh fake of the template output's metadata).
     """
 
-    def __init__(self, gm: fx.GraphModule, counter: fc.FlopCounterMode, memo_leaves: bool) -> None:
+    def __init__(self, gm: fx.GraphModule, counter: fc.FlopCounterMode, memo_leaves: bool,
+                 reuse: ReusePlan | None = None) -> None:
         super().__init__(gm)
         self.counter = counter
         self.records: dict[fx.Node, NodeRecord] = {}
         self.memo_leaves = memo_leaves
         self.memo: dict[Any, tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int]] = {}
+        self.copy_of = reuse.node_copy() if reuse else {}
+        self.attr_of = {a: t for c in reuse.copies for a, t in c.attrs.items()} if reuse else {}
+        self.templates = {c.template[0]: c for c in reuse.copies} if reuse else {}
+        self.template_nodes = {t for c in reuse.copies for t in c.template} if reuse else set()
+        self.ext_sigs: dict[fx.Node, list[Any]] = {}  # template's first node -> its externals' sigs
+        self.out_sigs: dict[fx.Node, Any] = {}  # template node -> its output's sig
+        self.decided: dict[str, bool] = {}  # copy prefix -> reused (True) or run (False)
+        self.swap: Any = None  # fakes a skipped subtree that must run after all (set by propagate)
+        self.reused = 0
+        self.fallbacks: list[str] = []
 
     def _total(self) -> int:
         return int(sum(self.counter.flop_counts["Global"].values()))
 
+    def _reuse(self, n: fx.Node) -> tuple[bool, Any]:
+        """(handled, value) for a node of a block copy."""
+        copy, i = self.copy_of[n]
+        ok = self.decided.get(copy.prefix)
+        if ok is None:
+            first = copy.template[0]
+            sigs = self.ext_sigs.get(first)
+            mine = [_value_sig(self.env[c]) if c in self.env else None for c, _ in copy.externals]
+            ok = sigs is not None and sigs == mine and all(
+                isinstance(self.out_sigs.get(copy.template[j]), tuple) and self.out_sigs[copy.template[j]][0] == "T"
+                for j, m in enumerate(copy.run) if m in copy.outside
+            )
+            self.decided[copy.prefix] = ok
+            if ok:
+                self.reused += 1
+            else:
+                self.fallbacks.append(copy.prefix)
+                self.swap(copy.prefix)
+        if not ok:
+            return False, None
+        t = copy.template[i]
+        self.records[n] = self.records[t]
+        if n not in copy.outside:
+            return True, None
+        _, shape, stride, dtype, device, offset, _ = self.out_sigs[t]
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        if offset:
+            out = out.as_strided(shape, stride, offset)
+        return True, out
+
     def run_node(self, n: fx.Node) -> Any:
+        if n in self.copy_of:
+            handled, value = self._reuse(n)
+            if handled:
+                return value
+        if n in self.templates:
+            self.ext_sigs[n] = self._template_ext_sigs(n)
+        if n in self.attr_of:  # a copy's parameter read outside its run: the template's fake
+            out = self.fetch_attr(str(self.attr_of[n].target))
+            self.records[n] = NodeRecord(metas_of(out), 0, isinstance(out, torch.Tensor))
+            return out
         key = None
         if self.memo_leaves and n.op == "call_module":
             mod = self.module.get_submodule(str(n.target))
@@ -126,6 +211,7 @@ class _Recorder(fx.Interpreter):
                     shape, stride, dtype, flops = hit
                     out = torch.empty_strided(shape, stride, dtype=dtype)
                     self.records[n] = NodeRecord([tensor_meta(out)], flops)
+                    self._note_template(n, out)
                     return out
         before = self._total()
         out = super().run_node(n)
@@ -133,16 +219,28 @@ class _Recorder(fx.Interpreter):
         self.records[n] = NodeRecord(metas_of(out), flops, isinstance(out, torch.Tensor))
         if key is not None and isinstance(out, torch.Tensor):
             self.memo[key] = (tuple(out.shape), tuple(out.stride()), out.dtype, flops)
+        self._note_template(n, out)
         return out
+
+    def _note_template(self, n: fx.Node, out: Any) -> None:
+        if n in self.template_nodes:
+            self.out_sigs[n] = _value_sig(out) if isinstance(out, torch.Tensor) else ("V",)
+
+    def _template_ext_sigs(self, first: fx.Node) -> list[Any]:
+        copy = self.templates[first]
+        return [_value_sig(self.env[t]) if t in self.env else None for _, t in copy.externals]
 
 
 def propagate(
-    gm: fx.GraphModule, example_inputs: tuple[Any, ...], *, keep_device: bool = False
+    gm: fx.GraphModule, example_inputs: tuple[Any, ...], *, keep_device: bool = False,
+    reuse: ReusePlan | None = None, report: dict[str, Any] | None = None,
 ) -> dict[fx.Node, NodeRecord]:
     """Run ``gm`` on fakes of ``example_inputs`` and its own state; one NodeRecord per node.
 
     Fakes live on the CPU (so CPU kernels and their FLOP formulas apply) unless ``keep_device``:
-    an exported graph has its tensors' devices baked into asserts, so it keeps them.
+    an exported graph has its tensors' devices baked into asserts, so it keeps them. ``reuse``
+    (``tracing.reuse.plan_reuse``): block copies annotated from their template; ``report`` gets
+    "reused" (copies not run) and "fallbacks" (copies run because their inputs differed).
     """
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes: dict[int, torch.Tensor] = {}
@@ -158,7 +256,12 @@ def propagate(
 
     args = [to_fake(x) if isinstance(x, torch.Tensor) else x for x in tree_leaves(example_inputs)]
     counter = fc.FlopCounterMode(display=False, custom_mapping=flop_mapping())
-    rec = _Recorder(gm, counter, memo_leaves=not keep_device)
-    with _fake_state(gm, to_fake), torch.no_grad(), mode, counter:
+    rec = _Recorder(gm, counter, memo_leaves=not keep_device, reuse=reuse)
+    skip = tuple(c.prefix for c in reuse.copies) if reuse else ()
+    with _fake_state(gm, to_fake, skip) as swap, torch.no_grad(), mode, counter:
+        rec.swap = swap
         rec.run(*args)
+    if report is not None:
+        report["reused"] = rec.reused
+        report["fallbacks"] = rec.fallbacks
     return rec.records

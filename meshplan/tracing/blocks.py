@@ -26,13 +26,22 @@ from meshplan.tracing.classify import is_leaf_class
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
-def _under(n: GraphNode, prefix: str) -> bool:
-    p = prefix + "."
-    return (
-        n.scope == prefix
-        or n.scope.startswith(p)
-        or (n.module_fqn is not None and (n.module_fqn == prefix or n.module_fqn.startswith(p)))
-    )
+def _under_index(nodes: list[GraphNode]) -> dict[str, list[int]]:
+    """Module prefix -> ids (ascending) of the nodes whose scope or module FQN is that module or
+    lies under it: one pass over the nodes instead of one per candidate instance."""
+    index: dict[str, list[int]] = {}
+    for n in nodes:
+        seen: set[str] = set()
+        for path in (n.scope, n.module_fqn):
+            if not path:
+                continue
+            parts = path.split(".")
+            for k in range(1, len(parts) + 1):
+                pre = ".".join(parts[:k])
+                if pre not in seen:
+                    seen.add(pre)
+                    index.setdefault(pre, []).append(n.id)
+    return index
 
 
 def _signature(nodes: list[GraphNode], start: int, end: int, param_shapes: dict[str, tuple[int, ...]]) -> str:
@@ -55,6 +64,7 @@ def find_blocks(root: nn.Module, pidx: ParamIndex, nodes: list[GraphNode]) -> tu
     """Detected block types and the nodes with ``block`` set for every instance's nodes."""
     param_shapes = {pidx.user(n): tuple(p.shape) for n, p in root.named_parameters(remove_duplicate=False)}
     blocks: list[BlockType] = []
+    under = _under_index(nodes)
     taken: list[tuple[int, int]] = []
     block_of: dict[int, str] = {}
     for cname, container in root.named_modules():
@@ -66,7 +76,7 @@ def find_blocks(root: nn.Module, pidx: ParamIndex, nodes: list[GraphNode]) -> tu
             if not _user_module(child):
                 continue
             prefix = f"{cpre}.{child_name}" if cpre else child_name
-            ids = [n.id for n in nodes if _under(n, prefix)]
+            ids = under.get(prefix, [])
             if not ids:
                 continue
             start, end = min(ids), max(ids) + 1

@@ -70,8 +70,12 @@ def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
 
 
-def fold_views(root: nn.Module, inputs: Sequence[Any], prefix: str = "") -> list[str]:
-    """User FQNs of linears whose head split folds the sequence on a column shard (see above)."""
+def fold_views(root: nn.Module, inputs: Sequence[Any], prefix: str = "", skip: Sequence[str] = ()) -> list[str]:
+    """User FQNs of linears whose head split folds the sequence on a column shard (see above).
+
+    ``skip``: FQNs of repeated-block copies (``tracing.reuse``) whose tensors need not be faked: a
+    probe stops inside the first instance of its kind, before any copy runs; a probe that does
+    not stop is run again with everything faked."""
     import logging
 
     out: list[str] = []
@@ -79,7 +83,7 @@ def fold_views(root: nn.Module, inputs: Sequence[Any], prefix: str = "") -> list
     level = flog.level
     flog.setLevel(logging.CRITICAL)
     try:
-        _probe_all(root, prefix, out, inputs)
+        _probe_all(root, prefix, out, inputs, tuple(skip))
     finally:
         flog.setLevel(level)
     return out
@@ -95,10 +99,8 @@ def _signature(root: nn.Module, name: str, lin: nn.Module) -> tuple[str, str, tu
     return type(root.get_submodule(parent)).__qualname__, attr, tuple(w.shape) if w is not None else ()
 
 
-def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[Any]) -> None:
+def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[Any], skip: tuple[str, ...]) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from meshplan.tracing.annotate import _fake_state
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes: dict[int, torch.Tensor] = {}
@@ -124,18 +126,29 @@ def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[An
         first.setdefault(sig, (name, lin))
     for sig, (name, lin) in first.items():
         end = root.get_submodule(name.rsplit(".", 1)[0])  # the parent: where heads are split
-        watch = _Watch()
-        hooks = [lin.register_forward_hook(_narrow_hook(watch)), end.register_forward_hook(_end_hook)]
-        folded = False
-        try:
-            with _fake_state(root, to_fake), torch.no_grad(), mode, watch:
-                root(*args)
-        except _Stop as stop:
-            folded = stop.folded
-        except Exception:  # noqa: BLE001 - a probe that cannot run proves nothing either way
-            folded = False
-        finally:
-            for h in hooks:
-                h.remove()
-        if folded:
+        if _probe(root, lin, end, args, to_fake, mode, skip):
             out += by_sig[sig]
+
+
+def _probe(root: nn.Module, lin: nn.Module, end: nn.Module, args: list[Any], to_fake: Any, mode: Any,
+           skip: tuple[str, ...]) -> bool:
+    """One probe: does ``lin``'s narrowed output get folded into the sequence? (see above)"""
+    from meshplan.tracing.annotate import _fake_state
+
+    watch = _Watch()
+    hooks = [lin.register_forward_hook(_narrow_hook(watch)), end.register_forward_hook(_end_hook)]
+    try:
+        with _fake_state(root, to_fake, skip), torch.no_grad(), mode, watch:
+            root(*args)
+    except _Stop as stop:
+        return stop.folded
+    except Exception:  # noqa: BLE001 - a probe that cannot run proves nothing either way
+        if not skip:
+            return False
+    else:
+        if not skip:
+            return False
+    finally:
+        for h in hooks:
+            h.remove()
+    return _probe(root, lin, end, args, to_fake, mode, ())

@@ -61,7 +61,7 @@ def load_graph(
             say(f"traced graph of {spec} from the cache ({store.path(key)})")
             return hit
     say("tracing")
-    graph = trace_model(built.model, inputs, name=built.name)
+    graph = trace_model(built.model, inputs, name=built.name, progress=say)
     if key is not None:
         store.put(key, graph)
     return graph
