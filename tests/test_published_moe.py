@@ -69,3 +69,19 @@ def test_heads_wider_than_hidden_over_heads_run_and_trace() -> None:
     g = trace_model(model, (x,))
     attn = [n for n in g.nodes if n.kind == "attention"]
     assert attn and attn[0].attrs["head_dim"] == 8 and attn[0].attrs["num_heads"] == 4
+
+
+def test_repeat_kv_twin_computes_the_same_attention_as_enable_gqa() -> None:
+    """``repeat_kv`` (torchtitan's 2024 Llama: kv heads repeated before SDPA) changes what is saved,
+    not the function: both forms give the same logits."""
+    import torch
+
+    from meshplan.models.llama import Llama, LlamaConfig
+
+    kw = dict(n_layer=1, n_head=4, n_kv_head=2, dim=32, ffn_hidden=32, vocab_size=16, max_seq_len=8)
+    torch.manual_seed(0)
+    a = Llama(LlamaConfig(**kw))
+    b = Llama(LlamaConfig(**kw, repeat_kv=True))
+    b.load_state_dict(a.state_dict())
+    x = torch.randint(0, 16, (2, 8))
+    torch.testing.assert_close(a(x), b(x))

@@ -33,6 +33,9 @@ class LlamaConfig:
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     attn_head_dim: int = 0  # per-head width; 0: dim // n_head (Qwen3: 64 heads of 128 on dim 4096)
+    # True: key/value heads repeated to the query heads before SDPA (torchtitan's Llama, 2024:
+    # ``repeat_kv``), to cost a published run as its engine ran it; False: SDPA's ``enable_gqa``
+    repeat_kv: bool = False
 
     def __post_init__(self) -> None:
         for k in ("n_layer", "n_head", "n_kv_head", "dim", "ffn_hidden", "vocab_size", "max_seq_len"):
@@ -114,6 +117,7 @@ class Attention(nn.Module):
         self.n_kv_head = cfg.n_kv_head
         self.n_rep = cfg.n_head // cfg.n_kv_head
         self.head_dim = hd
+        self.repeat_kv = cfg.repeat_kv
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -123,7 +127,9 @@ class Attention(nn.Module):
         q = apply_rotary(q, cos, sin).transpose(1, 2)
         k = apply_rotary(k, cos, sin).transpose(1, 2)
         v = v.transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_rep > 1)
+        if self.repeat_kv and self.n_rep > 1:  # the local kv heads repeated (the ratio is TP-invariant)
+            k, v = k.repeat_interleave(self.n_rep, dim=1), v.repeat_interleave(self.n_rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_rep > 1 and not self.repeat_kv)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 

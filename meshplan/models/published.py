@@ -5,7 +5,8 @@
 untied head: Llama 2/3, torchtitan), "moe" (the same Llama with every feed-forward a sparse MoE:
 ``num_experts`` SwiGLU experts of ``ffn_hidden`` each, ``top_k`` routed per token, optional
 ``shared_ffn`` always-on experts: Mixtral, ``models/moe.py``; traced through ``tracing/moe.py``;
-``head_dim`` where the heads are not ``hidden / heads`` wide, as in Qwen3)
+``head_dim`` where the heads are not ``hidden / heads`` wide, as in Qwen3; ``repeat_kv`` where the
+engine repeats the key/value heads before attention, as torchtitan's Llama did in 2024)
 or "gpt" (the default: LayerNorm, GeLU MLP, learned positions, tied embeddings; ``bias`` false
 for MPT, whose ALiBi is stood in for by learned positions). ``case_graph(case)`` traces it at
 the case's sequence length (one microbatch sequence), memoized per shape for a sweep.
@@ -47,7 +48,8 @@ def case_model(case: dict[str, Any]) -> nn.Module:
         if arch == "llama":
             cfg = LlamaConfig(n_layer=m["layers"], n_head=m["heads"], n_kv_head=m.get("kv_heads") or m["heads"],
                               dim=m["hidden"], ffn_hidden=m["ffn_hidden"], vocab_size=m["vocab"],
-                              max_seq_len=m["seq_len"], attn_head_dim=m.get("head_dim") or 0)  # fmt: skip
+                              max_seq_len=m["seq_len"], attn_head_dim=m.get("head_dim") or 0,
+                              repeat_kv=bool(m.get("repeat_kv")))  # fmt: skip
             return Llama(cfg)
         bias = m.get("bias", not case["id"].startswith("mpt"))
         return GPT(GPTConfig(n_layer=m["layers"], n_head=m["heads"], n_embd=m["hidden"], ffn_hidden=m["ffn_hidden"],
@@ -62,7 +64,7 @@ def case_graph(case: dict[str, Any]) -> ModelGraph:
     m = case["model"]
     key = (_arch(case), m["layers"], m["hidden"], m["heads"], m.get("kv_heads"), m["ffn_hidden"], m["seq_len"],
            m["vocab"], m.get("bias", not case["id"].startswith("mpt")), m.get("num_experts"), m.get("top_k"),
-           m.get("shared_ffn"), m.get("head_dim"))  # fmt: skip
+           m.get("shared_ffn"), m.get("head_dim"), m.get("repeat_kv"))  # fmt: skip
     if key not in _GRAPHS:
         model = case_model(case)
         _GRAPHS[key] = trace_model(model, default_inputs(model, device="meta"), name=case["id"])
