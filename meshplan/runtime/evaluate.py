@@ -39,7 +39,7 @@ def _batch_loss(pm: ParallelModel, x: tuple, y: torch.Tensor | None) -> torch.Te
     with lpmod.context(pm.loss_parallel):
         pm.schedule.eval(*args, **kw)  # type: ignore[attr-defined]
     if pm.has_last:
-        local += torch.stack([lpmod.plain(v.detach()).double().cpu() for v in losses]).mean() / pm._loss_scale()
+        local += torch.stack([lpmod.plain(v.detach()).double().cpu() for v in losses]).mean() / pm.loss_scale()
     return local
 
 

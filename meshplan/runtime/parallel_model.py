@@ -62,6 +62,8 @@ class ParallelModel:
     skipped_steps: list[int] = field(default_factory=list)
     precision: str = "fp32"  # what runs: bf16 | fp16 | fp32 (runtime.precision)
     scaler: object | None = None  # fp16: torch's ShardedGradScaler over the world
+    # fp16: steps whose update the scaler skipped (inf/NaN gradients on some rank; the scale halves)
+    scaler_skipped_steps: list[int] = field(default_factory=list)
     grad_sync: BucketedGradSync | None = None  # manual mode: bucketed overlapped all-reduce
     sync_counter: dpmod.SyncCounter = field(default_factory=dpmod.SyncCounter)
     grad_sync_collectives: int = 0  # gradient-reducing collective calls counted in the last step
@@ -172,7 +174,7 @@ class ParallelModel:
                 if p.grad is not None and not (self.grad_sync is not None and self.grad_sync.owns(p)):
                     p.grad.div_(m)
             if self.has_last:  # the schedule's losses carry the fp16 loss scale
-                local_loss += torch.stack([lpmod.plain(v.detach()).double().cpu() for v in losses]).mean() / self._loss_scale()
+                local_loss += torch.stack([lpmod.plain(v.detach()).double().cpu() for v in losses]).mean() / self.loss_scale()
         with self.phase_spans.span("comm"):
             loss, grads_bad = self._sync_grads(local_loss)
         # fp16: non-finite gradients are the scaler's business (it skips the step and lowers the scale)
@@ -218,12 +220,16 @@ class ParallelModel:
         if self.lr_fn is not None:
             optim.set_lr(self.optimizer, self.lr_fn(self.steps_done + 1))
         if self.scaler is not None:
+            before = self.loss_scale()
             self.scaler.step(self.optimizer)  # type: ignore[attr-defined]
             self.scaler.update()  # type: ignore[attr-defined]
+            if self.loss_scale() < before:  # it found inf/NaN gradients: no update, scale backed off
+                self.scaler_skipped_steps.append(self.steps_done + 1)
         else:
             self.optimizer.step()
 
-    def _loss_scale(self) -> float:
+    def loss_scale(self) -> float:
+        """The fp16 gradient scaler's current loss scale (1.0 without one)."""
         if self.scaler is None:
             return 1.0
         return float(self.scaler.get_scale())  # type: ignore[attr-defined]

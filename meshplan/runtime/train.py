@@ -227,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ran = bool(rec.steps)
     if args.profile_steps > 0 and ran:  # after the timed steps and the last checkpoint: off the step times
         rec.phases = _profile_phases(pm, stream, args.profile_steps)
+    if pm.scaler is not None:
+        rec.notes.append(scaler_note(pm))
     if rank == 0:
         out = args.record or os.path.join(os.path.dirname(os.path.abspath(args.plan)), "run_record.json")
         rec.save(out)
@@ -235,6 +237,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(rec.summary_line(), flush=True)
     torch.distributed.destroy_process_group()
     return 0
+
+
+def scaler_note(pm: Any) -> str:
+    """The fp16 gradient scaler's end state, for the RunRecord's notes (one line)."""
+    skipped = pm.scaler_skipped_steps
+    return (f"fp16 loss scale {pm.loss_scale():g} at the end; the scaler skipped the update of "
+            + (f"{len(skipped)} step{'s' * (len(skipped) != 1)} ({', '.join(map(str, skipped[:8]))}"
+               + (", ..." if len(skipped) > 8 else "") + ") with inf/NaN gradients" if skipped else "no step"))
 
 
 def _profile_phases(pm: Any, stream: Any, k: int) -> dict[str, Any]:
