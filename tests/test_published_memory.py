@@ -29,6 +29,13 @@ def test_cases_keep_their_sources_and_memory_figures() -> None:
     assert setup["recompute"] == "op" and setup["dp_kind"] == "fsdp" and setup["micro_batch_size"] == 2
     spec = case_cluster(next(c for c in CASES if c["id"] == "tt-llama3.1-8b-h100-8gpu-fsdp"))
     assert spec.mem_bytes == 96 * 10**9 and spec.peak_flops["bf16"] == pytest.approx(886e12)
+    # the 500 W tensor clock sets the float8 rate too (same ratio to the preset as the 16-bit one)
+    from meshplan.cost_models.hardware import ClusterSpec
+
+    h100 = ClusterSpec.preset("h100")
+    assert spec.peak_flops["fp8"] / h100.peak_flops["fp8"] == pytest.approx(886e12 / h100.peak_flops["bf16"])
+    fp8_case = next(c for c in CASES if c["id"] == "tt-llama3.1-70b-h100-256gpu-fsdp32-tp8")
+    assert case_setup(fp8_case)["dtype"] == "fp8" and case_setup(fp8_case)["dtype"] != setup["dtype"]
 
 
 @pytest.mark.parametrize("case", FAST, ids=[c["id"] for c in FAST])
