@@ -4,8 +4,9 @@ A collective runs as a CUDA kernel of one thread block (CTA) per channel, each r
 SM for the collective's whole duration ("Demystifying NCCL", Hu et al. 2025, arXiv 2507.04786
 §3; NCCL's ``NCCL_MIN_CTAS`` / ``NCCL_MAX_CTAS``, ``ncclConfig_t.maxCTAs``: "the number of CTAs
 NCCL uses" = channels). NCCL's channel cap is ``MAXCHANNELS = 32`` (``src/include/device.h``);
-on NVSwitch nodes its ring search reaches it for the bandwidth-bound messages that DP buckets and
-FSDP units are (NCCL INFO logs "Channel 00/32" on DGX H100). A GEMM or attention kernel that
+on 8-GPU NVSwitch nodes of A100 and H100 its search settles on 24 collective channels (the
+``NCCL INFO 24 coll channels, …`` init line; ``hardware.NCCL_NVSWITCH_COLL_CHANNELS``), all used
+by the bandwidth-bound messages DP buckets and FSDP units are. A GEMM or attention kernel that
 overlaps the collective therefore runs on ``S − C`` of the ``S`` SMs (its thread blocks use most
 of an SM's shared memory and registers and cannot share the SM with NCCL's 512–640-thread CTA),
 so hidden communication is not free (DeepSeek-V3 technical report §3.2.2 keeps its all-to-all

@@ -77,7 +77,17 @@ def overlapped_sync_exposed_s(
 def overlapped_sync_exposed_runs(
     runs: Sequence[tuple[float, int]], backward_s: float, allreduce_s: Callable[[float], float]
 ) -> float:
-    """``overlapped_sync_exposed_s`` of buckets given as runs of (bytes, count) of equal consecutive
+    """``overlapped_sync_exposed_s`` of buckets given as runs of (bytes, count) (``overlapped_sync_terms``)."""
+    return overlapped_sync_terms(runs, backward_s, allreduce_s)[0]
+
+
+def overlapped_sync_terms(
+    runs: Sequence[tuple[float, int]], backward_s: float, allreduce_s: Callable[[float], float]
+) -> tuple[float, float]:
+    """(exposed, hidden) seconds of the bucketed all-reduce: exposed as ``overlapped_sync_exposed_s``,
+    hidden = the all-reduce time that ran under the backward (busy − exposed: once the backward
+    ends every bucket is ready, so the collectives run back to back) — what NCCL's SMs take from
+    the backward (``cost_models.contention``). Buckets given as runs of (bytes, count) of equal consecutive
     buckets (a 175B stage has thousands of 25 MiB buckets and one remainder: two runs, see
     ``uniform_bucket_runs``). Over q = 1..k equal buckets of t seconds each,
     ``finish_k = max(finish_0 + k·t, ready_1 + k·t, ready_k + t)`` (``ready_q + (k - q + 1)·t`` is
@@ -91,12 +101,15 @@ def overlapped_sync_exposed_runs(
             for _ in range(k):
                 total += b
     if total <= 0:
-        return 0.0
+        return 0.0, 0.0
     done = 0.0
     finish = 0.0
+    busy = 0.0
     for b, k in runs:
         t = allreduce_s(b)
+        busy += k * t
         first = backward_s * (done + b) / total
         done += k * b
         finish = max(finish + k * t, first + k * t, backward_s * done / total + t)
-    return max(0.0, finish - backward_s)
+    exposed = max(0.0, finish - backward_s)
+    return exposed, max(0.0, busy - exposed)

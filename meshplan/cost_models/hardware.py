@@ -273,6 +273,7 @@ def _make(
     matmul_efficiency: float = 0.75,
     tflops_fp8: float | None = None,
     attention_efficiency: float = 0.0,
+    comm_sms: int = 0,
 ):
     def build(num_nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
         dpn = devices_per_node or per_node
@@ -292,7 +293,7 @@ def _make(
             matmul_efficiency=matmul_efficiency,
             sm_count=sm_count,
             attention_efficiency=attention_efficiency,
-            comm_sms=NCCL_MAX_CHANNELS,
+            comm_sms=comm_sms,
             source=source,
         )
 
@@ -315,14 +316,18 @@ _MATMUL_EFF = {"a100-40g": 0.60, "a100-80g": 0.60, "h100": 0.55, "h200": 0.55, "
 FA2_A100 = 0.53
 FA2_H100 = 0.35
 
-# comm_sms: the CTAs (one SM each) a bandwidth-bound NCCL collective runs on: NCCL's channel cap
-# MAXCHANNELS = 32 (src/include/device.h), which its ring search reaches on NVSwitch nodes for DP
-# buckets and FSDP units (cost_models/contention.py); NCCL_MAX_CTAS or a profile sets another
+# comm_sms: the CTAs (one SM each) a bandwidth-bound NCCL collective runs on (cost_models/
+# contention.py): NCCL's channel search settles on "24 coll channels" on 8-GPU NVSwitch nodes of
+# A100 SXM4 and H100 (NCCL_DEBUG=INFO init lines, e.g. AWS p5.48xlarge = 8x H100 and DGX/HGX
+# A100), under its cap MAXCHANNELS = 32 (src/include/device.h). V100: no published log found, 0
+# (not modelled). NCCL_MAX_CTAS or a profile sets another.
 NCCL_MAX_CHANNELS = 32
+NCCL_NVSWITCH_COLL_CHANNELS = 24
 
 PRESETS = {
     "a100-40g": _make(
         "a100-40g",
+        comm_sms=NCCL_NVSWITCH_COLL_CHANNELS,
         sm_count=108,
         attention_efficiency=FA2_A100,
         matmul_efficiency=_MATMUL_EFF["a100-40g"],
@@ -337,6 +342,7 @@ PRESETS = {
     ),
     "a100-80g": _make(
         "a100-80g",
+        comm_sms=NCCL_NVSWITCH_COLL_CHANNELS,
         sm_count=108,
         attention_efficiency=FA2_A100,
         matmul_efficiency=_MATMUL_EFF["a100-80g"],
@@ -351,6 +357,7 @@ PRESETS = {
     ),
     "h100": _make(
         "h100",
+        comm_sms=NCCL_NVSWITCH_COLL_CHANNELS,
         sm_count=132,
         attention_efficiency=FA2_H100,
         tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)
@@ -366,6 +373,7 @@ PRESETS = {
     ),
     "h200": _make(
         "h200",
+        comm_sms=NCCL_NVSWITCH_COLL_CHANNELS,
         sm_count=132,
         attention_efficiency=FA2_H100,
         tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshplan.cost_models.contention import overlap_slowdown_s
+from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.search_types import Evaluation
 
 
-def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: float, num_microbatches: int) -> float:
+def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: float, num_microbatches: int,
+                 cluster: ClusterSpec | None = None) -> float:
     """Seconds of data-parallel communication ``d`` (a ``dp_kinds.DPComm``) compute does not hide::
 
         max(0.1·sync, sync − B) + max(0.1·gather, gather − F) + m·E_mb
@@ -28,23 +31,33 @@ def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: f
              + ag_b/L + (L−1)/L · max(0, ag_b + rs − B) + rs/L    backward: first gather, last reduce
 
     (``units`` 1 or no split: ``max(0, per_mb − T_mb)`` per microbatch + ``0.1·per_mb``).
+    With ``cluster``, every hidden part (a collective's time minus its exposed share) also costs
+    the compute it overlaps what NCCL's SMs take from it (``contention.overlap_slowdown_s``:
+    the sync and backward gathers/reduce-scatters against B, the gathers against F).
     Unit: seconds. Source: PyTorch FSDP2 ``fully_shard`` (implicit forward prefetch, backward
     prefetch of one unit, reduce-scatter in its own stream).
     """
     out = 0.0
+
+    def hidden(comm: float, exposed: float, compute: float) -> float:
+        return overlap_slowdown_s(max(0.0, comm - exposed), compute, cluster) if cluster is not None else 0.0
+
     if d.sync_s:
-        out += max(0.1 * d.sync_s, d.sync_s - backward_s)
+        e = max(0.1 * d.sync_s, d.sync_s - backward_s)
+        out += e + hidden(d.sync_s, e, backward_s)
     if d.gather_s:
-        out += max(0.1 * d.gather_s, d.gather_s - forward_s)
+        e = max(0.1 * d.gather_s, d.gather_s - forward_s)
+        out += e + hidden(d.gather_s, e, forward_s)
     if d.per_microbatch_s and d.units > 1 and d.mb_forward_s:
         L, ag_f, ag_b = d.units, d.mb_forward_s, d.mb_bwd_gather_s
         bwd = d.per_microbatch_s - ag_f  # backward gathers + reduce-scatters (+ hsdp all-reduce)
         rs = bwd - ag_b
-        e_mb = ag_f / L + (L - 1) / L * max(0.0, ag_f - forward_s)
-        e_mb += ag_b / L + (L - 1) / L * max(0.0, bwd - backward_s) + rs / L
-        out += num_microbatches * e_mb
+        e_f = ag_f / L + (L - 1) / L * max(0.0, ag_f - forward_s)
+        e_b = ag_b / L + (L - 1) / L * max(0.0, bwd - backward_s) + rs / L
+        out += num_microbatches * (e_f + e_b + hidden(ag_f, e_f, forward_s) + hidden(bwd, e_b, backward_s))
     elif d.per_microbatch_s:
-        out += num_microbatches * max(0.0, d.per_microbatch_s - microbatch_s) + 0.1 * d.per_microbatch_s
+        e = max(0.0, d.per_microbatch_s - microbatch_s)
+        out += num_microbatches * (e + hidden(d.per_microbatch_s, e, microbatch_s)) + 0.1 * d.per_microbatch_s
     return out
 
 

@@ -16,12 +16,9 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
+from meshplan.cost_models.contention import overlap_slowdown_s
 from meshplan.cost_models.dp_kinds import KIND_ORDER, dp_comm
-from meshplan.cost_models.grad_sync import (
-    GRAD_REDUCE_BYTES,
-    overlapped_sync_exposed_runs,
-    uniform_bucket_runs,
-)
+from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES, overlapped_sync_terms, uniform_bucket_runs
 from meshplan.execution_rules import dp_kind_blocker
 from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
@@ -136,21 +133,24 @@ class ConfigEvaluator(ConfigCosts):
             # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
             # the last microbatch's backward
             exp_b = expert_params(self.g) / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 else 0.0
-            dp_exposed = overlapped_sync_exposed_runs(
+            dp_exposed, hid = overlapped_sync_terms(
                 uniform_bucket_runs(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
             if exp_b and c.dp * c.cp > c.ep:  # ep: expert gradients over their dp*cp/ep replicas only (runtime/epcp)
                 dc = c.dp * c.cp
                 rep = dp_comm("ddp", exp_b, exp_b, dc // c.ep, self.cluster, stride=c.tp * c.ep)
-                dp_exposed += overlapped_sync_exposed_runs(
+                e_x, h_x = overlapped_sync_terms(
                     uniform_bucket_runs(exp_b), k.rank_b[worst],
                     lambda b: dp_comm("ddp", b, b, dc // c.ep, self.cluster, stride=c.tp * c.ep).sync_s)
+                dp_exposed, hid = dp_exposed + e_x, hid + h_x
                 d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)
                                       + rep.bytes.get("all_reduce", 0)})
             elif exp_b:
                 d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)})
+            # the buckets' NCCL kernels hold SMs the backward they overlap needs (cost_models.contention)
+            dp_exposed += overlap_slowdown_s(hid, k.rank_b[worst], self.cluster)
         else:
             dp_exposed = exposed_dp_s(d, backward_s=k.rank_b[worst], forward_s=k.rank_f[worst],
-                                      microbatch_s=max(rank_work), num_microbatches=m)  # fmt: skip
+                                      microbatch_s=max(rank_work), num_microbatches=m, cluster=self.cluster)  # fmt: skip
         dp_bytes = d.bytes
         opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
         # exposed EP all-to-all and CP ring, expert imbalance: all layers per microbatch at pp = 1; under
