@@ -10,6 +10,7 @@ from planner_fixtures import linear_node
 
 from meshplan.cost_models.compute import node_time, roofline_time_s
 from meshplan.cost_models.efficiency import (
+    attention_shape_factor,
     attention_wave_factor,
     causal_work_fraction,
     gemm_shape_factor,
@@ -89,16 +90,18 @@ def test_flash_attention_skips_the_masked_half_and_is_wave_quantized() -> None:
     assert attention_wave_factor(1, 32, 4096, 132) == pytest.approx(wave_fraction(32 * 32, 132))
     c, nc = _attention(4, 32, 2048, 128, True), _attention(4, 32, 2048, 128, False)
     tc, tnc = node_time(c, H100), node_time(nc, H100)
-    assert tc.fwd_s / tnc.fwd_s == pytest.approx(17 / 32)
+    # the masked half skipped, each at its own shape's efficiency (efficiency.attention_shape_factor)
+    shape = attention_shape_factor(2048, 128, False, exp_cost_flops=H100.exp_cost_flops)
+    assert tc.fwd_s / tnc.fwd_s == pytest.approx(17 / 32 * shape)
     assert tc.bwd_input_s == pytest.approx(2 * tc.fwd_s)
     flat = dataclasses.replace(H100, sm_count=0)
     # the flash kernel's own fraction of peak (FlashAttention-2 on H100: 35 %), wave-quantized
     assert H100.attention_efficiency == 0.35 and A100.attention_efficiency == 0.53
     assert ClusterSpec.preset("v100").attention_efficiency == 0.0  # no FA2 kernel: matmul_efficiency
-    eff = H100.attention_efficiency * attention_wave_factor(4, 32, 2048, 132)
+    eff = H100.attention_efficiency * shape * attention_wave_factor(4, 32, 2048, 132)
     assert tnc.fwd_s == pytest.approx(node_time(nc, flat).fwd_s * H100.matmul_efficiency / eff)
-    plain = dataclasses.replace(H100, attention_efficiency=0.0)  # unset: the GEMM efficiency
-    assert node_time(nc, plain).fwd_s == pytest.approx(tnc.fwd_s * 0.35 / H100.matmul_efficiency)
+    plain = dataclasses.replace(H100, attention_efficiency=0.0)  # unset: the GEMM efficiency, no shape factor
+    assert node_time(nc, plain).fwd_s == pytest.approx(tnc.fwd_s * 0.35 * shape / H100.matmul_efficiency)
     with pytest.raises(ValueError, match="attention_efficiency"):
         dataclasses.replace(H100, attention_efficiency=1.5)
     assert math.isclose(node_time(c, flat).fwd_s, node_time(nc, flat).fwd_s)  # no SM count: dense FLOPs

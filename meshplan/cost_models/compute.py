@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 
 from meshplan.cost_models.efficiency import (
+    ATTENTION_REF_SHAPE,
+    attention_shape_factor,
     attention_wave_factor,
     causal_work_fraction,
     linear_factors,
@@ -329,7 +331,11 @@ def shape_efficiencies(
     if node.kind == "attention" and a.get("num_heads") and a.get("seq_len"):
         frac = causal_work_fraction(int(a["seq_len"]), bool(a.get("is_causal")))
         batch = (node.out_shape[0] if len(node.out_shape) == 4 else 1) * batch_scale
-        base = cluster.attention_efficiency or base  # the flash kernel's own fraction of peak
+        if cluster.attention_efficiency:  # a flash kernel: its own fraction of peak, by shape and generation
+            hd = int(a.get("head_dim") or 0) or ATTENTION_REF_SHAPE[0]
+            base = min(1.0, cluster.attention_efficiency * attention_shape_factor(
+                int(a["seq_len"]), hd, bool(a.get("is_causal")), kernel=cluster.attention_kernel,
+                exp_cost_flops=cluster.exp_cost_flops))  # fmt: skip
         e = base * attention_wave_factor(batch, a["num_heads"] / shard, int(a["seq_len"]), sms)
         return frac, e, e, e
     return None

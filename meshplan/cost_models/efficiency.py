@@ -26,6 +26,29 @@ skips key blocks above the diagonal under a causal mask, so it does
 ``(n_blk + 1) / (2·n_blk)`` of the dense FLOPs (``n_blk = ⌈s/128⌉``) that ``FlopCounterMode``
 counts; its grid is ``batch · heads · n_blk`` blocks, wave-quantized like a GEMM.
 
+Flash attention by shape and kernel generation (``attention_shape_factor``): per score element the
+forward does ``4d`` matmul FLOPs (QKᵀ, PV) and one exponential, the backward ``10d`` (S recomputed,
+dV, dP, dQ, dK) and one exponential (P recomputed), d = head dim. The exponential runs on the
+special-function units, ``E = ClusterSpec.exp_cost_flops`` matmul FLOPs' worth of time (H100:
+989 / 3.9 TFLOP/s, FlashAttention-3 §3.1: "exponential can take 50 % of the cycle time compared
+to matmul" at d = 128). FlashAttention-2 runs softmax and GEMMs one after the other in each warp
+(exposed: x = 1) and on Hopper issues Ampere ``mma.sync``, which reaches about 2/3 of the tensor
+cores' peak (FA3 §2.2); FlashAttention-3 (``attention_kernel = "fa3"``, Hopper) overlaps them
+(ping-pong and intra-warpgroup pipelining, x = 0) on ``wgmma`` (full peak, m = 1.5 relative to
+FA2)::
+
+    g = 14d / (14d/m + 2·x·E)                        (forward + backward, per score element)
+    b = n_kv / (n_kv + 1)                            per query block: one key-block iteration's
+                                                     worth of fixed work (Q load, O rescale and
+                                                     store, LSE), n_kv = key blocks it visits
+                                                     (causal: (n+1)/2 on average, else n = ⌈s/128⌉)
+    factor = g·b / (g·b at head dim 128, causal, seq 2048 under FA2)
+
+so ``ClusterSpec.attention_efficiency`` stays the calibration knob, read at that reference shape
+(FlashAttention-2 paper's A100 figure; the FA3 paper's 35 % for FA2 on H100). The fixed work of
+one iteration per query block is an assumption named here (the papers show throughput rising
+with sequence length, not its cause), not fitted to any case.
+
 Memory-bound ops (norms, activations, elementwise) stay on the roofline's bandwidth term
 (``compute.roofline_time_s``: bytes / (HBM bandwidth · mem_efficiency)). No torch import.
 """
@@ -99,6 +122,33 @@ def causal_work_fraction(seq_len: int, is_causal: bool) -> float:
         return 1.0
     n = math.ceil(seq_len / FLASH_BLOCK_ROWS)
     return (n + 1) / (2 * n)
+
+
+#: FlashAttention-2's Ampere ``mma.sync`` on Hopper: about 2/3 of the tensor cores' peak (FA3 §2.2)
+HOPPER_MMA_SYNC_FRACTION = 2 / 3
+#: the shape the presets' ``attention_efficiency`` was read at (head dim, causal, sequence length)
+ATTENTION_REF_SHAPE = (128, True, 2048)
+
+
+def _attention_gb(head_dim: int, is_causal: bool, seq_len: int, kernel: str, exp_cost_flops: float) -> float:
+    d = float(head_dim)
+    m, x = (1 / HOPPER_MMA_SYNC_FRACTION, 0.0) if kernel == "fa3" else (1.0, 1.0)
+    g = 14 * d / (14 * d / m + 2 * x * exp_cost_flops)
+    n = max(1, math.ceil(seq_len / FLASH_BLOCK_ROWS))
+    n_kv = (n + 1) / 2 if is_causal else n
+    return g * n_kv / (n_kv + 1)
+
+
+def attention_shape_factor(
+    seq_len: int, head_dim: int, is_causal: bool, *, kernel: str = "fa2", exp_cost_flops: float = 0.0
+) -> float:
+    """Flash-attention throughput at (seq_len, head_dim, causal) under ``kernel`` ("fa2", "fa3")
+    relative to FlashAttention-2 at ``ATTENTION_REF_SHAPE`` (module docstring)."""
+    _check_dims(seq_len=seq_len, head_dim=head_dim)
+    if kernel not in ("fa2", "fa3"):
+        raise ValueError(f"kernel must be 'fa2' or 'fa3', got {kernel!r}")
+    ref = _attention_gb(ATTENTION_REF_SHAPE[0], ATTENTION_REF_SHAPE[1], ATTENTION_REF_SHAPE[2], "fa2", exp_cost_flops)
+    return _attention_gb(head_dim, is_causal, seq_len, kernel, exp_cost_flops) / ref
 
 
 def attention_wave_factor(batch: float, heads: float, seq_len: int, sms: int) -> float:

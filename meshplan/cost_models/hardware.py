@@ -61,6 +61,11 @@ class ClusterSpec:
     # SMs a running NCCL collective occupies (one CTA per channel; presets: NCCL's MAXCHANNELS 32):
     # compute that overlaps it runs on the others (``cost_models.contention``); 0 = not modelled
     comm_sms: int = 0
+    # the flash-attention kernel SDPA runs ("fa2"; "fa3" = FlashAttention-3, Hopper only) and the
+    # matmul FLOPs one exponential costs in time (tensor-core peak / special-function peak; 0 = no
+    # softmax term): attention efficiency by shape (``cost_models.efficiency.attention_shape_factor``)
+    attention_kernel: str = "fa2"
+    exp_cost_flops: float = 0.0
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -106,6 +111,13 @@ class ClusterSpec:
         if (not isinstance(self.comm_sms, int) or isinstance(self.comm_sms, bool) or self.comm_sms < 0
                 or (self.sm_count and self.comm_sms >= self.sm_count)):  # fmt: skip
             raise bad("comm_sms", f"must be an integer in [0, sm_count) (0 = not modelled), got {self.comm_sms!r}")
+        if self.attention_kernel not in ("fa2", "fa3"):
+            raise bad("attention_kernel", f"must be 'fa2' or 'fa3', got {self.attention_kernel!r}")
+        if self.attention_kernel == "fa3" and "fp8" not in self.peak_flops:
+            raise bad("attention_kernel", "'fa3' (FlashAttention-3) runs only on Hopper GPUs (FP8 tensor cores in "
+                      "peak_flops); use 'fa2'")
+        if not (isinstance(self.exp_cost_flops, (int, float)) and self.exp_cost_flops >= 0):
+            raise bad("exp_cost_flops", f"must be a number >= 0 (0 = no softmax term), got {self.exp_cost_flops!r}")
         if not (isinstance(self.attention_efficiency, (int, float)) and 0 <= self.attention_efficiency <= 1):
             raise bad("attention_efficiency", f"must be in [0, 1] (0 = matmul_efficiency), got {self.attention_efficiency!r}")
         if self.mem_reserved_bytes >= self.mem_bytes:
@@ -274,6 +286,7 @@ def _make(
     tflops_fp8: float | None = None,
     attention_efficiency: float = 0.0,
     comm_sms: int = 0,
+    exp_cost_flops: float = 0.0,
 ):
     def build(num_nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
         dpn = devices_per_node or per_node
@@ -294,6 +307,7 @@ def _make(
             sm_count=sm_count,
             attention_efficiency=attention_efficiency,
             comm_sms=comm_sms,
+            exp_cost_flops=exp_cost_flops,
             source=source,
         )
 
@@ -315,6 +329,12 @@ _MATMUL_EFF = {"a100-40g": 0.60, "a100-80g": 0.60, "h100": 0.55, "h200": 0.55, "
 # FlashAttention-2 kernel: its attention stays at matmul_efficiency.
 FA2_A100 = 0.53
 FA2_H100 = 0.35
+# exp_cost_flops: tensor-core FLOP/s over special-function (exp) op/s. H100: 989 TFLOP/s vs 3.9
+# TFLOP/s of special functions (Shah et al. 2024, FlashAttention-3 §3.1) = 253.6; A100: 312 TFLOP/s
+# vs 16 exp/clock/SM (CUDA C++ Programming Guide, arithmetic instruction throughput, cc 8.0) x 108
+# SMs x 1.41 GHz = 2.44 T/s -> 128. V100 runs no flash kernel: 0.
+EXP_COST_H100 = 989 / 3.9
+EXP_COST_A100 = 312e12 / (16 * 108 * 1.41e9)
 
 # comm_sms: the CTAs (one SM each) a bandwidth-bound NCCL collective runs on (cost_models/
 # contention.py): NCCL's channel search settles on "24 coll channels" on 8-GPU NVSwitch nodes of
@@ -328,6 +348,7 @@ PRESETS = {
     "a100-40g": _make(
         "a100-40g",
         comm_sms=NCCL_NVSWITCH_COLL_CHANNELS,
+        exp_cost_flops=EXP_COST_A100,
         sm_count=108,
         attention_efficiency=FA2_A100,
         matmul_efficiency=_MATMUL_EFF["a100-40g"],
@@ -343,6 +364,7 @@ PRESETS = {
     "a100-80g": _make(
         "a100-80g",
         comm_sms=NCCL_NVSWITCH_COLL_CHANNELS,
+        exp_cost_flops=EXP_COST_A100,
         sm_count=108,
         attention_efficiency=FA2_A100,
         matmul_efficiency=_MATMUL_EFF["a100-80g"],
@@ -358,6 +380,7 @@ PRESETS = {
     "h100": _make(
         "h100",
         comm_sms=NCCL_NVSWITCH_COLL_CHANNELS,
+        exp_cost_flops=EXP_COST_H100,
         sm_count=132,
         attention_efficiency=FA2_H100,
         tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)
@@ -374,6 +397,7 @@ PRESETS = {
     "h200": _make(
         "h200",
         comm_sms=NCCL_NVSWITCH_COLL_CHANNELS,
+        exp_cost_flops=EXP_COST_H100,
         sm_count=132,
         attention_efficiency=FA2_H100,
         tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)
