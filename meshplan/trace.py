@@ -37,7 +37,7 @@ from meshplan.tracing.capture import Captured, capture_with
 from meshplan.tracing.fold_probe import fold_views
 from meshplan.tracing.module_tree import block_fqns, param_modules
 from meshplan.tracing.moe import moe_capture, moe_meta
-from meshplan.tracing.reuse import plan_reuse, reuse_line
+from meshplan.tracing.reuse import plan_reuse, reuse_enabled, reuse_line
 
 __all__ = ["TraceError", "capture", "capture_full", "trace_model", "resolve_inputs"]
 
@@ -111,9 +111,10 @@ def _named_or_positional(model: nn.Module, inputs: dict[str, torch.Tensor]) -> A
     return tuple(inputs.values())
 
 
-def _capture(model: nn.Module, inputs: Any, progress: Callable[[str], None] | None = None
+def _capture(model: nn.Module, inputs: Any, progress: Callable[[str], None] | None = None, short: bool = False,
              ) -> tuple[Captured, dict[fx.Node, NodeRecord], tuple[str, ...]]:
-    """Captured graph, its node records and the FQNs of the block copies annotated from a template."""
+    """Captured graph, its node records and the FQNs of the block copies annotated from a template.
+    ``short``: an export is made of three blocks and grown (``tracing.export_blocks``; planning only)."""
     copies: list[str] = []
 
     def validate(cap: Captured) -> dict[fx.Node, NodeRecord]:
@@ -128,7 +129,7 @@ def _capture(model: nn.Module, inputs: Any, progress: Callable[[str], None] | No
 
     # mixture-of-experts blocks route data-dependently: planning captures each as one node
     with moe_capture(model):
-        cap, records = capture_with(model, inputs, validate)
+        cap, records = capture_with(model, inputs, validate, short=short, progress=progress)
     return cap, records, tuple(copies)
 
 
@@ -180,7 +181,7 @@ def trace_model(
     if not isinstance(model, nn.Module):
         raise ValueError(f"trace_model needs an nn.Module, got {type(model).__name__}")
     inputs = resolve_inputs(model, example_inputs, input_shapes)
-    cap, records, copies = _capture(model, inputs, progress)
+    cap, records, copies = _capture(model, inputs, progress, short=reuse_enabled())
     pidx = ParamIndex(cap.root, cap.prefix)
     nodes, edges = build_nodes(cap, records, pidx)
     blocks, nodes = find_blocks(cap.root, pidx, nodes)

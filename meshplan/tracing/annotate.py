@@ -70,8 +70,10 @@ def metas_of(value: Any) -> list[TensorMeta]:
     return [tensor_meta(x) for x in tree_leaves(value) if isinstance(x, torch.Tensor)]
 
 
-def _under(name: str, prefixes: tuple[str, ...]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
+def _under(name: str, prefixes: tuple[str, ...] | frozenset[str]) -> bool:
+    """``name`` is one of ``prefixes`` or lies under one (module FQNs)."""
+    parts = name.split(".")
+    return any(".".join(parts[:k]) in prefixes for k in range(1, len(parts) + 1)) if name else "" in prefixes
 
 
 @contextmanager
@@ -94,11 +96,12 @@ def _fake_state(gm: nn.Module, to_fake: Any, skip: tuple[str, ...] = ()) -> Iter
                         store[k] = to_fake(v)
 
     def swap(prefix: str) -> None:
-        swap_modules(m for n, m in gm.named_modules(remove_duplicate=False) if _under(n, (prefix,)))
+        swap_modules(m for n, m in gm.named_modules(remove_duplicate=False) if _under(n, frozenset((prefix,))))
 
     try:
         if skip:
-            swap_modules(m for n, m in gm.named_modules(remove_duplicate=False) if not _under(n, skip))
+            skipped = frozenset(skip)
+            swap_modules(m for n, m in gm.named_modules(remove_duplicate=False) if not _under(n, skipped))
         else:
             swap_modules(gm.modules())
         yield swap

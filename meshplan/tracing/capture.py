@@ -13,6 +13,7 @@ fx graph that traces but cannot run (e.g. control flow baked in wrongly) falls b
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,18 +95,35 @@ def export_capture(model: nn.Module, example_inputs: tuple[Any, ...]) -> fx.Grap
     return gm
 
 
+def _short_capture(root: nn.Module, inputs: tuple[Any, ...], progress: Callable[[str], None] | None
+                   ) -> fx.GraphModule | None:
+    from meshplan.tracing.export_blocks import KEEP, short_export
+
+    say = progress or (lambda _m: None)
+    try:
+        gm, why = short_export(root, inputs, export_capture)
+    except Exception as e:  # noqa: BLE001 - the full export decides
+        gm, why = None, _short(e)
+    say(f"exported {KEEP} repeated blocks and grew the graph to all" if gm is not None
+        else f"exporting every block ({why})")
+    return gm
+
+
 def _short(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0] if msg else ''}"[:400]
 
 
 def capture_with(
-    model: nn.Module, example_inputs: Any, validate: Any
+    model: nn.Module, example_inputs: Any, validate: Any, *, short: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Captured, Any]:
     """Capture ``model`` and run ``validate(captured)`` on it; fx first, export on any failure.
 
     ``example_inputs``: a tensor, tuple or dict (``meshplan.models.calls.split_inputs``); the
-    captured graph takes the tensors positionally (``Captured.inputs``).
+    captured graph takes the tensors positionally (``Captured.inputs``). ``short`` (planning):
+    export with the repeated blocks cut to three and grow the graph back
+    (``tracing.export_blocks``), falling back to the full export; ``progress`` hears which.
     Returns (captured, validate's result). Raises TraceError naming both failures.
     """
     names, example_inputs = split_inputs(example_inputs)
@@ -118,9 +136,18 @@ def capture_with(
             return cap, validate(cap)
         except Exception as e:  # noqa: BLE001 - any fx failure means: try export
             fx_err = e
+    why = _short(fx_err) if fx_err else "skipped (HF transformers model)"
+    if short:
+        grown = _short_capture(root, example_inputs, progress)
+        if grown is not None:
+            cap = Captured(grown, "export", root, prefix, why, names, example_inputs)
+            try:
+                return cap, validate(cap)
+            except Exception as e:  # noqa: BLE001 - the full export decides
+                if progress is not None:
+                    progress(f"the grown graph did not annotate ({_short(e)}): exporting every block")
     try:
-        cap = Captured(export_capture(root, example_inputs), "export", root, prefix,
-                       _short(fx_err) if fx_err else "skipped (HF transformers model)", names, example_inputs)
+        cap = Captured(export_capture(root, example_inputs), "export", root, prefix, why, names, example_inputs)
         return cap, validate(cap)
     except Exception as ex_err:  # noqa: BLE001
         name = type(model).__name__

@@ -11,8 +11,9 @@ A block instance is a user-level child (not a leaf such as Linear, not a torch.n
 
 1. their module subtrees are equal in everything propagation reads: classes, ``extra_repr``,
    training flags, parameter and buffer names, shapes, strides, dtypes, devices, ``requires_grad``,
-   and plain attributes (int / float / str / bool / None and tuples of them; an int equal to the
-   instance's own index in its container, e.g. HF ``layer_idx``, is compared as "the index");
+   and plain attributes (int / float / str / bool / None and tuples of them; an int attribute equal
+   to the instance's own index in every instance of the container, e.g. HF ``layer_idx``, is the
+   index and left out);
 2. their captured nodes are each one contiguous run (plus ``get_attr`` reads of their own parameters
    anywhere: an exported graph reads every parameter at the top) and the runs are isomorphic: same
    op, same target (module paths relative to the instance), equal constant arguments, and every
@@ -104,18 +105,37 @@ def _tensor_sig(t: Any) -> Any:
     return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device.type, bool(t.requires_grad), type(t).__name__)
 
 
-def module_signature(m: nn.Module, index: int | None) -> tuple:
-    """Everything propagation reads from the module subtree ``m`` (see the module docstring, 1)."""
+def _attr_items(m: nn.Module) -> list[tuple[str, str, Any]]:
+    """(submodule name, attribute, value) of every plain attribute in the subtree ``m``."""
+    return [(name, k, v) for name, sub in m.named_modules(remove_duplicate=False)
+            for k, v in sorted(vars(sub).items()) if not k.startswith("_") and k != "training" and _plain(v)]
+
+
+def index_keys(children: list[tuple[int | None, nn.Module]]) -> frozenset[tuple[str, str]]:
+    """The plain int attributes that equal the block's index in every block of a container holding
+    them, in two or more (HF's ``layer_idx``): compared as "the index" (module docstring, 1)."""
+    if any(i is None for i, _ in children):
+        return frozenset()
+    held: dict[tuple[str, str], int] = {}
+    wrong: set[tuple[str, str]] = set()
+    for idx, child in children:
+        for name, k, v in _attr_items(child):
+            held[(name, k)] = held.get((name, k), 0) + 1
+            if not (type(v) is int and v == idx):
+                wrong.add((name, k))
+    return frozenset(key for key, count in held.items() if count >= 2 and key not in wrong)
+
+
+def module_signature(m: nn.Module, index_attrs: frozenset[tuple[str, str]] = frozenset()) -> tuple:
+    """Everything propagation reads from the module subtree ``m`` (see the module docstring, 1);
+    ``index_attrs`` (``index_keys``) are left out."""
+    attrs: dict[str, list[tuple[str, str]]] = {}
+    for name, k, v in _attr_items(m):
+        if (name, k) not in index_attrs:
+            attrs.setdefault(name, []).append((k, repr(v)))
     parts: list[Any] = []
     for name, sub in m.named_modules(remove_duplicate=False):
-        attrs = []
-        for k, v in sorted(vars(sub).items()):
-            if k.startswith("_") or k == "training" or not _plain(v):
-                continue
-            if index is not None and type(v) is int and v == index:
-                v = "<index>"
-            attrs.append((k, repr(v)))
-        parts.append((name, type(sub), sub.extra_repr(), sub.training, tuple(attrs)))
+        parts.append((name, type(sub), sub.extra_repr(), sub.training, tuple(attrs.get(name, ()))))
         parts.extend(("p", name, k, _tensor_sig(p)) for k, p in sub._parameters.items())
         parts.extend(("b", name, k, _tensor_sig(b)) for k, b in sub._buffers.items())
     return tuple(parts)
@@ -223,13 +243,14 @@ def plan_reuse(gm: fx.GraphModule, root: nn.Module) -> tuple[ReusePlan | None, s
     reasons: list[str] = []
     for _cname, kids in cands:
         instances: list[_Instance] = []
-        for prefix, idx, child in kids:
+        ikeys = index_keys([(idx, child) for _, idx, child in kids])
+        for prefix, _idx, child in kids:
             if any(prefix == t or prefix.startswith(t + ".") for t in taken):
                 continue
             inst = _instance(prefix, members.get(prefix, []), nodes, index)
             if inst is None:
                 continue
-            inst.canonical(module_signature(child, idx))
+            inst.canonical(module_signature(child, ikeys))
             instances.append(inst)
         groups: dict[tuple, list[_Instance]] = {}
         for inst in instances:

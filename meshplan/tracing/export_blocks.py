@@ -1,0 +1,268 @@
+"""Export a model with its repeated blocks cut to three, then grow the graph back to every block.
+
+``torch.export`` of a HF Llama-3-70B (80 decoder layers) is most of a cold plan: it traces every
+layer through the dispatcher and its passes. The layers are identical, so planning exports the
+model with its ``nn.ModuleList`` of blocks shortened to its first ``KEEP`` (3) blocks and builds
+the full graph from that: block j >= KEEP is block KEEP-1's nodes with the module paths, parameter
+reads, node names and inputs of block j. The result is node for node the graph a full export
+gives (op, target, arguments, name, module stack; ``tests/test_export_blocks.py`` compares them),
+and it is then annotated like any capture.
+
+Used only when everything that makes the growth exact can be checked on the short export:
+
+- the list holds >= KEEP + 1 blocks whose module subtrees are equal (``reuse.module_signature``:
+  classes, configuration, parameter and buffer metadata, plain attributes);
+- each kept block is one contiguous run of nodes, the runs follow each other, the three runs are
+  isomorphic (``reuse``'s canonical key), block KEEP-1 reads block KEEP-2 where block KEEP-2 reads
+  block KEEP-3 and the same outside nodes otherwise, and nothing after the blocks reads an earlier
+  block than the last;
+- node names follow fx's counters: from block KEEP-2 to block KEEP-1 every name's number grows by
+  the number of names with its base in a block, and parameter reads are named by their targets.
+
+What cannot be checked on a short export: Python that branches on a block's index inside the
+block (``if self.layer_idx == 40``) where the index is not stored in a differing attribute. Any
+failed check falls back to the full export (the caller says why). Planning only: the runtime
+exports the full model, whose node names this graph reproduces.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from typing import Any
+
+from torch import fx, nn
+
+from meshplan.tracing.reuse import (
+    _Instance,
+    _instance,
+    _paths,
+    _rel,
+    _user_module,
+    index_keys,
+    module_signature,
+)
+
+KEEP = 3
+_NAME = re.compile(r"^([a-zA-Z_][0-9a-zA-Z_]*?)(?:_(\d+))?$")
+
+
+def _split(name: str) -> tuple[str, int]:
+    m = _NAME.match(name)
+    if m is None:
+        return name, -1
+    return m.group(1), int(m.group(2)) if m.group(2) is not None else 0
+
+
+def block_list(root: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """The longest ``nn.ModuleList`` of > KEEP equal user-level blocks (FQN, list), or None."""
+    best: tuple[str, nn.ModuleList] | None = None
+    for name, m in root.named_modules():
+        if not isinstance(m, nn.ModuleList) or len(m) <= KEEP or not name:
+            continue
+        kids = list(m)
+        if not all(_user_module(k) for k in kids):
+            continue
+        keys = index_keys(list(enumerate(kids)))
+        sig = module_signature(kids[0], keys)
+        if any(module_signature(k, keys) != sig for k in kids):
+            continue
+        if best is None or len(m) > len(best[1]):
+            best = (name, m)
+    return best
+
+
+def short_export(root: nn.Module, inputs: tuple[Any, ...], export: Callable[[nn.Module, tuple[Any, ...]], fx.GraphModule]
+                 ) -> tuple[fx.GraphModule | None, str]:
+    """(graph of ``root`` exported with its block list cut to KEEP and grown back, or None; why not)."""
+    found = block_list(root)
+    if found is None:
+        return None, "no list of more than 3 equal blocks"
+    fqn, full = found
+    parent_name, _, attr = fqn.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    parent._modules[attr] = nn.ModuleList(list(full)[:KEEP])
+    try:
+        small = export(root, inputs)
+    finally:
+        parent._modules[attr] = full
+    return grow(small, root, fqn, len(full))
+
+
+def _runs(small: fx.GraphModule, fqn: str) -> tuple[list[_Instance], list[fx.Node]] | None:
+    nodes = list(small.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    prefixes = [f"{fqn}.{j}" for j in range(KEEP)]
+    members: dict[str, list[fx.Node]] = {p: [] for p in prefixes}
+    for n in nodes:
+        hit = {p for path in _paths(n) for p in prefixes if path == p or path.startswith(p + ".")}
+        for p in hit:
+            members[p].append(n)
+    runs = [_instance(p, members[p], nodes, index) for p in prefixes]
+    if any(r is None for r in runs):
+        return None
+    return [r for r in runs if r is not None], nodes
+
+
+def grow(small: fx.GraphModule, root: nn.Module, fqn: str, count: int) -> tuple[fx.GraphModule | None, str]:
+    """The graph of ``root`` with ``count`` blocks under ``fqn`` from ``small``'s KEEP (see above)."""
+    found = _runs(small, fqn)
+    if found is None:
+        return None, "a kept block is not one contiguous run of nodes"
+    runs, nodes = found
+    index = {n: i for i, n in enumerate(nodes)}
+    keys = index_keys(list(enumerate(root.get_submodule(fqn))))
+    for r in runs:
+        r.canonical(module_signature(root.get_submodule(r.prefix), keys))
+    if any(r.key != runs[0].key for r in runs):
+        return None, "the kept blocks were captured differently"
+    if any(index[runs[j + 1].run[0]] != index[runs[j].run[-1]] + 1 for j in range(KEEP - 1)):
+        return None, "nodes between the blocks"
+    tpl, prev, first = runs[-1], runs[-2], runs[-3]
+    pos_prev = {n: i for i, n in enumerate(prev.run)}
+    pos_first = {n: i for i, n in enumerate(first.run)}
+    chain: list[int | None] = []  # per external: position in the previous block, or None (outside)
+    for t_ext, p_ext in zip(tpl.externals, prev.externals, strict=True):
+        if t_ext in pos_prev and p_ext in pos_first and pos_prev[t_ext] == pos_first[p_ext]:
+            chain.append(pos_prev[t_ext])
+        elif t_ext is p_ext and all(t_ext not in r.run for r in runs):
+            chain.append(None)
+        else:
+            return None, "a block reads an earlier block than the one before it"
+    end = index[tpl.run[-1]]
+    earlier = {n for r in runs[:-1] for n in r.run}
+    if any(i in earlier for n in nodes[end + 1:] for i in n.all_input_nodes):
+        return None, "the part after the blocks reads an earlier block than the last"
+    # names: every base's counter advances by its count in one block
+    per_base: dict[str, int] = {}
+    for n in tpl.run:
+        per_base[_split(n.name)[0]] = per_base.get(_split(n.name)[0], 0) + 1
+    for a, b in zip(prev.run, tpl.run, strict=True):
+        (ba, na), (bb, nb) = _split(a.name), _split(b.name)
+        if ba != bb or na < 0 or nb - na != per_base[bb]:
+            return None, f"node names do not advance by block ({a.name} -> {b.name})"
+    for r in runs:
+        if any(a.name != str(a.target).replace(".", "_") for a in r.attrs):
+            return None, "parameter reads not named by their targets"
+    if any(m.op in ("get_attr", "call_module") and _rel(str(m.target), tpl.prefix) is None for m in tpl.run):
+        return None, "a block reads a sub-graph or attribute outside itself"
+    return _build(small, root, fqn, count, tpl, chain, per_base, nodes, index)
+
+
+def _renamed(name: str, steps: int, per_base: dict[str, int]) -> str:
+    base, num = _split(name)
+    if steps == 0 or base not in per_base:
+        return name
+    return f"{base}_{num + steps * per_base[base]}"
+
+
+def _block_path(path: str, tpl_prefix: str, prefix: str) -> str:
+    r = _rel(path, tpl_prefix)
+    return path if r is None else prefix + r
+
+
+def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _Instance, chain: list[int | None],
+           per_base: dict[str, int], nodes: list[fx.Node], index: dict[fx.Node, int]) -> tuple[fx.GraphModule | None, str]:
+    g = fx.Graph()
+    g._codegen = small.graph._codegen
+    env: dict[fx.Node, fx.Node] = {}
+    extra = count - KEEP
+    attr_pos = {index[a] for a in tpl.attrs}
+    # the template's parameter reads in runs of consecutive nodes: the copies' reads follow each run
+    seg_end = {i for i in attr_pos if i + 1 not in attr_pos}
+    seg_of: dict[int, list[fx.Node]] = {}
+    cur: list[fx.Node] = []
+    for i in sorted(attr_pos):
+        cur.append(nodes[i])
+        if i in seg_end:
+            seg_of[i], cur = cur, []
+    copy_attrs: dict[tuple[int, str], fx.Node] = {}  # (block, relative target) -> node
+    tpl_attrs = set(tpl.attrs)
+    last_run = index[tpl.run[-1]]
+    after_blocks = False
+
+    def emit(n: fx.Node, args_of: Callable[[fx.Node], fx.Node], name: str, target: Any = None,
+             stack: tuple[str, str] | None = None) -> fx.Node:
+        new = g.create_node(n.op, n.target if target is None else target, fx.map_arg(n.args, args_of),
+                            fx.map_arg(n.kwargs, args_of), name=name, type_expr=n.type)
+        new.meta = copy.copy(n.meta)
+        if stack is not None and "nn_module_stack" in new.meta:
+            new.meta["nn_module_stack"] = {k: (_block_path(str(v[0]), *stack), v[1])
+                                           for k, v in new.meta["nn_module_stack"].items()}
+        return new
+
+    for i, n in enumerate(nodes):
+        steps = extra if after_blocks else 0
+        new = emit(n, lambda x: env[x], _renamed(n.name, steps, per_base))
+        env[n] = new
+        if i in seg_end:
+            for j in range(KEEP, count):
+                pj = f"{fqn}.{j}"
+                for a in seg_of[i]:
+                    rel = _rel(str(a.target), tpl.prefix)
+                    target = pj + str(rel)
+                    copy_attrs[(j, str(rel))] = emit(a, lambda x: env[x], target.replace(".", "_"), target)
+        if i == last_run:
+            last = [env[m] for m in tpl.run]
+            for j in range(KEEP, count):
+                pj = f"{fqn}.{j}"
+                mine: dict[fx.Node, fx.Node] = {}
+                ext = {t: (last[c] if c is not None else env[t]) for t, c in zip(tpl.externals, chain, strict=True)}
+
+                def arg(x: fx.Node, j: int = j, mine: dict[fx.Node, fx.Node] = mine,
+                        ext: dict[fx.Node, fx.Node] = ext) -> fx.Node:
+                    if x in mine:
+                        return mine[x]
+                    if x in ext:
+                        return ext[x]
+                    if x in tpl_attrs:
+                        return copy_attrs[(j, str(_rel(str(x.target), tpl.prefix)))]
+                    return env[x]
+
+                for m in tpl.run:
+                    rel = _rel(str(m.target), tpl.prefix) if m.op in ("get_attr", "call_module") else None
+                    target = pj + rel if rel is not None else None
+                    mine[m] = emit(m, arg, _renamed(m.name, j - KEEP + 1, per_base), target, (tpl.prefix, pj))
+                last = [mine[m] for m in tpl.run]
+            for m, new_m in zip(tpl.run, last, strict=True):
+                env[m] = new_m
+            after_blocks = True
+    expected = _expected_names(nodes, tpl, seg_of, fqn, count, per_base, last_run)
+    got = [n.name for n in g.nodes]
+    if got != expected:
+        return None, "grown node names collide"
+    g.lint()
+    objs: dict[str, Any] = {}
+    for n in g.nodes:
+        if n.op in ("get_attr", "call_module"):
+            objs[str(n.target)] = _resolve(small, str(n.target))
+            if objs[str(n.target)] is None:
+                objs[str(n.target)] = _resolve(root, str(n.target))
+    # lazily compiled: annotation interprets the graph node by node and never calls its forward
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    return _LazyGraphModule(objs, g, type(small).__name__), ""
+
+
+def _expected_names(nodes: list[fx.Node], tpl: _Instance, seg_of: dict[int, list[fx.Node]], fqn: str, count: int,
+                    per_base: dict[str, int], last_run: int) -> list[str]:
+    out: list[str] = []
+    for i, n in enumerate(nodes):
+        out.append(_renamed(n.name, count - KEEP if i > last_run else 0, per_base))
+        if i in seg_of:
+            for j in range(KEEP, count):
+                out.extend((f"{fqn}.{j}" + str(_rel(str(a.target), tpl.prefix))).replace(".", "_") for a in seg_of[i])
+        if i == last_run:
+            for j in range(KEEP, count):
+                out.extend(_renamed(m.name, j - KEEP + 1, per_base) for m in tpl.run)
+    return out
+
+
+def _resolve(mod: nn.Module, target: str) -> Any:
+    obj: Any = mod
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
