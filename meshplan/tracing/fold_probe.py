@@ -66,6 +66,14 @@ def _end_hook(_m: nn.Module, _a: Any, _out: Any) -> None:
     raise _Stop(False)
 
 
+class _Reached(Exception):
+    """The probe reached a block copy whose tensors were not faked: run it again with them."""
+
+
+def _reached_hook(_m: nn.Module, _a: Any) -> None:
+    raise _Reached()
+
+
 def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
 
@@ -74,8 +82,8 @@ def fold_views(root: nn.Module, inputs: Sequence[Any], prefix: str = "", skip: S
     """User FQNs of linears whose head split folds the sequence on a column shard (see above).
 
     ``skip``: FQNs of repeated-block copies (``tracing.reuse``) whose tensors need not be faked: a
-    probe stops inside the first instance of its kind, before any copy runs; a probe that does
-    not stop is run again with everything faked."""
+    probe stops inside the first instance of its kind, before any copy runs; a probe that reaches
+    a copy is run again with everything faked."""
     import logging
 
     out: list[str] = []
@@ -124,31 +132,31 @@ def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[An
             continue
         by_sig.setdefault(sig, []).append(user)
         first.setdefault(sig, (name, lin))
+    skipped = [root.get_submodule(p) for p in skip]
     for sig, (name, lin) in first.items():
         end = root.get_submodule(name.rsplit(".", 1)[0])  # the parent: where heads are split
-        if _probe(root, lin, end, args, to_fake, mode, skip):
+        if _probe(root, lin, end, args, to_fake, mode, skip, skipped):
             out += by_sig[sig]
 
 
 def _probe(root: nn.Module, lin: nn.Module, end: nn.Module, args: list[Any], to_fake: Any, mode: Any,
-           skip: tuple[str, ...]) -> bool:
+           skip: tuple[str, ...], skipped: list[nn.Module]) -> bool:
     """One probe: does ``lin``'s narrowed output get folded into the sequence? (see above)"""
     from meshplan.tracing.annotate import _fake_state
 
     watch = _Watch()
     hooks = [lin.register_forward_hook(_narrow_hook(watch)), end.register_forward_hook(_end_hook)]
+    hooks += [m.register_forward_pre_hook(_reached_hook) for m in skipped]
     try:
         with _fake_state(root, to_fake, skip), torch.no_grad(), mode, watch:
             root(*args)
     except _Stop as stop:
         return stop.folded
+    except _Reached:
+        return _probe(root, lin, end, args, to_fake, mode, (), [])
     except Exception:  # noqa: BLE001 - a probe that cannot run proves nothing either way
-        if not skip:
-            return False
-    else:
-        if not skip:
-            return False
+        return False
     finally:
         for h in hooks:
             h.remove()
-    return _probe(root, lin, end, args, to_fake, mode, ())
+    return False
