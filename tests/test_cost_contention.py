@@ -75,3 +75,24 @@ def test_bucketed_sync_hidden_part_is_its_time_under_the_backward():
     # 2-s buckets: finish at 7 s; 4 s exposed, 6 − 4 = 2 s ran under the backward
     assert overlapped_sync_terms([(1.0, 3)], 3.0, lambda b: 2.0) == pytest.approx((4.0, 2.0))
     assert overlapped_sync_terms([], 3.0, lambda b: 1.0) == (0.0, 0.0)
+
+
+def test_megatron_local_ddp_is_one_exposed_all_reduce_after_backward():
+    from planner_fixtures import gpt_graph
+
+    from meshplan.cost_models.dp_kinds import dp_comm
+    from meshplan.cost_models.grad_sync import LOCAL_DDP_GRAD_PASSES
+    from meshplan.planner.api import estimate_graph
+
+    g = gpt_graph(layers=4, h=2048, heads=16, seq=2048)
+    spec = ClusterSpec.preset("a100-80g", num_nodes=2)
+    kw = dict(tp=1, pp=1, dp=16, global_batch_size=32, micro_batch_size=2, dp_kind="ddp", cluster=spec, dtype="fp16")
+    torch_ddp = estimate_graph(g, 16, **kw).predicted
+    local = estimate_graph(g, 16, ddp_impl="local", **kw).predicted
+    gb = sum(n.param_numel for n in g.nodes) * 2  # fp16 gradients, every parameter (tied counted once)
+    want = dp_comm("ddp", gb, gb, 16, spec).sync_s + LOCAL_DDP_GRAD_PASSES * gb / (spec.mem_bw_bytes_per_s
+                                                                                   * spec.mem_efficiency)
+    assert local.dp_comm_s == pytest.approx(want, rel=1e-6)
+    assert local.dp_comm_s > torch_ddp.dp_comm_s and local.compute_s == torch_ddp.compute_s
+    with pytest.raises(ValueError, match="ddp_impl"):
+        estimate_graph(g, 16, ddp_impl="apex", **kw)

@@ -24,6 +24,25 @@ from collections.abc import Callable, Sequence
 
 DEFAULT_BUCKET_CAP_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb = 25
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction on every precision
+#: data-parallel wrappers a ddp configuration can be costed with: "torch" (bucketed, overlapped with
+#: the last backward: torch DDP, meshplan's runtime) or "local" (``local_ddp_sync_s``)
+DDP_IMPLS = ("torch", "local")
+#: passes over the gradient buffer of Megatron-LM's local DDP besides the all-reduce: flatten
+#: (read + write), divide by the world size (read + write), copy back (read + write)
+LOCAL_DDP_GRAD_PASSES = 6
+
+
+def local_ddp_sync_s(grad_bytes: float, allreduce_s: Callable[[float], float], mem_bw_bytes_per_s: float) -> float:
+    """Seconds Megatron-LM's own data-parallel wrapper (``--DDP-impl local``, the default of its 2020
+    ``megatron/arguments.py``; ``megatron/model/distributed.py``) adds after backward, none of it
+    overlapped: ``_flatten_dense_tensors`` of the gradients (in the training dtype), ``/= world``,
+    one ``all_reduce`` of the flat buffer, ``torch.cuda.synchronize()``, copy back::
+
+        allreduce(grad_bytes) + LOCAL_DDP_GRAD_PASSES · grad_bytes / mem_bw
+    """
+    if grad_bytes <= 0:
+        return 0.0
+    return allreduce_s(grad_bytes) + LOCAL_DDP_GRAD_PASSES * grad_bytes / mem_bw_bytes_per_s
 
 
 def bucket_indices(param_bytes: Sequence[int], cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> list[list[int]]:

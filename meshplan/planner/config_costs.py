@@ -96,6 +96,10 @@ class ConfigCosts:
         self.ilp_split = ilp_split and split_rule == "any"
         # MoE load imbalance assumed by the costing (busiest expert rank / mean); a setting, not a pin
         self.capacity_factor = float(self.fixed.pop("capacity_factor", DEFAULT_CAPACITY_FACTOR))
+        # how ddp reduces gradients (grad_sync.DDP_IMPLS): "torch" = bucketed and overlapped with the
+        # last backward, as meshplan's runtime and torch DDP run it; "local" = Megatron-LM's own
+        # wrapper, one flat all-reduce after backward (an engine costing option, estimate_graph)
+        self.ddp_impl = "torch"
         self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}

@@ -18,7 +18,12 @@ from types import SimpleNamespace
 
 from meshplan.cost_models.contention import overlap_slowdown_s
 from meshplan.cost_models.dp_kinds import KIND_ORDER, dp_comm
-from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES, overlapped_sync_terms, uniform_bucket_runs
+from meshplan.cost_models.grad_sync import (
+    GRAD_REDUCE_BYTES,
+    local_ddp_sync_s,
+    overlapped_sync_terms,
+    uniform_bucket_runs,
+)
 from meshplan.execution_rules import dp_kind_blocker
 from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
@@ -128,7 +133,14 @@ class ConfigEvaluator(ConfigCosts):
         buf = self.fsdp_buffers(c, r_params)
         r_mem = [int(r_state[r] + r_act[r] + buf[r] + k.fp8_copy) for r in ranks]
         d = self._dp_comm(k.gather_bytes, k.grad_bytes, c)
-        if c.dp_kind == "ddp" and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
+        if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.ddp_impl == "local":
+            # Megatron-LM's local DDP: one flat all-reduce of the gradients in the training dtype
+            # after backward, nothing overlapped, no SMs taken from compute (grad_sync.local_ddp_sync_s)
+            gb = k.grad_bytes / GRAD_REDUCE_BYTES * self._elem_bytes
+            d = self._dp_comm(gb, gb, c)
+            dp_exposed = local_ddp_sync_s(gb, lambda b: self._dp_comm(b, b, c).sync_s,
+                                          self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)  # fmt: skip
+        elif c.dp_kind == "ddp" and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
             # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
             # the last microbatch's backward

@@ -92,6 +92,8 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         # every engine of the published runs (Megatron-LM, torchtitan, llm-foundry at tp 1) shards the
         # token embedding over the vocabulary under TP
         "vocab_parallel_embedding": True,
+        # the data-parallel wrapper a Megatron-LM 2020 row ran, where its source says (grad_sync.DDP_IMPLS)
+        "ddp_impl": str(ex.get("ddp_impl") or "torch"),
     }  # fmt: skip
 
 
