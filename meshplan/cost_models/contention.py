@@ -24,8 +24,9 @@ inside it). Memory-bandwidth contention is not modelled (NCCL's copies are a few
 bandwidth at NVLink/NIC rates). ``comm_sms = 0`` or ``sm_count = 0`` (a profile that measured
 neither): no slowdown. Where it applies (``planner``): the DP gradient buckets under the last
 backward, the ZeRO/FSDP collectives under forward/backward — every collective the cost model
-counts as hidden. TP, CP (the executed ring blocks) and EP collectives are not overlapped, so they
-take nothing from compute. No torch import.
+counts as hidden, and the CP ring's shifts under the attention blocks they overlap
+(``epcp.cp_ring_exposed_s``). TP and EP collectives are not overlapped, so they take nothing from
+compute. No torch import.
 """
 
 from __future__ import annotations

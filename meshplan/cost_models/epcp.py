@@ -32,7 +32,10 @@ lasts ``max(block compute, transfer)``::
                                                         while block s's backward runs)
 
 The first transfer is posted before the rank's own (diagonal) blocks and the last step sends
-nothing, so no transfer is exposed whole. With the 2·cp-chunk split every ring step holds the
+nothing, so no transfer is exposed whole. A hidden transfer is not free: its NCCL kernel holds
+SMs the blocks it overlaps need, so each step also pays
+``contention.overlap_slowdown_s(min(t, c), c)`` (the collective channel count
+``ClusterSpec.comm_sms``; NCCL's send/recv may run on fewer channels, so this is an upper bound). With the 2·cp-chunk split every ring step holds the
 same work (step 0: two causal diagonal blocks + one full block; every other step: two full
 blocks; in units of a chunk × chunk block: 2 each), so ``c = attention / cp`` is exact, not an
 average: compute and activation memory per rank are those of ``T/cp`` tokens and the search
@@ -44,6 +47,7 @@ or selective: the ring attention call checkpointed) the re-run forward repeats t
 from __future__ import annotations
 
 from meshplan.cost_models.comm import collective_time_s, group_collective_s, group_layout, p2p_time_s
+from meshplan.cost_models.contention import overlap_slowdown_s
 from meshplan.cost_models.hardware import ClusterSpec
 
 DEFAULT_CAPACITY_FACTOR = 1.0  # the runtime drops no token; imbalance is a costing assumption
@@ -94,7 +98,8 @@ def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_fwd_s: float, cluster: Clus
                       attn_bwd_s: float | None = None, spans_nodes: bool = False, stride: int = 0,
                       forward_passes: int = 1) -> float:
     """Exposed seconds of one attention layer's ring exchange, forward + backward, as executed:
-    per ring step ``max(0, t − c)`` with ``t`` one shift's transfer and ``c`` one step's blocks
+    per ring step ``max(0, t − c)`` plus the SMs the hidden part takes from the blocks
+    (``overlap_slowdown_s``), with ``t`` one shift's transfer and ``c`` one step's blocks
     (``attn_fwd_s / cp`` forward, ``attn_bwd_s / cp`` backward; ``attn_bwd_s`` defaults to
     twice the forward, Dao 2023), ``cp − 1`` shifts each way (module docstring).
 
@@ -102,8 +107,10 @@ def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_fwd_s: float, cluster: Clus
     ``forward_passes`` = 2 under recomputation (the re-run forward repeats its shifts)."""
     if cp <= 1:
         return 0.0
-    step = _collective_s("send_recv", kv_bytes, cp if stride else 2, cluster, spans_nodes, stride)
+    t = _collective_s("send_recv", kv_bytes, cp if stride else 2, cluster, spans_nodes, stride)
     bwd_s = 2 * attn_fwd_s if attn_bwd_s is None else attn_bwd_s
-    fwd = (cp - 1) * max(0.0, step - attn_fwd_s / cp)
-    bwd = (cp - 1) * max(0.0, step - bwd_s / cp)
-    return forward_passes * fwd + bwd
+
+    def per_step(c: float) -> float:  # exposed transfer + what the hidden part takes from the blocks
+        return max(0.0, t - c) + overlap_slowdown_s(min(t, c), c, cluster)
+
+    return (cp - 1) * (forward_passes * per_step(attn_fwd_s / cp) + per_step(bwd_s / cp))
