@@ -129,7 +129,8 @@ def estimate_case(case: dict[str, Any], graph: ModelGraph) -> dict[str, Any]:
     return {
         "id": case["id"], "gpus": n, "cluster": spec.name, "plan": plan, "setup": setup,
         "config": " ".join(x for x in (f"tp{setup['tp']} pp{setup['pp']} dp{setup['dp']}{_ep(setup['ep'])}",
-                                        f"mb{setup['micro_batch_size']} rc={setup['recompute']}", setup["dp_kind"],
+                                        f"mb{setup['micro_batch_size']} rc={setup['recompute']}",
+                                        f"{setup['dp_kind']}(local)" if setup.get("ddp_impl") == "local" else setup["dp_kind"],
                                         None if setup["dtype"] == "bf16" else setup["dtype"]) if x),
         "pred_tok": pred_tok, "meas_tok": meas_tok, "err": (pred_tok / meas_tok - 1) if meas_tok else None,
         "fits": not any("does not fit" in x for x in plan.notes), "peak_gib": peak / GiB,
