@@ -63,7 +63,8 @@ def test_param_count_formula_matches_zoo_gpt() -> None:
     )
 
 
-MEGATRON = [c for c in CASES if c["measured"]["step_time_s"]]
+# the dense GPT runs with a measured step time (the formula is Megatron's GPT count; MoE rows differ)
+MEGATRON = [c for c in CASES if c["measured"]["step_time_s"] and c["model"].get("arch", "gpt") == "gpt"]
 
 
 @pytest.mark.parametrize("c", MEGATRON, ids=[c["id"] for c in MEGATRON])
