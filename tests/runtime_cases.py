@@ -138,6 +138,9 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
         styles = handplan.megatron_styles(model) if cfg.get("tp", 1) > 1 else {}
         if cfg.get("vocab_head"):  # shard the LM head over the vocabulary (loss_parallel)
             styles = {**styles, cfg["vocab_head"]: "colwise"}
+        if cfg.get("vocab_embed"):  # shard the token embedding over the vocabulary (RowwiseParallel)
+            styles = {**styles, cfg["vocab_embed"]: "rowwise"}
+        styles = {**styles, **cfg.get("styles_extra", {})}
     if cfg.get("pp", 1) > 1:
         gm, _ = split.capture_graph(model, ex)
     else:

@@ -103,6 +103,12 @@ class TestTwoRanks:
             assert abs(le - gle) <= 1e-6 and abs(pe - gpe) <= 1e-6, (le, gle, pe, gpe)
             assert le <= 5e-5 and pe <= 5e-5, (le, pe)
 
+    def test_vocab_parallel_embedding(self) -> None:
+        # the token embedding sharded over the vocabulary beside a root-level colwise LM head
+        # (gathered logits): runtime/tp.build_parallel_plan never pairs an embedding
+        cfgs = [dict(tp=2, m=2, model="gpt_untied", vocab_embed="wte", styles_extra={"lm_head": "colwise"})]
+        _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
+
     def test_llama_rotary_skip_edges(self) -> None:
         cfgs = [dict(tp=2, m=2), dict(pp=2, m=4, schedule="1f1b"), dict(pp=2, m=4, schedule="zero-bubble"),
                 dict(tp=2, m=2, sp=1)]

@@ -139,6 +139,17 @@ def test_tp_layouts_from_the_module_tree() -> None:
     assert plan["lm_head"].output_layouts == (Replicate(),)  # lone colwise: whole output
     assert plan["b.down"].input_layouts == (Replicate(),)  # lone rowwise: whole input
     assert "ln" not in plan
+    # a vocab-parallel embedding beside a root-level head: whole ids in, no pairing either way
+    styles = {"tok_embeddings": "rowwise", "lm_head": "colwise"}
+    plan = tp.build_parallel_plan(styles, set(styles), embeddings={"tok_embeddings"})
+    assert plan["tok_embeddings"].input_layouts == (Replicate(),)
+    assert plan["lm_head"].output_layouts == (Replicate(),)
+    emb = torch.nn.Module()
+    emb.tok = torch.nn.Embedding(6, 4)
+    assert tp.embedding_fqns(emb) == {"tok"}
+    tp.check_divisible(emb, {"tok": "rowwise"}, 2)  # the vocab (6 rows) is what tp divides
+    with pytest.raises(ValueError, match="tok"):
+        tp.check_divisible(emb, {"tok": "rowwise"}, 4)
     eff, notes = tp.effective_styles(torch.nn.Module(), {"lm_head": "colwise"}, [("wte.weight", "lm_head.weight")])
     assert eff == {"lm_head": "replicate"} and "tied" in notes[0]
 

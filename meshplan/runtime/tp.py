@@ -92,8 +92,13 @@ def _parent(fqn: str) -> str:
 def build_parallel_plan(
     styles: dict[str, str], present: set[str], gathered: Iterable[str] = (), sp_blocks: Iterable[str] = (),
     vocab_sharded: Iterable[str] = (),
+    embeddings: Iterable[str] = (),
 ) -> dict[str, object]:
     """FQN -> ParallelStyle for the sharded modules among ``present``.
+
+    ``embeddings`` (the ``nn.Embedding`` FQNs) never pair: a rowwise (vocab-parallel) embedding
+    takes its whole token ids and all-reduces its output (``RowwiseParallel(input_layouts=
+    Replicate())``), and it does not turn a colwise sibling (an LM head at the root) into a pair.
 
     ``gathered`` (the Plan's ``tp_gathered_outputs``) names colwise linears whose output is
     all-gathered (``output_layouts=Replicate()``) whatever their siblings are; they do not pair a
@@ -104,12 +109,13 @@ def build_parallel_plan(
     """
     vocab_sharded = set(vocab_sharded)
     gathered = set(gathered)
+    embeddings = set(embeddings)
     blocks = tuple(b + "." for b in sp_blocks)
     bad = sorted(f for f in gathered if styles.get(f) not in ("colwise", "replicate"))  # replicate: a tied weight
     if bad:
         raise ValueError(f"tp_gathered_outputs must name colwise linears; not colwise in the plan: {bad[:4]}")
     col_parents = {_parent(f) for f, s in styles.items() if s == "colwise" and f not in gathered}
-    row_parents = {_parent(f) for f, s in styles.items() if s == "rowwise"}
+    row_parents = {_parent(f) for f, s in styles.items() if s == "rowwise" and f not in embeddings}
     out: dict[str, object] = {}
     for fqn, style in styles.items():
         if fqn not in present or style == "replicate":
@@ -121,7 +127,7 @@ def build_parallel_plan(
             paired = _parent(fqn) in row_parents and fqn not in gathered
             out[fqn] = ColwiseParallel(output_layouts=Shard(-1) if paired else Replicate())
         else:
-            paired = _parent(fqn) in col_parents
+            paired = _parent(fqn) in col_parents and fqn not in embeddings
             out[fqn] = RowwiseParallel(input_layouts=Shard(-1) if paired else Replicate(), output_layouts=seq)
     return out
 
@@ -241,7 +247,8 @@ def apply_stage_sequence_parallel(
     prefixes = tuple(b + "." for b in blocks)
     present = {n for n, _ in stage.named_modules()}
     check_divisible(stage, styles, mesh.size())
-    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks, vocab_sharded=vocab_sharded)
+    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks, vocab_sharded=vocab_sharded,
+                               embeddings=embedding_fqns(stage))  # fmt: skip
     norms = [n for n, m in stage.named_modules() if n.startswith(prefixes) and is_norm(m)]
     for n in norms:
         plan[n] = SequenceParallel(use_local_output=True)
@@ -262,7 +269,8 @@ def apply_sequence_parallel(module: nn.Module, mesh: DeviceMesh, styles: dict[st
     present = {n for n, _ in module.named_modules()}
     check_divisible(module, styles, mesh.size())
     blocks = block_fqns(module)
-    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks, vocab_sharded=vocab_sharded)
+    plan = build_parallel_plan(styles, present, gathered, sp_blocks=blocks, vocab_sharded=vocab_sharded,
+                               embeddings=embedding_fqns(module))  # fmt: skip
     for b in blocks:
         for name, m in module.get_submodule(b).named_modules():
             if name and is_norm(m):
@@ -277,6 +285,11 @@ def apply_sequence_parallel(module: nn.Module, mesh: DeviceMesh, styles: dict[st
     return len(plan)
 
 
+def embedding_fqns(module: nn.Module) -> set[str]:
+    """FQNs of the ``nn.Embedding`` modules (vocab-parallel when rowwise; ``build_parallel_plan``)."""
+    return {n for n, m in module.named_modules() if isinstance(m, nn.Embedding)}
+
+
 def check_divisible(module: nn.Module, styles: dict[str, str], tp: int) -> None:
     mods = dict(module.named_modules())
     for fqn, style in styles.items():
@@ -286,7 +299,7 @@ def check_divisible(module: nn.Module, styles: dict[str, str], tp: int) -> None:
         w = getattr(m, "weight", None)
         if w is None:
             raise ValueError(f"{fqn} has no weight; only Linear/Embedding layers can be {style}")
-        dim = 0 if style == "colwise" else 1
+        dim = 0 if style == "colwise" or isinstance(m, nn.Embedding) else 1  # rowwise embedding: vocab rows
         if w.shape[dim] % tp:
             raise ValueError(f"{fqn}: {style} splits a dimension of {w.shape[dim]} which tp={tp} does not divide")
 
@@ -296,7 +309,7 @@ def apply_tp(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str], gather
     """Parallelize the sub-modules of ``module`` named in ``styles``; returns how many were sharded."""
     present = {n for n, _ in module.named_modules()}
     check_divisible(module, styles, mesh.size())
-    plan = build_parallel_plan(styles, present, gathered, vocab_sharded=vocab_sharded)
+    plan = build_parallel_plan(styles, present, gathered, vocab_sharded=vocab_sharded, embeddings=embedding_fqns(module))
     if plan:
         parallelize_module(module, mesh, plan)  # type: ignore[arg-type]
     return len(plan)
