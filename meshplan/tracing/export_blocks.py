@@ -34,6 +34,7 @@ from typing import Any
 
 from torch import fx, nn
 
+from meshplan.tracing.build import _attr
 from meshplan.tracing.reuse import (
     _Instance,
     _instance,
@@ -236,9 +237,9 @@ def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _I
     objs: dict[str, Any] = {}
     for n in g.nodes:
         if n.op in ("get_attr", "call_module"):
-            objs[str(n.target)] = _resolve(small, str(n.target))
+            objs[str(n.target)] = _attr(small, str(n.target))
             if objs[str(n.target)] is None:
-                objs[str(n.target)] = _resolve(root, str(n.target))
+                objs[str(n.target)] = _attr(root, str(n.target))
     # lazily compiled: annotation interprets the graph node by node and never calls its forward
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
@@ -258,11 +259,3 @@ def _expected_names(nodes: list[fx.Node], tpl: _Instance, seg_of: dict[int, list
                 out.extend(_renamed(m.name, j - KEEP + 1, per_base) for m in tpl.run)
     return out
 
-
-def _resolve(mod: nn.Module, target: str) -> Any:
-    obj: Any = mod
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
