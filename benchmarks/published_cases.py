@@ -1,6 +1,7 @@
 """Predicted vs measured step throughput and memory on the published runs in ``meshplan/data/published_cases.json``.
 
     python benchmarks/published_cases.py [--only PREFIX] [--gain] [--efficiency h100=0.55 ...]
+    python benchmarks/published_cases.py --timing [--only PREFIX]
 
 Each run is costed with ``estimate_graph`` at the authors' configuration (``planner.
 published_estimate.case_setup``: TP/PP/DP degrees, global batch, microbatch, schedule, recompute
@@ -15,6 +16,11 @@ peak + the allocator's fragmentation share). Cases whose time is marked not comp
 GEMMs, not costed) count for memory only. ``--gain`` also runs ``autoparallel`` on the same
 cluster and batch and prints its predicted gain over the authors' configuration and why.
 Prints the median |error| of each.
+
+``--timing`` instead plans every case (context-parallel groups included) with ``plan_graph`` on
+its cluster, batch and precision, as ``meshplan plan`` does, and prints per case the measured
+CPU (process time) and wall seconds of tracing its model (on the meta device, once per shape:
+later cases of a shape reuse it) and of the search, on this machine.
 """
 
 from __future__ import annotations
@@ -51,6 +57,34 @@ def run_case(case: dict[str, Any], gain: bool = False) -> dict[str, Any]:
     return r
 
 
+def timing(only: str) -> None:
+    """Per-case planning time (see the module docstring)."""
+    from meshplan.models.published import case_graph
+    from meshplan.planner.api import plan_graph
+
+    def clock() -> tuple[float, float]:
+        return time.process_time(), time.perf_counter()
+
+    print("| run | GPUs | trace CPU s | trace wall s | plan CPU s | plan wall s | configurations | plan |")
+    print("|---|---|---|---|---|---|---|---|")
+    worst, rows = (0.0, ""), 0
+    for case in load_published_cases():
+        if not case["id"].startswith(only):
+            continue
+        c0, w0 = clock()
+        g = case_graph(case)
+        c1, w1 = clock()
+        setup, spec = pe.case_setup(case), pe.case_cluster(case)
+        plan = plan_graph(g, spec.num_devices, cluster=spec, global_batch_size=setup["global_batch_size"],
+                          dtype=setup["dtype"], progress=None)  # fmt: skip
+        c2, w2 = clock()
+        rows += 1
+        worst = max(worst, (c2 - c1, case["id"]))
+        print(f"| {case['id']} | {spec.num_devices} | {c1 - c0:.2f} | {w1 - w0:.2f} | {c2 - c1:.2f} | {w2 - w1:.2f} | "
+              f"{plan.solver.candidates} | {pe._config(plan)} |", flush=True)  # fmt: skip
+    print(f"\n{rows} cases; slowest search {worst[0]:.2f} s CPU ({worst[1]}); measured on this machine")
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:+.1f}%"
 
@@ -61,7 +95,11 @@ def main() -> None:
                     help="override a preset's matmul_efficiency, e.g. h100=0.55")  # fmt: skip
     ap.add_argument("--only", default="", help="only cases whose id starts with this prefix")
     ap.add_argument("--gain", action="store_true", help="also run autoparallel and print its predicted gain")
+    ap.add_argument("--timing", action="store_true", help="print each case's measured planning time instead")
     args = ap.parse_args()
+    if args.timing:
+        timing(args.only)
+        return
     for item in args.efficiency:
         name, _, value = item.partition("=")
         EFFICIENCY[name] = float(value)

@@ -68,11 +68,22 @@ def kind_free_terms(
     # stage i sends to stage i + 1 on the link between their pipeline ranks: NVLink when both
     # sit in one node, else one NIC (comm.p2p_crosses_nodes)
     stride, dpn = c.dp * c.cp * c.tp, ev.cluster.devices_per_node
-    st_send = [
-        p2p_time_s(sb, ev.cluster, crosses_nodes=i + 1 < n_st
-                   and p2p_crosses_nodes(placement[i], placement[i + 1], stride, dpn)) if sb else 0.0
-        for i, sb in enumerate(st_sendb)
-    ]  # fmt: skip
+    crosses: dict[tuple[int, int], bool] = {}  # per pair of pipeline ranks
+    send_s: dict[tuple[int, bool], float] = {}  # per (bytes, crosses nodes): most stages send the same
+    st_send = []
+    for i, sb in enumerate(st_sendb):
+        if not sb:
+            st_send.append(0.0)
+            continue
+        cross = False
+        if i + 1 < n_st:
+            pair = (placement[i], placement[i + 1])
+            if pair not in crosses:
+                crosses[pair] = p2p_crosses_nodes(pair[0], pair[1], stride, dpn)
+            cross = crosses[pair]
+        if (sb, cross) not in send_s:
+            send_s[sb, cross] = p2p_time_s(sb, ev.cluster, crosses_nodes=cross)
+        st_send.append(send_s[sb, cross])
     on_rank: list[list[int]] = [[] for _ in ranks]
     for s_, r_ in enumerate(placement):
         on_rank[r_].append(s_)
