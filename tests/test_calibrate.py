@@ -84,3 +84,27 @@ def test_cli_writes_a_cluster_usable_as_cluster(tmp_path: Path, capsys: pytest.C
     (tmp_path / "old.json").write_text(json.dumps(rec))
     assert main(["calibrate", str(tmp_path / "old.json"), "--cluster", str(base), "-o", str(out)]) == 1
     assert "has no 'plan'" in capsys.readouterr().err
+
+
+def test_overlap_fraction_is_fitted_and_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    """A machine that hides only a fifth of the communication the model counts as hidden: the fit
+    lowers ``comm_overlap`` (the term starts at its cap of 1, so it is differenced downward) and
+    the fitted run's comm phase and step match; the report prints the term and the value."""
+    from meshplan.commands.calibrate import format_fit
+
+    spec = resolve_cluster(ClusterSpec.from_dict(CPU), 2)
+    assert spec.comm_overlap == 1.0
+    assert cal.apply_terms(spec, {"overlap": 3.0}).comm_overlap == 1.0  # capped
+    truth = cal.apply_terms(spec, {"overlap": 0.2})
+    assert truth.comm_overlap == pytest.approx(0.2)
+    dp = _case("dp2", spec, truth, dp=2, tp=1, pp=1)
+    assert dp.measured_step_s > cal.predict(dp, spec).predicted.step_s * 1.05  # exposed comm the nominal spec hides
+    result = cal.fit([dp], spec)
+    assert result.factors["overlap"] < 0.6 and result.spec.comm_overlap < 0.6, result.factors
+    assert abs(result.error(2)[0]) < 0.01 < abs(result.error(1)[0])
+    comm = predicted_phases(cal.predict(dp, result.spec))["comm"]
+    assert comm == pytest.approx(dp.measured_phases["comm"], rel=0.1)
+    text = format_fit(result, spec, result.spec)
+    assert "overlap" in text and "comm_overlap" in text
+    with pytest.raises(ValueError, match="comm_overlap"):
+        ClusterSpec.from_dict({**CPU, "comm_overlap": 1.5})

@@ -66,6 +66,11 @@ class ClusterSpec:
     # softmax term): attention efficiency by shape (``cost_models.efficiency.attention_shape_factor``)
     attention_kernel: str = "fa2"
     exp_cost_flops: float = 0.0
+    # fraction of the communication the cost model counts as hidden under compute (DP gradient
+    # buckets under the last backward, ZeRO/FSDP gathers and reduce-scatters under forward and
+    # backward) that the machine really hides; the rest is exposed (1 = as modelled; ``meshplan
+    # calibrate`` fits it: e.g. gloo on a CPU host, where the collectives compete for the cores)
+    comm_overlap: float = 1.0
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -118,6 +123,8 @@ class ClusterSpec:
                       "peak_flops); use 'fa2'")
         if not (isinstance(self.exp_cost_flops, (int, float)) and self.exp_cost_flops >= 0):
             raise bad("exp_cost_flops", f"must be a number >= 0 (0 = no softmax term), got {self.exp_cost_flops!r}")
+        if not (isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1):
+            raise bad("comm_overlap", f"must be in [0, 1] (1 = hidden communication fully hidden), got {self.comm_overlap!r}")
         if not (isinstance(self.attention_efficiency, (int, float)) and 0 <= self.attention_efficiency <= 1):
             raise bad("attention_efficiency", f"must be in [0, 1] (0 = matmul_efficiency), got {self.attention_efficiency!r}")
         if self.mem_reserved_bytes >= self.mem_bytes:

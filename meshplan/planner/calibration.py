@@ -26,7 +26,11 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
 - ``op_overhead``: eager per-op host time (``op_overhead_s``, ``bwd_op_overhead_s``, and
   ``kernel_floor_s``);
 - ``intra_bw`` / ``intra_latency``: collectives inside a node; ``inter_bw`` / ``inter_latency``:
-  across nodes.
+  across nodes;
+- ``overlap``: the overlap fraction ``comm_overlap``, the share of the communication the cost
+  model counts as hidden under compute that the machine really hides (capped at 1). A term at the
+  top of its range (``comm_overlap`` = 1, as presets have it) is differenced downward (``STEP``
+  negative for it), or its Jacobian column would be 0 and the fit could never lower it.
 
 Phases compared (the RunRecord's "phases" written by ``runtime.phases``; any may be missing):
 forward, backward, optimizer, comm (exposed), bubble, each against ``plan_phases.predicted_phases``
@@ -45,13 +49,13 @@ from meshplan.graph import ModelGraph
 from meshplan.plan import Plan, Prediction
 from meshplan.plan_phases import predicted_phases
 
-TERMS = ("gemm", "memory", "op_overhead", "intra_bw", "intra_latency", "inter_bw", "inter_latency")
+TERMS = ("gemm", "memory", "op_overhead", "intra_bw", "intra_latency", "inter_bw", "inter_latency", "overlap")
 #: prior width of each term's log multiplier (how far off the starting spec may plausibly be):
 #: GEMM and memory efficiency are known within ~2x from datasheets and kernels; per-op host time,
 #: link bandwidth and especially collective latency depend on the software stack (NCCL vs gloo,
 #: eager dispatch, load) and can be off by 10x or more
 PRIOR_SIGMA = {"gemm": 0.7, "memory": 0.7, "op_overhead": 2.3, "intra_bw": 1.2, "intra_latency": 2.3,
-               "inter_bw": 1.2, "inter_latency": 2.3}  # fmt: skip
+               "inter_bw": 1.2, "inter_latency": 2.3, "overlap": 1.2}  # fmt: skip
 RIDGE = 1e-3
 STEP = 0.05
 MAX_FACTOR = 1e3
@@ -129,6 +133,7 @@ def apply_terms(spec: ClusterSpec, factors: dict[str, float]) -> ClusterSpec:
         intra_latency_s=spec.intra_latency_s / factors.get("intra_latency", 1.0),
         inter_bw_bytes_per_s=spec.inter_bw_bytes_per_s * factors.get("inter_bw", 1.0),
         inter_latency_s=spec.inter_latency_s / factors.get("inter_latency", 1.0),
+        comm_overlap=min(1.0, spec.comm_overlap * factors.get("overlap", 1.0)),
     )
 
 
@@ -211,6 +216,12 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     return x
 
 
+def _step_sign(term: str, spec: ClusterSpec) -> float:
+    """-1 for a term at the top of its range (``overlap`` at ``comm_overlap`` = 1: raising it
+    changes nothing), so that its derivative is taken downward; else +1."""
+    return -1.0 if term == "overlap" and spec.comm_overlap >= 1.0 else 1.0
+
+
 def fit(
     cases: Sequence[Case], spec: ClusterSpec, *, iterations: int = 8, progress: Callable[[str], None] | None = None
 ) -> Fit:
@@ -241,9 +252,10 @@ def fit(
         cols = []
         for j in range(k):
             th = theta[:]
-            th[j] += STEP
+            step = STEP * _step_sign(TERMS[j], at(theta))
+            th[j] += step
             rj, _ = _residuals(cases, at(th))
-            cols.append([(a - b) / STEP for a, b in zip(rj, r, strict=True)])
+            cols.append([(a - b) / step for a, b in zip(rj, r, strict=True)])
         jtj = [[sum(cols[i][n] * cols[j][n] for n in range(len(r))) + (w[i] if i == j else 0.0)
                 for j in range(k)] for i in range(k)]  # fmt: skip
         jtr = [-sum(cols[i][n] * r[n] for n in range(len(r))) - w[i] * theta[i] for i in range(k)]

@@ -33,31 +33,36 @@ def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: f
     (``units`` 1 or no split: ``max(0, per_mb − T_mb)`` per microbatch + ``0.1·per_mb``).
     With ``cluster``, every hidden part (a collective's time minus its exposed share) also costs
     the compute it overlaps what NCCL's SMs take from it (``contention.overlap_slowdown_s``:
-    the sync and backward gathers/reduce-scatters against B, the gathers against F).
+    the sync and backward gathers/reduce-scatters against B, the gathers against F), and only the
+    share ``cluster.comm_overlap`` (φ) of it is hidden: the rest, (1 − φ)·(comm − exposed), is exposed.
     Unit: seconds. Source: PyTorch FSDP2 ``fully_shard`` (implicit forward prefetch, backward
     prefetch of one unit, reduce-scatter in its own stream).
     """
     out = 0.0
 
-    def hidden(comm: float, exposed: float, compute: float) -> float:
-        return overlap_slowdown_s(max(0.0, comm - exposed), compute, cluster) if cluster is not None else 0.0
+    phi = cluster.comm_overlap if cluster is not None else 1.0
+
+    def cost(comm: float, exposed: float, compute: float) -> float:
+        """Exposed seconds + what the hidden rest costs: (1 − φ) of it is not hidden after all,
+        the φ that is takes NCCL's SMs from the compute."""
+        h = max(0.0, comm - exposed)
+        slow = overlap_slowdown_s(phi * h, compute, cluster) if cluster is not None else 0.0
+        return exposed + (1.0 - phi) * h + slow
 
     if d.sync_s:
-        e = max(0.1 * d.sync_s, d.sync_s - backward_s)
-        out += e + hidden(d.sync_s, e, backward_s)
+        out += cost(d.sync_s, max(0.1 * d.sync_s, d.sync_s - backward_s), backward_s)
     if d.gather_s:
-        e = max(0.1 * d.gather_s, d.gather_s - forward_s)
-        out += e + hidden(d.gather_s, e, forward_s)
+        out += cost(d.gather_s, max(0.1 * d.gather_s, d.gather_s - forward_s), forward_s)
     if d.per_microbatch_s and d.units > 1 and d.mb_forward_s:
         L, ag_f, ag_b = d.units, d.mb_forward_s, d.mb_bwd_gather_s
         bwd = d.per_microbatch_s - ag_f  # backward gathers + reduce-scatters (+ hsdp all-reduce)
         rs = bwd - ag_b
         e_f = ag_f / L + (L - 1) / L * max(0.0, ag_f - forward_s)
         e_b = ag_b / L + (L - 1) / L * max(0.0, bwd - backward_s) + rs / L
-        out += num_microbatches * (e_f + e_b + hidden(ag_f, e_f, forward_s) + hidden(bwd, e_b, backward_s))
+        out += num_microbatches * (cost(ag_f, e_f, forward_s) + cost(bwd, e_b, backward_s))
     elif d.per_microbatch_s:
         e = max(0.0, d.per_microbatch_s - microbatch_s)
-        out += num_microbatches * (e + hidden(d.per_microbatch_s, e, microbatch_s)) + 0.1 * d.per_microbatch_s
+        out += num_microbatches * cost(d.per_microbatch_s, e, microbatch_s) + 0.1 * d.per_microbatch_s
     return out
 
 

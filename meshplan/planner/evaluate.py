@@ -158,8 +158,10 @@ class ConfigEvaluator(ConfigCosts):
                                       + rep.bytes.get("all_reduce", 0)})
             elif exp_b:
                 d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)})
-            # the buckets' NCCL kernels hold SMs the backward they overlap needs (cost_models.contention)
-            dp_exposed += overlap_slowdown_s(hid, k.rank_b[worst], self.cluster)
+            # only the share comm_overlap of the hidden buckets is hidden (ClusterSpec.comm_overlap); their
+            # NCCL kernels hold SMs the backward they overlap needs (cost_models.contention)
+            phi = self.cluster.comm_overlap
+            dp_exposed += (1.0 - phi) * hid + overlap_slowdown_s(phi * hid, k.rank_b[worst], self.cluster)
         else:
             dp_exposed = exposed_dp_s(d, backward_s=k.rank_b[worst], forward_s=k.rank_f[worst],
                                       microbatch_s=max(rank_work), num_microbatches=m, cluster=self.cluster)  # fmt: skip
