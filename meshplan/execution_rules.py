@@ -118,22 +118,25 @@ def tied_weight_blocker(*, pp: int, schedule: str, uses: int, name: str) -> str:
 
 
 def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: int, recompute: str,
-              quantized: bool = False, sequence_parallel: bool = False) -> str:
+              quantized: bool = False, sequence_parallel: bool = False, capture: str = "fx") -> str:
     """Why context parallelism ``cp`` / expert parallelism ``ep`` cannot run with the rest of a
-    configuration ("" when it can). What runs (``runtime/epcp.py``): cp and ep under data
-    parallelism and tensor parallelism (TP inside attention and dense layers, ring attention on
-    the rank's local heads, MoE blocks replicated over tp), full recomputation (a checkpointed block
-    re-enters ring attention when it re-runs) and selective recomputation (each ring attention call
-    checkpointed, its re-run replaying its ring shifts in backward). ``num_experts`` 0: unknown here (the runtime checks
-    the model)."""
+    configuration ("" when it can). What runs (``runtime/epcp.py``, ``runtime/epcp_pipeline.py``):
+    cp and ep under data parallelism, tensor parallelism (TP inside attention and dense layers, ring
+    attention on the rank's local heads, MoE blocks replicated over tp) and pipeline parallelism
+    (each stage's token exchange and ring over the ep / cp groups of its own ranks, torchtitan's
+    layout), full recomputation (a re-run block or stage re-enters ring attention / the exchange)
+    and selective recomputation (each ring attention call checkpointed, its re-run replaying its
+    ring shifts in backward). ``num_experts`` 0: unknown here (the runtime checks the model);
+    ``capture``: how the model's graph was captured ("fx" or "export")."""
     if cp == 1 and ep == 1:
         return ""
     what = " x ".join(f"{a}{d}" for a, d in (("cp", cp), ("ep", ep)) if d > 1)
     if quantized:
         return f"{what} with quantized training is not executed; re-plan without quantization or with cp = ep = 1"
-    if pp > 1:
-        return (f"{what} with pipeline parallelism (pp={pp}) is not executed: the pipeline's stage graphs are "
-                "captured with fx, which cannot hold the ring attention / token exchange; re-plan with pp = 1")
+    if cp > 1 and pp > 1 and capture != "fx":
+        return (f"cp={cp} with pipeline parallelism (pp={pp}) is not executed for a model captured by torch.export "
+                "(HF transformers models are): its stage graphs have the full sequence length baked into their "
+                "shapes; re-plan with pp = 1 or cp = 1")
     if sequence_parallel and tp > 1:
         return f"{what} with sequence_parallel is not executed; re-plan with sequence_parallel off"
     if cp > 1 and (seq_len <= 0 or seq_len % (2 * cp)):

@@ -24,6 +24,10 @@ def build(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "moe":
         return moe_llama(vocab_size=VOCAB)
+    if kind == "moe4":  # 4 blocks: 2 stages per pipeline rank
+        return moe_llama(vocab_size=VOCAB, n_layer=4)
+    if kind == "llama4":
+        return llama(vocab_size=VOCAB, n_layer=4)
     if kind == "plain":
         return PlainMoENet(vocab=VOCAB)
     if kind == "mixtral":
@@ -66,6 +70,35 @@ def _opt(params: list[torch.Tensor]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.5)
 
 
+def _train_and_compare(pm: Any, ref: torch.nn.Module, plan: Plan, example_mb: bool = False) -> tuple[float, float]:
+    """3 SGD steps of ``pm`` and of the one-process ``ref`` on the same global batches: the largest
+    per-step loss difference and the largest difference of this rank's parameters afterwards."""
+    ropt = _opt(list(ref.parameters()))
+    loss_err = 0.0
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 + step)
+        toks = torch.randint(0, VOCAB, (plan.global_batch_size, SEQ + 1), generator=g)
+        x, y = toks[:, :-1], toks[:, 1:]
+        loss = pm.step(x, y)
+        rl = _loss(ref(x), y)
+        rl.backward()
+        ropt.step()
+        ropt.zero_grad()
+        loss_err = max(loss_err, abs(loss - rl.item()))
+    refp = dict(ref.named_parameters())
+    param_err = 0.0
+    ep_rank = pm.epcp.groups.ep_rank if pm.epcp is not None else 0
+    for name, p in pm.named_parameters().items():
+        r = refp[name].detach()
+        if hasattr(p, "full_tensor"):  # TP: compare the whole parameter
+            p = p.full_tensor()
+        if r.shape != p.shape:  # grouped experts: this rank holds rows ep_rank*E/ep ...
+            n = p.shape[0]
+            r = r[ep_rank * n : (ep_rank + 1) * n]
+        param_err = max(param_err, float((p.detach() - r).abs().max()))
+    return loss_err, param_err
+
+
 def worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, float, list[str]]]:
     from meshplan.runtime.api import apply_plan
 
@@ -76,32 +109,44 @@ def worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, f
         plan = make_plan(model, cfg.get("dp", 1), cfg.get("cp", 1), cfg.get("ep", 1), cfg.get("m", 1),
                          cfg.get("tp", 1), cfg.get("recompute", "none"))
         pm = apply_plan(model, plan, loss_fn=_loss, optimizer_factory=_opt)
-        ropt = _opt(list(ref.parameters()))
-        loss_err = 0.0
-        for step in range(STEPS):
-            g = torch.Generator().manual_seed(100 + step)
-            toks = torch.randint(0, VOCAB, (plan.global_batch_size, SEQ + 1), generator=g)
-            x, y = toks[:, :-1], toks[:, 1:]
-            loss = pm.step(x, y)
-            rl = _loss(ref(x), y)
-            rl.backward()
-            ropt.step()
-            ropt.zero_grad()
-            loss_err = max(loss_err, abs(loss - rl.item()))
-        refp = dict(ref.named_parameters())
-        param_err = 0.0
-        ep_rank = pm.epcp.groups.ep_rank if pm.epcp is not None else 0
-        for name, p in pm.named_parameters().items():
-            r = refp[name].detach()
-            if hasattr(p, "full_tensor"):  # TP: compare the whole parameter
-                p = p.full_tensor()
-            if r.shape != p.shape:  # grouped experts: this rank holds rows ep_rank*E/ep ...
-                n = p.shape[0]
-                r = r[ep_rank * n : (ep_rank + 1) * n]
-            param_err = max(param_err, float((p.detach() - r).abs().max()))
+        loss_err, param_err = _train_and_compare(pm, ref, plan)
         notes = list(pm.notes)
         if any(hasattr(p, "full_tensor") for p in pm.parameters()):
             notes.append("tp: DTensor parameters")
         out.append((cfg, loss_err, param_err, notes))
+        torch.distributed.barrier()
+    return out
+
+
+def make_pp_plan(model: torch.nn.Module, *, pp: int, dp: int, cp: int, ep: int, m: int, schedule: str = "1f1b",
+                 virtual_stages: int = 1, recompute: str = "none") -> Plan:
+    """A pipelined plan cut at block starts (``runtime.handplan``) on the (pp, dp, cp, tp) mesh."""
+    from dataclasses import replace
+
+    from meshplan.runtime.handplan import manual_plan
+    from meshplan.runtime.split import capture_graph
+
+    gm, _ = capture_graph(model, torch.zeros(2, SEQ, dtype=torch.long))
+    plan = manual_plan(model, gm, pp=pp, dp=dp, schedule=schedule, virtual_stages=virtual_stages, microbatches=m,
+                       micro_batch_size=2, seq_len=SEQ)
+    return replace(plan, world_size=pp * dp * cp, recompute=recompute,
+                   mesh=MeshSpec(("pp", "dp", "cp", "tp"), (pp, dp, cp, 1), ep=ep))
+
+
+def pp_worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, float, list[str]]]:
+    """Like ``worker`` for pipelined plans: cp / ep inside the pipeline stages."""
+    from meshplan.runtime.api import apply_plan
+
+    out = []
+    for cfg in cfgs:
+        model = build(cfg["model"])
+        ref = copy.deepcopy(model)
+        plan = make_pp_plan(model, pp=cfg["pp"], dp=cfg.get("dp", 1), cp=cfg.get("cp", 1), ep=cfg.get("ep", 1),
+                            m=cfg.get("m", 2), schedule=cfg.get("schedule", "1f1b"),
+                            virtual_stages=cfg.get("v", 1), recompute=cfg.get("recompute", "none"))
+        pm = apply_plan(model, plan, loss_fn=_loss, optimizer_factory=_opt,
+                        example_inputs=torch.zeros(2, SEQ, dtype=torch.long))
+        loss_err, param_err = _train_and_compare(pm, ref, plan)
+        out.append((cfg, loss_err, param_err, list(pm.notes)))
         torch.distributed.barrier()
     return out

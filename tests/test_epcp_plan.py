@@ -55,7 +55,9 @@ def test_rule_refuses_what_the_runtime_cannot_run():
     assert epcp_rule(**ok) == ""
     assert epcp_rule(**{**ok, "tp": 2}) == ""  # cp x tp, ep x tp run (MoE blocks replicated over tp)
     assert epcp_rule(**{**ok, "recompute": "full"}) == ""  # checkpointed blocks re-run the ring
-    assert "pipeline" in epcp_rule(**{**ok, "pp": 2})
+    assert epcp_rule(**{**ok, "pp": 2}) == ""  # each stage's ring / exchange over its own ranks (runtime.epcp_pipeline)
+    assert "torch.export" in epcp_rule(**{**ok, "pp": 2, "capture": "export"})  # cp: the length is baked in
+    assert epcp_rule(**{**ok, "cp": 1, "pp": 2, "capture": "export"}) == ""  # ep alone: MoE blocks run eagerly
     assert "sequence_parallel" in epcp_rule(**{**ok, "tp": 2, "sequence_parallel": True})
     assert "2*cp" in epcp_rule(**{**ok, "seq_len": 30})
     assert epcp_rule(**{**ok, "recompute": "selective"}) == ""  # the checkpointed ring call replays its shifts
@@ -78,9 +80,11 @@ def test_runtime_refusal_is_the_planner_rule():
     plan = make_plan(model, 1, 2, 2, 1)
     pp2 = type(plan)(**{**plan.__dict__, "world_size": 4,
                         "mesh": type(plan.mesh)(plan.mesh.axis_names, (2, 1, 2, 1), ep=2)})
-    assert "pipeline" in epcp_blocker(model, pp2)
-    assert epcp_blocker(model, pp2) == epcp_rule(cp=2, ep=2, tp=1, pp=2, seq_len=plan.seq_len, num_experts=4,
-                                                 recompute="none")
+    assert epcp_blocker(model, pp2) == ""
+    pp2x = type(plan)(**{**pp2.__dict__, "capture": "export"})
+    assert "torch.export" in epcp_blocker(model, pp2x)
+    assert epcp_blocker(model, pp2x) == epcp_rule(cp=2, ep=2, tp=1, pp=2, seq_len=plan.seq_len, num_experts=4,
+                                                  recompute="none", capture="export")
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,8 @@ from meshplan.runtime import precision as prec
 from meshplan.runtime import recompute, schedules, split, tp
 from meshplan.runtime import sync_batchnorm as sbn
 from meshplan.runtime.dist import RuntimeEnv, check_launch, init_runtime
-from meshplan.runtime.epcp import apply_epcp, epcp_blocker, uses_epcp
+from meshplan.runtime.epcp import EPCPState, apply_epcp, epcp_blocker, uses_epcp
+from meshplan.runtime.epcp_pipeline import pipeline_cp_blocker, shard_position_tables
 from meshplan.runtime.grad_sync import BucketedGradSync
 from meshplan.runtime.parallel_model import ParallelModel
 from meshplan.runtime.phases import PhaseSpans, watch_stages
@@ -103,7 +104,9 @@ def apply_plan(
     # 2. process group and mesh
     env = init_runtime(plan, timeout_s=timeout_s)
     model = model.to(env.device)
-    ecs = apply_epcp(model, plan, env) if uses_epcp(plan) else None  # experts sharded before anything wraps them
+    # experts sharded before anything wraps them (pp > 1: after the stage chain check below, which runs
+    # every stage on one rank, so the MoE blocks there run whole, without their ep group)
+    ecs = apply_epcp(model, plan, env) if uses_epcp(plan) and pp == 1 else None
     tied = split.tied_parameter_groups(model)
     styles, tnotes = tp.effective_styles(model, plan.tp_styles, tied)
     notes += tnotes
@@ -137,6 +140,8 @@ def apply_plan(
             why = tied_weight_blocker(pp=pp, schedule=plan.schedule, uses=uses, name=pname)
             if why:
                 raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: stage {piece.index}: {why}")
+        if uses_epcp(plan):  # cp/ep inside the stages: groups of the stage's ranks (runtime.epcp_pipeline)
+            ecs = _pipeline_epcp(model, plan, env, pieces)
         if plan.sequence_parallel and plan.tp > 1 and not sp_why:
             # after the chain check: the boundaries only make sense once the norms gather (TP below)
             sp_why = tp.insert_sequence_boundaries(gm, [prefix + b for b in tp.block_fqns(model)], env.mesh["tp"])
@@ -276,7 +281,8 @@ def apply_plan(
         )
 
     if ecs is not None:  # hooks on the final (post-TP) parameters: bucketed reduction over dc / replicas
-        ecs.attach(unique_params(modules), plan.num_microbatches, bucket_cap_bytes)
+        ecs.attach(unique_params(modules), plan.num_microbatches, bucket_cap_bytes, pipelined=pp > 1,
+                   use_hooks=not (pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES))
 
     # 6. pipeline stages and schedule
     schedule, scaler, spans = None, None, PhaseSpans()
@@ -286,9 +292,11 @@ def apply_plan(
         pstages = [
             PipelineStage(r, i, len(ordered), env.device, group=env.group("pp")) for r, i in zip(runners, mine)
         ]
-        if grad_sync is not None and plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        if plan.schedule in ZERO_BUBBLE_SCHEDULES:
             for st, m in zip(pstages, modules):
-                grad_sync.watch_weight_passes(st, list(m.parameters()))
+                for sync in (grad_sync, ecs):
+                    if sync is not None:
+                        sync.watch_weight_passes(st, list(m.parameters()))
         watch_stages(spans, pstages)
         scaler = prec.make_scaler(precision)
         schedule = schedules.build_schedule(plan.schedule, pstages, plan.num_microbatches,
@@ -303,6 +311,19 @@ def apply_plan(
     )
     pm.ties = tie_groups(env, shared, pm.stage_indices, {i: pieces[i].module for i in mine} if pp > 1 else {})
     return pm
+
+
+def _pipeline_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv, pieces: list) -> EPCPState:
+    """cp/ep for pipeline stages: the cp position rewrite of this rank's stages (refused on every
+    rank alike when a stage graph reads positions otherwise), then the groups and expert sharding.
+    The stage modules hold the model's own MoE blocks, so sharding them in ``model`` shards the stages'."""
+    if plan.cp > 1:
+        why = pipeline_cp_blocker([p.module for p in pieces], plan.capture)
+        if why:
+            raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}")
+        for p in pieces:
+            shard_position_tables(p.module, plan.cp, env.coord("cp"))
+    return apply_epcp(model, plan, env)
 
 
 def _optimizer(factory: Callable, params: list[torch.Tensor], plan: Plan, env: RuntimeEnv) -> torch.optim.Optimizer:

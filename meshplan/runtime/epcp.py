@@ -3,9 +3,10 @@
 ``epcp_blocker(model, plan)`` says (before any collective) why a plan's cp/ep cannot run on this
 runtime; ``apply_plan`` raises ``PlanMismatchError`` with it. Supported: cp and ep under data
 parallelism, alone or together, with tp (no sequence parallelism; MoE blocks replicated over tp),
-pp = 1, full recomputation (a re-run block re-enters ring attention), selective recomputation
-(``RingContext.checkpoint``: each ring attention call is its own checkpoint), fp32/bf16 models. The
-planner never emits the others (both sides call ``execution_rules.epcp_rule``).
+with pp (each stage exchanges tokens / runs its ring over the groups of its own ranks:
+``runtime.epcp_pipeline``), full recomputation (a re-run block re-enters ring attention), selective
+recomputation (``RingContext.checkpoint``: each ring attention call is its own checkpoint),
+fp32/bf16 models. The planner never emits the others (both sides call ``execution_rules.epcp_rule``).
 
 ``EPCPState`` (from ``apply_epcp``) wraps the model for cp (``ContextParallel``), shards every
 global batch (the dp slice, then the cp sequence shard) and reduces gradients: dense ones averaged
@@ -28,6 +29,7 @@ from meshplan.plan import Plan
 from meshplan.runtime.context_parallel import ContextParallel, RingContext, cp_blocker, shard_sequence
 from meshplan.runtime.dist import RuntimeEnv
 from meshplan.runtime.epcp_groups import DCGroups, build_groups
+from meshplan.runtime.epcp_pipeline import StageRing
 from meshplan.runtime.expert_parallel import apply_expert_parallel, ep_blocker
 from meshplan.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, BucketedGradSync
 from meshplan.tracing.moe import find_moe
@@ -44,7 +46,7 @@ def epcp_blocker(model: nn.Module, plan: Plan) -> str:
         return ""
     why = epcp_rule(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp, seq_len=plan.seq_len or 2 * plan.cp,
                     num_experts=0, recompute=plan.recompute, quantized=plan.quantization.mode != "none",
-                    sequence_parallel=plan.sequence_parallel)
+                    sequence_parallel=plan.sequence_parallel, capture=plan.capture)
     if why:
         return why
     if plan.cp > 1:
@@ -74,11 +76,17 @@ class EPCPState:
     syncs: list[BucketedGradSync] = field(default_factory=list)
     unsynced: list[torch.Tensor] = field(default_factory=list)  # expert params with no replica: only / dc
     ring: RingContext | None = None  # cp > 1: the ring (its ``stats`` count the bytes it sends)
+    micro_divisor: int = 1  # pipelined: the syncs also divide by the microbatch count
 
     def attach(self, params: list[torch.Tensor], microbatches: int,
-               cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> None:
-        """Gradient hooks on the final parameters (call once, after TP replaced them)."""
+               cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES, *, pipelined: bool = False, use_hooks: bool = True) -> None:
+        """Gradient hooks on the final parameters (call once, after TP replaced them). ``pipelined``:
+        the schedule sums the microbatches' gradients (``scale_grads=False``), so the reduction also
+        divides by their count; ``use_hooks`` False: contributions are counted by ``watch_weight_passes``
+        (zero-bubble schedules assign weight gradients without accumulate hooks)."""
         g = self.groups
+        divide_by = g.dc_size * (microbatches if pipelined else 1)
+        self.micro_divisor = microbatches if pipelined else 1
         dense = [p for p in params if id(p) not in self.expert_ids]
         experts = [p for p in params if id(p) in self.expert_ids]
         for ps, group in ((dense, g.dc_group), (experts, g.replica_group)):
@@ -88,14 +96,26 @@ class EPCPState:
                 self.unsynced += ps
             else:
                 self.syncs.append(BucketedGradSync([ps], group, microbatches=microbatches, cap_bytes=cap_bytes,
-                                                   divide_by=g.dc_size))
+                                                   divide_by=divide_by, use_hooks=use_hooks))
+
+    def owns(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s gradient is averaged by these syncs (microbatch mean included)."""
+        return any(s.owns(p) for s in self.syncs)
+
+    def watch_weight_passes(self, stage: object, params: list[torch.Tensor]) -> None:
+        for s in self.syncs:
+            s.watch_weight_passes(stage, [p for p in params if s.owns(p)])
 
     def wrap(self, module: nn.Module) -> nn.Module:
+        """The module as it runs under cp: the whole model (pp = 1) gets its shard's positions and
+        ring attention (``ContextParallel``); a pipeline stage runs ring attention over its stage's
+        cp group (``epcp_pipeline.StageRing``; positions come from its rewritten graph)."""
         if self.plan.cp <= 1:
             return module
-        self.ring = RingContext(self.env.mesh.get_group("cp"), self.plan.cp, self.env.coord("cp"),
-                                checkpoint=self.plan.recompute == "selective")
-        return ContextParallel(module, self.ring)
+        if self.ring is None:  # one ring for all of this rank's stages (its stats count them all)
+            self.ring = RingContext(self.env.mesh.get_group("cp"), self.plan.cp, self.env.coord("cp"),
+                                    checkpoint=self.plan.recompute == "selective")
+        return StageRing(module, self.ring) if self.plan.pp > 1 else ContextParallel(module, self.ring)
 
     def shard(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's sequence shard of a (dp-sliced) batch ``t`` [B, T, ...]."""

@@ -136,9 +136,10 @@ class ParallelModel:
         if (inputs is None and self.has_first) or (targets is None and self.has_last):
             raise ValueError("step(local=True): the first stage needs inputs and the last stage needs targets")
         dev = self.env.device
-        xs = () if inputs is None else tuple(t.to(dev) if isinstance(t, torch.Tensor) else t
+        shard = self.epcp.shard if self.epcp is not None else (lambda t: t)  # cp: this rank's sequence shard
+        xs = () if inputs is None else tuple(shard(t.to(dev)) if isinstance(t, torch.Tensor) else t
                                              for t in self._positional(inputs))
-        return xs, (None if targets is None else targets.to(dev))
+        return xs, (None if targets is None else shard(targets.to(dev)))
 
     def step(self, inputs: object, targets: torch.Tensor | None, *, local: bool = False) -> float:
         """One training step on the GLOBAL batch (or this rank's share with ``local``): ``inputs`` a
@@ -171,7 +172,8 @@ class ParallelModel:
             with lpmod.context(self.loss_parallel), self.phase_spans.span("schedule"):
                 self.schedule.step(*args, **kw)  # type: ignore[attr-defined]
             for p in self.parameters():  # schedules run with scale_grads=False (see schedules.py)
-                if p.grad is not None and not (self.grad_sync is not None and self.grad_sync.owns(p)):
+                if p.grad is not None and not (self.grad_sync is not None and self.grad_sync.owns(p)) \
+                        and not (self.epcp is not None and self.epcp.owns(p)):
                     p.grad.div_(m)
             if self.has_last:  # the schedule's losses carry the fp16 loss scale
                 local_loss += torch.stack([lpmod.plain(v.detach()).double().cpu() for v in losses]).mean() / self.loss_scale()
