@@ -116,18 +116,16 @@ def test_ep_pinned_shards_expert_memory(moe_graph):
     assert "ep=2:" in explain_plan(p)
 
 
-def test_search_never_emits_cp_or_ep_with_pp_and_composes_them_with_tp(moe_graph):
+def test_search_composes_cp_and_ep_with_pp_and_tp(moe_graph):
     p = plan_graph(moe_graph, 8, cluster="h100", global_batch_size=4)
     for a in p.alternatives:
         c = a.config
         if c.get("cp", 1) > 1 or c.get("ep", 1) > 1:
-            assert c["pp"] == 1 and not c.get("sequence_parallel"), a.summary
-    if p.cp > 1 or p.ep > 1:
-        assert p.pp == 1
-    with pytest.raises(Exception, match="pins"):
-        plan_graph(moe_graph, 8, cluster="h100", global_batch_size=4, fixed={"cp": 2, "pp": 2})
+            assert not c.get("sequence_parallel"), a.summary
+    q = plan_graph(moe_graph, 8, cluster="h100", global_batch_size=4, fixed={"cp": 2, "pp": 2})
+    assert (q.cp, q.pp) == (2, 2)
     q = plan_graph(moe_graph, 8, cluster="h100", global_batch_size=4, fixed={"cp": 2, "ep": 2, "tp": 2})
-    assert (q.cp, q.ep, q.tp, q.pp) == (2, 2, 2, 1) and not q.sequence_parallel
+    assert (q.cp, q.ep, q.tp) == (2, 2, 2) and q.pp in (1, 2) and not q.sequence_parallel
 
 
 def test_dense_model_gets_no_ep(moe_graph):
@@ -164,14 +162,15 @@ def test_search_picks_ep_where_it_pays():
 
     cfg = MoEConfig(n_layer=2, n_head=16, n_kv_head=8, dim=1024, ffn_hidden=2048, vocab_size=32000,
                     max_seq_len=512, num_experts=64, top_k=2)
-    p = plan_graph(_meta_graph(lambda: moe_llama(cfg), 512), 8, cluster="h100", global_batch_size=8)
-    assert p.ep > 1 and p.pp == 1, p.summary()
+    g = _meta_graph(lambda: moe_llama(cfg), 512)
+    p = plan_graph(g, 8, cluster="h100", global_batch_size=8)
+    assert p.ep > 1, p.summary()
     assert p.predicted.ep_comm_s > 0 and p.predicted.ep_expert_read_s < 0
     text = explain_plan(p)
     assert f"- ep={p.ep}: the experts are split over {p.ep} ranks" in text
     assert "streams only its" in text and "best with ep=" in text
-    ep1 = [a for a in p.alternatives if a.config.get("ep", 1) == 1 and a.step_s is not None]
-    assert ep1 and min(a.step_s for a in ep1) > p.predicted.step_s  # every ep = 1 layout kept was slower
+    ep1 = plan_graph(g, 8, cluster="h100", global_batch_size=8, fixed={"ep": 1})
+    assert ep1.predicted.step_s > p.predicted.step_s  # the best layout without ep is slower
 
 
 def test_cp_where_long_sequences_pay_and_not_at_8k():
@@ -192,3 +191,43 @@ def test_cp_where_long_sequences_pay_and_not_at_8k():
                        global_batch_size=16)
     assert short.cp == 1, short.summary()
     assert re.search(r"- cp=1: cp=\d+ lost", explain_plan(short)), explain_plan(short)
+
+
+def test_search_pipelines_ep_across_nodes_where_it_pays():
+    """The fine-grained MoE (8 layers, 64 experts, top-2) on 16 H100 in 2 nodes: ep = 16 would run
+    every all-to-all over the inter-node links; a 2-stage pipeline across the nodes keeps each stage's
+    ep group inside its node (NVLink), as Megatron / torchtitan lay EP out. The search picks pp > 1
+    with ep > 1 on its own; EP is costed per stage, over the stage's own MoE layers (predicted)."""
+    from meshplan.models.moe import MoEConfig, moe_llama
+
+    cfg = MoEConfig(n_layer=8, n_head=16, n_kv_head=8, dim=1024, ffn_hidden=2048, vocab_size=32000,
+                    max_seq_len=512, num_experts=64, top_k=2)
+    p = plan_graph(_meta_graph(lambda: moe_llama(cfg), 512), 16, cluster="h100", global_batch_size=32)
+    assert p.pp > 1 and 1 < p.ep <= 8, p.summary()
+    assert p.predicted.ep_comm_s > 0 and p.predicted.ep_expert_read_s < 0
+    flat = [a for a in p.alternatives if a.config.get("pp") == 1 and a.step_s is not None]
+    assert flat and min(a.step_s for a in flat) > p.predicted.step_s
+    assert f"- ep={p.ep}: the experts are split over {p.ep} ranks" in explain_plan(p)
+
+
+def test_ep_terms_costed_per_stage():
+    """Under pp every stage carries the EP/CP terms of its own layers: the stages' terms add up to the
+    whole model's, and a stage's expert parameters are those of its MoE layers."""
+    from meshplan.cost_models.hardware import ClusterSpec
+    from meshplan.models.moe import moe_llama
+    from meshplan.planner.epcp_cost import EPCPPrefix, epcp_terms
+
+    g = _meta_graph(lambda: moe_llama(n_layer=4), 32)
+    cl = ClusterSpec.preset("h100", num_nodes=1)
+    kw = dict(cp=2, ep=2, micro_batch=2, dtype="bf16", capacity_factor=1.2, elem_bytes=2, tp=1,
+              recompute="full", stride=1)
+    nodes = [n for n in g.nodes if n.kind in ("moe", "attention")]
+    whole = epcp_terms(g, cl, **kw)
+    pre = EPCPPrefix(g, cl, nodes, **kw)
+    mid = next(n.id for n in nodes if n.kind == "attention" and n.scope.startswith("blocks.2"))
+    a, b = pre.terms(0, mid), pre.terms(mid, len(g.nodes))
+    for name in ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params", "cp_forward_s"):
+        assert getattr(a, name) + getattr(b, name) == pytest.approx(getattr(whole, name)), name
+        assert getattr(a, name) == pytest.approx(getattr(b, name)), name  # 2 identical blocks each
+    assert a.comm_bytes["all_to_all"] + b.comm_bytes["all_to_all"] == pytest.approx(whole.comm_bytes["all_to_all"])
+    assert 0 < a.cp_forward_s < a.cp_comm_s and 0 < a.forward_s < a.per_microbatch_s

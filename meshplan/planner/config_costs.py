@@ -34,7 +34,7 @@ from meshplan.execution_rules import epcp_rule
 from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
-from meshplan.planner.epcp_cost import EPCPTerms, epcp_terms, expert_params_saved
+from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params_saved
 from meshplan.planner.search_types import (
     RECOMPUTE_CHOICES,
     SCHEDULE_CHOICES,
@@ -109,6 +109,8 @@ class ConfigCosts:
         self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
         self._kind_free_memo: dict[tuple, SimpleNamespace] = {}  # key: Config's fields but dp_kind, exact, runs
         self._other_kinds_memo: dict[Config, list[Config]] = {}
+        self._epcp_nodes = [n for n in self.g.nodes if n.kind in ("moe", "attention")]  # what EP/CP terms read
+        self._epcp_memo: dict[tuple, EPCPPrefix] = {}
         self._sp_choice: dict[int, bool] = {}
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
@@ -143,12 +145,27 @@ class ConfigCosts:
         sequence_parallel counts (otherwise cp/ep configurations are costed without SP)."""
         return epcp_rule(cp=cp, ep=ep, tp=tp, pp=pp, seq_len=self.g.seq_len,
                          num_experts=int(self.g.meta.get("num_experts", 0) or 0), recompute=recompute,
-                         quantized=self.quant, sequence_parallel=bool(self.fixed.get("sequence_parallel")))
+                         quantized=self.quant, sequence_parallel=bool(self.fixed.get("sequence_parallel")),
+                         capture=self.g.capture)
+
+    def _epcp_prefix(self, c: Config) -> EPCPPrefix:
+        """The EP/CP terms of every MoE / attention node for ``c``'s degrees, prefix-summed (memoized)."""
+        key = (c.cp, c.ep, c.micro_batch, c.tp, c.recompute)
+        if key not in self._epcp_memo:
+            self._epcp_memo[key] = EPCPPrefix(
+                self.g, self.cluster, self._epcp_nodes, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch,
+                dtype=self.dtype, capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes, tp=c.tp,
+                recompute=c.recompute, stride=c.tp)  # ep and cp groups: dc-row positions, tp apart
+        return self._epcp_memo[key]
 
     def _epcp(self, c: Config) -> EPCPTerms:
-        return epcp_terms(self.g, self.cluster, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch, dtype=self.dtype,
-                          capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes, tp=c.tp,
-                          recompute=c.recompute, stride=c.tp)  # ep and cp groups: dc-row positions, tp apart
+        """The whole model's EP/CP terms per microbatch (``planner.epcp_cost.epcp_terms``)."""
+        return self._epcp_prefix(c).terms(0, len(self.g.nodes))
+
+    def _epcp_stages(self, c: Config, t: CostTable, runs: list[tuple[int, int]]) -> list[EPCPTerms]:
+        """``_epcp`` per pipeline stage: over the MoE / attention nodes of the stage's layers."""
+        pre = self._epcp_prefix(c)
+        return [pre.terms(t.layers[a].node_start, t.layers[b - 1].node_end) for a, b in runs]
 
     def _shard(self, c: Config) -> int:
         """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):
@@ -192,7 +209,7 @@ class ConfigCosts:
         t = self._table(c)
         P = self._prefix(t)
         work = P["f"][-1] + P["b"][-1] + P["w"][-1]
-        avg_params = (P["params"][-1] - expert_params_saved(self.g, c.ep)) / c.pp  # ep: E/ep experts per rank
+        avg_params = (P["params"][-1] - expert_params_saved(self.g, c.ep, self._epcp_nodes)) / c.pp  # ep: E/ep experts per rank
         if self.quant:  # only trainable parameters are synced and stepped
             dv = self._zero_divs(c)
             step = c.num_microbatches * work / c.pp + self._optimizer_s(P["train"][-1] / c.pp, c)

@@ -7,10 +7,11 @@ seconds (every attention node), the extra expert compute of load imbalance
 E/ep experts' weights (the cost table's roofline reads all E: at a few tokens per expert a MoE layer
 is bound by reading its weights, which EP divides — Rajbhandari et al. 2022, DeepSpeed-MoE §5),
 the bytes each collective moves, and the expert parameters a rank does NOT hold
-(``(1 − 1/ep) ×`` all experts). The search only emits
-cp/ep > 1 with pp = 1 (what the runtime executes), so a rank holds the whole layer stack; under
-TP the per-rank share of a MoE node is its whole (MoE blocks stay replicated over tp) and the
-ring moves the rank's local key/value heads.
+(``(1 − 1/ep) ×`` all experts). Under pp the terms are costed per stage, over the nodes of the
+stage's layers (``nodes``; the runtime's exchange and ring run over the stage's own ranks), and
+split between the stage's forward and backward (``EPCPTerms.forward_s``) so the schedule
+simulator times them inside the pipeline; under TP the per-rank share of a MoE node is its whole
+(MoE blocks stay replicated over tp) and the ring moves the rank's local key/value heads.
 
 Which combinations run is ``meshplan.execution_rules.epcp_rule`` (shared with the runtime's refusal).
 No torch import.
@@ -18,12 +19,15 @@ No torch import.
 
 from __future__ import annotations
 
+import bisect
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.epcp import cp_kv_bytes, cp_ring_exposed_s, ep_a2a_bytes, ep_comm_s
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.graph import ModelGraph
+from meshplan.graph import GraphNode, ModelGraph
 
 
 @dataclass
@@ -33,18 +37,29 @@ class EPCPTerms:
     imbalance_s: float = 0.0  # per microbatch: (capacity_factor - 1) x MoE compute
     expert_read_s: float = 0.0  # per microbatch, <= 0: MoE time saved reading E/ep experts' weights, not E
     expert_params_saved: float = 0.0  # parameters a rank does not hold thanks to ep
+    expert_params: float = 0.0  # all experts' parameters of the costed nodes (before ep sharding)
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per microbatch
+    cp_forward_s: float = 0.0  # of cp_comm_s, the forward pass's ring (the rest runs in the backward)
 
     @property
     def per_microbatch_s(self) -> float:
         return self.ep_comm_s + self.cp_comm_s + self.imbalance_s + self.expert_read_s
 
+    @property
+    def forward_s(self) -> float:
+        """The share of ``per_microbatch_s`` in a stage's forward: half the all-to-alls (dispatch and
+        combine; the backward repeats both), the forward ring, a third of the MoE compute terms
+        (backward = 2 x forward FLOPs)."""
+        return self.ep_comm_s / 2 + self.cp_forward_s + (self.imbalance_s + self.expert_read_s) / 3
+
 
 def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, micro_batch: float, dtype: str,
                capacity_factor: float, elem_bytes: int, tp: int = 1, recompute: str = "none",
-               spans_nodes: bool = False, stride: int = 0) -> EPCPTerms:
+               spans_nodes: bool = False, stride: int = 0,
+               nodes: Iterable[GraphNode] | None = None) -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
-    them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp). Under TP a rank's ring
+    them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp); ``nodes``: the nodes
+    to cost (a pipeline stage's; default all: pp = 1). Under TP a rank's ring
     moves its ``kv_heads/tp`` local heads and attends with ``1/tp`` of the heads; MoE blocks are
     replicated over tp (each tp rank exchanges its tokens). Under any recompute kind the re-run
     forward repeats the ring exchange (full and op: the checkpointed block re-runs its ring;
@@ -55,7 +70,8 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     if cp == 1 and ep == 1:
         return out
     scale = micro_batch / cp / max(1, graph.batch_size)  # this rank's share of the traced batch
-    for n in graph.nodes:
+    nodes = list(graph.nodes if nodes is None else nodes)
+    for n in nodes:
         if n.kind == "moe":
             tokens = n.attrs.get("tokens", 0) * scale
             t = node_time(n, cluster, batch_scale=scale, dtype=dtype)
@@ -81,19 +97,57 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
             kvb = cp_kv_bytes(micro_batch, graph.seq_len, cp, kv_heads, a["head_dim"], elem_bytes)  # type: ignore[arg-type]
             at = node_time(n, cluster, batch_scale=scale, dtype=dtype)
             rounds = 2 + (recompute != "none")  # forward, backward, the recomputed forward
-            out.cp_comm_s += cp_ring_exposed_s(kvb, cp, at.fwd_s / tp, cluster, attn_bwd_s=at.bwd_s / tp,
-                                               spans_nodes=spans_nodes, stride=stride,
-                                               forward_passes=rounds - 1)
+            ring = functools.partial(cp_ring_exposed_s, kvb, cp, at.fwd_s / tp, cluster, attn_bwd_s=at.bwd_s / tp,
+                                     spans_nodes=spans_nodes, stride=stride)
+            total, bwd = ring(forward_passes=rounds - 1), ring(forward_passes=0)
+            out.cp_comm_s += total
+            out.cp_forward_s += (total - bwd) / (rounds - 1)
             out.comm_bytes["send_recv"] = out.comm_bytes.get("send_recv", 0.0) + rounds * (cp - 1) * kvb
-    out.expert_params_saved = expert_params_saved(graph, ep)
+    out.expert_params = expert_params(graph, nodes)
+    out.expert_params_saved = expert_params_saved(graph, ep, nodes)
     return out
 
 
-def expert_params(graph: ModelGraph) -> float:
-    """Parameters of all experts of all MoE nodes (routers and shared experts excluded)."""
-    return float(sum(n.param_numel - n.attrs.get("dense_numel", 0) for n in graph.nodes if n.kind == "moe"))
+def expert_params(graph: ModelGraph, nodes: Iterable[GraphNode] | None = None) -> float:
+    """Parameters of all experts of all MoE nodes (of ``nodes``; routers and shared experts excluded)."""
+    return float(sum(n.param_numel - n.attrs.get("dense_numel", 0)
+                     for n in (graph.nodes if nodes is None else nodes) if n.kind == "moe"))
 
 
-def expert_params_saved(graph: ModelGraph, ep: int) -> float:
-    """Parameters a rank does not hold at expert-parallel degree ``ep``: (1 − 1/ep) × all experts."""
-    return expert_params(graph) * (1.0 - 1.0 / ep) if ep > 1 else 0.0
+def expert_params_saved(graph: ModelGraph, ep: int, nodes: Iterable[GraphNode] | None = None) -> float:
+    """Parameters a rank does not hold at expert-parallel degree ``ep``: (1 − 1/ep) × all experts
+    (of ``nodes``: a pipeline stage's)."""
+    return expert_params(graph, nodes) * (1.0 - 1.0 / ep) if ep > 1 else 0.0
+
+
+_SUMMED = ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params_saved", "expert_params",
+           "cp_forward_s")
+
+
+class EPCPPrefix:
+    """``epcp_terms`` of any run of consecutive nodes in O(log n): the terms of each MoE / attention
+    node once (one configuration's degrees), prefix-summed in node order. ``terms(lo, hi)`` equals
+    ``epcp_terms(..., nodes=[n for n in nodes if lo <= n.id < hi])``."""
+
+    def __init__(self, graph: ModelGraph, cluster: ClusterSpec, nodes: list[GraphNode], **kw: object) -> None:
+        self.ids = [n.id for n in nodes]
+        per = [epcp_terms(graph, cluster, nodes=[n], **kw) for n in nodes]  # type: ignore[arg-type]
+        self.acc: dict[str, list[float]] = {}
+        for name in _SUMMED:
+            acc = [0.0]
+            for x in per:
+                acc.append(acc[-1] + getattr(x, name))
+            self.acc[name] = acc
+        self.bytes: dict[str, list[float]] = {}
+        for key in sorted({k for x in per for k in x.comm_bytes}):
+            acc = [0.0]
+            for x in per:
+                acc.append(acc[-1] + x.comm_bytes.get(key, 0.0))
+            self.bytes[key] = acc
+
+    def terms(self, lo: int, hi: int) -> EPCPTerms:
+        """The terms of the nodes with ``lo <= id < hi``."""
+        a, b = bisect.bisect_left(self.ids, lo), bisect.bisect_left(self.ids, hi)
+        out = EPCPTerms(**{name: acc[b] - acc[a] for name, acc in self.acc.items()})
+        out.comm_bytes = {k: acc[b] - acc[a] for k, acc in self.bytes.items() if acc[b] - acc[a]}
+        return out

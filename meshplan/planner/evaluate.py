@@ -27,7 +27,6 @@ from meshplan.cost_models.grad_sync import (
 from meshplan.execution_rules import dp_kind_blocker
 from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
-from meshplan.planner.epcp_cost import expert_params
 from meshplan.planner.kind_free import kind_free_terms
 from meshplan.planner.search_types import Config, Evaluation
 
@@ -144,7 +143,7 @@ class ConfigEvaluator(ConfigCosts):
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
             # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
             # the last microbatch's backward
-            exp_b = expert_params(self.g) / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 else 0.0
+            exp_b = k.r_experts[worst] / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 else 0.0  # the rank's stages
             dp_exposed, hid = overlapped_sync_terms(
                 uniform_bucket_runs(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
             if exp_b and c.dp * c.cp > c.ep:  # ep: expert gradients over their dp*cp/ep replicas only (runtime/epcp)
@@ -167,14 +166,12 @@ class ConfigEvaluator(ConfigCosts):
                                       microbatch_s=max(rank_work), num_microbatches=m, cluster=self.cluster)  # fmt: skip
         dp_bytes = d.bytes
         opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
-        # exposed EP all-to-all and CP ring, expert imbalance: all layers per microbatch at pp = 1; under
-        # pp a stage holds 1/pp of them and the pipeline runs m + pp - 1 stage slots
-        slots = m if c.pp == 1 else (m + c.pp - 1) / c.pp
-        epcp_s = ec.per_microbatch_s * slots
-        step = k.makespan + epcp_s + dp_exposed + opt
+        # exposed EP all-to-all and CP ring, expert imbalance: inside the stage times (kind_free_terms),
+        # so inside the makespan; k.ep_s / cp_s / read_s are the busiest pipeline rank's share
+        step = k.makespan + dp_exposed + opt
         comm_bytes = {key: int(v * m / c.pp) for key, v in t.tp_comm_bytes.items()}
-        for key, v in ec.comm_bytes.items():
-            comm_bytes[key] = comm_bytes.get(key, 0) + int(v * m)
+        for key, v in k.epcp_bytes.items():
+            comm_bytes[key] = comm_bytes.get(key, 0) + int(v)
         for key, v in dp_bytes.items():
             comm_bytes[key] = comm_bytes.get(key, 0) + v
         if c.pp > 1:
@@ -196,8 +193,7 @@ class ConfigEvaluator(ConfigCosts):
             stage_mem=[int(st_state[i] + st_act[i] * infl[placement[i]]) for i in range(n_st)],
             stage_send_bytes=list(k.st_sendb), stage_params=list(k.st_params), fits=max(r_mem) <= self.mem_limit,
             mem_limit_bytes=self.mem_limit, table=t, exact=exact, kind_note=self._kind_notes.get(c, ""),
-            ep_comm_s=slots * (ec.ep_comm_s + ec.imbalance_s), cp_comm_s=slots * ec.cp_comm_s,
-            ep_expert_read_s=slots * ec.expert_read_s,
+            ep_comm_s=k.ep_s, cp_comm_s=k.cp_s, ep_expert_read_s=k.read_s,
         )  # fmt: skip
 
     def _kind_free(self, c: Config, exact: bool, runs: list[tuple[int, int]] | None) -> SimpleNamespace:

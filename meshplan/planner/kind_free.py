@@ -7,7 +7,8 @@ stage the forward / input-backward / weight-backward / recompute / TP seconds, p
 stored activations (skip tensors passed through, tied-weight copies), the sends between stages
 on their links, the stage-to-rank placement of the schedule, the makespan (the schedule
 simulator when ``exact``, else its lower bound) and per pipeline rank the work, parameters,
-activations held (in-flight microbatches + recompute transient) and the EP/CP terms. The kind-
+activations held (in-flight microbatches + recompute transient) and the EP/CP terms (per
+stage, over the stage's own layers, added to its forward and backward). The kind-
 dependent rest (model-state sharding, DP sync, optimizer) is ``ConfigEvaluator.evaluate``.
 No torch import.
 """
@@ -44,6 +45,12 @@ def kind_free_terms(
         return [arr[b] - arr[a] for a, b in runs]
 
     st_f, st_b, st_w, st_rec, st_tp = col("f"), col("b"), col("w"), col("rec"), col("tp")
+    # EP all-to-all, CP ring, expert imbalance / weight reads of each stage's own layers, inside its
+    # forward and (input-)backward, so the schedule simulator times them where they run
+    st_ec = ev._epcp_stages(c, t, runs) if c.cp * c.ep > 1 else []
+    if st_ec:
+        st_f = [f + e.forward_s for f, e in zip(st_f, st_ec)]
+        st_b = [b + e.per_microbatch_s - e.forward_s for b, e in zip(st_b, st_ec)]
     st_params, st_act = col("params"), col("act")
     if n_st > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
         st_act = [x + ev.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
@@ -96,15 +103,13 @@ def kind_free_terms(
     infl = [inflight(c, r) for r in ranks]
     r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
     r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
-    ec = ev._epcp(c)
+    ec = ev._epcp(c)  # the whole model's terms (the stages' sum): what ep saves, for reports
     ep_cut = [0.0 for _ in ranks]  # expert parameters a rank does not hold under ep
-    if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
-        # share of the layers on a rank ~ its share of the parameters (1 at pp = 1; the search
-        # only emits ep with pp = 1, a published ep x pp configuration is costed this way)
-        tot = sum(st_params) or 1.0
-        ep_cut = [ec.expert_params_saved * (p / tot) for p in r_params]
+    r_experts = [sum(st_ec[i].expert_params for i in on_rank[r]) if st_ec else 0.0 for r in ranks]
+    if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers its stages hold
+        ep_cut = [sum(st_ec[i].expert_params_saved for i in on_rank[r]) for r in ranks]
         r_params = [p - e for p, e in zip(r_params, ep_cut)]
-        st_params = [p - ec.expert_params_saved * p / tot for p in st_params]
+        st_params = [p - e.expert_params_saved for p, e in zip(st_params, st_ec)]
     r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
     r_act = [r_act[r] + ev._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
     fp8_copy = fp8_weight_copy_bytes(ev._largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
@@ -112,6 +117,14 @@ def kind_free_terms(
     busiest = max(ranks, key=lambda r: rank_work[r])
     on_b = on_rank[busiest]
     tp_s = m * sum(st_tp[i] for i in on_b)
+    # the busiest rank's EP / CP seconds per step (inside its stage times, so inside the makespan)
+    ep_s = m * sum(st_ec[i].ep_comm_s + st_ec[i].imbalance_s for i in on_b) if st_ec else 0.0
+    cp_s = m * sum(st_ec[i].cp_comm_s for i in on_b) if st_ec else 0.0
+    read_s = m * sum(st_ec[i].expert_read_s for i in on_b) if st_ec else 0.0
+    epcp_bytes: dict[str, float] = {}
+    for i in on_b if st_ec else []:
+        for key, v in st_ec[i].comm_bytes.items():
+            epcp_bytes[key] = epcp_bytes.get(key, 0.0) + v * m
 
     # p2p the busiest rank sends: outputs forward (not the last stage), input gradients backward
     # (not the first: the boundary below); the simulated makespan times both directions already
@@ -122,7 +135,7 @@ def kind_free_terms(
         t=t, n_st=n_st, m=m, runs=runs, ranks=ranks, on_rank=on_rank, placement=placement, st_q=st_q,
         st_params0=st_params0, st_params=st_params, st_act=st_act, st_sendb=st_sendb, rank_work=rank_work,
         makespan=makespan, bubble_frac=bubble_frac, infl=infl, r_params=r_params, r_q=r_q, ec=ec,
-        r_act=r_act, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut,
+        r_act=r_act, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut, r_experts=r_experts,
         # gradients synced: every parameter, or (quantized) only the trainable ones, reduced in
         # fp32 on every precision as the runtime does (cost_models.grad_sync.GRAD_REDUCE_BYTES:
         # fp32 master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in
@@ -131,7 +144,9 @@ def kind_free_terms(
         gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev._elem_bytes,
         rank_b=[sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks],
         rank_f=[sum(st_f[i] for i in on_rank[r]) for r in ranks],
-        tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b), compute=m * rank_work[busiest] - tp_s,
+        ep_s=ep_s, cp_s=cp_s, read_s=read_s, epcp_bytes=epcp_bytes,
+        tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b),
+        compute=m * rank_work[busiest] - tp_s - ep_s - cp_s - read_s,
         bubble=max(0.0, makespan - m * rank_work[busiest]),
         pp_comm=m * sends(st_send) if c.pp > 1 else 0.0,
         send_recv=int(m * sends(st_sendb)) if c.pp > 1 else 0,

@@ -141,7 +141,7 @@ def apply_plan(
             if why:
                 raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: stage {piece.index}: {why}")
         if uses_epcp(plan):  # cp/ep inside the stages: groups of the stage's ranks (runtime.epcp_pipeline)
-            ecs = _pipeline_epcp(model, plan, env, pieces)
+            ecs = _pipeline_epcp(model, plan, env, pieces, cap.kind)
         if plan.sequence_parallel and plan.tp > 1 and not sp_why:
             # after the chain check: the boundaries only make sense once the norms gather (TP below)
             sp_why = tp.insert_sequence_boundaries(gm, [prefix + b for b in tp.block_fqns(model)], env.mesh["tp"])
@@ -313,12 +313,12 @@ def apply_plan(
     return pm
 
 
-def _pipeline_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv, pieces: list) -> EPCPState:
+def _pipeline_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv, pieces: list, capture: str) -> EPCPState:
     """cp/ep for pipeline stages: the cp position rewrite of this rank's stages (refused on every
     rank alike when a stage graph reads positions otherwise), then the groups and expert sharding.
     The stage modules hold the model's own MoE blocks, so sharding them in ``model`` shards the stages'."""
     if plan.cp > 1:
-        why = pipeline_cp_blocker([p.module for p in pieces], plan.capture)
+        why = pipeline_cp_blocker([p.module for p in pieces], capture)
         if why:
             raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}")
         for p in pieces:
