@@ -42,10 +42,11 @@ def attention_worker(rank: int, world: int) -> list[tuple[bool, list[float], lis
     return out
 
 
-def plan_worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, float, list[int], list[str]]]:
-    """Each plan (llama, cp x dp x tp, a recompute kind) vs one process for 3 SGD steps: the max
-    loss and parameter errors, the bytes the ring sent in each step, the run's notes."""
-    from epcp_cases import SEQ, STEPS, VOCAB, _loss, _opt, build, make_plan
+def plan_worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, float, int, list[str]]]:
+    """Each plan (llama, cp x dp x tp, a recompute kind) vs one process for ``STEPS`` SGD steps
+    (``epcp_cases._train_and_compare``): the max loss and parameter errors, the bytes the ring sent
+    over the steps (counted at its send call sites), the run's notes."""
+    from epcp_cases import _loss, _opt, _train_and_compare, build, make_plan
 
     from meshplan.runtime.api import apply_plan
 
@@ -55,26 +56,9 @@ def plan_worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, flo
         ref = copy.deepcopy(model)
         plan = make_plan(model, cfg.get("dp", 1), cfg["cp"], 1, cfg.get("m", 1), cfg.get("tp", 1), cfg["recompute"])
         pm = apply_plan(model, plan, loss_fn=_loss, optimizer_factory=_opt)
-        ring = pm.epcp.ring
-        ropt = _opt(list(ref.parameters()))
-        loss_err, sent = 0.0, []
-        for step in range(STEPS):
-            g = torch.Generator().manual_seed(100 + step)
-            toks = torch.randint(0, VOCAB, (plan.global_batch_size, SEQ + 1), generator=g)
-            ring.stats.reset()
-            loss = pm.step(toks[:, :-1], toks[:, 1:])
-            sent.append(ring.stats.bytes_sent)
-            rl = _loss(ref(toks[:, :-1]), toks[:, 1:])
-            rl.backward()
-            ropt.step()
-            ropt.zero_grad()
-            loss_err = max(loss_err, abs(loss - rl.item()))
-        refp = dict(ref.named_parameters())
-        param_err = 0.0
-        for name, p in pm.named_parameters().items():
-            p = p.full_tensor() if hasattr(p, "full_tensor") else p
-            param_err = max(param_err, float((p.detach() - refp[name].detach()).abs().max()))
-        out.append((cfg, loss_err, param_err, sent, list(pm.notes)))
+        pm.epcp.ring.stats.reset()
+        loss_err, param_err = _train_and_compare(pm, ref, plan)
+        out.append((cfg, loss_err, param_err, pm.epcp.ring.stats.bytes_sent, list(pm.notes)))
         torch.distributed.barrier()
     return out
 

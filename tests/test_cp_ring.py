@@ -6,8 +6,8 @@ un-repeated, each shift overlapped with a block's compute, selective recompute u
   after them, forward and backward.
 * Whole plans (the zoo Llama, 4 query / 2 key-value heads) train like one device for 3 steps under
   recompute none / selective / full / op at cp2, cp4, cp2 x dp2 and cp2 x tp2, and the bytes the
-  ring sent in each step (counted at its ``isend`` call sites) equal the cost model's
-  ``epcp_terms(...).comm_bytes["send_recv"]`` for that configuration.
+  ring sent over the steps (counted at its ``isend`` call sites) equal ``STEPS ×`` the cost model's
+  ``epcp_terms(...).comm_bytes["send_recv"]`` per step for that configuration.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dist_utils import run_ranks
+from epcp_cases import STEPS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -41,7 +42,7 @@ def _check_plans(rows: list, cfgs: list[dict]) -> None:
     for cfg, loss_err, param_err, sent, notes in rows:
         assert loss_err <= ATOL, f"{cfg}: loss differs by {loss_err}"
         assert param_err <= ATOL, f"{cfg}: a parameter differs by {param_err}"
-        assert sent == [_costed_bytes(cfg)] * len(sent), (cfg, sent)
+        assert sent == STEPS * _costed_bytes(cfg), (cfg, sent)
         cp_note = next(s for s in notes if s.startswith("context parallelism"))
         assert "un-repeated" in cp_note and "overlapped" in cp_note
         assert ("checkpointed" in cp_note) == (cfg["recompute"] == "selective"), cp_note
@@ -61,7 +62,7 @@ class TestTwoRanks:
                 assert sends == 2 and nbytes == 2 * (2 * 2 * 2 * 8 * 8 * 8)  # [k;v] of 2 kv heads, float64
             _check_plans(plans, cfgs)
         # the replayed forward under recomputation sends its shifts again: 3/2 of the plain ring
-        sent = {r[0]["recompute"]: r[3][0] for r in results[0][1]}
+        sent = {r[0]["recompute"]: r[3] for r in results[0][1]}
         assert sent["selective"] == sent["full"] == sent["op"] == 3 * sent["none"] // 2
 
 
