@@ -14,7 +14,8 @@ log(configurations costed) over the rows (1.0 = linear).
 ``commands``: the issue's targets as whole ``meshplan plan`` commands (Python start-up and import
 included), each run twice: cold (empty trace cache) and warm (cache filled by the cold run);
 prints measured wall and user+sys CPU seconds of the child process (CPU time is the stable figure
-on a shared machine), and the planner's own search seconds.
+on a shared machine; on an idle machine a single-threaded command's wall time is about its CPU
+time), the goal (seconds) and the planner's own search seconds.
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 HF70B = str(ROOT / "benchmarks" / "models" / "hf_llama3_70b.py") + ":model"
 GPT1T = str(ROOT / "benchmarks" / "models" / "gpt_1t.py") + ":model"
 
-#: name: (model spec, world size, cluster, global batch)
+#: name: (model spec, world size, cluster, global batch, goal in seconds (issue 21))
 TARGETS = {
-    "gpt3-175b @ 1024 H100": ("gpt3-175b", 1024, "h100", 1536),
-    "gpt3-175b @ 16384 H100": ("gpt3-175b", 16384, "h100", 16384),
-    "gpt-1t @ 3072 A100": (GPT1T, 3072, "a100-80g", 3072),
-    "hf llama-3-70b @ 512 H100": (HF70B, 512, "h100", 1024),
-    "llama3-8b @ 64 H100": ("llama3-8b", 64, "h100", 512),
+    "gpt3-175b @ 1024 H100": ("gpt3-175b", 1024, "h100", 1536, 10.0),
+    "gpt3-175b @ 16384 H100": ("gpt3-175b", 16384, "h100", 16384, 10.0),
+    "gpt-1t @ 3072 A100": (GPT1T, 3072, "a100-80g", 3072, 10.0),
+    "hf llama-3-70b @ 512 H100": (HF70B, 512, "h100", 1024, 10.0),
+    "llama3-8b @ 64 H100": ("llama3-8b", 64, "h100", 512, 3.0),
 }
 
 
@@ -120,13 +121,14 @@ def commands(cache_dir: str | None) -> None:
     env["MESHPLAN_CACHE_DIR"] = cache_dir or tempfile.mkdtemp(prefix="meshplan-bench-cache-")
     wall, cpu, _ = _run([sys.executable, "-c", "import meshplan"], env)
     print(f"python -c 'import meshplan': {wall:.2f} s wall, {cpu:.2f} s CPU (measured)")
-    print(f"{'case':<28} {'cold wall':>9} {'cold CPU':>8} {'warm wall':>9} {'warm CPU':>8}  search (warm)")
-    for name, (model, world, cluster, batch) in TARGETS.items():
+    print(f"{'case':<28} {'cold wall':>9} {'cold CPU':>8} {'warm wall':>9} {'warm CPU':>8} {'goal':>5}  search (warm)")
+    for name, (model, world, cluster, batch, goal) in TARGETS.items():
         cmd = [sys.executable, "-m", "meshplan.cli", "plan", model, "-n", str(world), "--cluster", cluster,
                "--global-batch", str(batch)]  # fmt: skip
         cold = _run(cmd, env)
         warm = _run(cmd, env)
-        print(f"{name:<28} {cold[0]:>9.2f} {cold[1]:>8.2f} {warm[0]:>9.2f} {warm[1]:>8.2f}  {warm[2]}", flush=True)
+        print(f"{name:<28} {cold[0]:>9.2f} {cold[1]:>8.2f} {warm[0]:>9.2f} {warm[1]:>8.2f} {goal:>5.0f}  {warm[2]}",
+              flush=True)
 
 
 def main() -> None:
