@@ -70,10 +70,16 @@ def metas_of(value: Any) -> list[TensorMeta]:
     return [tensor_meta(x) for x in tree_leaves(value) if isinstance(x, torch.Tensor)]
 
 
-def _under(name: str, prefixes: tuple[str, ...] | frozenset[str]) -> bool:
-    """``name`` is one of ``prefixes`` or lies under one (module FQNs)."""
-    parts = name.split(".")
-    return any(".".join(parts[:k]) in prefixes for k in range(1, len(parts) + 1)) if name else "" in prefixes
+def _modules_outside(mod: nn.Module, skip: frozenset[str], prefix: str = "") -> Iterator[nn.Module]:
+    """``mod`` and its submodules whose FQN is not under a ``skip`` prefix, without descending
+    into skipped subtrees (a module shared with a kept path is reached through that path)."""
+    yield mod
+    for name, child in mod._modules.items():
+        if child is None:
+            continue
+        fqn = f"{prefix}.{name}" if prefix else name
+        if fqn not in skip:
+            yield from _modules_outside(child, skip, fqn)
 
 
 @contextmanager
@@ -96,14 +102,14 @@ def _fake_state(gm: nn.Module, to_fake: Any, skip: tuple[str, ...] = ()) -> Iter
                         store[k] = to_fake(v)
 
     def swap(prefix: str) -> None:
-        swap_modules(m for n, m in gm.named_modules(remove_duplicate=False) if _under(n, frozenset((prefix,))))
+        try:
+            sub = gm.get_submodule(prefix)
+        except AttributeError:  # the capture holds nothing under it
+            return
+        swap_modules(sub.modules())
 
     try:
-        if skip:
-            skipped = frozenset(skip)
-            swap_modules(m for n, m in gm.named_modules(remove_duplicate=False) if not _under(n, skipped))
-        else:
-            swap_modules(gm.modules())
+        swap_modules(_modules_outside(gm, frozenset(skip)) if skip else gm.modules())
         yield swap
     finally:
         for store, k, v in reversed(saved):

@@ -65,9 +65,11 @@ def wrap_if_hf(model: nn.Module, names: tuple[str, ...] | None = None) -> tuple[
     return model, ""
 
 
-def fx_capture(model: nn.Module) -> fx.GraphModule:
+def fx_capture(model: nn.Module, lazy: bool = False) -> fx.GraphModule:
     """fx trace of ``model``; forward parameters that default to None (e.g. ``position_ids``) are
-    traced as None and dropped from the graph (their placeholder and fx's is-None assert)."""
+    traced as None and dropped from the graph (their placeholder and fx's is-None assert).
+    ``lazy`` (planning, which interprets the graph and never calls it): the Python code of the
+    GraphModule is generated only if it is ever called."""
     tracer = MeshTracer()
     sig = inspect.signature(model.forward)
     none_args = {k: None for k, p in sig.parameters.items() if p.default is None}
@@ -79,6 +81,10 @@ def fx_capture(model: nn.Module) -> fx.GraphModule:
         for n in list(graph.nodes):
             if n.op == "placeholder" and not n.users and str(n.target) in none_args:
                 graph.erase_node(n)
+    if lazy:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+
+        return _LazyGraphModule(tracer.root, graph, type(model).__name__)
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
@@ -132,7 +138,7 @@ def capture_with(
     fx_err: BaseException | None = None
     if not is_hf_model(model):  # fx symbolic tracing does not work on HF models; go straight to export
         try:
-            cap = Captured(fx_capture(root), "fx", root, prefix, None, names, example_inputs)
+            cap = Captured(fx_capture(root, lazy=short), "fx", root, prefix, None, names, example_inputs)
             return cap, validate(cap)
         except Exception as e:  # noqa: BLE001 - any fx failure means: try export
             fx_err = e
