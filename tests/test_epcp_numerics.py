@@ -9,27 +9,10 @@ from __future__ import annotations
 
 import pytest
 from dist_utils import run_ranks
+from epcp_cases import check_rows as _check
 from epcp_cases import worker
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-
-ATOL = 1e-5  # loss per step and every parameter after 3 SGD steps (lr 0.5: a parameter error is 0.5 x the gradient error), fp32
-
-
-def _check(results: list, n: int) -> None:
-    for rows in results:
-        assert len(rows) == n
-        for cfg, loss_err, param_err, notes in rows:
-            assert loss_err <= ATOL, f"{cfg}: loss differs by {loss_err}"
-            assert param_err <= ATOL, f"{cfg}: a parameter differs by {param_err}"
-            if cfg.get("ep", 1) > 1:
-                assert any(s.startswith("expert parallelism") for s in notes), notes
-            if cfg.get("cp", 1) > 1:
-                assert any(s.startswith("context parallelism") for s in notes), notes
-            if cfg.get("tp", 1) > 1:
-                assert "tp: DTensor parameters" in notes, notes
-            if cfg.get("recompute", "none") == "full":
-                assert any(s.startswith("recompute=full") for s in notes), notes
 
 
 class TestTwoRanks:

@@ -4,8 +4,9 @@ the cp position rewrite of a stage graph.
 pp2 x ep2 (MoE, tokens exchanged inside each stage over its ep group), pp2 x cp2 (Llama-style with
 GQA and rotary tables: the first stage embeds its load-balanced shard at its global positions,
 every stage runs ring attention over its cp group, the last stage takes the loss on the targets'
-cp shard), both together under full recomputation, and the gpipe / interleaved-1f1b / zero-bubble
-schedules. fp32, no token dropped; losses per step and every parameter after 3 SGD steps agree
+cp shard), both together under full recomputation, cp under selective recomputation, and the
+gpipe / interleaved-1f1b / zero-bubble schedules. HF Mixtral (torch.export stages) with ep under pp
+is refused before training: measured, its losses differed from one device by 5e-4. fp32, no token dropped; losses per step and every parameter after 3 SGD steps agree
 with one process within ATOL (measured: <= 4e-7 for losses, <= 1.2e-7 for parameters; without
 the position rewrite the pp2 x cp2 loss is off by 4e-4).
 """
@@ -15,12 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 from dist_utils import run_ranks
-from epcp_cases import SEQ, VOCAB, pp_worker
+from epcp_cases import SEQ, VOCAB, check_rows, pp_worker
 
 from meshplan.runtime.epcp_pipeline import cp_rows, pipeline_cp_blocker, shard_position_tables
 from meshplan.runtime.split import capture_graph, split_stages
-
-ATOL = 1e-5
 
 
 class TestPipelineFourRanks:
@@ -29,18 +28,13 @@ class TestPipelineFourRanks:
     def test_pp2_with_ep2_and_cp2(self) -> None:
         cfgs = [dict(model="moe", pp=2, dp=2, ep=2), dict(model="llama", pp=2, cp=2),
                 dict(model="moe", pp=2, cp=2, ep=2, recompute="full", schedule="gpipe"),
-                dict(model="llama4", pp=2, cp=2, schedule="interleaved-1f1b", v=2),
-                dict(model="moe4", pp=2, dp=2, ep=2, schedule="zero-bubble", v=2)]
-        results = run_ranks(pp_worker, 4, cfgs, timeout_s=500)
-        for rows in results:
-            assert len(rows) == len(cfgs)
-            for cfg, loss_err, param_err, notes in rows:
-                assert loss_err <= ATOL, f"{cfg}: loss differs by {loss_err}"
-                assert param_err <= ATOL, f"{cfg}: a parameter differs by {param_err}"
-                if cfg.get("ep", 1) > 1:
-                    assert any(s.startswith("expert parallelism") for s in notes), notes
-                if cfg.get("cp", 1) > 1:
-                    assert any(s.startswith("context parallelism") for s in notes), notes
+                dict(model="llama4", pp=2, cp=2, schedule="interleaved-1f1b", v=2, recompute="selective"),
+                dict(model="moe4", pp=2, dp=2, ep=2, schedule="zero-bubble", v=2),
+                dict(model="mixtral", pp=2, dp=2, ep=2)]  # HF: torch.export stages, refused (the shared rule)
+        results = run_ranks(pp_worker, 4, cfgs, timeout_s=600)
+        check_rows(results, len(cfgs))
+        refused = [notes[0] for rows in results for cfg, _, _, notes in rows if cfg["model"] == "mixtral"]
+        assert len(refused) == 4 and all(r.startswith("refused") and "torch.export" in r for r in refused), refused
 
 
 def _stages(model: torch.nn.Module) -> list:

@@ -57,7 +57,7 @@ def test_rule_refuses_what_the_runtime_cannot_run():
     assert epcp_rule(**{**ok, "recompute": "full"}) == ""  # checkpointed blocks re-run the ring
     assert epcp_rule(**{**ok, "pp": 2}) == ""  # each stage's ring / exchange over its own ranks (runtime.epcp_pipeline)
     assert "torch.export" in epcp_rule(**{**ok, "pp": 2, "capture": "export"})  # cp: the length is baked in
-    assert epcp_rule(**{**ok, "cp": 1, "pp": 2, "capture": "export"}) == ""  # ep alone: MoE blocks run eagerly
+    assert "torch.export" in epcp_rule(**{**ok, "cp": 1, "pp": 2, "capture": "export"})  # ep: measured wrong
     assert "sequence_parallel" in epcp_rule(**{**ok, "tp": 2, "sequence_parallel": True})
     assert "2*cp" in epcp_rule(**{**ok, "seq_len": 30})
     assert epcp_rule(**{**ok, "recompute": "selective"}) == ""  # the checkpointed ring call replays its shifts

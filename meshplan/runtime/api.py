@@ -27,6 +27,7 @@ from meshplan.errors import PlanMismatchError
 from meshplan.execution_rules import (
     BATCH_NORM_CLASSES,
     ZERO_BUBBLE_SCHEDULES,
+    epcp_rule,
     microbatch_blocker,
     tied_weight_blocker,
     tp_pp_blocker,
@@ -317,6 +318,10 @@ def _pipeline_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv, pieces: list, 
     """cp/ep for pipeline stages: the cp position rewrite of this rank's stages (refused on every
     rank alike when a stage graph reads positions otherwise), then the groups and expert sharding.
     The stage modules hold the model's own MoE blocks, so sharding them in ``model`` shards the stages'."""
+    why = epcp_rule(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp, seq_len=plan.seq_len or 2 * plan.cp,
+                    num_experts=0, recompute=plan.recompute, capture=capture)  # the capture this run got
+    if why:
+        raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}")
     if plan.cp > 1:
         why = pipeline_cp_blocker([p.module for p in pieces], capture)
         if why:
