@@ -6,17 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from test_schedule import _valid
 
 from meshplan.partition import schedule as sch
 from meshplan.partition import schedule_lockstep as ls
-
-
-def _valid(name: str, p: int, m: int, v: int) -> bool:
-    try:
-        sch.validate(name, p, m, v)
-    except ValueError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"])
