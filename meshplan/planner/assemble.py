@@ -27,11 +27,22 @@ from meshplan.planner.search import Evaluation, Searcher, SearchResult
 MESH_AXES = ("pp", "dp", "cp", "tp")  # torchtitan's order; ep borrows dp x cp ranks (MeshSpec.ep)
 
 
+def active_param_count(graph: ModelGraph) -> int:
+    """Parameters a token meets: every parameter, less the experts a token is not routed to
+    (per MoE node, (E − k) × one expert's parameters); the count MoE MFU is quoted on."""
+    idle = sum(
+        (n.attrs.get("num_experts", 0) - n.attrs.get("top_k", 0)) * n.attrs.get("expert_numel", 0)
+        for n in graph.nodes if n.kind == "moe"
+    )  # fmt: skip
+    return graph.param_count - max(0, int(idle))
+
+
 def model_flops_per_token(graph: ModelGraph) -> float:
-    """6·N + 12·L·h·s (PaLM appendix B); without L/h in the graph's meta, 3 × traced forward FLOPs."""
+    """6·N + 12·L·h·s (PaLM appendix B) with N the ACTIVE parameters (a MoE token meets k of E
+    experts); without L/h in the graph's meta, 3 × traced forward FLOPs (already k/E-routed)."""
     L, h = graph.meta.get("num_layers"), graph.meta.get("hidden")
     if L and h and graph.seq_len > 1:
-        return 6 * graph.param_count + 12 * L * h * graph.seq_len
+        return 6 * active_param_count(graph) + 12 * L * h * graph.seq_len
     return 3 * graph.fwd_flops_per_token()
 
 
@@ -191,4 +202,4 @@ def quant_effect(
     }  # fmt: skip
 
 
-__all__ = ["MESH_AXES", "build_plan", "model_flops_per_token", "quant_effect"]
+__all__ = ["MESH_AXES", "active_param_count", "build_plan", "model_flops_per_token", "quant_effect"]

@@ -201,7 +201,7 @@ def format_plan(plan: Plan) -> str:
     out.append("")
     out.append(
         f"Throughput (predicted): {pr.tokens_per_s:,.0f} tokens/s; {pr.tflops_per_device:.1f} TFLOP/s per device; "
-        f"MFU {100 * pr.mfu:.1f}% (6N + 12·L·h·s FLOPs per token)"
+        f"MFU {100 * pr.mfu:.1f}% (6N + 12·L·h·s FLOPs per token, N the parameters a token meets)"
     )
     out.append("")
     mem_rows = [[r, fmt_bytes(b)] for r, b in enumerate(pr.peak_mem_bytes)]

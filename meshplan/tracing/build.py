@@ -27,6 +27,7 @@ from meshplan.tracing.classify import (
     op_name,
     saved_parts,
 )
+from meshplan.tracing.module_tree import attr_at
 from meshplan.tracing.moe import moe_attrs, moe_saved_bytes
 from meshplan.tracing.rnn_flops import rnn_attrs, rnn_flops
 from meshplan.tracing.sizes import SIZE_KEYS, cross_check, graph_sizes
@@ -107,7 +108,7 @@ def build_nodes(
         if n.op == "get_attr" and str(n.target) in pidx.group_of:
             param_src[n] = (str(n.target),)
             continue
-        if n.op == "get_attr" and isinstance(_attr(gm, str(n.target)), nn.Parameter):
+        if n.op == "get_attr" and isinstance(attr_at(gm, str(n.target)), nn.Parameter):
             param_src[n] = (str(n.target),)
             continue
         ins = n.all_input_nodes
@@ -216,15 +217,6 @@ def _inactive_dropout(gm: fx.GraphModule, n: fx.Node, op: str) -> bool:
     p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
     train = n.kwargs.get("train", n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True))
     return not isinstance(p, int | float) or float(p) == 0.0 or train is False
-
-
-def _attr(gm: nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
 
 
 def _op_of(gm: fx.GraphModule, n: fx.Node) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from meshplan.tracing.build import _attr
+from meshplan.tracing.module_tree import attr_at
 from meshplan.tracing.reuse import (
     _Instance,
     _instance,
@@ -237,9 +237,9 @@ def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _I
     objs: dict[str, Any] = {}
     for n in g.nodes:
         if n.op in ("get_attr", "call_module"):
-            objs[str(n.target)] = _attr(small, str(n.target))
+            objs[str(n.target)] = attr_at(small, str(n.target))
             if objs[str(n.target)] is None:
-                objs[str(n.target)] = _attr(root, str(n.target))
+                objs[str(n.target)] = attr_at(root, str(n.target))
     # lazily compiled: annotation interprets the graph node by node and never calls its forward
     from torch.fx._lazy_graph_module import _LazyGraphModule
 

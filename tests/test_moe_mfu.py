@@ -1,0 +1,25 @@
+"""MFU of a MoE plan counts the parameters a token meets (k of E experts), not every expert."""
+
+from __future__ import annotations
+
+from meshplan.planner.api import plan_graph
+from meshplan.planner.assemble import active_param_count, model_flops_per_token
+from meshplan.tracing.load import load_graph
+
+
+def test_moe_flops_count_active_experts_only() -> None:
+    g = load_graph("mixtral-tiny", use_cache=False)
+    moe = [n for n in g.nodes if n.kind == "moe"]
+    assert moe, "mixtral-tiny must trace to MoE nodes"
+    idle = sum((n.attrs["num_experts"] - n.attrs["top_k"]) * n.attrs["expert_numel"] for n in moe)
+    assert idle > 0
+    assert active_param_count(g) == g.param_count - idle
+    L, h = g.meta["num_layers"], g.meta["hidden"]
+    assert model_flops_per_token(g) == 6 * (g.param_count - idle) + 12 * L * h * g.seq_len
+    plan = plan_graph(g, 4, cluster="h100")
+    assert 0 < plan.predicted.mfu < 1
+
+
+def test_dense_model_counts_every_parameter() -> None:
+    g = load_graph("gpt-tiny", use_cache=False)
+    assert active_param_count(g) == g.param_count
