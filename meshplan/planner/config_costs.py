@@ -209,6 +209,8 @@ class ConfigCosts:
         t = self._table(c)
         P = self._prefix(t)
         work = P["f"][-1] + P["b"][-1] + P["w"][-1]
+        if c.cp * c.ep > 1:  # the stages' EP/CP terms sum to the model's (the expert-read saving is <= 0)
+            work += self._epcp(c).per_microbatch_s
         avg_params = (P["params"][-1] - expert_params_saved(self.g, c.ep, self._epcp_nodes)) / c.pp  # ep: E/ep experts per rank
         if self.quant:  # only trainable parameters are synced and stepped
             dv = self._zero_divs(c)
