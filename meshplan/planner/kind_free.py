@@ -50,7 +50,15 @@ def kind_free_terms(
     st_ec = ev._epcp_stages(c, t, runs) if c.cp * c.ep > 1 else []
     if st_ec:
         st_f = [f + e.forward_s for f, e in zip(st_f, st_ec)]
-        st_b = [b + e.per_microbatch_s - e.forward_s for b, e in zip(st_b, st_ec)]
+        # the backward's share: its exchanges run in the input backward; its MoE compute terms
+        # (imbalance, and the weight-read saving, <= 0) split like the stage's own backward between
+        # input and weight gradients, so neither part can go below zero when the saving is larger
+        # than the stage's input backward alone
+        comm_b = [e.ep_comm_s / 2 + e.cp_comm_s - e.cp_forward_s for e in st_ec]
+        comp_b = [e.per_microbatch_s - e.forward_s - cb for e, cb in zip(st_ec, comm_b)]
+        frac = [b / (b + w) if b + w > 0 else 1.0 for b, w in zip(st_b, st_w)]
+        st_w = [w + x * (1.0 - f) for w, x, f in zip(st_w, comp_b, frac)]
+        st_b = [b + cb + x * f for b, cb, x, f in zip(st_b, comm_b, comp_b, frac)]
     st_params, st_act = col("params"), col("act")
     if n_st > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
         st_act = [x + ev.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
