@@ -126,3 +126,30 @@ def test_reuse_off_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     lines: list[str] = []
     trace_model(Net([Block(16, i) for i in range(2)]), (IDS,), progress=lines.append)
     assert lines == ["annotating every node: block reuse off (MESHPLAN_BLOCK_REUSE=0)"]
+
+
+
+def test_fold_probe_reruns_at_most_once_after_reaching_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe that reaches a skipped block copy runs once more with everything faked, after its
+    hooks are gone (a rerun with the copies' pre-hooks still on recursed to Python's limit)."""
+    from meshplan.tracing import fold_probe
+
+    depth = [0]
+    top, total = [0], [0]
+    real = fold_probe._probe
+
+    def counting(*args, **kwargs):
+        total[0] += 1
+        top[0] += depth[0] == 0
+        depth[0] += 1
+        try:
+            return real(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(fold_probe, "_probe", counting)
+    monkeypatch.setenv("MESHPLAN_BLOCK_REUSE", "1")
+    built = load_model("hf-llama-tiny", device="meta")
+    trace_model(built.model, built.example_inputs)
+    assert top[0] >= 1
+    assert total[0] <= 2 * top[0], (total[0], top[0])

@@ -147,16 +147,19 @@ def _probe(root: nn.Module, lin: nn.Module, end: nn.Module, args: list[Any], to_
     watch = _Watch()
     hooks = [lin.register_forward_hook(_narrow_hook(watch)), end.register_forward_hook(_end_hook)]
     hooks += [m.register_forward_pre_hook(_reached_hook) for m in skipped]
+    reached = False
     try:
         with _fake_state(root, to_fake, skip), torch.no_grad(), mode, watch:
             root(*args)
     except _Stop as stop:
         return stop.folded
     except _Reached:
-        return _probe(root, lin, end, args, to_fake, mode, (), [])
+        reached = True
     except Exception:  # noqa: BLE001 - a probe that cannot run proves nothing either way
         return False
     finally:
         for h in hooks:
             h.remove()
-    return False
+    # rerun with everything faked only once this probe's hooks are gone: a rerun inside the
+    # handler met the copies' pre-hooks again and recursed until Python's limit (returning False)
+    return _probe(root, lin, end, args, to_fake, mode, (), []) if reached else False
