@@ -34,6 +34,7 @@ import torch.fx
 from torch import nn
 
 from meshplan.runtime.context_parallel import RingAttentionMode, RingContext, cp_positions
+from meshplan.tracing.module_tree import attr_at
 
 
 class StageRing(nn.Module):
@@ -57,9 +58,7 @@ def cp_rows(table: torch.Tensor, local_len: int, cp: int, r: int) -> torch.Tenso
 def _is_buffer(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:
     if n.op != "get_attr":
         return False
-    obj: Any = gm
-    for part in str(n.target).split("."):
-        obj = getattr(obj, part, None)
+    obj = attr_at(gm, str(n.target))
     return isinstance(obj, torch.Tensor) and not isinstance(obj, nn.Parameter)
 
 

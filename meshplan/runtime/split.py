@@ -40,6 +40,7 @@ from torch import nn
 
 from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan, StageSpec
+from meshplan.tracing.module_tree import attr_at
 
 if TYPE_CHECKING:
     from meshplan.tracing.capture import Captured
@@ -234,9 +235,7 @@ def most_used_parameter(piece: StagePiece) -> tuple[str, int]:
             mod = gm.get_submodule(str(n.target))
             params = [(f"{n.target}.{k}", p) for k, p in mod.named_parameters(remove_duplicate=False)]
         elif n.op == "get_attr":
-            obj = gm
-            for part in str(n.target).split("."):
-                obj = getattr(obj, part, None)
+            obj = attr_at(gm, str(n.target))
             if isinstance(obj, nn.Parameter):
                 params = [(str(n.target), obj)]
         reads = len(n.users) if n.op == "get_attr" else 1  # an exported graph reads a weight by get_attr
