@@ -17,7 +17,7 @@ LLAMA_CASES = [c for c in CASES if c["model"].get("arch") == "llama"]
 
 
 def test_published_cases_load() -> None:
-    assert len(CASES) >= 22 and len(GPT_CASES) == 22 and LLAMA_CASES
+    assert len(CASES) >= 32 and len(GPT_CASES) == 32 and LLAMA_CASES
     assert len({c["id"] for c in CASES}) == len(CASES)
     for c in CASES:
         assert c["model"]["layers"] > 0 and c["cluster"]["n_gpus"] > 0
@@ -48,7 +48,7 @@ def test_param_count_formula_matches_shapes_and_published(c: dict) -> None:
     formula = F.gpt_param_count(m["layers"], m["hidden"], m["vocab"], m["seq_len"])
     shapes = _gpt_params_from_shapes(m["layers"], m["hidden"], m["vocab"], m["seq_len"], m["ffn_hidden"])
     assert formula == pytest.approx(shapes, rel=1e-3)
-    assert formula / 1e9 == pytest.approx(m["params_b"], rel=0.01)
+    assert formula / 1e9 == pytest.approx(m["params_b"], rel=0.01, abs=0.05)  # SC'21 prints one decimal
 
 
 def test_param_count_formula_matches_zoo_gpt() -> None:

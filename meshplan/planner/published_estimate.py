@@ -72,7 +72,7 @@ def _dtype(text: Any) -> str:
 
 def case_setup(case: dict[str, Any]) -> dict[str, Any]:
     """The authors' configuration as ``estimate_graph`` keywords: degrees (``ep`` borrows dp ranks),
-    microbatch, schedule, recompute kind, DP kind, precision, loss kernel, and the MoE load-balance
+    microbatch, schedule, stage split rule, recompute kind, DP kind, precision, loss kernel, and the MoE load-balance
     assumption ``training.capacity_factor`` where the case states one (else the cost model's)."""
     tr, ex = case["training"], case["expert_config"]
     tp, pp, dp = int(ex["tp"]), int(ex.get("pp") or 1), int(ex["dp"])
@@ -94,6 +94,9 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         "vocab_parallel_embedding": True,
         # the data-parallel wrapper a Megatron-LM 2020 row ran, where its source says (grad_sync.DDP_IMPLS)
         "ddp_impl": str(ex.get("ddp_impl") or "torch"),
+        # how the engine cuts the layers into stages (partition.engine_split.SPLIT_RULES): Megatron-LM
+        # 2021 gives each pipeline rank l/PP layers ("even"); "any" lets meshplan choose the cut
+        "split_rule": str(ex.get("split_rule") or "any") if pp > 1 else "any",
     }  # fmt: skip
 
 

@@ -1,0 +1,69 @@
+"""Megatron-LM SC'21 Table 1 (Narayanan et al. 2021: GPT 1.7B..1T on 32..3072 A100-80GB) as published cases.
+
+The rows carry the table's figures and the run script's configuration (``examples/sc21/
+run_table_1.sh``: microbatch, DDP wrapper, full recompute, layers per virtual pipeline stage);
+the step time is derived from the achieved TFLOP/s by the paper's eq. 3. Tested: the rows load
+with their configuration, ``case_setup`` gives it to ``estimate_graph`` (interleaving, Megatron's
+own DDP, the even layer split), and one row traced at 4 layers is costed with exactly that
+configuration (the full shapes run in ``benchmarks/published_cases.py --only megsc21``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from meshplan.cost_models import formulas as F
+from meshplan.cost_models.published import load_published_cases
+from meshplan.planner.published_estimate import case_cluster, case_setup
+
+SC21 = [c for c in load_published_cases() if c["id"].startswith("megsc21-")]
+
+
+def test_the_ten_table_1_rows_load_with_their_configuration() -> None:
+    assert [c["model"]["params_b"] for c in SC21] == [1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6, 1008.0]
+    for c in SC21:
+        m, ex, tr = c["model"], c["expert_config"], c["training"]
+        assert ex["tp"] * ex["pp"] * ex["dp"] == c["cluster"]["n_gpus"], c["id"]
+        assert tr["global_batch"] % (ex["dp"] * tr["micro_batch"]) == 0, c["id"]
+        assert m["seq_len"] == 2048 and m["vocab"] == 51200 and m["ffn_hidden"] == 4 * m["hidden"]
+        # eq. 2 gives the table's parameter count from the shape (the table prints one decimal)
+        assert F.gpt_param_count(m["layers"], m["hidden"], m["vocab"], m["seq_len"]) / 1e9 == pytest.approx(
+            m["params_b"], rel=0.01, abs=0.05
+        )
+        # the step time is the table's TFLOP/s through eq. 3, to the precision it is stored at
+        flops = F.megatron_flops_per_iteration(tr["global_batch"], m["seq_len"], m["layers"], m["hidden"], m["vocab"])
+        step = flops / (c["measured"]["tflops_per_gpu"] * 1e12 * c["cluster"]["n_gpus"])
+        assert c["measured"]["step_time_s"] == pytest.approx(step, abs=1e-3)
+        assert "run_table_1.sh" in c["source"] and "Assumed" in c["notes"]
+
+
+def test_case_setup_gives_the_script_configuration() -> None:
+    by = {c["id"]: c for c in SC21}
+    small = case_setup(by["megsc21-1.7b-a100-32gpu"])
+    assert (small["tp"], small["pp"], small["dp"], small["micro_batch_size"]) == (1, 1, 32, 16)
+    assert small["ddp_impl"] == "torch" and small["recompute"] == "full" and small["dtype"] == "fp16"
+    inter = case_setup(by["megsc21-530b-a100-2520gpu"])
+    assert (inter["tp"], inter["pp"], inter["dp"], inter["micro_batch_size"]) == (8, 35, 9, 1)
+    assert inter["schedule"] == "interleaved-1f1b" and inter["virtual_stages"] == 3
+    assert inter["ddp_impl"] == "local" and inter["split_rule"] == "even" and inter["dp_kind"] == "ddp"
+    one_t = case_setup(by["megsc21-1t-a100-3072gpu"])
+    assert one_t["schedule"] == "1f1b" and one_t["virtual_stages"] in (None, 1) and one_t["pp"] == 64
+    spec = case_cluster(by["megsc21-1t-a100-3072gpu"])
+    assert spec.num_devices == 3072 and spec.mem_bytes == 80 * 10**9
+
+
+def test_an_interleaved_row_is_costed_with_its_configuration() -> None:
+    from meshplan.models.published import case_graph
+    from meshplan.planner.published_estimate import estimate_case
+
+    case = copy.deepcopy(next(c for c in SC21 if c["id"] == "megsc21-76b-a100-1024gpu"))
+    # 4 ranks x 3 chunks of 1 layer: the row's pp4 interleaving at 12 layers, a short sequence
+    case["model"].update(layers=12, seq_len=256, hidden=1024, heads=8, ffn_hidden=4096)
+    r = estimate_case(case, case_graph(case))
+    plan = r["plan"]
+    assert (plan.tp, plan.pp, plan.dp, plan.micro_batch_size) == (8, 4, 32, 2)
+    assert plan.schedule == "interleaved-1f1b" and plan.recompute == "full" and plan.dtype == "fp16"
+    assert r["fits"] and r["meas_tok"] > 0 and r["pred_tok"] > 0
+    assert plan.predicted.bubble_s > 0 and plan.predicted.dp_comm_s > 0  # local DDP: exposed after backward
