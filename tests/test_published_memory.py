@@ -2,7 +2,8 @@
 
 Each case is costed at its authors' configuration (``planner.published_estimate``) on a meta-traced
 zoo Llama of its shape; torchtitan reports the caching allocator's peak reserved bytes, compared
-with the predicted peak + the allocator's fragmentation share. Figures and their sources live in
+with the predicted reserved peak (``allocator.reserved_peak_bytes``: allocated peak + FSDP2's
+side-stream pools + the allocator's fragmentation share). Figures and their sources live in
 ``meshplan/data/published_cases.json``.
 """
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from meshplan.cost_models.allocator import PP_BUFFERS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
 from meshplan.cost_models.hardware import preset_for_gpu_name as preset_for_device_name
@@ -163,6 +164,7 @@ def estimate_graph(
     loss_kernel: str | None = None,
     vocab_parallel_embedding: bool = False,
     ddp_impl: str = "torch",
+    pp_buffers: str = "torch",
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
@@ -177,9 +179,14 @@ def estimate_graph(
     (a tied embedding and head replicated, an untied one as the placement ILP chooses).
     ``ddp_impl`` (``grad_sync.DDP_IMPLS``) prices a ddp configuration's gradient sync as torch DDP
     and meshplan's runtime run it ("torch": bucketed, overlapped with the last backward) or as
-    Megatron-LM's own wrapper ("local": one flat all-reduce after backward, ``local_ddp_sync_s``)."""
+    Megatron-LM's own wrapper ("local": one flat all-reduce after backward, ``local_ddp_sync_s``).
+    ``pp_buffers`` (``allocator.PP_BUFFERS``) prices the pipeline runtime's per-microbatch buffers
+    as torch.distributed.pipelining holds them ("torch": meshplan's runtime, torchtitan) or as
+    Megatron-LM's p2p does ("megatron": none beyond the stage inputs)."""
     if ddp_impl not in DDP_IMPLS:
         raise ValueError(f"ddp_impl must be one of {', '.join(DDP_IMPLS)}, got {ddp_impl!r}")
+    if pp_buffers not in PP_BUFFERS:
+        raise ValueError(f"pp_buffers must be one of {', '.join(PP_BUFFERS)}, got {pp_buffers!r}")
     q = resolve_quantization(quantization)
     fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute,
                              "cp": cp, "ep": ep}
@@ -222,6 +229,7 @@ def estimate_graph(
     searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
                         split_rule=split_rule)  # fmt: skip
     searcher.ddp_impl = ddp_impl
+    searcher.pp_buffers = pp_buffers
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
     kind = dp_kind or ("none" if dp == 1 else "ddp")
     if cp * ep > 1 and dp_kind is None:

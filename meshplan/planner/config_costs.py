@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from meshplan.cost_models.allocator import fsdp_stream_pool_bytes
 from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.dp_kinds import (
     KIND_ORDER,
@@ -27,6 +28,7 @@ from meshplan.cost_models.dp_kinds import (
     unsharded_buffer_bytes,
 )
 from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR
+from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.cost_models.precision import check_training_dtype
@@ -100,6 +102,9 @@ class ConfigCosts:
         # last backward, as meshplan's runtime and torch DDP run it; "local" = Megatron-LM's own
         # wrapper, one flat all-reduce after backward (an engine costing option, estimate_graph)
         self.ddp_impl = "torch"
+        # whose pipeline runtime holds the per-microbatch buffers (allocator.PP_BUFFERS): "torch" =
+        # torch.distributed.pipelining, as meshplan's runtime and torchtitan run it; "megatron" = none
+        self.pp_buffers = "torch"
         self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -296,6 +301,19 @@ class ConfigCosts:
             c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self._elem_bytes, pp=c.pp,
             largest_layer_params=self._prefix(self._table(c))["largest"][0],
         )  # fmt: skip
+
+    def stream_pools(self, c: Config, t: CostTable, layers: list[list[int]]) -> float:
+        """The largest of the pipeline ranks' FSDP2 side-stream pools (``allocator.fsdp_stream_pool_bytes``):
+        units are a rank's repeated blocks and its other layers together (the root's, or its stage's,
+        ``fully_shard``); 0 for kinds that do not run FSDP2 (ddp, zero1) or without sharding."""
+        if ZERO_STAGE[c.dp_kind] < 2 or self._shard(c) == 1:
+            return 0.0
+        pools = []
+        for idx in layers:
+            units = [t.layers[i].param_count for i in idx if t.layers[i].kind == "block"]
+            units.append(sum(t.layers[i].param_count for i in idx if t.layers[i].kind != "block"))
+            pools.append(fsdp_stream_pool_bytes(units, param_bytes=self._elem_bytes, reduce_bytes=GRAD_REDUCE_BYTES))
+        return max(pools, default=0.0)
 
     def fsdp_buffers(self, c: Config, rank_params: list[float]) -> list[float]:
         """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""

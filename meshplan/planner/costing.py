@@ -82,6 +82,8 @@ class LayerCost:
     #: of ``act_bytes``, the cross-entropy peak over the logits (``memory.loss_buffer_bytes``):
     #: alive at the start of backward, freed before any block is back-propagated
     loss_bytes: float = 0.0
+    #: bytes of the logits this (post) layer returns per microbatch and rank, in the training dtype
+    logits_bytes: float = 0.0
 
     @property
     def fwd_total_s(self) -> float:
@@ -349,7 +351,7 @@ class GraphCoster:
 
         act = kept(rc)
         transient = recompute_transient_bytes(kept("none"), act) if rc != "none" else 0.0
-        loss = self._loss_bytes(nodes, sol, scale) if kind == "post" else 0.0
+        loss, logits = self._loss_bytes(nodes, sol, scale) if kind == "post" else (0.0, 0.0)
         act += loss
         if rc == "full":
             rec = fwd + comm / 2
@@ -363,28 +365,27 @@ class GraphCoster:
         layer = LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
-            transient_bytes=transient, loss_bytes=loss,
+            transient_bytes=transient, loss_bytes=loss, logits_bytes=logits,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
 
-    def _loss_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> float:
-        """``memory.loss_buffer_bytes`` of the logits a graph without a traced loss returns (the
-        runtime's fp32 cross-entropy): the last linear producing ``vocab`` features, vocab-parallel
-        unless the placement gathers its output."""
+    def _loss_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> tuple[float, float]:
+        """(``memory.loss_buffer_bytes``, the logits' own bytes) of the logits a graph without a
+        traced loss returns (the runtime's fp32 cross-entropy): the last linear producing ``vocab``
+        features, vocab-parallel unless the placement gathers its output; (0, 0) without one."""
         vocab = int(self.g.meta.get("vocab") or 0)
         if not vocab or any(n.kind == "loss" for n in self.g.nodes):
-            return 0.0
+            return 0.0, 0.0
         head = next((n for n in reversed(nodes) if n.kind == "linear" and n.out_shape and n.out_shape[-1] == vocab), None)
         if head is None:
-            return 0.0
+            return 0.0, 0.0
         tokens = 1.0
         for d in head.out_shape[:-1]:
             tokens *= d
         shard = 1 if (head.module_fqn in sol.gathered or sol.styles.get(head.module_fqn or "") != "colwise") else sol.tp
-        return loss_buffer_bytes(
-            tokens * scale, vocab, vocab_shard=shard, logits_bytes=4 if self.dtype in ("fp32", "float32") else 2,
-            kernel=self.loss_kernel,
-        )
+        elem = 4 if self.dtype in ("fp32", "float32") else 2
+        loss = loss_buffer_bytes(tokens * scale, vocab, vocab_shard=shard, logits_bytes=elem, kernel=self.loss_kernel)
+        return loss, tokens * scale * vocab / shard * elem
 
     def _quant_states(
         self, layer: LayerCost, nodes: list[GraphNode], sol: GraphTPSolution, scale: float

@@ -130,7 +130,7 @@ class ConfigEvaluator(ConfigCosts):
             r_state = [s - e * per_param for s, e in zip(r_state, k.ep_cut)]
         r_params, r_act = k.r_params, k.r_act
         buf = self.fsdp_buffers(c, r_params)
-        r_mem = [int(r_state[r] + r_act[r] + buf[r] + k.fp8_copy) for r in ranks]
+        r_mem = [int(r_state[r] + r_act[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
         d = self._dp_comm(k.gather_bytes, k.grad_bytes, c)
         if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.ddp_impl == "local":
             # Megatron-LM's local DDP: one flat all-reduce of the gradients in the training dtype
@@ -179,6 +179,11 @@ class ConfigEvaluator(ConfigCosts):
         w = r_params[worst]
         mem_breakdown = {"params": int(w * bpp.params), "grads": int(w * bpp.grads),
                          "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
+        if c.pp > 1 and max(k.r_pipe) > 0:  # live: in peak_mem_bytes
+            mem_breakdown["pipeline_buffers"] = int(max(k.r_pipe))
+        pools = self.stream_pools(c, t, [[i for s_ in on_rank[r] for i in range(*runs[s_])] for r in ranks])
+        if pools:  # reserved by the allocator, not live: not in peak_mem_bytes (allocator.reserved_peak_bytes)
+            mem_breakdown["fsdp_stream_pools"] = int(pools)
         if self.quant:
             big = max(ranks, key=lambda r: r_state[r])
             mem_breakdown.update(params=int(r_q[big][0] / dv[0]), grads=int(r_q[big][1] / dv[1]),

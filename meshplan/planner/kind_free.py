@@ -18,6 +18,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from meshplan.cost_models.allocator import pipeline_buffer_bytes
 from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
@@ -120,6 +121,16 @@ def kind_free_terms(
         st_params = [p - e.expert_params_saved for p, e in zip(st_params, st_ec)]
     r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
     r_act = [r_act[r] + ev._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
+    # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
+    # live memory beside the activations; a stage's output is what it sends, the last's its logits
+    r_pipe = [0.0 for _ in ranks]
+    if n_st > 1:
+        for i in range(n_st):
+            last = i == n_st - 1
+            out = t.layers[runs[i][1] - 1].logits_bytes if last else st_sendb[i]
+            r_pipe[placement[i]] += pipeline_buffer_bytes(
+                in_bytes=st_sendb[i - 1] if i else 0.0, out_bytes=out, num_microbatches=m,
+                inflight=infl[placement[i]], is_first=i == 0, is_last=last, convention=ev.pp_buffers)  # fmt: skip
     fp8_copy = fp8_weight_copy_bytes(ev._largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
     worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
     busiest = max(ranks, key=lambda r: rank_work[r])
@@ -143,7 +154,7 @@ def kind_free_terms(
         t=t, n_st=n_st, m=m, runs=runs, ranks=ranks, on_rank=on_rank, placement=placement, st_q=st_q,
         st_params0=st_params0, st_params=st_params, st_act=st_act, st_sendb=st_sendb, rank_work=rank_work,
         makespan=makespan, bubble_frac=bubble_frac, infl=infl, r_params=r_params, r_q=r_q, ec=ec,
-        r_act=r_act, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut, r_experts=r_experts,
+        r_act=r_act, r_pipe=r_pipe, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut, r_experts=r_experts,
         # gradients synced: every parameter, or (quantized) only the trainable ones, reduced in
         # fp32 on every precision as the runtime does (cost_models.grad_sync.GRAD_REDUCE_BYTES:
         # fp32 master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in

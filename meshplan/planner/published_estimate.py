@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from meshplan.cost_models.allocator import reserved_peak_bytes
 from meshplan.cost_models.hardware import FRAGMENTATION_FRACTION, ClusterSpec, default_reserved_bytes
 from meshplan.cost_models.published import preset_for_case
 from meshplan.graph import ModelGraph
@@ -97,6 +98,9 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         # how the engine cuts the layers into stages (partition.engine_split.SPLIT_RULES): Megatron-LM
         # 2021 gives each pipeline rank l/PP layers ("even"); "any" lets meshplan choose the cut
         "split_rule": str(ex.get("split_rule") or "any") if pp > 1 else "any",
+        # whose pipeline runtime holds per-microbatch buffers (allocator.PP_BUFFERS): torchtitan runs
+        # torch.distributed.pipelining; Megatron-LM's p2p holds none beyond the stage inputs
+        "pp_buffers": "torch" if "torchtitan" in str(case.get("group", "")).lower() else "megatron",
     }  # fmt: skip
 
 
@@ -109,11 +113,14 @@ def measured_tokens_per_gpu(case: dict[str, Any]) -> float | None:
     return (ms.get("other") or {}).get("tokens_per_s_per_gpu")
 
 
-def comparable_mem_gib(case: dict[str, Any], peak_bytes: float, spec: ClusterSpec) -> float:
-    """The predicted counterpart of the case's measured memory figure, in GiB."""
+def comparable_mem_gib(case: dict[str, Any], peak_bytes: float, spec: ClusterSpec, pool_bytes: float = 0.0) -> float:
+    """The predicted counterpart of the case's measured memory figure, in GiB: for "max reserved"
+    ``allocator.reserved_peak_bytes`` (the allocated peak + FSDP2's side-stream pools
+    ``pool_bytes`` + fragmentation), for "max allocated" the allocated peak."""
     what = str(case["measured"].get("mem_what", "max reserved"))
-    frag = FRAGMENTATION_FRACTION * spec.mem_bytes if "reserved" in what else 0.0
-    return (peak_bytes + frag) / GiB
+    if "reserved" in what:
+        return reserved_peak_bytes(peak_bytes, pool_bytes, spec.mem_bytes, FRAGMENTATION_FRACTION) / GiB
+    return peak_bytes / GiB
 
 
 def estimate_case(case: dict[str, Any], graph: ModelGraph) -> dict[str, Any]:
@@ -128,7 +135,7 @@ def estimate_case(case: dict[str, Any], graph: ModelGraph) -> dict[str, Any]:
     meas_tok = measured_tokens_per_gpu(case)
     peak = max(plan.predicted.peak_mem_bytes)
     meas_mem = case["measured"].get("peak_mem_gib")
-    pred_mem = comparable_mem_gib(case, peak, spec)
+    pred_mem = comparable_mem_gib(case, peak, spec, plan.predicted.mem_breakdown.get("fsdp_stream_pools", 0))
     return {
         "id": case["id"], "gpus": n, "cluster": spec.name, "plan": plan, "setup": setup,
         "config": " ".join(x for x in (f"tp{setup['tp']} pp{setup['pp']} dp{setup['dp']}{_ep(setup['ep'])}",
