@@ -41,4 +41,6 @@ def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = N
         # Megatron's VocabParallelEmbedding and torchtitan's RowwiseParallel tok_embeddings shard the
         # token embedding over the vocabulary under TP (tp_strategies)
         vocab_parallel_embedding=engine in VOCAB_PARALLEL_ENGINES,
+        # Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1): cost_models/epcp.py
+        moe_folding=spec.moe_folding and engine == "megatron",
     )  # fmt: skip

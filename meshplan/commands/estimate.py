@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         spec = imp.spec
     print(f"{engine} configuration: dp{spec.dp} tp{spec.tp} pp{spec.pp}"
           + (f" cp{spec.cp}" if spec.cp > 1 else "") + (f" ep{spec.ep}" if spec.ep > 1 else "")
+          + (" moe-folding" if spec.moe_folding else "")
           + f" {spec.schedule}" + (f" v{spec.virtual_stages}" if spec.virtual_stages > 1 else "")
           + f" mb{spec.micro_batch_size}x{spec.num_microbatches} recompute={spec.recompute} {spec.dp_kind} {spec.dtype}")
     for label, keys in (("unknown (not understood, not costed)", imp.unknown),

@@ -16,6 +16,22 @@ it overlaps. Load balance: the busiest expert rank receives ``capacity_factor`` 
 compute of a step is ``capacity_factor ×`` its mean. Expert weights are held ``1/ep`` per rank
 (``expert_params_per_rank``); their gradients are all-reduced over the ``dp·cp/ep`` replicas.
 
+**EP under Megatron-Core's "MoE parallel folding"** (an engine's layout, costed for engine
+configurations only: ``estimate_graph(moe_folding=True)``; meshplan's runtime keeps the MoE block
+replicated over tp). With ``--sequence-parallel`` and ``--expert-tensor-parallel-size 1`` the
+MoE layer receives the rank's sequence-parallel shard and dispatches it as is (Megatron-LM
+core_v0.15.0 ``megatron/core/transformer/moe/token_dispatcher.py`` L575 ``hidden_states.view(-1,
+H)``, L626 ``all_to_all(self.ep_group, ...)``; the gather over the expert tp group, L651, runs
+only when ETP > 1), so a rank routes, sends and computes ``n / tp`` tokens
+(``moe_tokens_per_rank``). The expert mesh is generated on its own (``parallel_state.py``
+L743-762: ``expert_data_parallel_size = world // (etp · ep · pp)``, a second ``RankGenerator``
+over (tp=etp, ep, dp=edp, pp) in the order ``tp-cp-ep-dp-pp`` of L527, cp = 1), so a rank's
+position is ``etp_rank + etp·ep_rank + etp·ep·edp_rank + …`` (``expert_mesh_groups``): an ep
+group is ``ep`` ranks ``etp`` apart (EP 8 at ETP 1 = 8 consecutive GPUs, one NVLink node) and
+the expert gradients are reduced over the EDP group, ``world / (pp·ep·etp)`` ranks ``etp·ep``
+apart (L1201 ``get_ranks('dp')`` of the expert generator), not over the attention's dp
+(``folded_expert_mesh``).
+
 **CP, per attention layer and microbatch, as ``runtime/context_parallel.py`` runs it** (Liu et
 al. 2023 "Ring Attention" §3 for the overlapped ring; Llama 3 paper §3.3.2 for the 2·cp-chunk
 causal balance): each rank holds ``T/cp`` tokens; its key/value block of the UN-repeated
@@ -45,6 +61,9 @@ or selective: the ring attention call checkpointed) the re-run forward repeats t
 """
 
 from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
 
 from meshplan.cost_models.comm import collective_time_s, group_collective_s, group_layout, p2p_time_s
 from meshplan.cost_models.contention import overlap_slowdown_s
@@ -82,6 +101,60 @@ def ep_comm_s(tokens: float, top_k: int, hidden: int, elem_bytes: int, ep: int, 
     ``stride``: distance of the ep group's ranks in the mesh (``_collective_s``)."""
     return 4 * _collective_s("all_to_all", ep_a2a_bytes(tokens, top_k, hidden, elem_bytes), ep, cluster, spans_nodes,
                              stride)
+
+
+#: Megatron-Core's expert rank generator's axes, innermost first (parallel_state.py L527, cp = 1)
+EXPERT_MESH_ORDER = ("etp", "ep", "edp", "pp")
+
+
+@dataclass(frozen=True)
+class FoldedExpertMesh:
+    """The expert groups of one pipeline stage under MoE parallel folding: the ep group's size and
+    rank stride, the expert data-parallel group's (EDP) size and stride (module docstring)."""
+
+    ep: int
+    ep_stride: int
+    edp: int
+    edp_stride: int
+
+
+def folded_expert_mesh(stage_ranks: int, ep: int, etp: int = 1) -> FoldedExpertMesh:
+    """The folded expert mesh of a pipeline stage of ``stage_ranks`` (= dp·cp·tp) ranks:
+    ep groups of ``ep`` ranks ``etp`` apart, EDP = stage_ranks / (ep·etp) ranks ``etp·ep`` apart."""
+    for name, v in (("stage_ranks", stage_ranks), ("ep", ep), ("etp", etp)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if stage_ranks % (ep * etp):
+        raise ValueError(f"MoE parallel folding: ep·etp = {ep}·{etp} must divide the {stage_ranks} ranks of a "
+                         "pipeline stage (dp·cp·tp); change ep")
+    return FoldedExpertMesh(ep, etp, stage_ranks // (ep * etp), etp * ep)
+
+
+def expert_mesh_groups(world: int, pp: int, ep: int, axis: str, etp: int = 1) -> list[list[int]]:
+    """The rank groups of ``axis`` (``EXPERT_MESH_ORDER``) of the folded expert mesh of ``world``
+    ranks, as Megatron's expert ``RankGenerator`` lays them out (rank = Σ index_a · Π sizes of the
+    axes inside a): the ranks that differ only in ``axis``."""
+    if axis not in EXPERT_MESH_ORDER:
+        raise ValueError(f"axis must be one of {', '.join(EXPERT_MESH_ORDER)}, got {axis!r}")
+    if world % pp:
+        raise ValueError(f"pp={pp} must divide world={world}")
+    mesh = folded_expert_mesh(world // pp, ep, etp)
+    sizes = dict(zip(EXPERT_MESH_ORDER, (etp, ep, mesh.edp, pp)))
+    strides, acc = {}, 1
+    for a in EXPERT_MESH_ORDER:
+        strides[a], acc = acc, acc * sizes[a]
+    others = [a for a in EXPERT_MESH_ORDER if a != axis]
+    groups = []
+    for rest in itertools.product(*(range(sizes[a]) for a in others)):
+        base = sum(i * strides[a] for a, i in zip(others, rest))
+        groups.append([base + i * strides[axis] for i in range(sizes[axis])])
+    return sorted(groups)
+
+
+def moe_tokens_per_rank(tokens: float, tp: int, folding: bool) -> float:
+    """Tokens a rank routes, dispatches and computes experts for: all ``tokens`` of its tp group
+    (meshplan's runtime: the MoE block replicated over tp) or, folded, its ``1/tp`` sequence shard."""
+    return tokens / tp if folding else tokens
 
 
 def expert_params_per_rank(expert_numel: float, ep: int) -> float:

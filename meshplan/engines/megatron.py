@@ -1,7 +1,7 @@
 """Megatron-LM command-line arguments (``pretrain_gpt.py``'s argparse names, Megatron-LM core_r0.16).
 
 Export writes the parallelism, batch, recompute, optimizer-sharding, precision and overlap flags
-of a spec; the data-parallel degree is not an argument (Megatron derives it from the world size
+of a spec (``--expert-tensor-parallel-size 1`` for MoE parallel folding); the data-parallel degree is not an argument (Megatron derives it from the world size
 as world / (tp * pp * cp)). Import reads them back (``--num-layers-per-virtual-pipeline-stage``
 too) with the world size given; model-shape and optimizer flags are listed as ignored, anything
 else as unknown. No torch import.
@@ -20,7 +20,7 @@ VALUE_ARGS = {
     "--num-layers-per-virtual-pipeline-stage", "--context-parallel-size", "--expert-model-parallel-size",
     "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-granularity", "--recompute-method",
     "--recompute-num-layers", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-    "--num-layers", "--fp8-format",
+    "--num-layers", "--fp8-format", "--expert-tensor-parallel-size",
 }  # fmt: skip
 FLAG_ARGS = {"--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16",
              "--overlap-grad-reduce", "--overlap-param-gather"}  # fmt: skip
@@ -51,6 +51,8 @@ def export(spec: EngineSpec) -> str:
         a.append(f"--expert-model-parallel-size {spec.ep}")
     if spec.sequence_parallel:
         a.append("--sequence-parallel")
+    if spec.moe_folding:
+        a.append("--expert-tensor-parallel-size 1")
     if spec.num_layers:
         a.append(f"--num-layers {spec.num_layers}")
     fl = spec.first_last() if spec.uneven() else None
@@ -109,6 +111,16 @@ def parse(text: str, world_size: int) -> Imported:
 
     tp, pp, cp, ep = (num("--tensor-model-parallel-size", 1), num("--pipeline-model-parallel-size", 1),
                       num("--context-parallel-size", 1), num("--expert-model-parallel-size", 1))  # fmt: skip
+    # --expert-tensor-parallel-size defaults to tp (megatron/training/arguments.py); 1 at tp > 1 is
+    # MoE parallel folding (parallel_state.initialize_model_parallel's expert rank generator)
+    etp = num("--expert-tensor-parallel-size", tp)
+    if etp not in (1, tp):
+        raise ValueError(f"--expert-tensor-parallel-size {etp}: costed are 1 (MoE parallel folding) or "
+                         f"--tensor-model-parallel-size ({tp}); use one of them")
+    folding = etp == 1 and tp > 1
+    if folding and "--sequence-parallel" not in flags:
+        raise ValueError("--expert-tensor-parallel-size 1 with --tensor-model-parallel-size > 1 needs "
+                         "--sequence-parallel (Megatron-Core's MoE layer refuses TP without it in training)")
     if world_size % (tp * pp * cp):
         raise ValueError(f"world size {world_size} is not divisible by tp*pp*cp = {tp}*{pp}*{cp}")
     dp = world_size // (tp * pp * cp)
@@ -143,5 +155,6 @@ def parse(text: str, world_size: int) -> Imported:
         schedule="interleaved-1f1b" if v > 1 else "1f1b", micro_batch_size=mb, global_batch_size=gb,
         seq_len=num("--seq-length", 0), recompute=gran, sequence_parallel="--sequence-parallel" in flags,
         dp_kind=dp_kind if dp > 1 else "none", dtype=dtype, num_layers=layers, layers_per_stage=lps,
+        moe_folding=folding,
     )  # fmt: skip
     return Imported(spec, unknown, ignored)

@@ -40,6 +40,9 @@ class EngineSpec:
     dtype: str = "bf16"
     num_layers: int = 0  # repeated blocks (transformer layers); 0 when unknown
     layers_per_stage: tuple[int, ...] = ()  # blocks per pipeline stage (pp * v entries); () = even
+    # Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1 with --sequence-parallel at
+    # tp > 1): costed by estimate_graph(moe_folding=True); meshplan's own plans never set it
+    moe_folding: bool = False
 
     @property
     def world_size(self) -> int:

@@ -165,6 +165,7 @@ def estimate_graph(
     vocab_parallel_embedding: bool = False,
     ddp_impl: str = "torch",
     pp_buffers: str = "torch",
+    moe_folding: bool = False,
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
@@ -182,11 +183,24 @@ def estimate_graph(
     Megatron-LM's own wrapper ("local": one flat all-reduce after backward, ``local_ddp_sync_s``).
     ``pp_buffers`` (``allocator.PP_BUFFERS``) prices the pipeline runtime's per-microbatch buffers
     as torch.distributed.pipelining holds them ("torch": meshplan's runtime, torchtitan) or as
-    Megatron-LM's p2p does ("megatron": none beyond the stage inputs)."""
+    Megatron-LM's p2p does ("megatron": none beyond the stage inputs).
+    ``moe_folding`` costs Megatron-Core's MoE parallel folding (``--expert-tensor-parallel-size 1``
+    with ``--sequence-parallel``): each tp rank routes and computes only its 1/tp sequence shard, the
+    ep group is ``ep`` consecutive ranks and expert gradients are reduced over the expert
+    data-parallel group, dp·cp·tp/ep ranks (``cost_models/epcp.py``); ``ep`` must still divide
+    dp·cp (the Plan's mesh borrows ep from dp·cp; Megatron would also run ep | dp·cp·tp). False is
+    meshplan's runtime (the MoE block replicated over tp, ep borrowing dp·cp ranks tp apart), which
+    the planner's own plans always are."""
     if ddp_impl not in DDP_IMPLS:
         raise ValueError(f"ddp_impl must be one of {', '.join(DDP_IMPLS)}, got {ddp_impl!r}")
     if pp_buffers not in PP_BUFFERS:
         raise ValueError(f"pp_buffers must be one of {', '.join(PP_BUFFERS)}, got {pp_buffers!r}")
+    if moe_folding:
+        if not int(graph.meta.get("num_experts", 0) or 0):
+            raise ValueError("moe_folding=True needs a MoE model (the graph has no experts); drop moe_folding")
+        if tp > 1 and sequence_parallel is False:
+            raise ValueError("moe_folding=True with tp > 1 needs sequence_parallel=True (Megatron-Core refuses "
+                             "MoE training under tensor parallelism without it, moe_layer.py); set it or drop moe_folding")
     q = resolve_quantization(quantization)
     fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute,
                              "cp": cp, "ep": ep}
@@ -221,6 +235,7 @@ def estimate_graph(
 
         validate_schedule(schedule, pp, num_microbatches, v)
     experts = int(graph.meta.get("num_experts", 0) or 0)
+    # (folded, Megatron only needs ep | dp·cp·tp; a Plan's mesh borrows ep from dp·cp, so that is asked here too)
     if ep > 1 and ((dp * cp) % ep or not experts or experts % ep):
         raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} and the model's experts ({experts or 'none: not a MoE'})")
     t0 = time.perf_counter()
@@ -230,7 +245,10 @@ def estimate_graph(
                         split_rule=split_rule)  # fmt: skip
     searcher.ddp_impl = ddp_impl
     searcher.pp_buffers = pp_buffers
+    searcher.moe_folding = bool(moe_folding)
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
+    if moe_folding:
+        sp = tp > 1  # folding runs under sequence parallelism (checked above when pinned)
     kind = dp_kind or ("none" if dp == 1 else "ddp")
     if cp * ep > 1 and dp_kind is None:
         kind = "ddp"  # cp/ep reduce gradients their own way (runtime/epcp): no sharded kind searched
@@ -266,6 +284,12 @@ def estimate_graph(
     why = searcher.epcp_why(tp, pp, cp, ep, recompute)
     if why:
         notes.append(f"cp={cp} ep={ep} costed (cost_models/epcp.py), but meshplan's runtime does not run it: {why}")
+    if moe_folding and tp > 1:
+        edp, _ = searcher.expert_dp_group(cfg)
+        notes.append(f"MoE parallel folding costed (Megatron-Core, ETP 1 with sequence parallelism): each tp rank routes "
+                     f"its 1/{tp} of the tokens over an ep group of {ep} consecutive ranks, expert gradients over "
+                     f"{edp} expert data-parallel ranks; meshplan's runtime does not run it (its MoE block is replicated "
+                     f"over tp and its ep group borrows dp ranks {tp} apart)")
     return build_plan(graph, spec, ev, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0,
                       extra_notes=notes, status="estimate")  # fmt: skip
 

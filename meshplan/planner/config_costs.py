@@ -22,12 +22,13 @@ from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.dp_kinds import (
     KIND_ORDER,
     ZERO_STAGE,
+    DPComm,
     dp_comm,
     dp_state_bytes,
     shard_degree,
     unsharded_buffer_bytes,
 )
-from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR
+from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR, folded_expert_mesh
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
@@ -46,6 +47,16 @@ from meshplan.planner.search_types import (
 
 #: At most this many memory-constrained re-splits (partition.stage_ilp DP) per search.
 MAX_MEMORY_RESCUES = 8
+
+
+def add_dp_comm(a: DPComm, b: DPComm) -> DPComm:
+    """Two groups' DP collectives run one after the other (their seconds and bytes add; FSDP units
+    as ``a``'s, or ``b``'s when ``a`` has none)."""
+    bytes_ = {k: a.bytes.get(k, 0) + b.bytes.get(k, 0) for k in sorted(set(a.bytes) | set(b.bytes))}
+    return DPComm(sync_s=a.sync_s + b.sync_s, gather_s=a.gather_s + b.gather_s,
+                  per_microbatch_s=a.per_microbatch_s + b.per_microbatch_s, bytes=bytes_,
+                  mb_forward_s=a.mb_forward_s + b.mb_forward_s, mb_bwd_gather_s=a.mb_bwd_gather_s + b.mb_bwd_gather_s,
+                  units=a.units if a.per_microbatch_s else b.units)  # fmt: skip
 
 
 class ConfigCosts:
@@ -105,6 +116,11 @@ class ConfigCosts:
         # whose pipeline runtime holds the per-microbatch buffers (allocator.PP_BUFFERS): "torch" =
         # torch.distributed.pipelining, as meshplan's runtime and torchtitan run it; "megatron" = none
         self.pp_buffers = "torch"
+        # Megatron-Core's MoE parallel folding (planner.epcp_cost, cost_models.epcp): a tp rank routes
+        # and computes its 1/tp sequence shard over an ep group of consecutive ranks, expert gradients
+        # reduced over the expert data-parallel group; an engine costing option (estimate_graph),
+        # never the planner's own plans (meshplan's runtime replicates the MoE block over tp)
+        self.moe_folding = False
         self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -155,13 +171,27 @@ class ConfigCosts:
 
     def _epcp_prefix(self, c: Config) -> EPCPPrefix:
         """The EP/CP terms of every MoE / attention node for ``c``'s degrees, prefix-summed (memoized)."""
-        key = (c.cp, c.ep, c.micro_batch, c.tp, c.recompute)
+        key = (c.cp, c.ep, c.micro_batch, c.tp, c.recompute, self.moe_folding, c.dp if self.moe_folding else 0)
         if key not in self._epcp_memo:
             self._epcp_memo[key] = EPCPPrefix(
                 self.g, self.cluster, self._epcp_nodes, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch,
                 dtype=self.dtype, capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes, tp=c.tp,
-                recompute=c.recompute, stride=c.tp)  # ep and cp groups: dc-row positions, tp apart
+                recompute=c.recompute, stride=c.tp,  # ep and cp groups: dc-row positions, tp apart
+                folding=self.moe_folding, dp=c.dp)  # folded: the ep group laid out on its own
         return self._epcp_memo[key]
+
+    def has_epcp(self, c: Config) -> bool:
+        """Whether ``c`` has EP/CP terms: cp or ep > 1, or MoE parallel folding at tp > 1."""
+        return c.cp * c.ep > 1 or (self.moe_folding and c.tp > 1)
+
+    def expert_dp_group(self, c: Config) -> tuple[int, int]:
+        """(size, rank stride) of the group expert gradients are reduced over: their dp·cp/ep
+        replicas tp·ep apart (meshplan's runtime, runtime/epcp), or folded the expert data-parallel
+        group, dp·cp·tp/ep ranks ep apart (``cost_models.epcp.folded_expert_mesh``)."""
+        if self.moe_folding and c.tp > 1:
+            m = folded_expert_mesh(c.dp * c.cp * c.tp, c.ep)
+            return m.edp, m.edp_stride
+        return c.dp * c.cp // c.ep, c.tp * c.ep
 
     def _epcp(self, c: Config) -> EPCPTerms:
         """The whole model's EP/CP terms per microbatch (``planner.epcp_cost.epcp_terms``)."""
@@ -197,6 +227,29 @@ class ConfigCosts:
         return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
                        num_microbatches=c.num_microbatches, units=units)  # fmt: skip
 
+    def _dp_comm_split(self, params_bytes: float, grad_bytes: float, expert_params: float, c: Config) -> DPComm:
+        """``_dp_comm``; with ``expert_params`` (> 0 only under MoE parallel folding: the rank's held
+        expert parameters) those are gathered / reduced over the expert data-parallel group
+        (``expert_dp_group``) and the rest over dp·cp, one after the other (two communicators)."""
+        if expert_params <= 0 or c.dp_kind in ("none", "ddp"):  # ddp's split is evaluate's (bucketed)
+            return self._dp_comm(params_bytes, grad_bytes, c)
+        eg, ep_ = expert_params * GRAD_REDUCE_BYTES, expert_params * self._elem_bytes
+        dense = self._dp_comm(params_bytes - ep_, grad_bytes - eg, c)
+        grp, gst = self.expert_dp_group(c)
+        units = sum(len(b.instances) for b in self.g.blocks) + 1
+        exp = dp_comm(c.dp_kind, eg, ep_, grp, self.cluster, stride=gst, pp=c.pp,
+                      num_microbatches=c.num_microbatches, units=units)  # fmt: skip
+        return add_dp_comm(dense, exp)
+
+    def _expert_state_bytes_per_param(self, c: Config) -> ModelStateBytes:
+        """Model-state bytes per expert parameter under folding: sharded over the expert dp group."""
+        grp, gst = self.expert_dp_group(c)
+        key = (c.dp_kind, -grp, gst)
+        if key not in self._bpp_cache:
+            self._bpp_cache[key] = dp_state_bytes(1.0, c.dp_kind, grp, stride=gst, optimizer=self.optimizer,
+                                                  devices_per_node=self.cluster.devices_per_node)  # fmt: skip
+        return self._bpp_cache[key]
+
     def _pp_spans(self, c: Config) -> bool:
         """Whether any pipeline send (rank r to r + 1, and the interleaved wrap) crosses nodes
         (``comm.p2p_crosses_nodes``; pipeline ranks are dp·cp·tp apart in the mesh): the
@@ -214,7 +267,7 @@ class ConfigCosts:
         t = self._table(c)
         P = self._prefix(t)
         work = P["f"][-1] + P["b"][-1] + P["w"][-1]
-        if c.cp * c.ep > 1:  # the stages' EP/CP terms sum to the model's (the expert-read saving is <= 0)
+        if self.has_epcp(c):  # the stages' EP/CP terms sum to the model's (the expert-read saving is <= 0)
             work += self._epcp(c).per_microbatch_s
         avg_params = (P["params"][-1] - expert_params_saved(self.g, c.ep, self._epcp_nodes)) / c.pp  # ep: E/ep experts per rank
         if self.quant:  # only trainable parameters are synced and stepped

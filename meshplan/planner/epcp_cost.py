@@ -13,6 +13,12 @@ split between the stage's forward and backward (``EPCPTerms.forward_s``) so the 
 simulator times them inside the pipeline; under TP the per-rank share of a MoE node is its whole
 (MoE blocks stay replicated over tp) and the ring moves the rank's local key/value heads.
 
+``folding=True`` costs Megatron-Core's MoE parallel folding instead (an engine costing option,
+``estimate_graph(moe_folding=True)``; meshplan's runtime does not run it): a tp rank routes,
+exchanges and computes only its ``1/tp`` sequence shard (``cost_models.epcp.moe_tokens_per_rank``)
+over an ep group of consecutive ranks (``folded_expert_mesh``: stride ``etp`` = 1); the MoE time a
+rank does not spend is ``fold_s`` (<= 0, against the cost table's MoE node of all tokens).
+
 Which combinations run is ``meshplan.execution_rules.epcp_rule`` (shared with the runtime's refusal).
 No torch import.
 """
@@ -25,7 +31,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import node_time
-from meshplan.cost_models.epcp import cp_kv_bytes, cp_ring_exposed_s, ep_a2a_bytes, ep_comm_s
+from meshplan.cost_models.epcp import (
+    cp_kv_bytes,
+    cp_ring_exposed_s,
+    ep_a2a_bytes,
+    ep_comm_s,
+    folded_expert_mesh,
+    moe_tokens_per_rank,
+)
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode, ModelGraph
 
@@ -40,23 +53,24 @@ class EPCPTerms:
     expert_params: float = 0.0  # all experts' parameters of the costed nodes (before ep sharding)
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per microbatch
     cp_forward_s: float = 0.0  # of cp_comm_s, the forward pass's ring (the rest runs in the backward)
+    fold_s: float = 0.0  # per microbatch, <= 0: MoE time a tp rank saves under MoE parallel folding
 
     @property
     def per_microbatch_s(self) -> float:
-        return self.ep_comm_s + self.cp_comm_s + self.imbalance_s + self.expert_read_s
+        return self.ep_comm_s + self.cp_comm_s + self.imbalance_s + self.expert_read_s + self.fold_s
 
     @property
     def forward_s(self) -> float:
         """The share of ``per_microbatch_s`` in a stage's forward: half the all-to-alls (dispatch and
         combine; the backward repeats both), the forward ring, a third of the MoE compute terms
         (backward = 2 x forward FLOPs)."""
-        return self.ep_comm_s / 2 + self.cp_forward_s + (self.imbalance_s + self.expert_read_s) / 3
+        return self.ep_comm_s / 2 + self.cp_forward_s + (self.imbalance_s + self.expert_read_s + self.fold_s) / 3
 
 
 def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, micro_batch: float, dtype: str,
                capacity_factor: float, elem_bytes: int, tp: int = 1, recompute: str = "none",
                spans_nodes: bool = False, stride: int = 0,
-               nodes: Iterable[GraphNode] | None = None) -> EPCPTerms:
+               nodes: Iterable[GraphNode] | None = None, folding: bool = False, dp: int = 1) -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
     them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp); ``nodes``: the nodes
     to cost (a pipeline stage's; default all: pp = 1). Under TP a rank's ring
@@ -65,28 +79,39 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     forward repeats the ring exchange (full and op: the checkpointed block re-runs its ring;
     selective: the ring attention call is the checkpointed region).
     ``kv_heads`` is the attention node's key heads as traced: a model that repeats its kv heads
-    before SDPA sends the repeated copies (the runtime's ring sends what SDPA receives)."""
+    before SDPA sends the repeated copies (the runtime's ring sends what SDPA receives).
+    ``folding``: Megatron's MoE parallel folding (module docstring; ``dp``: the attention's dp
+    degree, which with cp and tp sizes the stage's ranks the expert mesh is folded over)."""
     out = EPCPTerms()
-    if cp == 1 and ep == 1:
+    fold = folding and tp > 1
+    if cp == 1 and ep == 1 and not fold:
         return out
     scale = micro_batch / cp / max(1, graph.batch_size)  # this rank's share of the traced batch
+    share = moe_tokens_per_rank(1.0, tp, fold)  # of its tp group's tokens a rank routes
+    ep_stride = folded_expert_mesh(dp * cp * tp, ep).ep_stride if fold else stride
     nodes = list(graph.nodes if nodes is None else nodes)
     for n in nodes:
         if n.kind == "moe":
-            tokens = n.attrs.get("tokens", 0) * scale
+            tokens = n.attrs.get("tokens", 0) * scale * share
             t = node_time(n, cluster, batch_scale=scale, dtype=dtype)
             if ep > 1:  # the cost table's MoE node streams all E experts' weights; a rank holds E/ep
                 dense = n.attrs.get("dense_numel", 0)
                 held = dense + (n.param_numel - dense) / ep
-                t_ep = node_time(replace(n, param_bytes=int(n.param_bytes * held / max(1, n.param_numel))),
-                                 cluster, batch_scale=scale, dtype=dtype)
+                n_ep = replace(n, param_bytes=int(n.param_bytes * held / max(1, n.param_numel)))
+                t_ep = node_time(n_ep, cluster, batch_scale=scale, dtype=dtype)
                 out.expert_read_s += t_ep.total_s - t.total_s
                 t = t_ep
+            else:
+                n_ep = n
+            if fold:  # the rank computes its sequence shard's tokens only, reading the same weights
+                t_fold = node_time(n_ep, cluster, batch_scale=scale * share, dtype=dtype)
+                out.fold_s += t_fold.total_s - t.total_s
+                t = t_fold
             out.imbalance_s += (capacity_factor - 1.0) * t.total_s
             if ep > 1:
                 k, h = n.attrs.get("top_k", 1), n.attrs.get("hidden", 0)
                 out.ep_comm_s += ep_comm_s(tokens, k, h, elem_bytes, ep, cluster, spans_nodes=spans_nodes,
-                                          stride=stride)
+                                          stride=ep_stride)
                 b = ep_a2a_bytes(tokens, k, h, elem_bytes) * (ep - 1) / ep
                 out.comm_bytes["all_to_all"] = out.comm_bytes.get("all_to_all", 0.0) + 4 * b
         elif n.kind == "attention" and cp > 1:
@@ -121,7 +146,7 @@ def expert_params_saved(graph: ModelGraph, ep: int, nodes: Iterable[GraphNode] |
 
 
 _SUMMED = ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params_saved", "expert_params",
-           "cp_forward_s")
+           "cp_forward_s", "fold_s")
 
 
 class EPCPPrefix:

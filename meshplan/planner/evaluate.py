@@ -128,10 +128,14 @@ class ConfigEvaluator(ConfigCosts):
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
         if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
             r_state = [s - e * per_param for s, e in zip(r_state, k.ep_cut)]
+        folded = self.moe_folding and c.tp > 1
+        if folded and not self.quant:  # folded: expert states sharded over the expert dp group, not dp
+            per_e = self._expert_state_bytes_per_param(c).total
+            r_state = [s + x / c.ep * (per_e - per_param) for s, x in zip(r_state, k.r_experts)]
         r_params, r_act = k.r_params, k.r_act
         buf = self.fsdp_buffers(c, r_params)
         r_mem = [int(r_state[r] + r_act[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
-        d = self._dp_comm(k.gather_bytes, k.grad_bytes, c)
+        d = self._dp_comm_split(k.gather_bytes, k.grad_bytes, k.r_experts[worst] / c.ep if folded else 0.0, c)
         if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.ddp_impl == "local":
             # Megatron-LM's local DDP: one flat all-reduce of the gradients in the training dtype
             # after backward, nothing overlapped, no SMs taken from compute (grad_sync.local_ddp_sync_s)
@@ -143,15 +147,15 @@ class ConfigEvaluator(ConfigCosts):
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
             # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
             # the last microbatch's backward
-            exp_b = k.r_experts[worst] / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 else 0.0  # the rank's stages
+            exp_b = k.r_experts[worst] / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 or folded else 0.0  # the rank's stages
             dp_exposed, hid = overlapped_sync_terms(
                 uniform_bucket_runs(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
-            if exp_b and c.dp * c.cp > c.ep:  # ep: expert gradients over their dp*cp/ep replicas only (runtime/epcp)
-                dc = c.dp * c.cp
-                rep = dp_comm("ddp", exp_b, exp_b, dc // c.ep, self.cluster, stride=c.tp * c.ep)
+            grp, gst = self.expert_dp_group(c)
+            if exp_b and grp > 1:  # ep: expert gradients over their replicas only (runtime/epcp; folded: EDP)
+                rep = dp_comm("ddp", exp_b, exp_b, grp, self.cluster, stride=gst)
                 e_x, h_x = overlapped_sync_terms(
                     uniform_bucket_runs(exp_b), k.rank_b[worst],
-                    lambda b: dp_comm("ddp", b, b, dc // c.ep, self.cluster, stride=c.tp * c.ep).sync_s)
+                    lambda b: dp_comm("ddp", b, b, grp, self.cluster, stride=gst).sync_s)
                 dp_exposed, hid = dp_exposed + e_x, hid + h_x
                 d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)
                                       + rep.bytes.get("all_reduce", 0)})

@@ -48,7 +48,7 @@ def kind_free_terms(
     st_f, st_b, st_w, st_rec, st_tp = col("f"), col("b"), col("w"), col("rec"), col("tp")
     # EP all-to-all, CP ring, expert imbalance / weight reads of each stage's own layers, inside its
     # forward and (input-)backward, so the schedule simulator times them where they run
-    st_ec = ev._epcp_stages(c, t, runs) if c.cp * c.ep > 1 else []
+    st_ec = ev._epcp_stages(c, t, runs) if ev.has_epcp(c) else []
     if st_ec:
         st_f = [f + e.forward_s for f, e in zip(st_f, st_ec)]
         # the backward's share: its exchanges run in the input backward; its MoE compute terms

@@ -73,8 +73,10 @@ def _dtype(text: Any) -> str:
 
 def case_setup(case: dict[str, Any]) -> dict[str, Any]:
     """The authors' configuration as ``estimate_graph`` keywords: degrees (``ep`` borrows dp ranks),
-    microbatch, schedule, stage split rule, recompute kind, DP kind, precision, loss kernel, and the MoE load-balance
-    assumption ``training.capacity_factor`` where the case states one (else the cost model's)."""
+    microbatch, schedule, stage split rule, recompute kind, DP kind, precision, loss kernel, the
+    engine options (vocab-parallel embedding, ``expert_config.ddp_impl``, ``expert_config.moe_folding``),
+    and the MoE load-balance assumption ``training.capacity_factor`` where the case states one (else
+    the cost model's)."""
     tr, ex = case["training"], case["expert_config"]
     tp, pp, dp = int(ex["tp"]), int(ex.get("pp") or 1), int(ex["dp"])
     B = int(tr["global_batch"])
@@ -101,6 +103,9 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         # whose pipeline runtime holds per-microbatch buffers (allocator.PP_BUFFERS): torchtitan runs
         # torch.distributed.pipelining; Megatron-LM's p2p holds none beyond the stage inputs
         "pp_buffers": "torch" if "torchtitan" in str(case.get("group", "")).lower() else "megatron",
+        # Megatron-Core's MoE parallel folding where the row ran it (--expert-tensor-parallel-size 1 with
+        # --sequence-parallel): tokens per tp rank / tp, the ep group on consecutive GPUs (cost_models/epcp.py)
+        "moe_folding": bool(ex.get("moe_folding")),
     }  # fmt: skip
 
 

@@ -44,6 +44,12 @@ def _epcp_reasons(p: Plan) -> list[str]:
             if axis == "ep" and pr.ep_expert_read_s < 0:
                 line += (f", and each rank streams only its 1/{deg} of the expert weights, "
                          f"{fmt_s(-pr.ep_expert_read_s)} less MoE time per step")
+            if axis == "ep" and p.mesh.degree("tp") > 1:
+                folded = any("MoE parallel folding costed" in n for n in p.notes)
+                line += (" (costed as Megatron-Core's MoE parallel folding: each tp rank routes its 1/tp of the "
+                         "tokens over consecutive ranks; meshplan's runtime does not run it)" if folded else
+                         " (costed as meshplan's runtime runs it: the MoE block replicated over tp, every tp rank "
+                         "routes all its tokens, the ep group borrowing dp ranks tp apart)")
             if rival is not None:
                 cost = fmt_s(rival.step_s) if rival.step_s is not None else "does not fit"
                 line += f"; best with {axis}={rival.config.get(axis, 1)}: {rival.summary} — {cost} ({rival.reason})"
