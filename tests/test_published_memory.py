@@ -47,3 +47,30 @@ def test_predicted_memory_within_15_percent_of_published(case) -> None:
     r = estimate_case(case, case_graph(case))
     assert r["fits"], r["plan"].notes
     assert abs(r["mem_err"]) <= 0.15, (r["pred_mem_gib"], r["meas_mem_gib"])
+
+
+#: (case, variant) pairs a source says ran out of memory (``measured.oom_variants``)
+OOM = [(c, v) for c in CASES for v in c["measured"].get("oom_variants", [])]
+
+
+def _variant(case: dict, training: dict) -> dict:
+    import copy
+
+    out = copy.deepcopy(case)
+    out["training"].update(training)
+    return out
+
+
+def test_memory_tells_the_run_that_went_out_of_memory_from_the_one_that_ran() -> None:
+    """A run its source says went OOM is predicted not to fit, while the same run at the
+    configuration the source reports (it ran) fits: memory discriminates."""
+    from meshplan.models.published import case_graph
+    from meshplan.planner.published_estimate import estimate_case
+
+    assert OOM, "no published out-of-memory variant"
+    for case, variant in OOM:
+        assert variant["source"] and variant["training"], case["id"]
+        g = case_graph(case)
+        ran, oom = estimate_case(case, g), estimate_case(_variant(case, variant["training"]), g)
+        assert ran["fits"], (case["id"], ran["peak_gib"])
+        assert not oom["fits"], (case["id"], variant["training"], oom["peak_gib"])
