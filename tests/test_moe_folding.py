@@ -186,3 +186,21 @@ def test_megatron_arguments_carry_folding():
         megatron.parse(args.replace("--sequence-parallel ", "") + " --expert-tensor-parallel-size 1", 64)
     with pytest.raises(ValueError, match="expert-tensor-parallel-size 2"):
         megatron.parse(args + " --expert-tensor-parallel-size 2", 64)
+
+
+def test_megatron_estimate_costs_folding_and_meshplans_own_plans_do_not():
+    from meshplan.commands.engine_cost import cost_spec
+    from meshplan.engines import megatron
+
+    case = next(c for c in FOLDED if c["expert_config"]["tp"] == 4)
+    g = _graph(case["id"])
+    spec = megatron.parse("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 8 "
+                          "--num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 8 "
+                          "--expert-tensor-parallel-size 1 --sequence-parallel --micro-batch-size 1 "
+                          "--global-batch-size 256 --bf16 --use-distributed-optimizer", 256).spec  # fmt: skip
+    cl = case_cluster(case)
+    folded = cost_spec(g, spec, cl, "megatron")
+    assert any("MoE parallel folding costed" in n for n in folded.notes)
+    own = cost_spec(g, spec, cl, None)  # meshplan's own costing of the same degrees: its runtime's layout
+    assert not any("MoE parallel folding" in n for n in own.notes)
+    assert folded.predicted.ep_comm_s < own.predicted.ep_comm_s
