@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from meshplan.cost_models.eager_ops import NORM_KERNELS, eager_rmsnorm_s, is_python_rmsnorm, norm_numel
 from meshplan.cost_models.efficiency import (
     ATTENTION_REF_SHAPE,
     attention_shape_factor,
@@ -221,6 +222,7 @@ def node_time(
     input_bytes: int | None = None,
     style: str | None = None,
     is_head: bool = False,
+    norm_kernel: str = "fused",
 ) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of ``node`` on one device.
 
@@ -251,9 +253,13 @@ def node_time(
     ``dtype="fp8"`` (torchao float8 training, ``cost_models.precision``) a convertible linear
     (16-aligned, not ``is_head``) runs its three GEMMs at ``peak("fp8")`` plus the memory-bound
     scaling/cast bytes of ``fp8_cast_bytes``; everything else, and every tensor's bytes, is bf16. Unit: seconds.
+    With ``norm_kernel="eager"`` an RMSNorm module runs as the Python ops it is written in
+    (``eager_ops.eager_rmsnorm_s``: fp32 upcast, 7 kernels forward), not as one fused pass.
     Sources: roofline (Williams et al. 2009); B/W split (Qi et al. 2023, zero-bubble); NVIDIA
     Matrix Multiplication Background guide (tile/wave quantization); FlashAttention-2 (Dao 2023).
     """
+    if norm_kernel not in NORM_KERNELS:
+        raise ValueError(f"norm_kernel must be one of {', '.join(NORM_KERNELS)}, got {norm_kernel!r}")
     if not isinstance(shard, int) or shard < 1:
         raise ValueError(f"shard must be a positive integer, got {shard!r}")
     if not batch_scale > 0:
@@ -264,6 +270,11 @@ def node_time(
     if node.kind in FREE_KINDS:
         return NodeTime(0.0, 0.0, 0.0)
     dtype_bytes(dtype)  # validates the name
+    if node.kind == "norm" and norm_kernel == "eager" and is_python_rmsnorm(node.target):
+        trainable = node.param_numel - node.frozen_param_numel > 0
+        f, b, w = eager_rmsnorm_s(norm_numel(node.out_shape, batch_scale, shard), cluster, weight_grad=trainable)
+        ov = cluster.bwd_op_overhead_s
+        return NodeTime(f + cluster.op_overhead_s, b + ov, w + ov if w else 0.0)
     train_dtype, dtype = dtype, activation_dtype(dtype)  # fp8 training: bf16 tensors, fp8 GEMMs
     r = elem_scale(node.out_dtype, dtype)
     in_b = estimate_input_bytes(node) if input_bytes is None else input_bytes

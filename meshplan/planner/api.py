@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.allocator import PP_BUFFERS
+from meshplan.cost_models.eager_ops import OPTIMIZER_IMPLS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
 from meshplan.cost_models.hardware import preset_for_gpu_name as preset_for_device_name
@@ -166,6 +167,8 @@ def estimate_graph(
     ddp_impl: str = "torch",
     pp_buffers: str = "torch",
     moe_folding: bool = False,
+    norm_kernel: str = "fused",
+    optimizer_impl: str = "fused",
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
@@ -190,7 +193,10 @@ def estimate_graph(
     data-parallel group, dp·cp·tp/ep ranks (``cost_models/epcp.py``); ``ep`` must still divide
     dp·cp (the Plan's mesh borrows ep from dp·cp; Megatron would also run ep | dp·cp·tp). False is
     meshplan's runtime (the MoE block replicated over tp, ep borrowing dp·cp ranks tp apart), which
-    the planner's own plans always are."""
+    the planner's own plans always are.
+    ``norm_kernel`` ("fused", "eager") and ``optimizer_impl`` ("fused", "foreach") price an engine
+    that runs its RMSNorm modules as the Python ops they are written in, or torch's multi-tensor
+    AdamW instead of the fused one (``cost_models.eager_ops``); the defaults are one fused kernel each."""
     if ddp_impl not in DDP_IMPLS:
         raise ValueError(f"ddp_impl must be one of {', '.join(DDP_IMPLS)}, got {ddp_impl!r}")
     if pp_buffers not in PP_BUFFERS:
@@ -201,6 +207,8 @@ def estimate_graph(
         if tp > 1 and sequence_parallel is False:
             raise ValueError("moe_folding=True with tp > 1 needs sequence_parallel=True (Megatron-Core refuses "
                              "MoE training under tensor parallelism without it, moe_layer.py); set it or drop moe_folding")
+    if optimizer_impl not in OPTIMIZER_IMPLS:
+        raise ValueError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {optimizer_impl!r}")
     q = resolve_quantization(quantization)
     fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute,
                              "cp": cp, "ep": ep}
@@ -240,12 +248,13 @@ def estimate_graph(
         raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} and the model's experts ({experts or 'none: not a MoE'})")
     t0 = time.perf_counter()
     coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, loss_kernel=loss_kernel,
-                         vocab_parallel_embedding=vocab_parallel_embedding)  # fmt: skip
+                         vocab_parallel_embedding=vocab_parallel_embedding, norm_kernel=norm_kernel)  # fmt: skip
     searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
                         split_rule=split_rule)  # fmt: skip
     searcher.ddp_impl = ddp_impl
     searcher.pp_buffers = pp_buffers
     searcher.moe_folding = bool(moe_folding)
+    searcher.optimizer_impl = optimizer_impl
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
     if moe_folding:
         sp = tp > 1  # folding runs under sequence parallelism (checked above when pinned)

@@ -28,6 +28,7 @@ from meshplan.cost_models.dp_kinds import (
     shard_degree,
     unsharded_buffer_bytes,
 )
+from meshplan.cost_models.eager_ops import optimizer_step_s
 from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR, folded_expert_mesh
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.hardware import ClusterSpec
@@ -121,6 +122,8 @@ class ConfigCosts:
         # reduced over the expert data-parallel group; an engine costing option (estimate_graph),
         # never the planner's own plans (meshplan's runtime replicates the MoE block over tp)
         self.moe_folding = False
+        # how the engine runs the optimizer update (cost_models.eager_ops.OPTIMIZER_IMPLS; estimate_graph sets it)
+        self.optimizer_impl = "fused"
         self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -217,9 +220,10 @@ class ConfigCosts:
                               optimizer=self.optimizer).total  # fmt: skip
 
     def _optimizer_s(self, params: float, c: Config) -> float:
-        """Optimizer step: memory bound, 16 B/param read and written, on the rank's shard."""
+        """Optimizer step on the rank's shard with gradient-norm clipping, memory bound
+        (``eager_ops.optimizer_step_s``: the update by ``optimizer_impl``, fused 28 B/param)."""
         local = params / self._zero_divs(c)[2]
-        return 2 * 16 * local / (self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)
+        return optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer)
 
     def _dp_comm(self, params_bytes: float, grad_bytes: float, c: Config):  # -> dp_kinds.DPComm
         # FSDP units at pp = 1: the runtime wraps every repeated block, then the root

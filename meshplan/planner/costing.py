@@ -7,7 +7,9 @@ For one (tp, sequence_parallel, recompute, micro_batch) the table gives, per lay
 microbatch on one device:
 
 - ``fwd_s``, ``bwd_input_s``, ``bwd_weight_s``: ``node_time`` summed over the layer's nodes at
-  the TP shard the placement ILP chose, ``batch_scale = micro_batch / traced batch``;
+  the TP shard the placement ILP chose, ``batch_scale = micro_batch / traced batch`` (RMSNorm
+  modules as the engine runs them, ``norm_kernel``); the post layer adds the engine's
+  cross-entropy over the logits when the graph did not trace its loss (``eager_ops.loss_time_s``);
 - ``tp_comm_s``: the placement's resharding collectives (forward + backward); half is charged
   to the forward, half to the backward (they sit on the critical path, not overlapped);
 - ``recompute_s``: forward work redone in backward (selective: the attention core and the
@@ -38,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
+from meshplan.cost_models.eager_ops import NORM_KERNELS, loss_time_s
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import loss_buffer_bytes, node_activation_bytes, recompute_transient_bytes
 from meshplan.cost_models.precision import activation_dtype
@@ -140,7 +143,11 @@ class GraphCoster:
         optimizer: str = "adam",
         loss_kernel: str | None = None,
         vocab_parallel_embedding: bool = False,
+        norm_kernel: str = "fused",
     ):
+        if norm_kernel not in NORM_KERNELS:
+            raise ValueError(f"norm_kernel must be one of {', '.join(NORM_KERNELS)}, got {norm_kernel!r}")
+        self.norm_kernel = norm_kernel  # eager_ops.NORM_KERNELS: how the engine runs an RMSNorm module
         self.g = graph
         # the engines' TP layout (tp_strategies): the token embedding always vocab-parallel
         self.vocab_parallel = vocab_parallel_embedding
@@ -311,7 +318,7 @@ class GraphCoster:
             s = sol.node_shard.get(n.id, 1)
             t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.train_dtype,
                           input_bytes=self._in_bytes.get(n.id, 0), style=sol.styles.get(n.module_fqn or ""),
-                          is_head=n.id in self._heads)  # fmt: skip
+                          is_head=n.id in self._heads, norm_kernel=self.norm_kernel)  # fmt: skip
             if quant and n.kind == "linear":
                 t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
                                     batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip
@@ -351,7 +358,12 @@ class GraphCoster:
 
         act = kept(rc)
         transient = recompute_transient_bytes(kept("none"), act) if rc != "none" else 0.0
-        loss, logits = self._loss_bytes(nodes, sol, scale) if kind == "post" else (0.0, 0.0)
+        lg = self._logits(nodes, sol, scale) if kind == "post" else None
+        loss = logits = 0.0
+        if lg is not None:
+            elem = 4 if self.dtype in ("fp32", "float32") else 2
+            loss = loss_buffer_bytes(lg[0], lg[1], vocab_shard=lg[2], logits_bytes=elem, kernel=self.loss_kernel)
+            logits = lg[0] * lg[1] / lg[2] * elem
         act += loss
         if rc == "full":
             rec = fwd + comm / 2
@@ -362,6 +374,9 @@ class GraphCoster:
             rec += comm / 2 * (0.5 if sol.sequence_parallel else 1.0)
         else:
             rec = 0.0
+        if lg is not None:  # the engine's cross-entropy, never recomputed (after the checkpointed blocks)
+            lf, lb = loss_time_s(lg[0], lg[1], self.cluster, vocab_shard=lg[2], kernel=self.loss_kernel)
+            fwd, bi = fwd + lf, bi + lb
         layer = LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
@@ -369,23 +384,22 @@ class GraphCoster:
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
 
-    def _loss_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> tuple[float, float]:
-        """(``memory.loss_buffer_bytes``, the logits' own bytes) of the logits a graph without a
-        traced loss returns (the runtime's fp32 cross-entropy): the last linear producing ``vocab``
-        features, vocab-parallel unless the placement gathers its output; (0, 0) without one."""
+    def _logits(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> tuple[float, int, int] | None:
+        """(tokens, vocab, vocab shard) of the logits a graph without a traced loss returns (the
+        engine's cross-entropy: ``memory.loss_buffer_bytes``, ``eager_ops.loss_time_s``): the last
+        linear producing ``vocab`` features, vocab-parallel unless the placement gathers its output;
+        None when the graph traced its loss or has no such head."""
         vocab = int(self.g.meta.get("vocab") or 0)
         if not vocab or any(n.kind == "loss" for n in self.g.nodes):
-            return 0.0, 0.0
+            return None
         head = next((n for n in reversed(nodes) if n.kind == "linear" and n.out_shape and n.out_shape[-1] == vocab), None)
         if head is None:
-            return 0.0, 0.0
+            return None
         tokens = 1.0
         for d in head.out_shape[:-1]:
             tokens *= d
         shard = 1 if (head.module_fqn in sol.gathered or sol.styles.get(head.module_fqn or "") != "colwise") else sol.tp
-        elem = 4 if self.dtype in ("fp32", "float32") else 2
-        loss = loss_buffer_bytes(tokens * scale, vocab, vocab_shard=shard, logits_bytes=elem, kernel=self.loss_kernel)
-        return loss, tokens * scale * vocab / shard * elem
+        return tokens * scale, vocab, shard
 
     def _quant_states(
         self, layer: LayerCost, nodes: list[GraphNode], sol: GraphTPSolution, scale: float

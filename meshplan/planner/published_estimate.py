@@ -97,6 +97,10 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         "vocab_parallel_embedding": True,
         # the data-parallel wrapper a Megatron-LM 2020 row ran, where its source says (grad_sync.DDP_IMPLS)
         "ddp_impl": str(ex.get("ddp_impl") or "torch"),
+        # how the engine ran its RMSNorm modules and its optimizer update, where the row's source says
+        # (cost_models.eager_ops: "eager" Python RMSNorm, "foreach" multi-tensor AdamW)
+        "norm_kernel": str(tr.get("norm_kernel") or "fused"),
+        "optimizer_impl": str(tr.get("optimizer_impl") or "fused"),
         # how the engine cuts the layers into stages (partition.engine_split.SPLIT_RULES): Megatron-LM
         # 2021 gives each pipeline rank l/PP layers ("even"); "any" lets meshplan choose the cut
         "split_rule": str(ex.get("split_rule") or "any") if pp > 1 else "any",

@@ -1,0 +1,144 @@
+"""Memory-bound work an engine runs as separate kernels that a fused graph node does not show:
+an RMSNorm written in Python (eager), the cross-entropy over the logits, the optimizer update by
+implementation (foreach or fused) with gradient-norm clipping.
+
+Each term is bytes over the device's memory bandwidth (``compute.roofline_time_s``'s memory
+term, ``mem_bw · mem_efficiency``), with the kernel floor once per launched kernel. The byte
+counts are read off the ops the source code runs (reads + writes per element, the autograd
+backward of each op as ``tools/autograd/derivatives.yaml`` defines it); nothing is fitted.
+
+**Eager RMSNorm** (``norm_kernel="eager"``: torchtitan's ``norm_type = "rmsnorm"``, the Llama
+reference, HF ``LlamaRMSNorm`` and meshplan's zoo Llama all run
+``(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * weight``): per element of a
+16-bit input, forward ``x.float()`` r2 w4, ``pow`` r4 w4, ``mean`` r4, ``x·rsqrt`` r4 w4,
+``type_as`` r4 w2, ``·weight`` r2 w2 = **36 B** (a fused kernel: read 2, write 2 = 4 B). Backward:
+``MulBackward`` (·weight) input grad r2 w2, weight grad ``g·y`` r2 r2 w2 + the token-sum r2;
+``ToCopyBackward`` r2 w4; ``MulBackward`` (x·rsqrt) ``g·r`` r4 w4 and ``(g·x).sum(-1)`` r4 r4 w4
++ r4; ``MeanBackward`` the expanded grad w4; ``PowBackward`` ``g·2·x`` (x.pow(1), ·2, ·g) r4 w4 +
+r4 w4 + r4 r4 w4; the two gradients of ``x.float()`` summed r4 r4 w4; ``ToCopyBackward`` r4 w2:
+**84 B** input-gradient + **8 B** weight-gradient (fused: 6 + 2 B, ``compute.backward_factors``).
+A LayerNorm module (``F.layer_norm``: one kernel in eager) and any norm under ``"fused"`` keep
+the graph node's roofline.
+
+**Cross-entropy over the logits** (a graph without a traced loss: the engine computes it on
+the head's 16-bit logits, ``V`` / vocab_shard columns per token), per logit element:
+
+- ``cross_entropy`` (``F.cross_entropy(logits.float(), y)``: torchtitan, meshplan's runtime, HF):
+  forward cast r2 w4, ``log_softmax`` for rows wider than 1024 (``cunn_SoftMaxForward``: max
+  pass r4, sum-exp pass r4, write pass r4 w4) = 22 B; backward ``nll_loss_backward``'s zero-filled
+  fp32 gradient w4, ``cunn_SoftMaxBackward`` (sum pass r4, write pass r4 r4 w4), cast back r4 w2 = 26 B;
+- ``loss_parallel`` (torch's ``loss_parallel`` on vocab-sharded DTensor logits,
+  ``torch/distributed/tensor/parallel/loss.py``): cast 6, max r4, ``x − max`` r4 w4, ``exp`` r4
+  w4, sum r4, ``− log Σ`` r4 w4 = 38 B; backward ``exp(x)`` r4 w4, zeros w4, add r4 r4 w4, ``·g``
+  r4 w4, cast r4 w2 = 38 B;
+- ``fused`` (Megatron-LM's ``vocab_parallel_cross_entropy(output.float(), labels)``: in place on
+  one fp32 buffer): cast 6, max r4, ``sub_`` r4 w4, ``exp`` r4 w4, sum r4, ``div_`` r4 w4 = 38 B;
+  backward ``grad.mul_`` r4 w4, cast back r4 w2 = 14 B. (A one-pass Triton cross-entropy, as
+  llm-foundry can use, moves less; the MPT rows' logits are < 1 % of their step either way.)
+
+**Optimizer step** (``optimizer_impl``; per fp32 parameter of the rank's shard, Adam/AdamW):
+
+- ``fused`` (``torch.optim.AdamW(fused=True)``, apex ``FusedAdam``: one kernel reads p, g, m, v
+  and writes p, m, v): 28 B;
+- ``foreach`` (``torch.optim.AdamW(foreach=True)``, ``torch/optim/adamw.py``
+  ``_multi_tensor_adamw``: ``_foreach_mul_`` (weight decay) r4 w4, ``_foreach_lerp_`` (m) r8 w4,
+  ``_foreach_mul_`` (v) r4 w4, ``_foreach_addcmul_`` (v) r8 w4, ``_foreach_sqrt`` r4 w4,
+  ``_foreach_div_`` r4 w4, ``_foreach_add_`` (eps) r4 w4, ``_foreach_addcdiv_`` (p) r12 w4): 80 B;
+- gradient-norm clipping (``clip_grad_norm_(foreach=True)``: ``_foreach_norm`` r4, then
+  ``_foreach_mul_`` by the clip coefficient r4 w4): + 12 B on the gradients, the norm's
+  all-reduce (a scalar) a sync point of latency only.
+
+An SGD step reads p, g and writes p (12 B), with momentum also reads and writes its buffer (20 B),
+under either implementation. No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+
+from meshplan.cost_models.hardware import ClusterSpec
+
+NORM_KERNELS = ("fused", "eager")
+#: eager RMSNorm bytes per element: (forward, input gradient, weight gradient), kernels launched
+EAGER_RMSNORM_BYTES = (36.0, 84.0, 8.0)
+EAGER_RMSNORM_KERNELS = (7, 10, 2)
+
+#: cross-entropy bytes per logit element (forward, backward) and kernels launched, by loss kernel
+#: (``cost_models.memory.LOSS_KERNELS`` keys)
+LOSS_PASS_BYTES: dict[str, tuple[float, float]] = {
+    "cross_entropy": (22.0, 26.0),
+    "loss_parallel": (38.0, 38.0),
+    "fused": (38.0, 14.0),
+}
+LOSS_KERNEL_LAUNCHES: dict[str, tuple[int, int]] = {"cross_entropy": (3, 3), "loss_parallel": (6, 5), "fused": (6, 2)}
+
+OPTIMIZER_IMPLS = ("fused", "foreach")
+#: optimizer update bytes per parameter of the rank's shard (fp32 states), by implementation
+ADAM_UPDATE_BYTES = {"fused": 28.0, "foreach": 80.0}
+SGD_UPDATE_BYTES = {"sgd": 12.0, "sgd-momentum": 20.0}
+#: gradient-norm clipping bytes per gradient element (foreach norm + foreach scale)
+CLIP_BYTES = 12.0
+
+
+def _bw(cluster: ClusterSpec) -> float:
+    return cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
+
+
+def _pass_s(nbytes: float, kernels: int, cluster: ClusterSpec) -> float:
+    if nbytes <= 0:
+        return 0.0
+    return max(nbytes / _bw(cluster), kernels * cluster.kernel_floor_s)
+
+
+def is_python_rmsnorm(target: str) -> bool:
+    """Whether a traced norm module is an RMSNorm (a Python module of eager ops unless compiled);
+    LayerNorm modules are one ``F.layer_norm`` kernel in eager."""
+    return "rmsnorm" in target.lower()
+
+
+def eager_rmsnorm_s(numel: float, cluster: ClusterSpec, *, weight_grad: bool = True) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of an eager RMSNorm over ``numel``
+    elements of a 16-bit tensor (module docstring); the weight gradient is 0 when frozen."""
+    if numel < 0:
+        raise ValueError(f"numel must be >= 0, got {numel!r}")
+    f, b, w = (numel * x for x in EAGER_RMSNORM_BYTES)
+    kf, kb, kw = EAGER_RMSNORM_KERNELS
+    return _pass_s(f, kf, cluster), _pass_s(b, kb, cluster), (_pass_s(w, kw, cluster) if weight_grad else 0.0)
+
+
+def loss_time_s(
+    tokens: float, vocab: int, cluster: ClusterSpec, *, vocab_shard: int = 1, kernel: str | None = None
+) -> tuple[float, float]:
+    """(forward, backward) seconds of the cross-entropy over ``tokens × vocab / vocab_shard``
+    16-bit logits under ``kernel`` (``LOSS_PASS_BYTES``; None: ``loss_parallel`` when the vocabulary
+    is sharded, else ``cross_entropy``, as ``memory.loss_buffer_bytes`` chooses)."""
+    if tokens < 0 or vocab < 1 or vocab_shard < 1:
+        raise ValueError(f"tokens >= 0, vocab >= 1 and vocab_shard >= 1 needed, got {tokens}, {vocab}, {vocab_shard}")
+    kernel = kernel or ("loss_parallel" if vocab_shard > 1 else "cross_entropy")
+    if kernel not in LOSS_PASS_BYTES:
+        raise ValueError(f"loss kernel {kernel!r} unknown; use one of {sorted(LOSS_PASS_BYTES)}")
+    n = tokens * vocab / vocab_shard
+    (bf, bb), (kf, kb) = LOSS_PASS_BYTES[kernel], LOSS_KERNEL_LAUNCHES[kernel]
+    return _pass_s(n * bf, kf, cluster), _pass_s(n * bb, kb, cluster)
+
+
+def optimizer_step_s(
+    params: float, cluster: ClusterSpec, *, impl: str = "fused", optimizer: str = "adam", clip: bool = True
+) -> float:
+    """Seconds of one optimizer step over ``params`` parameters of the rank's shard: the update
+    (``ADAM_UPDATE_BYTES[impl]``, or ``SGD_UPDATE_BYTES`` for "sgd" / "sgd-momentum") plus gradient-norm clipping
+    (``CLIP_BYTES``) when ``clip``. Memory bound (module docstring)."""
+    if impl not in OPTIMIZER_IMPLS:
+        raise ValueError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {impl!r}")
+    if params < 0:
+        raise ValueError(f"params must be >= 0, got {params!r}")
+    per = SGD_UPDATE_BYTES.get(optimizer, ADAM_UPDATE_BYTES[impl])
+    per += CLIP_BYTES if clip else 0.0
+    return params * per / _bw(cluster) if params else 0.0
+
+
+def norm_numel(out_shape: tuple[int, ...] | None, batch_scale: float, shard: int = 1) -> float:
+    """Elements a norm node touches at ``batch_scale`` on a rank holding 1/``shard`` of them."""
+    if not out_shape:
+        return 0.0
+    return math.prod(out_shape) * batch_scale / shard

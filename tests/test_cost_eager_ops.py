@@ -1,0 +1,122 @@
+"""Memory-bound work outside a fused graph node (cost_models.eager_ops): an eager RMSNorm, the
+cross-entropy over the logits, the optimizer update by implementation; wired through node_time,
+the cost table and estimate_graph. Figures by hand from the byte counts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshplan.cost_models.compute import node_time
+from meshplan.cost_models.eager_ops import (
+    ADAM_UPDATE_BYTES,
+    CLIP_BYTES,
+    LOSS_PASS_BYTES,
+    eager_rmsnorm_s,
+    loss_time_s,
+    optimizer_step_s,
+)
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.graph import GraphNode
+
+H100 = ClusterSpec.preset("h100")
+BW = H100.mem_bw_bytes_per_s * H100.mem_efficiency
+
+
+def _norm(target: str, tokens: int = 8192, dim: int = 4096) -> GraphNode:
+    return GraphNode(
+        id=1, name="norm", op="call_module", kind="norm", target=target, module_fqn="norm", inputs=(0,),
+        out_shape=(1, tokens, dim), out_dtype="bfloat16", out_bytes=tokens * dim * 2, param_numel=dim,
+        param_bytes=dim * 2, attrs={"normalized_dim": dim},
+    )  # fmt: skip
+
+
+def test_eager_rmsnorm_moves_the_bytes_of_its_ops() -> None:
+    n = 8192 * 4096
+    f, b, w = eager_rmsnorm_s(n, H100)
+    assert (f, b, w) == pytest.approx((36 * n / BW, 84 * n / BW, 8 * n / BW))
+    assert eager_rmsnorm_s(n, H100, weight_grad=False)[2] == 0.0
+    with pytest.raises(ValueError, match="numel"):
+        eager_rmsnorm_s(-1, H100)
+
+
+def test_node_time_prices_an_rmsnorm_module_as_written_and_a_layernorm_as_one_kernel() -> None:
+    rms, ln = _norm("RMSNorm"), _norm("LayerNorm")
+    fused = node_time(rms, H100, batch_scale=2, input_bytes=rms.out_bytes)
+    eager = node_time(rms, H100, batch_scale=2, input_bytes=rms.out_bytes, norm_kernel="eager")
+    n = 2 * 8192 * 4096
+    assert fused.fwd_s == pytest.approx(4 * n / BW, rel=1e-3)  # one pass: read 2 B, write 2 B (+ the weight)
+    assert eager.fwd_s == pytest.approx(36 * n / BW)
+    assert eager.bwd_input_s == pytest.approx(84 * n / BW) and eager.bwd_weight_s == pytest.approx(8 * n / BW)
+    # sequence parallel: the rank holds 1/shard of the tokens
+    assert node_time(rms, H100, shard=2, batch_scale=2, norm_kernel="eager").fwd_s == pytest.approx(eager.fwd_s / 2)
+    # F.layer_norm is one kernel in eager: unchanged
+    assert node_time(ln, H100, input_bytes=ln.out_bytes, norm_kernel="eager") == node_time(ln, H100, input_bytes=ln.out_bytes)
+    with pytest.raises(ValueError, match="norm_kernel"):
+        node_time(rms, H100, norm_kernel="triton")
+
+
+def test_loss_time_by_kernel_and_vocab_shard() -> None:
+    tokens, vocab = 16384, 128256
+    f, b = loss_time_s(tokens, vocab, H100)
+    assert (f, b) == pytest.approx((22 * tokens * vocab / BW, 26 * tokens * vocab / BW))
+    # vocab-sharded logits default to torch's loss_parallel, on 1/shard of the columns
+    fp, bp = loss_time_s(tokens, vocab, H100, vocab_shard=8)
+    assert (fp, bp) == pytest.approx(tuple(x * tokens * vocab / 8 / BW for x in LOSS_PASS_BYTES["loss_parallel"]))
+    fm, bm = loss_time_s(tokens, vocab, H100, kernel="fused")
+    assert fm + bm == pytest.approx(52 * tokens * vocab / BW)
+    with pytest.raises(ValueError, match="loss kernel"):
+        loss_time_s(tokens, vocab, H100, kernel="chunked")
+
+
+def test_optimizer_step_by_implementation() -> None:
+    p = 1e9
+    assert optimizer_step_s(p, H100) == pytest.approx((28 + 12) * p / BW)
+    assert optimizer_step_s(p, H100, impl="foreach") == pytest.approx((80 + 12) * p / BW)
+    assert optimizer_step_s(p, H100, impl="foreach", clip=False) == pytest.approx(80 * p / BW)
+    assert optimizer_step_s(p, H100, optimizer="sgd", clip=False) == pytest.approx(12 * p / BW)
+    assert ADAM_UPDATE_BYTES["foreach"] > ADAM_UPDATE_BYTES["fused"] > CLIP_BYTES
+    with pytest.raises(ValueError, match="optimizer_impl"):
+        optimizer_step_s(p, H100, impl="apex")
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def llama_graph():
+    from meshplan.models.llama import Llama, LlamaConfig
+    from meshplan.trace import trace_model
+
+    cfg = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, dim=64, ffn_hidden=160, vocab_size=96, max_seq_len=32)
+    return trace_model(Llama(cfg), (torch.randint(0, 96, (2, 32)),))
+
+
+def test_estimate_prices_the_engines_norms_loss_and_optimizer(llama_graph) -> None:
+    from meshplan.planner.api import estimate_graph
+    from meshplan.planner.costing import GraphCoster
+
+    spec = dataclasses.replace(H100, kernel_floor_s=0.0)
+    kw = {"tp": 1, "pp": 1, "dp": 1, "global_batch_size": 2, "micro_batch_size": 2, "cluster": spec}
+    base = estimate_graph(llama_graph, 1, **kw)
+    eager = estimate_graph(llama_graph, 1, norm_kernel="eager", **kw)
+    foreach = estimate_graph(llama_graph, 1, optimizer_impl="foreach", **kw)
+    norms = [n for n in llama_graph.nodes if n.kind == "norm"]
+    assert len(norms) == 5  # two per block and the final one
+    extra = sum(sum(node_time(n, spec, norm_kernel="eager").__dict__.values()) - sum(node_time(n, spec).__dict__.values())
+                for n in norms)  # fmt: skip
+    assert eager.predicted.step_s - base.predicted.step_s == pytest.approx(extra, rel=1e-6)
+    params = sum(n.param_numel for n in llama_graph.nodes)
+    assert base.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec))
+    assert foreach.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec, impl="foreach"))
+    # the post layer carries the fp32 cross-entropy over the (untraced-loss) logits
+    coster = GraphCoster(llama_graph, spec)
+    post = coster.table(1, False, "none", 2).layers[-1]
+    nodes = llama_graph.nodes[post.node_start:post.node_end]
+    fwd = sum(node_time(n, spec, input_bytes=coster._in_bytes.get(n.id, 0)).fwd_s for n in nodes)
+    assert post.fwd_s - fwd == pytest.approx(loss_time_s(2 * 32, 96, spec)[0], rel=1e-6)
+    with pytest.raises(ValueError, match="optimizer_impl"):
+        estimate_graph(llama_graph, 1, optimizer_impl="apex", **kw)
+    with pytest.raises(ValueError, match="norm_kernel"):
+        estimate_graph(llama_graph, 1, norm_kernel="x", **kw)
