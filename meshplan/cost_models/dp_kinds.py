@@ -50,6 +50,32 @@ ZERO_STAGE: dict[str, int] = {"none": 0, "ddp": 0, "zero1": 1, "zero2": 2, "fsdp
 KIND_ORDER: tuple[str, ...] = ("ddp", "zero1", "zero2", "hsdp", "fsdp")
 
 
+#: whose model-state layout a configuration is costed with (``state_precision``)
+STATE_LAYOUTS: tuple[str, ...] = ("torch", "megatron", "zero")
+
+
+def state_precision(layout: str, dtype: str) -> str:
+    """The ``memory.PRECISIONS`` row of the model states an engine keeps when training in ``dtype``.
+
+    - "torch" (meshplan's runtime, torchtitan's FSDP2): parameters and optimizer states stay fp32
+      on every path, the compute dtype only in autocast / FSDP2's gathered copies
+      (``runtime/precision.py``; ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``):
+      "fp32" (4, 4, 0): ddp 16, zero1 8 + 8/d, zero2 4 + 12/d, fsdp 16/d bytes per parameter;
+    - "megatron" (Megatron-LM, Megatron-DeepSpeed): bf16/fp8 "bf16-fp32-grads" (18, 6 + 12/d),
+      fp16 "fp16-fp32-master-grads" (20, 4 + 16/d), fp32 "fp32" (16, 8 + 8/d): the README's
+      distributed-optimizer table;
+    - "zero" (the ZeRO paper's accounting, Rajbhandari et al. 2020 §3): 16-bit weights and
+      gradients + fp32 master copy, "bf16-mixed" (16, 4 + 12/d); fp32 "fp32".
+    """
+    if layout not in STATE_LAYOUTS:
+        raise ValueError(f"state layout {layout!r} unknown; use one of {STATE_LAYOUTS}")
+    if dtype in ("fp32", "float32") or layout == "torch":
+        return "fp32"
+    if layout == "megatron":
+        return "fp16-fp32-master-grads" if dtype == "fp16" else "bf16-fp32-grads"
+    return "bf16-mixed"
+
+
 def _check_kind(kind: str) -> None:
     if kind not in ZERO_STAGE:
         raise ValueError(f"dp_kind {kind!r} unknown; use one of {tuple(ZERO_STAGE)}")

@@ -25,6 +25,12 @@ PRECISIONS: dict[str, tuple[int, int, int]] = {
     "bf16-mixed": (2, 2, 4),  # ZeRO's "mixed precision": 16-bit weights/grads + fp32 master copy
     "fp16-mixed": (2, 2, 4),
     "bf16": (2, 2, 0),  # pure bf16 (no master copy)
+    # Megatron-LM bf16: bf16 weights, fp32 main gradients (arguments.py forces
+    # accumulate_allreduce_grads_in_fp32 for bf16), fp32 master weights in the optimizer
+    "bf16-fp32-grads": (2, 4, 4),
+    # Megatron-LM fp16: fp16 weights and gradients; the optimizer keeps fp32 master weights and
+    # fp32 copies of the gradients (4 + 4 in the master column)
+    "fp16-fp32-master-grads": (2, 2, 8),
 }
 #: optimizer -> state values per trainable parameter (each kept in fp32 for the mixed/fp32
 #: precisions, in bf16 for pure bf16)
@@ -65,7 +71,9 @@ def model_state_bytes(
         grads     = T·W          / (dp if zero ≥ 2 else 1)
         optimizer = T·(M + k·S)  / (dp if zero ≥ 1 else 1)
 
-    Mixed-precision Adam gives 2 + 2 + 12 = 16 bytes per parameter. ``zero=3`` is FSDP /
+    Mixed-precision Adam gives 2 + 2 + 12 = 16 bytes per parameter; Megatron-LM's layouts
+    ("bf16-fp32-grads" 2, 4, 4; "fp16-fp32-master-grads" 2, 2, 8) give its README's table
+    (distributed optimizer section): bf16 18 and 6 + 12/d, fp16 20 and 4 + 16/d. ``zero=3`` is FSDP /
     FULL_SHARD; frozen parameters (QLoRA's NF4 base, ``frozen_bytes_per_param`` ≈ 0.5) carry no
     gradient or optimizer state. ``param_count`` is per device after TP/PP division.
     Unit: bytes. Source: Rajbhandari et al. 2020 (ZeRO), §3 and §5.

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.allocator import PP_BUFFERS
+from meshplan.cost_models.dp_kinds import STATE_LAYOUTS
 from meshplan.cost_models.eager_ops import OPTIMIZER_IMPLS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
@@ -169,6 +170,7 @@ def estimate_graph(
     moe_folding: bool = False,
     norm_kernel: str = "fused",
     optimizer_impl: str = "fused",
+    state_layout: str = "torch",
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
@@ -196,7 +198,12 @@ def estimate_graph(
     the planner's own plans always are.
     ``norm_kernel`` ("fused", "eager") and ``optimizer_impl`` ("fused", "foreach") price an engine
     that runs its RMSNorm modules as the Python ops they are written in, or torch's multi-tensor
-    AdamW instead of the fused one (``cost_models.eager_ops``); the defaults are one fused kernel each."""
+    AdamW instead of the fused one (``cost_models.eager_ops``); the defaults are one fused kernel each.
+    ``state_layout`` (``dp_kinds.STATE_LAYOUTS``) prices the model states as meshplan's runtime keeps them ("torch": fp32 parameters, gradients and optimizer
+    states), as Megatron-LM does ("megatron": bf16 weights, fp32 main gradients, fp32 master weights:
+    its README's 18 / 6 + 12/d bytes per parameter) or as the ZeRO paper counts them ("zero")."""
+    if state_layout not in STATE_LAYOUTS:
+        raise ValueError(f"state_layout must be one of {', '.join(STATE_LAYOUTS)}, got {state_layout!r}")
     if ddp_impl not in DDP_IMPLS:
         raise ValueError(f"ddp_impl must be one of {', '.join(DDP_IMPLS)}, got {ddp_impl!r}")
     if pp_buffers not in PP_BUFFERS:
@@ -253,6 +260,7 @@ def estimate_graph(
                         split_rule=split_rule)  # fmt: skip
     searcher.ddp_impl = ddp_impl
     searcher.pp_buffers = pp_buffers
+    searcher.state_layout = state_layout
     searcher.moe_folding = bool(moe_folding)
     searcher.optimizer_impl = optimizer_impl
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)

@@ -26,6 +26,7 @@ from meshplan.cost_models.dp_kinds import (
     dp_comm,
     dp_state_bytes,
     shard_degree,
+    state_precision,
     unsharded_buffer_bytes,
 )
 from meshplan.cost_models.eager_ops import optimizer_step_s
@@ -95,7 +96,9 @@ class ConfigCosts:
         self.progress = progress or (lambda _msg: None)
         self.coster = coster or GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer)
         self.quant = self.coster.quant.mode != "none"
-        self._bpp0 = model_state_bytes(1.0, optimizer=optimizer)
+        # whose model-state layout (dp_kinds.STATE_LAYOUTS): "torch" = meshplan's runtime (fp32 parameters
+        # and optimizer states on every path); an engine's configuration is costed with its own
+        self.state_layout = "torch"
         # bytes per element of the gradients DP syncs and of the parameters FSDP gathers: the
         # training dtype (bf16 mixed precision: 2; fp32 training: 4)
         self._elem_bytes = 4 if dtype in ("fp32", "float32") else 2
@@ -128,7 +131,7 @@ class ConfigCosts:
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._prefix_cache: dict[int, dict[str, list[float]]] = {}
-        self._bpp_cache: dict[tuple[str, int], ModelStateBytes] = {}
+        self._bpp_cache: dict[tuple[str, int, int, str], ModelStateBytes] = {}
         self._rescues = 0
         self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
         self._kind_free_memo: dict[tuple, SimpleNamespace] = {}  # key: Config's fields but dp_kind, exact, runs
@@ -215,9 +218,19 @@ class ConfigCosts:
         s, z = self._shard(c), ZERO_STAGE[c.dp_kind]
         return (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
 
+    @property
+    def _precision(self) -> str:
+        """The ``memory.PRECISIONS`` row of the model states (``dp_kinds.state_precision``)."""
+        return state_precision(self.state_layout, self.dtype)
+
+    @property
+    def _bpp0(self) -> ModelStateBytes:
+        """Model-state bytes per parameter without sharding."""
+        return model_state_bytes(1.0, optimizer=self.optimizer, precision=self._precision)
+
     def _states(self, params: float, c: Config) -> float:
         return dp_state_bytes(params, c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node,
-                              optimizer=self.optimizer).total  # fmt: skip
+                              optimizer=self.optimizer, precision=self._precision).total  # fmt: skip
 
     def _optimizer_s(self, params: float, c: Config) -> float:
         """Optimizer step on the rank's shard with gradient-norm clipping, memory bound
@@ -317,10 +330,11 @@ class ConfigCosts:
         return self._prefix_cache[key]
 
     def _state_bytes_per_param(self, c: Config) -> ModelStateBytes:
-        key = (c.dp_kind, c.dp, c.tp)
+        key = (c.dp_kind, c.dp, c.tp, self.state_layout)
         if key not in self._bpp_cache:
             self._bpp_cache[key] = dp_state_bytes(1.0, c.dp_kind, c.dp, stride=c.tp, optimizer=self.optimizer,
-                                                  devices_per_node=self.cluster.devices_per_node)  # fmt: skip
+                                                  devices_per_node=self.cluster.devices_per_node,
+                                                  precision=self._precision)  # fmt: skip
         return self._bpp_cache[key]
 
     def split_layers(self, c: Config) -> list[Any]:

@@ -406,8 +406,10 @@ class GraphCoster:
     ) -> LayerCost:
         """``layer`` with its model-state bytes, trainable count and QAT saved bytes under quantization."""
         q = self.quant
-        precision = "fp32" if self.dtype == "fp32" else "bf16-mixed"
-        wb = 4.0 if precision == "fp32" else 2.0
+        # the runtime keeps parameters and optimizer states fp32 on every path (dp_kinds.state_precision
+        # "torch"); the training dtype sets the bytes of the compute copies (wb)
+        precision = "fp32"
+        wb = 4.0 if self.dtype == "fp32" else 2.0
 
         def shard_of(n: GraphNode) -> int:
             return sol.node_shard.get(n.id, 1) if n.kind in ("linear", "embedding", "matmul") else 1

@@ -85,6 +85,7 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
     v = int(ex.get("interleave") or 1)
     schedule = ex.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b")
     sp = ex.get("sequence_parallel")
+    engine = case_engine(case)
     return {
         "tp": tp, "pp": pp, "dp": dp, "micro_batch_size": micro, "global_batch_size": B,
         "recompute": _recompute(tr.get("recompute")), "dp_kind": kind if dp > 1 else None,
@@ -104,13 +105,33 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         # how the engine cuts the layers into stages (partition.engine_split.SPLIT_RULES): Megatron-LM
         # 2021 gives each pipeline rank l/PP layers ("even"); "any" lets meshplan choose the cut
         "split_rule": str(ex.get("split_rule") or "any") if pp > 1 else "any",
-        # whose pipeline runtime holds per-microbatch buffers (allocator.PP_BUFFERS): torchtitan runs
-        # torch.distributed.pipelining; Megatron-LM's p2p holds none beyond the stage inputs
-        "pp_buffers": "torch" if "torchtitan" in str(case.get("group", "")).lower() else "megatron",
+        # whose pipeline runtime holds per-microbatch buffers (allocator.PP_BUFFERS) and whose
+        # model-state layout (dp_kinds.STATE_LAYOUTS) the run had: case_engine
+        "pp_buffers": "torch" if engine == "torch" else "megatron", "state_layout": engine,
         # Megatron-Core's MoE parallel folding where the row ran it (--expert-tensor-parallel-size 1 with
         # --sequence-parallel): tokens per tp rank / tp, the ep group on consecutive GPUs (cost_models/epcp.py)
         "moe_folding": bool(ex.get("moe_folding")),
     }  # fmt: skip
+
+
+#: words of a case's group / source naming the engine family it ran on (``case_engine``)
+_ENGINE_WORDS = (
+    ("torch", ("torchtitan", "llm-foundry", "mosaicml", "fsdp2")),
+    ("megatron", ("megatron", "nemo", "mcore", "megascale", "bloom", "deepspeed", "mt-nlg")),
+)
+
+
+def case_engine(case: dict[str, Any]) -> str:
+    """The engine family a published run used, from its group and source text: "torch"
+    (torchtitan, llm-foundry: torch.distributed.pipelining, fp32 parameters and optimizer states,
+    sharded by FSDP), "megatron" (Megatron-LM, NeMo, Megatron-DeepSpeed: bf16 weights + fp32 main
+    gradients + fp32 master weights, p2p without kept buffers), else "zero" (the ZeRO paper's
+    2 + 2 + 12 accounting, for engines whose layout is not published)."""
+    text = f"{case.get('group', '')} {case.get('source', '')}".lower()
+    for engine, words in _ENGINE_WORDS:
+        if any(w in text for w in words):
+            return engine
+    return "zero"
 
 
 def measured_tokens_per_gpu(case: dict[str, Any]) -> float | None:

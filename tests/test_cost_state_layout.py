@@ -1,0 +1,60 @@
+"""Model-state bytes per parameter as each engine keeps them (``dp_kinds.state_precision``):
+meshplan's runtime (fp32 parameters and optimizer states), Megatron-LM (its README's table) and
+the ZeRO paper's accounting, and the planner pricing each."""
+
+from __future__ import annotations
+
+import pytest
+from planner_fixtures import gpt_graph
+
+from meshplan.cost_models.dp_kinds import dp_state_bytes, state_precision
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.planner.api import estimate_graph
+
+
+def _per_param(layout: str, dtype: str, kind: str, dp: int) -> float:
+    return dp_state_bytes(1.0, kind, dp, precision=state_precision(layout, dtype)).total
+
+
+@pytest.mark.parametrize("d", [2, 8, 64])
+def test_megatron_readme_distributed_optimizer_table(d: int) -> None:
+    # Megatron-LM README, "Distributed Optimizer": bytes per parameter, non-distributed / distributed
+    assert _per_param("megatron", "fp16", "ddp", d) == 20 and _per_param("megatron", "fp16", "zero1", d) == 4 + 16 / d
+    assert _per_param("megatron", "bf16", "ddp", d) == 18 and _per_param("megatron", "bf16", "zero1", d) == 6 + 12 / d
+    assert _per_param("megatron", "fp32", "ddp", d) == 16 and _per_param("megatron", "fp32", "zero1", d) == 8 + 8 / d
+
+
+@pytest.mark.parametrize("d", [2, 8, 64])
+def test_torch_runtime_keeps_fp32_parameters_as_master_weights(d: int) -> None:
+    # runtime/precision.py: parameters and optimizer states stay fp32 (autocast / FSDP2 param_dtype)
+    assert _per_param("torch", "bf16", "ddp", d) == 16
+    assert _per_param("torch", "bf16", "zero1", d) == 8 + 8 / d  # ZeroRedundancyOptimizer shards Adam only
+    assert _per_param("torch", "bf16", "zero2", d) == 4 + 12 / d
+    assert _per_param("torch", "bf16", "fsdp", d) == 16 / d
+    # the ZeRO paper's accounting (16-bit weights and gradients + fp32 master copy)
+    assert _per_param("zero", "bf16", "zero1", d) == 4 + 12 / d and _per_param("zero", "fp32", "ddp", d) == 16
+    with pytest.raises(ValueError, match="state layout"):
+        state_precision("deepspeed", "bf16")
+
+
+def test_planner_prices_each_engines_states() -> None:
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
+    kw = dict(tp=1, pp=1, dp=8, global_batch_size=8, micro_batch_size=1, cluster=ClusterSpec.preset("h100"))
+    plans = {(lay, kind): estimate_graph(g, 8, dp_kind=kind, state_layout=lay, **kw)
+             for lay in ("torch", "megatron", "zero") for kind in ("ddp", "zero1")}  # fmt: skip
+
+    def states(p) -> float:
+        b = p.predicted.mem_breakdown
+        return b["params"] + b["grads"] + b["optimizer"]
+
+    n = g.param_count
+    assert states(plans["torch", "ddp"]) == pytest.approx(16 * n, rel=1e-6)
+    assert states(plans["megatron", "ddp"]) == pytest.approx(18 * n, rel=1e-6)
+    assert states(plans["torch", "zero1"]) == pytest.approx((8 + 8 / 8) * n, rel=1e-6)
+    assert states(plans["megatron", "zero1"]) == pytest.approx((6 + 12 / 8) * n, rel=1e-6)
+    assert states(plans["zero", "zero1"]) == pytest.approx((4 + 12 / 8) * n, rel=1e-6)
+    # the peak moves by exactly the states' difference (same activations)
+    diff = max(plans["megatron", "ddp"].predicted.peak_mem_bytes) - max(plans["torch", "ddp"].predicted.peak_mem_bytes)
+    assert diff == pytest.approx(2 * n, abs=8)
+    with pytest.raises(ValueError, match="state_layout"):
+        estimate_graph(g, 8, dp_kind="ddp", state_layout="nope", **kw)
