@@ -22,6 +22,7 @@ node name in that GraphModule. The same model and input shapes always give the s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from meshplan.tracing.annotate import NodeRecord, propagate
 from meshplan.tracing.blocks import cut_points, find_blocks
 from meshplan.tracing.build import ParamIndex, build_nodes, model_meta
 from meshplan.tracing.capture import Captured, capture_with
+from meshplan.tracing.dynamo_free import dynamo_free
 from meshplan.tracing.fold_probe import fold_views
 from meshplan.tracing.module_tree import block_fqns, param_modules
 from meshplan.tracing.moe import moe_capture, moe_meta
@@ -188,7 +190,8 @@ def trace_model(
     cuts = cut_points(nodes, blocks)
     params = list(model.parameters())
     meta = model_meta(model, nodes, blocks)
-    folded = fold_views(cap.root, cap.inputs, cap.prefix, skip=copies)
+    with dynamo_free() if cap.kind == "fx" else nullcontext():
+        folded = fold_views(cap.root, cap.inputs, cap.prefix, skip=copies, meta=cap.kind == "fx")
     if folded:
         meta["tp_fold_views"] = folded
     meta["module_lists"] = block_fqns(model)

@@ -1,49 +1,30 @@
-"""Run a captured graph node by node on fake tensors: output shapes, dtypes, bytes and FLOPs.
+"""Run a captured graph node by node on shape-only tensors: output shapes, dtypes, bytes and FLOPs.
 
-Every parameter, buffer and input is replaced by a fake CPU tensor of the same shape, stride and
-dtype (``FakeTensorMode``), so a meta-device model (a 175B-shaped GPT) is annotated without
-allocating any storage. FLOPs come from ``torch.utils.flop_counter.FlopCounterMode`` read before
-and after each node; CPU scaled-dot-product attention is registered through ``custom_mapping``
-(FlopCounterMode counts it as 0 otherwise), with ``sdpa_flop_count`` / ``sdpa_backward_flop_count``.
+Every parameter, buffer and input is replaced by a tensor of the same shape, stride and dtype
+without storage, so a meta-device model (a 175B-shaped GPT) is annotated without allocating
+anything: meta tensors for an fx capture (nothing else to import), fake CPU tensors
+(``FakeTensorMode``) for an exported graph, whose devices are baked into its asserts. FLOPs come
+from ``tracing.flops.FlopCount`` read before and after each node (FlopCounterMode's formulas and
+numbers, without importing torch._dynamo); the meta device runs attention as its math (two
+batched products, the same FLOPs as the fused kernel's formula).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils import flop_counter as fc
 from torch.utils._pytree import tree_leaves
 
 from meshplan.tracing import moe
 from meshplan.tracing.classify import TensorMeta, is_leaf_class
+from meshplan.tracing.dynamo_free import dynamo_free
+from meshplan.tracing.flops import FlopCount
 from meshplan.tracing.reuse import ReusePlan
-
-aten = torch.ops.aten
-
-
-def _sdpa_cpu_fwd(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    return fc.sdpa_flop_count(query, key, value)
-
-
-def _sdpa_cpu_bwd(
-    grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any
-) -> int:
-    return fc.sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-def flop_mapping() -> dict[Any, Any]:
-    """FlopCounterMode's own formulas plus CPU flash attention forward and backward."""
-    m: dict[Any, Any] = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_fwd, **moe.flop_mapping()}
-    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-    if bwd is not None:
-        m[bwd] = _sdpa_cpu_bwd
-    return m
 
 
 @dataclass
@@ -146,13 +127,14 @@ class _Recorder(fx.Interpreter):
     read outside the copy get a value (a fresh fake of the template output's metadata).
     """
 
-    def __init__(self, gm: fx.GraphModule, counter: fc.FlopCounterMode, memo_leaves: bool,
-                 reuse: ReusePlan | None = None) -> None:
+    def __init__(self, gm: fx.GraphModule, counter: FlopCount, memo_leaves: bool,
+                 reuse: ReusePlan | None = None, to_fake: Any = None) -> None:
         super().__init__(gm)
         self.counter = counter
+        self.to_fake = to_fake  # a tensor constant of the graph (not a parameter or buffer) -> its fake
         self.records: dict[fx.Node, NodeRecord] = {}
         self.memo_leaves = memo_leaves
-        self.memo: dict[Any, tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int]] = {}
+        self.memo: dict[Any, tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, int]] = {}
         self.copy_of = reuse.node_copy() if reuse else {}
         self.attr_of = {a: t for c in reuse.copies for a, t in c.attrs.items()} if reuse else {}
         self.templates = {c.template[0]: c for c in reuse.copies} if reuse else {}
@@ -165,7 +147,13 @@ class _Recorder(fx.Interpreter):
         self.fallbacks: list[str] = []
 
     def _total(self) -> int:
-        return int(sum(self.counter.flop_counts["Global"].values()))
+        return self.counter.total
+
+    def fetch_attr(self, target: str) -> Any:
+        out = super().fetch_attr(target)
+        if self.to_fake is not None and isinstance(out, torch.Tensor) and out.device.type != "meta":
+            return self.to_fake(out)
+        return out
 
     def _reuse(self, n: fx.Node) -> tuple[bool, Any]:
         """(handled, value) for a node of a block copy."""
@@ -217,8 +205,8 @@ class _Recorder(fx.Interpreter):
                 key = (type(mod), mod.extra_repr(), params, _sig(args), _sig(sorted(kwargs.items())))
                 hit = self.memo.get(key)
                 if hit is not None:
-                    shape, stride, dtype, flops = hit
-                    out = torch.empty_strided(shape, stride, dtype=dtype)
+                    shape, stride, dtype, device, flops = hit
+                    out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
                     self.records[n] = NodeRecord([tensor_meta(out)], flops)
                     self._note_template(n, out)
                     return out
@@ -227,7 +215,7 @@ class _Recorder(fx.Interpreter):
         flops = self._total() - before
         self.records[n] = NodeRecord(metas_of(out), flops, isinstance(out, torch.Tensor))
         if key is not None and isinstance(out, torch.Tensor):
-            self.memo[key] = (tuple(out.shape), tuple(out.stride()), out.dtype, flops)
+            self.memo[key] = (tuple(out.shape), tuple(out.stride()), out.dtype, out.device, flops)
         self._note_template(n, out)
         return out
 
@@ -246,31 +234,49 @@ def propagate(
 ) -> dict[fx.Node, NodeRecord]:
     """Run ``gm`` on fakes of ``example_inputs`` and its own state; one NodeRecord per node.
 
-    Fakes live on the CPU (so CPU kernels and their FLOP formulas apply) unless ``keep_device``:
-    an exported graph has its tensors' devices baked into asserts, so it keeps them. ``reuse``
+    Fakes are meta tensors unless ``keep_device``: an exported graph has its tensors' devices baked
+    into asserts, so it runs on fake tensors of those devices (``FakeTensorMode``). ``reuse``
     (``tracing.reuse.plan_reuse``): block copies annotated from their template; ``report`` gets
     "reused" (copies not run) and "fallbacks" (copies run because their inputs differed).
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes: dict[int, torch.Tensor] = {}
-
-    def to_fake(t: torch.Tensor) -> torch.Tensor:
-        f = fakes.get(id(t))
-        if f is None:
-            with mode:
-                f = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype,
-                                        device=t.device if keep_device else "cpu")
-            fakes[id(t)] = f
-        return f
-
+    to_fake, mode = fake_maker(keep_device)
     args = [to_fake(x) if isinstance(x, torch.Tensor) else x for x in tree_leaves(example_inputs)]
-    counter = fc.FlopCounterMode(display=False, custom_mapping=flop_mapping())
-    rec = _Recorder(gm, counter, memo_leaves=not keep_device, reuse=reuse)
+    counter = FlopCount(moe.flop_mapping())
+    rec = _Recorder(gm, counter, memo_leaves=not keep_device, reuse=reuse, to_fake=None if keep_device else to_fake)
     skip = tuple(c.prefix for c in reuse.copies) if reuse else ()
-    with _fake_state(gm, to_fake, skip) as swap, torch.no_grad(), mode, counter:
+    quiet = nullcontext() if keep_device else dynamo_free()
+    with quiet, _fake_state(gm, to_fake, skip) as swap, torch.no_grad(), mode, counter:
         rec.swap = swap
         rec.run(*args)
     if report is not None:
         report["reused"] = rec.reused
         report["fallbacks"] = rec.fallbacks
     return rec.records
+
+
+def fake_maker(keep_device: bool = False, device: str | None = None) -> tuple[Any, Any]:
+    """(``to_fake(tensor)``, the context to run under): a storage-less stand-in of each tensor (the
+    same one for the same tensor). Meta tensors under ``torch.device("meta")`` (so factory calls
+    without a device make meta tensors too); with ``keep_device`` (or a ``device``) fake tensors of
+    the tensor's own device (of ``device``) under a ``FakeTensorMode``, which imports torch._dynamo."""
+    fakes: dict[int, torch.Tensor] = {}
+    fake = keep_device or device is not None
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode: Any = FakeTensorMode(allow_non_fake_inputs=True)
+    else:
+        mode = torch.device("meta")
+
+    def to_fake(t: torch.Tensor) -> torch.Tensor:
+        f = fakes.get(id(t))
+        if f is None:
+            if fake:
+                with mode:
+                    f = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device or t.device)
+            else:
+                f = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+            fakes[id(t)] = f
+        return f
+
+    return to_fake, mode

@@ -78,12 +78,14 @@ def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
 
 
-def fold_views(root: nn.Module, inputs: Sequence[Any], prefix: str = "", skip: Sequence[str] = ()) -> list[str]:
+def fold_views(root: nn.Module, inputs: Sequence[Any], prefix: str = "", skip: Sequence[str] = (),
+               meta: bool = False) -> list[str]:
     """User FQNs of linears whose head split folds the sequence on a column shard (see above).
 
     ``skip``: FQNs of repeated-block copies (``tracing.reuse``) whose tensors need not be faked: a
     probe stops inside the first instance of its kind, before any copy runs; a probe that reaches
-    a copy is run again with everything faked."""
+    a copy is run again with everything faked. ``meta``: probe on meta tensors (an fx capture,
+    as ``annotate.propagate`` runs it, without importing torch._dynamo) instead of fake CPU ones."""
     import logging
 
     out: list[str] = []
@@ -91,7 +93,7 @@ def fold_views(root: nn.Module, inputs: Sequence[Any], prefix: str = "", skip: S
     level = flog.level
     flog.setLevel(logging.CRITICAL)
     try:
-        _probe_all(root, prefix, out, inputs, tuple(skip))
+        _probe_all(root, prefix, out, inputs, tuple(skip), meta)
     finally:
         flog.setLevel(level)
     return out
@@ -107,17 +109,11 @@ def _signature(root: nn.Module, name: str, lin: nn.Module) -> tuple[str, str, tu
     return type(root.get_submodule(parent)).__qualname__, attr, tuple(w.shape) if w is not None else ()
 
 
-def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[Any], skip: tuple[str, ...]) -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[Any], skip: tuple[str, ...],
+               meta: bool) -> None:
+    from meshplan.tracing.annotate import fake_maker
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes: dict[int, torch.Tensor] = {}
-
-    def to_fake(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in fakes:
-            with mode:
-                fakes[id(t)] = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
-        return fakes[id(t)]
+    to_fake, mode = fake_maker(keep_device=False) if meta else fake_maker(device="cpu")
 
     args = [to_fake(x) if isinstance(x, torch.Tensor) else x for x in tree_leaves(tuple(inputs))]
     wrapper = prefix.rstrip(".")

@@ -44,12 +44,14 @@ def load_graph(
     from meshplan.models import load_model
     from meshplan.models.registry import default_inputs
     from meshplan.trace import resolve_inputs, trace_model
+    from meshplan.tracing.dynamo_free import dynamo_free
 
     say(f"building {spec} on the meta device")
-    built = load_model(spec, device="meta")
-    inputs = built.example_inputs
-    if seq is not None:
-        inputs = default_inputs(built.model, batch_size=1, seq_len=seq, device="meta") or inputs
+    with dynamo_free():  # meta tensor ops in a constructor (rotary tables) would import torch._dynamo
+        built = load_model(spec, device="meta")
+        inputs = built.example_inputs
+        if seq is not None:
+            inputs = default_inputs(built.model, batch_size=1, seq_len=seq, device="meta") or inputs
     if input_shapes is not None:
         inputs = resolve_inputs(built.model, None, input_shapes)
     if use_cache and key is None:
