@@ -1,6 +1,6 @@
 """Predicted vs measured step throughput and memory on the published runs in ``meshplan/data/published_cases.json``.
 
-    python benchmarks/published_cases.py [--only PREFIX] [--gain] [--efficiency h100=0.55 ...]
+    python benchmarks/published_cases.py [--only PREFIX] [--gain] [--same-mechanisms] [--efficiency h100=0.55 ...]
     python benchmarks/published_cases.py --timing [--only PREFIX]
 
 Each run is costed with ``estimate_graph`` at the authors' configuration (``planner.
@@ -14,7 +14,10 @@ Compared quantities: throughput per GPU in tokens/s, which does not depend on a 
 peak memory where the source reports it (torchtitan: peak reserved, compared with the predicted
 peak + the allocator's fragmentation share). Cases whose time is marked not comparable (Float8
 GEMMs, not costed) count for memory only. ``--gain`` also runs ``autoparallel`` on the same
-cluster and batch and prints its predicted gain over the authors' configuration and why.
+cluster and batch and prints its predicted gain over the authors' configuration and why;
+``--same-mechanisms`` searches again with the authors' own recompute kind, DP kind, schedule
+family and stage split (``published_estimate.same_mechanisms``), so a gain splits into what
+planning the degrees and microbatch gives and what the mechanisms the authors lacked add.
 Prints the median |error| of each.
 
 ``--timing`` instead plans every case (context-parallel groups included) with ``plan_graph`` on
@@ -38,7 +41,7 @@ from meshplan.planner import published_estimate as pe
 EFFICIENCY: dict[str, float] = {}
 
 
-def run_case(case: dict[str, Any], gain: bool = False) -> dict[str, Any]:
+def run_case(case: dict[str, Any], gain: bool = False, same: bool = False) -> dict[str, Any]:
     from meshplan.models.published import case_graph
 
     g = case_graph(case)
@@ -54,6 +57,9 @@ def run_case(case: dict[str, Any], gain: bool = False) -> dict[str, Any]:
     r = pe.estimate_case(case, g)
     if gain:
         r.update(pe.autoparallel_gain(case, g, r["plan"]))
+    if same:
+        own = pe.autoparallel_gain(case, g, r["plan"], restrict=True)
+        r.update({f"own_{k}": v for k, v in own.items()})
     return r
 
 
@@ -95,6 +101,9 @@ def main() -> None:
                     help="override a preset's matmul_efficiency, e.g. h100=0.55")  # fmt: skip
     ap.add_argument("--only", default="", help="only cases whose id starts with this prefix")
     ap.add_argument("--gain", action="store_true", help="also run autoparallel and print its predicted gain")
+    ap.add_argument("--same-mechanisms", action="store_true",
+                    help="also search with the authors' own recompute kind, DP kind, schedule family and stage split "
+                         "(degrees and microbatch free) and print that plan's predicted gain")  # fmt: skip
     ap.add_argument("--timing", action="store_true", help="print each case's measured planning time instead")
     args = ap.parse_args()
     if args.timing:
@@ -108,11 +117,14 @@ def main() -> None:
     # expert-parallel (MoE) runs are costed here, their model traced as a MoE (models/published.py)
     cases = load_published_cases()
     cp_groups = {c["group"] for c in cases if (c["expert_config"].get("cp") or 1) > 1}
-    rows = [run_case(c, args.gain) for c in cases if c["id"].startswith(args.only) and c["group"] not in cp_groups]
+    rows = [run_case(c, args.gain, args.same_mechanisms) for c in cases
+            if c["id"].startswith(args.only) and c["group"] not in cp_groups]  # fmt: skip
     head = ("| run | GPUs | config | measured tok/s/GPU | predicted tok/s/GPU | time error | measured GiB | "
             "predicted GiB | memory error | fits |")  # fmt: skip
     if args.gain:
         head += " autoparallel plan | predicted gain | why |"
+    if args.same_mechanisms:
+        head += " plan with the authors' mechanisms | predicted gain | why |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
@@ -123,6 +135,8 @@ def main() -> None:
                 f"{'yes' if r['fits'] else 'no'} |")  # fmt: skip
         if args.gain:
             line += f" {r['auto_config']} | {r['gain']:.2f}x | {r['why']} |"
+        if args.same_mechanisms:
+            line += f" {r['own_auto_config']} | {r['own_gain']:.2f}x | {r['own_why']} |"
         print(line)
     errs = [abs(r["err"]) for r in rows if r["err"] is not None and r["time_comparable"]]
     timed = [r for r in rows if r["err"] is not None and r["time_comparable"]]

@@ -48,6 +48,11 @@ def test_case_setup_gives_the_script_configuration() -> None:
     assert (inter["tp"], inter["pp"], inter["dp"], inter["micro_batch_size"]) == (8, 35, 9, 1)
     assert inter["schedule"] == "interleaved-1f1b" and inter["virtual_stages"] == 3
     assert inter["ddp_impl"] == "local" and inter["split_rule"] == "even" and inter["dp_kind"] == "ddp"
+    assert inter["pp_scatter_gather"] is True
+    from meshplan.planner.published_estimate import same_mechanisms
+
+    assert same_mechanisms(by["megsc21-530b-a100-2520gpu"]) == {
+        "recompute": ("full",), "dp_kinds": ("ddp",), "schedules": ("1f1b", "interleaved-1f1b"), "split_rule": "even"}
     one_t = case_setup(by["megsc21-1t-a100-3072gpu"])
     assert one_t["schedule"] == "1f1b" and one_t["virtual_stages"] in (None, 1) and one_t["pp"] == 64
     spec = case_cluster(by["megsc21-1t-a100-3072gpu"])
@@ -67,3 +72,28 @@ def test_an_interleaved_row_is_costed_with_its_configuration() -> None:
     assert plan.schedule == "interleaved-1f1b" and plan.recompute == "full" and plan.dtype == "fp16"
     assert r["fits"] and r["meas_tok"] > 0 and r["pred_tok"] > 0
     assert plan.predicted.bubble_s > 0 and plan.predicted.dp_comm_s > 0  # local DDP: exposed after backward
+
+
+def test_megatron_scatter_gather_sends_a_tp_slice_and_gathers_it_in_the_node() -> None:
+    """``estimate_graph(pp_scatter_gather=True)``: without SP each tp rank sends 1/tp of the stage's
+    boundary activation over the link and the receiving tp group all-gathers it over NVLink
+    (SC'21 §4.1); under SP the activation is already 1/tp per rank and nothing changes."""
+    from planner_fixtures import gpt_graph
+
+    from meshplan.cost_models.comm import collective_time_s, p2p_time_s
+    from meshplan.cost_models.hardware import ClusterSpec
+    from meshplan.planner.api import estimate_graph
+
+    g = gpt_graph(layers=4, h=2048, heads=16, seq=2048)
+    spec = ClusterSpec.preset("a100-80g", num_nodes=2, devices_per_node=2)  # pipeline ranks on two nodes
+    kw = dict(tp=2, pp=2, dp=1, global_batch_size=8, micro_batch_size=1, cluster=spec, dtype="fp16")
+    whole = estimate_graph(g, 4, sequence_parallel=False, **kw)
+    split = estimate_graph(g, 4, sequence_parallel=False, pp_scatter_gather=True, **kw)
+    sb = whole.stages[0].send_bytes
+    assert sb > 0 and split.stages[0].send_bytes == sb
+    assert whole.stages[0].send_s == pytest.approx(p2p_time_s(sb, spec, crosses_nodes=True))
+    want = p2p_time_s(sb / 2, spec, crosses_nodes=True) + collective_time_s("all_gather", sb, 2, spec, ranks_per_node=2)
+    assert split.stages[0].send_s == pytest.approx(want) and want < whole.stages[0].send_s
+    assert split.predicted.compute_s == whole.predicted.compute_s
+    sp = [estimate_graph(g, 4, sequence_parallel=True, pp_scatter_gather=f, **kw).stages[0].send_s for f in (False, True)]
+    assert sp[0] == sp[1]

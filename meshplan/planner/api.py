@@ -171,6 +171,7 @@ def estimate_graph(
     norm_kernel: str = "fused",
     optimizer_impl: str = "fused",
     state_layout: str = "torch",
+    pp_scatter_gather: bool = False,
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
@@ -201,7 +202,10 @@ def estimate_graph(
     AdamW instead of the fused one (``cost_models.eager_ops``); the defaults are one fused kernel each.
     ``state_layout`` (``dp_kinds.STATE_LAYOUTS``) prices the model states as meshplan's runtime keeps them ("torch": fp32 parameters, gradients and optimizer
     states), as Megatron-LM does ("megatron": bf16 weights, fp32 main gradients, fp32 master weights:
-    its README's 18 / 6 + 12/d bytes per parameter) or as the ZeRO paper counts them ("zero")."""
+    its README's 18 / 6 + 12/d bytes per parameter) or as the ZeRO paper counts them ("zero").
+    ``pp_scatter_gather`` prices the stage-to-stage sends as Megatron-LM's scatter/gather runs them
+    without SP (1/tp of the activation per tp rank over the link, then an all-gather in the
+    receiving stage's tp group; SC'21 §4.1); False is meshplan's runtime (the whole activation)."""
     if state_layout not in STATE_LAYOUTS:
         raise ValueError(f"state_layout must be one of {', '.join(STATE_LAYOUTS)}, got {state_layout!r}")
     if ddp_impl not in DDP_IMPLS:
@@ -263,6 +267,7 @@ def estimate_graph(
     searcher.state_layout = state_layout
     searcher.moe_folding = bool(moe_folding)
     searcher.optimizer_impl = optimizer_impl
+    searcher.pp_scatter_gather = bool(pp_scatter_gather)
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
     if moe_folding:
         sp = tp > 1  # folding runs under sequence parallelism (checked above when pinned)

@@ -127,6 +127,10 @@ class ConfigCosts:
         self.moe_folding = False
         # how the engine runs the optimizer update (cost_models.eager_ops.OPTIMIZER_IMPLS; estimate_graph sets it)
         self.optimizer_impl = "fused"
+        # Megatron-LM's scatter/gather between pipeline stages (SC'21 §4.1, an engine costing option of
+        # estimate_graph): without SP each tp rank sends 1/tp of the boundary activation and the
+        # receiving stage all-gathers it inside its node; meshplan's runtime sends it whole
+        self.pp_scatter_gather = False
         self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}

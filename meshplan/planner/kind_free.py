@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from meshplan.cost_models.allocator import pipeline_buffer_bytes
-from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
+from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
 from meshplan.planner.pipeline_time import inflight, makespan_lower_bound, simulated_makespan
@@ -87,6 +87,9 @@ def kind_free_terms(
     crosses: dict[tuple[int, int], bool] = {}  # per pair of pipeline ranks
     send_s: dict[tuple[int, bool], float] = {}  # per (bytes, crosses nodes): most stages send the same
     st_send = []
+    # Megatron-LM's scatter/gather (``ConfigCosts.pp_scatter_gather``): a 1/tp slice per tp rank over
+    # the link, then an all-gather of the whole activation over the receiving stage's tp group
+    sg_tp = c.tp if ev.pp_scatter_gather and c.tp > 1 and not c.sequence_parallel else 1
     for i, sb in enumerate(st_sendb):
         if not sb:
             st_send.append(0.0)
@@ -98,7 +101,8 @@ def kind_free_terms(
                 crosses[pair] = p2p_crosses_nodes(pair[0], pair[1], stride, dpn)
             cross = crosses[pair]
         if (sb, cross) not in send_s:
-            send_s[sb, cross] = p2p_time_s(sb, ev.cluster, crosses_nodes=cross)
+            send_s[sb, cross] = p2p_time_s(sb / sg_tp, ev.cluster, crosses_nodes=cross) + (collective_time_s(
+                "all_gather", sb, sg_tp, ev.cluster, ranks_per_node=min(sg_tp, dpn)) if sg_tp > 1 else 0.0)  # fmt: skip
         st_send.append(send_s[sb, cross])
     on_rank: list[list[int]] = [[] for _ in ranks]
     for s_, r_ in enumerate(placement):

@@ -111,6 +111,8 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         # Megatron-Core's MoE parallel folding where the row ran it (--expert-tensor-parallel-size 1 with
         # --sequence-parallel): tokens per tp rank / tp, the ep group on consecutive GPUs (cost_models/epcp.py)
         "moe_folding": bool(ex.get("moe_folding")),
+        # Megatron-LM's scatter/gather of the stage-to-stage activations (on by default from 2021)
+        "pp_scatter_gather": bool(ex.get("pp_scatter_gather")),
     }  # fmt: skip
 
 
@@ -215,15 +217,31 @@ def why_faster(expert: Any, auto: Any) -> str:
     return f"{', '.join(changes) or 'same configuration'}: {'; '.join(saved) or 'no term shrinks by 0.5 %'}"
 
 
-def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any) -> dict[str, Any]:
+#: the pipeline schedules of an engine that ran 1F1B or interleaved 1F1B (Megatron-LM before zero bubble)
+_ONE_F_ONE_B = ("1f1b", "interleaved-1f1b")
+
+
+def same_mechanisms(case: dict[str, Any]) -> dict[str, Any]:
+    """``plan_graph`` keywords that keep the search to the authors' own mechanisms: their recompute
+    kind, their data-parallel kind, their schedule family (1F1B and interleaved 1F1B where they ran
+    either) and their engine's stage split; degrees and microbatch stay free. A gain found under
+    these is a planning gain (degrees, microbatch), not one of a mechanism the authors lacked."""
+    setup = case_setup(case)
+    sched = setup["schedule"]
+    return {"recompute": (setup["recompute"],), "dp_kinds": (setup["dp_kind"] or "ddp",),
+            "schedules": _ONE_F_ONE_B if sched in _ONE_F_ONE_B else (sched,), "split_rule": setup["split_rule"]}  # fmt: skip
+
+
+def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any, *, restrict: bool = False) -> dict[str, Any]:
     """``plan_graph`` on the case's cluster, batch and precision: its predicted speed-up over
-    the authors' configuration (costed by the same model) and why (``why_faster``)."""
+    the authors' configuration (costed by the same model) and why (``why_faster``); with
+    ``restrict`` the search keeps the authors' mechanisms (``same_mechanisms``)."""
     from meshplan.planner.api import plan_graph
 
     setup = case_setup(case)
     spec = case_cluster(case)
     auto = plan_graph(graph, spec.num_devices, cluster=spec, global_batch_size=setup["global_batch_size"],
-                      dtype=setup["dtype"])  # fmt: skip
+                      dtype=setup["dtype"], **(same_mechanisms(case) if restrict else {}))  # fmt: skip
     gain = expert_plan.predicted.step_s / auto.predicted.step_s
     return {"auto_config": _config(auto), "gain": gain, "why": why_faster(expert_plan, auto) if gain > 1.0 else "—",
             "auto_plan": auto}  # fmt: skip
