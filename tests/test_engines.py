@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from planner_fixtures import gpt_graph
 
-from meshplan.commands.engine_cost import cost_spec
+from meshplan.commands.engine_cost import VOCAB_PARALLEL_ENGINES, cost_spec
 from meshplan.engines import deepspeed, megatron, torchtitan
 from meshplan.engines.spec import CAPS, EngineSpec, nearest, spec_from_plan, unsupported
 from meshplan.planner.api import estimate_graph
@@ -46,7 +46,10 @@ def _export(engine: str, spec: EngineSpec) -> str:
 
 @pytest.mark.parametrize("engine", list(CASES))
 def test_round_trip_keeps_layout_and_predicted_cost(engine: str, graph) -> None:
-    plan = estimate_graph(graph, 8, global_batch_size=32, cluster="h100", **CASES[engine])
+    # costed as the engine runs it on both sides of the round trip: its stage-split rule and its
+    # token-embedding layout (an "any" split may leave a stage only the head and loss)
+    plan = estimate_graph(graph, 8, global_batch_size=32, cluster="h100", split_rule=CAPS[engine].split,
+                          vocab_parallel_embedding=engine in VOCAB_PARALLEL_ENGINES, **CASES[engine])  # fmt: skip
     spec = spec_from_plan(plan)
     assert not unsupported(spec, engine), unsupported(spec, engine)
     back = _parse(engine, _export(engine, spec), 8, 8)
@@ -57,7 +60,7 @@ def test_round_trip_keeps_layout_and_predicted_cost(engine: str, graph) -> None:
     assert (s.micro_batch_size, s.num_microbatches, s.global_batch_size) == (
         plan.micro_batch_size, plan.num_microbatches, plan.global_batch_size)
     assert (s.recompute, s.dp_kind, s.dtype) == (plan.recompute, plan.dp_kind, plan.dtype)
-    again = cost_spec(graph, s, "h100")
+    again = cost_spec(graph, s, "h100", engine)
     assert again.predicted.step_s == pytest.approx(plan.predicted.step_s, rel=1e-9)
     assert again.predicted.peak_mem_bytes == plan.predicted.peak_mem_bytes
 
