@@ -125,7 +125,7 @@ def plan_graph(
         dp_kinds=tuple(dp_kinds) if dp_kinds else None,
     )  # fmt: skip
     res = searcher.run(exhaustive=exhaustive)
-    if not searcher.configs():
+    if not res.candidates:  # (run raises first; kept for a search that enumerates nothing)
         raise ValueError(_no_config_reason(f, world_size, B, graph))
     if res.best is None:
         raise NoFeasiblePlanError(

@@ -13,6 +13,7 @@ count the quantized layout. No torch import.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -39,7 +40,7 @@ from meshplan.execution_rules import epcp_rule
 from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
-from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params_saved
+from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params
 from meshplan.planner.search_types import (
     RECOMPUTE_CHOICES,
     SCHEDULE_CHOICES,
@@ -142,6 +143,10 @@ class ConfigCosts:
         self._other_kinds_memo: dict[Config, list[Config]] = {}
         self._epcp_nodes = [n for n in self.g.nodes if n.kind in ("moe", "attention")]  # what EP/CP terms read
         self._epcp_memo: dict[tuple, EPCPPrefix] = {}
+        self._epcp_node_memo: dict[tuple, EPCPTerms] = {}  # one node's terms (EPCPPrefix memo)
+        self._epcp_whole: dict[tuple, EPCPTerms] = {}  # the whole model's terms per _epcp_prefix key
+        self._states_memo: dict[tuple, float] = {}  # lower_bound's model states per (params, kind, dp, tp)
+        self._lb_memo: dict[tuple, tuple[float, float, dict[str, list[float]]]] = {}  # lower_bound's kind-free part
         self._sp_choice: dict[int, bool] = {}
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
@@ -179,15 +184,20 @@ class ConfigCosts:
                          quantized=self.quant, sequence_parallel=bool(self.fixed.get("sequence_parallel")),
                          capture=self.g.capture)
 
+    def _epcp_key(self, c: Config) -> tuple:
+        """What ``c``'s EP/CP terms depend on (the dp degree only under MoE parallel folding)."""
+        return (c.cp, c.ep, c.micro_batch, c.tp, c.recompute, self.moe_folding, c.dp if self.moe_folding else 0)
+
     def _epcp_prefix(self, c: Config) -> EPCPPrefix:
         """The EP/CP terms of every MoE / attention node for ``c``'s degrees, prefix-summed (memoized)."""
-        key = (c.cp, c.ep, c.micro_batch, c.tp, c.recompute, self.moe_folding, c.dp if self.moe_folding else 0)
+        key = self._epcp_key(c)
         if key not in self._epcp_memo:
             self._epcp_memo[key] = EPCPPrefix(
                 self.g, self.cluster, self._epcp_nodes, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch,
                 dtype=self.dtype, capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes, tp=c.tp,
                 recompute=c.recompute, stride=c.tp,  # ep and cp groups: dc-row positions, tp apart
-                folding=self.moe_folding, dp=c.dp)  # folded: the ep group laid out on its own
+                folding=self.moe_folding, dp=c.dp,  # folded: the ep group laid out on its own
+                memo=self._epcp_node_memo, copies=self._epcp_copies)
         return self._epcp_memo[key]
 
     def has_epcp(self, c: Config) -> bool:
@@ -203,9 +213,28 @@ class ConfigCosts:
             return m.edp, m.edp_stride
         return c.dp * c.cp // c.ep, c.tp * c.ep
 
+    @functools.cached_property
+    def _epcp_copies(self) -> list[tuple]:
+        """Per EP/CP node, a key equal for the nodes at the same place of repeated layers of one type
+        (the cost table's prototype layers, ``GraphCoster.table``: a block's copies cost the same)."""
+        where: dict[int, tuple] = {}
+        for _name, a, b, _kind, tid in self.coster.ranges:
+            if tid:
+                for i in range(a, b):
+                    where[i] = (tid, b - a, i - a)
+        return [where.get(n.id, ("node", n.id)) for n in self._epcp_nodes]
+
+    @functools.cached_property
+    def _expert_params(self) -> float:
+        """All experts' parameters of the graph (``epcp_cost.expert_params``)."""
+        return expert_params(self.g, self._epcp_nodes)
+
     def _epcp(self, c: Config) -> EPCPTerms:
         """The whole model's EP/CP terms per microbatch (``planner.epcp_cost.epcp_terms``)."""
-        return self._epcp_prefix(c).terms(0, len(self.g.nodes))
+        key = self._epcp_key(c)
+        if key not in self._epcp_whole:
+            self._epcp_whole[key] = self._epcp_prefix(c).terms(0, len(self.g.nodes))
+        return self._epcp_whole[key]
 
     def _epcp_stages(self, c: Config, t: CostTable, runs: list[tuple[int, int]]) -> list[EPCPTerms]:
         """``_epcp`` per pipeline stage: over the MoE / attention nodes of the stage's layers."""
@@ -285,19 +314,27 @@ class ConfigCosts:
 
     def lower_bound(self, c: Config) -> tuple[float, float]:
         """(step-time lower bound, memory lower bound) without splitting or simulating."""
-        t = self._table(c)
-        P = self._prefix(t)
-        work = P["f"][-1] + P["b"][-1] + P["w"][-1]
-        if self.has_epcp(c):  # the stages' EP/CP terms sum to the model's (the expert-read saving is <= 0)
-            work += self._epcp(c).per_microbatch_s
-        avg_params = (P["params"][-1] - expert_params_saved(self.g, c.ep, self._epcp_nodes)) / c.pp  # ep: E/ep experts per rank
+        key = (c.tp, c.sequence_parallel, c.recompute, c.micro_batch, c.cp, c.ep, c.dp if self.moe_folding else 0)
+        if key not in self._lb_memo:  # what does not depend on pp, m, the schedule or the DP kind
+            t = self._table(c)
+            P = self._prefix(t)
+            work = P["f"][-1] + P["b"][-1] + P["w"][-1]
+            if self.has_epcp(c):  # the stages' EP/CP terms sum to the model's (the expert-read saving is <= 0)
+                work += self._epcp(c).per_microbatch_s
+            saved = self._expert_params * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
+            self._lb_memo[key] = (work, P["params"][-1] - saved, P)
+        work, params, P = self._lb_memo[key]
+        avg_params = params / c.pp  # ep: E/ep experts per rank
         if self.quant:  # only trainable parameters are synced and stepped
             dv = self._zero_divs(c)
             step = c.num_microbatches * work / c.pp + self._optimizer_s(P["train"][-1] / c.pp, c)
             mem = (P["sp"][-1] / dv[0] + P["sg"][-1] / dv[1] + P["so"][-1] / dv[2]) / c.pp
         else:
             step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
-            mem = self._states(avg_params, c)
+            skey = (avg_params, c.dp_kind, c.dp, c.tp)
+            if skey not in self._states_memo:
+                self._states_memo[skey] = self._states(avg_params, c)
+            mem = self._states_memo[skey]
         if c.schedule == "gpipe" and c.pp > 1:
             mem += c.num_microbatches * P["act"][-1] / c.pp
         return step, mem

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.epcp import (
@@ -149,14 +150,48 @@ _SUMMED = ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_par
            "cp_forward_s", "fold_s")
 
 
+def _node_key(n: GraphNode, kw: dict[str, Any]) -> tuple:
+    """What one node's ``epcp_terms`` depend on besides the node: a MoE node's on ``micro_batch / cp``
+    (its tokens on the rank), ep and the group stride, under MoE parallel folding at tp > 1 also on
+    tp, dp and cp (its share of the tokens, the folded expert mesh), never on the recompute kind; an
+    attention node's on cp, micro_batch, tp, the stride and whether the forward is re-run, not on ep.
+    Whether any term is costed at all is part of the key."""
+    mine = ("cp", "ep", "micro_batch", "tp", "recompute", "stride", "dp", "folding")
+    rest = tuple(sorted((k, v) for k, v in kw.items() if k not in mine))
+    cp, ep, tp, mb = int(kw["cp"]), int(kw["ep"]), int(kw.get("tp", 1)), kw["micro_batch"]
+    fold = bool(kw.get("folding")) and tp > 1
+    on = cp * ep > 1 or fold  # epcp_terms returns nothing otherwise
+    stride = kw.get("stride", 0)
+    if n.kind == "moe":
+        folded = (tp, kw.get("dp", 1), cp) if fold else None
+        return (on, "moe", ep, mb / cp, stride, folded, rest)
+    return (on, "attention", cp, mb, tp, kw.get("recompute", "none") != "none", stride, rest)
+
+
 class EPCPPrefix:
     """``epcp_terms`` of any run of consecutive nodes in O(log n): the terms of each MoE / attention
     node once (one configuration's degrees), prefix-summed in node order. ``terms(lo, hi)`` equals
-    ``epcp_terms(..., nodes=[n for n in nodes if lo <= n.id < hi])``."""
+    ``epcp_terms(..., nodes=[n for n in nodes if lo <= n.id < hi])``.
 
-    def __init__(self, graph: ModelGraph, cluster: ClusterSpec, nodes: list[GraphNode], **kw: object) -> None:
+    ``memo`` (shared across configurations) with ``copies`` (per node, a key equal for the nodes at
+    the same place of identical repeated layers: ``ConfigCosts._epcp_copies``) costs each node once
+    per what its terms depend on (``_node_key``): configurations that differ only in ep (attention
+    nodes), only in the recompute kind or in cp at the same tokens per rank (MoE nodes) share them,
+    and a repeated block's copies share their template's."""
+
+    def __init__(self, graph: ModelGraph, cluster: ClusterSpec, nodes: list[GraphNode], *,
+                 memo: dict[tuple, EPCPTerms] | None = None, copies: list[Hashable] | None = None,
+                 **kw: Any) -> None:
         self.ids = [n.id for n in nodes]
-        per = [epcp_terms(graph, cluster, nodes=[n], **kw) for n in nodes]  # type: ignore[arg-type]
+        if memo is None or copies is None:
+            per = [epcp_terms(graph, cluster, nodes=[n], **kw) for n in nodes]
+        else:
+            per = []
+            for n, copy in zip(nodes, copies, strict=True):
+                key = (copy, _node_key(n, kw))
+                if key not in memo:
+                    memo[key] = epcp_terms(graph, cluster, nodes=[n], **kw)
+                per.append(memo[key])
         self.acc: dict[str, list[float]] = {}
         for name in _SUMMED:
             acc = [0.0]
