@@ -75,3 +75,19 @@ def test_a_differing_block_exports_every_block(monkeypatch: pytest.MonkeyPatch) 
     off = trace_model(model, (IDS,))
     assert any(ln.startswith("exporting every block") for ln in lines), lines
     _assert_identical(on, off)
+
+
+def test_planning_export_skips_stack_traces_only() -> None:
+    """Planning exports without the per-node Python stacks (and compiles export's intermediate graph
+    modules lazily): the same graph; the runtime's export keeps its stacks and runs like the model."""
+    import torch.fx.config as fx_config
+
+    root = HFLogits(_llama(2).eval())
+    runtime = export_capture(root, (IDS,))
+    planning = export_capture(root, (IDS,), stack_traces=False)
+    assert _nodes(planning) == _nodes(runtime)
+    assert any(n.meta.get("stack_trace") for n in runtime.graph.nodes)
+    assert not any(n.meta.get("stack_trace") for n in planning.graph.nodes)
+    assert fx_config.do_not_emit_stack_traces is False  # restored
+    with torch.no_grad():
+        torch.testing.assert_close(runtime(IDS), root(IDS), rtol=0, atol=0)

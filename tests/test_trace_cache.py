@@ -54,6 +54,13 @@ def test_zoo_graph_cached_and_plans_identical(tmp_path: Path, monkeypatch: pytes
     assert C.spec_key("models.py:make", None) is None
 
 
+def test_graph_json_text_is_asdicts(tmp_path: Path) -> None:
+    """ModelGraph.to_json skips asdict's deep copy; the stored text must be exactly asdict's."""
+    g = load_graph("gpt-tiny", cache=C.GraphCache(tmp_path), use_cache=False)
+    g.meta["probe"] = {"nested": [C.GraphCache.__name__, (1, 2)], "node": g.nodes[0]}  # a dataclass in meta too
+    assert g.to_json() == json.dumps(g.to_dict())
+
+
 def test_factory_key_follows_the_model(tmp_path: Path) -> None:
     store = C.GraphCache(tmp_path / "cache")
     f = tmp_path / "mymodel.py"
