@@ -103,6 +103,14 @@ def model_state_bytes(
     return ModelStateBytes(params, grads, opt)
 
 
+#: what a column-parallel linear saves for backward under sequence parallelism: "gathered" =
+#: torch's TP (DTensor ``ColwiseParallel(input_layouts=Shard(1))`` / ``PrepareModuleInput``, the
+#: all-gather runs before the linear, which saves its whole input: meshplan's runtime, torchtitan);
+#: "shard" = Megatron-LM (``LinearWithGradAccumulationAndAsyncCommunication`` saves the sequence
+#: shard and all-gathers it again in backward; Korthikanti et al. 2022 §4.2.2, eq. 4)
+SP_SAVES: tuple[str, ...] = ("gathered", "shard")
+
+
 def _check_recompute(recompute: str) -> None:
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute {recompute!r} unknown; use one of {RECOMPUTE}")

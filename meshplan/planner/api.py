@@ -172,6 +172,7 @@ def estimate_graph(
     optimizer_impl: str = "fused",
     state_layout: str = "torch",
     pp_scatter_gather: bool = False,
+    sp_saves: str = "gathered",
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
@@ -200,12 +201,15 @@ def estimate_graph(
     ``norm_kernel`` ("fused", "eager") and ``optimizer_impl`` ("fused", "foreach") price an engine
     that runs its RMSNorm modules as the Python ops they are written in, or torch's multi-tensor
     AdamW instead of the fused one (``cost_models.eager_ops``); the defaults are one fused kernel each.
-    ``state_layout`` (``dp_kinds.STATE_LAYOUTS``) prices the model states as meshplan's runtime keeps them ("torch": fp32 parameters, gradients and optimizer
-    states), as Megatron-LM does ("megatron": bf16 weights, fp32 main gradients, fp32 master weights:
-    its README's 18 / 6 + 12/d bytes per parameter) or as the ZeRO paper counts them ("zero").
+    ``state_layout`` (``dp_kinds.STATE_LAYOUTS``) prices the model states as meshplan's runtime
+    keeps them ("torch": fp32 parameters, gradients and optimizer states), as Megatron-LM does
+    ("megatron": bf16 weights, fp32 main gradients, fp32 master weights: its README's 18 / 6 + 12/d bytes per parameter) or as the ZeRO paper counts them ("zero").
     ``pp_scatter_gather`` prices the stage-to-stage sends as Megatron-LM's scatter/gather runs them
     without SP (1/tp of the activation per tp rank over the link, then an all-gather in the
-    receiving stage's tp group; SC'21 §4.1); False is meshplan's runtime (the whole activation)."""
+    receiving stage's tp group; SC'21 §4.1); False is meshplan's runtime (the whole activation).
+    ``sp_saves`` (``memory.SP_SAVES``) prices what a column-parallel linear saves under sequence
+    parallelism: its all-gathered input as torch's TP runs it ("gathered": meshplan's runtime,
+    torchtitan) or its sequence shard, re-gathered in backward ("shard": Megatron-LM)."""
     if state_layout not in STATE_LAYOUTS:
         raise ValueError(f"state_layout must be one of {', '.join(STATE_LAYOUTS)}, got {state_layout!r}")
     if ddp_impl not in DDP_IMPLS:
@@ -259,7 +263,8 @@ def estimate_graph(
         raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} and the model's experts ({experts or 'none: not a MoE'})")
     t0 = time.perf_counter()
     coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, loss_kernel=loss_kernel,
-                         vocab_parallel_embedding=vocab_parallel_embedding, norm_kernel=norm_kernel)  # fmt: skip
+                         vocab_parallel_embedding=vocab_parallel_embedding, norm_kernel=norm_kernel,
+                         sp_saves=sp_saves)  # fmt: skip
     searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
                         split_rule=split_rule)  # fmt: skip
     searcher.ddp_impl = ddp_impl

@@ -42,7 +42,12 @@ from dataclasses import dataclass, field, replace
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
 from meshplan.cost_models.eager_ops import NORM_KERNELS, loss_time_s
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.memory import loss_buffer_bytes, node_activation_bytes, recompute_transient_bytes
+from meshplan.cost_models.memory import (
+    SP_SAVES,
+    loss_buffer_bytes,
+    node_activation_bytes,
+    recompute_transient_bytes,
+)
 from meshplan.cost_models.precision import activation_dtype
 from meshplan.cost_models.quant_nodes import node_quant_cost, quant_node_time, quant_state_bytes
 from meshplan.graph import GraphNode, ModelGraph
@@ -144,7 +149,12 @@ class GraphCoster:
         loss_kernel: str | None = None,
         vocab_parallel_embedding: bool = False,
         norm_kernel: str = "fused",
+        sp_saves: str = "gathered",
     ):
+        if sp_saves not in SP_SAVES:
+            raise ValueError(f"sp_saves must be one of {', '.join(SP_SAVES)}, got {sp_saves!r}")
+        # memory.SP_SAVES: what a column-parallel linear saves under sequence parallelism
+        self.sp_saves = sp_saves
         if norm_kernel not in NORM_KERNELS:
             raise ValueError(f"norm_kernel must be one of {', '.join(NORM_KERNELS)}, got {norm_kernel!r}")
         self.norm_kernel = norm_kernel  # eager_ops.NORM_KERNELS: how the engine runs an RMSNorm module
@@ -346,13 +356,16 @@ class GraphCoster:
         in_bytes = 0.0  # layer input in the traced dtype (what full recompute keeps)
         if first_cut is not None:
             in_bytes = sum(self.g.nodes[i].out_bytes for i in first_cut.crossing)
-        # torchtitan and the runtime checkpoint op-level only the repeated blocks
-        rc = recompute if recompute != "op" or kind == "block" else "none"
+        # what is checkpointed is the repeated blocks: torchtitan's apply_ac wraps model.layers,
+        # Megatron-LM recomputes inside its transformer block, meshplan's runtime wraps the children
+        # of the ModuleLists at pp = 1 (runtime/recompute.py); the embedding, final norm and head keep
+        # their activations. A graph without repeated blocks is one checkpointed segment (full).
+        rc = recompute if kind == "block" or (recompute != "op" and not self.g.blocks) else "none"
 
         def kept(mode: str) -> float:
             return node_activation_bytes(
                 nodes, tp=sol.tp, sp=sol.sequence_parallel, recompute=mode, batch_scale=scale,
-                hidden=self.g.meta.get("hidden"), seq_len=seq, shard_of=lambda n: _saved_shard(n, sol),
+                hidden=self.g.meta.get("hidden"), seq_len=seq, shard_of=lambda n: _saved_shard(n, sol, self.sp_saves),
                 input_bytes=in_bytes, elem_scale=elem, out_shard_of=lambda n: _out_shard(n, sol),
             )  # fmt: skip
 
@@ -459,14 +472,17 @@ def _out_shard(n: GraphNode, sol: GraphTPSolution) -> int:
     return sol.tp if sol.node_state.get(n.id, "R") in ("S", "Q") else 1
 
 
-def _saved_shard(n: GraphNode, sol: GraphTPSolution) -> int:
-    """What a node saves are its inputs: split by tp when they arrive sharded (S, P, Q)."""
+def _saved_shard(n: GraphNode, sol: GraphTPSolution, sp_saves: str = "gathered") -> int:
+    """What a node saves are its inputs: split by tp when they arrive sharded (S, P, Q). A linear
+    whose input arrives sequence-sharded (Q) takes it all-gathered (Q -> R): under torch's TP it
+    saves the gathered input (``memory.SP_SAVES`` "gathered"), under Megatron-LM the shard."""
     if sol.tp == 1:
         return 1
     if sol.node_shard.get(n.id, 1) > 1 and n.kind not in ("linear",):
         return sol.tp
+    sharded = ("S", "P") if n.kind == "linear" and sp_saves == "gathered" else ("S", "Q", "P")
     for i in n.inputs:
-        if sol.node_state.get(i, "R") in ("S", "Q", "P"):
+        if sol.node_state.get(i, "R") in sharded:
             return sol.tp
     return 1
 

@@ -108,6 +108,8 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         # whose pipeline runtime holds per-microbatch buffers (allocator.PP_BUFFERS) and whose
         # model-state layout (dp_kinds.STATE_LAYOUTS) the run had: case_engine
         "pp_buffers": "torch" if engine == "torch" else "megatron", "state_layout": engine,
+        # what a column-parallel linear saves under SP (memory.SP_SAVES): torch's TP the gathered input
+        "sp_saves": "gathered" if engine == "torch" else "shard",
         # Megatron-Core's MoE parallel folding where the row ran it (--expert-tensor-parallel-size 1 with
         # --sequence-parallel): tokens per tp rank / tp, the ep group on consecutive GPUs (cost_models/epcp.py)
         "moe_folding": bool(ex.get("moe_folding")),
