@@ -181,6 +181,7 @@ def test_megatron_arguments_carry_folding():
     assert megatron.parse(args, 64).spec.moe_folding is False  # ETP defaults to TP (arguments.py)
     spec = megatron.parse(args + " --expert-tensor-parallel-size 1", 64).spec
     assert spec.moe_folding is True and "--expert-tensor-parallel-size 1" in megatron.export(spec)
+    assert any("MoE parallel folding" in n for n in megatron.parse(args + " --expert-tensor-parallel-size 1", 64).notes)
     assert megatron.parse(args + " --expert-tensor-parallel-size 4", 64).spec.moe_folding is False
     with pytest.raises(ValueError, match="sequence-parallel"):
         megatron.parse(args.replace("--sequence-parallel ", "") + " --expert-tensor-parallel-size 1", 64)

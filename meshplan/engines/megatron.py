@@ -157,4 +157,8 @@ def parse(text: str, world_size: int) -> Imported:
         dp_kind=dp_kind if dp > 1 else "none", dtype=dtype, num_layers=layers, layers_per_stage=lps,
         moe_folding=folding,
     )  # fmt: skip
-    return Imported(spec, unknown, ignored)
+    notes = ["--expert-tensor-parallel-size 1 with --sequence-parallel: costed as Megatron-Core's MoE parallel "
+             f"folding (each tp rank routes its 1/{tp} of the tokens over {ep} consecutive GPUs, expert gradients "
+             "over the expert data-parallel group); meshplan's own plans are costed as its runtime runs EP "
+             "(no folding)"] if folding else []
+    return Imported(spec, unknown, ignored, notes)
