@@ -11,12 +11,15 @@ import pytest
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.eager_ops import (
     ADAM_UPDATE_BYTES,
+    ATTENTION_IMPLS,
     CLIP_BYTES,
     LOSS_PASS_BYTES,
     eager_rmsnorm_s,
     loss_time_s,
     optimizer_step_s,
+    unfused_attention_s,
 )
+from meshplan.cost_models.efficiency import gemm_shape_factor
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode
 
@@ -79,6 +82,47 @@ def test_optimizer_step_by_implementation() -> None:
     assert ADAM_UPDATE_BYTES["foreach"] > ADAM_UPDATE_BYTES["fused"] > CLIP_BYTES
     with pytest.raises(ValueError, match="optimizer_impl"):
         optimizer_step_s(p, H100, impl="apex")
+
+
+def test_unfused_attention_materializes_the_scores() -> None:
+    # Megatron-LM 2021 at seq 2048, 16 sequences x 24 heads, head dim 96, fp16 on A100
+    a100 = dataclasses.replace(ClusterSpec.preset("a100-80g"), kernel_floor_s=0.0)
+    bh, s, d = 16 * 24, 2048, 96
+    bw = a100.mem_bw_bytes_per_s * a100.mem_efficiency
+    score = bh * s * s
+    f, b = unfused_attention_s(bh, s, d, a100, impl="unfused", dtype="fp16", dropout=False)
+    # QK^T (K = d = 96) is memory bound on its 2-byte score write; PV is bound by its FLOPs
+    qk = max(2 * score * d / (312e12 * a100.matmul_efficiency * gemm_shape_factor(bh * s, s, d, 108)), 2 * score / bw)
+    assert qk == pytest.approx(2 * score / bw)
+    pv = 2 * score * d / (312e12 * a100.matmul_efficiency * gemm_shape_factor(bh * s, d, s, 108))
+    pv = max(pv, 2 * score / bw)
+    assert f == pytest.approx(qk + pv + 4 * score / bw)  # + the fused softmax: read 2, write 2
+    assert b == pytest.approx(qk + 3 * pv + 6 * score / bw)  # dP, dV, dQ, dK; softmax backward r r w
+    # dropout adds 2 + 2 + 1 bytes each way, the 2020 unfused mask fill 2 + 2 more
+    f_d, b_d = unfused_attention_s(bh, s, d, a100, impl="unfused", dtype="fp16")
+    assert (f_d - f, b_d - b) == pytest.approx((5 * score / bw, 5 * score / bw))
+    f_e, b_e = unfused_attention_s(bh, s, d, a100, impl="eager", dtype="fp16")
+    assert (f_e - f_d, b_e - b_d) == pytest.approx((4 * score / bw, 4 * score / bw))
+    assert ATTENTION_IMPLS == ("flash", "unfused", "eager")
+    with pytest.raises(ValueError, match="attention_impl"):
+        unfused_attention_s(bh, s, d, a100, impl="flash")
+
+
+def test_node_time_prices_an_attention_node_without_a_flash_kernel() -> None:
+    a100 = ClusterSpec.preset("a100-80g")
+    n = GraphNode(
+        id=3, name="sdpa", op="call_function", kind="attention", target="scaled_dot_product_attention", inputs=(0, 1, 2),
+        out_shape=(2, 16, 2048, 128), out_dtype="bfloat16", out_bytes=2 * 16 * 2048 * 128 * 2,
+        fwd_flops=4 * 2 * 16 * 2048 * 2048 * 128, attrs={"num_heads": 16, "seq_len": 2048, "head_dim": 128, "is_causal": True},
+    )  # fmt: skip
+    flash = node_time(n, a100, batch_scale=2)
+    unf = node_time(n, a100, batch_scale=2, shard=2, attention_impl="unfused")
+    f, b = unfused_attention_s(2 * 2 * 16 / 2, 2048, 128, a100, impl="unfused", dtype="bf16")
+    assert (unf.fwd_s, unf.bwd_input_s, unf.bwd_weight_s) == pytest.approx((f, b, 0.0))
+    # the flash kernel skips the masked half and never writes the scores: far cheaper
+    assert node_time(n, a100, batch_scale=2, attention_impl="unfused").total_s > 2 * flash.total_s
+    with pytest.raises(ValueError, match="attention_impl"):
+        node_time(n, a100, attention_impl="sdpa")
 
 
 torch = pytest.importorskip("torch")

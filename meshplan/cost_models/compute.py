@@ -27,7 +27,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from meshplan.cost_models.eager_ops import NORM_KERNELS, eager_rmsnorm_s, is_python_rmsnorm, norm_numel
+from meshplan.cost_models.eager_ops import (
+    ATTENTION_IMPLS,
+    NORM_KERNELS,
+    eager_rmsnorm_s,
+    is_python_rmsnorm,
+    norm_numel,
+    unfused_attention_s,
+)
 from meshplan.cost_models.efficiency import (
     ATTENTION_REF_SHAPE,
     attention_shape_factor,
@@ -223,6 +230,7 @@ def node_time(
     style: str | None = None,
     is_head: bool = False,
     norm_kernel: str = "fused",
+    attention_impl: str = "flash",
 ) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of ``node`` on one device.
 
@@ -254,12 +262,16 @@ def node_time(
     (16-aligned, not ``is_head``) runs its three GEMMs at ``peak("fp8")`` plus the memory-bound
     scaling/cast bytes of ``fp8_cast_bytes``; everything else, and every tensor's bytes, is bf16. Unit: seconds.
     With ``norm_kernel="eager"`` an RMSNorm module runs as the Python ops it is written in
-    (``eager_ops.eager_rmsnorm_s``: fp32 upcast, 7 kernels forward), not as one fused pass.
+    (``eager_ops.eager_rmsnorm_s``: fp32 upcast, 7 kernels forward), not as one fused pass; with
+    ``attention_impl`` "unfused" / "eager" an attention node runs without a flash kernel, its
+    scores materialized (``eager_ops.unfused_attention_s``).
     Sources: roofline (Williams et al. 2009); B/W split (Qi et al. 2023, zero-bubble); NVIDIA
     Matrix Multiplication Background guide (tile/wave quantization); FlashAttention-2 (Dao 2023).
     """
     if norm_kernel not in NORM_KERNELS:
         raise ValueError(f"norm_kernel must be one of {', '.join(NORM_KERNELS)}, got {norm_kernel!r}")
+    if attention_impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, got {attention_impl!r}")
     if not isinstance(shard, int) or shard < 1:
         raise ValueError(f"shard must be a positive integer, got {shard!r}")
     if not batch_scale > 0:
@@ -275,6 +287,13 @@ def node_time(
         f, b, w = eager_rmsnorm_s(norm_numel(node.out_shape, batch_scale, shard), cluster, weight_grad=trainable)
         ov = cluster.bwd_op_overhead_s
         return NodeTime(f + cluster.op_overhead_s, b + ov, w + ov if w else 0.0)
+    a = node.attrs
+    if node.kind == "attention" and attention_impl != "flash" and a.get("num_heads") and a.get("seq_len"):
+        batch = (node.out_shape[0] if node.out_shape and len(node.out_shape) == 4 else 1) * batch_scale
+        hd = int(a.get("head_dim") or (node.out_shape[-1] if node.out_shape else 0) or 64)
+        f, b = unfused_attention_s(batch * a["num_heads"] / shard, int(a["seq_len"]), hd, cluster, impl=attention_impl,
+                                   dtype=activation_dtype(dtype), elem=dtype_bytes(activation_dtype(dtype)))  # fmt: skip
+        return NodeTime(f + cluster.op_overhead_s, b + cluster.bwd_op_overhead_s, 0.0)
     train_dtype, dtype = dtype, activation_dtype(dtype)  # fp8 training: bf16 tensors, fp8 GEMMs
     r = elem_scale(node.out_dtype, dtype)
     in_b = estimate_input_bytes(node) if input_bytes is None else input_bytes
@@ -289,7 +308,6 @@ def node_time(
         flops *= shaped[0]  # the kernel's work (a causal flash attention skips masked blocks)
         shaped = None if sized else shaped  # a measured per-size table sets the efficiency
     eff_f = matmul_efficiency_at(cluster, flops) if sized else (shaped[1] if shaped else None)
-    a = node.attrs
     fp8 = (train_dtype == "fp8" and node.kind == "linear"
            and fp8_eligible(a.get("in_features"), a.get("out_features"), is_head=is_head))  # fmt: skip
     cast = (0.0, 0.0, 0.0)

@@ -49,13 +49,31 @@ the head's 16-bit logits, ``V`` / vocab_shard columns per token), per logit elem
   all-reduce (a scalar) a sync point of latency only.
 
 An SGD step reads p, g and writes p (12 B), with momentum also reads and writes its buffer (20 B),
-under either implementation. No torch import.
+under either implementation.
+
+**Attention without a flash kernel** (``attention_impl``; engines before FlashAttention): the
+scores are materialized, ``B = batch · heads/tp`` matrices of ``s × s`` in the 16-bit dtype, and
+every kernel reads or writes them. Megatron-LM 2021 (``megatron/model/transformer.py`` at
+6985e58, SC'21): ``torch.baddbmm`` (QKᵀ, scaled) writes them, ``FusedScaleMaskSoftmax``
+(scale + causal mask + softmax, one kernel for s ≤ 2048) reads and writes them,
+``attention_dropout`` (p = 0.1, ``--attention-dropout`` default) reads them and writes them and
+a 1-byte mask, ``torch.bmm`` with V reads them ("unfused"); Megatron-LM 2020 (5281919) ran the
+scaled matmul, ``masked_fill_`` of the causal mask and ``torch.nn.Softmax`` as separate kernels
+(``"eager"``: one more read and write). Backward: ``dP = dO·Vᵀ`` writes, ``dV = Pᵀ·dO`` reads,
+dropout backward reads the gradient and the mask and writes, softmax backward reads P and the
+gradient and writes (eager: the mask fill's backward reads and writes once more), ``dQ`` and
+``dK`` each read the score gradient. The six GEMMs do the full ``s²`` work (no causal block
+skip): ``2·B·s²·d`` FLOPs each, each on the roofline with its ``s²`` operand's bytes, at
+``matmul_efficiency × gemm_shape_factor`` of its shape (QKᵀ and dP: M = s, N = s, K = d —
+memory bound at d ≤ 128 on every generation); ``"flash"`` (default) is the flash-attention
+costing of ``compute.shape_efficiencies``. No torch import.
 """
 
 from __future__ import annotations
 
 import math
 
+from meshplan.cost_models.efficiency import gemm_shape_factor
 from meshplan.cost_models.hardware import ClusterSpec
 
 NORM_KERNELS = ("fused", "eager")
@@ -142,3 +160,45 @@ def norm_numel(out_shape: tuple[int, ...] | None, batch_scale: float, shard: int
     if not out_shape:
         return 0.0
     return math.prod(out_shape) * batch_scale / shard
+
+
+ATTENTION_IMPLS = ("flash", "unfused", "eager")
+#: attention dropout of the unfused engines (Megatron-LM ``--attention-dropout`` default)
+ATTENTION_DROPOUT = True
+
+
+def _elementwise_score_bytes(impl: str, elem: int, dropout: bool) -> tuple[float, float]:
+    """Bytes per score element of the non-GEMM kernels of unfused attention (forward, backward)."""
+    fwd, bwd = 2.0 * elem, 3.0 * elem  # softmax (fused scale/mask in "unfused"): r w; backward r r w
+    if dropout:
+        fwd, bwd = fwd + 2 * elem + 1, bwd + 2 * elem + 1  # r w + 1-byte mask; backward r (mask) w
+    if impl == "eager":
+        fwd, bwd = fwd + 2 * elem, bwd + 2 * elem  # masked_fill_ and its backward
+    return fwd, bwd
+
+
+def unfused_attention_s(
+    bh: float, seq: int, head_dim: int, cluster: ClusterSpec, *, impl: str = "unfused", dtype: str = "bf16",
+    elem: int = 2, dropout: bool = ATTENTION_DROPOUT,
+) -> tuple[float, float]:
+    """(forward, backward) seconds of attention over ``bh`` score matrices of ``seq × seq`` (batch
+    × local heads) at ``head_dim`` without a flash kernel (module docstring): six full GEMMs on the
+    roofline and the softmax / dropout (/ mask) passes over the materialized scores."""
+    if impl not in ("unfused", "eager"):
+        raise ValueError(f"attention_impl must be 'unfused' or 'eager' here, got {impl!r}")
+    if bh <= 0 or seq < 1 or head_dim < 1:
+        raise ValueError(f"bh > 0, seq >= 1 and head_dim >= 1 needed, got {bh!r}, {seq!r}, {head_dim!r}")
+    s, d = float(seq), float(head_dim)
+    score_bytes = bh * s * s * elem
+    peak = cluster.peak(dtype)
+
+    def gemm(m: float, n: float, k: float) -> float:  # one batched GEMM touching the scores once
+        eff = cluster.matmul_efficiency * gemm_shape_factor(bh * m, n, k, cluster.sm_count)
+        return max(2 * bh * m * n * k / (peak * eff), score_bytes / _bw(cluster), cluster.kernel_floor_s)
+
+    qk, pv = gemm(s, s, d), gemm(s, d, s)  # QKᵀ writes the scores; PV reads them
+    ew_f, ew_b = _elementwise_score_bytes(impl, elem, dropout)
+    kf = 2 + (1 if dropout else 0) + (1 if impl == "eager" else 0)
+    fwd = qk + pv + _pass_s(bh * s * s * ew_f, kf, cluster)
+    bwd = qk + 3 * pv + _pass_s(bh * s * s * ew_b, kf, cluster)  # dP (s,s,d); dV, dQ, dK (·, d, s)
+    return fwd, bwd

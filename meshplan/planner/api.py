@@ -173,6 +173,7 @@ def estimate_graph(
     state_layout: str = "torch",
     pp_scatter_gather: bool = False,
     sp_saves: str = "gathered",
+    attention_impl: str = "flash",
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
@@ -209,7 +210,10 @@ def estimate_graph(
     receiving stage's tp group; SC'21 §4.1); False is meshplan's runtime (the whole activation).
     ``sp_saves`` (``memory.SP_SAVES``) prices what a column-parallel linear saves under sequence
     parallelism: its all-gathered input as torch's TP runs it ("gathered": meshplan's runtime,
-    torchtitan) or its sequence shard, re-gathered in backward ("shard": Megatron-LM)."""
+    torchtitan) or its sequence shard, re-gathered in backward ("shard": Megatron-LM).
+    ``attention_impl`` ("flash", "unfused", "eager") prices attention without a flash kernel, the
+    scores materialized as Megatron-LM 2021 ("unfused": baddbmm, fused scale-mask-softmax, dropout,
+    bmm) or 2020 ("eager": the mask and softmax as separate kernels) ran it."""
     if state_layout not in STATE_LAYOUTS:
         raise ValueError(f"state_layout must be one of {', '.join(STATE_LAYOUTS)}, got {state_layout!r}")
     if ddp_impl not in DDP_IMPLS:
@@ -264,7 +268,7 @@ def estimate_graph(
     t0 = time.perf_counter()
     coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, loss_kernel=loss_kernel,
                          vocab_parallel_embedding=vocab_parallel_embedding, norm_kernel=norm_kernel,
-                         sp_saves=sp_saves)  # fmt: skip
+                         sp_saves=sp_saves, attention_impl=attention_impl)  # fmt: skip
     searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
                         split_rule=split_rule)  # fmt: skip
     searcher.ddp_impl = ddp_impl

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
-from meshplan.cost_models.eager_ops import NORM_KERNELS, loss_time_s
+from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, loss_time_s
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import (
     SP_SAVES,
@@ -150,6 +150,7 @@ class GraphCoster:
         vocab_parallel_embedding: bool = False,
         norm_kernel: str = "fused",
         sp_saves: str = "gathered",
+        attention_impl: str = "flash",
     ):
         if sp_saves not in SP_SAVES:
             raise ValueError(f"sp_saves must be one of {', '.join(SP_SAVES)}, got {sp_saves!r}")
@@ -157,7 +158,10 @@ class GraphCoster:
         self.sp_saves = sp_saves
         if norm_kernel not in NORM_KERNELS:
             raise ValueError(f"norm_kernel must be one of {', '.join(NORM_KERNELS)}, got {norm_kernel!r}")
+        if attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, got {attention_impl!r}")
         self.norm_kernel = norm_kernel  # eager_ops.NORM_KERNELS: how the engine runs an RMSNorm module
+        self.attention_impl = attention_impl  # eager_ops.ATTENTION_IMPLS: flash, or the scores materialized
         self.g = graph
         # the engines' TP layout (tp_strategies): the token embedding always vocab-parallel
         self.vocab_parallel = vocab_parallel_embedding
@@ -328,7 +332,8 @@ class GraphCoster:
             s = sol.node_shard.get(n.id, 1)
             t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.train_dtype,
                           input_bytes=self._in_bytes.get(n.id, 0), style=sol.styles.get(n.module_fqn or ""),
-                          is_head=n.id in self._heads, norm_kernel=self.norm_kernel)  # fmt: skip
+                          is_head=n.id in self._heads, norm_kernel=self.norm_kernel,
+                          attention_impl=self.attention_impl)  # fmt: skip
             if quant and n.kind == "linear":
                 t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
                                     batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip

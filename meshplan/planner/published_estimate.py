@@ -102,6 +102,8 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         # (cost_models.eager_ops: "eager" Python RMSNorm, "foreach" multi-tensor AdamW)
         "norm_kernel": str(tr.get("norm_kernel") or "fused"),
         "optimizer_impl": str(tr.get("optimizer_impl") or "fused"),
+        # attention without a flash kernel where the row's engine had none (eager_ops.ATTENTION_IMPLS)
+        "attention_impl": str(tr.get("attention_impl") or "flash"),
         # how the engine cuts the layers into stages (partition.engine_split.SPLIT_RULES): Megatron-LM
         # 2021 gives each pipeline rank l/PP layers ("even"); "any" lets meshplan choose the cut
         "split_rule": str(ex.get("split_rule") or "any") if pp > 1 else "any",
