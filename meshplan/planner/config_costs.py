@@ -294,10 +294,11 @@ class ConfigCosts:
     def _expert_state_bytes_per_param(self, c: Config) -> ModelStateBytes:
         """Model-state bytes per expert parameter under folding: sharded over the expert dp group."""
         grp, gst = self.expert_dp_group(c)
-        key = (c.dp_kind, -grp, gst)
+        key = (c.dp_kind, -grp, gst, self.state_layout)  # the same engine layout as _state_bytes_per_param
         if key not in self._bpp_cache:
             self._bpp_cache[key] = dp_state_bytes(1.0, c.dp_kind, grp, stride=gst, optimizer=self.optimizer,
-                                                  devices_per_node=self.cluster.devices_per_node)  # fmt: skip
+                                                  devices_per_node=self.cluster.devices_per_node,
+                                                  precision=self._precision)  # fmt: skip
         return self._bpp_cache[key]
 
     def _pp_spans(self, c: Config) -> bool:
