@@ -91,7 +91,7 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         "recompute": _recompute(tr.get("recompute")), "dp_kind": kind if dp > 1 else None,
         "schedule": schedule if pp > 1 else "1f1b", "virtual_stages": v if pp > 1 else None,
         "sequence_parallel": bool(sp) if sp is not None else False, "dtype": _dtype(tr.get("precision")),
-        "loss_kernel": tr.get("loss_kernel"), "ep": int(ex.get("ep") or 1),
+        "loss_kernel": tr.get("loss_kernel") or _ENGINE_LOSS.get(engine), "ep": int(ex.get("ep") or 1),
         **({"capacity_factor": float(tr["capacity_factor"])} if tr.get("capacity_factor") else {}),
         # every engine of the published runs (Megatron-LM, torchtitan, llm-foundry at tp 1) shards the
         # token embedding over the vocabulary under TP
@@ -125,6 +125,12 @@ _ENGINE_WORDS = (
     ("torch", ("torchtitan", "llm-foundry", "mosaicml", "fsdp2")),
     ("megatron", ("megatron", "nemo", "mcore", "megascale", "bloom", "deepspeed", "mt-nlg")),
 )
+
+
+#: the cross-entropy an engine family runs when a case names none (memory.LOSS_KERNELS): Megatron-LM's
+#: VocabParallelCrossEntropy exponentiates its fp32 logits in place and saves that one buffer
+#: (core/tensor_parallel/cross_entropy.py); torch engines run F.cross_entropy (the cost model's default)
+_ENGINE_LOSS = {"megatron": "fused"}
 
 
 def case_engine(case: dict[str, Any]) -> str:
