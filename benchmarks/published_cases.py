@@ -58,7 +58,13 @@ def run_case(case: dict[str, Any], gain: bool = False, same: bool = False) -> di
     if gain:
         r.update(pe.autoparallel_gain(case, g, r["plan"]))
     if same:
-        own = pe.autoparallel_gain(case, g, r["plan"], restrict=True)
+        from meshplan.errors import NoFeasiblePlanError
+
+        try:
+            own = pe.autoparallel_gain(case, g, r["plan"], restrict=True)
+        except NoFeasiblePlanError as e:  # the authors' mechanisms under meshplan's runtime states
+            own = {"auto_config": "none fits (" + str(e).split(":", 1)[1].split(";")[0].strip() + ")",
+                   "gain": None, "why": "—"}  # fmt: skip
         r.update({f"own_{k}": v for k, v in own.items()})
     return r
 
@@ -136,7 +142,8 @@ def main() -> None:
         if args.gain:
             line += f" {r['auto_config']} | {r['gain']:.2f}x | {r['why']} |"
         if args.same_mechanisms:
-            line += f" {r['own_auto_config']} | {r['own_gain']:.2f}x | {r['own_why']} |"
+            own = "—" if r["own_gain"] is None else f"{r['own_gain']:.2f}x"
+            line += f" {r['own_auto_config']} | {own} | {r['own_why']} |"
         print(line)
     errs = [abs(r["err"]) for r in rows if r["err"] is not None and r["time_comparable"]]
     timed = [r for r in rows if r["err"] is not None and r["time_comparable"]]

@@ -29,7 +29,7 @@ GiB = 1024**3
 
 def case_cluster(case: dict[str, Any]) -> ClusterSpec:
     """The ClusterSpec of a case: its GPU's preset, overridden by the case's own hardware figures
-    (``mem_gb``, ``peak_tflops``, ``hbm_TBps``) where they differ from the preset's datasheet; a
+    (``mem_gb``, ``peak_tflops``, ``hbm_TBps``, ``inter_bw_GBps`` per GPU) where they differ from the preset's; a
     16-bit peak other than the preset's scales the float8 peak by the same clock ratio."""
     cl = case["cluster"]
     n, per_node = int(cl["n_gpus"]), int(cl["gpus_per_node"])
@@ -46,6 +46,8 @@ def case_cluster(case: dict[str, Any]) -> ClusterSpec:
             # the tensor clock sets every tensor-core rate: float8's peak scales with the 16-bit one
             fp8 = {"fp8": spec.peak_flops["fp8"] * peak / spec.peak_flops["bf16"]} if "fp8" in spec.peak_flops else {}
             changes["peak_flops"] = {**spec.peak_flops, **{k: peak for k in half}, **fp8}
+    if cl.get("inter_bw_GBps") and abs(cl["inter_bw_GBps"] * 1e9 - spec.inter_bw_bytes_per_s) > 0.5e9:
+        changes["inter_bw_bytes_per_s"] = float(cl["inter_bw_GBps"]) * 1e9  # per GPU, one direction
     if cl.get("hbm_TBps"):
         changes["mem_bw_bytes_per_s"] = float(cl["hbm_TBps"]) * 1e12
     return dataclasses.replace(spec, **changes) if changes else spec

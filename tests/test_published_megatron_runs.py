@@ -1,11 +1,14 @@
-"""Megatron-LM SC'21 Table 1 (Narayanan et al. 2021: GPT 1.7B..1T on 32..3072 A100-80GB) as published cases.
+"""The large Megatron-family runs of the published reference: Megatron-LM SC'21 Table 1 (Narayanan et
+al. 2021: GPT 1.7B..1T on 32..3072 A100-80GB) and BigScience BLOOM-176B (Megatron-DeepSpeed, 384 A100).
 
-The rows carry the table's figures and the run script's configuration (``examples/sc21/
+The SC'21 rows carry the table's figures and the run script's configuration (``examples/sc21/
 run_table_1.sh``: microbatch, DDP wrapper, full recompute, layers per virtual pipeline stage);
 the step time is derived from the achieved TFLOP/s by the paper's eq. 3. Tested: the rows load
 with their configuration, ``case_setup`` gives it to ``estimate_graph`` (interleaving, Megatron's
-own DDP, the even layer split), and one row traced at 4 layers is costed with exactly that
-configuration (the full shapes run in ``benchmarks/published_cases.py --only megsc21``).
+own DDP, the even layer split, the scatter/gather of stage sends), and one row traced at 12 small
+layers is costed with exactly that configuration (the full shapes run in
+``benchmarks/published_cases.py --only megsc21``); BLOOM's logged step time agrees with its logged
+TFLOP/s under eq. 3 and its cluster's Omni-Path bandwidth reaches the ClusterSpec.
 """
 
 from __future__ import annotations
@@ -97,3 +100,19 @@ def test_megatron_scatter_gather_sends_a_tp_slice_and_gathers_it_in_the_node() -
     assert split.predicted.compute_s == whole.predicted.compute_s
     sp = [estimate_graph(g, 4, sequence_parallel=True, pp_scatter_gather=f, **kw).stages[0].send_s for f in (False, True)]
     assert sp[0] == sp[1]
+
+
+def test_bloom_row_carries_its_log_line_and_its_cluster() -> None:
+    from meshplan.cost_models.hardware import ClusterSpec
+
+    c = next(c for c in load_published_cases() if c["id"] == "bloom-176b-a100-384gpu")
+    m, tr = c["model"], c["training"]
+    flops = F.megatron_flops_per_iteration(tr["global_batch"], m["seq_len"], m["layers"], m["hidden"], m["vocab"])
+    assert flops / (c["measured"]["step_time_s"] * c["cluster"]["n_gpus"]) / 1e12 == pytest.approx(149.77, abs=0.05)
+    setup = case_setup(c)
+    assert (setup["tp"], setup["pp"], setup["dp"], setup["micro_batch_size"]) == (4, 12, 8, 2)
+    assert setup["dp_kind"] == "zero1" and setup["recompute"] == "full" and setup["dtype"] == "bf16"
+    assert setup["split_rule"] == "fewer_first_last" and not setup["pp_scatter_gather"]
+    spec = case_cluster(c)
+    assert spec.inter_bw_bytes_per_s == pytest.approx(6.25e9)  # 4 x 100 Gb/s Omni-Path per 8-GPU node
+    assert ClusterSpec.preset("a100-80g").inter_bw_bytes_per_s > spec.inter_bw_bytes_per_s
