@@ -17,6 +17,7 @@ of the device), ``max allocated`` against the predicted peak alone. No torch imp
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from meshplan.cost_models.allocator import reserved_peak_bytes
@@ -102,10 +103,7 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         "ddp_impl": str(ex.get("ddp_impl") or "torch"),
         # how the engine ran its RMSNorm modules and its optimizer update, where the row's source says
         # (cost_models.eager_ops: "eager" Python RMSNorm, "foreach" multi-tensor AdamW)
-        "norm_kernel": str(tr.get("norm_kernel") or "fused"),
-        "optimizer_impl": str(tr.get("optimizer_impl") or "fused"),
-        # attention without a flash kernel where the row's engine had none (eager_ops.ATTENTION_IMPLS)
-        "attention_impl": str(tr.get("attention_impl") or "flash"),
+        **{k: str(tr.get(k) or v) for k, v in case_kernels(case).items()},
         # how the engine cuts the layers into stages (partition.engine_split.SPLIT_RULES): Megatron-LM
         # 2021 gives each pipeline rank l/PP layers ("even"); "any" lets meshplan choose the cut
         "split_rule": str(ex.get("split_rule") or "any") if pp > 1 else "any",
@@ -146,6 +144,42 @@ def case_engine(case: dict[str, Any]) -> str:
         if any(w in text for w in words):
             return engine
     return "zero"
+
+
+def case_year(case: dict[str, Any]) -> int | None:
+    """The earliest year (2010-2029) the case's group and source text name (a commit or paper date)."""
+    years = re.findall(r"(?<!\d)(20[12]\d)(?!\d)", f"{case.get('group', '')} {case.get('source', '')}")
+    return min(int(y) for y in years) if years else None
+
+
+def case_kernels(case: dict[str, Any]) -> dict[str, str]:
+    """How the run's engine ran its attention, RMSNorm modules and optimizer update
+    (``cost_models.eager_ops``), where the row does not say (``training.attention_impl`` /
+    ``norm_kernel`` / ``optimizer_impl`` override), from its engine family and year:
+
+    - ``attention_impl``: Megatron-family and unnamed engines up to 2022 materialize the scores
+      (Megatron-LM had no flash kernel before ``--use-flash-attn``, 2023; BLOOM's and MT-NLG's
+      Megatron-DeepSpeed neither): "eager" (separate mask and softmax kernels) up to 2020,
+      "unfused" (fused scale-mask-softmax) 2021-2022; torch-family engines and later runs
+      "flash"; a run whose text names flash attention "flash";
+    - ``norm_kernel``: torchtitan without torch.compile runs its RMSNorm as eager ops
+      (``norm_type = "rmsnorm"``; its early-2024 8B/13B configs chose ``fused_rmsnorm``, which
+      those rows state), "fused" otherwise;
+    - ``optimizer_impl``: torchtitan up to 2024 builds AdamW with ``foreach=True``, "fused" otherwise.
+    """
+    engine, year = case_engine(case), case_year(case)
+    trained = str(case["training"]).lower()  # what the run did (the source text may say what it did not)
+    text = f"{case.get('group', '')} {case.get('source', '')} {trained}".lower()
+    titan = "torchtitan" in text
+    if "flash" in text or engine == "torch" or year is None or year >= 2023:
+        attention = "flash"
+    else:
+        attention = "eager" if year <= 2020 else "unfused"
+    return {
+        "attention_impl": attention,
+        "norm_kernel": "eager" if titan and "compile" not in trained else "fused",
+        "optimizer_impl": "foreach" if titan and (year or 0) <= 2024 else "fused",
+    }
 
 
 def measured_tokens_per_gpu(case: dict[str, Any]) -> float | None:
