@@ -118,7 +118,8 @@ def test_a_block_with_other_input_shapes_runs_in_full(monkeypatch: pytest.Monkey
     on, off, lines = _both(net, (IDS,), monkeypatch)
     _assert_identical(on, off)
     assert _reused(lines) == 1, lines  # block 1 from block 0; blocks 2-3 see half the sequence
-    assert "2 run in full" in lines[0] and "blocks.2, blocks.3" in lines[0]
+    line = next(ln for ln in lines if ln.startswith("annotated "))
+    assert "2 run in full" in line and "blocks.2, blocks.3" in line
 
 
 def test_reuse_off_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ from meshplan.errors import TraceError
 from meshplan.models.calls import KwargsCall, call_names, split_inputs
 from meshplan.models.hf import HFLogits, is_hf_model
 from meshplan.tracing.classify import is_leaf_class
+from meshplan.tracing.reuse import reuse_enabled
 
 
 class MeshTracer(fx.Tracer):
@@ -65,15 +66,28 @@ def wrap_if_hf(model: nn.Module, names: tuple[str, ...] | None = None) -> tuple[
     return model, ""
 
 
-def fx_capture(model: nn.Module, lazy: bool = False) -> fx.GraphModule:
+def fx_capture(model: nn.Module, lazy: bool = False, progress: Callable[[str], None] | None = None,
+               grow: bool = False) -> fx.GraphModule:
     """fx trace of ``model``; forward parameters that default to None (e.g. ``position_ids``) are
     traced as None and dropped from the graph (their placeholder and fx's is-None assert).
     ``lazy`` (planning, which interprets the graph and never calls it): the Python code of the
-    GraphModule is generated only if it is ever called."""
-    tracer = MeshTracer()
+    GraphModule is generated only if it is ever called. ``grow`` (planning): a model's repeated
+    blocks are traced cut to three and grown back (``tracing.fx_blocks``; every block when that
+    cannot be proven exact, which ``progress`` hears, as it hears the growth)."""
     sig = inspect.signature(model.forward)
     none_args = {k: None for k, p in sig.parameters.items() if p.default is None}
-    graph = tracer.trace(model, concrete_args=none_args or None)
+
+    graph, grown = None, False
+    if grow and reuse_enabled():
+        from meshplan.tracing.fx_blocks import KEEP, short_trace
+
+        graph, why = short_trace(model, MeshTracer, none_args or None)
+        grown = graph is not None
+        if progress is not None:
+            progress(f"fx-traced {KEEP} of the repeated blocks and expanded the others from the last" if grown
+                     else f"fx-tracing every block ({why})")
+    if graph is None:
+        graph = MeshTracer().trace(model, concrete_args=none_args or None)
     if none_args:
         for n in list(graph.nodes):
             if n.op == "call_function" and getattr(n.target, "__name__", "") == "_assert_is_none":
@@ -84,8 +98,12 @@ def fx_capture(model: nn.Module, lazy: bool = False) -> fx.GraphModule:
     if lazy:
         from torch.fx._lazy_graph_module import _LazyGraphModule
 
-        return _LazyGraphModule(tracer.root, graph, type(model).__name__)
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+        gm: fx.GraphModule = _LazyGraphModule(model, graph, type(model).__name__)
+    else:
+        gm = fx.GraphModule(model, graph, type(model).__name__)
+    if grown:
+        gm.meta["grown"] = True
+    return gm
 
 
 def export_capture(model: nn.Module, example_inputs: tuple[Any, ...], *, stack_traces: bool = True
@@ -156,7 +174,16 @@ def capture_with(
     fx_err: BaseException | None = None
     if not is_hf_model(model):  # fx symbolic tracing does not work on HF models; go straight to export
         try:
-            cap = Captured(fx_capture(root, lazy=short), "fx", root, prefix, None, names, example_inputs)
+            cap = Captured(fx_capture(root, lazy=short, progress=progress, grow=short), "fx", root, prefix, None,
+                           names, example_inputs)
+            try:
+                return cap, validate(cap)
+            except Exception as e:  # noqa: BLE001 - a grown graph that does not run: trace every block
+                if not cap.gm.meta.get("grown"):
+                    raise
+                if progress is not None:
+                    progress(f"the grown fx graph did not annotate ({_short(e)}): fx-tracing every block")
+            cap = Captured(fx_capture(root, lazy=True), "fx", root, prefix, None, names, example_inputs)
             return cap, validate(cap)
         except Exception as e:  # noqa: BLE001 - any fx failure means: try export
             fx_err = e
