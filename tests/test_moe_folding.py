@@ -82,18 +82,47 @@ def test_tokens_per_tp_rank_and_the_folded_ep_group_on_one_node():
     one = ep_a2a_bytes(moe[0].attrs["tokens"] * scale / 4, moe[0].attrs["top_k"], moe[0].attrs["hidden"], 2)
     assert want == pytest.approx(4 * len(moe) * collective_time_s("all_to_all", one, 8, spec))  # intra-node
     assert fold.ep_comm_s < plain.ep_comm_s / 4
-    # MoE compute of a quarter of the tokens (the same E/ep experts' weights read): fold_s < 0
-    assert fold.fold_s < 0 and plain.fold_s == 0.0
+    # the expert-read saving is taken against the node as the folded cost table times it (1/tp of the tokens)
     held = [n.attrs.get("dense_numel", 0) + (n.param_numel - n.attrs.get("dense_numel", 0)) / 8 for n in moe]
     from dataclasses import replace
 
-    def t(n, h, s):  # noqa: ANN001, ANN202
-        return node_time(replace(n, param_bytes=int(n.param_bytes * h / n.param_numel)), spec, batch_scale=s).total_s
+    def t(n, h, shard):  # noqa: ANN001, ANN202
+        m = replace(n, param_bytes=int(n.param_bytes * h / n.param_numel))
+        return node_time(m, spec, shard=shard, batch_scale=scale).total_s - node_time(n, spec, shard=shard,
+                                                                                      batch_scale=scale).total_s
 
-    assert fold.fold_s == pytest.approx(sum(t(n, h, scale / 4) - t(n, h, scale) for n, h in zip(moe, held)))
+    assert fold.expert_read_s == pytest.approx(sum(t(n, h, 4) for n, h in zip(moe, held)))
+    assert plain.expert_read_s == pytest.approx(sum(t(n, h, 1) for n, h in zip(moe, held)))
     # folding is a tp > 1 mechanism: at tp 1 the terms are meshplan's own
     assert epcp_terms(g, spec, **{**kw, "tp": 1, "stride": 1}, folding=True) == epcp_terms(
         g, spec, **{**kw, "tp": 1, "stride": 1})
+
+
+def test_folded_cost_table_puts_the_moe_block_on_the_sequence_shard():
+    """Under folding the TP placement keeps a MoE node sequence-sharded (Q→Q at shard tp): 1/tp of its
+    time and saved activations per rank, no all-gather / reduce-scatter around it (its input and output
+    stay on the sequence shard)."""
+    from meshplan.planner.costing import GraphCoster
+
+    case = next(c for c in FOLDED if c["expert_config"]["tp"] == 4)
+    g = _graph(case["id"])
+    spec = case_cluster(case)
+    plain, fold = (GraphCoster(g, spec, vocab_parallel_embedding=True, moe_folding=f) for f in (False, True))
+    tp, tf = plain.table(4, True, "none", 1), fold.table(4, True, "none", 1)
+    moe = [n for n in g.nodes if n.kind == "moe"]
+    assert all(tf.tp_solution.node_shard.get(n.id) == 4 and tf.tp_solution.node_state[n.id] == "Q" for n in moe)
+    assert all(tp.tp_solution.node_shard.get(n.id, 1) == 1 for n in moe)
+    block = next(i for i, x in enumerate(tp.layers) if x.kind == "block")
+    lp, lf = tp.layers[block], tf.layers[block]
+    scale = 1 / max(1, g.batch_size)
+    n0 = next(n for n in moe if lp.node_start <= n.id < lp.node_end)
+    saved = node_time(n0, spec, batch_scale=scale).total_s - node_time(n0, spec, shard=4, batch_scale=scale).total_s
+    def compute(x):  # noqa: ANN001, ANN202
+        return x.fwd_s + x.bwd_input_s + x.bwd_weight_s
+
+    # the block's MoE at 1/tp of the tokens (and the ops around it stay on the shard too)
+    assert compute(lp) - compute(lf) >= 0.98 * saved > 0
+    assert lf.act_bytes < lp.act_bytes  # the MoE block's saved activations: its sequence shard's
 
 
 def test_expert_gradients_are_reduced_over_the_expert_data_parallel_group():

@@ -223,6 +223,9 @@ def estimate_graph(
     if moe_folding:
         if not int(graph.meta.get("num_experts", 0) or 0):
             raise ValueError("moe_folding=True needs a MoE model (the graph has no experts); drop moe_folding")
+        if tp > 1 and graph.seq_len % tp:
+            raise ValueError(f"moe_folding=True: tp={tp} must divide the sequence length {graph.seq_len} (each tp rank "
+                             "routes its sequence shard); drop moe_folding or change tp")
         if tp > 1 and sequence_parallel is False:
             raise ValueError("moe_folding=True with tp > 1 needs sequence_parallel=True (Megatron-Core refuses "
                              "MoE training under tensor parallelism without it, moe_layer.py); set it or drop moe_folding")
@@ -268,7 +271,7 @@ def estimate_graph(
     t0 = time.perf_counter()
     coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, loss_kernel=loss_kernel,
                          vocab_parallel_embedding=vocab_parallel_embedding, norm_kernel=norm_kernel,
-                         sp_saves=sp_saves, attention_impl=attention_impl)  # fmt: skip
+                         sp_saves=sp_saves, attention_impl=attention_impl, moe_folding=moe_folding)  # fmt: skip
     searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
                         split_rule=split_rule)  # fmt: skip
     searcher.ddp_impl = ddp_impl

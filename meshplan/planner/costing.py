@@ -151,6 +151,7 @@ class GraphCoster:
         norm_kernel: str = "fused",
         sp_saves: str = "gathered",
         attention_impl: str = "flash",
+        moe_folding: bool = False,
     ):
         if sp_saves not in SP_SAVES:
             raise ValueError(f"sp_saves must be one of {', '.join(SP_SAVES)}, got {sp_saves!r}")
@@ -165,6 +166,9 @@ class GraphCoster:
         self.g = graph
         # the engines' TP layout (tp_strategies): the token embedding always vocab-parallel
         self.vocab_parallel = vocab_parallel_embedding
+        # Megatron-Core's MoE parallel folding (tp_strategies): a MoE node on the sequence shard, so its
+        # time, saved activations and the TP collectives around it are a tp rank's share
+        self.moe_folding = moe_folding
         self.loss_kernel = loss_kernel  # memory.LOSS_KERNELS key; None = what the runtime runs
         self.quant = quantization or Quantization()
         self.optimizer = optimizer
@@ -215,6 +219,7 @@ class GraphCoster:
             sol = solve_tp(
                 self.g, tp, self.cluster, sequence_parallel=sp, batch_scale=ref / max(1, self.g.batch_size),
                 dtype=self.dtype, time_limit_s=self.time_limit_s, vocab_parallel=self.vocab_parallel,
+                moe_folding=self.moe_folding,
             )  # fmt: skip
             self.ilp_solves += sol.solves
             self.ilp_seconds += sol.seconds

@@ -16,8 +16,9 @@ simulator times them inside the pipeline; under TP the per-rank share of a MoE n
 ``folding=True`` costs Megatron-Core's MoE parallel folding instead (an engine costing option,
 ``estimate_graph(moe_folding=True)``; meshplan's runtime does not run it): a tp rank routes,
 exchanges and computes only its ``1/tp`` sequence shard (``cost_models.epcp.moe_tokens_per_rank``)
-over an ep group of consecutive ranks (``folded_expert_mesh``: stride ``etp`` = 1); the MoE time a
-rank does not spend is ``fold_s`` (<= 0, against the cost table's MoE node of all tokens).
+over an ep group of consecutive ranks (``folded_expert_mesh``: stride ``etp`` = 1); the cost table
+already times the MoE node on the sequence shard (``tp_strategies``: Q→Q at shard tp under
+``GraphCoster(moe_folding=True)``), so its expert-read and imbalance terms here start from that.
 
 Which combinations run is ``meshplan.execution_rules.epcp_rule`` (shared with the runtime's refusal).
 No torch import.
@@ -54,18 +55,17 @@ class EPCPTerms:
     expert_params: float = 0.0  # all experts' parameters of the costed nodes (before ep sharding)
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per microbatch
     cp_forward_s: float = 0.0  # of cp_comm_s, the forward pass's ring (the rest runs in the backward)
-    fold_s: float = 0.0  # per microbatch, <= 0: MoE time a tp rank saves under MoE parallel folding
 
     @property
     def per_microbatch_s(self) -> float:
-        return self.ep_comm_s + self.cp_comm_s + self.imbalance_s + self.expert_read_s + self.fold_s
+        return self.ep_comm_s + self.cp_comm_s + self.imbalance_s + self.expert_read_s
 
     @property
     def forward_s(self) -> float:
         """The share of ``per_microbatch_s`` in a stage's forward: half the all-to-alls (dispatch and
         combine; the backward repeats both), the forward ring, a third of the MoE compute terms
         (backward = 2 x forward FLOPs)."""
-        return self.ep_comm_s / 2 + self.cp_forward_s + (self.imbalance_s + self.expert_read_s + self.fold_s) / 3
+        return self.ep_comm_s / 2 + self.cp_forward_s + (self.imbalance_s + self.expert_read_s) / 3
 
 
 def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, micro_batch: float, dtype: str,
@@ -94,20 +94,15 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     for n in nodes:
         if n.kind == "moe":
             tokens = n.attrs.get("tokens", 0) * scale * share
-            t = node_time(n, cluster, batch_scale=scale, dtype=dtype)
+            shard = tp if fold else 1  # folded, the cost table times the node on the sequence shard
+            t = node_time(n, cluster, shard=shard, batch_scale=scale, dtype=dtype)
             if ep > 1:  # the cost table's MoE node streams all E experts' weights; a rank holds E/ep
                 dense = n.attrs.get("dense_numel", 0)
                 held = dense + (n.param_numel - dense) / ep
                 n_ep = replace(n, param_bytes=int(n.param_bytes * held / max(1, n.param_numel)))
-                t_ep = node_time(n_ep, cluster, batch_scale=scale, dtype=dtype)
+                t_ep = node_time(n_ep, cluster, shard=shard, batch_scale=scale, dtype=dtype)
                 out.expert_read_s += t_ep.total_s - t.total_s
                 t = t_ep
-            else:
-                n_ep = n
-            if fold:  # the rank computes its sequence shard's tokens only, reading the same weights
-                t_fold = node_time(n_ep, cluster, batch_scale=scale * share, dtype=dtype)
-                out.fold_s += t_fold.total_s - t.total_s
-                t = t_fold
             out.imbalance_s += (capacity_factor - 1.0) * t.total_s
             if ep > 1:
                 k, h = n.attrs.get("top_k", 1), n.attrs.get("hidden", 0)
@@ -147,7 +142,7 @@ def expert_params_saved(graph: ModelGraph, ep: int, nodes: Iterable[GraphNode] |
 
 
 _SUMMED = ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params_saved", "expert_params",
-           "cp_forward_s", "fold_s")
+           "cp_forward_s")
 
 
 def _node_key(n: GraphNode, kw: dict[str, Any]) -> tuple:

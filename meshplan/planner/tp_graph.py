@@ -65,11 +65,13 @@ def solve_tp(
     dtype: str = "bf16",
     time_limit_s: float = 10.0,
     vocab_parallel: bool = False,
+    moe_folding: bool = False,
 ) -> GraphTPSolution:
     """Place every linear of ``graph`` for a TP degree: one ILP per block type (reused for all
     its instances) and one for the rest. Costs are per microbatch of ``batch_scale`` × the
     traced batch. ``vocab_parallel``: the engines' layout (Megatron-LM, torchtitan) where the
-    token embedding is always vocab-parallel; else what meshplan's runtime runs."""
+    token embedding is always vocab-parallel; else what meshplan's runtime runs. ``moe_folding``:
+    Megatron-Core's MoE parallel folding (every MoE node on the sequence shard, ``tp_strategies``)."""
     t0 = time.perf_counter()
     styles: dict[str, str] = {}
     gathered: set[str] = set()
@@ -109,7 +111,7 @@ def solve_tp(
             sol = solve_segment(
                 graph, list(range(a, b)), tp, cluster, sequence_parallel=sequence_parallel,
                 batch_scale=batch_scale, dtype=dtype, prefix=prefix, time_limit_s=time_limit_s,
-                name=f"tp_{bt.module_class}_{idx}",
+                name=f"tp_{bt.module_class}_{idx}", moe_folding=moe_folding,
             )  # fmt: skip
             solves += 1
             key = f"block:{bt.type_id}" if same else f"block:{bt.type_id}:{idx}"
@@ -129,6 +131,7 @@ def solve_tp(
         sol = solve_segment(
             graph, rest, tp, cluster, sequence_parallel=sequence_parallel, batch_scale=batch_scale,
             dtype=dtype, time_limit_s=time_limit_s, name="tp_rest", vocab_parallel=vocab_parallel,
+            moe_folding=moe_folding,
         )  # fmt: skip
         solves += 1
         account(sol, "rest", 1)

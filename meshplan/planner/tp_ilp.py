@@ -94,6 +94,7 @@ class TPPlacementILP(TPStrategies):
         mem_weight_s_per_byte: float = MEM_WEIGHT_S_PER_BYTE,
         name: str = "tp",
         vocab_parallel: bool = False,
+        moe_folding: bool = False,
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
@@ -107,6 +108,7 @@ class TPPlacementILP(TPStrategies):
         self.dtype = dtype
         self.lam = mem_weight_s_per_byte
         self.vocab_parallel = vocab_parallel
+        self.moe_folding = moe_folding
         self.boundary = "Q" if sequence_parallel else "R"
         self.hidden = int(graph.meta.get("hidden") or 0)
         self.prob = pulp.LpProblem(name, pulp.LpMinimize)
@@ -425,13 +427,15 @@ def solve_segment(
     time_limit_s: float = 10.0,
     name: str = "tp",
     vocab_parallel: bool = False,
+    moe_folding: bool = False,
 ) -> TPSolution:
     """Solve the placement of one segment; ``prefix`` (a block instance, e.g. "blocks.0") makes
     ``rel_styles`` relative FQNs such as "attn.q_proj". ``vocab_parallel``: the engines' layout
-    (the token embedding always vocab-parallel, a tied head with it; ``tp_strategies``)."""
+    (the token embedding always vocab-parallel, a tied head with it; ``tp_strategies``);
+    ``moe_folding``: Megatron-Core's MoE parallel folding (a MoE node on the sequence shard)."""
     ilp = TPPlacementILP(
         graph, node_ids, tp, cluster, sequence_parallel=sequence_parallel, batch_scale=batch_scale,
-        dtype=dtype, name=name, vocab_parallel=vocab_parallel,
+        dtype=dtype, name=name, vocab_parallel=vocab_parallel, moe_folding=moe_folding,
     )  # fmt: skip
     sol = ilp.solve(time_limit_s=time_limit_s)
     if prefix:

@@ -17,6 +17,9 @@ state of its output; ``shard(k)`` divides its work)::
                  with sequence parallelism, sequence-sharded)
     activation   s→s for s ∈ {R, S, Q}
     norm         R→R (1) · Q→Q (t, sequence parallel)
+    moe          R→R (1: meshplan's runtime replicates the MoE block over tp); under an engine's MoE
+                 parallel folding (``moe_folding``, Megatron-Core ETP 1 with sequence parallelism)
+                 Q→Q (t) only: each rank routes and computes its sequence shard's tokens
     output       R→R · S→S when it returns an untied LM head's logits (vocab-parallel loss)
     others       R→R (loss, other, input, constant)
 
@@ -41,6 +44,7 @@ class TPStrategies:
     boundary: str
     idset: set[int]
     vocab_parallel: bool = False  # the engines' layout: the token embedding always vocab-parallel
+    moe_folding: bool = False  # Megatron-Core's MoE parallel folding: a MoE block on the sequence shard
 
     def _heads_ok(self) -> bool:
         heads = int(self.g.meta.get("num_heads") or 0)
@@ -103,6 +107,8 @@ class TPStrategies:
             return out
         if k == "norm":
             return [rep] + ([Strategy("seq", "Q", "Q", t)] if seq_ok else [])
+        if k == "moe" and self.moe_folding and seq_ok:  # folded: no gather around it, 1/t of its tokens
+            return [Strategy("seq", "Q", "Q", t)]
         if k == "output" and self._vocab_logits(n):  # loss_parallel: logits stay vocab-sharded
             return [rep, Strategy("vocab", "S", "S", 1)]
         return [rep]
