@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from planner_fixtures import gpt_graph
 
-from meshplan.cost_models.dp_kinds import dp_state_bytes, state_precision
+from meshplan.cost_models.dp_kinds import dp_state_bytes, state_precision, unsharded_buffer_bytes
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.api import estimate_graph
 
 
 def _per_param(layout: str, dtype: str, kind: str, dp: int) -> float:
-    return dp_state_bytes(1.0, kind, dp, precision=state_precision(layout, dtype)).total
+    return dp_state_bytes(1.0, kind, dp, precision=state_precision(layout, dtype), layout=layout).total
 
 
 @pytest.mark.parametrize("d", [2, 8, 64])
@@ -29,7 +29,14 @@ def test_torch_runtime_keeps_fp32_parameters_as_master_weights(d: int) -> None:
     # runtime/precision.py: parameters and optimizer states stay fp32 (autocast / FSDP2 param_dtype)
     assert _per_param("torch", "bf16", "ddp", d) == 16
     assert _per_param("torch", "bf16", "zero1", d) == 8 + 8 / d  # ZeroRedundancyOptimizer shards Adam only
-    assert _per_param("torch", "bf16", "zero2", d) == 4 + 12 / d
+    # zero2 runs as FSDP2 with reshard_after_forward=False: states sharded as fsdp's, and the gathered
+    # 16-bit parameters held from forward to backward (the whole stage, not two layers)
+    assert _per_param("torch", "bf16", "zero2", d) == 16 / d
+    kw = dict(stage_param_count=1e9, largest_layer_params=1e8, elem_bytes=2)
+    assert unsharded_buffer_bytes("zero2", d, layout="torch", **kw) == 2e9
+    assert unsharded_buffer_bytes("zero2", d, layout="torch", pp=2, **kw) == 6e9  # + fp32 unreduced grads
+    assert unsharded_buffer_bytes("fsdp", d, layout="torch", **kw) == 2 * 1e8 * 2
+    assert unsharded_buffer_bytes("zero2", d, layout="zero", **kw) == 0.0 and _per_param("zero", "bf16", "zero2", d) == 2 + 14 / d
     assert _per_param("torch", "bf16", "fsdp", d) == 16 / d
     # the ZeRO paper's accounting (16-bit weights and gradients + fp32 master copy)
     assert _per_param("zero", "bf16", "zero1", d) == 4 + 12 / d and _per_param("zero", "fp32", "ddp", d) == 16

@@ -60,7 +60,8 @@ def state_precision(layout: str, dtype: str) -> str:
     - "torch" (meshplan's runtime, torchtitan's FSDP2): parameters and optimizer states stay fp32
       on every path, the compute dtype only in autocast / FSDP2's gathered copies
       (``runtime/precision.py``; ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``):
-      "fp32" (4, 4, 0): ddp 16, zero1 8 + 8/d, zero2 4 + 12/d, fsdp 16/d bytes per parameter;
+      "fp32" (4, 4, 0): ddp 16, zero1 8 + 8/d, zero2 16/d (+ its gathered copy,
+      ``state_zero_stage``), fsdp 16/d bytes per parameter;
     - "megatron" (Megatron-LM, Megatron-DeepSpeed): bf16/fp8 "bf16-fp32-grads" (18, 6 + 12/d),
       fp16 "fp16-fp32-master-grads" (20, 4 + 16/d), fp32 "fp32" (16, 8 + 8/d): the README's
       distributed-optimizer table;
@@ -110,11 +111,25 @@ def dp_state_bytes(
     devices_per_node: int = 8,
     optimizer: str = "adam",
     precision: str = "bf16-mixed",
+    layout: str = "zero",
 ) -> ModelStateBytes:
     """Parameter, gradient and optimizer bytes per rank under ``kind``: ``model_state_bytes``
-    with the kind's ZeRO stage over ``shard_degree``. Unit: bytes. Source: ZeRO §5."""
+    with the kind's ZeRO stage (``state_zero_stage`` under ``layout``) over ``shard_degree``.
+    Unit: bytes. Source: ZeRO §5."""
     s = shard_degree(kind, dp, stride=stride, devices_per_node=devices_per_node)
-    return model_state_bytes(param_count, optimizer=optimizer, precision=precision, zero=ZERO_STAGE[kind], dp=s)
+    z = state_zero_stage(kind, layout)
+    return model_state_bytes(param_count, optimizer=optimizer, precision=precision, zero=z, dp=s)
+
+
+def state_zero_stage(kind: str, layout: str = "zero") -> int:
+    """The ZeRO stage ``kind``'s stored states are sharded at: ``ZERO_STAGE``, except zero2 under
+    the "torch" layout, which meshplan's runtime runs as FSDP2 with ``reshard_after_forward=False``
+    (``runtime/data_parallel.py``): its fp32 parameters are sharded too (stage 3), and the
+    gathered 16-bit copy it keeps from forward to backward is ``unsharded_buffer_bytes``."""
+    _check_kind(kind)
+    if kind == "zero2" and layout == "torch":
+        return 3
+    return ZERO_STAGE[kind]
 
 
 @dataclass(frozen=True)
@@ -189,7 +204,8 @@ def dp_comm(
 
 
 def unsharded_buffer_bytes(
-    kind: str, dp: int, *, stage_param_count: float, largest_layer_params: float, elem_bytes: int, pp: int = 1
+    kind: str, dp: int, *, stage_param_count: float, largest_layer_params: float, elem_bytes: int, pp: int = 1,
+    layout: str = "zero",
 ) -> float:
     """Bytes a sharded kind holds unsharded beyond its sharded states.
 
@@ -198,12 +214,17 @@ def unsharded_buffer_bytes(
     only): the stage's parameters and its unreduced gradients, which FSDP2 accumulates in its
     fp32 reduce dtype (``to_accumulated_grad_if_needed``): ``stage params · (elem_bytes + 4)``.
     zero2: its parameters stay whole (counted in its states); under PP its unreduced fp32
-    gradients, ``stage params · 4``. Others: 0. Unit: bytes. Source: PyTorch FSDP2
-    ``fully_shard`` docs and ``_fsdp_param.py``; torch.distributed.pipelining's no-sync backward.
+    gradients, ``stage params · 4``. zero2 under the "torch" layout (FSDP2 with
+    ``reshard_after_forward=False``, ``state_zero_stage``): its sharded states count as fsdp's,
+    and it holds the stage's gathered parameters, ``stage params · elem_bytes`` at pp = 1 (as
+    fsdp under PP). Others: 0. Unit: bytes. Source: PyTorch FSDP2 ``fully_shard`` docs and
+    ``_fsdp_param.py``; torch.distributed.pipelining's no-sync backward.
     """
     _check_kind(kind)
     if ZERO_STAGE[kind] < 2 or dp == 1:
         return 0.0
+    if kind == "zero2" and layout == "torch":
+        return stage_param_count * (elem_bytes + (GRAD_REDUCE_BYTES if pp > 1 else 0.0))
     if pp > 1:
         own = 0.0 if kind == "zero2" else elem_bytes
         return stage_param_count * (own + GRAD_REDUCE_BYTES)

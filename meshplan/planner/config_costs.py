@@ -28,6 +28,7 @@ from meshplan.cost_models.dp_kinds import (
     dp_state_bytes,
     shard_degree,
     state_precision,
+    state_zero_stage,
     unsharded_buffer_bytes,
 )
 from meshplan.cost_models.eager_ops import optimizer_step_s
@@ -248,7 +249,7 @@ class ConfigCosts:
 
     def _zero_divs(self, c: Config) -> tuple[int, int, int]:
         """Divisors of (parameter, gradient, optimizer) bytes under ``c``'s ZeRO stage."""
-        s, z = self._shard(c), ZERO_STAGE[c.dp_kind]
+        s, z = self._shard(c), state_zero_stage(c.dp_kind, self.state_layout)
         return (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
 
     @property
@@ -263,7 +264,7 @@ class ConfigCosts:
 
     def _states(self, params: float, c: Config) -> float:
         return dp_state_bytes(params, c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node,
-                              optimizer=self.optimizer, precision=self._precision).total  # fmt: skip
+                              optimizer=self.optimizer, precision=self._precision, layout=self.state_layout).total  # fmt: skip
 
     def _optimizer_s(self, params: float, c: Config) -> float:
         """Optimizer step on the rank's shard with gradient-norm clipping, memory bound
@@ -298,7 +299,7 @@ class ConfigCosts:
         if key not in self._bpp_cache:
             self._bpp_cache[key] = dp_state_bytes(1.0, c.dp_kind, grp, stride=gst, optimizer=self.optimizer,
                                                   devices_per_node=self.cluster.devices_per_node,
-                                                  precision=self._precision)  # fmt: skip
+                                                  precision=self._precision, layout=self.state_layout)  # fmt: skip
         return self._bpp_cache[key]
 
     def _pp_spans(self, c: Config) -> bool:
@@ -376,7 +377,7 @@ class ConfigCosts:
         if key not in self._bpp_cache:
             self._bpp_cache[key] = dp_state_bytes(1.0, c.dp_kind, c.dp, stride=c.tp, optimizer=self.optimizer,
                                                   devices_per_node=self.cluster.devices_per_node,
-                                                  precision=self._precision)  # fmt: skip
+                                                  precision=self._precision, layout=self.state_layout)  # fmt: skip
         return self._bpp_cache[key]
 
     def split_layers(self, c: Config) -> list[Any]:
@@ -412,7 +413,7 @@ class ConfigCosts:
         two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
         return unsharded_buffer_bytes(
             c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self._elem_bytes, pp=c.pp,
-            largest_layer_params=self._prefix(self._table(c))["largest"][0],
+            largest_layer_params=self._prefix(self._table(c))["largest"][0], layout=self.state_layout,
         )  # fmt: skip
 
     def stream_pools(self, c: Config, t: CostTable, layers: list[list[int]]) -> float:
@@ -432,7 +433,8 @@ class ConfigCosts:
         """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""
         largest = self._prefix(self._table(c))["largest"][0]
         return [unsharded_buffer_bytes(c.dp_kind, c.dp, stage_param_count=p, elem_bytes=self._elem_bytes, pp=c.pp,
-                                       largest_layer_params=largest) for p in rank_params]  # fmt: skip
+                                       largest_layer_params=largest, layout=self.state_layout)
+                for p in rank_params]  # fmt: skip
 
     def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
         """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
