@@ -116,3 +116,23 @@ def test_bloom_row_carries_its_log_line_and_its_cluster() -> None:
     spec = case_cluster(c)
     assert spec.inter_bw_bytes_per_s == pytest.approx(6.25e9)  # 4 x 100 Gb/s Omni-Path per 8-GPU node
     assert ClusterSpec.preset("a100-80g").inter_bw_bytes_per_s > spec.inter_bw_bytes_per_s
+
+
+def test_table_2_rows_pair_zero3_with_ptdp_and_agree_with_the_days_column() -> None:
+    """SC'21 Table 2: the same models and batches under ZeRO-3 without model parallelism (costed as
+    fsdp over every GPU) and under PTD-P (tp 8 inside the node, pp across); each row's step time
+    reproduces the table's 'days for 300B tokens' column within its rounding."""
+    t2 = [c for c in load_published_cases() if c["id"].startswith("megsc21t2-")]
+    assert len(t2) == 12
+    for c in t2:
+        m, tr, ex = c["model"], c["training"], c["expert_config"]
+        setup = case_setup(c)
+        if "zero3" in c["id"]:
+            assert (setup["tp"], setup["pp"], setup["dp"]) == (1, 1, c["cluster"]["n_gpus"]) and setup["dp_kind"] == "fsdp"
+        else:
+            assert (setup["tp"], setup["pp"]) in ((8, 12), (8, 35)) and setup["micro_batch_size"] == 1
+            assert setup["ddp_impl"] == "local" and setup["pp_scatter_gather"] and setup["split_rule"] == "even"
+        days = 300e9 / (tr["global_batch"] * m["seq_len"]) * c["measured"]["step_time_s"] / 86400
+        want = float(c["measured"]["other"]["check"].split(": ")[1].split(" days")[0])
+        assert days == pytest.approx(want, abs=1.0), c["id"]
+        assert ex["dp"] * ex["tp"] * ex["pp"] == c["cluster"]["n_gpus"]
