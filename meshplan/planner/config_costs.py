@@ -42,6 +42,7 @@ from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params
+from meshplan.planner.pipeline_time import inflight
 from meshplan.planner.search_types import (
     RECOMPUTE_CHOICES,
     SCHEDULE_CHOICES,
@@ -146,7 +147,9 @@ class ConfigCosts:
         self._epcp_memo: dict[tuple, EPCPPrefix] = {}
         self._epcp_node_memo: dict[tuple, EPCPTerms] = {}  # one node's terms (EPCPPrefix memo)
         self._epcp_whole: dict[tuple, EPCPTerms] = {}  # the whole model's terms per _epcp_prefix key
-        self._states_memo: dict[tuple, float] = {}  # lower_bound's model states per (params, kind, dp, tp)
+        self._bpp0_memo: dict[tuple, ModelStateBytes] = {}
+        self._infl_memo: dict[tuple, float] = {}  # fewest in-flight microbatches of a pipeline rank
+        self._states_memo: dict[tuple, float] = {}  # lower_bound's model states per (params, kind, dp, tp, layout)
         self._lb_memo: dict[tuple, tuple[float, float, dict[str, list[float]]]] = {}  # lower_bound's kind-free part
         self._sp_choice: dict[int, bool] = {}
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
@@ -259,8 +262,11 @@ class ConfigCosts:
 
     @property
     def _bpp0(self) -> ModelStateBytes:
-        """Model-state bytes per parameter without sharding."""
-        return model_state_bytes(1.0, optimizer=self.optimizer, precision=self._precision)
+        """Model-state bytes per parameter without sharding (memoized per layout: read per stage)."""
+        key = (self.state_layout, self.dtype, self.optimizer)
+        if key not in self._bpp0_memo:
+            self._bpp0_memo[key] = model_state_bytes(1.0, optimizer=self.optimizer, precision=self._precision)
+        return self._bpp0_memo[key]
 
     def _states(self, params: float, c: Config) -> float:
         return dp_state_bytes(params, c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node,
@@ -333,13 +339,33 @@ class ConfigCosts:
             mem = (P["sp"][-1] / dv[0] + P["sg"][-1] / dv[1] + P["so"][-1] / dv[2]) / c.pp
         else:
             step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
-            skey = (avg_params, c.dp_kind, c.dp, c.tp)
+            skey = (avg_params, c.dp_kind, c.dp, c.tp, self.state_layout, self.dtype)
             if skey not in self._states_memo:
                 self._states_memo[skey] = self._states(avg_params, c)
             mem = self._states_memo[skey]
         if c.schedule == "gpipe" and c.pp > 1:
             mem += c.num_microbatches * P["act"][-1] / c.pp
         return step, mem
+
+    def memory_floor(self, c: Config, mlb: float) -> float:
+        """A per-device memory lower bound of ``c`` for any stage split and any DP kind, given ``mlb``
+        (``bound``'s: the average rank's model states under the kind that shards most, gpipe's
+        activations): rank r needs at least states_r + activations_r x inflight_r, so the busiest
+        needs at least the average of that over the pipeline ranks, which is at least the average
+        states + the average activations x the fewest in-flight microbatches any rank holds."""
+        P = self._prefix(self._table(c))
+        key = (c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
+        if key not in self._infl_memo:
+            self._infl_memo[key] = min(inflight(c, r) for r in range(c.pp))
+        acts = self._infl_memo[key] * P["act"][-1] / c.pp
+        held = c.num_microbatches * P["act"][-1] / c.pp if c.schedule == "gpipe" and c.pp > 1 else 0.0  # in mlb
+        return mlb + max(0.0, acts - held)
+
+    def rescue_possible(self, c: Config, mlb: float, floor: float) -> bool:
+        """Whether costing ``c`` might spend a memory re-split (``ConfigEvaluator._fit``: a kind
+        that could fit by its bound, within 25 % of the limit, one stage per rank, rescues left)."""
+        return (mlb <= self.mem_limit and floor <= 1.25 * self.mem_limit and c.virtual_stages == 1
+                and self.split_rule == "any" and 1 < c.pp <= 32 and self._rescues < MAX_MEMORY_RESCUES)  # fmt: skip
 
     # ---- exact evaluation ----------------------------------------------------------------
     def split(self, t: CostTable, num_stages: int, virtual_stages: int = 1) -> list[tuple[int, int]]:

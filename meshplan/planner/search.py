@@ -26,7 +26,9 @@ configurations that cannot fit are skipped). Phase 1 costs each remaining one wi
 schedule simulation: stage split, memory per rank (exact), DP sync, optimizer, and a makespan
 lower bound ``max_k (Σ_{s<k} F_s + m·T_k)``. Phase 2 simulates the fitting ones in order of that
 bound and stops once the bound exceeds the best simulated step (and enough alternatives within
-``ALT_MARGIN`` are known): the best plan is the same as exhaustive enumeration's. With ``exhaustive=True`` every configuration is evaluated (tests check
+``ALT_MARGIN`` are known): the best plan is the same as exhaustive enumeration's. Phase 2 runs over
+the candidates as the costing settles them, and the costing skips candidates that cannot change
+the result, alternatives included (``planner.search_prune``). With ``exhaustive=True`` every configuration is evaluated (tests check
 both give the same answer). Pipelines with many microbatches are simulated at two small valid
 microbatch counts and extrapolated linearly (steady state: one microbatch per bottleneck period;
 ``planner.pipeline_time``).
@@ -61,6 +63,7 @@ from meshplan.partition.schedule import validate
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import finalize, select_alternatives
 from meshplan.planner.no_config import explain_no_configs
+from meshplan.planner.search_prune import BoundOrderCosting
 from meshplan.planner.search_types import (
     RECOMPUTE_CHOICES,
     SCHEDULE_CHOICES,
@@ -70,7 +73,6 @@ from meshplan.planner.search_types import (
     SearchResult,
     balanced_split,
     divisors,
-    group,
 )
 
 __all__ = [
@@ -85,6 +87,10 @@ ALT_MARGIN = 0.25
 
 class Searcher(ConfigEvaluator):
     """The joint search for one graph on one cluster (see the module docstring)."""
+
+    #: skip costing candidates that cannot change the result (``planner.search_prune``); False
+    #: costs every candidate the bound and dominance rules leave (tests compare the two)
+    skip_unneeded = True
 
     # ---- enumeration -------------------------------------------------------------------
     @functools.cached_property
@@ -309,19 +315,49 @@ class Searcher(ConfigEvaluator):
         bounded.sort(key=lambda x: (x[0], x[2].summary()))
         self.bounded = bounded
         lap("bound")
-        # phase 1: everything but the simulation (split, memory, DP, optimizer), in bound order
+        # phase 1: everything but the simulation (split, memory, DP, optimizer), in bound order; phase 2
+        # (simulation in order of the now split-aware bound) runs over the candidates as they are
+        # settled, and costing skips what cannot change the result (planner.search_prune)
         partial: list[Evaluation] = []
         oom: list[Evaluation] = []
         shown = time.perf_counter()
-        pruned = 0
-        for k, (_lb, mlb, c) in enumerate(bounded):
+        pruned = skipped = 0
+        sim_s = [0.0]
+
+        def simulate(pe: Evaluation) -> Evaluation:
+            t = time.perf_counter()
+            ev = self.evaluate(pe.config, runs=pe.stage_layers)
+            sim_s[0] += time.perf_counter() - t
+            return ev
+
+        def simulated(i: int, pe: Evaluation, best: float) -> None:
+            nonlocal shown
+            if i % 50 == 0 or time.perf_counter() - shown > 1.0:
+                shown = time.perf_counter()
+                self.progress(f"simulated {i} (bound {pe.step_s:.3g} s, best {best:.3g} s)")
+
+        order = BoundOrderCosting(simulate, self.keep, ALT_MARGIN, exhaustive)
+        order.on_simulated = simulated
+        lazy = not exhaustive and self.skip_unneeded  # off: phase 2 after all costing, nothing skipped
+        for k, (lb, mlb, c) in enumerate(bounded):
+            if lazy:
+                order.settle(lb)
             if not exhaustive and mlb > self.mem_limit and (len(oom) >= 2 or partial):
                 continue  # cannot fit whatever the split: skip (a few are kept to report)
             if not exhaustive and self.dominated(c):
                 pruned += 1
                 continue
+            if lazy and order.can_skip(c, lb):
+                skipped += 1
+                continue
+            if lazy and partial:  # (the floor is only needed once something fits)
+                floor = self.memory_floor(c, mlb)
+                if order.skip_out_of_memory(c, lb, floor, self.mem_limit, self.rescue_possible(c, mlb, floor)):
+                    skipped += 1
+                    continue
             ev = self.evaluate_auto(c, exact=False)
             (partial if ev.fits else oom).append(ev)
+            order.add(ev)
             if time.perf_counter() - shown > 1.0:  # a line a second on long searches
                 shown = time.perf_counter()
                 best_bound = min((e.step_s for e in partial), default=math.inf)
@@ -330,26 +366,14 @@ class Searcher(ConfigEvaluator):
                     f"best so far {best_bound:.3g} s/step (before simulation)"
                 )
         lap("cost")
-        self.progress(f"{len(partial)} fitting, {len(oom)} out of memory; simulating schedules")
-        # phase 2: simulate in order of the (now split-aware) bound
+        phase_s["cost"] -= sim_s[0]  # the simulations run so far are phase 2's
+        phase_s["simulate"] = sim_s[0]
+        self.progress(f"{len(partial)} fitting, {len(oom)} out of memory ({skipped} skipped: they cannot change "
+                      "the result); simulating schedules")  # fmt: skip
         partial.sort(key=lambda e: (e.step_s, e.config.summary()))
-        fitting: list[Evaluation] = []
+        order.settle(math.inf)
+        fitting = order.fitting
         evaluated = len(partial) + len(oom)
-        for i, pe in enumerate(partial):
-            best = min((e.step_s for e in fitting), default=math.inf)
-            groups = {group(e.config) for e in fitting if e.step_s <= best * (1 + ALT_MARGIN)}
-            if (
-                not exhaustive
-                and pe.step_s > best
-                and (len(groups) >= self.keep or pe.step_s > best * (1 + ALT_MARGIN))
-            ):
-                break
-            fitting.append(self.evaluate(pe.config, runs=pe.stage_layers))
-            if (i + 1) % 50 == 0 or time.perf_counter() - shown > 1.0:
-                shown = time.perf_counter()
-                self.progress(
-                    f"simulated {i + 1} of {len(partial)} (bound {pe.step_s:.3g} s, best {best:.3g} s)"
-                )
         min_mem = min((e.max_mem_bytes for e in partial + oom), default=math.inf)
         fitting.sort(key=lambda e: (e.step_s, e.config.summary()))
         oom.sort(key=lambda e: (e.step_s, e.config.summary()))
@@ -374,5 +398,5 @@ class Searcher(ConfigEvaluator):
             seconds=time.perf_counter() - t0, ilp_solves=self.coster.ilp_solves,
             ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem) if math.isfinite(min_mem) else 0,
             mem_limit_bytes=self.mem_limit,
-            coster=self.coster, split=split, phase_s=phase_s, simulated=len(fitting), pruned=pruned,
+            coster=self.coster, split=split, phase_s=phase_s, simulated=len(fitting), pruned=pruned, skipped=skipped,
         )  # fmt: skip

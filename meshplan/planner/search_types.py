@@ -114,6 +114,7 @@ class SearchResult:
     phase_s: dict[str, float] = field(default_factory=dict)
     simulated: int = 0  # configurations whose pipeline schedule was simulated
     pruned: int = 0  # configurations skipped before costing as dominated (``Searcher.dominated``)
+    skipped: int = 0  # configurations not costed: they cannot change the result (``planner.search_prune``)
 
 
 def divisors(n: int) -> list[int]:

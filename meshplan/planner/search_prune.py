@@ -1,0 +1,135 @@
+"""Costing the search's candidates in bound order and stopping early: ``BoundOrderCosting``, used by
+``planner.search.Searcher.run``.
+
+The search costs every candidate without simulation ("partial" evaluation: split, memory, DP, a
+makespan bound) in order of its lower bound ``lb`` (``ConfigCosts.lower_bound``, minimum over the DP
+kinds), then simulates the fitting ones in order of their partial step until the best simulated
+step and the alternatives within ``ALT_MARGIN`` are known ("phase 2"). A candidate's partial step
+is never below its ``lb`` and never above its simulated step (tests/test_search_prune.py), so once
+the costing has reached a bound ``lb``, every fitting candidate whose partial step is below ``lb``
+is *settled*: no candidate still to be costed can come before it in phase 2's order. Phase 2 runs
+over the settled candidates as they appear, exactly as it would over the complete list, and
+stops at the same candidate (its stopping test only gets truer further down the list).
+
+A candidate still to be costed, at bound ``lb``, cannot change the result when all hold (else it is
+costed as before):
+
+* phase 2 has stopped (its winner, runners-up and stopping point are known);
+* for each of its tp, pp, cp and ep degrees other than the winner's, three fitting candidates of
+  that degree have partial steps below ``lb`` ("best with tp=4" alternatives are picked among the
+  three lowest of the degree, ``finalize._per_degree``), and the same for its family (dp / tp /
+  pp / tp+pp, ``finalize._per_family``) when it is not the winner's;
+* a candidate that did not fit has a partial step below ``lb`` (the "best plan that did not fit"
+  alternative is the one with the lowest partial step).
+
+Comparisons keep a relative margin ``EPS`` so that rounding between the bound's and the
+evaluation's sums can never reorder two candidates. The skipped candidates are counted
+(``SearchResult.skipped``); a memory re-split (``ConfigCosts.memory_split``, at most
+``MAX_MEMORY_RESCUES``) is only spent on candidates that are costed. No torch import.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+
+from meshplan.planner.finalize import family
+from meshplan.planner.search_types import Config, Evaluation, group
+
+#: Relative margin of every "below the bound" comparison (rounding of differently ordered sums).
+EPS = 1e-9
+#: Candidates of a degree / family ``finalize`` picks that slot's alternative among.
+SLOT_DEPTH = 3
+AXES = ("tp", "pp", "cp", "ep")
+
+
+def slots(c: Config) -> list[tuple[str, object]]:
+    """The alternative slots ``c`` can fill: one per degree axis and its family."""
+    return [(axis, getattr(c, axis)) for axis in AXES] + [("family", family(c))]
+
+
+class BoundOrderCosting:
+    """Phase 2 run over settled candidates, and the test whether a candidate can be skipped (see the
+    module docstring). ``simulate(ev)`` is the exact evaluation of a partial one; ``keep`` and
+    ``margin`` are phase 2's stopping rule (``Searcher.keep``, ``ALT_MARGIN``)."""
+
+    def __init__(self, simulate: Callable[[Evaluation], Evaluation], keep: int, margin: float,
+                 exhaustive: bool) -> None:  # fmt: skip
+        self.simulate = simulate
+        self.keep = keep
+        self.margin = margin
+        self.exhaustive = exhaustive
+        self.fitting: list[Evaluation] = []  # simulated, in phase 2's order
+        self.stopped = False
+        self._heap: list[tuple[float, str, int, Evaluation]] = []  # fitting partials not yet settled
+        self._n = 0
+        self._slots: dict[tuple[str, object], list[float]] = {}  # lowest partial steps of fitting ones, by slot
+        self._winner_slots: list[tuple[str, object]] | None = None
+        self._family_fits: dict[str, int] = {}  # fitting candidates costed, by family
+        self._oom_min = math.inf  # lowest partial step of a candidate that did not fit
+        self.on_simulated: Callable[[int, Evaluation, float], None] | None = None
+
+    # ---- what was costed -------------------------------------------------------------------
+    def add(self, ev: Evaluation) -> None:
+        """A costed candidate (partial evaluation)."""
+        if not ev.fits:
+            self._oom_min = min(self._oom_min, ev.step_s)
+            return
+        heapq.heappush(self._heap, (ev.step_s, ev.config.summary(), self._n, ev))
+        self._family_fits[family(ev.config)] = self._family_fits.get(family(ev.config), 0) + 1
+        self._n += 1
+        for key in slots(ev.config):  # the SLOT_DEPTH lowest partial steps of each slot
+            low = self._slots.setdefault(key, [])
+            if len(low) < SLOT_DEPTH or ev.step_s < low[-1]:
+                low.append(ev.step_s)
+                low.sort()
+                del low[SLOT_DEPTH:]
+
+    def skip_out_of_memory(self, c: Config, lb: float, floor: float, mem_limit: float, rescue: bool) -> bool:
+        """Whether ``c`` certainly does not fit (its memory lower bound ``floor`` is over ``mem_limit``)
+        and costing it cannot change the result: a candidate that did not fit has a lower partial
+        step (so ``c`` is not the best one that did not fit), its family has a fitting candidate
+        (so its family's alternative is not picked among those that did not fit) and costing it
+        would spend no memory re-split (``rescue`` False)."""
+        return (not self.exhaustive and not rescue and floor > mem_limit * (1 + EPS)
+                and self._oom_min < lb * (1 - EPS) and self._family_fits.get(family(c), 0) > 0)  # fmt: skip
+
+    # ---- phase 2 -------------------------------------------------------------------------------
+    def settle(self, lb: float) -> None:
+        """Run phase 2 over the fitting candidates whose partial step is below ``lb`` (all of them
+        with ``lb = inf``): nothing costed later can come before them."""
+        while self._heap and not self.stopped and (lb == math.inf or self._heap[0][0] < lb * (1 - EPS)):
+            pe = heapq.heappop(self._heap)[3]
+            self._step(pe)
+
+    def _step(self, pe: Evaluation) -> None:
+        best = min((e.step_s for e in self.fitting), default=math.inf)
+        groups = {group(e.config) for e in self.fitting if e.step_s <= best * (1 + self.margin)}
+        if (
+            not self.exhaustive
+            and pe.step_s > best
+            and (len(groups) >= self.keep or pe.step_s > best * (1 + self.margin))
+        ):
+            self.stopped = True
+            return
+        ev = self.simulate(pe)
+        self.fitting.append(ev)
+        if self.on_simulated is not None:
+            self.on_simulated(len(self.fitting), pe, best)
+
+    # ---- the skip test -----------------------------------------------------------------------
+    def can_skip(self, c: Config, lb: float) -> bool:
+        """Whether costing ``c`` (lower bound ``lb``) cannot change the search's result."""
+        if self.exhaustive or not self.stopped or not self._oom_min < lb * (1 - EPS):
+            return False
+        if self._winner_slots is None:  # phase 2's winner (its order: step, then summary)
+            self._winner_slots = slots(min(self.fitting, key=lambda e: (e.step_s, e.config.summary())).config)
+        below = lb * (1 - EPS)
+        for key in slots(c):
+            if key in self._winner_slots:
+                continue
+            low = self._slots.get(key, ())
+            if len(low) < SLOT_DEPTH or not low[SLOT_DEPTH - 1] < below:
+                return False
+        return True
