@@ -80,3 +80,18 @@ def test_published_cases_take_their_engines_conventions() -> None:
     # Megatron's vocab-parallel cross-entropy (one fp32 buffer) where a row names no kernel
     assert not meg["training"].get("loss_kernel") and s_meg["loss_kernel"] == "fused" and s_tt["loss_kernel"] is None
     assert case_engine({"group": "Llama 3 405B pre-training (Meta 2024)", "source": "arXiv"}) == "zero"
+
+
+def test_a_rows_own_blocks_per_stage_reach_estimate_graph() -> None:
+    from meshplan.cost_models.published import load_published_cases
+    from meshplan.planner.published_estimate import case_setup
+
+    for c in load_published_cases():
+        bps = c["expert_config"].get("blocks_per_stage")
+        setup = case_setup(c)
+        if not bps:
+            assert setup["blocks_per_stage"] is None, c["id"]
+            continue
+        pp, v = int(c["expert_config"]["pp"]), int(c["expert_config"].get("interleave") or 1)
+        assert setup["blocks_per_stage"] == tuple(bps) and len(bps) == pp * v, c["id"]
+        assert sum(bps) == c["model"]["layers"], c["id"]

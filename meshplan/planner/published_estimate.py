@@ -107,6 +107,9 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         # how the engine cuts the layers into stages (partition.engine_split.SPLIT_RULES): Megatron-LM
         # 2021 gives each pipeline rank l/PP layers ("even"); "any" lets meshplan choose the cut
         "split_rule": str(ex.get("split_rule") or "any") if pp > 1 else "any",
+        # the engine's own blocks per (virtual) stage where the row gives them (e.g. Megatron's
+        # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split)
+        "blocks_per_stage": tuple(int(x) for x in ex["blocks_per_stage"]) if pp > 1 and ex.get("blocks_per_stage") else None,
         # whose pipeline runtime holds per-microbatch buffers (allocator.PP_BUFFERS) and whose
         # model-state layout (dp_kinds.STATE_LAYOUTS) the run had: case_engine
         "pp_buffers": "torch" if engine == "torch" else "megatron", "state_layout": engine,
