@@ -195,6 +195,9 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
 
         gc.collect()
         extra.append(f"live_frames={sum(isinstance(o, _Frame) for o in gc.get_objects())}")
+    if pm.schedule is not None and pm.has_last:  # the last stage kept no microbatch's logits after the step
+        stages = getattr(pm.schedule, "_stages", None) or [pm.schedule._stage]
+        extra.append(f"kept_outputs={sum(len(s.output_chunks) for s in stages if s.is_last)}")
     calls = sum(getattr(m, "calls", 0) for m in pm.modules)  # selective recompute: SDPA calls checkpointed
     runs = sum(getattr(m, "runs", 0) for m in pm.modules)  # full recompute at pp > 1: stage forwards incl. recomputes
     return loss_err, param_err, list(pm.notes) + extra + ([f"sdpa_checkpointed={calls}"] if calls else []) + (

@@ -30,6 +30,7 @@ PP_SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zero-bubbl
 def _check(results: list, expect: int) -> None:
     rows = results[0]
     assert len(rows) == expect
+    found_last: list[bool] = []
     for rank_rows in results:
         for cfg, loss_err, param_err, notes in rank_rows:
             if cfg.get("recompute") == "selective":  # the attention calls were really checkpointed
@@ -40,6 +41,10 @@ def _check(results: list, expect: int) -> None:
                 v, runs = cfg.get("v", 1), int(next(n for n in notes if n.startswith("stage_runs="))[11:])
                 assert 2 * cfg["m"] * v * 2 <= runs <= 2 * cfg["m"] * v * 2 + 2 * v, (cfg, notes)
                 assert "live_frames=0" in notes, notes  # recomputed activations freed after the step
+            if cfg.get("pp", 1) > 1:  # the last stage's schedule kept no outputs (step(return_outputs=False))
+                kept = [n for n in notes if n.startswith("kept_outputs=")]
+                assert kept in ([], ["kept_outputs=0"]), notes
+                found_last.append(bool(kept))
             if cfg.get("vocab_head"):  # loss_parallel really ran; at pp = 1 the model output is a vocab shard
                 assert any(n.startswith("loss_parallel:") for n in notes), notes
                 assert cfg.get("pp", 1) > 1 or "logits_vocab_sharded" in notes, notes
@@ -52,6 +57,8 @@ def _check(results: list, expect: int) -> None:
             atol = 2e-3 if cfg.get("quant") == "qat" else ATOL
             assert loss_err <= atol, f"{cfg}: loss differs by {loss_err}"
             assert param_err <= atol, f"{cfg}: a parameter differs by {param_err}"
+    if any(cfg.get("pp", 1) > 1 for cfg, *_ in rows):  # some rank held a last stage and said what it kept
+        assert any(found_last), "no last pipeline stage reported kept_outputs"
 
 
 class TestTwoRanks:

@@ -168,7 +168,9 @@ class ParallelModel:
         else:
             losses: list[torch.Tensor] = []
             args = xs if self.has_first else ()
-            kw = {"target": y, "losses": losses} if self.has_last else {}
+            # return_outputs=False: the last stage keeps no microbatch's output (the logits) until the step
+            # ends; the losses list is all this step reads (cost_models.allocator costs the same)
+            kw = {"target": y, "losses": losses, "return_outputs": False} if self.has_last else {}
             with lpmod.context(self.loss_parallel), self.phase_spans.span("schedule"):
                 self.schedule.step(*args, **kw)  # type: ignore[attr-defined]
             for p in self.parameters():  # schedules run with scale_grads=False (see schedules.py)
