@@ -34,8 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. ``argv=None`` (the ``meshplan`` script, ``python -m meshplan.cli``) means
+    this process is the command: it may tune the process for one shot (``commands/heap.py``); a
+    caller passing ``argv`` keeps its process as it was."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.one_shot = argv is None
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

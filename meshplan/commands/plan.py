@@ -117,10 +117,12 @@ def run(args: argparse.Namespace) -> int:
     if args.lora_rank is not None and args.quantization != "qlora":
         raise ValueError("--lora-rank applies to --quantization qlora only")
     quant = resolve_quantization(args.quantization, args.lora_rank)
+    from meshplan.commands.heap import loading
     from meshplan.tracing.load import load_graph
 
-    graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress,
-                       input_shapes=input_shapes(args.input_shape))
+    with loading(getattr(args, "one_shot", False)):  # imports, build, trace: no collections, then frozen
+        graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress,
+                           input_shapes=input_shapes(args.input_shape))
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
 
     def plan_in(dtype: str) -> Plan:

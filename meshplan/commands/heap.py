@@ -1,0 +1,46 @@
+"""Python's cyclic garbage collector in a one-shot command: off while the model loads, then frozen.
+
+Loading a model for planning imports torch (and transformers for a HF model), builds the model on
+the meta device and traces it: about half a million long-lived objects and little cyclic garbage.
+CPython runs a full collection each time the tracked heap grows by a quarter, and each one walks
+every tracked object: a cold ``meshplan plan`` of a HF Llama-3-70B ran 9 full collections, 1.7 s of
+its ~11 s CPU (measured with ``gc.callbacks``; BENCHMARKS.md "Planner speed", Session 4 (s4hf)).
+
+``loading(one_shot)`` turns the collector off for the body, then moves everything alive into the
+permanent generation (``gc.freeze``) and turns it back on: the search's collections walk only the
+objects made after loading. The cyclic garbage the body left (traced graphs, fake tensors: ~20-30 MB
+on the 70B and 1T cold commands) is kept until exit; at exit the objects are unfrozen, so the
+interpreter's last collection finalizes them as before (extension modules built with nanobind,
+e.g. triton's, report leaks otherwise).
+
+Only for a process that is the command (``cli.main`` with ``argv=None``): a caller that runs
+``main([...])`` in a longer-lived process (tests, notebooks) keeps its collector as it was.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_unfreeze_registered = False
+
+
+@contextmanager
+def loading(one_shot: bool) -> Iterator[None]:
+    """Collector off for the body, then the heap frozen (see the module docstring); a no-op unless
+    ``one_shot`` or when the collector was already off."""
+    global _unfreeze_registered
+    if not one_shot or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+        if not _unfreeze_registered:
+            atexit.register(gc.unfreeze)
+            _unfreeze_registered = True
