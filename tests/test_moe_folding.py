@@ -30,6 +30,7 @@ def _shrunk(case: dict) -> dict:
     """The case at pp·v layers and a small width (the layout and the degrees are the case's)."""
     c = copy.deepcopy(case)
     ex = c["expert_config"]
+    ex.pop("blocks_per_stage", None)  # the engine's split is of the full model's layers
     c["model"].update(layers=(ex.get("pp") or 1) * (ex.get("interleave") or 1), hidden=512, heads=8,
                       kv_heads=4, head_dim=64, ffn_hidden=256, num_experts=16, vocab=4096)  # fmt: skip
     return c
