@@ -50,6 +50,14 @@ ZERO_STAGE: dict[str, int] = {"none": 0, "ddp": 0, "zero1": 1, "zero2": 2, "fsdp
 KIND_ORDER: tuple[str, ...] = ("ddp", "zero1", "zero2", "hsdp", "fsdp")
 
 
+#: what a parameter-sharding kind gathers at once (``unsharded_buffer_bytes``'s largest unit):
+#: "block" = FSDP2 / FSDP1 wrapped per repeated block + the root (meshplan's runtime, torchtitan's
+#: apply_fsdp, llm-foundry): a whole block and the prefetched next one; "module" = DeepSpeed ZeRO-3,
+#: which gathers each leaf module's own parameters in its pre-forward hook
+#: (``deepspeed/runtime/zero/parameter_offload.py``) with a prefetch bounded by
+#: ``stage3_prefetch_bucket_size``: the largest module (linear) and the next one
+FSDP_UNITS: tuple[str, ...] = ("block", "module")
+
 #: whose model-state layout a configuration is costed with (``state_precision``)
 STATE_LAYOUTS: tuple[str, ...] = ("torch", "megatron", "zero")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.allocator import PP_BUFFERS
-from meshplan.cost_models.dp_kinds import STATE_LAYOUTS
+from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS
 from meshplan.cost_models.eager_ops import OPTIMIZER_IMPLS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
@@ -174,6 +174,7 @@ def estimate_graph(
     pp_scatter_gather: bool = False,
     sp_saves: str = "gathered",
     attention_impl: str = "flash",
+    fsdp_units: str = "block",
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
@@ -213,7 +214,12 @@ def estimate_graph(
     torchtitan) or its sequence shard, re-gathered in backward ("shard": Megatron-LM).
     ``attention_impl`` ("flash", "unfused", "eager") prices attention without a flash kernel, the
     scores materialized as Megatron-LM 2021 ("unfused": baddbmm, fused scale-mask-softmax, dropout,
-    bmm) or 2020 ("eager": the mask and softmax as separate kernels) ran it."""
+    bmm) or 2020 ("eager": the mask and softmax as separate kernels) ran it.
+    ``fsdp_units`` (``dp_kinds.FSDP_UNITS``) prices what a sharded kind gathers at once: a repeated
+    block as FSDP2 wraps it ("block": meshplan's runtime, torchtitan) or one module at a time as
+    DeepSpeed ZeRO-3 does ("module")."""
+    if fsdp_units not in FSDP_UNITS:
+        raise ValueError(f"fsdp_units must be one of {', '.join(FSDP_UNITS)}, got {fsdp_units!r}")
     if state_layout not in STATE_LAYOUTS:
         raise ValueError(f"state_layout must be one of {', '.join(STATE_LAYOUTS)}, got {state_layout!r}")
     if ddp_impl not in DDP_IMPLS:
@@ -277,6 +283,7 @@ def estimate_graph(
     searcher.ddp_impl = ddp_impl
     searcher.pp_buffers = pp_buffers
     searcher.state_layout = state_layout
+    searcher.fsdp_units = fsdp_units
     searcher.moe_folding = bool(moe_folding)
     searcher.optimizer_impl = optimizer_impl
     searcher.pp_scatter_gather = bool(pp_scatter_gather)

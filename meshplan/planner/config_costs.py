@@ -102,6 +102,9 @@ class ConfigCosts:
         # whose model-state layout (dp_kinds.STATE_LAYOUTS): "torch" = meshplan's runtime (fp32 parameters
         # and optimizer states on every path); an engine's configuration is costed with its own
         self.state_layout = "torch"
+        # what a sharded kind gathers at once (dp_kinds.FSDP_UNITS): "block" = FSDP2 per repeated block,
+        # as meshplan's runtime wraps; "module" = DeepSpeed ZeRO-3's per-module gathers (an engine's)
+        self.fsdp_units = "block"
         # bytes per element of the gradients DP syncs and of the parameters FSDP gathers: the
         # training dtype (bf16 mixed precision: 2; fp32 training: 4)
         self._elem_bytes = 4 if dtype in ("fp32", "float32") else 2
@@ -439,14 +442,22 @@ class ConfigCosts:
         two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
         return unsharded_buffer_bytes(
             c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self._elem_bytes, pp=c.pp,
-            largest_layer_params=self._prefix(self._table(c))["largest"][0], layout=self.state_layout,
+            largest_layer_params=self._largest_unit(c), layout=self.state_layout,
         )  # fmt: skip
+
+    def _largest_unit(self, c: Config) -> float:
+        """Parameters per rank of the largest unit a sharded kind gathers (``dp_kinds.FSDP_UNITS``):
+        the largest layer (block, or the root's embedding / head), or under "module" the largest
+        linear (its TP shard)."""
+        if self.fsdp_units == "module":
+            return self._largest_linear / c.tp
+        return self._prefix(self._table(c))["largest"][0]
 
     def stream_pools(self, c: Config, t: CostTable, layers: list[list[int]]) -> float:
         """The largest of the pipeline ranks' FSDP2 side-stream pools (``allocator.fsdp_stream_pool_bytes``):
         units are a rank's repeated blocks and its other layers together (the root's, or its stage's,
         ``fully_shard``); 0 for kinds that do not run FSDP2 (ddp, zero1) or without sharding."""
-        if ZERO_STAGE[c.dp_kind] < 2 or self._shard(c) == 1:
+        if ZERO_STAGE[c.dp_kind] < 2 or self._shard(c) == 1 or self.fsdp_units != "block":
             return 0.0
         pools = []
         for idx in layers:
@@ -457,7 +468,7 @@ class ConfigCosts:
 
     def fsdp_buffers(self, c: Config, rank_params: list[float]) -> list[float]:
         """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""
-        largest = self._prefix(self._table(c))["largest"][0]
+        largest = self._largest_unit(c)
         return [unsharded_buffer_bytes(c.dp_kind, c.dp, stage_param_count=p, elem_bytes=self._elem_bytes, pp=c.pp,
                                        largest_layer_params=largest, layout=self.state_layout)
                 for p in rank_params]  # fmt: skip
