@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_block_reuse import Net as ReuseNet
 from torch import fx, nn
 
 from meshplan.models.gpt import GPT, GPTConfig
@@ -68,13 +69,11 @@ class Block(nn.Module):
         return x + torch.nn.functional.gelu(self.fc(self.norm(x))) * scale
 
 
-class Net(nn.Module):
+class Net(ReuseNet):
+    """test_block_reuse's model with a buffer each block is handed."""
+
     def __init__(self, blocks: list[nn.Module], h: int = 16, halve_after: int = -1) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(32, h)
-        self.blocks = nn.ModuleList(blocks)
-        self.head = nn.Linear(h, 32)
-        self.halve_after = halve_after
+        super().__init__(blocks, h, halve_after)
         self.register_buffer("scale", torch.ones(h))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
