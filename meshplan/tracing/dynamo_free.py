@@ -49,9 +49,24 @@ def _candidates() -> Iterator[Any]:
             yield from vars(mod).values()
 
 
+_found: dict[tuple, list[Any]] = {}
+
+
 def _wrapped_fns() -> list[Any]:
     """Every ``fn`` behind a ``torch._disable_dynamo`` wrapper reachable from ``_candidates``,
-    following ``__wrapped__`` and the functions held in closures (wrappers of wrappers)."""
+    following ``__wrapped__`` and the functions held in closures (wrappers of wrappers); walked
+    again only when torch's tables or reference modules changed since the last walk."""
+    from torch._decomp import global_decomposition_table
+
+    key = (tuple(len(t) for t in global_decomposition_table.values()),
+           tuple(len(vars(m)) if isinstance(m := sys.modules.get(n), ModuleType) else -1 for n in _MODULES))
+    if key not in _found:
+        _found.clear()
+        _found[key] = _walk()
+    return _found[key]
+
+
+def _walk() -> list[Any]:
     code = _inner_code()
     if code is None or "fn" not in code.co_freevars:
         return []
