@@ -43,4 +43,7 @@ def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = N
         vocab_parallel_embedding=engine in VOCAB_PARALLEL_ENGINES,
         # Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1): cost_models/epcp.py
         moe_folding=spec.moe_folding and engine == "megatron",
+        # Megatron's norms are Transformer Engine / Apex fused kernels; the others run a Python
+        # RMSNorm module as its eager ops unless compiled (cost_models.eager_ops.RUNTIME_NORM_KERNEL)
+        **({"norm_kernel": "fused"} if engine == "megatron" else {}),
     )  # fmt: skip

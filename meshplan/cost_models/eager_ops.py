@@ -77,6 +77,11 @@ from meshplan.cost_models.efficiency import gemm_shape_factor
 from meshplan.cost_models.hardware import ClusterSpec
 
 NORM_KERNELS = ("fused", "eager")
+#: how meshplan's own runtime runs a Python RMSNorm module (the zoo Llama's, HF's LlamaRMSNorm): as the
+#: eager ops it is written in, since ``meshplan run`` compiles nothing unless ``--compile`` is given
+#: (a compiled run is then faster than its plan says); engines that ship a fused norm kernel
+#: (Megatron's Transformer Engine / Apex) are costed "fused"
+RUNTIME_NORM_KERNEL = "eager"
 #: eager RMSNorm bytes per element: (forward, input gradient, weight gradient), kernels launched
 EAGER_RMSNORM_BYTES = (36.0, 84.0, 8.0)
 EAGER_RMSNORM_KERNELS = (7, 10, 2)

@@ -26,7 +26,7 @@ from typing import Any
 
 from meshplan.cost_models.allocator import PP_BUFFERS
 from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS
-from meshplan.cost_models.eager_ops import OPTIMIZER_IMPLS
+from meshplan.cost_models.eager_ops import OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
 from meshplan.cost_models.hardware import preset_for_gpu_name as preset_for_device_name
@@ -168,7 +168,7 @@ def estimate_graph(
     ddp_impl: str = "torch",
     pp_buffers: str = "torch",
     moe_folding: bool = False,
-    norm_kernel: str = "fused",
+    norm_kernel: str = RUNTIME_NORM_KERNEL,
     optimizer_impl: str = "fused",
     state_layout: str = "torch",
     pp_scatter_gather: bool = False,
@@ -202,7 +202,9 @@ def estimate_graph(
     the planner's own plans always are.
     ``norm_kernel`` ("fused", "eager") and ``optimizer_impl`` ("fused", "foreach") price an engine
     that runs its RMSNorm modules as the Python ops they are written in, or torch's multi-tensor
-    AdamW instead of the fused one (``cost_models.eager_ops``); the defaults are one fused kernel each.
+    AdamW instead of the fused one (``cost_models.eager_ops``); the defaults are how meshplan's
+    runtime runs them: a Python RMSNorm as its eager ops (``eager_ops.RUNTIME_NORM_KERNEL``, no
+    torch.compile unless ``meshplan run --compile``) and AdamW fused on CUDA.
     ``state_layout`` (``dp_kinds.STATE_LAYOUTS``) prices the model states as meshplan's runtime
     keeps them ("torch": fp32 parameters, gradients and optimizer states), as Megatron-LM does
     ("megatron": bf16 weights, fp32 main gradients, fp32 master weights: its README's 18 / 6 + 12/d bytes per parameter) or as the ZeRO paper counts them ("zero").

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
-from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, loss_time_s
+from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, RUNTIME_NORM_KERNEL, loss_time_s
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import (
     SP_SAVES,
@@ -148,7 +148,7 @@ class GraphCoster:
         optimizer: str = "adam",
         loss_kernel: str | None = None,
         vocab_parallel_embedding: bool = False,
-        norm_kernel: str = "fused",
+        norm_kernel: str = RUNTIME_NORM_KERNEL,
         sp_saves: str = "gathered",
         attention_impl: str = "flash",
         moe_folding: bool = False,
