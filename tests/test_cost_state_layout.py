@@ -75,7 +75,7 @@ def test_published_cases_take_their_engines_conventions() -> None:
     tt, meg = cases["tt-llama3.1-405b-h100-512gpu-3d-1f1b"], cases["mcore-mixtral-8x7b-h100-64gpu-ep8-pp4"]
     assert case_engine(tt) == "torch" and case_engine(meg) == "megatron"
     s_tt, s_meg = case_setup(tt), case_setup(meg)
-    assert (s_tt["state_layout"], s_tt["pp_buffers"], s_tt["sp_saves"]) == ("torch", "torch", "gathered")
+    assert (s_tt["state_layout"], s_tt["pp_buffers"], s_tt["sp_saves"]) == ("torch", "torch-outputs", "gathered")
     assert (s_meg["state_layout"], s_meg["pp_buffers"], s_meg["sp_saves"]) == ("megatron", "megatron", "shard")
     # Megatron's vocab-parallel cross-entropy (one fp32 buffer) where a row names no kernel
     assert not meg["training"].get("loss_kernel") and s_meg["loss_kernel"] == "fused" and s_tt["loss_kernel"] is None

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-#: pipeline-buffer conventions: "torch" = torch.distributed.pipelining (meshplan's runtime,
-#: torchtitan), "megatron" = Megatron-LM's p2p (a buffer per receive, the stage's input; the
-#: sent output's storage freed by ``deallocate_output_tensor``): nothing beyond the activations
-PP_BUFFERS: tuple[str, ...] = ("torch", "megatron")
+#: pipeline-buffer conventions: "torch" = torch.distributed.pipelining as meshplan's runtime calls
+#: it (``step(return_outputs=False)``: the last stage keeps no finished microbatch's output);
+#: "torch-outputs" = its default ``step()`` (torchtitan: the last stage keeps every microbatch's
+#: output until the step ends); "megatron" = Megatron-LM's p2p (a buffer per receive, the stage's
+#: input; the sent output's storage freed by ``deallocate_output_tensor``): nothing beyond the
+#: activations
+PP_BUFFERS: tuple[str, ...] = ("torch", "torch-outputs", "megatron")
 
 
 def fsdp_stream_pool_bytes(unit_params: Sequence[float], *, param_bytes: float, reduce_bytes: float = 4.0) -> float:
@@ -66,15 +69,17 @@ def pipeline_buffer_bytes(
     microbatch of the step, a receive buffer for the stage's input (non-first stages,
     ``_setup_forward_recv_info``) and one for its output's gradient (non-last stages,
     ``_create_grad_recv_info``), both kept across steps; it caches each forwarded microbatch's
-    output (``fwd_cache``) until its backward, and the last stage appends every microbatch's
-    output to ``output_chunks`` until the step ends (``step(return_outputs=True)``, the
-    default; torchtitan and meshplan's runtime call it so). With m microbatches, f of them in
-    flight (``memory.inflight_microbatches``), per-microbatch input ``I`` and output ``O``::
+    output (``fwd_cache``) until its backward, and with ``step(return_outputs=True)`` (its
+    default, which torchtitan calls) the last stage also appends every microbatch's output to
+    ``output_chunks`` until the step ends; meshplan's runtime calls ``step(return_outputs=False)``
+    (``runtime/parallel_model.py``). With m microbatches, f of them in flight
+    (``memory.inflight_microbatches``), per-microbatch input ``I`` and output ``O``::
 
         non-first:  (m − f) · I      input buffers beyond the f in-flight ones (those are the
                                      stage inputs the activations already count)
         non-last:   m · O + f · O    output-gradient buffers + cached outputs
-        last:       m · O            every microbatch's output (the logits) kept to the end
+        last:       f · O            the in-flight microbatches' cached outputs (the logits)
+                                     ("torch"); m · O, every microbatch's, under "torch-outputs"
 
     ``convention="megatron"``: 0 (Megatron-LM receives into a fresh tensor that becomes the
     stage input, and frees a sent output's storage, ``deallocate_output_tensor``). Unit: bytes.
@@ -89,7 +94,10 @@ def pipeline_buffer_bytes(
         return 0.0
     m, f = num_microbatches, min(float(inflight), num_microbatches)
     total = 0.0 if is_first else (m - f) * in_bytes
-    total += m * out_bytes if is_last else (m + f) * out_bytes
+    if is_last:
+        total += (m if convention == "torch-outputs" else f) * out_bytes
+    else:
+        total += (m + f) * out_bytes
     return total
 
 

@@ -191,8 +191,9 @@ def estimate_graph(
     and meshplan's runtime run it ("torch": bucketed, overlapped with the last backward) or as
     Megatron-LM's own wrapper ("local": one flat all-reduce after backward, ``local_ddp_sync_s``).
     ``pp_buffers`` (``allocator.PP_BUFFERS``) prices the pipeline runtime's per-microbatch buffers
-    as torch.distributed.pipelining holds them ("torch": meshplan's runtime, torchtitan) or as
-    Megatron-LM's p2p does ("megatron": none beyond the stage inputs).
+    as torch.distributed.pipelining holds them under meshplan's runtime ("torch") or under its
+    default ``step()`` as torchtitan calls it ("torch-outputs": the last stage keeps every
+    microbatch's logits), or as Megatron-LM's p2p does ("megatron": none beyond the stage inputs).
     ``moe_folding`` costs Megatron-Core's MoE parallel folding (``--expert-tensor-parallel-size 1``
     with ``--sequence-parallel``): each tp rank routes and computes only its 1/tp sequence shard, the
     ep group is ``ep`` consecutive ranks and expert gradients are reduced over the expert

@@ -112,7 +112,7 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         "blocks_per_stage": tuple(int(x) for x in ex["blocks_per_stage"]) if pp > 1 and ex.get("blocks_per_stage") else None,
         # whose pipeline runtime holds per-microbatch buffers (allocator.PP_BUFFERS) and whose
         # model-state layout (dp_kinds.STATE_LAYOUTS) the run had: case_engine
-        "pp_buffers": "torch" if engine == "torch" else "megatron", "state_layout": engine,
+        "pp_buffers": "torch-outputs" if engine == "torch" else "megatron", "state_layout": engine,
         # what a column-parallel linear saves under SP (memory.SP_SAVES): torch's TP the gathered input
         "sp_saves": "gathered" if engine == "torch" else "shard",
         # what a sharded run gathers at once (dp_kinds.FSDP_UNITS): DeepSpeed ZeRO-3 one module at a time
