@@ -291,7 +291,8 @@ class Searcher(ConfigEvaluator):
         if not cfgs:
             raise NoFeasiblePlanError(explain_no_configs(self, MICRO_BATCH_CHOICES))
         # cp/ep run without sequence parallelism (execution_rules.epcp_rule)
-        cfgs = [replace(c, sequence_parallel=self.sp_for(c.tp) and c.cp * c.ep == 1) for c in cfgs]
+        sp = {tp: self.sp_for(tp) for tp in {c.tp for c in cfgs}}  # (configs() builds them without)
+        cfgs = [replace(c, sequence_parallel=True) if sp[c.tp] and c.cp * c.ep == 1 else c for c in cfgs]
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
             useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]
             cfgs = useful or cfgs
