@@ -6,7 +6,8 @@
 ``growth``: for each (world size, layer count) a GPT (hidden 4096, 32 heads, seq 2048) is traced on
 the meta device (through the trace cache, so each depth is traced once) and searched on H100
 (global batch 2 × world); prints the search time split by phase (measured wall seconds:
-enumerate incl. the TP placement ILPs, bound, cost, simulate, finalize incl. the stage-split ILPs), the configurations enumerated / costed / simulated,
+enumerate incl. the TP placement ILPs, bound, cost, simulate, finalize incl. the stage-split ILPs), the configurations enumerated / costed /
+skipped as unable to change the result (``planner.search_prune``) / simulated,
 the search's CPU seconds (steadier than wall on a shared machine), the CPU time per costed
 configuration, and the growth exponent: the least-squares slope of log(search CPU s) against
 log(configurations costed) over the rows (1.0 = linear).
@@ -72,7 +73,7 @@ def growth(worlds: list[int], layer_counts: list[int]) -> None:
     from meshplan.planner.search import Searcher
 
     phases = ("enumerate", "bound", "cost", "simulate", "finalize")
-    head = f"{'world':>6} {'layers':>6} {'configs':>7} {'costed':>6} {'simul':>5} " + " ".join(
+    head = f"{'world':>6} {'layers':>6} {'configs':>7} {'costed':>6} {'skipped':>7} {'simul':>5} " + " ".join(
         f"{p:>9}" for p in phases
     ) + f" {'search s':>8} {'CPU s':>6} {'ms/costed':>9}"
     print("search time per phase, measured wall seconds on this machine; CPU s = the search's process CPU time")
@@ -88,7 +89,7 @@ def growth(worlds: list[int], layer_counts: list[int]) -> None:
             total, cpu = time.perf_counter() - t0, time.process_time() - c0
             pts.append((r.evaluated, cpu))
             print(
-                f"{world:>6} {layers:>6} {r.candidates:>7} {r.evaluated:>6} {r.simulated:>5} "
+                f"{world:>6} {layers:>6} {r.candidates:>7} {r.evaluated:>6} {r.skipped:>7} {r.simulated:>5} "
                 + " ".join(f"{r.phase_s.get(p, 0.0):>9.3f}" for p in phases)
                 + f" {total:>8.2f} {cpu:>6.2f} {1e3 * cpu / max(1, r.evaluated):>9.2f}",
                 flush=True,
