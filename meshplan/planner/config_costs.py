@@ -151,6 +151,8 @@ class ConfigCosts:
         self._epcp_node_memo: dict[tuple, EPCPTerms] = {}  # one node's terms (EPCPPrefix memo)
         self._epcp_whole: dict[tuple, EPCPTerms] = {}  # the whole model's terms per _epcp_prefix key
         self._bpp0_memo: dict[tuple, ModelStateBytes] = {}
+        self._infl_ranks: dict[tuple, list[float]] = {}
+        self._tied_memo: dict[int, list[int]] = {}
         self._infl_memo: dict[tuple, float] = {}  # fewest in-flight microbatches of a pipeline rank
         self._states_memo: dict[tuple, float] = {}  # lower_bound's model states per (params, kind, dp, tp, layout)
         self._lb_memo: dict[tuple, tuple[float, float, dict[str, list[float]]]] = {}  # lower_bound's kind-free part
@@ -359,10 +361,24 @@ class ConfigCosts:
         P = self._prefix(self._table(c))
         key = (c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
         if key not in self._infl_memo:
-            self._infl_memo[key] = min(inflight(c, r) for r in range(c.pp))
+            self._infl_memo[key] = min(self.inflight_ranks(c))
         acts = self._infl_memo[key] * P["act"][-1] / c.pp
         held = c.num_microbatches * P["act"][-1] / c.pp if c.schedule == "gpipe" and c.pp > 1 else 0.0  # in mlb
         return mlb + max(0.0, acts - held)
+
+    def inflight_ranks(self, c: Config) -> list[float]:
+        """``pipeline_time.inflight`` of every pipeline rank of ``c`` (memoized per schedule shape; read only)."""
+        key = (c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
+        if key not in self._infl_ranks:
+            self._infl_ranks[key] = [inflight(c, r) for r in range(c.pp)]
+        return self._infl_ranks[key]
+
+    def tied_layers(self, t: CostTable) -> list[int]:
+        """Indices of ``t``'s layers that read a tied weight (``LayerCost.tied``), ascending (memoized)."""
+        key = id(t)
+        if key not in self._tied_memo:
+            self._tied_memo[key] = [j for j, x in enumerate(t.layers) if x.tied]
+        return self._tied_memo[key]
 
     def rescue_possible(self, c: Config, mlb: float, floor: float) -> bool:
         """Whether costing ``c`` might spend a memory re-split (``ConfigEvaluator._fit``: a kind

@@ -37,6 +37,7 @@ trainable parameter count and the extra bytes QAT saves for backward. No torch i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
@@ -407,13 +408,18 @@ class GraphCoster:
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
 
+    @functools.cached_property
+    def _traced_loss(self) -> bool:
+        """Whether the graph traced its loss (read per layer costed: scanned once)."""
+        return any(n.kind == "loss" for n in self.g.nodes)
+
     def _logits(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> tuple[float, int, int] | None:
         """(tokens, vocab, vocab shard) of the logits a graph without a traced loss returns (the
         engine's cross-entropy: ``memory.loss_buffer_bytes``, ``eager_ops.loss_time_s``): the last
         linear producing ``vocab`` features, vocab-parallel unless the placement gathers its output;
         None when the graph traced its loss or has no such head."""
         vocab = int(self.g.meta.get("vocab") or 0)
-        if not vocab or any(n.kind == "loss" for n in self.g.nodes):
+        if not vocab or self._traced_loss:
             return None
         head = next((n for n in reversed(nodes) if n.kind == "linear" and n.out_shape and n.out_shape[-1] == vocab), None)
         if head is None:

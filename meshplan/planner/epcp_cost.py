@@ -182,8 +182,11 @@ class EPCPPrefix:
             per = [epcp_terms(graph, cluster, nodes=[n], **kw) for n in nodes]
         else:
             per = []
+            by_kind: dict[str, tuple] = {}  # _node_key depends on the node's kind only
             for n, copy in zip(nodes, copies, strict=True):
-                key = (copy, _node_key(n, kw))
+                if n.kind not in by_kind:
+                    by_kind[n.kind] = _node_key(n, kw)
+                key = (copy, by_kind[n.kind])
                 if key not in memo:
                     memo[key] = epcp_terms(graph, cluster, nodes=[n], **kw)
                 per.append(memo[key])

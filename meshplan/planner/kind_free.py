@@ -15,6 +15,7 @@ No torch import.
 
 from __future__ import annotations
 
+import bisect
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ from meshplan.cost_models.allocator import pipeline_buffer_bytes
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
-from meshplan.planner.pipeline_time import inflight, makespan_lower_bound, simulated_makespan
+from meshplan.planner.pipeline_time import makespan_lower_bound, simulated_makespan
 from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import Config
 
@@ -66,11 +67,13 @@ def kind_free_terms(
     if ev.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
         st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
     else:
-        st_q = [[p * ev._bpp0.params, p * ev._bpp0.grads, p * ev._bpp0.optimizer, p] for p in st_params]
+        b0 = ev._bpp0
+        st_q = [[p * b0.params, p * b0.grads, p * b0.optimizer, p] for p in st_params]
     frozen_tied = ev.coster.quant.mode == "qlora"
-    for i, (a, b) in enumerate(runs):  # a tied weight whose owner sits in another stage: a copy
-        for x in t.layers[a:b]:
-            for owner, numel in x.tied:
+    tied = ev.tied_layers(t)  # indices of the layers reading a tied weight, in order
+    for i, (a, b) in enumerate(runs) if tied else ():  # a tied weight whose owner sits in another stage: a copy
+        for j in tied[bisect.bisect_left(tied, a):bisect.bisect_left(tied, b)]:
+            for owner, numel in t.layers[j].tied:
                 if not t.layers[a].node_start <= owner < t.layers[b - 1].node_end:
                     st_params[i] += numel
                     b0 = ev._bpp0
@@ -113,7 +116,7 @@ def kind_free_terms(
         makespan, bubble_frac = simulated_makespan(c, st_f, st_b, st_w, st_send)
     else:
         makespan, bubble_frac = makespan_lower_bound(c, st_f, totals, rank_work), 0.0
-    infl = [inflight(c, r) for r in ranks]
+    infl = ev.inflight_ranks(c)
     r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
     r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
     ec = ev._epcp(c)  # the whole model's terms (the stages' sum): what ep saves, for reports
