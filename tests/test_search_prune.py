@@ -22,12 +22,13 @@ def small_mem(spec: ClusterSpec, gib: float) -> ClusterSpec:
     return dataclasses.replace(spec, mem_bytes=int(gib * 1024**3), mem_reserved_bytes=0)
 
 
-def _moe_graph(layers: int = 4, seq: int = 256):
+def moe_meta_graph(layers: int = 4, seq: int = 256, **shape: int):
+    """A zoo MoE Llama built on the meta device and traced (``shape`` overrides MoEConfig fields)."""
     from meshplan.models.meta_init import skip_init_on_meta
     from meshplan.models.moe import MoEConfig, moe_llama
 
-    cfg = MoEConfig(n_layer=layers, n_head=16, n_kv_head=8, dim=1024, ffn_hidden=2048, vocab_size=8192,
-                    max_seq_len=seq, num_experts=16, top_k=2)  # fmt: skip
+    dims = dict(n_head=16, n_kv_head=8, dim=1024, ffn_hidden=2048, vocab_size=8192, num_experts=16, top_k=2)
+    cfg = MoEConfig(n_layer=layers, max_seq_len=seq, **{**dims, **shape})
     with torch.device("meta"), skip_init_on_meta():
         model = moe_llama(cfg)
     return trace_model(model, (torch.zeros(1, seq, dtype=torch.long, device="meta"),))
@@ -35,7 +36,7 @@ def _moe_graph(layers: int = 4, seq: int = 256):
 
 @pytest.fixture(scope="module")
 def moe():
-    return _moe_graph()
+    return moe_meta_graph()
 
 
 @pytest.mark.parametrize("case", ["gpt", "gpt-tight", "moe"])

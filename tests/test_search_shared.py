@@ -7,29 +7,17 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
+from test_search_prune import moe_meta_graph
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.epcp_cost import EPCPPrefix
 from meshplan.planner.search import Searcher
 from meshplan.planner.search_types import Config
-from meshplan.trace import trace_model
-
-
-def _moe_graph(layers: int = 4, seq: int = 64):
-    from meshplan.models.meta_init import skip_init_on_meta
-    from meshplan.models.moe import MoEConfig, moe_llama
-
-    cfg = MoEConfig(n_layer=layers, n_head=8, n_kv_head=4, dim=256, ffn_hidden=512, vocab_size=1024,
-                    max_seq_len=seq, num_experts=8, top_k=2)  # fmt: skip
-    with torch.device("meta"), skip_init_on_meta():
-        model = moe_llama(cfg)
-    return trace_model(model, (torch.zeros(1, seq, dtype=torch.long, device="meta"),))
 
 
 @pytest.fixture(scope="module")
 def moe():
-    return _moe_graph()
+    return moe_meta_graph(seq=64, n_head=8, n_kv_head=4, dim=256, ffn_hidden=512, vocab_size=1024, num_experts=8)
 
 
 @pytest.mark.parametrize("folding", [False, True])
