@@ -13,7 +13,7 @@ configuration, and the growth exponent: the least-squares slope of log(search CP
 log(configurations costed) over the rows (1.0 = linear).
 
 ``commands``: the issue's targets as whole ``meshplan plan`` commands (Python start-up and import
-included), each run twice: cold (empty trace cache) and warm (cache filled by the cold run);
+included), each run twice: cold (an empty trace cache of its own) and warm (cache filled by the cold run);
 prints measured wall and user+sys CPU seconds of the child process (CPU time is the stable figure
 on a shared machine; on an idle machine a single-threaded command's wall time is about its CPU
 time), the goal (seconds) and the planner's own search seconds.
@@ -119,13 +119,16 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
 
 def commands(cache_dir: str | None) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env["MESHPLAN_CACHE_DIR"] = cache_dir or tempfile.mkdtemp(prefix="meshplan-bench-cache-")
+    base = cache_dir or tempfile.mkdtemp(prefix="meshplan-bench-cache-")
     wall, cpu, _ = _run([sys.executable, "-c", "import meshplan"], env)
     print(f"python -c 'import meshplan': {wall:.2f} s wall, {cpu:.2f} s CPU (measured)")
     print(f"{'case':<28} {'cold wall':>9} {'cold CPU':>8} {'warm wall':>9} {'warm CPU':>8} {'goal':>5}  search (warm)")
     for name, (model, world, cluster, batch, goal) in TARGETS.items():
         cmd = [sys.executable, "-m", "meshplan.cli", "plan", model, "-n", str(world), "--cluster", cluster,
                "--global-batch", str(batch)]  # fmt: skip
+        # each case its own cache: two cases of one model (175B at 1024 and 16384) share a graph,
+        # so a shared cache would make the second "cold" run warm
+        env["MESHPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="case-", dir=base)
         cold = _run(cmd, env)
         warm = _run(cmd, env)
         print(f"{name:<28} {cold[0]:>9.2f} {cold[1]:>8.2f} {warm[0]:>9.2f} {warm[1]:>8.2f} {goal:>5.0f}  {warm[2]}",
@@ -139,7 +142,7 @@ def main() -> None:
     g.add_argument("--worlds", type=int, nargs="+", default=[8, 64, 512, 4096, 16384])
     g.add_argument("--layers", type=int, nargs="+", default=[12, 48, 96, 200])
     c = sub.add_parser("commands")
-    c.add_argument("--cache-dir", default=None, help="trace cache to use (default: a fresh temporary one)")
+    c.add_argument("--cache-dir", default=None, help="where the per-case trace caches go (default: a fresh temporary dir)")
     args = ap.parse_args()
     if args.what == "growth":
         growth(args.worlds, args.layers)
