@@ -152,6 +152,7 @@ class ConfigCosts:
         self._epcp_whole: dict[tuple, EPCPTerms] = {}  # the whole model's terms per _epcp_prefix key
         self._bpp0_memo: dict[tuple, ModelStateBytes] = {}
         self._infl_ranks: dict[tuple, list[float]] = {}
+        self._pools_memo: dict[tuple, float] = {}  # stream_pools per (table, split, placement)
         self._tied_memo: dict[int, list[int]] = {}
         self._infl_memo: dict[tuple, float] = {}  # fewest in-flight microbatches of a pipeline rank
         self._states_memo: dict[tuple, float] = {}  # lower_bound's model states per (params, kind, dp, tp, layout)
@@ -469,18 +470,24 @@ class ConfigCosts:
             return self._largest_linear / c.tp
         return self._prefix(self._table(c))["largest"][0]
 
-    def stream_pools(self, c: Config, t: CostTable, layers: list[list[int]]) -> float:
+    def stream_pools(self, c: Config, t: CostTable, runs: list[tuple[int, int]], on_rank: list[list[int]]) -> float:
         """The largest of the pipeline ranks' FSDP2 side-stream pools (``allocator.fsdp_stream_pool_bytes``):
         units are a rank's repeated blocks and its other layers together (the root's, or its stage's,
-        ``fully_shard``); 0 for kinds that do not run FSDP2 (ddp, zero1) or without sharding."""
+        ``fully_shard``); 0 for kinds that do not run FSDP2 (ddp, zero1) or without sharding.
+        ``runs``: the stages' layer ranges, ``on_rank``: each pipeline rank's stages (memoized per
+        table, split and placement: the same for every configuration sharing them)."""
         if ZERO_STAGE[c.dp_kind] < 2 or self._shard(c) == 1 or self.fsdp_units != "block":
             return 0.0
-        pools = []
-        for idx in layers:
-            units = [t.layers[i].param_count for i in idx if t.layers[i].kind == "block"]
-            units.append(sum(t.layers[i].param_count for i in idx if t.layers[i].kind != "block"))
-            pools.append(fsdp_stream_pool_bytes(units, param_bytes=self._elem_bytes, reduce_bytes=GRAD_REDUCE_BYTES))
-        return max(pools, default=0.0)
+        key = (id(t), tuple(runs), tuple(tuple(x) for x in on_rank))
+        if key not in self._pools_memo:
+            pools = []
+            for stages in on_rank:
+                idx = [i for s_ in stages for i in range(*runs[s_])]
+                units = [t.layers[i].param_count for i in idx if t.layers[i].kind == "block"]
+                units.append(sum(t.layers[i].param_count for i in idx if t.layers[i].kind != "block"))
+                pools.append(fsdp_stream_pool_bytes(units, param_bytes=self._elem_bytes, reduce_bytes=GRAD_REDUCE_BYTES))
+            self._pools_memo[key] = max(pools, default=0.0)
+        return self._pools_memo[key]
 
     def fsdp_buffers(self, c: Config, rank_params: list[float]) -> list[float]:
         """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""

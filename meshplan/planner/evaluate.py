@@ -185,7 +185,7 @@ class ConfigEvaluator(ConfigCosts):
                          "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
         if c.pp > 1 and max(k.r_pipe) > 0:  # live: in peak_mem_bytes
             mem_breakdown["pipeline_buffers"] = int(max(k.r_pipe))
-        pools = self.stream_pools(c, t, [[i for s_ in on_rank[r] for i in range(*runs[s_])] for r in ranks])
+        pools = self.stream_pools(c, t, runs, on_rank)
         if pools:  # reserved by the allocator, not live: not in peak_mem_bytes (allocator.reserved_peak_bytes)
             mem_breakdown["fsdp_stream_pools"] = int(pools)
         if self.quant:
