@@ -85,3 +85,18 @@ def test_repeat_kv_twin_computes_the_same_attention_as_enable_gqa() -> None:
     b.load_state_dict(a.state_dict())
     x = torch.randint(0, 16, (2, 8))
     torch.testing.assert_close(a(x), b(x))
+
+
+def test_configuration_strings_name_cp_so_the_degrees_multiply_to_the_world() -> None:
+    """A plan with cp > 1 shows it (tp1 pp4 dp8 cp2 ep8 is 64 GPUs; without cp2 it read as 32), and
+    why_faster names the cp change."""
+    from types import SimpleNamespace
+
+    from meshplan.planner.published_estimate import _config, why_faster
+
+    pred = SimpleNamespace(compute_s=1.0, recompute_s=0.0, tp_comm_s=0.0, pp_comm_s=0.0, dp_comm_s=0.0, bubble_s=0.5,
+                           optimizer_s=0.0, ep_comm_s=0.0, cp_comm_s=0.0, step_s=1.5)
+    base = dict(tp=1, pp=4, micro_batch_size=1, schedule="1f1b", recompute="none", dp_kind="ddp", ep=8, predicted=pred)
+    expert, auto = SimpleNamespace(dp=16, cp=1, **base), SimpleNamespace(dp=8, cp=2, **base)
+    assert _config(auto).startswith("tp1 pp4 dp8 cp2 ep8 ") and " cp" not in _config(expert)
+    assert "cp 1→2" in why_faster(expert, auto)
