@@ -11,7 +11,7 @@ from torch import nn
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.execution_rules import sequence_parallel_blocker
 from meshplan.planner.tp_graph import solve_tp
-from meshplan.planner.tp_groups import find_groups
+from meshplan.planner.tp_groups import GraphIndex, find_groups, node_readers
 from meshplan.trace import trace_model
 
 H100 = ClusterSpec.preset("h100")
@@ -152,3 +152,24 @@ def test_sequence_parallel_rule_matches_the_runtime_module_tree():
     bad = {**sol.styles, "blocks.0.attn.q_proj": "replicate"}
     assert sequence_parallel_blocker(g.meta["module_lists"], g.meta["param_modules"], bad) == sp_blocker(Net(), bad)
     assert "blocks.0.attn.q_proj (Linear) is inside a block" in sp_blocker(Net(), bad)
+
+
+def test_shared_graph_index_equals_fresh_work():
+    """GraphIndex memoizes find_groups per segment and shares readers / input bytes across the
+    placement ILPs of one graph: every result equals the one computed from scratch."""
+    g = _graph()
+    ids = [n.id for n in g.nodes]
+    index = GraphIndex(g)
+    first = index.groups(ids)
+    assert first == find_groups(g, ids) and index.groups(ids) == first
+    first.clear()  # callers get their own list: the memo is not aliased
+    assert index.groups(ids) == find_groups(g, ids)
+    assert index.readers == node_readers(g)
+    for tp, sp in ((2, False), (2, True), (4, False)):
+        shared = solve_tp(g, tp, H100, sequence_parallel=sp, index=index)
+        fresh = solve_tp(g, tp, H100, sequence_parallel=sp)
+        for f in ("styles", "node_shard", "node_state", "segment_comm_s", "segment_comm_bytes", "segment_events",
+                  "comm_s", "comm_bytes", "objective", "status", "gathered"):  # fmt: skip
+            assert getattr(shared, f) == getattr(fresh, f), f
+    # the whole graph, one block type's range, the rest: the three solves above reused the last two
+    assert len(index._groups) == 3

@@ -55,6 +55,7 @@ from meshplan.graph import GraphNode, ModelGraph
 from meshplan.partition.cuts import layer_ranges
 from meshplan.plan import Quantization
 from meshplan.planner.tp_graph import GraphTPSolution, solve_tp
+from meshplan.planner.tp_groups import GraphIndex
 from meshplan.planner.tp_types import collective_passes
 
 
@@ -183,6 +184,7 @@ class GraphCoster:
         self.time_limit_s = time_limit_s
         self.ranges = layer_ranges(graph)
         self._tp: dict[tuple[int, bool, int], GraphTPSolution] = {}
+        self._tp_index: GraphIndex | None = None  # built at the first TP solve, shared by all
         self._tables: dict[tuple[int, bool, str, int], CostTable] = {}
         self._module_cache: dict[tuple[int, int], tuple[str, ...]] = {}
         self._cuts = {c.after: c for c in graph.cut_points}
@@ -217,10 +219,12 @@ class GraphCoster:
         ref = placement_bucket(micro_batch)
         key = (tp, sp, ref)
         if key not in self._tp:
+            if self._tp_index is None:
+                self._tp_index = GraphIndex(self.g)
             sol = solve_tp(
                 self.g, tp, self.cluster, sequence_parallel=sp, batch_scale=ref / max(1, self.g.batch_size),
                 dtype=self.dtype, time_limit_s=self.time_limit_s, vocab_parallel=self.vocab_parallel,
-                moe_folding=self.moe_folding,
+                moe_folding=self.moe_folding, index=self._tp_index,
             )  # fmt: skip
             self.ilp_solves += sol.solves
             self.ilp_seconds += sol.seconds

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import ModelGraph
+from meshplan.planner.tp_groups import GraphIndex
 from meshplan.planner.tp_ilp import TPSolution, solve_segment
 
 
@@ -66,13 +67,17 @@ def solve_tp(
     time_limit_s: float = 10.0,
     vocab_parallel: bool = False,
     moe_folding: bool = False,
+    index: GraphIndex | None = None,
 ) -> GraphTPSolution:
     """Place every linear of ``graph`` for a TP degree: one ILP per block type (reused for all
     its instances) and one for the rest. Costs are per microbatch of ``batch_scale`` × the
     traced batch. ``vocab_parallel``: the engines' layout (Megatron-LM, torchtitan) where the
     token embedding is always vocab-parallel; else what meshplan's runtime runs. ``moe_folding``:
-    Megatron-Core's MoE parallel folding (every MoE node on the sequence shard, ``tp_strategies``)."""
+    Megatron-Core's MoE parallel folding (every MoE node on the sequence shard, ``tp_strategies``).
+    ``index``: the graph's ``tp_groups.GraphIndex`` shared by the caller's solves (one per call if None)."""
     t0 = time.perf_counter()
+    if index is None or index.g is not graph:
+        index = GraphIndex(graph)
     styles: dict[str, str] = {}
     gathered: set[str] = set()
     shard: dict[int, int] = {}
@@ -111,7 +116,7 @@ def solve_tp(
             sol = solve_segment(
                 graph, list(range(a, b)), tp, cluster, sequence_parallel=sequence_parallel,
                 batch_scale=batch_scale, dtype=dtype, prefix=prefix, time_limit_s=time_limit_s,
-                name=f"tp_{bt.module_class}_{idx}", moe_folding=moe_folding,
+                name=f"tp_{bt.module_class}_{idx}", moe_folding=moe_folding, index=index,
             )  # fmt: skip
             solves += 1
             key = f"block:{bt.type_id}" if same else f"block:{bt.type_id}:{idx}"
@@ -131,7 +136,7 @@ def solve_tp(
         sol = solve_segment(
             graph, rest, tp, cluster, sequence_parallel=sequence_parallel, batch_scale=batch_scale,
             dtype=dtype, time_limit_s=time_limit_s, name="tp_rest", vocab_parallel=vocab_parallel,
-            moe_folding=moe_folding,
+            moe_folding=moe_folding, index=index,
         )  # fmt: skip
         solves += 1
         account(sol, "rest", 1)

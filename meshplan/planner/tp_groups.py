@@ -80,14 +80,44 @@ def _forward(g: ModelGraph, start: int, ids: set[int], readers: dict[int, list[i
     return _walk(g, readers.get(start, []), ids, lambda n: readers.get(n.id, []) if n.kind == "reshape" else None)
 
 
-def find_groups(g: ModelGraph, node_ids: list[int]) -> list[TPGroup]:
-    """The attention and MLP groups among ``node_ids`` (one segment), see the module docstring."""
-    ids = set(node_ids)
-    hidden = int(g.meta.get("hidden") or 0)
+def node_readers(g: ModelGraph) -> dict[int, list[int]]:
+    """Each node id -> the ids of the nodes reading its output, in graph order."""
     readers: dict[int, list[int]] = {}
     for n in g.nodes:
         for i in n.inputs:
             readers.setdefault(i, []).append(n.id)
+    return readers
+
+
+class GraphIndex:
+    """Graph-wide lookups that every placement ILP of one graph shares (``tp_graph.solve_tp`` runs
+    one per block type and TP degree / microbatch bucket, all on the same graph): node readers,
+    input bytes per node, and ``find_groups`` per segment, computed once instead of per ILP. The
+    graph must not change while an index of it is in use (the planner never edits its graph)."""
+
+    def __init__(self, g: ModelGraph) -> None:
+        self.g = g
+        self.readers = node_readers(g)
+        self.in_bytes: dict[int, int] = {}
+        for _, d, b in g.edges:
+            self.in_bytes[d] = self.in_bytes.get(d, 0) + b
+        self._groups: dict[tuple[int, ...], tuple[TPGroup, ...]] = {}
+
+    def groups(self, node_ids: list[int]) -> list[TPGroup]:
+        """``find_groups(g, node_ids)``, memoized per segment (a new list each call)."""
+        key = tuple(node_ids)
+        if key not in self._groups:
+            self._groups[key] = tuple(find_groups(self.g, node_ids, readers=self.readers))
+        return list(self._groups[key])
+
+
+def find_groups(g: ModelGraph, node_ids: list[int], readers: dict[int, list[int]] | None = None) -> list[TPGroup]:
+    """The attention and MLP groups among ``node_ids`` (one segment), see the module docstring;
+    ``readers``: ``node_readers(g)`` when the caller has it."""
+    ids = set(node_ids)
+    hidden = int(g.meta.get("hidden") or 0)
+    if readers is None:
+        readers = node_readers(g)
     fold = set(g.meta.get("tp_fold_views") or ())
     groups: list[TPGroup] = []
     taken: set[int] = set()

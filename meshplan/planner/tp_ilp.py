@@ -62,7 +62,7 @@ import pulp
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode, ModelGraph
-from meshplan.planner.tp_groups import TPGroup, find_groups
+from meshplan.planner.tp_groups import GraphIndex, TPGroup
 from meshplan.planner.tp_strategies import TPStrategies
 from meshplan.planner.tp_types import (
     MEM_WEIGHT_S_PER_BYTE,
@@ -95,6 +95,7 @@ class TPPlacementILP(TPStrategies):
         name: str = "tp",
         vocab_parallel: bool = False,
         moe_folding: bool = False,
+        index: GraphIndex | None = None,
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
@@ -115,13 +116,11 @@ class TPPlacementILP(TPStrategies):
         self.x: dict[tuple[int, int], pulp.LpVariable] = {}
         self.w: dict[tuple[int, str, str], pulp.LpVariable] = {}
         self.strategies: dict[int, list[Strategy]] = {}
-        self.readers: dict[int, list[int]] = {}
-        for n in graph.nodes:
-            for i in n.inputs:
-                self.readers.setdefault(i, []).append(n.id)
-        self._in_bytes: dict[int, int] = {}
-        for _, d, b in graph.edges:
-            self._in_bytes[d] = self._in_bytes.get(d, 0) + b
+        if index is None or index.g is not graph:
+            index = GraphIndex(graph)
+        self.index = index
+        self.readers: dict[int, list[int]] = index.readers  # read only
+        self._in_bytes: dict[int, int] = index.in_bytes
         self._cost_cache: dict[tuple[int, int], float] = {}
         self._comm_cache: dict[tuple[str, float], float] = {}
 
@@ -284,7 +283,7 @@ class TPPlacementILP(TPStrategies):
         """Coherent groups (``tp_groups``): one binary g per group; producers colwise = g, consumers
         rowwise = g (a group with a blocker, or a member lacking the style, has g = 0); a linear
         may be rowwise only as a group's consumer."""
-        self.groups: list[TPGroup] = find_groups(self.g, self.ids) if self.tp > 1 else []
+        self.groups: list[TPGroup] = self.index.groups(self.ids) if self.tp > 1 else []
         consumers = {c for grp in self.groups for c in grp.consumers}
         ci = 0
         for gi, grp in enumerate(self.groups):
@@ -428,6 +427,7 @@ def solve_segment(
     name: str = "tp",
     vocab_parallel: bool = False,
     moe_folding: bool = False,
+    index: GraphIndex | None = None,
 ) -> TPSolution:
     """Solve the placement of one segment; ``prefix`` (a block instance, e.g. "blocks.0") makes
     ``rel_styles`` relative FQNs such as "attn.q_proj". ``vocab_parallel``: the engines' layout
@@ -435,7 +435,7 @@ def solve_segment(
     ``moe_folding``: Megatron-Core's MoE parallel folding (a MoE node on the sequence shard)."""
     ilp = TPPlacementILP(
         graph, node_ids, tp, cluster, sequence_parallel=sequence_parallel, batch_scale=batch_scale,
-        dtype=dtype, name=name, vocab_parallel=vocab_parallel, moe_folding=moe_folding,
+        dtype=dtype, name=name, vocab_parallel=vocab_parallel, moe_folding=moe_folding, index=index,
     )  # fmt: skip
     sol = ilp.solve(time_limit_s=time_limit_s)
     if prefix:
