@@ -76,3 +76,30 @@ def test_search_best_plan_is_unchanged_by_the_memo(world, batch, layers, gib):
     assert a.best.step_s == b.best.step_s and a.best.peak_mem_bytes == b.best.peak_mem_bytes
     assert [e.config for e, _ in a.alternatives] == [e.config for e, _ in b.alternatives]
     assert a.evaluated == b.evaluated
+
+
+def test_transient_memo_and_layer_copies_equal_fresh_work():
+    """``ConfigCosts._transient`` (memoized per table and runs) equals the bytes computed from the
+    layers; ``costing.copy_layer`` (a table's per-instance copy of its block type's costs) equals
+    ``dataclasses.replace`` field for field, and refuses an unknown field."""
+    from meshplan.planner.costing import copy_layer
+
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
+    s = Searcher(g, H100.with_devices(8), global_batch=32)
+    n = 0
+    for c in s.configs():
+        t = s._table(c)
+        runs = s.split(t, c.pp * c.virtual_stages, c.virtual_stages) if c.pp > 1 else [(0, len(t.layers))]
+        for r in (runs, runs[:1], runs[-1:]):
+            layers = [x for a, b in r for x in t.layers[a:b]]
+            want = max(0.0, max((x.transient_bytes for x in layers), default=0.0) - sum(x.loss_bytes for x in layers))
+            assert s._transient(t, r) == want and s._transient(t, list(r)) == want  # the second call: memo
+            n += 1
+    assert n > 10 and s._transient_memo
+    x = t.layers[1]
+    changes = dict(name="other", node_start=1, node_end=2, modules=("m",), out_bytes=3.0, kind="post")
+    assert copy_layer(x, **changes) == dataclasses.replace(x, **changes)
+    assert fields(copy_layer(x, **changes)) == fields(dataclasses.replace(x, **changes))
+    assert x.name != "other"  # the prototype is untouched
+    with pytest.raises(TypeError, match="no field"):
+        copy_layer(x, bogus=1)

@@ -140,6 +140,7 @@ class ConfigCosts:
         self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._transient_memo: dict[tuple, float] = {}  # (id(table), runs) -> _transient's bytes
         self._prefix_cache: dict[int, dict[str, list[float]]] = {}
         self._bpp_cache: dict[tuple[str, int, int, str], ModelStateBytes] = {}
         self._rescues = 0
@@ -445,14 +446,17 @@ class ConfigCosts:
             for x in t.layers
         ]  # fmt: skip
 
-    @staticmethod
-    def _transient(t: CostTable, runs: list[tuple[int, int]]) -> float:
+    def _transient(self, t: CostTable, runs: list[tuple[int, int]]) -> float:
         """Bytes a rank holds on top of its stored activations while back-propagating: the
         largest recompute transient of its layers (``LayerCost.transient_bytes``, one layer
-        re-run at a time), less the loss peak freed before any block's backward."""
-        layers = [x for a, b in runs for x in t.layers[a:b]]
-        worst = max((x.transient_bytes for x in layers), default=0.0)
-        return max(0.0, worst - sum(x.loss_bytes for x in layers))
+        re-run at a time), less the loss peak freed before any block's backward. Memoized per
+        (table, runs): configurations differing only in m, schedule or DP kind share it."""
+        key = (id(t), tuple(runs))
+        if key not in self._transient_memo:
+            layers = [x for a, b in runs for x in t.layers[a:b]]
+            worst = max((x.transient_bytes for x in layers), default=0.0)
+            self._transient_memo[key] = max(0.0, worst - sum(x.loss_bytes for x in layers))
+        return self._transient_memo[key]
 
     def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:
         """What a parameter-sharding kind holds unsharded (``dp_kinds.unsharded_buffer_bytes``:

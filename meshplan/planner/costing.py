@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, RUNTIME_NORM_KERNEL, loss_time_s
@@ -106,6 +107,19 @@ class LayerCost:
     @property
     def total_s(self) -> float:
         return self.fwd_s + self.bwd_input_s + self.bwd_weight_s + self.tp_comm_s + self.recompute_s
+
+
+def copy_layer(proto: LayerCost, **changes: Any) -> LayerCost:
+    """``dataclasses.replace(proto, **changes)`` without re-running ``__init__`` (LayerCost has no
+    ``__post_init__``): a table copies its block type's costs onto every instance (~130 per table
+    of a 128-layer model, hundreds of tables per search)."""
+    unknown = set(changes) - set(proto.__dict__)
+    if unknown:
+        raise TypeError(f"LayerCost has no field(s) {sorted(unknown)}")
+    new = object.__new__(LayerCost)
+    new.__dict__.update(proto.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 @dataclass
@@ -245,7 +259,7 @@ class GraphCoster:
             tkey = (tid or "", b - a)
             proto = by_type.get(tkey) if tid else None
             if proto is not None:
-                layer = replace(
+                layer = copy_layer(
                     proto, name=name, node_start=a, node_end=b, modules=self._modules(a, b),
                     out_bytes=self._boundary_bytes(b - 1, tp, sp, scale), kind=kind,
                 )  # fmt: skip

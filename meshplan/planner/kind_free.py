@@ -118,7 +118,8 @@ def kind_free_terms(
         makespan, bubble_frac = makespan_lower_bound(c, st_f, totals, rank_work), 0.0
     infl = ev.inflight_ranks(c)
     r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
-    r_q = [[sum(st_q[i][k] for i in on_rank[r]) for k in range(4)] for r in ranks]
+    # per column, the sum over the rank's stages in stage order (as sum(generator) adds them)
+    r_q = [[sum(col) for col in zip(*(st_q[i] for i in on_rank[r]))] if on_rank[r] else [0, 0, 0, 0] for r in ranks]
     ec = ev._epcp(c)  # the whole model's terms (the stages' sum): what ep saves, for reports
     ep_cut = [0.0 for _ in ranks]  # expert parameters a rank does not hold under ep
     r_experts = [sum(st_ec[i].expert_params for i in on_rank[r]) if st_ec else 0.0 for r in ranks]

@@ -135,9 +135,9 @@ def balanced_split(costs: list[float], num_stages: int) -> list[tuple[int, int]]
     def pack(limit: float) -> list[tuple[int, int]] | None:
         """Greedy: each run takes as many layers as fit under ``limit`` (binary search on the
         prefix sums); None when more than ``num_stages`` runs are needed."""
-        out, start = [], 0
+        out, start, lim, right = [], 0, limit * (1 + 1e-12), bisect.bisect_right
         while start < n:
-            end = bisect.bisect_right(prefix, prefix[start] + limit * (1 + 1e-12)) - 1
+            end = right(prefix, prefix[start] + lim) - 1
             if end <= start:
                 return None  # one layer alone exceeds the limit
             out.append((start, end))
