@@ -1,4 +1,5 @@
-"""Python's cyclic garbage collector in a one-shot command: off while the model loads, then frozen.
+"""Python's cyclic garbage collector in a one-shot command: off while the model loads, then frozen;
+off while the search runs.
 
 Loading a model for planning imports torch (and transformers for a HF model), builds the model on
 the meta device and traces it: about half a million long-lived objects and little cyclic garbage.
@@ -12,6 +13,10 @@ objects made after loading. The cyclic garbage the body left (traced graphs, fak
 on the 70B and 1T cold commands) is kept until exit; at exit the objects are unfrozen, so the
 interpreter's last collection finalizes them as before (extension modules built with nanobind,
 e.g. triton's, report leaks otherwise).
+
+``searching(one_shot)`` keeps the collector off while the search runs: its memos and evaluations
+are long-lived and hold almost no cycles (the 1T@3072 search ran 8 full collections, 0.75 s CPU,
+that freed 776 objects); the collector is back on when the search returns.
 
 Only for a process that is the command (``cli.main`` with ``argv=None``): a caller that runs
 ``main([...])`` in a longer-lived process (tests, notebooks) keeps its collector as it was.
@@ -44,3 +49,17 @@ def loading(one_shot: bool) -> Iterator[None]:
         if not _unfreeze_registered:
             atexit.register(gc.unfreeze)
             _unfreeze_registered = True
+
+
+@contextmanager
+def searching(one_shot: bool) -> Iterator[None]:
+    """Collector off for the body (the search), on again after; a no-op unless ``one_shot`` or when
+    the collector was already off (see the module docstring)."""
+    if not one_shot or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lora_rank is not None and args.quantization != "qlora":
         raise ValueError("--lora-rank applies to --quantization qlora only")
     quant = resolve_quantization(args.quantization, args.lora_rank)
-    from meshplan.commands.heap import loading
+    from meshplan.commands.heap import loading, searching
     from meshplan.tracing.load import load_graph
 
     with loading(getattr(args, "one_shot", False)):  # imports, build, trace: no collections, then frozen
@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         return plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch,
                           fixed=fixed, progress=progress, quantization=quant, dtype=dtype, **limits)  # fmt: skip
 
-    plan = choose_dtype(plan_in, dtypes, progress) if len(dtypes) > 1 else plan_in(dtypes[0])
+    with searching(getattr(args, "one_shot", False)):  # long-lived memos, few cycles: no collections
+        plan = choose_dtype(plan_in, dtypes, progress) if len(dtypes) > 1 else plan_in(dtypes[0])
     if plan.dtype == "fp8" and args.target == "meshplan":
         plan = dataclasses.replace(plan, notes=(*plan.notes, "dtype fp8 (torchao float8 training) is costed but not "
                                                 "executed by `meshplan run`: export it with `meshplan export --to torchtitan`"))  # fmt: skip
