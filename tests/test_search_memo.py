@@ -96,6 +96,13 @@ def test_transient_memo_and_layer_copies_equal_fresh_work():
             assert s._transient(t, r) == want and s._transient(t, list(r)) == want  # the second call: memo
             n += 1
     assert n > 10 and s._transient_memo
+    for c in s.configs():
+        s.evaluate(c, exact=False)
+    from meshplan.cost_models.comm import p2p_crosses_nodes
+
+    assert any(len(v) for v in s._crosses_memo.values())
+    for (stride, dpn), pairs in s._crosses_memo.items():  # shared link memo == fresh answers
+        assert all(p2p_crosses_nodes(a, b, stride, dpn) == x for (a, b), x in pairs.items())
     x = t.layers[1]
     changes = dict(name="other", node_start=1, node_end=2, modules=("m",), out_bytes=3.0, kind="post")
     assert copy_layer(x, **changes) == dataclasses.replace(x, **changes)

@@ -141,6 +141,8 @@ class ConfigCosts:
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._transient_memo: dict[tuple, float] = {}  # (id(table), runs) -> _transient's bytes
+        #: (pipeline stride, devices per node) -> {(rank, next rank): comm.p2p_crosses_nodes}
+        self._crosses_memo: dict[tuple[int, int], dict[tuple[int, int], bool]] = {}
         self._prefix_cache: dict[int, dict[str, list[float]]] = {}
         self._bpp_cache: dict[tuple[str, int, int, str], ModelStateBytes] = {}
         self._rescues = 0

@@ -87,7 +87,7 @@ def kind_free_terms(
     # stage i sends to stage i + 1 on the link between their pipeline ranks: NVLink when both
     # sit in one node, else one NIC (comm.p2p_crosses_nodes)
     stride, dpn = c.dp * c.cp * c.tp, ev.cluster.devices_per_node
-    crosses: dict[tuple[int, int], bool] = {}  # per pair of pipeline ranks
+    crosses = ev._crosses_memo.setdefault((stride, dpn), {})  # per pair of pipeline ranks, shared by configs
     send_s: dict[tuple[int, bool], float] = {}  # per (bytes, crosses nodes): most stages send the same
     st_send = []
     # Megatron-LM's scatter/gather (``ConfigCosts.pp_scatter_gather``): a 1/tp slice per tp rank over
