@@ -1,6 +1,7 @@
 """Vocab-parallel token embedding under TP: the engines' layout (Megatron-LM's
 VocabParallelEmbedding, torchtitan's RowwiseParallel tok_embeddings) against meshplan's runtime
-(tied embedding and head kept replicated), its forward-only all-reduce and its sharded states."""
+(a tied embedding and head sharded alike, one Shard(0) Parameter: runtime/tp.retie; an untied
+embedding as the placement ILP chooses), its forward-only all-reduce and its sharded states."""
 
 from __future__ import annotations
 
@@ -26,15 +27,11 @@ def _untied(g):
     return dataclasses.replace(g, nodes=nodes, tied_params=[])
 
 
-def test_tied_embedding_and_head_replicated_as_the_runtime_runs_them():
+@pytest.mark.parametrize("engine", [True, False])
+def test_tied_embedding_and_head_sharded_with_one_forward_all_reduce(engine):
+    # engines: always; meshplan's runtime: when the ILP shards the pair (runtime/tp.retie runs it so)
     g = gpt_graph(layers=2, h=H, heads=16, vocab=V)
-    sol = solve_tp(g, 8, H100)
-    assert sol.styles["wte"] == "replicate" and sol.styles["lm_head"] == "replicate"
-
-
-def test_engine_layout_shards_tied_embedding_and_head_with_one_forward_all_reduce():
-    g = gpt_graph(layers=2, h=H, heads=16, vocab=V)
-    sol = solve_tp(g, 8, H100, vocab_parallel=True)
+    sol = solve_tp(g, 8, H100, vocab_parallel=engine)
     assert sol.styles["wte"] == "rowwise" and sol.styles["lm_head"] == "colwise"
     out = next(n.id for n in g.nodes if n.kind == "output")
     assert sol.node_state[out] == "S"  # vocab-parallel logits into the loss, no gather
@@ -54,9 +51,12 @@ def test_embedding_states_sharded_by_tp_under_the_engine_layout(tied):
     kw = dict(tp=8, pp=1, dp=1, global_batch_size=8, micro_batch_size=8, cluster=H100)
     run = estimate_graph(g, 8, **kw)
     eng = estimate_graph(g, 8, vocab_parallel_embedding=True, **kw)
-    assert run.tp_styles["wte"] == "replicate" and eng.tp_styles["wte"] == "rowwise"
+    assert eng.tp_styles["wte"] == "rowwise"
+    # the runtime: a tied table sharded with its head (the same states as the engines'), an untied
+    # one replicated (its all-reduce buys nothing: the ILP weighs time)
+    assert run.tp_styles["wte"] == ("rowwise" if tied else "replicate")
     saved = run.predicted.mem_breakdown["params"] - eng.predicted.mem_breakdown["params"]
-    shards = V * H * 7 / 8  # the replicated table less its 1/8 shard (a tied head holds no copy)
+    shards = 0.0 if tied else V * H * 7 / 8  # the replicated table less its 1/8 shard
     if not tied:  # untied: the head is colwise in both; only the table differs
         assert eng.tp_styles["lm_head"] == run.tp_styles["lm_head"] == "colwise"
     # the runtime's state layout (dp_kinds.state_precision "torch"): fp32 params and grads, Adam's two fp32 moments

@@ -114,7 +114,16 @@ class TestTwoRanks:
         # the token embedding sharded over the vocabulary beside a root-level colwise LM head
         # (gathered logits): runtime/tp.build_parallel_plan never pairs an embedding
         cfgs = [dict(tp=2, m=2, model="gpt_untied", vocab_embed="wte", styles_extra={"lm_head": "colwise"})]
-        _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
+        # the TIED wte/lm_head sharded over the vocabulary: one DTensor Parameter (runtime/tp.retie),
+        # loss under loss_parallel; and the tie kept replicated when the plan shards only the head
+        cfgs += [dict(tp=2, m=2, vocab_embed="wte", vocab_head="lm_head"),
+                 dict(tp=2, m=2, styles_extra={"lm_head": "colwise"})]
+        res = run_ranks(rc.worker, 2, "gpt", cfgs)
+        _check(res, len(cfgs))
+        for rank_rows in res:
+            tied, half = rank_rows[1][3], rank_rows[2][3]
+            assert any(n.startswith("tied embedding + LM head re-tied") for n in tied), tied
+            assert any(n.startswith("lm_head: colwise -> replicate") for n in half), half
 
     def test_llama_rotary_skip_edges(self) -> None:
         cfgs = [dict(tp=2, m=2), dict(pp=2, m=4, schedule="1f1b"), dict(pp=2, m=4, schedule="zero-bubble"),
@@ -138,6 +147,9 @@ class TestFourRanks:
         cfgs += [dict(tp=2, pp=2, m=4, schedule="1f1b", vocab_head="lm_head", model="gpt_untied"),
                  dict(tp=2, dp=2, m=2, vocab_head="lm_head", model="gpt_untied", dp_kind="fsdp")]
         cfgs += [dict(tp=2, pp=2, m=4, schedule="1f1b", sp=1, model="llama")]  # SP inside Llama stages
+        # the tied wte/lm_head sharded over the vocabulary under dp x tp and across pipeline stages
+        cfgs += [dict(dp=2, tp=2, m=2, vocab_embed="wte", vocab_head="lm_head"),
+                 dict(tp=2, pp=2, m=4, schedule="1f1b", vocab_embed="wte", vocab_head="lm_head")]
         _check(run_ranks(rc.worker, 4, "gpt", cfgs, timeout_s=400), len(cfgs))
 
 

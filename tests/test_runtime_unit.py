@@ -152,6 +152,14 @@ def test_tp_layouts_from_the_module_tree() -> None:
         tp.check_divisible(emb, {"tok": "rowwise"}, 4)
     eff, notes = tp.effective_styles(torch.nn.Module(), {"lm_head": "colwise"}, [("wte.weight", "lm_head.weight")])
     assert eff == {"lm_head": "replicate"} and "tied" in notes[0]
+    # the tied pair as torch's styles shard both alike (embedding rowwise, head colwise): kept sharded
+    gpt, tied = rc.tiny_gpt(), [("wte.weight", "lm_head.weight")]
+    eff, notes = tp.effective_styles(gpt, {"wte": "rowwise", "lm_head": "colwise"}, tied)
+    assert eff == {"wte": "rowwise", "lm_head": "colwise"} and "sharded over the vocabulary" in notes[0]
+    eff, _ = tp.effective_styles(gpt, {"wte": "replicate", "lm_head": "colwise"}, tied)  # one of the two: untie
+    assert eff == {"wte": "replicate", "lm_head": "replicate"}
+    eff, _ = tp.effective_styles(gpt, {"wte": "rowwise", "lm_head": "rowwise"}, tied)  # a rowwise head: Shard(1)
+    assert eff == {"wte": "replicate", "lm_head": "replicate"}
 
 
 def test_tp_gathered_outputs_unpair_the_rowwise_sibling() -> None:

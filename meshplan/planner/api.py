@@ -186,7 +186,7 @@ def estimate_graph(
     what meshplan's runtime runs. ``vocab_parallel_embedding`` costs the engines' TP layout of the
     token embedding (Megatron-LM's VocabParallelEmbedding, torchtitan's RowwiseParallel
     tok_embeddings: sharded over the vocabulary, tied head too); False is meshplan's runtime
-    (a tied embedding and head replicated, an untied one as the placement ILP chooses).
+    (the embedding as the placement ILP chooses; a tied head sharded with it, or both replicated).
     ``ddp_impl`` (``grad_sync.DDP_IMPLS``) prices a ddp configuration's gradient sync as torch DDP
     and meshplan's runtime run it ("torch": bucketed, overlapped with the last backward) or as
     Megatron-LM's own wrapper ("local": one flat all-reduce after backward, ``local_ddp_sync_s``).

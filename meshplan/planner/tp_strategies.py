@@ -5,8 +5,8 @@ state of its output; ``shard(k)`` divides its work)::
 
     linear       colwise R→S (t) · rowwise S→P (t) · replicate R→R (1)
     embedding    rowwise (vocab-parallel) R→P (t) · replicate R→R (1); a tied token embedding and
-                 its head: replicate only (the runtime keeps tied weights whole, ``runtime/tp.py``);
-                 under the engines' layout (``vocab_parallel``: Megatron's VocabParallelEmbedding,
+                 its head are sharded alike or not at all (``tp_ilp.add_tied``: embedding rowwise iff
+                 head colwise, one Shard(0) Parameter as ``runtime/tp.retie`` runs it); under the engines' layout (``vocab_parallel``: Megatron's VocabParallelEmbedding,
                  torchtitan's RowwiseParallel tok_embeddings) the token embedding is rowwise only
     attention    heads S→S (t; needs t | heads, t | kv_heads, no per-head mask/bias input) · R→R (1)
     matmul       S→S (t) · R→R (1)
@@ -20,7 +20,7 @@ state of its output; ``shard(k)`` divides its work)::
     moe          R→R (1: meshplan's runtime replicates the MoE block over tp); under an engine's MoE
                  parallel folding (``moe_folding``, Megatron-Core ETP 1 with sequence parallelism)
                  Q→Q (t) only: each rank routes and computes its sequence shard's tokens
-    output       R→R · S→S when it returns an untied LM head's logits (vocab-parallel loss)
+    output       R→R · S→S when it returns an LM head's logits (vocab-parallel loss)
     others       R→R (loss, other, input, constant)
 
 A transition in ``tp_types.TRANSITIONS`` is used on an edge u→v only where torch's TP styles
@@ -72,8 +72,6 @@ class TPStrategies:
             return [rep]
         k = n.kind
         seq_ok = self._seq_ok()
-        if k in ("linear", "embedding") and not self.vocab_parallel and self._tied(n):
-            return [rep]  # meshplan's runtime keeps a tied weight replicated (runtime/tp.effective_styles)
         if k == "linear":
             out: list[Strategy] = [rep]
             fin, fout = n.attrs.get("in_features"), n.attrs.get("out_features")
@@ -117,19 +115,13 @@ class TPStrategies:
         """The graph returns an untied LM head's output directly (a linear of ``vocab`` features,
         t | vocab): the runtime computes the loss on the vocab-sharded logits
         (``runtime/loss_parallel.py``, torch ``loss_parallel``; Megatron's vocab-parallel
-        cross-entropy) instead of gathering them. A tied head (it reads the embedding's weight)
-        is gathered by the runtime."""
+        cross-entropy) instead of gathering them; a tied head too (sharded with its embedding,
+        ``runtime/tp.retie``)."""
         vocab = int(self.g.meta.get("vocab") or 0)
         if len(n.inputs) != 1 or not vocab or vocab % self.tp:
             return False
         src = self.g.nodes[n.inputs[0]]
-        untied = not src.shared_params or self.vocab_parallel  # engines shard a tied head's logits too
-        return src.kind == "linear" and src.attrs.get("out_features") == vocab and untied
-
-    def _tied(self, n: GraphNode) -> bool:
-        """``n`` reads a weight another module shares (``ModelGraph.tied_params``: GPT-2's wte/lm_head)."""
-        names = set(n.param_names) | set(n.shared_params)
-        return any(len(grp) > 1 and names & set(grp) for grp in self.g.tied_params)
+        return src.kind == "linear" and src.attrs.get("out_features") == vocab
 
     def _keeps_shard(self, n: GraphNode) -> bool:
         """A view/transpose keeps S; a split/chunk keeps it only when it does not cut the

@@ -133,7 +133,7 @@ def apply_plan(
         if why:
             raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}; this model's fx capture: {cap.fx_error}")
         if plan.tp > 1:
-            head = lpmod.vocab_head(gm, prefix, styles, plan.tp_gathered_outputs)
+            head = lpmod.vocab_head(gm, prefix, styles, plan.tp_gathered_outputs, tp.embedding_fqns(model))
         pieces = split.split_stages(gm, ordered)
         split.check_stage_chain(pieces, example_inputs)
         for piece in pieces:  # every rank checks every stage: all refuse together, none hangs
@@ -161,7 +161,7 @@ def apply_plan(
         modules = [wrap_if_hf(model, call_names(model, names, n_in))[0]]
         if plan.tp > 1 and example_inputs is not None and any(s == "colwise" for s in styles.values()):
             cg, cprefix = split.capture_graph(model, example_inputs)
-            head = lpmod.vocab_head(cg, cprefix, styles, plan.tp_gathered_outputs)
+            head = lpmod.vocab_head(cg, cprefix, styles, plan.tp_gathered_outputs, tp.embedding_fqns(model))
 
     if head and plan.quantization.mode != "none":
         from meshplan.runtime.quant.targets import targeted_linears
@@ -192,6 +192,8 @@ def apply_plan(
                 tp.apply_sequence_parallel(r, env.mesh["tp"], styles, plan.tp_gathered_outputs, vocab_sharded=vs)
             else:
                 tp.apply_tp(r, env.mesh["tp"], styles, plan.tp_gathered_outputs, vocab_sharded=vs)
+        if tp.retie(roots, tied):  # a vocab-parallel tied pair: one DTensor Parameter again (grads as Shard(0))
+            notes.append("tied embedding + LM head re-tied after TP: one Parameter sharded over the vocabulary")
     elif plan.sequence_parallel:
         notes.append("sequence_parallel ignored: tp = 1")
 

@@ -10,7 +10,8 @@ statistics across the TP ranks, no rank ever holds the gathered ``[tokens, vocab
 ``vocab_head(gm, prefix, styles, gathered)`` finds that module in the captured graph (the
 ``call_module`` node the graph's output returns directly, or, in a torch.export capture such as a
 HF model's, the ``aten.linear`` call inside that ``nn.Linear``); None when the output is not such
-a module (a tied or replicated head, a head followed by other ops). The user's ``loss_fn`` must be
+a module (a replicated head, a head followed by other ops; a tied head sharded with its
+vocab-parallel embedding is one). The user's ``loss_fn`` must be
 cross-entropy over the last dimension (what ``loss_parallel`` supports).
 """
 
@@ -52,8 +53,10 @@ def _module_of(val: Any) -> str | None:
     return str(path) if str(cls_name).endswith("Linear") else None
 
 
-def vocab_head(gm: torch.fx.GraphModule, prefix: str, styles: dict[str, str], gathered: Iterable[str] = ()) -> str | None:
-    """User FQN of the colwise, unpaired module whose output is the graph's output, or None."""
+def vocab_head(gm: torch.fx.GraphModule, prefix: str, styles: dict[str, str], gathered: Iterable[str] = (),
+               embeddings: Iterable[str] = ()) -> str | None:
+    """User FQN of the colwise, unpaired module whose output is the graph's output, or None.
+    ``embeddings`` (``nn.Embedding`` FQNs) never pair it (a vocab-parallel embedding beside the head)."""
     out = next((n for n in gm.graph.nodes if n.op == "output"), None)
     if out is None:
         return None
@@ -64,7 +67,8 @@ def vocab_head(gm: torch.fx.GraphModule, prefix: str, styles: dict[str, str], ga
     if fqn is None:
         return None
     fqn = fqn[len(prefix):] if prefix and fqn.startswith(prefix) else fqn
-    rows = {_parent(f) for f, s in styles.items() if s == "rowwise"}
+    emb = set(embeddings)
+    rows = {_parent(f) for f, s in styles.items() if s == "rowwise" and f not in emb}
     if styles.get(fqn) != "colwise" or fqn in set(gathered) or _parent(fqn) in rows:
         return None
     return fqn

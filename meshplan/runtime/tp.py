@@ -13,8 +13,13 @@ No model-specific branches. The layouts come from the module tree alone:
 * ``replicate`` -> nothing (the weight is a plain tensor on every TP rank; DTensor's backward
   all-reduces the input gradients of the sharded layers, so replicated weights get equal grads).
 
-A tied parameter (embedding / LM head) is kept replicated even if the plan shards it: sharding
-one of two modules sharing a Parameter would untie them.
+A tied token embedding + LM head (one Parameter, GPT-2/BLOOM) is sharded over the vocabulary when
+the plan shards the pair as torch's styles shard both alike: the ``nn.Embedding`` ``rowwise``
+(``RowwiseParallel``: weight Shard(0), vocab rows) and the ``nn.Linear`` head ``colwise``
+(``ColwiseParallel``: weight Shard(0), out features = vocab). ``parallelize_module`` makes one
+DTensor Parameter per module; ``retie`` then points the head at the embedding's (same mesh and
+placements checked), so both uses accumulate into one sharded gradient. Any other sharding of a tied
+parameter (one module of the pair only, a rowwise head) is kept replicated: it would untie them.
 
 Sequence parallelism (the Plan's ``sequence_parallel``, Megatron/Korthikanti layout) at pp = 1,
 from the module tree alone. The "blocks" are the children of the model's ``nn.ModuleList``s:
@@ -73,16 +78,82 @@ from meshplan.tracing.module_tree import block_fqns, param_modules
 def effective_styles(
     model: nn.Module, tp_styles: dict[str, str], tied: Iterable[tuple[str, ...]]
 ) -> tuple[dict[str, str], list[str]]:
-    """The styles the runtime applies and notes about any it had to change."""
-    tied_modules = {f.rsplit(".", 1)[0] for group in tied for f in group}
-    styles: dict[str, str] = {}
+    """The styles the runtime applies and notes about any it had to change.
+
+    A tied group stays sharded only as a vocab-parallel pair (``vocab_parallel_tie``); otherwise
+    each of its modules is replicated."""
+    styles = dict(tp_styles)
     notes: list[str] = []
-    for fqn, style in tp_styles.items():
-        if style != "replicate" and fqn in tied_modules:
-            notes.append(f"{fqn}: {style} -> replicate (its weight is tied to another module)")
-            style = "replicate"
-        styles[fqn] = style
+    for group in tied:
+        mods = [f.rsplit(".", 1)[0] for f in group]
+        if not any(styles.get(m, "replicate") != "replicate" for m in mods):
+            continue
+        if vocab_parallel_tie(model, group, styles):
+            notes.append(f"tied {', '.join(group)}: sharded over the vocabulary (embedding rowwise, head colwise, "
+                         "one DTensor Parameter)")
+            continue
+        for m in mods:
+            if styles.get(m, "replicate") != "replicate":
+                notes.append(f"{m}: {styles[m]} -> replicate (its weight is tied to another module)")
+                styles[m] = "replicate"
     return styles, notes
+
+
+def vocab_parallel_tie(model: nn.Module, group: tuple[str, ...], styles: dict[str, str]) -> bool:
+    """``group`` (FQNs of one Parameter) is ``weight`` of ``nn.Embedding``s planned rowwise and
+    ``nn.Linear``s planned colwise, at least one of each: both shard the vocabulary rows (Shard(0))."""
+    mods = dict(model.named_modules())
+    kinds = set()
+    for f in group:
+        parent, _, leaf = f.rpartition(".")
+        m = mods.get(parent)
+        if leaf != "weight" or m is None:
+            return False
+        if isinstance(m, nn.Embedding) and styles.get(parent) == "rowwise":
+            kinds.add("emb")
+        elif isinstance(m, nn.Linear) and styles.get(parent) == "colwise":
+            kinds.add("head")
+        else:
+            return False
+    return kinds == {"emb", "head"}
+
+
+def retie(roots: list[nn.Module], tied: Iterable[tuple[str, ...]]) -> int:
+    """After ``parallelize_module``: every module of a tied group found in ``roots`` (this rank's stage
+    roots, FQNs as the user's) takes the first one's DTensor weight; returns how many were re-tied.
+    Raises when the weights are not DTensors of one mesh and placements (they would not be one shard).
+    The weight's incoming gradients are laid out as the weight (the vocab-parallel embedding's comes
+    back Replicate from DTensor's embedding backward: a local slice, no communication), so the
+    accumulated gradient is one shard, and pipeline ranks holding the pair's halves all-reduce
+    equal shards (``ParallelModel`` tie sync)."""
+    n = 0
+    for group in tied:
+        found: list[tuple[nn.Module, str]] = []
+        for f in group:
+            parent, _, leaf = f.rpartition(".")
+            for r in roots:
+                try:
+                    found.append((r.get_submodule(parent), leaf))
+                    break
+                except AttributeError:
+                    continue
+        if not found:
+            continue
+        m0, l0 = found[0]
+        w0 = getattr(m0, l0)
+        if isinstance(w0, DTensor):
+            w0.register_hook(_grad_as(w0.device_mesh, tuple(w0.placements)))
+        for m, leaf in found[1:]:
+            w = getattr(m, leaf)
+            if w is w0:
+                continue
+            if not (isinstance(w0, DTensor) and isinstance(w, DTensor) and w.device_mesh == w0.device_mesh
+                    and tuple(w.placements) == tuple(w0.placements) and w.shape == w0.shape):
+                raise ValueError(f"tied {group}: cannot re-tie a {type(w).__name__} {getattr(w, 'placements', '')} "
+                                 f"to a {type(w0).__name__} {getattr(w0, 'placements', '')}")
+            setattr(m, leaf, w0)
+            n += 1
+    return n
 
 
 def _parent(fqn: str) -> str:
@@ -313,6 +384,15 @@ def apply_tp(module: nn.Module, mesh: DeviceMesh, styles: dict[str, str], gather
     if plan:
         parallelize_module(module, mesh, plan)  # type: ignore[arg-type]
     return len(plan)
+
+
+def _grad_as(mesh: DeviceMesh, placements: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        if isinstance(g, DTensor) and tuple(g.placements) != placements:
+            return g.redistribute(mesh, placements)
+        return g
+
+    return hook
 
 
 def convert_conv1d(model: nn.Module, fqns: Iterable[str]) -> list[str]:
