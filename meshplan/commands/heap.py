@@ -37,18 +37,16 @@ def loading(one_shot: bool) -> Iterator[None]:
     """Collector off for the body, then the heap frozen (see the module docstring); a no-op unless
     ``one_shot`` or when the collector was already off."""
     global _unfreeze_registered
-    if not one_shot or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
-        if not _unfreeze_registered:
-            atexit.register(gc.unfreeze)
-            _unfreeze_registered = True
+    active = one_shot and gc.isenabled()
+    with searching(one_shot):
+        try:
+            yield
+        finally:
+            if active:  # frozen while the collector is still off; ``searching`` turns it back on
+                gc.freeze()
+                if not _unfreeze_registered:
+                    atexit.register(gc.unfreeze)
+                    _unfreeze_registered = True
 
 
 @contextmanager
