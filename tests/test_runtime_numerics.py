@@ -147,9 +147,11 @@ class TestFourRanks:
         cfgs += [dict(tp=2, pp=2, m=4, schedule="1f1b", vocab_head="lm_head", model="gpt_untied"),
                  dict(tp=2, dp=2, m=2, vocab_head="lm_head", model="gpt_untied", dp_kind="fsdp")]
         cfgs += [dict(tp=2, pp=2, m=4, schedule="1f1b", sp=1, model="llama")]  # SP inside Llama stages
-        # the tied wte/lm_head sharded over the vocabulary under dp x tp and across pipeline stages
+        # the tied wte/lm_head sharded over the vocabulary under dp x tp, across pipeline ranks (tie
+        # sync of equal shards) and in two stages of one rank (ZBV's V: re-tied across stage roots)
         cfgs += [dict(dp=2, tp=2, m=2, vocab_embed="wte", vocab_head="lm_head"),
-                 dict(tp=2, pp=2, m=4, schedule="1f1b", vocab_embed="wte", vocab_head="lm_head")]
+                 dict(tp=2, pp=2, m=4, schedule="1f1b", vocab_embed="wte", vocab_head="lm_head"),
+                 dict(tp=2, pp=2, m=4, schedule="zbv", v=2, vocab_embed="wte", vocab_head="lm_head")]
         _check(run_ranks(rc.worker, 4, "gpt", cfgs, timeout_s=400), len(cfgs))
 
 
