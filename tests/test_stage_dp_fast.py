@@ -79,6 +79,7 @@ def test_dp_calls_grow_with_log_of_candidates_not_layers_squared(monkeypatch: py
     bounds, status = sd.dp_split(pr)
     assert status == "exact"
     assert len(calls) <= 2 + 2 * len(sd._segment_sums(pr)).bit_length()
+    assert len(calls) == len(set(calls))  # each cap solved once (sd._memo_p2p): no repeated DP
     # 200 blocks of 3 s over 16 stages: the bottleneck is 13 blocks (12.5 on average)
     assert max(sp.evaluate_split(pr, bounds)[1]) == pytest.approx(39.0)
 

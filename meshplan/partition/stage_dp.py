@@ -105,10 +105,27 @@ def _segment_sums(pr: SplitProblem) -> list[float]:
     return sorted({pre[hi] - pre[lo] for lo in range(L) for hi in range(lo + 1, L + 1)})
 
 
-def _min_max(pr: SplitProblem, seg: list[float]) -> tuple[float, list[int]] | None:
+def _memo_p2p(pr: SplitProblem) -> Callable[[float], list[int] | None]:
+    """``_dp_min_p2p(pr, cap)`` memoized per cap for one split problem (the bisection's last cap and
+    the loosest cap are each asked twice); callers must not modify the returned lists."""
+    memo: dict[float, list[int] | None] = {}
+
+    def run(cap_s: float) -> list[int] | None:
+        if cap_s not in memo:
+            memo[cap_s] = _dp_min_p2p(pr, cap_s)
+        return memo[cap_s]
+
+    return run
+
+
+def _min_max(
+    pr: SplitProblem, seg: list[float], run: Callable[[float], list[int] | None] | None = None
+) -> tuple[float, list[int]] | None:
     """(least bottleneck stage time, the cheapest-p2p split reaching it): bisection over the
-    candidate bottlenecks ``seg``, feasibility by ``_dp_min_p2p`` (monotone in the cap)."""
-    if not seg or _dp_min_p2p(pr, seg[-1]) is None:
+    candidate bottlenecks ``seg``, feasibility by ``_dp_min_p2p`` (monotone in the cap; ``run``:
+    a ``_memo_p2p`` of ``pr``)."""
+    run = run or _memo_p2p(pr)
+    if not seg or run(seg[-1]) is None:
         return None
     # no bottleneck is below the mean stage time or the largest layer (less a rounding margin)
     floor = max(pr.pre_t[-1] / pr.n, max(x.time_s for x in pr.layers)) * (1 - 1e-9)
@@ -116,11 +133,11 @@ def _min_max(pr: SplitProblem, seg: list[float]) -> tuple[float, list[int]] | No
     lo = min(lo, hi)
     while lo < hi:
         mid = (lo + hi) // 2
-        if _dp_min_p2p(pr, seg[mid]) is None:
+        if run(seg[mid]) is None:
             lo = mid + 1
         else:
             hi = mid
-    bounds = _dp_min_p2p(pr, seg[hi])
+    bounds = run(seg[hi])
     assert bounds is not None
     return seg[hi], bounds
 
@@ -131,7 +148,8 @@ def dp_split(pr: SplitProblem, max_candidates: int = 64) -> tuple[list[int], str
     under T. A candidate is skipped once ``coef · T + 2 · (cheapest p2p of any split)`` cannot
     beat the best objective found. For v > 1 the min-max split (per-stage memory)."""
     seg = _segment_sums(pr)
-    found = _min_max(pr, seg)
+    run = _memo_p2p(pr)
+    found = _min_max(pr, seg, run)
     if found is None:
         return None
     t_star, bounds = found
@@ -140,7 +158,7 @@ def dp_split(pr: SplitProblem, max_candidates: int = 64) -> tuple[list[int], str
             return None
         return bounds, "heuristic"
     best_obj = evaluate_split(pr, bounds)[0]
-    loosest = _dp_min_p2p(pr, seg[-1])  # cheapest cuts with no bottleneck cap: a floor on 2 · p2p
+    loosest = run(seg[-1])  # cheapest cuts with no bottleneck cap: a floor on 2 · p2p
     assert loosest is not None
     loose_obj, loose_t, _ = evaluate_split(pr, loosest)
     p2p_floor = loose_obj - pr.coef_t * max(loose_t) - pr.constant_s
@@ -158,9 +176,10 @@ def dp_split(pr: SplitProblem, max_candidates: int = 64) -> tuple[list[int], str
         if i == max_candidates:
             status = "heuristic"
             break
-        b = _dp_min_p2p(pr, cap)
-        if b is not None and evaluate_split(pr, b)[0] < best_obj - 1e-15:
-            bounds, best_obj = b, evaluate_split(pr, b)[0]
+        b = run(cap)
+        obj = evaluate_split(pr, b)[0] if b is not None else math.inf
+        if b is not None and obj < best_obj - 1e-15:
+            bounds, best_obj = b, obj
     return bounds, status
 
 
