@@ -160,6 +160,12 @@ def test_tp_layouts_from_the_module_tree() -> None:
     assert eff == {"wte": "replicate", "lm_head": "replicate"}
     eff, _ = tp.effective_styles(gpt, {"wte": "rowwise", "lm_head": "rowwise"}, tied)  # a rowwise head: Shard(1)
     assert eff == {"wte": "replicate", "lm_head": "replicate"}
+    # a second tie on the head (HF BERT: the decoder's bias tied to its parent's) replicates the head, and
+    # then the weight pair falls back too, whichever group comes first
+    for order in (tied + [("lm_head.bias", "bias")], [("lm_head.bias", "bias")] + tied):
+        eff, notes = tp.effective_styles(gpt, {"wte": "rowwise", "lm_head": "colwise"}, order)
+        assert eff == {"wte": "replicate", "lm_head": "replicate"}, (order, eff)
+        assert not any("sharded over the vocabulary" in n for n in notes), notes
 
 
 def test_tp_gathered_outputs_unpair_the_rowwise_sibling() -> None:

@@ -81,21 +81,31 @@ def effective_styles(
     """The styles the runtime applies and notes about any it had to change.
 
     A tied group stays sharded only as a vocab-parallel pair (``vocab_parallel_tie``); otherwise
-    each of its modules is replicated."""
+    each of its modules is replicated. Replicating a module for one group can break another group's
+    pair (HF BERT ties the decoder's weight to the embedding AND its bias to ``cls.predictions.bias``:
+    the bias group replicates the decoder, so the weight pair must fall back too), so the groups are
+    checked again until nothing changes."""
     styles = dict(tp_styles)
     notes: list[str] = []
+    tied = [tuple(g) for g in tied]
+    changed = True
+    while changed:
+        changed = False
+        for group in tied:
+            mods = [f.rsplit(".", 1)[0] for f in group]
+            if not any(styles.get(m, "replicate") != "replicate" for m in mods):
+                continue
+            if vocab_parallel_tie(model, group, styles):
+                continue
+            for m in mods:
+                if styles.get(m, "replicate") != "replicate":
+                    notes.append(f"{m}: {styles[m]} -> replicate (its weight is tied to another module)")
+                    styles[m] = "replicate"
+                    changed = True
     for group in tied:
-        mods = [f.rsplit(".", 1)[0] for f in group]
-        if not any(styles.get(m, "replicate") != "replicate" for m in mods):
-            continue
-        if vocab_parallel_tie(model, group, styles):
+        if any(styles.get(f.rsplit(".", 1)[0], "replicate") != "replicate" for f in group):
             notes.append(f"tied {', '.join(group)}: sharded over the vocabulary (embedding rowwise, head colwise, "
                          "one DTensor Parameter)")
-            continue
-        for m in mods:
-            if styles.get(m, "replicate") != "replicate":
-                notes.append(f"{m}: {styles[m]} -> replicate (its weight is tied to another module)")
-                styles[m] = "replicate"
     return styles, notes
 
 
