@@ -230,7 +230,7 @@ def estimate_case(case: dict[str, Any], graph: ModelGraph) -> dict[str, Any]:
                 if meas_mem else peak / GiB)
     return {
         "id": case["id"], "gpus": n, "cluster": spec.name, "plan": plan, "setup": setup,
-        "config": " ".join(x for x in (f"tp{setup['tp']} pp{setup['pp']} dp{setup['dp']}{_ep(setup['ep'], setup.get('cp', 1))}",
+        "config": " ".join(x for x in (f"tp{setup['tp']} pp{setup['pp']} dp{setup['dp']}{_cp_ep(setup['ep'], plan.cp)}",
                                         f"mb{setup['micro_batch_size']} rc={setup['recompute']}",
                                         f"{setup['dp_kind']}(local)" if setup.get("ddp_impl") == "local" else setup["dp_kind"],
                                         None if setup["dtype"] == "bf16" else setup["dtype"]) if x),
@@ -250,14 +250,14 @@ _TERMS = (
 )  # fmt: skip
 
 
-def _ep(ep: int, cp: int = 1) -> str:
+def _cp_ep(ep: int, cp: int = 1) -> str:
     """The cp and ep degrees of a configuration string, where they are > 1 (ep borrows dp x cp ranks,
     so tp * pp * dp * cp is the world size)."""
     return (f" cp{cp}" if cp > 1 else "") + (f" ep{ep}" if ep > 1 else "")
 
 
 def _config(p: Any) -> str:
-    return (f"tp{p.tp} pp{p.pp} dp{p.dp}{_ep(p.ep, p.cp)} mb{p.micro_batch_size} {p.schedule if p.pp > 1 else ''} "
+    return (f"tp{p.tp} pp{p.pp} dp{p.dp}{_cp_ep(p.ep, p.cp)} mb{p.micro_batch_size} {p.schedule if p.pp > 1 else ''} "
             f"rc={p.recompute} {p.dp_kind}").replace("  ", " ")  # fmt: skip
 
 
