@@ -1,7 +1,7 @@
 """Predicted vs measured step throughput and memory on the published runs in ``meshplan/data/published_cases.json``.
 
     python benchmarks/published_cases.py [--only PREFIX] [--gain] [--same-mechanisms] [--efficiency h100=0.55 ...]
-    python benchmarks/published_cases.py --timing [--only PREFIX]
+    python benchmarks/published_cases.py --timing [--whole [--keep DIR]] [--only PREFIX]
 
 Each run is costed with ``estimate_graph`` at the authors' configuration (``planner.
 published_estimate.case_setup``: TP/PP/DP degrees, global batch, microbatch, schedule, recompute
@@ -20,10 +20,12 @@ family and stage split (``published_estimate.same_mechanisms``), so a gain split
 planning the degrees and microbatch gives and what the mechanisms the authors lacked add.
 Prints the median |error| of each.
 
-``--timing`` instead plans every case (context-parallel groups included) with ``plan_graph`` on
-its cluster, batch and precision, as ``meshplan plan`` does, and prints per case the measured
-CPU (process time) and wall seconds of tracing its model (on the meta device, once per shape:
-later cases of a shape reuse it) and of the search, on this machine.
+``--timing`` instead plans every case (context-parallel groups included) on its cluster, batch
+and precision, as ``meshplan plan`` does, and prints measured seconds per case
+(``benchmarks/published_timing.py``): in this process, the trace (once per shape) and the search
+apart; with ``--whole``, each case as a whole cold ``meshplan plan`` command in its own process
+(start-up, import, meta build, trace and search), with the median, the slowest and the cases
+over 10 s.
 """
 
 from __future__ import annotations
@@ -69,34 +71,6 @@ def run_case(case: dict[str, Any], gain: bool = False, same: bool = False) -> di
     return r
 
 
-def timing(only: str) -> None:
-    """Per-case planning time (see the module docstring)."""
-    from meshplan.models.published import case_graph
-    from meshplan.planner.api import plan_graph
-
-    def clock() -> tuple[float, float]:
-        return time.process_time(), time.perf_counter()
-
-    print("| run | GPUs | trace CPU s | trace wall s | plan CPU s | plan wall s | configurations | plan |")
-    print("|---|---|---|---|---|---|---|---|")
-    worst, rows = (0.0, ""), 0
-    for case in load_published_cases():
-        if not case["id"].startswith(only):
-            continue
-        c0, w0 = clock()
-        g = case_graph(case)
-        c1, w1 = clock()
-        setup, spec = pe.case_setup(case), pe.case_cluster(case)
-        plan = plan_graph(g, spec.num_devices, cluster=spec, global_batch_size=setup["global_batch_size"],
-                          dtype=setup["dtype"], progress=None)  # fmt: skip
-        c2, w2 = clock()
-        rows += 1
-        worst = max(worst, (c2 - c1, case["id"]))
-        print(f"| {case['id']} | {spec.num_devices} | {c1 - c0:.2f} | {w1 - w0:.2f} | {c2 - c1:.2f} | {w2 - w1:.2f} | "
-              f"{plan.solver.candidates} | {pe._config(plan)} |", flush=True)  # fmt: skip
-    print(f"\n{rows} cases; slowest search {worst[0]:.2f} s CPU ({worst[1]}); measured on this machine")
-
-
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:+.1f}%"
 
@@ -111,9 +85,15 @@ def main() -> None:
                     help="also search with the authors' own recompute kind, DP kind, schedule family and stage split "
                          "(degrees and microbatch free) and print that plan's predicted gain")  # fmt: skip
     ap.add_argument("--timing", action="store_true", help="print each case's measured planning time instead")
+    ap.add_argument("--whole", action="store_true",
+                    help="with --timing: each case as a whole cold `meshplan plan` command in its own process")
+    ap.add_argument("--keep", default=None, metavar="DIR",
+                    help="with --timing --whole: keep the cluster profiles, plans and trace caches here")
     args = ap.parse_args()
     if args.timing:
-        timing(args.only)
+        import published_timing as timing  # benchmarks/ is this script's folder
+
+        timing.whole(args.only, args.keep) if args.whole else timing.in_process(args.only)
         return
     for item in args.efficiency:
         name, _, value = item.partition("=")
