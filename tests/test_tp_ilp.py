@@ -152,3 +152,65 @@ def test_fused_qkv_split_is_never_consumed_sharded():
     # nothing in torch's TP styles slices q/k/v again after the split: the attention runs whole
     # (costed as such), and the output projection slices its whole input (rowwise, Replicate in)
     assert sol.node_shard[att] == 1
+
+
+def _as_highs_sees_it(prob) -> tuple:
+    """The problem as pulp hands it to HiGHS: columns by name with bounds, category and cost;
+    rows with their bounds and nonzero coefficients in order (floats, signed zeros kept)."""
+    f = float.__repr__
+    obj = prob.objective or {}
+    cols = [(v.name, v.lowBound, v.upBound, v.cat, f(float(obj.get(v, 0.0)))) for v in prob.variables()]
+    bound = lambda b: None if b is None else f(float(b))  # noqa: E731
+    rows = [(c.name, bound(c.getLb()), bound(c.getUb()), [(v.name, f(float(x))) for v, x in c.items() if x != 0])
+            for c in prob.constraints()]  # fmt: skip
+    return cols, rows
+
+
+def test_rows_equal_pulps_operator_arithmetic():
+    """``TPPlacementILP._row`` gives each family's row exactly as pulp's operators build it."""
+    import pulp
+
+    prob = pulp.LpProblem("p", pulp.LpMinimize)
+    w, x1, x2, x3, g = (prob.add_variable(n, cat="Binary") for n in ("w", "x1", "x2", "x3", "g"))
+    ilp = TPPlacementILP(gpt_graph(layers=1), [], 2, H100)
+    ilp.prob = pulp.LpProblem("q", pulp.LpMinimize)
+    EQ, LE, GE = pulp.LpConstraintEQ, pulp.LpConstraintLE, pulp.LpConstraintGE
+    cases = [
+        (pulp.lpSum([x1, x2]) == 1, [(x1, 1), (x2, 1)], EQ, -1.0),  # one_strategy
+        (pulp.lpSum([x1]) + pulp.lpSum([x2, x3]) <= 1, [(x1, 1), (x2, 1), (x3, 1)], LE, -1.0),  # edge_allowed
+        (w >= pulp.lpSum([x1]) + pulp.lpSum([x2, x3]) - 1, [(w, 1), (x1, -1), (x2, -1), (x3, -1)], GE, 1.0),
+        (x1 == 0, [(x1, 1)], EQ, 0),  # boundary_in / boundary_out / tied / tp_group bans
+        (w >= x1, [(w, 1), (x1, -1)], GE, 0),  # boundary_reshard
+        (pulp.lpSum([x1]) == pulp.lpSum([x2, x3]), [(x1, 1), (x2, -1), (x3, -1)], EQ, 0.0),  # tied
+        (pulp.lpSum([x1, x2]) == g, [(x1, 1), (x2, 1), (g, -1)], EQ, 0.0),  # tp_group
+        (g == 0, [(g, 1)], EQ, 0),
+        (pulp.lpSum([x1, x1]) <= 1, [(x1, 1), (x1, 1)], LE, -1.0),  # a repeated variable is summed
+    ]
+    for i, (con, terms, sense, constant) in enumerate(cases):
+        prob += con, f"c__{i}"
+        ilp._row(terms, sense, constant, f"c__{i}")
+    assert _as_highs_sees_it(ilp.prob)[1] == _as_highs_sees_it(prob)[1]
+
+
+@pytest.mark.parametrize("vocab_parallel", [False, True])
+def test_rows_reused_across_buckets_give_the_fresh_problem_and_answer(vocab_parallel):
+    """Rows built once per (segment, tp, layout) in the shared GraphIndex and re-used with another
+    bucket's objective give the problem (as HiGHS sees it) and the placement of a fresh build."""
+    from meshplan.planner.tp_graph import block_node_ids
+    from meshplan.planner.tp_groups import GraphIndex
+
+    g = gpt_graph(layers=2, h=4096, heads=32, seq=2048)
+    a, b = g.blocks[0].node_ranges[0]
+    rest = [n.id for n in g.nodes if n.id not in block_node_ids(g)]
+    shared = GraphIndex(g)
+    for ids in (list(range(a, b)), rest):
+        for tp, sp in ((2, False), (8, True)):
+            for scale in (1.0, 4.0, 16.0):
+                kw = dict(sequence_parallel=sp, batch_scale=scale, vocab_parallel=vocab_parallel)
+                reused = TPPlacementILP(g, ids, tp, H100, index=shared, **kw)
+                fresh = TPPlacementILP(g, ids, tp, H100, index=GraphIndex(g), **kw)
+                assert _as_highs_sees_it(reused.build()) == _as_highs_sees_it(fresh.build())
+                r, f = reused.solve(), fresh.solve()
+                assert (r.styles, r.node_shard, r.node_state) == (f.styles, f.node_shard, f.node_state)
+                assert r.objective == f.objective and r.comm_s == f.comm_s
+    assert len(shared.placements) == 4  # 2 segments x 2 (tp, sp): each bucket re-used them

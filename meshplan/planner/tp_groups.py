@@ -92,7 +92,9 @@ def node_readers(g: ModelGraph) -> dict[int, list[int]]:
 class GraphIndex:
     """Graph-wide lookups that every placement ILP of one graph shares (``tp_graph.solve_tp`` runs
     one per block type and TP degree / microbatch bucket, all on the same graph): node readers,
-    input bytes per node, and ``find_groups`` per segment, computed once instead of per ILP. The
+    input bytes per node, and ``find_groups`` per segment, computed once instead of per ILP; and
+    ``placements``, the rows of each segment's placement ILP per TP degree and layout, which
+    ``tp_ilp.TPPlacementILP.build`` makes once and re-uses with each bucket's objective. The
     graph must not change while an index of it is in use (the planner never edits its graph)."""
 
     def __init__(self, g: ModelGraph) -> None:
@@ -102,6 +104,7 @@ class GraphIndex:
         for _, d, b in g.edges:
             self.in_bytes[d] = self.in_bytes.get(d, 0) + b
         self._groups: dict[tuple[int, ...], tuple[TPGroup, ...]] = {}
+        self.placements: dict[tuple, tuple] = {}  # owned by tp_ilp.TPPlacementILP.build
 
     def groups(self, node_ids: list[int]) -> list[TPGroup]:
         """``find_groups(g, node_ids)``, memoized per segment (a new list each call)."""

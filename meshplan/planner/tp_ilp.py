@@ -56,7 +56,6 @@ No torch import.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pulp
 
@@ -77,6 +76,8 @@ from meshplan.planner.tp_types import (
 
 __all__ = ["MEM_WEIGHT_S_PER_BYTE", "STATES", "TRANSITIONS", "Strategy", "TPSolution", "TPPlacementILP",
            "solve_segment", "_collective_time"]
+
+_LE, _EQ, _GE = pulp.LpConstraintLE, pulp.LpConstraintEQ, pulp.LpConstraintGE
 
 class TPPlacementILP(TPStrategies):
     """Builds and solves the placement ILP of one segment (a list of consecutive nodes)."""
@@ -156,17 +157,37 @@ class TPPlacementILP(TPStrategies):
         return self._comm_cache[key]
 
     # ---- model -----------------------------------------------------------------------------
+    # Rows are made straight from (variable, coefficient) lists (``_row``), with the terms,
+    # coefficients and constants pulp's operator arithmetic (``lpSum(...) == 1``, ``w >= X + X - 1``)
+    # gives, in the same order: the same problem, made without the intermediate expressions
+    # (``tests/test_tp_ilp.py`` compares it with the operator-built one).
+    def _row(self, terms: list[tuple[pulp.LpVariable, int]], sense: int, constant: float, name: str) -> None:
+        """Add the row ``Σ coef·var + constant  (sense)  0`` named ``name``."""
+        e = pulp.LpAffineExpression(terms, constant=constant)
+        if len(e) != len(terms):  # a variable twice: sum its coefficients as pulp's arithmetic does
+            e = pulp.LpAffineExpression(constant=constant)
+            for v, c in terms:
+                e.addterm(v, c)
+        self.prob.addConstraint(pulp.LpConstraint(e, sense, name))
+
     def add_variables(self) -> None:
+        self._out_vars: dict[int, dict[str, list[pulp.LpVariable]]] = {}
+        self._in_vars: dict[int, dict[str, list[pulp.LpVariable]]] = {}
         for nid in self.ids:
             n = self.g.nodes[nid]
             self.strategies[nid] = self.node_strategies(n)
-            for k, _ in enumerate(self.strategies[nid]):
-                self.x[nid, k] = self.prob.add_variable(f"x_{nid}_{k}", cat="Binary")
+            outs: dict[str, list[pulp.LpVariable]] = {}
+            ins: dict[str, list[pulp.LpVariable]] = {}
+            for k, s in enumerate(self.strategies[nid]):
+                self.x[nid, k] = v = self.prob.add_variable(f"x_{nid}_{k}", cat="Binary")
+                outs.setdefault(s.out_state, []).append(v)
+                ins.setdefault(s.in_state, []).append(v)  # type: ignore[arg-type]
+            self._out_vars[nid], self._in_vars[nid] = outs, ins
 
     def add_one_strategy(self) -> None:
         for i, nid in enumerate(self.ids):
             ks = range(len(self.strategies[nid]))
-            self.prob += pulp.lpSum(self.x[nid, k] for k in ks) == 1, f"one_strategy__{i}"
+            self._row([(self.x[nid, k], 1) for k in ks], _EQ, -1.0, f"one_strategy__{i}")
 
     def _internal_edges(self) -> list[tuple[int, int, int]]:
         """(src, dst, slot) for every non-exempt input read inside the segment from inside it."""
@@ -178,14 +199,6 @@ class TPPlacementILP(TPStrategies):
                     out.append((u, v, slot))
         return out
 
-    def _X(self, nid: int, state: str, *, out: bool) -> Any:
-        """Σ x[n,k] over strategies whose output (``out``) or input requirement is ``state``."""
-        return pulp.lpSum(
-            self.x[nid, k]
-            for k, s in enumerate(self.strategies[nid])
-            if (s.out_state if out else s.in_state) == state
-        )
-
     def _reshard_var(self, u: int, a: str, b: str) -> pulp.LpVariable:
         key = (u, a, b)
         if key not in self.w:
@@ -193,27 +206,25 @@ class TPPlacementILP(TPStrategies):
         return self.w[key]
 
     def add_edge_consistency(self) -> None:
-        """Forbid impossible transitions on each edge; a costly one turns on w[u,a,b], paid once
-        per producer and target state however many consumers need it (one all-gather of the
-        norm output serves q, k and v alike)."""
+        """Forbid impossible transitions on each edge (``X_out(u,a) + X_in(v,b) <= 1``); a costly
+        one turns on w[u,a,b] (``w >= X_out(u,a) + X_in(v,b) - 1``), paid once per producer and
+        target state however many consumers need it (one all-gather of the norm output serves
+        q, k and v alike)."""
         ci = ri = 0
         for u, v, _slot in self._internal_edges():
             outs = sorted({s.out_state for s in self.strategies[u]})
             ins = sorted({s.in_state for s in self.strategies[v] if s.in_state is not None})
             for a in outs:
+                xu = self._out_vars[u].get(a, [])
                 for b in ins:
+                    xv = self._in_vars[v].get(b, [])
                     if not self._runs(u, a, b, v):
-                        self.prob += (
-                            self._X(u, a, out=True) + self._X(v, b, out=False) <= 1,
-                            f"edge_allowed__{ci}",
-                        )
+                        self._row([(x, 1) for x in xu] + [(x, 1) for x in xv], _LE, -1.0, f"edge_allowed__{ci}")
                         ci += 1
                     elif TRANSITIONS[(a, b)] is not None:
                         w = self._reshard_var(u, a, b)
-                        self.prob += (
-                            w >= self._X(u, a, out=True) + self._X(v, b, out=False) - 1,
-                            f"reshard__{ri}",
-                        )
+                        self._row([(w, 1)] + [(x, -1) for x in xu] + [(x, -1) for x in xv], _GE, 1.0,
+                                  f"reshard__{ri}")  # fmt: skip
                         ri += 1
 
     def add_boundary_in(self) -> None:
@@ -230,17 +241,18 @@ class TPPlacementILP(TPStrategies):
                     if s.in_state is None:
                         continue
                     if not self._runs(u, a, s.in_state, v):
-                        self.prob += self.x[v, k] == 0, f"boundary_in__{ci}"
+                        self._row([(self.x[v, k], 1)], _EQ, 0, f"boundary_in__{ci}")
                         ci += 1
                     elif TRANSITIONS[(a, s.in_state)] is not None:
                         w = self._reshard_var(u, a, s.in_state)
-                        self.prob += w >= self.x[v, k], f"boundary_reshard__{ri}"
+                        self._row([(w, 1), (self.x[v, k], -1)], _GE, 0, f"boundary_reshard__{ri}")
                         ri += 1
 
     def add_boundary_out(self) -> None:
-        """Outputs read outside the segment leave in the state the next segment expects."""
+        """Outputs read outside the segment leave in the state the next segment expects (its
+        collective is priced in the objective, ``set_objective``)."""
         ci = 0
-        self._boundary_out_cost: dict[tuple[int, int], float] = {}
+        self._boundary_out: list[tuple[int, int, str, str]] = []  # (node, strategy, out state, exit state)
         for u in self.ids:
             n = self.g.nodes[u]
             outside = [r for r in self.readers.get(u, []) if r not in self.idset]
@@ -249,11 +261,10 @@ class TPPlacementILP(TPStrategies):
             want = self._exit_state(n)
             for k, s in enumerate(self.strategies[u]):
                 if (s.out_state, want) not in TRANSITIONS:
-                    self.prob += self.x[u, k] == 0, f"boundary_out__{ci}"
+                    self._row([(self.x[u, k], 1)], _EQ, 0, f"boundary_out__{ci}")
                     ci += 1
                 else:
-                    c = self.passes(u, s.out_state, want) * self.comm_cost_s(s.out_state, want, self.edge_bytes(u))
-                    self._boundary_out_cost[u, k] = c
+                    self._boundary_out.append((u, k, s.out_state, want))
 
     def add_tied(self) -> None:
         """Tied embedding/linear pairs: vocab-parallel embedding iff colwise head."""
@@ -272,11 +283,11 @@ class TPPlacementILP(TPStrategies):
                 for li in lins:
                     kl = [k for k, s in enumerate(self.strategies[li]) if s.style == "colwise"]
                     kr = [k for k, s in enumerate(self.strategies[li]) if s.style == "rowwise"]
-                    lhs = pulp.lpSum(self.x[e, k] for k in ke)
-                    self.prob += lhs == pulp.lpSum(self.x[li, k] for k in kl), f"tied__{ci}"
+                    self._row([(self.x[e, k], 1) for k in ke] + [(self.x[li, k], -1) for k in kl], _EQ, 0.0,
+                              f"tied__{ci}")  # fmt: skip
                     ci += 1
                     for k in kr:  # a rowwise head splits the other weight dim: never with a tie
-                        self.prob += self.x[li, k] == 0, f"tied__{ci}"
+                        self._row([(self.x[li, k], 1)], _EQ, 0, f"tied__{ci}")
                         ci += 1
 
     def add_groups(self) -> None:
@@ -292,39 +303,55 @@ class TPPlacementILP(TPStrategies):
             for nid, style in members:
                 ks = [k for k, s in enumerate(self.strategies[nid]) if s.style == style]
                 if grp.blocker or not ks:
-                    self.prob += gv == 0, f"tp_group__{ci}"
+                    self._row([(gv, 1)], _EQ, 0, f"tp_group__{ci}")
                     ci += 1
-                self.prob += pulp.lpSum(self.x[nid, k] for k in ks) == gv, f"tp_group__{ci}"
+                self._row([(self.x[nid, k], 1) for k in ks] + [(gv, -1)], _EQ, 0.0, f"tp_group__{ci}")
                 ci += 1
         for nid in self.ids:
             if self.g.nodes[nid].kind != "linear" or nid in consumers:
                 continue
             for k, s in enumerate(self.strategies[nid]):
                 if s.style == "rowwise":
-                    self.prob += self.x[nid, k] == 0, f"tp_group__{ci}"
+                    self._row([(self.x[nid, k], 1)], _EQ, 0, f"tp_group__{ci}")
                     ci += 1
 
     def set_objective(self) -> None:
+        """The objective for this ILP's costs (batch scale, dtype, cluster); replaces any earlier one."""
+        bo_cost = {(u, k): self.passes(u, a, want) * self.comm_cost_s(a, want, self.edge_bytes(u))
+                   for u, k, a, want in self._boundary_out}  # fmt: skip
         terms = []
         for nid in self.ids:
             n = self.g.nodes[nid]
             for k, s in enumerate(self.strategies[nid]):
                 w_shard = s.shard if n.kind in ("linear", "embedding", "matmul") else 1
                 c = self.node_cost_s(n, s.shard) + self.lam * n.param_bytes / w_shard
-                c += self._boundary_out_cost.get((nid, k), 0.0)
-                terms.append(c * self.x[nid, k])
+                c += bo_cost.get((nid, k), 0.0)
+                if c != 0:  # pulp's ``0 * x`` adds no term either
+                    terms.append((self.x[nid, k], c))
         for (u, a, b), var in self.w.items():
-            terms.append(self.passes(u, a, b) * self.comm_cost_s(a, b, self.edge_bytes(u)) * var)
-        self.prob += pulp.lpSum(terms)
+            c = self.passes(u, a, b) * self.comm_cost_s(a, b, self.edge_bytes(u))
+            if c != 0:
+                terms.append((var, c))
+        self.prob.setObjective(pulp.LpAffineExpression(terms))
 
     def build(self) -> pulp.LpProblem:
-        self.add_variables()
-        self.add_one_strategy()
-        self.add_edge_consistency()
-        self.add_boundary_in()
-        self.add_boundary_out()
-        self.add_tied()
-        self.add_groups()
+        """The problem with this ILP's objective. Its rows depend on the segment, the TP degree and
+        the layout flags only, never on costs: the first ILP of a key builds them and leaves them
+        in the shared ``GraphIndex``; a later one (another microbatch bucket, dtype or cluster)
+        takes them over and sets its own objective, the problem a fresh build would give."""
+        key = (tuple(self.ids), self.tp, self.sp, self.vocab_parallel, self.moe_folding, self.prob.name)
+        built = self.index.placements.get(key)
+        if built is None:
+            self.add_variables()
+            self.add_one_strategy()
+            self.add_edge_consistency()
+            self.add_boundary_in()
+            self.add_boundary_out()
+            self.add_tied()
+            self.add_groups()
+            self.index.placements[key] = (self.prob, self.x, self.w, self.strategies, self.groups, self._boundary_out)
+        else:
+            self.prob, self.x, self.w, self.strategies, self.groups, self._boundary_out = built
         self.set_objective()
         return self.prob
 
