@@ -40,6 +40,7 @@ from meshplan.tracing.fold_probe import fold_views
 from meshplan.tracing.module_tree import block_fqns, param_modules
 from meshplan.tracing.moe import moe_capture, moe_meta
 from meshplan.tracing.reuse import plan_reuse, reuse_enabled, reuse_line
+from meshplan.tracing.sympy_free import sympy_free
 
 __all__ = ["TraceError", "capture", "capture_full", "trace_model", "resolve_inputs"]
 
@@ -190,7 +191,7 @@ def trace_model(
     cuts = cut_points(nodes, blocks)
     params = list(model.parameters())
     meta = model_meta(model, nodes, blocks)
-    with dynamo_free() if cap.kind == "fx" else nullcontext():
+    with dynamo_free() if cap.kind == "fx" else nullcontext(), sympy_free() if cap.kind == "fx" else nullcontext():
         folded = fold_views(cap.root, cap.inputs, cap.prefix, skip=copies, meta=cap.kind == "fx")
     if folded:
         meta["tp_fold_views"] = folded

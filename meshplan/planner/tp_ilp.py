@@ -50,7 +50,9 @@ Constraint families (names ``<family>__<index>``, see ``meshplan.ilp``)::
                    group has a blocker; x[n,rowwise] = 0 for a linear that is no group's consumer
 
 Blocks chain because every block instance starts and ends in the same boundary state.
-No torch import.
+The rows depend on the segment, the TP degree and the layout flags only: they are built once per
+key (``TPPlacementILP.build``, kept in the shared ``tp_groups.GraphIndex``) and each microbatch
+bucket / dtype / cluster sets its own objective on them. No torch import.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from meshplan.tracing.classify import TensorMeta, is_leaf_class
 from meshplan.tracing.dynamo_free import dynamo_free
 from meshplan.tracing.flops import FlopCount
 from meshplan.tracing.reuse import ReusePlan
+from meshplan.tracing.sympy_free import sympy_free
 
 
 @dataclass
@@ -244,8 +245,9 @@ def propagate(
     counter = FlopCount(moe.flop_mapping())
     rec = _Recorder(gm, counter, memo_leaves=not keep_device, reuse=reuse, to_fake=None if keep_device else to_fake)
     skip = tuple(c.prefix for c in reuse.copies) if reuse else ()
-    quiet = nullcontext() if keep_device else dynamo_free()
-    with quiet, _fake_state(gm, to_fake, skip) as swap, torch.no_grad(), mode, counter:
+    quiet = nullcontext() if keep_device else dynamo_free()  # meta kernels without torch._dynamo / sympy
+    plain = nullcontext() if keep_device else sympy_free()
+    with quiet, plain, _fake_state(gm, to_fake, skip) as swap, torch.no_grad(), mode, counter:
         rec.swap = swap
         rec.run(*args)
     if report is not None:

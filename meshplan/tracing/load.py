@@ -45,9 +45,10 @@ def load_graph(
     from meshplan.models.registry import default_inputs
     from meshplan.trace import resolve_inputs, trace_model
     from meshplan.tracing.dynamo_free import dynamo_free
+    from meshplan.tracing.sympy_free import sympy_free
 
     say(f"building {spec} on the meta device")
-    with dynamo_free():  # meta tensor ops in a constructor (rotary tables) would import torch._dynamo
+    with dynamo_free(), sympy_free():  # meta tensor ops in a constructor (rotary tables) would import torch._dynamo, sympy
         built = load_model(spec, device="meta")
         inputs = built.example_inputs
         if seq is not None:
