@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 COMMANDS = ("inspect", "profile", "plan", "report", "explain", "diff", "run", "export", "estimate", "prepare-data",
             "calibrate")
+#: commands whose one-shot process ends without the interpreter's teardown (``commands/heap.exit_now``)
+FAST_EXIT = ("plan",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. ``argv=None`` (the ``meshplan`` script, ``python -m meshplan.cli``) means
-    this process is the command: it may tune the process for one shot (``commands/heap.py``); a
-    caller passing ``argv`` keeps its process as it was."""
+    this process is the command: it may tune the process for one shot (``commands/heap.py``; a
+    ``FAST_EXIT`` command ends the process itself, ``heap.exit_now``); a caller passing ``argv``
+    keeps its process as it was and gets the exit code back."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.one_shot = argv is None
@@ -46,10 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.errors import MeshplanError
 
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
     except (MeshplanError, ValueError, FileNotFoundError) as e:
         print(f"meshplan {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        code = 1
+    if args.one_shot and args.command in FAST_EXIT:
+        from meshplan.commands.heap import exit_now
+
+        exit_now(code)
+    return code
 
 
 if __name__ == "__main__":

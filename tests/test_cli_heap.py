@@ -44,3 +44,38 @@ def test_searching_turns_the_collector_off_for_the_search_only() -> None:
         assert not gc.isenabled()  # a collector the caller had off stays off
     finally:
         gc.enable()
+
+
+_ONE_SHOT = """
+import atexit, sys
+import meshplan.cli
+atexit.register(lambda: print("atexit handler ran", flush=True))
+sys.argv = ["meshplan", "plan", "gpt-tiny", "--cluster", "h100", "--global-batch", "4", "-q"] + sys.argv[1:]
+meshplan.cli.main()
+print("not reached: the one-shot plan command ends the process")
+"""
+
+
+def test_one_shot_plan_exits_without_teardown_after_flushing_and_atexit(tmp_path) -> None:
+    """``commands/heap.exit_now``: the report reaches stdout whole, the plan file is written, the
+    atexit handlers run, the exit code is the command's; main([...]) callers get a return value."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from meshplan.plan import Plan
+
+    root = Path(__file__).resolve().parent.parent
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "MESHPLAN_CACHE_DIR": str(tmp_path / "cache")}
+    out = tmp_path / "p.json"
+    ok = subprocess.run([sys.executable, "-c", _ONE_SHOT, "-n", "2", "-o", str(out)], capture_output=True, text=True,
+                        cwd=root, env=env, timeout=600)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    lines = ok.stdout.splitlines()
+    assert lines[0].startswith("meshplan plan for gpt-tiny") and lines[-1] == "atexit handler ran"
+    assert "not reached" not in ok.stdout
+    assert Plan.load(str(out)).world_size == 2
+    bad = subprocess.run([sys.executable, "-c", _ONE_SHOT, "-n", "3", "--tp", "2"], capture_output=True, text=True,
+                         cwd=root, env=env, timeout=600)  # fmt: skip
+    assert bad.returncode == 1 and "does not divide" in bad.stderr
+    assert bad.stdout.splitlines() == ["atexit handler ran"]
