@@ -11,6 +11,7 @@ import torch
 from planner_fixtures import gpt_graph
 
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.planner.memory_floor import split_floor
 from meshplan.planner.search import Searcher
 from meshplan.trace import trace_model
 
@@ -43,7 +44,8 @@ def moe():
 def test_bound_below_partial_below_exact_and_memory_floor_below_memory(case, moe):
     """What the skipping rests on, for every candidate and every DP kind: lower bound <= partial
     step <= simulated step (so the bound order settles the partial order) and the memory floor
-    <= the memory of the kind (any DP kind, the time-balanced split or the memory re-split)."""
+    <= the memory of the kind (any DP kind, the time-balanced split or the memory re-split); the
+    split-aware floor (``memory_floor.split_floor``) <= the memory on the time-balanced split."""
     if case == "moe":
         g, cl, batch = moe, H100.with_devices(16), 64
     else:
@@ -53,15 +55,18 @@ def test_bound_below_partial_below_exact_and_memory_floor_below_memory(case, moe
     s = Searcher(g, cl, global_batch=batch)
     cfgs = s.configs()
     assert case != "moe" or any(c.ep > 1 for c in cfgs) and any(c.cp > 1 for c in cfgs)
-    n = 0
+    n = tight = 0
     for c in cfgs:
         lb, mlb = s.bound(c)
         floor = s.memory_floor(c, mlb)
+        on_split = split_floor(s, c)  # valid on the time-balanced split only
         kinds = [c] + (s._other_kinds(c) if s._auto(c) and c.dp > 1 else [])  # the kinds the search tries
         for ck in kinds:
             rough = s.evaluate(ck, exact=False)
             assert lb <= rough.step_s * (1 + 1e-9), ck
             assert floor <= rough.max_mem_bytes * (1 + 1e-9), ck
+            assert on_split <= rough.max_mem_bytes * (1 + 1e-9), ck
+            tight += on_split > floor
             runs = s.memory_split(ck) if ck.pp > 1 else None
             if runs is not None:
                 assert floor <= s.evaluate(ck, exact=False, runs=runs).max_mem_bytes * (1 + 1e-9), ck
@@ -69,6 +74,7 @@ def test_bound_below_partial_below_exact_and_memory_floor_below_memory(case, moe
         auto = s.evaluate_auto(c, exact=False)
         assert lb <= auto.step_s * (1 + 1e-9) and auto.step_s <= s.evaluate(auto.config, runs=auto.stage_layers).step_s * (1 + 1e-9)
     assert n > 50
+    assert case == "moe" or tight > 0  # the split-aware floor is tighter somewhere (ep > 1: not covered)
 
 
 def _run(g, cluster, batch, skip: bool):

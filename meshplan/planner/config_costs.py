@@ -42,6 +42,7 @@ from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params
+from meshplan.planner.memory_floor import held_floor
 from meshplan.planner.pipeline_time import inflight
 from meshplan.planner.search_types import (
     RECOMPUTE_CHOICES,
@@ -361,14 +362,15 @@ class ConfigCosts:
         (``bound``'s: the average rank's model states under the kind that shards most, gpipe's
         activations): rank r needs at least states_r + activations_r x inflight_r, so the busiest
         needs at least the average of that over the pipeline ranks, which is at least the average
-        states + the average activations x the fewest in-flight microbatches any rank holds."""
+        states (with what the kind holds unsharded: ``memory_floor.held_floor``) + the average
+        activations x the fewest in-flight microbatches any rank holds."""
         P = self._prefix(self._table(c))
         key = (c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
         if key not in self._infl_memo:
             self._infl_memo[key] = min(self.inflight_ranks(c))
         acts = self._infl_memo[key] * P["act"][-1] / c.pp
         held = c.num_microbatches * P["act"][-1] / c.pp if c.schedule == "gpipe" and c.pp > 1 else 0.0  # in mlb
-        return mlb + max(0.0, acts - held)
+        return held_floor(self, c, mlb) + max(0.0, acts - held)  # type: ignore[arg-type]
 
     def inflight_ranks(self, c: Config) -> list[float]:
         """``pipeline_time.inflight`` of every pipeline rank of ``c`` (memoized per schedule shape; read only)."""

@@ -29,6 +29,7 @@ from meshplan.planner.search_types import Config
 
 if TYPE_CHECKING:
     from meshplan.planner.config_costs import ConfigCosts
+    from meshplan.planner.costing import CostTable
 
 
 def kind_free_terms(
@@ -131,14 +132,7 @@ def kind_free_terms(
     r_act = [r_act[r] + ev._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
     # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
     # live memory beside the activations; a stage's output is what it sends, the last's its logits
-    r_pipe = [0.0 for _ in ranks]
-    if n_st > 1:
-        for i in range(n_st):
-            last = i == n_st - 1
-            out = t.layers[runs[i][1] - 1].logits_bytes if last else st_sendb[i]
-            r_pipe[placement[i]] += pipeline_buffer_bytes(
-                in_bytes=st_sendb[i - 1] if i else 0.0, out_bytes=out, num_microbatches=m,
-                inflight=infl[placement[i]], is_first=i == 0, is_last=last, convention=ev.pp_buffers)  # fmt: skip
+    r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, infl, c)
     fp8_copy = fp8_weight_copy_bytes(ev._largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
     worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
     busiest = max(ranks, key=lambda r: rank_work[r])
@@ -180,3 +174,22 @@ def kind_free_terms(
         stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
     )  # fmt: skip
     return out
+
+
+def rank_pipeline_buffers(
+    ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]], st_sendb: list[int], placement: tuple[int, ...],
+    infl: list[float], c: Config,
+) -> list[float]:
+    """Per pipeline rank, the pipeline runtime's receive buffers and cached outputs of its stages
+    (``allocator.pipeline_buffer_bytes``; 0 without pp): a stage's output is what it sends
+    (``st_sendb``), the last stage's its logits."""
+    r_pipe = [0.0 for _ in range(c.pp)]
+    n_st = len(runs)
+    if n_st > 1:
+        for i in range(n_st):
+            last = i == n_st - 1
+            out = t.layers[runs[i][1] - 1].logits_bytes if last else st_sendb[i]
+            r_pipe[placement[i]] += pipeline_buffer_bytes(
+                in_bytes=st_sendb[i - 1] if i else 0.0, out_bytes=out, num_microbatches=c.num_microbatches,
+                inflight=infl[placement[i]], is_first=i == 0, is_last=last, convention=ev.pp_buffers)  # fmt: skip
+    return r_pipe

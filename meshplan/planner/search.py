@@ -62,6 +62,7 @@ from meshplan.partition.engine_split import block_counts, rule_for
 from meshplan.partition.schedule import validate
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import finalize, select_alternatives
+from meshplan.planner.memory_floor import split_floor
 from meshplan.planner.no_config import explain_no_configs
 from meshplan.planner.search_prune import BoundOrderCosting
 from meshplan.planner.search_types import (
@@ -353,7 +354,10 @@ class Searcher(ConfigEvaluator):
                 continue
             if lazy and partial:  # (the floor is only needed once something fits)
                 floor = self.memory_floor(c, mlb)
-                if order.skip_out_of_memory(c, lb, floor, self.mem_limit, self.rescue_possible(c, mlb, floor)):
+                rescue = self.rescue_possible(c, mlb, floor)
+                if not rescue and floor <= self.mem_limit:  # no re-split: the time-balanced split is costed
+                    floor = max(floor, split_floor(self, c))
+                if order.skip_out_of_memory(c, lb, floor, self.mem_limit, rescue):
                     skipped += 1
                     continue
             ev = self.evaluate_auto(c, exact=False)

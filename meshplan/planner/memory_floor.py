@@ -1,0 +1,76 @@
+"""Memory lower bounds of a configuration that the search skips candidates by
+(``planner.search_prune.BoundOrderCosting.skip_out_of_memory``), cheaper than costing it:
+
+- ``held_floor``: valid for every stage split and every DP kind the configuration may take: the
+  least over those kinds of the average pipeline rank's model states plus what the kind holds
+  unsharded (``ConfigCosts.fsdp_buffer``, linear in the rank's parameters: the busiest rank holds
+  at least the average's) plus fp8's weight copy (the same on every rank);
+- ``split_floor``: valid for the time-balanced (or engine-rule) split ``ConfigCosts.split`` only,
+  which is the split a partial evaluation costs unless a memory re-split may be spent
+  (``ConfigCosts.rescue_possible``): per pipeline rank its stages' model states, unsharded buffer,
+  stored activations × its in-flight microbatches and the pipeline runtime's buffers
+  (``kind_free.rank_pipeline_buffers``), the largest rank's, least over the kinds.
+
+Each term is one ``ConfigEvaluator.evaluate`` adds to a rank's memory, at parameters and
+activations no larger than the ones it counts (tied-weight copies, skip tensors passed through,
+and recompute transients are left out, both >= 0). Unquantized, without MoE
+parallel folding, and (``split_floor``) without expert parallelism; otherwise the bound given.
+No torch import.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from meshplan.cost_models.precision import fp8_weight_copy_bytes
+from meshplan.planner.kind_free import rank_pipeline_buffers
+from meshplan.planner.pipeline_time import placement as stage_placement
+from meshplan.planner.search_types import Config
+
+if TYPE_CHECKING:
+    from meshplan.planner.evaluate import ConfigEvaluator
+
+
+def _kinds(ev: ConfigEvaluator, c: Config) -> list[Config]:
+    """The DP kinds ``evaluate_auto`` tries for ``c``."""
+    return [c] + (ev._other_kinds(c) if ev._auto(c) and c.dp > 1 else [])
+
+
+def _fp8(ev: ConfigEvaluator, c: Config) -> float:
+    return fp8_weight_copy_bytes(ev._largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
+
+
+def held_floor(ev: ConfigEvaluator, c: Config, mlb: float) -> float:
+    """The model-state part of ``ConfigCosts.memory_floor`` (see the module docstring); ``mlb``
+    (``bound``'s: the average rank's states under the kind that shards most) where not covered."""
+    if ev.quant or ev.moe_folding:
+        return mlb
+    saved = ev._expert_params * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
+    avg_params = (ev._prefix(ev._table(c))["params"][-1] - saved) / c.pp
+    return min(ev.lower_bound(k)[1] + ev.fsdp_buffer(k, avg_params) for k in _kinds(ev, c)) + _fp8(ev, c)
+
+
+def split_floor(ev: ConfigEvaluator, c: Config) -> float:
+    """A memory lower bound of ``c`` on the split a partial evaluation costs, any DP kind it may
+    take (see the module docstring); 0.0 where not covered."""
+    if ev.quant or ev.moe_folding or c.ep > 1:
+        return 0.0
+    t = ev._table(c)
+    n_st = c.pp * c.virtual_stages
+    runs = ev.split(t, n_st, c.virtual_stages) if n_st > 1 else [(0, len(t.layers))]
+    P = ev._prefix(t)
+    params, act = P["params"], P["act"]
+    r_params = [0.0] * c.pp
+    r_act = [0.0] * c.pp
+    place = stage_placement(c.schedule, c.pp, c.virtual_stages)
+    for (a, b), r in zip(runs, place, strict=True):
+        r_params[r] += params[b] - params[a]
+        r_act[r] += act[b] - act[a]
+    infl = ev.inflight_ranks(c)
+    pipe = rank_pipeline_buffers(ev, t, runs, [int(t.layers[b - 1].out_bytes) for _, b in runs], place, infl, c)
+    held = [x * f + q for x, f, q in zip(r_act, infl, pipe)]
+    best = min(
+        max(per * p + buf + h for p, buf, h in zip(r_params, ev.fsdp_buffers(k, r_params), held))
+        for k, per in ((k, ev._state_bytes_per_param(k).total) for k in _kinds(ev, c))
+    )
+    return best + _fp8(ev, c)
