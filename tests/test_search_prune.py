@@ -119,3 +119,34 @@ def test_some_candidates_are_skipped():
     a, b = _run(g, cl, 512, True), _run(g, cl, 512, False)
     assert a.skipped > 0 and a.evaluated < b.evaluated
     assert _fields(a.best) == _fields(b.best)
+
+
+def test_certain_misfits_are_deferred_then_skipped_with_the_same_result(monkeypatch):
+    """Candidates that certainly do not fit are deferred (before anything fits, their families'
+    fitting candidates are unknown) and some are never costed, with the result of the search that
+    costs every candidate (``BoundOrderCosting.defer`` / ``finish``)."""
+    from meshplan.planner import search_prune
+
+    seen = {"deferred": 0, "skipped_at_finish": 0}
+    defer, finish = search_prune.BoundOrderCosting.defer, search_prune.BoundOrderCosting.finish
+
+    def counting_defer(self, *args):
+        seen["deferred"] += 1
+        return defer(self, *args)
+
+    def counting_finish(self):
+        n = finish(self)
+        seen["skipped_at_finish"] += n
+        return n
+
+    monkeypatch.setattr(search_prune.BoundOrderCosting, "defer", counting_defer)
+    monkeypatch.setattr(search_prune.BoundOrderCosting, "finish", counting_finish)
+    g = gpt_graph(layers=8, h=2048, heads=16, seq=4096, vocab=8192)
+    cl = small_mem(H100, 16).with_devices(64)
+    a = _run(g, cl, 256, True)
+    assert seen["deferred"] > 0 and seen["skipped_at_finish"] > 0
+    b = _run(g, cl, 256, False)
+    assert _fields(a.best) == _fields(b.best)
+    assert [(e.config, why, e.step_s, e.max_mem_bytes) for e, why in a.alternatives] == [
+        (e.config, why, e.step_s, e.max_mem_bytes) for e, why in b.alternatives
+    ]

@@ -64,7 +64,7 @@ from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import finalize, select_alternatives
 from meshplan.planner.memory_floor import split_floor
 from meshplan.planner.no_config import explain_no_configs
-from meshplan.planner.search_prune import BoundOrderCosting
+from meshplan.planner.search_prune import EPS, BoundOrderCosting
 from meshplan.planner.search_types import (
     RECOMPUTE_CHOICES,
     SCHEDULE_CHOICES,
@@ -338,13 +338,19 @@ class Searcher(ConfigEvaluator):
                 shown = time.perf_counter()
                 self.progress(f"simulated {i} (bound {pe.step_s:.3g} s, best {best:.3g} s)")
 
+        def cost(c: Config) -> None:
+            ev = self.evaluate_auto(c, exact=False)
+            (partial if ev.fits else oom).append(ev)
+            order.add(ev)
+
         order = BoundOrderCosting(simulate, self.keep, ALT_MARGIN, exhaustive)
         order.on_simulated = simulated
+        order.cost = cost
         lazy = not exhaustive and self.skip_unneeded  # off: phase 2 after all costing, nothing skipped
         for k, (lb, mlb, c) in enumerate(bounded):
             if lazy:
                 order.settle(lb)
-            if not exhaustive and mlb > self.mem_limit and (len(oom) >= 2 or partial):
+            if not exhaustive and mlb > self.mem_limit and (len(oom) + order.deferred >= 2 or partial):
                 continue  # cannot fit whatever the split: skip (a few are kept to report)
             if not exhaustive and self.dominated(c):
                 pruned += 1
@@ -352,7 +358,7 @@ class Searcher(ConfigEvaluator):
             if lazy and order.can_skip(c, lb):
                 skipped += 1
                 continue
-            if lazy and partial:  # (the floor is only needed once something fits)
+            if lazy:
                 floor = self.memory_floor(c, mlb)
                 rescue = self.rescue_possible(c, mlb, floor)
                 if not rescue and floor <= self.mem_limit:  # no re-split: the time-balanced split is costed
@@ -360,9 +366,10 @@ class Searcher(ConfigEvaluator):
                 if order.skip_out_of_memory(c, lb, floor, self.mem_limit, rescue):
                     skipped += 1
                     continue
-            ev = self.evaluate_auto(c, exact=False)
-            (partial if ev.fits else oom).append(ev)
-            order.add(ev)
+                if not rescue and floor > self.mem_limit * (1 + EPS):  # certainly out of memory
+                    order.defer(c, lb, floor, self.mem_limit)
+                    continue
+            cost(c)
             if time.perf_counter() - shown > 1.0:  # a line a second on long searches
                 shown = time.perf_counter()
                 best_bound = min((e.step_s for e in partial), default=math.inf)
@@ -370,6 +377,7 @@ class Searcher(ConfigEvaluator):
                     f"costing: {k + 1}/{len(bounded)} configurations, {len(partial)} fit, "
                     f"best so far {best_bound:.3g} s/step (before simulation)"
                 )
+        skipped += order.finish()
         lap("cost")
         phase_s["cost"] -= sim_s[0]  # the simulations run so far are phase 2's
         phase_s["simulate"] = sim_s[0]

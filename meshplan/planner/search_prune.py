@@ -22,6 +22,14 @@ costed as before):
 * a candidate that did not fit has a partial step below ``lb`` (the "best plan that did not fit"
   alternative is the one with the lowest partial step).
 
+A candidate that certainly does not fit (its memory floor, ``planner.memory_floor``, is over the
+limit, and costing it spends no memory re-split) is *deferred* instead of costed when it cannot be
+skipped yet (before anything fits, its family's fitting candidates are not known): it cannot enter
+phase 2, so only the tests above read it, through the lowest partial step of a misfit; they cost
+deferred candidates when that step decides them, so every decision is the one costing all of them
+in bound order gives. Once the costing is done, a deferred candidate is costed only if the skip
+test (now with every family's fitting candidates known) still needs it.
+
 Comparisons keep a relative margin ``EPS`` so that rounding between the bound's and the
 evaluation's sums can never reorder two candidates. The skipped candidates are counted
 (``SearchResult.skipped``); a memory re-split (``ConfigCosts.memory_split``, at most
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable
 
 from meshplan.planner.finalize import family
@@ -42,6 +51,10 @@ EPS = 1e-9
 #: Candidates of a degree / family ``finalize`` picks that slot's alternative among.
 SLOT_DEPTH = 3
 AXES = ("tp", "pp", "cp", "ep")
+
+
+def _no_costing(c: Config) -> None:
+    raise RuntimeError("BoundOrderCosting.cost is not set: the search sets it before deferring candidates")
 
 
 def slots(c: Config) -> list[tuple[str, object]]:
@@ -68,6 +81,10 @@ class BoundOrderCosting:
         self._winner_slots: list[tuple[str, object]] | None = None
         self._family_fits: dict[str, int] = {}  # fitting candidates costed, by family
         self._oom_min = math.inf  # lowest partial step of a candidate that did not fit
+        #: (bound, candidate, memory floor, limit) of certain misfits not costed yet, in bound order
+        self._deferred: deque[tuple[float, Config, float, float]] = deque()
+        #: costs a candidate (partial evaluation) and ``add``s it: set by the search before deferring
+        self.cost: Callable[[Config], None] = _no_costing
         self.on_simulated: Callable[[int, Evaluation, float], None] | None = None
 
     # ---- what was costed -------------------------------------------------------------------
@@ -93,7 +110,42 @@ class BoundOrderCosting:
         (so its family's alternative is not picked among those that did not fit) and costing it
         would spend no memory re-split (``rescue`` False)."""
         return (not self.exhaustive and not rescue and floor > mem_limit * (1 + EPS)
-                and self._oom_min < lb * (1 - EPS) and self._family_fits.get(family(c), 0) > 0)  # fmt: skip
+                and self._family_fits.get(family(c), 0) > 0 and self._oom_below(lb))  # fmt: skip
+
+    # ---- certain misfits, costed when needed -----------------------------------------------------
+    def defer(self, c: Config, lb: float, floor: float, mem_limit: float) -> None:
+        """Keep ``c`` (bound ``lb``), which certainly does not fit (``floor`` over ``mem_limit``) and
+        whose costing spends no memory re-split, for later instead of costing it now: it cannot enter
+        phase 2, and the tests above cost deferred candidates (lowest bound first) whenever the
+        lowest partial step of a misfit decides them, so they decide as if every one had been costed
+        in bound order. ``finish`` costs those the skip test still needs once the costing is done."""
+        self._deferred.append((lb, c, floor, mem_limit))
+
+    @property
+    def deferred(self) -> int:
+        """Candidates deferred and not costed yet (they count as out of memory: they are)."""
+        return len(self._deferred)
+
+    def finish(self) -> int:
+        """Cost the deferred candidates the skip test cannot skip now that every other candidate is
+        costed (a family's fitting candidates are all known); returns how many were skipped."""
+        skipped = 0
+        while self._deferred:
+            lb, c, floor, mem_limit = self._deferred.popleft()
+            if self.skip_out_of_memory(c, lb, floor, mem_limit, False):
+                skipped += 1
+            else:
+                self.cost(c)
+        return skipped
+
+    def _oom_below(self, lb: float) -> bool:
+        """Whether a misfit has a partial step below ``lb``, costing deferred ones with bounds below
+        ``lb`` (lowest first) until one has or none is left: a partial step is never below its bound,
+        so this is the answer costing every candidate in bound order would give."""
+        below = lb * (1 - EPS)
+        while not self._oom_min < below and self._deferred and self._deferred[0][0] < below:
+            self.cost(self._deferred.popleft()[1])
+        return self._oom_min < below
 
     # ---- phase 2 -------------------------------------------------------------------------------
     def settle(self, lb: float) -> None:
@@ -121,7 +173,7 @@ class BoundOrderCosting:
     # ---- the skip test -----------------------------------------------------------------------
     def can_skip(self, c: Config, lb: float) -> bool:
         """Whether costing ``c`` (lower bound ``lb``) cannot change the search's result."""
-        if self.exhaustive or not self.stopped or not self._oom_min < lb * (1 - EPS):
+        if self.exhaustive or not self.stopped:
             return False
         if self._winner_slots is None:  # phase 2's winner (its order: step, then summary)
             self._winner_slots = slots(min(self.fitting, key=lambda e: (e.step_s, e.config.summary())).config)
@@ -132,4 +184,4 @@ class BoundOrderCosting:
             low = self._slots.get(key, ())
             if len(low) < SLOT_DEPTH or not low[SLOT_DEPTH - 1] < below:
                 return False
-        return True
+        return self._oom_below(lb)
