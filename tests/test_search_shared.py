@@ -39,6 +39,7 @@ def test_shared_node_terms_equal_terms_costed_afresh(moe, folding):
                            capacity_factor=s.capacity_factor, elem_bytes=s._elem_bytes, tp=tp, recompute=rc, stride=tp,
                            folding=folding, dp=dp)  # fmt: skip
         assert shared.acc == fresh.acc and shared.bytes == fresh.bytes, c
+        assert shared.whole() == fresh.terms(0, len(moe.nodes)) == fresh.whole(), c  # the same floats
         n += 1
     # fewer distinct nodes were costed than configurations x nodes: the sharing happened
     assert len(s._epcp_node_memo) < n * len(s._epcp_nodes) / 4

@@ -152,7 +152,7 @@ class ConfigCosts:
         self._other_kinds_memo: dict[Config, list[Config]] = {}
         self._epcp_nodes = [n for n in self.g.nodes if n.kind in ("moe", "attention")]  # what EP/CP terms read
         self._epcp_memo: dict[tuple, EPCPPrefix] = {}
-        self._epcp_node_memo: dict[tuple, EPCPTerms] = {}  # one node's terms (EPCPPrefix memo)
+        self._epcp_node_memo: dict[tuple, Any] = {}  # one node's terms and shared node sums (EPCPPrefix memo)
         self._epcp_whole: dict[tuple, EPCPTerms] = {}  # the whole model's terms per _epcp_prefix key
         self._bpp0_memo: dict[tuple, ModelStateBytes] = {}
         self._infl_ranks: dict[tuple, list[float]] = {}
@@ -247,7 +247,7 @@ class ConfigCosts:
         """The whole model's EP/CP terms per microbatch (``planner.epcp_cost.epcp_terms``)."""
         key = self._epcp_key(c)
         if key not in self._epcp_whole:
-            self._epcp_whole[key] = self._epcp_prefix(c).terms(0, len(self.g.nodes))
+            self._epcp_whole[key] = self._epcp_prefix(c).whole()
         return self._epcp_whole[key]
 
     def _epcp_stages(self, c: Config, t: CostTable, runs: list[tuple[int, int]]) -> list[EPCPTerms]:

@@ -172,40 +172,97 @@ class EPCPPrefix:
     the same place of identical repeated layers: ``ConfigCosts._epcp_copies``) costs each node once
     per what its terms depend on (``_node_key``): configurations that differ only in ep (attention
     nodes), only in the recompute kind or in cp at the same tokens per rank (MoE nodes) share them,
-    and a repeated block's copies share their template's."""
+    and a repeated block's copies share their template's. With it, configurations whose nodes all
+    have the same keys share one list of node terms and its sums (``_NodeSums``). The prefix sums
+    are built at the first ``terms`` call; ``whole()`` (every node) needs only their last entries.
+    """
 
     def __init__(self, graph: ModelGraph, cluster: ClusterSpec, nodes: list[GraphNode], *,
-                 memo: dict[tuple, EPCPTerms] | None = None, copies: list[Hashable] | None = None,
+                 memo: dict[tuple, Any] | None = None, copies: list[Hashable] | None = None,
                  **kw: Any) -> None:
         self.ids = [n.id for n in nodes]
         if memo is None or copies is None:
-            per = [epcp_terms(graph, cluster, nodes=[n], **kw) for n in nodes]
-        else:
+            self._sums = _NodeSums([epcp_terms(graph, cluster, nodes=[n], **kw) for n in nodes])
+            return
+        firsts: dict[str, GraphNode] = {}
+        for n in nodes:
+            firsts.setdefault(n.kind, n)
+        by_kind = {kind: _node_key(n, kw) for kind, n in firsts.items()}  # _node_key: the node's kind only
+        skey = ("node sums", id(copies), len(nodes), tuple(sorted(by_kind.items())))
+        if skey not in memo:
             per = []
-            by_kind: dict[str, tuple] = {}  # _node_key depends on the node's kind only
             for n, copy in zip(nodes, copies, strict=True):
-                if n.kind not in by_kind:
-                    by_kind[n.kind] = _node_key(n, kw)
                 key = (copy, by_kind[n.kind])
                 if key not in memo:
                     memo[key] = epcp_terms(graph, cluster, nodes=[n], **kw)
                 per.append(memo[key])
-        self.acc: dict[str, list[float]] = {}
-        for name in _SUMMED:
-            acc = [0.0]
-            for x in per:
-                acc.append(acc[-1] + getattr(x, name))
-            self.acc[name] = acc
-        self.bytes: dict[str, list[float]] = {}
-        for key in sorted({k for x in per for k in x.comm_bytes}):
-            acc = [0.0]
-            for x in per:
-                acc.append(acc[-1] + x.comm_bytes.get(key, 0.0))
-            self.bytes[key] = acc
+            memo[skey] = _NodeSums(per)
+        self._sums = memo[skey]
+
+    @property
+    def acc(self) -> dict[str, list[float]]:
+        """Per summed ``EPCPTerms`` field, the running sums over the nodes ([0, x0, x0 + x1, ...])."""
+        return self._sums.prefix()[0]
+
+    @property
+    def bytes(self) -> dict[str, list[float]]:
+        """Per collective kind, the running sums of the nodes' bytes."""
+        return self._sums.prefix()[1]
 
     def terms(self, lo: int, hi: int) -> EPCPTerms:
         """The terms of the nodes with ``lo <= id < hi``."""
         a, b = bisect.bisect_left(self.ids, lo), bisect.bisect_left(self.ids, hi)
-        out = EPCPTerms(**{name: acc[b] - acc[a] for name, acc in self.acc.items()})
-        out.comm_bytes = {k: acc[b] - acc[a] for k, acc in self.bytes.items() if acc[b] - acc[a]}
+        acc, by = self._sums.prefix()
+        out = EPCPTerms(**{name: acc[name][b] - acc[name][a] for name in _SUMMED})
+        out.comm_bytes = {k: x[b] - x[a] for k, x in by.items() if x[b] - x[a]}
         return out
+
+    def whole(self) -> EPCPTerms:
+        """``terms`` of every node (the same floats), without building the prefix sums."""
+        return self._sums.whole()
+
+
+class _NodeSums:
+    """Node terms in node order and their running sums (built once, on demand)."""
+
+    def __init__(self, per: list[EPCPTerms]) -> None:
+        self.per = per
+        self._prefix: tuple[dict[str, list[float]], dict[str, list[float]]] | None = None
+        self._whole: EPCPTerms | None = None
+
+    def prefix(self) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        """Per summed field and per collective kind, the running sums [0, x0, x0 + x1, ...]."""
+        if self._prefix is None:
+            acc: dict[str, list[float]] = {}
+            for name in _SUMMED:
+                run = [0.0]
+                for x in self.per:
+                    run.append(run[-1] + getattr(x, name))
+                acc[name] = run
+            by: dict[str, list[float]] = {}
+            for key in sorted({k for x in self.per for k in x.comm_bytes}):
+                run = [0.0]
+                for x in self.per:
+                    run.append(run[-1] + x.comm_bytes.get(key, 0.0))
+                by[key] = run
+            self._prefix = (acc, by)
+        return self._prefix
+
+    def whole(self) -> EPCPTerms:
+        """The sums' last entries less their first (0.0), as ``EPCPPrefix.terms`` gives them."""
+        if self._whole is None:
+            vals = {}
+            for name in _SUMMED:
+                total = 0.0
+                for x in self.per:
+                    total += getattr(x, name)
+                vals[name] = total - 0.0
+            out = EPCPTerms(**vals)
+            for key in sorted({k for x in self.per for k in x.comm_bytes}):
+                total = 0.0
+                for x in self.per:
+                    total += x.comm_bytes.get(key, 0.0)
+                if total - 0.0:
+                    out.comm_bytes[key] = total - 0.0
+            self._whole = out
+        return replace(self._whole, comm_bytes=dict(self._whole.comm_bytes))
