@@ -1,7 +1,7 @@
 """Planner speed: search growth over world sizes × layer counts, and the whole-command targets.
 
     python benchmarks/bench_planner.py growth [--worlds 8 64 512 4096 16384] [--layers 12 48 96 200]
-    python benchmarks/bench_planner.py commands [--cache-dir DIR]
+    python benchmarks/bench_planner.py commands [--cache-dir DIR] [--only SUBSTR ...] [--repeat N] [--source]
 
 ``growth``: for each (world size, layer count) a GPT (hidden 4096, 32 heads, seq 2048) is traced on
 the meta device (through the trace cache, so each depth is traced once) and searched on H100
@@ -16,7 +16,13 @@ log(configurations costed) over the rows (1.0 = linear).
 included), each run twice: cold (an empty trace cache of its own) and warm (cache filled by the cold run);
 prints measured wall and user+sys CPU seconds of the child process (CPU time is the stable figure
 on a shared machine; on an idle machine a single-threaded command's wall time is about its CPU
-time), the goal (seconds) and the planner's own search seconds.
+time), the 1-minute load average before the case, the goal (seconds) and the planner's own search
+seconds. ``--only`` runs the cases whose name contains one of the given strings (e.g. ``8b``),
+``--repeat N`` each case N times (cold and warm each time, a fresh empty cache for every cold run).
+Before timing, meshplan's bytecode is compiled (``compileall`` into its ``__pycache__``), as an
+installed package has it: with ``PYTHONDONTWRITEBYTECODE=1`` (this machine's shells set it) an
+editable checkout would recompile every meshplan module on every run (~0.1 s CPU of a cold plan);
+``--source`` skips that step and says so.
 """
 
 from __future__ import annotations
@@ -117,22 +123,33 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     return wall, cpu, done[-1].split("done:")[-1].strip() if done else ""
 
 
-def commands(cache_dir: str | None) -> None:
+def commands(cache_dir: str | None, only: list[str] | None = None, repeat: int = 1, source: bool = False) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     base = cache_dir or tempfile.mkdtemp(prefix="meshplan-bench-cache-")
+    if source:
+        print("meshplan run from source: its bytecode is not compiled first (--source)")
+    else:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "meshplan")], check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        print("meshplan's bytecode compiled first (compileall), as an installed package has it")
     wall, cpu, _ = _run([sys.executable, "-c", "import meshplan"], env)
     print(f"python -c 'import meshplan': {wall:.2f} s wall, {cpu:.2f} s CPU (measured)")
-    print(f"{'case':<28} {'cold wall':>9} {'cold CPU':>8} {'warm wall':>9} {'warm CPU':>8} {'goal':>5}  search (warm)")
+    print(f"{'case':<28} {'load':>5} {'cold wall':>9} {'cold CPU':>8} {'warm wall':>9} {'warm CPU':>8} {'goal':>5}"
+          "  search (warm)")  # fmt: skip
     for name, (model, world, cluster, batch, goal) in TARGETS.items():
+        if only and not any(o.lower() in name.lower() for o in only):
+            continue
         cmd = [sys.executable, "-m", "meshplan.cli", "plan", model, "-n", str(world), "--cluster", cluster,
                "--global-batch", str(batch)]  # fmt: skip
-        # each case its own cache: two cases of one model (175B at 1024 and 16384) share a graph,
-        # so a shared cache would make the second "cold" run warm
-        env["MESHPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="case-", dir=base)
-        cold = _run(cmd, env)
-        warm = _run(cmd, env)
-        print(f"{name:<28} {cold[0]:>9.2f} {cold[1]:>8.2f} {warm[0]:>9.2f} {warm[1]:>8.2f} {goal:>5.0f}  {warm[2]}",
-              flush=True)
+        for _ in range(repeat):
+            # each cold run its own cache: two cases of one model (175B at 1024 and 16384) share a
+            # graph, so a shared cache would make the second "cold" run warm
+            env["MESHPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="case-", dir=base)
+            load = os.getloadavg()[0]
+            cold = _run(cmd, env)
+            warm = _run(cmd, env)
+            print(f"{name:<28} {load:>5.2f} {cold[0]:>9.2f} {cold[1]:>8.2f} {warm[0]:>9.2f} {warm[1]:>8.2f} "
+                  f"{goal:>5.0f}  {warm[2]}", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -143,11 +160,14 @@ def main() -> None:
     g.add_argument("--layers", type=int, nargs="+", default=[12, 48, 96, 200])
     c = sub.add_parser("commands")
     c.add_argument("--cache-dir", default=None, help="where the per-case trace caches go (default: a fresh temporary dir)")
+    c.add_argument("--only", nargs="+", default=None, help="only the cases whose name contains one of these strings")
+    c.add_argument("--repeat", type=int, default=1, help="run each case this many times (default 1)")
+    c.add_argument("--source", action="store_true", help="do not compile meshplan's bytecode before timing")
     args = ap.parse_args()
     if args.what == "growth":
         growth(args.worlds, args.layers)
     else:
-        commands(args.cache_dir)
+        commands(args.cache_dir, args.only, args.repeat, args.source)
 
 
 if __name__ == "__main__":
