@@ -115,3 +115,15 @@ def test_memory_bound_ops_stay_on_bandwidth() -> None:
                      out_shape=(4096, 4096), out_dtype="bfloat16", out_bytes=4096 * 4096 * 2, fwd_flops=5 * 4096 * 4096)
     t = node_time(norm, H100)
     assert t.fwd_s == pytest.approx(2 * 4096 * 4096 * 2 / (H100.mem_bw_bytes_per_s * H100.mem_efficiency))
+
+
+def test_memoized_shape_factor_is_the_computed_one() -> None:
+    """gemm_shape_factor is memoized (a search asks for few shapes many times): the same value as
+    computing it, int and float dimensions kept apart, bad dimensions still raise."""
+    compute = gemm_shape_factor.__wrapped__
+    for m, n, k in [(2048, 4096, 4096), (2048.0, 4096.0, 4096.0), (7, 3, 600), (16384, 1024, 53248), (1.5, 2, 3)]:
+        for sms in (0, 108, 132):
+            assert gemm_shape_factor(m, n, k, sms) == compute(m, n, k, sms)
+            assert gemm_shape_factor(m, n, k, sms) == compute(m, n, k, sms)  # from the memo
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        gemm_shape_factor(8, 8, 0, 132)

@@ -55,6 +55,7 @@ Memory-bound ops (norms, activations, elementwise) stay on the roofline's bandwi
 
 from __future__ import annotations
 
+import functools
 import math
 
 #: cuBLAS-like CTA tiles (tm, tn, relative throughput); source in the module docstring
@@ -81,9 +82,12 @@ def wave_fraction(blocks: int, sms: int) -> float:
     return blocks / (math.ceil(blocks / sms) * sms)
 
 
+@functools.lru_cache(maxsize=1 << 16, typed=True)
 def gemm_shape_factor(m: float, n: float, k: float, sms: int) -> float:
     """Fraction of the large-GEMM throughput a ``m×k · k×n`` GEMM reaches on ``sms`` SMs (tile and
-    wave quantization, best cuBLAS-like tile and split-K; module docstring). 1.0 when ``sms`` is 0."""
+    wave quantization, best cuBLAS-like tile and split-K; module docstring). 1.0 when ``sms`` is 0.
+    A pure function of its arguments, memoized: a search asks for a few hundred shapes thousands of
+    times (llama3-8b@64: 455 distinct of 5,712 calls)."""
     _check_dims(m=m, n=n, k=k)
     if sms <= 0:
         return 1.0
