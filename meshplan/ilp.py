@@ -5,6 +5,13 @@ falls back to CBC (``pulp.PULP_CBC_CMD``) when HiGHS is not available, raises, o
 solution. Every solve has a time limit. The result is a small ``SolveResult`` record the Plan's
 solver facts are made from.
 
+A wall-clock limit makes the answer depend on the machine's load: stopped mid-search, the
+incumbent is whatever the solver reached by then. ``node_limit`` bounds the work instead
+(HiGHS ``mip_max_nodes``, CBC ``maxNodes``): the same model stops at the same node with the
+same incumbent on any load. ``SolveResult.stopped_by`` says which limit stopped a solve that
+did not prove its optimum ("node limit", deterministic; "time limit", load-dependent), so a
+caller can keep a deterministic fallback rather than a load-dependent incumbent.
+
 Constraint naming convention used by every meshplan ILP: ``"<family>__<index>"`` (e.g.
 ``"memory__3"``), so an infeasible model can say which *family* of constraints failed.
 ``constraint_families`` lists them; ``diagnose_infeasibility`` drops one family at a time and
@@ -51,16 +58,20 @@ class SolverFailedError(MeshplanError, RuntimeError):
 class SolveResult:
     """Outcome of one solve.
 
-    status: "optimal", or "feasible" when the time limit stopped the search with an incumbent.
+    status: "optimal", or "feasible" when a limit stopped the search with an incumbent.
     objective: objective value of the returned solution (variables hold it: ``var.varValue``).
     seconds: wall time of the whole call, fallback included.
     solver: the solver that produced the solution ("highs" or "cbc").
+    stopped_by: "" for a proven optimum, else the limit that stopped it: "node limit" (the
+    same incumbent on any load) or "time limit" (wall clock: depends on load; CBC's stops
+    all count as this, it does not say which limit it reached).
     """
 
     status: str
     objective: float
     seconds: float
     solver: str
+    stopped_by: str = ""
 
 
 def family_of(constraint_name: str) -> str:
@@ -73,7 +84,27 @@ def constraint_families(problem: pulp.LpProblem) -> dict[str, int]:
     return dict(Counter(family_of(con.name) for con in problem.constraints()))
 
 
-class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc]
+class _HiGHS(pulp.HiGHS):  # type: ignore[misc]
+    """pulp's in-process HiGHS, also reading a stop at HiGHS's node limit (``kSolutionLimit``, which
+    pulp 3.3 does not map: its lookup raises KeyError after the values are already read)."""
+
+    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:  # noqa: N802 (pulp's name)
+        import highspy
+
+        try:
+            return super().findSolutionValues(lp)  # type: ignore[no-any-return]
+        except KeyError:
+            if lp.solverModel.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
+                raise
+        if lp.solverModel.getInfo().primal_solution_status != 2:  # kSolutionStatusFeasible
+            return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
+        values = list(lp.solverModel.getSolution().col_value)
+        for var in lp.variables():  # as pulp's own method does (before its lookup, in pulp 3.3)
+            var.varValue = values[var.index]
+        return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
+
+
+class _WarmHiGHS(_HiGHS):
     """In-process HiGHS that starts from the variables' current values (``setInitialValue``);
     pulp's own warmStart option only exists for the HiGHS command-line solver."""
 
@@ -136,17 +167,23 @@ def _quiet_banner() -> None:
 
 
 def _make_solver(
-    name: str, time_limit_s: float, gap_rel: float | None = None, warm_start: bool = False
+    name: str,
+    time_limit_s: float,
+    gap_rel: float | None = None,
+    warm_start: bool = False,
+    node_limit: int | None = None,
 ) -> pulp.LpSolver:
     if name == "highs":
         _fork_guard()
         _quiet_banner()
-        cls = _WarmHiGHS if warm_start else pulp.HiGHS
-        return cls(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+        cls = _WarmHiGHS if warm_start else _HiGHS
+        nodes = {} if node_limit is None else {"mip_max_nodes": int(node_limit)}
+        return cls(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, **nodes)
     if name == "cbc":
         with warnings.catch_warnings():  # pulp 3.3 warns that PULP_CBC_CMD goes away in 4.0
             warnings.simplefilter("ignore", DeprecationWarning)
-            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, warmStart=warm_start)
+            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, warmStart=warm_start,
+                                     maxNodes=node_limit)  # fmt: skip
     raise ValueError(f"unknown solver {name!r}; use one of {SOLVERS}")
 
 
@@ -163,10 +200,24 @@ def _run_once(
     time_limit_s: float,
     gap_rel: float | None = None,
     warm_start: bool = False,
+    node_limit: int | None = None,
 ) -> tuple[str, str]:
     """Solve with one solver; returns (pulp status, pulp solution status) as strings."""
-    problem.solve(_make_solver(name, time_limit_s, gap_rel, warm_start))
+    problem.solve(_make_solver(name, time_limit_s, gap_rel, warm_start, node_limit))
     return pulp.LpStatus[problem.status], pulp.LpSolution[problem.sol_status]
+
+
+def _stopped_by(problem: pulp.LpProblem, name: str) -> str:
+    """Which limit stopped a solve that returned an unproven incumbent (see ``SolveResult``)."""
+    if name == "highs":
+        import highspy
+
+        status = problem.solverModel.getModelStatus()
+        if status == highspy.HighsModelStatus.kSolutionLimit:
+            return "node limit"
+        if status != highspy.HighsModelStatus.kTimeLimit:
+            return "other limit"
+    return "time limit"
 
 
 def _has_solution(status: str, sol_status: str) -> bool:
@@ -226,6 +277,7 @@ def solve(
     diagnose: bool = True,
     gap_rel: float | None = None,
     warm_start: bool = False,
+    node_limit: int | None = None,
 ) -> SolveResult:
     """Solve ``problem`` in place (variables get ``varValue``) and report how.
 
@@ -235,9 +287,13 @@ def solve(
     model, ``SolverFailedError`` when no solver produced a solution. ``gap_rel`` sets the MIP
     relative gap (solver default, about 1e-4, when None; 0 for a proven optimum). ``warm_start``
     hands the variables' current values (``var.setInitialValue``) to the solver as a start.
+    ``node_limit`` stops the branch and bound after that many nodes (1: the root node only), the
+    same on any load; ``time_limit_s`` then is the safety net (``SolveResult.stopped_by``).
     """
     if time_limit_s <= 0:
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
+    if node_limit is not None and node_limit < 1:
+        raise ValueError(f"node_limit must be >= 1 (1 = the root node only) or None, got {node_limit}")
     t0 = time.perf_counter()
     tried: list[str] = []
     for name in _order(solver):
@@ -245,17 +301,19 @@ def solve(
             tried.append(f"{name}: not available")
             continue
         try:
-            status, sol_status = _run_once(problem, name, time_limit_s, gap_rel, warm_start)
+            status, sol_status = _run_once(problem, name, time_limit_s, gap_rel, warm_start, node_limit)
         except Exception as exc:  # solver crashed: fall back to the next one
             tried.append(f"{name}: raised {type(exc).__name__}: {exc}")
             continue
         if _has_solution(status, sol_status):
             objective = pulp.value(problem.objective)
+            proven = sol_status == "Optimal Solution Found"
             return SolveResult(
-                status="optimal" if sol_status == "Optimal Solution Found" else "feasible",
+                status="optimal" if proven else "feasible",
                 objective=float(objective) if objective is not None else 0.0,
                 seconds=time.perf_counter() - t0,
                 solver=name,
+                stopped_by="" if proven else _stopped_by(problem, name),
             )
         if status == "Infeasible":
             fams = constraint_families(problem)

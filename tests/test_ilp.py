@@ -35,8 +35,9 @@ def test_falls_back_to_cbc_when_highs_raises(monkeypatch: pytest.MonkeyPatch) ->
         def actualSolve(self, lp, **kw):  # noqa: ANN001, ANN003, ANN201
             raise RuntimeError("boom")
 
-    def fake(name: str, t: float, gap_rel: float | None = None, warm: bool = False) -> pulp.LpSolver:
-        return Broken(msg=False, timeLimit=t) if name == "highs" else real(name, t, gap_rel, warm)
+    def fake(name: str, t: float, gap_rel: float | None = None, warm: bool = False,
+             nodes: int | None = None) -> pulp.LpSolver:  # fmt: skip
+        return Broken(msg=False, timeLimit=t) if name == "highs" else real(name, t, gap_rel, warm, nodes)
 
     monkeypatch.setattr(ilp, "_make_solver", fake)
     prob, _ = _knapsack(5)
@@ -71,3 +72,13 @@ def test_warm_start_keeps_answer(solver: str) -> None:
         var.setInitialValue(val)
     res = ilp.solve(prob, time_limit_s=5, solver=solver, warm_start=True)
     assert res.objective == pytest.approx(7.0) and res.solver == solver
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+def test_node_limit_on_a_problem_the_root_solves(solver: str) -> None:
+    prob, x = _knapsack(5)
+    res = ilp.solve(prob, time_limit_s=5, solver=solver, gap_rel=0.0, node_limit=1)
+    assert res.status == "optimal" and res.stopped_by == "" and res.solver == solver
+    assert [round(v.varValue) for v in x] == [1, 1, 0]
+    with pytest.raises(ValueError, match="node_limit"):
+        ilp.solve(prob, time_limit_s=5, node_limit=0)

@@ -229,3 +229,24 @@ def test_pruning_dominated_recompute_keeps_the_exhaustive_best(world, batch, lay
     for c in dominated:  # the claim itself: no faster than the twin without recompute, exactly costed
         twin = dataclasses.replace(c, recompute="none")
         assert s.evaluate_auto(c).step_s >= s.evaluate_auto(twin).step_s * (1 - 1e-9), c
+
+
+def test_split_ilp_is_work_limited_and_only_for_the_winner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wall-clock stop would make the split depend on the machine's load: the winner's split ILP
+    runs under a node limit, and the contenders' splits are re-solved by the DP alone."""
+    from meshplan import ilp
+    from meshplan.planner import finalize
+
+    calls: list[tuple[str, int | None]] = []
+    real = ilp.solve
+
+    def spy(problem, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append((problem.name, kw.get("node_limit")))
+        return real(problem, **kw)
+
+    monkeypatch.setattr(ilp, "solve", spy)
+    g = gpt_graph(layers=6, h=1024, heads=16, vocab=1024, heavy={2: 4.0})
+    p = plan_graph(g, 2, cluster="h100", global_batch_size=16, fixed={"pp": 2, "tp": 1})
+    # a contender with two stages per rank (zbv) was refined too, by the DP: one ILP, the winner's
+    assert p.schedule == "interleaved-1f1b" and any("zbv v2" in a.summary for a in p.alternatives)
+    assert [n for name, n in calls if name == "stage_split"] == [finalize.WINNER_SPLIT_NODES]

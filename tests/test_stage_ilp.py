@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -274,3 +275,52 @@ def test_one_microbatch_dp_has_no_division_by_zero() -> None:
     assert si.split_stages(layers, method="dp", **kw).boundaries == (0, 2, 4)  # the free cut
     limited = si.split_stages(layers, method="dp", mem_limit_bytes=2.5 * GIB, **kw)
     assert all(m <= 2.5 * GIB for m in limited.rank_mem_bytes)
+
+
+def _interleaved_problem() -> tuple[list[si.Layer], dict[str, object]]:
+    """34 uneven layers on pp 2 x v 2: HiGHS's root node does not prove this split optimal."""
+    rng = random.Random(0)
+    layers = [
+        si.Layer(f"l{i}", fwd_s=rng.uniform(1, 3), bwd_s=rng.uniform(2, 6), bwd_weight_s=0.5, state_bytes=GIB,
+                 act_bytes=GIB // 8, boundary_bytes=rng.choice([0, 500, 2000]))  # fmt: skip
+        for i in range(34)
+    ]
+    return layers, dict(pp=2, num_microbatches=8, schedule="interleaved-1f1b", virtual_stages=2,
+                        p2p_time=lambda nb: nb * 1e-4, method="ilp")  # fmt: skip
+
+
+def test_node_limit_stops_at_one_answer_and_says_so() -> None:
+    layers, kw = _interleaved_problem()
+    dp = sd.dp_split(sp.make_problem(layers, 2, 8, "interleaved-1f1b", 2, None, kw["p2p_time"], 0))
+    assert dp is not None
+    first = si.split_stages(layers, node_limit=1, time_limit_s=60, **kw)  # type: ignore[arg-type]
+    # pulp 3.3 has no mapping for HiGHS's node-limit stop: read by meshplan.ilp, not a CBC fallback
+    assert first.method == "ilp" and first.solver == "highs"
+    assert first.status == "feasible at its 1-node limit"
+    again = si.split_stages(layers, node_limit=1, time_limit_s=60, **kw)  # type: ignore[arg-type]
+    assert (again.boundaries, again.status, again.objective_s) == (first.boundaries, first.status, first.objective_s)
+    assert first.objective_s <= sp.evaluate_split(sp.make_problem(layers, 2, 8, "interleaved-1f1b", 2, None,
+                                                                  kw["p2p_time"], 0), dp[0])[0] + 1e-9  # fmt: skip
+    proven = si.split_stages(layers, time_limit_s=60, **kw)  # type: ignore[arg-type]
+    assert proven.status == "optimal" and proven.objective_s <= first.objective_s + 1e-9
+
+
+def test_wall_clock_stop_keeps_the_dp_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    layers, kw = _interleaved_problem()
+    pr = sp.make_problem(layers, 2, 8, "interleaved-1f1b", 2, None, kw["p2p_time"], 0)
+    dp = sd.dp_split(pr)
+    assert dp is not None
+    # a real solve stopped by a wall-clock cap far below what it needs
+    tiny = si.split_stages(layers, time_limit_s=1e-6, node_limit=100, **kw)  # type: ignore[arg-type]
+    assert tiny.method == "dp" and tuple(tiny.boundaries) == tuple(dp[0])
+    assert "wall-clock cap" in tiny.status or "no answer within" in tiny.status
+    # a stop at the wall clock with an incumbent (whatever the load let the solver reach): not kept
+    real = si.ilp.solve
+
+    def stopped(*a: object, **k: object) -> ilp.SolveResult:
+        return dataclasses.replace(real(*a, **k), status="feasible", stopped_by="time limit")  # type: ignore[arg-type]
+
+    monkeypatch.setattr(si.ilp, "solve", stopped)
+    out = si.split_stages(layers, time_limit_s=60, node_limit=100, **kw)  # type: ignore[arg-type]
+    assert out.method == "dp" and tuple(out.boundaries) == tuple(dp[0])
+    assert "reached its 60 s wall-clock cap before its 100-node limit: the DP split is kept" in out.status

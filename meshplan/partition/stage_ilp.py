@@ -22,8 +22,10 @@ ILP (``StageSplitILP``), L layers l, n = pp * v stages s, ranks r, t_l = fwd_s +
                                                                   for every rank r (GiB units)
 
 y[l,s] - y[l+1,s] is 1 exactly when the cut between stages s and s+1 lies after layer l.
-Constraints are named ``<family>__<index>`` (see ``meshplan.ilp``). Every solve has a time limit;
-if it fails, the exact DP (v = 1) or the greedy balanced split is used instead.
+Constraints are named ``<family>__<index>`` (see ``meshplan.ilp``). Every solve has a time limit
+and may have a node limit (the same stop on any load); if it fails, or the wall-clock limit
+stops it (an incumbent that depends on the load), the DP split (exact for v = 1) or the greedy
+balanced split is used instead.
 
 ``stage_dp.dp_split`` is an exact dynamic program for contiguous splits: it minimizes the same
 objective exactly when v = 1 (min-max stage time, then the cheapest p2p among splits with each
@@ -233,6 +235,7 @@ def split_stages(
     method: str = "auto",
     time_limit_s: float = 10.0,
     explain: bool = True,
+    node_limit: int | None = None,
 ) -> StageSplit:
     """Split ``layers`` into pp * virtual_stages contiguous stages minimizing the linearized step.
 
@@ -240,6 +243,12 @@ def split_stages(
     v = 1), or "auto" (dp for v = 1, ilp otherwise). Raises ``NoFeasiblePlanError`` naming the
     smallest per-rank memory reachable when nothing fits ``mem_limit_bytes`` (with ``explain=False``
     without that figure, which costs another solve).
+
+    ``node_limit`` bounds the ILP's branch and bound (``ilp.solve``): stopped there, its incumbent
+    is the same on any load and is kept (status "feasible at its N-node limit"). Stopped by the
+    wall-clock ``time_limit_s`` instead, its incumbent depends on how far the solver got on this
+    machine's load, so the DP split (the warm start) is kept and the status says so: the split,
+    and so the plan, does not change with the load.
     """
     if method not in ("auto", "ilp", "dp"):
         raise ValueError(f"method must be 'auto', 'ilp' or 'dp', got {method!r}")
@@ -268,12 +277,19 @@ def split_stages(
             diagnose=False,
             gap_rel=1e-6,
             warm_start=start is not None,
+            node_limit=node_limit,
         )
-        bounds = model.boundaries()
-        if start is not None and evaluate_split(pr, start[0])[0] < evaluate_split(pr, bounds)[0] - 1e-12:
-            why = f"{start[1]}; the ILP ({res.status}, {time_limit_s:g} s cap) found no better split"
+        if res.stopped_by == "time limit" and start is not None:
+            why = (f"{start[1]}; the ILP reached its {time_limit_s:g} s wall-clock cap before "
+                   + (f"its {node_limit}-node limit" if node_limit else "proving its optimum")
+                   + ": the DP split is kept, as the incumbent at a wall-clock stop depends on the machine's load")  # fmt: skip
             return split_result(pr, start[0], "dp", why, "", time.perf_counter() - t0)
-        return split_result(pr, bounds, "ilp", res.status, res.solver, time.perf_counter() - t0)
+        bounds = model.boundaries()
+        status = res.status + (f" at its {node_limit}-node limit" if res.stopped_by == "node limit" else "")
+        if start is not None and evaluate_split(pr, start[0])[0] < evaluate_split(pr, bounds)[0] - 1e-12:
+            why = f"{start[1]}; the ILP ({status}, {time_limit_s:g} s cap) found no better split"
+            return split_result(pr, start[0], "dp", why, "", time.perf_counter() - t0)
+        return split_result(pr, bounds, "ilp", status, res.solver, time.perf_counter() - t0)
     except ilp.InfeasibleProblemError:
         raise _infeasible(pr, explain) from None
     except ilp.SolverFailedError:

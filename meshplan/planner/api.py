@@ -312,9 +312,9 @@ def estimate_graph(
         ev = searcher.evaluate_auto(cfg)
     split = None
     if ev.fits and pp > 1 and runs is None and split_rule == "any":
-        from meshplan.planner.finalize import WINNER_SPLIT_LIMIT_S, refine_split
+        from meshplan.planner.finalize import WINNER_SPLIT_LIMIT_S, WINNER_SPLIT_NODES, refine_split
 
-        ev, split = refine_split(searcher, ev, WINNER_SPLIT_LIMIT_S)
+        ev, split = refine_split(searcher, ev, WINNER_SPLIT_LIMIT_S, WINNER_SPLIT_NODES)
     res = SearchResult(ev if ev.fits else None, [], 1, 1, time.perf_counter() - t0, searcher.coster.ilp_solves,
                        searcher.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, searcher.coster,
                        split=split)  # fmt: skip
