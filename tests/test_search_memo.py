@@ -110,3 +110,23 @@ def test_transient_memo_and_layer_copies_equal_fresh_work():
     assert x.name != "other"  # the prototype is untouched
     with pytest.raises(TypeError, match="no field"):
         copy_layer(x, bogus=1)
+
+
+def test_prefix_sums_are_the_running_sums_left_to_right():
+    """``ConfigCosts._prefix``: each column is [0.0, x0, x0 + x1, ...] of its layer field, summed in
+    layer order (the same floats as adding one layer at a time)."""
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
+    s = Searcher(g, H100.with_devices(8), global_batch=32)
+    fields_ = {"f": "fwd_total_s", "b": "bwd_input_total_s", "w": "bwd_weight_s", "rec": "recompute_s",
+               "tp": "tp_comm_s", "params": "param_count", "act": "act_bytes", "sp": "state_param_bytes",
+               "sg": "state_grad_bytes", "so": "state_opt_bytes", "train": "trainable_params"}  # fmt: skip
+    tables = {id(s._table(c)): s._table(c) for c in s.configs()}
+    assert len(tables) > 3
+    for t in tables.values():
+        P = s._prefix(t)
+        for key, name in fields_.items():
+            want = [0.0]
+            for x in t.layers:
+                want.append(want[-1] + getattr(x, name))
+            assert P[key] == want, (key, t.tp, t.recompute, t.micro_batch)
+        assert P["largest"] == [max(x.param_count for x in t.layers)]

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.partition.schedule_lockstep import MIN_RANKS, lockstep_times
+from meshplan.partition.schedule_lockstep import MIN_RANKS, inflight_from_orders, lockstep_times, order_arrays
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
 ZERO_BUBBLE = frozenset({"zero-bubble", "zbv"})
@@ -259,7 +259,12 @@ def rank_orders(
 def inflight(
     schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(peak in-flight microbatches per rank, per stage): F done and B not yet done."""
+    """(peak in-flight microbatches per rank, per stage): F done and B not yet done. Counted on
+    the numpy-built action orders (``schedule_lockstep.order_arrays``, the same orders) for every
+    schedule but zbv: a running sum per rank and per stage instead of a Python loop per action."""
+    if schedule != "zbv":
+        validate(schedule, pp, num_microbatches, virtual_stages)
+        return inflight_from_orders(order_arrays((schedule, pp, num_microbatches, virtual_stages)), pp, virtual_stages)
     orders = rank_orders(schedule, pp, num_microbatches, virtual_stages)
     per_rank = []
     per_stage = [0] * (pp * virtual_stages)

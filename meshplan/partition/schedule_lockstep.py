@@ -97,6 +97,23 @@ def order_arrays(
     return tuple(np.stack([c[i] for c in cols], axis=1).astype(np.int64) for i in range(3))  # type: ignore[return-value]
 
 
+def inflight_from_orders(
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray], pp: int, v: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``schedule.inflight`` from ``order_arrays``' (kind, stage, microbatch) of a looped-placement
+    schedule (stage = chunk · pp + rank): per rank and per stage the largest running count of
+    forwards less input backwards over its action order (0 before any action)."""
+    kind, stage, _ = arrays
+    delta = (kind == 0).astype(np.int64) - (kind == 1)
+    per_rank = np.maximum(np.cumsum(delta, axis=0).max(axis=0, initial=0), 0)
+    per_stage = [0] * (pp * v)
+    for k in range(v):
+        peak = np.cumsum(np.where(stage // pp == k, delta, 0), axis=0).max(axis=0, initial=0)
+        for r in range(pp):
+            per_stage[k * pp + r] = int(peak[r])
+    return tuple(int(x) for x in per_rank), tuple(per_stage)
+
+
 def _gpipe(m: int, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     j = np.arange(m)
     return np.repeat([0, 1], m), np.full(2 * m, r), np.concatenate([j, j])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from itertools import accumulate
 from types import SimpleNamespace
 from typing import Any
 
@@ -412,14 +413,20 @@ class ConfigCosts:
         largest layer's parameter count."""
         key = id(t)
         if key not in self._prefix_cache:
-            cols: dict[str, list[float]] = {k: [0.0] for k in ("f", "b", "w", "rec", "tp", "params", "act")}
-            for x in t.layers:
-                for k, v in (("f", x.fwd_total_s), ("b", x.bwd_input_total_s), ("w", x.bwd_weight_s),
-                             ("rec", x.recompute_s), ("tp", x.tp_comm_s), ("params", x.param_count),
-                             ("act", x.act_bytes), ("sp", x.state_param_bytes), ("sg", x.state_grad_bytes),
-                             ("so", x.state_opt_bytes), ("train", x.trainable_params)):  # fmt: skip
-                    cols.setdefault(k, [0.0]).append(cols[k][-1] + v)
-            cols["largest"] = [max((x.param_count for x in t.layers), default=0.0)]
+            layers = t.layers
+
+            def run(vals: list[float]) -> list[float]:  # [0.0, v0, v0 + v1, ...], summed left to right
+                return list(accumulate(vals, initial=0.0))
+
+            cols: dict[str, list[float]] = {
+                "f": run([x.fwd_total_s for x in layers]), "b": run([x.bwd_input_total_s for x in layers]),
+                "w": run([x.bwd_weight_s for x in layers]), "rec": run([x.recompute_s for x in layers]),
+                "tp": run([x.tp_comm_s for x in layers]), "params": run([x.param_count for x in layers]),
+                "act": run([x.act_bytes for x in layers]), "sp": run([x.state_param_bytes for x in layers]),
+                "sg": run([x.state_grad_bytes for x in layers]), "so": run([x.state_opt_bytes for x in layers]),
+                "train": run([x.trainable_params for x in layers]),
+            }  # fmt: skip
+            cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
             self._prefix_cache[key] = cols
         return self._prefix_cache[key]
 

@@ -203,6 +203,7 @@ class GraphCoster:
         self._module_cache: dict[tuple[int, int], tuple[str, ...]] = {}
         self._cuts = {c.after: c for c in graph.cut_points}
         self._through: dict[tuple[int, int, int], float] = {}
+        self._cut_total: dict[int, float] = {}  # _boundary_bytes' crossing bytes per cut (node id)
         self._in_bytes: dict[int, int] = {}
         for _, d, b in graph.edges:
             self._in_bytes[d] = self._in_bytes.get(d, 0) + b
@@ -309,13 +310,13 @@ class GraphCoster:
         cut = self._cuts.get(after)
         if cut is None:
             return 0.0
-        total = sum(
-            self.g.nodes[i].out_bytes * _elem_scale(self.g.nodes[i].out_dtype, self.dtype)
-            for i in cut.crossing
-        )
-        if not cut.crossing:
-            total = cut.crossing_bytes
-        return total * scale / (tp if sp else 1)
+        if after not in self._cut_total:  # the traced bytes crossing the cut (the same for every table)
+            total = sum(
+                self.g.nodes[i].out_bytes * _elem_scale(self.g.nodes[i].out_dtype, self.dtype)
+                for i in cut.crossing
+            )
+            self._cut_total[after] = total if cut.crossing else cut.crossing_bytes
+        return self._cut_total[after] * scale / (tp if sp else 1)
 
     def _layer_events(
         self, a: int, b: int, tid: str | None, sol: GraphTPSolution

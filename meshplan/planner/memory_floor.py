@@ -20,6 +20,7 @@ No torch import.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
@@ -69,8 +70,9 @@ def split_floor(ev: ConfigEvaluator, c: Config) -> float:
     infl = ev.inflight_ranks(c)
     pipe = rank_pipeline_buffers(ev, t, runs, [int(t.layers[b - 1].out_bytes) for _, b in runs], place, infl, c)
     held = [x * f + q for x, f, q in zip(r_act, infl, pipe)]
-    best = min(
-        max(per * p + buf + h for p, buf, h in zip(r_params, ev.fsdp_buffers(k, r_params), held))
-        for k, per in ((k, ev._state_bytes_per_param(k).total) for k in _kinds(ev, c))
-    )
+    best = math.inf
+    for k in _kinds(ev, c):  # the unsharded buffer is a0 + a1 x the rank's parameters (dp_kinds.unsharded_buffer_bytes)
+        a0 = ev.fsdp_buffer(k, 0.0)
+        coef = ev._state_bytes_per_param(k).total + (ev.fsdp_buffer(k, 1.0) - a0)
+        best = min(best, max(coef * p + h for p, h in zip(r_params, held)) + a0)
     return best + _fp8(ev, c)
