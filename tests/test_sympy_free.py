@@ -59,33 +59,37 @@ def test_standin_covers_every_name_it_defines_and_forwards_the_rest():
         stand.__path__  # noqa: B018 - a module, not a package, as the real one
 
 
-def test_sympy_standin_hands_its_placeholder_to_elementwise_dtypes_only():
-    import sympy
-
-    stand = sf._sympy_standin()
-    assert stand.Basic is sympy.Basic  # asked for from here: the real class (sympy is imported in this process)
+def test_no_sympy_placeholder_has_no_instances():
     with pytest.raises(TypeError):
         sf._NoSympyObject()
+    assert sf._no_sympy().Basic is sf._NoSympyObject
 
 
 _COLD = """
-import hashlib, json, sys
+import builtins, hashlib, json, sys
+original = builtins.__import__
 if sys.argv[1] == "real":
-    import torch.fx.experimental.symbolic_shapes  # loaded first: sympy_free() installs nothing
+    import torch.fx.experimental.symbolic_shapes  # loaded first (with sympy): sympy_free() does nothing
 from meshplan.tracing.load import load_graph
 for spec in ("llama-tiny", "mixtral-tiny", "gpt-tiny"):
     g = load_graph(spec, use_cache=False)
     print(spec, hashlib.sha1(json.dumps(g.to_json(), sort_keys=True, default=str).encode()).hexdigest())
 import torch.fx.experimental as pkg
 print("sympy", "sympy" in sys.modules, "symbolic_shapes", "torch.fx.experimental.symbolic_shapes" in sys.modules,
-      hasattr(pkg, "symbolic_shapes"))
+      hasattr(pkg, "symbolic_shapes"), "hook removed", builtins.__import__ is original)
 from meshplan.tracing.sympy_free import sympy_free
-import torch
-with sympy_free() as n:
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv  # a name it does not answer for: the real module
-    y = torch.empty(3, 5, device="meta").add(1)
-print("inside", n, ShapeEnv.__module__, type(sys.modules["torch.fx.experimental.symbolic_shapes"]).__name__,
-      getattr(sys.modules["torch.fx.experimental.symbolic_shapes"], "_meshplan_standin", False))
+
+def inside():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv, guard_or_false  # ShapeEnv: the real module's
+    return guard_or_false(True), ShapeEnv.__module__, guard_or_false.__module__
+
+def again():
+    from torch.fx.experimental.symbolic_shapes import guard_or_false  # the real module is loaded now
+    return guard_or_false.__module__
+
+with sympy_free() as hook:
+    first, later = inside(), again()
+print("inside", hook is not None and hook.handed > 0, *first, later, builtins.__import__ is original)
 """
 
 
@@ -99,8 +103,9 @@ def _run(mode: str) -> list[str]:
 def test_zoo_builds_and_traces_without_sympy_into_the_same_graphs_and_leaves_modules_as_they_were():
     free, loaded = _run("free"), _run("real")
     assert free[:3] == loaded[:3]  # the same graphs with and without the stand-ins
-    assert free[3] == "sympy False symbolic_shapes False False"  # nothing imported, nothing left behind
-    assert loaded[3] == "sympy True symbolic_shapes True True"
-    # a name the stand-in does not answer for imports the real module, which stays after the context
-    assert free[4] == "inside 2 torch.fx.experimental.symbolic_shapes module False"
-    assert loaded[4] == "inside 0 torch.fx.experimental.symbolic_shapes module False"
+    assert free[3] == "sympy False symbolic_shapes False False hook removed True"  # nothing imported or left
+    assert loaded[3] == "sympy True symbolic_shapes True True hook removed True"
+    # in a function: the stand-in, whose other names import the real module, used from then on
+    real_mod = "torch.fx.experimental.symbolic_shapes"
+    assert free[4] == f"inside True True {real_mod} meshplan.tracing.sympy_free {real_mod} True"
+    assert loaded[4] == f"inside False True {real_mod} {real_mod} {real_mod} True"

@@ -15,24 +15,26 @@ that, on a meta tensor's plain ``int`` / ``bool`` sizes, need no sympy:
 Symbolic values (``SymInt``, ``SymBool``, sympy expressions) only exist under ``torch.compile`` /
 ``torch.export`` tracing, which imports the real modules first.
 
-Inside ``sympy_free()`` two stand-in modules sit in ``sys.modules``:
+Inside ``sympy_free()``, ``builtins.__import__`` (what every ``import`` statement calls) hands
+two import statements a stand-in instead of importing, while the real module is not imported:
 
-* at ``torch.fx.experimental.symbolic_shapes``: each function it defines (``_PLAIN``) does, for
-  plain Python values, exactly what torch 2.13's function does for them (the same checks, result
-  and AssertionError), and for any other value imports the real module and calls the real
-  function; any other name taken from it (``from ... import X``, PEP 562 ``__getattr__``) imports
-  the real module and gives the real object;
-* at ``sympy``: ``Basic`` asked for by ``elementwise_dtypes`` (recognised by its code object) is a
-  class without instances, so its ``isinstance`` tests give the False the real class would; any
-  other name, or ``Basic`` asked for by anybody else, imports the real sympy and gives its object.
+* ``from torch.fx.experimental.symbolic_shapes import ...`` inside a function gets a stand-in
+  module: each function it defines (``_PLAIN``) does, for plain Python values, exactly what torch
+  2.13's function does for them (the same checks, result and AssertionError), and for any other
+  value imports the real module and calls the real function; any other name taken from it (PEP
+  562 ``__getattr__``) imports the real module and gives the real object;
+* ``import sympy`` in ``elementwise_dtypes`` (recognised by its code object) gets a module whose
+  ``Basic`` is a class without instances, so its two ``isinstance`` tests give the False the real
+  class would.
 
-Importing a real module replaces its stand-in in ``sys.modules`` (slower, never different). On
-exit each stand-in still in ``sys.modules`` is removed (and from its package's attributes), so a
-later import gets the real module as if nothing had happened. A stand-in is not installed when
-its real module is already imported (an export capture, a compiled run, HF models that import
-sympy). ``tests/test_sympy_free.py`` checks each stand-in function against torch's on plain values,
-that the zoo builds and traces without importing sympy into the same graph, and that
-``sys.modules`` is left as it was.
+Every other import, and these in module bodies (whose names would outlive the context), goes to
+the real ``__import__``; nothing is put in ``sys.modules``, so whatever imports a real module
+meanwhile gets it as usual, and from then on the stand-in is not handed out. On exit the original
+``__import__`` is put back (were it wrapped again meanwhile, this hook passes everything through).
+A stand-in is not used for a module already imported (an export capture, a compiled run, HF
+models that import sympy). ``tests/test_sympy_free.py`` checks each stand-in function against
+torch's on plain values, that the zoo builds and traces without importing sympy into the same
+graph, and that the import hook is removed.
 """
 
 from __future__ import annotations
@@ -47,16 +49,11 @@ from contextlib import contextmanager
 from typing import Any
 
 NAME = "torch.fx.experimental.symbolic_shapes"
-_MARK = "_meshplan_standin"
 
 
 def _real(name: str = NAME) -> types.ModuleType:
-    """The real module ``name``, imported on first need (replacing its stand-in in ``sys.modules``)."""
-    mod = sys.modules.get(name)
-    if mod is None or getattr(mod, _MARK, False):
-        sys.modules.pop(name, None)
-        mod = importlib.import_module(name)
-    return mod
+    """The real module ``name``, imported on first need."""
+    return sys.modules.get(name) or importlib.import_module(name)
 
 
 def _plain(x: Any) -> bool:
@@ -153,12 +150,11 @@ def _standin_function(name: str, plain: Callable[..., Any], ok: Callable[[Any], 
 
 def _shapes_standin() -> types.ModuleType:
     mod = types.ModuleType(NAME, "meshplan's stand-in for torch's symbolic_shapes on plain values (tracing/sympy_free.py)")
-    setattr(mod, _MARK, True)
     for name, (plain, ok) in _PLAIN.items():
         setattr(mod, name, _standin_function(name, plain, ok))
 
     def forward(name: str) -> Any:  # PEP 562: any other name is the real module's
-        if name == "__path__":  # the import system's probe on ``from ... import``: a module, not a package
+        if name == "__path__":  # a module, not a package, as the real one
             raise AttributeError(name)
         return getattr(_real(), name)
 
@@ -174,37 +170,53 @@ class _NoSympyObject:
         raise TypeError("a placeholder for sympy.Basic while sympy is not imported (tracing/sympy_free.py)")
 
 
-def _sympy_standin() -> types.ModuleType:
-    from torch._prims_common import elementwise_dtypes
-
-    code = elementwise_dtypes.__code__
-    mod = types.ModuleType("sympy", "meshplan's stand-in for sympy while it is not imported (tracing/sympy_free.py)")
-    setattr(mod, _MARK, True)
-
-    def forward(name: str) -> Any:  # PEP 562: every attribute is the real sympy's, but this one
-        if name == "Basic" and sys._getframe(1).f_code is code and getattr(sys.modules.get("sympy"), _MARK, False):
-            return _NoSympyObject
-        return getattr(_real("sympy"), name)
-
-    mod.__getattr__ = forward  # type: ignore[attr-defined]
+def _no_sympy() -> types.ModuleType:
+    mod = types.ModuleType("sympy", "what elementwise_dtypes gets while sympy is not imported (tracing/sympy_free.py)")
+    mod.Basic = _NoSympyObject  # type: ignore[attr-defined]
+    mod.__getattr__ = lambda name: getattr(_real("sympy"), name)  # type: ignore[attr-defined]
     return mod
 
 
+class _Hook:
+    """``builtins.__import__`` while active: the two stand-ins (module docstring), else the original."""
+
+    def __init__(self, original: Callable[..., Any]) -> None:
+        from torch._prims_common import elementwise_dtypes
+
+        self.original = original
+        self.active = True
+        self.shapes = _shapes_standin()
+        self.no_sympy = _no_sympy()
+        self.dtypes_code = elementwise_dtypes.__code__
+        self.handed = 0  # stand-ins handed out (tests)
+
+    def __call__(self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+        if self.active and level == 0 and name not in sys.modules:
+            if name == NAME and fromlist and sys._getframe(1).f_code.co_name != "<module>":
+                self.handed += 1
+                return self.shapes
+            if name == "sympy" and sys._getframe(1).f_code is self.dtypes_code:
+                self.handed += 1
+                return self.no_sympy
+        return self.original(name, globals, locals, fromlist, level)
+
+
 @contextmanager
-def sympy_free() -> Iterator[int]:
-    """Within: torch's meta kernels run on the stand-ins (see the module docstring). Yields how
-    many stand-ins were installed (0 when both real modules are already imported)."""
+def sympy_free() -> Iterator[_Hook | None]:
+    """Within: torch's meta kernels get the stand-ins (see the module docstring). Yields the hook
+    (None when both real modules are already imported: nothing to stand in for)."""
+    if NAME in sys.modules and "sympy" in sys.modules:
+        yield None
+        return
+    import builtins
+
     import torch.fx.experimental._config  # noqa: F401 - what the real symbolic_shapes imports for torch._refs
 
-    makers = {NAME: _shapes_standin, "sympy": _sympy_standin}
-    stands = {name: make() for name, make in makers.items() if name not in sys.modules}
-    sys.modules.update(stands)
+    hook = _Hook(builtins.__import__)
+    builtins.__import__ = hook
     try:
-        yield len(stands)
+        yield hook
     finally:
-        for name, stand in stands.items():
-            if sys.modules.get(name) is stand:
-                del sys.modules[name]
-            pkg, _, leaf = name.rpartition(".")
-            if pkg in sys.modules and getattr(sys.modules[pkg], leaf, None) is stand:
-                delattr(sys.modules[pkg], leaf)
+        hook.active = False
+        if builtins.__import__ is hook:
+            builtins.__import__ = hook.original
