@@ -84,9 +84,21 @@ def constraint_families(problem: pulp.LpProblem) -> dict[str, int]:
     return dict(Counter(family_of(con.name) for con in problem.constraints()))
 
 
+#: HiGHS worker threads per solve. meshplan's MIPs are small (a TP placement: ~250 columns, solved
+#: in ~10 ms): a second worker only spins, ~0.15 s CPU over the 36 placement solves of a cold
+#: llama3-8b@64 plan, more on a loaded machine.
+HIGHS_THREADS = 1
+
+
 class _HiGHS(pulp.HiGHS):  # type: ignore[misc]
     """pulp's in-process HiGHS, also reading a stop at HiGHS's node limit (``kSolutionLimit``, which
-    pulp 3.3 does not map: its lookup raises KeyError after the values are already read)."""
+    pulp 3.3 does not map: its lookup raises KeyError after the values are already read), and run
+    with ``HIGHS_THREADS``. HiGHS keeps one worker pool per process, sized by its first run; a run
+    asking another size fails (``kNotset``), so when something else in the process started the
+    pool first the solve is re-run on that pool (``threads`` 0, automatic) rather than failing."""
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        _run_on_pool(lp.solverModel)
 
     def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:  # noqa: N802 (pulp's name)
         import highspy
@@ -115,7 +127,18 @@ class _WarmHiGHS(_HiGHS):
         start.col_value = [float(v.varValue or 0.0) for v in lp.variables()]
         start.value_valid = True
         lp.solverModel.setSolution(start)
-        lp.solverModel.run()
+        _run_on_pool(lp.solverModel)
+
+
+def _run_on_pool(model: object) -> None:
+    """``model.run()`` (a ``highspy.Highs``); re-run with ``threads`` 0 when the process's HiGHS
+    worker pool was started with another size than asked (see ``_HiGHS``)."""
+    import highspy
+
+    status = model.run()  # type: ignore[attr-defined]
+    if status == highspy.HighsStatus.kError and model.getModelStatus() == highspy.HighsModelStatus.kNotset:  # type: ignore[attr-defined]
+        model.setOptionValue("threads", 0)  # type: ignore[attr-defined]
+        model.run()  # type: ignore[attr-defined]
 
 
 @functools.cache
@@ -178,7 +201,7 @@ def _make_solver(
         _quiet_banner()
         cls = _WarmHiGHS if warm_start else _HiGHS
         nodes = {} if node_limit is None else {"mip_max_nodes": int(node_limit)}
-        return cls(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, **nodes)
+        return cls(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=HIGHS_THREADS, **nodes)
     if name == "cbc":
         with warnings.catch_warnings():  # pulp 3.3 warns that PULP_CBC_CMD goes away in 4.0
             warnings.simplefilter("ignore", DeprecationWarning)

@@ -82,3 +82,35 @@ def test_node_limit_on_a_problem_the_root_solves(solver: str) -> None:
     assert [round(v.varValue) for v in x] == [1, 1, 0]
     with pytest.raises(ValueError, match="node_limit"):
         ilp.solve(prob, time_limit_s=5, node_limit=0)
+
+
+_POOL_FIRST = """
+import highspy, pulp
+from meshplan import ilp
+first = highspy.Highs()
+first.setOptionValue("output_flag", False)
+first.setOptionValue("threads", 2)  # another user of HiGHS starts the process's worker pool with 2 threads
+first.passModel(highspy.HighsLp())
+first.run()
+prob = pulp.LpProblem("knap", pulp.LpMaximize)
+x = [prob.add_variable(f"x{i}", cat="Binary") for i in range(3)]
+prob += 3 * x[0] + 4 * x[1] + 5 * x[2]
+prob += 2 * x[0] + 3 * x[1] + 4 * x[2] <= 5, "capacity__0"
+res = ilp.solve(prob, time_limit_s=5, gap_rel=0.0)
+print(res.solver, res.status, [round(v.varValue) for v in x])
+"""
+
+
+def test_highs_runs_single_threaded_and_on_a_pool_started_by_someone_else() -> None:
+    """meshplan's solves ask HiGHS for one thread (``HIGHS_THREADS``); when the process's HiGHS pool
+    was started with another size, the solve runs on that pool instead of failing over to CBC."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert ilp._make_solver("highs", 1.0).threads == ilp.HIGHS_THREADS == 1
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", _POOL_FIRST], capture_output=True, text=True, cwd=root, timeout=300,
+                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "highs optimal [1, 1, 0]"
