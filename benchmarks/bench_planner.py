@@ -1,7 +1,7 @@
 """Planner speed: search growth over world sizes × layer counts, and the whole-command targets.
 
     python benchmarks/bench_planner.py growth [--worlds 8 64 512 4096 16384] [--layers 12 48 96 200]
-    python benchmarks/bench_planner.py commands [--cache-dir DIR] [--only SUBSTR ...] [--repeat N] [--source]
+    python benchmarks/bench_planner.py commands [--cache-dir DIR] [--only SUBSTR ...] [--repeat N] [--no-compile]
 
 ``growth``: for each (world size, layer count) a GPT (hidden 4096, 32 heads, seq 2048) is traced on
 the meta device (through the trace cache, so each depth is traced once) and searched on H100
@@ -21,8 +21,8 @@ seconds. ``--only`` runs the cases whose name contains one of the given strings 
 ``--repeat N`` each case N times (cold and warm each time, a fresh empty cache for every cold run).
 Before timing, meshplan's bytecode is compiled (``compileall`` into its ``__pycache__``), as an
 installed package has it: with ``PYTHONDONTWRITEBYTECODE=1`` (this machine's shells set it) an
-editable checkout would recompile every meshplan module on every run (~0.1 s CPU of a cold plan);
-``--source`` skips that step and says so.
+editable checkout would recompile every meshplan module on every run (~0.1 s CPU of a cold plan).
+``--no-compile`` skips that step (bytecode already in the tree's ``__pycache__`` is still used).
 """
 
 from __future__ import annotations
@@ -123,11 +123,11 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     return wall, cpu, done[-1].split("done:")[-1].strip() if done else ""
 
 
-def commands(cache_dir: str | None, only: list[str] | None = None, repeat: int = 1, source: bool = False) -> None:
+def commands(cache_dir: str | None, only: list[str] | None = None, repeat: int = 1, compile_first: bool = True) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     base = cache_dir or tempfile.mkdtemp(prefix="meshplan-bench-cache-")
-    if source:
-        print("meshplan run from source: its bytecode is not compiled first (--source)")
+    if not compile_first:
+        print("meshplan's bytecode not compiled first (--no-compile)")
     else:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "meshplan")], check=True,
                        stdout=subprocess.DEVNULL)  # fmt: skip
@@ -162,12 +162,12 @@ def main() -> None:
     c.add_argument("--cache-dir", default=None, help="where the per-case trace caches go (default: a fresh temporary dir)")
     c.add_argument("--only", nargs="+", default=None, help="only the cases whose name contains one of these strings")
     c.add_argument("--repeat", type=int, default=1, help="run each case this many times (default 1)")
-    c.add_argument("--source", action="store_true", help="do not compile meshplan's bytecode before timing")
+    c.add_argument("--no-compile", action="store_true", help="do not compile meshplan's bytecode before timing")
     args = ap.parse_args()
     if args.what == "growth":
         growth(args.worlds, args.layers)
     else:
-        commands(args.cache_dir, args.only, args.repeat, args.source)
+        commands(args.cache_dir, args.only, args.repeat, not args.no_compile)
 
 
 if __name__ == "__main__":
