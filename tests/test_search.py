@@ -250,3 +250,19 @@ def test_split_ilp_is_work_limited_and_only_for_the_winner(monkeypatch: pytest.M
     # a contender with two stages per rank (zbv) was refined too, by the DP: one ILP, the winner's
     assert p.schedule == "interleaved-1f1b" and any("zbv v2" in a.summary for a in p.alternatives)
     assert [n for name, n in calls if name == "stage_split"] == [finalize.WINNER_SPLIT_NODES]
+
+
+def test_a_wall_clock_stop_of_the_split_ilp_keeps_the_dp_split_and_explain_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshplan import ilp
+
+    real = ilp.solve
+
+    def stopped(problem, **kw):  # noqa: ANN001, ANN003, ANN202 - as if the load had let it reach its wall-clock cap
+        res = real(problem, **kw)
+        return dataclasses.replace(res, status="feasible", stopped_by="time limit") if problem.name == "stage_split" else res
+
+    monkeypatch.setattr(ilp, "solve", stopped)
+    g = gpt_graph(layers=6, h=1024, heads=16, vocab=1024, heavy={2: 4.0})
+    p = plan_graph(g, 2, cluster="h100", global_batch_size=16, fixed={"pp": 2, "tp": 1, "schedule": "interleaved-1f1b"})
+    assert p.solver.split_method == "dp" and "wall-clock cap" in p.solver.split_status
+    assert "the DP split is kept" in explain_plan(p)
