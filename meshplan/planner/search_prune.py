@@ -22,13 +22,19 @@ costed as before):
 * a candidate that did not fit has a partial step below ``lb`` (the "best plan that did not fit"
   alternative is the one with the lowest partial step).
 
+A candidate certainly out of memory is skipped when a misfit has a partial step below its bound,
+no memory re-split could be spent on it, and its family's alternative (``finalize._per_family``)
+cannot be it: the family has a fitting candidate, or (once something fits, so that the plan has
+alternatives) a costed misfit of the family needs less memory than the candidate's floor.
+
 A candidate that certainly does not fit (its memory floor, ``planner.memory_floor``, is over the
 limit, and costing it spends no memory re-split) is *deferred* instead of costed when it cannot be
 skipped yet (before anything fits, its family's fitting candidates are not known): it cannot enter
 phase 2, so only the tests above read it, through the lowest partial step of a misfit; they cost
 deferred candidates when that step decides them, so every decision is the one costing all of them
-in bound order gives. Once the costing is done, a deferred candidate is costed only if the skip
-test (now with every family's fitting candidates known) still needs it.
+in bound order gives. Once the costing is done (and phase 2 has run to its end), a deferred
+candidate is costed only if the skip test, now with every family's fitting candidates and the
+winner known, still needs it (``BoundOrderCosting.finish``).
 
 Comparisons keep a relative margin ``EPS`` so that rounding between the bound's and the
 evaluation's sums can never reorder two candidates. The skipped candidates are counted
@@ -80,6 +86,7 @@ class BoundOrderCosting:
         self._slots: dict[tuple[str, object], list[float]] = {}  # lowest partial steps of fitting ones, by slot
         self._winner_slots: list[tuple[str, object]] | None = None
         self._family_fits: dict[str, int] = {}  # fitting candidates costed, by family
+        self._family_oom_mem: dict[str, float] = {}  # least memory of a costed misfit, by family
         self._oom_min = math.inf  # lowest partial step of a candidate that did not fit
         #: (bound, candidate, memory floor, limit) of certain misfits not costed yet, in bound order
         self._deferred: deque[tuple[float, Config, float, float]] = deque()
@@ -92,6 +99,8 @@ class BoundOrderCosting:
         """A costed candidate (partial evaluation)."""
         if not ev.fits:
             self._oom_min = min(self._oom_min, ev.step_s)
+            fam = family(ev.config)
+            self._family_oom_mem[fam] = min(self._family_oom_mem.get(fam, math.inf), ev.max_mem_bytes)
             return
         heapq.heappush(self._heap, (ev.step_s, ev.config.summary(), self._n, ev))
         self._family_fits[family(ev.config)] = self._family_fits.get(family(ev.config), 0) + 1
@@ -106,11 +115,22 @@ class BoundOrderCosting:
     def skip_out_of_memory(self, c: Config, lb: float, floor: float, mem_limit: float, rescue: bool) -> bool:
         """Whether ``c`` certainly does not fit (its memory lower bound ``floor`` is over ``mem_limit``)
         and costing it cannot change the result: a candidate that did not fit has a lower partial
-        step (so ``c`` is not the best one that did not fit), its family has a fitting candidate
-        (so its family's alternative is not picked among those that did not fit) and costing it
-        would spend no memory re-split (``rescue`` False)."""
-        return (not self.exhaustive and not rescue and floor > mem_limit * (1 + EPS)
-                and self._family_fits.get(family(c), 0) > 0 and self._oom_below(lb))  # fmt: skip
+        step (so ``c`` is not the best one that did not fit), its family's alternative is not ``c``
+        (the family has a fitting candidate, or, once something fits, a candidate of the family
+        that did not fit needs less memory than ``floor``: the family's alternative is then the
+        misfit closest to fitting) and costing it would spend no memory re-split (``rescue`` False)."""
+        if self.exhaustive or rescue or not floor > mem_limit * (1 + EPS):
+            return False
+        return self._family_skips(c, floor) and self._oom_below(lb)
+
+    def _family_skips(self, c: Config, floor: float) -> bool:
+        """Whether ``c``'s family's alternative cannot be ``c`` (floor: its memory lower bound, over
+        the limit): the family has a fitting candidate, or something fits and a costed misfit of the
+        family needs less memory than ``floor``."""
+        fam = family(c)
+        if self._family_fits.get(fam, 0):
+            return True
+        return bool(self._n) and floor > self._family_oom_mem.get(fam, math.inf) * (1 + EPS)
 
     # ---- certain misfits, costed when needed -----------------------------------------------------
     def defer(self, c: Config, lb: float, floor: float, mem_limit: float) -> None:
@@ -127,12 +147,23 @@ class BoundOrderCosting:
         return len(self._deferred)
 
     def finish(self) -> int:
-        """Cost the deferred candidates the skip test cannot skip now that every other candidate is
-        costed (a family's fitting candidates are all known); returns how many were skipped."""
+        """Once every other candidate is costed: run phase 2 to its end (deferred candidates cannot
+        enter it), then cost the deferred candidates the skip test cannot skip, now that every
+        family's fitting candidates and phase 2's winner are known; returns how many were skipped.
+
+        When some family other than the winner's has no fitting candidate but a costed misfit, its
+        alternative is a misfit, so the "best plan that did not fit" is not reported
+        (``finalize.select_alternatives``): the lowest misfit step decides nothing, and a deferred
+        candidate is skipped on its family's test alone."""
+        self.settle(math.inf)
+        no_best_misfit = False
+        if self.fitting and not self.exhaustive:
+            winner = family(min(self.fitting, key=lambda e: (e.step_s, e.config.summary())).config)
+            no_best_misfit = any(f != winner and not self._family_fits.get(f, 0) for f in self._family_oom_mem)
         skipped = 0
         while self._deferred:
             lb, c, floor, mem_limit = self._deferred.popleft()
-            if self.skip_out_of_memory(c, lb, floor, mem_limit, False):
+            if (no_best_misfit and self._family_skips(c, floor)) or self.skip_out_of_memory(c, lb, floor, mem_limit, False):
                 skipped += 1
             else:
                 self.cost(c)
