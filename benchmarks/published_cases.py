@@ -1,7 +1,7 @@
 """Predicted vs measured step throughput and memory on the published runs in ``meshplan/data/published_cases.json``.
 
     python benchmarks/published_cases.py [--only PREFIX] [--gain] [--same-mechanisms] [--efficiency h100=0.55 ...]
-    python benchmarks/published_cases.py --timing [--whole [--keep DIR]] [--only PREFIX]
+    python benchmarks/published_cases.py --timing [--whole [--keep DIR] [--compare DIR]] [--only PREFIX]
 
 Each run is costed with ``estimate_graph`` at the authors' configuration (``planner.
 published_estimate.case_setup``: TP/PP/DP degrees, global batch, microbatch, schedule, recompute
@@ -89,11 +89,13 @@ def main() -> None:
                     help="with --timing: each case as a whole cold `meshplan plan` command in its own process")
     ap.add_argument("--keep", default=None, metavar="DIR",
                     help="with --timing --whole: keep the cluster profiles, plans and trace caches here")
+    ap.add_argument("--compare", default=None, metavar="DIR",
+                    help="with --timing --whole: check each plan equals the one an earlier --keep DIR run wrote")
     args = ap.parse_args()
     if args.timing:
         import published_timing as timing  # benchmarks/ is this script's folder
 
-        timing.whole(args.only, args.keep) if args.whole else timing.in_process(args.only)
+        timing.whole(args.only, args.keep, args.compare) if args.whole else timing.in_process(args.only)
         return
     for item in args.efficiency:
         name, _, value = item.partition("=")

@@ -150,6 +150,44 @@ def split_text(method: str, status: str) -> str:
     return f"{method} {status.split(';')[0]}".strip() if method else "—"
 
 
+#: Plan JSON fields that are measured durations of the run, not part of the plan
+_TIMING_FIELDS = ("seconds", "split_seconds")
+
+
+def plan_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The top-level Plan JSON fields where plans ``a`` and ``b`` differ, the run's own timings aside
+    (``solver.seconds``, ``solver.split_seconds`` and the seconds a note quotes)."""
+
+    def strip(d: dict[str, Any]) -> dict[str, Any]:
+        out = dict(d)
+        out["solver"] = {k: v for k, v in d.get("solver", {}).items() if k not in _TIMING_FIELDS}
+        out["notes"] = [re.sub(r"\b\d+\.\d+ s\b", "# s", n) for n in d.get("notes", [])]
+        return out
+
+    sa, sb = strip(a), strip(b)
+    return [k for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)]
+
+
+def compare_plans(folder: Path, other: Path, ids: list[str]) -> list[str]:
+    """Lines saying which cases' plans in ``folder`` equal those in ``other`` (an earlier ``--keep``)."""
+    import json
+
+    same, differ, missing = 0, [], []
+    for i in ids:
+        a, b = folder / f"{i}.plan.json", other / f"{i}.plan.json"
+        if not (a.exists() and b.exists()):
+            missing.append(i)
+            continue
+        diff = plan_differences(json.loads(a.read_text()), json.loads(b.read_text()))
+        if diff:
+            differ.append(f"{i} ({', '.join(diff)})")
+        else:
+            same += 1
+    out = [f"plans compared with {other} (timing fields aside): {same} identical, {len(differ)} differ"
+           + (f", {len(missing)} missing on one side" if missing else "")]  # fmt: skip
+    return out + [f"  differ: {d}" for d in differ]
+
+
 def run_whole(case: dict[str, Any], folder: Path) -> tuple[WholeRun, list[str]]:
     """Run ``case``'s command cold (its own empty trace cache under ``folder``) and measure it."""
     cluster = write_cluster(case, folder)
@@ -173,9 +211,10 @@ def run_whole(case: dict[str, Any], folder: Path) -> tuple[WholeRun, list[str]]:
     return run, cmd
 
 
-def whole(only: str, keep: str | None = None) -> list[WholeRun]:
+def whole(only: str, keep: str | None = None, compare: str | None = None) -> list[WholeRun]:
     """The whole-command table (see the module docstring); ``keep``: the folder for the cluster
-    profiles, plans and caches (default a fresh temporary folder)."""
+    profiles, plans and caches (default a fresh temporary folder); ``compare``: an earlier run's
+    ``keep`` folder whose plans this run's must equal (a plan must not depend on the load)."""
     from meshplan.cost_models.published import load_published_cases
 
     folder = Path(keep or tempfile.mkdtemp(prefix="meshplan-published-timing-")).resolve()
@@ -206,6 +245,9 @@ def whole(only: str, keep: str | None = None) -> list[WholeRun]:
     print()
     for line in summarize(rows):
         print(line)
+    if compare:
+        for line in compare_plans(folder, Path(compare), [r.case_id for r in rows]):
+            print(line)
     return rows
 
 

@@ -91,3 +91,14 @@ def test_summary_gives_median_slowest_and_flags_over_the_goal() -> None:
     assert "failed: d (exit 1: boom)" in text
     assert pt.flag(rows[0]) == "" and pt.flag(rows[1]) == "OVER 10 s (wall)" and pt.flag(rows[3]) == "FAILED"
     assert pt.summarize([run("a", 1.0, 1.0)])[-1] == "over 10 s: none"
+
+
+def test_plan_differences_ignore_the_runs_own_timings() -> None:
+    pt = _module()
+    a = {"tp": 2, "solver": {"status": "optimal", "seconds": 1.25, "split_seconds": 0.5},
+         "notes": ["stage split re-solved by the stage-split ILP (optimal, highs, 0.07 s)"]}  # fmt: skip
+    b = {"tp": 2, "solver": {"status": "optimal", "seconds": 3.5, "split_seconds": 0.1},
+         "notes": ["stage split re-solved by the stage-split ILP (optimal, highs, 1.20 s)"]}  # fmt: skip
+    assert pt.plan_differences(a, b) == []
+    c = {**b, "tp": 4, "solver": {**b["solver"], "status": "feasible"}}
+    assert pt.plan_differences(a, c) == ["solver", "tp"]
