@@ -100,6 +100,50 @@ class _HiGHS(pulp.HiGHS):  # type: ignore[misc]
     def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
         _run_on_pool(lp.solverModel)
 
+    def buildSolverModel(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        """The model pulp 3.3's ``HiGHS.buildSolverModel`` builds (columns in ``lp.variables()``
+        order with their objective coefficient, bounds and integrality; rows in constraint order
+        with their nonzero coefficients), passed to HiGHS in three calls instead of one call per
+        column and per row: the same ``HighsLp`` (``tests/test_ilp.py``), ~1.5 ms less per solve.
+        Coefficients that sum to 0 are left out, as pulp does (HiGHS drops them too)."""
+        import highspy
+        import numpy as np
+
+        inf = highspy.kHighsInf
+        sign = -1 if lp.sense == pulp.LpMaximize else 1
+        variables = lp.variables()
+        objective = lp.objective if lp.objective is not None else {}
+        cost, lower, upper, integer = [], [], [], []
+        for i, var in enumerate(variables):
+            var.index = i
+            cost.append(sign * objective.get(var, 0.0))
+            lower.append(-inf if var.lowBound is None else var.lowBound)
+            upper.append(inf if var.upBound is None else var.upBound)
+            if var.cat == pulp.LpInteger and self.mip:
+                integer.append(i)
+        none = np.empty(0, dtype=np.int32)
+        h = lp.solverModel
+        h.addCols(len(variables), np.array(cost, dtype=np.float64), np.array(lower, dtype=np.float64),
+                  np.array(upper, dtype=np.float64), 0, none, none, np.empty(0))  # fmt: skip
+        if integer:
+            h.changeColsIntegrality(len(integer), np.array(integer, dtype=np.int32),
+                                    np.array([highspy.HighsVarType.kInteger] * len(integer)))  # fmt: skip
+        row_lower, row_upper, starts, index, value = [], [], [], [], []
+        for i, con in enumerate(lp._constraints.values()):
+            con.index = i
+            starts.append(len(index))
+            for var, coef in con.items():
+                if coef != 0:
+                    index.append(var.index)
+                    value.append(coef)
+            lb, ub = con.getLb(), con.getUb()
+            row_lower.append(-inf if lb is None else lb)
+            row_upper.append(inf if ub is None else ub)
+        if starts:
+            h.addRows(len(starts), np.array(row_lower, dtype=np.float64), np.array(row_upper, dtype=np.float64),
+                      len(index), np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
+                      np.array(value, dtype=np.float64))  # fmt: skip
+
     def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:  # noqa: N802 (pulp's name)
         import highspy
 

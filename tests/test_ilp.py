@@ -114,3 +114,41 @@ def test_highs_runs_single_threaded_and_on_a_pool_started_by_someone_else() -> N
                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "highs optimal [1, 1, 0]"
+
+
+def _highs_lp(solver_cls, prob: pulp.LpProblem) -> tuple:
+    import highspy
+
+    s = solver_cls(msg=False)
+    prob.solverModel = highspy.Highs()
+    prob.solverModel.setOptionValue("output_flag", False)
+    s.buildSolverModel(prob)
+    lp = prob.solverModel.getLp()
+    a, h = lp.a_matrix_, float.hex
+    return (lp.num_col_, lp.num_row_, [h(x) for x in lp.col_cost_], [h(x) for x in lp.col_lower_],
+            [h(x) for x in lp.col_upper_], [h(x) for x in lp.row_lower_], [h(x) for x in lp.row_upper_], str(a.format_),
+            list(a.start_), list(a.index_), [h(x) for x in a.value_], [str(t) for t in lp.integrality_])  # fmt: skip
+
+
+def test_bulk_model_transfer_gives_pulps_highs_model() -> None:
+    """``_HiGHS.buildSolverModel`` hands HiGHS the model pulp's own method builds (every array of
+    the ``HighsLp``, matrix layout and signed zeros included) for a maximization, free and
+    continuous columns, zero and empty rows, and a TP placement problem."""
+    from planner_fixtures import gpt_graph
+
+    from meshplan.cost_models.hardware import ClusterSpec
+    from meshplan.planner.tp_ilp import TPPlacementILP
+
+    knap, _ = _knapsack(5)
+    mixed = pulp.LpProblem("mixed", pulp.LpMinimize)
+    a, b, c = mixed.add_variable("a"), mixed.add_variable("b", lowBound=0), mixed.add_variable("c", 0, 3, cat="Integer")
+    mixed += 2 * a - b + 0.5 * c
+    mixed += a + b >= -1, "lo__0"
+    mixed += pulp.lpSum([a]) - pulp.lpSum([c]) == 0, "eq__0"  # a -0.0 bound, as pulp makes it
+    mixed += a - a + b <= 4, "zero__0"  # a coefficient that sums to 0: dropped
+    g = gpt_graph(layers=1, h=4096, heads=32)
+    lo, hi = g.blocks[0].node_ranges[0]
+    tp = TPPlacementILP(g, list(range(lo, hi)), 4, ClusterSpec.preset("h100"), sequence_parallel=True).build()
+    for prob in (knap, mixed, tp):
+        prob.fixObjective()
+        assert _highs_lp(ilp._HiGHS, prob) == _highs_lp(pulp.HiGHS, prob), prob.name
