@@ -16,7 +16,8 @@ compiled first, as an installed package has it). Per case: measured wall
 seconds, user+sys CPU seconds of the child (the steadier figure on a shared machine), when the
 trace was done and how long the search took (from the command's own progress lines), the 1-minute
 load average before and after, and a flag where a case is over the goal (10 s, issue 21); then the
-median and the slowest. Nothing here is predicted.
+median and the slowest. ``compare``: each plan checked equal to an earlier run's (``plan_differences``,
+the run's own timings aside), e.g. the same tree at another load. Nothing here is predicted.
 """
 
 from __future__ import annotations
