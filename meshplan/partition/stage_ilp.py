@@ -176,6 +176,10 @@ class StageSplitILP:
         return bounds
 
 
+#: branch-and-bound nodes of the smallest-memory ILP behind a "no split fits" message
+MIN_MEMORY_NODES = 50
+
+
 def _min_rank_memory(pr: SplitProblem) -> float:
     """Smallest achievable max per-rank memory (exact for v = 1, by a small ILP otherwise)."""
     free = dataclasses.replace(pr, limit_bytes=math.inf)
@@ -200,10 +204,13 @@ def _min_rank_memory(pr: SplitProblem) -> float:
             f"memory__{r}",
         )
     try:
-        ilp.solve(model.problem, time_limit_s=5.0, diagnose=False)
-        return (mem_max.varValue or 0.0) * GIB + pr.reserved_bytes
-    except ilp.SolverFailedError:  # no solver answer in time: report the balanced split's peak
-        return max(evaluate_split(free, greedy_split(free))[2])
+        res = ilp.solve(model.problem, time_limit_s=5.0, diagnose=False, node_limit=MIN_MEMORY_NODES)
+        if res.stopped_by != "time limit":  # proven, or the node limit's incumbent (the same on any load)
+            return (mem_max.varValue or 0.0) * GIB + pr.reserved_bytes
+    except ilp.SolverFailedError:
+        pass
+    # no answer, or one the wall-clock cap cut at a load-dependent point: the balanced split's peak
+    return max(evaluate_split(free, greedy_split(free))[2])
 
 
 def _infeasible(pr: SplitProblem, explain: bool = True) -> NoFeasiblePlanError:
