@@ -150,6 +150,7 @@ class ConfigCosts:
         self._rescues = 0
         self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
         self._kind_free_memo: dict[tuple, SimpleNamespace] = {}  # key: Config's fields but dp_kind, exact, runs
+        self._stage_cols_memo: dict[tuple, SimpleNamespace] = {}  # kind_free.stage_columns per (table, runs, layout)
         self._other_kinds_memo: dict[Config, list[Config]] = {}
         self._epcp_nodes = [n for n in self.g.nodes if n.kind in ("moe", "attention")]  # what EP/CP terms read
         self._epcp_memo: dict[tuple, EPCPPrefix] = {}
@@ -163,6 +164,7 @@ class ConfigCosts:
         self._states_memo: dict[tuple, float] = {}  # lower_bound's model states per (params, kind, dp, tp, layout)
         self._lb_memo: dict[tuple, tuple[float, float, dict[str, list[float]]]] = {}  # lower_bound's kind-free part
         self._sp_choice: dict[int, bool] = {}
+        self._epcp_why_memo: dict[tuple, str] = {}  # epcp_why per (tp, pp, cp, ep, recompute)
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
         self._every_kind_fits: set[Config] = set()  # evaluate_auto found every DP kind it tried fitting
@@ -193,7 +195,14 @@ class ConfigCosts:
 
     def epcp_why(self, tp: int, pp: int, cp: int, ep: int, recompute: str) -> str:
         """``execution_rules.epcp_rule`` (what the runtime refuses) for these degrees; a pinned
-        sequence_parallel counts (otherwise cp/ep configurations are costed without SP)."""
+        sequence_parallel counts (otherwise cp/ep configurations are costed without SP). Memoized per
+        degrees (``Searcher.configs`` asks it once per microbatch size and schedule)."""
+        key = (tp, pp, cp, ep, recompute)
+        if key not in self._epcp_why_memo:
+            self._epcp_why_memo[key] = self._epcp_rule(tp, pp, cp, ep, recompute)
+        return self._epcp_why_memo[key]
+
+    def _epcp_rule(self, tp: int, pp: int, cp: int, ep: int, recompute: str) -> str:
         return epcp_rule(cp=cp, ep=ep, tp=tp, pp=pp, seq_len=self.g.seq_len,
                          num_experts=int(self.g.meta.get("num_experts", 0) or 0), recompute=recompute,
                          quantized=self.quant, sequence_parallel=bool(self.fixed.get("sequence_parallel")),

@@ -41,13 +41,8 @@ def kind_free_terms(
     m = c.num_microbatches
     if runs is None:
         runs = ev.split(t, n_st, c.virtual_stages) if n_st > 1 else [(0, len(t.layers))]
-    P = ev._prefix(t)
-
-    def col(k: str) -> list[float]:
-        arr = P[k]
-        return [arr[b] - arr[a] for a, b in runs]
-
-    st_f, st_b, st_w, st_rec, st_tp = col("f"), col("b"), col("w"), col("rec"), col("tp")
+    cols = stage_columns(ev, t, runs)
+    st_f, st_b, st_w, st_rec, st_tp = cols.f, cols.b, cols.w, cols.rec, cols.tp
     # EP all-to-all, CP ring, expert imbalance / weight reads of each stage's own layers, inside its
     # forward and (input-)backward, so the schedule simulator times them where they run
     st_ec = ev._epcp_stages(c, t, runs) if ev.has_epcp(c) else []
@@ -62,27 +57,7 @@ def kind_free_terms(
         frac = [b / (b + w) if b + w > 0 else 1.0 for b, w in zip(st_b, st_w)]
         st_w = [w + x * (1.0 - f) for w, x, f in zip(st_w, comp_b, frac)]
         st_b = [b + cb + x * f for b, cb, x, f in zip(st_b, comm_b, comp_b, frac)]
-    st_params, st_act = col("params"), col("act")
-    if n_st > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
-        st_act = [x + ev.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
-    if ev.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
-        st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
-    else:
-        b0 = ev._bpp0
-        st_q = [[p * b0.params, p * b0.grads, p * b0.optimizer, p] for p in st_params]
-    frozen_tied = ev.coster.quant.mode == "qlora"
-    tied = ev.tied_layers(t)  # indices of the layers reading a tied weight, in order
-    for i, (a, b) in enumerate(runs) if tied else ():  # a tied weight whose owner sits in another stage: a copy
-        for j in tied[bisect.bisect_left(tied, a):bisect.bisect_left(tied, b)]:
-            for owner, numel in t.layers[j].tied:
-                if not t.layers[a].node_start <= owner < t.layers[b - 1].node_end:
-                    st_params[i] += numel
-                    b0 = ev._bpp0
-                    extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
-                        numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
-                    st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
-    st_params0 = list(st_params)
-    st_sendb = [int(t.layers[b - 1].out_bytes) for _, b in runs]
+    st_params, st_act, st_q, st_params0, st_sendb = cols.params, cols.act, cols.q, cols.params0, cols.sendb
     ranks = range(c.pp)
     placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
     # stage i sends to stage i + 1 on the link between their pipeline ranks: NVLink when both
@@ -111,25 +86,42 @@ def kind_free_terms(
     on_rank: list[list[int]] = [[] for _ in ranks]
     for s_, r_ in enumerate(placement):
         on_rank[r_].append(s_)
+    # one stage per rank, stage r on rank r (every schedule at v = 1): a rank's sum over its stages
+    # is 0.0 + the stage's value, the float sum() of one item gives
+    one = n_st == c.pp and placement == tuple(range(n_st))
+
+    def rank_sums(xs: list[float]) -> list[float]:
+        """Per pipeline rank, the sum of ``xs`` over its stages in stage order (as sum(generator))."""
+        if one:
+            return [0.0 + x for x in xs]
+        return [sum(xs[i] for i in on_rank[r]) for r in ranks]
+
     totals = [st_f[i] + st_b[i] + st_w[i] for i in range(n_st)]
-    rank_work = [sum(totals[i] for i in on_rank[r]) for r in ranks]
+    rank_work = rank_sums(totals)
     if exact:
         makespan, bubble_frac = simulated_makespan(c, st_f, st_b, st_w, st_send)
     else:
         makespan, bubble_frac = makespan_lower_bound(c, st_f, totals, rank_work), 0.0
     infl = ev.inflight_ranks(c)
-    r_params = [sum(st_params[i] for i in on_rank[r]) for r in ranks]
+    r_params = rank_sums(st_params)
     # per column, the sum over the rank's stages in stage order (as sum(generator) adds them)
-    r_q = [[sum(col) for col in zip(*(st_q[i] for i in on_rank[r]))] if on_rank[r] else [0, 0, 0, 0] for r in ranks]
+    if one:
+        r_q = [[0.0 + x for x in q] for q in st_q]
+    else:
+        r_q = [[sum(col) for col in zip(*(st_q[i] for i in on_rank[r]))] if on_rank[r] else [0, 0, 0, 0]
+               for r in ranks]  # fmt: skip
     ec = ev._epcp(c)  # the whole model's terms (the stages' sum): what ep saves, for reports
     ep_cut = [0.0 for _ in ranks]  # expert parameters a rank does not hold under ep
-    r_experts = [sum(st_ec[i].expert_params for i in on_rank[r]) if st_ec else 0.0 for r in ranks]
+    r_experts = rank_sums([e.expert_params for e in st_ec]) if st_ec else [0.0 for _ in ranks]
     if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers its stages hold
-        ep_cut = [sum(st_ec[i].expert_params_saved for i in on_rank[r]) for r in ranks]
+        ep_cut = rank_sums([e.expert_params_saved for e in st_ec])
         r_params = [p - e for p, e in zip(r_params, ep_cut)]
         st_params = [p - e.expert_params_saved for p, e in zip(st_params, st_ec)]
-    r_act = [sum(st_act[i] for i in on_rank[r]) * infl[r] for r in ranks]
-    r_act = [r_act[r] + ev._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
+    r_act = [x * f for x, f in zip(rank_sums(st_act), infl)]
+    if one:
+        r_act = [x + ev._transient(t, [run]) for x, run in zip(r_act, runs)]
+    else:
+        r_act = [r_act[r] + ev._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
     # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
     # live memory beside the activations; a stage's output is what it sends, the last's its logits
     r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, infl, c)
@@ -163,8 +155,7 @@ def kind_free_terms(
         # the training dtype
         grad_bytes=(r_q[worst][3] if ev.quant else r_params[worst]) * GRAD_REDUCE_BYTES,
         gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev._elem_bytes,
-        rank_b=[sum(st_b[i] + st_w[i] for i in on_rank[r]) for r in ranks],
-        rank_f=[sum(st_f[i] for i in on_rank[r]) for r in ranks],
+        rank_b=rank_sums([b + w for b, w in zip(st_b, st_w)]), rank_f=rank_sums(st_f),
         ep_s=ep_s, cp_s=cp_s, read_s=read_s, epcp_bytes=epcp_bytes,
         tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b),
         compute=m * rank_work[busiest] - tp_s - ep_s - cp_s - read_s,
@@ -193,3 +184,48 @@ def rank_pipeline_buffers(
                 in_bytes=st_sendb[i - 1] if i else 0.0, out_bytes=out, num_microbatches=c.num_microbatches,
                 inflight=infl[placement[i]], is_first=i == 0, is_last=last, convention=ev.pp_buffers)  # fmt: skip
     return r_pipe
+
+
+def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) -> SimpleNamespace:
+    """Per stage of ``runs`` on table ``t``: forward / input-backward / weight-backward / recompute /
+    TP seconds (prefix-sum differences), parameters (with the copies of tied weights whose owner
+    sits in another stage: ``params``; ``params0`` the same values), stored activations (with
+    skip tensors passed through), model-state bytes without ZeRO and trainable count (``q``) and
+    the bytes sent on (``sendb``). Memoized per (table, split, state layout) when
+    ``memo_kind_free``: configurations that differ in the schedule, m, the degrees a table does
+    not depend on or the DP kind share them (read only)."""
+    key = (id(t), tuple(runs), ev.state_layout)
+    if ev.memo_kind_free and key in ev._stage_cols_memo:
+        return ev._stage_cols_memo[key]
+    P = ev._prefix(t)
+
+    def col(k: str) -> list[float]:
+        arr = P[k]
+        return [arr[b] - arr[a] for a, b in runs]
+
+    st_params, st_act = col("params"), col("act")
+    if len(runs) > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
+        st_act = [x + ev.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
+    if ev.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
+        st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
+    else:
+        b0 = ev._bpp0
+        st_q = [[p * b0.params, p * b0.grads, p * b0.optimizer, p] for p in st_params]
+    frozen_tied = ev.coster.quant.mode == "qlora"
+    tied = ev.tied_layers(t)  # indices of the layers reading a tied weight, in order
+    for i, (a, b) in enumerate(runs) if tied else ():  # a tied weight whose owner sits in another stage: a copy
+        for j in tied[bisect.bisect_left(tied, a):bisect.bisect_left(tied, b)]:
+            for owner, numel in t.layers[j].tied:
+                if not t.layers[a].node_start <= owner < t.layers[b - 1].node_end:
+                    st_params[i] += numel
+                    b0 = ev._bpp0
+                    extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
+                        numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
+                    st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
+    out = SimpleNamespace(
+        f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
+        act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs],
+    )  # fmt: skip
+    if ev.memo_kind_free:
+        ev._stage_cols_memo[key] = out
+    return out
