@@ -30,6 +30,9 @@ import bisect
 import functools
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import reduce
+from itertools import accumulate
+from operator import add, attrgetter
 from typing import Any
 
 from meshplan.cost_models.compute import node_time
@@ -232,36 +235,19 @@ class _NodeSums:
 
     def prefix(self) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
         """Per summed field and per collective kind, the running sums [0, x0, x0 + x1, ...]."""
-        if self._prefix is None:
-            acc: dict[str, list[float]] = {}
-            for name in _SUMMED:
-                run = [0.0]
-                for x in self.per:
-                    run.append(run[-1] + getattr(x, name))
-                acc[name] = run
-            by: dict[str, list[float]] = {}
-            for key in sorted({k for x in self.per for k in x.comm_bytes}):
-                run = [0.0]
-                for x in self.per:
-                    run.append(run[-1] + x.comm_bytes.get(key, 0.0))
-                by[key] = run
+        if self._prefix is None:  # accumulate: [0.0, 0.0 + x0, (0.0 + x0) + x1, ...], plain float additions
+            acc = {name: list(accumulate(map(attrgetter(name), self.per), initial=0.0)) for name in _SUMMED}
+            by = {key: list(accumulate((x.comm_bytes.get(key, 0.0) for x in self.per), initial=0.0))
+                  for key in sorted({k for x in self.per for k in x.comm_bytes})}  # fmt: skip
             self._prefix = (acc, by)
         return self._prefix
 
     def whole(self) -> EPCPTerms:
         """The sums' last entries less their first (0.0), as ``EPCPPrefix.terms`` gives them."""
-        if self._whole is None:
-            vals = {}
-            for name in _SUMMED:
-                total = 0.0
-                for x in self.per:
-                    total += getattr(x, name)
-                vals[name] = total - 0.0
-            out = EPCPTerms(**vals)
+        if self._whole is None:  # reduce(add, ..., 0.0): the running sum's last entry, plain float additions
+            out = EPCPTerms(**{name: reduce(add, map(attrgetter(name), self.per), 0.0) - 0.0 for name in _SUMMED})
             for key in sorted({k for x in self.per for k in x.comm_bytes}):
-                total = 0.0
-                for x in self.per:
-                    total += x.comm_bytes.get(key, 0.0)
+                total = reduce(add, (x.comm_bytes.get(key, 0.0) for x in self.per), 0.0)
                 if total - 0.0:
                     out.comm_bytes[key] = total - 0.0
             self._whole = out
