@@ -32,7 +32,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from itertools import accumulate
-from operator import add, attrgetter
+from operator import add, attrgetter, itemgetter
 from typing import Any
 
 from meshplan.cost_models.compute import node_time
@@ -183,23 +183,31 @@ class EPCPPrefix:
     def __init__(self, graph: ModelGraph, cluster: ClusterSpec, nodes: list[GraphNode], *,
                  memo: dict[tuple, Any] | None = None, copies: list[Hashable] | None = None,
                  **kw: Any) -> None:
-        self.ids = [n.id for n in nodes]
         if memo is None or copies is None:
+            self.ids = [n.id for n in nodes]
             self._sums = _NodeSums([epcp_terms(graph, cluster, nodes=[n], **kw) for n in nodes])
             return
-        firsts: dict[str, GraphNode] = {}
-        for n in nodes:
-            firsts.setdefault(n.kind, n)
-        by_kind = {kind: _node_key(n, kw) for kind, n in firsts.items()}  # _node_key: the node's kind only
+        lkey = ("node layout", id(copies), len(nodes))
+        if lkey not in memo:
+            memo[lkey] = _Layout(nodes)
+        lay: _Layout = memo[lkey]
+        self.ids = lay.ids
+        by_kind = {kind: _node_key(n, kw) for kind, n in lay.first.items()}  # _node_key: the node's kind only
         skey = ("node sums", id(copies), len(nodes), tuple(sorted(by_kind.items())))
         if skey not in memo:
-            per = []
-            for n, copy in zip(nodes, copies, strict=True):
-                key = (copy, by_kind[n.kind])
-                if key not in memo:
-                    memo[key] = epcp_terms(graph, cluster, nodes=[n], **kw)
-                per.append(memo[key])
-            memo[skey] = _NodeSums(per)
+            combined: list[EPCPTerms] = []
+            for kind, at in lay.at.items():  # per kind, its nodes' terms in node order (shared by kind key)
+                kkey = ("kind terms", id(copies), len(nodes), kind, by_kind[kind])
+                if kkey not in memo:
+                    terms = []
+                    for i in at:
+                        key = (copies[i], by_kind[kind])
+                        if key not in memo:
+                            memo[key] = epcp_terms(graph, cluster, nodes=[nodes[i]], **kw)
+                        terms.append(memo[key])
+                    memo[kkey] = terms
+                combined += memo[kkey]
+            memo[skey] = _NodeSums(lay.in_node_order(combined))
         self._sums = memo[skey]
 
     @property
@@ -213,16 +221,33 @@ class EPCPPrefix:
         return self._sums.prefix()[1]
 
     def terms(self, lo: int, hi: int) -> EPCPTerms:
-        """The terms of the nodes with ``lo <= id < hi``."""
+        """The terms of the nodes with ``lo <= id < hi`` (shared: read only)."""
         a, b = bisect.bisect_left(self.ids, lo), bisect.bisect_left(self.ids, hi)
-        acc, by = self._sums.prefix()
-        out = EPCPTerms(**{name: acc[name][b] - acc[name][a] for name in _SUMMED})
-        out.comm_bytes = {k: x[b] - x[a] for k, x in by.items() if x[b] - x[a]}
-        return out
+        return self._sums.between(a, b)
 
     def whole(self) -> EPCPTerms:
         """``terms`` of every node (the same floats), without building the prefix sums."""
         return self._sums.whole()
+
+
+class _Layout:
+    """Where each kind's nodes sit in a node list: ids, the first node and the positions of each
+    kind, and the permutation from the kinds' lists put end to end back to node order."""
+
+    def __init__(self, nodes: list[GraphNode]) -> None:
+        self.ids = [n.id for n in nodes]
+        self.at: dict[str, list[int]] = {}
+        self.first: dict[str, GraphNode] = {}
+        for i, n in enumerate(nodes):
+            self.at.setdefault(n.kind, []).append(i)
+            self.first.setdefault(n.kind, n)
+        concat = [i for at in self.at.values() for i in at]  # node position of each concatenated entry
+        where = {pos: j for j, pos in enumerate(concat)}
+        self._get = itemgetter(*(where[i] for i in range(len(nodes)))) if len(nodes) > 1 else None
+
+    def in_node_order(self, combined: list[EPCPTerms]) -> list[EPCPTerms]:
+        """``combined`` (the kinds' lists end to end, in ``at``'s order) in node order."""
+        return list(self._get(combined)) if self._get is not None else list(combined)
 
 
 class _NodeSums:
@@ -232,6 +257,7 @@ class _NodeSums:
         self.per = per
         self._prefix: tuple[dict[str, list[float]], dict[str, list[float]]] | None = None
         self._whole: EPCPTerms | None = None
+        self._between: dict[tuple[int, int], EPCPTerms] = {}
 
     def prefix(self) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
         """Per summed field and per collective kind, the running sums [0, x0, x0 + x1, ...]."""
@@ -241,6 +267,15 @@ class _NodeSums:
                   for key in sorted({k for x in self.per for k in x.comm_bytes})}  # fmt: skip
             self._prefix = (acc, by)
         return self._prefix
+
+    def between(self, a: int, b: int) -> EPCPTerms:
+        """The terms of nodes a .. b - 1 (prefix-sum differences; memoized: read only)."""
+        if (a, b) not in self._between:
+            acc, by = self.prefix()
+            out = EPCPTerms(**{name: acc[name][b] - acc[name][a] for name in _SUMMED})
+            out.comm_bytes = {k: x[b] - x[a] for k, x in by.items() if x[b] - x[a]}
+            self._between[a, b] = out
+        return self._between[a, b]
 
     def whole(self) -> EPCPTerms:
         """The sums' last entries less their first (0.0), as ``EPCPPrefix.terms`` gives them."""

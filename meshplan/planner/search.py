@@ -95,6 +95,11 @@ class Searcher(ConfigEvaluator):
 
     # ---- enumeration -------------------------------------------------------------------
     @functools.cached_property
+    def _shards_memo(self) -> dict[int, bool]:
+        """Whether a TP placement shards any linear, per placement (``_shards_something``)."""
+        return {}
+
+    @functools.cached_property
     def _batch_norms(self) -> int:
         """BatchNorm calls in the graph (pipelined microbatches would each use their own statistics)."""
         return sum(n.op == "call_module" and n.target in BATCH_NORM_CLASSES for n in self.g.nodes)
@@ -229,8 +234,11 @@ class Searcher(ConfigEvaluator):
         return c.recompute != "none" and replace(c, recompute="none") in self._every_kind_fits
 
     def _shards_something(self, c: Config) -> bool:
-        styles = self._table(c).tp_solution.styles
-        return any(v != "replicate" for v in styles.values())
+        sol = self._table(c).tp_solution
+        key = id(sol)  # (the coster keeps every solution: ids stay unique)
+        if key not in self._shards_memo:
+            self._shards_memo[key] = any(v != "replicate" for v in sol.styles.values())
+        return self._shards_memo[key]
 
     def _splittable(self, n_stages: int, v: int) -> bool:
         """Whether the split rule (``--target``'s engine) has a split of the blocks into ``n_stages``;
