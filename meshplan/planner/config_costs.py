@@ -165,6 +165,8 @@ class ConfigCosts:
         self._lb_memo: dict[tuple, tuple[float, float, dict[str, list[float]]]] = {}  # lower_bound's kind-free part
         self._sp_choice: dict[int, bool] = {}
         self._epcp_why_memo: dict[tuple, str] = {}  # epcp_why per (tp, pp, cp, ep, recompute)
+        self._bound_memo: dict[tuple, tuple[float, float]] = {}  # lower_bound per (config, layout, optimizer impl)
+        self._divs_memo: dict[tuple, tuple[int, int, int]] = {}  # _zero_divs per (kind, dp, tp, layout)
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
         self._every_kind_fits: set[Config] = set()  # evaluate_auto found every DP kind it tried fitting
@@ -271,9 +273,12 @@ class ConfigCosts:
         return shard_degree(c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node)
 
     def _zero_divs(self, c: Config) -> tuple[int, int, int]:
-        """Divisors of (parameter, gradient, optimizer) bytes under ``c``'s ZeRO stage."""
-        s, z = self._shard(c), state_zero_stage(c.dp_kind, self.state_layout)
-        return (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
+        """Divisors of (parameter, gradient, optimizer) bytes under ``c``'s ZeRO stage (memoized)."""
+        key = (c.dp_kind, c.dp, c.tp, self.state_layout)
+        if key not in self._divs_memo:
+            s, z = self._shard(c), state_zero_stage(c.dp_kind, self.state_layout)
+            self._divs_memo[key] = (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
+        return self._divs_memo[key]
 
     @property
     def _precision(self) -> str:
@@ -341,7 +346,15 @@ class ConfigCosts:
         return lambda b: p2p_time_s(b, self.cluster, crosses_nodes=cross)
 
     def lower_bound(self, c: Config) -> tuple[float, float]:
-        """(step-time lower bound, memory lower bound) without splitting or simulating."""
+        """(step-time lower bound, memory lower bound) without splitting or simulating (memoized per
+        configuration and engine layout: the search, the memory floor and ``_fit`` ask again)."""
+        ckey = (c, self.state_layout, self.optimizer_impl)
+        hit = self._bound_memo.get(ckey)
+        if hit is None:
+            hit = self._bound_memo[ckey] = self._lower_bound(c)
+        return hit
+
+    def _lower_bound(self, c: Config) -> tuple[float, float]:
         key = (c.tp, c.sequence_parallel, c.recompute, c.micro_batch, c.cp, c.ep, c.dp if self.moe_folding else 0)
         if key not in self._lb_memo:  # what does not depend on pp, m, the schedule or the DP kind
             t = self._table(c)
