@@ -130,3 +130,20 @@ def test_prefix_sums_are_the_running_sums_left_to_right():
                 want.append(want[-1] + getattr(x, name))
             assert P[key] == want, (key, t.tp, t.recompute, t.micro_batch)
         assert P["largest"] == [max(x.param_count for x in t.layers)]
+
+
+def test_config_but_equals_dataclasses_replace():
+    """``Config.but`` (no ``__init__`` run) gives the configuration ``dataclasses.replace`` gives:
+    equal, same hash, same fields, the original untouched; an unknown field is refused."""
+    from meshplan.planner.search_types import Config
+
+    c = Config(4, 2, 2, 1, 8, "1f1b", 1, "full", False, "ddp", 2, 1)
+    for changes in ({"dp_kind": "fsdp"}, {"recompute": "none", "sequence_parallel": True}, {}):
+        a, b = c.but(**changes), dataclasses.replace(c, **changes)
+        assert a == b and hash(a) == hash(b) and dataclasses.asdict(a) == dataclasses.asdict(b)
+        assert a.summary() == b.summary() and {a: 1}[b] == 1
+    assert c.dp_kind == "ddp" and c.recompute == "full"
+    with pytest.raises(TypeError, match="no field"):
+        c.but(bogus=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.but(dp=8).dp = 2  # type: ignore[misc]

@@ -49,7 +49,7 @@ class ConfigEvaluator(ConfigCosts):
         for kind in KIND_ORDER[1:]:
             if kind not in self.dp_kinds:
                 continue
-            c2 = replace(c, dp_kind=kind)
+            c2 = c.but(dp_kind=kind)
             if kind == "hsdp" and self._shard(c2) in (1, c.dp):
                 continue
             if dp_kind_blocker(dp=c.dp, tp=c.tp, pp=c.pp, schedule=c.schedule, dp_kind=kind):

@@ -45,7 +45,6 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import replace
 
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.execution_rules import (
@@ -231,7 +230,7 @@ class Searcher(ConfigEvaluator):
         does the same work plus the recompute with the same communication, so it is no faster
         (its longer backward can hide at most the recompute's own time of DP sync), and ``c``
         cannot hold the only fitting kind. Bound order costs the twin first (its bound is lower)."""
-        return c.recompute != "none" and replace(c, recompute="none") in self._every_kind_fits
+        return c.recompute != "none" and c.but(recompute="none") in self._every_kind_fits
 
     def _shards_something(self, c: Config) -> bool:
         sol = self._table(c).tp_solution
@@ -301,7 +300,7 @@ class Searcher(ConfigEvaluator):
             raise NoFeasiblePlanError(explain_no_configs(self, MICRO_BATCH_CHOICES))
         # cp/ep run without sequence parallelism (execution_rules.epcp_rule)
         sp = {tp: self.sp_for(tp) for tp in {c.tp for c in cfgs}}  # (configs() builds them without)
-        cfgs = [replace(c, sequence_parallel=True) if sp[c.tp] and c.cp * c.ep == 1 else c for c in cfgs]
+        cfgs = [c.but(sequence_parallel=True) if sp[c.tp] and c.cp * c.ep == 1 else c for c in cfgs]
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
             useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]
             cfgs = useful or cfgs

@@ -34,6 +34,18 @@ class Config:
     cp: int = 1  # context parallel degree (an extra mesh axis: world = dp * cp * tp * pp)
     ep: int = 1  # expert parallel degree (borrows dp x cp ranks)
 
+    def but(self, **changes: Any) -> Config:
+        """``dataclasses.replace(self, **changes)`` without re-running ``__init__`` (no
+        ``__post_init__``; a frozen dataclass's ``__init__`` sets each field through
+        ``object.__setattr__``): the search derives tens of thousands of variants."""
+        unknown = set(changes) - set(self.__dict__)
+        if unknown:
+            raise TypeError(f"Config has no field(s) {sorted(unknown)}")
+        new = object.__new__(Config)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
     def summary(self) -> str:
         v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         sp = " sp" if self.sequence_parallel else ""
