@@ -265,9 +265,16 @@ def inflight(
     if schedule != "zbv":
         validate(schedule, pp, num_microbatches, virtual_stages)
         return inflight_from_orders(order_arrays((schedule, pp, num_microbatches, virtual_stages)), pp, virtual_stages)
-    orders = rank_orders(schedule, pp, num_microbatches, virtual_stages)
+    return inflight_of_orders(rank_orders(schedule, pp, num_microbatches, virtual_stages), pp * virtual_stages)
+
+
+def inflight_of_orders(
+    orders: Sequence[Sequence[Action]], n_stages: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``inflight`` walking per-rank action orders one action at a time (zbv's, and the reference
+    the numpy count is tested against)."""
     per_rank = []
-    per_stage = [0] * (pp * virtual_stages)
+    per_stage = [0] * n_stages
     for ops in orders:
         live = peak = 0
         stage_live: dict[int, int] = {}

@@ -109,17 +109,23 @@ class LayerCost:
         return self.fwd_s + self.bwd_input_s + self.bwd_weight_s + self.tp_comm_s + self.recompute_s
 
 
-def copy_layer(proto: LayerCost, **changes: Any) -> LayerCost:
-    """``dataclasses.replace(proto, **changes)`` without re-running ``__init__`` (LayerCost has no
-    ``__post_init__``): a table copies its block type's costs onto every instance (~130 per table
-    of a 128-layer model, hundreds of tables per search)."""
-    unknown = set(changes) - set(proto.__dict__)
+def replaced(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace(obj, **changes)`` without re-running ``__init__``, for dataclasses
+    without ``__post_init__`` or ``__slots__`` (frozen ones too: the fields are set in ``__dict__``);
+    an unknown field raises TypeError as ``replace`` does."""
+    unknown = set(changes) - set(obj.__dict__)
     if unknown:
-        raise TypeError(f"LayerCost has no field(s) {sorted(unknown)}")
-    new = object.__new__(LayerCost)
-    new.__dict__.update(proto.__dict__)
+        raise TypeError(f"{type(obj).__name__} has no field(s) {sorted(unknown)}")
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
     new.__dict__.update(changes)
     return new
+
+
+def copy_layer(proto: LayerCost, **changes: Any) -> LayerCost:
+    """``replaced(proto, **changes)``: a table copies its block type's costs onto every instance
+    (~130 per table of a 128-layer model, hundreds of tables per search)."""
+    return replaced(proto, **changes)
 
 
 @dataclass

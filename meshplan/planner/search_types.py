@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshplan.planner.costing import CostTable, GraphCoster
+from meshplan.planner.costing import CostTable, GraphCoster, replaced
 
 GiB = 1024**3
 SCHEDULE_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
@@ -38,13 +38,7 @@ class Config:
         """``dataclasses.replace(self, **changes)`` without re-running ``__init__`` (no
         ``__post_init__``; a frozen dataclass's ``__init__`` sets each field through
         ``object.__setattr__``): the search derives tens of thousands of variants."""
-        unknown = set(changes) - set(self.__dict__)
-        if unknown:
-            raise TypeError(f"Config has no field(s) {sorted(unknown)}")
-        new = object.__new__(Config)
-        new.__dict__.update(self.__dict__)
-        new.__dict__.update(changes)
-        return new
+        return replaced(self, **changes)  # type: ignore[no-any-return]
 
     def summary(self) -> str:
         v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
