@@ -19,10 +19,10 @@ import bisect
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from meshplan.cost_models.allocator import pipeline_buffer_bytes
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
+from meshplan.planner.memory_floor import rank_pipeline_buffers
 from meshplan.planner.pipeline_time import makespan_lower_bound, simulated_makespan
 from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import Config
@@ -165,25 +165,6 @@ def kind_free_terms(
         stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
     )  # fmt: skip
     return out
-
-
-def rank_pipeline_buffers(
-    ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]], st_sendb: list[int], placement: tuple[int, ...],
-    infl: list[float], c: Config,
-) -> list[float]:
-    """Per pipeline rank, the pipeline runtime's receive buffers and cached outputs of its stages
-    (``allocator.pipeline_buffer_bytes``; 0 without pp): a stage's output is what it sends
-    (``st_sendb``), the last stage's its logits."""
-    r_pipe = [0.0 for _ in range(c.pp)]
-    n_st = len(runs)
-    if n_st > 1:
-        for i in range(n_st):
-            last = i == n_st - 1
-            out = t.layers[runs[i][1] - 1].logits_bytes if last else st_sendb[i]
-            r_pipe[placement[i]] += pipeline_buffer_bytes(
-                in_bytes=st_sendb[i - 1] if i else 0.0, out_bytes=out, num_microbatches=c.num_microbatches,
-                inflight=infl[placement[i]], is_first=i == 0, is_last=last, convention=ev.pp_buffers)  # fmt: skip
-    return r_pipe
 
 
 def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) -> SimpleNamespace:

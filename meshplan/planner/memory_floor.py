@@ -9,7 +9,7 @@
   which is the split a partial evaluation costs unless a memory re-split may be spent
   (``ConfigCosts.rescue_possible``): per pipeline rank its stages' model states, unsharded buffer,
   stored activations × its in-flight microbatches and the pipeline runtime's buffers
-  (``kind_free.rank_pipeline_buffers``), the largest rank's, least over the kinds.
+  (``rank_pipeline_buffers``, below), the largest rank's, least over the kinds.
 
 Each term is one ``ConfigEvaluator.evaluate`` adds to a rank's memory, at parameters and
 activations no larger than the ones it counts (tied-weight copies, skip tensors passed through,
@@ -21,15 +21,35 @@ No torch import.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from meshplan.cost_models.allocator import pipeline_buffer_bytes
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
-from meshplan.planner.kind_free import rank_pipeline_buffers
 from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import Config
 
-if TYPE_CHECKING:
-    from meshplan.planner.evaluate import ConfigEvaluator
+
+class ConfigEvaluator(Protocol):
+    """What the floors read of ``evaluate.ConfigEvaluator`` (a ``ConfigCosts``), named here
+    structurally so this module sits below ``config_costs`` (which calls ``held_floor``) and
+    ``kind_free`` (which calls ``rank_pipeline_buffers``) without an import cycle."""
+
+    quant: Any
+    moe_folding: bool
+    dtype: str
+    pp_buffers: str
+    _expert_params: float
+    _largest_linear: float
+
+    def _auto(self, c: Config) -> bool: ...
+    def _other_kinds(self, c: Config) -> list[Config]: ...
+    def _table(self, c: Config) -> Any: ...
+    def _prefix(self, t: Any) -> Any: ...
+    def _state_bytes_per_param(self, c: Config) -> Any: ...
+    def lower_bound(self, c: Config) -> Any: ...
+    def fsdp_buffer(self, c: Config, params: float) -> float: ...
+    def split(self, t: Any, n_stages: int, virtual_stages: int) -> list[tuple[int, int]]: ...
+    def inflight_ranks(self, c: Config) -> list[float]: ...
 
 
 def _kinds(ev: ConfigEvaluator, c: Config) -> list[Config]:
@@ -76,3 +96,22 @@ def split_floor(ev: ConfigEvaluator, c: Config) -> float:
         coef = ev._state_bytes_per_param(k).total + (ev.fsdp_buffer(k, 1.0) - a0)
         best = min(best, max(coef * p + h for p, h in zip(r_params, held)) + a0)
     return best + _fp8(ev, c)
+
+
+def rank_pipeline_buffers(
+    ev: ConfigEvaluator, t: Any, runs: list[tuple[int, int]], st_sendb: list[int], placement: tuple[int, ...],
+    infl: list[float], c: Config,
+) -> list[float]:
+    """Per pipeline rank, the pipeline runtime's receive buffers and cached outputs of its stages
+    (``allocator.pipeline_buffer_bytes``; 0 without pp): a stage's output is what it sends
+    (``st_sendb``), the last stage's its logits."""
+    r_pipe = [0.0 for _ in range(c.pp)]
+    n_st = len(runs)
+    if n_st > 1:
+        for i in range(n_st):
+            last = i == n_st - 1
+            out = t.layers[runs[i][1] - 1].logits_bytes if last else st_sendb[i]
+            r_pipe[placement[i]] += pipeline_buffer_bytes(
+                in_bytes=st_sendb[i - 1] if i else 0.0, out_bytes=out, num_microbatches=c.num_microbatches,
+                inflight=infl[placement[i]], is_first=i == 0, is_last=last, convention=ev.pp_buffers)  # fmt: skip
+    return r_pipe
