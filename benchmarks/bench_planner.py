@@ -9,8 +9,9 @@ the meta device (through the trace cache, so each depth is traced once) and sear
 enumerate incl. the TP placement ILPs, bound, cost, simulate, finalize incl. the stage-split ILPs), the configurations enumerated / costed /
 skipped as unable to change the result (``planner.search_prune``) / simulated,
 the search's CPU seconds (steadier than wall on a shared machine), the CPU time per costed
-configuration, and the growth exponent: the least-squares slope of log(search CPU s) against
-log(configurations costed) over the rows (1.0 = linear).
+configuration, and two growth exponents: the least-squares slope of log(search CPU s) against
+log(configurations costed), and against log(candidate configurations enumerated), over the rows
+where something was costed (1.0 = linear).
 
 ``commands``: the issue's targets as whole ``meshplan plan`` commands (Python start-up and import
 included), each run twice: cold (an empty trace cache of its own) and warm (cache filled by the cold run);
@@ -93,21 +94,26 @@ def growth(worlds: list[int], layer_counts: list[int]) -> None:
             t0, c0 = time.perf_counter(), time.process_time()
             r = s.run()
             total, cpu = time.perf_counter() - t0, time.process_time() - c0
-            pts.append((r.evaluated, cpu))
+            pts.append((r.candidates, r.evaluated, cpu))
             print(
                 f"{world:>6} {layers:>6} {r.candidates:>7} {r.evaluated:>6} {r.skipped:>7} {r.simulated:>5} "
                 + " ".join(f"{r.phase_s.get(p, 0.0):>9.3f}" for p in phases)
                 + f" {total:>8.2f} {cpu:>6.2f} {1e3 * cpu / max(1, r.evaluated):>9.2f}",
                 flush=True,
             )
-    xs = [math.log(n) for n, _ in pts if n > 0]
-    ys = [math.log(t) for n, t in pts if n > 0]
-    if len(xs) >= 2:
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / max(
-            1e-12, sum((x - mx) ** 2 for x in xs)
-        )
-        print(f"growth exponent: search CPU s ~ (configurations costed)^{slope:.2f} over {len(xs)} rows")
+    for label, col in (("configurations costed", 1), ("candidate configurations", 0)):
+        rows = [(p[col], p[2]) for p in pts if p[1] > 0]  # a row where nothing was costed has no search to time
+        print(f"growth exponent: search CPU s ~ ({label})^{_slope(rows):.2f} over {len(rows)} rows with something costed")
+
+
+def _slope(rows: list[tuple[int, float]]) -> float:
+    """Least-squares slope of log(CPU s) against log(count): 1.0 = linear growth."""
+    xs = [math.log(n) for n, _ in rows]
+    ys = [math.log(t) for _, t in rows]
+    if len(xs) < 2:
+        return float("nan")
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / max(1e-12, sum((x - mx) ** 2 for x in xs))
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
