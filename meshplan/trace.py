@@ -170,6 +170,11 @@ def _batch_seq(graph_inputs: list[Any]) -> tuple[int, int]:
     return (shaped[0].out_shape[0], 1) if shaped else (1, 1)
 
 
+def graph_name(model: nn.Module, name: str | None = None) -> str:
+    """The ``model_name`` a graph of ``model`` traced under ``name`` carries."""
+    return name or getattr(model, "name", None) or type(model).__name__
+
+
 def trace_model(
     model: nn.Module,
     example_inputs: Any = None,
@@ -203,7 +208,7 @@ def trace_model(
         meta["fx_error"] = cap.fx_error
     batch, seq = _batch_seq([n for n in nodes if n.kind == "input"])
     return ModelGraph(
-        model_name=name or getattr(model, "name", None) or type(model).__name__,
+        model_name=graph_name(model, name),
         capture=cap.kind,
         batch_size=batch,
         seq_len=seq,

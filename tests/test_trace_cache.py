@@ -120,3 +120,17 @@ def test_meta_build_skips_init_only_on_meta() -> None:
     torch.manual_seed(0)
     b = torch.nn.Linear(4, 3)
     assert torch.equal(a.weight, b.weight) and bool(a.weight.abs().sum() > 0)
+
+
+def test_factory_hit_keeps_this_specs_name(tmp_path: Path) -> None:
+    """Two factories building the same model share one cache entry (the key is the structure);
+    each spec's graph still carries the name its own trace gives it, hit or miss."""
+    store = C.GraphCache(tmp_path / "cache")
+    f = tmp_path / "mymodel.py"
+    f.write_text(FACTORY.format(width=32) + "\n\ndef other():\n    return model()\n")
+    traced = load_graph(f"{f}:other", cache=store, use_cache=False)
+    first = load_graph(f"{f}:model", cache=store)  # a miss: stored under the structure's key
+    hit = load_graph(f"{f}:other", cache=store)  # the same key: a hit
+    assert len(list(store.directory.glob("*.json"))) == 1
+    assert hit.model_name == traced.model_name
+    assert first.model_name == load_graph(f"{f}:model", cache=store, use_cache=False).model_name

@@ -43,7 +43,7 @@ def load_graph(
             return hit
     from meshplan.models import load_model
     from meshplan.models.registry import default_inputs
-    from meshplan.trace import resolve_inputs, trace_model
+    from meshplan.trace import graph_name, resolve_inputs, trace_model
     from meshplan.tracing.dynamo_free import dynamo_free
     from meshplan.tracing.sympy_free import sympy_free
 
@@ -62,6 +62,9 @@ def load_graph(
         hit = store.get(key)
         if hit is not None:
             say(f"traced graph of {spec} from the cache ({store.path(key)})")
+            # the key is the model's structure: another spec (or name) building the same model may
+            # have stored it, so the graph gets the name this spec's own trace would give it
+            hit.model_name = graph_name(built.model, built.name)
             return hit
     say("tracing")
     graph = trace_model(built.model, inputs, name=built.name, progress=say)
