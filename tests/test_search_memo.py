@@ -80,9 +80,9 @@ def test_search_best_plan_is_unchanged_by_the_memo(world, batch, layers, gib):
 
 def test_transient_memo_and_layer_copies_equal_fresh_work():
     """``ConfigCosts._transient`` (memoized per table and runs) equals the bytes computed from the
-    layers; ``costing.copy_layer`` (a table's per-instance copy of its block type's costs) equals
+    layers; ``costing.replaced`` (a table's per-instance copy of its block type's costs) equals
     ``dataclasses.replace`` field for field, and refuses an unknown field."""
-    from meshplan.planner.costing import copy_layer
+    from meshplan.planner.costing import replaced
 
     g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
     s = Searcher(g, H100.with_devices(8), global_batch=32)
@@ -105,11 +105,11 @@ def test_transient_memo_and_layer_copies_equal_fresh_work():
         assert all(p2p_crosses_nodes(a, b, stride, dpn) == x for (a, b), x in pairs.items())
     x = t.layers[1]
     changes = dict(name="other", node_start=1, node_end=2, modules=("m",), out_bytes=3.0, kind="post")
-    assert copy_layer(x, **changes) == dataclasses.replace(x, **changes)
-    assert fields(copy_layer(x, **changes)) == fields(dataclasses.replace(x, **changes))
+    assert replaced(x, **changes) == dataclasses.replace(x, **changes)
+    assert fields(replaced(x, **changes)) == fields(dataclasses.replace(x, **changes))
     assert x.name != "other"  # the prototype is untouched
     with pytest.raises(TypeError, match="no field"):
-        copy_layer(x, bogus=1)
+        replaced(x, bogus=1)
 
 
 def test_prefix_sums_are_the_running_sums_left_to_right():

@@ -160,7 +160,6 @@ class ConfigCosts:
         self._infl_ranks: dict[tuple, list[float]] = {}
         self._pools_memo: dict[tuple, float] = {}  # stream_pools per (table, split, placement)
         self._tied_memo: dict[int, list[int]] = {}
-        self._infl_memo: dict[tuple, float] = {}  # fewest in-flight microbatches of a pipeline rank
         self._states_memo: dict[tuple, float] = {}  # lower_bound's model states per (params, kind, dp, tp, layout)
         self._lb_memo: dict[tuple, tuple[float, float, dict[str, list[float]]]] = {}  # lower_bound's kind-free part
         self._sp_choice: dict[int, bool] = {}
@@ -388,10 +387,7 @@ class ConfigCosts:
         states (with what the kind holds unsharded: ``memory_floor.held_floor``) + the average
         activations x the fewest in-flight microbatches any rank holds."""
         P = self._prefix(self._table(c))
-        key = (c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
-        if key not in self._infl_memo:
-            self._infl_memo[key] = min(self.inflight_ranks(c))
-        acts = self._infl_memo[key] * P["act"][-1] / c.pp
+        acts = min(self.inflight_ranks(c)) * P["act"][-1] / c.pp
         held = c.num_microbatches * P["act"][-1] / c.pp if c.schedule == "gpipe" and c.pp > 1 else 0.0  # in mlb
         return held_floor(self, c, mlb) + max(0.0, acts - held)  # type: ignore[arg-type]
 

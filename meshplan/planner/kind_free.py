@@ -187,10 +187,10 @@ def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) ->
     st_params, st_act = col("params"), col("act")
     if len(runs) > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
         st_act = [x + ev.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
+    b0 = ev._bpp0
     if ev.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
         st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
     else:
-        b0 = ev._bpp0
         st_q = [[p * b0.params, p * b0.grads, p * b0.optimizer, p] for p in st_params]
     frozen_tied = ev.coster.quant.mode == "qlora"
     tied = ev.tied_layers(t)  # indices of the layers reading a tied weight, in order
@@ -199,7 +199,6 @@ def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) ->
             for owner, numel in t.layers[j].tied:
                 if not t.layers[a].node_start <= owner < t.layers[b - 1].node_end:
                     st_params[i] += numel
-                    b0 = ev._bpp0
                     extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
                         numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
                     st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
