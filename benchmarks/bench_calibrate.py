@@ -55,10 +55,10 @@ def main() -> None:
               "--record", f"rec_{name}.json"], wd)  # fmt: skip
     _cli(["calibrate", "rec_dp.json", "--cluster", "cpu.json", "-o", "cal_dp.json", "-q"], wd)
 
+    from meshplan.commands import calibration as cal
     from meshplan.commands.calibrate import measured_step_s
     from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
     from meshplan.plan import Plan
-    from meshplan.planner import calibration as cal
     from meshplan.tracing.load import load_graph
 
     rec = json.loads((wd / "rec_pp.json").read_text())

@@ -36,8 +36,8 @@ import statistics
 import time
 from typing import Any
 
+from meshplan.commands import published_estimate as pe
 from meshplan.cost_models.published import load_published_cases
-from meshplan.planner import published_estimate as pe
 
 #: preset name -> matmul_efficiency override (``--efficiency``), to test a calibration
 EFFICIENCY: dict[str, float] = {}

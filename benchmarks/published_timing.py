@@ -57,7 +57,7 @@ def case_command(case: dict[str, Any], cluster_json: str | Path, plan_json: str 
                  python: str = sys.executable) -> list[str]:  # fmt: skip
     """The ``meshplan plan`` command that plans ``case`` as ``in_process`` does (same model, cluster,
     global batch and precision); ``cluster_json`` must hold ``case_cluster(case)`` (``write_cluster``)."""
-    from meshplan.planner import published_estimate as pe
+    from meshplan.commands import published_estimate as pe
 
     setup = pe.case_setup(case)
     cmd = [python, "-m", "meshplan.cli", "plan", f"{FACTORY}:{factory_name(case['id'])}",
@@ -68,7 +68,7 @@ def case_command(case: dict[str, Any], cluster_json: str | Path, plan_json: str 
 
 def write_cluster(case: dict[str, Any], folder: str | Path) -> Path:
     """``case_cluster(case)`` saved as a cluster profile ``<folder>/<id>.cluster.json``."""
-    from meshplan.planner import published_estimate as pe
+    from meshplan.commands import published_estimate as pe
 
     path = Path(folder) / f"{case['id']}.cluster.json"
     pe.case_cluster(case).save(path)
@@ -138,8 +138,8 @@ def flag(r: WholeRun, goal_s: float = GOAL_S) -> str:
 
 
 def _plan_facts(path: Path) -> tuple[str, str]:
+    from meshplan.commands import published_estimate as pe
     from meshplan.plan import Plan
-    from meshplan.planner import published_estimate as pe
 
     plan = Plan.load(path)
     sv = plan.solver
@@ -254,9 +254,9 @@ def whole(only: str, keep: str | None = None, compare: str | None = None) -> lis
 
 def in_process(only: str) -> None:
     """The in-process table (see the module docstring)."""
+    from meshplan.commands import published_estimate as pe
     from meshplan.cost_models.published import load_published_cases
     from meshplan.models.published import case_graph
-    from meshplan.planner import published_estimate as pe
     from meshplan.planner.api import plan_graph
 
     def clock() -> tuple[float, float]:

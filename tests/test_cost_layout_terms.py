@@ -16,7 +16,7 @@ from meshplan.cost_models.epcp import cp_ring_exposed_s, ep_comm_s
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.search import Searcher
 from meshplan.planner.search_types import Config
-from meshplan.planner.tp_ilp import _collective_time
+from meshplan.planner.tp.ilp import _collective_time
 
 H100 = ClusterSpec.preset("h100", num_nodes=4)
 NVL, NIC = 450e9 * 0.8, 50e9 * 0.8  # per GPU per direction × comm_efficiency

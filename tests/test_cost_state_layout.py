@@ -68,8 +68,8 @@ def test_planner_prices_each_engines_states() -> None:
 
 
 def test_published_cases_take_their_engines_conventions() -> None:
+    from meshplan.commands.published_estimate import case_engine, case_setup
     from meshplan.cost_models.published import load_published_cases
-    from meshplan.planner.published_estimate import case_engine, case_setup
 
     cases = {c["id"]: c for c in load_published_cases()}
     tt, meg = cases["tt-llama3.1-405b-h100-512gpu-3d-1f1b"], cases["mcore-mixtral-8x7b-h100-64gpu-ep8-pp4"]
@@ -83,8 +83,8 @@ def test_published_cases_take_their_engines_conventions() -> None:
 
 
 def test_a_rows_own_blocks_per_stage_reach_estimate_graph() -> None:
+    from meshplan.commands.published_estimate import case_setup
     from meshplan.cost_models.published import load_published_cases
-    from meshplan.planner.published_estimate import case_setup
 
     for c in load_published_cases():
         bps = c["expert_config"].get("blocks_per_stage")

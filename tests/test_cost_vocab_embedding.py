@@ -12,9 +12,9 @@ from planner_fixtures import gpt_graph
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.api import estimate_graph
-from meshplan.planner.tp_graph import solve_tp
-from meshplan.planner.tp_ilp import _collective_time
-from meshplan.planner.tp_types import collective_passes
+from meshplan.planner.tp.graph import solve_tp
+from meshplan.planner.tp.ilp import _collective_time
+from meshplan.planner.tp.types import collective_passes
 
 H100 = ClusterSpec.preset("h100")
 V, H = 32768, 1024

@@ -137,7 +137,7 @@ def test_bulk_model_transfer_gives_pulps_highs_model() -> None:
     from planner_fixtures import gpt_graph
 
     from meshplan.cost_models.hardware import ClusterSpec
-    from meshplan.planner.tp_ilp import TPPlacementILP
+    from meshplan.planner.tp.ilp import TPPlacementILP
 
     knap, _ = _knapsack(5)
     mixed = pulp.LpProblem("mixed", pulp.LpMinimize)

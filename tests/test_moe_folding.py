@@ -10,6 +10,7 @@ import functools
 
 import pytest
 
+from meshplan.commands.published_estimate import case_cluster, case_setup
 from meshplan.cost_models.comm import collective_time_s, group_layout
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.dp_kinds import dp_comm
@@ -21,7 +22,6 @@ from meshplan.cost_models.epcp import (
     moe_tokens_per_rank,
 )
 from meshplan.cost_models.published import load_published_cases
-from meshplan.planner.published_estimate import case_cluster, case_setup
 
 FOLDED = [c for c in load_published_cases() if c["expert_config"].get("moe_folding")]
 
@@ -183,7 +183,7 @@ def test_dense_model_refuses_folding():
 
 @pytest.mark.parametrize("case_id", [c["id"] for c in FOLDED])
 def test_published_qwen3_rows_are_costed_folded(case_id):
-    from meshplan.planner.published_estimate import estimate_case
+    from meshplan.commands.published_estimate import estimate_case
     from meshplan.report.explain import explain_plan
 
     case = _shrunk(next(c for c in FOLDED if c["id"] == case_id))

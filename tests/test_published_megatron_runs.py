@@ -17,9 +17,9 @@ import copy
 
 import pytest
 
+from meshplan.commands.published_estimate import case_cluster, case_setup
 from meshplan.cost_models import formulas as F
 from meshplan.cost_models.published import load_published_cases
-from meshplan.planner.published_estimate import case_cluster, case_setup
 
 SC21 = [c for c in load_published_cases() if c["id"].startswith("megsc21-")]
 
@@ -52,7 +52,7 @@ def test_case_setup_gives_the_script_configuration() -> None:
     assert inter["schedule"] == "interleaved-1f1b" and inter["virtual_stages"] == 3
     assert inter["ddp_impl"] == "local" and inter["split_rule"] == "even" and inter["dp_kind"] == "ddp"
     assert inter["pp_scatter_gather"] is True
-    from meshplan.planner.published_estimate import same_mechanisms
+    from meshplan.commands.published_estimate import same_mechanisms
 
     assert same_mechanisms(by["megsc21-530b-a100-2520gpu"]) == {
         "recompute": ("full",), "dp_kinds": ("ddp",), "schedules": ("1f1b", "interleaved-1f1b"), "split_rule": "even"}
@@ -63,8 +63,8 @@ def test_case_setup_gives_the_script_configuration() -> None:
 
 
 def test_an_interleaved_row_is_costed_with_its_configuration() -> None:
+    from meshplan.commands.published_estimate import estimate_case
     from meshplan.models.published import case_graph
-    from meshplan.planner.published_estimate import estimate_case
 
     case = copy.deepcopy(next(c for c in SC21 if c["id"] == "megsc21-76b-a100-1024gpu"))
     # 4 ranks x 3 chunks of 1 layer: the row's pp4 interleaving at 12 layers, a short sequence

@@ -1,6 +1,6 @@
 """Predicted peak memory against published measurements (torchtitan's Llama 3.1 runs), within 15 %.
 
-Each case is costed at its authors' configuration (``planner.published_estimate``) on a meta-traced
+Each case is costed at its authors' configuration (``commands.published_estimate``) on a meta-traced
 zoo Llama of its shape; torchtitan reports the caching allocator's peak reserved bytes, compared
 with the predicted reserved peak (``allocator.reserved_peak_bytes``: allocated peak + FSDP2's
 side-stream pools + the allocator's fragmentation share). Figures and their sources live in
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan.commands.published_estimate import case_cluster, case_setup
 from meshplan.cost_models.published import load_published_cases
-from meshplan.planner.published_estimate import case_cluster, case_setup
 
 CASES = load_published_cases()
 #: every case with a memory figure (the meta traces reuse one block's costs: 70B and 405B take a few s)
@@ -40,8 +40,8 @@ def test_cases_keep_their_sources_and_memory_figures() -> None:
 
 @pytest.mark.parametrize("case", MEMORY, ids=[c["id"] for c in MEMORY])
 def test_predicted_memory_within_15_percent_of_published(case) -> None:
+    from meshplan.commands.published_estimate import estimate_case
     from meshplan.models.published import case_graph
-    from meshplan.planner.published_estimate import estimate_case
 
     r = estimate_case(case, case_graph(case))
     assert r["fits"], r["plan"].notes
@@ -63,8 +63,8 @@ def _variant(case: dict, training: dict) -> dict:
 def test_memory_tells_the_run_that_went_out_of_memory_from_the_one_that_ran() -> None:
     """A run its source says went OOM is predicted not to fit, while the same run at the
     configuration the source reports (it ran) fits: memory discriminates."""
+    from meshplan.commands.published_estimate import estimate_case
     from meshplan.models.published import case_graph
-    from meshplan.planner.published_estimate import estimate_case
 
     assert OOM, "no published out-of-memory variant"
     for case, variant in OOM:

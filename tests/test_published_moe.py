@@ -2,7 +2,7 @@
 
 Each case whose ``expert_config.ep`` > 1 names its experts (``model.num_experts``, ``top_k``);
 ``models.published.case_model`` builds the zoo MoE Llama of that shape and
-``planner.published_estimate.estimate_case`` costs it with the authors' ep. Traced here at 2
+``commands.published_estimate.estimate_case`` costs it with the authors' ep. Traced here at 2
 layers and a short sequence (the full shapes run in ``benchmarks/published_cases.py``).
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import copy
 
+from meshplan.commands.published_estimate import case_setup
 from meshplan.cost_models.published import load_published_cases
-from meshplan.planner.published_estimate import case_setup
 
 EP_CASES = [c for c in load_published_cases() if (c["expert_config"].get("ep") or 1) > 1]
 
@@ -33,9 +33,9 @@ def test_ep_cases_name_their_experts_and_sources() -> None:
 
 
 def test_ep_case_is_traced_as_a_moe_and_costed_with_its_ep() -> None:
+    from meshplan.commands.published_estimate import estimate_case
     from meshplan.models.moe import MoELlama
     from meshplan.models.published import case_graph, case_model
-    from meshplan.planner.published_estimate import estimate_case
 
     case = _small(EP_CASES[0])
     m = case["model"]
@@ -92,7 +92,7 @@ def test_configuration_strings_name_cp_so_the_degrees_multiply_to_the_world() ->
     why_faster names the cp change."""
     from types import SimpleNamespace
 
-    from meshplan.planner.published_estimate import _config, why_faster
+    from meshplan.commands.published_estimate import _config, why_faster
 
     pred = SimpleNamespace(compute_s=1.0, recompute_s=0.0, tp_comm_s=0.0, pp_comm_s=0.0, dp_comm_s=0.0, bubble_s=0.5,
                            optimizer_s=0.0, ep_comm_s=0.0, cp_comm_s=0.0, step_s=1.5)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan.commands.published_estimate import case_kernels, case_setup, estimate_case
 from meshplan.cost_models.published import load_published_cases
-from meshplan.planner.published_estimate import case_kernels, case_setup, estimate_case
 
 CASES = {c["id"]: c for c in load_published_cases()}
 
@@ -65,8 +65,8 @@ def test_step_time_within_10_percent(case_id: str) -> None:
 
 def test_a_gain_over_a_materialized_attention_names_the_kernels_share() -> None:
     pytest.importorskip("torch")
+    from meshplan.commands.published_estimate import autoparallel_gain
     from meshplan.models.published import case_graph
-    from meshplan.planner.published_estimate import autoparallel_gain
 
     case = CASES["megv1-1b-dgx2-tp1"]
     g = case_graph(case)

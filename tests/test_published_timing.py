@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from meshplan.cli import build_parser
+from meshplan.commands import published_estimate as pe
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
 from meshplan.cost_models.published import load_published_cases
 from meshplan.models.registry import _load_factory
-from meshplan.planner import published_estimate as pe
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Coherent TP groups (planner/tp_groups.py), the fold probe (tracing/fold_probe.py) and the
+"""Coherent TP groups (planner/tp/groups.py), the fold probe (tracing/fold_probe.py) and the
 sequence-parallel rule shared by planner and runtime (execution_rules.sequence_parallel_blocker)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from torch import nn
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.execution_rules import sequence_parallel_blocker
-from meshplan.planner.tp_graph import solve_tp
-from meshplan.planner.tp_groups import GraphIndex, find_groups, node_readers
+from meshplan.planner.tp.graph import solve_tp
+from meshplan.planner.tp.groups import GraphIndex, find_groups, node_readers
 from meshplan.trace import trace_model
 
 H100 = ClusterSpec.preset("h100")

@@ -10,8 +10,8 @@ from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode
 from meshplan.ilp import constraint_families
-from meshplan.planner.tp_graph import solve_tp
-from meshplan.planner.tp_ilp import MEM_WEIGHT_S_PER_BYTE, TPPlacementILP, solve_segment
+from meshplan.planner.tp.graph import solve_tp
+from meshplan.planner.tp.ilp import MEM_WEIGHT_S_PER_BYTE, TPPlacementILP, solve_segment
 
 H100 = ClusterSpec.preset("h100")
 BLOCK = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.fc_in", "mlp.fc_out")
@@ -196,8 +196,8 @@ def test_rows_equal_pulps_operator_arithmetic():
 def test_rows_reused_across_buckets_give_the_fresh_problem_and_answer(vocab_parallel):
     """Rows built once per (segment, tp, layout) in the shared GraphIndex and re-used with another
     bucket's objective give the problem (as HiGHS sees it) and the placement of a fresh build."""
-    from meshplan.planner.tp_graph import block_node_ids
-    from meshplan.planner.tp_groups import GraphIndex
+    from meshplan.planner.tp.graph import block_node_ids
+    from meshplan.planner.tp.groups import GraphIndex
 
     g = gpt_graph(layers=2, h=4096, heads=32, seq=2048)
     a, b = g.blocks[0].node_ranges[0]

@@ -3,7 +3,7 @@
 Reads RunRecords (``meshplan run --record``; each holds the Plan that ran, the model spec and the
 measured step times, and per-phase seconds when the runtime recorded them), re-costs every run's
 layout on ``--cluster`` (a preset name or a cluster JSON), fits the cluster's efficiency terms to
-the measured step times (``meshplan.planner.calibration``; with ``--use-phases`` also to the
+the measured step times (``meshplan.commands.calibration``; with ``--use-phases`` also to the
 per-phase seconds: off by default, because the runtime's phase boundaries are not the cost model's
 terms everywhere: ZeRO-1's parameter broadcast is measured inside "optimizer" but costed as DP
 communication, and the profiled steps carry the profiler's overhead) and writes the calibrated cluster JSON, usable
@@ -63,9 +63,9 @@ def measured_step_s(d: dict[str, Any]) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from meshplan.commands import calibration as cal
     from meshplan.cost_models.hardware import resolve_cluster
     from meshplan.plan import Plan
-    from meshplan.planner import calibration as cal
     from meshplan.tracing.load import load_graph
 
     def progress(msg: str) -> None:

@@ -39,7 +39,7 @@ def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = N
         split_rule=CAPS[engine].split if engine in CAPS else "any",
         blocks_per_stage=spec.layers_per_stage if spec.pp > 1 and spec.layers_per_stage else None,
         # Megatron's VocabParallelEmbedding and torchtitan's RowwiseParallel tok_embeddings shard the
-        # token embedding over the vocabulary under TP (tp_strategies)
+        # token embedding over the vocabulary under TP (tp.strategies)
         vocab_parallel_embedding=engine in VOCAB_PARALLEL_ENGINES,
         # Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1): cost_models/epcp.py
         moe_folding=spec.moe_folding and engine == "megatron",

@@ -1,3 +1,3 @@
-"""Planning: tensor-parallel placement ILP (``tp_ilp``, ``tp_graph``), per-layer cost tables
+"""Planning: tensor-parallel placement ILP (``tp.ilp``, ``tp.graph``), per-layer cost tables
 (``costing``), the joint DP/TP/PP search (``search``, ``search_types``), input checks
 (``validate``) and the public entry points ``autoparallel`` / ``estimate`` (``api``). No torch."""

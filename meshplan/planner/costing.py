@@ -55,9 +55,9 @@ from meshplan.cost_models.quant_nodes import node_quant_cost, quant_node_time, q
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.partition.cuts import layer_ranges
 from meshplan.plan import Quantization
-from meshplan.planner.tp_graph import GraphTPSolution, solve_tp
-from meshplan.planner.tp_groups import GraphIndex
-from meshplan.planner.tp_types import collective_passes
+from meshplan.planner.tp.graph import GraphTPSolution, solve_tp
+from meshplan.planner.tp.groups import GraphIndex
+from meshplan.planner.tp.types import collective_passes
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,9 @@ class GraphCoster:
         self.norm_kernel = norm_kernel  # eager_ops.NORM_KERNELS: how the engine runs an RMSNorm module
         self.attention_impl = attention_impl  # eager_ops.ATTENTION_IMPLS: flash, or the scores materialized
         self.g = graph
-        # the engines' TP layout (tp_strategies): the token embedding always vocab-parallel
+        # the engines' TP layout (tp.strategies): the token embedding always vocab-parallel
         self.vocab_parallel = vocab_parallel_embedding
-        # Megatron-Core's MoE parallel folding (tp_strategies): a MoE node on the sequence shard, so its
+        # Megatron-Core's MoE parallel folding (tp.strategies): a MoE node on the sequence shard, so its
         # time, saved activations and the TP collectives around it are a tp rank's share
         self.moe_folding = moe_folding
         self.loss_kernel = loss_kernel  # memory.LOSS_KERNELS key; None = what the runtime runs
@@ -526,8 +526,8 @@ def _events_comm_s(
     events: list[tuple[int, str, float]], factor: float, tp: int, cluster: ClusterSpec, graph: ModelGraph
 ) -> float:
     """Forward + backward seconds of the placement's collectives at ``factor`` × their bytes
-    (``tp_types.collective_passes``: twice, once for a vocab-parallel embedding's all-reduce)."""
-    from meshplan.planner.tp_ilp import _collective_time
+    (``tp.types.collective_passes``: twice, once for a vocab-parallel embedding's all-reduce)."""
+    from meshplan.planner.tp.ilp import _collective_time
 
     return sum(collective_passes(graph.nodes[nid].kind, kind) * _collective_time(kind, nbytes * factor, tp, cluster)
                for nid, kind, nbytes in events)  # fmt: skip

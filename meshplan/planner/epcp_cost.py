@@ -17,7 +17,7 @@ simulator times them inside the pipeline; under TP the per-rank share of a MoE n
 ``estimate_graph(moe_folding=True)``; meshplan's runtime does not run it): a tp rank routes,
 exchanges and computes only its ``1/tp`` sequence shard (``cost_models.epcp.moe_tokens_per_rank``)
 over an ep group of consecutive ranks (``folded_expert_mesh``: stride ``etp`` = 1); the cost table
-already times the MoE node on the sequence shard (``tp_strategies``: Q→Q at shard tp under
+already times the MoE node on the sequence shard (``tp.strategies``: Q→Q at shard tp under
 ``GraphCoster(moe_folding=True)``), so its expert-read and imbalance terms here start from that.
 
 Which combinations run is ``meshplan.execution_rules.epcp_rule`` (shared with the runtime's refusal).

@@ -13,7 +13,7 @@ and watches the first view/reshape that splits the narrowed last dim: if it keep
 stops at that view or at the end of the linear's parent module (where heads are split), so a
 probe costs the forward up to the first instance. Linears directly under the model (heads) are
 not probed. Returns the user FQNs of the linears to keep replicated; the planner reads them from
-``ModelGraph.meta["tp_fold_views"]`` (``planner/tp_groups.py``).
+``ModelGraph.meta["tp_fold_views"]`` (``planner/tp/groups.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """TP placement of a whole graph: one placement ILP per repeated block type, one for the rest.
 
 ``solve_tp(graph, tp, cluster)`` solves one instance of each block type with
-``meshplan.planner.tp_ilp`` (the formulation lives there) and stamps the answer onto every
+``meshplan.planner.tp.ilp`` (the formulation lives there) and stamps the answer onto every
 instance (node ids map by offset inside the instance), then solves the non-block parts
 (embeddings, final norm, head) together. Returns ``GraphTPSolution``: style of every linear /
 embedding FQN, per-node shard factors and states, and the resharding collectives per segment.
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import ModelGraph
-from meshplan.planner.tp_groups import GraphIndex
-from meshplan.planner.tp_ilp import TPSolution, solve_segment
+from meshplan.planner.tp.groups import GraphIndex
+from meshplan.planner.tp.ilp import TPSolution, solve_segment
 
 
 @dataclass
@@ -73,8 +73,8 @@ def solve_tp(
     its instances) and one for the rest. Costs are per microbatch of ``batch_scale`` × the
     traced batch. ``vocab_parallel``: the engines' layout (Megatron-LM, torchtitan) where the
     token embedding is always vocab-parallel; else what meshplan's runtime runs. ``moe_folding``:
-    Megatron-Core's MoE parallel folding (every MoE node on the sequence shard, ``tp_strategies``).
-    ``index``: the graph's ``tp_groups.GraphIndex`` shared by the caller's solves (one per call if None)."""
+    Megatron-Core's MoE parallel folding (every MoE node on the sequence shard, ``tp.strategies``).
+    ``index``: the graph's ``tp.groups.GraphIndex`` shared by the caller's solves (one per call if None)."""
     t0 = time.perf_counter()
     if index is None or index.g is not graph:
         index = GraphIndex(graph)

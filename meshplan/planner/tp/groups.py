@@ -1,7 +1,7 @@
 """Coherent tensor-parallel groups: which linears must be sharded together, found in the graph.
 
 Torch's TP styles are only correct in Megatron pairs, so the placement ILP decides per *group*,
-never per linear (``tp_ilp.TPPlacementILP.add_groups``):
+never per linear (``tp.ilp.TPPlacementILP.add_groups``):
 
 * attention group: the linears whose outputs reach an attention node's inputs through views,
   elementwise ops and rotary arithmetic (q, k, v or a fused qkv) are its *producers*; the linears
@@ -90,11 +90,11 @@ def node_readers(g: ModelGraph) -> dict[int, list[int]]:
 
 
 class GraphIndex:
-    """Graph-wide lookups that every placement ILP of one graph shares (``tp_graph.solve_tp`` runs
+    """Graph-wide lookups that every placement ILP of one graph shares (``tp.graph.solve_tp`` runs
     one per block type and TP degree / microbatch bucket, all on the same graph): node readers,
     input bytes per node, and ``find_groups`` per segment, computed once instead of per ILP; and
     ``placements``, the rows of each segment's placement ILP per TP degree and layout, which
-    ``tp_ilp.TPPlacementILP.build`` makes once and re-uses with each bucket's objective. The
+    ``tp.ilp.TPPlacementILP.build`` makes once and re-uses with each bucket's objective. The
     graph must not change while an index of it is in use (the planner never edits its graph)."""
 
     def __init__(self, g: ModelGraph) -> None:
@@ -104,7 +104,7 @@ class GraphIndex:
         for _, d, b in g.edges:
             self.in_bytes[d] = self.in_bytes.get(d, 0) + b
         self._groups: dict[tuple[int, ...], tuple[TPGroup, ...]] = {}
-        self.placements: dict[tuple, tuple] = {}  # owned by tp_ilp.TPPlacementILP.build
+        self.placements: dict[tuple, tuple] = {}  # owned by tp.ilp.TPPlacementILP.build
 
     def groups(self, node_ids: list[int]) -> list[TPGroup]:
         """``find_groups(g, node_ids)``, memoized per segment (a new list each call)."""

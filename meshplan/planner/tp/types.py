@@ -1,4 +1,4 @@
-"""Data types and helpers of the TP placement ILP (``tp_ilp``): sharding states, the transitions
+"""Data types and helpers of the TP placement ILP (``tp.ilp``): sharding states, the transitions
 torch's TP styles express, a node strategy, one segment's solution, collective/element-size
 helpers. No torch import.
 """

@@ -11,7 +11,7 @@ Sharding states of an activation (on the TP group of ``t`` ranks)::
     P  partial sums            rowwise output before its reduction
     Q  sequence-sharded        sequence parallelism (Korthikanti et al. 2022) for norms/residual
 
-Strategies ``k ∈ K(n)`` of a node and the transitions the runtime realizes: ``tp_strategies``.
+Strategies ``k ∈ K(n)`` of a node and the transitions the runtime realizes: ``tp.strategies``.
 
 Variables::
 
@@ -44,14 +44,14 @@ Constraint families (names ``<family>__<index>``, see ``meshplan.ilp``)::
     boundary_out   segment outputs leave in the boundary state: x[u,k] = 0 for other out(k)
     tied           an embedding and a linear sharing a weight shard it alike:
                    x[emb,rowwise] = x[lin,colwise]
-    tp_group       coherent groups (``tp_groups``: attention q/k/v + output projection, MLP up
+    tp_group       coherent groups (``tp.groups``: attention q/k/v + output projection, MLP up
                    projections + down projection): g ∈ {0,1} per group, Σ_{k colwise} x[p,k] = g
                    for producers p, Σ_{k rowwise} x[c,k] = g for consumers c, g = 0 when the
                    group has a blocker; x[n,rowwise] = 0 for a linear that is no group's consumer
 
 Blocks chain because every block instance starts and ends in the same boundary state.
 The rows depend on the segment, the TP degree and the layout flags only: they are built once per
-key (``TPPlacementILP.build``, kept in the shared ``tp_groups.GraphIndex``) and each microbatch
+key (``TPPlacementILP.build``, kept in the shared ``tp.groups.GraphIndex``) and each microbatch
 bucket / dtype / cluster sets its own objective on them. No torch import.
 """
 
@@ -63,9 +63,9 @@ import pulp
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode, ModelGraph
-from meshplan.planner.tp_groups import GraphIndex, TPGroup
-from meshplan.planner.tp_strategies import TPStrategies
-from meshplan.planner.tp_types import (
+from meshplan.planner.tp.groups import GraphIndex, TPGroup
+from meshplan.planner.tp.strategies import TPStrategies
+from meshplan.planner.tp.types import (
     MEM_WEIGHT_S_PER_BYTE,
     STATES,
     TRANSITIONS,
@@ -293,7 +293,7 @@ class TPPlacementILP(TPStrategies):
                         ci += 1
 
     def add_groups(self) -> None:
-        """Coherent groups (``tp_groups``): one binary g per group; producers colwise = g, consumers
+        """Coherent groups (``tp.groups``): one binary g per group; producers colwise = g, consumers
         rowwise = g (a group with a blocker, or a member lacking the style, has g = 0); a linear
         may be rowwise only as a group's consumer."""
         self.groups: list[TPGroup] = self.index.groups(self.ids) if self.tp > 1 else []
@@ -460,7 +460,7 @@ def solve_segment(
 ) -> TPSolution:
     """Solve the placement of one segment; ``prefix`` (a block instance, e.g. "blocks.0") makes
     ``rel_styles`` relative FQNs such as "attn.q_proj". ``vocab_parallel``: the engines' layout
-    (the token embedding always vocab-parallel, a tied head with it; ``tp_strategies``);
+    (the token embedding always vocab-parallel, a tied head with it; ``tp.strategies``);
     ``moe_folding``: Megatron-Core's MoE parallel folding (a MoE node on the sequence shard)."""
     ilp = TPPlacementILP(
         graph, node_ids, tp, cluster, sequence_parallel=sequence_parallel, batch_scale=batch_scale,

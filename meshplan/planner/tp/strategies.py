@@ -1,11 +1,11 @@
-"""Strategies of one node in the TP placement ILP (``tp_ilp``) and the transitions the runtime realizes.
+"""Strategies of one node in the TP placement ILP (``tp.ilp``) and the transitions the runtime realizes.
 
 Strategies ``k ∈ K(n)`` of a node ``n`` (each fixes the state every input must arrive in and the
 state of its output; ``shard(k)`` divides its work)::
 
     linear       colwise R→S (t) · rowwise S→P (t) · replicate R→R (1)
     embedding    rowwise (vocab-parallel) R→P (t) · replicate R→R (1); a tied token embedding and
-                 its head are sharded alike or not at all (``tp_ilp.add_tied``: embedding rowwise iff
+                 its head are sharded alike or not at all (``tp.ilp.add_tied``: embedding rowwise iff
                  head colwise, one Shard(0) Parameter as ``runtime/tp.retie`` runs it); under the engines' layout (``vocab_parallel``: Megatron's VocabParallelEmbedding,
                  torchtitan's RowwiseParallel tok_embeddings) the token embedding is rowwise only
     attention    heads S→S (t; needs t | heads, t | kv_heads, no per-head mask/bias input) · R→R (1)
@@ -23,7 +23,7 @@ state of its output; ``shard(k)`` divides its work)::
     output       R→R · S→S when it returns an LM head's logits (vocab-parallel loss)
     others       R→R (loss, other, input, constant)
 
-A transition in ``tp_types.TRANSITIONS`` is used on an edge u→v only where torch's TP styles
+A transition in ``tp.types.TRANSITIONS`` is used on an edge u→v only where torch's TP styles
 perform it (``TPStrategies._runs``): R→S only into a rowwise linear (it slices its whole input),
 S→R only out of a colwise linear, through views (its output gathered). No torch import.
 """
@@ -31,7 +31,7 @@ S→R only out of a colwise linear, through views (its output gathered). No torc
 from __future__ import annotations
 
 from meshplan.graph import GraphNode, ModelGraph
-from meshplan.planner.tp_types import _SPLIT_TARGETS, TRANSITIONS, Strategy, _numel
+from meshplan.planner.tp.types import _SPLIT_TARGETS, TRANSITIONS, Strategy, _numel
 
 
 class TPStrategies:
