@@ -10,7 +10,7 @@ import pytest
 from meshplan.cli import main
 from meshplan.commands import calibration as cal
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
-from meshplan.plan_phases import predicted_phases
+from meshplan.plan.phases import predicted_phases
 from meshplan.planner.api import estimate_graph
 from meshplan.tracing.load import load_graph
 

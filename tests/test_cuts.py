@@ -121,7 +121,7 @@ def test_pp2_split_is_costed_and_named(graphs: dict[str, ModelGraph]) -> None:
 def test_batch_norm_pipelines_keep_one_microbatch() -> None:
     """A training BatchNorm normalizes each pipelined microbatch alone: the rule refuses m > 1 and
     the search never enumerates it (the cnn pp2 cell of the family matrix pins the runtime error)."""
-    from meshplan.execution_rules import microbatch_blocker
+    from meshplan.plan.execution_rules import microbatch_blocker
     from meshplan.planner.search import Searcher
 
     assert "2 BatchNorm layers" in microbatch_blocker(pp=2, num_microbatches=4, batch_norms=2)
@@ -149,7 +149,7 @@ def test_zero_bubble_skipped_when_a_stage_reads_a_weight_twice(graphs: dict[str,
     """torch's split weight-gradient pass fails on a stage reading one parameter at two places
     (T5's shared embedding): the search skips zero-bubble schedules for such graphs and the
     runtime refuses them naming the stage; GPT's tied embedding (first and last layer) is fine."""
-    from meshplan.execution_rules import tied_weight_blocker
+    from meshplan.plan.execution_rules import tied_weight_blocker
     from meshplan.planner.search import Searcher
     from meshplan.runtime.split import capture_graph, most_used_parameter, split_stages
 

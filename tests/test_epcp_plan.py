@@ -10,8 +10,8 @@ import torch
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.cost_models.epcp import cp_kv_bytes, cp_ring_exposed_s, ep_a2a_bytes, ep_comm_s
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.execution_rules import epcp_rule
 from meshplan.plan import Plan
+from meshplan.plan.execution_rules import epcp_rule
 from meshplan.planner.api import plan_graph
 from meshplan.report.explain import explain_plan
 from meshplan.trace import trace_model

@@ -1,11 +1,11 @@
-"""The planner never enumerates a combination the runtime refuses (meshplan.execution_rules)."""
+"""The planner never enumerates a combination the runtime refuses (meshplan.plan.execution_rules)."""
 
 from __future__ import annotations
 
 from planner_fixtures import gpt_graph
 
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.execution_rules import dp_kind_blocker, recompute_blocker
+from meshplan.plan.execution_rules import dp_kind_blocker, recompute_blocker
 from meshplan.planner.search import Searcher
 
 
@@ -43,7 +43,7 @@ def test_tp_with_pp_is_not_searched_for_export_captures():
     nn.Linear), so the search leaves those out and says so in the notes and explain."""
     import dataclasses
 
-    from meshplan.execution_rules import tp_pp_blocker
+    from meshplan.plan.execution_rules import tp_pp_blocker
     from meshplan.planner.api import plan_graph
     from meshplan.report.explain import explain_plan
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import meshplan
 
 ROOT = Path(meshplan.__file__).parent
-TORCH_FREE = ["meshplan.plan", "meshplan.graph", "meshplan.errors", "meshplan.cli", "meshplan.shapes"]
-TORCH_FREE_PACKAGES = ["partition", "planner", "report", "cost_models", "engines"]
+TORCH_FREE = ["meshplan.graph", "meshplan.errors", "meshplan.cli", "meshplan.shapes"]
+TORCH_FREE_PACKAGES = ["plan", "partition", "planner", "report", "cost_models", "engines"]
 TORCH_ALLOWED = {"meshplan.cost_models.profile"}
 
 

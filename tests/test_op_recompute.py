@@ -8,7 +8,7 @@ import runtime_cases as rc
 import torch
 
 from meshplan.errors import PlanMismatchError
-from meshplan.execution_rules import recompute_blocker
+from meshplan.plan.execution_rules import recompute_blocker
 from meshplan.runtime import recompute
 
 MM = ("aten.mm.default", "aten.addmm.default")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.execution_rules import sequence_parallel_blocker
+from meshplan.plan.execution_rules import sequence_parallel_blocker
 from meshplan.planner.tp.graph import solve_tp
 from meshplan.planner.tp.groups import GraphIndex, find_groups, node_readers
 from meshplan.trace import trace_model

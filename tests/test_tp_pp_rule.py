@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from meshplan.errors import PlanMismatchError
-from meshplan.execution_rules import tp_pp_blocker
+from meshplan.plan.execution_rules import tp_pp_blocker
 
 pytest.importorskip("transformers")
 

@@ -33,7 +33,7 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
   negative for it), or its Jacobian column would be 0 and the fit could never lower it.
 
 Phases compared (the RunRecord's "phases" written by ``runtime.phases``; any may be missing):
-forward, backward, optimizer, comm (exposed), bubble, each against ``plan_phases.predicted_phases``
+forward, backward, optimizer, comm (exposed), bubble, each against ``plan.phases.predicted_phases``
 of the re-costed plan (the definition the runtime records its predictions with). No torch import.
 """
 
@@ -47,7 +47,7 @@ from typing import Any
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import ModelGraph
 from meshplan.plan import Plan, Prediction
-from meshplan.plan_phases import predicted_phases
+from meshplan.plan.phases import predicted_phases
 
 TERMS = ("gemm", "memory", "op_overhead", "intra_bw", "intra_latency", "inter_bw", "inter_latency", "overlap")
 #: prior width of each term's log multiplier (how far off the starting spec may plausibly be):
@@ -156,7 +156,7 @@ def predict(case: Case, spec: ClusterSpec) -> Plan:
     return est
 
 
-#: the RunRecord phases compared (``plan_phases.predicted_phases``; "other" is what is left over)
+#: the RunRecord phases compared (``plan.phases.predicted_phases``; "other" is what is left over)
 PHASES = ("forward", "backward", "optimizer", "comm", "bubble")
 
 

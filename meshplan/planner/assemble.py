@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.precision import activation_dtype
-from meshplan.execution_rules import BATCH_NORM_CLASSES
 from meshplan.graph import ModelGraph
 from meshplan.plan import (
     Alternative,
@@ -21,6 +20,7 @@ from meshplan.plan import (
     SolverInfo,
     StageSpec,
 )
+from meshplan.plan.execution_rules import BATCH_NORM_CLASSES
 from meshplan.planner.costing import GraphCoster
 from meshplan.planner.search import Evaluation, Searcher, SearchResult
 

@@ -38,9 +38,9 @@ from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.cost_models.precision import check_training_dtype
-from meshplan.execution_rules import epcp_rule
 from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
+from meshplan.plan.execution_rules import epcp_rule
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params
 from meshplan.planner.memory_floor import held_floor

@@ -20,7 +20,7 @@ over an ep group of consecutive ranks (``folded_expert_mesh``: stride ``etp`` = 
 already times the MoE node on the sequence shard (``tp.strategies``: Q→Q at shard tp under
 ``GraphCoster(moe_folding=True)``), so its expert-read and imbalance terms here start from that.
 
-Which combinations run is ``meshplan.execution_rules.epcp_rule`` (shared with the runtime's refusal).
+Which combinations run is ``meshplan.plan.execution_rules.epcp_rule`` (shared with the runtime's refusal).
 No torch import.
 """
 

@@ -24,7 +24,7 @@ from meshplan.cost_models.grad_sync import (
     overlapped_sync_terms,
     uniform_bucket_runs,
 )
-from meshplan.execution_rules import dp_kind_blocker
+from meshplan.plan.execution_rules import dp_kind_blocker
 from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
 from meshplan.planner.kind_free import kind_free_terms
@@ -53,7 +53,7 @@ class ConfigEvaluator(ConfigCosts):
             if kind == "hsdp" and self._shard(c2) in (1, c.dp):
                 continue
             if dp_kind_blocker(dp=c.dp, tp=c.tp, pp=c.pp, schedule=c.schedule, dp_kind=kind):
-                continue  # the runtime would refuse it (meshplan.execution_rules)
+                continue  # the runtime would refuse it (meshplan.plan.execution_rules)
             if not self.quant_errors(c2):
                 out.append(c2)
         self._other_kinds_memo[c] = out

@@ -47,7 +47,9 @@ import math
 import time
 
 from meshplan.errors import NoFeasiblePlanError
-from meshplan.execution_rules import (
+from meshplan.partition.engine_split import block_counts, rule_for
+from meshplan.partition.schedule import validate
+from meshplan.plan.execution_rules import (
     BATCH_NORM_CLASSES,
     ZERO_BUBBLE_SCHEDULES,
     dp_kind_blocker,
@@ -57,8 +59,6 @@ from meshplan.execution_rules import (
     tied_weight_blocker,
     tp_pp_blocker,
 )
-from meshplan.partition.engine_split import block_counts, rule_for
-from meshplan.partition.schedule import validate
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import finalize, select_alternatives
 from meshplan.planner.memory_floor import split_floor
@@ -182,7 +182,7 @@ class Searcher(ConfigEvaluator):
                     if "num_microbatches" in f and f["num_microbatches"] != m:
                         continue
                     if microbatch_blocker(pp=pp, num_microbatches=m, batch_norms=self._batch_norms):
-                        continue  # the runtime would refuse it (meshplan.execution_rules)
+                        continue  # the runtime would refuse it (meshplan.plan.execution_rules)
                     for sched, v in self._schedules(pp, m, n_layers):
                         if pp > 1 and not self._splittable(pp * v, v):
                             continue
@@ -192,7 +192,7 @@ class Searcher(ConfigEvaluator):
                             if self.epcp_why(tp, pp, cp, ep, rc):
                                 continue
                             if recompute_blocker(pp=pp, schedule=sched, recompute=rc):
-                                continue  # the runtime would refuse it (meshplan.execution_rules)
+                                continue  # the runtime would refuse it (meshplan.plan.execution_rules)
                             for kind in self._dp_kinds(dp * cp if cp * ep > 1 else dp):
                                 if cp * ep > 1 and kind not in ("none", "ddp"):
                                     continue  # cp/ep run with their own gradient reduction (runtime/epcp)
@@ -268,7 +268,7 @@ class Searcher(ConfigEvaluator):
             if "schedule" in f and f["schedule"] != s:
                 continue
             if s in ZERO_BUBBLE_SCHEDULES and self.zero_bubble_why:
-                continue  # the runtime would refuse it (meshplan.execution_rules)
+                continue  # the runtime would refuse it (meshplan.plan.execution_rules)
             vs = [1]
             if s == "interleaved-1f1b":
                 vs = [v for v in (2, 3, 4) if pp * v <= n_layers]

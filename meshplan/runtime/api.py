@@ -24,7 +24,9 @@ from torch import nn
 
 from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.errors import PlanMismatchError
-from meshplan.execution_rules import (
+from meshplan.models.calls import call_names, microbatch_example, split_inputs
+from meshplan.plan import Plan
+from meshplan.plan.execution_rules import (
     BATCH_NORM_CLASSES,
     ZERO_BUBBLE_SCHEDULES,
     epcp_rule,
@@ -32,8 +34,6 @@ from meshplan.execution_rules import (
     tied_weight_blocker,
     tp_pp_blocker,
 )
-from meshplan.models.calls import call_names, microbatch_example, split_inputs
-from meshplan.plan import Plan
 from meshplan.runtime import data_parallel as dpmod
 from meshplan.runtime import loss_parallel as lpmod
 from meshplan.runtime import precision as prec

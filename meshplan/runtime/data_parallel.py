@@ -38,13 +38,13 @@ from torch import nn
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from meshplan.errors import PlanMismatchError
-from meshplan.execution_rules import SHARDED_DP_KINDS, ZERO_BUBBLE_SCHEDULES, dp_kind_blocker
 from meshplan.plan import Plan
+from meshplan.plan.execution_rules import SHARDED_DP_KINDS, ZERO_BUBBLE_SCHEDULES, dp_kind_blocker
 
 
 def check_dp_kind(plan: Plan) -> None:
     """PlanMismatchError for a data-parallel kind this runtime cannot execute as planned
-    (``meshplan.execution_rules``, the rule the planner's search also obeys)."""
+    (``meshplan.plan.execution_rules``, the rule the planner's search also obeys)."""
     why = dp_kind_blocker(dp=plan.dp, tp=plan.tp, pp=plan.pp, schedule=plan.schedule, dp_kind=plan.dp_kind)
     if why:
         raise PlanMismatchError(why)

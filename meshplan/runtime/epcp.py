@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from meshplan.execution_rules import epcp_rule
 from meshplan.plan import Plan
+from meshplan.plan.execution_rules import epcp_rule
 from meshplan.runtime.context_parallel import ContextParallel, RingContext, cp_blocker, shard_sequence
 from meshplan.runtime.dist import RuntimeEnv
 from meshplan.runtime.epcp_groups import DCGroups, build_groups

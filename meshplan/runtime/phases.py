@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.plan import Plan
-from meshplan.plan_phases import predicted_phases  # torch-free: the planner's calibration uses it too
+from meshplan.plan.phases import predicted_phases  # torch-free: the planner's calibration uses it too
 
 PHASES = ("forward", "backward", "optimizer", "comm", "bubble", "other")
 PREFIX = "meshplan::"

@@ -36,7 +36,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from meshplan.execution_rules import ZERO_BUBBLE_SCHEDULES, recompute_blocker
+from meshplan.plan.execution_rules import ZERO_BUBBLE_SCHEDULES, recompute_blocker
 from meshplan.runtime.cached_checkpoint import CachedCheckpointStage, CountingStage
 
 WRAPPED = "_checkpoint_wrapped_module."

@@ -71,7 +71,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from meshplan.execution_rules import sequence_parallel_blocker
+from meshplan.plan.execution_rules import sequence_parallel_blocker
 from meshplan.tracing.module_tree import block_fqns, param_modules
 
 

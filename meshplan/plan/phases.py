@@ -7,7 +7,7 @@ use the same definition.
 
 from __future__ import annotations
 
-from meshplan.plan import Plan
+from meshplan.plan.plan import Plan
 
 
 def predicted_phases(plan: Plan) -> dict[str, float]:

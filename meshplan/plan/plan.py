@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshplan.plan_checks import plan_problems
+from meshplan.plan.checks import plan_problems
 
 FORMAT_VERSION = 1
 
