@@ -21,9 +21,9 @@ import torch
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.profile import median_time_s as _time
-from meshplan.cost_models.profile import profile_machine
 from meshplan.graph import GraphNode
+from meshplan.profile.machine import median_time_s as _time
+from meshplan.profile.machine import profile_machine
 
 
 def linear_rows(spec: ClusterSpec, shapes: list[tuple[int, int, int]]) -> list[str]:

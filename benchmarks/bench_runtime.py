@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from meshplan.cost_models.profile import median_time_s
+from meshplan.profile.machine import median_time_s
 
 CFG = dict(n_layer=4, n_head=4, n_embd=256, vocab_size=2048, block_size=128, tie_weights=False)
 BATCH, SEQ = 8, 128

@@ -1,4 +1,4 @@
-"""``meshplan profile`` (cost_models.profile): the alpha-beta fit, and a real 2-rank gloo run."""
+"""``meshplan profile`` (profile.machine): the alpha-beta fit, and a real 2-rank gloo run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
-from meshplan.cost_models.profile_comm import byte_sizes, fit_alpha_beta
+from meshplan.profile.comm import byte_sizes, fit_alpha_beta
 
 
 def test_byte_sizes() -> None:
@@ -91,7 +91,7 @@ def test_profile_command_rejects_bad_nproc(tmp_path: Path) -> None:
 def test_eager_measurements_are_plausible() -> None:
     import torch
 
-    from meshplan.cost_models.profile import measure_eager_matmul, measure_op_overhead
+    from meshplan.profile.machine import measure_eager_matmul, measure_op_overhead
 
     cpu = torch.device("cpu")
     rows = measure_eager_matmul([(16, 8)], 1e15, 2, cpu, lambda _msg: None)  # a huge peak: tiny efficiency
@@ -113,7 +113,7 @@ def test_profile_cli_rejects_bad_eager_shapes() -> None:
 
 
 def test_noisy_timings_fall_back_to_bounds() -> None:
-    from meshplan.cost_models.profile_comm import fit_or_bound
+    from meshplan.profile.comm import fit_or_bound
 
     pts = [(4096, 2e-3), (65536, 1e-3)]  # noise: the larger message was faster
     alpha, bw = fit_or_bound(pts, "all_reduce", 2, lambda _msg: None)

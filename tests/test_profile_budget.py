@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from meshplan.cost_models.profile_budget import Budget, cpu_has_fast_bf16
+from meshplan.profile.budget import Budget, cpu_has_fast_bf16
 
 
 def test_cpu_flags_decide_bf16() -> None:
@@ -19,7 +19,7 @@ def test_cpu_flags_decide_bf16() -> None:
 def test_timed_calls_stop_at_the_deadline() -> None:
     import torch
 
-    from meshplan.cost_models.profile import _timed_calls
+    from meshplan.profile.machine import _timed_calls
 
     cpu = torch.device("cpu")
     t0 = time.monotonic()
@@ -30,7 +30,7 @@ def test_timed_calls_stop_at_the_deadline() -> None:
 def test_matmul_skips_sizes_out_of_budget_and_slow_bf16() -> None:
     import torch
 
-    from meshplan.cost_models.profile import measure_matmul
+    from meshplan.profile.machine import measure_matmul
 
     lines: list[str] = []
     out = measure_matmul([32, 4096], ["fp32", "bf16"], 3, torch.device("cpu"), lines.append,

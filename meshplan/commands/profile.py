@@ -1,7 +1,7 @@
 """``meshplan profile``: measure this machine (matmul, memory, eager op costs, collectives) into a ClusterSpec JSON.
 
 The profile loads wherever a preset name goes: ``meshplan plan --cluster profile.json``.
-torch is imported inside ``run`` only (through ``meshplan.cost_models.profile``).
+torch is imported inside ``run`` only (through ``meshplan.profile.machine``).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.cost_models.profile import check_profile, profile_machine
+    from meshplan.profile.machine import check_profile, profile_machine
 
     spec = profile_machine(
         nproc=args.nproc, quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes, reps=args.reps,

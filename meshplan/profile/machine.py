@@ -1,4 +1,4 @@
-"""``meshplan profile``: measure the local machine into a ClusterSpec (the one cost module with torch).
+"""``meshplan profile``: measure the local machine into a ClusterSpec (torch, imported inside each measurement).
 
 Measures, on the device the run would use (CUDA when present, else CPU):
 
@@ -10,7 +10,7 @@ Measures, on the device the run would use (CUDA when present, else CPU):
   dispatch and autograd beyond the floor (``measure_op_overhead``);
 - collectives across ``nproc`` processes: all-reduce and a send/recv ping-pong at sizes from
   ``min_bytes`` to ``max_bytes``, with the alpha-beta model fitted by least squares
-  (``meshplan.cost_models.profile_comm``).
+  (``meshplan.profile.comm``).
 
 The result is a ClusterSpec with ``devices_per_node = nproc``, inter-node figures equal to the
 intra-node ones (one machine), efficiencies 1.0 (the measured peaks already are what kernels
@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.profile_budget import Budget, Log, cpu_has_fast_bf16, fits, log_stderr
-from meshplan.cost_models.profile_comm import byte_sizes, fit_or_bound, measure_collectives
+from meshplan.profile.budget import Budget, Log, cpu_has_fast_bf16, fits, log_stderr
+from meshplan.profile.comm import byte_sizes, fit_or_bound, measure_collectives
 
 DEFAULT_MATMUL_SIZES = (256, 512, 1024, 2048)
 QUICK_MATMUL_SIZES = (128, 256, 512)
@@ -243,7 +243,7 @@ def profile_machine(
     efficiency, and the per-op overhead of eager PyTorch (``measure_op_overhead``). ``backend``:
     ``auto`` (nccl with a GPU per process, else gloo), ``gloo`` or ``nccl``. Per-device memory is
     the GPU's memory, or on CPU the host memory divided by ``nproc``. ``budget_s``: total seconds
-    (``profile_budget.Budget``: each measurement bounded, larger sizes skipped when out of time,
+    (``budget.Budget``: each measurement bounded, larger sizes skipped when out of time,
     progress lines prefixed with elapsed/budget); None: unbounded. On a CPU without native bf16
     the bf16 matmul sweep is skipped (smallest size only) with a note.
     """

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from meshplan.cost_models.profile_budget import Log, log_stderr
+from meshplan.profile.budget import Log, log_stderr
 
 
 def byte_sizes(min_bytes: int, max_bytes: int) -> list[int]:
