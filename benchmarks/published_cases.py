@@ -1,6 +1,7 @@
 """Predicted vs measured step throughput and memory on the published runs in ``meshplan/data/published_cases.json``.
 
     python benchmarks/published_cases.py [--only PREFIX] [--gain] [--same-mechanisms] [--efficiency h100=0.55 ...]
+    python benchmarks/published_cases.py --leave-one-group-out [--write-error-band] [--only PREFIX]
     python benchmarks/published_cases.py --timing [--whole [--keep DIR] [--compare DIR]] [--only PREFIX]
 
 Each run is costed with ``estimate_graph`` at the authors' configuration (``planner.
@@ -19,6 +20,11 @@ cluster and batch and prints its predicted gain over the authors' configuration 
 family and stage split (``published_estimate.same_mechanisms``), so a gain splits into what
 planning the degrees and microbatch gives and what the mechanisms the authors lacked add.
 Prints the median |error| of each.
+
+``--leave-one-group-out`` refits the one constant fitted from these runs (the matmul efficiency
+per GPU family) with each source group left out and prints each group's in-sample and left-out
+median |error| side by side (``benchmarks/published_logo.py``); ``--write-error-band`` also writes
+the left-out figures to ``meshplan/data/cost_model_error.json`` (the ± band on predicted times).
 
 ``--timing`` instead plans every case (context-parallel groups included) on its cluster, batch
 and precision, as ``meshplan plan`` does, and prints measured seconds per case
@@ -84,6 +90,11 @@ def main() -> None:
     ap.add_argument("--same-mechanisms", action="store_true",
                     help="also search with the authors' own recompute kind, DP kind, schedule family and stage split "
                          "(degrees and microbatch free) and print that plan's predicted gain")  # fmt: skip
+    ap.add_argument("--leave-one-group-out", action="store_true",
+                    help="refit the constant fitted from published runs (matmul efficiency per GPU family) without each "
+                         "source group and print in-sample and left-out errors side by side (benchmarks/published_logo.py)")
+    ap.add_argument("--write-error-band", action="store_true",
+                    help="with the leave-one-group-out run, write meshplan/data/cost_model_error.json")
     ap.add_argument("--timing", action="store_true", help="print each case's measured planning time instead")
     ap.add_argument("--whole", action="store_true",
                     help="with --timing: each case as a whole cold `meshplan plan` command in its own process")
@@ -105,6 +116,14 @@ def main() -> None:
     # expert-parallel (MoE) runs are costed here, their model traced as a MoE (models/published.py)
     cases = load_published_cases()
     cp_groups = {c["group"] for c in cases if (c["expert_config"].get("cp") or 1) > 1}
+    if args.leave_one_group_out or args.write_error_band:
+        import published_logo  # benchmarks/ is this script's folder
+
+        published_logo.main([c for c in cases if c["id"].startswith(args.only) and c["group"] not in cp_groups],
+                            args.write_error_band, "python benchmarks/published_cases.py --leave-one-group-out"
+                            + (" --write-error-band" if args.write_error_band else "")
+                            + (f" --only {args.only}" if args.only else ""))  # fmt: skip
+        return
     rows = [run_case(c, args.gain, args.same_mechanisms) for c in cases
             if c["id"].startswith(args.only) and c["group"] not in cp_groups]  # fmt: skip
     head = ("| run | GPUs | config | measured tok/s/GPU | predicted tok/s/GPU | time error | measured GiB | "

@@ -212,12 +212,16 @@ def comparable_mem_gib(case: dict[str, Any], peak_bytes: float, spec: ClusterSpe
     return peak_bytes / GiB
 
 
-def estimate_case(case: dict[str, Any], graph: ModelGraph) -> dict[str, Any]:
-    """Predicted vs measured throughput and memory of one case at the authors' configuration."""
+def estimate_case(case: dict[str, Any], graph: ModelGraph, *, matmul_efficiency: float | None = None) -> dict[str, Any]:
+    """Predicted vs measured throughput and memory of one case at the authors' configuration;
+    ``matmul_efficiency`` replaces the preset's (the constant fitted from published runs:
+    ``benchmarks/published_logo.py`` refits it with each source group left out)."""
     from meshplan.planner.api import estimate_graph
 
     setup = case_setup(case)
     spec = case_cluster(case)
+    if matmul_efficiency is not None:
+        spec = dataclasses.replace(spec, matmul_efficiency=matmul_efficiency)
     plan = estimate_graph(graph, spec.num_devices, cluster=spec, **setup)
     n, s = spec.num_devices, case["model"]["seq_len"]
     pred_tok = setup["global_batch_size"] * s / plan.predicted.step_s / n
