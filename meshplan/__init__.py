@@ -9,6 +9,7 @@ torch-backed name is used)::
     meshplan.format_plan(plan) / meshplan.explain_plan(plan) -> str (the text report, the "why")
     meshplan.apply_plan(model, plan, loss_fn=, optimizer_factory=) -> ParallelModel
     meshplan.ClusterSpec.preset("h100", num_nodes=16)
+    meshplan.capacity(model, tokens="15T", gpus="256-8192", clusters="h100,h200") -> list[CapacityRow]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _LAZY = {
     "ClusterSpec": "meshplan.cost_models.hardware",
     "autoparallel": "meshplan.planner.api",
     "estimate": "meshplan.planner.api",
+    "capacity": "meshplan.sizing.api",
+    "CapacityRow": "meshplan.sizing.rows",
     "format_plan": "meshplan.report.text",
     "explain_plan": "meshplan.report.explain",
     "apply_plan": "meshplan.runtime.api",

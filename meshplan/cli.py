@@ -1,4 +1,4 @@
-"""The ``meshplan`` command line: ``meshplan plan | report | run | profile | inspect | explain | diff | export | estimate | prepare-data | calibrate``.
+"""The ``meshplan`` command line: ``meshplan plan | report | run | profile | inspect | explain | diff | export | estimate | prepare-data | calibrate | capacity``.
 
 Dispatch only; each subcommand lives in ``meshplan.commands.<name>``.
 """
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS = ("inspect", "profile", "plan", "report", "explain", "diff", "run", "export", "estimate", "prepare-data",
-            "calibrate")
+            "calibrate", "capacity")
 #: commands whose one-shot process ends without the interpreter's teardown (``commands/heap.exit_now``)
 FAST_EXIT = ("plan",)
 

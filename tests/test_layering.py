@@ -13,7 +13,7 @@ import meshplan
 
 ROOT = Path(meshplan.__file__).parent
 TORCH_FREE = ["meshplan.graph", "meshplan.errors", "meshplan.cli", "meshplan.shapes"]
-TORCH_FREE_PACKAGES = ["plan", "partition", "planner", "report", "cost_models", "engines", "profile"]
+TORCH_FREE_PACKAGES = ["plan", "partition", "planner", "report", "cost_models", "engines", "profile", "sizing"]
 TORCH_ALLOWED: set[str] = set()  # torch imported at module level nowhere below; profile/ imports it inside functions
 
 

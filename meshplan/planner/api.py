@@ -94,6 +94,28 @@ def resolve_quantization(quantization: str | Quantization | None, lora_rank: int
 
 
 # ---- graph-level API ----------------------------------------------------------------------
+class PlanMemo:
+    """What ``plan_graph`` calls on one graph may share: the costing of that graph (TP placements,
+    per-layer cost tables) per cluster hardware, precision, quantization and optimizer. The
+    costing does not depend on the number of devices, so a sweep over world sizes (``meshplan
+    capacity``) passes one memo to every call; each call still runs its own search. Opaque: the
+    planner decides what it keeps. Not shared between processes."""
+
+    def __init__(self) -> None:
+        self._costers: dict[tuple[int, str, str, str, str], GraphCoster] = {}
+
+    def coster(self, graph: ModelGraph, spec: ClusterSpec, *, dtype: str, quantization: Quantization,
+               optimizer: str) -> GraphCoster:
+        """The graph's coster on ``spec``'s hardware (any device count), built on first use."""
+        import json
+
+        hw = json.dumps(spec.with_devices(spec.devices_per_node).to_dict(), sort_keys=True, default=str)
+        key = (id(graph), hw, dtype, repr(quantization), optimizer)
+        if key not in self._costers:
+            self._costers[key] = GraphCoster(graph, spec, dtype=dtype, quantization=quantization, optimizer=optimizer)
+        return self._costers[key]
+
+
 def plan_graph(
     graph: ModelGraph,
     world_size: int,
@@ -110,10 +132,12 @@ def plan_graph(
     quantization: str | Quantization | None = None,
     split_rule: str = "any",
     dp_kinds: tuple[str, ...] | list[str] | None = None,
+    memo: PlanMemo | None = None,
 ) -> Plan:
     """Search the best plan for an already traced graph (see ``autoparallel``). ``split_rule`` and
     ``dp_kinds`` restrict it to what an engine runs (``meshplan plan --target``): its stage-split
-    rule (``partition.engine_split``) and the data-parallel kinds it has."""
+    rule (``partition.engine_split``) and the data-parallel kinds it has. ``memo``: a ``PlanMemo``
+    shared by calls on the same graph (a sweep over world sizes) so they reuse its costing."""
     world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, recompute, schedules)
     q = resolve_quantization(quantization)
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, len(layer_ranges(graph)))
@@ -121,7 +145,8 @@ def plan_graph(
     searcher = Searcher(
         graph, spec, global_batch=B, fixed=f, recompute=tuple(recompute) if recompute else None,
         schedules=tuple(schedules) if schedules else None, dtype=dtype, optimizer=optimizer, progress=progress,
-        coster=GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer), split_rule=split_rule,
+        coster=(memo or PlanMemo()).coster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer),
+        split_rule=split_rule,
         dp_kinds=tuple(dp_kinds) if dp_kinds else None,
     )  # fmt: skip
     res = searcher.run(exhaustive=exhaustive)
@@ -447,6 +472,6 @@ def estimate(
 
 
 __all__ = [
-    "MESH_AXES", "Config", "autoparallel", "build_plan", "estimate", "estimate_graph", "model_flops_per_token",
+    "MESH_AXES", "Config", "PlanMemo", "autoparallel", "build_plan", "estimate", "estimate_graph", "model_flops_per_token",
     "plan_graph", "quant_effect",
 ]  # fmt: skip

@@ -1,0 +1,108 @@
+"""Scaling efficiency on the published runs with several cluster sizes, predicted beside measured
+(issue 32 item 6).
+
+    python benchmarks/capacity_published.py
+
+Each published run is costed at its authors' configuration as ``benchmarks/published_cases.py``
+does (``estimate_case``: the same estimate, the same cases; the context-parallel groups are left
+to ``published_epcp.py`` there and here). For each series of runs of one source at several
+cluster sizes, scaling efficiency is the throughput per GPU against the series' smallest run:
+
+- strong scaling (one model, one global batch, more GPUs): tokens/s per GPU;
+- weak scaling (the model or the batch grows with the GPUs, as Megatron-LM's tables do): model
+  FLOP/s per GPU, i.e. tokens/s per GPU × the model's FLOPs per token (the same factor for the
+  predicted and the measured figure, taken from the predicted plan).
+
+Predicted efficiency uses predicted throughput at both sizes, measured uses the source's. The
+difference is compared with the band ``meshplan capacity`` states (the cost model's left-out
+median |step-time error|, ``meshplan/data/cost_model_error.json``); a ratio of two predictions can
+be off by up to about twice that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from meshplan.cost_models.published import load_published_cases
+
+#: (series name, kind, case ids smallest first); kind "strong" or "weak" (see the docstring)
+SERIES: list[tuple[str, str, list[str]]] = [
+    ("Megatron-LM 2020, V100 DGX-2H, model grows with TP 1-8", "weak",
+     ["megv1-1b-dgx2-tp1", "megv1-2b-dgx2-tp2", "megv1-4b-dgx2-tp4", "megv1-8b-dgx2-tp8"]),
+    ("Megatron-LM 2020, A100, model grows with TP 1-8", "weak",
+     ["megv1-1b-dgxa100-tp1", "megv1-2b-dgxa100-tp2", "megv1-4b-dgxa100-tp4", "megv1-8b-dgxa100-tp8"]),
+    ("Megatron-LM 2020, A100, TP x DP128 against one A100", "weak",
+     ["megv1-1b-dgxa100-tp1", "megv1-1b-dgxa100-tp1-dp128", "megv1-2b-dgxa100-tp2-dp128",
+      "megv1-4b-dgxa100-tp4-dp128", "megv1-8b-dgxa100-tp8-dp128"]),
+    ("Megatron-LM SC'21 Table 1, GPT 1.7B-1T on 32-3,072 A100", "weak",
+     ["megsc21-1.7b-a100-32gpu", "megsc21-3.6b-a100-64gpu", "megsc21-7.5b-a100-128gpu", "megsc21-18b-a100-256gpu",
+      "megsc21-39b-a100-512gpu", "megsc21-76b-a100-1024gpu", "megsc21-145b-a100-1536gpu",
+      "megsc21-310b-a100-1920gpu", "megsc21-530b-a100-2520gpu", "megsc21-1t-a100-3072gpu"]),
+    ("SC'21 Table 2, GPT-3 175B PTD-P, batch 1536", "strong",
+     ["megsc21t2-ptdp-175b-a100-384gpu", "megsc21t2-ptdp-175b-a100-768gpu", "megsc21t2-ptdp-175b-a100-1536gpu"]),
+    ("SC'21 Table 2, GPT-3 175B ZeRO-3, batch 1536", "strong",
+     ["megsc21t2-zero3-175b-a100-384gpu", "megsc21t2-zero3-175b-a100-768gpu", "megsc21t2-zero3-175b-a100-1536gpu"]),
+    ("SC'21 Table 2, 530B PTD-P, batch 2240", "strong",
+     ["megsc21t2-ptdp-530b-a100-560gpu", "megsc21t2-ptdp-530b-a100-1120gpu", "megsc21t2-ptdp-530b-a100-2240gpu"]),
+    ("SC'21 Table 2, 530B ZeRO-3, batch 2560 then 2240", "strong",
+     ["megsc21t2-zero3-530b-a100-640gpu", "megsc21t2-zero3-530b-a100-1120gpu", "megsc21t2-zero3-530b-a100-2240gpu"]),
+    ("Megatron-Turing NLG 530B, batch 1920", "strong",
+     ["mtnlg-530b-a100-2240gpu", "mtnlg-530b-a100-2800gpu", "mtnlg-530b-a100-3360gpu"]),
+    ("torchtitan Llama 3.1 8B FSDP on H100, per-GPU batch fixed", "weak",
+     ["tt-llama3.1-8b-h100-8gpu-fsdp", "tt-llama3.1-8b-h100-128gpu-fsdp"]),
+    ("MosaicML MPT-30B FSDP on H100", "strong", ["mpt-30b-h100-8gpu-seq2048", "mpt-30b-h100-32gpu-seq2048"]),
+    ("MosaicML MPT-70B FSDP on H100", "strong", ["mpt-70b-h100-32gpu-seq2048", "mpt-70b-h100-64gpu-seq2048"]),
+]  # fmt: skip
+
+
+def run_all() -> dict[str, dict[str, Any]]:
+    import published_cases  # benchmarks/ is this script's folder
+
+    cases = load_published_cases()
+    cp_groups = {c["group"] for c in cases if (c["expert_config"].get("cp") or 1) > 1}
+    return {c["id"]: published_cases.run_case(c) | {"group": c["group"]} for c in cases if c["group"] not in cp_groups}
+
+
+def flops_per_token(r: dict[str, Any]) -> float:
+    p = r["plan"].predicted
+    return p.tflops_per_device * 1e12 * r["gpus"] / p.tokens_per_s if p.tokens_per_s else 0.0
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
+    t0 = time.perf_counter()
+    rows = run_all()
+    from meshplan.sizing.band import load_error_band
+
+    band = load_error_band()
+    print(f"band: {band.describe()}\n")
+    print("| series | kind | run | GPUs | measured efficiency | predicted efficiency | predicted - measured | within ±band |")
+    print("|---|---|---|---|---|---|---|---|")
+    diffs = []
+    for name, kind, ids in SERIES:
+        rs = [rows[i] for i in ids if i in rows]
+        if len(rs) < 2:
+            continue
+        base = rs[0]
+
+        def per_gpu(r: dict[str, Any], key: str, kind: str = kind) -> float:
+            return r[key] * (flops_per_token(r) if kind == "weak" else 1.0)
+
+        for r in rs[1:]:
+            meas = per_gpu(r, "meas_tok") / per_gpu(base, "meas_tok")
+            pred = per_gpu(r, "pred_tok") / per_gpu(base, "pred_tok")
+            rel = pred / meas - 1
+            diffs.append(abs(rel))
+            print(f"| {name} | {kind} | {r['id']} vs {base['gpus']} GPUs | {r['gpus']} | {meas:.1%} | {pred:.1%} | "
+                  f"{100 * (pred - meas):+.1f} pts ({100 * rel:+.1f}%) | {'yes' if abs(rel) <= band.median else 'no'} |")
+    within = sum(d <= band.median for d in diffs)
+    print(f"\n{len(diffs)} scaled runs: median |predicted/measured efficiency - 1| {100 * statistics.median(diffs):.1f}%, "
+          f"{within} of {len(diffs)} within ±{100 * band.median:.1f}%, {sum(d <= 2 * band.median for d in diffs)} within "
+          f"±{200 * band.median:.1f}%; {time.perf_counter() - t0:.0f} s (predicted from the cost model; measured from the sources)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""``meshplan capacity MODEL --tokens 2T --gpus 64-4096 --cluster h100,h200``: how many GPUs of
+which kind, how long and at what cost (predicted).
+
+Traces MODEL once (trace cache as ``meshplan plan``), plans it on every cluster kind at every GPU
+count of the range (``meshplan.sizing``), prints the table (best plan, tokens/s per GPU, MFU,
+days, GPU-hours, cost with the cost model's ± band, peak memory, scaling efficiency), the Pareto
+front, the deadline/budget picks and where scaling efficiency falls below 80%; ``--png`` /
+``--html`` write the pictures (``report.capacity_plot``). Progress on stderr. torch is imported
+only when the model has to be traced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from meshplan.commands.argtypes import positive_int
+
+HELP = "how many GPUs of which kind, how long and at what cost to train a model on N tokens (predicted)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="zoo name (llama3-70b, gpt3-175b, ...), file.py:factory or pkg.mod:factory")
+    parser.add_argument("--tokens", required=True, help="training tokens, e.g. 2T, 300B, 15T (K/M/B/T suffixes)")
+    parser.add_argument("--gpus", required=True,
+                        help="GPU counts: a range 64-4096 (swept on 2^k and 3x2^k sizes that are whole nodes and "
+                             "divide the batch), a list 256,512,1024 or one count")  # fmt: skip
+    parser.add_argument("--cluster", default="h100", help="cluster kinds, comma-separated presets (h100,h200,a100-80g)")
+    parser.add_argument("--price", action="append", default=None, metavar="KIND=USD",
+                        help="dollars per GPU-hour, e.g. h100=2.49,h200=3.5 (repeatable); cost columns need it")
+    parser.add_argument("--deadline", default=None, help="mark the cheapest plan that trains within it: 30d, 12h, 6w")
+    parser.add_argument("--budget", default=None, help="mark the fastest plan whose cost is within it: 2.5M (dollars)")
+    parser.add_argument("--global-batch", default=None,
+                        help="per step, the same at every size: sequences (512, 512seq) or tokens (4M, 4Mtok); "
+                             "default 4M tokens in whole sequences")  # fmt: skip
+    parser.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's maximum)")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8"), help="training precision (default bf16)")
+    parser.add_argument("--jobs", "-j", type=positive_int, default=min(2, os.cpu_count() or 1),
+                        help="searches run at once in forked processes (default: 2, or 1 on one core)")
+    parser.add_argument("--error-band", default=None, metavar="JSON",
+                        help="the cost model's measured error to band the figures with (default "
+                             "meshplan/data/cost_model_error.json)")  # fmt: skip
+    parser.add_argument("--png", default=None, metavar="FILE", help="write the pictures as a PNG")
+    parser.add_argument("--html", default=None, metavar="FILE", help="write the table and pictures as an HTML page")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    from meshplan.commands.heap import loading, searching
+    from meshplan.sizing.api import capacity_report
+    from meshplan.sizing.text import format_report
+
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
+
+    one_shot = getattr(args, "one_shot", False)
+    with loading(one_shot), searching(one_shot):
+        rep = capacity_report(
+            args.model, tokens=args.tokens, gpus=args.gpus, clusters=args.cluster, prices=args.price,
+            deadline=args.deadline, budget=args.budget, global_batch=args.global_batch, seq_len=args.seq,
+            dtype=args.dtype, jobs=args.jobs, error_band=args.error_band, progress=progress,
+        )  # fmt: skip
+    if args.png or args.html:
+        from meshplan.report.capacity_plot import write_capacity_html, write_capacity_png
+
+        if args.png:
+            progress(f"wrote {write_capacity_png(rep, args.png)}")
+        if args.html:
+            progress(f"wrote {write_capacity_html(rep, args.html)}")
+    print(format_report(rep))
+    return 0

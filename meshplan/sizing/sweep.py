@@ -1,0 +1,159 @@
+"""Planning every (cluster kind, GPU count) of a capacity question: which sizes, and the searches.
+
+``sweep_sizes`` turns a GPU range into the sizes worth planning: 2^k and 3·2^k GPUs inside the
+range (plus its ends), each a whole number of nodes (or a power-of-two part of one node), that
+leave every data-parallel replica a model-parallel share the planner can fill (some dp dividing the
+global batch with GPUs / dp ≤ devices per node × layers, tp·pp at most). A listed set of counts is
+planned as given.
+
+``plan_points`` runs ``planner.api.plan_graph`` on one traced graph for each (kind, size), with a
+``PlanMemo`` per process so every size of a kind reuses the kind's costing (TP placements, cost
+tables); with ``jobs`` > 1 the searches run in that many forked worker processes (the graph is
+inherited, not copied), each with its own memo, results in task order. A size where no plan fits
+gives a point with the reason. No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import queue
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from meshplan.errors import NoFeasiblePlanError
+from meshplan.graph import ModelGraph
+from meshplan.sizing.parse import GpuCounts
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """What planning one cluster kind at one size gave (predicted, per training step)."""
+
+    cluster: str
+    gpus: int
+    plan: str = ""  # Plan.summary(); "" when nothing fits
+    step_s: float = 0.0
+    tokens_per_s: float = 0.0
+    mfu: float = 0.0
+    peak_mem_gib: float = 0.0
+    seconds: float = 0.0  # wall time of the search
+    error: str = ""
+
+
+def _candidates(lo: int, hi: int) -> list[int]:
+    out = {lo, hi}
+    k = 1
+    while k <= hi:
+        for n in (k, 3 * k):
+            if lo <= n <= hi:
+                out.add(n)
+        k *= 2
+    return sorted(out)
+
+
+def sweep_sizes(counts: GpuCounts, *, devices_per_node: int, batch_seqs: int,
+                num_layers: int) -> tuple[list[int], list[str]]:
+    """(sizes to plan, one line per size left out and why); see the module docstring."""
+    if not counts.is_range:
+        return list(counts.sizes), []
+    sizes, skipped = [], []
+    max_mp = devices_per_node * max(1, num_layers)
+    for n in _candidates(counts.lo, counts.hi):
+        if n > devices_per_node and n % devices_per_node:
+            skipped.append(f"{n}: not a whole number of {devices_per_node}-GPU nodes")
+        elif n < devices_per_node and devices_per_node % n:
+            skipped.append(f"{n}: does not divide a {devices_per_node}-GPU node")
+        elif n // math.gcd(n, batch_seqs) > max_mp:
+            skipped.append(f"{n}: the global batch of {batch_seqs} sequences gives at most {math.gcd(n, batch_seqs)} "
+                           f"data-parallel replicas, {n // math.gcd(n, batch_seqs)} GPUs each (over tp·pp ≤ {max_mp})")
+        else:
+            sizes.append(n)
+    return sizes, skipped
+
+
+def plan_point(graph: ModelGraph, kind: str, gpus: int, global_batch: int, memo: Any, **plan_kw: Any) -> SweepPoint:
+    """The best plan of ``graph`` on ``gpus`` devices of ``kind`` (``plan_graph`` with ``memo``)."""
+    from meshplan.planner.api import plan_graph
+
+    t0 = time.perf_counter()
+    try:
+        p = plan_graph(graph, gpus, cluster=kind, global_batch_size=global_batch, memo=memo, **plan_kw)
+    except (NoFeasiblePlanError, ValueError) as e:
+        return SweepPoint(kind, gpus, seconds=time.perf_counter() - t0, error=str(e).split("; ")[0])
+    pr = p.predicted
+    return SweepPoint(kind, gpus, plan=p.summary(), step_s=pr.step_s, tokens_per_s=pr.tokens_per_s, mfu=pr.mfu,
+                      peak_mem_gib=max(pr.peak_mem_bytes, default=0) / GIB, seconds=time.perf_counter() - t0)
+
+
+def _worker(graph: ModelGraph, tasks: Any, results: Any, global_batch: int, plan_kw: dict[str, Any]) -> None:
+    from meshplan.planner.api import PlanMemo
+
+    memo = PlanMemo()
+    while True:
+        item = tasks.get()
+        if item is None:
+            return
+        i, kind, n = item
+        try:
+            results.put((i, plan_point(graph, kind, n, global_batch, memo, **plan_kw)))
+        except Exception as e:  # an unexpected failure is reported on its row, not as a hang
+            results.put((i, SweepPoint(kind, n, error=f"planning failed: {type(e).__name__}: {e}")))
+
+
+def plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_batch: int, *, jobs: int = 1,
+                progress: Callable[[str], None] | None = None, **plan_kw: Any) -> list[SweepPoint]:
+    """One ``SweepPoint`` per (kind, gpus) task, in task order (see the module docstring)."""
+    say = progress or (lambda _m: None)
+    n_tasks = len(tasks)
+
+    def report(done: int, p: SweepPoint) -> None:
+        what = p.plan or f"no plan ({p.error})"
+        say(f"[{done}/{n_tasks}] {p.cluster} x {p.gpus}: {what} ({p.seconds:.1f} s)")
+
+    jobs = max(1, min(jobs, n_tasks))
+    if jobs == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        from meshplan.planner.api import PlanMemo
+
+        memo = PlanMemo()
+        out = []
+        for kind, n in tasks:
+            out.append(plan_point(graph, kind, n, global_batch, memo, **plan_kw))
+            report(len(out), out[-1])
+        return out
+    ctx = multiprocessing.get_context("fork")
+    task_q, result_q = ctx.Queue(), ctx.Queue()
+    for i, (kind, n) in enumerate(tasks):
+        task_q.put((i, kind, n))
+    for _ in range(jobs):
+        task_q.put(None)
+    procs = [ctx.Process(target=_worker, args=(graph, task_q, result_q, global_batch, plan_kw), daemon=True)
+             for _ in range(jobs)]  # fmt: skip
+    for p in procs:
+        p.start()
+    got: dict[int, SweepPoint] = {}
+    try:
+        while len(got) < n_tasks:
+            try:
+                i, point = result_q.get(timeout=1.0)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs):
+                    codes = ", ".join(str(p.exitcode) for p in procs)
+                    raise RuntimeError(f"the planning workers exited (codes {codes}) with {n_tasks - len(got)} "
+                                       "sizes unplanned; rerun with --jobs 1") from None
+                continue
+            got[i] = point
+            report(len(got), point)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+    return [got[i] for i in range(n_tasks)]
+
+
+__all__ = ["SweepPoint", "plan_point", "plan_points", "sweep_sizes"]
