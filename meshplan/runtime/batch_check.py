@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshplan.runtime import collectives
+
 
 def _signature(t: torch.Tensor) -> tuple[tuple[int, ...], str, int]:
     raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
@@ -40,8 +42,7 @@ def check_batch(step: int, batch: Any, *, global_batch: int, seq_len: int, first
         raise ValueError(f"{where}: (shape, dtype) of (inputs, targets) changed from {first} to {sig}")
     if across_ranks and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         mine = (_signature(x), _signature(y))
-        every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
+        every = collectives.all_gather_object(mine)
         differ = [r for r, s in enumerate(every) if s != every[0]]
         if differ:
             raise ValueError(f"{where}: rank {differ[0]} got a different batch than rank 0 (shape, dtype or "

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from meshplan.errors import NonFiniteError
 from meshplan.runtime import checkpoint_files as files
+from meshplan.runtime import collectives
 from meshplan.runtime.checkpoint_files import CheckpointError, newest_complete, read_manifest
 from meshplan.runtime.zero1 import load_view, state_view
 
@@ -109,8 +110,7 @@ def model_fingerprint(model_state: Mapping[str, Any]) -> dict[str, list[Any]]:
             if hasattr(v, "shape") and hasattr(v, "dtype")}
     if not dist.is_initialized():
         return dict(sorted(mine.items()))
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, mine)
+    parts = collectives.all_gather_object(mine)
     merged: dict[str, list[Any]] = {}
     for p in parts:
         merged.update(p)
@@ -132,9 +132,7 @@ def _first_nonfinite(state: Mapping[str, Any], prefix: str = "") -> str | None:
 
 def _agree(value: Any) -> list[Any]:
     """Every rank's ``value``, in rank order (one all_gather_object)."""
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
+    return collectives.all_gather_object(value)
 
 
 def save(pm: ParallelModel, directory: str | Path, step: int, *, keep: int = DEFAULT_KEEP,
@@ -164,7 +162,7 @@ def save(pm: ParallelModel, directory: str | Path, step: int, *, keep: int = DEF
     if (err := _agree(err)[0]) is not None:
         raise CheckpointError(err)
     dcp.save(state, checkpoint_id=str(tmp))
-    dist.barrier()  # every rank's shards are on disk
+    collectives.barrier()  # every rank's shards are on disk
     names = files.data_files(tmp)
     hashes: dict[str, Any] = {}
     for part in _agree(files.hash_files(tmp, names[rank::world])):

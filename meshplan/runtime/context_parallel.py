@@ -64,6 +64,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
+from meshplan.runtime import collectives
+
 
 def chunk_ids(cp: int, r: int) -> tuple[int, int]:
     """The two sequence chunks (of 2·cp) that cp rank ``r`` holds."""
@@ -135,9 +137,7 @@ class _Pending:
 def _post(x: torch.Tensor, ring: RingContext, to: int, frm: int, pending: _Pending, what: str) -> torch.Tensor:
     """Post ``x`` → rank ``to`` and a receive from ``frm`` (not waited); returns the receive buffer."""
     x = x.contiguous()
-    out = torch.empty_like(x)
-    ops = [dist.P2POp(dist.isend, x, to, ring.group), dist.P2POp(dist.irecv, out, frm, ring.group)]
-    pending.works = dist.batch_isend_irecv(ops)
+    out, pending.works = collectives.send_recv(x, torch.empty_like(x), to, frm, group=ring.group)
     ring.stats.sends += 1
     ring.stats.bytes_sent += x.numel() * x.element_size()
     ring.stats.log(f"post {what}")

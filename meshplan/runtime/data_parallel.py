@@ -40,6 +40,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan
 from meshplan.plan.execution_rules import SHARDED_DP_KINDS, ZERO_BUBBLE_SCHEDULES, dp_kind_blocker
+from meshplan.runtime import collectives
 
 
 def check_dp_kind(plan: Plan) -> None:
@@ -107,7 +108,7 @@ class _CountingReduceScatter(ReduceScatter):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op: Any, async_op: bool = False) -> dist.Work | None:
         self.counter.add(input_tensor)
-        return dist.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        return collectives.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
 
 

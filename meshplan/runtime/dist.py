@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -87,26 +88,35 @@ def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"meshplan/attempt_{attempt}/", base)
 
 
+def launch_device(use_cuda: bool, environ: Mapping[str, str], device_count: int) -> torch.device:
+    """This rank's device: ``cuda:LOCAL_RANK`` (torchrun's; else RANK modulo the devices) with CUDA, else the CPU."""
+    if not use_cuda:
+        return torch.device("cpu")
+    local = environ.get("LOCAL_RANK") or str(int(environ.get("RANK", "0") or 0) % max(device_count, 1))
+    return torch.device("cuda", int(local))
+
+
 def init_runtime(plan: Plan, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> RuntimeEnv:
-    """Process group (if none yet) and the Plan's DeviceMesh. Checks the launch first."""
+    """Process group (if none yet) and the Plan's DeviceMesh. Checks the launch first.
+
+    On CUDA the group is bound to this rank's device (``device_id``): NCCL connects eagerly, and
+    barriers and object collectives know their device without guessing."""
     check_launch(plan)
     use_cuda = torch.cuda.is_available()
+    device = launch_device(use_cuda, os.environ, torch.cuda.device_count() if use_cuda else 0)
+    if use_cuda:
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = "nccl" if use_cuda else "gloo"
         timeout = datetime.timedelta(seconds=timeout_s)
         store = restart_store(timeout)
+        bound = {"device_id": device} if use_cuda else {}
         if store is None:
-            dist.init_process_group(backend=backend, timeout=timeout)
+            dist.init_process_group(backend=backend, timeout=timeout, **bound)
         else:
-            dist.init_process_group(backend=backend, timeout=timeout, store=store,
-                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+            dist.init_process_group(backend=backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), **bound)
     rank = dist.get_rank()
-    if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
     names = tuple(plan.mesh.axis_names)
     mesh = init_device_mesh(device.type, tuple(plan.mesh.degrees), mesh_dim_names=names)
     coords = {name: int(mesh.get_local_rank(name)) for name in names}

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 
+from meshplan.runtime import collectives
 from meshplan.runtime import loss_parallel as lpmod
 from meshplan.runtime import precision as prec
 
@@ -62,6 +62,4 @@ def eval_loss(pm: ParallelModel, batches: list[Batch]) -> float:
     # every rank holding the last stage has its replica's mean; the dp x tp copies are averaged
     share = pm.env.degree("dp") * pm.env.degree("tp")
     contrib = (total / len(batches) / share) if pm.has_last else torch.zeros((), dtype=torch.float64)
-    contrib = contrib.to(pm.env.device)
-    dist.all_reduce(contrib)
-    return float(contrib.item())
+    return float(collectives.all_reduce(contrib).item())

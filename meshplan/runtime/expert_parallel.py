@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.nn.functional import all_to_all_single as a2a_autograd
 
+from meshplan.runtime import collectives
 from meshplan.runtime.epcp_groups import DCGroups
 from meshplan.tracing.moe import MoEInfo, find_moe
 
@@ -77,12 +76,11 @@ def exchange(x_sorted: torch.Tensor, counts: torch.Tensor, groups: DCGroups,
     ep, grp = groups.ep, groups.ep_group
     e = counts.numel()
     el = e // ep
-    recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts, group=grp)
+    recv_counts = collectives.all_to_all_single(torch.empty_like(counts), counts, group=grp)
     rc = recv_counts.view(ep, el).tolist()  # rc[s][l]: rows from source s for local expert l
     send_splits = counts.view(ep, el).sum(1).tolist()
     recv_splits = [sum(r) for r in rc]
-    recv = a2a_autograd(x_sorted.new_empty((sum(recv_splits), *x_sorted.shape[1:])), x_sorted.contiguous(),
+    recv = collectives.all_to_all_autograd(x_sorted.new_empty((sum(recv_splits), *x_sorted.shape[1:])), x_sorted.contiguous(),
                         recv_splits, send_splits, group=grp)
     seg = recv.split([c for r in rc for c in r])
     local_in = torch.cat([seg[s * el + j] for j in range(el) for s in range(ep)])
@@ -90,7 +88,7 @@ def exchange(x_sorted: torch.Tensor, counts: torch.Tensor, groups: DCGroups,
     y_local = run_local(local_in, per_local)
     yseg = y_local.split([rc[s][j] for j in range(el) for s in range(ep)])
     y_recv = torch.cat([yseg[j * ep + s] for s in range(ep) for j in range(el)])
-    return a2a_autograd(y_recv.new_empty((x_sorted.shape[0], *y_recv.shape[1:])), y_recv.contiguous(),
+    return collectives.all_to_all_autograd(y_recv.new_empty((x_sorted.shape[0], *y_recv.shape[1:])), y_recv.contiguous(),
                         send_splits, recv_splits, group=grp)
 
 

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES, bucket_indices
+from meshplan.runtime import collectives
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -140,8 +141,7 @@ class BucketedGradSync:
         grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in b.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         flat.div_(self.divide_by)
-        b.flat = flat
-        b.work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        b.flat, b.work = collectives.all_reduce_async(flat, group=self.group)
         self._issued += 1
         self._bytes += flat.numel() * flat.element_size()
 

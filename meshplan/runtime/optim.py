@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from meshplan.runtime import collectives
+
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -98,7 +100,7 @@ def total_grad_norm(params: Iterable[torch.Tensor], *, pp_group: dist.ProcessGro
             n = n.full_tensor()
         sq = sq.to(n.device) + n.float() ** 2
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
-        dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=pp_group)
+        sq = collectives.all_reduce(sq, group=pp_group)
     return sq.sqrt()
 
 

@@ -27,9 +27,9 @@ from torch import nn
 
 from meshplan.models.calls import split_inputs
 from meshplan.plan import Plan
+from meshplan.runtime import collectives, optim, recompute
 from meshplan.runtime import data_parallel as dpmod
 from meshplan.runtime import loss_parallel as lpmod
-from meshplan.runtime import optim, recompute
 from meshplan.runtime import precision as prec
 from meshplan.runtime.dist import RuntimeEnv
 from meshplan.runtime.epcp import EPCPState
@@ -208,7 +208,7 @@ class ParallelModel:
             if tie.param.grad is not None:
                 g = tie.param.grad
                 g = g.to_local() if hasattr(g, "to_local") else g
-                dist.all_reduce(g, group=tie.group)
+                collectives.all_reduce(g, group=tie.group)
         return self._global_loss(local_loss)
 
     def _optimizer_step(self) -> None:
@@ -247,8 +247,7 @@ class ParallelModel:
             grads = [g.to_local() if hasattr(g, "to_local") else g for p in self.parameters() if (g := p.grad) is not None]
             if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
                 bad += 1
-        both = torch.stack([contrib, bad]).to(self.env.device)
-        dist.all_reduce(both)
+        both = collectives.all_reduce(torch.stack([contrib, bad.to(contrib.device)]))
         return float(both[0].item()), bool(both[1].item() > 0)
 
     # ---- state --------------------------------------------------------------------------

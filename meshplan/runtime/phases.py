@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from meshplan.plan import Plan
 from meshplan.plan.phases import predicted_phases  # torch-free: the planner's calibration uses it too
+from meshplan.runtime import collectives
 
 PHASES = ("forward", "backward", "optimizer", "comm", "bubble", "other")
 PREFIX = "meshplan::"
@@ -130,9 +131,7 @@ def gather(mine: dict[str, float]) -> list[dict[str, float]]:
     """Every rank's phases, in rank order (one all_gather_object; every rank calls it)."""
     if not dist.is_initialized():
         return [mine]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, mine)
-    return out
+    return collectives.all_gather_object(mine)
 
 
 def record_phases(by_rank: list[dict[str, float]], plan: Plan, *, steps: int) -> dict[str, Any]:

@@ -32,13 +32,12 @@ def gather_peak_mem(pp_rank: int, predicted_per_pp_rank: Sequence[int]) -> list[
     """(measured peak bytes, predicted peak bytes of its pipeline rank) for every world rank; a
     collective (every rank calls it)."""
     import torch
-    import torch.distributed as dist
+
+    from meshplan.runtime import collectives
 
     pred = predicted_per_pp_rank[pp_rank] if pp_rank < len(predicted_per_pp_rank) else 0
     mine = torch.tensor([float(peak_mem_bytes()), float(pred)], dtype=torch.float64)
-    out = [torch.zeros(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine)
-    return [(int(t[0].item()), int(t[1].item())) for t in out]
+    return [(int(a), int(b)) for a, b in torch.stack(collectives.all_gather(mine)).tolist()]
 
 
 @dataclass

@@ -22,6 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from meshplan.runtime import collectives
+
 
 class DPBatchNorm(_BatchNorm):
     """A BatchNorm whose training statistics are reduced over ``group`` (any device, any backend)."""
@@ -41,14 +43,11 @@ class DPBatchNorm(_BatchNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training or self.running_mean is None):
             return super().forward(x)
-        from torch.distributed.nn.functional import (
-            all_reduce,  # autograd: the backward all-reduces the gradient
-        )
 
         dims = [d for d in range(x.dim()) if d != 1]
         xf = x.float()
         local = torch.cat([xf.sum(dims), (xf * xf).sum(dims), xf.new_full((1,), x.numel() / x.shape[1])])
-        tot = all_reduce(local, group=self.group or dist.group.WORLD)
+        tot = collectives.all_reduce_autograd(local, group=self.group)
         c = self.num_features
         n = tot[-1]
         mean = tot[:c] / n

@@ -19,7 +19,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -74,30 +74,6 @@ def default_loss(out: Any, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.flatten(0, -2).float(), target.flatten())
 
 
-def synthetic_data(model: torch.nn.Module, example: tuple, seed: int) -> Callable[[int, int, int], tuple]:
-    """Deterministic global batches shaped like ``example``: token ids -> next-token-like targets."""
-    x0 = example[0]
-    with torch.no_grad():
-        out = model(*example)
-    out = out if isinstance(out, torch.Tensor) else out.logits
-
-    def fn(step: int, batch: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        if not x0.dtype.is_floating_point:
-            vocab = out.shape[-1]
-            shape = (batch, seq_len or x0.shape[1]) if x0.dim() > 1 else (batch,)
-            toks = torch.randint(0, vocab, (shape[0], shape[-1] + 1) if x0.dim() > 1 else shape, generator=g)
-            if x0.dim() > 1:
-                return toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
-            return toks, torch.randint(0, vocab, shape, generator=g)
-        x = torch.randn((batch, *x0.shape[1:]), generator=g)
-        return x, torch.randn((batch, *out.shape[1:]), generator=g)
-
-    return fn
-
-
-
-
 def shaped_example(model: torch.nn.Module, shapes: dict | None) -> tuple:
     """Example inputs built from ``--input-shape`` (zeros; synthetic data draws its batches in their
     shape). Synthetic data feeds one input, so the model's forward must take exactly these inputs
@@ -116,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from meshplan.fingerprint import check_plan_model
     from meshplan.models import load_model
-    from meshplan.runtime import checkpoint, data
+    from meshplan.runtime import checkpoint, collectives, data
     from meshplan.runtime.api import apply_plan
     from meshplan.runtime.batch_check import check_batch
     from meshplan.runtime.comparable import local_device, not_comparable_reason
@@ -126,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.runtime.optim import lr_at, make_optimizer
     from meshplan.runtime.progress import Progress
     from meshplan.runtime.record import RunRecord, gather_peak_mem
+    from meshplan.runtime.synthetic import synthetic_data
 
     plan = Plan.load(args.plan)
     check_launch(plan)  # before any collective
@@ -139,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError(f"model {args.model!r} gives no example inputs; return (model, example_inputs) from the "
                          "factory or give --input-shape NAME=2x3x224x224[:dtype]")
     check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
-    synthetic = None if args.data else synthetic_data(model, example, args.seed)
+    synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
     seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
                     example_inputs=example, timeout_s=args.timeout, dtype=args.dtype,
@@ -197,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         x, y = stream.next_batch()
         if args.data and not stream.local:  # a user's hook: shape, dtype and sameness on every rank checked each step
             first = check_batch(step, (x, y), global_batch=plan.global_batch_size, seq_len=seq_len, first=first)
-        torch.distributed.barrier()
+        collectives.barrier()
         t0 = time.perf_counter()
         loss = pm.step(x, y, local=stream.local)
         dt = time.perf_counter() - t0
