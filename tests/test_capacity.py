@@ -260,3 +260,14 @@ def test_plan_memo_shares_costing_without_changing_plans(graph):
     fresh = [plan_graph(graph, n, cluster="h100", global_batch_size=64) for n in (8, 16, 8)]
     assert [(p.summary(), p.predicted) for p in shared] == [(p.summary(), p.predicted) for p in fresh]
     assert len(memo._costers) == 1  # one coster for the hardware, whatever the world size
+
+
+def test_command_line(capsys):
+    from meshplan.cli import main
+
+    assert main(["capacity", "gpt-tiny", "--tokens", "2T", "--gpus", "8", "--cluster", "tpu9"]) == 1
+    assert "unknown cluster preset" in capsys.readouterr().err  # refused before the model is traced
+    code = main(["capacity", "gpt-tiny", "--tokens", "1B", "--gpus", "8,16", "--global-batch", "64", "--jobs", "1",
+                 "--price", "h100=2", "--deadline", "30d", "-q"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "PREDICTED" in out and "Cheapest meeting the 30-day deadline" in out

@@ -48,9 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.commands.heap import loading, searching
-    from meshplan.sizing.api import capacity_report
+    from meshplan.commands.heap import loading
+    from meshplan.sizing.api import answer, ask
     from meshplan.sizing.text import format_report
+    from meshplan.tracing.load import load_graph
 
     t0 = time.perf_counter()
 
@@ -58,13 +59,14 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
-    one_shot = getattr(args, "one_shot", False)
-    with loading(one_shot), searching(one_shot):
-        rep = capacity_report(
-            args.model, tokens=args.tokens, gpus=args.gpus, clusters=args.cluster, prices=args.price,
-            deadline=args.deadline, budget=args.budget, global_batch=args.global_batch, seq_len=args.seq,
-            dtype=args.dtype, jobs=args.jobs, error_band=args.error_band, progress=progress,
-        )  # fmt: skip
+    q = ask(tokens=args.tokens, gpus=args.gpus, clusters=args.cluster, prices=args.price, deadline=args.deadline,
+            budget=args.budget, global_batch=args.global_batch, dtype=args.dtype, jobs=args.jobs,
+            error_band=args.error_band)  # fmt: skip  (bad input fails here, before the trace)
+    # the collector stays on during the sweep (unlike `meshplan plan`'s one search): dozens of searches
+    # would keep their cyclic garbage; loading the model runs with it off, then frozen
+    with loading(getattr(args, "one_shot", False)):
+        graph = load_graph(args.model, seq=args.seq, use_cache=True, progress=progress)
+    rep = answer(graph, q, progress=progress, started=t0)
     if args.png or args.html:
         from meshplan.report.capacity_plot import write_capacity_html, write_capacity_png
 

@@ -29,6 +29,7 @@ from meshplan.partition.cuts import layer_ranges
 from meshplan.sizing.band import ErrorBand, load_error_band
 from meshplan.sizing.parse import (
     BatchSpec,
+    GpuCounts,
     parse_batch,
     parse_budget,
     parse_deadline,
@@ -99,8 +100,23 @@ def batch_rule(spec: BatchSpec | None, seq_len: int) -> tuple[int, str]:
     return seqs, f"global batch {seqs} sequences x {seq_len} tokens = {si(seqs * seq_len)} tokens per step ({why})"
 
 
-def capacity_report(
-    model: Any,
+@dataclass(frozen=True)
+class Question:
+    """The capacity question, checked (``ask``): everything but the model."""
+
+    tokens: int
+    counts: GpuCounts
+    kinds: tuple[str, ...]
+    prices: dict[str, float]
+    deadline_days: float | None
+    budget: float | None
+    batch: BatchSpec | None
+    dtype: str
+    jobs: int
+    band: ErrorBand
+
+
+def ask(
     *,
     tokens: str | int | float,
     gpus: str | int | Sequence[int],
@@ -109,53 +125,69 @@ def capacity_report(
     deadline: str | float | None = None,
     budget: str | float | None = None,
     global_batch: str | int | None = None,
-    seq_len: int | None = None,
     dtype: str = "bf16",
     jobs: int = 1,
     error_band: ErrorBand | str | Path | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> CapacityReport:
-    """The capacity question answered (see the module docstring); bad input raises ``ValueError``
-    before anything is traced."""
-    t0 = time.perf_counter()
-    say = progress or (lambda _m: None)
-    n_tokens = parse_tokens(tokens)
-    counts = parse_gpus(gpus)
+) -> Question:
+    """Parse and check the question (``ValueError``, one line, before anything is traced)."""
     kinds = _clusters(clusters)
     price = parse_prices(prices)
     unknown = sorted(set(price) - set(kinds))
     if unknown:
         raise ValueError(f"price given for {', '.join(unknown)}, which is not among the clusters {', '.join(kinds)}")
-    days = parse_deadline(deadline)
     money = parse_budget(budget)
     if money is not None and not price:
         raise ValueError("--budget needs prices: give --price KIND=DOLLARS_PER_GPU_HOUR for the cluster kinds")
-    bspec = parse_batch(global_batch)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
     band = error_band if isinstance(error_band, ErrorBand) else load_error_band(error_band)
-    graph = _graph(model, seq_len, say)
+    return Question(tokens=parse_tokens(tokens), counts=parse_gpus(gpus), kinds=tuple(kinds), prices=price,
+                    deadline_days=parse_deadline(deadline), budget=money, batch=parse_batch(global_batch),
+                    dtype=dtype, jobs=jobs, band=band)  # fmt: skip
+
+
+def answer(graph: ModelGraph, q: Question, *, progress: Callable[[str], None] | None = None,
+           started: float | None = None) -> CapacityReport:
+    """Plan ``graph`` for every kind and size of ``q`` and make the rows (``started``: when the
+    question was asked, for the reported wall time; default now)."""
+    t0 = time.perf_counter() if started is None else started
     t_trace = time.perf_counter() - t0
-    seqs, rule = batch_rule(bspec, graph.seq_len)
+    say = progress or (lambda _m: None)
+    seqs, rule = batch_rule(q.batch, graph.seq_len)
     n_layers = len(layer_ranges(graph))  # the most pipeline stages the planner can cut
     tasks: list[tuple[str, int]] = []
     skipped: list[str] = []
-    for kind in kinds:
+    for kind in q.kinds:
         per_node = ClusterSpec.preset(kind).devices_per_node
-        sizes, left = sweep_sizes(counts, devices_per_node=per_node, batch_seqs=seqs, num_layers=n_layers)
+        sizes, left = sweep_sizes(q.counts, devices_per_node=per_node, batch_seqs=seqs, num_layers=n_layers)
         tasks += [(kind, n) for n in sizes]
         skipped += [f"{kind} {s}" for s in left]
     if not tasks:
-        raise ValueError(f"no GPU count in {counts.lo}-{counts.hi} can be planned: " + "; ".join(skipped[:3]))
-    say(f"{graph.model_name}: {len(tasks)} plans ({', '.join(kinds)}), {rule}")
-    points = plan_points(graph, tasks, seqs, jobs=jobs, progress=say, dtype=dtype)
-    rows = [_row(p, n_tokens, seqs, graph.seq_len, price.get(p.cluster), band.median) for p in points]
-    rows = mark_rows(rows, deadline_days=days, budget=money)
+        raise ValueError(f"no GPU count in {q.counts.lo}-{q.counts.hi} can be planned: " + "; ".join(skipped[:3]))
+    say(f"{graph.model_name}: {len(tasks)} plans ({', '.join(q.kinds)}), {rule}")
+    points = plan_points(graph, tasks, seqs, jobs=q.jobs, progress=say, dtype=q.dtype)
+    rows = [_row(p, q.tokens, seqs, graph.seq_len, q.prices.get(p.cluster), q.band.median) for p in points]
+    rows = mark_rows(rows, deadline_days=q.deadline_days, budget=q.budget)
     return CapacityReport(
-        model=graph.model_name, tokens=n_tokens, rows=tuple(rows), band=band, batch_rule=rule,
-        skipped=tuple(skipped), prices=price, deadline_days=days, budget=money,
+        model=graph.model_name, tokens=q.tokens, rows=tuple(rows), band=q.band, batch_rule=rule,
+        skipped=tuple(skipped), prices=q.prices, deadline_days=q.deadline_days, budget=q.budget,
         seconds=time.perf_counter() - t0, trace_seconds=t_trace,
     )  # fmt: skip
+
+
+def capacity_report(
+    model: Any,
+    *,
+    seq_len: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    **question: Any,
+) -> CapacityReport:
+    """The capacity question answered (see the module docstring); ``question``: the keywords of
+    ``ask``. Bad input raises ``ValueError`` before anything is traced."""
+    t0 = time.perf_counter()
+    q = ask(**question)
+    graph = _graph(model, seq_len, progress or (lambda _m: None))
+    return answer(graph, q, progress=progress, started=t0)
 
 
 def _row(p: SweepPoint, tokens: int, seqs: int, seq_len: int, price: float | None, band: float) -> CapacityRow:
@@ -183,4 +215,5 @@ def capacity(model: Any, *, tokens: str | int | float, gpus: str | int | Sequenc
     return list(capacity_report(model, tokens=tokens, gpus=gpus, clusters=clusters, **kw).rows)
 
 
-__all__ = ["DEFAULT_BATCH_TOKENS", "CapacityReport", "batch_rule", "capacity", "capacity_report"]
+__all__ = ["DEFAULT_BATCH_TOKENS", "CapacityReport", "Question", "answer", "ask", "batch_rule", "capacity",
+           "capacity_report"]

@@ -116,7 +116,7 @@ def format_report(rep: CapacityReport, rows: Sequence[CapacityRow] | None = None
     ]
     table = tabulate([row_cells(r) for r in rows], headers=HEADERS, tablefmt="simple", disable_numparse=True)
     n = len(rows)
-    tail = [f"predicted in {rep.seconds:.1f} s ({n} searches, trace {rep.trace_seconds:.1f} s)"]
+    tail = [f"answered in {rep.seconds:.1f} s wall ({n} searches, trace {rep.trace_seconds:.1f} s)"]
     return "\n".join(head + [table, ""] + summary_lines(rep) + tail)
 
 
