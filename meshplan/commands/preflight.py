@@ -6,7 +6,7 @@ after torchrun's start-up (seconds to minutes), or only after K steps of trainin
 - ``--data``: a ``tokens.bin`` exists, a ``pkg.mod:fn`` module can be found;
 - output directories are writable: ``--checkpoint-dir`` (created) and the RunRecord's directory,
   by creating and removing a probe file there;
-- ``--resume`` has a complete checkpoint to resume from;
+- ``--resume`` has a complete checkpoint to resume from; ``--init-from`` exists;
 - ranks x threads vs CPU cores: a note on stderr when oversubscribed (timings then mean little).
 
 ``preflight(args, world_size)`` raises ValueError / FileNotFoundError with what to change; the
@@ -79,6 +79,8 @@ def preflight(args: argparse.Namespace, world_size: int) -> None:
             raise ValueError("--resume needs --checkpoint-dir")
         if newest_complete(args.checkpoint_dir) is None:
             raise FileNotFoundError(f"--resume: no complete checkpoint in {args.checkpoint_dir}")
+    if getattr(args, "init_from", None) and not Path(args.init_from).exists():
+        raise FileNotFoundError(f"--init-from {args.init_from}: no such file or directory")
     record = Path(args.record) if getattr(args, "record", None) else Path(args.plan).resolve().parent / "run_record.json"
     check_writable(record.parent, "the RunRecord directory")
     cores = os.cpu_count() or 1

@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-checkpoints", type=nonneg_int, default=3,
                    help="keep the newest K complete checkpoints, delete older ones (0: keep all; default 3)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint (any plan/world size)")
+    p.add_argument("--init-from", default=None, metavar="PATH",
+                   help="start from pretrained weights: a Hugging Face safetensors directory (save_pretrained) or a "
+                        "meshplan/DCP checkpoint; each rank reads only the shards it holds (a resumed checkpoint replaces them)")
     p.add_argument("--data", default=None,
                    help="tokens.bin from `meshplan prepare-data` (each rank reads its share), package.module:fn "
                         "returning a torch Dataset, or a hook fn(step, batch, seq_len) -> global (inputs, targets)")
@@ -141,6 +144,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
                   "--keep-checkpoints", str(args.keep_checkpoints)]
     if args.resume:
         train.append("--resume")
+    if args.init_from:
+        train += ["--init-from", args.init_from]
     if args.skip_nonfinite:
         train += ["--skip-nonfinite", str(args.skip_nonfinite)]
     if args.check_grads:

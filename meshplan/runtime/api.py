@@ -16,6 +16,7 @@ Plan options the runtime cannot execute as costed raise PlanMismatchError before
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 
@@ -45,6 +46,7 @@ from meshplan.runtime.epcp_pipeline import pipeline_cp_blocker, shard_position_t
 from meshplan.runtime.grad_sync import BucketedGradSync
 from meshplan.runtime.parallel_model import ParallelModel
 from meshplan.runtime.phases import PhaseSpans, watch_stages
+from meshplan.runtime.pretrained import load_pretrained
 from meshplan.runtime.stage_params import shared_params, tie_groups, unique_params
 from meshplan.runtime.zero1 import zero1_optimizer
 
@@ -63,6 +65,7 @@ def apply_plan(
     bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
     compile: bool = False,
     sync_batchnorm: bool = True,
+    init_from: str | os.PathLike[str] | None = None,
 ) -> ParallelModel:
     """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (a tensor, tuple or dict of
     tensors, as batches will be given to ``step``; any batch size, it is resized to the plan's
@@ -72,7 +75,10 @@ def apply_plan(
     ``bucket_cap_bytes`` the gradient bucket size of the manual (pipelined) data-parallel sync;
     ``compile`` applies ``torch.compile`` per repeated block (``runtime.compiling``);
     ``sync_batchnorm`` (dp > 1) reduces BatchNorm statistics over the dp group (``runtime.sync_batchnorm``;
-    False keeps per-rank statistics, with a warning).
+    False keeps per-rank statistics, with a warning);
+    ``init_from``: pretrained weights (a Hugging Face safetensors directory or a meshplan/DCP
+    checkpoint, ``runtime.pretrained``), each rank reading the shards it holds once the plan is
+    applied; under quantization they are read into the whole host model before it is applied.
     """
     # 1. checks that need no collective
     check_launch(plan)
@@ -102,6 +108,8 @@ def apply_plan(
             f"({precision}) is applied by autocast / FSDP2 mixed precision. Build the model in fp32"
         )
 
+    if init_from is not None and plan.quantization.mode != "none":  # quantizing needs the loaded weights
+        notes.append(load_pretrained(model, init_from, tied=split.tied_parameter_groups(model)) + " (before quantizing)")
     # 2. process group and mesh
     env = init_runtime(plan, timeout_s=timeout_s)
     model = model.to(env.device)
@@ -313,6 +321,9 @@ def apply_plan(
         loss_parallel=head is not None, epcp=ecs, input_names=names, phase_spans=spans,
     )
     pm.ties = tie_groups(env, shared, pm.stage_indices, {i: pieces[i].module for i in mine} if pp > 1 else {})
+    if init_from is not None and plan.quantization.mode == "none":
+        pm.notes.append(load_pretrained(pm.container(), init_from, tied=pm.tied_fqns,
+                                        transposed=[f"{m}.weight" for m in pm.converted]))
     return pm
 
 

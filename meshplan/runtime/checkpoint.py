@@ -46,7 +46,7 @@ __all__ = ["CheckpointError", "DEFAULT_KEEP", "latest", "load", "model_fingerpri
 DEFAULT_KEEP = 3
 
 if TYPE_CHECKING:
-    from meshplan.runtime.api import ParallelModel
+    from meshplan.runtime.parallel_model import ParallelModel
 
 
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)

@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K checkpoints (0: all)")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--init-from", default=None, help="pretrained weights: HF safetensors dir or meshplan/DCP checkpoint")
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU")
     p.add_argument("--profile-steps", type=int, default=1,
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
                     example_inputs=example, timeout_s=args.timeout, dtype=args.dtype,
-                    compile=args.compile)
+                    compile=args.compile, init_from=args.init_from)
     rank = pm.env.rank
     pm.check_grads = args.check_grads
     guard = NonFiniteGuard(args.skip_nonfinite)

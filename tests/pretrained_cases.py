@@ -1,0 +1,74 @@
+"""Spawned workers for the pretrained-weights tests: a tiny HF Llama's saved weights loaded under a plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import runtime_cases as rc
+import torch
+
+
+def saved_llama(path: str, seed: int = 7) -> None:
+    """A tiny HF Llama (weights of ``seed``, not the workers' seed 0) written by ``save_pretrained``."""
+    torch.manual_seed(seed)
+    from meshplan.models.hf import hf_llama
+
+    model = hf_llama(dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=rc.VOCAB, max_position_embeddings=16,
+                          tie_word_embeddings=False, attention_dropout=0.0))
+    model.save_pretrained(path)
+
+
+def hf_logits(path: str, x: torch.Tensor) -> torch.Tensor:
+    """Logits of HF's own model loaded with ``from_pretrained``."""
+    from transformers import LlamaForCausalLM
+
+    with torch.no_grad():
+        return LlamaForCausalLM.from_pretrained(path).eval()(input_ids=x, use_cache=False).logits
+
+
+def worker(rank: int, world: int, path: str, ckpt: str, cfgs: list[dict]) -> list[tuple[str, float, list[str]]]:
+    """For each cfg: a fresh (seed 0) tiny HF Llama, the plan applied with ``init_from`` the HF
+    directory ``path`` (or, with cfg["init"] == "ckpt", the meshplan checkpoint a cfg with "save"
+    wrote to ``ckpt``), one evaluation batch; the largest difference of this rank's logits from HF's
+    own model's."""
+    from torch.distributed.tensor import DTensor
+
+    from meshplan.runtime import checkpoint, handplan, split
+    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.evaluate import _batch_loss
+
+    x, y = rc.batches(1, seed=5)[0]
+    ref = hf_logits(path, x)
+    out = []
+    for cfg in cfgs:
+        captured: list[torch.Tensor] = []
+
+        def capture(logits: Any, target: torch.Tensor, captured: list = captured) -> torch.Tensor:
+            t = logits if isinstance(logits, torch.Tensor) else logits.logits
+            captured.append((t.full_tensor() if isinstance(t, DTensor) else t).detach())
+            return rc.loss_fn(logits, target)
+
+        model = rc.tiny_hf_llama()
+        mbs = rc.BATCH // (cfg.get("dp", 1) * cfg["m"])
+        ex = (x[:mbs],)
+        gm = split.capture_graph(model, ex)[0] if cfg.get("pp", 1) > 1 else None
+        styles = handplan.megatron_styles(model) if cfg.get("tp", 1) > 1 else {}
+        plan = handplan.manual_plan(model, gm, dp=cfg.get("dp", 1), tp=cfg.get("tp", 1), pp=cfg.get("pp", 1),
+                                    schedule="gpipe", microbatches=cfg["m"], micro_batch_size=mbs, seq_len=rc.SEQ,
+                                    tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"))
+        pm = apply_plan(model, plan, loss_fn=capture, optimizer_factory=rc.opt_factory, example_inputs=ex,
+                        init_from=ckpt if cfg.get("init") == "ckpt" else path, dtype="fp32")
+        if cfg.get("save"):
+            checkpoint.save(pm, ckpt, 1)
+        for m in pm.modules:
+            m.eval()
+        with torch.no_grad():
+            _batch_loss(pm, *pm.rank_batch(x, y, local=False))
+        err = float("nan")
+        if pm.has_last:
+            got = torch.cat(captured)
+            want = pm._local_batch(ref)
+            err = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
+        out.append((cfg["name"], err, [n for n in pm.notes if "initialized" in n]))
+    return out
