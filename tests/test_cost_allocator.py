@@ -8,6 +8,7 @@ import pytest
 from planner_fixtures import gpt_graph
 
 from meshplan.cost_models.allocator import fsdp_stream_pool_bytes, pipeline_buffer_bytes, reserved_peak_bytes
+from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.api import estimate_graph
 
@@ -66,7 +67,7 @@ def test_planner_reports_fsdp_pools_beside_the_live_peak_not_in_it():
 
 def test_planner_counts_torch_pipelining_buffers_in_the_live_peak():
     kw = dict(pp=2, dp=4, dp_kind="ddp", global_batch_size=16, micro_batch_size=1, schedule="1f1b")
-    torch_pp, outputs_pp, megatron_pp = (_plan(**kw, pp_buffers=c) for c in ("torch", "torch-outputs", "megatron"))
+    torch_pp, outputs_pp, megatron_pp = (_plan(**kw, profile=MESHPLAN.but(pp_buffers=c)) for c in ("torch", "torch-outputs", "megatron"))
     assert "pipeline_buffers" not in megatron_pp.predicted.mem_breakdown
     assert _plan(**kw).predicted.peak_mem_bytes == torch_pp.predicted.peak_mem_bytes  # the runtime's is the default
     # 4 microbatches: rank 0 holds 4 gradient buffers + 2 cached outputs of (1, 1024, 1024) bf16, rank 1
@@ -78,4 +79,4 @@ def test_planner_counts_torch_pipelining_buffers_in_the_live_peak():
         assert per_rank == [pytest.approx(6 * act, abs=2), pytest.approx(3 * act + kept * 32 * act, abs=2)]
         assert plan.predicted.mem_breakdown["pipeline_buffers"] == pytest.approx(max(per_rank), abs=2)
     with pytest.raises(ValueError, match="pp_buffers"):
-        _plan(**kw, pp_buffers="nope")
+        _plan(**kw, profile=MESHPLAN.but(pp_buffers="nope"))

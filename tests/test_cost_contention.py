@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from meshplan.cost_models.contention import comm_sm_fraction, overlap_slowdown_s
+from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.hardware import NCCL_MAX_CHANNELS, NCCL_NVSWITCH_COLL_CHANNELS, ClusterSpec
 
 H100 = ClusterSpec.preset("h100")
@@ -88,11 +89,11 @@ def test_megatron_local_ddp_is_one_exposed_all_reduce_after_backward():
     spec = ClusterSpec.preset("a100-80g", num_nodes=2)
     kw = dict(tp=1, pp=1, dp=16, global_batch_size=32, micro_batch_size=2, dp_kind="ddp", cluster=spec, dtype="fp16")
     torch_ddp = estimate_graph(g, 16, **kw).predicted
-    local = estimate_graph(g, 16, ddp_impl="local", **kw).predicted
+    local = estimate_graph(g, 16, profile=MESHPLAN.but(ddp_impl="local"), **kw).predicted
     gb = sum(n.param_numel for n in g.nodes) * 2  # fp16 gradients, every parameter (tied counted once)
     want = dp_comm("ddp", gb, gb, 16, spec).sync_s + LOCAL_DDP_GRAD_PASSES * gb / (spec.mem_bw_bytes_per_s
                                                                                    * spec.mem_efficiency)
     assert local.dp_comm_s == pytest.approx(want, rel=1e-6)
     assert local.dp_comm_s > torch_ddp.dp_comm_s and local.compute_s == torch_ddp.compute_s
     with pytest.raises(ValueError, match="ddp_impl"):
-        estimate_graph(g, 16, ddp_impl="apex", **kw)
+        estimate_graph(g, 16, profile=MESHPLAN.but(ddp_impl="apex"), **kw)

@@ -21,6 +21,7 @@ from meshplan.cost_models.eager_ops import (
     unfused_attention_s,
 )
 from meshplan.cost_models.efficiency import gemm_shape_factor
+from meshplan.cost_models.engine_profiles import MESHPLAN, PROFILES
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode
 
@@ -144,12 +145,12 @@ def test_estimate_prices_the_engines_norms_loss_and_optimizer(llama_graph) -> No
 
     spec = dataclasses.replace(H100, kernel_floor_s=0.0)
     kw = {"tp": 1, "pp": 1, "dp": 1, "global_batch_size": 2, "micro_batch_size": 2, "cluster": spec}
-    base = estimate_graph(llama_graph, 1, norm_kernel="fused", **kw)
-    eager = estimate_graph(llama_graph, 1, norm_kernel="eager", **kw)
+    base = estimate_graph(llama_graph, 1, profile=MESHPLAN.but(norm_kernel="fused"), **kw)
+    eager = estimate_graph(llama_graph, 1, profile=MESHPLAN.but(norm_kernel="eager"), **kw)
     # meshplan's runtime runs the zoo Llama's Python RMSNorm as eager ops (no compile): the default
     assert RUNTIME_NORM_KERNEL == "eager"
     assert estimate_graph(llama_graph, 1, **kw).predicted.step_s == eager.predicted.step_s
-    foreach = estimate_graph(llama_graph, 1, optimizer_impl="foreach", norm_kernel="fused", **kw)
+    foreach = estimate_graph(llama_graph, 1, profile=MESHPLAN.but(optimizer_impl="foreach", norm_kernel="fused"), **kw)
     norms = [n for n in llama_graph.nodes if n.kind == "norm"]
     assert len(norms) == 5  # two per block and the final one
     extra = sum(sum(node_time(n, spec, norm_kernel="eager").__dict__.values()) - sum(node_time(n, spec).__dict__.values())
@@ -159,20 +160,20 @@ def test_estimate_prices_the_engines_norms_loss_and_optimizer(llama_graph) -> No
     assert base.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec))
     assert foreach.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec, impl="foreach"))
     # the post layer carries the fp32 cross-entropy over the (untraced-loss) logits
-    coster = GraphCoster(llama_graph, spec, norm_kernel="fused")
+    coster = GraphCoster(llama_graph, spec, profile=MESHPLAN.but(norm_kernel="fused"))
     post = coster.table(1, False, "none", 2).layers[-1]
     nodes = llama_graph.nodes[post.node_start:post.node_end]
     fwd = sum(node_time(n, spec, input_bytes=coster._in_bytes.get(n.id, 0)).fwd_s for n in nodes)
     assert post.fwd_s - fwd == pytest.approx(loss_time_s(2 * 32, 96, spec)[0], rel=1e-6)
     with pytest.raises(ValueError, match="optimizer_impl"):
-        estimate_graph(llama_graph, 1, optimizer_impl="apex", **kw)
+        estimate_graph(llama_graph, 1, profile=MESHPLAN.but(optimizer_impl="apex"), **kw)
     with pytest.raises(ValueError, match="norm_kernel"):
-        estimate_graph(llama_graph, 1, norm_kernel="x", **kw)
+        estimate_graph(llama_graph, 1, profile=MESHPLAN.but(norm_kernel="x"), **kw)
 
 
 def test_plans_price_the_runtimes_eager_norm_and_megatron_its_fused_one(llama_graph) -> None:
     """meshplan's own search prices the norms as its runtime runs them (eager, so a plan is no faster
-    than what runs); the Megatron adapter prices Transformer Engine's fused norm."""
+    than what runs); the Megatron adapter prices Transformer Engine's fused norm (its profile's)."""
     from meshplan.commands.engine_cost import cost_spec
     from meshplan.engines.spec import EngineSpec
     from meshplan.planner.api import estimate_graph, plan_graph
@@ -181,10 +182,14 @@ def test_plans_price_the_runtimes_eager_norm_and_megatron_its_fused_one(llama_gr
     plan = plan_graph(llama_graph, 1, cluster=spec, global_batch_size=2)
     kw = {"tp": 1, "pp": 1, "dp": 1, "global_batch_size": 2, "micro_batch_size": plan.micro_batch_size,
           "cluster": spec, "recompute": plan.recompute}
-    assert plan.predicted.step_s == pytest.approx(estimate_graph(llama_graph, 1, norm_kernel="eager", **kw).predicted.step_s)
-    assert plan.predicted.step_s > estimate_graph(llama_graph, 1, norm_kernel="fused", **kw).predicted.step_s
+    assert plan.predicted.step_s == pytest.approx(estimate_graph(llama_graph, 1, profile=MESHPLAN.but(norm_kernel="eager"), **kw).predicted.step_s)
+    assert plan.predicted.step_s > estimate_graph(llama_graph, 1, profile=MESHPLAN.but(norm_kernel="fused"), **kw).predicted.step_s
     es = EngineSpec(tp=1, pp=1, dp=1, global_batch_size=2, micro_batch_size=2)
     mega, titan = cost_spec(llama_graph, es, spec, "megatron"), cost_spec(llama_graph, es, spec, "torchtitan")
-    fused = estimate_graph(llama_graph, 1, norm_kernel="fused", **{**kw, "micro_batch_size": 2, "recompute": "none"})
-    assert mega.predicted.step_s == pytest.approx(fused.predicted.step_s)
-    assert titan.predicted.step_s > mega.predicted.step_s
+    kw2 = {**kw, "micro_batch_size": 2, "recompute": "none"}
+    meg = PROFILES["megatron-core-2026"]
+    assert meg.norm_kernel == "fused"
+    assert mega.predicted.step_s == pytest.approx(estimate_graph(llama_graph, 1, profile=meg, **kw2).predicted.step_s)
+    assert mega.predicted.step_s < estimate_graph(llama_graph, 1, profile=meg.but(norm_kernel="eager"), **kw2).predicted.step_s
+    assert titan.predicted.step_s == pytest.approx(
+        estimate_graph(llama_graph, 1, profile="torchtitan-2026", **kw2).predicted.step_s)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from planner_fixtures import gpt_graph
 
+from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.costing import GraphCoster, _saved_shard
 
@@ -31,7 +32,7 @@ def test_torch_sp_saves_the_gathered_input_of_column_parallel_linears():
     assert _saved_shard(down, sol, "gathered") == _saved_shard(down, sol, "shard") == 4  # its input is head-sharded
     assert _saved_shard(norm, sol, "gathered") == 4  # a norm on the sequence shard saves the shard
     with pytest.raises(ValueError, match="sp_saves"):
-        GraphCoster(g, H100, sp_saves="both")
+        GraphCoster(g, H100, profile=MESHPLAN.but(sp_saves="both"))
 
 
 @pytest.mark.parametrize("rc", ["full", "op"])

@@ -8,6 +8,7 @@ import pytest
 from planner_fixtures import gpt_graph
 
 from meshplan.cost_models.dp_kinds import dp_state_bytes, state_precision, unsharded_buffer_bytes
+from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.api import estimate_graph
 
@@ -47,7 +48,7 @@ def test_torch_runtime_keeps_fp32_parameters_as_master_weights(d: int) -> None:
 def test_planner_prices_each_engines_states() -> None:
     g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
     kw = dict(tp=1, pp=1, dp=8, global_batch_size=8, micro_batch_size=1, cluster=ClusterSpec.preset("h100"))
-    plans = {(lay, kind): estimate_graph(g, 8, dp_kind=kind, state_layout=lay, **kw)
+    plans = {(lay, kind): estimate_graph(g, 8, dp_kind=kind, profile=MESHPLAN.but(state_layout=lay), **kw)
              for lay in ("torch", "megatron", "zero") for kind in ("ddp", "zero1")}  # fmt: skip
 
     def states(p) -> float:
@@ -64,7 +65,7 @@ def test_planner_prices_each_engines_states() -> None:
     diff = max(plans["megatron", "ddp"].predicted.peak_mem_bytes) - max(plans["torch", "ddp"].predicted.peak_mem_bytes)
     assert diff == pytest.approx(2 * n, abs=8)
     with pytest.raises(ValueError, match="state_layout"):
-        estimate_graph(g, 8, dp_kind="ddp", state_layout="nope", **kw)
+        estimate_graph(g, 8, dp_kind="ddp", profile=MESHPLAN.but(state_layout="nope"), **kw)
 
 
 def test_published_cases_take_their_engines_conventions() -> None:
@@ -73,13 +74,13 @@ def test_published_cases_take_their_engines_conventions() -> None:
 
     cases = {c["id"]: c for c in load_published_cases()}
     tt, meg = cases["tt-llama3.1-405b-h100-512gpu-3d-1f1b"], cases["mcore-mixtral-8x7b-h100-64gpu-ep8-pp4"]
-    assert case_engine(tt) == "torch" and case_engine(meg) == "megatron"
-    s_tt, s_meg = case_setup(tt), case_setup(meg)
-    assert (s_tt["state_layout"], s_tt["pp_buffers"], s_tt["sp_saves"]) == ("torch", "torch-outputs", "gathered")
-    assert (s_meg["state_layout"], s_meg["pp_buffers"], s_meg["sp_saves"]) == ("megatron", "megatron", "shard")
-    # Megatron's vocab-parallel cross-entropy (one fp32 buffer) where a row names no kernel
-    assert not meg["training"].get("loss_kernel") and s_meg["loss_kernel"] == "fused" and s_tt["loss_kernel"] is None
-    assert case_engine({"group": "Llama 3 405B pre-training (Meta 2024)", "source": "arXiv"}) == "zero"
+    assert case_engine(tt) == "torchtitan" and case_engine(meg) == "megatron"
+    p_tt, p_meg = case_setup(tt)["profile"], case_setup(meg)["profile"]
+    assert (p_tt.state_layout, p_tt.pp_buffers, p_tt.sp_saves) == ("torch", "torch-outputs", "gathered")
+    assert (p_meg.state_layout, p_meg.pp_buffers, p_meg.sp_saves) == ("megatron", "megatron", "shard")
+    # Megatron's vocab-parallel cross-entropy (one fp32 buffer): the profile's, the row names no kernel
+    assert not meg["training"].get("loss_kernel") and p_meg.loss_kernel == "fused" and p_tt.loss_kernel is None
+    assert case_engine(cases["llama3-405b-h100-8192gpu-seq8k"]) == "zero"
 
 
 def test_a_rows_own_blocks_per_stage_reach_estimate_graph() -> None:
@@ -103,11 +104,11 @@ def test_deepspeed_zero3_gathers_one_module_at_a_time() -> None:
     g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
     kw = dict(tp=1, pp=1, dp=8, global_batch_size=8, micro_batch_size=1, cluster=ClusterSpec.preset("h100"),
               dp_kind="fsdp")  # fmt: skip
-    block, module = estimate_graph(g, 8, **kw), estimate_graph(g, 8, fsdp_units="module", **kw)
+    block, module = estimate_graph(g, 8, **kw), estimate_graph(g, 8, profile=MESHPLAN.but(fsdp_units="module"), **kw)
     largest_layer = 32768 * 1024 + 1024 * 1024 + 2 * 1024  # the root's embedding / tied head unit (the largest layer)
     largest_linear = 1024 * 4096 + 4096  # fc_in
     diff = max(block.predicted.peak_mem_bytes) - max(module.predicted.peak_mem_bytes)
     assert diff == pytest.approx(2 * 2 * (largest_layer - largest_linear), rel=0.02)
     assert "fsdp_stream_pools" not in module.predicted.mem_breakdown  # not FSDP2's streams
     with pytest.raises(ValueError, match="fsdp_units"):
-        estimate_graph(g, 8, fsdp_units="leaf", **kw)
+        estimate_graph(g, 8, profile=MESHPLAN.but(fsdp_units="leaf"), **kw)

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 from planner_fixtures import gpt_graph
 
+from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.api import estimate_graph
 from meshplan.planner.tp.graph import solve_tp
@@ -50,7 +51,7 @@ def test_embedding_states_sharded_by_tp_under_the_engine_layout(tied):
     g = g if tied else _untied(g)
     kw = dict(tp=8, pp=1, dp=1, global_batch_size=8, micro_batch_size=8, cluster=H100)
     run = estimate_graph(g, 8, **kw)
-    eng = estimate_graph(g, 8, vocab_parallel_embedding=True, **kw)
+    eng = estimate_graph(g, 8, profile=MESHPLAN.but(vocab_parallel_embedding=True), **kw)
     assert eng.tp_styles["wte"] == "rowwise"
     # the runtime: a tied table sharded with its head (the same states as the engines'), an untied
     # one replicated (its all-reduce buys nothing: the ILP weighs time)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from planner_fixtures import gpt_graph
 
-from meshplan.commands.engine_cost import VOCAB_PARALLEL_ENGINES, cost_spec
+from meshplan.commands.engine_cost import cost_spec
+from meshplan.cost_models.engine_profiles import INSTALLED
 from meshplan.engines import deepspeed, megatron, torchtitan
 from meshplan.engines.spec import CAPS, EngineSpec, nearest, spec_from_plan, unsupported
 from meshplan.planner.api import estimate_graph
@@ -48,8 +49,8 @@ def _export(engine: str, spec: EngineSpec) -> str:
 def test_round_trip_keeps_layout_and_predicted_cost(engine: str, graph) -> None:
     # costed as the engine runs it on both sides of the round trip: its stage-split rule and its
     # token-embedding layout (an "any" split may leave a stage only the head and loss)
-    plan = estimate_graph(graph, 8, global_batch_size=32, cluster="h100", split_rule=CAPS[engine].split,
-                          vocab_parallel_embedding=engine in VOCAB_PARALLEL_ENGINES, **CASES[engine])  # fmt: skip
+    plan = estimate_graph(graph, 8, global_batch_size=32, cluster="h100", profile=INSTALLED[engine],
+                          **CASES[engine])  # fmt: skip
     spec = spec_from_plan(plan)
     assert not unsupported(spec, engine), unsupported(spec, engine)
     back = _parse(engine, _export(engine, spec), 8, 8)

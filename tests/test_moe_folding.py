@@ -14,6 +14,7 @@ from meshplan.commands.published_estimate import case_cluster, case_setup
 from meshplan.cost_models.comm import collective_time_s, group_layout
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.dp_kinds import dp_comm
+from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.epcp import (
     ep_a2a_bytes,
     ep_comm_s,
@@ -108,7 +109,7 @@ def test_folded_cost_table_puts_the_moe_block_on_the_sequence_shard():
     case = next(c for c in FOLDED if c["expert_config"]["tp"] == 4)
     g = _graph(case["id"])
     spec = case_cluster(case)
-    plain, fold = (GraphCoster(g, spec, vocab_parallel_embedding=True, moe_folding=f) for f in (False, True))
+    plain, fold = (GraphCoster(g, spec, profile=MESHPLAN.but(vocab_parallel_embedding=True), moe_folding=f) for f in (False, True))
     tp, tf = plain.table(4, True, "none", 1), fold.table(4, True, "none", 1)
     moe = [n for n in g.nodes if n.kind == "moe"]
     assert all(tf.tp_solution.node_shard.get(n.id) == 4 and tf.tp_solution.node_state[n.id] == "Q" for n in moe)

@@ -19,6 +19,7 @@ import pytest
 
 from meshplan.commands.published_estimate import case_cluster, case_setup
 from meshplan.cost_models import formulas as F
+from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.published import load_published_cases
 
 SC21 = [c for c in load_published_cases() if c["id"].startswith("megsc21-")]
@@ -46,12 +47,13 @@ def test_case_setup_gives_the_script_configuration() -> None:
     by = {c["id"]: c for c in SC21}
     small = case_setup(by["megsc21-1.7b-a100-32gpu"])
     assert (small["tp"], small["pp"], small["dp"], small["micro_batch_size"]) == (1, 1, 32, 16)
-    assert small["ddp_impl"] == "torch" and small["recompute"] == "full" and small["dtype"] == "fp16"
+    assert small["profile"].ddp_impl == "torch" and small["recompute"] == "full" and small["dtype"] == "fp16"
     inter = case_setup(by["megsc21-530b-a100-2520gpu"])
     assert (inter["tp"], inter["pp"], inter["dp"], inter["micro_batch_size"]) == (8, 35, 9, 1)
     assert inter["schedule"] == "interleaved-1f1b" and inter["virtual_stages"] == 3
-    assert inter["ddp_impl"] == "local" and inter["split_rule"] == "even" and inter["dp_kind"] == "ddp"
-    assert inter["pp_scatter_gather"] is True
+    prof = inter["profile"]
+    assert prof.ddp_impl == "local" and prof.split_rule == "even" and inter["dp_kind"] == "ddp"
+    assert prof.pp_scatter_gather is True and prof.name == "megatron-lm-2021"
     from meshplan.commands.published_estimate import same_mechanisms
 
     assert same_mechanisms(by["megsc21-530b-a100-2520gpu"]) == {
@@ -91,14 +93,14 @@ def test_megatron_scatter_gather_sends_a_tp_slice_and_gathers_it_in_the_node() -
     spec = ClusterSpec.preset("a100-80g", num_nodes=2, devices_per_node=2)  # pipeline ranks on two nodes
     kw = dict(tp=2, pp=2, dp=1, global_batch_size=8, micro_batch_size=1, cluster=spec, dtype="fp16")
     whole = estimate_graph(g, 4, sequence_parallel=False, **kw)
-    split = estimate_graph(g, 4, sequence_parallel=False, pp_scatter_gather=True, **kw)
+    split = estimate_graph(g, 4, sequence_parallel=False, profile=MESHPLAN.but(pp_scatter_gather=True), **kw)
     sb = whole.stages[0].send_bytes
     assert sb > 0 and split.stages[0].send_bytes == sb
     assert whole.stages[0].send_s == pytest.approx(p2p_time_s(sb, spec, crosses_nodes=True))
     want = p2p_time_s(sb / 2, spec, crosses_nodes=True) + collective_time_s("all_gather", sb, 2, spec, ranks_per_node=2)
     assert split.stages[0].send_s == pytest.approx(want) and want < whole.stages[0].send_s
     assert split.predicted.compute_s == whole.predicted.compute_s
-    sp = [estimate_graph(g, 4, sequence_parallel=True, pp_scatter_gather=f, **kw).stages[0].send_s for f in (False, True)]
+    sp = [estimate_graph(g, 4, sequence_parallel=True, profile=MESHPLAN.but(pp_scatter_gather=f), **kw).stages[0].send_s for f in (False, True)]
     assert sp[0] == sp[1]
 
 
@@ -112,7 +114,7 @@ def test_bloom_row_carries_its_log_line_and_its_cluster() -> None:
     setup = case_setup(c)
     assert (setup["tp"], setup["pp"], setup["dp"], setup["micro_batch_size"]) == (4, 12, 8, 2)
     assert setup["dp_kind"] == "zero1" and setup["recompute"] == "full" and setup["dtype"] == "bf16"
-    assert setup["split_rule"] == "fewer_first_last" and not setup["pp_scatter_gather"]
+    assert setup["profile"].split_rule == "fewer_first_last" and not setup["profile"].pp_scatter_gather
     spec = case_cluster(c)
     assert spec.inter_bw_bytes_per_s == pytest.approx(6.25e9)  # 4 x 100 Gb/s Omni-Path per 8-GPU node
     assert ClusterSpec.preset("a100-80g").inter_bw_bytes_per_s > spec.inter_bw_bytes_per_s
@@ -131,7 +133,8 @@ def test_table_2_rows_pair_zero3_with_ptdp_and_agree_with_the_days_column() -> N
             assert (setup["tp"], setup["pp"], setup["dp"]) == (1, 1, c["cluster"]["n_gpus"]) and setup["dp_kind"] == "fsdp"
         else:
             assert (setup["tp"], setup["pp"]) in ((8, 12), (8, 35)) and setup["micro_batch_size"] == 1
-            assert setup["ddp_impl"] == "local" and setup["pp_scatter_gather"] and setup["split_rule"] == "even"
+            p = setup["profile"]
+            assert p.ddp_impl == "local" and p.pp_scatter_gather and p.split_rule == "even"
         days = 300e9 / (tr["global_batch"] * m["seq_len"]) * c["measured"]["step_time_s"] / 86400
         want = float(c["measured"]["other"]["check"].split(": ")[1].split(" days")[0])
         assert days == pytest.approx(want, abs=1.0), c["id"]

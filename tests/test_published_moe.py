@@ -18,7 +18,8 @@ EP_CASES = [c for c in load_published_cases() if (c["expert_config"].get("ep") o
 
 def _small(case: dict) -> dict:
     c = copy.deepcopy(case)
-    c["model"].update(layers=2, seq_len=128)
+    ex = c["expert_config"]  # a block per (virtual) stage at least: the engine's split rule splits blocks
+    c["model"].update(layers=max(2, int(ex.get("pp") or 1) * int(ex.get("interleave") or 1)), seq_len=128)
     return c
 
 

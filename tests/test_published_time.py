@@ -5,48 +5,50 @@ reads from its JSON. Figures and sources: ``meshplan/data/published_cases.json``
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from meshplan.commands.published_estimate import case_kernels, case_setup, estimate_case
+from meshplan.commands.published_estimate import case_setup, estimate_case
+from meshplan.cost_models.engine_profiles import PROFILES, RUN_FLAGS, EngineProfile
 from meshplan.cost_models.published import load_published_cases
 
 CASES = {c["id"]: c for c in load_published_cases()}
 
 
-def test_rows_name_how_their_engine_ran_norms_attention_and_the_optimizer() -> None:
-    tt8 = case_setup(CASES["tt-llama3.1-8b-h100-8gpu-fsdp"])
-    assert (tt8["norm_kernel"], tt8["optimizer_impl"], tt8["attention_impl"]) == ("eager", "foreach", "flash")
-    assert case_setup(CASES["tt-llama3-8b-a100-64gpu-fsdp-op"])["norm_kernel"] == "fused"  # fused_rmsnorm
-    assert case_setup(CASES["megsc21-1.7b-a100-32gpu"])["attention_impl"] == "unfused"
-    assert case_setup(CASES["megv1-1b-dgx2-tp1"])["attention_impl"] == "eager"
-    mpt = case_setup(CASES["mpt-7b-h100-8gpu-seq2048"])
-    assert (mpt["norm_kernel"], mpt["optimizer_impl"], mpt["attention_impl"]) == ("fused", "fused", "flash")
-    for c in CASES.values():  # every note names the config line an option was read from
-        for key in ("norm_kernel", "optimizer_impl", "attention_impl"):
-            if key in c["training"]:
-                assert f"training.{key}" in c.get("notes", ""), (c["id"], key)
+def test_rows_get_their_engines_kernels_from_the_profile_they_name() -> None:
+    tt8 = case_setup(CASES["tt-llama3.1-8b-h100-8gpu-fsdp"])["profile"]
+    assert (tt8.norm_kernel, tt8.optimizer_impl, tt8.attention_impl) == ("eager", "foreach", "flash")
+    assert case_setup(CASES["tt-llama3-8b-a100-64gpu-fsdp-op"])["profile"].norm_kernel == "fused"  # its toml's fused_rmsnorm
+    assert case_setup(CASES["megsc21-1.7b-a100-32gpu"])["profile"].attention_impl == "unfused"
+    assert case_setup(CASES["megv1-1b-dgx2-tp1"])["profile"].attention_impl == "eager"
+    mpt = case_setup(CASES["mpt-7b-h100-8gpu-seq2048"])["profile"]
+    assert (mpt.norm_kernel, mpt.optimizer_impl, mpt.attention_impl) == ("fused", "fused", "flash")
+    for c in CASES.values():  # a run flag a row sets names the config line it was read from
+        if "norm_kernel" in c["training"]:
+            assert "training.norm_kernel" in c.get("notes", ""), c["id"]
 
 
-def test_a_row_that_does_not_say_gets_its_engines_kernels_from_engine_and_year() -> None:
-    # the inference agrees with every row that states the field, except the early-2024 torchtitan
-    # 8B / 13B configs, which chose fused_rmsnorm in their toml (not visible in the row's text)
-    chose_fused_rmsnorm = {"tt-llama3-8b-a100-64gpu-fsdp-op", "tt-llama2-13b-a100-64gpu-fsdp-none",
-                           "tt-llama2-13b-a100-64gpu-fsdp-op"}  # fmt: skip
-    stated = 0
+def test_a_case_names_its_engine_and_sets_no_engine_convention() -> None:
+    conventions = {f.name for f in dataclasses.fields(EngineProfile)} - {"name", "engine", "version", "sources"}
     for c in CASES.values():
-        inferred = case_kernels(c)
-        for key, value in inferred.items():
-            if key in c["training"]:
-                stated += 1
-                if not (key == "norm_kernel" and c["id"] in chose_fused_rmsnorm):
-                    assert c["training"][key] == value, (c["id"], key)
-    assert stated >= 40
-    # a Megatron row of 2022 without the field: the scores materialized; of 2023: flash
-    row = dict(CASES["megsc21-1.7b-a100-32gpu"], training={"global_batch": 512}, group="Megatron-LM (2022)",
-               source="Korthikanti et al. 2022")  # fmt: skip
-    assert case_kernels(row)["attention_impl"] == "unfused"
-    assert case_kernels(dict(row, group="Megatron-LM (2023)", source=""))["attention_impl"] == "flash"
-    assert case_kernels(dict(row, group="Megatron-LM (2020)", source=""))["attention_impl"] == "eager"
+        assert c["engine"] in PROFILES, c["id"]
+        set_here = (set(c["training"]) | set(c["expert_config"])) & conventions
+        assert set_here <= set(RUN_FLAGS), (c["id"], set_here - set(RUN_FLAGS))
+    with pytest.raises(ValueError, match="not a run flag"):
+        PROFILES["megatron-lm-2021"].with_run_flags(attention_impl="flash")
+    with pytest.raises(ValueError, match="names no engine profile"):
+        case_setup({k: v for k, v in CASES["megv1-1b-dgx2-tp1"].items() if k != "engine"})
+
+
+def test_every_convention_of_an_engine_profile_is_traced_to_a_source() -> None:
+    for p in PROFILES.values():
+        traced = {k for k, _ in p.sources}
+        differs = {f.name for f in dataclasses.fields(EngineProfile)
+                   if f.name not in ("name", "engine", "version", "sources")
+                   and getattr(p, f.name) != getattr(PROFILES["meshplan"], f.name)}  # fmt: skip
+        assert differs <= traced, (p.name, differs - traced)
+        assert all(src.strip() for _, src in p.sources), p.name
 
 
 @pytest.mark.parametrize("case_id", [

@@ -10,9 +10,6 @@ from typing import Any
 
 from meshplan.engines.spec import EngineSpec
 
-#: engines whose TP plan always shards the token embedding over the vocabulary
-VOCAB_PARALLEL_ENGINES = ("megatron", "torchtitan")
-
 
 def trace_graph(model: str, seq_len: int | None = None, input_shapes: dict | None = None) -> Any:
     """The model's graph on the meta device (from the trace cache when it holds it)."""
@@ -26,7 +23,7 @@ def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = N
     when it sets them (``spec.layers_per_stage``), else the split the engine's rule gives
     (``engines.spec.CAPS[engine].split``; meshplan's own split when ``engine`` is None); context and
     expert parallelism costed by ``cost_models/epcp.py`` through ``estimate_graph``."""
-    from meshplan.engines.spec import CAPS
+    from meshplan.cost_models.engine_profiles import INSTALLED
     from meshplan.planner.api import estimate_graph
 
     return estimate_graph(
@@ -36,14 +33,9 @@ def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = N
         virtual_stages=spec.virtual_stages if spec.pp > 1 else None,
         dp_kind=spec.dp_kind if spec.dp > 1 else None, sequence_parallel=spec.sequence_parallel if spec.tp > 1 else None,
         cluster=cluster, dtype=spec.dtype, cp=spec.cp, ep=spec.ep,
-        split_rule=CAPS[engine].split if engine in CAPS else "any",
         blocks_per_stage=spec.layers_per_stage if spec.pp > 1 and spec.layers_per_stage else None,
-        # Megatron's VocabParallelEmbedding and torchtitan's RowwiseParallel tok_embeddings shard the
-        # token embedding over the vocabulary under TP (tp.strategies)
-        vocab_parallel_embedding=engine in VOCAB_PARALLEL_ENGINES,
-        # Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1): cost_models/epcp.py
+        # Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1, a run flag): cost_models/epcp.py
         moe_folding=spec.moe_folding and engine == "megatron",
-        # Megatron's norms are Transformer Engine / Apex fused kernels; the others run a Python
-        # RMSNorm module as its eager ops unless compiled (cost_models.eager_ops.RUNTIME_NORM_KERNEL)
-        **({"norm_kernel": "fused"} if engine == "megatron" else {}),
+        # the installed engine's conventions (state layout, kernels, pipeline buffers, split rule, ...)
+        profile=INSTALLED.get(engine or "meshplan", "meshplan"),
     )  # fmt: skip

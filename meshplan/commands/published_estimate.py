@@ -17,10 +17,11 @@ of the device), ``max allocated`` against the predicted peak alone. No torch imp
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 from meshplan.cost_models.allocator import reserved_peak_bytes
+from meshplan.cost_models.engine_profiles import PROFILES, EngineProfile
+from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.hardware import FRAGMENTATION_FRACTION, ClusterSpec, default_reserved_bytes
 from meshplan.cost_models.published import preset_for_case
 from meshplan.graph import ModelGraph
@@ -74,123 +75,57 @@ def _dtype(text: Any) -> str:
     return "fp16" if "fp16" in t else "fp32" if t.startswith("fp32") else "bf16"
 
 
+def case_profile(case: dict[str, Any]) -> EngineProfile:
+    """The engine profile a published run names (``case["engine"]``, ``cost_models.engine_profiles``)
+    with the run's own flags where its source prints them (``engine_profiles.RUN_FLAGS``:
+    ``expert_config.ddp_impl`` from a script's --DDP-impl, ``expert_config.split_rule`` from
+    --pp-partition-method, ``training.norm_kernel`` from a train config's norm_type / torch.compile)."""
+    if "engine" not in case:
+        raise ValueError(f"published case {case.get('id')!r} names no engine profile (\"engine\": one of "
+                         f"{', '.join(PROFILES)})")  # fmt: skip
+    tr, ex = case["training"], case["expert_config"]
+    flags = {k: str(v) for k, v in (("ddp_impl", ex.get("ddp_impl")), ("split_rule", ex.get("split_rule")),
+                                    ("norm_kernel", tr.get("norm_kernel"))) if v}  # fmt: skip
+    if int(ex.get("pp") or 1) == 1:
+        flags.pop("split_rule", None)
+    return engine_profile(case["engine"]).with_run_flags(**flags)
+
+
 def case_setup(case: dict[str, Any]) -> dict[str, Any]:
     """The authors' configuration as ``estimate_graph`` keywords: degrees (``ep`` borrows dp ranks),
-    microbatch, schedule, stage split rule, recompute kind, DP kind, precision, loss kernel, the
-    engine options (vocab-parallel embedding, ``expert_config.ddp_impl``, ``expert_config.moe_folding``),
-    and the MoE load-balance assumption ``training.capacity_factor`` where the case states one (else
-    the cost model's)."""
+    microbatch, schedule, recompute kind, DP kind, precision, the engine profile the case names
+    (``case_profile``), its own blocks per stage and MoE folding where it ran them, and the MoE
+    load-balance assumption ``training.capacity_factor`` where the case states one (else the cost
+    model's)."""
     tr, ex = case["training"], case["expert_config"]
     tp, pp, dp = int(ex["tp"]), int(ex.get("pp") or 1), int(ex["dp"])
     B = int(tr["global_batch"])
     micro = int(tr.get("micro_batch") or tr.get("per_replica_batch") or B // dp)
-    kind = ex.get("dp_kind") or ("fsdp" if case["id"].startswith("mpt") else "ddp")
+    kind = ex.get("dp_kind") or "ddp"
     v = int(ex.get("interleave") or 1)
     schedule = ex.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b")
     sp = ex.get("sequence_parallel")
-    engine = case_engine(case)
     return {
         "tp": tp, "pp": pp, "dp": dp, "micro_batch_size": micro, "global_batch_size": B,
         "recompute": _recompute(tr.get("recompute")), "dp_kind": kind if dp > 1 else None,
         "schedule": schedule if pp > 1 else "1f1b", "virtual_stages": v if pp > 1 else None,
         "sequence_parallel": bool(sp) if sp is not None else False, "dtype": _dtype(tr.get("precision")),
-        "loss_kernel": tr.get("loss_kernel") or _ENGINE_LOSS.get(engine), "ep": int(ex.get("ep") or 1),
+        "ep": int(ex.get("ep") or 1),
         **({"capacity_factor": float(tr["capacity_factor"])} if tr.get("capacity_factor") else {}),
-        # every engine of the published runs (Megatron-LM, torchtitan, llm-foundry at tp 1) shards the
-        # token embedding over the vocabulary under TP
-        "vocab_parallel_embedding": True,
-        # the data-parallel wrapper a Megatron-LM 2020 row ran, where its source says (grad_sync.DDP_IMPLS)
-        "ddp_impl": str(ex.get("ddp_impl") or "torch"),
-        # how the engine ran its RMSNorm modules and its optimizer update, where the row's source says
-        # (cost_models.eager_ops: "eager" Python RMSNorm, "foreach" multi-tensor AdamW)
-        **{k: str(tr.get(k) or v) for k, v in case_kernels(case).items()},
-        # how the engine cuts the layers into stages (partition.engine_split.SPLIT_RULES): Megatron-LM
-        # 2021 gives each pipeline rank l/PP layers ("even"); "any" lets meshplan choose the cut
-        "split_rule": str(ex.get("split_rule") or "any") if pp > 1 else "any",
+        "profile": case_profile(case),
         # the engine's own blocks per (virtual) stage where the row gives them (e.g. Megatron's
         # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split)
         "blocks_per_stage": tuple(int(x) for x in ex["blocks_per_stage"]) if pp > 1 and ex.get("blocks_per_stage") else None,
-        # whose pipeline runtime holds per-microbatch buffers (allocator.PP_BUFFERS) and whose
-        # model-state layout (dp_kinds.STATE_LAYOUTS) the run had: case_engine
-        "pp_buffers": "torch-outputs" if engine == "torch" else "megatron", "state_layout": engine,
-        # what a column-parallel linear saves under SP (memory.SP_SAVES): torch's TP the gathered input
-        "sp_saves": "gathered" if engine == "torch" else "shard",
-        # what a sharded run gathers at once (dp_kinds.FSDP_UNITS): DeepSpeed ZeRO-3 one module at a time
-        "fsdp_units": str(ex.get("fsdp_units") or ("module" if _is_deepspeed_zero3(case) else "block")),
         # Megatron-Core's MoE parallel folding where the row ran it (--expert-tensor-parallel-size 1 with
         # --sequence-parallel): tokens per tp rank / tp, the ep group on consecutive GPUs (cost_models/epcp.py)
         "moe_folding": bool(ex.get("moe_folding")),
-        # Megatron-LM's scatter/gather of the stage-to-stage activations (on by default from 2021)
-        "pp_scatter_gather": bool(ex.get("pp_scatter_gather")),
     }  # fmt: skip
 
 
-#: words of a case's group / source naming the engine family it ran on (``case_engine``)
-_ENGINE_WORDS = (
-    ("torch", ("torchtitan", "llm-foundry", "mosaicml", "fsdp2")),
-    ("megatron", ("megatron", "nemo", "mcore", "megascale", "bloom", "deepspeed", "mt-nlg")),
-)
-
-
-#: the cross-entropy an engine family runs when a case names none (memory.LOSS_KERNELS): Megatron-LM's
-#: VocabParallelCrossEntropy exponentiates its fp32 logits in place and saves that one buffer
-#: (core/tensor_parallel/cross_entropy.py); torch engines run F.cross_entropy (the cost model's default)
-_ENGINE_LOSS = {"megatron": "fused"}
-
-
-def _is_deepspeed_zero3(case: dict[str, Any]) -> bool:
-    """The run shards its parameters with DeepSpeed's ZeRO stage 3 (its source or notes say so)."""
-    text = f"{case.get('source', '')} {case.get('notes', '')}".lower()
-    return "deepspeed" in text and ("zero stage 3" in text or "zero-3" in text or "zero3" in text)
-
-
 def case_engine(case: dict[str, Any]) -> str:
-    """The engine family a published run used, from its group and source text: "torch"
-    (torchtitan, llm-foundry: torch.distributed.pipelining, fp32 parameters and optimizer states,
-    sharded by FSDP), "megatron" (Megatron-LM, NeMo, Megatron-DeepSpeed: bf16 weights + fp32 main
-    gradients + fp32 master weights, p2p without kept buffers), else "zero" (the ZeRO paper's
-    2 + 2 + 12 accounting, for engines whose layout is not published)."""
-    text = f"{case.get('group', '')} {case.get('source', '')}".lower()
-    for engine, words in _ENGINE_WORDS:
-        if any(w in text for w in words):
-            return engine
-    return "zero"
-
-
-def case_year(case: dict[str, Any]) -> int | None:
-    """The earliest year (2010-2029) the case's group and source text name (a commit or paper date)."""
-    years = re.findall(r"(?<!\d)(20[12]\d)(?!\d)", f"{case.get('group', '')} {case.get('source', '')}")
-    return min(int(y) for y in years) if years else None
-
-
-def case_kernels(case: dict[str, Any]) -> dict[str, str]:
-    """How the run's engine ran its attention, RMSNorm modules and optimizer update
-    (``cost_models.eager_ops``), where the row does not say (``training.attention_impl`` /
-    ``norm_kernel`` / ``optimizer_impl`` override), from its engine family and year:
-
-    - ``attention_impl``: Megatron-family and unnamed engines up to 2022 materialize the scores
-      (Megatron-LM had no flash kernel before ``--use-flash-attn``, 2023; BLOOM's and MT-NLG's
-      Megatron-DeepSpeed neither): "eager" (separate mask and softmax kernels) up to 2020,
-      "unfused" (fused scale-mask-softmax) 2021-2022; torch-family engines and later runs
-      "flash"; a run whose text names flash attention "flash";
-    - ``norm_kernel``: torchtitan without torch.compile runs its RMSNorm as eager ops
-      (``norm_type = "rmsnorm"``; its early-2024 8B/13B configs chose ``fused_rmsnorm``, which
-      those rows state), "fused" otherwise;
-    - ``optimizer_impl``: torchtitan up to 2024 builds AdamW with ``foreach=True``, "fused" otherwise.
-    """
-    engine, year = case_engine(case), case_year(case)
-    trained = str(case["training"]).lower()  # what the run did (the source text may say what it did not)
-    text = f"{case.get('group', '')} {case.get('source', '')} {trained}".lower()
-    titan = "torchtitan" in text
-    if "flash" in text or engine == "torch" or year is None or year >= 2023:
-        attention = "flash"
-    else:
-        attention = "eager" if year <= 2020 else "unfused"
-    return {
-        "attention_impl": attention,
-        "norm_kernel": "eager" if titan and "compile" not in trained else "fused",
-        "optimizer_impl": "foreach" if titan and (year or 0) <= 2024 else "fused",
-    }
+    """The engine family of a published run (the engine of its profile: "torchtitan",
+    "megatron", "llm-foundry", "zero", ...)."""
+    return case_profile(case).engine
 
 
 def measured_tokens_per_gpu(case: dict[str, Any]) -> float | None:
@@ -236,7 +171,7 @@ def estimate_case(case: dict[str, Any], graph: ModelGraph, *, matmul_efficiency:
         "id": case["id"], "gpus": n, "cluster": spec.name, "plan": plan, "setup": setup,
         "config": " ".join(x for x in (f"tp{setup['tp']} pp{setup['pp']} dp{setup['dp']}{_cp_ep(setup['ep'], plan.cp)}",
                                         f"mb{setup['micro_batch_size']} rc={setup['recompute']}",
-                                        f"{setup['dp_kind']}(local)" if setup.get("ddp_impl") == "local" else setup["dp_kind"],
+                                        f"{setup['dp_kind']}(local)" if setup["profile"].ddp_impl == "local" and setup["dp_kind"] == "ddp" else setup["dp_kind"],
                                         None if setup["dtype"] == "bf16" else setup["dtype"]) if x),
         "pred_tok": pred_tok, "meas_tok": meas_tok, "err": (pred_tok / meas_tok - 1) if meas_tok else None,
         "fits": not any("does not fit" in x for x in plan.notes), "peak_gib": peak / GiB,
@@ -295,7 +230,7 @@ def same_mechanisms(case: dict[str, Any]) -> dict[str, Any]:
     setup = case_setup(case)
     sched = setup["schedule"]
     return {"recompute": (setup["recompute"],), "dp_kinds": (setup["dp_kind"] or "ddp",),
-            "schedules": _ONE_F_ONE_B if sched in _ONE_F_ONE_B else (sched,), "split_rule": setup["split_rule"]}  # fmt: skip
+            "schedules": _ONE_F_ONE_B if sched in _ONE_F_ONE_B else (sched,), "split_rule": setup["profile"].split_rule}  # fmt: skip
 
 
 def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any, *, restrict: bool = False) -> dict[str, Any]:
@@ -311,11 +246,12 @@ def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any,
     gain = expert_plan.predicted.step_s / auto.predicted.step_s
     why = why_faster(expert_plan, auto) if gain > 1.0 else "—"
     kernel_gain = 1.0
-    if setup.get("attention_impl", "flash") != "flash":
+    if setup["profile"].attention_impl != "flash":
         # meshplan's runtime runs SDPA's flash kernel: the share of the gain that is the kernel, not the layout
         from meshplan.planner.api import estimate_graph
 
-        flash = estimate_graph(graph, spec.num_devices, cluster=spec, **{**setup, "attention_impl": "flash"})
+        flash = estimate_graph(graph, spec.num_devices, cluster=spec,
+                               **{**setup, "profile": setup["profile"].but(attention_impl="flash")})
         kernel_gain = expert_plan.predicted.step_s / flash.predicted.step_s
         if gain > 1.0:
             why += (f"; {kernel_gain:.2f}x of it is flash attention alone (the authors' configuration with "

@@ -24,10 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from meshplan.cost_models.allocator import PP_BUFFERS
-from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS
-from meshplan.cost_models.eager_ops import OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
-from meshplan.cost_models.grad_sync import DDP_IMPLS
+from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
 from meshplan.cost_models.hardware import preset_for_gpu_name as preset_for_device_name
 from meshplan.errors import NoFeasiblePlanError
@@ -102,17 +100,20 @@ class PlanMemo:
     planner decides what it keeps. Not shared between processes."""
 
     def __init__(self) -> None:
-        self._costers: dict[tuple[int, str, str, str, str], GraphCoster] = {}
+        self._costers: dict[tuple[int, str, str, str, str, EngineProfile], GraphCoster] = {}
 
     def coster(self, graph: ModelGraph, spec: ClusterSpec, *, dtype: str, quantization: Quantization,
-               optimizer: str) -> GraphCoster:
-        """The graph's coster on ``spec``'s hardware (any device count), built on first use."""
+               optimizer: str, profile: EngineProfile | None = None) -> GraphCoster:
+        """The graph's coster on ``spec``'s hardware (any device count) under ``profile``'s
+        conventions (None = meshplan's runtime), built on first use."""
         import json
 
+        prof = engine_profile(profile)
         hw = json.dumps(spec.with_devices(spec.devices_per_node).to_dict(), sort_keys=True, default=str)
-        key = (id(graph), hw, dtype, repr(quantization), optimizer)
+        key = (id(graph), hw, dtype, repr(quantization), optimizer, prof)
         if key not in self._costers:
-            self._costers[key] = GraphCoster(graph, spec, dtype=dtype, quantization=quantization, optimizer=optimizer)
+            self._costers[key] = GraphCoster(graph, spec, dtype=dtype, quantization=quantization, optimizer=optimizer,
+                                             profile=prof)  # fmt: skip
         return self._costers[key]
 
 
@@ -130,24 +131,27 @@ def plan_graph(
     optimizer: str = "adam",
     exhaustive: bool = False,
     quantization: str | Quantization | None = None,
-    split_rule: str = "any",
+    split_rule: str | None = None,
     dp_kinds: tuple[str, ...] | list[str] | None = None,
     memo: PlanMemo | None = None,
+    profile: EngineProfile | str | None = None,
 ) -> Plan:
     """Search the best plan for an already traced graph (see ``autoparallel``). ``split_rule`` and
     ``dp_kinds`` restrict it to what an engine runs (``meshplan plan --target``): its stage-split
-    rule (``partition.engine_split``) and the data-parallel kinds it has. ``memo``: a ``PlanMemo``
+    rule (``partition.engine_split``; None = the profile's) and the data-parallel kinds it has;
+    ``profile`` (``cost_models.engine_profiles``, a name or an EngineProfile; None = meshplan's
+    runtime) prices every candidate with that engine's conventions. ``memo``: a ``PlanMemo``
     shared by calls on the same graph (a sweep over world sizes) so they reuse its costing."""
     world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, recompute, schedules)
     q = resolve_quantization(quantization)
+    prof = engine_profile(profile)
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, len(layer_ranges(graph)))
     t0 = time.perf_counter()
     searcher = Searcher(
         graph, spec, global_batch=B, fixed=f, recompute=tuple(recompute) if recompute else None,
         schedules=tuple(schedules) if schedules else None, dtype=dtype, optimizer=optimizer, progress=progress,
-        coster=(memo or PlanMemo()).coster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer),
-        split_rule=split_rule,
-        dp_kinds=tuple(dp_kinds) if dp_kinds else None,
+        coster=(memo or PlanMemo()).coster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, profile=prof),
+        split_rule=split_rule, dp_kinds=tuple(dp_kinds) if dp_kinds else None, profile=prof,
     )  # fmt: skip
     res = searcher.run(exhaustive=exhaustive)
     if not res.candidates:  # (run raises first; kept for a search that enumerates nothing)
@@ -186,74 +190,29 @@ def estimate_graph(
     cp: int = 1,
     ep: int = 1,
     capacity_factor: float | None = None,
-    split_rule: str = "any",
     blocks_per_stage: tuple[int, ...] | None = None,
-    loss_kernel: str | None = None,
-    vocab_parallel_embedding: bool = False,
-    ddp_impl: str = "torch",
-    pp_buffers: str = "torch",
     moe_folding: bool = False,
-    norm_kernel: str = RUNTIME_NORM_KERNEL,
-    optimizer_impl: str = "fused",
-    state_layout: str = "torch",
-    pp_scatter_gather: bool = False,
-    sp_saves: str = "gathered",
-    attention_impl: str = "flash",
-    fsdp_units: str = "block",
+    profile: EngineProfile | str | None = None,
 ) -> Plan:
     """Cost one configuration on a traced graph; the Plan says whether it fits (notes). ``cp``
     multiplies the world (pp·dp·cp·tp), ``ep`` borrows dp·cp ranks; both are costed with
     ``cost_models/epcp.py`` (a note names what meshplan's runtime would not run). The stage split
-    is meshplan's best, or under ``split_rule`` an engine's (``partition.engine_split``), or
+    is meshplan's best, or under the profile's split rule an engine's (``partition.engine_split``), or
     exactly ``blocks_per_stage`` repeated blocks per stage (an engine configuration's own).
-    ``loss_kernel`` (``cost_models.memory.LOSS_KERNELS``) prices another engine's cross-entropy
-    when costing its configuration (e.g. "fused" for Megatron-LM's or llm-foundry's); None is
-    what meshplan's runtime runs. ``vocab_parallel_embedding`` costs the engines' TP layout of the
-    token embedding (Megatron-LM's VocabParallelEmbedding, torchtitan's RowwiseParallel
-    tok_embeddings: sharded over the vocabulary, tied head too); False is meshplan's runtime
-    (the embedding as the placement ILP chooses; a tied head sharded with it, or both replicated).
-    ``ddp_impl`` (``grad_sync.DDP_IMPLS``) prices a ddp configuration's gradient sync as torch DDP
-    and meshplan's runtime run it ("torch": bucketed, overlapped with the last backward) or as
-    Megatron-LM's own wrapper ("local": one flat all-reduce after backward, ``local_ddp_sync_s``).
-    ``pp_buffers`` (``allocator.PP_BUFFERS``) prices the pipeline runtime's per-microbatch buffers
-    as torch.distributed.pipelining holds them under meshplan's runtime ("torch") or under its
-    default ``step()`` as torchtitan calls it ("torch-outputs": the last stage keeps every
-    microbatch's logits), or as Megatron-LM's p2p does ("megatron": none beyond the stage inputs).
+    ``profile`` (``cost_models.engine_profiles``: a name such as "megatron-lm-2021" or
+    "torchtitan-2024.12", or an EngineProfile; None = meshplan's runtime) is the engine whose
+    conventions price the configuration: its model-state layout, pipeline buffers, what SP saves,
+    FSDP units, norm / attention / loss / optimizer kernels, DDP wrapper, embedding layout,
+    stage-to-stage scatter/gather and stage-split rule; each is traced to the engine's source there.
     ``moe_folding`` costs Megatron-Core's MoE parallel folding (``--expert-tensor-parallel-size 1``
-    with ``--sequence-parallel``): each tp rank routes and computes only its 1/tp sequence shard, the
-    ep group is ``ep`` consecutive ranks and expert gradients are reduced over the expert
-    data-parallel group, dp·cp·tp/ep ranks (``cost_models/epcp.py``); ``ep`` must still divide
-    dp·cp (the Plan's mesh borrows ep from dp·cp; Megatron would also run ep | dp·cp·tp). False is
-    meshplan's runtime (the MoE block replicated over tp, ep borrowing dp·cp ranks tp apart), which
-    the planner's own plans always are.
-    ``norm_kernel`` ("fused", "eager") and ``optimizer_impl`` ("fused", "foreach") price an engine
-    that runs its RMSNorm modules as the Python ops they are written in, or torch's multi-tensor
-    AdamW instead of the fused one (``cost_models.eager_ops``); the defaults are how meshplan's
-    runtime runs them: a Python RMSNorm as its eager ops (``eager_ops.RUNTIME_NORM_KERNEL``, no
-    torch.compile unless ``meshplan run --compile``) and AdamW fused on CUDA.
-    ``state_layout`` (``dp_kinds.STATE_LAYOUTS``) prices the model states as meshplan's runtime
-    keeps them ("torch": fp32 parameters, gradients and optimizer states), as Megatron-LM does
-    ("megatron": bf16 weights, fp32 main gradients, fp32 master weights: its README's 18 / 6 + 12/d bytes per parameter) or as the ZeRO paper counts them ("zero").
-    ``pp_scatter_gather`` prices the stage-to-stage sends as Megatron-LM's scatter/gather runs them
-    without SP (1/tp of the activation per tp rank over the link, then an all-gather in the
-    receiving stage's tp group; SC'21 §4.1); False is meshplan's runtime (the whole activation).
-    ``sp_saves`` (``memory.SP_SAVES``) prices what a column-parallel linear saves under sequence
-    parallelism: its all-gathered input as torch's TP runs it ("gathered": meshplan's runtime,
-    torchtitan) or its sequence shard, re-gathered in backward ("shard": Megatron-LM).
-    ``attention_impl`` ("flash", "unfused", "eager") prices attention without a flash kernel, the
-    scores materialized as Megatron-LM 2021 ("unfused": baddbmm, fused scale-mask-softmax, dropout,
-    bmm) or 2020 ("eager": the mask and softmax as separate kernels) ran it.
-    ``fsdp_units`` (``dp_kinds.FSDP_UNITS``) prices what a sharded kind gathers at once: a repeated
-    block as FSDP2 wraps it ("block": meshplan's runtime, torchtitan) or one module at a time as
-    DeepSpeed ZeRO-3 does ("module")."""
-    if fsdp_units not in FSDP_UNITS:
-        raise ValueError(f"fsdp_units must be one of {', '.join(FSDP_UNITS)}, got {fsdp_units!r}")
-    if state_layout not in STATE_LAYOUTS:
-        raise ValueError(f"state_layout must be one of {', '.join(STATE_LAYOUTS)}, got {state_layout!r}")
-    if ddp_impl not in DDP_IMPLS:
-        raise ValueError(f"ddp_impl must be one of {', '.join(DDP_IMPLS)}, got {ddp_impl!r}")
-    if pp_buffers not in PP_BUFFERS:
-        raise ValueError(f"pp_buffers must be one of {', '.join(PP_BUFFERS)}, got {pp_buffers!r}")
+    with ``--sequence-parallel``, a run flag): each tp rank routes and computes only its 1/tp
+    sequence shard, the ep group is ``ep`` consecutive ranks and expert gradients are reduced over
+    the expert data-parallel group, dp·cp·tp/ep ranks (``cost_models/epcp.py``); ``ep`` must still
+    divide dp·cp (the Plan's mesh borrows ep from dp·cp; Megatron would also run ep | dp·cp·tp).
+    False is meshplan's runtime (the MoE block replicated over tp, ep borrowing dp·cp ranks tp
+    apart), which the planner's own plans always are."""
+    prof = engine_profile(profile)
+    split_rule = prof.split_rule
     if moe_folding:
         if not int(graph.meta.get("num_experts", 0) or 0):
             raise ValueError("moe_folding=True needs a MoE model (the graph has no experts); drop moe_folding")
@@ -263,8 +222,6 @@ def estimate_graph(
         if tp > 1 and sequence_parallel is False:
             raise ValueError("moe_folding=True with tp > 1 needs sequence_parallel=True (Megatron-Core refuses "
                              "MoE training under tensor parallelism without it, moe_layer.py); set it or drop moe_folding")
-    if optimizer_impl not in OPTIMIZER_IMPLS:
-        raise ValueError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {optimizer_impl!r}")
     q = resolve_quantization(quantization)
     fixed: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute,
                              "cp": cp, "ep": ep}
@@ -303,18 +260,11 @@ def estimate_graph(
     if ep > 1 and ((dp * cp) % ep or not experts or experts % ep):
         raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} and the model's experts ({experts or 'none: not a MoE'})")
     t0 = time.perf_counter()
-    coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, loss_kernel=loss_kernel,
-                         vocab_parallel_embedding=vocab_parallel_embedding, norm_kernel=norm_kernel,
-                         sp_saves=sp_saves, attention_impl=attention_impl, moe_folding=moe_folding)  # fmt: skip
+    coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, profile=prof,
+                         moe_folding=moe_folding)  # fmt: skip
     searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
-                        split_rule=split_rule)  # fmt: skip
-    searcher.ddp_impl = ddp_impl
-    searcher.pp_buffers = pp_buffers
-    searcher.state_layout = state_layout
-    searcher.fsdp_units = fsdp_units
+                        profile=prof)  # fmt: skip
     searcher.moe_folding = bool(moe_folding)
-    searcher.optimizer_impl = optimizer_impl
-    searcher.pp_scatter_gather = bool(pp_scatter_gather)
     sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
     if moe_folding:
         sp = tp > 1  # folding runs under sequence parallelism (checked above when pinned)

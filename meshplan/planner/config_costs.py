@@ -33,6 +33,8 @@ from meshplan.cost_models.dp_kinds import (
     unsharded_buffer_bytes,
 )
 from meshplan.cost_models.eager_ops import optimizer_step_s
+from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR, folded_expert_mesh
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.hardware import ClusterSpec
@@ -84,8 +86,9 @@ class ConfigCosts:
         coster: GraphCoster | None = None,
         keep_alternatives: int = 5,
         ilp_split: bool = True,
-        split_rule: str = "any",
+        split_rule: str | None = None,
         dp_kinds: tuple[str, ...] | None = None,
+        profile: EngineProfile | str | None = None,
     ) -> None:
         self.g = graph
         self.cluster = cluster
@@ -99,21 +102,27 @@ class ConfigCosts:
         self.dtype = dtype
         self.optimizer = optimizer
         self.progress = progress or (lambda _msg: None)
-        self.coster = coster or GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer)
+        # the engine whose conventions price every configuration (cost_models.engine_profiles): the
+        # coster's when one is given, else ``profile`` (None = meshplan's runtime)
+        self.coster = coster or GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer, profile=profile)
+        self.profile = engine_profile(profile) if profile is not None else self.coster.profile
+        ep = self.profile
         self.quant = self.coster.quant.mode != "none"
         # whose model-state layout (dp_kinds.STATE_LAYOUTS): "torch" = meshplan's runtime (fp32 parameters
         # and optimizer states on every path); an engine's configuration is costed with its own
-        self.state_layout = "torch"
+        self.state_layout = ep.state_layout
         # what a sharded kind gathers at once (dp_kinds.FSDP_UNITS): "block" = FSDP2 per repeated block,
         # as meshplan's runtime wraps; "module" = DeepSpeed ZeRO-3's per-module gathers (an engine's)
-        self.fsdp_units = "block"
+        self.fsdp_units = ep.fsdp_units
         # bytes per element of the gradients DP syncs and of the parameters FSDP gathers: the
         # training dtype (bf16 mixed precision: 2; fp32 training: 4)
         self._elem_bytes = 4 if dtype in ("fp32", "float32") else 2
         self._quant_err: dict[tuple[int, int], list[str]] = {}
         self.keep = keep_alternatives
-        # an engine's stage-split rule (partition.engine_split) and DP kinds (meshplan plan --target);
-        # the split ILP's refinement ignores the rule, so it is off under one
+        # an engine's stage-split rule (partition.engine_split; None = the profile's) and DP kinds
+        # (meshplan plan --target); the split ILP's refinement ignores the rule, so it is off under one
+        if split_rule is None:
+            split_rule = ep.split_rule
         if split_rule not in SPLIT_RULES:
             raise ValueError(f"split_rule must be one of {', '.join(SPLIT_RULES)}, got {split_rule!r}")
         self.split_rule = split_rule
@@ -124,21 +133,21 @@ class ConfigCosts:
         # how ddp reduces gradients (grad_sync.DDP_IMPLS): "torch" = bucketed and overlapped with the
         # last backward, as meshplan's runtime and torch DDP run it; "local" = Megatron-LM's own
         # wrapper, one flat all-reduce after backward (an engine costing option, estimate_graph)
-        self.ddp_impl = "torch"
+        self.ddp_impl = ep.ddp_impl
         # whose pipeline runtime holds the per-microbatch buffers (allocator.PP_BUFFERS): "torch" =
         # torch.distributed.pipelining, as meshplan's runtime and torchtitan run it; "megatron" = none
-        self.pp_buffers = "torch"
+        self.pp_buffers = ep.pp_buffers
         # Megatron-Core's MoE parallel folding (planner.epcp_cost, cost_models.epcp): a tp rank routes
         # and computes its 1/tp sequence shard over an ep group of consecutive ranks, expert gradients
         # reduced over the expert data-parallel group; an engine costing option (estimate_graph),
         # never the planner's own plans (meshplan's runtime replicates the MoE block over tp)
         self.moe_folding = False
         # how the engine runs the optimizer update (cost_models.eager_ops.OPTIMIZER_IMPLS; estimate_graph sets it)
-        self.optimizer_impl = "fused"
+        self.optimizer_impl = ep.optimizer_impl
         # Megatron-LM's scatter/gather between pipeline stages (SC'21 §4.1, an engine costing option of
         # estimate_graph): without SP each tp rank sends 1/tp of the boundary activation and the
         # receiving stage all-gathers it inside its node; meshplan's runtime sends it whole
-        self.pp_scatter_gather = False
+        self.pp_scatter_gather = ep.pp_scatter_gather
         self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}

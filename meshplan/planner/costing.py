@@ -42,10 +42,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
-from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, RUNTIME_NORM_KERNEL, loss_time_s
+from meshplan.cost_models.eager_ops import loss_time_s
+from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import (
-    SP_SAVES,
     loss_buffer_bytes,
     node_activation_bytes,
     recompute_transient_bytes,
@@ -162,30 +163,23 @@ class GraphCoster:
         time_limit_s: float = 10.0,
         quantization: Quantization | None = None,
         optimizer: str = "adam",
-        loss_kernel: str | None = None,
-        vocab_parallel_embedding: bool = False,
-        norm_kernel: str = RUNTIME_NORM_KERNEL,
-        sp_saves: str = "gathered",
-        attention_impl: str = "flash",
+        profile: EngineProfile | str | None = None,
         moe_folding: bool = False,
     ):
-        if sp_saves not in SP_SAVES:
-            raise ValueError(f"sp_saves must be one of {', '.join(SP_SAVES)}, got {sp_saves!r}")
+        # the engine whose conventions price the nodes (cost_models.engine_profiles; None = meshplan's runtime)
+        self.profile = engine_profile(profile)
+        p = self.profile
         # memory.SP_SAVES: what a column-parallel linear saves under sequence parallelism
-        self.sp_saves = sp_saves
-        if norm_kernel not in NORM_KERNELS:
-            raise ValueError(f"norm_kernel must be one of {', '.join(NORM_KERNELS)}, got {norm_kernel!r}")
-        if attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, got {attention_impl!r}")
-        self.norm_kernel = norm_kernel  # eager_ops.NORM_KERNELS: how the engine runs an RMSNorm module
-        self.attention_impl = attention_impl  # eager_ops.ATTENTION_IMPLS: flash, or the scores materialized
+        self.sp_saves = p.sp_saves
+        self.norm_kernel = p.norm_kernel  # eager_ops.NORM_KERNELS: how the engine runs an RMSNorm module
+        self.attention_impl = p.attention_impl  # eager_ops.ATTENTION_IMPLS: flash, or the scores materialized
         self.g = graph
         # the engines' TP layout (tp.strategies): the token embedding always vocab-parallel
-        self.vocab_parallel = vocab_parallel_embedding
+        self.vocab_parallel = p.vocab_parallel_embedding
         # Megatron-Core's MoE parallel folding (tp.strategies): a MoE node on the sequence shard, so its
         # time, saved activations and the TP collectives around it are a tp rank's share
         self.moe_folding = moe_folding
-        self.loss_kernel = loss_kernel  # memory.LOSS_KERNELS key; None = what the runtime runs
+        self.loss_kernel = p.loss_kernel  # memory.LOSS_KERNELS key; None = what the runtime runs
         self.quant = quantization or Quantization()
         self.optimizer = optimizer
         self.cluster = cluster

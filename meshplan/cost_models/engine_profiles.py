@@ -1,0 +1,296 @@
+"""Engine conventions as named, frozen profiles: how an engine (and version) runs what a
+configuration does not say.
+
+A parallel configuration (degrees, microbatch, schedule, recompute kind, data-parallel kind,
+sequence parallelism, precision) is priced differently by the engine that runs it: how it keeps
+the model states, what its pipeline runtime holds per microbatch, which kernels it runs for
+attention, norms, the loss and the optimizer, how its data-parallel wrapper syncs gradients, what
+a sharded step gathers at once and how it cuts layers into stages. Each of those is one field of
+``EngineProfile``, with the values the cost model knows (the tables named per field), and each
+profile in ``PROFILES`` traces every field to the engine's source (``EngineProfile.sources``:
+file and default at the version named).
+
+``meshplan estimate --from-*`` / ``--target``, ``planner.api.estimate_graph(profile=)`` /
+``plan_graph(profile=)`` and the published-case benchmark take a profile by name; a published case
+names its engine and version (``"engine"``) and sets only its own run flags (``RUN_FLAGS``: what
+its command line or config file says, e.g. ``--DDP-impl torch``), never an engine default.
+No torch import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from meshplan.cost_models.allocator import PP_BUFFERS
+from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS
+from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
+from meshplan.cost_models.grad_sync import DDP_IMPLS
+from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
+
+#: stage split rules (``partition.engine_split.SPLIT_RULES``; not imported: partition sits above cost_models)
+SPLIT_RULES = ("any", "even", "first_last", "fewer_first_last")
+
+#: fields a run may set from its own command line / config file (the case cites the line); the
+#: engine's default otherwise
+RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule")
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """How one engine version runs a configuration. Fields and the cost-model tables of their values:
+
+    - ``state_layout`` (``dp_kinds.STATE_LAYOUTS``): "torch" fp32 parameters, gradients and Adam
+      states; "megatron" 16-bit weights + fp32 main gradients + fp32 master weights and states;
+      "zero" the ZeRO paper's 2 + 2 + 12 bytes per parameter.
+    - ``pp_buffers`` (``allocator.PP_BUFFERS``): what the pipeline runtime keeps per microbatch.
+    - ``sp_saves`` (``memory.SP_SAVES``): what a column-parallel linear saves under SP.
+    - ``fsdp_units`` (``dp_kinds.FSDP_UNITS``): what a sharded step gathers at once.
+    - ``norm_kernel``, ``optimizer_impl``, ``attention_impl`` (``eager_ops``): the kernels run.
+    - ``ddp_impl`` (``grad_sync.DDP_IMPLS``): bucketed and overlapped ("torch") or one flat
+      all-reduce after backward ("local", Megatron-LM's own wrapper).
+    - ``loss_kernel`` (``memory.LOSS_KERNELS``; None = F.cross_entropy as meshplan's runtime runs it).
+    - ``vocab_parallel_embedding``: the token embedding sharded over the vocabulary under TP.
+    - ``pp_scatter_gather``: stage-to-stage sends split 1/tp and re-gathered (Megatron-LM 2021).
+    - ``split_rule`` (``partition.engine_split.SPLIT_RULES``): how the engine cuts layers into stages.
+    """
+
+    name: str
+    engine: str
+    version: str
+    state_layout: str = "torch"
+    pp_buffers: str = "torch"
+    sp_saves: str = "gathered"
+    fsdp_units: str = "block"
+    norm_kernel: str = RUNTIME_NORM_KERNEL
+    optimizer_impl: str = "fused"
+    attention_impl: str = "flash"
+    ddp_impl: str = "torch"
+    loss_kernel: str | None = None
+    vocab_parallel_embedding: bool = False
+    pp_scatter_gather: bool = False
+    split_rule: str = "any"
+    #: (field, where the engine sets it: file and default at this version)
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        for fname, allowed in (("state_layout", STATE_LAYOUTS), ("pp_buffers", PP_BUFFERS), ("sp_saves", SP_SAVES),
+                               ("fsdp_units", FSDP_UNITS), ("norm_kernel", NORM_KERNELS),
+                               ("optimizer_impl", OPTIMIZER_IMPLS), ("attention_impl", ATTENTION_IMPLS),
+                               ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES)):  # fmt: skip
+            if getattr(self, fname) not in allowed:
+                raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, fname)!r}")  # fmt: skip
+        if self.loss_kernel is not None and self.loss_kernel not in LOSS_KERNELS:
+            raise ValueError(f"engine profile {self.name!r}: loss_kernel must be None or one of "
+                             f"{', '.join(LOSS_KERNELS)}, got {self.loss_kernel!r}")  # fmt: skip
+
+    def with_run_flags(self, **flags: str) -> EngineProfile:
+        """This profile with a run's own flags (``RUN_FLAGS`` only: a run's command line or config
+        file may set them; an engine convention it may not)."""
+        bad = sorted(set(flags) - set(RUN_FLAGS))
+        if bad:
+            raise ValueError(f"{', '.join(bad)} is an engine convention, not a run flag: name the engine profile "
+                             f"that has it (run flags: {', '.join(RUN_FLAGS)})")  # fmt: skip
+        return dataclasses.replace(self, **flags) if flags else self
+
+    def but(self, **changes: object) -> EngineProfile:
+        """A variant (tests, what-if costings): any field changed, named after this one."""
+        return dataclasses.replace(self, **{"name": f"{self.name}*", **changes})  # type: ignore[arg-type]
+
+
+_MESHPLAN = EngineProfile(
+    "meshplan", "meshplan", "this repository",
+    sources=(
+        ("state_layout", "runtime/loop optimizer: torch.optim.AdamW over fp32 parameters (FSDP2 MixedPrecisionPolicy "
+                         "param bf16 / reduce fp32 keeps fp32 shards)"),
+        ("pp_buffers", "runtime pipelining: torch.distributed.pipelining stages, outputs not kept (allocator.PP_BUFFERS 'torch')"),
+        ("norm_kernel", "eager_ops.RUNTIME_NORM_KERNEL: a Python RMSNorm run as its ops (no torch.compile unless --compile)"),
+        ("optimizer_impl", "AdamW(fused=True) on CUDA"),
+        ("attention_impl", "F.scaled_dot_product_attention (flash kernel)"),
+        ("ddp_impl", "torch DDP / bucketed manual all-reduce overlapped with backward"),
+        ("vocab_parallel_embedding", "the TP placement ILP chooses the embedding's style (tp.strategies)"),
+    ),
+)  # fmt: skip
+
+_TITAN_2024 = (
+    ("state_layout", "FSDP2 fully_shard with MixedPrecisionPolicy(param bf16, reduce fp32): fp32 sharded "
+                     "parameters and AdamW states"),
+    ("pp_buffers", "torch.distributed.pipelining schedule.step() keeps the last stage's outputs "
+                   "(allocator.PP_BUFFERS 'torch-outputs')"),
+    ("sp_saves", "torch TP ColwiseParallel after SequenceParallel: the linear saves its all-gathered input"),
+    ("fsdp_units", "parallelize_llama.apply_fsdp: fully_shard per TransformerBlock"),
+    ("attention_impl", "models/llama/model.py: F.scaled_dot_product_attention"),
+    ("vocab_parallel_embedding", "parallelize_llama.apply_tp: tok_embeddings RowwiseParallel, output ColwiseParallel, "
+                                 "loss_parallel"),
+    ("split_rule", "pipeline split: even layers, fewer in the first / last stage (engines.spec.CAPS)"),
+)  # fmt: skip
+
+_MEGATRON_2021 = (
+    ("state_layout", "megatron/optimizer: fp16 model + fp32 main gradients + fp32 master weights and Adam states "
+                     "(README: 18 bytes per parameter, no distributed optimizer yet)"),
+    ("pp_buffers", "megatron/p2p_communication.py: torch.distributed p2p into the next stage's input tensor, "
+                   "nothing kept per microbatch beyond the stage inputs"),
+    ("sp_saves", "megatron/mpu/layers.py ColumnParallelLinear (SP from 2022: saves its shard, all-gathers in backward)"),
+    ("norm_kernel", "apex FusedLayerNorm (megatron/model/fused_layer_norm.py)"),
+    ("optimizer_impl", "apex.optimizers.FusedAdam (megatron/optimizer/__init__.py)"),
+    ("ddp_impl", "megatron/arguments.py: --DDP-impl default='local' (one flat all-reduce after backward)"),
+    ("loss_kernel", "megatron/mpu/cross_entropy.py vocab_parallel_cross_entropy: softmax kept in place"),
+    ("vocab_parallel_embedding", "megatron/mpu/layers.py VocabParallelEmbedding"),
+    ("split_rule", "megatron/model/transformer.py ParallelTransformer: num_layers // pipeline size per stage"),
+)  # fmt: skip
+
+
+def _with(sources: tuple[tuple[str, str], ...], *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    keys = {k for k, _ in extra}
+    return tuple(s for s in sources if s[0] not in keys) + extra
+
+
+PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
+    _MESHPLAN,
+    EngineProfile(
+        "torchtitan-2024.04", "torchtitan", "0413364 (2024-04)", pp_buffers="torch-outputs", norm_kernel="eager",
+        optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        sources=_with(_TITAN_2024,
+                      ("norm_kernel", "config_manager.py --model.norm_type default 'rmsnorm' (models/norms.py RMSNorm: "
+                                      "eager ops; a train config choosing 'fused_rmsnorm' is a run flag)"),
+                      ("optimizer_impl", "train.py build_optimizer: torch.optim.AdamW(..., foreach=True)")),
+    ),
+    EngineProfile(
+        "torchtitan-2024.12", "torchtitan", "9dec370 (2024-12)", pp_buffers="torch-outputs", norm_kernel="eager",
+        optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        sources=_with(_TITAN_2024,
+                      ("norm_kernel", "train_configs/*.toml norm_type = 'rmsnorm' (models/norms.py: eager ops; "
+                                      "torch.compile, a run flag, fuses them)"),
+                      ("optimizer_impl", "torchtitan/optimizer.py build_optimizers: fused = optimizer.fused "
+                                         "(default False), foreach = not fused")),
+    ),
+    EngineProfile(
+        "torchtitan-2026", "torchtitan", "0.3.0 (installed)", pp_buffers="torch-outputs", norm_kernel="fused",
+        optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        sources=_with(_TITAN_2024,
+                      ("norm_kernel", "models/common/nn_modules.py RMSNorm(nn.RMSNorm): torch's fused rms_norm kernel"),
+                      ("optimizer_impl", "components/optimizer/optimizer.py Config.implementation default 'fused'"),
+                      ("fsdp_units", "distributed/fsdp.py: fully_shard per transformer block")),
+    ),
+    EngineProfile(
+        "megatron-lm-2020", "megatron", "5281919 (2020-09)", state_layout="megatron", pp_buffers="megatron",
+        sp_saves="shard", norm_kernel="fused", attention_impl="eager", ddp_impl="local", loss_kernel="fused",
+        vocab_parallel_embedding=True, split_rule="even",
+        sources=_with(_MEGATRON_2021,
+                      ("attention_impl", "megatron/model/transformer.py ParallelSelfAttention: torch.matmul scores, "
+                                         "masked_fill_, torch.nn.Softmax, dropout, torch.matmul (no fused softmax)")),
+    ),
+    EngineProfile(
+        "megatron-lm-2021", "megatron", "6985e58 (2021, examples/sc21)", state_layout="megatron",
+        pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local",
+        loss_kernel="fused", vocab_parallel_embedding=True, pp_scatter_gather=True, split_rule="even",
+        sources=_with(_MEGATRON_2021,
+                      ("attention_impl", "megatron/model/transformer.py: baddbmm scores, FusedScaleMaskSoftmax, "
+                                         "dropout, bmm (no flash kernel)"),
+                      ("pp_scatter_gather", "megatron/arguments.py: scatter/gather on unless "
+                                            "--no-scatter-gather-tensors-in-pipeline (p2p_communication.py)")),
+    ),
+    EngineProfile(
+        "megatron-lm-2021+zero3", "megatron", "6985e58 + DeepSpeed ZeRO-3 (SC'21 Table 2)", state_layout="megatron",
+        pp_buffers="megatron", sp_saves="shard", fsdp_units="module", norm_kernel="fused", attention_impl="unfused",
+        ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even",
+        sources=_with(_MEGATRON_2021,
+                      ("attention_impl", "megatron/model/transformer.py (2021): baddbmm, FusedScaleMaskSoftmax, bmm"),
+                      ("fsdp_units", "deepspeed/runtime/zero/stage3.py: parameters fetched per submodule by "
+                                     "forward/backward pre-hooks (partitioned_param_coordinator)")),
+    ),
+    EngineProfile(
+        "megatron-deepspeed-2022", "megatron", "Megatron-DeepSpeed (MT-NLG 2021, BLOOM 2022)", state_layout="megatron",
+        pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="torch",
+        loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even",
+        sources=_with(_MEGATRON_2021,
+                      ("attention_impl", "megatron/model/transformer.py: baddbmm, FusedScaleMaskSoftmax, bmm"),
+                      ("pp_buffers", "deepspeed/runtime/pipe/engine.py: p2p of whole activations, buffers per "
+                                     "in-flight microbatch only"),
+                      ("ddp_impl", "DeepSpeed engine: gradient all-reduce in buckets (allreduce_bucket_size), "
+                                   "ZeRO-1 reduce-scatter overlapped"),
+                      ("split_rule", "deepspeed/runtime/pipe/module.py PipelineModule partition_method "
+                                     "(--pp-partition-method in the run's flags)")),
+    ),
+    EngineProfile(
+        "megatron-core-2024", "megatron", "core_v0.8 (2024)", state_layout="megatron", pp_buffers="megatron",
+        sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch", loss_kernel="fused",
+        vocab_parallel_embedding=True, split_rule="first_last",
+        sources=_with(_MEGATRON_2021,
+                      ("attention_impl", "megatron/core/transformer/dot_product_attention / TE DotProductAttention: "
+                                         "fused flash kernel"),
+                      ("norm_kernel", "Transformer Engine fused RMSNorm / LayerNorm"),
+                      ("optimizer_impl", "megatron/core/optimizer: TE / apex FusedAdam"),
+                      ("ddp_impl", "megatron/core/distributed/distributed_data_parallel.py: gradient buckets, "
+                                   "--overlap-grad-reduce"),
+                      ("loss_kernel", "megatron/core/tensor_parallel/cross_entropy.py VocabParallelCrossEntropy"),
+                      ("split_rule", "num_layers / pp, the first / last set by --decoder-first/last-pipeline-num-layers")),
+    ),
+    EngineProfile(
+        "megatron-core-2026", "megatron", "megatron-core 0.16 (installed)", state_layout="megatron",
+        pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch",
+        loss_kernel="fused", vocab_parallel_embedding=True, split_rule="first_last",
+        sources=_with(_MEGATRON_2021,
+                      ("attention_impl", "megatron/core/extensions/transformer_engine.py TEDotProductAttention"),
+                      ("norm_kernel", "Transformer Engine fused RMSNorm / LayerNorm"),
+                      ("ddp_impl", "megatron/core/distributed/distributed_data_parallel.py: buckets, overlap_grad_reduce"),
+                      ("loss_kernel", "megatron/core/tensor_parallel/cross_entropy.py VocabParallelCrossEntropy"),
+                      ("split_rule", "megatron/core/transformer/transformer_block.py: layers / pp, first / last stage "
+                                     "by decoder_first/last_pipeline_num_layers")),
+    ),
+    EngineProfile(
+        "llm-foundry-2023", "llm-foundry", "MosaicML llm-foundry (MPT, 2023)", norm_kernel="fused",
+        optimizer_impl="fused", loss_kernel="fused",
+        sources=(
+            ("state_layout", "Composer FSDP (FULL_SHARD, mixed_precision PURE): fp32 sharded parameters and optimizer states"),
+            ("fsdp_units", "llmfoundry/models/mpt/modeling_mpt.py fsdp_wrap_fn: one FSDP unit per MPTBlock"),
+            ("norm_kernel", "MPT low_precision_layernorm (one F.layer_norm kernel under autocast)"),
+            ("attention_impl", "MPT attn_impl 'triton' / 'flash'"),
+            ("loss_kernel", "llmfoundry: flash_attn.losses.cross_entropy CrossEntropyLoss (fused)"),
+        ),
+    ),
+    EngineProfile(
+        "deepspeed-2026", "deepspeed", "deepspeed 0.19 (installed)", state_layout="zero", fsdp_units="module",
+        split_rule="even",
+        sources=(
+            ("state_layout", "deepspeed/runtime/zero: 16-bit parameters and gradients + fp32 master weights and Adam "
+                             "states (the ZeRO paper's 2 + 2 + 12 bytes per parameter)"),
+            ("fsdp_units", "deepspeed/runtime/zero/partitioned_param_coordinator.py: parameters fetched per submodule"),
+            ("optimizer_impl", "deepspeed/ops/adam/fused_adam.py FusedAdam"),
+            ("ddp_impl", "deepspeed/runtime/engine.py: bucketed all-reduce overlapped with backward (overlap_comm)"),
+            ("split_rule", "deepspeed/runtime/pipe/module.py PipelineModule(partition_method='parameters'): "
+                           "balanced layers (uniform here)"),
+        ),
+    ),
+    EngineProfile(
+        "unpublished", "zero", "an engine whose conventions are not published", state_layout="zero",
+        pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", vocab_parallel_embedding=True,
+        sources=(
+            ("state_layout", "the ZeRO paper's 2 + 2 + 12 bytes per parameter (Rajbhandari et al. 2020 §3)"),
+            ("pp_buffers", "assumed: p2p into the next stage's input, as the Megatron-family engines (no source)"),
+            ("sp_saves", "assumed: the sequence shard, as Megatron-LM (no source)"),
+            ("norm_kernel", "assumed: a fused norm kernel, as every engine of 2024 at scale (no source)"),
+            ("vocab_parallel_embedding", "assumed: vocabulary-parallel embedding, as Megatron-LM and torchtitan (no source)"),
+        ),
+    ),
+)}  # fmt: skip
+
+#: the profile of each engine of ``engines.spec.CAPS`` as installed here (``estimate --from-*``, ``--target``)
+INSTALLED = {"torchtitan": "torchtitan-2026", "megatron": "megatron-core-2026", "deepspeed": "deepspeed-2026",
+             "meshplan": "meshplan"}  # fmt: skip
+
+
+def profile(name: str | EngineProfile | None) -> EngineProfile:
+    """The profile named ``name`` (an EngineProfile passes through; None is meshplan's runtime)."""
+    if isinstance(name, EngineProfile):
+        return name
+    if name is None:
+        return _MESHPLAN
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine profile {name!r}; use one of {', '.join(PROFILES)}") from None
+
+
+MESHPLAN = _MESHPLAN
