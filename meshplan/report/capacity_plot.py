@@ -73,9 +73,16 @@ def _time_cost(ax: Any, rep: CapacityReport) -> None:
 
     ax.set_xscale("log")
     ax.set_yscale("log")
-    plain = FuncFormatter(lambda v, _pos: f"{v:,.4g}")
-    ax.xaxis.set_major_formatter(plain)
-    ax.yaxis.set_major_formatter(plain)
+    from meshplan.sizing.parse import si
+
+    def label(v: float, money: bool, minor: bool) -> str:
+        if minor and f"{v:.0e}"[0] not in "25":  # minor ticks: 2x and 5x the decade only
+            return ""
+        return ("$" if money else "") + si(v) if money or v >= 1e4 else f"{v:,.4g}"
+
+    for axis, money in ((ax.xaxis, False), (ax.yaxis, priced)):
+        axis.set_major_formatter(FuncFormatter(lambda v, _p, m=money: label(v, m, False)))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _p, m=money: label(v, m, True)))
     ax.set_xlabel("days to train (predicted)")
     ax.set_ylabel("cost, dollars (predicted)" if priced else "GPU-hours (predicted; no prices given)")
     ax.set_title("Time to train vs " + ("cost" if priced else "GPU-hours") + f" (± {100 * rep.band.median:.1f}% band)",
