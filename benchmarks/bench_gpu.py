@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29511")
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))  # as meshplan run does
     print(f"{gpu} (preset {preset}, bf16 peak {peak / 1e12:.0f} TFLOP/s), batch {a.batch}x{a.seq}, "
           f"median of {a.steps} steps after {a.warmup}, compile={a.compile}; all step times measured")
     print("| model | hand ms | runtime ms | runtime/hand | tokens/s (runtime) | MFU hand | MFU runtime "

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# One-command check of meshplan on one NVIDIA GPU (H100 / H200), issue #28 item 5.
+#
+#   benchmarks/gpu_check.sh [--out DIR] [--wheels DIR] [--quick] [--cpu]
+#   benchmarks/gpu_check.sh --download-wheels DIR     # on a machine WITH a package index, beforehand
+#
+# Steps, each under its own `timeout`, each logging to DIR/NN-name.log (lines time-stamped) and
+# appending "name<TAB>exit code<TAB>seconds" to DIR/status.tsv; a failed step does not stop the rest:
+#   01 plan       meshplan plan gpt2-xl -n 1 on this GPU's preset (batch 8 x 1024)
+#   02 run        meshplan run on synthetic data (RunRecord run_synthetic.json)
+#   03 tokens     meshplan prepare-data (byte tokens of a bundled text) -> tokens.bin
+#   04 run        meshplan run on tokens.bin (RunRecord run_tokens.json)
+#   05 calibrate  meshplan calibrate on both RunRecords -> calibrated.json
+#   06 replan     meshplan plan on the calibrated cluster
+#   07 bench      benchmarks/bench_gpu.py: hand-written bf16 loop vs the runtime (gpt2-xl, llama-1b)
+#   08 plan 8B    meshplan plan llama3-8b -n 1, batch 8 x 4096 (the planner's pick at this GPU's memory edge;
+#                 QLoRA when nothing else fits)
+#   09 run 8B     meshplan run of that plan: does what the planner says fits, fit?
+# Then benchmarks/gpu_check_report.py prints (and writes DIR/summary.md) predicted vs measured step
+# time and peak memory per run, launch-to-first-step seconds, and the calibrated re-plan.
+#
+# The GPU machine has no package index (shared/PLATFORM.md "The GPU machine": torch 2.11, no pulp or
+# highspy). --download-wheels DIR fetches cp312 manylinux wheels of both beforehand; --wheels DIR
+# installs them there with --no-index into DIR/site (nothing outside DIR is touched).
+# --cpu runs the same steps with tiny models on the CPU (gloo), to check the script itself; --quick
+# shortens the GPU runs. Typical wall time on one GPU: about 6-7 minutes (not yet measured: see
+# BENCHMARKS.md); the sum of the step timeouts bounds the worst case.
+set -u
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$HERE")
+OUT="gpu_check_$(date +%Y%m%d_%H%M%S)"
+WHEELS=""
+CPU=0
+QUICK=0
+PY=${PYTHON:-python3}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT=$2; shift 2 ;;
+    --wheels) WHEELS=$2; shift 2 ;;
+    --cpu) CPU=1; shift ;;
+    --quick) QUICK=1; shift ;;
+    --download-wheels)
+      mkdir -p "$2"
+      exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$2" pulp==3.3.2 highspy==1.16.0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+SITE="$OUT/site"
+mkdir -p "$SITE"
+# a stuck step prints every thread's stack before its timeout kills it (faulthandler)
+cat > "$SITE/sitecustomize.py" <<'EOF'
+import faulthandler
+import os
+import sys
+
+_after = float(os.environ.get("GPU_CHECK_DUMP_AFTER_S", "0") or 0)
+if _after > 0:
+    faulthandler.dump_traceback_later(_after, exit=False, file=sys.stderr)
+EOF
+export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+: > "$OUT/status.tsv"
+
+stamp() { while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done; }
+
+# step NAME TIMEOUT_S CMD...: run CMD under timeout, time-stamped log, status line
+step() {
+  local name=$1 limit=$2; shift 2
+  local log="$OUT/$name.log" t0 rc
+  t0=$(date +%s.%N)
+  echo "== $name (at most ${limit}s): $*"
+  echo "== $*" > "$log"
+  printf '%s launch\n' "$t0" >> "$log"
+  GPU_CHECK_DUMP_AFTER_S=$((limit > 15 ? limit - 10 : limit)) timeout --kill-after=15 "$limit" "$@" 2>&1 | stamp >> "$log"
+  rc=${PIPESTATUS[0]}
+  printf '%s\t%s\t%.1f\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" >> "$OUT/status.tsv"
+  tail -n 4 "$log" | cut -d' ' -f2- | grep -v '^launch$' | sed 's/^/   /'
+  [ "$rc" = 124 ] && echo "   TIMED OUT after ${limit}s (stacks in $log)"
+  return 0
+}
+
+MP=("$PY" -m meshplan.cli)  # `timeout` runs programs, not shell functions
+
+# ---- environment --------------------------------------------------------------------------------
+{
+  date -u
+  "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,power.limit,driver_version --format=csv
+  git -C "$REPO" rev-parse --short HEAD 2>/dev/null
+} > "$OUT/environment.txt" 2>&1
+cat "$OUT/environment.txt"
+if ! "$PY" -c 'import pulp, highspy' 2>/dev/null; then
+  if [ -n "$WHEELS" ]; then
+    "$PY" -m pip install --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl > "$OUT/00-wheels.log" 2>&1 \
+      || { echo "installing the wheels of $WHEELS failed: $OUT/00-wheels.log" >&2; exit 2; }
+  else
+    echo "pulp/highspy missing: bring wheels (gpu_check.sh --download-wheels DIR elsewhere, then --wheels DIR)" >&2
+    exit 2
+  fi
+fi
+
+if [ "$CPU" = 1 ]; then
+  CLUSTER=h100  # predictions for an H100; the report marks them not comparable with a CPU run
+  MODEL=gpt-tiny; BATCH=4; SEQ=32; STEPS=3; RUN_EXTRA=(--threads 1)
+  BIG=llama-tiny; BIG_SEQ=32; BIG_BATCH=4; BENCH=(--models gpt2-small --batch 2 --seq 64 --steps 2 --warmup 1)
+else
+  GPU_NAME=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null)
+  CLUSTER=$("$PY" -c "from meshplan.cost_models.hardware import preset_for_gpu_name as p; print(p('$GPU_NAME') or '')")
+  if [ -z "$CLUSTER" ]; then echo "no cluster preset for GPU '$GPU_NAME' (h100, h200, a100 are known)" >&2; exit 2; fi
+  MODEL=gpt2-xl; BATCH=8; SEQ=1024; STEPS=12; RUN_EXTRA=()
+  BIG=llama3-8b; BIG_SEQ=4096; BIG_BATCH=8; BENCH=(--models gpt2-xl,llama-1b --batch 8 --seq 1024 --steps 15 --warmup 5)
+  if [ "$QUICK" = 1 ]; then STEPS=8; BENCH=(--models gpt2-xl --batch 8 --seq 1024 --steps 8 --warmup 3); fi
+fi
+echo "cluster preset: $CLUSTER; results in $OUT"
+cd "$OUT" || exit 2
+
+step 01-plan 120 "${MP[@]}" plan "$MODEL" -n 1 --cluster "$CLUSTER" --global-batch "$BATCH" --seq "$SEQ" -o plan.json
+step 02-run-synthetic 240 "${MP[@]}" run plan.json --model "$MODEL" --steps "$STEPS" --log-every 1 \
+  --record run_synthetic.json "${RUN_EXTRA[@]}"
+step 03-tokens 60 "${MP[@]}" prepare-data "$REPO/tests/data/river_town.txt" -o tokens.bin --val-fraction 0.1
+step 04-run-tokens 180 "${MP[@]}" run plan.json --model "$MODEL" --steps "$STEPS" --log-every 1 --data tokens.bin \
+  --eval-every "$STEPS" --eval-batches 1 --record run_tokens.json "${RUN_EXTRA[@]}"
+step 05-calibrate 60 "${MP[@]}" calibrate run_synthetic.json run_tokens.json --cluster "$CLUSTER" -o calibrated.json
+step 06-replan 120 "${MP[@]}" plan "$MODEL" -n 1 --cluster calibrated.json --global-batch "$BATCH" --seq "$SEQ" \
+  -o plan_calibrated.json
+step 07-bench-gpu 240 "$PY" "$REPO/benchmarks/bench_gpu.py" "${BENCH[@]}"
+step 08-plan-8b 120 "${MP[@]}" plan "$BIG" -n 1 --cluster "$CLUSTER" --global-batch "$BIG_BATCH" --seq "$BIG_SEQ" -o plan_8b.json
+if [ ! -s plan_8b.json ]; then  # nothing fits in full precision: the planner's QLoRA plan
+  step 08b-plan-8b-qlora 120 "${MP[@]}" plan "$BIG" -n 1 --cluster "$CLUSTER" --global-batch "$BIG_BATCH" --seq "$BIG_SEQ" \
+    --quantization qlora -o plan_8b.json
+fi
+if [ -s plan_8b.json ]; then
+  step 09-run-8b 300 "${MP[@]}" run plan_8b.json --model "$BIG" --steps 6 --log-every 1 --profile-steps 0 \
+    --record run_8b.json "${RUN_EXTRA[@]}"
+fi
+
+"$PY" "$REPO/benchmarks/gpu_check_report.py" "$OUT" | tee "$OUT/summary.md"
