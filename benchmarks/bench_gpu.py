@@ -73,7 +73,7 @@ def timed(step: Any, data: Any, steps: int, warmup: int) -> float:
 
 def hand_loop(model: torch.nn.Module, compile_blocks: bool) -> Any:
     if compile_blocks:
-        from meshplan.runtime.compiling import apply_compile
+        from meshplan.runtime.apply.compiling import apply_compile
 
         apply_compile([model], pipelined=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -90,8 +90,8 @@ def hand_loop(model: torch.nn.Module, compile_blocks: bool) -> Any:
 
 def runtime_loop(model: torch.nn.Module, preset: str, batch: int, seq: int, compile_blocks: bool) -> tuple[Any, Any]:
     from meshplan.planner.api import estimate
-    from meshplan.runtime.api import apply_plan
-    from meshplan.runtime.optim import make_optimizer
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.loop.optim import make_optimizer
 
     ex = (torch.zeros(1, seq, dtype=torch.long),)
     plan = estimate(model, 1, tp=1, pp=1, dp=1, num_microbatches=1, global_batch_size=batch, seq_len=seq,

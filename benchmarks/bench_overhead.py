@@ -60,7 +60,7 @@ class _Stage1(nn.Module):
 
 
 def _opt(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    from meshplan.runtime.optim import make_optimizer  # AdamW foreach, DTensors in their own group
+    from meshplan.runtime.loop.optim import make_optimizer  # AdamW foreach, DTensors in their own group
 
     return make_optimizer("adamw", 1e-4)(params)
 
@@ -140,8 +140,8 @@ def hand_pp2_dp2(rank: int, m: int) -> Any:
 
 
 def runtime(**kw: Any) -> Any:
-    from meshplan.runtime import handplan, split
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply import handplan, split
+    from meshplan.runtime.apply.api import apply_plan
 
     model = _model()
     m, dp = kw.get("microbatches", 1), kw.get("dp", 1)

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from meshplan.cost_models.quant_nodes import quant_state_bytes
 from meshplan.models.gpt import GPT, GPTConfig
 from meshplan.plan import Quantization
-from meshplan.runtime.quant import apply_quantization
-from meshplan.runtime.quant.qlora import nf4_tensor_bytes
+from meshplan.runtime.apply.quant import apply_quantization
+from meshplan.runtime.apply.quant.qlora import nf4_tensor_bytes
 from meshplan.trace import trace_model
 
 

@@ -83,7 +83,7 @@ PREDICT_CASES = [
 
 def predict_worker(rank: int, world: int, plans_json: list[str], steps: int) -> list[dict[str, Any]]:
     from meshplan.plan import Plan
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply.api import apply_plan
 
     out = []
     for pj in plans_json:

@@ -1,7 +1,7 @@
 """The ``--input-shape NAME=2x3x224x224[:dtype]`` text form: parsing, printing, and its argparse flag.
 
 Torch-free and below both users: ``meshplan/commands`` (plan, inspect, estimate, run) and the
-torchrun entry ``runtime/train.py`` read the same flag, and ``commands/run.py`` writes it back into
+torchrun entry ``runtime/loop/train.py`` read the same flag, and ``commands/run.py`` writes it back into
 the worker's argv (``input_shape_text``). The parsed form is what ``trace_model``'s
 ``input_shapes`` takes: name -> shape, or name -> (shape, dtype).
 """

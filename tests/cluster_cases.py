@@ -25,7 +25,7 @@ def prepare_tokens(out_dir: Path, val_fraction: float = 0.1) -> Path:
 def write_plan(path: Path, *, dp: int = 1, pp: int = 1, microbatches: int = 1, micro_batch_size: int = 4,
                seq_len: int = 32, model: str = "gpt-tiny") -> Path:
     from meshplan.models import load_model
-    from meshplan.runtime import handplan, split
+    from meshplan.runtime.apply import handplan, split
 
     spec = load_model(model, batch_size=micro_batch_size, seq_len=seq_len)
     gm = split.capture_graph(spec.model, spec.example_inputs)[0] if pp > 1 else None
@@ -45,8 +45,9 @@ def local_vs_global_worker(rank: int, world: int, token_file: str) -> dict[str, 
     """dp2 and pp2 plans trained 3 steps on the rank's own token reads and on the global batch."""
     import torch
 
-    from meshplan.runtime import data, handplan, split
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply import handplan, split
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.loop import data
 
     out: dict[str, Any] = {}
     for name, kw in (("dp2", dict(dp=2, microbatches=2, micro_batch_size=2)),

@@ -3,13 +3,13 @@
 On an NCCL group a CPU tensor fails ("No backend type associated with device type cpu"). On this
 CPU machine the group's device and the default device are both the CPU, so a stray tensor cannot
 be told from a placed one by its device. The guard makes placement visible: it gives the runtime
-a marked "device" (``meshplan.runtime.collectives.on_group_device``, the one place the runtime puts
+a marked "device" (``meshplan.runtime.launch.collectives.on_group_device``, the one place the runtime puts
 a tensor on its group's device, returns the tensor as ``OnGroupDevice``) and wraps the collectives
 of ``torch.distributed`` (and its autograd ``torch.distributed.nn.functional``) so that a call from
 a meshplan module is a violation when
 
 - a tensor argument is not an ``OnGroupDevice`` or not on the group's real device, or
-- it does not come from ``meshplan.runtime.collectives`` (a collective issued around the one place).
+- it does not come from ``meshplan.runtime.launch.collectives`` (a collective issued around the one place).
 
 Violations are recorded, not raised, so every rank finishes the run and the test reports them all.
 """
@@ -30,7 +30,7 @@ NAMES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_t
          "scatter", "monitored_barrier")
 # isend / irecv stay unwrapped: P2POp checks its op is torch's own function (batch_isend_irecv is checked)
 AUTOGRAD_NAMES = ("all_reduce", "all_to_all_single", "all_gather", "broadcast", "reduce_scatter", "all_to_all")
-HOME = "meshplan.runtime.collectives"
+HOME = "meshplan.runtime.launch.collectives"
 
 
 class OnGroupDevice(torch.Tensor):
@@ -52,7 +52,7 @@ class Guard:
 
     def __init__(self) -> None:
         self.violations: list[str] = []
-        self.seen: set[str] = set()  # collectives meshplan.runtime.collectives issued
+        self.seen: set[str] = set()  # collectives meshplan.runtime.launch.collectives issued
 
     def _wrap(self, where: str, name: str, fn: Any) -> Any:
         @functools.wraps(fn)
@@ -66,7 +66,7 @@ class Guard:
         return checked
 
     def _check(self, caller: str, name: str, args: tuple, kwargs: dict) -> None:
-        from meshplan.runtime.collectives import group_device
+        from meshplan.runtime.launch.collectives import group_device
 
         if caller != HOME:
             self.violations.append(f"{caller} calls {name} directly, not through {HOME}")
@@ -76,7 +76,7 @@ class Guard:
         for t in _tensors([*args, *kwargs.values()]):
             if not isinstance(t, OnGroupDevice):
                 self.violations.append(f"{caller}: {name} got a {tuple(t.shape)} {t.dtype} tensor that was not put "
-                                       "on the group's device (meshplan.runtime.collectives.on_group_device)")
+                                       "on the group's device (meshplan.runtime.launch.collectives.on_group_device)")
             elif t.device != group_device(group if isinstance(group, dist.ProcessGroup) else None):
                 self.violations.append(f"{caller}: {name} got a tensor on {t.device}, the group's device is "
                                        f"{group_device(group)}")
@@ -84,7 +84,7 @@ class Guard:
     def install(self) -> Guard:
         import torch.distributed.nn.functional as fc
 
-        from meshplan.runtime import collectives
+        from meshplan.runtime.launch import collectives
 
         originals: dict[int, Any] = {}
         for mod, where, names in ((dist, "torch.distributed", NAMES), (fc, "torch.distributed.nn.functional",
@@ -119,11 +119,11 @@ def tokens_hook(step: int, batch: int, seq_len: int) -> tuple[torch.Tensor, torc
 
 
 def run_worker(rank: int, world: int, runs: list[list[str]], ports: list[int]) -> dict[str, Any]:
-    """Each ``runs[i]`` is a ``meshplan.runtime.train`` argv run under the guard; ``ports[i]`` (i >= 1)
+    """Each ``runs[i]`` is a ``meshplan.runtime.loop.train`` argv run under the guard; ``ports[i]`` (i >= 1)
     re-creates the gloo group the previous run destroyed at its end."""
     import datetime
 
-    from meshplan.runtime import train
+    from meshplan.runtime.loop import train
 
     guard = Guard().install()
     codes = []

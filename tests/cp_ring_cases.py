@@ -15,7 +15,7 @@ def attention_worker(rank: int, world: int) -> list[tuple[bool, list[float], lis
     and of the q/k/v gradients, the ring's event order, its sends and bytes."""
     import torch.distributed as dist
 
-    from meshplan.runtime.context_parallel import RingContext, shard_sequence
+    from meshplan.runtime.apply.context_parallel import RingContext, shard_sequence
 
     out = []
     for causal in (True, False):
@@ -48,7 +48,7 @@ def plan_worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, flo
     over the steps (counted at its send call sites), the run's notes."""
     from epcp_cases import _loss, _opt, _train_and_compare, build, make_plan
 
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply.api import apply_plan
 
     out = []
     for cfg in cfgs:

@@ -102,7 +102,7 @@ def _train_and_compare(pm: Any, ref: torch.nn.Module, plan: Plan, example_mb: bo
 
 
 def worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, float, list[str]]]:
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply.api import apply_plan
 
     out = []
     for cfg in cfgs:
@@ -122,12 +122,12 @@ def worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, f
 
 def make_pp_plan(model: torch.nn.Module, *, pp: int, dp: int, cp: int, ep: int, m: int, schedule: str = "1f1b",
                  virtual_stages: int = 1, recompute: str = "none") -> Plan:
-    """A pipelined plan cut at block starts (``runtime.handplan``) on the (pp, dp, cp, tp) mesh."""
+    """A pipelined plan cut at block starts (``runtime.apply.handplan``) on the (pp, dp, cp, tp) mesh."""
     from dataclasses import replace
 
     from meshplan.models.hf import is_hf_model
-    from meshplan.runtime.handplan import manual_plan
-    from meshplan.runtime.split import capture_graph
+    from meshplan.runtime.apply.handplan import manual_plan
+    from meshplan.runtime.apply.split import capture_graph
 
     if is_hf_model(model):  # stage boundaries of its torch.export capture, as the planner names them
         from meshplan.planner.api import estimate
@@ -145,7 +145,7 @@ def make_pp_plan(model: torch.nn.Module, *, pp: int, dp: int, cp: int, ep: int, 
 
 def pp_worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, float, list[str]]]:
     """Like ``worker`` for pipelined plans: cp / ep inside the pipeline stages."""
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply.api import apply_plan
 
     out = []
     for cfg in cfgs:

@@ -347,7 +347,7 @@ def make_plan(fam: Family, cell: str, world: int) -> Any:
 
 def run_cell(fam: Family, cell: str, world: int, ref: list[float]) -> tuple[str, float, str]:
     """("ok", max loss error, notes) or ("error", inf, the error raised before training)."""
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply.api import apply_plan
 
     stage = "plan"
     try:

@@ -11,8 +11,9 @@ import torch
 def phases_worker(rank: int, world: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
-    from meshplan.runtime import handplan, phases, split
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply import handplan, split
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.record import phases
 
     data = rc.batches(3)
     out: dict[str, Any] = {}

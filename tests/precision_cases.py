@@ -12,7 +12,7 @@ import torch
 
 
 def _factory(name: str) -> Any:
-    from meshplan.runtime.optim import make_optimizer
+    from meshplan.runtime.loop.optim import make_optimizer
 
     return rc.opt_factory if name == "sgd" else make_optimizer(name, 1e-3)
 
@@ -41,7 +41,7 @@ def autocast_reference(model: torch.nn.Module, data: list, precision: str, clip:
 
 
 def _plan(model: torch.nn.Module, cfg: dict, data: list) -> tuple[Any, tuple | None]:
-    from meshplan.runtime import handplan, split
+    from meshplan.runtime.apply import handplan, split
 
     mbs = rc.BATCH // (cfg.get("dp", 1) * cfg["m"])
     ex = (data[0][0][:mbs],)
@@ -57,7 +57,7 @@ def _plan(model: torch.nn.Module, cfg: dict, data: list) -> tuple[Any, tuple | N
 
 def precision_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) -> list[tuple]:
     """Per cfg: (cfg, max loss error, max parameter error, facts: precision, counted grad-sync calls, ...)."""
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply.api import apply_plan
 
     data = rc.batches(steps)
     out = []
@@ -115,9 +115,10 @@ def resume_lr_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[flo
     """Cosine schedule with warm-up: 2 steps, checkpoint, then a resumed run at a new --lr continues it."""
     import functools
 
-    from meshplan.runtime import checkpoint, handplan
-    from meshplan.runtime.api import apply_plan
-    from meshplan.runtime.optim import lr_at, make_optimizer
+    from meshplan.runtime.apply import handplan
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.checkpoint import dcp as checkpoint
+    from meshplan.runtime.loop.optim import lr_at, make_optimizer
 
     data = rc.batches(4)
     out: dict[str, list[float]] = {"first": [], "resumed": []}

@@ -34,9 +34,10 @@ def worker(rank: int, world: int, path: str, ckpt: str, cfgs: list[dict]) -> lis
     own model's."""
     from torch.distributed.tensor import DTensor
 
-    from meshplan.runtime import checkpoint, handplan, split
-    from meshplan.runtime.api import apply_plan
-    from meshplan.runtime.evaluate import _batch_loss
+    from meshplan.runtime.apply import handplan, split
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.checkpoint import dcp as checkpoint
+    from meshplan.runtime.loop.evaluate import _batch_loss
 
     x, y = rc.batches(1, seed=5)[0]
     ref = hf_logits(path, x)

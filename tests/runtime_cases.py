@@ -100,7 +100,7 @@ def reference(model: nn.Module, data: list, quant: str = "none") -> tuple[list[f
 
     m = copy.deepcopy(model)
     if quant != "none":
-        from meshplan.runtime.quant import apply_quantization
+        from meshplan.runtime.apply.quant import apply_quantization
 
         apply_quantization(m, quantization(quant))
     run = HFLogits(m) if is_hf_model(m) else m
@@ -117,8 +117,8 @@ def reference(model: nn.Module, data: list, quant: str = "none") -> tuple[list[f
 
 def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float, float, list[str]]:
     """Apply one plan, train len(data) steps; (max loss error, max param error, notes)."""
-    from meshplan.runtime import handplan, split
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply import handplan, split
+    from meshplan.runtime.apply.api import apply_plan
 
     model = model_fn()
     mbs = BATCH // (cfg.get("dp", 1) * cfg["m"])
@@ -191,7 +191,7 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
     if cfg.get("recompute") == "full":  # split-backward recompute caches die with the microbatch's graph
         import gc
 
-        from meshplan.runtime.cached_checkpoint import _Frame
+        from meshplan.runtime.apply.cached_checkpoint import _Frame
 
         gc.collect()
         extra.append(f"live_frames={sum(isinstance(o, _Frame) for o in gc.get_objects())}")
@@ -222,8 +222,9 @@ def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int 
 
 def resume_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[float]]:
     """dp2 for 4 steps with a checkpoint after step 2; then steps 3-4 resumed under tp2 and pp2."""
-    from meshplan.runtime import checkpoint, handplan, split
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply import handplan, split
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.checkpoint import dcp as checkpoint
 
     data = batches(4)
     out: dict[str, list[float]] = {}
@@ -266,8 +267,9 @@ def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
 
     from meshplan.errors import NonFiniteError
     from meshplan.models.gpt import GPT, GPTConfig
-    from meshplan.runtime import checkpoint, handplan
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply import handplan
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.checkpoint import dcp as checkpoint
 
     def make(model: nn.Module) -> Any:
         plan = handplan.manual_plan(model, None, dp=2, microbatches=1, micro_batch_size=4, seq_len=SEQ)
@@ -333,7 +335,7 @@ def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
     out["after_bad_loss"] = pm.step(x, y)
     out["skipped"] = list(pm.skipped_steps)
 
-    from meshplan.runtime.batch_check import check_batch
+    from meshplan.runtime.loop.batch_check import check_batch
 
     check_batch(1, (x, y), global_batch=BATCH, seq_len=SEQ)  # the same batch on both ranks passes
     try:

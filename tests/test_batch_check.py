@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshplan.runtime.batch_check import check_batch
+from meshplan.runtime.loop.batch_check import check_batch
 
 
 def _b(n: int = 8, t: int = 16, dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor]:

@@ -56,7 +56,7 @@ def test_nonsense_numbers_refused_by_argparse(argv, capsys) -> None:
 @pytest.fixture(scope="module")
 def mlp_plan(tmp_path_factory) -> str:
     from meshplan.models import load_model
-    from meshplan.runtime import handplan
+    from meshplan.runtime.apply import handplan
 
     spec = load_model("mlp", batch_size=4)
     path = tmp_path_factory.mktemp("p") / "plan.json"

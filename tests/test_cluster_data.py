@@ -46,7 +46,7 @@ class TestPerRankData:
         progress = [line for line in out.stdout.splitlines() if "tokens/s" in line]
         assert [line.split()[1] for line in progress] == ["10/60", "20/60", "30/60", "40/60", "50/60", "60/60"]
         assert rec["tokens_per_s"] > 0 and rec["tokens_per_step"] == 8 * 32
-        # per-phase times from one extra profiled step (runtime.phases), the largest mismatch on the end line
+        # per-phase times from one extra profiled step (runtime.record.phases), the largest mismatch on the end line
         assert rec["phases"]["how"]["profiled_steps"] == 1
         assert rec["phases"]["forward"]["measured_s"] > 0 and rec["phases"]["backward"]["measured_s"] > 0
         assert rec["phases"]["other"]["predicted_s"] == pytest.approx(0.05)  # a hand plan: no stage times

@@ -122,7 +122,7 @@ class TestClusterRuns:
 
 
 def _workers(marker: str) -> list[int]:
-    """pids of meshplan.runtime.train workers whose command line holds ``marker`` (started by this test)."""
+    """pids of meshplan.runtime.loop.train workers whose command line holds ``marker`` (started by this test)."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -131,6 +131,6 @@ def _workers(marker: str) -> list[int]:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"meshplan.runtime.train" in cmd and marker.encode() in cmd:
+        if b"meshplan.runtime.loop.train" in cmd and marker.encode() in cmd:
             out.append(int(d.name))
     return sorted(out)

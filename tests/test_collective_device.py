@@ -1,12 +1,12 @@
 """Every collective meshplan's runtime issues hands torch.distributed tensors on the group's device.
 
 A real H200 run crashed at its end: the peak-memory ``all_gather`` of CPU tensors on the NCCL group.
-Two 2-rank ``meshplan.runtime.train`` runs under ``collective_guard`` (which makes "placed on the
+Two 2-rank ``meshplan.runtime.loop.train`` runs under ``collective_guard`` (which makes "placed on the
 group's device" visible on a CPU machine, see there) cover the runtime's own collectives: a pp2 run
 with tied weights split across stages, gradient clipping, a token file with held-out evaluation and
 checkpoints every step; an FSDP dp2 run on a per-step hook (checked across ranks every step) with
-profiled phases. Without ``meshplan.runtime.collectives`` (the code before it) the guard reports,
-among others, ``meshplan.runtime.record calls torch.distributed.all_gather directly``.
+profiled phases. Without ``meshplan.runtime.launch.collectives`` (the code before it) the guard reports,
+among others, ``meshplan.runtime.record.run_record calls torch.distributed.all_gather directly``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def test_runtime_collectives_use_the_group_device(tmp_path) -> None:
-    from meshplan.runtime.handplan import manual_plan
+    from meshplan.runtime.apply.handplan import manual_plan
 
     tokens = prepare_tokens(tmp_path)
     pp2 = write_plan(tmp_path / "pp2.json", pp=2, microbatches=2, micro_batch_size=2, seq_len=16)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from meshplan.runtime.comparable import not_comparable_reason
-from meshplan.runtime.record import RunRecord, StepRecord
+from meshplan.runtime.record.comparable import not_comparable_reason
+from meshplan.runtime.record.run_record import RunRecord, StepRecord
 
 CPU = {"device_type": "cpu", "device_name": "x86_64", "host": "box1"}
 

@@ -27,7 +27,7 @@ def test_megatron_readme_distributed_optimizer_table(d: int) -> None:
 
 @pytest.mark.parametrize("d", [2, 8, 64])
 def test_torch_runtime_keeps_fp32_parameters_as_master_weights(d: int) -> None:
-    # runtime/precision.py: parameters and optimizer states stay fp32 (autocast / FSDP2 param_dtype)
+    # runtime/apply/precision.py: parameters and optimizer states stay fp32 (autocast / FSDP2 param_dtype)
     assert _per_param("torch", "bf16", "ddp", d) == 16
     assert _per_param("torch", "bf16", "zero1", d) == 8 + 8 / d  # ZeroRedundancyOptimizer shards Adam only
     # zero2 runs as FSDP2 with reshard_after_forward=False: states sharded as fsdp's, and the gathered

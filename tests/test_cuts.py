@@ -151,7 +151,7 @@ def test_zero_bubble_skipped_when_a_stage_reads_a_weight_twice(graphs: dict[str,
     runtime refuses them naming the stage; GPT's tied embedding (first and last layer) is fine."""
     from meshplan.plan.execution_rules import tied_weight_blocker
     from meshplan.planner.search import Searcher
-    from meshplan.runtime.split import capture_graph, most_used_parameter, split_stages
+    from meshplan.runtime.apply.split import capture_graph, most_used_parameter, split_stages
 
     assert "zbv schedule cannot run a stage that reads the tied parameter w at 2 places" in tied_weight_blocker(
         pp=2, schedule="zbv", uses=2, name="w")

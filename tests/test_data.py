@@ -1,4 +1,4 @@
-"""Per-rank data (meshplan.runtime.data), token files and `meshplan prepare-data` (one process)."""
+"""Per-rank data (meshplan.runtime.loop.data), token files and `meshplan prepare-data` (one process)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from cluster_cases import TEXT, prepare_tokens
 
 from meshplan.cli import main
-from meshplan.runtime import data
+from meshplan.runtime.loop import data
 from meshplan.tokenfile import dtype_for_vocab, read_meta, val_path
 
 

@@ -1,7 +1,7 @@
 """The zoo MoE end to end (#17): `meshplan plan mixtral-tiny` then `meshplan run` of the plan
 (torchrun, gloo, fp32) gives the losses of one device. The search's own 4-rank plan is run (here a
 pipeline split of the MoE model, its blocks run as themselves), and so is the pp2 x cp2 x ep2 plan
-the CLI pins (each stage's token exchange and ring over its own ranks: runtime/epcp_pipeline.py)."""
+the CLI pins (each stage's token exchange and ring over its own ranks: runtime/apply/epcp_pipeline.py)."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ import torch
 from dist_utils import run_ranks
 from epcp_cases import SEQ, VOCAB, check_rows, pp_worker
 
-from meshplan.runtime.epcp_pipeline import cp_rows, pipeline_cp_blocker, shard_position_tables
-from meshplan.runtime.split import capture_graph, split_stages
+from meshplan.runtime.apply.epcp_pipeline import cp_rows, pipeline_cp_blocker, shard_position_tables
+from meshplan.runtime.apply.split import capture_graph, split_stages
 
 
 class TestPipelineFourRanks:

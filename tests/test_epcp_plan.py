@@ -55,7 +55,7 @@ def test_rule_refuses_what_the_runtime_cannot_run():
     assert epcp_rule(**ok) == ""
     assert epcp_rule(**{**ok, "tp": 2}) == ""  # cp x tp, ep x tp run (MoE blocks replicated over tp)
     assert epcp_rule(**{**ok, "recompute": "full"}) == ""  # checkpointed blocks re-run the ring
-    assert epcp_rule(**{**ok, "pp": 2}) == ""  # each stage's ring / exchange over its own ranks (runtime.epcp_pipeline)
+    assert epcp_rule(**{**ok, "pp": 2}) == ""  # each stage's ring / exchange over its own ranks (runtime.apply.epcp_pipeline)
     assert "torch.export" in epcp_rule(**{**ok, "pp": 2, "capture": "export"})  # cp: the length is baked in
     assert "torch.export" in epcp_rule(**{**ok, "cp": 1, "pp": 2, "capture": "export"})  # ep: measured wrong
     assert "sequence_parallel" in epcp_rule(**{**ok, "tp": 2, "sequence_parallel": True})
@@ -65,11 +65,11 @@ def test_rule_refuses_what_the_runtime_cannot_run():
 
 
 def test_runtime_refusal_is_the_planner_rule():
-    """runtime.epcp.epcp_blocker says what execution_rules.epcp_rule says (one rule, both sides)."""
+    """runtime.apply.epcp.epcp_blocker says what execution_rules.epcp_rule says (one rule, both sides)."""
     from epcp_cases import make_plan
 
     from meshplan.models.moe import moe_llama
-    from meshplan.runtime.epcp import epcp_blocker
+    from meshplan.runtime.apply.epcp import epcp_blocker
 
     model = moe_llama(vocab_size=64)
     for dp, cp, ep, tp, rc in ((1, 2, 1, 1, "selective"), (1, 2, 2, 2, "none"), (2, 1, 2, 1, "full"),

@@ -11,10 +11,10 @@ from meshplan.planner.search import Searcher
 
 def test_rules_name_what_the_runtime_refuses():
     assert "zero-bubble" in dp_kind_blocker(dp=2, tp=1, pp=2, schedule="zero-bubble", dp_kind="fsdp")
-    assert dp_kind_blocker(dp=2, tp=2, pp=1, schedule="1f1b", dp_kind="zero1") == ""  # runtime.zero1.TPZero
+    assert dp_kind_blocker(dp=2, tp=2, pp=1, schedule="1f1b", dp_kind="zero1") == ""  # runtime.apply.zero1.TPZero
     assert dp_kind_blocker(dp=2, tp=1, pp=2, schedule="1f1b", dp_kind="fsdp") == ""
     assert dp_kind_blocker(dp=1, tp=2, pp=2, schedule="zbv", dp_kind="fsdp") == ""  # no DP: nothing to shard
-    # full recompute runs under split backward (runtime/cached_checkpoint.py: one recompute per microbatch)
+    # full recompute runs under split backward (runtime/apply/cached_checkpoint.py: one recompute per microbatch)
     assert recompute_blocker(pp=2, schedule="zbv", recompute="full") == ""
     assert recompute_blocker(pp=2, schedule="zbv", recompute="selective") == ""
     assert recompute_blocker(pp=1, schedule="zero-bubble", recompute="full") == ""
@@ -31,7 +31,7 @@ def test_search_never_enumerates_a_refused_combination():
     zb = next(c for c in configs if c.schedule == "zero-bubble" and c.dp > 1)
     assert [k.dp_kind for k in ev._other_kinds(zb)] == ["zero1"]
     tp2 = next(c for c in configs if c.tp > 1 and c.dp > 1 and c.pp == 1)
-    assert "zero1" in [k.dp_kind for k in ev._other_kinds(tp2)]  # zero1 with tp runs (runtime.zero1.TPZero)
+    assert "zero1" in [k.dp_kind for k in ev._other_kinds(tp2)]  # zero1 with tp runs (runtime.apply.zero1.TPZero)
     for c in configs:
         assert not dp_kind_blocker(dp=c.dp, tp=c.tp, pp=c.pp, schedule=c.schedule, dp_kind=c.dp_kind), c
         assert not recompute_blocker(pp=c.pp, schedule=c.schedule, recompute=c.recompute), c

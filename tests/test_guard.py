@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan.errors import NonFiniteError
-from meshplan.runtime.guard import NonFiniteGuard
+from meshplan.runtime.loop.guard import NonFiniteGuard
 
 
 def test_default_stops_at_first_nonfinite_step() -> None:

@@ -9,7 +9,7 @@ import torch
 
 from meshplan.errors import PlanMismatchError
 from meshplan.plan.execution_rules import recompute_blocker
-from meshplan.runtime import recompute
+from meshplan.runtime.apply import recompute
 
 MM = ("aten.mm.default", "aten.addmm.default")
 

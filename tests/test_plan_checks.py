@@ -12,7 +12,7 @@ import runtime_cases as rc
 from meshplan.errors import PlanMismatchError
 from meshplan.fingerprint import check_plan_model, module_fingerprint
 from meshplan.plan import Plan, PlanFormatError
-from meshplan.runtime import handplan, split
+from meshplan.runtime.apply import handplan, split
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from meshplan.models.hf import hf_gpt2
-from meshplan.runtime import split, tp
-from meshplan.runtime.pretrained import load_pretrained
+from meshplan.runtime.apply import split, tp
+from meshplan.runtime.checkpoint.pretrained import load_pretrained
 
 KW = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=64, n_positions=16)
 
@@ -55,7 +55,7 @@ def test_errors_name_the_tensor(tmp_path) -> None:
 
 def test_run_passes_init_from_to_every_rank(tmp_path, capsys) -> None:
     from meshplan.cli import main
-    from meshplan.runtime.handplan import manual_plan
+    from meshplan.runtime.apply.handplan import manual_plan
 
     manual_plan(hf_gpt2(KW), model_name="mlp").save(tmp_path / "plan.json")
     assert main(["run", str(tmp_path / "plan.json"), "--model", "mlp", "--init-from", str(tmp_path),

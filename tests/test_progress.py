@@ -1,9 +1,9 @@
-"""Progress lines (meshplan.runtime.progress) and RunRecord.tokens_per_s."""
+"""Progress lines (meshplan.runtime.record.progress) and RunRecord.tokens_per_s."""
 
 from __future__ import annotations
 
-from meshplan.runtime.progress import Progress, fmt_duration
-from meshplan.runtime.record import RunRecord
+from meshplan.runtime.record.progress import Progress, fmt_duration
+from meshplan.runtime.record.run_record import RunRecord
 
 
 def test_progress_every_k_steps_and_the_last() -> None:

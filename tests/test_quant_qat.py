@@ -1,4 +1,4 @@
-"""QAT (meshplan.runtime.quant.qat): training, convert, TP shard-local fake quantization, dp2/tp2."""
+"""QAT (meshplan.runtime.apply.quant.qat): training, convert, TP shard-local fake quantization, dp2/tp2."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from quant_helpers import (
 )
 
 from meshplan.plan import Quantization
-from meshplan.runtime.quant import (
+from meshplan.runtime.apply.quant import (
     ShardLocalFakeQuantizer,
     apply_quantization,
     convert_for_deployment,

@@ -1,4 +1,4 @@
-"""QLoRA (meshplan.runtime.quant.qlora): NF4 frozen base + LoRA, deployment merge, dp2/tp2."""
+"""QLoRA (meshplan.runtime.apply.quant.qlora): NF4 frozen base + LoRA, deployment merge, dp2/tp2."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from quant_helpers import (
 )
 
 from meshplan.plan import Quantization
-from meshplan.runtime.quant import (
+from meshplan.runtime.apply.quant import (
     LoRALinear,
     apply_quantization,
     convert_for_deployment,
@@ -26,7 +26,7 @@ from meshplan.runtime.quant import (
     lora_tp_plan,
     merged_state_dict,
 )
-from meshplan.runtime.quant.qlora import nf4_scaler_block_size
+from meshplan.runtime.apply.quant.qlora import nf4_scaler_block_size
 
 Q = Quantization(mode="qlora", group_size=64, lora_rank=4, lora_alpha=8.0)
 
@@ -49,7 +49,7 @@ def test_layouts_and_validation() -> None:
     assert nf4_scaler_block_size(4096 * 4096, 64) == 256
     with pytest.raises(ValueError, match="NF4 block size"):
         nf4_scaler_block_size(100, 64)
-    from meshplan.runtime.quant import apply_qlora
+    from meshplan.runtime.apply.quant import apply_qlora
 
     with pytest.raises(ValueError, match="mode"):
         apply_qlora(tiny_gpt(), Quantization(mode="qat"))
@@ -61,7 +61,7 @@ def test_nf4_storage_matches_the_cost_model() -> None:
     from torchao.quantization import to_nf4
 
     from meshplan.cost_models.quant import quantized_param_bytes
-    from meshplan.runtime.quant.qlora import nf4_tensor_bytes
+    from meshplan.runtime.apply.quant.qlora import nf4_tensor_bytes
 
     w = torch.randn(1024, 1024)
     measured = nf4_tensor_bytes(to_nf4(w, 64, 256))
@@ -108,10 +108,10 @@ def test_only_lora_trains_base_stays_nf4_and_merge_matches() -> None:
 
 
 def test_pipeline_split_keeps_lora_modules_whole() -> None:
-    """Stage split (runtime.split) of a QLoRA model, quantized before or after the split: the
+    """Stage split (runtime.apply.split) of a QLoRA model, quantized before or after the split: the
     LoRALinear is one call_module node, and the chained stages equal the whole model."""
-    from meshplan.runtime import split
-    from meshplan.runtime.handplan import manual_plan
+    from meshplan.runtime.apply import split
+    from meshplan.runtime.apply.handplan import manual_plan
 
     x, _ = batch(2)
     ref = tiny_gpt()
@@ -197,7 +197,7 @@ def _qlora_dist(rank: int, world: int) -> None:
     steps = 3
 
     def make(quantize_base: bool = True, fsdp_shards: int = 1) -> torch.nn.Module:
-        from meshplan.runtime.quant import apply_qlora
+        from meshplan.runtime.apply.quant import apply_qlora
 
         m = tiny_gpt()
         apply_qlora(m, Q, quantize_base=quantize_base, fsdp_shards=fsdp_shards)
@@ -225,7 +225,7 @@ def _qlora_dist(rank: int, world: int) -> None:
     _compare("fsdp2", _train(fs, x[sl], y[sl], steps, world), ref_fsdp, atol=1e-5)
 
     def tp_model(path: str, quantize_base: bool) -> torch.nn.Module:
-        from meshplan.runtime.quant import apply_qlora
+        from meshplan.runtime.apply.quant import apply_qlora
 
         m = tiny_gpt()
         styles = gpt_tp_plan(m)

@@ -28,7 +28,7 @@ CFGS = [
 
 
 def _reference(q: Quantization, data: list, fsdp_shards: int) -> list[float]:
-    from meshplan.runtime.quant import apply_quantization
+    from meshplan.runtime.apply.quant import apply_quantization
 
     model = rc.tiny_gpt()
     apply_quantization(model, q, fsdp_shards=fsdp_shards)
@@ -44,8 +44,8 @@ def _reference(q: Quantization, data: list, fsdp_shards: int) -> list[float]:
 
 
 def _worker(rank: int, world: int) -> list[tuple[str, list[float], list[float], list[str]]]:
-    from meshplan.runtime import handplan, split
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply import handplan, split
+    from meshplan.runtime.apply.api import apply_plan
 
     data = rc.batches(3)
     out = []

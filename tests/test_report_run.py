@@ -13,7 +13,7 @@ from report_fixtures import block_matplotlib, make_plan
 
 from meshplan.cli import main
 from meshplan.report.run_view import format_run, load_run, memory_rows, run_view
-from meshplan.runtime.record import RunRecord
+from meshplan.runtime.record.run_record import RunRecord
 
 GIB = 2**30
 

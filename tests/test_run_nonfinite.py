@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.runtime import checkpoint_files as cf
+from meshplan.runtime.checkpoint import files as cf
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def test_nan_loss_stops_the_run(tmp_path: Path) -> None:
     from meshplan.models import load_model
-    from meshplan.runtime import handplan
+    from meshplan.runtime.apply import handplan
 
     spec = load_model("mlp", batch_size=4)
     handplan.manual_plan(spec.model, None, model_name="mlp", microbatches=1, micro_batch_size=4).save(

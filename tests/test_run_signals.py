@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.runtime import checkpoint_files as cf
-from meshplan.runtime.supervise import tagged_pids
+from meshplan.runtime.checkpoint import files as cf
+from meshplan.runtime.launch.supervise import tagged_pids
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def test_sigint_stops_meshplan_run_cleanly(tmp_path: Path) -> None:
     from meshplan.models import load_model
-    from meshplan.runtime import handplan
+    from meshplan.runtime.apply import handplan
 
     spec = load_model("gpt-tiny", batch_size=2, seq_len=16)
     plan = handplan.manual_plan(spec.model, None, model_name="gpt-tiny", dp=2, microbatches=1,

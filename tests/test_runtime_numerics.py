@@ -69,7 +69,7 @@ class TestTwoRanks:
         cfgs += [dict(dp=2, m=2, quant="qlora"), dict(pp=2, m=4, schedule="1f1b", quant="qlora"),
                  dict(pp=2, m=4, schedule="1f1b", quant="qat")]
         cfgs += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1b", recompute="full")]
-        # full recompute under split backward: ONE recompute per microbatch (runtime/cached_checkpoint.py)
+        # full recompute under split backward: ONE recompute per microbatch (runtime/apply/cached_checkpoint.py)
         cfgs += [dict(pp=2, m=4, schedule="zero-bubble", recompute="full"), dict(pp=2, m=4, schedule="zbv", v=2,
                                                                                 recompute="full")]
         cfgs += [dict(tp=2, m=2, sp=1)]  # sequence parallelism

@@ -1,4 +1,4 @@
-"""Per-phase measurement (runtime.phases): the arithmetic on profiler ranges, the plan's predicted
+"""Per-phase measurement (runtime.record.phases): the arithmetic on profiler ranges, the plan's predicted
 phases, and a 2-rank run (dp2, pp2 1F1B, pp2 zero-bubble) measured on an extra profiled step."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from meshplan.runtime import phases
+from meshplan.runtime.record import phases
 
 
 def _ev(name: str, a: float, b: float) -> SimpleNamespace:
@@ -32,7 +32,7 @@ def test_predicted_phases_and_largest_mismatch() -> None:
     from runtime_cases import tiny_gpt
 
     from meshplan.plan import MeshSpec, Prediction, StageSpec
-    from meshplan.runtime.handplan import manual_plan
+    from meshplan.runtime.apply.handplan import manual_plan
 
     def stage(i: int, rank: int, f: float, b: float) -> StageSpec:
         return StageSpec(index=i, rank=rank, node_start=i, node_end=i + 1, first_node="", last_node="",

@@ -13,10 +13,10 @@ import torch.distributed as dist
 from meshplan.cli import main
 from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan
-from meshplan.runtime import data_parallel, handplan, schedules, split, tp
-from meshplan.runtime.api import apply_plan
-from meshplan.runtime.dist import check_launch
-from meshplan.runtime.record import RunRecord
+from meshplan.runtime.apply import data_parallel, handplan, schedules, split, tp
+from meshplan.runtime.apply.api import apply_plan
+from meshplan.runtime.launch.dist import check_launch
+from meshplan.runtime.record.run_record import RunRecord
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +213,7 @@ def test_sequence_boundaries_in_the_fx_graph() -> None:
 
 
 def test_selective_recompute_reruns_only_attention(gpt_and_graph) -> None:
-    from meshplan.runtime import recompute
+    from meshplan.runtime.apply import recompute
 
     x, y = rc.batches(1)[0]
     _model, gm, _x, _prefix = gpt_and_graph
@@ -255,7 +255,7 @@ def test_dp_kinds_the_runtime_cannot_execute_are_refused(gpt_and_graph) -> None:
     for kind in ("fsdp", "zero2", "hsdp"):
         with pytest.raises(PlanMismatchError, match="zero-bubble"):
             data_parallel.check_dp_kind(_plan(m, gm, dp=2, pp=2, schedule="zero-bubble", dp_kind=kind))
-    data_parallel.check_dp_kind(_plan(m, gm, dp=2, tp=2, microbatches=2, dp_kind="zero1"))  # runtime.zero1.TPZero
+    data_parallel.check_dp_kind(_plan(m, gm, dp=2, tp=2, microbatches=2, dp_kind="zero1"))  # runtime.apply.zero1.TPZero
     data_parallel.check_dp_kind(_plan(m, gm, dp=2, pp=2, schedule="zero-bubble", dp_kind="zero1"))
 
 
@@ -283,7 +283,7 @@ def test_cli_print_command_and_nproc_mismatch(gpt_and_graph, tmp_path, capsys) -
     _plan(m, gm, pp=2).save(path)
     assert main(["run", str(path), "--model", "gpt-tiny", "--steps", "3", "--print-command"]) == 0
     cmd = capsys.readouterr().out
-    assert "-m torch.distributed.run --nproc-per-node=2" in cmd and "-m meshplan.runtime.train" in cmd
+    assert "-m torch.distributed.run --nproc-per-node=2" in cmd and "-m meshplan.runtime.loop.train" in cmd
     assert main(["run", str(path), "--model", "gpt-tiny", "--nproc", "3"]) == 1
     assert "needs 2 ranks" in capsys.readouterr().err
 
@@ -323,7 +323,7 @@ def test_meshplan_run_end_to_end(gpt_and_graph, tmp_path) -> None:
 def test_compile_wraps_each_block_in_place() -> None:
     """--compile: every repeated block compiled in place (FQNs kept); no forward here (a first compile
     costs ~24 s on this CPU, so compiled numerics are not run in CI)."""
-    from meshplan.runtime.compiling import apply_compile
+    from meshplan.runtime.apply.compiling import apply_compile
 
     m = rc.tiny_gpt()
     keys = list(m.state_dict())
@@ -337,8 +337,8 @@ def test_compile_wraps_each_block_in_place() -> None:
 def test_full_recompute_under_split_backward_runs_once_per_microbatch() -> None:
     import gc
 
-    from meshplan.runtime import recompute
-    from meshplan.runtime.cached_checkpoint import CachedCheckpointStage, _Frame
+    from meshplan.runtime.apply import recompute
+    from meshplan.runtime.apply.cached_checkpoint import CachedCheckpointStage, _Frame
 
     m = rc.tiny_gpt()
     for sched in ("zero-bubble", "zbv"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.runtime.supervise import tagged_pids
+from meshplan.runtime.launch.supervise import tagged_pids
 
 # Like torchrun: a launcher that makes a temp dir and starts a worker in a session of its own;
 # with "stubborn" both ignore SIGTERM/SIGINT, so only the SIGKILL after the grace period stops them.
@@ -29,7 +29,7 @@ time.sleep(600)
 """
 
 SUPERVISOR = (
-    "import sys; from meshplan.runtime.supervise import run_tree; "
+    "import sys; from meshplan.runtime.launch.supervise import run_tree; "
     "sys.exit(run_tree([sys.executable, '-c', sys.argv[1], sys.argv[2]], grace_s=1.5))"
 )
 

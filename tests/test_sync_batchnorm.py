@@ -1,4 +1,4 @@
-"""BatchNorm under DP (runtime/sync_batchnorm.py): two gloo ranks, each with half of the batch,
+"""BatchNorm under DP (runtime/apply/sync_batchnorm.py): two gloo ranks, each with half of the batch,
 equal one process with the whole batch in output, input and parameter gradients and running
 buffers; the layers keep their parameter and buffer names."""
 
@@ -26,7 +26,7 @@ def _data() -> torch.Tensor:
 def _worker(rank: int, world: int) -> dict[str, object]:
     import torch.distributed as dist
 
-    from meshplan.runtime.sync_batchnorm import DPBatchNorm, sync_batchnorm
+    from meshplan.runtime.apply.sync_batchnorm import DPBatchNorm, sync_batchnorm
 
     ref = _net()
     x = _data().requires_grad_(True)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from meshplan.runtime.dist import launch_device
-from meshplan.runtime.synthetic import synthetic_data, target_spec
+from meshplan.runtime.launch.dist import launch_device
+from meshplan.runtime.loop.synthetic import synthetic_data, target_spec
 
 
 class _NoForward(nn.Module):
@@ -75,8 +75,8 @@ def test_launch_device() -> None:
 def test_init_runtime_binds_the_process_group_to_the_cuda_device(monkeypatch) -> None:
     import torch.distributed as dist
 
-    from meshplan.runtime import dist as rdist
-    from meshplan.runtime.handplan import manual_plan
+    from meshplan.runtime.apply.handplan import manual_plan
+    from meshplan.runtime.launch import dist as rdist
 
     class Stop(Exception):
         pass

@@ -141,7 +141,7 @@ def test_sequence_parallel_rule(styles, why):
 
 
 def test_sequence_parallel_rule_matches_the_runtime_module_tree():
-    from meshplan.runtime.tp import sp_blocker
+    from meshplan.runtime.apply.tp import sp_blocker
 
     g = _graph()
     sol = solve_tp(g, 2, _free_links(), sequence_parallel=True)

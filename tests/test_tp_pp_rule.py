@@ -42,8 +42,8 @@ def _llama_and_batch() -> tuple[torch.nn.Module, torch.Tensor]:
 def test_search_and_runtime_refuse_hf_tp_pp_with_one_reason(fake_world_4) -> None:
     from meshplan import trace_model
     from meshplan.planner.api import plan_graph
-    from meshplan.runtime import handplan, split
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply import handplan, split
+    from meshplan.runtime.apply.api import apply_plan
 
     reason = tp_pp_blocker(tp=2, pp=2, capture="export")
     assert reason and tp_pp_blocker(tp=2, pp=2, capture="fx") == ""

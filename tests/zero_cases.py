@@ -9,14 +9,14 @@ import torch
 
 
 def adamw(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    from meshplan.runtime.optim import make_optimizer
+    from meshplan.runtime.loop.optim import make_optimizer
 
     return make_optimizer("adamw", 1e-2, weight_decay=0.1)(params)
 
 
 def _pm(kind: str, *, tp: int = 1, dp: int = 2) -> Any:
-    from meshplan.runtime import handplan
-    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.apply import handplan
+    from meshplan.runtime.apply.api import apply_plan
 
     model = rc.tiny_gpt()
     styles = handplan.megatron_styles(model) if tp > 1 else None
@@ -28,7 +28,7 @@ def _pm(kind: str, *, tp: int = 1, dp: int = 2) -> Any:
 def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
     """zero1 dp2 4 steps (checkpoint after step 2); resumed under zero1 dp2 and ddp dp2; and a ddp
     checkpoint resumed under zero1."""
-    from meshplan.runtime import checkpoint
+    from meshplan.runtime.checkpoint import dcp as checkpoint
 
     data = rc.batches(4)
     out: dict[str, Any] = {}
@@ -54,7 +54,7 @@ def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
 
 def one_rank_resume(rank: int, world: int, ckpt_dir: str) -> list[float]:
     """The zero1 dp2 checkpoint resumed on ONE rank (world size 1, plain AdamW)."""
-    from meshplan.runtime import checkpoint
+    from meshplan.runtime.checkpoint import dcp as checkpoint
 
     pm = _pm("none", dp=1)
     step = checkpoint.load(pm, checkpoint.latest(ckpt_dir))  # type: ignore[arg-type]
@@ -64,7 +64,7 @@ def one_rank_resume(rank: int, world: int, ckpt_dir: str) -> list[float]:
 def tp_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
     """dp2 x tp2: zero1 (ZeroRedundancyOptimizer over the TP shards) against ddp, 4 steps; a zero1
     checkpoint after step 2 resumed under zero1 dp2 x tp2 and under ddp dp4 (plain tensors)."""
-    from meshplan.runtime import checkpoint
+    from meshplan.runtime.checkpoint import dcp as checkpoint
 
     data = rc.batches(4)
     out: dict[str, Any] = {}

@@ -32,7 +32,7 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
   top of its range (``comm_overlap`` = 1, as presets have it) is differenced downward (``STEP``
   negative for it), or its Jacobian column would be 0 and the fit could never lower it.
 
-Phases compared (the RunRecord's "phases" written by ``runtime.phases``; any may be missing):
+Phases compared (the RunRecord's "phases" written by ``runtime.record.phases``; any may be missing):
 forward, backward, optimizer, comm (exposed), bubble, each against ``plan.phases.predicted_phases``
 of the re-costed plan (the definition the runtime records its predictions with). No torch import.
 """

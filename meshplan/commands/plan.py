@@ -174,7 +174,7 @@ def _silence_stdout() -> None:
         pass
 
 
-#: the precisions `meshplan run` executes (fp8 is refused by runtime/precision.py)
+#: the precisions `meshplan run` executes (fp8 is refused by runtime/apply/precision.py)
 RUNTIME_DTYPES = ("bf16", "fp16", "fp32")
 
 

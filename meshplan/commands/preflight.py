@@ -73,7 +73,7 @@ def preflight(args: argparse.Namespace, world_size: int) -> None:
     if getattr(args, "checkpoint_dir", None):
         check_writable(Path(args.checkpoint_dir), "--checkpoint-dir")
     if getattr(args, "resume", False):
-        from meshplan.runtime.checkpoint_files import newest_complete
+        from meshplan.runtime.checkpoint.files import newest_complete
 
         if not args.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir")

@@ -1,14 +1,14 @@
 """``meshplan run plan.json --model MODEL --steps N``: launch torchrun on the plan.
 
-Starts ``python -m torch.distributed.run --nproc-per-node N -m meshplan.runtime.train ...``
+Starts ``python -m torch.distributed.run --nproc-per-node N -m meshplan.runtime.loop.train ...``
 (N = the plan's world size unless ``--nproc`` says otherwise; a mismatch fails on every rank
 with a clear error before any collective). ``--print-command`` prints the command only.
 Several nodes: ``--nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT`` on every node (torchrun
-c10d rendezvous, ``meshplan.runtime.launch``); ``--max-restarts K`` restarts dead workers, which
+c10d rendezvous, ``meshplan.runtime.launch.torchrun``); ``--max-restarts K`` restarts dead workers, which
 resume from the newest complete checkpoint; ``--slurm-script job.sh`` writes an sbatch script
-(``meshplan.runtime.slurm``) instead of running.
+(``meshplan.runtime.launch.slurm``) instead of running.
 Before spawning, ``commands/preflight.py`` checks the model spec, data, output directories and
-cores; numbers are checked by argparse (``--nproc 0`` is refused). SIGINT/SIGTERM stop the whole process tree (``runtime/supervise.py``): exit code 130/143.
+cores; numbers are checked by argparse (``--nproc 0`` is refused). SIGINT/SIGTERM stop the whole process tree (``runtime/launch/supervise.py``): exit code 130/143.
 torch is imported only by the preflight's zoo lookup.
 """
 
@@ -94,7 +94,7 @@ SLURM_ONLY = {"slurm_script", "partition", "time", "gpus_per_node", "print_comma
 
 
 def _launch(args: argparse.Namespace, world_size: int, endpoint: str | None = None):  # -> launch.Launch
-    from meshplan.runtime.launch import plan_launch
+    from meshplan.runtime.launch.torchrun import plan_launch
 
     return plan_launch(world_size, nproc=args.nproc, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
                        node_rank=args.node_rank, rdzv_endpoint=endpoint or args.rdzv_endpoint, rdzv_id=args.rdzv_id,
@@ -124,7 +124,7 @@ def run_argv(args: argparse.Namespace) -> list[str]:
 
 def build_command(args: argparse.Namespace) -> list[str]:
     from meshplan.plan import Plan
-    from meshplan.runtime.launch import torchrun_command
+    from meshplan.runtime.launch.torchrun import torchrun_command
 
     plan = Plan.load(args.plan)
     nproc = args.nproc or plan.world_size
@@ -167,7 +167,7 @@ def write_slurm(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from meshplan.plan import Plan
-    from meshplan.runtime.slurm import sbatch_script
+    from meshplan.runtime.launch.slurm import sbatch_script
 
     plan = Plan.load(args.plan)
     if args.nnodes is None:
@@ -190,13 +190,13 @@ def run(args: argparse.Namespace) -> int:
         print(shlex.join(cmd))
         return 0
     if args.rdzv_endpoint:
-        from meshplan.runtime.launch import check_endpoint
+        from meshplan.runtime.launch.torchrun import check_endpoint
 
         check_endpoint(args.rdzv_endpoint, args.rdzv_timeout)
     from meshplan.commands.preflight import preflight
     from meshplan.plan import Plan
 
     preflight(args, Plan.load(args.plan).world_size)  # before spawning: model, data, writable dirs, cores
-    from meshplan.runtime.supervise import run_tree
+    from meshplan.runtime.launch.supervise import run_tree
 
     return run_tree(cmd)

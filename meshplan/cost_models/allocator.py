@@ -72,7 +72,7 @@ def pipeline_buffer_bytes(
     output (``fwd_cache``) until its backward, and with ``step(return_outputs=True)`` (its
     default, which torchtitan calls) the last stage also appends every microbatch's output to
     ``output_chunks`` until the step ends; meshplan's runtime calls ``step(return_outputs=False)``
-    (``runtime/parallel_model.py``). With m microbatches, f of them in flight
+    (``runtime/apply/parallel_model.py``). With m microbatches, f of them in flight
     (``memory.inflight_microbatches``), per-microbatch input ``I`` and output ``O``::
 
         non-first:  (m − f) · I      input buffers beyond the f in-flight ones (those are the

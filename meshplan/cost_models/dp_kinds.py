@@ -67,7 +67,7 @@ def state_precision(layout: str, dtype: str) -> str:
 
     - "torch" (meshplan's runtime, torchtitan's FSDP2): parameters and optimizer states stay fp32
       on every path, the compute dtype only in autocast / FSDP2's gathered copies
-      (``runtime/precision.py``; ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``):
+      (``runtime/apply/precision.py``; ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``):
       "fp32" (4, 4, 0): ddp 16, zero1 8 + 8/d, zero2 16/d (+ its gathered copy,
       ``state_zero_stage``), fsdp 16/d bytes per parameter;
     - "megatron" (Megatron-LM, Megatron-DeepSpeed): bf16/fp8 "bf16-fp32-grads" (18, 6 + 12/d),
@@ -132,7 +132,7 @@ def dp_state_bytes(
 def state_zero_stage(kind: str, layout: str = "zero") -> int:
     """The ZeRO stage ``kind``'s stored states are sharded at: ``ZERO_STAGE``, except zero2 under
     the "torch" layout, which meshplan's runtime runs as FSDP2 with ``reshard_after_forward=False``
-    (``runtime/data_parallel.py``): its fp32 parameters are sharded too (stage 3), and the
+    (``runtime/apply/data_parallel.py``): its fp32 parameters are sharded too (stage 3), and the
     gathered 16-bit copy it keeps from forward to backward is ``unsharded_buffer_bytes``."""
     _check_kind(kind)
     if kind == "zero2" and layout == "torch":

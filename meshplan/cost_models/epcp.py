@@ -10,7 +10,7 @@ the hierarchical collective model of ``cost_models/comm.py``).
     a2a_bytes = n · k · H · elem · (ep − 1) / ep        (bytes leaving a rank, dispatch or combine)
     ep_comm_s = 4 · T_all_to_all(n · k · H · elem, ep)  (dispatch + combine, forward and backward)
 
-The runtime (``runtime/expert_parallel.py``) waits for each exchange before computing, so none of
+The runtime (``runtime/apply/expert_parallel.py``) waits for each exchange before computing, so none of
 it overlaps. Load balance: the busiest expert rank receives ``capacity_factor`` times the mean
 (``capacity_factor`` = 1: perfect balance; GShard uses 1.25 as the capacity bound), so the expert
 compute of a step is ``capacity_factor ×`` its mean. Expert weights are held ``1/ep`` per rank
@@ -32,7 +32,7 @@ the expert gradients are reduced over the EDP group, ``world / (pp·ep·etp)`` r
 apart (L1201 ``get_ranks('dp')`` of the expert generator), not over the attention's dp
 (``folded_expert_mesh``).
 
-**CP, per attention layer and microbatch, as ``runtime/context_parallel.py`` runs it** (Liu et
+**CP, per attention layer and microbatch, as ``runtime/apply/context_parallel.py`` runs it** (Liu et
 al. 2023 "Ring Attention" §3 for the overlapped ring; Llama 3 paper §3.3.2 for the 2·cp-chunk
 causal balance): each rank holds ``T/cp`` tokens; its key/value block of the UN-repeated
 grouped-query heads (``2 · b · T/cp · kv_heads · head_dim · elem`` bytes) moves ``cp − 1`` times

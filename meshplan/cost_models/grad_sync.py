@@ -1,6 +1,6 @@
 """Data-parallel gradient sync as the runtime executes it: buckets, and what of them stays exposed.
 
-The runtime (``meshplan.runtime.grad_sync`` for pipelined and manual data parallelism, DDP's own
+The runtime (``meshplan.runtime.apply.grad_sync`` for pipelined and manual data parallelism, DDP's own
 reducer at pp = 1) packs gradients into buckets in backward order (the reverse of parameter
 registration order) and all-reduces each bucket asynchronously as soon as its last gradient is
 final in the last microbatch's backward, waiting only before the optimizer step. Both sides use

@@ -51,7 +51,7 @@ def is_targeted(fqn: str, target_modules: Iterable[str]) -> bool:
     """Whether the linear ``fqn`` is quantized: ends with one of ``target_modules`` at a dot
     boundary; with none given, every linear inside a repeated block (an FQN with a numeric path
     component such as ``blocks.3.attn.q_proj``), so LM heads and input projections stay full.
-    The runtime uses this same rule (``meshplan.runtime.quant``)."""
+    The runtime uses this same rule (``meshplan.runtime.apply.quant``)."""
     targets = tuple(target_modules)
     if not targets:
         return any(part.isdigit() for part in fqn.split("."))
@@ -337,7 +337,7 @@ def quant_constraint_errors(
     local in_features ``in/tp`` (quantization groups may not cross shard boundaries). QLoRA: NF4
     blocks of ``group_size`` must tile the local weight (``in·out/shard``), and under FSDP2 over
     ``fsdp_dp`` ranks the block count must allow scale blocks that split over them (the runtime
-    picks a scale-block size up to 256). Pure; mirrors ``meshplan.runtime.quant`` checks.
+    picks a scale-block size up to 256). Pure; mirrors ``meshplan.runtime.apply.quant`` checks.
     """
     q = quantization
     errors: list[str] = []

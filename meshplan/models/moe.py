@@ -6,7 +6,7 @@ to sum to 1 (Mixtral's routing), and ``experts``, a ``GroupedExperts`` module ho
 weights of all E experts as 3-D tensors and called as ``experts(x, top_k_index, top_k_weights)``
 (the HF transformers 5.x experts interface). Routing is data dependent (``torch.where`` per
 expert, ``index_add_``): tracing captures the block whole (``meshplan.tracing.moe``) and the
-runtime can shard the experts over an expert-parallel group (``meshplan.runtime.expert_parallel``).
+runtime can shard the experts over an expert-parallel group (``meshplan.runtime.apply.expert_parallel``).
 No token is ever dropped (no capacity limit), so every layout computes the same function.
 ``shared_ffn > 0`` adds a dense SwiGLU every token goes through beside the routed experts
 (DeepSeek-MoE's shared experts, Dai et al. 2024, arXiv:2401.06066), replicated on every rank.

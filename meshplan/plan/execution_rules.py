@@ -32,10 +32,10 @@ def recompute_blocker(*, pp: int, schedule: str, recompute: str) -> str:
     if recompute == "op" and pp > 1:
         return (
             "recompute=op at pp > 1 is not executed: a pipeline stage is one flat fx graph with no block "
-            "boundaries to count matmuls in (runtime/op_recompute.py checkpoints nn.ModuleList blocks); "
+            "boundaries to count matmuls in (runtime/apply/op_recompute.py checkpoints nn.ModuleList blocks); "
             "re-plan with recompute=selective or full"
         )
-    # recompute=full under zero-bubble / ZBV runs: runtime/cached_checkpoint.py recomputes a stage once
+    # recompute=full under zero-bubble / ZBV runs: runtime/apply/cached_checkpoint.py recomputes a stage once
     # per microbatch in the input-gradient pass and keeps it for the weight-gradient passes (torch's
     # checkpoint would re-run it for every weight-gradient group of the split backward)
     return ""
@@ -120,7 +120,7 @@ def tied_weight_blocker(*, pp: int, schedule: str, uses: int, name: str) -> str:
 def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: int, recompute: str,
               quantized: bool = False, sequence_parallel: bool = False, capture: str = "fx") -> str:
     """Why context parallelism ``cp`` / expert parallelism ``ep`` cannot run with the rest of a
-    configuration ("" when it can). What runs (``runtime/epcp.py``, ``runtime/epcp_pipeline.py``):
+    configuration ("" when it can). What runs (``runtime/apply/epcp.py``, ``runtime/apply/epcp_pipeline.py``):
     cp and ep under data parallelism, tensor parallelism (TP inside attention and dense layers, ring
     attention on the rank's local heads, MoE blocks replicated over tp) and pipeline parallelism
     (each stage's token exchange and ring over the ep / cp groups of its own ranks, torchtitan's

@@ -1,6 +1,6 @@
 """The plan's predicted seconds per step phase (forward, backward, optimizer, comm, bubble, other).
 
-Torch-free, so both the runtime (``runtime.phases`` puts them beside the measured phases in the
+Torch-free, so both the runtime (``runtime.record.phases`` puts them beside the measured phases in the
 RunRecord) and the planner (``commands.calibration`` compares re-costed plans with measured phases)
 use the same definition.
 """

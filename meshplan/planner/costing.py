@@ -382,7 +382,7 @@ class GraphCoster:
             in_bytes = sum(self.g.nodes[i].out_bytes for i in first_cut.crossing)
         # what is checkpointed is the repeated blocks: torchtitan's apply_ac wraps model.layers,
         # Megatron-LM recomputes inside its transformer block, meshplan's runtime wraps the children
-        # of the ModuleLists at pp = 1 (runtime/recompute.py); the embedding, final norm and head keep
+        # of the ModuleLists at pp = 1 (runtime/apply/recompute.py); the embedding, final norm and head keep
         # their activations. A graph without repeated blocks is one checkpointed segment (full).
         rc = recompute if kind == "block" or (recompute != "op" and not self.g.blocks) else "none"
 

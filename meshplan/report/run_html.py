@@ -64,7 +64,7 @@ def run_section_html(v: RunView, *, heading: str = "h2") -> str:
     if v.phases:
         sec.append(f"<{h}>Phases</{h}>")
         timed = {k: x for k, x in v.phases.items() if isinstance(x, dict) and "measured_s" in x}
-        if timed:  # runtime.phases: seconds per step, measured on profiled steps beside the plan's
+        if timed:  # runtime.record.phases: seconds per step, measured on profiled steps beside the plan's
             sec.append(table(["phase", "measured ms", "predicted ms"], [
                 [k, f"{x['measured_s'] * 1e3:.1f}",
                  f"{x['predicted_s'] * 1e3:.1f}" if isinstance(x.get("predicted_s"), (int, float)) else "-"]

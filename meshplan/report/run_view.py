@@ -173,7 +173,7 @@ def format_run(v: RunView) -> str:
     if v.grad_sync_collectives_per_step is not None:
         out.append(f"  gradient-sync collectives per step: {v.grad_sync_collectives_per_step:g} (measured)")
     for name, val in v.phases.items():
-        if isinstance(val, dict) and "measured_s" in val:  # runtime.phases: {measured_s, predicted_s}
+        if isinstance(val, dict) and "measured_s" in val:  # runtime.record.phases: {measured_s, predicted_s}
             pred = val.get("predicted_s")
             out.append(f"  phase {name}: {val['measured_s'] * 1e3:.1f} ms measured"
                        + (f", {pred * 1e3:.1f} ms predicted" if isinstance(pred, (int, float)) else ""))

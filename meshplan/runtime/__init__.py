@@ -1,9 +1,9 @@
 """Runtime: execute a Plan under torchrun on PyTorch's distributed engine.
 
-Modules: ``dist`` (start-up, mesh), ``split`` (stage split), ``tp`` (DTensor TP),
-``recompute`` (activation checkpointing), ``data_parallel`` (DDP / FSDP2 / manual),
-``schedules`` (torch.distributed.pipelining), ``checkpoint`` (DCP), ``record`` (RunRecord),
-``api`` (apply_plan, ParallelModel), ``train`` + ``launch`` (the torchrun entry behind
-``meshplan run``), ``handplan`` (Plans made by hand, without the planner), ``quant`` (QAT /
-QLoRA, owned by the quantization work). Never imports ``meshplan.planner``.
+Folders by concern: ``apply`` (``apply.api.apply_plan`` -> ``ParallelModel``: stage split, TP, EP/CP,
+quantization, recompute, precision, data parallel, schedules; ``apply.handplan`` Plans made by hand,
+without the planner), ``loop`` (the torchrun entry ``loop.train`` behind ``meshplan run``, data,
+optimizer), ``record`` (RunRecord, phases, progress), ``checkpoint`` (DCP checkpoints and their
+files), ``launch`` (torchrun command, Slurm, supervision, each rank's process-group start-up).
+Never imports ``meshplan.planner``.
 """

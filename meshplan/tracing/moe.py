@@ -27,7 +27,7 @@ capacity factor (load imbalance) is a costing option applied per rank, not a FLO
 k experts whatever the balance). Parameter memory counts all E experts.
 
 The op exists for planning only: running it for real raises (the runtime executes the user's
-own block, or its expert-parallel form in ``meshplan.runtime.expert_parallel``).
+own block, or its expert-parallel form in ``meshplan.runtime.apply.expert_parallel``).
 """
 
 from __future__ import annotations

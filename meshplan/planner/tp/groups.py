@@ -46,7 +46,7 @@ def _parent(fqn: str) -> str:
 
 
 def runtime_pairs(producers: list[str], consumers: list[str]) -> bool:
-    """True when the runtime (``runtime/tp.py build_parallel_plan``) pairs these colwise and rowwise
+    """True when the runtime (``runtime/apply/tp.py build_parallel_plan``) pairs these colwise and rowwise
     linears: every producer has a consumer sibling and every consumer a producer sibling."""
     pp, cp = {_parent(f) for f in producers}, {_parent(f) for f in consumers}
     return bool(producers) and bool(consumers) and pp == cp

@@ -114,7 +114,7 @@ class TPStrategies:
     def _vocab_logits(self, n: GraphNode) -> bool:
         """The graph returns an untied LM head's output directly (a linear of ``vocab`` features,
         t | vocab): the runtime computes the loss on the vocab-sharded logits
-        (``runtime/loss_parallel.py``, torch ``loss_parallel``; Megatron's vocab-parallel
+        (``runtime/apply/loss_parallel.py``, torch ``loss_parallel``; Megatron's vocab-parallel
         cross-entropy) instead of gathering them; a tied head too (sharded with its embedding,
         ``runtime/tp.retie``)."""
         vocab = int(self.g.meta.get("vocab") or 0)

@@ -1,0 +1,242 @@
+"""Distributed checkpoints (torch.distributed.checkpoint) of a ParallelModel, reshardable on load.
+
+Layout: ``<dir>/step-000012/`` holds one DCP checkpoint with ``{"model": ..., "optim": ...}``
+keyed by the model's original FQNs (``get_model_state_dict`` / ``get_optimizer_state_dict`` on a
+module tree that carries the user's names, see ``ParallelModel.container``) plus the manifest
+``meshplan.json`` (step, plan, model fingerprint, sha256 per file; see ``checkpoint_files``).
+
+Saving is atomic: DCP writes into ``<dir>/.tmp-step-000012/``, every rank hashes a share of the
+files, rank 0 writes the manifest and renames the directory to ``step-000012`` only when all ranks
+finished; then all but the newest ``keep`` checkpoints are pruned. Nothing non-finite is saved.
+Loading verifies every checksum (ranks split the files) and refuses a checkpoint whose model
+fingerprint (FQN, global shape, dtype of every tensor of the model state) differs from the model
+it is loaded into. ``newest_complete(dir)`` is what a resume loads.
+Loading fills the *current* layout's state dict (plain tensors, DTensors under TP/FSDP, only the
+stages this rank holds), so a checkpoint written under one plan or world size loads under another.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+from meshplan.errors import NonFiniteError
+from meshplan.runtime.apply.zero1 import load_view, state_view
+from meshplan.runtime.checkpoint import files
+from meshplan.runtime.checkpoint.files import CheckpointError, newest_complete, read_manifest
+from meshplan.runtime.launch import collectives
+
+__all__ = ["CheckpointError", "DEFAULT_KEEP", "latest", "load", "model_fingerprint", "newest_complete",
+           "read_manifest", "save"]
+
+DEFAULT_KEEP = 3
+
+if TYPE_CHECKING:
+    from meshplan.runtime.apply.parallel_model import ParallelModel
+
+
+_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _aliases(pm: ParallelModel) -> dict[str, str]:
+    """Tied-parameter FQN -> its group's canonical (first) FQN."""
+    return {a: g[0] for g in pm.tied_fqns for a in g[1:]}
+
+
+def _rename(d: dict[str, object], mapping: dict[str, str]) -> dict[str, object]:
+    """Rename flattened optimizer keys ``state.<fqn>.x`` / ``param_groups.<fqn>.x`` by ``mapping``."""
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        kind, _, rest = k.partition(".")
+        for old, new in mapping.items():
+            if rest.startswith(old + "."):
+                rest = new + rest[len(old):]
+                break
+        out.setdefault(f"{kind}.{rest}", v)
+    return out
+
+
+def _local_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's state, over the model's parameters (``zero1.state_view``).
+
+    ZeRO-1 (dp_kind zero1) gives every rank whole parameters to update; the state of those
+    parameters lives in an ordinary optimizer over that subset. Its flattened state dict has the
+    same keys (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``) as an unsharded optimizer's,
+    only for the parameters this rank owns, so the ranks' keys are disjoint and DCP writes each
+    once; the union is exactly the checkpoint an unsharded run writes. Loading asks for the keys
+    of the parameters this rank owns *now*, so a zero1 checkpoint resumes under another dp degree,
+    another dp kind or another layout, and the other way round. Under TP the shard's state is
+    DTensor-wrapped like an unsharded TP optimizer's.
+    """
+    return state_view(opt)
+
+
+def _state(pm: ParallelModel, view: torch.optim.Optimizer | None = None) -> dict[str, object]:
+    """Model and optimizer state; a tied parameter's optimizer state is keyed by ONE name.
+
+    Under pp=1 the optimizer knows the tied embedding/LM-head weight by one FQN, under pp>1 the
+    two pipeline ranks know it by different ones; keying it by the group's first FQN lets a
+    checkpoint written under one layout load under the other. zero1: see ``_local_optimizer``.
+    """
+    c = pm.container()
+    optim = get_optimizer_state_dict(c, view or _local_optimizer(pm.optimizer), options=_OPTS)
+    return {"model": get_model_state_dict(c, options=_OPTS), "optim": _rename(optim, _aliases(pm))}
+
+
+def _local(t: Any) -> Any:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def model_fingerprint(model_state: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """FQN -> [global shape, dtype] over the WHOLE model (merged over ranks); collective.
+
+    DTensors report their global shape, so the fingerprint is the same under every plan.
+    """
+    mine = {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in model_state.items()
+            if hasattr(v, "shape") and hasattr(v, "dtype")}
+    if not dist.is_initialized():
+        return dict(sorted(mine.items()))
+    parts = collectives.all_gather_object(mine)
+    merged: dict[str, list[Any]] = {}
+    for p in parts:
+        merged.update(p)
+    return dict(sorted(merged.items()))
+
+
+def _first_nonfinite(state: Mapping[str, Any], prefix: str = "") -> str | None:
+    for k, v in state.items():
+        if isinstance(v, Mapping):
+            bad = _first_nonfinite(v, f"{prefix}{k}.")
+            if bad:
+                return bad
+            continue
+        t = _local(v)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            return prefix + k
+    return None
+
+
+def _agree(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order (one all_gather_object)."""
+    return collectives.all_gather_object(value)
+
+
+def save(pm: ParallelModel, directory: str | Path, step: int, *, keep: int = DEFAULT_KEEP,
+         extra: Mapping[str, Any] | None = None) -> Path:
+    """Save model + optimizer state after ``step`` steps, atomically; collective over all ranks.
+
+    Refuses (NonFiniteError, nothing written) when any parameter or optimizer state is NaN/inf.
+    After the new checkpoint is published, all but the newest ``keep`` are deleted (keep <= 0:
+    none). ``extra`` (JSON-able, e.g. a data position) is stored in the manifest under "extra".
+    """
+    d = Path(directory)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = files.step_name(step)
+    tmp, final = d / f"{files.TMP_PREFIX}{name}", d / name
+    state = _state(pm)
+    bad = [b for b in _agree(_first_nonfinite(state)) if b]
+    if bad:
+        raise NonFiniteError(f"step {step}: {bad[0]} is not finite (NaN/inf); checkpoint {final} not written")
+    fingerprint = model_fingerprint(state["model"])  # type: ignore[arg-type]
+    err = None
+    if rank == 0:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError as e:
+            err = f"cannot write checkpoint directory {d}: {e}"
+    if (err := _agree(err)[0]) is not None:
+        raise CheckpointError(err)
+    dcp.save(state, checkpoint_id=str(tmp))
+    collectives.barrier()  # every rank's shards are on disk
+    names = files.data_files(tmp)
+    hashes: dict[str, Any] = {}
+    for part in _agree(files.hash_files(tmp, names[rank::world])):
+        hashes.update(part)
+    if rank == 0:
+        try:
+            files.write_manifest(tmp, {
+                "format": files.MANIFEST_FORMAT, "step": step, "world_size": world,
+                "plan": pm.plan.to_dict(), "plan_summary": pm.plan.summary(),
+                "model_fingerprint": fingerprint, "files": hashes, "extra": dict(extra or {}),
+            })
+            files.commit(tmp, final)
+            files.write_text_atomic(d / "latest", name + "\n")
+            files.prune(d, keep)
+        except OSError as e:
+            err = f"checkpoint {final}: {e}"
+    if (err := _agree(err)[0]) is not None:
+        raise CheckpointError(err)
+    return final
+
+
+def latest(directory: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``directory``, or None (see ``newest_complete``)."""
+    return newest_complete(directory)
+
+
+def verify(path: str | Path, manifest: Mapping[str, Any] | None = None) -> None:
+    """Check every file of checkpoint ``path`` against its manifest's sha256; collective when a group exists."""
+    path = Path(path)
+    m = manifest if manifest is not None else read_manifest(path)
+    expected = m.get("files")
+    if expected is None:
+        return  # a pre-manifest checkpoint: nothing to verify against
+    names = sorted(expected)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    problems = files.verify_files(path, expected, names[rank::world])
+    if dist.is_initialized():
+        problems = [p for part in _agree(problems) for p in part]
+    unknown = sorted(set(files.data_files(path)) - set(expected))
+    problems += [f"file {n} is not in the manifest" for n in unknown[:3]]
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: {'; '.join(problems[:3])}"
+            f"{f' (+{len(problems) - 3} more)' if len(problems) > 3 else ''}; "
+            f"delete it to resume from an older checkpoint"
+        )
+
+
+def load(pm: ParallelModel, path: str | Path) -> int:
+    """Load a checkpoint into ``pm`` (resharding as needed); returns the step it was saved at.
+
+    Verifies the checksums and the model fingerprint first (CheckpointError, nothing loaded).
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    verify(path, manifest)
+    c = pm.container()
+    view = _local_optimizer(pm.optimizer)
+    state = _state(pm, view)
+    saved_fp = manifest.get("model_fingerprint")
+    if saved_fp is not None:
+        diff = files.fingerprint_diff(saved_fp, model_fingerprint(state["model"]))  # type: ignore[arg-type]
+        if diff:
+            raise CheckpointError(
+                f"checkpoint {path} was written for a different model ({'; '.join(diff)}); "
+                "resume with the model it was saved from, or use another --checkpoint-dir"
+            )
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(c, state["model"], options=_OPTS)  # type: ignore[arg-type]
+    own = {n for n, _ in c.named_parameters()}
+    back = {canon: alias for alias, canon in _aliases(pm).items() if alias in own and canon not in own}
+    optim = _rename(state["optim"], back)  # type: ignore[arg-type]
+    set_optimizer_state_dict(c, view, optim, options=_OPTS)  # type: ignore[arg-type]
+    load_view(pm.optimizer, view)
+    step = int(manifest["step"])
+    pm.steps_done = step
+    return step

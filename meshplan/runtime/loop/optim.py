@@ -1,0 +1,117 @@
+"""The optimizer step: AdamW (foreach on CPU, fused on CUDA), global gradient-norm clipping, LR schedule.
+
+* ``make_optimizer(name, lr)`` -> a factory ``params -> Optimizer`` for ``apply_plan``: AdamW / Adam
+  with ``fused=True`` on CUDA and ``foreach=True`` elsewhere (torch's multi-tensor kernels), SGD
+  with momentum 0.9; plain tensors and DTensors go in separate parameter groups (the multi-tensor
+  kernels refuse a mix, which TP produces).
+* ``lr_at(step, *, lr, schedule, warmup_steps, total_steps)``: the learning rate of a (1-based)
+  step, a pure function of the step number: linear warm-up from lr/warmup to lr over
+  ``warmup_steps``, then ``constant`` or ``cosine`` decay to 0 at ``total_steps``. A resumed run
+  starts again at the saved step, so the schedule continues; the rate is set on the optimizer
+  before every step, so a new ``--lr`` given on resume is applied (it overrides the rate stored
+  with the optimizer state).
+* ``clip_grad_norm(params, max_norm, *, pp_group, skip)``: the total 2-norm over every gradient
+  of the model, on every rank the same: DTensor gradients (TP, FSDP2) are grouped by mesh and
+  placements, each group's norm made whole with ``full_tensor()``, plain gradients are local
+  (replicated over dp after the sync), then the squares are summed over the pipeline group. A
+  tied parameter held by two pipeline ranks is counted once (``skip``: the copies not counted).
+  Gradients are then scaled by ``min(1, max_norm / (norm + 1e-6))`` (torch's
+  ``clip_grads_with_norm_``). Returns the norm before clipping.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from meshplan.runtime.launch import collectives
+
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def make_optimizer(name: str, lr: float, *, weight_decay: float = 0.0) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
+    if name not in ("adam", "adamw", "sgd"):
+        raise ValueError(f"--optimizer {name!r} unknown; use adam, adamw or sgd")
+
+    def factory(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        groups = param_groups(params)
+        if name == "sgd":
+            return torch.optim.SGD(groups, lr=lr, momentum=0.9)
+        cuda = bool(params) and params[0].device.type == "cuda"
+        fast = {"fused": True} if cuda else {"foreach": True}
+        if name == "adam":
+            return torch.optim.Adam(groups, lr=lr, **fast)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, **fast)
+
+    return factory
+
+
+def param_groups(params: list[torch.Tensor]) -> list[dict[str, Any]]:
+    """Plain tensors and DTensors in separate groups: torch's foreach/fused kernels cannot mix them
+    (TP leaves norms and replicated layers as plain tensors beside DTensor shards)."""
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    dt = [p for p in params if isinstance(p, DTensor)]
+    return [g for g in ({"params": plain}, {"params": dt}) if g["params"]] or [{"params": []}]
+
+
+def lr_at(step: int, *, lr: float, schedule: str = "constant", warmup_steps: int = 0, total_steps: int = 0) -> float:
+    """Learning rate of 1-based ``step`` (formula in the module docstring)."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"--lr-schedule {schedule!r} unknown; use one of {LR_SCHEDULES}")
+    if warmup_steps < 0:
+        raise ValueError(f"--warmup-steps must be >= 0, got {warmup_steps}")
+    if step <= warmup_steps:
+        return lr * step / warmup_steps
+    if schedule == "constant" or total_steps <= warmup_steps:
+        return lr
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
+def _group_key(g: torch.Tensor) -> object:
+    if isinstance(g, DTensor):
+        return (id(g.device_mesh), tuple(g.placements))
+    return None
+
+
+def total_grad_norm(params: Iterable[torch.Tensor], *, pp_group: dist.ProcessGroup | None = None,
+                    skip: Iterable[torch.Tensor] = ()) -> torch.Tensor:
+    """The global 2-norm of all gradients (fp32 scalar tensor, the same on every rank)."""
+    skipped = {id(p) for p in skip}
+    groups: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is None or id(p) in skipped:
+            continue
+        groups.setdefault(_group_key(p.grad), []).append(p.grad)
+    sq = torch.zeros((), dtype=torch.float32)
+    for grads in groups.values():
+        n = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        sq = sq.to(n.device) + n.float() ** 2
+    if pp_group is not None and dist.get_world_size(pp_group) > 1:
+        sq = collectives.all_reduce(sq, group=pp_group)
+    return sq.sqrt()
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, *, pp_group: dist.ProcessGroup | None = None,
+                   skip: Iterable[torch.Tensor] = ()) -> float:
+    """Clip all gradients to a global norm of ``max_norm``; returns the norm before clipping."""
+    norm = total_grad_norm(params, pp_group=pp_group, skip=skip)
+    grads = [p for p in params if p.grad is not None]
+    by_kind: dict[object, list[torch.Tensor]] = {}
+    for p in grads:
+        by_kind.setdefault(_group_key(p.grad), []).append(p)  # type: ignore[arg-type]
+    for ps in by_kind.values():
+        torch.nn.utils.clip_grads_with_norm_(ps, max_norm, norm, foreach=True)
+    return float(norm)

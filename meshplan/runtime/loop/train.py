@@ -1,0 +1,252 @@
+"""torchrun entry: ``python -m meshplan.runtime.loop.train --plan plan.json --model MODEL --steps N ...``.
+
+Builds the model on every rank with the same seed, applies the Plan, trains ``--steps`` steps on
+``--data`` (``meshplan.runtime.loop.data``: a token file or a Dataset each rank reads its own share of,
+the old per-step global-batch hook, or deterministic synthetic data by default), reports the
+held-out loss every ``--eval-every`` steps, checkpoints every ``--checkpoint-every`` steps with
+DCP (the data position in the manifest's "extra"), resumes with ``--resume`` (under any plan / world size), and
+writes a RunRecord JSON. Rank 0 prints one line per step and the final
+``step X ms measured, Y ms predicted (+Z%)`` line.
+
+Per-step hook contract: ``fn(step: int, batch_size: int, seq_len: int) -> (inputs, targets)``
+returning the GLOBAL batch as tensors (the same on every rank); see examples/data_hook.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from meshplan.errors import NonFiniteError
+from meshplan.plan import Plan
+from meshplan.shapes import add_input_shape, input_shapes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="meshplan.runtime.loop.train", description=__doc__)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--model", required=True, help="zoo name, file.py:factory or package.module:factory")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default=None,
+                   help="tokens.bin, package.module:fn returning a Dataset, or fn(step, batch, seq_len) (default: synthetic)")
+    p.add_argument("--log-every", type=int, default=10, help="a progress line every K steps and after the last (0: last only)")
+    p.add_argument("--eval-every", type=int, default=0, help="validation loss on the held-out tokens every K steps")
+    p.add_argument("--eval-batches", type=int, default=4, help="global batches per validation (default 4)")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K checkpoints (0: all)")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--init-from", default=None, help="pretrained weights: HF safetensors dir or meshplan/DCP checkpoint")
+    p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU")
+    p.add_argument("--profile-steps", type=int, default=1,
+                   help="extra steps after the timed ones, under torch's profiler: RunRecord 'phases' (0: none)")
+    p.add_argument("--timeout", type=float, default=120.0, help="process-group timeout, seconds")
+    p.add_argument("--skip-nonfinite", type=int, default=0, help="skip up to K NaN/inf steps instead of stopping")
+    p.add_argument("--check-grads", action="store_true", help="also treat a NaN/inf gradient as a bad step")
+    p.add_argument("--clip-grad-norm", type=float, default=1.0,
+                   help="clip the global gradient norm (all ranks and stages) to this; 0 disables")
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps before the schedule")
+    p.add_argument("--compile", action="store_true", help="torch.compile each repeated block (off by default)")
+    p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
+                   help="training precision (default: the plan's dtype)")
+    add_input_shape(p)
+    return p
+
+
+def default_loss(out: Any, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the last dim for integer targets (LM logits), MSE for float targets."""
+    if not isinstance(out, torch.Tensor):
+        out = out.logits
+    if target.dtype.is_floating_point:
+        return F.mse_loss(out, target)
+    return F.cross_entropy(out.flatten(0, -2).float(), target.flatten())
+
+
+def shaped_example(model: torch.nn.Module, shapes: dict | None) -> tuple:
+    """Example inputs built from ``--input-shape`` (zeros; synthetic data draws its batches in their
+    shape). Synthetic data feeds one input, so the model's forward must take exactly these inputs
+    and the first one is the batch; anything else needs ``--data``."""
+    from meshplan.trace import resolve_inputs
+
+    example = resolve_inputs(model, None, shapes)
+    if isinstance(example, dict):
+        raise ValueError(f"--input-shape names {sorted(example)} are passed by keyword to {type(model).__name__}; "
+                         "meshplan run feeds positional inputs: name the forward's first arguments in order")
+    return tuple(example)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from meshplan.fingerprint import check_plan_model
+    from meshplan.models import load_model
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.checkpoint import dcp as checkpoint
+    from meshplan.runtime.launch import collectives
+    from meshplan.runtime.launch.dist import check_launch
+    from meshplan.runtime.loop import data
+    from meshplan.runtime.loop.batch_check import check_batch
+    from meshplan.runtime.loop.evaluate import eval_loss
+    from meshplan.runtime.loop.guard import NonFiniteGuard
+    from meshplan.runtime.loop.optim import lr_at, make_optimizer
+    from meshplan.runtime.loop.synthetic import synthetic_data
+    from meshplan.runtime.record.comparable import local_device, not_comparable_reason
+    from meshplan.runtime.record.progress import Progress
+    from meshplan.runtime.record.run_record import RunRecord, gather_peak_mem
+
+    plan = Plan.load(args.plan)
+    check_launch(plan)  # before any collective
+    mbs = plan.micro_batch_size
+    torch.manual_seed(args.seed)
+    spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None)
+    model, example = spec.model, spec.example_inputs
+    if args.input_shape:  # the shapes the plan was made with, for a factory without examples
+        example = shaped_example(model, input_shapes(args.input_shape))
+    if example is None:
+        raise ValueError(f"model {args.model!r} gives no example inputs; return (model, example_inputs) from the "
+                         "factory or give --input-shape NAME=2x3x224x224[:dtype]")
+    check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
+    synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
+    seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
+    pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
+                    example_inputs=example, timeout_s=args.timeout, dtype=args.dtype,
+                    compile=args.compile, init_from=args.init_from)
+    rank = pm.env.rank
+    pm.check_grads = args.check_grads
+    guard = NonFiniteGuard(args.skip_nonfinite)
+    pm.max_grad_norm = args.clip_grad_norm or None
+    pm.lr_fn = functools.partial(lr_at, lr=args.lr, schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
+                                 total_steps=args.steps)
+    first = None
+    stream = data.open_stream(args.data, seq_len=seq_len, seed=args.seed, global_batch=plan.global_batch_size,
+                              share=data.rank_share(pm.env, pm.has_first, pm.has_last), synthetic=synthetic)
+    data.check_vocab(stream, model, args.data)
+    held_out = None
+    if args.eval_every:
+        if not isinstance(stream, data.TokenStream):
+            raise ValueError("--eval-every needs --data tokens.bin (its held-out tokens.val.bin)")
+        held_out = stream.eval_batches(args.eval_batches)
+    start = 0
+    # torchrun restarted the workers after one died (--max-restarts): resume without --resume
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    if args.resume and not args.checkpoint_dir:
+        raise ValueError("--resume needs --checkpoint-dir")
+    ck = checkpoint.newest_complete(args.checkpoint_dir) if args.checkpoint_dir and (args.resume or restarted) else None
+    if args.resume and ck is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {args.checkpoint_dir}")
+    if ck is not None:
+        start = checkpoint.load(pm, ck)
+        pos = (checkpoint.read_manifest(ck).get("extra") or {}).get("data")
+        if pos:
+            stream.load_state_dict(pos)
+        else:  # a checkpoint from before data positions were saved: one global batch per step
+            stream.samples_seen = start * plan.global_batch_size
+        if rank == 0:
+            why = f" after restart {os.environ['TORCHELASTIC_RESTART_COUNT']}" if restarted else ""
+            print(f"resumed from {ck} (step {start}){why}", flush=True)
+    rec = RunRecord(
+        plan_summary=plan.summary(), model=args.model, world_size=plan.world_size,
+        predicted_step_s=plan.predicted.step_s, predicted_peak_mem_bytes=list(plan.predicted.peak_mem_bytes),
+        memory_kind="cuda_max_allocated" if torch.cuda.is_available() else "cpu_peak_rss", notes=list(pm.notes),
+        precision=pm.precision, dp_kind=plan.dp_kind if plan.dp > 1 else "none",
+        not_comparable=not_comparable_reason(plan.cluster, **dict(zip(("device_type", "device_name", "host"),
+                                                                     local_device(torch)))),
+    )
+    rec.tokens_per_step = plan.global_batch_size * max(seq_len, 1) if seq_len else 0
+    rec.plan = plan.to_dict()
+    progress = Progress(total_steps=args.steps, start_step=start, log_every=args.log_every,
+                        tokens_per_step=rec.tokens_per_step or plan.global_batch_size,
+                        predicted_step_s=plan.predicted.step_s,
+                        predicted_peak_mem_bytes=max(plan.predicted.peak_mem_bytes, default=0),
+                        memory_kind="CUDA max allocated" if torch.cuda.is_available() else "peak RSS",
+                        comparable=not rec.not_comparable)
+    for step in range(start + 1, args.steps + 1):
+        x, y = stream.next_batch()
+        if args.data and not stream.local:  # a user's hook: shape, dtype and sameness on every rank checked each step
+            first = check_batch(step, (x, y), global_batch=plan.global_batch_size, seq_len=seq_len, first=first)
+        collectives.barrier()
+        t0 = time.perf_counter()
+        loss = pm.step(x, y, local=stream.local)
+        dt = time.perf_counter() - t0
+        mem = rec.add_rank_peaks(gather_peak_mem(pm.env.coord("pp"), plan.predicted.peak_mem_bytes))
+        rec.add(step, dt, loss, mem)
+        rec.grad_sync_collectives_per_step = pm.grad_sync_collectives  # counted in this step
+        line = progress.line(step, loss, dt, mem)
+        if line and rank == 0:
+            print(line, flush=True)
+        try:
+            warning = guard.after_step(step, loss, step in pm.skipped_steps)
+        except NonFiniteError as e:
+            if rank == 0:
+                print(f"error: {e}", file=sys.stderr, flush=True)
+            torch.distributed.destroy_process_group()
+            return 3
+        if warning and rank == 0:
+            print(warning, file=sys.stderr, flush=True)
+        if held_out is not None and (step % args.eval_every == 0 or step == args.steps):
+            val = eval_loss(pm, held_out)
+            rec.add_eval(step, val)
+            if rank == 0:
+                print(f"step {step:5d}/{args.steps}  validation loss {val:.4f} (held-out tokens)", flush=True)
+        if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
+            checkpoint.save(pm, args.checkpoint_dir, step, keep=args.keep_checkpoints,
+                            extra={"data": stream.state_dict()})
+    ran = bool(rec.steps)
+    if args.profile_steps > 0 and ran:  # after the timed steps and the last checkpoint: off the step times
+        rec.phases = _profile_phases(pm, stream, args.profile_steps)
+    if pm.scaler is not None:
+        rec.notes.append(scaler_note(pm))
+    if rank == 0:
+        out = args.record or os.path.join(os.path.dirname(os.path.abspath(args.plan)), "run_record.json")
+        rec.save(out)
+        for n in rec.notes:
+            print(f"note: {n}")
+        print(rec.summary_line(), flush=True)
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def scaler_note(pm: Any) -> str:
+    """The fp16 gradient scaler's end state, for the RunRecord's notes (one line)."""
+    skipped = pm.scaler_skipped_steps
+    return (f"fp16 loss scale {pm.loss_scale():g} at the end; the scaler skipped the update of "
+            + (f"{len(skipped)} step{'s' * (len(skipped) != 1)} ({', '.join(map(str, skipped[:8]))}"
+               + (", ..." if len(skipped) > 8 else "") + ") with inf/NaN gradients" if skipped else "no step"))
+
+
+def _profile_phases(pm: Any, stream: Any, k: int) -> dict[str, Any]:
+    """``k`` extra steps under torch's profiler (``runtime.record.phases``): the RunRecord's ``phases``.
+    Their updates are not checkpointed and their times are not in the step times."""
+    from meshplan.runtime.record import phases
+
+    mine = phases.measure(pm, [stream.next_batch() for _ in range(k)], local=stream.local)
+    return phases.record_phases(phases.gather(mine), pm.plan, steps=k)
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """``main`` with a user's mistake (bad plan, wrong model, damaged checkpoint) as one line, exit 2."""
+    from meshplan.errors import MeshplanError
+
+    try:
+        return main(argv)
+    except (MeshplanError, ValueError, FileNotFoundError) as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"meshplan run: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main())

@@ -1,0 +1,2 @@
+"""Records and measurement: the RunRecord, per-phase times, progress lines, comparability.
+"""
