@@ -56,7 +56,7 @@ def _pct(measured: float, predicted: float) -> str:
 
 def run_rows(out: Path) -> list[str]:
     from meshplan.plan import Plan
-    from meshplan.runtime.record import RunRecord
+    from meshplan.runtime.record.run_record import RunRecord
 
     rows = ["| run | plan | step ms measured | step ms predicted | error | peak memory measured | predicted "
             "| error | memory kind | launch to step 1 (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -89,7 +89,7 @@ def _oom(log: Path) -> str:
 
 def calibrated_rows(out: Path) -> list[str]:
     from meshplan.plan import Plan
-    from meshplan.runtime.record import RunRecord
+    from meshplan.runtime.record.run_record import RunRecord
 
     before, after = out / "plan.json", out / "plan_calibrated.json"
     if not (before.is_file() and after.is_file()):
