@@ -95,3 +95,46 @@ def scan_max(tokens: np.ndarray, chunk: int = 1 << 24) -> int:
     for i in range(0, tokens.shape[0], chunk):
         top = max(top, int(tokens[i : i + chunk].max()))
     return top
+
+
+HEADER_BYTES = 1 << 20  # the part of a token file whose checksum identifies it (cheap to re-read)
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What identifies a token file on disk: size, inode, modification time, checksum of its head."""
+
+    size: int
+    inode: int
+    mtime_ns: int
+    header_sha256: str
+
+    @classmethod
+    def of(cls, path: str | Path) -> FileIdentity:
+        import hashlib
+
+        st = Path(path).stat()
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+        return cls(st.st_size, st.st_ino, st.st_mtime_ns, hashlib.sha256(head).hexdigest())
+
+
+def file_change(before: FileIdentity, path: str | Path) -> str | None:
+    """What changed in ``path`` since ``before`` (None: nothing). One ``stat`` when nothing did."""
+    try:
+        st = Path(path).stat()
+    except OSError as e:
+        return f"it is gone ({e.strerror or e})"
+    if (st.st_size, st.st_ino, st.st_mtime_ns) == (before.size, before.inode, before.mtime_ns):
+        return None
+    now = FileIdentity.of(path)
+    what = []
+    if now.size != before.size:
+        what.append(f"{'shrank' if now.size < before.size else 'grew'} from {before.size:,} to {now.size:,} bytes")
+    if now.inode != before.inode:
+        what.append("was replaced by another file (new inode)")
+    if now.header_sha256 != before.header_sha256:
+        what.append(f"its first {min(HEADER_BYTES, now.size):,} bytes changed (sha256)")
+    if not what:
+        what.append("was rewritten in place (modification time changed; size and header checksum unchanged)")
+    return ", ".join(what)

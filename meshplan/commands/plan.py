@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from meshplan.commands.argtypes import positive_int
+from meshplan.commands.argtypes import byte_size, positive_int
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.precision import TRAINING_DTYPES, check_training_dtype
 from meshplan.engines.spec import CAPS, TARGETS, search_limits, spec_from_plan, unsupported
@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", "-n", type=positive_int, required=True, help="number of devices")
     parser.add_argument(
         "--cluster", default="h100", help="preset (h100, h200, a100-80g, a100-40g, v100) or profile .json"
+    )
+    parser.add_argument(
+        "--memory-limit", type=byte_size, default=None, metavar="SIZE",
+        help="memory a rank may use, e.g. 60GiB (default: the cluster's usable device memory); what an "
+             "out-of-memory stop of `meshplan run` suggests",
     )
     parser.add_argument(
         "--global-batch", type=positive_int, default=None, help="sequences per step (default 8 × world size)"
@@ -80,6 +85,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "`meshplan export --to ENGINE` (default meshplan: everything meshplan's runtime runs)")
 
 
+def memory_limited(cluster: object, world_size: int, limit_bytes: int) -> object:
+    """The cluster with ``limit_bytes`` usable per device (the rest reserved); ValueError above the device."""
+    from meshplan.cost_models.hardware import resolve_cluster
+
+    spec = resolve_cluster(cluster, world_size)  # type: ignore[arg-type]
+    if limit_bytes > spec.mem_bytes:
+        raise ValueError(f"--memory-limit {limit_bytes / 2**30:.1f} GiB is more than the {spec.name} device's "
+                         f"{spec.mem_bytes / 2**30:.1f} GiB; give at most that")
+    return dataclasses.replace(spec, mem_reserved_bytes=spec.mem_bytes - limit_bytes)
+
+
 def pins(args: argparse.Namespace) -> dict[str, object]:
     fixed: dict[str, object] = {}
     for arg, key in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
@@ -102,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
+    if args.memory_limit is not None:
+        args.cluster = memory_limited(args.cluster, args.world_size, args.memory_limit)
     fixed = pins(args)
     # --target: the engine's schedules, DP kinds, recompute kinds and stage-split rule (engines.spec)
     limits = search_limits(args.target, fixed, None if args.dtype == "auto" else args.dtype) \

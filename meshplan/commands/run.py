@@ -69,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-grads", action="store_true", help="also count a NaN/inf gradient as a non-finite step")
     p.add_argument("--timeout", type=positive_float, default=120.0,
                    help="process-group timeout in seconds: a rank waiting longer on a collective fails (default 120)")
+    p.add_argument("--hang-timeout", type=nonneg_float, default=None, metavar="S",
+                   help="stop all ranks when none advances for S seconds, naming the stuck ranks and phases "
+                        "(default: 20 predicted steps, at least 180; 0: off); the process-group timeout becomes at least S + 60")
     p.add_argument("--master-port", type=int, default=None)
     add_input_shape(p)
     g = p.add_argument_group("several nodes (torchrun c10d rendezvous; run once per node) and restarts")
@@ -148,6 +151,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
         train += ["--init-from", args.init_from]
     if args.skip_nonfinite:
         train += ["--skip-nonfinite", str(args.skip_nonfinite)]
+    if args.hang_timeout is not None:
+        train += ["--hang-timeout", str(args.hang_timeout)]
     if args.check_grads:
         train.append("--check-grads")
     if args.data:

@@ -28,7 +28,7 @@ KNOWN = {
     "plan_summary", "model", "world_size", "predicted_step_s", "predicted_peak_mem_bytes", "steps", "warmup",
     "memory_kind", "notes", "measured_step_s", "error_fraction", "precision", "dp_kind",
     "grad_sync_collectives_per_step", "tokens_per_s", "phases", "rank_peak_mem_bytes",
-    "predicted_rank_peak_mem_bytes", "global_batch_size", "seq_len",
+    "predicted_rank_peak_mem_bytes", "global_batch_size", "seq_len", "rank_step_s", "rank_wait_s",
 }  # fmt: skip
 GIB = 2**30
 
@@ -56,6 +56,8 @@ class RunView:
     phases: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    rank_step_s: list[list[float]] = field(default_factory=list)  # per rank, per step: own time (newer records)
+    rank_wait_s: list[list[float]] = field(default_factory=list)  # per rank, per step: waiting for the others
 
     @property
     def measured_step_s(self) -> float:
@@ -106,6 +108,8 @@ def run_view(d: dict[str, Any], plan: Plan | None = None) -> RunView:
         else _num(d["grad_sync_collectives_per_step"], "grad_sync_collectives_per_step"),
         phases=d.get("phases") if isinstance(d.get("phases"), dict) else {},
         notes=[str(n) for n in d.get("notes") or []], extra={k: d[k] for k in d if k not in KNOWN},
+        rank_step_s=_rank_lists(d.get("rank_step_s"), "rank_step_s"),
+        rank_wait_s=_rank_lists(d.get("rank_wait_s"), "rank_wait_s"),
     )  # fmt: skip
     if plan is not None:
         v.plan_summary = v.plan_summary or plan.summary()
@@ -115,6 +119,14 @@ def run_view(d: dict[str, Any], plan: Plan | None = None) -> RunView:
         v.predicted_peak_mem_bytes = v.predicted_peak_mem_bytes or list(plan.predicted.peak_mem_bytes)
     _tokens(v, d, plan)
     return v
+
+
+def _rank_lists(v: Any, name: str) -> list[list[float]]:
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(isinstance(r, list) for r in v):
+        raise ValueError(f"run record field {name!r} should be a list per rank of step times, got {type(v).__name__}")
+    return [[_num(x, name) for x in r] for r in v]
 
 
 def _tokens(v: RunView, d: dict[str, Any], plan: Plan | None) -> None:
@@ -182,6 +194,10 @@ def format_run(v: RunView) -> str:
                        f"step(s), rank {val.get('rank', '?')}")
         else:
             out.append(f"  phase {name}: {json.dumps(val)}")
+    if v.rank_step_s:
+        from meshplan.stragglers import spread_text
+
+        out += [f"  {line}" for line in spread_text(v.rank_step_s, v.rank_wait_s, v.warmup)]
     out += [f"  note: {n}" for n in v.notes]
     if v.extra:
         out.append(f"  other fields (not shown): {', '.join(sorted(v.extra))}")

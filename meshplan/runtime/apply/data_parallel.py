@@ -29,6 +29,7 @@ reduce-scatter (``set_custom_reduce_scatter``) that counts and then calls
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,6 +77,7 @@ class SyncCounter:
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
         self.calls = 0
+        self.last_call_s = 0.0  # perf_counter() at the last counted call
         self.bytes = 0  # input bytes of the counted collectives (the full buffer before a reduce-scatter)
         self.dtypes: set[str] = set()
 
@@ -84,6 +86,7 @@ class SyncCounter:
         self.dtypes = set()
 
     def add(self, t: torch.Tensor) -> None:
+        self.last_call_s = time.perf_counter()  # this rank's gradients of the bucket are final (stragglers)
         self.calls += 1
         self.bytes += t.numel() * t.element_size()
         self.dtypes.add(str(t.dtype).removeprefix("torch."))

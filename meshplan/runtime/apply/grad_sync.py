@@ -26,6 +26,7 @@ backward (before ``finish()``). DTensor gradients (TP inside the stage) reduce t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,6 +83,7 @@ class BucketedGradSync:
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.counts: dict[int, int] = {}
         self.collectives_last_step = 0
+        self.last_issue_s = 0.0  # perf_counter() when the last bucket was issued
         self.overlapped_last_step = 0  # of those, issued from a hook (before finish())
         self.bytes_last_step = 0  # bytes all-reduced in the last step
         self._bytes = 0
@@ -138,6 +140,7 @@ class BucketedGradSync:
     def _issue(self, b: _Bucket) -> None:
         if b.work is not None:
             return
+        self.last_issue_s = time.perf_counter()  # this rank's gradients of the bucket are final (stragglers)
         grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in b.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         flat.div_(self.divide_by)

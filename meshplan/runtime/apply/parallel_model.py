@@ -77,6 +77,9 @@ class ParallelModel:
     epcp: EPCPState | None = None  # expert/context parallelism (cp or ep > 1): batch shard + grad sync
     input_names: tuple[str, ...] | None = None  # dict keys of the example (batches are ordered so)
     phase_spans: PhaseSpans = field(default_factory=PhaseSpans)  # profiler ranges per phase (runtime.record.phases)
+    # seconds of the last step this rank waited for others: from its last gradient bucket (its own work
+    # done) to the end of the gradient and loss reductions (``meshplan.stragglers``)
+    last_wait_s: float = 0.0
 
     # ---- info ---------------------------------------------------------------------------
     @property
@@ -181,8 +184,10 @@ class ParallelModel:
                     p.grad.div_(m)
             if self.has_last:  # the schedule's losses carry the fp16 loss scale
                 local_loss += torch.stack([lpmod.plain(v.detach()).double().cpu() for v in losses]).mean() / self.loss_scale()
+        t_sync = time.perf_counter()
         with self.phase_spans.span("comm"):
             loss, grads_bad = self._sync_grads(local_loss)
+        self.last_wait_s = time.perf_counter() - self._local_done(t_sync)
         # fp16: non-finite gradients are the scaler's business (it skips the step and lowers the scale)
         if math.isfinite(loss) and (not grads_bad or self.scaler is not None):
             with self.phase_spans.span("optimizer"):
@@ -193,6 +198,14 @@ class ParallelModel:
         self.step_times_s.append(time.perf_counter() - t0)
         self.steps_done += 1
         return loss
+
+    def _local_done(self, t_sync: float) -> float:
+        """When this rank's own work of the step ended: its last gradient bucket handed to the reduction
+        (DDP/FSDP hook or the bucketed all-reduce), else the start of the gradient sync. From then on it waits."""
+        marks = [self.sync_counter.last_call_s if self.sync_counter.calls else 0.0,
+                 self.grad_sync.last_issue_s if self.grad_sync is not None and self.grad_sync.collectives_last_step else 0.0]
+        done = max(marks)
+        return done if 0.0 < done <= t_sync else t_sync
 
     def _sync_grads(self, local_loss: torch.Tensor) -> tuple[float, bool]:
         """Wait for / run the gradient reductions left after the backward; the global loss."""

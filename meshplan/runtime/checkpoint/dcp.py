@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from meshplan.errors import NonFiniteError
 from meshplan.runtime.apply.zero1 import load_view, state_view
-from meshplan.runtime.checkpoint import files
+from meshplan.runtime.checkpoint import files, space
 from meshplan.runtime.checkpoint.files import CheckpointError, newest_complete, read_manifest
 from meshplan.runtime.launch import collectives
 
@@ -161,7 +161,10 @@ def save(pm: ParallelModel, directory: str | Path, step: int, *, keep: int = DEF
             err = f"cannot write checkpoint directory {d}: {e}"
     if (err := _agree(err)[0]) is not None:
         raise CheckpointError(err)
-    dcp.save(state, checkpoint_id=str(tmp))
+    try:
+        dcp.save(state, checkpoint_id=str(tmp))
+    except (Exception, dcp.CheckpointException) as e:  # DCP raises the ranks' write errors on every rank
+        raise CheckpointError(_unwritten(d, tmp, name, e, state)) from e
     collectives.barrier()  # every rank's shards are on disk
     names = files.data_files(tmp)
     hashes: dict[str, Any] = {}
@@ -178,10 +181,20 @@ def save(pm: ParallelModel, directory: str | Path, step: int, *, keep: int = DEF
             files.write_text_atomic(d / "latest", name + "\n")
             files.prune(d, keep)
         except OSError as e:
-            err = f"checkpoint {final}: {e}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            err = space.failure_message(d, name, e, 0)
     if (err := _agree(err)[0]) is not None:
         raise CheckpointError(err)
     return final
+
+
+def _unwritten(d: Path, tmp: Path, name: str, exc: BaseException, state: Mapping[str, Any]) -> str:
+    """After a failed DCP write (every rank): remove the partial directory, say why and how much room."""
+    total = sum(_agree(space.state_bytes(state)))
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # free what the partial checkpoint took
+    collectives.barrier()
+    return space.failure_message(d, name, exc, total)
 
 
 def latest(directory: str | Path) -> Path | None:

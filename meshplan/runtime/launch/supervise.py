@@ -6,6 +6,9 @@ two things in its environment that every descendant inherits:
 - ``MESHPLAN_RUN_TAG=<unique>``: torchrun starts each worker in a session of its own, and a
   worker whose torchrun died is re-parented to init, so neither the process group nor the
   parent links find them all; the tag in ``/proc/<pid>/environ`` does.
+- ``MESHPLAN_FAULT_FILE=<that directory>/faults.txt``: a worker that stops the run on a fault
+  (``runtime.loop.faults.report``) appends its one line there; ``run_tree`` repeats the last one after
+  torchrun's own failure report (or, when ``--max-restarts`` recovered, each one as a note).
 - ``TMPDIR=<a fresh directory>``: torchelastic's ``torchelastic_*`` log/temp directories (and any
   other temp file of the run) land there and are deleted when the run ends, however it ends.
 
@@ -23,6 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -30,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 TAG_VAR = "MESHPLAN_RUN_TAG"
+FAULT_FILE_VAR = "MESHPLAN_FAULT_FILE"
 GRACE_S = 20.0
 _POLL_S = 0.2
 
@@ -81,6 +86,8 @@ def run_tree(cmd: Sequence[str], *, grace_s: float = GRACE_S, env: Mapping[str, 
     child_env = dict(os.environ if env is None else env)
     child_env[TAG_VAR] = tag
     child_env["TMPDIR"] = tmp
+    fault_file = os.path.join(tmp, "faults.txt")  # runtime.loop.faults.report appends each fault's one line
+    child_env[FAULT_FILE_VAR] = fault_file
     received: list[int] = []
     proc = subprocess.Popen(list(cmd), env=child_env, start_new_session=True)
 
@@ -110,7 +117,20 @@ def run_tree(cmd: Sequence[str], *, grace_s: float = GRACE_S, env: Mapping[str, 
         except subprocess.TimeoutExpired:
             pass
         _wait_gone(proc, tag, time.monotonic() + 5.0)
+        said = _faults_said(fault_file)
         shutil.rmtree(tmp, ignore_errors=True)
     if received:
         return 128 + int(received[0])
-    return int(proc.returncode)
+    rc = int(proc.returncode)
+    if said:  # after torchrun's own failure report: the run's last words are the explanation
+        what = f"stopped: {said[-1]}" if rc else "recovered (--max-restarts) after: " + " | ".join(said)
+        print(f"meshplan run: {what}", file=sys.stderr, flush=True)
+    return rc
+
+
+def _faults_said(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError:
+        return []

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from meshplan.tokenfile import open_tokens, read_meta, val_path
+from meshplan.tokenfile import FileIdentity, file_change, open_tokens, read_meta, val_path
 
 DP_AXES = ("dp_replicate", "dp_shard", "dp")
 BLOCK = 4096  # samples per PCG64 key (token-window starts)
@@ -116,6 +116,19 @@ class TokenStream(DataStream):
         if self.tokens.shape[0] < seq_len + 1:
             raise ValueError(f"--data {path}: {self.tokens.shape[0]} tokens, fewer than one window of seq_len+1 = {seq_len + 1}")
         self._block: tuple[int, np.ndarray] | None = None
+        self.identity = FileIdentity.of(self.path)  # checked before every read (check_unchanged)
+
+    def check_unchanged(self) -> None:
+        """DataChangedError when the file changed since it was opened: never train on what it became."""
+        what = file_change(self.identity, self.path)
+        if what is not None:
+            from meshplan.runtime.loop.faults import DataChangedError
+
+            step = self.samples_seen // self.global_batch + 1
+            raise DataChangedError(
+                f"--data {self.path} changed under the running job before step {step}: it {what}; stopped before "
+                "training on it. Put the original file back and resume (--resume), or start a new --checkpoint-dir "
+                "for the new data")
 
     def start(self, g: int) -> int:
         """First token of global sample ``g``'s window."""
@@ -126,10 +139,22 @@ class TokenStream(DataStream):
         return int(self._block[1][g % BLOCK])
 
     def _read(self, samples: range) -> Batch:
+        self.check_unchanged()
         return windows(self.tokens, [self.start(g) for g in samples], self.seq_len, self.share)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "file": self.path.name, "tokens": int(self.tokens.shape[0]), "seed": self.seed}
+        return {**super().state_dict(), "file": self.path.name, "tokens": int(self.tokens.shape[0]), "seed": self.seed,
+                "header_sha256": self.identity.header_sha256}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The position, after checking that this is the file the checkpoint was trained on (when it says)."""
+        head, n = state.get("header_sha256"), state.get("tokens")
+        if head is not None and (head != self.identity.header_sha256 or int(n) != int(self.tokens.shape[0])):
+            raise ValueError(
+                f"--data {self.path} is not the token file this checkpoint was trained on ({n:,} tokens, header "
+                f"sha256 {head[:12]}; this file: {int(self.tokens.shape[0]):,} tokens, {self.identity.header_sha256[:12]}); "
+                "resume with the original file, or start a new --checkpoint-dir for the new data")
+        super().load_state_dict(state)
 
     def max_token_id(self) -> int:
         return self.meta.max_token_id

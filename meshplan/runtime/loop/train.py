@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU")
     p.add_argument("--profile-steps", type=int, default=1,
                    help="extra steps after the timed ones, under torch's profiler: RunRecord 'phases' (0: none)")
-    p.add_argument("--timeout", type=float, default=120.0, help="process-group timeout, seconds")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="process-group timeout, seconds (at least --hang-timeout + 60 while the watchdog is on)")
+    p.add_argument("--hang-timeout", type=float, default=None,
+                   help="stop the run when no rank advances for S seconds (default: 20 predicted steps, at least 180; 0: off)")
     p.add_argument("--skip-nonfinite", type=int, default=0, help="skip up to K NaN/inf steps instead of stopping")
     p.add_argument("--check-grads", action="store_true", help="also treat a NaN/inf gradient as a bad step")
     p.add_argument("--clip-grad-norm", type=float, default=1.0,
@@ -95,17 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.models import load_model
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.checkpoint import dcp as checkpoint
-    from meshplan.runtime.launch import collectives
     from meshplan.runtime.launch.dist import check_launch
-    from meshplan.runtime.loop import data
-    from meshplan.runtime.loop.batch_check import check_batch
-    from meshplan.runtime.loop.evaluate import eval_loss
+    from meshplan.runtime.loop import data, faults
     from meshplan.runtime.loop.guard import NonFiniteGuard
     from meshplan.runtime.loop.optim import lr_at, make_optimizer
     from meshplan.runtime.loop.synthetic import synthetic_data
+    from meshplan.runtime.loop.watchdog import Watchdog, default_timeout_s
     from meshplan.runtime.record.comparable import local_device, not_comparable_reason
     from meshplan.runtime.record.progress import Progress
-    from meshplan.runtime.record.run_record import RunRecord, gather_peak_mem
+    from meshplan.runtime.record.run_record import RunRecord
 
     plan = Plan.load(args.plan)
     check_launch(plan)  # before any collective
@@ -121,8 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
     synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
     seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
+    hang_s = default_timeout_s(plan.predicted.step_s) if args.hang_timeout is None else args.hang_timeout
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
-                    example_inputs=example, timeout_s=args.timeout, dtype=args.dtype,
+                    example_inputs=example, timeout_s=faults.pg_timeout_s(args.timeout, hang_s), dtype=args.dtype,
                     compile=args.compile, init_from=args.init_from)
     rank = pm.env.rank
     pm.check_grads = args.check_grads
@@ -130,7 +132,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     pm.max_grad_norm = args.clip_grad_norm or None
     pm.lr_fn = functools.partial(lr_at, lr=args.lr, schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
                                  total_steps=args.steps)
-    first = None
     stream = data.open_stream(args.data, seq_len=seq_len, seed=args.seed, global_batch=plan.global_batch_size,
                               share=data.rank_share(pm.env, pm.has_first, pm.has_last), synthetic=synthetic)
     data.check_vocab(stream, model, args.data)
@@ -173,14 +174,71 @@ def main(argv: Sequence[str] | None = None) -> int:
                         predicted_peak_mem_bytes=max(plan.predicted.peak_mem_bytes, default=0),
                         memory_kind="CUDA max allocated" if torch.cuda.is_available() else "peak RSS",
                         comparable=not rec.not_comparable)
+    ck_dir = args.checkpoint_dir
+
+    def newest() -> str:
+        ck_now = checkpoint.newest_complete(ck_dir) if ck_dir else None
+        return f"newest complete checkpoint {ck_now} kept; " if ck_now else "no complete checkpoint yet; "
+
+    wd = Watchdog(faults.watchdog_store(max(args.timeout, 60.0)) if hang_s > 0 else None, rank=rank,
+                  world_size=pm.env.world_size, hang_timeout_s=hang_s, checkpoint_hint=newest, report=faults.report,
+                  start_step=start).start()
+    pm.phase_spans.on_enter = lambda phase: wd.at(faults.SPAN_PHASES.get(phase, phase))
+    own_s: list[float] = []
+    wait_s: list[float] = []
+    try:
+        ran_to = _loop(args, pm, stream, rec, progress, guard, wd, start=start, seq_len=seq_len,
+                       held_out=held_out, own_s=own_s, wait_s=wait_s)
+    except BaseException as e:  # noqa: BLE001 - explained faults end here; the rest is re-raised
+        faults.stop_on_fault(e, wd, rank=rank, step=wd.step, plan=plan, pp_rank=pm.env.coord("pp"), model=args.model)
+        raise  # a signal's KeyboardInterrupt / SystemExit
+    if ran_to is not None:
+        return ran_to
+    ran = bool(rec.steps)
+    rec.rank_step_s, rec.rank_wait_s = faults.gather_rank_times(own_s, wait_s)
+    if args.profile_steps > 0 and ran:  # after the timed steps and the last checkpoint: off the step times
+        wd.at("profile")
+        rec.phases = _profile_phases(pm, stream, args.profile_steps)
+    wd.at("finished")
+    if pm.scaler is not None:
+        rec.notes.append(scaler_note(pm))
+    if rank == 0:
+        out = args.record or os.path.join(os.path.dirname(os.path.abspath(args.plan)), "run_record.json")
+        rec.save(out)
+        for n in rec.notes:
+            print(f"note: {n}")
+        print(rec.summary_line(), flush=True)
+    wd.stop()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def _loop(args: argparse.Namespace, pm: Any, stream: Any, rec: Any, progress: Any, guard: Any, wd: Any, *,
+          start: int, seq_len: int, held_out: Any, own_s: list[float], wait_s: list[float]) -> int | None:
+    """Steps ``start + 1 .. --steps``, telling ``wd`` each phase and keeping this rank's own and waiting time
+    per step (``meshplan.stragglers``); an exit code when the run must stop, else None."""
+    from meshplan.runtime.checkpoint import dcp as checkpoint
+    from meshplan.runtime.launch import collectives
+    from meshplan.runtime.loop.batch_check import check_batch
+    from meshplan.runtime.loop.evaluate import eval_loss
+    from meshplan.runtime.record.run_record import gather_peak_mem
+
+    plan, rank, first = pm.plan, pm.env.rank, None
     for step in range(start + 1, args.steps + 1):
+        wd.at("data", step)
+        t_data = time.perf_counter()
         x, y = stream.next_batch()
         if args.data and not stream.local:  # a user's hook: shape, dtype and sameness on every rank checked each step
             first = check_batch(step, (x, y), global_batch=plan.global_batch_size, seq_len=seq_len, first=first)
+        wd.at("barrier")
+        t_in = time.perf_counter()
         collectives.barrier()
         t0 = time.perf_counter()
         loss = pm.step(x, y, local=stream.local)
         dt = time.perf_counter() - t0
+        own_s.append(t_in - t_data + dt - pm.last_wait_s)
+        wait_s.append(t0 - t_in + pm.last_wait_s)
+        wd.at("all_gather of step facts")
         mem = rec.add_rank_peaks(gather_peak_mem(pm.env.coord("pp"), plan.predicted.peak_mem_bytes))
         rec.add(step, dt, loss, mem)
         rec.grad_sync_collectives_per_step = pm.grad_sync_collectives  # counted in this step
@@ -197,26 +255,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if warning and rank == 0:
             print(warning, file=sys.stderr, flush=True)
         if held_out is not None and (step % args.eval_every == 0 or step == args.steps):
+            wd.at("validation")
             val = eval_loss(pm, held_out)
             rec.add_eval(step, val)
             if rank == 0:
                 print(f"step {step:5d}/{args.steps}  validation loss {val:.4f} (held-out tokens)", flush=True)
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
+            wd.at("checkpoint")
             checkpoint.save(pm, args.checkpoint_dir, step, keep=args.keep_checkpoints,
                             extra={"data": stream.state_dict()})
-    ran = bool(rec.steps)
-    if args.profile_steps > 0 and ran:  # after the timed steps and the last checkpoint: off the step times
-        rec.phases = _profile_phases(pm, stream, args.profile_steps)
-    if pm.scaler is not None:
-        rec.notes.append(scaler_note(pm))
-    if rank == 0:
-        out = args.record or os.path.join(os.path.dirname(os.path.abspath(args.plan)), "run_record.json")
-        rec.save(out)
-        for n in rec.notes:
-            print(f"note: {n}")
-        print(rec.summary_line(), flush=True)
-    torch.distributed.destroy_process_group()
-    return 0
+        wd.finished_step(step)
+    return None
 
 
 def scaler_note(pm: Any) -> str:

@@ -46,9 +46,12 @@ class PhaseSpans:
     def __init__(self) -> None:
         self.enabled = False
         self.cuda = False
+        self.on_enter: Callable[[str], None] | None = None  # told each phase entered (the hang watchdog)
 
     @contextlib.contextmanager
     def span(self, phase: str) -> Iterator[None]:
+        if self.on_enter is not None:
+            self.on_enter(phase)
         if not self.enabled:
             yield
             return

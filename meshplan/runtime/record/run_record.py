@@ -77,6 +77,10 @@ class RunRecord:
     phases: dict[str, Any] = field(default_factory=dict)
     # the Plan that ran (Plan.to_dict(); {} in older records): what ``meshplan calibrate`` re-costs
     plan: dict[str, Any] = field(default_factory=dict)
+    # per world rank, per step (the last steps when world x steps is large): the rank's own time and
+    # the time it waited for the others (``meshplan.stragglers``); empty in older records
+    rank_step_s: list[list[float]] = field(default_factory=list)
+    rank_wait_s: list[list[float]] = field(default_factory=list)
 
     def add_eval(self, step: int, loss: float) -> None:
         self.eval_losses.append([step, loss])
@@ -120,6 +124,10 @@ class RunRecord:
 
             text = mismatch_text(self.phases, comparable=not self.not_comparable)
             line += f"; {text}" if text else ""
+        from meshplan.stragglers import find_stragglers
+
+        for s in find_stragglers(self.rank_step_s, self.rank_wait_s, self.warmup)[:3]:
+            line += f"; {s.text()}"
         return line
 
     def _step_text(self) -> str:
