@@ -38,7 +38,7 @@ from meshplan.tracing.capture import Captured, capture_with
 from meshplan.tracing.dynamo_free import dynamo_free
 from meshplan.tracing.fold_probe import fold_views
 from meshplan.tracing.module_tree import block_fqns, param_modules
-from meshplan.tracing.moe import moe_capture, moe_meta
+from meshplan.tracing.moe import MoEInfo, moe_capture, moe_meta
 from meshplan.tracing.reuse import plan_reuse, reuse_enabled, reuse_line
 from meshplan.tracing.sympy_free import sympy_free
 
@@ -119,6 +119,7 @@ def _capture(model: nn.Module, inputs: Any, progress: Callable[[str], None] | No
     """Captured graph, its node records and the FQNs of the block copies annotated from a template.
     ``short``: an export is made of three blocks and grown (``tracing.export_blocks``; planning only)."""
     copies: list[str] = []
+    found: list[MoEInfo] = []
 
     def validate(cap: Captured) -> dict[fx.Node, NodeRecord]:
         plan, why = plan_reuse(cap.gm, cap.root)
@@ -131,8 +132,10 @@ def _capture(model: nn.Module, inputs: Any, progress: Callable[[str], None] | No
         return records
 
     # mixture-of-experts blocks route data-dependently: planning captures each as one node
-    with moe_capture(model):
+    with moe_capture(model) as infos:
+        found[:] = infos
         cap, records = capture_with(model, inputs, validate, short=short, progress=progress)
+    cap.moe = tuple(found)
     return cap, records, tuple(copies)
 
 
@@ -202,7 +205,7 @@ def trace_model(
         meta["tp_fold_views"] = folded
     meta["module_lists"] = block_fqns(model)
     meta["param_modules"] = param_modules(model)
-    meta.update(moe_meta(model))
+    meta.update(moe_meta(model, list(cap.moe)))
     meta["param_fingerprint"] = module_fingerprint(model)
     if cap.fx_error:
         meta["fx_error"] = cap.fx_error

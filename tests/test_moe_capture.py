@@ -68,3 +68,31 @@ def test_dense_model_has_no_moe():
     from meshplan.models import llama
 
     assert find_moe(llama()) == []
+
+
+def test_many_expert_modulelist_moe_is_one_leaf_per_layer_and_grown():
+    """#30 item 5: a hand-written MoE (router ``gate``, a ModuleList of SwiGLU experts, top-k by
+    torch.where / index_add_) is kept whole as one call_module per layer; the layer list, not the
+    longer expert list inside each layer, is traced cut to three and grown."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "models"))
+    from qwen3_moe_plain import model
+
+    with torch.device("meta"):
+        m, x = model(n_layer=5, dim=32, heads=4, kv_heads=2, head_dim=8, ffn=16, experts=12, top_k=3, vocab=64, seq=16)
+    said: list[str] = []
+    g = trace_model(m, x, progress=said.append)
+    assert g.capture == "fx" and any("expanded the others" in s for s in said), said
+    nodes = _moe_nodes(g)
+    assert [n.op for n in nodes] == ["call_module"] * 5
+    assert [n.module_fqn for n in nodes] == [f"layers.{i}.mlp" for i in range(5)]
+    assert not [n for n in g.nodes if ".experts." in (n.module_fqn or "")]  # no expert traced into
+    a = nodes[0].attrs
+    assert (a["num_experts"], a["top_k"], a["tokens"], a["hidden"]) == (12, 3, 16, 32)
+    assert a["expert_numel"] == 3 * 32 * 16 and a["dense_numel"] == 32 * 12
+    assert nodes[0].param_numel == 12 * 3 * 32 * 16 + 32 * 12
+    assert nodes[0].fwd_flops == moe_flops(16, 3, a["expert_numel"], a["dense_numel"])
+    assert g.param_count == sum(p.numel() for p in m.parameters())
+    assert g.blocks and g.blocks[0].module_class == "Block" and len(g.blocks[0].instances) == 5

@@ -28,7 +28,7 @@ from meshplan.tracing.classify import (
     saved_parts,
 )
 from meshplan.tracing.module_tree import attr_at
-from meshplan.tracing.moe import moe_attrs, moe_saved_bytes
+from meshplan.tracing.moe import MoEInfo, moe_attrs, moe_saved_bytes
 from meshplan.tracing.rnn_flops import rnn_attrs, rnn_flops
 from meshplan.tracing.sizes import SIZE_KEYS, cross_check, graph_sizes
 
@@ -93,6 +93,7 @@ def build_nodes(
     cap: Captured, records: dict[fx.Node, NodeRecord], pidx: ParamIndex
 ) -> tuple[list[GraphNode], list[tuple[int, int, int]]]:
     gm = cap.gm
+    moe_of = {cap.prefix + i.fqn: i for i in cap.moe}  # MoE blocks kept whole (fx leaves), by graph target
     param_src: dict[fx.Node, tuple[str, ...]] = {}  # dropped param nodes -> root param names
     ids: dict[fx.Node, int] = {}
     nodes: list[GraphNode] = []
@@ -146,7 +147,7 @@ def build_nodes(
         rec = records.get(n) or NodeRecord([], 0, False)
         in_nodes = [i for i in ins if i in ids]
         in_metas = [records[i].first if i in records else None for i in in_nodes]
-        kind = _kind_of(gm, n, op, bool(pnames))
+        kind = _kind_of(gm, n, op, bool(pnames), moe_of)
         first = rec.first
         if kind == "reshape" and in_nodes:
             storage_of[n] = storage_of.get(in_nodes[0], in_nodes[0])
@@ -170,7 +171,7 @@ def build_nodes(
                 if root not in saved_once:
                     saved_once.add(root)
                     saved += nb
-        attrs = _attrs(gm, n, kind, in_metas, first, pnames, pidx)
+        attrs = _attrs(gm, n, kind, in_metas, first, pnames, pidx, moe_of)
         flops = int(rec.flops)
         rnn = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
         if isinstance(rnn, nn.RNNBase) and in_metas and in_metas[0] is not None:  # FlopCounterMode counts 0
@@ -227,7 +228,7 @@ def _op_of(gm: fx.GraphModule, n: fx.Node) -> str:
     return n.op
 
 
-def _kind_of(gm: fx.GraphModule, n: fx.Node, op: str, reads_params: bool) -> str:
+def _kind_of(gm: fx.GraphModule, n: fx.Node, op: str, reads_params: bool, moe_of: dict[str, MoEInfo]) -> str:
     if n.op == "placeholder":
         return "input"
     if n.op == "output":
@@ -235,7 +236,7 @@ def _kind_of(gm: fx.GraphModule, n: fx.Node, op: str, reads_params: bool) -> str
     if n.op == "get_attr":
         return "constant"
     if n.op == "call_module":
-        return module_kind(gm.get_submodule(str(n.target)))
+        return "moe" if str(n.target) in moe_of else module_kind(gm.get_submodule(str(n.target)))
     if op == "getattr" or op == "getitem":
         return "reshape"
     return function_kind(op, reads_params)
@@ -263,7 +264,7 @@ def _module_fqn(n: fx.Node, pnames: list[str], pidx: ParamIndex) -> str | None:
 
 def _attrs(
     gm: fx.GraphModule, n: fx.Node, kind: str, in_metas: list[TensorMeta | None], out: TensorMeta | None,
-    pnames: list[str], pidx: ParamIndex,
+    pnames: list[str], pidx: ParamIndex, moe_of: dict[str, MoEInfo],
 ) -> dict[str, Any]:
     acts = [m for m in in_metas if m is not None]
     if kind == "linear":
@@ -295,7 +296,7 @@ def _attrs(
                 return {"num_embeddings": int(w.shape[0]), "embedding_dim": int(w.shape[1])}
         return {}
     if kind == "moe":
-        return moe_attrs(n, out)
+        return moe_attrs(n, out, moe_of.get(str(n.target)) if n.op == "call_module" else None)
     if kind == "norm" and acts and acts[0].shape:
         return {"normalized_dim": acts[0].shape[-1]}
     return {}

@@ -2,7 +2,8 @@
 
 ``capture(model, example_inputs)`` is the one capture shared by ``trace_model`` and the runtime's
 stage split, so node names agree. Leaf modules (kept whole as one ``call_module`` node in fx):
-``nn.Linear``, HF ``Conv1D``, ``nn.Embedding`` and the norms (see ``classify.is_leaf_class``).
+``nn.Linear``, HF ``Conv1D``, ``nn.Embedding``, the norms (see ``classify.is_leaf_class``) and a
+mixture-of-experts block while ``tracing.moe.moe_capture`` runs it as its capture op.
 A HF transformers model is wrapped in ``HFLogits`` (``forward(input_ids) -> logits``,
 ``use_cache=False``); the GraphModule's targets then start with ``model.``.
 
@@ -24,6 +25,7 @@ from meshplan.errors import TraceError
 from meshplan.models.calls import KwargsCall, call_names, split_inputs
 from meshplan.models.hf import HFLogits, is_hf_model
 from meshplan.tracing.classify import is_leaf_class
+from meshplan.tracing.moe import MoEInfo, captured_moe
 from meshplan.tracing.reuse import reuse_enabled
 
 
@@ -37,9 +39,27 @@ class MeshTracer(fx.Tracer):
     def __init__(self) -> None:
         super().__init__()
         self.proxy_buffer_attributes = True
+        self._param_names: tuple[nn.Module, dict[int, str]] | None = None
+
+    def create_arg(self, a: Any) -> Any:
+        """fx's own, with a parameter's name looked up in a table built once per root: fx scans
+        ``root.named_parameters()`` for every parameter handed to a call as a value, which is
+        quadratic for a MoE block whose capture op takes all its experts' weights (48 layers of
+        128 experts: 18k parameters, over 300 million comparisons). Same name as fx's scan: the
+        first name ``named_parameters()`` gives the parameter."""
+        if isinstance(a, nn.Parameter):
+            if self._param_names is None or self._param_names[0] is not self.root:
+                names: dict[int, str] = {}
+                for n, p in self.root.named_parameters():
+                    names.setdefault(id(p), n)
+                self._param_names = (self.root, names)
+            name = self._param_names[1].get(id(a))
+            if name is not None:
+                return self.create_node("get_attr", name, (), {})
+        return super().create_arg(a)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if is_leaf_class(type(m)):
+        if is_leaf_class(type(m)) or captured_moe(m) is not None:
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
@@ -53,6 +73,7 @@ class Captured:
     fx_error: str | None = None  # why fx failed, when export was used
     names: tuple[str, ...] | None = None  # keyword of each positional input (None: positional)
     inputs: tuple[Any, ...] = ()  # the example as the positional tensors the graph takes
+    moe: tuple[MoEInfo, ...] = ()  # the mixture-of-experts blocks captured as one op or leaf each
 
 
 def wrap_if_hf(model: nn.Module, names: tuple[str, ...] | None = None) -> tuple[nn.Module, str]:

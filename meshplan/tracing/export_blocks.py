@@ -57,10 +57,24 @@ def _split(name: str) -> tuple[str, int]:
 
 
 def block_list(root: nn.Module) -> tuple[str, nn.ModuleList] | None:
-    """The longest ``nn.ModuleList`` of > KEEP equal user-level blocks (FQN, list), or None."""
-    best: tuple[str, nn.ModuleList] | None = None
+    """The longest ``nn.ModuleList`` of > KEEP equal user-level blocks (FQN, list), or None
+    (``block_list_keys``)."""
+    found = block_list_keys(root)
+    return None if found is None else found[:2]
+
+
+def block_list_keys(root: nn.Module) -> tuple[str, nn.ModuleList, frozenset[tuple[str, str]]] | None:
+    """``block_list``'s (FQN, list) and the list's ``reuse.index_keys``, or None.
+
+    Only outermost lists count: a list inside a block of another such list (the 128 experts of a
+    hand-written MoE layer inside a list of 48 layers) is cut with its block, and may not be
+    called at all (planning captures a MoE block as one op)."""
+    best: tuple[str, nn.ModuleList, frozenset[tuple[str, str]]] | None = None
+    taken: list[str] = []  # FQNs of the lists found so far (named_modules visits parents first)
     for name, m in root.named_modules():
         if not isinstance(m, nn.ModuleList) or len(m) <= KEEP or not name:
+            continue
+        if any(name.startswith(t + ".") for t in taken):
             continue
         kids = list(m)
         if not all(_user_module(k) for k in kids):
@@ -69,8 +83,9 @@ def block_list(root: nn.Module) -> tuple[str, nn.ModuleList] | None:
         sig = module_signature(kids[0], keys)
         if any(module_signature(k, keys) != sig for k in kids):
             continue
+        taken.append(name)
         if best is None or len(m) > len(best[1]):
-            best = (name, m)
+            best = (name, m, keys)
     return best
 
 

@@ -99,14 +99,14 @@ def fold_views(root: nn.Module, inputs: Sequence[Any], prefix: str = "", skip: S
     return out
 
 
-def _signature(root: nn.Module, name: str, lin: nn.Module) -> tuple[str, str, tuple[int, ...]] | None:
+def _signature(parent: nn.Module | None, name: str, lin: nn.Module) -> tuple[str, str, tuple[int, ...]] | None:
     """(parent class, attribute name, weight shape): linears alike in these fold alike. None for a
     linear directly under the root (a head: its output is the model's, never split into heads)."""
-    if "." not in name:
+    if "." not in name or parent is None:
         return None
-    parent, attr = name.rsplit(".", 1)
+    attr = name.rsplit(".", 1)[1]
     w = getattr(lin, "weight", None)
-    return type(root.get_submodule(parent)).__qualname__, attr, tuple(w.shape) if w is not None else ()
+    return type(parent).__qualname__, attr, tuple(w.shape) if w is not None else ()
 
 
 def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[Any], skip: tuple[str, ...],
@@ -116,14 +116,15 @@ def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[An
     to_fake, mode = fake_maker(keep_device=False) if meta else fake_maker(device="cpu")
 
     args = [to_fake(x) if isinstance(x, torch.Tensor) else x for x in tree_leaves(tuple(inputs))]
-    wrapper = prefix.rstrip(".")
     by_sig: dict[tuple, list[str]] = {}
     first: dict[tuple, tuple[str, nn.Module]] = {}
+    mods: dict[str, nn.Module] = {}  # every module by name: a linear's parent, without a path walk each
     for name, lin in root.named_modules():
+        mods[name] = lin
         if not name.startswith(prefix) or not _is_linear(lin):
             continue
         user = name[len(prefix):]
-        sig = _signature(root.get_submodule(wrapper) if wrapper else root, user, lin)
+        sig = _signature(mods.get(name.rsplit(".", 1)[0]) if "." in user else None, user, lin)
         if sig is None:
             continue
         by_sig.setdefault(sig, []).append(user)

@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from meshplan.tracing.export_blocks import KEEP, block_list
+from meshplan.tracing.export_blocks import KEEP, block_list_keys
 from meshplan.tracing.reuse import _instance, _paths, _rel, index_keys, module_signature
 
 
@@ -41,11 +41,10 @@ def short_trace(root: nn.Module, tracer: type[fx.Tracer], concrete_args: dict[st
                 ) -> tuple[fx.Graph | None, str]:
     """(the graph of ``root`` traced by a ``tracer`` with blocks KEEP.. as stubs and expanded, or
     None; why not)."""
-    found = block_list(root)
+    found = block_list_keys(root)
     if found is None:
         return None, f"no list of more than {KEEP} equal blocks"
-    fqn, blocks = found
-    held = index_keys(list(enumerate(blocks)))
+    fqn, blocks, held = found
     if held:
         return None, "the blocks hold their own index (" + ", ".join(sorted(f"{m}.{k}".lstrip(".") for m, k in held)) + ")"
     stubs = {id(b) for b in list(blocks)[KEEP:]}
@@ -65,13 +64,14 @@ def short_trace(root: nn.Module, tracer: type[fx.Tracer], concrete_args: dict[st
     small = Stubbing().trace(root, concrete_args=concrete_args)
     if len(calls) != 1 or not isinstance(calls[0][1], fx.Proxy):
         return None, "the template block is not called once returning one tensor"
-    return expand(small, root, fqn, len(blocks), calls[0][0], calls[0][1].node)
+    return expand(small, root, fqn, len(blocks), calls[0][0], calls[0][1].node, held)
 
 
-def expand(small: fx.Graph, root: nn.Module, fqn: str, count: int, tpl_args: Any, tpl_out: fx.Node
-           ) -> tuple[fx.Graph | None, str]:
+def expand(small: fx.Graph, root: nn.Module, fqn: str, count: int, tpl_args: Any, tpl_out: fx.Node,
+           keys: frozenset[tuple[str, str]] | None = None) -> tuple[fx.Graph | None, str]:
     """``small`` with every stub ``call_module`` of ``fqn.j`` (j >= KEEP) replaced by the template's
-    nodes (see above); ``tpl_args``: the template's call arguments as graph arguments."""
+    nodes (see above); ``tpl_args``: the template's call arguments as graph arguments; ``keys``:
+    the list's ``reuse.index_keys`` when known."""
     nodes = list(small.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     prefixes = [f"{fqn}.{j}" for j in range(KEEP)]
@@ -83,7 +83,8 @@ def expand(small: fx.Graph, root: nn.Module, fqn: str, count: int, tpl_args: Any
     runs = [r for r in found if r is not None]
     if len(runs) < KEEP or any(r.attrs for r in runs):
         return None, "a kept block is not one contiguous run of nodes"
-    keys = index_keys(list(enumerate(root.get_submodule(fqn))))
+    if keys is None:
+        keys = index_keys(list(enumerate(root.get_submodule(fqn))))
     for r in runs:
         r.canonical(module_signature(root.get_submodule(r.prefix), keys))
     if any(r.key != runs[0].key for r in runs):

@@ -69,8 +69,8 @@ class MoEInfo:
         }
 
 
-def _router_experts(m: nn.Module) -> tuple[str, str, int, int] | None:
-    """(router name, experts name, E, H) when ``m`` is a MoE block, else None."""
+def _router_experts(m: nn.Module) -> tuple[str, str, int, int, str] | None:
+    """(router name, experts name, E, H, experts layout) when ``m`` is a MoE block, else None."""
     children = dict(m.named_children())
     for rname in ROUTER_NAMES:
         r = children.get(rname)
@@ -88,8 +88,9 @@ def _router_experts(m: nn.Module) -> tuple[str, str, int, int] | None:
         names = ["experts"] + [n for n in children if n not in ("experts", rname)]
         for ename in names:
             ex = children.get(ename)
-            if ex is not None and _expert_layout(ex, e) is not None:
-                return rname, ename, e, h
+            layout = _expert_layout(ex, e) if ex is not None else None
+            if layout is not None:
+                return rname, ename, e, h, layout
     return None
 
 
@@ -97,8 +98,13 @@ def _expert_layout(ex: nn.Module, e: int) -> str | None:
     if isinstance(ex, nn.ModuleList):
         if len(ex) != e:
             return None
-        shapes = {tuple((n, tuple(p.shape)) for n, p in sub.named_parameters()) for sub in ex}
-        return "list" if len(shapes) == 1 and next(iter(shapes)) else None
+        first = [(n, p.shape) for n, p in ex[0].named_parameters()]
+        if not first:
+            return None
+        for sub in ex:
+            if [(n, p.shape) for n, p in sub.named_parameters()] != first:
+                return None
+        return "list"
     params = list(ex.parameters())
     # grouped experts stack E weight matrices: 3-D (E, out, in); a dense Linear whose out_features
     # happens to equal the router's width (a SwiGLU "up" beside a "gate") is not a set of experts
@@ -121,10 +127,8 @@ def moe_info(m: nn.Module, fqn: str = "") -> MoEInfo | None:
     found = _router_experts(m)
     if found is None:
         return None
-    rname, ename, e, h = found
+    rname, ename, e, h, layout = found
     router, experts = getattr(m, rname), getattr(m, ename)
-    layout = _expert_layout(experts, e)
-    assert layout is not None
     expert_total = sum(p.numel() for p in experts.parameters())
     dense = sum(p.numel() for p in m.parameters()) - expert_total
     k = _top_k(m, router)
@@ -140,16 +144,24 @@ def moe_info(m: nn.Module, fqn: str = "") -> MoEInfo | None:
 
 
 def find_moe(model: nn.Module) -> list[tuple[str, nn.Module, MoEInfo]]:
-    """Every MoE block of ``model`` (outermost only), in module order."""
+    """Every MoE block of ``model`` (outermost only), in module order (``named_modules``' order and
+    names; a module reached twice is visited once). A found block's subtree is not searched."""
     out: list[tuple[str, nn.Module, MoEInfo]] = []
-    inside: list[str] = []
-    for fqn, m in model.named_modules():
-        if any(fqn.startswith(p + ".") for p in inside):
-            continue
+    seen: set[int] = set()
+
+    def walk(m: nn.Module, fqn: str) -> None:
+        if id(m) in seen:
+            return
+        seen.add(id(m))
         info = moe_info(m, fqn)
         if info is not None:
             out.append((fqn, m, info))
-            inside.append(fqn)
+            return
+        for name, child in m._modules.items():
+            if child is not None:
+                walk(child, f"{fqn}.{name}" if fqn else name)
+
+    walk(model, "")
     return out
 
 
@@ -217,15 +229,32 @@ def _leaf_forward(m: nn.Module, info: MoEInfo) -> Any:
         return torch.ops.meshplan.moe_block(x, params, info.num_experts, info.top_k, info.expert_numel,
                                             info.dense_numel, info.expert_act_numel)
 
+    forward.moe_info = info  # type: ignore[attr-defined]  # what ``captured_moe`` reads
     return forward
+
+
+def captured_moe(m: nn.Module) -> MoEInfo | None:
+    """The block's MoEInfo while ``moe_capture`` runs it as the capture op, else None. torch.fx
+    keeps such a block whole as one ``call_module`` node (``capture.MeshTracer``): its forward is
+    the op alone, and a leaf lists its parameters by module, where tracing into it would hand the
+    op every expert weight as one ``get_attr`` node each (48 layers of 128 SwiGLU experts: 18k)."""
+    fwd = m.__dict__.get("forward")
+    info = getattr(fwd, "moe_info", None)
+    return info if isinstance(info, MoEInfo) else None
 
 
 _ARG_NAMES = ("num_experts", "top_k", "expert_numel", "dense_numel", "expert_act_numel")
 
 
-def moe_attrs(n: Any, out: Any) -> dict[str, Any]:
-    """GraphNode attrs of a captured ``moe_block`` fx node: its op arguments, tokens and hidden size."""
-    attrs: dict[str, Any] = {k: int(v) for k, v in zip(_ARG_NAMES, n.args[2:]) if isinstance(v, int)}
+def moe_attrs(n: Any, out: Any, info: MoEInfo | None = None) -> dict[str, Any]:
+    """GraphNode attrs of a captured MoE fx node: the ``moe_block`` op's arguments (or, for a
+    ``call_module`` of the block itself, the same numbers from its ``info``), tokens and hidden size."""
+    if info is not None:
+        attrs: dict[str, Any] = {"num_experts": info.num_experts, "top_k": info.top_k,
+                                 "expert_numel": info.expert_numel, "dense_numel": info.dense_numel,
+                                 "expert_act_numel": info.expert_act_numel}
+    else:
+        attrs = {k: int(v) for k, v in zip(_ARG_NAMES, n.args[2:]) if isinstance(v, int)}
     if out is not None and out.shape:
         h = int(out.shape[-1])
         rows = 1
@@ -249,14 +278,15 @@ def moe_saved_bytes(attrs: dict[str, Any], out: Any) -> int:
     return int(tokens * k * attrs.get("expert_act_numel", 0) * item + tokens * e * 4)
 
 
-def moe_meta(model: nn.Module) -> dict[str, Any]:
+def moe_meta(model: nn.Module, infos: list[MoEInfo] | None = None) -> dict[str, Any]:
     """ModelGraph.meta entries of a MoE model (empty for a dense one): ``num_experts``,
     ``moe_top_k``, ``moe_layers``, ``moe_layout``, ``moe_ep_ready`` (the runtime can shard its
-    experts: grouped weights or a ModuleList), and a note when top-k had to be assumed."""
-    found = find_moe(model)
-    if not found:
+    experts: grouped weights or a ModuleList), and a note when top-k had to be assumed.
+    ``infos``: the model's ``find_moe`` infos when already known (``moe_capture`` yields them)."""
+    if infos is None:
+        infos = [i for _, _, i in find_moe(model)]
+    if not infos:
         return {}
-    infos = [i for _, _, i in found]
     out: dict[str, Any] = {
         "num_experts": max(i.num_experts for i in infos),
         "moe_top_k": max(i.top_k for i in infos),

@@ -105,10 +105,24 @@ def _tensor_sig(t: Any) -> Any:
     return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device.type, bool(t.requires_grad), type(t).__name__)
 
 
-def _attr_items(m: nn.Module) -> list[tuple[str, str, Any]]:
-    """(submodule name, attribute, value) of every plain attribute in the subtree ``m``."""
-    return [(name, k, v) for name, sub in m.named_modules(remove_duplicate=False)
-            for k, v in sorted(vars(sub).items()) if not k.startswith("_") and k != "training" and _plain(v)]
+def subtree(m: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``list(m.named_modules(remove_duplicate=False))`` (same names, same order) without its
+    nested generators, whose cost grows with depth: a MoE layer's expert linears sit five deep."""
+    out: list[tuple[str, nn.Module]] = []
+    stack: list[tuple[str, nn.Module]] = [("", m)]
+    while stack:
+        name, mod = stack.pop()
+        out.append((name, mod))
+        kids = [(f"{name}.{k}" if name else k, c) for k, c in mod._modules.items() if c is not None]
+        stack.extend(reversed(kids))
+    return out
+
+
+def _attr_items(m: nn.Module, tree: list[tuple[str, nn.Module]] | None = None) -> list[tuple[str, str, Any]]:
+    """(submodule name, attribute, value) of every plain attribute in the subtree ``m`` (``tree``:
+    its ``subtree`` when already listed)."""
+    return [(name, k, v) for name, sub in (subtree(m) if tree is None else tree)
+            for k, v in sorted((k, v) for k, v in vars(sub).items() if k[0] != "_" and k != "training" and _plain(v))]
 
 
 def index_keys(children: list[tuple[int | None, nn.Module]]) -> frozenset[tuple[str, str]]:
@@ -129,12 +143,13 @@ def index_keys(children: list[tuple[int | None, nn.Module]]) -> frozenset[tuple[
 def module_signature(m: nn.Module, index_attrs: frozenset[tuple[str, str]] = frozenset()) -> tuple:
     """Everything propagation reads from the module subtree ``m`` (see the module docstring, 1);
     ``index_attrs`` (``index_keys``) are left out."""
+    tree = subtree(m)
     attrs: dict[str, list[tuple[str, str]]] = {}
-    for name, k, v in _attr_items(m):
+    for name, k, v in _attr_items(m, tree):
         if (name, k) not in index_attrs:
             attrs.setdefault(name, []).append((k, repr(v)))
     parts: list[Any] = []
-    for name, sub in m.named_modules(remove_duplicate=False):
+    for name, sub in tree:
         parts.append((name, type(sub), sub.extra_repr(), sub.training, tuple(attrs.get(name, ()))))
         parts.extend(("p", name, k, _tensor_sig(p)) for k, p in sub._parameters.items())
         parts.extend(("b", name, k, _tensor_sig(b)) for k, b in sub._buffers.items())
@@ -243,10 +258,11 @@ def plan_reuse(gm: fx.GraphModule, root: nn.Module) -> tuple[ReusePlan | None, s
     reasons: list[str] = []
     for _cname, kids in cands:
         instances: list[_Instance] = []
+        kids = [k for k in kids if not any(k[0] == t or k[0].startswith(t + ".") for t in taken)]
+        if not kids:  # inside copies already found (a MoE layer's experts inside a list of layers)
+            continue
         ikeys = index_keys([(idx, child) for _, idx, child in kids])
         for prefix, _idx, child in kids:
-            if any(prefix == t or prefix.startswith(t + ".") for t in taken):
-                continue
             inst = _instance(prefix, members.get(prefix, []), nodes, index)
             if inst is None:
                 continue
