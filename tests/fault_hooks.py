@@ -4,6 +4,7 @@ forward of one step, on the first torchrun attempt only (a restart runs clean):
 
 - ``hang:1:3`` rank 1 sleeps (a stuck kernel or collective) in step 3's forward;
 - ``oom:1:3`` rank 1 raises the CUDA allocator's error there (``host-oom``: the host's MemoryError);
+- ``error:1:2`` rank 1 fails with an error meshplan has no explanation for (a CUDA/NCCL error);
 - ``slow:1:0:0.03`` rank 1 sleeps 30 ms in every forward (a slow node): losses are unchanged.
 """
 
@@ -49,6 +50,8 @@ def _misbehave() -> None:
                                      "of 79.11 GiB of which 3.06 MiB is free.")
     elif kind == "host-oom":
         raise MemoryError()
+    elif kind == "error":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
     elif kind == "slow":
         time.sleep(float(rest[0]))
 

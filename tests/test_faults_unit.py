@@ -79,7 +79,21 @@ def test_hang_names_the_rank_behind_and_stops_every_rank() -> None:
     for w in wds[1:]:  # the others see the posted fault and end their processes
         w.poll_once()
     assert exits == [FAULT_EXIT["hang"]] * 3
+    assert json.loads(store.get("fault"))["rank"] == 0
     assert json.loads(store.get("fault"))["kind"] == "hang"
+
+
+def test_last_rank_watches_too_when_rank_0_is_stuck() -> None:
+    _, clock, exits, said, wds = _ranks(2)
+    for w in wds:  # the last rank sees rank 0's progress now
+        w.finished_step(1), w.at("forward", 2)
+        w.poll_once()
+    clock.t += 11  # rank 0's thread would speak now, but it cannot run
+    wds[1].poll_once()
+    assert exits == []
+    clock.t += 5  # 1.5 x 10 s
+    wds[1].poll_once()
+    assert exits == [FAULT_EXIT["hang"]] and "no rank advanced for 16 s" in said[0]
 
 
 def test_first_step_and_checkpoints_get_longer() -> None:

@@ -110,6 +110,17 @@ class TestRunFaults:
         assert out.returncode == 0, out.stderr[-4000:]
         assert _losses(setup / "oom.json")[STEPS] == pytest.approx(_losses(setup / "reference.json")[STEPS], abs=1e-6)
 
+    def test_unexplained_error_is_one_line_after_its_traceback(self, setup) -> None:
+        """Rank 1 fails with an error meshplan cannot explain: its traceback, then the line naming rank,
+        step and phase; rank 0, whose collective broke, exits without a traceback of its own."""
+        out, mark = _run(setup, "--steps", "4", "--data", "fault_hooks:batches", case="error:1:2")
+        assert out.returncode != 0
+        last = out.stderr.strip().splitlines()[-1]
+        assert last == ("meshplan run: stopped: rank 1 failed at step 2 in forward: RuntimeError: CUDA error: an "
+                        "illegal memory access was encountered (simulated)"), out.stderr[-3000:]
+        assert out.stderr.count("raise RuntimeError(\"CUDA error") == 1  # one worker traceback: rank 1's
+        assert tagged_pids(mark, "TEST_FAULT_MARK") == []
+
     def test_token_file_truncated_under_the_job(self, setup) -> None:
         """tokens.bin shrinks mid-run: the run stops before reading it, naming the file and the change."""
         from meshplan.models import load_model

@@ -120,6 +120,9 @@ def is_oom(exc: BaseException) -> bool:
 # ---- the training loop's side (torch imported inside) ------------------------------------------
 SPAN_PHASES = {"comm": "gradient/loss all-reduce", "schedule": "pipeline schedule (forward/backward chunks, "
                "send/recv)"}
+# a collective broken because the other side went away (gloo, NCCL)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
+             "NCCL communicator was aborted")
 MAX_RANK_TIME_VALUES = 1_000_000  # per-rank step times kept in the RunRecord: the last steps up to this
 
 
@@ -213,6 +216,9 @@ def stop_on_fault(exc: BaseException, wd: object, *, rank: int, step: int, plan:
         traceback.print_exception(exc)
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         kind, message, code = "error", f"rank {rank} failed at step {step} in {phase}: {type(exc).__name__}: {first}", 1
+        if any(w in str(exc) for w in PEER_GONE):
+            message += ("; another rank's process probably died without a word (killed, e.g. by the kernel's "
+                        "out-of-memory killer, or crashed): the launcher's report above names it and its exit signal")
     if wd.post(kind, message):  # type: ignore[attr-defined]
         report(message)
     _exit(code)

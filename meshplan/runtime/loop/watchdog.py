@@ -4,7 +4,7 @@ Each rank tells its ``Watchdog`` where it is (``at(phase, step)``: an attribute 
 else, so the training step pays nothing). A background thread per rank publishes that state to
 the store every ``poll_s`` when it changed (``rank/<r>`` = step, phase, a counter, host, steps
 done) and watches the store's ``fault`` key. Rank 0's thread also reads every rank's state and
-declares a hang when *no* rank advanced for ``hang_timeout_s`` (three times that while no rank
+declares a hang (the last rank's thread too, 1.5 times later, in case rank 0 is the stuck one) when *no* rank advanced for ``hang_timeout_s`` (three times that while no rank
 finished its first step or while a rank is checkpointing or validating, which take longer than a
 step); the message names the ranks that are behind (the lowest step, then the earliest phase of
 it) with their host and phase, and the others with where they wait.
@@ -36,6 +36,7 @@ DEFAULT_MIN_TIMEOUT_S = 180.0  # "at least a few minutes"
 STEPS_OF_SLACK = 20  # default timeout: this many predicted steps, when longer than the minimum
 SLOW_FACTOR = 3.0  # the first step (warm-up, compilation), checkpoints and validation get 3x
 SLOW_PHASES = ("checkpoint", "validation", "profile")
+BACKUP_FACTOR = 1.5  # the last rank's monitor waits this much longer than rank 0's
 # where a phase falls inside a step: the rank with the lowest (step, order) is the one behind
 PHASE_ORDER = {"start": 0, "data": 1, "barrier": 2, "forward": 3, "schedule": 3, "backward": 4,
                "gradient/loss all-reduce": 5, "optimizer": 6, "all_gather of step facts": 7,
@@ -206,7 +207,9 @@ class Watchdog:
         return out
 
     def check_hang(self, now: float) -> str | None:
-        """Rank 0: the hang message when no rank advanced for the timeout, else None."""
+        """The hang message when no rank advanced for the timeout, else None. Rank 0 decides; the last rank
+        watches too with half as much again, should rank 0's own process be the one stuck with Python's lock
+        held (its thread could not run then)."""
         if self.timeout_s <= 0:
             return None
         states = self.states()
@@ -220,7 +223,7 @@ class Watchdog:
         last = max([self._seen[r][1] for r in live if r in self._seen] + [self._t0])
         slow = (all(s.done <= self.start_step for s in states.values())
                 or any(s.phase in SLOW_PHASES for s in states.values()))
-        limit = self.timeout_s * (SLOW_FACTOR if slow else 1.0)
+        limit = self.timeout_s * (SLOW_FACTOR if slow else 1.0) * (1.0 if self.rank == 0 else BACKUP_FACTOR)
         idle = now - last
         if idle < limit:
             return None
@@ -238,7 +241,7 @@ class Watchdog:
             self._stop.set()
             self.exit_fn(FAULT_EXIT.get(str(f.get("kind")), 1))
             return
-        if self.rank == 0:
+        if self.rank in (0, self.world - 1):
             msg = self.check_hang(self.clock())
             if msg is not None:
                 self.hang_message = msg
