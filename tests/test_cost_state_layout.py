@@ -61,9 +61,12 @@ def test_planner_prices_each_engines_states() -> None:
     assert states(plans["torch", "zero1"]) == pytest.approx((8 + 8 / 8) * n, rel=1e-6)
     assert states(plans["megatron", "zero1"]) == pytest.approx((6 + 12 / 8) * n, rel=1e-6)
     assert states(plans["zero", "zero1"]) == pytest.approx((4 + 12 / 8) * n, rel=1e-6)
-    # the peak moves by exactly the states' difference (same activations)
+    # the peak moves by exactly the states' difference (same activations), less the weight copies
+    # autocast keeps per microbatch on meshplan's fp32 parameters (Megatron-LM holds 16-bit ones: none)
     diff = max(plans["megatron", "ddp"].predicted.peak_mem_bytes) - max(plans["torch", "ddp"].predicted.peak_mem_bytes)
-    assert diff == pytest.approx(2 * n, abs=8)
+    cast = plans["torch", "ddp"].predicted.mem_breakdown["autocast_kept"]
+    assert cast > 0 and "autocast_kept" not in plans["megatron", "ddp"].predicted.mem_breakdown
+    assert diff == pytest.approx(2 * n - cast, abs=8)
     with pytest.raises(ValueError, match="state_layout"):
         estimate_graph(g, 8, dp_kind="ddp", profile=MESHPLAN.but(state_layout="nope"), **kw)
 

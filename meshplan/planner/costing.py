@@ -96,6 +96,9 @@ class LayerCost:
     loss_bytes: float = 0.0
     #: bytes of the logits this (post) layer returns per microbatch and rank, in the training dtype
     logits_bytes: float = 0.0
+    #: bytes per microbatch this layer keeps beyond ``act_bytes`` when it runs under autocast on
+    #: fp32 parameters (``autocast_kept_bytes``; not under FSDP2's MixedPrecisionPolicy)
+    autocast_bytes: float = 0.0
 
     @property
     def fwd_total_s(self) -> float:
@@ -402,6 +405,7 @@ class GraphCoster:
             loss = loss_buffer_bytes(lg[0], lg[1], vocab_shard=lg[2], logits_bytes=elem, kernel=self.loss_kernel)
             logits = lg[0] * lg[1] / lg[2] * elem
         act += loss
+        cast = self._autocast_bytes(nodes, sol, rc, scale, elem, in_bytes) if self._autocast_dtype else 0.0
         if rc == "full":
             rec = fwd + comm / 2
         elif rc == "selective":
@@ -417,9 +421,47 @@ class GraphCoster:
         layer = LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
-            transient_bytes=transient, loss_bytes=loss, logits_bytes=logits,
+            transient_bytes=transient, loss_bytes=loss, logits_bytes=logits, autocast_bytes=cast,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
+
+    @functools.cached_property
+    def _autocast_dtype(self) -> bool:
+        """Whether the training dtype runs under torch.autocast (bf16, fp16; fp8: torchao's float8
+        linears inside a bf16 autocast, their own fp8 weight copies costed apart) and the linears
+        keep fp32 weights (none, QAT: its fake-quantized weight is cast again; QLoRA's NF4 base
+        weights are dequantized by its own layout, ``quant_nodes``)."""
+        return self.train_dtype in ("bf16", "fp16", "fp8") and self.quant.mode in ("none", "qat")
+
+    def _autocast_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, rc: str, scale: float,
+                        elem: float, in_bytes: float) -> float:
+        """``autocast_kept_bytes`` of one layer (bytes per microbatch): under ``torch.autocast`` on
+        fp32 parameters, (1) every linear casts its weight to the compute dtype in each forward and
+        saves that copy for its input gradient (autocast's weight cache lives only inside one
+        autocast region: one forward call of a stage), unless recompute drops the layer's saved
+        tensors (full, op); (2) the embedding output, the residual stream and the norms stay fp32,
+        so the norms' saved inputs (or, under full / op recompute, the kept block input) are fp32,
+        not the compute dtype ``elem`` scales them to. Source: torch/amp autocast op lists (linear
+        and matmul cast, embedding / add / rsqrt / mean run in fp32); measured with
+        torch.distributed._tools.MemTracker (benchmarks/bench_memory.py)."""
+        elem_b = 2.0  # bf16 / fp16 copy bytes per parameter
+        out = 0.0
+        if rc in ("none", "selective"):
+            for n in nodes:
+                if n.kind not in ("linear", "matmul"):
+                    continue
+                w_shard = sol.node_shard.get(n.id, 1)
+                numel = float(n.param_numel)
+                if not numel:  # a tied head reads the embedding's weight: cast too
+                    numel = float(sum(self._owner[p][1] for p in n.shared_params if p in self._owner))
+                out += numel / w_shard * elem_b
+            fp32_extra = 1.0 / elem - 1.0 if elem < 1.0 else 0.0
+            for n in nodes:
+                if n.kind == "norm" and n.saved_bytes:
+                    out += n.saved_bytes * scale * elem * fp32_extra / _saved_shard(n, sol, self.sp_saves)
+        elif elem < 1.0:  # full / op recompute: the kept block input is the fp32 residual stream
+            out += in_bytes * scale * (1.0 - elem) / (sol.tp if sol.sequence_parallel else 1)
+        return out
 
     @functools.cached_property
     def _traced_loss(self) -> bool:

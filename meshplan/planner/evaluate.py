@@ -24,7 +24,7 @@ from meshplan.cost_models.grad_sync import (
     overlapped_sync_terms,
     uniform_bucket_runs,
 )
-from meshplan.plan.execution_rules import dp_kind_blocker
+from meshplan.plan.execution_rules import SHARDED_DP_KINDS, dp_kind_blocker
 from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
 from meshplan.planner.kind_free import kind_free_terms
@@ -78,6 +78,26 @@ class ConfigEvaluator(ConfigCosts):
             self._kind_notes[ev.config] = kind_note(ev, base)
             ev = replace(ev, kind_note=self._kind_notes[ev.config])
         return self.evaluate(ev.config, runs=ev.stage_layers) if exact and ev.fits else ev
+
+    def runs_autocast(self, c: Config) -> bool:
+        """Whether ``c`` trains under ``torch.autocast`` on fp32 parameters, as meshplan's runtime
+        (``runtime/precision.py``) and torchtitan do whenever FSDP2's MixedPrecisionPolicy does not
+        hold the parameters in the compute dtype (no sharded DP kind over dp > 1); Megatron-LM and
+        DeepSpeed keep 16-bit parameters instead (their ``state_layout``)."""
+        return self.state_layout == "torch" and not (c.dp > 1 and c.dp_kind in SHARDED_DP_KINDS)
+
+    def grads_after_activations(self, c: Config) -> bool:
+        """Whether no gradient of ``c`` outlives the backward that makes it before the next
+        microbatch's activations exist: one microbatch, no pipeline, no recompute and no data
+        parallelism, as meshplan's runtime and torchtitan step (gradients set to None after the
+        optimizer): the peak holds the larger of activations (backward's start) and gradients
+        (its end), not both. Not with DDP (its Reducer holds gradient buckets for the whole run),
+        nor FSDP2 (the backward's end also holds each unit's unsharded gradients and their fp32
+        reduce-scatter copies: states + activations bounds it, +4 to +12 % on
+        benchmarks/bench_memory.py, where the larger-of-the-two rule gave -5 to -14 %), nor with
+        recompute (the end holds nearly all gradients beside the rematerialized layer)."""
+        return (self.state_layout == "torch" and c.pp == 1 and c.num_microbatches == 1 and c.recompute == "none"
+                and c.dp * c.cp == 1)
 
     def _fit(self, c: Config) -> Evaluation:
         """Bound-evaluate ``c`` on the time-balanced split; if that does not fit but might with
@@ -134,7 +154,15 @@ class ConfigEvaluator(ConfigCosts):
             r_state = [s + x / c.ep * (per_e - per_param) for s, x in zip(r_state, k.r_experts)]
         r_params, r_act = k.r_params, k.r_act
         buf = self.fsdp_buffers(c, r_params)
-        r_mem = [int(r_state[r] + r_act[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
+        cast = k.r_cast if self.runs_autocast(c) else [0.0 for _ in ranks]
+        live = [r_act[r] + cast[r] for r in ranks]
+        if self.grads_after_activations(c) and not self.quant:
+            # one microbatch, no pipeline, no DDP bucket: gradients come into being in the backward
+            # as the activations it consumes are freed (the step ends with zero_grad(set_to_none)),
+            # so the peak holds the larger of the two, not both (measured: benchmarks/bench_memory.py)
+            g0 = r_params[0] * bpp.grads
+            live[0] = max(live[0], g0) - g0
+        r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
         d = self._dp_comm_split(k.gather_bytes, k.grad_bytes, k.r_experts[worst] / c.ep if folded else 0.0, c)
         if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.ddp_impl == "local":
             # Megatron-LM's local DDP: one flat all-reduce of the gradients in the training dtype
@@ -183,6 +211,8 @@ class ConfigEvaluator(ConfigCosts):
         w = r_params[worst]
         mem_breakdown = {"params": int(w * bpp.params), "grads": int(w * bpp.grads),
                          "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
+        if max(cast) > 0:  # autocast's weight copies and fp32 norm inputs (LayerCost.autocast_bytes): live
+            mem_breakdown["autocast_kept"] = int(cast[worst])
         if c.pp > 1 and max(k.r_pipe) > 0:  # live: in peak_mem_bytes
             mem_breakdown["pipeline_buffers"] = int(max(k.r_pipe))
         pools = self.stream_pools(c, t, runs, on_rank)

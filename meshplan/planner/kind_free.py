@@ -118,6 +118,8 @@ def kind_free_terms(
         r_params = [p - e for p, e in zip(r_params, ep_cut)]
         st_params = [p - e.expert_params_saved for p, e in zip(st_params, st_ec)]
     r_act = [x * f for x, f in zip(rank_sums(st_act), infl)]
+    # kept besides under autocast (fp32 parameters): per in-flight microbatch (LayerCost.autocast_bytes)
+    r_cast = [x * f for x, f in zip(rank_sums(cols.cast), infl)]
     if one:
         r_act = [x + ev._transient(t, [run]) for x, run in zip(r_act, runs)]
     else:
@@ -148,7 +150,7 @@ def kind_free_terms(
         t=t, n_st=n_st, m=m, runs=runs, ranks=ranks, on_rank=on_rank, placement=placement, st_q=st_q,
         st_params0=st_params0, st_params=st_params, st_act=st_act, st_sendb=st_sendb, rank_work=rank_work,
         makespan=makespan, bubble_frac=bubble_frac, infl=infl, r_params=r_params, r_q=r_q, ec=ec,
-        r_act=r_act, r_pipe=r_pipe, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut, r_experts=r_experts,
+        r_act=r_act, r_cast=r_cast, r_pipe=r_pipe, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut, r_experts=r_experts,
         # gradients synced: every parameter, or (quantized) only the trainable ones, reduced in
         # fp32 on every precision as the runtime does (cost_models.grad_sync.GRAD_REDUCE_BYTES:
         # fp32 master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in
@@ -204,7 +206,7 @@ def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) ->
                     st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
     out = SimpleNamespace(
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
-        act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs],
+        act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev._stage_cols_memo[key] = out

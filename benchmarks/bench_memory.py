@@ -1,0 +1,121 @@
+"""meshplan's predicted peak memory against PyTorch's fake-tensor accounting of the same program.
+
+For every runtime path (FSDP2 / ZeRO-2 / HSDP, TP, TP+SP, pipeline schedules, recompute kinds)
+a zoo Llama is planned with ``estimate_graph`` (h100 preset, bf16) and the plan is executed by
+meshplan's runtime under fake tensors on a fake process group (``benchmarks/fake_memory.py``),
+one process standing in for one rank of the plan's mesh, per pipeline rank. Prints one row per
+(path, pipeline rank): predicted, measured (MemTracker peak) and the relative error.
+
+    python benchmarks/bench_memory.py                 # the small sizes (what the tests check)
+    python benchmarks/bench_memory.py --size 8b       # Llama-3-8B shapes, seq 2048
+    python benchmarks/bench_memory.py --size 70b --only fsdp,tp
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from fake_memory import UNSUPPORTED, measure  # noqa: E402
+
+from meshplan.models.llama import LLAMA_PRESETS, Llama, LlamaConfig  # noqa: E402
+from meshplan.planner.api import estimate_graph  # noqa: E402
+from meshplan.trace import trace_model  # noqa: E402
+
+SIZES: dict[str, tuple[LlamaConfig, int, int]] = {  # config, seq, micro batch
+    "small": (LlamaConfig(n_layer=4, n_head=8, n_kv_head=4, dim=1024, ffn_hidden=2048, vocab_size=4096,
+                          max_seq_len=512, rope_theta=10000.0), 512, 2),
+    "medium": (LlamaConfig(n_layer=8, n_head=16, n_kv_head=4, dim=1024, ffn_hidden=2816, vocab_size=8192,
+                           max_seq_len=1024), 1024, 1),
+    "8b": (LLAMA_PRESETS["llama3-8b"], 2048, 1),
+    "70b": (LLAMA_PRESETS["llama3-70b"], 2048, 1),
+}
+
+
+@dataclass(frozen=True)
+class Path_:
+    name: str
+    world: int
+    kw: dict[str, Any] = field(default_factory=dict)
+    microbatches: int = 1
+
+
+def paths(big: bool) -> list[Path_]:
+    """The runtime paths checked; ``big`` uses the mesh sizes a 8B/70B model needs."""
+    w = 8 if big else 2
+    return [
+        Path_("single", 1, dict(tp=1, pp=1, dp=1)),
+        Path_("single accum4", 1, dict(tp=1, pp=1, dp=1), microbatches=4),
+        Path_("fsdp", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp")),
+        Path_("zero2", w, dict(tp=1, pp=1, dp=w, dp_kind="zero2")),
+        Path_("hsdp", 2 * w, dict(tp=1, pp=1, dp=2 * w, dp_kind="hsdp")),
+        Path_("fsdp+recompute_full", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", recompute="full")),
+        Path_("fsdp+recompute_selective", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", recompute="selective")),
+        Path_("fsdp+recompute_op", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", recompute="op")),
+        Path_("fsdp+accum4", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp"), microbatches=4),
+        Path_("tp", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False)),
+        Path_("2d fsdp x tp", 2 * w, dict(tp=w, pp=1, dp=2, dp_kind="fsdp", sequence_parallel=False)),
+        Path_("pp gpipe", 2, dict(tp=1, pp=2, dp=1, schedule="gpipe"), microbatches=4),
+        Path_("pp 1f1b", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b"), microbatches=4),
+        Path_("pp interleaved1f1b", 2, dict(tp=1, pp=2, dp=1, schedule="interleaved-1f1b", virtual_stages=2),
+              microbatches=4),
+        Path_("pp 1f1b x fsdp", 4, dict(tp=1, pp=2, dp=2, schedule="1f1b", dp_kind="fsdp"), microbatches=4),
+        Path_("pp 1f1b x tp", 4, dict(tp=2, pp=2, dp=1, schedule="1f1b", sequence_parallel=False), microbatches=4),
+    ]
+
+
+def check(size: str, p: Path_) -> list[tuple[str, Any]]:
+    cfg, seq, mb = SIZES[size]
+    with torch.device("meta"):
+        meta = Llama(cfg)
+    graph = trace_model(meta, (torch.zeros(1, seq, dtype=torch.long, device="meta"),), name=f"llama-{size}")
+    dp = p.kw.get("dp", 1)
+    plan = estimate_graph(graph, p.world, global_batch_size=mb * p.microbatches * dp, micro_batch_size=mb,
+                          num_microbatches=p.microbatches, cluster="h100", **p.kw)
+    out = []
+    pp = p.kw.get("pp", 1)
+    for r in range(pp):
+        res = measure(lambda: Llama(cfg), plan, rank=r * (p.world // pp), seq_len=seq, vocab=cfg.vocab_size)
+        out.append((f"{p.name} (pp rank {res.pp_rank})" if pp > 1 else p.name, res))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=sorted(SIZES), default="small")
+    ap.add_argument("--only", default="", help="comma-separated path names (prefix match)")
+    args = ap.parse_args(argv)
+    want = [s for s in args.only.split(",") if s]
+    print(f"| path | predicted MiB | measured MiB (fake tensors) | error | ({args.size}) |")
+    print("|---|---:|---:|---:|---|")
+    worst = 0.0
+    for p in paths(args.size in ("8b", "70b")):
+        if want and not any(p.name.startswith(w) for w in want):
+            continue
+        t0 = time.perf_counter()
+        try:
+            rows = check(args.size, p)
+        except Exception as e:  # a path that cannot run is reported, not hidden
+            print(f"| {p.name} | | | | failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} |")
+            continue
+        for name, r in rows:
+            worst = max(worst, abs(r.rel_error))
+            top = sorted(((v, k) for k, v in r.categories.items() if k != "Total"), reverse=True)[:3]
+            print(f"| {name} | {r.predicted_bytes / 2**20:.1f} | {r.measured_bytes / 2**20:.1f} | "
+                  f"{100 * r.rel_error:+.1f}% | {', '.join(f'{k} {v / 2**20:.0f}' for v, k in top)}; "
+                  f"{time.perf_counter() - t0:.1f} s |", flush=True)
+    for k, why in UNSUPPORTED.items():
+        print(f"| {k} | | | | not run under fake tensors: {why} |")
+    print(f"worst |error| {100 * worst:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""PyTorch's own memory accounting of meshplan's runtime, under fake tensors on one CPU process.
+
+``measure(build, plan, rank=, example_inputs=, batch=)`` applies ``plan`` with meshplan's runtime
+(``meshplan.runtime.api.apply_plan``) to a model built under ``FakeTensorMode`` (nothing is
+allocated), on a fake process group (``torch.testing._internal.distributed.fake_pg``: one process
+stands in for rank ``rank`` of the plan's whole mesh), runs two training steps under
+``torch.distributed._tools.mem_tracker.MemTracker`` and returns the peak of the live tensor
+storages it saw (parameters, gradients, optimizer states, activations, temporaries; each rounded
+up to PyTorch's 512-byte allocation unit, as the CUDA caching allocator does) beside meshplan's
+predicted peak for that rank (``plan.predicted.peak_mem_bytes`` of its pipeline rank).
+
+What had to be bridged (the runtime itself is unchanged; each bridge only lets a step run on
+fake tensors and changes no allocation of the step):
+- ``init_device_mesh`` and every sub-mesh (``DeviceMesh.__init__`` / ``_unflatten``, ``_MeshLayout.remap_to_tensor``) build rank tensors with real tensors (``tolist()``), so it runs with
+  fake mode suspended;
+- ``model.to(device)`` on an already-CPU fake model is made a no-op (FakeTensor parameters
+  cannot be swapped in place);
+- DTensor's sharding propagation runs each op on fake arguments in the active fake mode: it gets
+  a fake mode of its own, which MemTracker does not count (as in eager, where it is the only one);
+- the step's global loss (``ParallelModel._global_loss``) and the pipelining warm-up vote read
+  scalar values (``.item()``), which fake tensors do not have: the loss is returned as 0 and the
+  vote's outcome is set directly (STATIC: every stage is built with its input/output metadata,
+  taken from running the stage chain on fake tensors, as ``split.check_stage_chain`` does).
+
+Paths that cannot run under fake tensors (``UNSUPPORTED``): DDP (its C++ Reducer reads parameter
+storage in ``_verify_param_shape_across_processes`` and allocates its buckets in C++), hence also
+zero1 at pp = 1 and QLoRA under DDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from meshplan.plan import Plan
+
+UNSUPPORTED = {
+    "ddp": "DDP's C++ Reducer reads parameter storage (_verify_param_shape_across_processes) and "
+           "allocates its gradient buckets in C++: no fake tensors",
+    "zero1": "ZeRO-1 at pp = 1 runs under DDP (see ddp)",
+}
+
+
+@dataclass(frozen=True)
+class MemCheck:
+    """One rank's predicted and fake-tensor-measured peak (bytes) and the measured categories."""
+
+    predicted_bytes: int
+    measured_bytes: int
+    categories: dict[str, int]
+    pp_rank: int
+    predicted_breakdown: dict[str, int]
+
+    @property
+    def rel_error(self) -> float:
+        return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+
+class _StepTracker(MemTracker):
+    """MemTracker over several microbatch forwards of one module (the base refuses a root module
+    called twice; per-module statistics are not used here, only the global peak)."""
+
+    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        try:
+            super()._pre_fw_hook(module, inputs)
+        except NotImplementedError:  # the root called again (the next microbatch): track it anew
+            del self.memory_tracking[module]
+            super()._pre_fw_hook(module, inputs)
+
+    def _pre_bw_hook(self, module: torch.nn.Module, args: Any) -> None:
+        if module is None or module in self.memory_tracking:
+            super()._pre_bw_hook(module, args)
+
+    def _post_bw_hook(self, module: torch.nn.Module, args: Any) -> None:
+        if module is None or module in self.memory_tracking:
+            super()._post_bw_hook(module, args)
+
+
+@contextlib.contextmanager
+def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
+    """The runtime's few scalar reads and the mesh's real-tensor construction, bridged (module doc)."""
+    import torch.distributed.pipelining as tpp
+    from torch.distributed.pipelining import schedules as tsched
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    import meshplan.runtime.dist as rdist
+    import meshplan.runtime.split as rsplit
+    from meshplan.models.calls import split_inputs
+    from meshplan.runtime.parallel_model import ParallelModel
+
+    io: dict[int, tuple] = {}
+    saved: list[tuple[Any, str, Any]] = []
+
+    def patch(obj: Any, name: str, value: Any) -> None:
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    real_mesh, real_chain, real_stage = rdist.init_device_mesh, rsplit.check_stage_chain, tpp.PipelineStage
+
+    def mesh(*a: Any, **k: Any) -> Any:
+        with unset_fake_temporarily():
+            return real_mesh(*a, **k)
+
+    def chain(pieces: Any, example_inputs: Any) -> None:
+        vals: tuple = split_inputs(example_inputs)[1]
+        for p in pieces:
+            io[p.index] = tuple(v.detach().requires_grad_(v.requires_grad) for v in vals)
+            out = p.module(*vals)
+            vals = out if isinstance(out, tuple) else (out,)
+        io[len(pieces)] = vals
+        real_chain(pieces, example_inputs)
+
+    def sent(vals: tuple) -> tuple:  # stage sends travel in the training dtype (runtime.precision)
+        return tuple(v.detach().to(mb_dtype).requires_grad_(v.requires_grad) if v.is_floating_point() else v
+                     for v in vals)
+
+    def stage(mod: Any, i: int, n: int, device: Any, group: Any = None) -> Any:
+        ins = io[i] if i == 0 else sent(io[i])
+        outs = sent(io[i + 1]) if i < n - 1 else io[i + 1]
+        return real_stage(mod, i, n, device, input_args=ins, output_args=outs, group=group)
+
+    def warm(self: Any, stages: list, has_backward: bool, p2p_done: bool) -> None:
+        for s in stages:
+            s._inference_mode = InferenceMode.STATIC
+
+    # DTensor derives output shapes by running each op on fake arguments in the active fake mode;
+    # MemTracker skips ops of any other fake mode (its check for that nested propagation), so
+    # propagation gets a fake mode of its own instead of the one the model runs in
+    import torch.distributed.tensor._sharding_prop as sprop
+
+    prop_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    patch(sprop, "detect_fake_mode", lambda *a: prop_mode)
+    patch(rdist, "init_device_mesh", mesh)
+    from torch.distributed._mesh_layout import _MeshLayout
+
+    real_remap = _MeshLayout.remap_to_tensor
+
+    def remap(self: Any, *a: Any, **k: Any) -> Any:  # sub-meshes (HSDP, FSDP x TP) index real rank tensors
+        with unset_fake_temporarily():
+            return real_remap(self, *a, **k)
+
+    patch(_MeshLayout, "remap_to_tensor", remap)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    real_init = DeviceMesh.__init__
+
+    def mesh_init(self: Any, *a: Any, **k: Any) -> None:  # coordinates: nonzero() of the rank tensor
+        with unset_fake_temporarily():
+            real_init(self, *a, **k)
+
+    patch(DeviceMesh, "__init__", mesh_init)
+    real_unflatten = DeviceMesh._unflatten
+
+    def unflatten(self: Any, *a: Any, **k: Any) -> Any:  # HSDP's (replicate, shard) mesh and its groups
+        with unset_fake_temporarily():
+            return real_unflatten(self, *a, **k)
+
+    patch(DeviceMesh, "_unflatten", unflatten)
+    patch(rsplit, "check_stage_chain", chain)
+    patch(tpp, "PipelineStage", stage)
+    patch(ParallelModel, "_global_loss", lambda self, loss: (0.0, False))
+    for cls in list(vars(tsched).values()):
+        if isinstance(cls, type) and "_warmup_p2p" in vars(cls):
+            patch(cls, "_warmup_p2p", warm)
+    try:
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+
+
+def _fused(factory: Callable) -> Callable:
+    """The runtime's AdamW as it runs on CUDA (``runtime/optim.make_optimizer``: fused there,
+    foreach on CPU, whose step holds one more parameter-sized temporary): the fake device is cpu,
+    so the fused kind is asked for here (torch has fused AdamW on CPU too)."""
+
+    def make(params: list) -> torch.optim.Optimizer:
+        opt = factory(params)
+        for g in opt.param_groups:
+            g["foreach"], g["fused"] = None, True
+        return opt
+
+    return make
+
+
+def lm_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(out.flatten(0, 1).float(), target.flatten())
+
+
+def measure(
+    build: Callable[[], torch.nn.Module], plan: Plan, *, rank: int = 0, seq_len: int, vocab: int,
+    steps: int = 2,
+) -> MemCheck:
+    """Peak live bytes of ``rank`` over ``steps`` training steps of ``plan`` (fake tensors), and
+    the plan's prediction for that rank's pipeline stage. ``build()`` makes the fp32 model."""
+    from meshplan.runtime.api import apply_plan
+    from meshplan.runtime.optim import make_optimizer
+    from meshplan.runtime.precision import resolve_precision
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    old_ws = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(plan.world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
+    prec = resolve_precision(plan.dtype, "plan")
+    mb_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(prec, torch.float32)
+    B, T = plan.global_batch_size, seq_len
+    try:
+        with _bridges(mb_dtype), FakeTensorMode(allow_non_fake_inputs=True):  # real: the mesh rank tensors
+            model = build()
+            model.to = lambda *a, **k: model  # type: ignore[method-assign]
+            pm = apply_plan(model, plan, loss_fn=lm_loss,
+                            optimizer_factory=_fused(make_optimizer("adamw", 1e-4)),
+                            example_inputs=(torch.zeros(1, T, dtype=torch.long),))
+            x = torch.zeros(B, T, dtype=torch.long)
+            y = torch.zeros(B, T, dtype=torch.long)
+            tracker = _StepTracker()
+            tracker.track_external(*pm.runners, pm.optimizer)
+            with tracker:
+                for _ in range(steps):
+                    pm.step(x, y)
+            snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
+            pp_rank = pm.env.coord("pp")
+    finally:
+        dist.destroy_process_group()
+        if old_ws is None:
+            os.environ.pop("WORLD_SIZE", None)
+        else:
+            os.environ["WORLD_SIZE"] = old_ws
+    cats = {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+    return MemCheck(predicted_bytes=int(plan.predicted.peak_mem_bytes[pp_rank]), measured_bytes=cats["Total"],
+                    categories=cats, pp_rank=pp_rank,
+                    predicted_breakdown=dict(plan.predicted.mem_breakdown))

@@ -1,0 +1,90 @@
+"""meshplan's predicted peak memory against PyTorch's own accounting of the same program.
+
+Each runtime path is planned with ``estimate_graph`` and executed by meshplan's runtime on fake
+tensors over a fake process group (``benchmarks/fake_memory.py``: one process stands in for one
+rank of the plan's mesh), under ``torch.distributed._tools.mem_tracker.MemTracker``; the
+predicted peak of that rank's pipeline stage must be within 10 % of the tracked peak. The sizes
+are small (fake tensors allocate nothing; time goes with the number of ops, so 2 blocks), wide
+enough that the TP placement shards (dim 1024). ``benchmarks/bench_memory.py`` runs every path,
+up to 70B shapes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from meshplan.models.llama import Llama, LlamaConfig
+from meshplan.planner.api import estimate_graph
+from meshplan.trace import trace_model
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "fake_memory.py"
+_spec = importlib.util.spec_from_file_location("fake_memory", _PATH)
+assert _spec is not None and _spec.loader is not None
+fake_memory = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("fake_memory", fake_memory)
+_spec.loader.exec_module(fake_memory)
+
+CFG = LlamaConfig(n_layer=2, n_head=8, n_kv_head=4, dim=1024, ffn_hidden=2048, vocab_size=4096,
+                  max_seq_len=256, rope_theta=10000.0)
+SEQ, MB = 256, 2
+TOLERANCE = 0.10
+
+
+@pytest.fixture(scope="module")
+def graph() -> Any:
+    with torch.device("meta"):
+        meta = Llama(CFG)
+    return trace_model(meta, (torch.zeros(1, SEQ, dtype=torch.long, device="meta"),), name="llama-fake-mem")
+
+
+def _check(graph: Any, world: int, microbatches: int = 1, **kw: Any) -> list[Any]:
+    dp = kw.get("dp", 1)
+    plan = estimate_graph(graph, world, global_batch_size=MB * microbatches * dp, micro_batch_size=MB,
+                          num_microbatches=microbatches, cluster="h100", **kw)
+    pp = kw.get("pp", 1)
+    out = []
+    for r in range(pp):
+        res = fake_memory.measure(lambda: Llama(CFG), plan, rank=r * (world // pp), seq_len=SEQ,
+                                  vocab=CFG.vocab_size, steps=2)  # the 2nd step holds optimizer states
+        assert res.pp_rank == r
+        out.append(res)
+    return out
+
+
+PATHS = {
+    "single rank, autocast, 2 microbatches": (1, 2, dict(tp=1, pp=1, dp=1)),
+    "fsdp2 (MixedPrecisionPolicy)": (2, 1, dict(tp=1, pp=1, dp=2, dp_kind="fsdp")),
+    "zero2, 2 microbatches": (2, 2, dict(tp=1, pp=1, dp=2, dp_kind="zero2")),
+    "fsdp2 + full recompute": (2, 1, dict(tp=1, pp=1, dp=2, dp_kind="fsdp", recompute="full")),
+    "single rank, one microbatch (gradients after activations)": (1, 1, dict(tp=1, pp=1, dp=1)),
+    "tp2": (2, 1, dict(tp=2, pp=1, dp=1, sequence_parallel=False)),
+    "pp2 1f1b": (2, 4, dict(tp=1, pp=2, dp=1, schedule="1f1b")),
+}
+
+
+@pytest.mark.parametrize("name", list(PATHS))
+def test_predicted_peak_within_10_percent_of_fake_tensor_accounting(graph: Any, name: str) -> None:
+    world, m, kw = PATHS[name]
+    for res in _check(graph, world, m, **kw):
+        assert abs(res.rel_error) <= TOLERANCE, (
+            f"{name}, pp rank {res.pp_rank}: predicted {res.predicted_bytes / 2**20:.1f} MiB, tracked "
+            f"{res.measured_bytes / 2**20:.1f} MiB ({res.rel_error:+.1%}); tracked {res.categories}, "
+            f"predicted {res.predicted_breakdown}")
+
+
+def test_autocast_weight_copies_are_counted_per_inflight_microbatch(graph: Any) -> None:
+    """Under autocast every forward casts the weights and saves the copies: a pipeline rank that
+    holds two microbatches holds two copies, which the prediction carries as ``autocast_kept``;
+    FSDP2's mixed precision keeps parameters in bf16 and has none."""
+    plan = estimate_graph(graph, 2, tp=1, pp=2, dp=1, schedule="gpipe", global_batch_size=4 * MB,
+                          micro_batch_size=MB, num_microbatches=4, cluster="h100")
+    fsdp = estimate_graph(graph, 2, tp=1, pp=1, dp=2, dp_kind="fsdp", global_batch_size=2 * MB,
+                          micro_batch_size=MB, num_microbatches=1, cluster="h100")
+    assert plan.predicted.mem_breakdown["autocast_kept"] > 0
+    assert "autocast_kept" not in fsdp.predicted.mem_breakdown
