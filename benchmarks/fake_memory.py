@@ -1,7 +1,7 @@
 """PyTorch's own memory accounting of meshplan's runtime, under fake tensors on one CPU process.
 
 ``measure(build, plan, rank=, example_inputs=, batch=)`` applies ``plan`` with meshplan's runtime
-(``meshplan.runtime.api.apply_plan``) to a model built under ``FakeTensorMode`` (nothing is
+(``meshplan.runtime.apply.api.apply_plan``) to a model built under ``FakeTensorMode`` (nothing is
 allocated), on a fake process group (``torch.testing._internal.distributed.fake_pg``: one process
 stands in for rank ``rank`` of the plan's whole mesh), runs two training steps under
 ``torch.distributed._tools.mem_tracker.MemTracker`` and returns the peak of the live tensor
@@ -92,10 +92,10 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
     from torch.distributed.pipelining import schedules as tsched
     from torch.distributed.pipelining._utils import InferenceMode
 
-    import meshplan.runtime.dist as rdist
-    import meshplan.runtime.split as rsplit
+    import meshplan.runtime.apply.split as rsplit
+    import meshplan.runtime.launch.dist as rdist
     from meshplan.models.calls import split_inputs
-    from meshplan.runtime.parallel_model import ParallelModel
+    from meshplan.runtime.apply.parallel_model import ParallelModel
 
     io: dict[int, tuple] = {}
     saved: list[tuple[Any, str, Any]] = []
@@ -202,9 +202,9 @@ def measure(
 ) -> MemCheck:
     """Peak live bytes of ``rank`` over ``steps`` training steps of ``plan`` (fake tensors), and
     the plan's prediction for that rank's pipeline stage. ``build()`` makes the fp32 model."""
-    from meshplan.runtime.api import apply_plan
-    from meshplan.runtime.optim import make_optimizer
-    from meshplan.runtime.precision import resolve_precision
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.apply.precision import resolve_precision
+    from meshplan.runtime.loop.optim import make_optimizer
 
     if dist.is_initialized():
         dist.destroy_process_group()
