@@ -29,6 +29,9 @@ class DictStore:
     def get(self, k: str) -> bytes:
         return self.d[k]
 
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.d[k] for k in keys]
+
     def check(self, keys: list[str]) -> bool:
         return all(k in self.d for k in keys)
 

@@ -123,7 +123,7 @@ SPAN_PHASES = {"comm": "gradient/loss all-reduce", "schedule": "pipeline schedul
 # a collective broken because the other side went away (gloo, NCCL)
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
              "NCCL communicator was aborted")
-MAX_RANK_TIME_VALUES = 1_000_000  # per-rank step times kept in the RunRecord: the last steps up to this
+MAX_RANK_TIME_VALUES = 200_000  # per-rank step times kept in the RunRecord (~2 MB of JSON): the last steps
 
 
 def watchdog_store(timeout_s: float) -> object | None:

@@ -180,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ck_now = checkpoint.newest_complete(ck_dir) if ck_dir else None
         return f"newest complete checkpoint {ck_now} kept; " if ck_now else "no complete checkpoint yet; "
 
-    wd = Watchdog(faults.watchdog_store(max(args.timeout, 60.0)) if hang_s > 0 else None, rank=rank,
+    # the store also carries the fault broadcast, so it is used with --hang-timeout 0 too
+    wd = Watchdog(faults.watchdog_store(max(args.timeout, 60.0)), rank=rank,
                   world_size=pm.env.world_size, hang_timeout_s=hang_s, checkpoint_hint=newest, report=faults.report,
                   start_step=start).start()
     pm.phase_spans.on_enter = lambda phase: wd.at(faults.SPAN_PHASES.get(phase, phase))

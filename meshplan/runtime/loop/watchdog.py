@@ -17,7 +17,7 @@ checkpoint, which a fault never touches: an unfinished save is a ``.tmp-*`` dire
 takes). The poster prints the one message (``faults.report``). Store keys are under a prefix per
 torchrun attempt (``train.py``), so a restarted attempt never reads the last one's fault.
 
-Torch-free: the store is anything with ``set``, ``get``, ``check``, ``add`` (a torch ``Store``;
+Torch-free: the store is anything with ``set``, ``get``, ``multi_get``, ``check``, ``add`` (a torch ``Store``;
 the tests pass a dict-backed one), and the clock and the exit are injectable.
 """
 
@@ -118,6 +118,7 @@ class Watchdog:
         self.step, self.phase, self.seq, self.done = start_step, "start", 0, start_step
         self._published = -1
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, when it last changed), rank 0 only
+        self._all_published = False
         self._t0 = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -196,14 +197,19 @@ class Watchdog:
         self._published = seq
 
     def states(self) -> dict[int, RankState]:
-        """Every rank's last published state (ranks that never published are absent)."""
+        """Every rank's last published state (ranks that never published are absent): one ``multi_get``
+        once every rank has published, a ``check`` and a ``get`` per rank until then."""
+        keys = [f"rank/{r}" for r in range(self.world)]
+        if self._all_published or self.store.check(keys):
+            self._all_published = True
+            raw = dict(enumerate(self.store.multi_get(keys)))
+        else:
+            raw = {r: self.store.get(k) for r, k in enumerate(keys) if self.store.check([k])}
         out = {}
-        for r in range(self.world):
-            key = f"rank/{r}"
-            if self.store.check([key]):
-                d = json.loads(self.store.get(key))
-                out[r] = RankState(int(d["step"]), str(d["phase"]), int(d["seq"]), int(d.get("done", 0)),
-                                   str(d.get("host", "")))
+        for r, v in raw.items():
+            d = json.loads(v)
+            out[r] = RankState(int(d["step"]), str(d["phase"]), int(d["seq"]), int(d.get("done", 0)),
+                               str(d.get("host", "")))
         return out
 
     def check_hang(self, now: float) -> str | None:
