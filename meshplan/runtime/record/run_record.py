@@ -4,7 +4,9 @@ Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA; on CPU it is the pro
 resident set size (``ru_maxrss``), which includes the Python interpreter and torch itself, so it
 is an upper bound, not the model's share. ``summary_line()`` ends each run, e.g.
 ``step 412 ms measured, 398 ms predicted (+3.5%)``; the measured figure is the median over steps
-after the first ``warmup`` (first steps include shape inference and allocator warm-up).
+after the first ``warmup`` (first steps include shape inference and allocator warm-up). Every rank's own
+and waiting time per step (``rank_step_s``, ``rank_wait_s``) name a straggler in that line
+(``meshplan.stragglers``).
 """
 
 from __future__ import annotations
