@@ -228,3 +228,22 @@ def test_flags_reach_the_workers_and_sizes_parse(tmp_path, capsys) -> None:
     assert byte_size("60GiB") == 60 * 2**30 and byte_size("80GB") == 80 * 10**9 and byte_size("1024") == 1024
     with pytest.raises(argparse.ArgumentTypeError, match="is not a size"):
         byte_size("lots")
+
+
+def test_explain_maps_each_fault_to_its_kind() -> None:
+    from types import SimpleNamespace
+
+    from meshplan.runtime.checkpoint.files import CheckpointError
+    from meshplan.runtime.loop.faults import explain
+
+    plan = SimpleNamespace(predicted=SimpleNamespace(peak_mem_bytes=[2**30, 2**30]), world_size=4,
+                           cluster={"mem_bytes": 8 * 2**30, "mem_reserved_bytes": 0})
+    kw = dict(rank=3, step=7, plan=plan, pp_rank=1, model="gpt-tiny")
+    kind, msg = explain(MemoryError(), phase="backward", **kw)
+    assert kind == "oom" and msg.startswith("out of host memory on rank 3 at step 7 in backward")
+    assert "1.00 GiB predicted" in msg and "plan made for 8.00 GiB" in msg and "-n 4 --memory-limit" in msg
+    assert explain(DataChangedError("--data t.bin changed"), phase="data", **kw) == ("data", "rank 3: --data t.bin changed")
+    assert explain(CheckpointError("checkpoint step-000007 not written: ..."), phase="checkpoint", **kw) == (
+        "disk", "step 7: checkpoint step-000007 not written: ...")
+    assert explain(CheckpointError("damaged"), phase="forward", **kw) is None
+    assert explain(RuntimeError("NCCL error"), phase="backward", **kw) is None
