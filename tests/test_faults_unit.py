@@ -247,3 +247,19 @@ def test_explain_maps_each_fault_to_its_kind() -> None:
         "disk", "step 7: checkpoint step-000007 not written: ...")
     assert explain(CheckpointError("damaged"), phase="forward", **kw) is None
     assert explain(RuntimeError("NCCL error"), phase="backward", **kw) is None
+
+
+def test_report_shows_the_rank_spread_as_text_and_html() -> None:
+    from meshplan.report.run_html import render_run_html
+    from meshplan.report.run_view import format_run, run_view
+
+    d = {"steps": [{"step": i, "step_s": 0.14, "loss": 1.0, "peak_mem_bytes": 0} for i in range(1, 7)],
+         "rank_step_s": [[0.1] * 6, [0.13] * 6], "rank_wait_s": [[0.035] * 6, [0.005] * 6], "world_size": 2}
+    v = run_view(d)
+    text = format_run(v)
+    assert "per-rank step time (own work" in text and "rank 1: 130.0 ms own, 5.0 ms waiting" in text
+    assert "straggler: rank 1 median step 130.0 ms vs 100.0 ms on the other rank (+30%" in text
+    page = render_run_html(v)
+    assert "Step time per rank" in page and "straggler: rank 1" in page
+    with pytest.raises(ValueError, match="rank_step_s"):
+        run_view({**d, "rank_step_s": [0.1, 0.2]})

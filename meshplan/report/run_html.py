@@ -4,7 +4,8 @@ section of the plan's report (``render_html(plan, record=...)``).
 The section holds, every figure labelled measured or predicted: headline cards (measured median
 step time beside the predicted one and their difference, tokens/s, steps, precision); loss per
 step; step time per step against the predicted step time; peak memory per rank, measured beside
-predicted; tokens/s per step; a table of the phases, notes and record fields this reader does not
+predicted; each rank's median own step time beside its waiting time, stragglers named
+(``meshplan.stragglers``); tokens/s per step; a table of the phases, notes and record fields this reader does not
 know. Charts are inline SVG (``report.charts``): the page stays self-contained. No torch import.
 """
 
@@ -55,6 +56,8 @@ def run_section_html(v: RunView, *, heading: str = "h2") -> str:
     sec.append(table(["rank", "measured GiB", "predicted GiB"],
                      [[label, "-" if m is None else f"{m / GIB:.2f}", "-" if p is None else f"{p / GIB:.2f}"]
                       for label, m, p in rows], {1, 2}))  # fmt: skip
+    if v.rank_step_s:
+        sec += _rank_times(v, h)
     sec.append(f'<{h} id="run-tokens">Tokens/s per step</{h}>')
     if v.tokens_per_s:
         chart = line_chart("tokens/s", v.steps, [(f"tokens/s ({v.tokens_source})", v.tokens_per_s)])
@@ -80,6 +83,21 @@ def run_section_html(v: RunView, *, heading: str = "h2") -> str:
     if v.extra:
         sec.append(f'<p class="note">Other record fields (not shown): {escape(", ".join(sorted(v.extra)))}</p>')
     return "\n".join(sec)
+
+
+def _rank_times(v: RunView, h: str) -> list[str]:
+    """Per rank, the median own step time beside the median time waiting for the others; stragglers named."""
+    from meshplan.stragglers import find_stragglers, rank_medians
+
+    own, wait = rank_medians(v.rank_step_s, v.warmup), rank_medians(v.rank_wait_s, v.warmup)
+    labels = [f"rank {r}" for r in range(len(own))]
+    series = [("own work, measured", [x * 1e3 for x in own])]
+    if len(wait) == len(own):
+        series.append(("waiting for others, measured", [x * 1e3 for x in wait]))
+    out = [f'<{h} id="run-rank-times">Step time per rank (median after {v.warmup} warm-up)</{h}>',
+           f'<div class="figure">{to_svg(bar_chart("step time per rank", labels, series, y_label="ms"))}</div>']
+    out += [f'<p class="note">{escape(s.text())}</p>' for s in find_stragglers(v.rank_step_s, v.rank_wait_s, v.warmup)]
+    return out
 
 
 def render_run_html(v: RunView) -> str:
