@@ -43,7 +43,8 @@ class Straggler:
         each = "" if others == "the other rank" else f" each ({self.lost_total_s:.2f} s in all)"
         return (f"straggler: rank {self.rank} median step {self.median_s * 1e3:.1f} ms vs "
                 f"{self.others_median_s * 1e3:.1f} ms on {others} ({self.slower:+.0%}, measured); "
-                f"{others} lost {self.lost_s:.2f} s{each} waiting for it over {self.steps} steps")
+                f"{others} lost {self.lost_s:.2f} s{each} waiting for it over {self.steps} steps; look at its node "
+                "(GPU clocks and temperature, other processes, its data reads) or leave that node out")
 
 
 def _kept(xs: Sequence[float], warmup: int) -> list[float]:
