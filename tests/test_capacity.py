@@ -262,12 +262,14 @@ def test_plan_memo_shares_costing_without_changing_plans(graph):
     assert len(memo._costers) == 1  # one coster for the hardware, whatever the world size
 
 
-def test_command_line(capsys):
+def test_command_line(capsys, tmp_path):
     from meshplan.cli import main
 
     assert main(["capacity", "gpt-tiny", "--tokens", "2T", "--gpus", "8", "--cluster", "tpu9"]) == 1
     assert "unknown cluster preset" in capsys.readouterr().err  # refused before the model is traced
     code = main(["capacity", "gpt-tiny", "--tokens", "1B", "--gpus", "8,16", "--global-batch", "64", "--jobs", "1",
-                 "--price", "h100=2", "--deadline", "30d", "-q"])  # fmt: skip
+                 "--price", "h100=2", "--deadline", "30d", "-q", "--json", str(tmp_path / "rows.json")])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and "PREDICTED" in out and "Cheapest meeting the 30-day deadline" in out
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["gpus"] for r in rows] == [8, 16] and all(r["cluster"] == "h100" and r["cost"] > 0 for r in rows)

@@ -5,8 +5,8 @@ Traces MODEL once (trace cache as ``meshplan plan``), plans it on every cluster 
 count of the range (``meshplan.sizing``), prints the table (best plan, tokens/s per GPU, MFU,
 days, GPU-hours, cost with the cost model's ± band, peak memory, scaling efficiency), the Pareto
 front, the deadline/budget picks and where scaling efficiency falls below 80%; ``--png`` /
-``--html`` write the pictures (``report.capacity_plot``). Progress on stderr. torch is imported
-only when the model has to be traced.
+``--html`` write the pictures (``report.capacity_plot``), ``--json`` the rows. Progress on
+stderr. Bad input fails before the trace. torch is imported only when the model is traced.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "meshplan/data/cost_model_error.json)")  # fmt: skip
     parser.add_argument("--png", default=None, metavar="FILE", help="write the pictures as a PNG")
     parser.add_argument("--html", default=None, metavar="FILE", help="write the table and pictures as an HTML page")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="write the rows as a JSON list of objects (pandas.read_json reads it)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     q = ask(tokens=args.tokens, gpus=args.gpus, clusters=args.cluster, prices=args.price, deadline=args.deadline,
             budget=args.budget, global_batch=args.global_batch, dtype=args.dtype, jobs=args.jobs,
-            error_band=args.error_band)  # fmt: skip  (bad input fails here, before the trace)
+            error_band=args.error_band)  # fmt: skip
     # the collector stays on during the sweep (unlike `meshplan plan`'s one search): dozens of searches
     # would keep their cyclic garbage; loading the model runs with it off, then frozen
     with loading(getattr(args, "one_shot", False)):
@@ -74,5 +76,12 @@ def run(args: argparse.Namespace) -> int:
             progress(f"wrote {write_capacity_png(rep, args.png)}")
         if args.html:
             progress(f"wrote {write_capacity_html(rep, args.html)}")
+    if args.json:
+        import dataclasses
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in rep.rows], f, indent=1)
+        progress(f"wrote {args.json}")
     print(format_report(rep))
     return 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -195,8 +195,6 @@ def _row(p: SweepPoint, tokens: int, seqs: int, seq_len: int, price: float | Non
                        seq_len=seq_len, price_per_gpu_hour=price, plan_seconds=p.seconds, reason=p.error)  # fmt: skip
     if not p.plan or p.tokens_per_s <= 0:
         return base
-    from dataclasses import replace
-
     fig = training_figures(tokens, p.tokens_per_s, p.gpus, price, band)
     return replace(base, step_s=p.step_s, tokens_per_s=p.tokens_per_s, tokens_per_s_per_gpu=p.tokens_per_s / p.gpus,
                    mfu=p.mfu, peak_mem_gib=p.peak_mem_gib, **fig)  # type: ignore[arg-type]  # fmt: skip
