@@ -131,6 +131,13 @@ def test_pareto_front_keeps_only_undominated_rows():
     assert front == [False, True, True, True, False]
 
 
+def test_with_some_kinds_priced_only_those_compete_on_cost():
+    rows = [_row("a", 8, 1000, price=2.0), _row("b", 8, 2000, price=None), _row("b", 16, 2000, price=None)]
+    assert pareto_front(rows) == [True, False, False]  # dollars and GPU-hours are not compared
+    marked = mark_rows(rows, deadline_days=1e9)
+    assert [r.deadline_pick for r in marked] == [True, False, False]
+
+
 def test_efficiency_marked_per_kind_against_its_smallest_size():
     rows = mark_rows([_row("a", 8, 1000), _row("a", 16, 850), _row("a", 32, 790), _row("b", 16, 500),
                       _row("b", 64, 420)])  # fmt: skip

@@ -40,13 +40,15 @@ def _spend(r: CapacityRow, priced: bool) -> tuple[float, float, float]:
 
 def _time_cost(ax: Any, rep: CapacityReport) -> None:
     rows = [r for r in rep.rows if r.fits]
-    priced = bool(rep.prices) and all(r.cost is not None for r in rows)
+    priced = any(r.cost is not None for r in rows)
+    if priced:  # dollars and GPU-hours share no axis: kinds without a price are left out of this panel
+        rows = [r for r in rows if r.cost is not None]
     kinds = list(dict.fromkeys(r.cluster for r in rep.rows))
     for i, kind in enumerate(kinds):
         mine = [r for r in rows if r.cluster == kind]
         if not mine:
             continue
-        c = KIND_COLOURS[i % len(KIND_COLOURS)]
+        c = KIND_COLOURS[i % len(KIND_COLOURS)]  # the same colour per kind as in the scaling panel
         xs = [r.days for r in mine]
         ys = [_spend(r, priced)[0] for r in mine]
         xerr = [[r.days - r.days_low for r in mine], [r.days_high - r.days for r in mine]]
@@ -84,7 +86,9 @@ def _time_cost(ax: Any, rep: CapacityReport) -> None:
         axis.set_major_formatter(FuncFormatter(lambda v, _p, m=money: label(v, m, False)))
         axis.set_minor_formatter(FuncFormatter(lambda v, _p, m=money: label(v, m, True)))
     ax.set_xlabel("days to train (predicted)")
-    ax.set_ylabel("cost, dollars (predicted)" if priced else "GPU-hours (predicted; no prices given)")
+    unpriced = sorted({r.cluster for r in rep.rows if r.fits} - {r.cluster for r in rows})
+    ax.set_ylabel("cost, dollars (predicted)" + (f"; no price: {', '.join(unpriced)} not shown" if unpriced else "")
+                  if priced else "GPU-hours (predicted; no prices given)")  # fmt: skip
     ax.set_title("Time to train vs " + ("cost" if priced else "GPU-hours") + f" (± {100 * rep.band.median:.1f}% band)",
                  fontsize=10)  # fmt: skip
     ax.grid(True, which="both", color="#eeeeee", lw=0.6)

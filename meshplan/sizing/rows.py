@@ -14,10 +14,11 @@ Definitions (all figures predicted):
   |relative error| on the published runs, so days and cost get the same relative band;
 - scaling efficiency of a row: its tokens/s per GPU over that of the smallest GPU count of the
   same cluster kind that has a plan (1.0 there); marked below ``EFFICIENCY_MARK``;
-- Pareto front: rows with a plan that no other row beats on both days and cost (GPU-hours where
-  a row has no price), ties kept;
-- deadline pick: the cheapest row (cost, else GPU-hours) whose predicted days meet the deadline;
-  budget pick: the fastest row whose predicted cost is within the budget.
+- Pareto front: rows with a plan that no other row beats on both days and cost, ties kept; when
+  some kinds have a price and others not, only the priced rows compete (dollars and GPU-hours are
+  not comparable); with no price at all, GPU-hours stand in for cost;
+- deadline pick: the cheapest such row whose predicted days meet the deadline; budget pick: the
+  fastest row whose predicted cost is within the budget.
 """
 
 from __future__ import annotations
@@ -99,10 +100,16 @@ def mark_efficiency(rows: Sequence[CapacityRow], mark: float = EFFICIENCY_MARK) 
     return out
 
 
+def comparable(rows: Sequence[CapacityRow]) -> list[bool]:
+    """Which rows compete on cost: the fitting rows with a price when any has one, else every fitting row."""
+    priced = any(r.fits and r.cost is not None for r in rows)
+    return [r.fits and (r.cost is not None or not priced) for r in rows]
+
+
 def pareto_front(rows: Sequence[CapacityRow]) -> list[bool]:
-    """Whether each row is on the (days, spend) Pareto front: no row with a plan is at least as
-    fast and as cheap and better in one of the two."""
-    pts = [(r.days, r.spend) if r.fits else None for r in rows]
+    """Whether each row is on the (days, spend) Pareto front: no competing row (``comparable``) is
+    at least as fast and as cheap and better in one of the two."""
+    pts = [(r.days, r.spend) if ok else None for r, ok in zip(rows, comparable(rows), strict=True)]
     out = []
     for p in pts:
         if p is None:
@@ -121,7 +128,8 @@ def mark_rows(rows: Sequence[CapacityRow], *, deadline_days: float | None = None
     rows = [replace(r, pareto=f) for r, f in zip(rows, front, strict=True)]
     if deadline_days is not None:
         rows = [replace(r, meets_deadline=r.fits and r.days <= deadline_days) for r in rows]
-        ok = [i for i, r in enumerate(rows) if r.meets_deadline]
+        competing = comparable(rows)
+        ok = [i for i, r in enumerate(rows) if r.meets_deadline and competing[i]]
         if ok:
             i = min(ok, key=lambda i: (rows[i].spend, rows[i].days, rows[i].gpus, rows[i].cluster))
             rows[i] = replace(rows[i], deadline_pick=True)
@@ -134,4 +142,4 @@ def mark_rows(rows: Sequence[CapacityRow], *, deadline_days: float | None = None
     return rows
 
 
-__all__ = ["EFFICIENCY_MARK", "CapacityRow", "mark_efficiency", "mark_rows", "pareto_front", "training_figures"]
+__all__ = ["EFFICIENCY_MARK", "CapacityRow", "comparable", "mark_efficiency", "mark_rows", "pareto_front", "training_figures"]

@@ -64,7 +64,10 @@ def summary_lines(rep: CapacityReport) -> list[str]:
     fitting = [r for r in rows if r.fits]
     lines = []
     front = sorted((r for r in rows if r.pareto), key=lambda r: r.days)
-    what = "cost" if rep.prices else "GPU-hours (no prices given)"
+    priced = {r.cluster for r in rows if r.cost is not None}
+    unpriced = sorted({r.cluster for r in fitting} - priced)
+    what = ("GPU-hours (no prices given)" if not priced
+            else "cost" + (f" (priced kinds only; no price for {', '.join(unpriced)})" if unpriced else ""))  # fmt: skip
     lines.append(f"Pareto front, time vs {what}: " + ("; ".join(_short(r) for r in front) if front else "none"))
     if rep.deadline_days is not None:
         pick = next((r for r in rows if r.deadline_pick), None)
