@@ -91,3 +91,36 @@ def test_planning_export_skips_stack_traces_only() -> None:
     assert fx_config.do_not_emit_stack_traces is False  # restored
     with torch.no_grad():
         torch.testing.assert_close(runtime(IDS), root(IDS), rtol=0, atol=0)
+
+
+def _deepseek_v2(layers: int = 6) -> nn.Module:
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    return DeepseekV2ForCausalLM(DeepseekV2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        first_k_dense_replace=2, max_position_embeddings=64))
+
+
+def _t5(layers: int = 5) -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    return T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=layers,
+                                               num_heads=4, decoder_start_token_id=0, dropout_rate=0.0))
+
+
+def test_first_blocks_that_differ_are_kept_and_the_rest_grown() -> None:
+    """#30 item 6: DeepSeek's first dense layers (and T5's first block) differ from the rest; they
+    are exported as they are and the equal blocks after them grown: still the full export."""
+    root = HFLogits(_deepseek_v2().eval())
+    full = export_capture(root, (IDS,))
+    grown, why = short_export(root, (IDS,), export_capture)
+    assert grown is not None, why
+    assert _nodes(grown) == _nodes(full)
+    t5 = HFLogits(_t5().eval(), ("input_ids", "decoder_input_ids"))
+    args = (IDS, IDS[:, :4])
+    full = export_capture(t5, args)
+    grown, why = short_export(t5, args, export_capture)
+    assert grown is not None, why
+    assert _nodes(grown) == _nodes(full)

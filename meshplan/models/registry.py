@@ -168,7 +168,7 @@ def load_model(
             if len(out) != 2 or not isinstance(out[0], nn.Module):
                 raise ValueError(f"factory {spec!r} must return a module or (module, example_inputs)")
             out, inputs = out
-            inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+            inputs = inputs if isinstance(inputs, tuple | dict) else (inputs,)  # a dict: tensors by keyword
         if not isinstance(out, nn.Module):
             raise ValueError(f"factory {spec!r} returned {type(out).__name__}, expected an nn.Module")
         if inputs is None:

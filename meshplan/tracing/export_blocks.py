@@ -8,6 +8,10 @@ reads, node names and inputs of block j. The result is node for node the graph a
 gives (op, target, arguments, name, module stack; ``tests/test_export_blocks.py`` compares them),
 and it is then annotated like any capture.
 
+A list whose first blocks differ from the others (DeepSeek's dense layers before its MoE layers,
+T5's first block, which holds the relative position bias) keeps those first blocks and KEEP more;
+the last KEEP kept play the part of the three below.
+
 Used only when everything that makes the growth exact can be checked on the short export:
 
 - the list holds >= KEEP + 1 blocks whose module subtrees are equal (``reuse.module_signature``:
@@ -58,18 +62,21 @@ def _split(name: str) -> tuple[str, int]:
 
 def block_list(root: nn.Module) -> tuple[str, nn.ModuleList] | None:
     """The longest ``nn.ModuleList`` of > KEEP equal user-level blocks (FQN, list), or None
-    (``block_list_keys``)."""
+    (``block_list_keys`` with no differing first blocks)."""
     found = block_list_keys(root)
-    return None if found is None else found[:2]
+    return None if found is None or found[3] else found[:2]
 
 
-def block_list_keys(root: nn.Module) -> tuple[str, nn.ModuleList, frozenset[tuple[str, str]]] | None:
-    """``block_list``'s (FQN, list) and the list's ``reuse.index_keys``, or None.
+def block_list_keys(root: nn.Module) -> tuple[str, nn.ModuleList, frozenset[tuple[str, str]], int] | None:
+    """(FQN, list, the list's ``reuse.index_keys``, first) of the ``nn.ModuleList`` with the most
+    equal user-level blocks after its first ``first`` (> KEEP of them), or None. ``first`` > 0: the
+    first blocks differ from the rest (DeepSeek's dense layers before its MoE layers, T5's first
+    block holding the relative position bias); they are exported as they are.
 
     Only outermost lists count: a list inside a block of another such list (the 128 experts of a
     hand-written MoE layer inside a list of 48 layers) is cut with its block, and may not be
     called at all (planning captures a MoE block as one op)."""
-    best: tuple[str, nn.ModuleList, frozenset[tuple[str, str]]] | None = None
+    best: tuple[str, nn.ModuleList, frozenset[tuple[str, str]], int] | None = None
     taken: list[str] = []  # FQNs of the lists found so far (named_modules visits parents first)
     for name, m in root.named_modules():
         if not isinstance(m, nn.ModuleList) or len(m) <= KEEP or not name:
@@ -80,36 +87,39 @@ def block_list_keys(root: nn.Module) -> tuple[str, nn.ModuleList, frozenset[tupl
         if not all(_user_module(k) for k in kids):
             continue
         keys = index_keys(list(enumerate(kids)))
-        sig = module_signature(kids[0], keys)
-        if any(module_signature(k, keys) != sig for k in kids):
+        sigs = [module_signature(k, keys) for k in kids]
+        first = len(kids) - 1
+        while first > 0 and sigs[first - 1] == sigs[-1]:
+            first -= 1
+        if len(kids) - first <= KEEP:
             continue
         taken.append(name)
-        if best is None or len(m) > len(best[1]):
-            best = (name, m, keys)
+        if best is None or len(m) - first > len(best[1]) - best[3]:
+            best = (name, m, keys, first)
     return best
 
 
 def short_export(root: nn.Module, inputs: tuple[Any, ...], export: Callable[[nn.Module, tuple[Any, ...]], fx.GraphModule]
                  ) -> tuple[fx.GraphModule | None, str]:
     """(graph of ``root`` exported with its block list cut to KEEP and grown back, or None; why not)."""
-    found = block_list(root)
+    found = block_list_keys(root)
     if found is None:
         return None, "no list of more than 3 equal blocks"
-    fqn, full = found
+    fqn, full, _keys, first = found
     parent_name, _, attr = fqn.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root
-    parent._modules[attr] = nn.ModuleList(list(full)[:KEEP])
+    parent._modules[attr] = nn.ModuleList(list(full)[:first + KEEP])
     try:
         small = export(root, inputs)
     finally:
         parent._modules[attr] = full
-    return grow(small, root, fqn, len(full))
+    return grow(small, root, fqn, len(full), first)
 
 
-def _runs(small: fx.GraphModule, fqn: str) -> tuple[list[_Instance], list[fx.Node]] | None:
+def _runs(small: fx.GraphModule, fqn: str, first: int = 0) -> tuple[list[_Instance], list[fx.Node]] | None:
     nodes = list(small.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
-    prefixes = [f"{fqn}.{j}" for j in range(KEEP)]
+    prefixes = [f"{fqn}.{j}" for j in range(first, first + KEEP)]
     members: dict[str, list[fx.Node]] = {p: [] for p in prefixes}
     for n in nodes:
         hit = {p for path in _paths(n) for p in prefixes if path == p or path.startswith(p + ".")}
@@ -121,9 +131,12 @@ def _runs(small: fx.GraphModule, fqn: str) -> tuple[list[_Instance], list[fx.Nod
     return [r for r in runs if r is not None], nodes
 
 
-def grow(small: fx.GraphModule, root: nn.Module, fqn: str, count: int) -> tuple[fx.GraphModule | None, str]:
-    """The graph of ``root`` with ``count`` blocks under ``fqn`` from ``small``'s KEEP (see above)."""
-    found = _runs(small, fqn)
+def grow(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, first: int = 0
+         ) -> tuple[fx.GraphModule | None, str]:
+    """The graph of ``root`` with ``count`` blocks under ``fqn`` from ``small``'s ``first`` + KEEP
+    (see above; the KEEP compared and the template are the last ones kept)."""
+    kept = first + KEEP
+    found = _runs(small, fqn, first)
     if found is None:
         return None, "a kept block is not one contiguous run of nodes"
     runs, nodes = found
@@ -158,12 +171,24 @@ def grow(small: fx.GraphModule, root: nn.Module, fqn: str, count: int) -> tuple[
         (ba, na), (bb, nb) = _split(a.name), _split(b.name)
         if ba != bb or na < 0 or nb - na != per_base[bb]:
             return None, f"node names do not advance by block ({a.name} -> {b.name})"
+    # a parameter read is named after its target (export writes CamelCase module names in snake
+    # case: T5's SelfAttention is self_attention): the block's part is its prefix, the rest the same
+    suffix: dict[str, str] = {}
+    for a in tpl.attrs:
+        head = _pname(tpl.prefix)
+        if not a.name.startswith(head + "_"):
+            return None, "parameter reads not named by their targets"
+        suffix[str(_rel(str(a.target), tpl.prefix))] = a.name[len(head):]
     for r in runs:
-        if any(a.name != str(a.target).replace(".", "_") for a in r.attrs):
+        if any(a.name != _pname(r.prefix) + suffix.get(str(_rel(str(a.target), r.prefix)), "?") for a in r.attrs):
             return None, "parameter reads not named by their targets"
     if any(m.op in ("get_attr", "call_module") and _rel(str(m.target), tpl.prefix) is None for m in tpl.run):
         return None, "a block reads a sub-graph or attribute outside itself"
-    return _build(small, root, fqn, count, tpl, chain, per_base, nodes, index)
+    return _build(small, root, fqn, count, tpl, chain, per_base, nodes, index, kept, suffix)
+
+
+def _pname(path: str) -> str:
+    return path.replace(".", "_")
 
 
 def _renamed(name: str, steps: int, per_base: dict[str, int]) -> str:
@@ -179,11 +204,13 @@ def _block_path(path: str, tpl_prefix: str, prefix: str) -> str:
 
 
 def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _Instance, chain: list[int | None],
-           per_base: dict[str, int], nodes: list[fx.Node], index: dict[fx.Node, int]) -> tuple[fx.GraphModule | None, str]:
+           per_base: dict[str, int], nodes: list[fx.Node], index: dict[fx.Node, int], kept: int,
+           suffix: dict[str, str]) -> tuple[fx.GraphModule | None, str]:
+    """The grown graph: blocks ``kept``.. ``count`` - 1 are copies of block ``kept`` - 1 (``tpl``)."""
     g = fx.Graph()
     g._codegen = small.graph._codegen
     env: dict[fx.Node, fx.Node] = {}
-    extra = count - KEEP
+    extra = count - kept
     attr_pos = {index[a] for a in tpl.attrs}
     # the template's parameter reads in runs of consecutive nodes: the copies' reads follow each run
     seg_end = {i for i in attr_pos if i + 1 not in attr_pos}
@@ -213,15 +240,15 @@ def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _I
         new = emit(n, lambda x: env[x], _renamed(n.name, steps, per_base))
         env[n] = new
         if i in seg_end:
-            for j in range(KEEP, count):
+            for j in range(kept, count):
                 pj = f"{fqn}.{j}"
                 for a in seg_of[i]:
                     rel = _rel(str(a.target), tpl.prefix)
                     target = pj + str(rel)
-                    copy_attrs[(j, str(rel))] = emit(a, lambda x: env[x], target.replace(".", "_"), target)
+                    copy_attrs[(j, str(rel))] = emit(a, lambda x: env[x], _pname(pj) + suffix[str(rel)], target)
         if i == last_run:
             last = [env[m] for m in tpl.run]
-            for j in range(KEEP, count):
+            for j in range(kept, count):
                 pj = f"{fqn}.{j}"
                 mine: dict[fx.Node, fx.Node] = {}
                 ext = {t: (last[c] if c is not None else env[t]) for t, c in zip(tpl.externals, chain, strict=True)}
@@ -239,12 +266,12 @@ def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _I
                 for m in tpl.run:
                     rel = _rel(str(m.target), tpl.prefix) if m.op in ("get_attr", "call_module") else None
                     target = pj + rel if rel is not None else None
-                    mine[m] = emit(m, arg, _renamed(m.name, j - KEEP + 1, per_base), target, (tpl.prefix, pj))
+                    mine[m] = emit(m, arg, _renamed(m.name, j - kept + 1, per_base), target, (tpl.prefix, pj))
                 last = [mine[m] for m in tpl.run]
             for m, new_m in zip(tpl.run, last, strict=True):
                 env[m] = new_m
             after_blocks = True
-    expected = _expected_names(nodes, tpl, seg_of, fqn, count, per_base, last_run)
+    expected = _expected_names(nodes, tpl, seg_of, fqn, count, per_base, last_run, kept, suffix)
     got = [n.name for n in g.nodes]
     if got != expected:
         return None, "grown node names collide"
@@ -262,15 +289,15 @@ def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _I
 
 
 def _expected_names(nodes: list[fx.Node], tpl: _Instance, seg_of: dict[int, list[fx.Node]], fqn: str, count: int,
-                    per_base: dict[str, int], last_run: int) -> list[str]:
+                    per_base: dict[str, int], last_run: int, kept: int, suffix: dict[str, str]) -> list[str]:
     out: list[str] = []
     for i, n in enumerate(nodes):
-        out.append(_renamed(n.name, count - KEEP if i > last_run else 0, per_base))
+        out.append(_renamed(n.name, count - kept if i > last_run else 0, per_base))
         if i in seg_of:
-            for j in range(KEEP, count):
-                out.extend((f"{fqn}.{j}" + str(_rel(str(a.target), tpl.prefix))).replace(".", "_") for a in seg_of[i])
+            for j in range(kept, count):
+                out.extend(_pname(f"{fqn}.{j}") + suffix[str(_rel(str(a.target), tpl.prefix))] for a in seg_of[i])
         if i == last_run:
-            for j in range(KEEP, count):
-                out.extend(_renamed(m.name, j - KEEP + 1, per_base) for m in tpl.run)
+            for j in range(kept, count):
+                out.extend(_renamed(m.name, j - kept + 1, per_base) for m in tpl.run)
     return out
 

@@ -44,7 +44,9 @@ def short_trace(root: nn.Module, tracer: type[fx.Tracer], concrete_args: dict[st
     found = block_list_keys(root)
     if found is None:
         return None, f"no list of more than {KEEP} equal blocks"
-    fqn, blocks, held = found
+    fqn, blocks, held, first = found
+    if first:
+        return None, f"the first {first} of the blocks differ from the others"
     if held:
         return None, "the blocks hold their own index (" + ", ".join(sorted(f"{m}.{k}".lstrip(".") for m, k in held)) + ")"
     stubs = {id(b) for b in list(blocks)[KEEP:]}
