@@ -21,6 +21,7 @@ node name in that GraphModule. The same model and input shapes always give the s
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -173,6 +174,14 @@ def _batch_seq(graph_inputs: list[Any]) -> tuple[int, int]:
     return (shaped[0].out_shape[0], 1) if shaped else (1, 1)
 
 
+def forward_params(model: nn.Module) -> list[str]:
+    """Names of ``model.forward``'s parameters (``*args``/``**kwargs`` as written)."""
+    try:
+        return list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
 def graph_name(model: nn.Module, name: str | None = None) -> str:
     """The ``model_name`` a graph of ``model`` traced under ``name`` carries."""
     return name or getattr(model, "name", None) or type(model).__name__
@@ -204,6 +213,7 @@ def trace_model(
     if folded:
         meta["tp_fold_views"] = folded
     meta["module_lists"] = block_fqns(model)
+    meta["forward_params"] = forward_params(model)  # what plan-time rules read (execution_rules.cp_forward_blocker)
     meta["param_modules"] = param_modules(model)
     meta.update(moe_meta(model, list(cap.moe)))
     meta["param_fingerprint"] = module_fingerprint(model)

@@ -117,6 +117,17 @@ def tied_weight_blocker(*, pp: int, schedule: str, uses: int, name: str) -> str:
     return ""
 
 
+def cp_forward_blocker(model_class: str, forward_params: Sequence[str]) -> str:
+    """Why a model whose ``forward`` takes ``forward_params`` cannot run context-parallel ("" when
+    it can): the runtime (``runtime/apply/context_parallel.py``) feeds each sequence shard its global
+    positions through a ``position_ids`` argument. The planner reads the names from the traced
+    graph (``meta["forward_params"]``), so a ``--cp`` plan is refused when it is made."""
+    if "position_ids" in forward_params:
+        return ""
+    return (f"{model_class or 'the model'}.forward takes no position_ids: context parallelism feeds each sequence "
+            "shard its global positions (add a position_ids=None argument that sets the positions)")
+
+
 def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: int, recompute: str,
               quantized: bool = False, sequence_parallel: bool = False, capture: str = "fx") -> str:
     """Why context parallelism ``cp`` / expert parallelism ``ep`` cannot run with the rest of a

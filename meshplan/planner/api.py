@@ -37,6 +37,7 @@ from meshplan.plan import (
     Plan,
     Quantization,
 )
+from meshplan.plan.execution_rules import cp_forward_blocker
 from meshplan.planner import validate as V
 from meshplan.planner.assemble import MESH_AXES, build_plan, model_flops_per_token, quant_effect
 from meshplan.planner.costing import GraphCoster
@@ -146,6 +147,7 @@ def plan_graph(
     q = resolve_quantization(quantization)
     prof = engine_profile(profile)
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, len(layer_ranges(graph)))
+    _check_cp_pin(f, graph)
     t0 = time.perf_counter()
     searcher = Searcher(
         graph, spec, global_batch=B, fixed=f, recompute=tuple(recompute) if recompute else None,
@@ -166,6 +168,16 @@ def plan_graph(
         graph, spec, res.best, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0,
         extra_notes=list(searcher.rule_notes.values()),
     )
+
+
+def _check_cp_pin(f: dict[str, Any], graph: ModelGraph) -> None:
+    """A pinned cp the runtime cannot run on this model is refused now, in one line, not when the
+    ranks start (``execution_rules.cp_forward_blocker``; unpinned, the search leaves cp at 1)."""
+    cp = int(f.get("cp") or 1)
+    if cp > 1 and "forward_params" in graph.meta:
+        why = cp_forward_blocker(str(graph.meta.get("model_class", "")), graph.meta["forward_params"])
+        if why:
+            raise ValueError(f"cp={cp} cannot run: {why}; or plan without the cp pin (--cp)")
 
 
 def estimate_graph(

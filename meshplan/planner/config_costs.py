@@ -42,7 +42,7 @@ from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.cost_models.precision import check_training_dtype
 from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
-from meshplan.plan.execution_rules import epcp_rule
+from meshplan.plan.execution_rules import cp_forward_blocker, epcp_rule
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params
 from meshplan.planner.memory_floor import held_floor
@@ -213,6 +213,10 @@ class ConfigCosts:
         return self._epcp_why_memo[key]
 
     def _epcp_rule(self, tp: int, pp: int, cp: int, ep: int, recompute: str) -> str:
+        if cp > 1 and "forward_params" in self.g.meta:  # graphs traced before the names were recorded: unknown
+            why = cp_forward_blocker(str(self.g.meta.get("model_class", "")), self.g.meta["forward_params"])
+            if why:
+                return why
         return epcp_rule(cp=cp, ep=ep, tp=tp, pp=pp, seq_len=self.g.seq_len,
                          num_experts=int(self.g.meta.get("num_experts", 0) or 0), recompute=recompute,
                          quantized=self.quant, sequence_parallel=bool(self.fixed.get("sequence_parallel")),
