@@ -155,7 +155,7 @@ def capacity_html(rep: CapacityReport) -> str:
         "<p class=pred>predicted by meshplan's cost model; nothing here was measured</p>"
         f"<p class=note>{escape(rep.batch_rule)}<br>prices: {escape(prices)}<br>band: {escape(rep.band.describe())}</p>"
         f"<div class=figure>{svg}</div><h2>Plans</h2>"
-        + table(HEADERS, [row_cells(r) for r in rep.rows], numeric={1, 3, 4, 5, 9, 10})
+        + table(HEADERS, [row_cells(r) for r in rep.rows], numeric={1, 3, 4, 5, 6, 10, 11})
         + f"<ul>{lines}</ul><p class=note>answered in {rep.seconds:.1f} s wall</p></body></html>\n"
     )
 

@@ -43,13 +43,14 @@ def marks(r: CapacityRow) -> str:
 
 def row_cells(r: CapacityRow) -> list[str]:
     if not r.fits:
-        return [r.cluster, str(r.gpus), f"no plan: {r.reason}", "", "", "", "", "", "", "", "", ""]
+        return [r.cluster, str(r.gpus), f"no plan: {r.reason}", "", "", "", "", "", "", "", "", "", ""]
     eff = "—" if r.scaling_efficiency is None else f"{r.scaling_efficiency:.0%}"
-    return [r.cluster, f"{r.gpus:,}", r.plan, f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.mfu:.1%}", f"{r.step_s:.3g}",
+    return [r.cluster, f"{r.gpus:,}", r.plan, si(r.tokens_per_s), f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.mfu:.1%}",
+            f"{r.step_s:.3g}",
             days_text(r), si(r.gpu_hours), cost_text(r), f"{r.peak_mem_gib:.1f}", eff, marks(r)]  # fmt: skip
 
 
-HEADERS = ["cluster", "GPUs", "best plan", "tok/s/GPU", "MFU", "step s", "days", "GPU-h", "cost", "peak GiB",
+HEADERS = ["cluster", "GPUs", "best plan", "tok/s", "tok/s/GPU", "MFU", "step s", "days", "GPU-h", "cost", "peak GiB",
            "scaling", "marks"]  # fmt: skip
 
 
