@@ -281,3 +281,9 @@ def test_command_line(capsys, tmp_path):
     assert code == 0 and "PREDICTED" in out and "Cheapest meeting the 30-day deadline" in out
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [r["gpus"] for r in rows] == [8, 16] and all(r["cluster"] == "h100" and r["cost"] > 0 for r in rows)
+
+
+def test_efficiency_printed_rounded_down():
+    from meshplan.sizing.text import percent_down
+
+    assert percent_down(0.795) == "79%" and percent_down(0.8) == "80%" and percent_down(1.0) == "100%"

@@ -5,6 +5,7 @@ comes from. Every figure says predicted. No torch import.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from meshplan.sizing.api import CapacityReport
@@ -15,6 +16,11 @@ from meshplan.sizing.rows import EFFICIENCY_MARK, CapacityRow
 def money(x: float | None) -> str:
     """``12_400_000`` -> ``$12.4M``."""
     return "—" if x is None else "$" + si(x)
+
+
+def percent_down(x: float) -> str:
+    """``0.795`` -> ``79%``: rounded down, so a value under the 80% mark never prints as 80%."""
+    return f"{math.floor(100 * x + 1e-9):.0f}%"
 
 
 def days_text(r: CapacityRow) -> str:
@@ -44,7 +50,7 @@ def marks(r: CapacityRow) -> str:
 def row_cells(r: CapacityRow) -> list[str]:
     if not r.fits:
         return [r.cluster, str(r.gpus), f"no plan: {r.reason}", "", "", "", "", "", "", "", "", "", ""]
-    eff = "—" if r.scaling_efficiency is None else f"{r.scaling_efficiency:.0%}"
+    eff = "—" if r.scaling_efficiency is None else percent_down(r.scaling_efficiency)
     return [r.cluster, f"{r.gpus:,}", r.plan, si(r.tokens_per_s), f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.mfu:.1%}",
             f"{r.step_s:.3g}",
             days_text(r), si(r.gpu_hours), cost_text(r), f"{r.peak_mem_gib:.1f}", eff, marks(r)]  # fmt: skip
@@ -96,7 +102,7 @@ def summary_lines(rep: CapacityReport) -> list[str]:
             first = min(low, key=lambda r: r.gpus)
             base = min((r for r in fitting if r.cluster == kind), key=lambda r: r.gpus)
             lines.append(f"Scaling efficiency of {kind} falls below {EFFICIENCY_MARK:.0%} at {first.gpus:,} GPUs "
-                         f"({first.scaling_efficiency:.0%} of {base.gpus:,} GPUs' tokens/s per GPU)")  # fmt: skip
+                         f"({percent_down(first.scaling_efficiency or 0.0)} of {base.gpus:,} GPUs' tokens/s per GPU)")  # fmt: skip
         elif any(r.cluster == kind and r.fits for r in rows):
             lines.append(f"Scaling efficiency of {kind} stays at or above {EFFICIENCY_MARK:.0%} over the sizes planned")
     if rep.skipped:
