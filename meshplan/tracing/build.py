@@ -171,7 +171,7 @@ def build_nodes(
                 if root not in saved_once:
                     saved_once.add(root)
                     saved += nb
-        attrs = _attrs(gm, n, kind, in_metas, first, pnames, pidx, moe_of)
+        attrs = _attrs(gm, n, kind, in_metas, first, pnames, pidx, moe_of, cap.root)
         flops = int(rec.flops)
         rnn = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
         if isinstance(rnn, nn.RNNBase) and in_metas and in_metas[0] is not None:  # FlopCounterMode counts 0
@@ -264,7 +264,7 @@ def _module_fqn(n: fx.Node, pnames: list[str], pidx: ParamIndex) -> str | None:
 
 def _attrs(
     gm: fx.GraphModule, n: fx.Node, kind: str, in_metas: list[TensorMeta | None], out: TensorMeta | None,
-    pnames: list[str], pidx: ParamIndex, moe_of: dict[str, MoEInfo],
+    pnames: list[str], pidx: ParamIndex, moe_of: dict[str, MoEInfo], root: nn.Module,
 ) -> dict[str, Any]:
     acts = [m for m in in_metas if m is not None]
     if kind == "linear":
@@ -293,7 +293,13 @@ def _attrs(
             gid = pidx.group_of.get(pnames[0])
             if gid is not None:
                 w = pidx.param_of[gid]
-                return {"num_embeddings": int(w.shape[0]), "embedding_dim": int(w.shape[1])}
+                a = {"num_embeddings": int(w.shape[0]), "embedding_dim": int(w.shape[1])}
+                owner = attr_at(root, pnames[0].rsplit(".", 1)[0]) if "." in pnames[0] else None
+                if isinstance(owner, nn.Embedding) and type(owner).forward is not nn.Embedding.forward:
+                    # computes its own indices (OPT's learned positions: from the mask, plus an offset):
+                    # torch's RowwiseParallel makes the module's first input a DTensor, not those indices
+                    a["own_forward"] = type(owner).__name__
+                return a
         return {}
     if kind == "moe":
         return moe_attrs(n, out, moe_of.get(str(n.target)) if n.op == "call_module" else None)

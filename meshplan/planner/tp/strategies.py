@@ -7,7 +7,9 @@ state of its output; ``shard(k)`` divides its work)::
     embedding    rowwise (vocab-parallel) R→P (t) · replicate R→R (1); a tied token embedding and
                  its head are sharded alike or not at all (``tp.ilp.add_tied``: embedding rowwise iff
                  head colwise, one Shard(0) Parameter as ``runtime/tp.retie`` runs it); under the engines' layout (``vocab_parallel``: Megatron's VocabParallelEmbedding,
-                 torchtitan's RowwiseParallel tok_embeddings) the token embedding is rowwise only
+                 torchtitan's RowwiseParallel tok_embeddings) the token embedding is rowwise only;
+                 an Embedding subclass with its own forward (``own_forward``: OPT's learned
+                 positions, which compute their indices) replicate only
     attention    heads S→S (t; needs t | heads, t | kv_heads, no per-head mask/bias input) · R→R (1)
     matmul       S→S (t) · R→R (1)
     reshape      s→s for s ∈ {R, S, P, Q}; a split/chunk that cuts the sharded feature dim (a
@@ -82,7 +84,9 @@ class TPStrategies:
             return out
         if k == "embedding":
             vocab = n.attrs.get("num_embeddings")
-            ok = vocab is None or vocab % t == 0
+            # an Embedding subclass computing its own indices (OPT's learned positions) stays whole:
+            # torch's RowwiseParallel shards the lookup of the module's first input, not of those
+            ok = (vocab is None or vocab % t == 0) and not n.attrs.get("own_forward")
             row = Strategy("rowwise", "R", "P", t, "rowwise")
             if ok and self.vocab_parallel and vocab and vocab == int(self.g.meta.get("vocab") or 0):
                 return [row]
