@@ -1,0 +1,281 @@
+"""The appliers of ``apply_plan``, in their order; each a short function over ``ApplyState`` that
+returns its own notes (as torchtitan's ``parallelize_*`` / ``apply_*`` do).
+
+Order (``STEPS``) and why where it matters:
+
+1. ``apply_epcp``: expert sharding and cp/ep groups first, before anything wraps the MoE blocks;
+   under pp > 1 the stage graphs read the shard's positions (``epcp_pipeline``).
+2. ``apply_split``: this rank's stages (pp > 1; the sequence-parallel boundaries are inserted into
+   the captured graph here, as they need the tp mesh) or the whole model; what runs under cp is
+   wrapped by the ring.
+3. ``apply_tensor_parallel``: DTensor TP / sequence parallelism on the roots (the user's FQNs).
+4. ``apply_sync_batchnorm``: BatchNorm statistics over the dp group.
+5. ``apply_quantize``: QAT / QLoRA on each root, after TP because QLoRA quantizes each rank's shard
+   (``tests/test_quant_qlora.py`` compares with one device).
+6. ``apply_recompute``: activation checkpointing on what runs.
+7. ``apply_precision``: autocast or FSDP2 mixed precision per module (+ ``--compile`` after it).
+8. ``apply_data_parallel``: DDP / FSDP2 / bucketed hooks per module, or the cp/ep reductions.
+9. ``apply_schedule``: pipeline stages and the torch.distributed.pipelining schedule.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from meshplan.errors import PlanMismatchError
+from meshplan.models.calls import call_names, split_inputs
+from meshplan.plan import Plan
+from meshplan.plan.execution_rules import ZERO_BUBBLE_SCHEDULES
+from meshplan.runtime.apply import data_parallel as dpmod
+from meshplan.runtime.apply import precision as prec
+from meshplan.runtime.apply import recompute, schedules, split, tp
+from meshplan.runtime.apply import sync_batchnorm as sbn
+from meshplan.runtime.apply.checks import Checked
+from meshplan.runtime.apply.epcp import EPCPState, apply_epcp, uses_epcp
+from meshplan.runtime.apply.epcp_pipeline import shard_position_tables
+from meshplan.runtime.apply.grad_sync import BucketedGradSync
+from meshplan.runtime.apply.stage_params import shared_params, unique_params
+from meshplan.runtime.launch.dist import RuntimeEnv
+from meshplan.runtime.record.phases import PhaseSpans, watch_stages
+
+
+@dataclass
+class ApplyState:
+    """What the appliers read and extend; ``modules`` is what runs, ``roots`` the same at the user's FQNs."""
+
+    model: nn.Module
+    plan: Plan
+    env: RuntimeEnv
+    checked: Checked
+    loss_fn: Callable
+    bucket_cap_bytes: int
+    compile: bool = False
+    sync_batchnorm: bool = True
+    mine: list[int] = field(default_factory=lambda: [0])  # this rank's stage indices
+    prefix: str = ""  # FQN prefix of the user's model inside the captured graph
+    modules: list[nn.Module] = field(default_factory=list)
+    roots: list[nn.Module] = field(default_factory=list)
+    shared: list = field(default_factory=list)  # parameters several pipeline ranks hold (tied)
+    pieces: list[split.StagePiece] = field(default_factory=list)  # pp > 1: every stage, as split last
+    sp: bool = False  # sequence parallelism runs
+    ecs: EPCPState | None = None
+    mode: str = "single"  # how gradients are reduced: dpmod.dp_mode, or "epcp"
+    runners: list[nn.Module] = field(default_factory=list)
+    counter: dpmod.SyncCounter = field(default_factory=dpmod.SyncCounter)
+    grad_sync: BucketedGradSync | None = None
+    schedule: object | None = None
+    scaler: object | None = None
+    spans: PhaseSpans = field(default_factory=PhaseSpans)
+
+    @property
+    def pipelined(self) -> bool:
+        return self.plan.pp > 1
+
+
+def apply_epcp_step(s: ApplyState) -> list[str]:
+    s.mode = dpmod.dp_mode(s.plan)
+    if not uses_epcp(s.plan):
+        return []
+    if s.pipelined and s.plan.cp > 1:  # each stage graph reads its shard's positions
+        for p in s.checked.pieces:
+            shard_position_tables(p.module, s.plan.cp, s.env.coord("cp"))
+    s.ecs = apply_epcp(s.model, s.plan, s.env)  # stage modules hold the model's own MoE blocks
+    s.mode = "epcp"
+    return list(s.ecs.notes)
+
+
+def apply_split(s: ApplyState) -> list[str]:
+    c, plan = s.checked, s.plan
+    if s.pipelined:
+        gm, s.prefix = c.capture.gm, c.capture.prefix
+        pieces = c.pieces
+        s.sp = plan.sequence_parallel and plan.tp > 1
+        if s.sp:  # after the chain check: the boundaries only make sense once the norms gather (TP)
+            why = tp.insert_sequence_boundaries(gm, [s.prefix + b for b in tp.block_fqns(s.model)], s.env.mesh["tp"])
+            if why:
+                raise PlanMismatchError(f"sequence_parallel is planned but this model cannot run it ({why}); "
+                                        "re-plan with sequence_parallel off")
+            pieces = split.split_stages(gm, c.ordered)
+        s.mine = [st.index for st in c.ordered if st.rank == s.env.coord("pp")]
+        s.modules = [pieces[i].module.to(s.env.device) for i in s.mine]
+        s.roots = [m.get_submodule(s.prefix.rstrip(".")) if s.prefix else m for m in s.modules]
+        s.shared = shared_params(pieces, c.ordered)
+        s.pieces = pieces
+    else:
+        from meshplan.tracing.capture import wrap_if_hf
+
+        s.sp = plan.sequence_parallel and plan.tp > 1
+        n_in = len(split_inputs(c.example)[1]) if c.example is not None else 1
+        s.roots = [s.model]
+        s.modules = [wrap_if_hf(s.model, call_names(s.model, c.names, n_in))[0]]
+    if s.ecs is not None:  # cp: what runs is wrapped by the ring (the roots keep the user's FQNs)
+        s.modules = [s.ecs.wrap(m) for m in s.modules]
+    return []
+
+
+def apply_tensor_parallel(s: ApplyState) -> list[str]:
+    plan, c = s.plan, s.checked
+    if plan.tp <= 1:
+        return ["sequence_parallel ignored: tp = 1"] if plan.sequence_parallel else []
+    notes = []
+    if s.sp:
+        notes.append("sequence_parallel applied: norms under SequenceParallel, residual stream sequence-sharded")
+    if c.head:
+        notes.append(f"loss_parallel: {c.head} output kept sharded over the vocabulary (no gathered logits)")
+    vs = [c.head] if c.head else []
+    mesh = s.env.mesh["tp"]
+    for r in s.roots:  # styles are keyed by the user's FQNs: applied on the un-prefixed roots
+        if s.sp and s.pipelined:
+            tp.apply_stage_sequence_parallel(r, mesh, c.styles, tp.block_fqns(s.model), plan.tp_gathered_outputs,
+                                             vocab_sharded=vs)
+        elif s.sp:
+            tp.apply_sequence_parallel(r, mesh, c.styles, plan.tp_gathered_outputs, vocab_sharded=vs)
+        else:
+            tp.apply_tp(r, mesh, c.styles, plan.tp_gathered_outputs, vocab_sharded=vs)
+    if tp.retie(s.roots, c.tied):  # a vocab-parallel tied pair: one DTensor Parameter again (grads as Shard(0))
+        notes.append("tied embedding + LM head re-tied after TP: one Parameter sharded over the vocabulary")
+    return notes
+
+
+def apply_sync_batchnorm(s: ApplyState) -> list[str]:
+    bns = [n for r in s.roots for n in sbn.batchnorm_names(r)] if s.plan.dp > 1 else []
+    if not bns:
+        return []
+    if s.sync_batchnorm:
+        for r in s.roots:
+            sbn.sync_batchnorm(r, s.env.group("dp"), s.env.device.type)
+        return [f"BatchNorm synchronised over dp={s.plan.dp} ({len(bns)} layers): statistics of the whole "
+                "data-parallel microbatch, equal running buffers on every rank"]
+    warnings.warn(f"{len(bns)} BatchNorm layers are not synchronised (sync_batchnorm=False): each of the "
+                  f"{s.plan.dp} dp ranks normalises with its own share of the batch", stacklevel=3)
+    return [f"BatchNorm NOT synchronised ({len(bns)} layers, sync_batchnorm=False): per-rank statistics "
+            "of 1/dp of the batch, running buffers differ per rank; results differ from one device"]
+
+
+def apply_quantize(s: ApplyState) -> list[str]:
+    q = s.plan.quantization
+    if q.mode == "none":
+        return []
+    from meshplan.runtime.apply.quant import apply_quantization
+
+    changed: list = []
+    for r in s.roots:
+        changed = apply_quantization(
+            r, q, tp_mesh=s.env.mesh["tp"] if s.plan.tp > 1 else None, tp_styles=s.checked.styles,
+            fsdp_shards=s.plan.dp if dpmod.dp_mode(s.plan) == "fsdp" else 1,
+        )
+    return [f"quantization {q.mode}: {len(changed)} linears per stage root (last)"]
+
+
+def apply_recompute(s: ApplyState) -> list[str]:
+    s.modules, note = recompute.apply_recompute(s.modules, s.plan.recompute, pipelined=s.pipelined,
+                                                schedule=s.plan.schedule)
+    return [note] if note else []
+
+
+def apply_precision(s: ApplyState) -> list[str]:
+    p, fsdp = s.checked.precision, s.mode == "fsdp"
+    s.modules = [
+        prec.wrap_precision(m, p, fsdp=fsdp, last_stage=i == len(s.checked.ordered) - 1,
+                            pipelined=s.pipelined, device_type=s.env.device.type)
+        for m, i in zip(s.modules, s.mine)
+    ]
+    return [f"precision {p}: " + (
+        "fp32 throughout" if p == "fp32" else
+        ("FSDP2 MixedPrecisionPolicy (params " + p + ", reduce fp32)" if fsdp else
+         "torch.autocast, fp32 parameters and optimizer state") + (", stage sends in " + p if s.pipelined else "")
+        + (", ShardedGradScaler" if p == "fp16" else ""))]
+
+
+def apply_compile(s: ApplyState) -> list[str]:
+    if not s.compile:
+        return []
+    from meshplan.runtime.apply.compiling import apply_compile as compile_blocks
+
+    return [f"torch.compile: {compile_blocks(s.modules, pipelined=s.pipelined)} modules compiled"]
+
+
+def _dp_note(plan: Plan, mode: str) -> str:
+    kind = {
+        "fsdp": "FSDP2 fully_shard (ZeRO-3" + (")" if plan.pp == 1 else ", stage gathered once per step)"),
+        "zero2": "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)",
+        "hsdp": f"FSDP2 on a (dp_replicate={plan.dp // plan.hsdp_shard_degree()}, "
+                f"dp_shard={plan.hsdp_shard_degree()}) mesh",
+    }.get(plan.dp_kind, "DDP" if mode == "ddp" else "bucketed all-reduce from gradient hooks")
+    return f"data parallel {plan.dp_kind}: {kind}" + (", ZeroRedundancyOptimizer (ZeRO-1)" if plan.dp_kind == "zero1" else "")
+
+
+def apply_data_parallel(s: ApplyState) -> list[str]:
+    plan, env = s.plan, s.env
+    dp_mesh = env.mesh["dp"] if plan.dp > 1 else None
+    if plan.quantization.mode == "qlora" and s.mode == "ddp":
+        from meshplan.runtime.apply.quant.qlora import ddp_ignore_quantized
+
+        for m in s.modules:
+            ddp_ignore_quantized(m)
+    if plan.dp_kind == "hsdp" and dp_mesh is not None:
+        shard = plan.hsdp_shard_degree()
+        dp_mesh = dp_mesh._unflatten(0, (plan.dp // shard, shard), ("dp_replicate", "dp_shard"))
+    s.runners = [dpmod.wrap_dp(m, s.mode, dp_mesh=dp_mesh, dp_group=env.group("dp"), counter=s.counter,
+                               mp_policy=prec.fsdp_policy(s.checked.precision),
+                               per_block=plan.pp == 1 and plan.quantization.mode == "none",
+                               # under pp > 1 every kind keeps the stage gathered from the first forward to the
+                               # last backward (torchtitan; one all-gather per step, as dp_kinds costs it)
+                               reshard_after_forward=plan.dp_kind != "zero2" and plan.pp == 1) for m in s.modules]
+    zb = s.pipelined and plan.schedule in ZERO_BUBBLE_SCHEDULES
+    if s.mode == "manual":
+        s.grad_sync = BucketedGradSync(
+            [list(m.parameters()) for m in s.modules], env.group("dp"),  # type: ignore[arg-type]
+            microbatches=plan.num_microbatches, cap_bytes=s.bucket_cap_bytes,
+            divide_by=plan.dp * (plan.num_microbatches if s.pipelined else 1),  # pp > 1: also the microbatch mean
+            use_hooks=not zb,
+        )
+    if s.ecs is not None:  # hooks on the final (post-TP) parameters: bucketed reduction over dc / replicas
+        s.ecs.attach(unique_params(s.modules), plan.num_microbatches, s.bucket_cap_bytes, pipelined=s.pipelined,
+                     use_hooks=not zb)
+    return [_dp_note(plan, s.mode)] if plan.dp > 1 else []
+
+
+def apply_schedule(s: ApplyState) -> list[str]:
+    s.scaler = prec.make_scaler(s.checked.precision)
+    if not s.pipelined:
+        return []
+    from torch.distributed.pipelining import PipelineStage
+
+    n = len(s.checked.ordered)
+    pstages = [PipelineStage(r, i, n, s.env.device, group=s.env.group("pp")) for r, i in zip(s.runners, s.mine)]
+    if s.plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        for st, m in zip(pstages, s.modules):
+            for sync in (s.grad_sync, s.ecs):
+                if sync is not None:
+                    sync.watch_weight_passes(st, list(m.parameters()))
+    watch_stages(s.spans, pstages)
+    s.schedule = schedules.build_schedule(s.plan.schedule, pstages, s.plan.num_microbatches,
+                                          StageLoss(s.loss_fn, s.scaler, s.spans))
+    return []
+
+
+class StageLoss:
+    """The pipeline schedule's loss: logits upcast to fp32, times the fp16 loss scale if any."""
+
+    def __init__(self, loss_fn: Callable, scaler: object | None, spans: PhaseSpans) -> None:
+        self.loss_fn = loss_fn
+        self.scaler = scaler
+        self.spans = spans
+
+    def __call__(self, out: object, target: torch.Tensor) -> torch.Tensor:
+        with self.spans.span("forward"):
+            loss = self.loss_fn(prec.to_fp32(out), target)
+            return self.scaler.scale(loss) if self.scaler is not None else loss  # type: ignore[attr-defined]
+
+
+Step = Callable[[ApplyState], list[str]]
+STEPS: tuple[Step, ...] = (
+    apply_epcp_step, apply_split, apply_tensor_parallel, apply_sync_batchnorm, apply_quantize, apply_recompute,
+    apply_precision, apply_compile, apply_data_parallel, apply_schedule,
+)
