@@ -42,7 +42,7 @@ from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.cost_models.precision import check_training_dtype
 from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
-from meshplan.plan.execution_rules import cp_forward_blocker, epcp_rule
+from meshplan.plan.execution_rules import SHARDED_DP_KINDS, cp_forward_blocker, epcp_rule
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params
 from meshplan.planner.memory_floor import held_floor
@@ -470,6 +470,13 @@ class ConfigCosts:
                                                   precision=self._precision, layout=self.state_layout)  # fmt: skip
         return self._bpp_cache[key]
 
+    def runs_autocast(self, c: Config) -> bool:
+        """Whether ``c`` trains under ``torch.autocast`` on fp32 parameters, as meshplan's runtime
+        (``runtime/precision.py``) and torchtitan do whenever FSDP2's MixedPrecisionPolicy does not
+        hold the parameters in the compute dtype (no sharded DP kind over dp > 1); Megatron-LM and
+        DeepSpeed keep 16-bit parameters instead (their ``state_layout``)."""
+        return self.state_layout == "torch" and not (c.dp > 1 and c.dp_kind in SHARDED_DP_KINDS)
+
     def split_layers(self, c: Config) -> list[Any]:
         """``c``'s layers as ``partition.stage_ilp.Layer`` (times, model states, activations, sends)."""
         from meshplan.partition.stage_ilp import Layer
@@ -477,6 +484,7 @@ class ConfigCosts:
         t = self._table(c)
         per_param = self._state_bytes_per_param(c).total
         dv = self._zero_divs(c)
+        cast = self.runs_autocast(c)  # kept per microbatch as the activations are (evaluate)
 
         def states(x: LayerCost) -> int:
             if self.quant:
@@ -485,7 +493,8 @@ class ConfigCosts:
 
         return [
             Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
-                  state_bytes=states(x), act_bytes=int(x.act_bytes), boundary_bytes=int(x.out_bytes))
+                  state_bytes=states(x), act_bytes=int(x.act_bytes + (x.autocast_bytes if cast else 0.0)),
+                  boundary_bytes=int(x.out_bytes))
             for x in t.layers
         ]  # fmt: skip
 

@@ -442,7 +442,8 @@ class GraphCoster:
         tensors (full, op); (2) the embedding output, the residual stream and the norms stay fp32,
         so the norms' saved inputs (or, under full / op recompute, the kept block input) are fp32,
         not the compute dtype ``elem`` scales them to. Source: torch/amp autocast op lists (linear
-        and matmul cast, embedding / add / rsqrt / mean run in fp32); measured with
+        and matmul cast, embedding / add / rsqrt / mean run in fp32; only leaf tensors' casts are
+        cached, so (3) every linear reading a norm's fp32 output saves its own bf16 copy); measured with
         torch.distributed._tools.MemTracker (benchmarks/bench_memory.py)."""
         elem_b = 2.0  # bf16 / fp16 copy bytes per parameter
         out = 0.0
@@ -455,6 +456,21 @@ class GraphCoster:
                 if not numel:  # a tied head reads the embedding's weight: cast too
                     numel = float(sum(self._owner[p][1] for p in n.shared_params if p in self._owner))
                 out += numel / w_shard * elem_b
+            # (3) autocast casts an fp32 input again in every op that reads it (only weights, leaf
+            # tensors, are cached): q/k/v (gate/up) each save their own bf16 copy of the norm's output,
+            # where the traced graph saves one
+            seen: set[int] = set()
+            ids = {n.id for n in nodes}
+            for n in nodes:
+                if n.kind not in ("linear", "matmul"):
+                    continue
+                for i in n.inputs:
+                    src = self.g.nodes[i]
+                    if i not in ids or src.kind != "norm":
+                        continue
+                    if i in seen:
+                        out += src.out_bytes * scale * elem / _saved_shard(n, sol, self.sp_saves)
+                    seen.add(i)
             fp32_extra = 1.0 / elem - 1.0 if elem < 1.0 else 0.0
             for n in nodes:
                 if n.kind == "norm" and n.saved_bytes:

@@ -24,7 +24,7 @@ from meshplan.cost_models.grad_sync import (
     overlapped_sync_terms,
     uniform_bucket_runs,
 )
-from meshplan.plan.execution_rules import SHARDED_DP_KINDS, dp_kind_blocker
+from meshplan.plan.execution_rules import dp_kind_blocker
 from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
 from meshplan.planner.kind_free import kind_free_terms
@@ -78,13 +78,6 @@ class ConfigEvaluator(ConfigCosts):
             self._kind_notes[ev.config] = kind_note(ev, base)
             ev = replace(ev, kind_note=self._kind_notes[ev.config])
         return self.evaluate(ev.config, runs=ev.stage_layers) if exact and ev.fits else ev
-
-    def runs_autocast(self, c: Config) -> bool:
-        """Whether ``c`` trains under ``torch.autocast`` on fp32 parameters, as meshplan's runtime
-        (``runtime/precision.py``) and torchtitan do whenever FSDP2's MixedPrecisionPolicy does not
-        hold the parameters in the compute dtype (no sharded DP kind over dp > 1); Megatron-LM and
-        DeepSpeed keep 16-bit parameters instead (their ``state_layout``)."""
-        return self.state_layout == "torch" and not (c.dp > 1 and c.dp_kind in SHARDED_DP_KINDS)
 
     def grads_after_activations(self, c: Config) -> bool:
         """Whether no gradient of ``c`` outlives the backward that makes it before the next
