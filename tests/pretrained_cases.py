@@ -19,6 +19,15 @@ def saved_llama(path: str, seed: int = 7) -> None:
     model.save_pretrained(path)
 
 
+def meta_llama() -> torch.nn.Module:
+    """``runtime_cases.tiny_hf_llama`` without its own seeding (so it can be built under a tape)."""
+    from meshplan.models.hf import hf_llama
+
+    return hf_llama(dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=rc.VOCAB, max_position_embeddings=16,
+                         tie_word_embeddings=False, attention_dropout=0.0)).train()
+
+
 def hf_logits(path: str, x: torch.Tensor) -> torch.Tensor:
     """Logits of HF's own model loaded with ``from_pretrained``."""
     from transformers import LlamaForCausalLM
@@ -51,6 +60,14 @@ def worker(rank: int, world: int, path: str, ckpt: str, cfgs: list[dict]) -> lis
             return rc.loss_fn(logits, target)
 
         model = rc.tiny_hf_llama()
+        tape = None
+        if cfg.get("meta"):  # built on the meta device: buffers from the constructor, weights from the file
+            from meshplan.models.init_tape import InitTape
+
+            tape = InitTape()
+            import transformers.modeling_utils  # noqa: F401  (imported before recording, as load_model does)
+            with torch.device("meta"), tape.recording():
+                built = meta_llama()
         mbs = rc.BATCH // (cfg.get("dp", 1) * cfg["m"])
         ex = (x[:mbs],)
         gm = split.capture_graph(model, ex)[0] if cfg.get("pp", 1) > 1 else None
@@ -58,8 +75,9 @@ def worker(rank: int, world: int, path: str, ckpt: str, cfgs: list[dict]) -> lis
         plan = handplan.manual_plan(model, gm, dp=cfg.get("dp", 1), tp=cfg.get("tp", 1), pp=cfg.get("pp", 1),
                                     schedule="gpipe", microbatches=cfg["m"], micro_batch_size=mbs, seq_len=rc.SEQ,
                                     tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"))
-        pm = apply_plan(model, plan, loss_fn=capture, optimizer_factory=rc.opt_factory, example_inputs=ex,
-                        init_from=ckpt if cfg.get("init") == "ckpt" else path, dtype="fp32")
+        pm = apply_plan(built if tape else model, plan, loss_fn=capture, optimizer_factory=rc.opt_factory,
+                        example_inputs=ex, init_from=ckpt if cfg.get("init") == "ckpt" else path, dtype="fp32",
+                        tape=tape)
         if cfg.get("save"):
             checkpoint.save(pm, ckpt, 1)
         for m in pm.modules:

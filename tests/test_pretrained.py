@@ -1,6 +1,7 @@
 """``--init-from``: a tiny HF Llama saved with ``save_pretrained`` loads under tp2, pp2 and FSDP dp2
 (each rank reading its shards) and gives the logits of HF's own ``from_pretrained`` model; a meshplan
-checkpoint written under tp2 loads under pp2 (DCP) with the same logits."""
+checkpoint written under tp2 loads under pp2 (DCP) with the same logits; a model built on the meta
+device (tp2, FSDP dp2) loads the same way into its materialized shards."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 CFGS = [dict(name="tp2", tp=2, m=1, save=True), dict(name="pp2", pp=2, m=2),
         dict(name="fsdp_dp2", dp=2, m=1, dp_kind="fsdp"),
-        dict(name="pp2_from_meshplan_checkpoint", pp=2, m=2, init="ckpt")]  # DCP, written under tp2
+        dict(name="pp2_from_meshplan_checkpoint", pp=2, m=2, init="ckpt"),  # DCP, written under tp2
+        dict(name="tp2_meta", tp=2, m=1, meta=True), dict(name="fsdp_dp2_meta", dp=2, m=1, dp_kind="fsdp", meta=True)]
 
 
 def test_hf_llama_loads_under_tp_pp_fsdp(tmp_path) -> None:

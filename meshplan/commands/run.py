@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after --warmup-steps: constant, or cosine decay to 0 at --steps")
     p.add_argument("--warmup-steps", type=nonneg_int, default=0, help="linear learning-rate warm-up steps")
     p.add_argument("--compile", action="store_true", help="torch.compile each repeated block (first step compiles)")
+    p.add_argument("--build", choices=("meta", "host"), default="meta",
+                   help="meta (default): build on the meta device, apply the plan there, materialize only each "
+                        "rank's shard (host memory bounded by the shard); host: build the whole model on every rank "
+                        "(quantized plans always build on the host)")
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision: the plan's dtype (default) or bf16 / fp16 / fp32")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (CPU)")
@@ -149,6 +153,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
         train.append("--resume")
     if args.init_from:
         train += ["--init-from", args.init_from]
+    if args.build != "meta":
+        train += ["--build", args.build]
     if args.skip_nonfinite:
         train += ["--skip-nonfinite", str(args.skip_nonfinite)]
     if args.hang_timeout is not None:

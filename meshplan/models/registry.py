@@ -23,6 +23,7 @@ from torch import nn
 
 from meshplan.models.gpt import GPT, GPT_PRESETS, GPTConfig
 from meshplan.models.hf import HFLogits, hf_bert, hf_gpt2, hf_llama
+from meshplan.models.init_tape import InitTape
 from meshplan.models.llama import LLAMA_PRESETS, Llama, LlamaConfig
 from meshplan.models.meta_init import skip_init_on_meta
 from meshplan.models.mlp import MLP
@@ -120,22 +121,29 @@ def _load_factory(spec: str) -> Callable[[], Any]:
 
 
 @contextmanager
-def _build_context(dev: torch.device | None) -> Iterator[None]:
-    """Build under ``dev`` (default CPU); on the meta device weight init is skipped (no values)."""
+def _build_context(dev: torch.device | None, tape: InitTape | None = None) -> Iterator[None]:
+    """Build under ``dev`` (default CPU); on the meta device weight init is skipped (no values),
+    or recorded by ``tape`` to be replayed shard by shard (``models.init_tape``)."""
     with dev if dev is not None else torch.device("cpu"):
         if dev is not None and dev.type == "meta":
-            with skip_init_on_meta():
+            with tape.recording() if tape is not None else skip_init_on_meta():
                 yield
         else:
             yield
 
 
 def load_model(
-    spec: str, *, device: str | None = None, batch_size: int = 1, seq_len: int | None = None
+    spec: str, *, device: str | None = None, batch_size: int = 1, seq_len: int | None = None,
+    tape: InitTape | None = None,
 ) -> ModelSpec:
-    """Build a model from a zoo name or a factory spec; see the module docstring."""
+    """Build a model from a zoo name or a factory spec; see the module docstring. ``tape`` (with
+    ``device="meta"``) records the construction so ``tape.replay`` gives the host-built values."""
     dev = torch.device(device) if device is not None else None
-    ctx = _build_context(dev)
+    if tape is not None and (dev is None or dev.type != "meta"):
+        raise ValueError("load_model: a tape records a build on the meta device (device='meta')")
+    if tape is not None and spec in _HF_BUILDERS:
+        import transformers.modeling_utils  # noqa: F401  (the recording lets its init run on meta)
+    ctx = _build_context(dev, tape)
     config: dict[str, Any]
     if spec in GPT_PRESETS:
         with ctx:

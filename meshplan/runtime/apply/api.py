@@ -5,9 +5,11 @@ Check once, then apply in one documented order:
 1. ``checks.check_plan``: every refusal (the shared ``execution_rules`` and what only the model
    can tell), before the process group exists; under pp > 1 it captures and splits the graph the
    rules read. Plan options the runtime cannot execute as costed raise ``PlanMismatchError`` here.
-2. process group + DeviceMesh (``launch.dist.init_runtime``), the model on the rank's device.
+2. process group + DeviceMesh (``launch.dist.init_runtime``); a host-built model moves to the
+   rank's device, a meta-built one stays on meta until it is materialized.
 3. the appliers of ``steps.STEPS``: EP/CP -> stage split -> TP -> (BatchNorm sync) -> quantization
-   -> recompute -> precision (+ ``--compile``) -> data parallel -> schedule; each returns its notes.
+   -> recompute -> precision (+ ``--compile``) -> data parallel (FSDP2) -> materialize -> gradient
+   reduction (DDP / hooks) -> schedule; each returns its notes.
 4. the optimizer over the parameters that still require grad (ZeroRedundancyOptimizer for zero1).
 
 ``ParallelModel`` (what a rank runs and its training step) lives in ``runtime.apply.parallel_model``.
@@ -22,11 +24,12 @@ import torch
 from torch import nn
 
 from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
+from meshplan.models.init_tape import InitTape
 from meshplan.plan import Plan
 from meshplan.runtime.apply.checks import check_plan
 from meshplan.runtime.apply.parallel_model import ParallelModel
 from meshplan.runtime.apply.stage_params import tie_groups, unique_params
-from meshplan.runtime.apply.steps import STEPS, ApplyState
+from meshplan.runtime.apply.steps import STEPS, ApplyState, MetaBuild
 from meshplan.runtime.apply.zero1 import zero1_optimizer
 from meshplan.runtime.checkpoint.pretrained import load_pretrained
 from meshplan.runtime.launch.dist import RuntimeEnv, init_runtime
@@ -47,6 +50,7 @@ def apply_plan(
     compile: bool = False,
     sync_batchnorm: bool = True,
     init_from: str | os.PathLike[str] | None = None,
+    tape: InitTape | None = None,
 ) -> ParallelModel:
     """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (a tensor, tuple or dict of
     tensors, as batches will be given to ``step``; any batch size, it is resized to the plan's
@@ -60,15 +64,22 @@ def apply_plan(
     ``init_from``: pretrained weights (a Hugging Face safetensors directory or a meshplan/DCP
     checkpoint, ``runtime.checkpoint.pretrained``), each rank reading the shards it holds once the plan is
     applied; under quantization they are read into the whole host model before it is applied.
+
+    A model built on the meta device (``load_model(spec, device="meta", tape=tape)``) is applied
+    there and materialized as this rank's shards only (``steps.apply_materialize``): pass its
+    ``tape`` (values equal to the host-built model's for the same seed; with ``init_from`` it
+    gives the buffers and the file the weights).
     """
+    meta = _meta_build(model, tape, init_from)
     checked = check_plan(model, plan, example_inputs, dtype)
     notes = list(checked.notes)
     if init_from is not None and plan.quantization.mode != "none":  # quantizing needs the loaded weights
         notes.append(load_pretrained(model, init_from, tied=checked.tied,
                                      transposed=[f"{m}.weight" for m in checked.conv]) + " (before quantizing)")
     env = init_runtime(plan, timeout_s=timeout_s)
-    s = ApplyState(model=model.to(env.device), plan=plan, env=env, checked=checked, loss_fn=loss_fn,
-                   bucket_cap_bytes=bucket_cap_bytes, compile=compile, sync_batchnorm=sync_batchnorm)
+    s = ApplyState(model=model if meta else model.to(env.device), plan=plan, env=env, checked=checked,
+                   loss_fn=loss_fn, bucket_cap_bytes=bucket_cap_bytes, compile=compile,
+                   sync_batchnorm=sync_batchnorm, meta=meta)
     for step in STEPS:
         notes += step(s)
     pm = ParallelModel(
@@ -79,10 +90,23 @@ def apply_plan(
         loss_parallel=checked.head is not None, epcp=s.ecs, input_names=checked.names, phase_spans=s.spans,
     )
     pm.ties = tie_groups(env, s.shared, pm.stage_indices, {i: s.pieces[i].module for i in s.mine} if s.pipelined else {})
-    if init_from is not None and plan.quantization.mode == "none":
+    if init_from is not None and plan.quantization.mode == "none" and meta is None:
         pm.notes.append(load_pretrained(pm.container(), init_from, tied=pm.tied_fqns,
                                         transposed=[f"{m}.weight" for m in pm.converted]))
     return pm
+
+
+def _meta_build(model: nn.Module, tape: InitTape | None, init_from: object) -> MetaBuild | None:
+    """None for a host-built model; else what materializes it (refused when nothing can)."""
+    if not any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        if tape is not None:
+            raise ValueError("apply_plan: a tape is for a model built on the meta device; this one has values")
+        return None
+    if tape is None:
+        raise ValueError("apply_plan: the model is on the meta device: pass the InitTape it was built under "
+                         "(load_model(spec, device='meta', tape=InitTape()))")
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return MetaBuild(tape=tape, finals=tape.refs_of(iter(named)), init_from=init_from)  # type: ignore[arg-type]
 
 
 def _optimizer(factory: Callable, params: list[torch.Tensor], plan: Plan, env: RuntimeEnv) -> torch.optim.Optimizer:

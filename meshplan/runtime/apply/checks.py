@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from meshplan.errors import PlanMismatchError
 from meshplan.models.calls import microbatch_example, split_inputs
@@ -79,6 +80,10 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: 
         pp=pp, num_microbatches=plan.num_microbatches,
         batch_norms=sum(type(m).__name__ in BATCH_NORM_CLASSES and m.training for m in model.modules()),
     ))
+    on_meta = any(p.is_meta for p in model.parameters())
+    if on_meta and plan.quantization.mode != "none":
+        raise ValueError(f"apply_plan: quantization ({plan.quantization.mode}) needs the weights' values: build the "
+                         "model on the host (load_model without device='meta') for a quantized plan")
     precision = prec.resolve_precision(plan.dtype, dtype)
     if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError(
@@ -99,6 +104,8 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: 
                                     "re-plan with sequence_parallel off")
     if example_inputs is not None:
         c.example = microbatch_example(example_inputs, plan.micro_batch_size)
+        if on_meta:  # captured and checked on the meta device, like the model
+            c.example = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, c.example)
         c.names = split_inputs(c.example)[0]
     if pp > 1:
         _check_stages(model, plan, c)

@@ -72,6 +72,8 @@ class EPCPState:
     env: RuntimeEnv
     groups: DCGroups
     expert_ids: set[int] = field(default_factory=set)
+    expert_rows: dict[str, tuple[int, int]] = field(default_factory=dict)  # FQN -> rows of the full tensor kept
+    expert_fqns: set[str] = field(default_factory=set)  # to find the expert params again after materializing
     notes: list[str] = field(default_factory=list)
     syncs: list[BucketedGradSync] = field(default_factory=list)
     unsynced: list[torch.Tensor] = field(default_factory=list)  # expert params with no replica: only / dc
@@ -145,6 +147,9 @@ def apply_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv) -> EPCPState:
     if plan.ep > 1:
         applied = apply_expert_parallel(model, groups)
         state.expert_ids = {id(p) for p in applied.expert_params}
+        state.expert_rows = applied.rows
+        names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        state.expert_fqns = {names[id(p)] for p in applied.expert_params if id(p) in names}
         state.notes.append(f"expert parallelism ep={plan.ep}: experts of {len(applied.blocks)} MoE blocks sharded, "
                            "tokens exchanged with all_to_all_single")
     if plan.cp > 1:

@@ -44,6 +44,7 @@ from meshplan.tracing.moe import MoEInfo, find_moe
 class EPApplied:
     blocks: list[str] = field(default_factory=list)
     expert_params: list[torch.Tensor] = field(default_factory=list)
+    rows: dict[str, tuple[int, int]] = field(default_factory=dict)  # FQN of a sliced expert param -> rows kept
 
 
 def ep_blocker(model: nn.Module, ep: int) -> str:
@@ -187,7 +188,9 @@ def apply_expert_parallel(model: nn.Module, groups: DCGroups) -> EPApplied:
         experts = block.get_submodule(name)
         if info.layout == "grouped":
             for pname, p in list(experts.named_parameters(recurse=False)):
-                setattr(experts, pname, nn.Parameter(p.detach()[lo:hi].clone(), requires_grad=p.requires_grad))
+                local = nn.Parameter(p.detach()[lo:hi].clone(), requires_grad=p.requires_grad)
+                out.rows[f"{fqn}.{name}.{pname}" if fqn else f"{name}.{pname}"] = (lo, hi)  # for materializing
+                setattr(experts, pname, local)
             if isinstance(getattr(experts, "num_experts", None), int):
                 experts.num_experts = el
             experts.forward = _grouped_forward(experts.forward, info.num_experts, groups)  # type: ignore[method-assign]

@@ -11,15 +11,21 @@ Order (``STEPS``) and why where it matters:
 3. ``apply_tensor_parallel``: DTensor TP / sequence parallelism on the roots (the user's FQNs).
 4. ``apply_sync_batchnorm``: BatchNorm statistics over the dp group.
 5. ``apply_quantize``: QAT / QLoRA on each root, after TP because QLoRA quantizes each rank's shard
-   (``tests/test_quant_qlora.py`` compares with one device).
+   (``tests/test_quant_qlora.py``: quantizing after ``parallelize_module`` equals quantizing in the
+   TP layout, and differs from one device's NF4 by the per-shard statistics).
 6. ``apply_recompute``: activation checkpointing on what runs.
 7. ``apply_precision``: autocast or FSDP2 mixed precision per module (+ ``--compile`` after it).
-8. ``apply_data_parallel``: DDP / FSDP2 / bucketed hooks per module, or the cp/ep reductions.
-9. ``apply_schedule``: pipeline stages and the torch.distributed.pipelining schedule.
+8. ``apply_data_parallel``: the sharded kinds (FSDP2), still on meta for a meta-built model.
+9. ``apply_materialize``: a meta-built model gets this rank's tensors on its device, filled from
+   the constructor's replay or ``init_from`` (after every step that shards: it allocates only
+   shards; ``tests/test_meta_build.py`` checks the losses equal the host-built model's).
+10. ``apply_grad_reduction``: DDP, bucketed hooks or the cp/ep reductions, which bind real tensors.
+11. ``apply_schedule``: pipeline stages and the torch.distributed.pipelining schedule.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +35,7 @@ from torch import nn
 
 from meshplan.errors import PlanMismatchError
 from meshplan.models.calls import call_names, split_inputs
+from meshplan.models.init_tape import InitTape, Ref
 from meshplan.plan import Plan
 from meshplan.plan.execution_rules import ZERO_BUBBLE_SCHEDULES
 from meshplan.runtime.apply import data_parallel as dpmod
@@ -42,6 +49,16 @@ from meshplan.runtime.apply.grad_sync import BucketedGradSync
 from meshplan.runtime.apply.stage_params import shared_params, unique_params
 from meshplan.runtime.launch.dist import RuntimeEnv
 from meshplan.runtime.record.phases import PhaseSpans, watch_stages
+
+
+@dataclass
+class MetaBuild:
+    """How a meta-built model gets its values: its construction's tape (``models.init_tape``) and
+    the tape's view of every parameter/buffer by user FQN, or pretrained weights."""
+
+    tape: InitTape
+    finals: dict[str, Ref]
+    init_from: str | os.PathLike[str] | None = None
 
 
 @dataclass
@@ -71,6 +88,7 @@ class ApplyState:
     schedule: object | None = None
     scaler: object | None = None
     spans: PhaseSpans = field(default_factory=PhaseSpans)
+    meta: MetaBuild | None = None  # the model was built on the meta device
 
     @property
     def pipelined(self) -> bool:
@@ -102,7 +120,7 @@ def apply_split(s: ApplyState) -> list[str]:
                                         "re-plan with sequence_parallel off")
             pieces = split.split_stages(gm, c.ordered)
         s.mine = [st.index for st in c.ordered if st.rank == s.env.coord("pp")]
-        s.modules = [pieces[i].module.to(s.env.device) for i in s.mine]
+        s.modules = [pieces[i].module if s.meta else pieces[i].module.to(s.env.device) for i in s.mine]
         s.roots = [m.get_submodule(s.prefix.rstrip(".")) if s.prefix else m for m in s.modules]
         s.shared = shared_params(pieces, c.ordered)
         s.pieces = pieces
@@ -210,23 +228,78 @@ def _dp_note(plan: Plan, mode: str) -> str:
     return f"data parallel {plan.dp_kind}: {kind}" + (", ZeroRedundancyOptimizer (ZeRO-1)" if plan.dp_kind == "zero1" else "")
 
 
+def _dp_mesh(s: ApplyState) -> object:
+    plan = s.plan
+    dp_mesh = s.env.mesh["dp"] if plan.dp > 1 else None
+    if plan.dp_kind == "hsdp" and dp_mesh is not None:
+        shard = plan.hsdp_shard_degree()
+        dp_mesh = dp_mesh._unflatten(0, (plan.dp // shard, shard), ("dp_replicate", "dp_shard"))
+    return dp_mesh
+
+
+def _wrap_dp(s: ApplyState) -> list[nn.Module]:
+    plan = s.plan
+    return [dpmod.wrap_dp(m, s.mode, dp_mesh=_dp_mesh(s), dp_group=s.env.group("dp"), counter=s.counter,
+                          mp_policy=prec.fsdp_policy(s.checked.precision),
+                          per_block=plan.pp == 1 and plan.quantization.mode == "none",
+                          # under pp > 1 every kind keeps the stage gathered from the first forward to the
+                          # last backward (torchtitan; one all-gather per step, as dp_kinds costs it)
+                          reshard_after_forward=plan.dp_kind != "zero2" and plan.pp == 1) for m in s.modules]
+
+
 def apply_data_parallel(s: ApplyState) -> list[str]:
+    """The sharded kinds (FSDP2 ``fully_shard``: fsdp, zero2, hsdp), before materializing, so a
+    meta-built model is only ever allocated as this rank's shards."""
+    if s.mode != "fsdp":
+        return []
+    s.runners = _wrap_dp(s)
+    return [_dp_note(s.plan, s.mode)]
+
+
+def apply_materialize(s: ApplyState) -> list[str]:
+    """A meta-built model: allocate this rank's tensors on its device and fill them, from the
+    constructor's replay or from ``init_from`` (``runtime.apply.materialize``). Host-built: nothing."""
+    if s.meta is None:
+        return []
+    from meshplan.runtime.apply import materialize as mat
+    from meshplan.runtime.apply.stage_params import merge_modules
+
+    dev, c = s.env.device, s.checked
+    for m in s.modules:
+        m.to_empty(device=dev)
+    mat.retie(s.roots, c.tied)
+    if s.ecs is not None:  # the expert parameters are new objects: found again by FQN
+        s.ecs.expert_ids = {id(t) for f, ts in mat.local_tensors(s.roots).items() if f in s.ecs.expert_fqns for t in ts}
+    left = mat.meta_leftovers(s.modules)
+    if left:
+        raise mat.TapeError(f"tensors kept outside parameters and buffers cannot be materialized: {left[:4]}; "
+                            "register them as buffers")
+    transposed = [f"{m}.weight" for m in c.conv]
+    rows = s.ecs.expert_rows if s.ecs is not None else {}
+    if s.meta.init_from is not None:  # buffers (rotary tables, masks) from the constructor, weights from the file
+        from meshplan.runtime.checkpoint.pretrained import load_pretrained
+
+        mat.fill_from_tape(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows, buffers_only=True)
+        return [load_pretrained(merge_modules(s.roots), s.meta.init_from, tied=c.tied, transposed=transposed)
+                + f" (into this rank's shards on {dev}; the model was built on the meta device)"]
+    n, peak = mat.fill_from_tape(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows)
+    return [f"built on the meta device; {n} tensors materialized on {dev} as this rank's shards, initialised by "
+            f"replaying the constructor one tensor at a time (replay peak {peak / 2**20:.1f} MiB; process peak "
+            f"RSS {mat.peak_rss_bytes() / 2**30:.2f} GiB after materializing, measured)"]
+
+
+def apply_grad_reduction(s: ApplyState) -> list[str]:
+    """The replicated kinds, on materialized parameters (DDP and the hooks bind real tensors): DDP,
+    bucketed all-reduce from gradient hooks, or the cp/ep reductions."""
     plan, env = s.plan, s.env
-    dp_mesh = env.mesh["dp"] if plan.dp > 1 else None
+    if s.mode == "fsdp":
+        return []
     if plan.quantization.mode == "qlora" and s.mode == "ddp":
         from meshplan.runtime.apply.quant.qlora import ddp_ignore_quantized
 
         for m in s.modules:
             ddp_ignore_quantized(m)
-    if plan.dp_kind == "hsdp" and dp_mesh is not None:
-        shard = plan.hsdp_shard_degree()
-        dp_mesh = dp_mesh._unflatten(0, (plan.dp // shard, shard), ("dp_replicate", "dp_shard"))
-    s.runners = [dpmod.wrap_dp(m, s.mode, dp_mesh=dp_mesh, dp_group=env.group("dp"), counter=s.counter,
-                               mp_policy=prec.fsdp_policy(s.checked.precision),
-                               per_block=plan.pp == 1 and plan.quantization.mode == "none",
-                               # under pp > 1 every kind keeps the stage gathered from the first forward to the
-                               # last backward (torchtitan; one all-gather per step, as dp_kinds costs it)
-                               reshard_after_forward=plan.dp_kind != "zero2" and plan.pp == 1) for m in s.modules]
+    s.runners = _wrap_dp(s)
     zb = s.pipelined and plan.schedule in ZERO_BUBBLE_SCHEDULES
     if s.mode == "manual":
         s.grad_sync = BucketedGradSync(
@@ -277,5 +350,5 @@ class StageLoss:
 Step = Callable[[ApplyState], list[str]]
 STEPS: tuple[Step, ...] = (
     apply_epcp_step, apply_split, apply_tensor_parallel, apply_sync_batchnorm, apply_quantize, apply_recompute,
-    apply_precision, apply_compile, apply_data_parallel, apply_schedule,
+    apply_precision, apply_compile, apply_data_parallel, apply_materialize, apply_grad_reduction, apply_schedule,
 )

@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps before the schedule")
     p.add_argument("--compile", action="store_true", help="torch.compile each repeated block (off by default)")
+    p.add_argument("--build", choices=("meta", "host"), default="meta",
+                   help="meta: build on the meta device, materialize each rank's shard; host: the whole model per rank")
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision (default: the plan's dtype)")
     add_input_shape(p)
@@ -96,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from meshplan.fingerprint import check_plan_model
     from meshplan.models import load_model
+    from meshplan.models.init_tape import InitTape
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.checkpoint import dcp as checkpoint
     from meshplan.runtime.launch.dist import check_launch
@@ -112,7 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_launch(plan)  # before any collective
     mbs = plan.micro_batch_size
     torch.manual_seed(args.seed)
-    spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None)
+    # meta: built without values, the plan applied there, each rank's shard materialized from the
+    # constructor's replay (tape) or --init-from; a quantized plan needs the weights, so the host
+    meta = args.build == "meta" and plan.quantization.mode == "none"
+    tape = InitTape() if meta else None
+    spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None, device="meta" if meta else None,
+                      tape=tape)
     model, example = spec.model, spec.example_inputs
     if args.input_shape:  # the shapes the plan was made with, for a factory without examples
         example = shaped_example(model, input_shapes(args.input_shape))
@@ -125,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hang_s = default_timeout_s(plan.predicted.step_s) if args.hang_timeout is None else args.hang_timeout
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
                     example_inputs=example, timeout_s=faults.pg_timeout_s(args.timeout, hang_s), dtype=args.dtype,
-                    compile=args.compile, init_from=args.init_from)
+                    compile=args.compile, init_from=args.init_from, tape=tape)
     rank = pm.env.rank
     pm.check_grads = args.check_grads
     guard = NonFiniteGuard(args.skip_nonfinite)

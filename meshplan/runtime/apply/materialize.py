@@ -1,0 +1,128 @@
+"""Materializing a meta-built model: only this rank's shard of each tensor, on its device.
+
+``apply_plan`` applies a plan to a model built on the meta device (``meshplan.models.load_model(
+spec, device="meta", tape=tape)``): TP, FSDP2, EP and the stage split shard tensors that have no
+values yet. ``materialize`` then allocates what this rank holds (``nn.Module.to_empty``) and fills it:
+
+* from the model's own construction (``InitTape.replay``: the constructor's ops re-run on CPU one
+  tensor at a time from the seed it was built with; each full tensor is cut to this rank's shard
+  as it is finished and dropped), so every value equals the host-built model's for the same seed;
+* or from ``init_from`` (pretrained weights: ``runtime.checkpoint.pretrained.load_pretrained``).
+
+A shard is found from the tensor itself: a DTensor (TP, FSDP2) by its mesh and placements
+(``distribute_tensor`` with no broadcast: every rank has the same full value), an expert slice by
+the rows ``expert_parallel`` kept (``EPCPState.expert_rows``), an HF Conv1D weight that TP turned
+into a Linear transposed first. ``to_empty`` makes new Parameter objects (as for torchtitan's
+FSDP2 models), so the weights a model ties are tied again (``retie``) before any tensor is filled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from meshplan.models.init_tape import InitTape, Ref, TapeError
+
+_WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def user_fqn(name: str) -> str:
+    for w in _WRAPPERS:
+        name = name.replace(w, "")
+    return name
+
+
+def local_tensors(roots: Iterable[nn.Module]) -> dict[str, list[torch.Tensor]]:
+    """User FQN -> the tensors this rank holds under it (parameters and buffers of the roots)."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for r in roots:
+        named = list(r.named_parameters(remove_duplicate=False)) + list(r.named_buffers(remove_duplicate=False))
+        for name, t in named:
+            lst = out.setdefault(user_fqn(name), [])
+            if not any(t is u for u in lst):
+                lst.append(t)
+    return out
+
+
+def meta_leftovers(modules: Iterable[nn.Module]) -> list[str]:
+    """Tensors still on the meta device after ``to_empty`` (plain tensor attributes, not parameters or buffers)."""
+    bad = []
+    for m in modules:
+        for name, sub in m.named_modules():
+            for k, v in vars(sub).items():
+                if isinstance(v, torch.Tensor) and v.is_meta and not k.startswith("_"):
+                    bad.append(f"{name}.{k}" if name else k)
+    return bad
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (``getrusage``; Linux reports KiB)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def retie(roots: Iterable[nn.Module], tied: Iterable[tuple[str, ...]]) -> int:
+    """Make each group of user FQNs that named one Parameter name one again (``to_empty`` gives each
+    module its own new Parameter); returns how many names were re-pointed."""
+    owners: dict[str, list[tuple[nn.Module, str, torch.Tensor]]] = {}
+    for r in roots:
+        for mname, mod in r.named_modules(remove_duplicate=False):
+            for pname, p in mod._parameters.items():
+                if p is not None:
+                    owners.setdefault(user_fqn(f"{mname}.{pname}" if mname else pname), []).append((mod, pname, p))
+    n = 0
+    for group in tied:
+        held = [o for f in group for o in owners.get(f, [])]
+        if not held:
+            continue
+        keep = held[0][2]
+        for mod, pname, p in held[1:]:
+            if p is not keep:
+                mod._parameters[pname] = keep  # type: ignore[assignment]
+                n += 1
+    return n
+
+
+def write_shard(t: torch.Tensor, full: torch.Tensor, *, transposed: bool = False,
+                rows: tuple[int, int] | None = None) -> None:
+    """Copy this rank's part of ``full`` (the whole tensor, on CPU) into ``t``."""
+    full = full.t() if transposed else full
+    with torch.no_grad():
+        if isinstance(t, DTensor):
+            local = distribute_tensor(full.to(t.device), t.device_mesh, t.placements, src_data_rank=None).to_local()
+            t.to_local().copy_(local)
+            return
+        if rows is not None:
+            full = full[rows[0]:rows[1]]
+        if tuple(full.shape) != tuple(t.shape):
+            raise TapeError(f"a full tensor of shape {tuple(full.shape)} does not fit the local {tuple(t.shape)}")
+        t.copy_(full)
+
+
+def fill_from_tape(tape: InitTape, finals: dict[str, Ref], roots: list[nn.Module], transposed: set[str],
+                   rows: dict[str, tuple[int, int]], *, buffers_only: bool = False) -> tuple[int, int]:
+    """Replay ``tape`` into this rank's tensors; returns (tensors filled, the replay's peak bytes).
+    Raises ``TapeError`` when a tensor of the roots is not one the constructor made.
+    ``buffers_only``: fill only the buffers (pretrained weights fill the parameters next)."""
+    targets = local_tensors(roots)
+    if buffers_only:
+        params = {user_fqn(n) for r in roots for n, _ in r.named_parameters(remove_duplicate=False)}
+        targets = {f: ts for f, ts in targets.items() if f not in params}
+    unknown = sorted(f for f in targets if f not in finals)
+    if unknown:
+        raise TapeError(f"tensors the constructor did not make cannot be initialised from it: {unknown[:4]}")
+    filled: set[str] = set()
+
+    def sink(fqn: str, full: torch.Tensor) -> None:
+        for t in targets.get(fqn, []):
+            write_shard(t, full, transposed=fqn in transposed, rows=rows.get(fqn))
+            filled.add(fqn)
+
+    peak = tape.replay({f: r for f, r in finals.items() if f in targets}, sink, only_needed=buffers_only)
+    return len(filled), peak

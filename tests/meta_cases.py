@@ -1,0 +1,93 @@
+"""Worker for the meta-device build tests: each plan applied to a host-built model and to the same
+model built on the meta device (``InitTape``) and materialized shard by shard; losses and every
+parameter after the steps must be equal."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from runtime_cases import BATCH, SEQ, VOCAB, batches, loss_fn, opt_factory
+
+from meshplan.models.init_tape import InitTape
+
+
+def gpt() -> torch.nn.Module:
+    from meshplan.models.gpt import GPT, GPTConfig
+
+    return GPT(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=16))
+
+
+def moe() -> torch.nn.Module:
+    from meshplan.models.moe import moe_llama
+
+    return moe_llama(vocab_size=VOCAB)
+
+
+def hf_gpt2() -> torch.nn.Module:
+    from meshplan.models.hf import hf_gpt2
+
+    return hf_gpt2(dict(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, n_positions=16,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).train()
+
+
+MODELS: dict[str, Callable[[], torch.nn.Module]] = {"gpt": gpt, "moe": moe, "hf-gpt2": hf_gpt2}
+
+
+def build(name: str, meta: bool) -> tuple[torch.nn.Module, InitTape | None]:
+    """The model for ``name`` built from seed 0: on the host, or on meta under a tape."""
+    torch.manual_seed(0)
+    if not meta:
+        return MODELS[name](), None
+    if name == "hf-gpt2":
+        import transformers.modeling_utils  # noqa: F401  (imported before recording, as load_model does)
+    tape = InitTape()
+    with torch.device("meta"), tape.recording():
+        model = MODELS[name]()
+    return model, tape
+
+
+def plan_for(model: torch.nn.Module, cfg: dict, ex: tuple) -> Any:
+    from meshplan.runtime.apply import handplan, split
+
+    if cfg.get("ep"):
+        from epcp_cases import make_plan
+
+        plan = make_plan(model, dp=cfg["dp"], cp=1, ep=cfg["ep"], m=1)
+        return dataclasses.replace(plan, global_batch_size=BATCH, seq_len=SEQ, micro_batch_size=BATCH // cfg["dp"])
+    gm = split.capture_graph(model, ex)[0] if cfg.get("pp", 1) > 1 else None
+    styles = cfg.get("styles") or (handplan.megatron_styles(model) if cfg.get("tp", 1) > 1 else {})
+    return handplan.manual_plan(model, gm, dp=cfg.get("dp", 1), tp=cfg.get("tp", 1), pp=cfg.get("pp", 1),
+                                schedule="1f1b", microbatches=cfg["m"],
+                                micro_batch_size=BATCH // (cfg.get("dp", 1) * cfg["m"]), seq_len=SEQ,
+                                tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"))
+
+
+def train(cfg: dict, meta: bool, data: list) -> tuple[list[float], dict[str, torch.Tensor], list[str]]:
+    from meshplan.runtime.apply.api import apply_plan
+
+    model, tape = build(cfg["model"], meta)
+    mbs = BATCH // (cfg.get("dp", 1) * cfg["m"])
+    ex = (data[0][0][:mbs],)
+    host, _ = build(cfg["model"], False) if meta else (model, None)  # plans are made from a host model
+    plan = plan_for(host, cfg, ex)
+    pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex, tape=tape)
+    losses = [float(pm.step(x, y)) for x, y in data]
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+             for k, v in pm.state_dict().items() if isinstance(v, torch.Tensor)}
+    return losses, state, list(pm.notes)
+
+
+def worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, float, list[str]]]:
+    data = batches(2)
+    out = []
+    for cfg in cfgs:
+        h_losses, h_state, _ = train(cfg, False, data)
+        m_losses, m_state, notes = train(cfg, True, data)
+        loss_err = max(abs(a - b) for a, b in zip(h_losses, m_losses))
+        assert set(h_state) == set(m_state), (cfg, sorted(set(h_state) ^ set(m_state))[:4])
+        param_err = max(float((h_state[k].float() - m_state[k].float()).abs().max()) for k in h_state)
+        out.append((cfg, loss_err, param_err, notes))
+    return out
