@@ -69,19 +69,29 @@ def block_list(root: nn.Module) -> tuple[str, nn.ModuleList] | None:
 
 def block_list_keys(root: nn.Module) -> tuple[str, nn.ModuleList, frozenset[tuple[str, str]], int] | None:
     """(FQN, list, the list's ``reuse.index_keys``, first) of the ``nn.ModuleList`` with the most
-    equal user-level blocks after its first ``first`` (> KEEP of them), or None. ``first`` > 0: the
-    first blocks differ from the rest (DeepSeek's dense layers before its MoE layers, T5's first
+    equal user-level blocks after its first ``first`` (> KEEP of them), or None (``block_lists``)."""
+    found = block_lists(root)
+    best = None
+    for f in found:
+        if best is None or len(f[1]) - f[3] > len(best[1]) - best[3]:
+            best = f
+    return best
+
+
+def block_lists(root: nn.Module) -> list[tuple[str, nn.ModuleList, frozenset[tuple[str, str]], int]]:
+    """Every outermost ``nn.ModuleList`` with more than KEEP equal user-level blocks after its
+    first ``first``, in module order, as (FQN, list, its ``reuse.index_keys``, first). ``first`` > 0:
+    the first blocks differ from the rest (DeepSeek's dense layers before its MoE layers, T5's first
     block holding the relative position bias); they are exported as they are.
 
     Only outermost lists count: a list inside a block of another such list (the 128 experts of a
     hand-written MoE layer inside a list of 48 layers) is cut with its block, and may not be
     called at all (planning captures a MoE block as one op)."""
-    best: tuple[str, nn.ModuleList, frozenset[tuple[str, str]], int] | None = None
-    taken: list[str] = []  # FQNs of the lists found so far (named_modules visits parents first)
+    out: list[tuple[str, nn.ModuleList, frozenset[tuple[str, str]], int]] = []
     for name, m in root.named_modules():
         if not isinstance(m, nn.ModuleList) or len(m) <= KEEP or not name:
             continue
-        if any(name.startswith(t + ".") for t in taken):
+        if any(name.startswith(t[0] + ".") for t in out):
             continue
         kids = list(m)
         if not all(_user_module(k) for k in kids):
@@ -93,27 +103,36 @@ def block_list_keys(root: nn.Module) -> tuple[str, nn.ModuleList, frozenset[tupl
             first -= 1
         if len(kids) - first <= KEEP:
             continue
-        taken.append(name)
-        if best is None or len(m) - first > len(best[1]) - best[3]:
-            best = (name, m, keys, first)
-    return best
+        out.append((name, m, keys, first))
+    return out
 
 
 def short_export(root: nn.Module, inputs: tuple[Any, ...], export: Callable[[nn.Module, tuple[Any, ...]], fx.GraphModule]
                  ) -> tuple[fx.GraphModule | None, str]:
-    """(graph of ``root`` exported with its block list cut to KEEP and grown back, or None; why not)."""
-    found = block_list_keys(root)
-    if found is None:
+    """(graph of ``root`` exported with its block lists cut to KEEP and grown back, or None; why not).
+    Every list of ``block_lists`` is cut (T5: the encoder's and the decoder's blocks) and grown back,
+    the last first."""
+    found = block_lists(root)
+    if not found:
         return None, "no list of more than 3 equal blocks"
-    fqn, full, _keys, first = found
-    parent_name, _, attr = fqn.rpartition(".")
-    parent = root.get_submodule(parent_name) if parent_name else root
-    parent._modules[attr] = nn.ModuleList(list(full)[:first + KEEP])
+    saved: list[tuple[nn.Module, str, nn.ModuleList]] = []
     try:
-        small = export(root, inputs)
+        for fqn, full, _keys, first in found:
+            parent_name, _, attr = fqn.rpartition(".")
+            parent = root.get_submodule(parent_name) if parent_name else root
+            saved.append((parent, attr, full))
+            parent._modules[attr] = nn.ModuleList(list(full)[:first + KEEP])
+        small: fx.GraphModule | None = export(root, inputs)
     finally:
-        parent._modules[attr] = full
-    return grow(small, root, fqn, len(full), first)
+        for parent, attr, full in saved:
+            parent._modules[attr] = full
+    why = ""
+    for fqn, full, _keys, first in reversed(found):
+        assert small is not None
+        small, why = grow(small, root, fqn, len(full), first)
+        if small is None:
+            return None, why
+    return small, why
 
 
 def _runs(small: fx.GraphModule, fqn: str, first: int = 0) -> tuple[list[_Instance], list[fx.Node]] | None:
