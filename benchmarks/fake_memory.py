@@ -13,8 +13,8 @@ What had to be bridged (the runtime itself is unchanged; each bridge only lets a
 fake tensors and changes no allocation of the step):
 - ``init_device_mesh`` and every sub-mesh (``DeviceMesh.__init__`` / ``_unflatten``, ``_MeshLayout.remap_to_tensor``) build rank tensors with real tensors (``tolist()``), so it runs with
   fake mode suspended;
-- ``model.to(device)`` on an already-CPU fake model is made a no-op (FakeTensor parameters
-  cannot be swapped in place);
+- ``Module.to("cpu")`` of already-CPU fake modules (the model, each stage piece) is a no-op, as it
+  is for real CPU tensors (FakeTensor parameters cannot be swapped in place);
 - DTensor's sharding propagation runs each op on fake arguments in the active fake mode: it gets
   a fake mode of its own, which MemTracker does not count (as in eager, where it is the only one);
 - the step's global loss (``ParallelModel._global_loss``) and the pipelining warm-up vote read
@@ -140,6 +140,16 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
     prop_mode = FakeTensorMode(allow_non_fake_inputs=True)
     patch(sprop, "detect_fake_mode", lambda *a: prop_mode)
     patch(rdist, "init_device_mesh", mesh)
+    real_to = torch.nn.Module.to
+
+    def to(self: torch.nn.Module, *a: Any, **k: Any) -> torch.nn.Module:  # cpu -> cpu: nothing moves
+        dev = a[0] if a else k.get("device")
+        if isinstance(dev, (str, torch.device)) and torch.device(dev).type == "cpu" and len(a) <= 1 and \
+                set(k) <= {"device"}:
+            return self
+        return real_to(self, *a, **k)
+
+    patch(torch.nn.Module, "to", to)
     from torch.distributed._mesh_layout import _MeshLayout
 
     real_remap = _MeshLayout.remap_to_tensor
@@ -217,7 +227,6 @@ def measure(
     try:
         with _bridges(mb_dtype), FakeTensorMode(allow_non_fake_inputs=True):  # real: the mesh rank tensors
             model = build()
-            model.to = lambda *a, **k: model  # type: ignore[method-assign]
             pm = apply_plan(model, plan, loss_fn=lm_loss,
                             optimizer_factory=_fused(make_optimizer("adamw", 1e-4)),
                             example_inputs=(torch.zeros(1, T, dtype=torch.long),))
