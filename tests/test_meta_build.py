@@ -3,8 +3,8 @@
 The tape: a model built on the meta device and replayed equals the host-built model for the same
 seed, tensor for tensor, with the random state after it equal too; the replay's own peak is one
 tensor's worth, not the model. Multi-process (gloo, spawned once per class): dp2, tp2, pp2, FSDP2
-dp2, a MoE at ep2 and an HF GPT-2 under tp2 (Conv1D transposed) train exactly like the host-built
-model (losses and every parameter after 2 steps).
+dp2, a MoE at ep2, an HF GPT-2 under tp2 (Conv1D transposed) and pp2 (its torch.export stage graphs
+retargeted from meta) train exactly like the host-built model (losses and every parameter after 2 steps).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ CFGS = [
     {"model": "gpt", "pp": 2, "m": 2},
     {"model": "gpt", "dp": 2, "m": 1, "dp_kind": "fsdp"},
     {"model": "moe", "dp": 2, "ep": 2, "m": 1},
+    {"model": "hf-gpt2", "pp": 2, "m": 2},  # a torch.export capture made on meta, run on the rank's device
     {"model": "hf-gpt2", "tp": 2, "m": 1, "styles": {
         "transformer.h.0.mlp.c_fc": "colwise", "transformer.h.0.mlp.c_proj": "rowwise",
         "transformer.h.1.mlp.c_fc": "colwise", "transformer.h.1.mlp.c_proj": "rowwise"}},

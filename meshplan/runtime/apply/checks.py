@@ -38,6 +38,11 @@ from meshplan.runtime.apply.epcp_pipeline import pipeline_cp_blocker
 from meshplan.runtime.launch.dist import check_launch
 
 
+class MetaBuildRefused(ValueError):
+    """A meta-built model this plan cannot be checked or applied on (raised before any collective:
+    the caller may build the model on the host and apply again)."""
+
+
 @dataclass
 class Checked:
     """What the checks found and the appliers use: nothing here has touched a process group."""
@@ -132,7 +137,15 @@ def _check_stages(model: nn.Module, plan: Plan, c: Checked) -> None:
     if plan.tp > 1:
         c.head = lpmod.vocab_head(cap.gm, cap.prefix, c.styles, plan.tp_gathered_outputs, tp.embedding_fqns(model))
     c.pieces = split.split_stages(cap.gm, c.ordered)
-    split.check_stage_chain(c.pieces, c.example)
+    try:
+        split.check_stage_chain(c.pieces, c.example)
+    except (NotImplementedError, RuntimeError) as e:
+        if not any(p.is_meta for p in model.parameters()):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MetaBuildRefused("apply_plan: this model's pipeline stages do not run on the meta device, so their "
+                         f"boundaries cannot be checked there ({first[:160]}); build it on the host "
+                         "(meshplan run --build host)") from e
     for piece in c.pieces:  # every rank checks every stage: all refuse together, none hangs
         pname, uses = split.most_used_parameter(piece)
         why = tied_weight_blocker(pp=plan.pp, schedule=plan.schedule, uses=uses, name=pname)

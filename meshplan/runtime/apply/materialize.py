@@ -58,6 +58,30 @@ def meta_leftovers(modules: Iterable[nn.Module]) -> list[str]:
     return bad
 
 
+def retarget_graph(gm: nn.Module, device: torch.device) -> int:
+    """A graph captured from the meta-built model (pp > 1) names the meta device where its ops
+    create tensors (``arange(..., device=meta)`` for positions) and, from torch.export, asserts it
+    (``_assert_tensor_metadata``): point those at ``device`` and drop the assertions. Returns the
+    number of nodes changed."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        return 0
+    meta = torch.device("meta")
+    n = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
+            gm.graph.erase_node(node)
+            n += 1
+            continue
+        kw = dict(node.kwargs)
+        if kw.get("device") in (meta, "meta"):
+            kw["device"] = device
+            node.kwargs = kw
+            n += 1
+    if n:
+        gm.recompile()
+    return n
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set size so far (``getrusage``; Linux reports KiB)."""
     import resource

@@ -268,6 +268,9 @@ def apply_materialize(s: ApplyState) -> list[str]:
     for m in s.modules:
         m.to_empty(device=dev)
     mat.retie(s.roots, c.tied)
+    for m in s.modules if s.pipelined else []:  # stage graphs captured on meta
+        for sub in m.modules():
+            mat.retarget_graph(sub, dev)
     if s.ecs is not None:  # the expert parameters are new objects: found again by FQN
         s.ecs.expert_ids = {id(t) for f, ts in mat.local_tensors(s.roots).items() if f in s.ecs.expert_fqns for t in ts}
     left = mat.meta_leftovers(s.modules)

@@ -100,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.models import load_model
     from meshplan.models.init_tape import InitTape
     from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.apply.checks import MetaBuildRefused
     from meshplan.runtime.checkpoint import dcp as checkpoint
     from meshplan.runtime.launch.dist import check_launch
     from meshplan.runtime.loop import data, faults
@@ -131,9 +132,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
     seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
     hang_s = default_timeout_s(plan.predicted.step_s) if args.hang_timeout is None else args.hang_timeout
-    pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
-                    example_inputs=example, timeout_s=faults.pg_timeout_s(args.timeout, hang_s), dtype=args.dtype,
-                    compile=args.compile, init_from=args.init_from, tape=tape)
+    def apply(model: Any, example: Any, tape: Any) -> Any:
+        return apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
+                          example_inputs=example, timeout_s=faults.pg_timeout_s(args.timeout, hang_s),
+                          dtype=args.dtype, compile=args.compile, init_from=args.init_from, tape=tape)
+
+    try:
+        pm = apply(model, example, tape)
+    except MetaBuildRefused as e:  # raised before any collective, alike on every rank: build on the host
+        if os.environ.get("RANK", "0") == "0":
+            print(f"note: {e}; building on the host instead", flush=True)
+        torch.manual_seed(args.seed)
+        spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None)
+        model = spec.model
+        example = shaped_example(model, input_shapes(args.input_shape)) if args.input_shape else spec.example_inputs
+        pm = apply(model, example, None)
     rank = pm.env.rank
     pm.check_grads = args.check_grads
     guard = NonFiniteGuard(args.skip_nonfinite)
