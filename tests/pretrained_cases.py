@@ -28,17 +28,27 @@ def meta_llama() -> torch.nn.Module:
                          tie_word_embeddings=False, attention_dropout=0.0)).train()
 
 
+def saved_gpt2(path: str, seed: int = 7) -> None:
+    """A tiny HF GPT-2 (Conv1D projections, LM head tied to the embedding, stored once) of ``seed``."""
+    torch.manual_seed(seed)
+    from meshplan.models.hf import hf_gpt2
+
+    hf_gpt2(dict(n_layer=2, n_head=4, n_embd=32, vocab_size=rc.VOCAB, n_positions=16, resid_pdrop=0.0,
+                 embd_pdrop=0.0, attn_pdrop=0.0)).save_pretrained(path)
+
+
 def hf_logits(path: str, x: torch.Tensor) -> torch.Tensor:
     """Logits of HF's own model loaded with ``from_pretrained``."""
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     with torch.no_grad():
-        return LlamaForCausalLM.from_pretrained(path).eval()(input_ids=x, use_cache=False).logits
+        return AutoModelForCausalLM.from_pretrained(path).eval()(input_ids=x, use_cache=False).logits
 
 
-def worker(rank: int, world: int, path: str, ckpt: str, cfgs: list[dict]) -> list[tuple[str, float, list[str]]]:
-    """For each cfg: a fresh (seed 0) tiny HF Llama, the plan applied with ``init_from`` the HF
-    directory ``path`` (or, with cfg["init"] == "ckpt", the meshplan checkpoint a cfg with "save"
+def worker(rank: int, world: int, paths: dict[str, str], ckpt: str,
+           cfgs: list[dict]) -> list[tuple[str, float, list[str]]]:
+    """For each cfg: a fresh (seed 0) tiny HF Llama (or GPT-2, cfg["model"]), the plan applied with
+    ``init_from`` the HF directory ``paths[model]`` (or, with cfg["init"] == "ckpt", the meshplan checkpoint a cfg with "save"
     wrote to ``ckpt``), one evaluation batch; the largest difference of this rank's logits from HF's
     own model's."""
     from torch.distributed.tensor import DTensor
@@ -49,9 +59,11 @@ def worker(rank: int, world: int, path: str, ckpt: str, cfgs: list[dict]) -> lis
     from meshplan.runtime.loop.evaluate import _batch_loss
 
     x, y = rc.batches(1, seed=5)[0]
-    ref = hf_logits(path, x)
+    refs = {k: hf_logits(v, x) for k, v in paths.items()}
     out = []
     for cfg in cfgs:
+        kind = cfg.get("model", "llama")
+        path, ref = paths[kind], refs[kind]
         captured: list[torch.Tensor] = []
 
         def capture(logits: Any, target: torch.Tensor, captured: list = captured) -> torch.Tensor:
@@ -59,7 +71,7 @@ def worker(rank: int, world: int, path: str, ckpt: str, cfgs: list[dict]) -> lis
             captured.append((t.full_tensor() if isinstance(t, DTensor) else t).detach())
             return rc.loss_fn(logits, target)
 
-        model = rc.tiny_hf_llama()
+        model = rc.tiny_hf_gpt2() if kind == "gpt2" else rc.tiny_hf_llama()
         tape = None
         if cfg.get("meta"):  # built on the meta device: buffers from the constructor, weights from the file
             from meshplan.models.init_tape import InitTape
@@ -89,5 +101,5 @@ def worker(rank: int, world: int, path: str, ckpt: str, cfgs: list[dict]) -> lis
             got = torch.cat(captured)
             want = pm._local_batch(ref)
             err = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
-        out.append((cfg["name"], err, [n for n in pm.notes if "initialized" in n]))
+        out.append((cfg["name"], err, [n for n in pm.notes if "initialized" in n or "Conv1D" in n]))
     return out
