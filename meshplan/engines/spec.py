@@ -116,7 +116,8 @@ CAPS = {
 
 def search_limits(engine: str, fixed: dict | None = None, dtype: str | None = None) -> dict:
     """``plan_graph`` keyword arguments that keep the search to what ``engine`` runs: its schedules,
-    DP kinds, recompute kinds and stage-split rule, and ``fixed`` with cp/ep pinned to 1 where it
+    DP kinds, recompute kinds and stage-split rule, priced with its installed version's profile
+    (``cost_models.engine_profiles.INSTALLED``), and ``fixed`` with cp/ep pinned to 1 where it
     has neither. Refuses (ValueError) a pinned DP kind, recompute or ``dtype`` it does not run."""
     caps = CAPS[engine]
     f = dict(fixed or {})
@@ -130,8 +131,11 @@ def search_limits(engine: str, fixed: dict | None = None, dtype: str | None = No
             if int(f.get(axis, 1)) != 1:
                 raise ValueError(f"--{axis} {f[axis]}: {engine} has no {axis} axis")
             f[axis] = 1
+    from meshplan.cost_models.engine_profiles import INSTALLED
+
+    # the installed engine's conventions price every candidate (cost_models.engine_profiles)
     return {"fixed": f, "schedules": caps.schedules, "dp_kinds": caps.dp_kinds, "recompute": caps.recompute,
-            "split_rule": caps.split}
+            "split_rule": caps.split, "profile": INSTALLED[engine]}
 
 
 def unsupported(spec: EngineSpec, engine: str) -> list[str]:
