@@ -1,12 +1,15 @@
 """Predicted vs measured step throughput and memory on the published runs in ``meshplan/data/published_cases.json``.
 
     python benchmarks/published_cases.py [--only PREFIX] [--gain] [--same-mechanisms] [--efficiency h100=0.55 ...]
+        [--profile NAME]
     python benchmarks/published_cases.py --leave-one-group-out [--write-error-band] [--only PREFIX]
     python benchmarks/published_cases.py --timing [--whole [--keep DIR] [--compare DIR]] [--only PREFIX]
 
-Each run is costed with ``estimate_graph`` at the authors' configuration (``planner.
+Each run is costed with ``estimate_graph`` at the authors' configuration (``commands.
 published_estimate.case_setup``: TP/PP/DP degrees, global batch, microbatch, schedule, recompute
-kind, data-parallel kind, precision) on the preset of its GPU with the case's own hardware
+kind, data-parallel kind, precision) under the engine profile the case names
+(``cost_models.engine_profiles``; ``--profile NAME`` costs every case under one, e.g. meshplan's
+runtime) on the preset of its GPU with the case's own hardware
 figures (``case_cluster``), the model traced on the meta device (``models.published.case_graph``:
 a zoo GPT or Llama of the run's shape).
 
@@ -47,6 +50,8 @@ from meshplan.cost_models.published import load_published_cases
 
 #: preset name -> matmul_efficiency override (``--efficiency``), to test a calibration
 EFFICIENCY: dict[str, float] = {}
+#: ``--profile``: one engine profile for every case instead of the one each names
+PROFILE: list[str] = []
 
 
 def run_case(case: dict[str, Any], gain: bool = False, same: bool = False) -> dict[str, Any]:
@@ -62,7 +67,7 @@ def run_case(case: dict[str, Any], gain: bool = False, same: bool = False) -> di
             return dataclasses.replace(spec, matmul_efficiency=eff) if eff else spec
 
         pe.case_cluster = patched  # type: ignore[assignment]
-    r = pe.estimate_case(case, g)
+    r = pe.estimate_case(case, g, profile=PROFILE[0] if PROFILE else None)
     if gain:
         r.update(pe.autoparallel_gain(case, g, r["plan"]))
     if same:
@@ -85,6 +90,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--efficiency", action="append", default=[], metavar="PRESET=VALUE",
                     help="override a preset's matmul_efficiency, e.g. h100=0.55")  # fmt: skip
+    ap.add_argument("--profile", default=None, metavar="NAME",
+                    help="cost every case with this engine profile (cost_models.engine_profiles, e.g. meshplan) "
+                         "instead of the one it names")
     ap.add_argument("--only", default="", help="only cases whose id starts with this prefix")
     ap.add_argument("--gain", action="store_true", help="also run autoparallel and print its predicted gain")
     ap.add_argument("--same-mechanisms", action="store_true",
@@ -108,6 +116,10 @@ def main() -> None:
 
         timing.whole(args.only, args.keep, args.compare) if args.whole else timing.in_process(args.only)
         return
+    if args.profile:
+        from meshplan.cost_models.engine_profiles import profile as engine_profile
+
+        PROFILE.append(engine_profile(args.profile).name)
     for item in args.efficiency:
         name, _, value = item.partition("=")
         EFFICIENCY[name] = float(value)

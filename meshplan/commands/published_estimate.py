@@ -147,13 +147,18 @@ def comparable_mem_gib(case: dict[str, Any], peak_bytes: float, spec: ClusterSpe
     return peak_bytes / GiB
 
 
-def estimate_case(case: dict[str, Any], graph: ModelGraph, *, matmul_efficiency: float | None = None) -> dict[str, Any]:
+def estimate_case(case: dict[str, Any], graph: ModelGraph, *, matmul_efficiency: float | None = None,
+                  profile: str | EngineProfile | None = None) -> dict[str, Any]:
     """Predicted vs measured throughput and memory of one case at the authors' configuration;
     ``matmul_efficiency`` replaces the preset's (the constant fitted from published runs:
-    ``benchmarks/published_logo.py`` refits it with each source group left out)."""
+    ``benchmarks/published_logo.py`` refits it with each source group left out); ``profile``
+    replaces the engine profile the case names (e.g. "meshplan": its configuration as meshplan's
+    runtime would run it)."""
     from meshplan.planner.api import estimate_graph
 
     setup = case_setup(case)
+    if profile is not None:
+        setup["profile"] = engine_profile(profile)
     spec = case_cluster(case)
     if matmul_efficiency is not None:
         spec = dataclasses.replace(spec, matmul_efficiency=matmul_efficiency)
