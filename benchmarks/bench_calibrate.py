@@ -58,8 +58,8 @@ def main() -> None:
     from meshplan.commands import calibration as cal
     from meshplan.commands.calibrate import measured_step_s
     from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
+    from meshplan.loading import load_graph
     from meshplan.plan import Plan
-    from meshplan.tracing.load import load_graph
 
     rec = json.loads((wd / "rec_pp.json").read_text())
     plan = Plan.from_dict(rec["plan"])

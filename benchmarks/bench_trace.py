@@ -29,7 +29,7 @@ _COLD = """
 import os, sys, time
 import torch
 import meshplan.trace
-from meshplan.tracing.load import load_graph
+from meshplan.loading import load_graph
 t, w = time.process_time(), time.perf_counter()
 g = load_graph(sys.argv[1], use_cache=False)
 heavy = [m for m in ("torch._dynamo", "sympy", "triton") if m in sys.modules]

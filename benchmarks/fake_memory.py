@@ -94,7 +94,7 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
 
     import meshplan.runtime.apply.split as rsplit
     import meshplan.runtime.launch.dist as rdist
-    from meshplan.models.calls import split_inputs
+    from meshplan.calls import split_inputs
     from meshplan.runtime.apply.parallel_model import ParallelModel
 
     io: dict[int, tuple] = {}

@@ -13,8 +13,8 @@ recompute "op"), dtype bf16 and fp8. Prints predicted figures and the ratio.
 
 from __future__ import annotations
 
+from meshplan.loading import load_graph
 from meshplan.planner.api import estimate_graph
-from meshplan.tracing.load import load_graph
 
 MEASURED_BF16_TPS, MEASURED_FP8_TPS = 6667, 8532  # torchtitan docs/performance.md, Table 1
 

@@ -10,7 +10,7 @@ published_estimate.case_setup``: TP/PP/DP degrees, global batch, microbatch, sch
 kind, data-parallel kind, precision) under the engine profile the case names
 (``cost_models.engine_profiles``; ``--profile NAME`` costs every case under one, e.g. meshplan's
 runtime) on the preset of its GPU with the case's own hardware
-figures (``case_cluster``), the model traced on the meta device (``models.published.case_graph``:
+figures (``case_cluster``), the model traced on the meta device (``loading.case_graph``:
 a zoo GPT or Llama of the run's shape).
 
 Compared quantities: throughput per GPU in tokens/s, which does not depend on a FLOP convention
@@ -55,7 +55,7 @@ PROFILE: list[str] = []
 
 
 def run_case(case: dict[str, Any], gain: bool = False, same: bool = False) -> dict[str, Any]:
-    from meshplan.models.published import case_graph
+    from meshplan.loading import case_graph
 
     g = case_graph(case)
     if EFFICIENCY:

@@ -112,7 +112,7 @@ def collect(cases: list[dict[str, Any]], say: Callable[[str], None]) -> tuple[li
     """Cost every time-comparable case at the shipped constant and at each ``GRID`` value."""
     from meshplan.commands import published_estimate as pe
     from meshplan.cost_models.published import preset_for_case
-    from meshplan.models.published import case_graph
+    from meshplan.loading import case_graph
 
     runs: list[Run] = []
     graphs: dict[str, Any] = {}

@@ -256,7 +256,7 @@ def in_process(only: str) -> None:
     """The in-process table (see the module docstring)."""
     from meshplan.commands import published_estimate as pe
     from meshplan.cost_models.published import load_published_cases
-    from meshplan.models.published import case_graph
+    from meshplan.loading import case_graph
     from meshplan.planner.api import plan_graph
 
     def clock() -> tuple[float, float]:

@@ -104,10 +104,10 @@ def _dtype(name: str, word: str) -> torch.dtype:
 def _named_or_positional(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
     """Names that are the model's forward parameters are passed by keyword; others positionally
     (a plain ``forward(self, x)`` traced with ``input_shapes={"tokens": ...}``)."""
-    from meshplan.models.calls import _forward_params
+    from meshplan.calls import forward_params
     from meshplan.models.hf import is_hf_model
 
-    params = _forward_params(model)
+    params = forward_params(model)
     if is_hf_model(model) or all(k in params for k in inputs):
         if not is_hf_model(model) and list(inputs) == params[: len(inputs)]:
             return tuple(inputs.values())

@@ -10,9 +10,9 @@ import pytest
 from meshplan.cli import main
 from meshplan.commands import calibration as cal
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
+from meshplan.loading import load_graph
 from meshplan.plan.phases import predicted_phases
 from meshplan.planner.api import estimate_graph
-from meshplan.tracing.load import load_graph
 
 CPU = {"name": "cpu-nominal", "num_devices": 2, "devices_per_node": 2,
        "peak_flops": {"fp32": 100e9, "bf16": 100e9, "fp16": 100e9}, "mem_bytes": 8 * 10**9,

@@ -157,7 +157,7 @@ def test_every_op_flop_counter_mode_counts_is_counted_or_named() -> None:
 
 _COLD = """
 import sys
-from meshplan.tracing.load import load_graph
+from meshplan.loading import load_graph
 from meshplan.tracing.dynamo_free import _wrapped_fns
 for spec in ("llama-tiny", "mixtral-tiny", "gpt-tiny"):
     g = load_graph(spec, use_cache=False)

@@ -39,7 +39,7 @@ def _shrunk(case: dict) -> dict:
 
 @functools.cache
 def _graph(case_id: str):  # noqa: ANN202
-    from meshplan.models.published import case_graph
+    from meshplan.loading import case_graph
 
     return case_graph(_shrunk(next(c for c in FOLDED if c["id"] == case_id)))
 

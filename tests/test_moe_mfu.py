@@ -4,10 +4,10 @@ search's pruning bound stays below the evaluated step under ep / cp."""
 from __future__ import annotations
 
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.loading import load_graph
 from meshplan.planner.api import plan_graph
 from meshplan.planner.assemble import active_param_count, model_flops_per_token
 from meshplan.planner.search import Searcher
-from meshplan.tracing.load import load_graph
 
 
 def test_moe_flops_count_active_experts_only() -> None:

@@ -66,7 +66,7 @@ def test_case_setup_gives_the_script_configuration() -> None:
 
 def test_an_interleaved_row_is_costed_with_its_configuration() -> None:
     from meshplan.commands.published_estimate import estimate_case
-    from meshplan.models.published import case_graph
+    from meshplan.loading import case_graph
 
     case = copy.deepcopy(next(c for c in SC21 if c["id"] == "megsc21-76b-a100-1024gpu"))
     # 4 ranks x 3 chunks of 1 layer: the row's pp4 interleaving at 12 layers, a short sequence

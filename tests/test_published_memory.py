@@ -41,7 +41,7 @@ def test_cases_keep_their_sources_and_memory_figures() -> None:
 @pytest.mark.parametrize("case", MEMORY, ids=[c["id"] for c in MEMORY])
 def test_predicted_memory_within_15_percent_of_published(case) -> None:
     from meshplan.commands.published_estimate import estimate_case
-    from meshplan.models.published import case_graph
+    from meshplan.loading import case_graph
 
     r = estimate_case(case, case_graph(case))
     assert r["fits"], r["plan"].notes
@@ -64,7 +64,7 @@ def test_memory_tells_the_run_that_went_out_of_memory_from_the_one_that_ran() ->
     """A run its source says went OOM is predicted not to fit, while the same run at the
     configuration the source reports (it ran) fits: memory discriminates."""
     from meshplan.commands.published_estimate import estimate_case
-    from meshplan.models.published import case_graph
+    from meshplan.loading import case_graph
 
     assert OOM, "no published out-of-memory variant"
     for case, variant in OOM:

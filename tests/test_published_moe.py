@@ -35,8 +35,9 @@ def test_ep_cases_name_their_experts_and_sources() -> None:
 
 def test_ep_case_is_traced_as_a_moe_and_costed_with_its_ep() -> None:
     from meshplan.commands.published_estimate import estimate_case
+    from meshplan.loading import case_graph
     from meshplan.models.moe import MoELlama
-    from meshplan.models.published import case_graph, case_model
+    from meshplan.models.published import case_model
 
     case = _small(EP_CASES[0])
     m = case["model"]

@@ -58,7 +58,7 @@ def test_every_convention_of_an_engine_profile_is_traced_to_a_source() -> None:
 ])  # fmt: skip
 def test_step_time_within_10_percent(case_id: str) -> None:
     pytest.importorskip("torch")
-    from meshplan.models.published import case_graph
+    from meshplan.loading import case_graph
 
     case = CASES[case_id]
     r = estimate_case(case, case_graph(case))
@@ -68,7 +68,7 @@ def test_step_time_within_10_percent(case_id: str) -> None:
 def test_a_gain_over_a_materialized_attention_names_the_kernels_share() -> None:
     pytest.importorskip("torch")
     from meshplan.commands.published_estimate import autoparallel_gain
-    from meshplan.models.published import case_graph
+    from meshplan.loading import case_graph
 
     case = CASES["megv1-1b-dgx2-tp1"]
     g = case_graph(case)

@@ -70,7 +70,7 @@ import builtins, hashlib, json, sys
 original = builtins.__import__
 if sys.argv[1] == "real":
     import torch.fx.experimental.symbolic_shapes  # loaded first (with sympy): sympy_free() does nothing
-from meshplan.tracing.load import load_graph
+from meshplan.loading import load_graph
 for spec in ("llama-tiny", "mixtral-tiny", "gpt-tiny"):
     g = load_graph(spec, use_cache=False)
     print(spec, hashlib.sha1(json.dumps(g.to_json(), sort_keys=True, default=str).encode()).hexdigest())

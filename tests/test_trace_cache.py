@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.loading import load_graph
 from meshplan.planner.api import plan_graph
 from meshplan.tracing import cache as C
-from meshplan.tracing.load import load_graph
 
 FACTORY = '''
 import torch
@@ -97,7 +97,7 @@ def test_zoo_hit_imports_no_torch(tmp_path: Path) -> None:
     store = C.GraphCache(tmp_path)
     g = load_graph("gpt-tiny", cache=store)
     code = (
-        "import sys; from meshplan.tracing.cache import GraphCache; from meshplan.tracing.load import load_graph; "
+        "import sys; from meshplan.tracing.cache import GraphCache; from meshplan.loading import load_graph; "
         f"g = load_graph('gpt-tiny', cache=GraphCache({str(tmp_path)!r})); "
         "print(len(g.nodes), 'torch' in sys.modules)"
     )

@@ -65,8 +65,8 @@ def measured_step_s(d: dict[str, Any]) -> float:
 def run(args: argparse.Namespace) -> int:
     from meshplan.commands import calibration as cal
     from meshplan.cost_models.hardware import resolve_cluster
+    from meshplan.loading import load_graph
     from meshplan.plan import Plan
-    from meshplan.tracing.load import load_graph
 
     def progress(msg: str) -> None:
         if not args.quiet:

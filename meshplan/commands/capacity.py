@@ -51,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from meshplan.commands.heap import loading
+    from meshplan.loading import load_graph
     from meshplan.sizing.api import answer, ask
     from meshplan.sizing.text import format_report
-    from meshplan.tracing.load import load_graph
 
     t0 = time.perf_counter()
 

@@ -13,7 +13,7 @@ from meshplan.engines.spec import EngineSpec
 
 def trace_graph(model: str, seq_len: int | None = None, input_shapes: dict | None = None) -> Any:
     """The model's graph on the meta device (from the trace cache when it holds it)."""
-    from meshplan.tracing.load import load_graph
+    from meshplan.loading import load_graph
 
     return load_graph(model, seq=seq_len, input_shapes=input_shapes)
 

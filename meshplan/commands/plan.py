@@ -1,6 +1,6 @@
 """``meshplan plan MODEL --world-size N``: search the best parallel plan, print it, write plan.json.
 
-Traces MODEL on the meta device (``meshplan.tracing.load.load_graph``: the traced graph comes
+Traces MODEL on the meta device (``meshplan.loading.load_graph``: the traced graph comes
 from the trace cache when it holds this model, ``--no-cache`` to bypass it), runs
 ``meshplan.planner.api.plan_graph`` with progress lines on stderr, writes the Plan JSON with
 ``-o`` first, then prints the text report (so ``| true`` or a full disk behind stdout cannot
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--lora-rank applies to --quantization qlora only")
     quant = resolve_quantization(args.quantization, args.lora_rank)
     from meshplan.commands.heap import loading, searching
-    from meshplan.tracing.load import load_graph
+    from meshplan.loading import load_graph
 
     with loading(getattr(args, "one_shot", False)):  # imports, build, trace: no collections, then frozen
         graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress,

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from meshplan.models.calls import is_hf_model as is_hf_model  # re-exported: the public name lives here too
-from meshplan.models.calls import logits_of
+from meshplan.calls import is_hf_model as is_hf_model  # re-exported: the public name lives here too
+from meshplan.calls import logits_of
 
 
 def _transformers() -> Any:
@@ -29,7 +29,7 @@ def _transformers() -> Any:
 class HFLogits(nn.Module):
     """``forward(*tensors) -> logits`` around a HF model (``self.model``), ``use_cache=False``.
 
-    ``names`` are the keywords of the positional tensors (``meshplan.models.calls.call_names``:
+    ``names`` are the keywords of the positional tensors (``meshplan.calls.call_names``:
     by default the model's ``main_input_name``, so ``input_ids`` for LMs, ``pixel_values`` for
     vision models, and ``input_ids, decoder_input_ids`` for an encoder-decoder given two).
     """

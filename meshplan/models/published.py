@@ -1,4 +1,4 @@
-"""The model of a published training run (``meshplan/data/published_cases.json``), traced on meta.
+"""The model of a published training run (``meshplan/data/published_cases.json``), built on meta.
 
 ``case_model(case)`` builds a zoo model of the case's shape on the meta device (no weights):
 ``model.arch`` "llama" (RMSNorm, SwiGLU, grouped-query attention with ``kv_heads``, rotary,
@@ -8,8 +8,8 @@ untied head: Llama 2/3, torchtitan), "moe" (the same Llama with every feed-forwa
 ``head_dim`` where the heads are not ``hidden / heads`` wide, as in Qwen3; ``repeat_kv`` where the
 engine repeats the key/value heads before attention, as torchtitan's Llama did in 2024)
 or "gpt" (the default: LayerNorm, GeLU MLP, learned positions, tied embeddings; ``bias`` false
-for MPT, whose ALiBi is stood in for by learned positions). ``case_graph(case)`` traces it at
-the case's sequence length (one microbatch sequence), memoized per shape for a sweep.
+for MPT, whose ALiBi is stood in for by learned positions). ``shape_key(case)`` is what the model
+is built from (``meshplan.loading.case_graph`` traces it, memoized per key).
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from meshplan.graph import ModelGraph
-
-_GRAPHS: dict[tuple[Any, ...], ModelGraph] = {}
 _ARCHS = ("gpt", "llama", "moe")
 
 
@@ -56,16 +53,9 @@ def case_model(case: dict[str, Any]) -> nn.Module:
                              vocab_size=m["vocab"], block_size=m["seq_len"], bias=bias))  # fmt: skip
 
 
-def case_graph(case: dict[str, Any]) -> ModelGraph:
-    """The traced graph of the case's model (memoized by shape)."""
-    from meshplan.models.registry import default_inputs
-    from meshplan.trace import trace_model
-
+def shape_key(case: dict[str, Any]) -> tuple[Any, ...]:
+    """What ``case_model`` builds from: two cases with equal keys give the same model (and graph)."""
     m = case["model"]
-    key = (_arch(case), m["layers"], m["hidden"], m["heads"], m.get("kv_heads"), m["ffn_hidden"], m["seq_len"],
-           m["vocab"], m.get("bias", not case["id"].startswith("mpt")), m.get("num_experts"), m.get("top_k"),
-           m.get("shared_ffn"), m.get("head_dim"), m.get("repeat_kv"))  # fmt: skip
-    if key not in _GRAPHS:
-        model = case_model(case)
-        _GRAPHS[key] = trace_model(model, default_inputs(model, device="meta"), name=case["id"])
-    return _GRAPHS[key]
+    return (_arch(case), m["layers"], m["hidden"], m["heads"], m.get("kv_heads"), m["ffn_hidden"], m["seq_len"],
+            m["vocab"], m.get("bias", not case["id"].startswith("mpt")), m.get("num_experts"), m.get("top_k"),
+            m.get("shared_ffn"), m.get("head_dim"), m.get("repeat_kv"))  # fmt: skip

@@ -66,7 +66,7 @@ def _graph(model: Any, seq_len: int | None, progress: Callable[[str], None]) -> 
     if isinstance(model, ModelGraph):
         return model
     if isinstance(model, str | Path):
-        from meshplan.tracing.load import load_graph
+        from meshplan.loading import load_graph
 
         return load_graph(str(model), seq=seq_len, use_cache=True, progress=progress)
     from meshplan.models.registry import default_inputs

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from meshplan.calls import KwargsCall, call_names, split_inputs
 from meshplan.errors import TraceError
-from meshplan.models.calls import KwargsCall, call_names, split_inputs
 from meshplan.models.hf import HFLogits, is_hf_model
 from meshplan.tracing.classify import is_leaf_class
 from meshplan.tracing.moe import MoEInfo, captured_moe
@@ -78,7 +78,7 @@ class Captured:
 
 def wrap_if_hf(model: nn.Module, names: tuple[str, ...] | None = None) -> tuple[nn.Module, str]:
     """The module that is captured and run for ``model`` called with tensors named ``names``
-    (``meshplan.models.calls``): ``HFLogits`` for a HF model, ``KwargsCall`` for a plain model
+    (``meshplan.calls``): ``HFLogits`` for a HF model, ``KwargsCall`` for a plain model
     called by keyword, else the model; and the FQN prefix that wrapper adds."""
     if is_hf_model(model):
         return HFLogits(model, names), "model."
@@ -183,7 +183,7 @@ def capture_with(
 ) -> tuple[Captured, Any]:
     """Capture ``model`` and run ``validate(captured)`` on it; fx first, export on any failure.
 
-    ``example_inputs``: a tensor, tuple or dict (``meshplan.models.calls.split_inputs``); the
+    ``example_inputs``: a tensor, tuple or dict (``meshplan.calls.split_inputs``); the
     captured graph takes the tensors positionally (``Captured.inputs``). ``short`` (planning):
     export with the repeated blocks cut to three and grow the graph back
     (``tracing.export_blocks``), falling back to the full export; ``progress`` hears which.

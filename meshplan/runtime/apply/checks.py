@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from meshplan.calls import microbatch_example, split_inputs
 from meshplan.errors import PlanMismatchError
-from meshplan.models.calls import microbatch_example, split_inputs
 from meshplan.plan import Plan, StageSpec
 from meshplan.plan.execution_rules import (
     BATCH_NORM_CLASSES,

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshplan.models.calls import split_inputs
+from meshplan.calls import split_inputs
 from meshplan.plan import Plan
 from meshplan.runtime.apply import data_parallel as dpmod
 from meshplan.runtime.apply import loss_parallel as lpmod

@@ -59,7 +59,7 @@ class StagePiece:
 def capture(model: nn.Module, example_inputs: Any) -> Captured:
     """Capture ``model`` the way the planner's tracer does, so fx node names agree.
 
-    ``example_inputs``: a tensor, tuple or dict (``meshplan.models.calls``). A HF model (or one
+    ``example_inputs``: a tensor, tuple or dict (``meshplan.calls``). A HF model (or one
     called by keyword) is captured through a wrapper, so its FQNs in the graph start with the
     returned ``prefix`` (``"model."``); ``kind`` says whether fx or torch.export made the graph.
     Mixture-of-experts blocks (one planning op in the capture) are called as the real blocks
@@ -208,7 +208,7 @@ def _lookup(env: dict[str, torch.fx.Node], a: torch.fx.Node, k: int) -> torch.fx
 def check_stage_chain(pieces: Sequence[StagePiece], example_inputs: tuple) -> None:
     """Run the stages one after another on ``example_inputs``: every value crossing a stage
     boundary must be a tensor (pipelining sends only tensors)."""
-    from meshplan.models.calls import split_inputs
+    from meshplan.calls import split_inputs
 
     vals: tuple = split_inputs(example_inputs)[1]
     with torch.no_grad():

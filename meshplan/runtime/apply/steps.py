@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from meshplan.calls import call_names, split_inputs
 from meshplan.errors import PlanMismatchError
-from meshplan.models.calls import call_names, split_inputs
 from meshplan.models.init_tape import InitTape, Ref
 from meshplan.plan import Plan
 from meshplan.plan.execution_rules import ZERO_BUBBLE_SCHEDULES

@@ -40,7 +40,7 @@ def split_inputs(x: Any) -> tuple[tuple[str, ...] | None, tuple[Any, ...]]:
     return None, (x,)
 
 
-def _forward_params(model: nn.Module) -> list[str]:
+def forward_params(model: nn.Module) -> list[str]:
     try:
         sig = inspect.signature(model.forward)
     except (TypeError, ValueError):
@@ -60,7 +60,7 @@ def is_hf_model(model: nn.Module) -> bool:
 def call_names(model: nn.Module, names: tuple[str, ...] | None, n: int) -> tuple[str, ...] | None:
     """Keyword names for ``n`` positional tensors (None: call positionally); see the module docstring."""
     if names is not None:
-        params = _forward_params(model)
+        params = forward_params(model)
         takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD
                            for p in inspect.signature(model.forward).parameters.values())
         unknown = [k for k in names if k not in params] if params and not takes_kwargs else []
@@ -78,7 +78,7 @@ def call_names(model: nn.Module, names: tuple[str, ...] | None, n: int) -> tuple
         return (main,)
     if n == 2 and getattr(cfg, "is_encoder_decoder", False):
         return (main, "decoder_input_ids")
-    params = [p for p in _forward_params(model) if p not in ("kwargs",)]
+    params = [p for p in forward_params(model) if p not in ("kwargs",)]
     return tuple(params[:n])
 
 

@@ -1,6 +1,7 @@
-"""``load_graph(spec)``: the traced graph of a model spec, through the trace cache.
+"""A named model -> its traced ModelGraph: ``load_graph(spec)`` through the trace cache, ``case_graph(case)``.
 
-What ``meshplan plan`` calls. A zoo name is looked up by ``cache.spec_key`` before anything is
+Above ``trace.py`` (it calls ``trace_model``) and the zoo (``models/``), below the commands.
+``load_graph`` is what ``meshplan plan`` calls. A zoo name is looked up by ``cache.spec_key`` before anything is
 built (a hit imports no torch); a ``file.py:factory`` spec is built on the meta device and looked up
 by ``fingerprint.model_key``. A miss traces (``meshplan.trace.trace_model``) and stores the graph.
 """
@@ -12,6 +13,8 @@ from typing import Any
 
 from meshplan.graph import ModelGraph
 from meshplan.tracing.cache import GraphCache, spec_key
+
+_CASE_GRAPHS: dict[tuple[Any, ...], ModelGraph] = {}
 
 
 def load_graph(
@@ -71,3 +74,17 @@ def load_graph(
     if key is not None:
         store.put(key, graph)
     return graph
+
+
+def case_graph(case: dict[str, Any]) -> ModelGraph:
+    """The traced graph of a published case's model (``models.published.case_model``) at the
+    case's sequence length (one microbatch sequence), memoized by ``models.published.shape_key``."""
+    from meshplan.models.published import case_model, shape_key
+    from meshplan.models.registry import default_inputs
+    from meshplan.trace import trace_model
+
+    key = shape_key(case)
+    if key not in _CASE_GRAPHS:
+        model = case_model(case)
+        _CASE_GRAPHS[key] = trace_model(model, default_inputs(model, device="meta"), name=case["id"])
+    return _CASE_GRAPHS[key]
