@@ -1,5 +1,7 @@
 """Dependency direction (DESIGN.md): planning code never imports torch; runtime never imports planner;
-nothing below the CLI (cli.py, commands/) imports it."""
+nothing below the CLI (cli.py, commands/) imports it; the packages and top-level modules of meshplan/
+stand in the layers of ``LAYERS`` and import only from layers below (no arrow back up, no folder
+loop)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import meshplan
 
 ROOT = Path(meshplan.__file__).parent
 TORCH_FREE = ["meshplan.graph", "meshplan.errors", "meshplan.cli", "meshplan.shapes"]
-TORCH_FREE_PACKAGES = ["plan", "partition", "planner", "report", "cost_models", "engines", "profile", "sizing"]
+TORCH_FREE_PACKAGES = ["plan", "partition", "planner", "report", "cost_models", "engines", "profile"]
 TORCH_ALLOWED: set[str] = set()  # torch imported at module level nowhere below; profile/ imports it inside functions
 
 
@@ -95,3 +97,75 @@ def test_engines_are_text_only() -> None:
             offenders += [f"{f.name}: {n}" for n in names
                           if n.startswith(("meshplan.runtime", "meshplan.planner", "torch"))]
     assert not offenders, offenders
+
+
+#: meshplan's packages and top-level modules, lowest first. A unit imports only from units of a
+#: lower layer (and itself); units of one layer do not import each other. A new package or
+#: top-level module goes into the layer its imports put it in.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors",),
+    ("shapes", "fingerprint", "tokenfile", "graph", "ilp", "stragglers"),
+    ("plan",),  # the Plan, its checks, phases and execution rules: what planner and runtime share
+    ("calls",),  # how a model is called: below the zoo, tracing and the runtime
+    ("models",),
+    ("tracing",),
+    ("trace",),  # the public tracing API (trace_model, capture, what the runtime shares)
+    ("cost_models", "loading"),
+    ("profile", "partition"),
+    ("planner",),
+    ("sizing",),  # capacity: plans many configurations through the planner
+    ("engines", "report", "runtime"),
+    ("commands",),
+    ("cli",),
+]
+
+
+def _unit(mod: str) -> str:
+    """``meshplan.planner.tp.ilp`` -> ``planner``; ``meshplan.trace`` -> ``trace``; ``meshplan`` -> ``""``."""
+    return mod.split(".")[1] if mod.count(".") >= 1 else ""
+
+
+def _unit_edges() -> dict[str, set[str]]:
+    from test_import_cycles import import_graph
+
+    edges: dict[str, set[str]] = {}
+    for a, targets in import_graph().items():
+        ua = _unit(a)
+        if not ua:  # meshplan/__init__.py: the public API, names resolved lazily
+            continue
+        edges.setdefault(ua, set()).update(u for b in targets if (u := _unit(b)) and u != ua)
+    return edges
+
+
+def _back_arrows(edges: dict[str, set[str]], layers: list[tuple[str, ...]]) -> list[str]:
+    rank = {u: i for i, layer in enumerate(layers) for u in layer}
+    out = [f"{u}: not in LAYERS (tests/test_layering.py); add it to the layer its imports put it in"
+           for u in sorted(edges) if u not in rank]
+    out += [f"{a} -> {b}" for a in sorted(edges) for b in sorted(edges[a])
+            if a in rank and b in rank and rank[b] >= rank[a]]
+    return out
+
+
+def test_units_import_only_from_lower_layers() -> None:
+    """No arrow back up (e.g. ``tracing/`` or ``models/`` importing ``trace.py``) and no import
+    between units of one layer: with every unit ranked, no folder loop can form."""
+    bad = _back_arrows(_unit_edges(), LAYERS)
+    assert not bad, "imports against the layer order: " + "; ".join(bad)
+
+
+def test_no_folder_loop() -> None:
+    from test_import_cycles import cycles
+
+    found = cycles(_unit_edges())
+    assert not found, "folders of meshplan/ importing each other: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_layer_checks_can_fail() -> None:
+    from test_import_cycles import cycles
+
+    layers = [("a",), ("b",), ("c", "d")]
+    assert _back_arrows({"b": {"a"}, "c": {"b", "a"}}, layers) == []
+    assert _back_arrows({"a": {"b"}}, layers) == ["a -> b"]  # an arrow back up
+    assert _back_arrows({"c": {"d"}}, layers) == ["c -> d"]  # one layer importing itself sideways
+    assert _back_arrows({"e": {"a"}}, layers)[0].startswith("e: not in LAYERS")
+    assert cycles({"models": {"trace"}, "trace": {"tracing"}, "tracing": {"models"}}) == [["models", "trace", "tracing"]]
