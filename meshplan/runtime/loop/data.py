@@ -20,7 +20,8 @@ Sources (``--data``):
   ``IterableDataset`` is iterated in order and each replica keeps its own samples. Items are a
   1-D ``(seq+1)`` token tensor, an ``(input, target)`` pair, or a dict with ``input_ids`` and
   ``labels``.
-- ``pkg.mod:fn`` where ``fn(step, batch_size, seq_len)`` returns the global batch (the old hook),
+- ``pkg.mod:fn`` where ``fn(step, batch_size, seq_len)`` returns the global batch (the old hook):
+  ``(inputs, targets)`` with inputs a tensor, tuple or dict of tensors, or one dict with ``labels``,
   and the synthetic default: every rank builds the global batch and ``step`` slices it.
 """
 
@@ -37,11 +38,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from meshplan.runtime.loop.batch_check import hook_batch
 from meshplan.tokenfile import FileIdentity, file_change, open_tokens, read_meta, val_path
 
 DP_AXES = ("dp_replicate", "dp_shard", "dp")
 BLOCK = 4096  # samples per PCG64 key (token-window starts)
-Batch = tuple[torch.Tensor | None, torch.Tensor | None]
+Batch = tuple[Any, torch.Tensor | None]  # inputs: a tensor, tuple or dict of tensors (None off the first stage)
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,7 @@ class GlobalBatchStream(DataStream):
 
     def next_batch(self) -> Batch:
         step = self.samples_seen // self.global_batch + 1
-        x, y = self.fn(step, self.global_batch, self.seq_len)
+        x, y = hook_batch(self.fn(step, self.global_batch, self.seq_len))
         self.samples_seen += self.global_batch
         return x, y
 

@@ -130,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "factory or give --input-shape NAME=2x3x224x224[:dtype]")
     check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
     synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
-    seq_len = plan.seq_len or (example[0].shape[1] if example[0].dim() > 1 else 0)
+    first_in = next(iter(example.values())) if isinstance(example, dict) else example[0]  # keyword inputs too
+    seq_len = plan.seq_len or (first_in.shape[1] if first_in.dim() > 1 else 0)
     hang_s = default_timeout_s(plan.predicted.step_s) if args.hang_timeout is None else args.hang_timeout
     def apply(model: Any, example: Any, tape: Any) -> Any:
         return apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),

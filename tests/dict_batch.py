@@ -1,0 +1,56 @@
+"""A model whose forward takes a dict of features by keyword, and a `--data` hook that returns the HF
+form (one dict with ``labels``): the CLI's multi-input batch path (tests/test_dict_batch_cli.py)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+VOCAB, SEQ, FEATS = 32, 8, 4
+
+
+class DictNet(nn.Module):
+    """Token ids plus dense per-token features -> logits over VOCAB."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.proj = nn.Linear(FEATS, 16)
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.embed(ids) + self.proj(feats)))
+
+
+def build() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    return DictNet(), {"ids": torch.zeros(1, SEQ, dtype=torch.long), "feats": torch.zeros(1, SEQ, FEATS)}
+
+
+def batches(step: int, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+    """The global batch of ``step`` (the same on every rank), targets as HF ``labels``."""
+    g = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
+    feats = torch.randn(batch_size, SEQ, FEATS, generator=g)
+    return {"ids": ids, "feats": feats, "labels": (ids * 3 + 1) % VOCAB}
+
+
+def t5() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A tiny HF T5 from a config: encoder ids and decoder ids by keyword."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.T5ForConditionalGeneration(tf.T5Config(
+        num_layers=2, num_decoder_layers=2, num_heads=4, d_model=32, d_kv=8, d_ff=64, vocab_size=VOCAB,
+        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+    ids = torch.zeros(1, SEQ, dtype=torch.long)
+    return model, {"input_ids": ids, "decoder_input_ids": ids.clone()}
+
+
+def t5_batches(step: int, batch_size: int, seq_len: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(inputs as a dict, targets): the encoder-decoder form (decoder ids = labels shifted right)."""
+    g = torch.Generator().manual_seed(step)
+    ids = torch.randint(1, VOCAB, (batch_size, SEQ), generator=g)
+    labels = ids.flip(1)
+    dec = torch.cat([torch.zeros(batch_size, 1, dtype=torch.long), labels[:, :-1]], dim=1)
+    return {"input_ids": ids, "decoder_input_ids": dec}, labels
