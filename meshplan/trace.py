@@ -35,15 +35,18 @@ from meshplan.graph import ModelGraph
 from meshplan.tracing.annotate import NodeRecord, propagate
 from meshplan.tracing.blocks import cut_points, find_blocks
 from meshplan.tracing.build import ParamIndex, build_nodes, model_meta
-from meshplan.tracing.capture import Captured, capture_with
+from meshplan.tracing.capture import Captured, capture_with, wrap_if_hf
 from meshplan.tracing.dynamo_free import dynamo_free
 from meshplan.tracing.fold_probe import fold_views
-from meshplan.tracing.module_tree import block_fqns, param_modules
-from meshplan.tracing.moe import MoEInfo, moe_capture, moe_meta
+from meshplan.tracing.module_tree import attr_at, block_fqns, param_modules
+from meshplan.tracing.moe import MoEInfo, find_moe, moe_capture, moe_meta, restore_moe_blocks
 from meshplan.tracing.reuse import plan_reuse, reuse_enabled, reuse_line
 from meshplan.tracing.sympy_free import sympy_free
 
-__all__ = ["TraceError", "capture", "capture_full", "trace_model", "resolve_inputs"]
+# the public tracing API: the runtime imports what it shares with tracing from here, never from
+# meshplan.tracing (tests/test_layering.py)
+__all__ = ["Captured", "MoEInfo", "TraceError", "attr_at", "block_fqns", "capture", "capture_full", "find_moe",
+           "graph_name", "param_modules", "resolve_inputs", "restore_moe_blocks", "trace_model", "wrap_if_hf"]
 
 _ID_NAMES = ("idx", "ids", "input_ids", "tokens", "token_ids", "labels", "targets", "positions")
 

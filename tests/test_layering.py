@@ -169,3 +169,10 @@ def test_layer_checks_can_fail() -> None:
     assert _back_arrows({"c": {"d"}}, layers) == ["c -> d"]  # one layer importing itself sideways
     assert _back_arrows({"e": {"a"}}, layers)[0].startswith("e: not in LAYERS")
     assert cycles({"models": {"trace"}, "trace": {"tracing"}, "tracing": {"models"}}) == [["models", "trace", "tracing"]]
+
+
+def test_runtime_uses_the_public_tracing_api() -> None:
+    """The runtime imports what it shares with tracing from ``meshplan.trace``, never ``meshplan.tracing.*``."""
+    offenders = [f"{f.relative_to(ROOT)}: {n}" for f in (ROOT / "runtime").rglob("*.py") for n in _imported(f)
+                 if n == "meshplan.tracing" or n.startswith("meshplan.tracing.")]
+    assert not offenders, offenders

@@ -32,7 +32,7 @@ from meshplan.runtime.apply.epcp_pipeline import StageRing
 from meshplan.runtime.apply.expert_parallel import apply_expert_parallel, ep_blocker
 from meshplan.runtime.apply.grad_sync import DEFAULT_BUCKET_CAP_BYTES, BucketedGradSync
 from meshplan.runtime.launch.dist import RuntimeEnv
-from meshplan.tracing.moe import find_moe
+from meshplan.trace import find_moe
 
 
 def uses_epcp(plan: Plan) -> bool:

@@ -34,7 +34,7 @@ import torch.fx
 from torch import nn
 
 from meshplan.runtime.apply.context_parallel import RingAttentionMode, RingContext, cp_positions
-from meshplan.tracing.module_tree import attr_at
+from meshplan.trace import attr_at
 
 
 class StageRing(nn.Module):

@@ -37,7 +37,7 @@ from torch import nn
 
 from meshplan.runtime.apply.epcp_groups import DCGroups
 from meshplan.runtime.launch import collectives
-from meshplan.tracing.moe import MoEInfo, find_moe
+from meshplan.trace import MoEInfo, find_moe
 
 
 @dataclass

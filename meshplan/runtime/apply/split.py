@@ -40,10 +40,10 @@ from torch import nn
 
 from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan, StageSpec
-from meshplan.tracing.module_tree import attr_at
+from meshplan.trace import attr_at
 
 if TYPE_CHECKING:
-    from meshplan.tracing.capture import Captured
+    from meshplan.trace import Captured
 
 
 @dataclass
@@ -65,8 +65,10 @@ def capture(model: nn.Module, example_inputs: Any) -> Captured:
     Mixture-of-experts blocks (one planning op in the capture) are called as the real blocks
     (``tracing.moe.restore_moe_blocks``).
     """
-    from meshplan.trace import capture_full  # the shared entry point (docs/architecture.md)
-    from meshplan.tracing.moe import restore_moe_blocks
+    from meshplan.trace import (
+        capture_full,  # the shared entry point (docs/architecture.md)
+        restore_moe_blocks,
+    )
 
     cap = capture_full(model, example_inputs)
     restore_moe_blocks(cap.gm, cap.root)  # MoE blocks captured as one planning op run as themselves

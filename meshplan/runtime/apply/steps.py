@@ -125,7 +125,7 @@ def apply_split(s: ApplyState) -> list[str]:
         s.shared = shared_params(pieces, c.ordered)
         s.pieces = pieces
     else:
-        from meshplan.tracing.capture import wrap_if_hf
+        from meshplan.trace import wrap_if_hf
 
         s.sp = plan.sequence_parallel and plan.tp > 1
         n_in = len(split_inputs(c.example)[1]) if c.example is not None else 1

@@ -72,7 +72,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from meshplan.plan.execution_rules import sequence_parallel_blocker
-from meshplan.tracing.module_tree import block_fqns, param_modules
+from meshplan.trace import block_fqns, param_modules
 
 
 def effective_styles(
