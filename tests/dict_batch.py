@@ -54,3 +54,19 @@ def t5_batches(step: int, batch_size: int, seq_len: int) -> tuple[dict[str, torc
     labels = ids.flip(1)
     dec = torch.cat([torch.zeros(batch_size, 1, dtype=torch.long), labels[:, :-1]], dim=1)
     return {"input_ids": ids, "decoder_input_ids": dec}, labels
+
+
+class FeatureSet(torch.utils.data.Dataset):
+    """64 items, each a dict of tensors with HF ``labels`` (``--data dict_batch:dataset``)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, VOCAB, (SEQ,), generator=g)
+        return {"ids": ids, "feats": torch.randn(SEQ, FEATS, generator=g), "labels": (ids * 3 + 1) % VOCAB}
+
+
+def dataset() -> FeatureSet:
+    return FeatureSet()

@@ -146,3 +146,24 @@ def test_vocabulary_smaller_than_the_largest_token_is_refused(tmp_path) -> None:
     data.check_vocab(s, GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, vocab_size=128, block_size=8)), str(f))
     with pytest.raises(ValueError, match=r"largest token id is 121 but the model's vocabulary has 64"):
         data.check_vocab(s, GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, vocab_size=64, block_size=8)), str(f))
+
+
+def test_dataset_of_dict_items_gives_each_replica_its_share_of_every_entry() -> None:
+    class Feats(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 16
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            ids = torch.full((6,), i)
+            return {"ids": ids, "feats": torch.full((6, 3), float(i)), "labels": ids + 1}
+
+    whole = data.DatasetStream(Feats(), 0, 8, data.Share(0, 1)).next_batch()
+    assert set(whole[0]) == {"ids", "feats"} and whole[0]["feats"].shape == (8, 6, 3)
+    assert torch.equal(whole[1], whole[0]["ids"] + 1)
+    halves = [data.DatasetStream(Feats(), 0, 8, data.Share(r, 2)).next_batch() for r in range(2)]
+    for key in ("ids", "feats"):
+        assert torch.equal(torch.cat([h[0][key] for h in halves]), whole[0][key])
+    pair = data.split_item(((torch.zeros(4), torch.ones(4)), torch.zeros(4)))
+    assert isinstance(pair[0], tuple) and len(pair[0]) == 2
+    with pytest.raises(ValueError, match="dict items need 'labels'"):
+        data.split_item({"ids": torch.zeros(3)})

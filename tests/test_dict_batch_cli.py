@@ -1,6 +1,6 @@
-"""`meshplan run` trains a model fed a dict of features from a `--data` hook that returns one dict with HF
-``labels``, and a tiny HF T5 fed (encoder ids, decoder ids) by keyword: dp2 gives the one-device losses
-(each replica its half of every entry)."""
+"""`meshplan run` trains a model fed a dict of features (from a `--data` hook returning one dict with HF
+``labels``, and from a Dataset of such dicts) and a tiny HF T5 fed (encoder ids, decoder ids) by keyword:
+dp2 gives the one-device losses (each replica its half of every entry)."""
 
 from __future__ import annotations
 
@@ -40,5 +40,12 @@ def test_dict_batch_dp2_equals_one_device(tmp_path: Path) -> None:
 def test_t5_dp2_equals_one_device(tmp_path: Path) -> None:
     one = _run(tmp_path, "one", "dict_batch:t5", "dict_batch:t5_batches", micro_batch_size=8)
     dp2 = _run(tmp_path, "dp2", "dict_batch:t5", "dict_batch:t5_batches", dp=2, micro_batch_size=4)
+    assert len(one) == 3 and one[-1] < one[0]
+    assert dp2 == pytest.approx(one, rel=1e-5, abs=1e-6)
+
+
+def test_dataset_of_dict_items_dp2_equals_one_device(tmp_path: Path) -> None:
+    one = _run(tmp_path, "one", "dict_batch:build", "dict_batch:dataset", micro_batch_size=8)
+    dp2 = _run(tmp_path, "dp2", "dict_batch:build", "dict_batch:dataset", dp=2, micro_batch_size=4)
     assert len(one) == 3 and one[-1] < one[0]
     assert dp2 == pytest.approx(one, rel=1e-5, abs=1e-6)

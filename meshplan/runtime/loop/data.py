@@ -18,8 +18,8 @@ Sources (``--data``):
 - ``pkg.mod:fn`` where ``fn()`` returns a ``torch.utils.data.Dataset``: DistributedSampler
   semantics (a permutation per epoch from ``seed + epoch``, epochs continue across steps); an
   ``IterableDataset`` is iterated in order and each replica keeps its own samples. Items are a
-  1-D ``(seq+1)`` token tensor, an ``(input, target)`` pair, or a dict with ``input_ids`` and
-  ``labels``.
+  1-D ``(seq+1)`` token tensor, an ``(inputs, target)`` pair (inputs a tensor, tuple or dict of
+  tensors), or a dict of tensors with ``labels`` (the rest are the inputs, by keyword).
 - ``pkg.mod:fn`` where ``fn(step, batch_size, seq_len)`` returns the global batch (the old hook):
   ``(inputs, targets)`` with inputs a tensor, tuple or dict of tensors, or one dict with ``labels``,
   and the synthetic default: every rank builds the global batch and ``step`` slices it.
@@ -230,24 +230,43 @@ class DatasetStream(DataStream):
 
     def _read(self, samples: range) -> Batch:
         xs, ys = zip(*(split_item(self._item(g)) for g in samples))
-        x = torch.stack(xs) if self.share.inputs else None
+        x = stack_inputs(list(xs)) if self.share.inputs else None
         y = torch.stack(ys) if self.share.targets else None
         return x, y
 
 
-def split_item(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """A dataset item as (input, target)."""
+def stack_inputs(items: list[Any]) -> Any:
+    """Items' inputs (each a tensor, tuple or dict of tensors, all alike) stacked entry by entry."""
+    first = items[0]
+    if isinstance(first, dict):
+        return {k: torch.stack([it[k] for it in items]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(torch.stack(col) for col in zip(*items))
+    return torch.stack(items)
+
+
+def split_item(item: Any) -> tuple[Any, torch.Tensor]:
+    """A dataset item as (inputs, target); inputs a tensor, a tuple or a dict of tensors."""
     if isinstance(item, dict):
-        if "input_ids" in item and "labels" in item:
-            return torch.as_tensor(item["input_ids"]), torch.as_tensor(item["labels"])
-        raise ValueError(f"--data: dict items need 'input_ids' and 'labels', got keys {sorted(item)}")
+        if "labels" in item:
+            x, y = hook_batch(item)
+            return _as_inputs(x), torch.as_tensor(y)
+        raise ValueError(f"--data: dict items need 'labels' (the targets), got keys {sorted(item)}")
     if isinstance(item, (tuple, list)) and len(item) == 2:
-        return torch.as_tensor(item[0]), torch.as_tensor(item[1])
+        return _as_inputs(item[0]), torch.as_tensor(item[1])
     t = torch.as_tensor(item)
     if t.dim() == 1 and not t.dtype.is_floating_point and t.shape[0] >= 2:
         return t[:-1], t[1:]
-    raise ValueError("--data: dataset items must be a 1-D token window of seq_len+1, an (input, target) pair, "
-                     f"or a dict with input_ids/labels; got {type(item).__name__}")
+    raise ValueError("--data: dataset items must be a 1-D token window of seq_len+1, an (inputs, target) pair, "
+                     f"or a dict of tensors with labels; got {type(item).__name__}")
+
+
+def _as_inputs(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: torch.as_tensor(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return tuple(torch.as_tensor(v) for v in x)
+    return torch.as_tensor(x)
 
 
 class GlobalBatchStream(DataStream):
