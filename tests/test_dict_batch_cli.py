@@ -19,7 +19,16 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 def _run(tmp_path: Path, name: str, model: str = "dict_batch:build", data: str = "dict_batch:batches",
          **plan_kw: int) -> list[float]:
     here = Path(__file__).parent
-    plan = write_plan(tmp_path / f"{name}.json", model=model, seq_len=8, **plan_kw)
+    if plan_kw.get("tp", 1) > 1:  # write_plan makes dp/pp plans; here the head is sharded by columns
+        from meshplan.models import load_model
+        from meshplan.runtime.apply import handplan
+
+        spec = load_model(model, batch_size=8, seq_len=8)
+        plan = tmp_path / f"{name}.json"
+        handplan.manual_plan(spec.model, None, model_name=model, seq_len=8, step_s=0.05,
+                             tp_styles={"head": "colwise"}, **plan_kw).save(plan)
+    else:
+        plan = write_plan(tmp_path / f"{name}.json", model=model, seq_len=8, **plan_kw)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here.parent), str(here), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run(
         [sys.executable, "-m", "meshplan.cli", "run", str(plan), "--model", model, "--steps", "3",
@@ -42,6 +51,12 @@ def test_t5_dp2_equals_one_device(tmp_path: Path) -> None:
     dp2 = _run(tmp_path, "dp2", "dict_batch:t5", "dict_batch:t5_batches", dp=2, micro_batch_size=4)
     assert len(one) == 3 and one[-1] < one[0]
     assert dp2 == pytest.approx(one, rel=1e-5, abs=1e-6)
+
+
+def test_dict_batch_tp2_equals_one_device(tmp_path: Path) -> None:
+    one = _run(tmp_path, "one", micro_batch_size=8)
+    tp2 = _run(tmp_path, "tp2", tp=2, micro_batch_size=8)
+    assert tp2 == pytest.approx(one, rel=1e-4, abs=1e-5)
 
 
 def test_dataset_of_dict_items_dp2_equals_one_device(tmp_path: Path) -> None:
