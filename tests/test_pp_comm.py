@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from planner_fixtures import gpt_graph
 
+from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.planner.api import estimate_graph
 
 
@@ -16,7 +17,7 @@ def test_pp_comm_counts_both_directions_of_the_busiest_rank(schedule: str, v: in
     # split would give that stage no block at all)
     g = gpt_graph(layers=8, h=512, heads=8, seq=256, vocab=32000)
     plan = estimate_graph(g, 8, tp=1, pp=4, dp=2, schedule=schedule, virtual_stages=v, num_microbatches=8,
-                          global_batch_size=16, cluster="h100", split_rule="even")  # fmt: skip
+                          global_batch_size=16, cluster="h100", profile=MESHPLAN.but(split_rule="even"))  # fmt: skip
     st = sorted(plan.stages, key=lambda s: s.index)
     work = {r: sum(s.fwd_s + s.bwd_s for s in st if s.rank == r) for r in range(4)}
     busiest = max(work, key=work.get)
