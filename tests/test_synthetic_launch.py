@@ -41,6 +41,18 @@ def test_untied_head_falls_back_to_a_meta_forward() -> None:
     assert m.devices == ["meta"]
 
 
+def test_untied_head_of_a_model_that_cannot_run_on_meta_is_found_by_width() -> None:
+    class Routed(_NoForward):  # value-dependent routing, as a MoE's: no meta forward
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            if ids.device.type == "meta":
+                raise RuntimeError("reads values")
+            return super().forward(ids)
+
+    m = Routed(vocab=40, tied=False)
+    m.proj = nn.Linear(8, 16)  # another Linear, not as wide as the vocabulary
+    assert target_spec(m, (torch.zeros(2, 6, dtype=torch.long),)) == (40, 40, ())
+
+
 def test_float_model_output_shape_on_meta() -> None:
     class Reg(nn.Module):
         def __init__(self) -> None:

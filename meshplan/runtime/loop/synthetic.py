@@ -8,7 +8,9 @@ plan's microbatch took minutes before the first step):
   output width, read from the output module (``get_output_embeddings()``, or a head whose weight
   is the embedding's) when there is one;
 - otherwise the output shape comes from a forward on the meta device (``torch.func.functional_call``
-  with meta copies of the parameters and inputs: shapes only, no memory, no arithmetic).
+  with meta copies of the parameters and inputs: shapes only, no memory, no arithmetic);
+- a token model whose forward cannot run on meta (MoE routing that reads values) takes the width
+  of its last Linear as wide as the embedding's vocabulary.
 
 A model whose forward cannot run on meta and whose heads say nothing gets an actionable error.
 """
@@ -63,6 +65,16 @@ def output_vocab(model: nn.Module) -> int | None:
     return None
 
 
+def vocab_wide_head(model: nn.Module) -> int | None:
+    """The width of an untied output head found by shape: the last Linear as wide as the input
+    embedding's vocabulary (a token model's output projection); None when there is none."""
+    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if emb is None:
+        return None
+    heads = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == emb.num_embeddings]
+    return int(heads[-1].out_features) if heads else None
+
+
 def target_spec(model: nn.Module, example: tuple) -> tuple[int, int, tuple[int, ...]]:
     """(input id range, target id range, output shape) for ``example``; ranges are 0 for float inputs."""
     x0 = example[0]
@@ -71,6 +83,10 @@ def target_spec(model: nn.Module, example: tuple) -> tuple[int, int, tuple[int, 
         if vocab_in is not None and vocab_out is not None:
             return vocab_in, vocab_out, ()
     shape = meta_output_shape(model, example)
+    if shape is None and not x0.dtype.is_floating_point:
+        width = vocab_wide_head(model)
+        if width is not None:  # e.g. MoE routing that reads values keeps the forward off meta
+            return model_vocab(model) or width, width, ()
     if shape is None:
         raise ValueError(f"{type(model).__name__}: synthetic data needs the output shape, and the forward does not run "
                          "on the meta device; give --data (tokens.bin, a Dataset or a per-step hook)")
