@@ -458,15 +458,17 @@ class GraphCoster:
                 out += numel / w_shard * elem_b
             # (3) autocast casts an fp32 input again in every op that reads it (only weights, leaf
             # tensors, are cached): q/k/v (gate/up) each save their own bf16 copy of the norm's output,
-            # where the traced graph saves one
+            # where the traced graph saves one; "fp32" from the dataflow (``_fp32_under_autocast``),
+            # so a norm exported as elementwise ops (HF RMSNorm under torch.export) counts as one
             seen: set[int] = set()
             ids = {n.id for n in nodes}
+            fp32 = self._fp32_under_autocast
             for n in nodes:
                 if n.kind not in ("linear", "matmul"):
                     continue
                 for i in n.inputs:
                     src = self.g.nodes[i]
-                    if i not in ids or src.kind != "norm":
+                    if i not in ids or i not in fp32:
                         continue
                     if i in seen:
                         out += src.out_bytes * scale * elem / _saved_shard(n, sol, self.sp_saves)
@@ -478,6 +480,21 @@ class GraphCoster:
         elif elem < 1.0:  # full / op recompute: the kept block input is the fp32 residual stream
             out += in_bytes * scale * (1.0 - elem) / (sol.tp if sol.sequence_parallel else 1)
         return out
+
+    @functools.cached_property
+    def _fp32_under_autocast(self) -> frozenset[int]:
+        """Ids of the nodes whose output stays fp32 under ``torch.autocast`` on fp32 parameters:
+        embeddings and norms run in fp32 (autocast's fp32 op list), linears, matmuls and attention
+        produce the compute dtype, and any other op is fp32 when one of its inputs is (type
+        promotion: the residual add, an RMSNorm written as elementwise ops). Graph inputs are left
+        out (token ids), so a float model input read by several linears is not counted."""
+        out: set[int] = set()
+        for n in self.g.nodes:  # nodes are in topological order
+            if n.kind in ("embedding", "norm"):
+                out.add(n.id)
+            elif n.kind not in ("linear", "matmul", "attention", "input") and any(i in out for i in n.inputs):
+                out.add(n.id)
+        return frozenset(out)
 
     @functools.cached_property
     def _traced_loss(self) -> bool:
