@@ -66,13 +66,12 @@ def output_vocab(model: nn.Module) -> int | None:
 
 
 def vocab_wide_head(model: nn.Module) -> int | None:
-    """The width of an untied output head found by shape: the last Linear as wide as the input
-    embedding's vocabulary (a token model's output projection); None when there is none."""
-    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-    if emb is None:
+    """The width of an untied output head found by shape: the input vocabulary (``data.model_vocab``)
+    when a Linear is that wide (a token model's output projection); None when none is."""
+    vocab = model_vocab(model)
+    if vocab is None:
         return None
-    heads = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == emb.num_embeddings]
-    return int(heads[-1].out_features) if heads else None
+    return vocab if any(isinstance(m, nn.Linear) and m.out_features == vocab for m in model.modules()) else None
 
 
 def target_spec(model: nn.Module, example: tuple) -> tuple[int, int, tuple[int, ...]]:
@@ -86,7 +85,7 @@ def target_spec(model: nn.Module, example: tuple) -> tuple[int, int, tuple[int, 
     if shape is None and not x0.dtype.is_floating_point:
         width = vocab_wide_head(model)
         if width is not None:  # e.g. MoE routing that reads values keeps the forward off meta
-            return model_vocab(model) or width, width, ()
+            return width, width, ()
     if shape is None:
         raise ValueError(f"{type(model).__name__}: synthetic data needs the output shape, and the forward does not run "
                          "on the meta device; give --data (tokens.bin, a Dataset or a per-step hook)")
