@@ -16,7 +16,7 @@ from meshplan.cost_models.epcp import cp_ring_exposed_s, ep_comm_s
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.search import Searcher
 from meshplan.planner.search_types import Config
-from meshplan.planner.tp.ilp import _collective_time
+from meshplan.planner.tp.ilp import collective_time
 
 H100 = ClusterSpec.preset("h100", num_nodes=4)
 NVL, NIC = 450e9 * 0.8, 50e9 * 0.8  # per GPU per direction × comm_efficiency
@@ -30,8 +30,8 @@ def test_tp_inside_a_node_runs_on_nvlink_and_tp16_on_the_nodes_nics() -> None:
     assert t16 == nccl_collective("all_reduce", n, 16, H100, ranks_per_node=8)[1]
     assert t16 < nccl_collective("all_reduce", n, 16, H100, ranks_per_node=1)[1] / 4
     # the TP placement ILP prices its collectives the same way (+ one launch)
-    assert _collective_time("all_reduce", n, 16, H100) == pytest.approx(t16 + H100.kernel_floor_s)
-    assert _collective_time("all_gather", n, 4, H100) == pytest.approx(
+    assert collective_time("all_reduce", n, 16, H100) == pytest.approx(t16 + H100.kernel_floor_s)
+    assert collective_time("all_gather", n, 4, H100) == pytest.approx(
         group_collective_s("all_gather", n, 4, H100) + H100.kernel_floor_s
     )
 

@@ -14,7 +14,7 @@ from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.api import estimate_graph
 from meshplan.planner.tp.graph import solve_tp
-from meshplan.planner.tp.ilp import _collective_time
+from meshplan.planner.tp.ilp import collective_time
 from meshplan.planner.tp.types import collective_passes
 
 H100 = ClusterSpec.preset("h100")
@@ -42,7 +42,7 @@ def test_tied_embedding_and_head_sharded_with_one_forward_all_reduce(engine):
     # the embedding's all-reduce runs in forward only (ids take no gradient): once, not twice
     assert collective_passes("embedding", "all_reduce") == 1 and collective_passes("linear", "all_reduce") == 2
     assert sol.segment_comm_bytes["rest"]["all_reduce"] == int(ev[0][2])
-    assert sol.segment_comm_s["rest"] == pytest.approx(_collective_time("all_reduce", ev[0][2], 8, H100))
+    assert sol.segment_comm_s["rest"] == pytest.approx(collective_time("all_reduce", ev[0][2], 8, H100))
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_leaves
 
 from meshplan.models import load_model
 from meshplan.tracing import moe
-from meshplan.tracing.annotate import _fake_state, propagate
+from meshplan.tracing.annotate import fake_state, propagate
 from meshplan.tracing.capture import fx_capture
 from meshplan.tracing.flops import FORMULAS, UNCOUNTED, FlopCount
 
@@ -72,7 +72,7 @@ def _reference(gm: fx.GraphModule, inputs: tuple[Any, ...]) -> dict[str, tuple[i
     counter = fc.FlopCounterMode(display=False, custom_mapping=_reference_mapping())
     ref = _Reference(gm, counter)
     args = [to_fake(x) for x in inputs]
-    with _fake_state(gm, to_fake), torch.no_grad(), mode, counter:
+    with fake_state(gm, to_fake), torch.no_grad(), mode, counter:
         ref.run(*args)
     return ref.out
 

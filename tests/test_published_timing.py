@@ -15,7 +15,7 @@ from meshplan.cli import build_parser
 from meshplan.commands import published_estimate as pe
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
 from meshplan.cost_models.published import load_published_cases
-from meshplan.models.registry import _load_factory
+from meshplan.models.registry import load_factory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_case_command_is_a_plan_command_of_the_case(prefix: str, tmp_path: Path,
     assert ClusterSpec.load(cluster).to_dict() == spec.to_dict()
     # the model spec names the case's zoo model (relative to the repository root, where it runs)
     monkeypatch.chdir(ROOT)
-    factory = _load_factory(args.model)
+    factory = load_factory(args.model)
     if prefix.startswith("megv1"):  # building a small one on meta is cheap: the same module as case_model
         from meshplan.models.published import case_model
 

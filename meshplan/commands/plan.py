@@ -109,7 +109,7 @@ def pins(args: argparse.Namespace) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     from meshplan.planner import validate as V
-    from meshplan.planner.api import _check, plan_graph, resolve_quantization
+    from meshplan.planner.api import check_request, plan_graph, resolve_quantization
     from meshplan.report.text import format_plan
 
     t0 = time.perf_counter()
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     fixed = limits.pop("fixed", fixed)
 
     # bad input fails before the (slow) trace
-    spec = _check(args.world_size, args.cluster, args.global_batch, fixed, None, None)[1]
+    spec = check_request(args.world_size, args.cluster, args.global_batch, fixed, None, None)[1]
     dtypes = dtype_candidates(args.dtype, spec, args.target)
     if args.dtype == "auto" and args.quantization not in (None, "none"):
         dtypes = ("bf16",)  # float8 training converts plain linears only (no QAT/QLoRA)

@@ -32,10 +32,10 @@ def _check_model(spec: str) -> None:
             raise ValueError(f"--model {spec!r} is not a zoo model ({', '.join(names)}) nor file.py:factory / "
                              "pkg.module:factory")
         return
-    from meshplan.models.registry import _load_factory
+    from meshplan.models.registry import load_factory
 
     try:
-        _load_factory(spec)
+        load_factory(spec)
     except ImportError as e:
         raise ValueError(f"--model {spec!r}: cannot import it ({e})") from e
 

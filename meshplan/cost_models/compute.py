@@ -80,7 +80,7 @@ _BACKWARD_FACTORS: dict[str, tuple[float, float]] = {
     "reshape": (0.0, 0.0),
 }
 
-_DTYPE_BYTES = {
+DTYPE_BYTES = {
     "float64": 8, "fp64": 8, "float32": 4, "fp32": 4, "tf32": 4, "float16": 2, "fp16": 2,
     "bfloat16": 2, "bf16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
 }  # fmt: skip
@@ -89,18 +89,18 @@ _DTYPE_BYTES = {
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of a floating dtype name (torch or short spelling: "bfloat16", "bf16")."""
     key = dtype.replace("torch.", "")
-    if key not in _DTYPE_BYTES:
-        raise ValueError(f"dtype {dtype!r} unknown; use one of {sorted(_DTYPE_BYTES)}")
-    return _DTYPE_BYTES[key]
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} unknown; use one of {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[key]
 
 
 def elem_scale(traced_dtype: str | None, dtype: str) -> float:
     """Bytes of ``dtype`` over bytes of ``traced_dtype`` for float tensors (0.5 for an fp32 trace
     costed in bf16); 1.0 when either is not a float dtype (int64 ids, unknown)."""
     key = (traced_dtype or "").replace("torch.", "")
-    if key not in _DTYPE_BYTES or dtype not in _DTYPE_BYTES:
+    if key not in DTYPE_BYTES or dtype not in DTYPE_BYTES:
         return 1.0
-    return _DTYPE_BYTES[dtype] / _DTYPE_BYTES[key]
+    return DTYPE_BYTES[dtype] / DTYPE_BYTES[key]
 
 
 @dataclass(frozen=True)

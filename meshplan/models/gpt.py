@@ -144,7 +144,7 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def _resolve(presets: dict[str, Any], name_or_config: Any, cfg_type: type, overrides: dict[str, Any]) -> Any:
+def resolve_config(presets: dict[str, Any], name_or_config: Any, cfg_type: type, overrides: dict[str, Any]) -> Any:
     if isinstance(name_or_config, cfg_type):
         cfg = name_or_config
     elif isinstance(name_or_config, str):
@@ -162,4 +162,4 @@ def _resolve(presets: dict[str, Any], name_or_config: Any, cfg_type: type, overr
 
 def gpt(name_or_config: str | GPTConfig = "gpt-tiny", **overrides: Any) -> GPT:
     """Build a GPT from a preset name (see ``GPT_PRESETS``) or a config, with field overrides."""
-    return GPT(_resolve(GPT_PRESETS, name_or_config, GPTConfig, overrides))
+    return GPT(resolve_config(GPT_PRESETS, name_or_config, GPTConfig, overrides))

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshplan.models.gpt import _resolve
+from meshplan.models.gpt import resolve_config
 
 
 @dataclass(frozen=True)
@@ -195,4 +195,4 @@ class Llama(nn.Module):
 
 def llama(name_or_config: str | LlamaConfig = "llama-tiny", **overrides: Any) -> Llama:
     """Build a Llama from a preset name (see ``LLAMA_PRESETS``) or a config, with field overrides."""
-    return Llama(_resolve(LLAMA_PRESETS, name_or_config, LlamaConfig, overrides))
+    return Llama(resolve_config(LLAMA_PRESETS, name_or_config, LlamaConfig, overrides))

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshplan.models.gpt import _resolve
+from meshplan.models.gpt import resolve_config
 from meshplan.models.llama import Attention, FeedForward, Llama, LlamaConfig, RMSNorm
 
 
@@ -141,4 +141,4 @@ class MoELlama(Llama):
 
 def moe_llama(name_or_config: str | MoEConfig = "mixtral-tiny", **overrides: Any) -> MoELlama:
     """Build a MoELlama from a preset name (see ``MOE_PRESETS``) or a config, with field overrides."""
-    return MoELlama(_resolve(MOE_PRESETS, name_or_config, MoEConfig, overrides))
+    return MoELlama(resolve_config(MOE_PRESETS, name_or_config, MoEConfig, overrides))

@@ -99,7 +99,7 @@ def default_inputs(
     return None
 
 
-def _load_factory(spec: str) -> Callable[[], Any]:
+def load_factory(spec: str) -> Callable[[], Any]:
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
         raise ValueError(f"bad model spec {spec!r}: expected 'path/to/file.py:factory' or 'pkg.module:factory'")
@@ -168,7 +168,7 @@ def load_model(
         config = {"family": "hf", **{k: v for k, v in hf_model.config.to_dict().items() if isinstance(v, int | float | str)}}
         model = HFLogits(hf_model)  # forward(input_ids) -> logits; parameters under "model."
     elif ":" in spec:
-        fn = _load_factory(spec)
+        fn = load_factory(spec)
         with ctx:
             out = fn()
         inputs = None

@@ -143,7 +143,7 @@ def plan_graph(
     ``profile`` (``cost_models.engine_profiles``, a name or an EngineProfile; None = meshplan's
     runtime) prices every candidate with that engine's conventions. ``memo``: a ``PlanMemo``
     shared by calls on the same graph (a sweep over world sizes) so they reuse its costing."""
-    world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, recompute, schedules)
+    world_size, spec, B, f = check_request(world_size, cluster, global_batch_size, fixed, recompute, schedules)
     q = resolve_quantization(quantization)
     prof = engine_profile(profile)
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, len(layer_ranges(graph)))
@@ -239,7 +239,7 @@ def estimate_graph(
                              "cp": cp, "ep": ep}
     if capacity_factor is not None:
         fixed["capacity_factor"] = capacity_factor
-    world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, None, None)
+    world_size, spec, B, f = check_request(world_size, cluster, global_batch_size, fixed, None, None)
     if micro_batch_size is None and num_microbatches is None:
         num_microbatches = max(1, min(B // dp, pp * (2 if pp > 1 else 1)))
         while (B // dp) % num_microbatches:
@@ -325,7 +325,7 @@ def estimate_graph(
                       extra_notes=notes, status="estimate")  # fmt: skip
 
 
-def _check(
+def check_request(
     world_size: Any, cluster: Any, global_batch_size: Any, fixed: Any, recompute: Any, schedules: Any
 ) -> tuple[int, ClusterSpec, int, dict[str, Any]]:
     world_size = V.check_world_size(world_size)
@@ -387,7 +387,7 @@ def autoparallel(
     target modules): QLoRA plans for an NF4 base with fp32 LoRA adapters (far smaller model
     states, so often fewer model-parallel axes), QAT for fake-quantized full training.
     """
-    world_size, spec, B, f = _check(world_size, cluster, global_batch_size, fixed, recompute, schedules)
+    world_size, spec, B, f = check_request(world_size, cluster, global_batch_size, fixed, recompute, schedules)
     q = resolve_quantization(quantization)
     if progress:
         progress(f"tracing {type(model).__name__}")

@@ -41,7 +41,7 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from meshplan.cost_models.compute import _DTYPE_BYTES, node_time
+from meshplan.cost_models.compute import elem_scale, node_time
 from meshplan.cost_models.eager_ops import loss_time_s
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
@@ -145,13 +145,6 @@ class CostTable:
     @property
     def param_count(self) -> float:
         return sum(layer.param_count for layer in self.layers)
-
-
-def _elem_scale(dtype_name: str | None, dtype: str) -> float:
-    key = (dtype_name or "").replace("torch.", "")
-    if key not in _DTYPE_BYTES or dtype not in _DTYPE_BYTES:
-        return 1.0
-    return _DTYPE_BYTES[dtype] / _DTYPE_BYTES[key]
 
 
 class GraphCoster:
@@ -297,7 +290,7 @@ class GraphCoster:
             cin, cout = self._cuts.get(t.layers[a].node_start - 1), self._cuts.get(t.layers[b - 1].node_end - 1)
             nodes = self.g.nodes
             through = set(cin.crossing) & set(cout.crossing) if cin is not None and cout is not None else set()
-            total = sum(nodes[i].out_bytes * _elem_scale(nodes[i].out_dtype, self.dtype)
+            total = sum(nodes[i].out_bytes * elem_scale(nodes[i].out_dtype, self.dtype)
                         for i in through if nodes[i].kind != "constant")  # fmt: skip
             scale = t.micro_batch / max(1, self.g.batch_size)
             self._through[key] = total * scale / (t.tp if t.sequence_parallel else 1)
@@ -309,7 +302,7 @@ class GraphCoster:
             return 0.0
         if after not in self._cut_total:  # the traced bytes crossing the cut (the same for every table)
             total = sum(
-                self.g.nodes[i].out_bytes * _elem_scale(self.g.nodes[i].out_dtype, self.dtype)
+                self.g.nodes[i].out_bytes * elem_scale(self.g.nodes[i].out_dtype, self.dtype)
                 for i in cut.crossing
             )
             self._cut_total[after] = total if cut.crossing else cut.crossing_bytes
@@ -379,7 +372,7 @@ class GraphCoster:
             params_full += n.param_numel
         comm = self._layer_comm_s(a, b, tid, sol, scale)
         first_cut = self._cuts.get(a - 1)
-        elem = _elem_scale(_float_dtype(nodes), self.dtype)
+        elem = elem_scale(_float_dtype(nodes), self.dtype)
         in_bytes = 0.0  # layer input in the traced dtype (what full recompute keeps)
         if first_cut is not None:
             in_bytes = sum(self.g.nodes[i].out_bytes for i in first_cut.crossing)
@@ -596,7 +589,7 @@ def _events_comm_s(
 ) -> float:
     """Forward + backward seconds of the placement's collectives at ``factor`` × their bytes
     (``tp.types.collective_passes``: twice, once for a vocab-parallel embedding's all-reduce)."""
-    from meshplan.planner.tp.ilp import _collective_time
+    from meshplan.planner.tp.ilp import collective_time
 
-    return sum(collective_passes(graph.nodes[nid].kind, kind) * _collective_time(kind, nbytes * factor, tp, cluster)
+    return sum(collective_passes(graph.nodes[nid].kind, kind) * collective_time(kind, nbytes * factor, tp, cluster)
                for nid, kind, nbytes in events)  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 
 from meshplan.cost_models.memory import inflight_microbatches
 from meshplan.partition.schedule import simulate
-from meshplan.planner.search_types import Config, _valid_count
+from meshplan.planner.search_types import Config, valid_count
 
 #: Microbatch counts above this (× pp·v) are simulated small and extrapolated.
 SIM_CAP_FACTOR = 3
@@ -58,11 +58,11 @@ def simulated_makespan(
                         p2p_s=send, keep_events=False)  # fmt: skip
 
     cap = SIM_CAP_FACTOR * p * v
-    m1 = _valid_count(c.schedule, p, v, cap)
+    m1 = valid_count(c.schedule, p, v, cap)
     if m <= cap or m1 is None:
         tl = run(m)
         return tl.makespan_s, tl.bubble_fraction
-    m2 = _valid_count(c.schedule, p, v, m1 + p) or m1 + p
+    m2 = valid_count(c.schedule, p, v, m1 + p) or m1 + p
     t1, t2 = run(m1), run(m2)
     slope = (t2.makespan_s - t1.makespan_s) / (m2 - m1)
     makespan = t1.makespan_s + slope * (m - m1)

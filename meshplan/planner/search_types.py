@@ -177,7 +177,7 @@ def balanced_split(costs: list[float], num_stages: int) -> list[tuple[int, int]]
     return runs
 
 
-def _valid_count(schedule: str, p: int, v: int, at_least: int) -> int | None:
+def valid_count(schedule: str, p: int, v: int, at_least: int) -> int | None:
     """The smallest microbatch count ≥ ``at_least`` the schedule accepts (multiple of p)."""
     from meshplan.partition.schedule import validate
 

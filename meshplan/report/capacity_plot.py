@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshplan.report.html_base import CSS, table
-from meshplan.report.plot import DPI, _check_width, require_matplotlib, save_png
+from meshplan.report.plot import DPI, check_width, require_matplotlib, save_png
 
 if TYPE_CHECKING:
     from meshplan.sizing.api import CapacityReport
@@ -122,7 +122,7 @@ def _scaling(ax: Any, rep: CapacityReport) -> None:
 
 def capacity_figure(rep: CapacityReport, width: int = 1400) -> Any:
     """The two panels side by side, ``width`` px wide at 100 dpi (see the module docstring)."""
-    _check_width(width)
+    check_width(width)
     Figure = require_matplotlib()
     fig = Figure(figsize=(width / DPI, 0.42 * width / DPI), dpi=DPI)
     a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.35, 1]})

@@ -281,11 +281,11 @@ def _val(v: float, unit: str) -> str:
     if unit == "%":
         return f"{v:.1%}"
     if unit == "B":
-        return _bytes(v)
+        return byte_text(v)
     return f"{v:,.0f}"
 
 
-def _bytes(v: float) -> str:
+def byte_text(v: float) -> str:
     for div, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(v) >= div:
             return f"{v / div:.2f} {name}"

@@ -21,7 +21,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.report.diff import _bytes, compress_fqns, fqn_pattern
+from meshplan.report.diff import byte_text, compress_fqns, fqn_pattern
 from meshplan.report.html_base import CSS as _CSS
 from meshplan.report.html_base import table as _table
 from meshplan.report.svg import block_tp_drawing, memory_drawing, mesh_drawing, to_svg
@@ -44,7 +44,7 @@ def _cards(plan: Plan) -> str:
         ("predicted tokens/s", f"{p.tokens_per_s:,.0f}"),
         ("predicted MFU", f"{p.mfu:.1%}"),
         ("predicted bubble", f"{p.bubble_fraction:.1%}"),
-        ("predicted peak memory", _bytes(max(p.peak_mem_bytes, default=0))),
+        ("predicted peak memory", byte_text(max(p.peak_mem_bytes, default=0))),
     ]
     return '<div class="cards">' + "".join(
         f'<div class="card"><span class="pred">{escape(k)}</span><b>{escape(v)}</b></div>' for k, v in cards
@@ -57,7 +57,7 @@ def _decisions(plan: Plan) -> str:
         ["mesh", " x ".join(f"{n}={d}" for n, d in zip(plan.mesh.axis_names, plan.mesh.degrees))
          + f" ({plan.world_size} devices)"],
         ["cluster", f"{plan.cluster.get('name', '?')}: {plan.cluster.get('devices_per_node', '?')} devices per node, "
-         + _bytes(int(plan.cluster.get("mem_bytes", 0))) + " each"],
+         + byte_text(int(plan.cluster.get("mem_bytes", 0))) + " each"],
         ["schedule", plan.schedule + (f", {plan.virtual_stages} virtual stages per rank" if plan.virtual_stages > 1
                                       else "")],
         ["batch", f"global {plan.global_batch_size} = dp {plan.dp} x {plan.num_microbatches} microbatches x "
@@ -107,8 +107,8 @@ def _stage_table(plan: Plan) -> str:
     rows = []
     for s in sorted(plan.stages, key=lambda s: s.index):
         rows.append([s.index, s.rank, compress_fqns(_top_modules(s.modules)), f"{s.first_node} .. {s.last_node}",
-                     _ms(s.fwd_s), _ms(s.bwd_s), _ms(s.bwd_weight_s), _ms(s.send_s), _bytes(s.send_bytes),
-                     f"{s.param_count:,}", _bytes(s.mem_bytes)])
+                     _ms(s.fwd_s), _ms(s.bwd_s), _ms(s.bwd_weight_s), _ms(s.send_s), byte_text(s.send_bytes),
+                     f"{s.param_count:,}", byte_text(s.mem_bytes)])
     return _table(["stage", "pp rank", "modules", "nodes", "predicted fwd ms", "predicted bwd ms",
                    "of which W ms", "predicted send ms", "send bytes", "params", "predicted memory"], rows,
                   {0, 1, 4, 5, 6, 7, 8, 9, 10})
@@ -159,12 +159,12 @@ def _alternatives(plan: Plan) -> str:
     if not plan.alternatives:
         return '<p class="note">The search recorded no rejected alternatives.</p>'
     best = plan.predicted.step_s
-    rows = [["1 (chosen)", plan.summary(), _ms(best), "-", _bytes(max(plan.predicted.peak_mem_bytes, default=0)),
+    rows = [["1 (chosen)", plan.summary(), _ms(best), "-", byte_text(max(plan.predicted.peak_mem_bytes, default=0)),
              "lowest predicted step time that fits"]]
     for i, a in enumerate(plan.alternatives, start=2):
         step = "does not fit" if a.step_s is None else _ms(a.step_s)
         vs = "-" if a.step_s is None or not best else f"{(a.step_s - best) / best:+.1%}"
-        rows.append([str(i), a.summary, step, vs, _bytes(a.peak_mem_bytes), a.reason])
+        rows.append([str(i), a.summary, step, vs, byte_text(a.peak_mem_bytes), a.reason])
     return _table(["rank", "configuration", "predicted step ms", "vs chosen", "predicted peak memory",
                    "why it lost"], rows, {2, 3, 4})
 
@@ -194,11 +194,11 @@ def render_html(plan: Plan, *, width_px: int = 1200, record: RunView | None = No
     sec += ['<h2>Memory per pipeline rank <span class="pred">predicted</span></h2>',
             f'<div class="figure">{to_svg(memory_drawing(plan, width_px=min(width_px, 1000)))}</div>']
     if p.mem_breakdown:
-        sec.append(_table(["memory part", "predicted"], [[k, _bytes(v)] for k, v in p.mem_breakdown.items()],
+        sec.append(_table(["memory part", "predicted"], [[k, byte_text(v)] for k, v in p.mem_breakdown.items()],
                           {1}))
     if p.comm_bytes:
         sec += ['<h2>Communication per device per step <span class="pred">predicted</span></h2>',
-                _table(["collective", "predicted bytes"], [[k, _bytes(v)] for k, v in sorted(p.comm_bytes.items())],
+                _table(["collective", "predicted bytes"], [[k, byte_text(v)] for k, v in sorted(p.comm_bytes.items())],
                        {1})]
     if plan.quantization.mode != "none":
         from meshplan.report.text import quant_lines

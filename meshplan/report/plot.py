@@ -44,7 +44,7 @@ def require_matplotlib() -> Any:
     return Figure
 
 
-def _check_width(width: int) -> None:
+def check_width(width: int) -> None:
     if width < MIN_WIDTH_PX:
         raise ValueError(f"PNG width must be at least {MIN_WIDTH_PX} pixels, got {width}")
 
@@ -98,7 +98,7 @@ def _draw_timeline(ax: Any, plan: Plan, *, label_min_px: float = 14.0, width_px:
 
 def timeline_figure(plan: Plan, width: int = 1200) -> Any:
     """The plan's predicted pipeline schedule as a matplotlib Figure ``width`` px wide."""
-    _check_width(width)
+    check_width(width)
     Figure = require_matplotlib()
     fig = Figure(figsize=(width / DPI, timeline_height_px(plan.pp) / DPI), dpi=DPI, layout="constrained")
     _draw_timeline(fig.add_subplot(), plan, width_px=width)
@@ -160,7 +160,7 @@ def _draw_memory(ax: Any, plan: Plan) -> None:
 
 def overview_figure(plan: Plan, width: int = 1200) -> Any:
     """Device mesh, predicted pipeline timeline and predicted memory per pipeline rank, stacked."""
-    _check_width(width)
+    check_width(width)
     Figure = require_matplotlib()
     heights = [50 + 40 * _mesh_grid(plan)[1], timeline_height_px(plan.pp), 70 + 24 * plan.pp]
     fig = Figure(figsize=(width / DPI, sum(heights) / DPI), dpi=DPI, layout="constrained")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from meshplan.report.plot import DPI, _check_width, require_matplotlib, save_png
+from meshplan.report.plot import DPI, check_width, require_matplotlib, save_png
 from meshplan.report.run_view import GIB, RunView, memory_rows
 
 RUN_HEIGHT_PX = 640
@@ -21,7 +21,7 @@ RUN_HEIGHT_PX = 640
 
 def run_figure(v: RunView, width: int = 1200) -> Any:
     """Loss, step time (measured vs predicted), memory per rank (measured vs predicted), tokens/s."""
-    _check_width(width)
+    check_width(width)
     Figure = require_matplotlib()
     fig = Figure(figsize=(width / DPI, RUN_HEIGHT_PX / DPI), dpi=DPI, layout="constrained")
     fig.suptitle(f"{v.model}: {v.plan_summary} on {v.world_size} ranks - {len(v.steps)} steps", fontsize=10)

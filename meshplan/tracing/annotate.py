@@ -65,7 +65,7 @@ def _modules_outside(mod: nn.Module, skip: frozenset[str], prefix: str = "") -> 
 
 
 @contextmanager
-def _fake_state(gm: nn.Module, to_fake: Any, skip: tuple[str, ...] = ()) -> Iterator[Any]:
+def fake_state(gm: nn.Module, to_fake: Any, skip: tuple[str, ...] = ()) -> Iterator[Any]:
     """Swap every parameter and buffer of ``gm`` (shared submodules included) for a fake, restore
     after. Modules reached only under a ``skip`` prefix (block copies that are not run) keep their
     tensors; the context yields ``swap(prefix)``, which fakes such a subtree when it must run."""
@@ -247,7 +247,7 @@ def propagate(
     skip = tuple(c.prefix for c in reuse.copies) if reuse else ()
     quiet = nullcontext() if keep_device else dynamo_free()  # meta kernels without torch._dynamo / sympy
     plain = nullcontext() if keep_device else sympy_free()
-    with quiet, plain, _fake_state(gm, to_fake, skip) as swap, torch.no_grad(), mode, counter:
+    with quiet, plain, fake_state(gm, to_fake, skip) as swap, torch.no_grad(), mode, counter:
         rec.swap = swap
         rec.run(*args)
     if report is not None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from meshplan.graph import BlockType, CutPoint, GraphNode
 from meshplan.tracing.build import ParamIndex
-from meshplan.tracing.classify import is_leaf_class
+from meshplan.tracing.classify import is_user_module
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -54,12 +54,6 @@ def _signature(nodes: list[GraphNode], start: int, end: int, param_shapes: dict[
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _user_module(m: nn.Module) -> bool:
-    cls = type(m)
-    builtin = cls.__module__.startswith("torch.nn.modules") and not isinstance(m, _CONTAINERS)
-    return not is_leaf_class(cls) and not builtin
-
-
 def find_blocks(root: nn.Module, pidx: ParamIndex, nodes: list[GraphNode]) -> tuple[list[BlockType], list[GraphNode]]:
     """Detected block types and the nodes with ``block`` set for every instance's nodes."""
     param_shapes = {pidx.user(n): tuple(p.shape) for n, p in root.named_parameters(remove_duplicate=False)}
@@ -73,7 +67,7 @@ def find_blocks(root: nn.Module, pidx: ParamIndex, nodes: list[GraphNode]) -> tu
         cpre = pidx.user(cname)
         instances: list[tuple[str, str, int, int]] = []  # prefix, class, start, end
         for child_name, child in container.named_children():
-            if not _user_module(child):
+            if not is_user_module(child):
                 continue
             prefix = f"{cpre}.{child_name}" if cpre else child_name
             ids = under.get(prefix, [])

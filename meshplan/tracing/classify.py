@@ -33,6 +33,17 @@ def is_leaf_class(cls: type) -> bool:
     return any(c.__name__.endswith(_LEAF_NAME_SUFFIXES) for c in cls.__mro__ if c is not nn.Module)
 
 
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def is_user_module(m: nn.Module) -> bool:
+    """A module of the model's own code (a block candidate): not a leaf kind and not one of torch.nn's
+    modules, its containers (Sequential, ModuleList, ModuleDict) aside."""
+    cls = type(m)
+    builtin = cls.__module__.startswith("torch.nn.modules") and not isinstance(m, _CONTAINERS)
+    return not is_leaf_class(cls) and not builtin
+
+
 _KIND_BY_OP: dict[str, str] = {}
 for _kind, _names in {
     "linear": "linear addmm conv1d",

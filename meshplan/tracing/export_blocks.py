@@ -38,15 +38,15 @@ from typing import Any
 
 from torch import fx, nn
 
+from meshplan.tracing.classify import is_user_module
 from meshplan.tracing.module_tree import attr_at
 from meshplan.tracing.reuse import (
-    _Instance,
-    _instance,
-    _paths,
-    _rel,
-    _user_module,
+    BlockInstance,
     index_keys,
+    match_instance,
+    module_paths,
     module_signature,
+    relative_target,
 )
 
 KEEP = 3
@@ -94,7 +94,7 @@ def block_lists(root: nn.Module) -> list[tuple[str, nn.ModuleList, frozenset[tup
         if any(name.startswith(t[0] + ".") for t in out):
             continue
         kids = list(m)
-        if not all(_user_module(k) for k in kids):
+        if not all(is_user_module(k) for k in kids):
             continue
         keys = index_keys(list(enumerate(kids)))
         sigs = [module_signature(k, keys) for k in kids]
@@ -135,16 +135,16 @@ def short_export(root: nn.Module, inputs: tuple[Any, ...], export: Callable[[nn.
     return small, why
 
 
-def _runs(small: fx.GraphModule, fqn: str, first: int = 0) -> tuple[list[_Instance], list[fx.Node]] | None:
+def _runs(small: fx.GraphModule, fqn: str, first: int = 0) -> tuple[list[BlockInstance], list[fx.Node]] | None:
     nodes = list(small.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     prefixes = [f"{fqn}.{j}" for j in range(first, first + KEEP)]
     members: dict[str, list[fx.Node]] = {p: [] for p in prefixes}
     for n in nodes:
-        hit = {p for path in _paths(n) for p in prefixes if path == p or path.startswith(p + ".")}
+        hit = {p for path in module_paths(n) for p in prefixes if path == p or path.startswith(p + ".")}
         for p in hit:
             members[p].append(n)
-    runs = [_instance(p, members[p], nodes, index) for p in prefixes]
+    runs = [match_instance(p, members[p], nodes, index) for p in prefixes]
     if any(r is None for r in runs):
         return None
     return [r for r in runs if r is not None], nodes
@@ -197,11 +197,11 @@ def grow(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, first: in
         head = _pname(tpl.prefix)
         if not a.name.startswith(head + "_"):
             return None, "parameter reads not named by their targets"
-        suffix[str(_rel(str(a.target), tpl.prefix))] = a.name[len(head):]
+        suffix[str(relative_target(str(a.target), tpl.prefix))] = a.name[len(head):]
     for r in runs:
-        if any(a.name != _pname(r.prefix) + suffix.get(str(_rel(str(a.target), r.prefix)), "?") for a in r.attrs):
+        if any(a.name != _pname(r.prefix) + suffix.get(str(relative_target(str(a.target), r.prefix)), "?") for a in r.attrs):
             return None, "parameter reads not named by their targets"
-    if any(m.op in ("get_attr", "call_module") and _rel(str(m.target), tpl.prefix) is None for m in tpl.run):
+    if any(m.op in ("get_attr", "call_module") and relative_target(str(m.target), tpl.prefix) is None for m in tpl.run):
         return None, "a block reads a sub-graph or attribute outside itself"
     return _build(small, root, fqn, count, tpl, chain, per_base, nodes, index, kept, suffix)
 
@@ -218,11 +218,11 @@ def _renamed(name: str, steps: int, per_base: dict[str, int]) -> str:
 
 
 def _block_path(path: str, tpl_prefix: str, prefix: str) -> str:
-    r = _rel(path, tpl_prefix)
+    r = relative_target(path, tpl_prefix)
     return path if r is None else prefix + r
 
 
-def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _Instance, chain: list[int | None],
+def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: BlockInstance, chain: list[int | None],
            per_base: dict[str, int], nodes: list[fx.Node], index: dict[fx.Node, int], kept: int,
            suffix: dict[str, str]) -> tuple[fx.GraphModule | None, str]:
     """The grown graph: blocks ``kept``.. ``count`` - 1 are copies of block ``kept`` - 1 (``tpl``)."""
@@ -262,7 +262,7 @@ def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _I
             for j in range(kept, count):
                 pj = f"{fqn}.{j}"
                 for a in seg_of[i]:
-                    rel = _rel(str(a.target), tpl.prefix)
+                    rel = relative_target(str(a.target), tpl.prefix)
                     target = pj + str(rel)
                     copy_attrs[(j, str(rel))] = emit(a, lambda x: env[x], _pname(pj) + suffix[str(rel)], target)
         if i == last_run:
@@ -279,11 +279,11 @@ def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _I
                     if x in ext:
                         return ext[x]
                     if x in tpl_attrs:
-                        return copy_attrs[(j, str(_rel(str(x.target), tpl.prefix)))]
+                        return copy_attrs[(j, str(relative_target(str(x.target), tpl.prefix)))]
                     return env[x]
 
                 for m in tpl.run:
-                    rel = _rel(str(m.target), tpl.prefix) if m.op in ("get_attr", "call_module") else None
+                    rel = relative_target(str(m.target), tpl.prefix) if m.op in ("get_attr", "call_module") else None
                     target = pj + rel if rel is not None else None
                     mine[m] = emit(m, arg, _renamed(m.name, j - kept + 1, per_base), target, (tpl.prefix, pj))
                 last = [mine[m] for m in tpl.run]
@@ -307,14 +307,14 @@ def _build(small: fx.GraphModule, root: nn.Module, fqn: str, count: int, tpl: _I
     return _LazyGraphModule(objs, g, type(small).__name__), ""
 
 
-def _expected_names(nodes: list[fx.Node], tpl: _Instance, seg_of: dict[int, list[fx.Node]], fqn: str, count: int,
+def _expected_names(nodes: list[fx.Node], tpl: BlockInstance, seg_of: dict[int, list[fx.Node]], fqn: str, count: int,
                     per_base: dict[str, int], last_run: int, kept: int, suffix: dict[str, str]) -> list[str]:
     out: list[str] = []
     for i, n in enumerate(nodes):
         out.append(_renamed(n.name, count - kept if i > last_run else 0, per_base))
         if i in seg_of:
             for j in range(kept, count):
-                out.extend(_pname(f"{fqn}.{j}") + suffix[str(_rel(str(a.target), tpl.prefix))] for a in seg_of[i])
+                out.extend(_pname(f"{fqn}.{j}") + suffix[str(relative_target(str(a.target), tpl.prefix))] for a in seg_of[i])
         if i == last_run:
             for j in range(kept, count):
                 out.extend(_renamed(m.name, j - kept + 1, per_base) for m in tpl.run)

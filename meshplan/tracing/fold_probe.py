@@ -139,14 +139,14 @@ def _probe_all(root: nn.Module, prefix: str, out: list[str], inputs: Sequence[An
 def _probe(root: nn.Module, lin: nn.Module, end: nn.Module, args: list[Any], to_fake: Any, mode: Any,
            skip: tuple[str, ...], skipped: list[nn.Module]) -> bool:
     """One probe: does ``lin``'s narrowed output get folded into the sequence? (see above)"""
-    from meshplan.tracing.annotate import _fake_state
+    from meshplan.tracing.annotate import fake_state
 
     watch = _Watch()
     hooks = [lin.register_forward_hook(_narrow_hook(watch)), end.register_forward_hook(_end_hook)]
     hooks += [m.register_forward_pre_hook(_reached_hook) for m in skipped]
     reached = False
     try:
-        with _fake_state(root, to_fake, skip), torch.no_grad(), mode, watch:
+        with fake_state(root, to_fake, skip), torch.no_grad(), mode, watch:
             root(*args)
     except _Stop as stop:
         return stop.folded

@@ -34,7 +34,7 @@ from typing import Any
 from torch import fx, nn
 
 from meshplan.tracing.export_blocks import KEEP, block_list_keys
-from meshplan.tracing.reuse import _instance, _paths, _rel, index_keys, module_signature
+from meshplan.tracing.reuse import index_keys, match_instance, module_paths, module_signature, relative_target
 
 
 def short_trace(root: nn.Module, tracer: type[fx.Tracer], concrete_args: dict[str, Any] | None
@@ -79,9 +79,9 @@ def expand(small: fx.Graph, root: nn.Module, fqn: str, count: int, tpl_args: Any
     prefixes = [f"{fqn}.{j}" for j in range(KEEP)]
     members: dict[str, list[fx.Node]] = {p: [] for p in prefixes}
     for n in nodes:
-        for p in {p for path in _paths(n) for p in prefixes if path == p or path.startswith(p + ".")}:
+        for p in {p for path in module_paths(n) for p in prefixes if path == p or path.startswith(p + ".")}:
             members[p].append(n)
-    found = [_instance(p, members[p], nodes, index) for p in prefixes]
+    found = [match_instance(p, members[p], nodes, index) for p in prefixes]
     runs = [r for r in found if r is not None]
     if len(runs) < KEEP or any(r.attrs for r in runs):
         return None, "a kept block is not one contiguous run of nodes"
@@ -94,7 +94,7 @@ def expand(small: fx.Graph, root: nn.Module, fqn: str, count: int, tpl_args: Any
     tpl = runs[-1]
     if tpl_out not in tpl.run:
         return None, "the template block returns a value it did not compute"
-    stubs = {str(n.target): n for n in nodes if n.op == "call_module" and _rel(str(n.target), fqn) is not None
+    stubs = {str(n.target): n for n in nodes if n.op == "call_module" and relative_target(str(n.target), fqn) is not None
              and str(n.target)[len(fqn) + 1:].isdigit() and int(str(n.target)[len(fqn) + 1:]) >= KEEP}
     if sorted(stubs) != sorted(f"{fqn}.{j}" for j in range(KEEP, count)) or any(
             sum(1 for n in nodes if n.op == "call_module" and n.target == s) != 1 for s in stubs):
@@ -130,7 +130,7 @@ def _flat(a: Any) -> list[Any]:
 
 
 def _moved(path: str, old: str, new: str) -> str:
-    r = _rel(path, old)
+    r = relative_target(path, old)
     return path if r is None else new + r
 
 

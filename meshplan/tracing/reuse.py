@@ -39,7 +39,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from meshplan.tracing.classify import is_leaf_class
+from meshplan.tracing.classify import is_user_module
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 _PLAIN = (int, float, str, bool, type(None))
@@ -85,12 +85,6 @@ def reuse_line(plan: ReusePlan | None, why: str, report: dict[str, Any]) -> str:
     if fell:
         line += f"; {len(fell)} run in full (inputs differ from the template's): {', '.join(fell[:3])}"
     return line
-
-
-def _user_module(m: nn.Module) -> bool:
-    cls = type(m)
-    builtin = cls.__module__.startswith("torch.nn.modules") and not isinstance(m, _CONTAINERS)
-    return not is_leaf_class(cls) and not builtin
 
 
 def _plain(v: Any) -> bool:
@@ -156,14 +150,14 @@ def module_signature(m: nn.Module, index_attrs: frozenset[tuple[str, str]] = fro
     return tuple(parts)
 
 
-def _paths(n: fx.Node) -> list[str]:
+def module_paths(n: fx.Node) -> list[str]:
     out = [str(v[0]) for v in (n.meta.get("nn_module_stack") or {}).values()]
     if n.op in ("call_module", "get_attr"):
         out.append(str(n.target))
     return out
 
 
-def _rel(target: str, prefix: str) -> str | None:
+def relative_target(target: str, prefix: str) -> str | None:
     if target == prefix:
         return ""
     if target.startswith(prefix + "."):
@@ -171,7 +165,7 @@ def _rel(target: str, prefix: str) -> str | None:
     return None
 
 
-class _Instance:
+class BlockInstance:
     """A candidate block instance: its run, its outside get_attr reads and its canonical key."""
 
     def __init__(self, prefix: str, run: list[fx.Node], attrs: list[fx.Node]) -> None:
@@ -191,7 +185,7 @@ class _Instance:
                 if a in pos:
                     return ("i", pos[a])
                 if a in attr_set:
-                    return ("a", _rel(str(a.target), self.prefix))
+                    return ("a", relative_target(str(a.target), self.prefix))
                 if a not in ext:
                     ext[a] = len(ext)
                 return ("x", ext[a])
@@ -206,13 +200,13 @@ class _Instance:
         keys: list[Any] = []
         for n in self.run:
             if n.op in ("call_module", "get_attr"):
-                r = _rel(str(n.target), self.prefix)
+                r = relative_target(str(n.target), self.prefix)
                 target: Any = ("rel", r) if r is not None else ("abs", str(n.target))
             else:
                 target = n.target
             keys.append((n.op, target, norm(n.args), norm(n.kwargs)))
         self.externals = list(ext)
-        attrs = tuple(sorted(str(_rel(str(a.target), self.prefix)) for a in self.attrs))
+        attrs = tuple(sorted(str(relative_target(str(a.target), self.prefix)) for a in self.attrs))
         self.key = (msig, tuple(keys), attrs)
 
 
@@ -224,7 +218,7 @@ def _candidates(root: nn.Module) -> list[tuple[str, list[tuple[str, int | None, 
             continue
         kids = []
         for child_name, child in container.named_children():
-            if _user_module(child):
+            if is_user_module(child):
                 idx = int(child_name) if child_name.isdigit() else None
                 kids.append((f"{cname}.{child_name}" if cname else child_name, idx, child))
         if len(kids) >= 2:
@@ -245,7 +239,7 @@ def plan_reuse(gm: fx.GraphModule, root: nn.Module) -> tuple[ReusePlan | None, s
     members: dict[str, list[fx.Node]] = {}
     for n in nodes:
         seen: set[str] = set()
-        for path in _paths(n):
+        for path in module_paths(n):
             parts = path.split(".")
             for k in range(1, len(parts) + 1):
                 pre = ".".join(parts[:k])
@@ -257,18 +251,18 @@ def plan_reuse(gm: fx.GraphModule, root: nn.Module) -> tuple[ReusePlan | None, s
     taken: list[str] = []
     reasons: list[str] = []
     for _cname, kids in cands:
-        instances: list[_Instance] = []
+        instances: list[BlockInstance] = []
         kids = [k for k in kids if not any(k[0] == t or k[0].startswith(t + ".") for t in taken)]
         if not kids:  # inside copies already found (a MoE layer's experts inside a list of layers)
             continue
         ikeys = index_keys([(idx, child) for _, idx, child in kids])
         for prefix, _idx, child in kids:
-            inst = _instance(prefix, members.get(prefix, []), nodes, index)
+            inst = match_instance(prefix, members.get(prefix, []), nodes, index)
             if inst is None:
                 continue
             inst.canonical(module_signature(child, ikeys))
             instances.append(inst)
-        groups: dict[tuple, list[_Instance]] = {}
+        groups: dict[tuple, list[BlockInstance]] = {}
         for inst in instances:
             groups.setdefault(inst.key, []).append(inst)
         if len(groups) > 1 and len(instances) >= 2:
@@ -279,9 +273,9 @@ def plan_reuse(gm: fx.GraphModule, root: nn.Module) -> tuple[ReusePlan | None, s
             kinds += 1
             tpl = group[0]
             taken.extend(i.prefix for i in group)
-            tattr = {_rel(str(a.target), tpl.prefix): a for a in tpl.attrs}
+            tattr = {relative_target(str(a.target), tpl.prefix): a for a in tpl.attrs}
             for inst in group[1:]:  # equal keys: the same relative get_attr targets
-                attrs = {a: tattr[_rel(str(a.target), inst.prefix)] for a in inst.attrs}
+                attrs = {a: tattr[relative_target(str(a.target), inst.prefix)] for a in inst.attrs}
                 run_set = set(inst.run)
                 outside = {n for n in inst.run if any(u not in run_set for u in n.users)}
                 copies.append(Copy(inst.prefix, tpl.prefix, inst.run, tpl.run, attrs,
@@ -291,7 +285,7 @@ def plan_reuse(gm: fx.GraphModule, root: nn.Module) -> tuple[ReusePlan | None, s
     return ReusePlan(copies, kinds), ""
 
 
-def _instance(prefix: str, mem: list[fx.Node], nodes: list[fx.Node], index: dict[fx.Node, int]) -> _Instance | None:
+def match_instance(prefix: str, mem: list[fx.Node], nodes: list[fx.Node], index: dict[fx.Node, int]) -> BlockInstance | None:
     """The instance's contiguous run and outside get_attr reads, or None when its nodes interleave
     with others' (then it is propagated node by node)."""
     body = [n for n in mem if n.op != "get_attr"]
@@ -305,6 +299,6 @@ def _instance(prefix: str, mem: list[fx.Node], nodes: list[fx.Node], index: dict
     if any(n.op == "output" for n in run):
         return None
     attrs = [n for n in mem if n.op == "get_attr" and not lo <= index[n] <= hi]
-    if any(_rel(str(a.target), prefix) is None for a in attrs):
+    if any(relative_target(str(a.target), prefix) is None for a in attrs):
         return None
-    return _Instance(prefix, run, attrs)
+    return BlockInstance(prefix, run, attrs)

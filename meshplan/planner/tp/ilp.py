@@ -61,6 +61,7 @@ import time
 
 import pulp
 
+from meshplan.cost_models.compute import elem_scale
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.planner.tp.groups import GraphIndex, TPGroup
@@ -71,13 +72,12 @@ from meshplan.planner.tp.types import (
     TRANSITIONS,
     Strategy,
     TPSolution,
-    _collective_time,
-    _elem_scale,
     collective_passes,
+    collective_time,
 )
 
 __all__ = ["MEM_WEIGHT_S_PER_BYTE", "STATES", "TRANSITIONS", "Strategy", "TPSolution", "TPPlacementILP",
-           "solve_segment", "_collective_time"]
+           "solve_segment", "collective_time"]
 
 _LE, _EQ, _GE = pulp.LpConstraintLE, pulp.LpConstraintEQ, pulp.LpConstraintGE
 
@@ -143,7 +143,7 @@ class TPPlacementILP(TPStrategies):
     def edge_bytes(self, src: int) -> float:
         """Bytes of ``src``'s output per microbatch in the training dtype."""
         n = self.g.nodes[src]
-        return n.out_bytes * self.batch_scale * _elem_scale(n.out_dtype, self.dtype)
+        return n.out_bytes * self.batch_scale * elem_scale(n.out_dtype, self.dtype)
 
     def passes(self, u: int, a: str, b: str) -> int:
         """Forward + backward count of the collective a→b on ``u``'s output (``collective_passes``)."""
@@ -155,7 +155,7 @@ class TPPlacementILP(TPStrategies):
             return 0.0
         key = (kind, nbytes)
         if key not in self._comm_cache:
-            self._comm_cache[key] = _collective_time(kind, nbytes, self.tp, self.cluster)
+            self._comm_cache[key] = collective_time(kind, nbytes, self.tp, self.cluster)
         return self._comm_cache[key]
 
     # ---- model -----------------------------------------------------------------------------

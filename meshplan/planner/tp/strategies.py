@@ -33,7 +33,7 @@ S→R only out of a colwise linear, through views (its output gathered). No torc
 from __future__ import annotations
 
 from meshplan.graph import GraphNode, ModelGraph
-from meshplan.planner.tp.types import _SPLIT_TARGETS, TRANSITIONS, Strategy, _numel
+from meshplan.planner.tp.types import SPLIT_TARGETS, TRANSITIONS, Strategy, shape_numel
 
 
 class TPStrategies:
@@ -132,7 +132,7 @@ class TPStrategies:
         sharded feature dim: it splits another dim (last dim unchanged) or inside the head
         dim of an already head-separated (rank ≥ 4) tensor. Splitting a fused qkv output
         [B, T, 3h] along h would hand each rank the wrong pieces."""
-        if not any(s in n.target.lower() for s in _SPLIT_TARGETS):
+        if not any(s in n.target.lower() for s in SPLIT_TARGETS):
             return True
         src = next((self.g.nodes[i] for i in n.inputs if self.g.nodes[i].out_shape), None)
         if src is None or not n.out_shape:
@@ -151,8 +151,8 @@ class TPStrategies:
         if n.kind in ("elementwise", "activation") and p.out_shape:
             # a broadcast operand (rotary table, mask, scale) next to a full-size one; a lone
             # input that grows (repeat_interleave of kv heads, expand) is not exempt
-            sizes = [_numel(self.g.nodes[i].out_shape) for i in n.inputs if self.g.nodes[i].out_shape]
-            return len(sizes) > 1 and _numel(p.out_shape) < max(sizes)
+            sizes = [shape_numel(self.g.nodes[i].out_shape) for i in n.inputs if self.g.nodes[i].out_shape]
+            return len(sizes) > 1 and shape_numel(p.out_shape) < max(sizes)
         return False
 
     def _external_state(self, src: int) -> str:

@@ -20,7 +20,7 @@ TRANSITIONS: dict[tuple[str, str], str | None] = {
 }  # fmt: skip
 #: Default weight of the memory term, seconds per parameter byte (1 GB ≈ 0.1 ms: a tie-breaker).
 MEM_WEIGHT_S_PER_BYTE = 1e-13
-_SPLIT_TARGETS = ("split", "chunk", "unbind", "tensor_split")
+SPLIT_TARGETS = ("split", "chunk", "unbind", "tensor_split")
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def collective_passes(node_kind: str, collective: str | None) -> int:
     return 1 if node_kind == "embedding" and collective == "all_reduce" else 2
 
 
-def _collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) -> float:
+def collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) -> float:
     from meshplan.cost_models.comm import group_collective_s
 
     # the tp group is the innermost mesh axis (stride 1): NVLink inside a node, the NCCL
@@ -83,17 +83,7 @@ def _collective_time(kind: str, nbytes: float, tp: int, cluster: ClusterSpec) ->
     return float(group_collective_s(kind, int(nbytes), tp, cluster, stride=1)) + cluster.kernel_floor_s
 
 
-def _elem_scale(traced_dtype: str | None, dtype: str) -> float:
-    """Training-dtype bytes over traced-dtype bytes for float tensors (1 for ints/unknown)."""
-    from meshplan.cost_models.compute import _DTYPE_BYTES
-
-    key = (traced_dtype or "").replace("torch.", "")
-    if key not in _DTYPE_BYTES or dtype not in _DTYPE_BYTES:
-        return 1.0
-    return _DTYPE_BYTES[dtype] / _DTYPE_BYTES[key]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
+def shape_numel(shape: tuple[int, ...]) -> int:
     out = 1
     for d in shape:
         out *= int(d)

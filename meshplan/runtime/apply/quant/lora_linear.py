@@ -117,7 +117,7 @@ def _reduce_from_tp(t: torch.Tensor, mesh: Any) -> torch.Tensor:
     )
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
@@ -212,8 +212,8 @@ class LoRALinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mesh = self.tp_mesh
         # local views; to_local()'s backward hands each grad back with the parameter's placement
-        a, b = _local(self.lora_A), _local(self.lora_B)
-        bias = None if self.bias is None else _local(self.bias)
+        a, b = local_tensor(self.lora_A), local_tensor(self.lora_B)
+        bias = None if self.bias is None else local_tensor(self.bias)
         if self.style == "colwise":
             y = self._base(_copy_to_tp(x, mesh))
             h = F.linear(x.to(a.dtype), a)

@@ -37,7 +37,7 @@ from meshplan.plan import Quantization
 from meshplan.runtime.apply.quant.lora_linear import (
     LoRALinear,
     LoRATPLayout,
-    _local,
+    local_tensor,
     lora_tp_plan,
     nf4_scaler_block_size,
     style_of,
@@ -191,7 +191,7 @@ def merged_weight(mod: LoRALinear) -> torch.Tensor:
     weight's placement, so ``.full_tensor()`` gathers the full merged weight.
     """
     w = mod.weight.get_original_weight() if mod.quantized else mod.weight.detach()
-    merged = (w.to(torch.float32) + mod.scaling * (_local(mod.lora_B) @ _local(mod.lora_A))).to(w.dtype)
+    merged = (w.to(torch.float32) + mod.scaling * (local_tensor(mod.lora_B) @ local_tensor(mod.lora_A))).to(w.dtype)
     if mod.tp_mesh is None:
         return merged
     dim = lora_tp_plan(mod.style).weight
