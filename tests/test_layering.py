@@ -1,12 +1,14 @@
 """Dependency direction (DESIGN.md): planning code never imports torch; runtime never imports planner;
 nothing below the CLI (cli.py, commands/) imports it; the packages and top-level modules of meshplan/
 stand in the layers of ``LAYERS`` and import only from layers below (no arrow back up, no folder
-loop)."""
+loop; import cycles between files: tests/test_import_cycles.py); the runtime reaches tracing through
+``meshplan.trace`` only; no module imports another module's ``_private`` names."""
 
 from __future__ import annotations
 
 import ast
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +178,62 @@ def test_runtime_uses_the_public_tracing_api() -> None:
     offenders = [f"{f.relative_to(ROOT)}: {n}" for f in (ROOT / "runtime").rglob("*.py") for n in _imported(f)
                  if n == "meshplan.tracing" or n.startswith("meshplan.tracing.")]
     assert not offenders, offenders
+
+
+_PRIVATE = re.compile(r"_(?!_)\w*$")  # ``_name``, not ``__dunder__``
+
+
+def _is_module(dotted: str) -> bool:
+    p = ROOT.parent / Path(*dotted.split("."))
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def private_reach_ins(f: Path, text: str | None = None) -> list[str]:
+    """Every use in file ``f`` of another meshplan module's ``_private`` name: ``from meshplan.x import
+    _name`` (relative imports too) and ``x._name`` where ``x`` is a meshplan module imported by ``f``
+    (``from meshplan.report import diff``, ``import meshplan.report.diff as d``, ``import meshplan.x``).
+    A module's own ``_names`` are its business; another module using them is a hidden API.
+    ``text`` stands in for the file's source (the finder's own test)."""
+    mod = list(f.relative_to(ROOT.parent).with_suffix("").parts)
+    pkg = mod if mod[-1] == "__init__" else mod[:-1]
+    tree = ast.parse(f.read_text() if text is None else text)
+    modules: set[str] = set()  # names (or dotted paths) in f that stand for a meshplan module
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "meshplan":
+                continue
+            for a in node.names:
+                if _PRIVATE.match(a.name):
+                    out.append(f"{f.relative_to(ROOT)}:{node.lineno}: from {base} import {a.name}")
+                elif _is_module(f"{base}.{a.name}"):
+                    modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "meshplan":
+                    modules.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _PRIVATE.match(node.attr) and ast.unparse(node.value) in modules:
+            out.append(f"{f.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node.value)}.{node.attr}")
+    return out
+
+
+def test_no_private_reach_ins() -> None:
+    offenders = [line for f in sorted(ROOT.rglob("*.py")) for line in private_reach_ins(f)]
+    assert not offenders, "modules using other modules' _private names (make the name public): " + "; ".join(offenders)
+
+
+def test_private_reach_in_finder_can_fail() -> None:
+    probe = ("from meshplan.report.plot import _x, check_width\n"
+             "from meshplan.report import text as t\n"
+             "from . import html\n"
+             "from .plot import _z\n"
+             "import meshplan.report.diff\n"
+             "import meshplan.runtime.apply as ra\n"
+             "t._y; t.__doc__; html._h; meshplan.report.diff._d; ra._r; self._s\n")
+    found = [x.split(": ", 1)[1] for x in private_reach_ins(ROOT / "report" / "diff.py", probe)]
+    assert sorted(found) == sorted(["from meshplan.report.plot import _x", "from meshplan.report.plot import _z",
+                                    "t._y", "html._h", "meshplan.report.diff._d", "ra._r"]), found
