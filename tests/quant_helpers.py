@@ -1,21 +1,13 @@
-"""Helpers shared by the quantization tests: a tiny GPT, a TP plan for it, a gloo spawner.
-
-The spawner starts ``world`` processes with ``torch.multiprocessing.spawn`` and a
-``tcp://127.0.0.1:PORT`` rendezvous (cheaper than torchrun), one thread each, with a timeout so a
-mismatch fails instead of hanging. Failures in a child re-raise in the parent.
-"""
+"""Helpers shared by the quantization tests: a tiny GPT, a TP plan for it. Their ranks are started
+by the suite's one spawner, ``dist_utils.run_ranks``."""
 
 from __future__ import annotations
 
-import datetime
-import os
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -65,32 +57,3 @@ def parallelize(model: nn.Module, styles: dict[str, str], mesh: Any) -> None:
 
     cls = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     parallelize_module(model, mesh, {k: cls[v]() for k, v in styles.items()})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _entry(rank: int, world: int, port: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        fn(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn(fn: Callable[..., None], world: int = 2, *args: Any) -> None:
-    """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; re-raise a child's failure."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=True)

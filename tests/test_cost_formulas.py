@@ -52,11 +52,13 @@ def test_param_count_formula_matches_shapes_and_published(c: dict) -> None:
 
 
 def test_param_count_formula_matches_zoo_gpt() -> None:
-    torch = pytest.importorskip("torch")
-    models = pytest.importorskip("meshplan.models.gpt")
-    cfg = models.GPT_PRESETS["gpt2-medium"]
+    import torch
+
+    from meshplan.models.gpt import GPT, GPT_PRESETS
+
+    cfg = GPT_PRESETS["gpt2-medium"]
     with torch.device("meta"):
-        model = models.GPT(cfg)
+        model = GPT(cfg)
     n = sum(p.numel() for p in model.parameters())  # tied head counted once
     assert F.gpt_param_count(cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size) == pytest.approx(
         n, rel=0.01

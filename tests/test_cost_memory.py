@@ -12,6 +12,7 @@ from meshplan.cost_models.memory import (
     node_activation_bytes,
 )
 from meshplan.graph import GraphNode
+from meshplan.partition import schedule as sim
 from meshplan.plan import SCHEDULES
 
 # ---- model states ------------------------------------------------------------------------------
@@ -197,7 +198,7 @@ def test_inflight_errors_and_peak() -> None:
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 16), (8, 16)])
 def test_inflight_agrees_with_the_schedule_simulator(schedule: str, p: int, m: int) -> None:
     # the partition simulator replays torch's action orders; its peaks are in chunk units
-    sim = pytest.importorskip("meshplan.partition.schedule")
+    checked = 0
     for v in (1, 2) if schedule != "zbv" else (2,):
         if schedule == "gpipe" and v > 1:
             continue
@@ -207,3 +208,5 @@ def test_inflight_agrees_with_the_schedule_simulator(schedule: str, p: int, m: i
             continue  # a combination the schedule does not allow
         got = [inflight_microbatches(schedule, p, i, m, v) for i in range(p)]
         assert got == pytest.approx([x / v for x in per_rank]), (schedule, p, m, v)
+        checked += 1
+    assert checked, f"no virtual-stage count of {schedule} ran at p={p}, m={m}"

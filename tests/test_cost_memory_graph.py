@@ -9,20 +9,19 @@ its own output (2·sbh, TP-sharded) besides the out-projection's contiguous inpu
 from __future__ import annotations
 
 import pytest
+import torch
 
 from meshplan.cost_models.memory import activation_bytes_per_layer, node_activation_bytes
-
-torch = pytest.importorskip("torch")
-trace = pytest.importorskip("meshplan.trace")
-gpt_mod = pytest.importorskip("meshplan.models.gpt")
+from meshplan.models.gpt import gpt
+from meshplan.trace import trace_model
 
 B, S, H, A = 2, 64, 128, 4
 
 
 @pytest.fixture(scope="module")
 def block_nodes():
-    model = gpt_mod.gpt("gpt-tiny", n_embd=H, n_head=A, block_size=S, dropout=0.0)
-    g = trace.trace_model(model, (torch.randint(0, 128, (B, S)),))
+    model = gpt("gpt-tiny", n_embd=H, n_head=A, block_size=S, dropout=0.0)
+    g = trace_model(model, (torch.randint(0, 128, (B, S)),))
     start, end = g.blocks[0].node_ranges[0]
     assert g.nodes[start].out_dtype == "float32"
     return g.nodes[start:end]

@@ -4,6 +4,7 @@ recompute transient, on a traced zoo Llama, by hand from the shapes."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from meshplan.cost_models.memory import (
     loss_buffer_bytes,
@@ -11,10 +12,8 @@ from meshplan.cost_models.memory import (
     op_sac_kept_bytes,
     recompute_transient_bytes,
 )
-
-torch = pytest.importorskip("torch")
-trace = pytest.importorskip("meshplan.trace")
-llama_mod = pytest.importorskip("meshplan.models.llama")
+from meshplan.models.llama import Llama, LlamaConfig
+from meshplan.trace import trace_model
 
 B, S, H, HEADS, KV, FFN, V = 2, 32, 64, 4, 2, 160, 96
 HD, KVD = H // HEADS, H // HEADS * KV
@@ -22,9 +21,9 @@ HD, KVD = H // HEADS, H // HEADS * KV
 
 @pytest.fixture(scope="module")
 def graph():
-    cfg = llama_mod.LlamaConfig(n_layer=2, n_head=HEADS, n_kv_head=KV, dim=H, ffn_hidden=FFN, vocab_size=V,
+    cfg = LlamaConfig(n_layer=2, n_head=HEADS, n_kv_head=KV, dim=H, ffn_hidden=FFN, vocab_size=V,
                                 max_seq_len=S)
-    return trace.trace_model(llama_mod.Llama(cfg), (torch.randint(0, V, (B, S)),))
+    return trace_model(Llama(cfg), (torch.randint(0, V, (B, S)),))
 
 
 def _block(g):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,17 +89,39 @@ def test_profile_command_rejects_bad_nproc(tmp_path: Path) -> None:
     assert main(["profile", "--nproc", "1", "-o", str(tmp_path / "p.json")]) == 1
 
 
-def test_eager_measurements_are_plausible() -> None:
+def test_eager_measurements_from_their_timings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Efficiencies and per-op overheads from given median timings (the timers replaced: no wall-clock
+    bound here; speed is measured in benchmarks/), then one real run of each for shape and sign."""
+    import math
+
     import torch
 
-    from meshplan.profile.machine import measure_eager_matmul, measure_op_overhead
+    from meshplan.profile import machine
 
-    cpu = torch.device("cpu")
-    rows = measure_eager_matmul([(16, 8)], 1e15, 2, cpu, lambda _msg: None)  # a huge peak: tiny efficiency
-    assert rows[0][0] == 2 * 16 * 8 * 32 and 0 < rows[0][1] < 0.01 and 0 < rows[0][2] < 0.01
-    fwd_s, bwd_s = measure_op_overhead(cpu, 0.0, reps=3, n_ops=4)
-    assert 0 < fwd_s < 0.01 and 0 < bwd_s < 0.01  # an eager op costs microseconds, not nothing
-    assert measure_op_overhead(cpu, 1.0, reps=3, n_ops=4) == (0.0, 0.0)  # the floor is subtracted, clamped
+    cpu, quiet = torch.device("cpu"), lambda _msg: None
+    real = machine.measure_eager_matmul([(16, 8)], 1e15, 2, cpu, quiet), machine.measure_op_overhead(cpu, 0.0, reps=3, n_ops=4)
+
+    def fwd(fn: Any, *_a: Any, **_k: Any) -> float:
+        fn()
+        return 2e-3
+
+    def bwd(fn: Any, *_a: Any, **_k: Any) -> float:
+        fn().sum().backward()
+        return 6e-3
+
+    monkeypatch.setattr(machine, "_median_time", fwd)
+    monkeypatch.setattr(machine, "_median_backward_time", bwd)
+    gemm = 2 * 16 * 8 * 32  # one h -> 4h GEMM of the 16x8 chain; 4 per forward, 8 per backward
+    rows = machine.measure_eager_matmul([(16, 8)], 1e9, 2, cpu, quiet)
+    assert rows == [[gemm, pytest.approx(4 * gemm / 2e-3 / 1e9), pytest.approx(8 * gemm / 6e-3 / 1e9)]]
+    assert machine.measure_eager_matmul([(16, 8)], 1.0, 2, cpu, quiet)[0][1:] == [1.0, 1.0]  # clamped to 1
+    # per op: forward 2 ms / 4 ops, backward 6 ms / 4 ops over its two parts, less the 0.1 ms floor
+    assert machine.measure_op_overhead(cpu, 1e-4, reps=3, n_ops=4) == (pytest.approx(4e-4), pytest.approx(6.5e-4))
+    assert machine.measure_op_overhead(cpu, 1.0, reps=3, n_ops=4) == (0.0, 0.0)  # the floor is subtracted, clamped
+
+    (row,), (fwd_s, bwd_s) = real
+    assert row[0] == gemm and 0 < row[1] <= 1 and 0 < row[2] <= 1
+    assert math.isfinite(fwd_s) and math.isfinite(bwd_s) and fwd_s > 0 and bwd_s > 0
 
 
 def test_profile_cli_rejects_bad_eager_shapes() -> None:

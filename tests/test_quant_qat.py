@@ -6,13 +6,13 @@ import copy
 
 import pytest
 import torch
+from dist_utils import run_ranks
 from quant_helpers import (
     batch,
     gpt_tp_plan,
     lm_loss,
     one_thread,  # noqa: F401  (fixture used through pytestmark)
     parallelize,
-    spawn,
     tiny_gpt,
 )
 
@@ -170,7 +170,7 @@ def _qat_dist(rank: int, world: int) -> None:
 
 @pytest.mark.distributed
 def test_qat_dp2_and_tp2_match_single_process() -> None:
-    spawn(_qat_dist, 2)
+    assert run_ranks(_qat_dist, 2, timeout_s=400) == [None, None]
 
 
 @pytest.mark.parametrize("mode", ["qat", "qlora"])

@@ -6,13 +6,13 @@ import copy
 
 import pytest
 import torch
+from dist_utils import run_ranks
 from quant_helpers import (
     batch,
     gpt_tp_plan,
     lm_loss,
     one_thread,  # noqa: F401  (fixture used through pytestmark)
     parallelize,
-    spawn,
     tiny_gpt,
 )
 
@@ -262,4 +262,4 @@ def _qlora_dist(rank: int, world: int) -> None:
 
 @pytest.mark.distributed
 def test_qlora_dp2_and_tp2_match_single_process() -> None:
-    spawn(_qlora_dist, 2)
+    assert run_ranks(_qlora_dist, 2, timeout_s=400) == [None, None]

@@ -177,9 +177,9 @@ def test_explain_command(tmp_path, capsys) -> None:
 
 def test_report_of_real_planner_plans(tmp_path) -> None:
     """Plans from the planner (GPT-shaped graph): timeline = predicted pipeline time, report self-contained."""
-    api = pytest.importorskip("meshplan.planner.api")
     from planner_fixtures import gpt_graph  # a GPT-shaped ModelGraph built without torch
 
+    from meshplan.planner import api
     from meshplan.report.diff import diff_plans
     from meshplan.report.plot import write_timeline_png
 

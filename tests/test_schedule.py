@@ -33,7 +33,7 @@ def _valid(name: str, p: int, m: int, v: int) -> bool:
 
 def _torch_orders(name: str, p: int, m: int, v: int) -> list[list[tuple[str, int, int]]]:
     """Per-rank (kind, stage, microbatch) from torch's own order generators, no process group."""
-    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    import torch.distributed.pipelining.schedules as schedules
     if name in ("gpipe", "1f1b"):
         ns = types.SimpleNamespace(_num_stages=p, _n_microbatches=m)
         cls = schedules.ScheduleGPipe if name == "gpipe" else schedules.Schedule1F1B
@@ -90,9 +90,11 @@ def test_orders_match_torch(name: str, v: int) -> None:
 @pytest.mark.parametrize(("name", "v"), COMBOS)
 def test_every_action_once_and_dependencies_respected(name: str, v: int) -> None:
     rng = random.Random(0)
+    checked = 0
     for p, m in PM:
         if not _valid(name, p, m, v):
             continue
+        checked += 1
         n = p * v
         f = [rng.uniform(0.5, 2) for _ in range(n)]
         bi = [rng.uniform(0.5, 2) for _ in range(n)]
@@ -123,6 +125,7 @@ def test_every_action_once_and_dependencies_respected(name: str, v: int) -> None
                 assert start >= end - 1e-9
         assert t.makespan_s == pytest.approx(max(e.end_s for e in t.events))
         assert sum(t.busy_s) == pytest.approx(sum(e.end_s - e.start_s for e in t.events))
+    assert checked >= 3, f"{name} v={v}: only {checked} of the (p, m) pairs are valid"
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
@@ -186,6 +189,7 @@ def test_inflight_counts() -> None:
 
 @pytest.mark.parametrize(("name", "v"), [c for c in COMBOS if c[0] != "zbv"])
 def test_fast_makespan_equals_simulator(name: str, v: int) -> None:
+    checked = 0
     for (p, m), (f, b, w, c) in itertools.product(
         PM, [(1, 1, 1, 0), (1, 2, 0.5, 0), (0.3, 0.9, 0.2, 0), (1, 1, 1, 0.2), (1, 2, 0.5, 0.05)]
     ):
@@ -193,6 +197,8 @@ def test_fast_makespan_equals_simulator(name: str, v: int) -> None:
             continue
         kw = dict(virtual_stages=v, fwd_s=f, bwd_input_s=b, bwd_weight_s=w, p2p_s=c)
         assert sch.fast_makespan(name, p, m, **kw) == pytest.approx(sch.simulate(name, p, m, **kw).makespan_s)
+        checked += 1
+    assert checked >= 15, f"{name} v={v}: only {checked} valid cases"
 
 
 def test_validation_errors() -> None:
