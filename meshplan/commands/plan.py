@@ -3,8 +3,8 @@
 Traces MODEL on the meta device (``meshplan.loading.load_graph``: the traced graph comes
 from the trace cache when it holds this model, ``--no-cache`` to bypass it), runs
 ``meshplan.planner.api.plan_graph`` with progress lines on stderr, writes the Plan JSON with
-``-o`` first, then prints the text report (so ``| true`` or a full disk behind stdout cannot
-lose it). Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search; ``--dtype`` pins the
+``-o`` first (and ``--html``/``--png`` as ``meshplan report`` would, creating missing folders),
+then prints the text report once (so ``| true`` or a full disk behind stdout cannot lose it). Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search; ``--dtype`` pins the
 training precision or (``auto``) plans in bf16 and fp8 and keeps the faster.
 torch is imported inside ``run`` only.
 """
@@ -16,6 +16,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from meshplan.commands.argtypes import byte_size, positive_int
 from meshplan.cost_models.hardware import ClusterSpec
@@ -70,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--lora-rank", type=positive_int, default=None, help="LoRA rank for --quantization qlora (default 16)")
     parser.add_argument("-o", "--output", default=None, metavar="PLAN_JSON", help="write the plan here")
+    parser.add_argument("--html", default=None, metavar="PATH",
+                        help="also write the HTML report here (as `meshplan report PLAN_JSON --html PATH`)")
+    parser.add_argument("--png", default=None, metavar="PATH",
+                        help="also write the predicted pipeline timeline as a PNG here (needs meshplan[plot])")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument(
         "--no-cache", action="store_true",
@@ -162,8 +167,14 @@ def run(args: argparse.Namespace) -> int:
                                                    if left else "; `meshplan export --to " + args.target
                                                    + "` writes its configuration")))
     if args.output:  # saved before the report: a closed or full stdout must not lose the plan
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         plan.save(args.output)
         progress(f"wrote {args.output}")
+    if args.html or args.png:
+        from meshplan.commands.report import write_plan_files
+
+        for path in write_plan_files(plan, html=args.html, png=args.png):
+            progress(f"wrote {path}")
     return print_report(format_plan(plan), args.output)
 
 

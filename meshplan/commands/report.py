@@ -72,16 +72,30 @@ def run(args: argparse.Namespace) -> int:
     if record is not None:
         print()
         print(format_run(record))
-    if args.html:
+    for path in write_plan_files(plan, html=args.html, png=args.png, overview_png=args.overview_png,
+                                 width=args.png_width, record=record):
+        print(f"wrote {path}")
+    return 0
+
+
+def write_plan_files(plan: object, *, html: str | None = None, png: str | None = None,
+                     overview_png: str | None = None, width: int = 1200, record: object = None) -> list[Path]:
+    """Write the plan's HTML report, timeline PNG and overview PNG where asked (creating missing
+    folders); returns the paths written, in that order. ``meshplan plan --html/--png`` shares it."""
+    written: list[Path] = []
+    for path in (html, png, overview_png):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if html:
         from meshplan.report.html import write_html
 
-        print(f"wrote {write_html(plan, args.html, record=record)}")
-    if args.png:
+        written.append(write_html(plan, html, record=record))  # type: ignore[arg-type]
+    if png:
         from meshplan.report.plot import write_timeline_png
 
-        print(f"wrote {write_timeline_png(plan, args.png, width=args.png_width)}")
-    if args.overview_png:
+        written.append(write_timeline_png(plan, png, width=width))  # type: ignore[arg-type]
+    if overview_png:
         from meshplan.report.plot import write_overview_png
 
-        print(f"wrote {write_overview_png(plan, args.overview_png, width=args.png_width)}")
-    return 0
+        written.append(write_overview_png(plan, overview_png, width=width))  # type: ignore[arg-type]
+    return written

@@ -31,10 +31,15 @@ HELP = "run a plan under torchrun (synthetic data by default) and record measure
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON written by `meshplan plan`")
     p.add_argument("--model", required=True, help="zoo name, file.py:factory or package.module:factory")
-    p.add_argument("--steps", type=positive_int, default=10)
+    p.add_argument("--steps", type=positive_int, default=10,
+                   help="training steps to run (timed; --profile-steps come after them); with --resume, the step to end at "
+                        "(default 10)")
     p.add_argument("--nproc", type=positive_int, default=None, help="ranks to launch (default: the plan's world size)")
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--checkpoint-every", type=nonneg_int, default=0)
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="folder of DCP checkpoints: written every --checkpoint-every steps, read by --resume and "
+                        "after a --max-restarts restart (default: no checkpoints)")
+    p.add_argument("--checkpoint-every", type=nonneg_int, default=0, metavar="K",
+                   help="save a checkpoint in --checkpoint-dir after every K steps (default 0: never)")
     p.add_argument("--keep-checkpoints", type=nonneg_int, default=3,
                    help="keep the newest K complete checkpoints, delete older ones (0: keep all; default 3)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint (any plan/world size)")
@@ -49,9 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=nonneg_int, default=0, help="validation loss on tokens.val.bin every K steps")
     p.add_argument("--eval-batches", type=positive_int, default=4, help="global batches per validation (default 4)")
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
-    p.add_argument("--lr", type=positive_float, default=1e-3)
-    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=positive_float, default=1e-3,
+                   help="learning rate, the peak of --lr-schedule after --warmup-steps (default 1e-3)")
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw",
+                   help="adamw (default; weight decay 0), adam, or sgd with momentum 0.9")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of the initial weights, the synthetic data and the data order, the same on "
+                        "every rank (default 0)")
     p.add_argument("--clip-grad-norm", type=nonneg_float, default=1.0,
                    help="clip the global gradient norm (all ranks and stages) to this; 0 disables")
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
@@ -76,7 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-timeout", type=nonneg_float, default=None, metavar="S",
                    help="stop all ranks when none advances for S seconds, naming the stuck ranks and phases "
                         "(default: 20 predicted steps, at least 180; 0: off); the process-group timeout becomes at least S + 60")
-    p.add_argument("--master-port", type=int, default=None)
+    p.add_argument("--master-port", type=int, default=None, metavar="PORT",
+                   help="one node: torchrun's master port on 127.0.0.1 (default: torchrun --standalone picks a free one)")
     add_input_shape(p)
     g = p.add_argument_group("several nodes (torchrun c10d rendezvous; run once per node) and restarts")
     g.add_argument("--nnodes", type=int, default=None, help="nodes (default 1); nnodes x nproc-per-node = plan world size")
@@ -90,9 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="restart all workers up to K times when one dies; they resume from the newest complete checkpoint")
     s_ = p.add_argument_group("Slurm: write an sbatch script instead of running")
     s_.add_argument("--slurm-script", default=None, metavar="JOB.SH", help="write (and print) an sbatch script running this plan")
-    s_.add_argument("--partition", default=None)
+    s_.add_argument("--partition", default=None, help="Slurm partition (#SBATCH --partition)")
     s_.add_argument("--time", default=None, help="Slurm time limit, e.g. 04:00:00")
-    s_.add_argument("--gpus-per-node", type=int, default=None)
+    s_.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                    help="GPUs to ask Slurm for on each node (#SBATCH --gpus-per-node)")
     p.add_argument("--print-command", action="store_true", help="print the torchrun command and exit")
 
 
