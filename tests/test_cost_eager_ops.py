@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.eager_ops import (
@@ -126,8 +127,6 @@ def test_node_time_prices_an_attention_node_without_a_flash_kernel() -> None:
     with pytest.raises(ValueError, match="attention_impl"):
         node_time(n, a100, attention_impl="sdpa")
 
-
-torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,8 @@ def test_only_the_repeated_blocks_are_recomputed(rc):
     g = gpt_graph(layers=2, h=H, heads=16, seq=SEQ, vocab=32768)
     co = GraphCoster(g, H100)
     none, rec = co.table(1, False, "none", 1), co.table(1, False, rc, 1)
-    for a, b in zip(none.layers, rec.layers):
+    assert [a.kind for a in none.layers] == [b.kind for b in rec.layers] and "block" in [a.kind for a in none.layers]
+    for a, b in zip(none.layers, rec.layers, strict=True):
         if a.kind == "block":
             assert b.act_bytes < a.act_bytes and b.recompute_s > 0
         else:  # the embeddings, final norm and head keep what they save (and the loss peak)

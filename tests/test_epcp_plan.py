@@ -118,6 +118,7 @@ def test_ep_pinned_shards_expert_memory(moe_graph):
 
 def test_search_composes_cp_and_ep_with_pp_and_tp(moe_graph):
     p = plan_graph(moe_graph, 8, cluster="h100", global_batch_size=4)
+    assert any(a.config.get("cp", 1) > 1 or a.config.get("ep", 1) > 1 for a in p.alternatives)
     for a in p.alternatives:
         c = a.config
         if c.get("cp", 1) > 1 or c.get("ep", 1) > 1:

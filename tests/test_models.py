@@ -88,7 +88,9 @@ def test_deterministic_init() -> None:
     a = load_model("gpt-tiny").model
     torch.manual_seed(0)
     b = load_model("gpt-tiny").model
-    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+    pa, pb = list(a.named_parameters()), list(b.named_parameters())
+    assert [n for n, _ in pa] == [n for n, _ in pb] and pa
+    for (n, p), (_, q) in zip(pa, pb, strict=True):
         assert torch.equal(p, q), n
 
 

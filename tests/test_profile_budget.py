@@ -22,9 +22,8 @@ def test_timed_calls_stop_at_the_deadline() -> None:
     from meshplan.profile.machine import _timed_calls
 
     cpu = torch.device("cpu")
-    t0 = time.monotonic()
     times = _timed_calls(lambda: time.sleep(0.05), torch, cpu, reps=1000, deadline=time.monotonic() + 0.3)
-    assert 1 <= len(times) <= 10 and time.monotonic() - t0 < 5
+    assert 1 <= len(times) <= 10  # 0.3 s of 0.05 s calls, not the 1,000 asked for
 
 
 def test_matmul_skips_sizes_out_of_budget_and_slow_bf16() -> None:

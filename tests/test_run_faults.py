@@ -72,12 +72,10 @@ class TestRunFaults:
     def test_hang_stops_every_rank_and_restart_finishes(self, setup) -> None:
         """Rank 1 sleeps inside step 3's forward: the watchdog names it, torchrun restarts from step 2."""
         ck = setup / "ck-hang"
-        t0 = time.monotonic()
         out, mark = _run(setup, "--steps", str(STEPS), "--data", "fault_hooks:batches", "--checkpoint-dir", str(ck),
                          "--checkpoint-every", "1", "--hang-timeout", "4", "--max-restarts", "1",
                          "--record", str(setup / "hang.json"), case="hang:1:3")
-        assert out.returncode == 0, out.stderr[-6000:]
-        assert time.monotonic() - t0 < 200
+        assert out.returncode == 0, out.stderr[-6000:]  # _run's 240 s timeout: a hang the watchdog missed fails
         err = out.stderr
         assert "hang: no rank advanced for" in err and "rank 1" in err and "stopped at step 3 in forward" in err, err[-4000:]
         assert "waiting: rank 0 at step 3 in backward" in err  # DDP waits for the bucket all-reduce there

@@ -63,6 +63,7 @@ class TestTwoRanks:
 
         res = run_ranks(pc.phases_worker, 2, timeout_s=400)
         for r in res:
+            assert sorted(r) == ["dp2", "pp2", "pp2_zb"]
             for name, got in r.items():
                 mine = got["mine"]
                 assert got["timed_ranges"] == 0, name  # timed steps carry no phase ranges

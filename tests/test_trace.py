@@ -95,6 +95,7 @@ def test_kinds_attrs_and_saved_bytes(gpt_graph: ModelGraph) -> None:
 
 def test_edges_and_inputs_consistent(gpt_graph: ModelGraph) -> None:
     edges = {(s, d) for s, d, _ in gpt_graph.edges}
+    assert gpt_graph.nodes and edges
     for n in gpt_graph.nodes:
         assert n.id == gpt_graph.nodes.index(n)
         for i in n.inputs:
