@@ -71,6 +71,12 @@ def test_profile_command_two_ranks_writes_loadable_profile(
     assert spec.inter_bw_bytes_per_s == spec.intra_bw_bytes_per_s and spec.intra_bw_bytes_per_s > 0
     assert {"fp32", "bf16"} <= set(spec.peak_flops) and spec.mem_bw_bytes_per_s > 0
     assert "measured" in spec.source and spec.extra["measured"] is True
+    # every figure says where it comes from: the links inside the node measured, between nodes derived
+    from meshplan.profile.provenance import missing_provenance
+
+    assert missing_provenance(spec) == []
+    assert spec.provenance["intra_bw_bytes_per_s"].startswith("measured: all_reduce across 2 processes")
+    assert spec.provenance["inter_bw_bytes_per_s"].startswith("derived")
     assert len(spec.extra["collectives"]["all_reduce"]) == 3  # 4 KiB, 16 KiB, 64 KiB
     # the eager calibration: one efficiency row per linear chain, sorted by GEMM FLOPs; op overheads
     rows = spec.matmul_efficiency_by_flops
@@ -85,8 +91,12 @@ def test_profile_command_two_ranks_writes_loadable_profile(
 
 def test_profile_command_rejects_bad_nproc(tmp_path: Path) -> None:
     from meshplan.cli import main
+    from meshplan.profile.machine import profile_machine
 
-    assert main(["profile", "--nproc", "1", "-o", str(tmp_path / "p.json")]) == 1
+    with pytest.raises(SystemExit):  # argparse: --nproc must be a positive integer
+        main(["profile", "--nproc", "0", "-o", str(tmp_path / "p.json")])
+    with pytest.raises(ValueError, match="positive integer"):
+        profile_machine(nproc=0)
 
 
 def test_eager_measurements_from_their_timings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,7 +25,8 @@ HELP = "fit a cluster's efficiency terms to measured runs (RunRecords) and write
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("records", nargs="+", metavar="RECORD.json", help="run records written by meshplan run --record")
-    parser.add_argument("--cluster", required=True, help="cluster preset or cluster JSON the runs are predicted with")
+    parser.add_argument("--cluster", required=True,
+                        help="cluster preset, cluster JSON or local (this machine) the runs are predicted with")
     parser.add_argument("-o", "--output", required=True, metavar="CLUSTER_JSON", help="where to write the calibrated cluster")
     parser.add_argument("--name", default=None, help="name of the calibrated cluster (default: NAME-calibrated)")
     parser.add_argument("--use-phases", action="store_true",
@@ -64,9 +65,10 @@ def measured_step_s(d: dict[str, Any]) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from meshplan.commands import calibration as cal
-    from meshplan.cost_models.hardware import resolve_cluster
+    from meshplan.cost_models.hardware import ClusterSpec
     from meshplan.loading import load_graph
     from meshplan.plan import Plan
+    from meshplan.profile.local import resolve
 
     def progress(msg: str) -> None:
         if not args.quiet:
@@ -82,13 +84,15 @@ def run(args: argparse.Namespace) -> int:
         cases.append(cal.Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=step,
                               measured_phases=cal.measured_phases(d.get("phases"), step) if args.use_phases else {}))  # fmt: skip
     world = max(c.plan.world_size for c in cases)
-    spec = resolve_cluster(args.cluster, world)
+    spec = resolve(args.cluster, world, say=progress, log=progress)
     result = cal.fit(cases, spec, progress=progress)
     out = result.spec
     from dataclasses import replace
 
     names = ", ".join(c.name for c in cases)
-    out = replace(out, name=args.name or f"{spec.name}-calibrated",
+    fitted = {f: f"derived: fitted by meshplan calibrate to {names}" for f in ClusterSpec.__dataclass_fields__
+              if f not in ("name", "source", "extra", "provenance") and getattr(out, f) != getattr(spec, f)}
+    out = replace(out, name=args.name or f"{spec.name}-calibrated", provenance={**out.provenance, **fitted},
                   source=f"{spec.name} calibrated by meshplan calibrate on {len(cases)} run(s): {names}",
                   extra={**out.extra, "calibration": {"factors": result.factors, "records": names}})  # fmt: skip
     out.save(args.output)

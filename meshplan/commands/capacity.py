@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", required=True,
                         help="GPU counts: a range 64-4096 (swept on 2^k and 3x2^k sizes that are whole nodes and "
                              "divide the batch), a list 256,512,1024 or one count")  # fmt: skip
-    parser.add_argument("--cluster", default="h100", help="cluster kinds, comma-separated presets (h100,h200,a100-80g)")
+    parser.add_argument("--cluster", default="h100", help="cluster kinds, comma-separated presets (h100,h200,a100-80g) or local "
+                                                           "(this machine, profiled once and cached)")
     parser.add_argument("--price", action="append", default=None, metavar="KIND=USD",
                         help="dollars per GPU-hour, e.g. h100=2.49,h200=3.5 (repeatable); cost columns need it")
     parser.add_argument("--deadline", default=None, help="mark the cheapest plan that trains within it: 30d, 12h, 6w")

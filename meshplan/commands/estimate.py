@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--from-megatron", metavar="ARGS", help='Megatron-LM arguments, or "@FILE" of them')
     src.add_argument("--from-deepspeed", metavar="JSON", help="DeepSpeed ds_config.json")
     parser.add_argument("--world-size", "-n", type=int, required=True, help="number of devices the job runs on")
-    parser.add_argument("--cluster", default="h100", help="cluster preset or profile JSON (default h100)")
+    parser.add_argument("--cluster", default="h100",
+                        help="cluster preset, profile JSON, or local: this machine, profiled once and cached (default h100)")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the config's, else the model's)")
     add_input_shape(parser)
     parser.add_argument("--target", default=None, choices=TARGETS,
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from meshplan.commands.engine_cost import cost_spec, trace_graph
     from meshplan.engines.spec import CAPS, search_limits
     from meshplan.planner.api import plan_graph
+    from meshplan.profile.local import is_local, resolve
     from meshplan.report.diff import format_diff
 
     def progress(msg: str) -> None:
@@ -64,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
     engine, imp = read_config(args)  # bad config fails before the (slow) trace
     spec = imp.spec
+    if is_local(args.cluster):
+        args.cluster = resolve(args.cluster, args.world_size, say=progress, log=lambda m: progress(f"profile: {m}"))
     progress(f"tracing {args.model}")
     shapes = input_shapes(args.input_shape)
     graph = trace_graph(args.model, None if shapes else (args.seq or spec.seq_len or None), shapes)

@@ -35,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--world-size", "-n", type=positive_int, required=True, help="number of devices")
     parser.add_argument(
-        "--cluster", default="h100", help="preset (h100, h200, a100-80g, a100-40g, v100) or profile .json"
+        "--cluster", default="h100",
+        help="preset (h100, h200, a100-80g, a100-40g, v100), profile .json, or local: this machine, profiled once "
+             "(seconds) and cached, its device replicated -n times"
     )
     parser.add_argument(
         "--memory-limit", type=byte_size, default=None, metavar="SIZE",
@@ -92,9 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def memory_limited(cluster: object, world_size: int, limit_bytes: int) -> object:
     """The cluster with ``limit_bytes`` usable per device (the rest reserved); ValueError above the device."""
-    from meshplan.cost_models.hardware import resolve_cluster
+    from meshplan.profile.local import resolve
 
-    spec = resolve_cluster(cluster, world_size)  # type: ignore[arg-type]
+    spec = resolve(cluster, world_size)  # type: ignore[arg-type]
     if limit_bytes > spec.mem_bytes:
         raise ValueError(f"--memory-limit {limit_bytes / 2**30:.1f} GiB is more than the {spec.name} device's "
                          f"{spec.mem_bytes / 2**30:.1f} GiB; give at most that")
@@ -115,6 +117,7 @@ def pins(args: argparse.Namespace) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     from meshplan.planner import validate as V
     from meshplan.planner.api import check_request, plan_graph, resolve_quantization
+    from meshplan.profile.local import is_local, resolve
     from meshplan.report.text import format_plan
 
     t0 = time.perf_counter()
@@ -123,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
+    if is_local(args.cluster):  # measured (or read from the cache) once, before the trace
+        args.cluster = resolve(args.cluster, args.world_size, say=progress, log=lambda m: progress(f"profile: {m}"))
     if args.memory_limit is not None:
         args.cluster = memory_limited(args.cluster, args.world_size, args.memory_limit)
     fixed = pins(args)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from meshplan.commands.argtypes import positive_float
+from meshplan.commands.argtypes import positive_float, positive_int
 
 HELP = "measure this machine's FLOP/s, memory bandwidth and collectives into a cluster profile JSON"
 
@@ -36,7 +36,9 @@ def _shapes(text: str) -> tuple[tuple[int, int], ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--nproc", type=int, default=2, help="processes (devices) to measure collectives across (default 2)"
+        "--nproc", type=positive_int, default=2,
+        help="processes (devices) to measure collectives across (default 2); 1: one device, no collectives "
+             "(the links between devices are derived, and marked so)"
     )
     parser.add_argument(
         "-o", "--output", default="profile.json", help="where to write the profile (default profile.json)"
@@ -84,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from meshplan.profile.machine import check_profile, profile_machine
+    from meshplan.profile.provenance import provenance_lines
 
     spec = profile_machine(
         nproc=args.nproc, quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes, reps=args.reps,
@@ -93,11 +96,14 @@ def run(args: argparse.Namespace) -> int:
     spec.save(args.output)
     for w in check_profile(spec):
         print(f"meshplan profile: warning: {w}", file=sys.stderr)
+    links = "links (derived)" if "intra_bw_bytes_per_s" in spec.derived_figures() else "collectives"
     peak = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in sorted(spec.peak_flops.items()))
     print(
         f"wrote {args.output}: {spec.num_devices} devices; peak {peak}; memory bandwidth "
-        f"{spec.mem_bw_bytes_per_s / 1e9:.2f} GB/s; collectives alpha {spec.intra_latency_s * 1e6:.1f} us, "
+        f"{spec.mem_bw_bytes_per_s / 1e9:.2f} GB/s; {links} alpha {spec.intra_latency_s * 1e6:.1f} us, "
         f"bw {spec.intra_bw_bytes_per_s / 1e9:.3f} GB/s; kernel floor {spec.kernel_floor_s * 1e6:.1f} us; "
         f"eager op overhead {spec.op_overhead_s * 1e6:.1f} / {spec.bwd_op_overhead_s * 1e6:.1f} us (fwd / bwd part)"
     )
+    print("figures (MEASURED on this machine, or DERIVED from what is named):")
+    print("\n".join(provenance_lines(spec)))
     return 0

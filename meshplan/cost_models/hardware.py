@@ -18,6 +18,8 @@ from typing import Any
 
 GB = 1e9
 GiB = 1024**3
+#: how a ``ClusterSpec.provenance`` entry starts
+PROVENANCE_KINDS = ("measured", "derived")
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,11 @@ class ClusterSpec:
     comm_overlap: float = 1.0
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # where each figure comes from, by field name ("peak_flops.bf16" for one dtype): "measured: how"
+    # or "derived: from what" (``meshplan profile`` fills it for every figure; presets leave it
+    # empty: their figures are the datasheet's, named in ``source``). ``derived_figures()`` lists
+    # the derived ones for reports.
+    provenance: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def bad(field_name: str, why: str) -> ValueError:
@@ -137,8 +144,19 @@ class ClusterSpec:
             raise bad("matmul_efficiency_by_flops", f"needs rows [flops > 0, fwd eff, bwd eff in (0, 1]], got {rows!r}")
         if not isinstance(self.extra, dict):
             raise bad("extra", f"must be a dict, got {type(self.extra).__name__}")
+        if not isinstance(self.provenance, dict):
+            raise bad("provenance", f"must be a dict of figure -> 'measured: ...'/'derived: ...', got {self.provenance!r}")
+        for key, how in self.provenance.items():
+            if key.partition(".")[0] not in self.__dataclass_fields__:
+                raise bad("provenance", f"{key!r} is not a ClusterSpec figure")
+            if not isinstance(how, str) or not how.startswith(PROVENANCE_KINDS):
+                raise bad("provenance", f"{key}: must start with one of {PROVENANCE_KINDS}, got {how!r}")
 
     # ---- derived -----------------------------------------------------------------------
+    def derived_figures(self) -> dict[str, str]:
+        """Figure -> what it was derived from, for the figures a profile did not measure."""
+        return {k: v.partition(":")[2].strip() for k, v in self.provenance.items() if v.startswith("derived")}
+
     @property
     def num_nodes(self) -> int:
         return max(1, math.ceil(self.num_devices / self.devices_per_node))
@@ -167,7 +185,8 @@ class ClusterSpec:
         key = name.lower()
         if key not in PRESETS:
             raise ValueError(
-                f"unknown cluster preset {name!r}; choose one of {sorted(PRESETS)} or a profile JSON path"
+                f"unknown cluster preset {name!r}; choose one of {sorted(PRESETS)}, local (this machine) or a profile "
+                "JSON path"
             )
         if not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"ClusterSpec.num_nodes: must be a positive integer, got {num_nodes!r}")
@@ -195,7 +214,8 @@ class ClusterSpec:
         peak = d["peak_flops"]
         if not isinstance(peak, dict):
             raise ValueError(f"ClusterSpec.peak_flops: must be an object of dtype -> FLOP/s, got {peak!r}")
-        return cls(**{**d, "peak_flops": dict(peak), "extra": dict(d.get("extra") or {})})
+        return cls(**{**d, "peak_flops": dict(peak), "extra": dict(d.get("extra") or {}),
+                      "provenance": dict(d.get("provenance") or {})})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)

@@ -26,7 +26,7 @@ from typing import Any
 
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
-from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
+from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.hardware import preset_for_gpu_name as preset_for_device_name
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.graph import ModelGraph
@@ -42,6 +42,7 @@ from meshplan.planner import validate as V
 from meshplan.planner.assemble import MESH_AXES, build_plan, model_flops_per_token, quant_effect
 from meshplan.planner.costing import GraphCoster
 from meshplan.planner.search import Config, GiB, Searcher, SearchResult
+from meshplan.profile.local import resolve
 
 #: Default sequences per device when no global batch is given.
 DEFAULT_SEQS_PER_DEVICE = 8
@@ -65,7 +66,9 @@ def default_cluster_name() -> str:
 
 
 def _cluster(cluster: str | ClusterSpec | Path | None, world_size: int) -> ClusterSpec:
-    return resolve_cluster(cluster if cluster is not None else default_cluster_name(), world_size)
+    """A preset name, a profile JSON, a ClusterSpec or "local" (this machine, profiled once and
+    cached: ``profile.local``) as ``world_size`` devices."""
+    return resolve(cluster if cluster is not None else default_cluster_name(), world_size)
 
 
 def resolve_quantization(quantization: str | Quantization | None, lora_rank: int | None = None) -> Quantization:
@@ -378,7 +381,8 @@ def autoparallel(
 ) -> Plan:
     """The fastest plan for training ``model`` on ``world_size`` devices that fits memory.
 
-    ``cluster``: preset name, ClusterSpec or profile JSON path (default: the local CUDA device's
+    ``cluster``: preset name, ClusterSpec, profile JSON path or "local" (this machine, profiled
+    once and cached; ``profile.local``) (default: the local CUDA device's
     preset, else "h100"). ``global_batch_size``: sequences per step (default 8 × world_size).
     ``seq_len``: tokens per sequence (default: the model's maximum). ``fixed``: pins, e.g.
     ``{"tp": 8, "schedule": "1f1b"}`` (keys: ``validate.FIXED_KEYS``). ``recompute`` /

@@ -1,5 +1,5 @@
 """Time bounds for ``meshplan profile``: a total budget split over its measurements, progress lines,
-and whether this CPU does bf16 fast enough to sweep it.
+and whether this CPU does bf16 / fp16 fast enough to sweep them.
 
 ``Budget(total_s)`` gives each phase (matmul, memory, eager chains, op overhead, collectives) a
 share of what is left; ``phase(name, share)`` returns the phase's absolute deadline
@@ -56,8 +56,17 @@ class Budget:
         self._log(f"[{time.monotonic() - self.t0:5.1f}/{self.total_s:.0f} s] {msg}")
 
 
+#: the /proc/cpuinfo flags of native low-precision matmul support, per dtype
+FAST_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+
 def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
     """True when the CPU flags include native bf16 (``avx512_bf16`` or ``amx_bf16``)."""
+    return cpu_has_fast("bf16", cpuinfo)
+
+
+def cpu_has_fast(dtype: str, cpuinfo: str | None = None) -> bool:
+    """True when the CPU flags include native ``dtype`` matmul support (``FAST_FLAGS``)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -67,7 +76,7 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             flags.update(line.partition(":")[2].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return bool(flags & set(FAST_FLAGS[dtype]))
 
 
 def fits(last_call_s: float, scale: float, reps: int, deadline: float) -> bool:

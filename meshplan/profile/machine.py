@@ -29,8 +29,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.profile.budget import Budget, Log, cpu_has_fast_bf16, fits, log_stderr
+from meshplan.profile.budget import FAST_FLAGS, Budget, Log, cpu_has_fast, fits, log_stderr
 from meshplan.profile.comm import byte_sizes, fit_or_bound, measure_collectives
+from meshplan.profile.links import single_device_links
+from meshplan.profile.provenance import collective_provenance, profile_provenance
 
 DEFAULT_MATMUL_SIZES = (256, 512, 1024, 2048)
 QUICK_MATMUL_SIZES = (128, 256, 512)
@@ -88,7 +90,7 @@ def measure_matmul(
         end = None if deadline is None else time.monotonic() + (deadline - time.monotonic()) / (len(dtypes) - i)
         todo = sizes[:1] if dt in slow_dtypes else sizes
         if dt in slow_dtypes and len(sizes) > 1:
-            log(f"matmul {dt}: this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag): sizes "
+            log(f"matmul {dt}: this CPU has no native {dt} (no {'/'.join(FAST_FLAGS[dt])} flag): sizes "
                 f"{sizes[1:]} skipped, {sizes[0]} only")
         last: tuple[int, float] | None = None
         for n in todo:
@@ -245,12 +247,16 @@ def profile_machine(
     the GPU's memory, or on CPU the host memory divided by ``nproc``. ``budget_s``: total seconds
     (``budget.Budget``: each measurement bounded, larger sizes skipped when out of time,
     progress lines prefixed with elapsed/budget); None: unbounded. On a CPU without native bf16
-    the bf16 matmul sweep is skipped (smallest size only) with a note.
+    (fp16) the bf16 (fp16) matmul sweep is skipped (smallest size only) with a note.
+
+    ``nproc=1``: one device, no collectives; the links between devices are derived
+    (``profile.links.single_device_links``) and marked so in ``provenance``, as is every figure
+    that is not measured (``profile.provenance``).
     """
     import torch
 
-    if not isinstance(nproc, int) or nproc < 2:
-        raise ValueError(f"nproc must be an integer >= 2, got {nproc!r}")
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a positive integer, got {nproc!r}")
     has_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= nproc
     if backend == "auto":
         backend = "nccl" if has_gpus else "gloo"
@@ -273,13 +279,11 @@ def profile_machine(
     def phase(name: str) -> float | None:
         return budget.phase(name) if budget is not None else None
 
-    log(f"device {device}, backend {backend}, nproc {nproc}")
-    dtypes = ("fp32", "bf16") if device.type == "cpu" else ("fp32", "bf16", "fp16")
-    slow = ("bf16",) if device.type == "cpu" and not cpu_has_fast_bf16() else ()
+    log(f"device {device}, " + (f"backend {backend}, nproc {nproc}" if nproc > 1 else "one device: no collectives"))
+    dtypes = ("fp32", "bf16", "fp16")
+    slow = tuple(dt for dt in ("bf16", "fp16") if device.type == "cpu" and not cpu_has_fast(dt))
     mm = measure_matmul(sizes_mm, dtypes, reps, device, log, deadline=phase("matmul"), slow_dtypes=slow)
     peak = {dt: max(f for _, f in v) for dt, v in mm.items()}
-    if device.type == "cpu":
-        peak["fp16"] = peak["bf16"]
     mem_bw = measure_mem_bw(mem_test_bytes, reps, device, log, deadline=phase("memory"))
     floor = measure_kernel_floor(device)
     log(f"kernel floor {floor * 1e6:.1f} us")
@@ -287,26 +291,38 @@ def profile_machine(
     eff_table = measure_eager_matmul(shapes, peak["fp32"], max(reps, 5), device, log, deadline=phase("eager"))
     op_f, op_b = measure_op_overhead(device, floor, deadline=phase("overhead"))
     log(f"eager op overhead: forward {op_f * 1e6:.1f} us, per backward part {op_b * 1e6:.1f} us")
-    phase("collectives")
-    coll = measure_collectives(nproc, byte_sizes(min_bytes, max_bytes), reps, backend, log,
-                               wall_deadline=budget.wall_deadline() if budget is not None else None)
-    alpha, bw = fit_or_bound(coll["all_reduce"], "all_reduce", nproc, log)
-    p2p_alpha, p2p_bw = fit_or_bound(coll["send_recv"], "send_recv", 2, log)
-    log(f"all_reduce fit: alpha {alpha * 1e6:.1f} us, bw {bw / 1e9:.3f} GB/s; "
-        f"send_recv fit: alpha {p2p_alpha * 1e6:.1f} us, bw {p2p_bw / 1e9:.3f} GB/s")  # fmt: skip
 
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         mem, dev_name, sms = int(props.total_memory), props.name, int(props.multi_processor_count)
     else:  # a CPU has no SM grid: no GEMM/attention shape factor (sm_count 0)
         mem, dev_name, sms = _host_mem_bytes() // nproc, platform.processor() or platform.machine(), 0
+    coll: dict[str, list[tuple[int, float]]] = {}
+    if nproc == 1:
+        links, link_why = single_device_links(device, dev_name, reps, log, deadline=phase("collectives"))
+        p2p_alpha, p2p_bw = links["intra_latency_s"], links["intra_bw_bytes_per_s"]
+        comm_how = "no collectives (one device): links derived, see provenance"
+    else:
+        phase("collectives")
+        coll = measure_collectives(nproc, byte_sizes(min_bytes, max_bytes), reps, backend, log,
+                                   wall_deadline=budget.wall_deadline() if budget is not None else None)
+        alpha, bw = fit_or_bound(coll["all_reduce"], "all_reduce", nproc, log)
+        p2p_alpha, p2p_bw = fit_or_bound(coll["send_recv"], "send_recv", 2, log)
+        log(f"all_reduce fit: alpha {alpha * 1e6:.1f} us, bw {bw / 1e9:.3f} GB/s; "
+            f"send_recv fit: alpha {p2p_alpha * 1e6:.1f} us, bw {p2p_bw / 1e9:.3f} GB/s")  # fmt: skip
+        links = {"intra_latency_s": alpha, "intra_bw_bytes_per_s": bw,
+                 "inter_latency_s": alpha, "inter_bw_bytes_per_s": bw}  # one machine: "between nodes" is the same link
+        link_why = collective_provenance(backend, nproc, min_bytes, max_bytes)
+        comm_how = (f"{backend} across {nproc} processes (spawn, tcp://127.0.0.1), collectives "
+                    f"{min_bytes}-{max_bytes} bytes, alpha-beta fit (least-squares slope, intercept from the small sizes)")
     elapsed = time.perf_counter() - t_start
     source = (
         f"measured by `meshplan profile` on {platform.node() or 'localhost'} ({dev_name}) at "
-        f"{started.isoformat(timespec='seconds')}: torch {torch.__version__}, {backend} across {nproc} "
-        f"processes (spawn, tcp://127.0.0.1), matmul sizes {list(sizes_mm)}, collectives "
-        f"{min_bytes}-{max_bytes} bytes, {reps} reps (best time for matmul/memory, median for collectives), alpha-beta fit (least-squares slope, intercept from the small sizes), eager linear chains {[list(x) for x in shapes]} (median time, fp32)"
+        f"{started.isoformat(timespec='seconds')}: torch {torch.__version__}, {comm_how}, matmul sizes "
+        f"{list(sizes_mm)}, {reps} reps (best time for matmul/memory, median for collectives), eager linear "
+        f"chains {[list(x) for x in shapes]} (median time, fp32)"
     )
+    measured_sizes = {dt: [n for n, _ in v] for dt, v in mm.items()}
     return ClusterSpec(
         name=name or f"local-{device.type}-{nproc}",
         num_devices=nproc,
@@ -314,10 +330,7 @@ def profile_machine(
         peak_flops=peak,
         mem_bytes=mem,
         mem_bw_bytes_per_s=mem_bw,
-        intra_bw_bytes_per_s=bw,
-        intra_latency_s=alpha,
-        inter_bw_bytes_per_s=bw,  # one machine: "between nodes" is the same link
-        inter_latency_s=alpha,
+        **links,
         matmul_efficiency=1.0,
         mem_efficiency=1.0,
         comm_efficiency=1.0,
@@ -327,6 +340,7 @@ def profile_machine(
         matmul_efficiency_by_flops=eff_table,
         sm_count=sms,
         source=source,
+        provenance={**profile_provenance(device.type, nproc, measured_sizes, mem_test_bytes, shapes), **link_why},
         extra={
             "measured": True,
             "measured_at": started.isoformat(timespec="seconds"),
@@ -334,7 +348,7 @@ def profile_machine(
             "device": dev_name,
             "device_type": device.type,
             "host": platform.node(),
-            "backend": backend,
+            "backend": backend if nproc > 1 else "none",
             "torch": torch.__version__,
             "cpu_threads": torch.get_num_threads(),
             "matmul_flops_by_size": {dt: [[n, f] for n, f in v] for dt, v in mm.items()},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from typing import Any
 
 from tabulate import tabulate
 
@@ -138,6 +139,26 @@ def _text_timeline(plan: Plan) -> str:
         return ""
 
 
+#: the cluster figures a plan report names when a profile derived them instead of measuring them
+HEADLINE_FIGURES = ("peak_flops", "mem_bytes", "mem_bw_bytes_per_s", "intra_bw_bytes_per_s", "intra_latency_s",
+                    "inter_bw_bytes_per_s", "inter_latency_s")
+
+
+def cluster_provenance_lines(cluster: dict[str, Any]) -> list[str]:
+    """What ``--cluster local``'s devices are (one line), and which headline figures of a profiled
+    cluster were derived rather than measured (one line; the cluster's ``provenance`` says from what)."""
+    out = []
+    local = (cluster.get("extra") or {}).get("local")
+    if local:
+        out.append(str(local))
+    derived = [k for k, v in (cluster.get("provenance") or {}).items()
+               if str(v).startswith("derived") and k.partition(".")[0] in HEADLINE_FIGURES]
+    if derived:
+        out.append(f"cluster figures derived, not measured: {', '.join(derived)} (cluster.provenance in the plan "
+                   "JSON says from what)")
+    return out
+
+
 def format_plan(plan: Plan) -> str:
     p = plan
     pr = p.predicted
@@ -148,6 +169,7 @@ def format_plan(plan: Plan) -> str:
         f"cluster {cl.get('name', '?')}: {p.world_size} devices, {cl.get('devices_per_node', '?')} per node; "
         f"global batch {p.global_batch_size} × seq {p.seq_len}; dtype {p.dtype}, optimizer {p.optimizer}"
     )
+    out += cluster_provenance_lines(cl)
     out.append("")
     out.append("Mesh (outermost axis first; the innermost axis is on consecutive ranks):")
     out.append(

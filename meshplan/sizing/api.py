@@ -26,6 +26,7 @@ from typing import Any
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import ModelGraph
 from meshplan.partition.cuts import layer_ranges
+from meshplan.profile.local import is_local, local_profile
 from meshplan.sizing.band import ErrorBand, load_error_band
 from meshplan.sizing.parse import (
     BatchSpec,
@@ -84,7 +85,8 @@ def _clusters(clusters: str | Sequence[str]) -> list[str]:
     if not names:
         raise ValueError("no cluster kind given; name presets, e.g. h100,h200,a100-80g")
     for n in names:
-        ClusterSpec.preset(n)  # ValueError naming the presets
+        if not is_local(n):
+            ClusterSpec.preset(n)  # ValueError naming the presets
     return list(dict.fromkeys(names))
 
 
@@ -158,7 +160,10 @@ def answer(graph: ModelGraph, q: Question, *, progress: Callable[[str], None] | 
     tasks: list[tuple[str, int]] = []
     skipped: list[str] = []
     for kind in q.kinds:
-        per_node = ClusterSpec.preset(kind).devices_per_node
+        if is_local(kind):  # this machine: measured (or read from the cache) once, before the searches fork
+            local_profile(log=say, say=say)
+        # local: each size is one node of that many copies of this machine's device
+        per_node = 1 if is_local(kind) else ClusterSpec.preset(kind).devices_per_node
         sizes, left = sweep_sizes(q.counts, devices_per_node=per_node, batch_seqs=seqs, num_layers=n_layers)
         tasks += [(kind, n) for n in sizes]
         skipped += [f"{kind} {s}" for s in left]
