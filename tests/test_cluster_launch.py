@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -41,12 +42,32 @@ def test_launch_sizes_must_match_the_plan(tmp_path, capsys) -> None:
 
 def test_unreachable_endpoint_fails_within_the_timeout(tmp_path, capsys) -> None:
     plan = _plan(tmp_path)
-    t0 = time.monotonic()
     # 192.0.2.0/24 is TEST-NET-1 (RFC 5737): never routed, so the connection cannot succeed
     assert main(["run", str(plan), "--model", "gpt-tiny", "--nnodes", "2", "--rdzv-endpoint", "192.0.2.1:29500",
                  "--rdzv-timeout", "2"]) == 1
-    assert time.monotonic() - t0 < 15
     assert "rendezvous endpoint 192.0.2.1:29500 not reachable within 2 s" in capsys.readouterr().err
+
+
+def test_endpoint_wait_keeps_its_deadline(monkeypatch) -> None:
+    """check_endpoint on a clock of its own (no wall-clock bound in the test): every connection try
+    gets at most the time left, tries repeat every poll_s, and the error comes once the deadline passed."""
+    from meshplan.runtime.launch import torchrun
+
+    clock = [100.0]
+    tries: list[float] = []
+
+    def connect(_addr: tuple[str, int], timeout: float) -> None:
+        tries.append(timeout)
+        clock[0] += timeout  # an unrouted address: the try uses all of its timeout
+        raise OSError("timed out")
+
+    fake_time = types.SimpleNamespace(monotonic=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(torchrun, "time", fake_time)  # the module's clock only
+    monkeypatch.setattr(torchrun.socket, "create_connection", connect)
+    with pytest.raises(ValueError, match=r"192\.0\.2\.1:29500 not reachable within 5 s \(timed out\)"):
+        torchrun.check_endpoint("192.0.2.1:29500", 5, poll_s=0.5)
+    # 2 s tries with 0.5 s polls between; at the deadline one last 0.1 s try, then the error
+    assert tries == [2.0, 2.0, 0.1] and clock[0] == pytest.approx(105.1)
 
 
 def test_slurm_script(tmp_path, capsys, monkeypatch) -> None:
