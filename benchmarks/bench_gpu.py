@@ -7,7 +7,7 @@ For every model shape, on ``cuda:0``:
 
 (a) hand-written: fp32 parameters, ``torch.autocast("cuda", bfloat16)``, loss in fp32, AdamW
     ``fused=True``, optionally ``torch.compile`` per repeated block (``--compile``);
-(b) meshplan: ``meshplan.planner.api.estimate`` costs dp1 tp1 pp1 on the preset of this GPU
+(b) meshplan: ``meshplan.estimate`` costs dp1 tp1 pp1 on the preset of this GPU
     (``preset_for_gpu_name``), ``apply_plan`` runs that plan (bf16 as planned, the runtime's AdamW,
     the same ``--compile``) in a one-rank NCCL process group.
 
@@ -89,7 +89,7 @@ def hand_loop(model: torch.nn.Module, compile_blocks: bool) -> Any:
 
 
 def runtime_loop(model: torch.nn.Module, preset: str, batch: int, seq: int, compile_blocks: bool) -> tuple[Any, Any]:
-    from meshplan.planner.api import estimate
+    from meshplan.api.plan import estimate
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.loop.optim import make_optimizer
 

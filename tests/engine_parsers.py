@@ -7,7 +7,9 @@ engines import slowly (torchtitan ~30 s on this CPU) and set global state (DeepS
 
 - torchtitan 0.3: ``ConfigManager().parse_args(["--module", "llama3", "--config",
   "llama3_debugmodel", *overrides])`` (tyro on ``Trainer.Config``, with its ``__post_init__``
-  checks);
+  checks); a case with ``"module"`` instead of ``"text"`` is a Python config module, written to a
+  temporary folder put on ``sys.path`` and loaded the way ``torchtitan.train`` does,
+  ``ConfigManager().parse_args(["--module", NAME, "--config", case["config"]])``;
 - Megatron-LM: its training argument parser (``megatron/training/arguments.py``) is not in the
   ``megatron-core`` package; what is importable is the configuration Megatron-LM builds from those
   arguments: ``TransformerConfig`` (with ``ModelParallelConfig``), ``DistributedDataParallelConfig``
@@ -32,14 +34,27 @@ from typing import Any
 warnings.filterwarnings("ignore")
 
 
-def torchtitan(case: dict[str, Any]) -> dict[str, Any]:
+def _module_args(case: dict[str, Any], index: int) -> list[str]:
+    """``--module NAME --config F`` for a case's config module, written where ``import NAME`` finds it."""
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp(prefix="tt_module_"))
+    name = f"meshplan_case_{index}"
+    (folder / f"{name}.py").write_text(case["module"])
+    sys.path.insert(0, str(folder))
+    return ["--module", name, "--config", case["config"]]
+
+
+def torchtitan(case: dict[str, Any], index: int = 0) -> dict[str, Any]:
     from torchtitan.config import ConfigManager
 
     err = io.StringIO()
     try:
+        args = _module_args(case, index) if "module" in case else [
+            "--module", "llama3", "--config", "llama3_debugmodel", *shlex.split(case["text"])]
         with contextlib.redirect_stderr(err):
-            cfg = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel",
-                                              *shlex.split(case["text"])])
+            cfg = ConfigManager().parse_args(args)
     except SystemExit:
         lines = [ln.strip("│ ").strip() for ln in err.getvalue().splitlines()]
         return {"ok": False, "error": " ".join(ln for ln in lines if ln and not set(ln) <= set("─╭╮╰╯"))}
@@ -153,5 +168,5 @@ def deepspeed(case: dict[str, Any]) -> dict[str, Any]:
 if __name__ == "__main__":
     engine = {"torchtitan": torchtitan, "megatron": megatron, "deepspeed": deepspeed}[sys.argv[1]]
     cases = json.load(sys.stdin)
-    results = [engine(c) for c in cases]
+    results = [engine(c, i) if engine is torchtitan else engine(c) for i, c in enumerate(cases)]
     print("ENGINE-PARSERS " + json.dumps(results, default=str))

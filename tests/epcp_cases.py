@@ -130,7 +130,7 @@ def make_pp_plan(model: torch.nn.Module, *, pp: int, dp: int, cp: int, ep: int, 
     from meshplan.runtime.apply.split import capture_graph
 
     if is_hf_model(model):  # stage boundaries of its torch.export capture, as the planner names them
-        from meshplan.planner.api import estimate
+        from meshplan.api.plan import estimate
 
         plan = estimate(model, pp * dp * cp, dp=dp, tp=1, pp=pp, num_microbatches=m, schedule=schedule,
                         global_batch_size=2 * dp * m, cluster="h100", recompute=recompute,

@@ -332,7 +332,7 @@ def comm_bound_cluster(world: int) -> Any:
 
 
 def make_plan(fam: Family, cell: str, world: int) -> Any:
-    from meshplan.planner.api import autoparallel, estimate
+    from meshplan.api.plan import autoparallel, estimate
 
     model = fam.build()
     ex = _example(fam.batch(0)[0])

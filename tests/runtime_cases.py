@@ -124,7 +124,7 @@ def run_config(model_fn: Any, cfg: dict, data: list, ref: tuple) -> tuple[float,
     mbs = BATCH // (cfg.get("dp", 1) * cfg["m"])
     ex = (data[0][0][:mbs],)
     if cfg.get("planner"):  # a Plan made by the planner: its node names must match the runtime's capture
-        from meshplan.planner.api import estimate
+        from meshplan.api.plan import estimate
 
         plan = estimate(model, cfg.get("dp", 1) * cfg.get("tp", 1) * cfg.get("pp", 1), dp=cfg.get("dp", 1),
                         tp=cfg.get("tp", 1), pp=cfg.get("pp", 1), schedule=cfg.get("schedule", "1f1b"),

@@ -173,7 +173,7 @@ def test_estimate_prices_the_engines_norms_loss_and_optimizer(llama_graph) -> No
 def test_plans_price_the_runtimes_eager_norm_and_megatron_its_fused_one(llama_graph) -> None:
     """meshplan's own search prices the norms as its runtime runs them (eager, so a plan is no faster
     than what runs); the Megatron adapter prices Transformer Engine's fused norm (its profile's)."""
-    from meshplan.commands.engine_cost import cost_spec
+    from meshplan.api.engine_cost import cost_spec
     from meshplan.engines.spec import EngineSpec
     from meshplan.planner.api import estimate_graph, plan_graph
 

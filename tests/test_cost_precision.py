@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from planner_fixtures import gpt_graph, linear_node
 
-from meshplan.commands.plan import choose_dtype, dtype_candidates
+from meshplan.api.plan import choose_dtype, dtype_candidates
 from meshplan.cost_models.compute import node_time, roofline_time_s
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.precision import (

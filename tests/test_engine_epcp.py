@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshplan.commands.engine_cost import cost_spec
+from meshplan.api.engine_cost import cost_spec
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.engines import megatron, torchtitan
 from meshplan.engines.spec import EngineSpec

@@ -21,6 +21,7 @@ import pytest
 
 from meshplan.engines import deepspeed, megatron, torchtitan
 from meshplan.engines.spec import EngineSpec, unsupported
+from meshplan.engines.torchtitan_module import FUNCTION, config_module
 
 SCHEMA = json.loads((Path(__file__).parent / "engine_schemas.json").read_text())
 BASE = EngineSpec(dp=2, tp=2, pp=2, micro_batch_size=1, global_batch_size=16, seq_len=256, num_layers=8,
@@ -57,6 +58,8 @@ REFUSE = {
     "megatron": "--tensor-model-parallel-size 1 --sequence-parallel --micro-batch-size 1 --global-batch-size 8",
     "deepspeed": '{"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}',
 }
+#: the Trainer.Config module form: torchtitan's debug model as the base (its 6 layers hold each split above)
+TT_BASE = "llama3:llama3_debugmodel"
 PACKAGE = {"torchtitan": "torchtitan", "megatron": "megatron.core", "deepspeed": "deepspeed"}
 
 
@@ -124,18 +127,31 @@ def test_engine_reads_every_export_as_meant(engine: str) -> None:
     for s in specs:
         assert not unsupported(s, engine), (s, unsupported(s, engine))
     cases = [{"text": _export(engine, s), "dp": s.dp} for s in specs] + [{"text": REFUSE[engine], "dp": 2}]
+    if engine == "torchtitan":  # the same plans as Trainer.Config modules, and one torchtitan must refuse
+        bad = config_module(dataclasses.replace(BASE, global_batch_size=6, micro_batch_size=2), TT_BASE)
+        cases = cases[:-1] + [{"module": config_module(s, TT_BASE), "config": FUNCTION, "dp": s.dp} for s in specs] \
+            + [{"module": bad, "config": FUNCTION, "dp": 2}, cases[-1]]
     results = _engine_read(engine, cases)
+    if engine == "torchtitan":
+        bad_result = results.pop(-2)
+        assert not bad_result["ok"], "torchtitan accepted a config module with local batch 3 in microbatches of 2"
+        assert "divisible" in bad_result["error"], bad_result["error"]
+        cases.pop(-2)
+        specs = specs + specs  # overrides, then modules
+    assert len(results) == len(specs) + 1, "one result per case"
     for s, case, r in zip(specs, cases, results):
-        assert r["ok"], f"{engine} refused meshplan's export {case['text']!r}: {r['error']}"
+        assert r["ok"], f"{engine} refused meshplan's export {case.get('text') or case['module']!r}: {r['error']}"
         got = r["values"]
         want = _expect(engine, s)
-        assert {k: got[k] for k in want} == want, case["text"]
+        assert {k: got[k] for k in want} == want, case.get("text") or case["module"]
         if engine == "megatron":  # flags that are Megatron-LM training arguments, not core fields
             sm = SCHEMA["megatron"]
             assert set(got["not_core"]) <= set(sm["value_args"] + sm["flag_args"]), got["not_core"]
     assert not results[-1]["ok"], f"{engine} accepted {REFUSE[engine]!r}"
     # and meshplan reads its own export back to the same spec
     for s, case in zip(specs, cases):
+        if "module" in case:
+            continue
         if engine == "torchtitan":
             back = torchtitan.parse(case["text"], s.world_size, s.num_layers).spec
         else:

@@ -92,7 +92,7 @@ def test_search_limits_refuse_what_the_engine_lacks() -> None:
 
 
 def test_engine_config_is_costed_with_the_engines_split(graph) -> None:
-    from meshplan.commands.engine_cost import cost_spec
+    from meshplan.api.engine_cost import cost_spec
     from meshplan.engines.spec import EngineSpec
 
     spec = EngineSpec(dp=4, pp=4, micro_batch_size=1, global_batch_size=32, dp_kind="ddp", num_layers=12)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from planner_fixtures import gpt_graph
 
-from meshplan.commands.engine_cost import cost_spec
+from meshplan.api.engine_cost import cost_spec
 from meshplan.cost_models.engine_profiles import INSTALLED
 from meshplan.engines import deepspeed, megatron, torchtitan
 from meshplan.engines.spec import CAPS, EngineSpec, nearest, spec_from_plan, unsupported

@@ -17,7 +17,7 @@ import meshplan
 
 ROOT = Path(meshplan.__file__).parent
 TORCH_FREE = ["meshplan.graph", "meshplan.errors", "meshplan.cli", "meshplan.shapes"]
-TORCH_FREE_PACKAGES = ["plan", "partition", "planner", "report", "cost_models", "engines", "profile"]
+TORCH_FREE_PACKAGES = ["plan", "partition", "planner", "report", "cost_models", "engines", "profile", "api"]
 TORCH_ALLOWED: set[str] = set()  # torch imported at module level nowhere below; profile/ imports it inside functions
 
 
@@ -117,6 +117,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("planner",),
     ("sizing",),  # capacity: plans many configurations through the planner
     ("engines", "report", "runtime"),
+    ("api",),  # the model-level public API (autoparallel, estimate, export) the commands call
     ("commands",),
     ("cli",),
 ]

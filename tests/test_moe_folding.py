@@ -221,7 +221,7 @@ def test_megatron_arguments_carry_folding():
 
 
 def test_megatron_estimate_costs_folding_and_meshplans_own_plans_do_not():
-    from meshplan.commands.engine_cost import cost_spec
+    from meshplan.api.engine_cost import cost_spec
     from meshplan.engines import megatron
 
     case = next(c for c in FOLDED if c["expert_config"]["tp"] == 4)

@@ -78,7 +78,7 @@ class TestTwoRanks:
         cfgs += [dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied"),
                  dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", sp=1)]
         cfgs += [dict(dp=2, m=2, recompute="selective"), dict(pp=2, m=4, schedule="zero-bubble", recompute="selective")]
-        # plans made by the planner (meshplan.planner.api.estimate): fx node names must agree
+        # plans made by the planner (meshplan.estimate): fx node names must agree
         cfgs += [dict(planner=1, pp=2, m=4, schedule="interleaved-1f1b"), dict(planner=1, tp=2, m=2)]
         _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
 

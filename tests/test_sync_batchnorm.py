@@ -62,7 +62,7 @@ def test_synced_batchnorm_equals_one_process():
 
 
 def test_plan_says_batchnorm_statistics_are_per_microbatch():
-    from meshplan.planner.api import estimate
+    from meshplan.api.plan import estimate
 
     x = _data()
     one = estimate(_net(0.1), 2, dp=2, tp=1, pp=1, num_microbatches=1, global_batch_size=8, example_inputs=x[:2])

@@ -30,19 +30,11 @@ nonneg_float = _number(float, 0.0, strict=False)
 
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
 def byte_size(text: str) -> int:
-    """``60GiB``, ``80GB``, ``512MiB`` or a plain number of bytes -> bytes (> 0)."""
-    t = text.strip().lower().replace(" ", "")
-    num = t.rstrip("kmgtib")
-    unit = t[len(num):]
+    """``60GiB``, ``80GB``, ``512MiB`` or a plain number of bytes -> bytes (> 0) (``meshplan.api.plan.parse_size``)."""
+    from meshplan.api.plan import parse_size
+
     try:
-        v = float(num) * _SIZE_UNITS[unit]
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 60GiB, 80GB or bytes)") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return int(v)
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -54,7 +54,7 @@ def read_config(args: argparse.Namespace, num_layers: int = 0):  # type: ignore[
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.commands.engine_cost import cost_spec, trace_graph
+    from meshplan.api.engine_cost import cost_spec, trace_graph
     from meshplan.engines.spec import CAPS, search_limits
     from meshplan.planner.api import plan_graph
     from meshplan.profile.local import is_local, resolve

@@ -5,25 +5,21 @@ from the trace cache when it holds this model, ``--no-cache`` to bypass it), run
 ``meshplan.planner.api.plan_graph`` with progress lines on stderr, writes the Plan JSON with
 ``-o`` first (and ``--html``/``--png`` as ``meshplan report`` would, creating missing folders),
 then prints the text report once (so ``| true`` or a full disk behind stdout cannot lose it). Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search; ``--dtype`` pins the
-training precision or (``auto``) plans in bf16 and fp8 and keeps the faster.
-torch is imported inside ``run`` only.
+training precision or (``auto``) plans in bf16 and fp8 and keeps the faster. The checks and the
+search are ``meshplan.autoparallel``'s (``meshplan/api/plan.py``: ``plan_request`` then
+``PlanRequest.plan``); this module parses flags into them. torch is imported inside ``run`` only.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from meshplan.commands.argtypes import byte_size, positive_int
-from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.precision import TRAINING_DTYPES, check_training_dtype
-from meshplan.engines.spec import CAPS, TARGETS, search_limits, spec_from_plan, unsupported
-from meshplan.errors import NoFeasiblePlanError
-from meshplan.plan import Plan
+from meshplan.cost_models.precision import TRAINING_DTYPES
+from meshplan.engines.spec import TARGETS
 from meshplan.shapes import add_input_shape, input_shapes
 
 HELP = "plan data/tensor/pipeline parallelism for a model on N devices (predicted costs)"
@@ -92,18 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "`meshplan export --to ENGINE` (default meshplan: everything meshplan's runtime runs)")
 
 
-def memory_limited(cluster: object, world_size: int, limit_bytes: int) -> object:
-    """The cluster with ``limit_bytes`` usable per device (the rest reserved); ValueError above the device."""
-    from meshplan.profile.local import resolve
-
-    spec = resolve(cluster, world_size)  # type: ignore[arg-type]
-    if limit_bytes > spec.mem_bytes:
-        raise ValueError(f"--memory-limit {limit_bytes / 2**30:.1f} GiB is more than the {spec.name} device's "
-                         f"{spec.mem_bytes / 2**30:.1f} GiB; give at most that")
-    return dataclasses.replace(spec, mem_reserved_bytes=spec.mem_bytes - limit_bytes)
-
-
 def pins(args: argparse.Namespace) -> dict[str, object]:
+    """The pin flags as ``autoparallel``'s ``fixed`` (``--micro-batch`` is micro_batch_size)."""
     fixed: dict[str, object] = {}
     for arg, key in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
                      ("capacity_factor", "capacity_factor"), ("schedule", "schedule"),
@@ -115,8 +101,7 @@ def pins(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.planner import validate as V
-    from meshplan.planner.api import check_request, plan_graph, resolve_quantization
+    from meshplan.api.plan import plan_request
     from meshplan.profile.local import is_local, resolve
     from meshplan.report.text import format_plan
 
@@ -128,23 +113,10 @@ def run(args: argparse.Namespace) -> int:
 
     if is_local(args.cluster):  # measured (or read from the cache) once, before the trace
         args.cluster = resolve(args.cluster, args.world_size, say=progress, log=lambda m: progress(f"profile: {m}"))
-    if args.memory_limit is not None:
-        args.cluster = memory_limited(args.cluster, args.world_size, args.memory_limit)
-    fixed = pins(args)
-    # --target: the engine's schedules, DP kinds, recompute kinds and stage-split rule (engines.spec)
-    limits = search_limits(args.target, fixed, None if args.dtype == "auto" else args.dtype) \
-        if args.target in CAPS else {}
-    fixed = limits.pop("fixed", fixed)
-
-    # bad input fails before the (slow) trace
-    spec = check_request(args.world_size, args.cluster, args.global_batch, fixed, None, None)[1]
-    dtypes = dtype_candidates(args.dtype, spec, args.target)
-    if args.dtype == "auto" and args.quantization not in (None, "none"):
-        dtypes = ("bf16",)  # float8 training converts plain linears only (no QAT/QLoRA)
-    V.check_fixed(fixed, args.world_size)
-    if args.lora_rank is not None and args.quantization != "qlora":
-        raise ValueError("--lora-rank applies to --quantization qlora only")
-    quant = resolve_quantization(args.quantization, args.lora_rank)
+    # every check (pins, target, dtype, memory limit, quantization) before the (slow) trace: meshplan.autoparallel's
+    request = plan_request(args.world_size, cluster=args.cluster, global_batch_size=args.global_batch,
+                           fixed=pins(args), quantization=args.quantization, lora_rank=args.lora_rank,
+                           dtype=args.dtype, target=args.target, memory_limit=args.memory_limit)  # fmt: skip
     from meshplan.commands.heap import loading, searching
     from meshplan.loading import load_graph
 
@@ -152,25 +124,8 @@ def run(args: argparse.Namespace) -> int:
         graph = load_graph(args.model, seq=args.seq, use_cache=not args.no_cache, progress=progress,
                            input_shapes=input_shapes(args.input_shape))
     progress(f"traced {len(graph.nodes)} nodes, {graph.param_count:,} parameters; searching")
-
-    def plan_in(dtype: str) -> Plan:
-        return plan_graph(graph, args.world_size, cluster=args.cluster, global_batch_size=args.global_batch,
-                          fixed=fixed, progress=progress, quantization=quant, dtype=dtype, **limits)  # fmt: skip
-
     with searching(getattr(args, "one_shot", False)):  # long-lived memos, few cycles: no collections
-        plan = choose_dtype(plan_in, dtypes, progress) if len(dtypes) > 1 else plan_in(dtypes[0])
-    if plan.dtype == "fp8" and args.target == "meshplan":
-        plan = dataclasses.replace(plan, notes=(*plan.notes, "dtype fp8 (torchao float8 training) is costed but not "
-                                                "executed by `meshplan run`: export it with `meshplan export --to torchtitan`"))  # fmt: skip
-    if args.target in CAPS:
-        left = unsupported(spec_from_plan(plan), args.target)
-        caps = CAPS[args.target]
-        plan = dataclasses.replace(plan, notes=(*plan.notes, f"planned for {args.target}: schedules "
-                                                + ", ".join(caps.schedules) + "; DP kinds " + ", ".join(caps.dp_kinds)
-                                                + f"; stage split {caps.split.replace('_', '/')}"
-                                                + (f"; NOT expressible as is: {'; '.join(left)} (export --nearest)"
-                                                   if left else "; `meshplan export --to " + args.target
-                                                   + "` writes its configuration")))
+        plan = request.plan(graph, progress)
     if args.output:  # saved before the report: a closed or full stdout must not lose the plan
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         plan.save(args.output)
@@ -206,35 +161,3 @@ def _silence_stdout() -> None:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
     except OSError:
         pass
-
-
-#: the precisions `meshplan run` executes (fp8 is refused by runtime/apply/precision.py)
-RUNTIME_DTYPES = ("bf16", "fp16", "fp32")
-
-
-def dtype_candidates(dtype: str, spec: ClusterSpec, target: str) -> tuple[str, ...]:
-    """The training dtypes to plan in: ``dtype`` when pinned (checked against the cluster), or for
-    "auto" bf16 and fp8 where the cluster has FP8 tensor cores and ``target`` runs float8."""
-    if dtype != "auto":
-        check_training_dtype(dtype, spec)
-        return (dtype,)
-    runs = CAPS[target].dtypes if target in CAPS else RUNTIME_DTYPES
-    return tuple(d for d in ("bf16", "fp8") if d in runs and (d != "fp8" or "fp8" in spec.peak_flops))
-
-
-def choose_dtype(plan_in: Callable[[str], Plan], dtypes: tuple[str, ...], progress: Callable[[str], None]) -> Plan:
-    """The fastest plan over ``dtypes`` (``--dtype auto``), with a note naming what the others gave."""
-    plans = {}
-    for d in dtypes:
-        progress(f"planning in {d}")
-        try:
-            plans[d] = plan_in(d)
-        except NoFeasiblePlanError:
-            continue
-    if not plans:
-        raise NoFeasiblePlanError(f"no plan fits in any of {', '.join(dtypes)}")
-    best = min(plans.values(), key=lambda p: p.predicted.step_s)
-    others = "; ".join(f"{d}: {p.predicted.step_s:.4g} s" for d, p in plans.items() if p is not best)
-    note = f"dtype {best.dtype} chosen (--dtype auto): {best.predicted.step_s:.4g} s per step" + (
-        f" vs {others}" if others else "")
-    return dataclasses.replace(best, notes=(*best.notes, note))

@@ -95,7 +95,7 @@ def sections(spec: EngineSpec, devices_per_node: int = 8) -> dict[str, dict[str,
     out = {
         "training": training,
         "parallelism": par,
-        "activation_checkpoint": {"mode": _ac_mode(spec.recompute)},
+        "activation_checkpoint": {"mode": ac_mode(spec.recompute)},
     }  # fmt: skip
     if spec.recompute == "op":
         out["activation_checkpoint"]["selective_ac_option"] = "op"
@@ -106,7 +106,7 @@ def sections(spec: EngineSpec, devices_per_node: int = 8) -> dict[str, dict[str,
     return out
 
 
-def _ac_mode(recompute: str) -> str:
+def ac_mode(recompute: str) -> str:
     if recompute not in AC_MODE:
         raise ValueError(f"torchtitan has no recompute {recompute!r} ({', '.join(AC_MODE)}); use --nearest")
     return AC_MODE[recompute]
@@ -142,7 +142,7 @@ def cli_overrides(spec: EngineSpec, devices_per_node: int = 8) -> str:
             continue
         for k, v in body.items():
             out.append((f"--{name}.{k}" if v else f"--{name}.no_{k}") if isinstance(v, bool) else f"--{name}.{k} {v}")
-    out.append(f"activation-checkpoint:{_ac_mode(spec.recompute)}")
+    out.append(f"activation-checkpoint:{ac_mode(spec.recompute)}")
     return " ".join(out)
 
 

@@ -1,10 +1,11 @@
-"""The planner's public entry points: ``autoparallel``, ``estimate`` and their graph-level forms.
+"""The planner's graph-level entry points: ``plan_graph`` and ``estimate_graph``.
 
-- ``autoparallel(model, world_size)`` traces the model (meta-device friendly), costs it and runs
-  the joint search; returns the fastest ``Plan`` that fits memory, with ranked alternatives.
-- ``estimate(model, world_size, tp=, pp=, dp=, schedule=, ...)`` costs one user-given
-  configuration with the same cost model (a Plan with predictions, whether or not it fits).
-- ``plan_graph`` / ``estimate_graph`` do the same on an already traced ``ModelGraph``.
+- ``plan_graph(graph, world_size)`` costs a traced ``ModelGraph`` and runs the joint search;
+  returns the fastest ``Plan`` that fits memory, with ranked alternatives.
+- ``estimate_graph(graph, world_size, tp=, pp=, dp=, ...)`` costs one user-given configuration
+  with the same cost model (a Plan with predictions, whether or not it fits).
+- The model-level ``meshplan.autoparallel`` / ``meshplan.estimate`` (``meshplan/api/plan.py``)
+  trace or load the model and call these.
 
 Defaults (documented in README): ``cluster`` is the local machine's accelerator when torch
 sees CUDA devices (its name matched to a preset: H100, H200, A100 40/80 GB, V100), else the
@@ -13,8 +14,7 @@ sees CUDA devices (its name matched to a preset: H100, H200, A100 40/80 GB, V100
 
 Bad input raises ValueError before any tracing or solving; impossible pins raise ValueError
 with the reason; when nothing fits, ``NoFeasiblePlanError`` names the smallest per-device
-memory need found and the limit. This module imports torch only inside the functions that take
-a torch model.
+memory need found and the limit. No torch import.
 """
 
 from __future__ import annotations
@@ -350,94 +350,7 @@ def _no_config_reason(f: dict[str, Any], world_size: int, B: int, graph: ModelGr
     )
 
 
-# ---- torch-model API ----------------------------------------------------------------------
-def _trace(model: Any, example_inputs: Any, seq_len: int | None) -> ModelGraph:
-    from meshplan.trace import trace_model
-
-    if example_inputs is None:
-        from meshplan.models.registry import default_inputs
-
-        example_inputs = default_inputs(model, batch_size=1, seq_len=seq_len)
-        if example_inputs is None:
-            raise ValueError(
-                f"cannot build example inputs for {type(model).__name__}; pass example_inputs= (one sequence)"
-            )
-    return trace_model(model, example_inputs)
-
-
-def autoparallel(
-    model: Any,
-    world_size: int,
-    *,
-    cluster: str | ClusterSpec | Path | None = None,
-    global_batch_size: int | None = None,
-    seq_len: int | None = None,
-    example_inputs: Any = None,
-    fixed: dict[str, Any] | None = None,
-    recompute: tuple[str, ...] | list[str] | None = None,
-    schedules: tuple[str, ...] | list[str] | None = None,
-    progress: Callable[[str], None] | None = None,
-    quantization: str | Quantization | None = None,
-) -> Plan:
-    """The fastest plan for training ``model`` on ``world_size`` devices that fits memory.
-
-    ``cluster``: preset name, ClusterSpec, profile JSON path or "local" (this machine, profiled
-    once and cached; ``profile.local``) (default: the local CUDA device's
-    preset, else "h100"). ``global_batch_size``: sequences per step (default 8 × world_size).
-    ``seq_len``: tokens per sequence (default: the model's maximum). ``fixed``: pins, e.g.
-    ``{"tp": 8, "schedule": "1f1b"}`` (keys: ``validate.FIXED_KEYS``). ``recompute`` /
-    ``schedules``: the choices the search may use. ``progress``: called with status lines.
-    ``quantization``: "none" (default), "qat", "qlora" or a ``Quantization`` (rank, group size,
-    target modules): QLoRA plans for an NF4 base with fp32 LoRA adapters (far smaller model
-    states, so often fewer model-parallel axes), QAT for fake-quantized full training.
-    """
-    world_size, spec, B, f = check_request(world_size, cluster, global_batch_size, fixed, recompute, schedules)
-    q = resolve_quantization(quantization)
-    if progress:
-        progress(f"tracing {type(model).__name__}")
-    graph = _trace(model, example_inputs, seq_len)
-    return plan_graph(
-        graph, world_size, cluster=spec, global_batch_size=B, fixed=f, recompute=recompute, schedules=schedules,
-        progress=progress, quantization=q,
-    )  # fmt: skip
-
-
-def estimate(
-    model: Any,
-    world_size: int,
-    *,
-    tp: int,
-    pp: int,
-    dp: int,
-    schedule: str = "1f1b",
-    num_microbatches: int | None = None,
-    recompute: str = "none",
-    micro_batch_size: int | None = None,
-    global_batch_size: int | None = None,
-    virtual_stages: int | None = None,
-    dp_kind: str | None = None,
-    sequence_parallel: bool | None = None,
-    cluster: str | ClusterSpec | Path | None = None,
-    seq_len: int | None = None,
-    example_inputs: Any = None,
-    quantization: str | Quantization | None = None,
-) -> Plan:
-    """Cost a user-given configuration of ``model`` (same cost model as ``autoparallel``)."""
-    q = resolve_quantization(quantization)
-    V.check_world_size(world_size)
-    V.check_batch(global_batch_size)
-    V.check_fixed({"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute}, world_size)
-    spec = _cluster(cluster, world_size)
-    graph = _trace(model, example_inputs, seq_len)
-    return estimate_graph(
-        graph, world_size, tp=tp, pp=pp, dp=dp, schedule=schedule, num_microbatches=num_microbatches,
-        recompute=recompute, micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,
-        virtual_stages=virtual_stages, dp_kind=dp_kind, sequence_parallel=sequence_parallel, cluster=spec,
-        quantization=q,
-    )  # fmt: skip
-
-
 __all__ = [
-    "MESH_AXES", "Config", "PlanMemo", "autoparallel", "build_plan", "estimate", "estimate_graph", "model_flops_per_token",
-    "plan_graph", "quant_effect",
+    "MESH_AXES", "Config", "PlanMemo", "build_plan", "estimate_graph", "model_flops_per_token", "plan_graph",
+    "quant_effect",
 ]  # fmt: skip

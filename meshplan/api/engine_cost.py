@@ -1,7 +1,7 @@
 """Shared by ``meshplan export --nearest`` and ``meshplan estimate --from-*``: trace a model and
 cost an engine configuration (``engines.spec.EngineSpec``) with ``planner.api.estimate_graph``.
 
-Not a command (``cli.COMMANDS`` does not list it). Torch is imported inside the functions.
+Called by the commands and ``meshplan.export(nearest=True)``. Torch is imported inside the functions.
 """
 
 from __future__ import annotations

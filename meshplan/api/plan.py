@@ -1,0 +1,336 @@
+"""``meshplan.autoparallel`` and ``meshplan.estimate``: what ``meshplan plan`` and the cost of one
+configuration are, on a torch model, a traced ``ModelGraph`` or a model name.
+
+One implementation: ``meshplan plan`` parses its flags into ``plan_request`` (every check, before
+the slow trace) and runs ``PlanRequest.plan`` on the graph it loaded; ``autoparallel`` is the two
+in one call. The Python names of the CLI's flags: ``--global-batch`` global_batch_size, ``--seq``
+seq_len, ``--input-shape`` input_shapes, ``--tp/--pp/--dp/--cp/--ep/--schedule/--micro-batch/
+--recompute/--dp-kind/--capacity-factor`` the keys of ``fixed`` (micro_batch_size for
+``--micro-batch``), ``--memory-limit`` memory_limit, ``--no-cache`` use_cache=False; the others
+keep their names (``--dtype``, ``--target``, ``--quantization``, ``--lora-rank``, ``--cluster``).
+
+``model``: an ``nn.Module`` (traced with ``example_inputs``, or inputs built from its config at
+``seq_len``), a ``ModelGraph`` (used as is), or a string ``meshplan plan`` takes (a zoo name,
+``path/file.py:factory``, ``pkg.module:factory``: built on the meta device, through the trace
+cache). Bad arguments raise ValueError (one line) before anything is traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.precision import TRAINING_DTYPES, check_training_dtype
+from meshplan.engines.spec import CAPS, TARGETS, search_limits, spec_from_plan, unsupported
+from meshplan.errors import NoFeasiblePlanError
+from meshplan.graph import ModelGraph
+from meshplan.plan import Plan, Quantization
+from meshplan.planner import validate as V
+from meshplan.planner.api import (
+    check_request,
+    default_cluster_name,
+    estimate_graph,
+    plan_graph,
+    resolve_quantization,
+)
+from meshplan.profile.local import resolve as resolve_cluster
+
+#: the precisions `meshplan run` executes (fp8 is refused by runtime/apply/precision.py)
+RUNTIME_DTYPES = ("bf16", "fp16", "fp32")
+Progress = Callable[[str], None] | None
+
+
+def parse_size(size: int | str) -> int:
+    """``60GiB``, ``80GB``, ``512MiB`` or a number of bytes -> bytes (> 0); ValueError otherwise."""
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+    if isinstance(size, bool) or not isinstance(size, int | str):
+        raise ValueError(f"a size is bytes (int) or text such as '60GiB', got {size!r}")
+    t = str(size).strip().lower().replace(" ", "")
+    num = t.rstrip("kmgtib")
+    try:
+        v = float(num) * units[t[len(num):]]
+    except (ValueError, KeyError):
+        raise ValueError(f"{size!r} is not a size (e.g. 60GiB, 80GB or bytes)") from None
+    if v <= 0:
+        raise ValueError(f"a size must be > 0, got {size!r}")
+    return int(v)
+
+
+def memory_limited(cluster: ClusterSpec, limit_bytes: int) -> ClusterSpec:
+    """``cluster`` with ``limit_bytes`` usable per device (the rest reserved); ValueError above the device."""
+    if limit_bytes > cluster.mem_bytes:
+        raise ValueError(f"memory_limit (--memory-limit) {limit_bytes / 2**30:.1f} GiB is more than the {cluster.name} "
+                         f"device's {cluster.mem_bytes / 2**30:.1f} GiB; give at most that")  # fmt: skip
+    return dataclasses.replace(cluster, mem_reserved_bytes=cluster.mem_bytes - limit_bytes)
+
+
+def dtype_candidates(dtype: str, spec: ClusterSpec, target: str) -> tuple[str, ...]:
+    """The training dtypes to plan in: ``dtype`` when pinned (checked against the cluster), or for
+    "auto" bf16 and fp8 where the cluster has FP8 tensor cores and ``target`` runs float8."""
+    if dtype != "auto":
+        check_training_dtype(dtype, spec)
+        return (dtype,)
+    runs = CAPS[target].dtypes if target in CAPS else RUNTIME_DTYPES
+    return tuple(d for d in ("bf16", "fp8") if d in runs and (d != "fp8" or "fp8" in spec.peak_flops))
+
+
+def choose_dtype(plan_in: Callable[[str], Plan], dtypes: tuple[str, ...], progress: Callable[[str], None]) -> Plan:
+    """The fastest plan over ``dtypes`` (``dtype="auto"``), with a note naming what the others gave."""
+    plans = {}
+    for d in dtypes:
+        progress(f"planning in {d}")
+        try:
+            plans[d] = plan_in(d)
+        except NoFeasiblePlanError:
+            continue
+    if not plans:
+        raise NoFeasiblePlanError(f"no plan fits in any of {', '.join(dtypes)}")
+    best = min(plans.values(), key=lambda p: p.predicted.step_s)
+    others = "; ".join(f"{d}: {p.predicted.step_s:.4g} s" for d, p in plans.items() if p is not best)
+    note = f"dtype {best.dtype} chosen (--dtype auto): {best.predicted.step_s:.4g} s per step" + (
+        f" vs {others}" if others else "")
+    return dataclasses.replace(best, notes=(*best.notes, note))
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A checked ``meshplan plan`` request, before the model is traced: ``plan(graph)`` searches it."""
+
+    world_size: int
+    cluster: ClusterSpec
+    global_batch_size: int | None
+    fixed: dict[str, Any]
+    quantization: Quantization
+    dtypes: tuple[str, ...]
+    target: str
+    limits: dict[str, Any] = field(default_factory=dict)  # plan_graph keywords of the target engine
+
+    def plan(self, graph: ModelGraph, progress: Progress = None) -> Plan:
+        """The best plan of ``graph`` (the fastest over ``dtypes``), with the target's notes."""
+        say = progress or (lambda _m: None)
+
+        def plan_in(dtype: str) -> Plan:
+            return plan_graph(graph, self.world_size, cluster=self.cluster, global_batch_size=self.global_batch_size,
+                              fixed=self.fixed, progress=progress, quantization=self.quantization, dtype=dtype,
+                              **self.limits)  # fmt: skip
+
+        plan = choose_dtype(plan_in, self.dtypes, say) if len(self.dtypes) > 1 else plan_in(self.dtypes[0])
+        return target_notes(plan, self.target)
+
+
+def target_notes(plan: Plan, target: str) -> Plan:
+    """``plan`` with what ``target`` runs of it (and for meshplan's runtime, that fp8 is not run)."""
+    if plan.dtype == "fp8" and target == "meshplan":
+        return dataclasses.replace(plan, notes=(*plan.notes, "dtype fp8 (torchao float8 training) is costed but not "
+                                                "executed by `meshplan run`: export it with `meshplan export --to torchtitan`"))  # fmt: skip
+    if target not in CAPS:
+        return plan
+    left = unsupported(spec_from_plan(plan), target)
+    caps = CAPS[target]
+    return dataclasses.replace(plan, notes=(*plan.notes, f"planned for {target}: schedules "
+                                            + ", ".join(caps.schedules) + "; DP kinds " + ", ".join(caps.dp_kinds)
+                                            + f"; stage split {caps.split.replace('_', '/')}"
+                                            + (f"; NOT expressible as is: {'; '.join(left)} (export --nearest)"
+                                               if left else "; `meshplan export --to " + target
+                                               + "` writes its configuration")))  # fmt: skip
+
+
+def plan_request(
+    world_size: int,
+    *,
+    cluster: str | ClusterSpec | Path | None = None,
+    global_batch_size: int | None = None,
+    fixed: Mapping[str, Any] | None = None,
+    recompute: tuple[str, ...] | list[str] | None = None,
+    schedules: tuple[str, ...] | list[str] | None = None,
+    quantization: str | Quantization | None = None,
+    lora_rank: int | None = None,
+    dtype: str = "bf16",
+    target: str = "meshplan",
+    memory_limit: int | str | None = None,
+) -> PlanRequest:
+    """Check every argument of ``autoparallel`` (see there) and resolve the cluster; no tracing."""
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r} unknown; use one of {', '.join(TARGETS)}")
+    if dtype not in (*TRAINING_DTYPES, "auto"):
+        raise ValueError(f"dtype {dtype!r} unknown; use one of {', '.join((*TRAINING_DTYPES, 'auto'))}")
+    V.check_world_size(world_size)
+    spec = resolve_cluster(cluster if cluster is not None else default_cluster_name(), world_size)
+    if memory_limit is not None:
+        spec = memory_limited(spec, parse_size(memory_limit))
+    f = dict(fixed or {})
+    limits: dict[str, Any] = {}
+    if target in CAPS:  # the engine's schedules, DP kinds, recompute kinds and stage-split rule
+        limits = search_limits(target, f, None if dtype == "auto" else dtype)
+        f = limits.pop("fixed")
+        for key, given in (("recompute", recompute), ("schedules", schedules)):
+            if given:
+                extra = sorted(set(given) - set(limits[key]))
+                if extra:
+                    raise ValueError(f"{key} {', '.join(extra)}: not one {target} runs ({', '.join(limits[key])})")
+                limits[key] = tuple(given)
+    else:
+        limits = {k: tuple(v) for k, v in (("recompute", recompute), ("schedules", schedules)) if v}
+    spec = check_request(world_size, spec, global_batch_size, f, limits.get("recompute"), limits.get("schedules"))[1]
+    dtypes = dtype_candidates(dtype, spec, target)
+    if dtype == "auto" and quantization not in (None, "none"):
+        dtypes = ("bf16",)  # float8 training converts plain linears only (no QAT/QLoRA)
+    if not dtypes:
+        raise ValueError(f"dtype auto: no training dtype {target} runs on {spec.name}")
+    q_mode = quantization.mode if isinstance(quantization, Quantization) else quantization
+    if lora_rank is not None and q_mode != "qlora":
+        raise ValueError("--lora-rank applies to --quantization qlora only (Python: lora_rank with quantization=\"qlora\")")
+    q = resolve_quantization(quantization, lora_rank)
+    return PlanRequest(int(world_size), spec, global_batch_size, V.check_fixed(f, world_size), q, dtypes, target,
+                       limits)  # fmt: skip
+
+
+def model_graph(
+    model: Any,
+    *,
+    seq_len: int | None = None,
+    example_inputs: Any = None,
+    input_shapes: Mapping[str, Any] | None = None,
+    use_cache: bool = True,
+    progress: Progress = None,
+) -> ModelGraph:
+    """``model`` as a ModelGraph: a graph as is, a name loaded (trace cache), a module traced."""
+    if isinstance(model, ModelGraph):
+        if seq_len is not None or example_inputs is not None or input_shapes is not None:
+            raise ValueError("model is an already traced ModelGraph: seq_len, example_inputs and input_shapes "
+                             "do not apply; trace the model again with them")  # fmt: skip
+        return model
+    if isinstance(model, str | Path):
+        if example_inputs is not None:
+            raise ValueError("example_inputs needs a torch model; a model name takes seq_len or input_shapes")
+        from meshplan.loading import load_graph
+
+        return load_graph(str(model), seq=seq_len, use_cache=use_cache, progress=progress, input_shapes=input_shapes)
+    if progress:
+        progress(f"tracing {type(model).__name__}")
+    from meshplan.trace import trace_model
+
+    if example_inputs is None and input_shapes is None:
+        from meshplan.models.registry import default_inputs
+
+        example_inputs = default_inputs(model, batch_size=1, seq_len=seq_len)
+        if example_inputs is None:
+            raise ValueError(
+                f"cannot build example inputs for {type(model).__name__}; pass example_inputs= (one sequence) "
+                "or input_shapes="
+            )  # fmt: skip
+    if input_shapes is not None:
+        return trace_model(model, example_inputs, input_shapes=input_shapes)
+    return trace_model(model, example_inputs)
+
+
+def autoparallel(
+    model: Any,
+    world_size: int,
+    *,
+    cluster: str | ClusterSpec | Path | None = None,
+    global_batch_size: int | None = None,
+    seq_len: int | None = None,
+    example_inputs: Any = None,
+    input_shapes: Mapping[str, Any] | None = None,
+    fixed: Mapping[str, Any] | None = None,
+    recompute: tuple[str, ...] | list[str] | None = None,
+    schedules: tuple[str, ...] | list[str] | None = None,
+    progress: Progress = None,
+    quantization: str | Quantization | None = None,
+    lora_rank: int | None = None,
+    dtype: str = "bf16",
+    target: str = "meshplan",
+    memory_limit: int | str | None = None,
+    use_cache: bool = True,
+) -> Plan:
+    """The fastest plan for training ``model`` on ``world_size`` devices that fits memory (``meshplan plan``).
+
+    ``cluster``: preset name, ClusterSpec, profile JSON path or "local" (this machine, profiled
+    once and cached: ``profile.local``) (default: the local CUDA device's preset, else "h100"). ``global_batch_size``: sequences per step (default 8 × world_size).
+    ``seq_len``: tokens per sequence (default: the model's maximum). ``fixed``: pins, e.g.
+    ``{"tp": 8, "schedule": "1f1b", "cp": 2}`` (keys: ``planner.validate.FIXED_KEYS``).
+    ``recompute`` / ``schedules``: the choices the search may use. ``progress``: called with
+    status lines. ``quantization``: "none" (default), "qat", "qlora" or a ``Quantization``;
+    ``lora_rank`` its LoRA rank (qlora). ``dtype``: training precision ("bf16", "fp16", "fp32",
+    "fp8") or "auto" (bf16 and fp8 where the cluster and target run it; the faster wins).
+    ``target``: "meshplan" (everything meshplan's runtime runs) or an engine ("torchtitan",
+    "megatron", "deepspeed": only what it runs, priced with its conventions). ``memory_limit``:
+    memory a rank may use (bytes or "60GiB"; default the cluster's usable memory).
+    """
+    req = plan_request(world_size, cluster=cluster, global_batch_size=global_batch_size, fixed=fixed,
+                       recompute=recompute, schedules=schedules, quantization=quantization, lora_rank=lora_rank,
+                       dtype=dtype, target=target, memory_limit=memory_limit)  # fmt: skip
+    graph = model_graph(model, seq_len=seq_len, example_inputs=example_inputs, input_shapes=input_shapes,
+                        use_cache=use_cache, progress=progress)  # fmt: skip
+    return req.plan(graph, progress)
+
+
+def estimate(
+    model: Any,
+    world_size: int,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    cp: int = 1,
+    ep: int = 1,
+    schedule: str = "1f1b",
+    num_microbatches: int | None = None,
+    recompute: str = "none",
+    micro_batch_size: int | None = None,
+    global_batch_size: int | None = None,
+    virtual_stages: int | None = None,
+    dp_kind: str | None = None,
+    sequence_parallel: bool | None = None,
+    cluster: str | ClusterSpec | Path | None = None,
+    seq_len: int | None = None,
+    example_inputs: Any = None,
+    input_shapes: Mapping[str, Any] | None = None,
+    quantization: str | Quantization | None = None,
+    dtype: str = "bf16",
+    optimizer: str = "adam",
+    capacity_factor: float | None = None,
+    profile: EngineProfile | str | None = None,
+    moe_folding: bool = False,
+    blocks_per_stage: tuple[int, ...] | None = None,
+    memory_limit: int | str | None = None,
+    use_cache: bool = True,
+    progress: Progress = None,
+) -> Plan:
+    """Cost one configuration of ``model`` with the cost model ``autoparallel`` uses (the Plan's
+    notes say whether it fits). ``cp`` multiplies the world (pp·dp·cp·tp); ``ep`` borrows dp·cp
+    ranks (MoE). ``dtype``: "bf16", "fp16", "fp32" or "fp8". ``profile``: the engine whose
+    conventions price it (``cost_models.engine_profiles``: e.g. "torchtitan-2024.12",
+    "megatron-lm-2021"; None = meshplan's runtime). ``moe_folding``: Megatron-Core's MoE parallel
+    folding; ``blocks_per_stage``: an exact split (pp·v entries). The rest as ``autoparallel`` and
+    ``planner.api.estimate_graph``."""
+    if dtype not in TRAINING_DTYPES:
+        raise ValueError(f"dtype {dtype!r} unknown; use one of {', '.join(TRAINING_DTYPES)}")
+    q = resolve_quantization(quantization)
+    V.check_world_size(world_size)
+    V.check_batch(global_batch_size)
+    V.check_fixed({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "schedule": schedule, "recompute": recompute},
+                  world_size)  # fmt: skip
+    spec = resolve_cluster(cluster if cluster is not None else default_cluster_name(), world_size)
+    if memory_limit is not None:
+        spec = memory_limited(spec, parse_size(memory_limit))
+    check_training_dtype(dtype, spec)
+    from meshplan.cost_models.engine_profiles import profile as engine_profile
+
+    prof = engine_profile(profile)  # an unknown name fails before the trace
+    graph = model_graph(model, seq_len=seq_len, example_inputs=example_inputs, input_shapes=input_shapes,
+                        use_cache=use_cache, progress=progress)  # fmt: skip
+    return estimate_graph(
+        graph, world_size, tp=tp, pp=pp, dp=dp, schedule=schedule, num_microbatches=num_microbatches,
+        recompute=recompute, micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,
+        virtual_stages=virtual_stages, dp_kind=dp_kind, sequence_parallel=sequence_parallel, cluster=spec,
+        dtype=dtype, optimizer=optimizer, quantization=q, cp=cp, ep=ep, capacity_factor=capacity_factor,
+        blocks_per_stage=blocks_per_stage, moe_folding=moe_folding, profile=prof,
+    )  # fmt: skip

@@ -1,0 +1,140 @@
+"""The Python API covers the CLI (#29): ``meshplan.autoparallel`` takes what ``meshplan plan`` takes
+(dtype, target, memory limit, lora rank, a model name), ``meshplan.estimate`` precision, cp, ep and
+an engine profile, ``meshplan.export`` what ``meshplan export`` writes; the commands call these
+functions, so CLI and Python give the same plan and text. Bad arguments fail in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import meshplan
+from meshplan.cli import main
+from meshplan.plan import Plan
+
+
+@pytest.fixture(scope="module")
+def gpt_tiny_graph():
+    from meshplan.loading import load_graph
+
+    return load_graph("gpt-tiny")
+
+
+def _same_plan(a: Plan, b: Plan) -> None:
+    """Equal but for the solver's seconds (wall time)."""
+    da, db = json.loads(a.to_json()), json.loads(b.to_json())
+    for d in (da, db):
+        d.pop("solver", None)
+    assert da == db
+
+
+def test_cli_plan_is_autoparallel(tmp_path: Path, gpt_tiny_graph) -> None:
+    out = tmp_path / "p.json"
+    assert main(["plan", "gpt-tiny", "-n", "4", "--target", "torchtitan", "--dtype", "fp32", "--memory-limit",
+                 "40GiB", "--tp", "2", "-q", "-o", str(out)]) == 0  # fmt: skip
+    cli = Plan.load(out)
+    py = meshplan.autoparallel("gpt-tiny", 4, cluster="h100", target="torchtitan", dtype="fp32",
+                               memory_limit="40GiB", fixed={"tp": 2})  # fmt: skip
+    _same_plan(cli, py)
+    assert py.dtype == "fp32" and py.tp == 2 and any("planned for torchtitan" in n for n in py.notes)
+    assert py.cluster["mem_bytes"] - py.cluster["mem_reserved_bytes"] == 40 * 2**30
+    # a traced graph is taken as is
+    _same_plan(py, meshplan.autoparallel(gpt_tiny_graph, 4, cluster="h100", target="torchtitan", dtype="fp32",
+                                         memory_limit=40 * 2**30, fixed={"tp": 2}))  # fmt: skip
+
+
+def test_autoparallel_dtype_auto_and_qlora_rank(gpt_tiny_graph) -> None:
+    p = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", dtype="auto", target="torchtitan")
+    assert p.dtype in ("bf16", "fp8") and any("--dtype auto" in n for n in p.notes)
+    q = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", quantization="qlora", lora_rank=4)
+    assert q.quantization.mode == "qlora" and q.quantization.lora_rank == 4
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"target": "nemo"}, "target 'nemo' unknown"),
+    ({"dtype": "int4"}, "dtype 'int4' unknown"),
+    ({"dtype": "fp8", "cluster": "a100-80g"}, "FP8 tensor cores"),
+    ({"memory_limit": "lots"}, "is not a size"),
+    ({"memory_limit": "900GiB"}, "more than the"),
+    ({"lora_rank": 4}, "--lora-rank applies to --quantization qlora only"),
+    ({"target": "deepspeed", "fixed": {"cp": 2}}, "deepspeed has no cp axis"),
+    ({"target": "megatron", "recompute": ["op"]}, "not one megatron runs"),
+    ({"fixed": {"tpp": 2}}, "unknown keys"),
+])  # fmt: skip
+def test_autoparallel_refuses_bad_arguments_before_tracing(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        meshplan.autoparallel("no-such-model-never-loaded", 4, **kwargs)
+
+
+def test_estimate_precision_cp_ep_and_profile(gpt_tiny_graph) -> None:
+    base = dict(tp=1, pp=1, dp=2, global_batch_size=8, cluster="h100")
+    bf16 = meshplan.estimate(gpt_tiny_graph, 2, **base)
+    fp32 = meshplan.estimate(gpt_tiny_graph, 2, dtype="fp32", **base)
+    assert (bf16.dtype, fp32.dtype) == ("bf16", "fp32")
+    assert fp32.predicted.step_s > bf16.predicted.step_s  # fp32 peak FLOP/s is lower on an H100
+    cp = meshplan.estimate(gpt_tiny_graph, 4, cp=2, **base)
+    assert cp.mesh.degree("cp") == 2 and cp.world_size == 4
+    tp2 = dict(base, tp=2, dp=1)
+    own, megatron = (meshplan.estimate(gpt_tiny_graph, 2, profile=p, **tp2) for p in (None, "megatron-lm-2020"))
+    assert megatron.predicted.step_s > own.predicted.step_s  # the engine's conventions price it
+    from meshplan.planner.api import estimate_graph
+
+    _same_plan(megatron, estimate_graph(gpt_tiny_graph, 2, profile="megatron-lm-2020", **tp2))
+    moe = meshplan.estimate("moe-tiny", 2, tp=1, pp=1, dp=2, ep=2, global_batch_size=8, cluster="h100")
+    assert moe.mesh.degree("ep") == 2
+    with pytest.raises(ValueError, match="unknown engine profile"):
+        meshplan.estimate(gpt_tiny_graph, 2, profile="titan", **base)
+    with pytest.raises(ValueError, match="ep=2 must divide"):
+        meshplan.estimate(gpt_tiny_graph, 2, ep=2, **base)
+    with pytest.raises(ValueError, match="dtype 'fp9' unknown"):
+        meshplan.estimate(gpt_tiny_graph, 2, dtype="fp9", **base)
+    with pytest.raises(ValueError, match="already traced ModelGraph"):
+        meshplan.estimate(gpt_tiny_graph, 2, seq_len=16, **base)
+
+
+def test_export_is_the_command(tmp_path: Path, gpt_tiny_graph, capsys) -> None:
+    plan = meshplan.estimate(gpt_tiny_graph, 8, tp=2, pp=2, dp=2, schedule="zbv", num_microbatches=4,
+                             recompute="full", dp_kind="fsdp", global_batch_size=32, cluster="h100")  # fmt: skip
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    for to, form, extra in (("torchtitan", None, []), ("torchtitan", "toml", ["--toml"]),
+                            ("torchtitan", "module", ["--form", "module", "--base", "llama3:llama3_8b"])):
+        out = tmp_path / f"{to}-{form}.txt"
+        assert main(["export", str(path), "--to", to, "-o", str(out), *extra]) == 0
+        py = meshplan.export(plan, to=to, form=form, base="llama3:llama3_8b" if form == "module" else None)
+        assert out.read_text() == py.text == str(py) and (py.engine, py.form) == (to, form or "overrides")
+    module = meshplan.export(path, to="torchtitan", form="module", base="llama3:llama3_8b").text
+    compile(module, "job.py", "exec")
+    assert "from torchtitan.models.llama3.config_registry import llama3_8b as base_config" in module
+    assert "'pipeline_parallel_schedule': 'ZBVZeroBubble'" in module and "FullAC.Config()" in module
+    assert "def meshplan_config() -> Trainer.Config:" in module
+    # megatron cannot run zbv: refused as the command does, or the nearest with its cost
+    with pytest.raises(ValueError, match="schedule 'zbv'.*--nearest"):
+        meshplan.export(plan, to="megatron")
+    near = meshplan.export(plan, to="megatron", nearest=True, model="gpt-tiny")
+    assert near.changes and near.nearest is not None and near.header[0].startswith("# nearest megatron")
+    assert "--pipeline-model-parallel-size 2" in near.text
+    capsys.readouterr()
+    assert main(["export", str(path), "--to", "megatron", "--nearest", "--model", "gpt-tiny"]) == 0
+    assert capsys.readouterr().out == "\n".join(near.header) + "\n" + near.text
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"to": "nemo"}, "to='nemo' unknown"),
+    ({"to": "megatron", "form": "toml"}, "form 'toml' is not one megatron has"),
+    ({"to": "torchtitan", "form": "module"}, "needs base='MODULE:CONFIG'"),
+    ({"to": "torchtitan", "form": "module", "base": "llama3"}, "is not MODULE:CONFIG"),
+    ({"to": "torchtitan", "base": "llama3:llama3_8b"}, "base .--base. applies to the torchtitan module form only"),
+])  # fmt: skip
+def test_export_refuses_bad_arguments(gpt_tiny_graph, kwargs, match) -> None:
+    plan = meshplan.estimate(gpt_tiny_graph, 2, tp=1, pp=1, dp=2, global_batch_size=8, cluster="h100")
+    with pytest.raises(ValueError, match=match):
+        meshplan.export(plan, **kwargs)
+
+
+def test_export_command_flags_disagree(tmp_path: Path, gpt_tiny_graph, capsys) -> None:
+    meshplan.estimate(gpt_tiny_graph, 2, tp=1, pp=1, dp=2, global_batch_size=8, cluster="h100").save(tmp_path / "p.json")
+    assert main(["export", str(tmp_path / "p.json"), "--to", "torchtitan", "--toml", "--form", "module"]) == 1
+    assert "--toml and --form module disagree" in capsys.readouterr().err
