@@ -198,3 +198,32 @@ def test_python_api_takes_local(counted: dict[str, object]) -> None:
     assert spec.name == "local" and spec.num_devices == 2 and counted["calls"] == 1
     with pytest.raises(ValueError, match="local \\(this machine\\)"):
         resolve_cluster("laptop", 2)  # the preset error names it
+
+
+def test_one_known_gpu_takes_its_presets_links() -> None:
+    from types import SimpleNamespace
+
+    from meshplan.profile.links import single_device_links
+
+    figures, why = single_device_links(SimpleNamespace(type="cuda"), "NVIDIA H100 80GB HBM3", 2, lambda _m: None)
+    h100 = ClusterSpec.preset("h100")
+    assert figures["intra_bw_bytes_per_s"] == h100.intra_bw_bytes_per_s
+    assert figures["inter_latency_s"] == h100.inter_latency_s
+    assert set(why) == set(figures) and all(v.startswith("derived: the h100 preset's") for v in why.values())
+
+
+def test_capacity_sweeps_local_sizes(counted: dict[str, object]) -> None:
+    import torch
+
+    from meshplan.models.gpt import GPT, GPTConfig
+    from meshplan.sizing.api import answer, ask
+    from meshplan.trace import trace_model
+
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=64, block_size=8))
+    graph = trace_model(model, (torch.zeros(1, 8, dtype=torch.long),))
+    said: list[str] = []
+    rep = answer(graph, ask(tokens="1M", gpus="1-2", clusters="local"), progress=said.append)
+    assert [(r.cluster, r.gpus) for r in rep.rows] == [("local", 1), ("local", 2)] and all(r.fits for r in rep.rows)
+    assert rep.rows[1].tokens_per_s_per_gpu < rep.rows[0].tokens_per_s_per_gpu  # two ranks share one CPU
+    assert any(x.startswith("cluster local: N ranks sharing this host's CPU") for x in said)
+    assert counted["calls"] == 1

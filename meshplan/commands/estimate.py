@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     spec = imp.spec
     if is_local(args.cluster):
         args.cluster = resolve(args.cluster, args.world_size, say=progress, log=lambda m: progress(f"profile: {m}"))
+        print(args.cluster.extra["local"])  # what the N devices are
     progress(f"tracing {args.model}")
     shapes = input_shapes(args.input_shape)
     graph = trace_graph(args.model, None if shapes else (args.seq or spec.seq_len or None), shapes)

@@ -148,19 +148,21 @@ def _found_gpus() -> int:
         return 0
 
 
-def describe(spec: ClusterSpec, n: int) -> str:
-    """The one line that says what the N devices of ``--cluster local`` are."""
+def describe(spec: ClusterSpec, n: int | str) -> str:
+    """The one line that says what the ``n`` devices of ``--cluster local`` are (``n`` may be a
+    placeholder such as "N" for a sweep over sizes)."""
     dev = spec.extra.get("device", "?")
     links = spec.provenance.get("intra_bw_bytes_per_s", "")
     how = links.partition(";")[2].split(",")[0].split(" (")[0].strip() if links.startswith("derived") else "measured"
+    many = n != 1
     if spec.extra.get("device_type") == "cpu":
-        what = (f"{n} rank{'s' if n > 1 else ''} sharing this host's CPU ({dev}, {spec.extra.get('cpu_threads', '?')} "
+        what = (f"{n} rank{'s' if many else ''} sharing this host's CPU ({dev}, {spec.extra.get('cpu_threads', '?')} "
                 f"threads)" + (f": per-rank FLOP/s, memory bandwidth and memory are the measured host's / {n}"
-                               if n > 1 else ", as measured"))  # fmt: skip
+                               if many else ", as measured"))  # fmt: skip
     else:
         found = _found_gpus()
-        what = (f"{n} x {dev} on one node (the device measured here" + (f", replicated {n} times" if n > 1 else "")
-                + (f"; {found} found here" if n > found else "") + ")")
+        what = (f"{n} x {dev} on one node (the device measured here" + (f", replicated {n} times" if many else "")
+                + (f"; {found} found here" if not isinstance(n, int) or n > found else "") + ")")
     return f"cluster local: {what}; links between devices derived ({how}), not measured"
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.hardware import ClusterSpec, default_reserved_bytes
 from meshplan.profile.budget import FAST_FLAGS, Budget, Log, cpu_has_fast, fits, log_stderr
 from meshplan.profile.comm import byte_sizes, fit_or_bound, measure_collectives
 from meshplan.profile.links import single_device_links
@@ -329,6 +329,8 @@ def profile_machine(
         devices_per_node=nproc,
         peak_flops=peak,
         mem_bytes=mem,
+        # a GPU process cannot use all of it: CUDA context, NCCL buffers, fragmentation (as the presets)
+        mem_reserved_bytes=default_reserved_bytes(mem) if device.type == "cuda" else 0,
         mem_bw_bytes_per_s=mem_bw,
         **links,
         matmul_efficiency=1.0,

@@ -50,7 +50,9 @@ def profile_provenance(
         "matmul_efficiency": "derived: 1.0, the measured peaks already are what kernels reach here",
         "mem_efficiency": "derived: 1.0, the measured copy bandwidth already is what kernels reach here",
         "comm_efficiency": "derived: 1.0, the link figures already are effective rates",
-        "mem_reserved_bytes": "derived: 0, no allocator reserve modelled on a measured profile",
+        "mem_reserved_bytes": ("derived: CUDA context + NCCL buffers + 3% fragmentation, as the presets "
+                               "(cost_models.hardware.default_reserved_bytes)" if device_type == "cuda"
+                               else "derived: 0, no allocator reserve modelled on a CPU"),
         "sm_count": ("measured: the device's multiprocessor count" if device_type == "cuda"
                      else "derived: 0, a CPU has no SM grid (no tile/wave shape factor)"),
     })  # fmt: skip

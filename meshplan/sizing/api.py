@@ -26,7 +26,7 @@ from typing import Any
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import ModelGraph
 from meshplan.partition.cuts import layer_ranges
-from meshplan.profile.local import is_local, local_profile
+from meshplan.profile.local import describe, is_local, local_profile
 from meshplan.sizing.band import ErrorBand, load_error_band
 from meshplan.sizing.parse import (
     BatchSpec,
@@ -161,7 +161,7 @@ def answer(graph: ModelGraph, q: Question, *, progress: Callable[[str], None] | 
     skipped: list[str] = []
     for kind in q.kinds:
         if is_local(kind):  # this machine: measured (or read from the cache) once, before the searches fork
-            local_profile(log=say, say=say)
+            say(describe(local_profile(log=say, say=say)[0], "N"))
         # local: each size is one node of that many copies of this machine's device
         per_node = 1 if is_local(kind) else ClusterSpec.preset(kind).devices_per_node
         sizes, left = sweep_sizes(q.counts, devices_per_node=per_node, batch_seqs=seqs, num_layers=n_layers)
