@@ -227,3 +227,16 @@ def test_capacity_sweeps_local_sizes(counted: dict[str, object]) -> None:
     assert rep.rows[1].tokens_per_s_per_gpu < rep.rows[0].tokens_per_s_per_gpu  # two ranks share one CPU
     assert any(x.startswith("cluster local: N ranks sharing this host's CPU") for x in said)
     assert counted["calls"] == 1
+
+
+def test_autoparallel_plans_on_local(counted: dict[str, object]) -> None:
+    import meshplan
+    from meshplan.models.gpt import GPT, GPTConfig
+    from meshplan.report.html import render_html
+
+    plan = meshplan.autoparallel(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=64, block_size=8)), 2,
+                                 cluster="local", global_batch_size=4)  # fmt: skip
+    assert plan.cluster["name"] == "local" and plan.cluster["num_devices"] == 2 and counted["calls"] == 1
+    assert plan.cluster["extra"]["local"].startswith("cluster local: 2 ranks")
+    page = render_html(plan)
+    assert "cluster figures" in page and "intra_bw_bytes_per_s" in page  # the HTML report names the derived ones

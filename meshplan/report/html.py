@@ -25,6 +25,7 @@ from meshplan.report.diff import byte_text, compress_fqns, fqn_pattern
 from meshplan.report.html_base import CSS as _CSS
 from meshplan.report.html_base import table as _table
 from meshplan.report.svg import block_tp_drawing, memory_drawing, mesh_drawing, to_svg
+from meshplan.report.text import cluster_provenance_lines
 
 if TYPE_CHECKING:
     from meshplan.plan import Plan
@@ -58,6 +59,7 @@ def _decisions(plan: Plan) -> str:
          + f" ({plan.world_size} devices)"],
         ["cluster", f"{plan.cluster.get('name', '?')}: {plan.cluster.get('devices_per_node', '?')} devices per node, "
          + byte_text(int(plan.cluster.get("mem_bytes", 0))) + " each"],
+        *([["cluster figures", "; ".join(where)]] if (where := cluster_provenance_lines(plan.cluster)) else []),
         ["schedule", plan.schedule + (f", {plan.virtual_stages} virtual stages per rank" if plan.virtual_stages > 1
                                       else "")],
         ["batch", f"global {plan.global_batch_size} = dp {plan.dp} x {plan.num_microbatches} microbatches x "
