@@ -16,6 +16,8 @@
 #   08 plan 8B    meshplan plan llama3-8b -n 1, batch 8 x 4096 (the planner's pick at this GPU's memory edge;
 #                 QLoRA when nothing else fits)
 #   09 run 8B     meshplan run of that plan: does what the planner says fits, fit?
+#   10 profile    meshplan profile --nproc 1 (#28 item 4): one device measured, the links derived
+#   11 local      meshplan plan MODEL -n 4 --cluster local (#29 item 3): this GPU profiled once, replicated 4 times
 # Then benchmarks/gpu_check_report.py prints (and writes DIR/summary.md) predicted vs measured step
 # time and peak memory per run, launch-to-first-step seconds, and the calibrated re-plan.
 #
@@ -140,5 +142,9 @@ if [ -s plan_8b.json ]; then
   step 09-run-8b 300 "${MP[@]}" run plan_8b.json --model "$BIG" --steps 6 --log-every 1 --profile-steps 0 \
     --record run_8b.json "${RUN_EXTRA[@]}"
 fi
+
+step 10-profile-1dev 90 "${MP[@]}" profile --nproc 1 --quick --budget 45 -o profile_1dev.json
+step 11-plan-local 120 env MESHPLAN_PROFILE_DIR="$OUT/profiles" MESHPLAN_LOCAL_BUDGET=45 "${MP[@]}" plan "$MODEL" -n 4 \
+  --cluster local --global-batch "$BATCH" --seq "$SEQ" -o plan_local.json
 
 "$PY" "$REPO/benchmarks/gpu_check_report.py" "$OUT" | tee "$OUT/summary.md"
