@@ -1,16 +1,26 @@
 """``meshplan run`` checks before any worker is spawned: what would otherwise fail on every rank
-after torchrun's start-up (seconds to minutes), or only after K steps of training.
+after torchrun's start-up (seconds to minutes, then torchrun's ChildFailedError), or only after K
+steps of training. Each refusal is one line (ValueError / FileNotFoundError / PlanMismatchError,
+printed by the CLI).
 
 - the model spec resolves: a zoo name is known, a ``file.py:factory`` / ``pkg.mod:factory`` imports
   and names a callable (nothing is built);
-- ``--data``: a ``tokens.bin`` exists, a ``pkg.mod:fn`` module can be found;
+- ``--data``: a ``tokens.bin`` exists (and its held-out file for ``--eval-every``), a ``pkg.mod:fn``
+  module can be found;
 - output directories are writable: ``--checkpoint-dir`` (created) and the RunRecord's directory,
   by creating and removing a probe file there;
 - ``--resume`` has a complete checkpoint to resume from; ``--init-from`` exists;
-- ranks x threads vs CPU cores: a note on stderr when oversubscribed (timings then mean little).
+- this node has room for its ranks (``runtime.launch.devices.fit_problem``): one rank per visible GPU;
+  on CPU, ranks x threads within the cores unless ``--oversubscribe``; a one-node launch of a plan
+  that needs several nodes is told the command to run on each;
+- the plan against the model (``check_model_plan``): ``--model`` is built on the meta device (no
+  memory) and meets the same checks every rank makes before its process group: the plan's model
+  fingerprint (``fingerprint.check_plan_model``), example inputs, synthetic data, the token file's
+  ids against the vocabulary, and ``runtime.apply.checks.check_plan`` (every refusal of the plan on
+  this model but those that read the captured graph: pp stage rules, the vocabulary-parallel head;
+  the ranks make those). One function each, shared with the ranks, not a copy.
 
-``preflight(args, world_size)`` raises ValueError / FileNotFoundError with what to change; the
-CLI prints it as one line. torch is imported only to list the zoo.
+torch is imported for the device count and the meta build.
 """
 
 from __future__ import annotations
@@ -18,9 +28,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def _check_model(spec: str) -> None:
@@ -66,10 +77,16 @@ def check_writable(directory: Path, what: str) -> None:
         raise ValueError(f"{what} {directory} is not writable ({e.strerror or e}); choose another directory") from e
 
 
-def preflight(args: argparse.Namespace, world_size: int) -> None:
+def preflight(args: argparse.Namespace, plan: Any, launch: Any = None,
+              node_command: Callable[[int, int], str] | None = None) -> None:
+    """Every check above, cheapest first; ``launch`` (``runtime.launch.torchrun.Launch``) is this node's
+    share of the run (None: all of ``plan``'s ranks here); ``node_command(nnodes, nproc_per_node)`` the
+    ``meshplan run`` line for each node of a multi-node launch (named when one node cannot hold the plan)."""
     _check_model(args.model)
     if getattr(args, "data", None):
         _check_data(args.data)
+        if getattr(args, "eval_every", 0):
+            _check_held_out(args.data)
     if getattr(args, "checkpoint_dir", None):
         check_writable(Path(args.checkpoint_dir), "--checkpoint-dir")
     if getattr(args, "resume", False):
@@ -83,8 +100,80 @@ def preflight(args: argparse.Namespace, world_size: int) -> None:
         raise FileNotFoundError(f"--init-from {args.init_from}: no such file or directory")
     record = Path(args.record) if getattr(args, "record", None) else Path(args.plan).resolve().parent / "run_record.json"
     check_writable(record.parent, "the RunRecord directory")
-    cores = os.cpu_count() or 1
-    threads = getattr(args, "threads", 1) or 1
-    if world_size * threads > cores:
-        print(f"note: {world_size} ranks x {threads} thread(s) on {cores} CPU cores: oversubscribed, step times "
-              "will be slow and noisy (fine for a correctness run)", file=sys.stderr)
+    check_devices(args, plan, launch, node_command)
+    check_model_plan(args, plan)
+
+
+def _check_held_out(spec: str) -> None:
+    from meshplan.tokenfile import val_path
+
+    if not _is_token_file(spec):
+        raise ValueError(f"--eval-every needs --data tokens.bin (its held-out tokens.val.bin), not {spec!r}")
+    if not val_path(spec).is_file():
+        raise FileNotFoundError(f"--eval-every: no held-out file {val_path(spec)} "
+                                "(`meshplan prepare-data --val-fraction F` writes it)")
+
+
+def _is_token_file(spec: str) -> bool:
+    return spec.endswith(".bin") or os.sep in spec or "/" in spec
+
+
+def check_devices(args: argparse.Namespace, plan: Any, launch: Any = None,
+                  node_command: Callable[[int, int], str] | None = None) -> None:
+    """ValueError (one line) when this node cannot hold its ranks (``runtime.launch.devices.fit_problem``)."""
+    from meshplan.runtime.launch.devices import fit_problem, local_devices
+    from meshplan.runtime.launch.torchrun import Launch
+
+    launch = launch if launch is not None else Launch(nproc_per_node=plan.world_size)
+    per_node = (plan.cluster or {}).get("devices_per_node") if isinstance(plan.cluster, dict) else None
+    why = fit_problem(plan.world_size, launch, local_devices(), threads=getattr(args, "threads", 1) or 1,
+                      oversubscribe=getattr(args, "oversubscribe", False),
+                      planned_per_node=int(per_node) if per_node else None, command=node_command)
+    if why:
+        raise ValueError(why)
+
+
+def check_model_plan(args: argparse.Namespace, plan: Any) -> None:
+    """Build ``--model`` on the meta device and make the checks each rank makes before its process group.
+
+    A quantized plan (or ``--build host``) runs on host-built models: only the fingerprint, inputs and
+    vocabulary are checked here, and a model whose meta build or meta check fails is left to the ranks."""
+    from meshplan.fingerprint import check_plan_model
+    from meshplan.models import load_model
+    from meshplan.runtime.apply.checks import MetaBuildRefused, check_plan
+    from meshplan.runtime.loop.train import run_example
+
+    on_meta = getattr(args, "build", "meta") == "meta" and plan.quantization.mode == "none"  # as the ranks build
+    try:
+        spec = load_model(args.model, batch_size=plan.micro_batch_size, seq_len=plan.seq_len or None, device="meta")
+    except (ValueError, FileNotFoundError):
+        raise  # the ranks' build fails alike (e.g. the plan's seq_len past the model's maximum)
+    except Exception as e:  # noqa: BLE001 - a factory that cannot build on meta
+        if not on_meta:
+            return  # the ranks build it on the host
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ValueError(f"--model {args.model}: building it on the meta device failed ({type(e).__name__}: "
+                         f"{first}); --build host builds the whole model on each rank instead") from e
+    model = spec.model
+    check_plan_model(plan, model, args.model)
+    example = run_example(model, spec.example_inputs, getattr(args, "input_shape", None), args.model)
+    data = getattr(args, "data", None)
+    if data and _is_token_file(data):
+        from meshplan.runtime.loop.data import check_token_ids, model_vocab
+        from meshplan.tokenfile import read_meta
+
+        check_token_ids(read_meta(data).max_token_id, model_vocab(model), data)
+    if not on_meta:
+        return
+    if not data:
+        from meshplan.runtime.loop.synthetic import synthetic_data
+
+        synthetic_data(model, example, getattr(args, "seed", 0))
+    try:  # without the graph capture (seconds for an HF model under pp): the ranks check what needs it
+        check_plan(model, plan, example, getattr(args, "dtype", "plan"), capture=False)
+    except MetaBuildRefused:
+        return  # the ranks build on the host instead
+    except ValueError:  # PlanMismatchError too: refused here as on every rank
+        raise
+    except Exception:  # noqa: BLE001 - a check that fails on the meta device only: the ranks decide
+        return

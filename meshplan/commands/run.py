@@ -7,9 +7,13 @@ Several nodes: ``--nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT`` on ev
 c10d rendezvous, ``meshplan.runtime.launch.torchrun``); ``--max-restarts K`` restarts dead workers, which
 resume from the newest complete checkpoint; ``--slurm-script job.sh`` writes an sbatch script
 (``meshplan.runtime.launch.slurm``) instead of running.
-Before spawning, ``commands/preflight.py`` checks the model spec, data, output directories and
-cores; numbers are checked by argparse (``--nproc 0`` is refused). SIGINT/SIGTERM stop the whole process tree (``runtime/launch/supervise.py``): exit code 130/143.
-torch is imported only by the preflight's zoo lookup.
+Before spawning, ``commands/preflight.py`` checks the model spec, data, output directories, this
+node's devices (more ranks than GPUs, or than CPU cores without ``--oversubscribe``, is refused; a
+one-node launch of a multi-node plan is told the command for each node) and the plan against the
+model built on the meta device (fingerprint, ``check_plan``); numbers are checked by argparse
+(``--nproc 0`` is refused). SIGINT/SIGTERM stop the whole process tree
+(``runtime/launch/supervise.py``): exit code 130/143.
+torch is imported only by the preflight (device count, meta build).
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision: the plan's dtype (default) or bf16 / fp16 / fp32")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (CPU)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="on CPU, start more ranks x --threads than this node has cores (refused without it: "
+                        "step times then mean little; fine for a correctness run)")
     p.add_argument("--profile-steps", type=nonneg_int, default=1, metavar="K",
                    help="after the timed steps, K extra steps under torch's profiler for the RunRecord's "
                         "per-phase times (0: none; default 1)")
@@ -204,6 +211,13 @@ def write_slurm(args: argparse.Namespace) -> int:
     return 0
 
 
+def node_command(args: argparse.Namespace, nnodes: int, nproc_per_node: int) -> str:
+    """The ``meshplan run`` line each of ``nnodes`` nodes runs for this run (a refusal names it)."""
+    argv = ["meshplan", *run_argv(args)[3:], "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
+            "--rdzv-endpoint", "HOST:29500"]
+    return shlex.join(argv)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.slurm_script:
         return write_slurm(args)
@@ -211,14 +225,16 @@ def run(args: argparse.Namespace) -> int:
     if args.print_command:
         print(shlex.join(cmd))
         return 0
+    from meshplan.commands.preflight import preflight
+    from meshplan.plan import Plan
+
+    plan = Plan.load(args.plan)
+    # before torchrun: model, data, writable dirs, this node's devices, the plan against the model
+    preflight(args, plan, _launch(args, plan.world_size), lambda n, p: node_command(args, n, p))
     if args.rdzv_endpoint:
         from meshplan.runtime.launch.torchrun import check_endpoint
 
         check_endpoint(args.rdzv_endpoint, args.rdzv_timeout)
-    from meshplan.commands.preflight import preflight
-    from meshplan.plan import Plan
-
-    preflight(args, Plan.load(args.plan).world_size)  # before spawning: model, data, writable dirs, cores
     from meshplan.runtime.launch.supervise import run_tree
 
     return run_tree(cmd)

@@ -32,7 +32,7 @@ from meshplan.runtime.apply.stage_params import tie_groups, unique_params
 from meshplan.runtime.apply.steps import STEPS, ApplyState, MetaBuild
 from meshplan.runtime.apply.zero1 import zero1_optimizer
 from meshplan.runtime.checkpoint.pretrained import load_pretrained
-from meshplan.runtime.launch.dist import RuntimeEnv, init_runtime
+from meshplan.runtime.launch.dist import RuntimeEnv, check_launch, init_runtime
 
 __all__ = ["ParallelModel", "apply_plan"]
 
@@ -71,6 +71,7 @@ def apply_plan(
     gives the buffers and the file the weights).
     """
     meta = _meta_build(model, tape, init_from)
+    check_launch(plan)  # the launched world size first: every rank refuses alike
     checked = check_plan(model, plan, example_inputs, dtype)
     notes = list(checked.notes)
     if init_from is not None and plan.quantization.mode != "none":  # quantizing needs the loaded weights

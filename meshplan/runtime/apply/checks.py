@@ -1,10 +1,12 @@
 """``check_plan``: every refusal of a Plan on this model, made once, before anything is applied.
 
 Runs on every rank before the process group exists (no collective), so all ranks refuse alike and
-none hangs. The rules are the shared ``meshplan.plan.execution_rules`` (the ones the search obeys)
-plus what only the model can tell. Under pp > 1 the rules read the captured graph, so the capture
-and the stage split are made here (every rank splits every stage and runs the chain once); the
-``Checked`` it returns carries them to the appliers (``runtime.apply.steps``).
+none hangs. It needs no launch (``apply_plan`` checks the world size first): ``meshplan run`` also
+runs it once in the launching process on a meta build, before torchrun starts
+(``commands/preflight.py``). The rules are the shared ``meshplan.plan.execution_rules`` (the ones
+the search obeys) plus what only the model can tell. Under pp > 1 the rules read the captured graph,
+so the capture and the stage split are made here (every rank splits every stage and runs the chain
+once); the ``Checked`` it returns carries them to the appliers (``runtime.apply.steps``).
 
 The one change made to the model here is the one the capture must see: HF ``Conv1D`` modules that
 TP shards become ``nn.Linear`` (weights transposed), as ``tp.convert_conv1d`` does.
@@ -35,7 +37,6 @@ from meshplan.runtime.apply import precision as prec
 from meshplan.runtime.apply import schedules, split, tp
 from meshplan.runtime.apply.epcp import epcp_blocker, uses_epcp
 from meshplan.runtime.apply.epcp_pipeline import pipeline_cp_blocker
-from meshplan.runtime.launch.dist import check_launch
 
 
 class MetaBuildRefused(ValueError):
@@ -65,10 +66,12 @@ def _refuse(plan: Plan, why: str) -> None:
         raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}")
 
 
-def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: str = "plan") -> Checked:
+def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: str = "plan", *,
+               capture: bool = True) -> Checked:
     """Refuse (``PlanMismatchError`` / ``ValueError``, one line) what this runtime cannot run as
-    costed; return what the appliers need (see the module docstring)."""
-    check_launch(plan)
+    costed; return what the appliers need (see the module docstring). Needs no launch or process group.
+    ``capture=False`` (the launcher's check) leaves out what needs the captured graph (pp > 1: the
+    stage split and the rules on it; tp: the vocabulary-parallel head): the ranks check those."""
     dpmod.check_dp_kind(plan)
     split.check_fqns(model, plan)
     pp = plan.pp
@@ -112,6 +115,8 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: 
         if on_meta:  # captured and checked on the meta device, like the model
             c.example = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, c.example)
         c.names = split_inputs(c.example)[0]
+    if not capture:
+        return c
     if pp > 1:
         _check_stages(model, plan, c)
     elif plan.tp > 1 and c.example is not None and any(s == "colwise" for s in styles.values()):

@@ -337,7 +337,12 @@ def model_vocab(model: nn.Module) -> int | None:
 
 def check_vocab(stream: DataStream, model: nn.Module, spec: str | None) -> None:
     """Stop before step 1 when the data holds a token id the model's vocabulary cannot embed."""
-    top, vocab = stream.max_token_id(), model_vocab(model)
+    check_token_ids(stream.max_token_id(), model_vocab(model), spec)
+
+
+def check_token_ids(top: int | None, vocab: int | None, spec: str | None) -> None:
+    """ValueError when token id ``top`` is past a ``vocab``-entry embedding (``meshplan run`` checks it
+    on the token file's metadata before torchrun starts, each rank on its stream)."""
     if top is not None and vocab is not None and top >= vocab:
         raise ValueError(
             f"--data {spec}: largest token id is {top} but the model's vocabulary has {vocab} entries "

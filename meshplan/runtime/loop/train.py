@@ -93,6 +93,17 @@ def shaped_example(model: torch.nn.Module, shapes: dict | None) -> tuple:
     return tuple(example)
 
 
+def run_example(model: torch.nn.Module, example: Any, input_shape: Any, model_arg: str) -> Any:
+    """The example inputs a run uses: ``--input-shape`` (the shapes the plan was made with, for a factory
+    without examples) over the model's own; ValueError when there are none (``meshplan run`` checks it too)."""
+    if input_shape:
+        example = shaped_example(model, input_shapes(input_shape))
+    if example is None:
+        raise ValueError(f"model {model_arg!r} gives no example inputs; return (model, example_inputs) from the "
+                         "factory or give --input-shape NAME=2x3x224x224[:dtype]")
+    return example
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -122,12 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tape = InitTape() if meta else None
     spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None, device="meta" if meta else None,
                       tape=tape)
-    model, example = spec.model, spec.example_inputs
-    if args.input_shape:  # the shapes the plan was made with, for a factory without examples
-        example = shaped_example(model, input_shapes(args.input_shape))
-    if example is None:
-        raise ValueError(f"model {args.model!r} gives no example inputs; return (model, example_inputs) from the "
-                         "factory or give --input-shape NAME=2x3x224x224[:dtype]")
+    model = spec.model
+    example = run_example(model, spec.example_inputs, args.input_shape, args.model)
     check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
     synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
     first_in = next(iter(example.values())) if isinstance(example, dict) else example[0]  # keyword inputs too
@@ -146,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None)
         model = spec.model
-        example = shaped_example(model, input_shapes(args.input_shape)) if args.input_shape else spec.example_inputs
+        example = run_example(model, spec.example_inputs, args.input_shape, args.model)
         pm = apply(model, example, None)
     rank = pm.env.rank
     pm.check_grads = args.check_grads
