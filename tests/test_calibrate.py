@@ -79,6 +79,9 @@ def test_cli_writes_a_cluster_usable_as_cluster(tmp_path: Path, capsys: pytest.C
     assert "fitted terms" in text and "before" in text and "largest |error|" in text
     cal_spec = ClusterSpec.load(out)
     assert cal_spec.name == "cpu-nominal-calibrated" and "calibration" in cal_spec.extra
+    fitted = cal_spec.derived_figures()  # what calibrate changed says it was fitted, not measured
+    assert fitted and all(v.startswith("fitted by meshplan calibrate to run.json") for v in fitted.values())
+    assert all(getattr(cal_spec, f.partition(".")[0]) != getattr(spec, f.partition(".")[0]) for f in fitted)
     assert main(["plan", "gpt-tiny", "-n", "2", "--cluster", str(out), "--dtype", "fp32", "-q"]) == 0
     del rec["plan"]
     (tmp_path / "old.json").write_text(json.dumps(rec))

@@ -82,9 +82,10 @@ def _value(spec: ClusterSpec, key: str) -> str:
 
 
 def provenance_lines(spec: ClusterSpec, *, derived_only: bool = False) -> list[str]:
-    """One line per figure with a provenance entry: ``  MEASURED|DERIVED  figure = value  (how)``."""
+    """One line per figure with a provenance entry: ``  MEASURED|DERIVED  figure = value  (how)``,
+    the measured ones first."""
     lines = []
-    for key, how in spec.provenance.items():
+    for key, how in sorted(spec.provenance.items(), key=lambda kv: not kv[1].startswith("measured")):
         kind, _, what = how.partition(":")
         if derived_only and kind != "derived":
             continue
