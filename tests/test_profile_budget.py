@@ -10,6 +10,13 @@ import pytest
 from meshplan.profile.budget import Budget, cpu_has_fast_bf16
 
 
+def test_cpu_name_reads_the_model_name() -> None:
+    from meshplan.profile.budget import cpu_name
+
+    assert cpu_name("processor : 0\nmodel name\t: AMD EPYC 7B13\nflags : avx2\n") == "AMD EPYC 7B13"
+    assert cpu_name("processor : 0\n")  # no model name: the platform's answer, never empty
+
+
 def test_cpu_flags_decide_bf16() -> None:
     assert not cpu_has_fast_bf16("processor : 0\nflags : fpu sse avx2 fma\n")
     assert cpu_has_fast_bf16("flags : fpu avx2 avx512f avx512_bf16\n")

@@ -79,6 +79,21 @@ def cpu_has_fast(dtype: str, cpuinfo: str | None = None) -> bool:
     return bool(flags & set(FAST_FLAGS[dtype]))
 
 
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name (/proc/cpuinfo), else ``platform.processor()`` or the machine type."""
+    import platform
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
 def fits(last_call_s: float, scale: float, reps: int, deadline: float) -> bool:
     """Would ``reps + 2`` calls of a size ``scale`` times as costly as the last one end before ``deadline``?"""
     return time.monotonic() + last_call_s * scale * (reps + 2) <= deadline

@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
-from meshplan.profile.budget import Log, log_stderr
+from meshplan.profile.budget import Log, cpu_name, log_stderr
 
 LOCAL = "local"
 #: seconds ``--cluster local`` may spend measuring this machine (once; then cached)
@@ -62,7 +62,7 @@ def machine_key() -> dict[str, str]:
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         device = f"cuda:{torch.cuda.get_device_name(0)}"
     else:
-        device = f"cpu:{platform.processor() or platform.machine()}:{torch.get_num_threads()} threads"
+        device = f"cpu:{cpu_name()}:{torch.get_num_threads()} threads"
     return {"host": platform.node() or "localhost", "torch": str(torch.__version__), "device": device}
 
 

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from meshplan.cost_models.hardware import ClusterSpec, default_reserved_bytes
-from meshplan.profile.budget import FAST_FLAGS, Budget, Log, cpu_has_fast, fits, log_stderr
+from meshplan.profile.budget import FAST_FLAGS, Budget, Log, cpu_has_fast, cpu_name, fits, log_stderr
 from meshplan.profile.comm import byte_sizes, fit_or_bound, measure_collectives
 from meshplan.profile.links import single_device_links
 from meshplan.profile.provenance import collective_provenance, profile_provenance
@@ -296,7 +296,7 @@ def profile_machine(
         props = torch.cuda.get_device_properties(device)
         mem, dev_name, sms = int(props.total_memory), props.name, int(props.multi_processor_count)
     else:  # a CPU has no SM grid: no GEMM/attention shape factor (sm_count 0)
-        mem, dev_name, sms = _host_mem_bytes() // nproc, platform.processor() or platform.machine(), 0
+        mem, dev_name, sms = _host_mem_bytes() // nproc, cpu_name(), 0
     coll: dict[str, list[tuple[int, float]]] = {}
     if nproc == 1:
         links, link_why = single_device_links(device, dev_name, reps, log, deadline=phase("collectives"))
