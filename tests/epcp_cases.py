@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -167,13 +168,15 @@ def pp_worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float
     return out
 
 
-def check_rows(results: list, n: int) -> None:
+def check_rows(results: list, n: int, may_refuse: Collection[str] = ()) -> None:
     """Every rank's rows of ``worker`` / ``pp_worker``: losses and parameters within ATOL of one
-    device, the notes naming what was applied; a row refused before training is checked by its test."""
+    device, the notes naming what was applied. Only a row whose model is in ``may_refuse`` may be
+    refused before training (its test checks the reason); any other refusal fails."""
     for rows in results:
         assert len(rows) == n
         for cfg, loss_err, param_err, notes in rows:
             if notes and notes[0].startswith("refused"):
+                assert cfg["model"] in may_refuse, f"{cfg}: {notes[0]}"
                 continue
             assert loss_err <= ATOL, f"{cfg}: loss differs by {loss_err}"
             assert param_err <= ATOL, f"{cfg}: a parameter differs by {param_err}"

@@ -32,7 +32,7 @@ class TestPipelineFourRanks:
                 dict(model="moe4", pp=2, dp=2, ep=2, schedule="zero-bubble", v=2),
                 dict(model="mixtral", pp=2, dp=2, ep=2)]  # HF: torch.export stages, refused (the shared rule)
         results = run_ranks(pp_worker, 4, cfgs, timeout_s=600)
-        check_rows(results, len(cfgs))
+        check_rows(results, len(cfgs), may_refuse={"mixtral"})
         refused = [notes[0] for rows in results for cfg, _, _, notes in rows if cfg["model"] == "mixtral"]
         assert len(refused) == 4 and all(r.startswith("refused") and "torch.export" in r for r in refused), refused
 
