@@ -240,3 +240,19 @@ def test_autoparallel_plans_on_local(counted: dict[str, object]) -> None:
     assert plan.cluster["extra"]["local"].startswith("cluster local: 2 ranks")
     page = render_html(plan)
     assert "cluster figures" in page and "intra_bw_bytes_per_s" in page  # the HTML report names the derived ones
+
+
+def test_links_fall_back_to_the_memory_bandwidth(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from meshplan.profile import links
+
+    def no_tcp(*_a: object, **_k: object) -> None:
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(links, "loopback_points", no_tcp)
+    figures, why = links.single_device_links(SimpleNamespace(type="cpu"), "cpu", 2, lambda _m: None, mem_bw=4e10)
+    assert figures["intra_bw_bytes_per_s"] == 2e10 and figures["intra_latency_s"] == 0.0
+    assert "half the measured copy bandwidth" in why["intra_bw_bytes_per_s"]
+    with pytest.raises(OSError):
+        links.single_device_links(SimpleNamespace(type="cpu"), "cpu", 2, lambda _m: None)

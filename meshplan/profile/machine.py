@@ -299,7 +299,8 @@ def profile_machine(
         mem, dev_name, sms = _host_mem_bytes() // nproc, cpu_name(), 0
     coll: dict[str, list[tuple[int, float]]] = {}
     if nproc == 1:
-        links, link_why = single_device_links(device, dev_name, reps, log, deadline=phase("collectives"))
+        links, link_why = single_device_links(device, dev_name, reps, log, deadline=phase("collectives"),
+                                              mem_bw=mem_bw)
         p2p_alpha, p2p_bw = links["intra_latency_s"], links["intra_bw_bytes_per_s"]
         comm_how = "no collectives (one device): links derived, see provenance"
     else:
