@@ -1,6 +1,8 @@
 """The ``meshplan`` command line: ``meshplan plan | report | run | profile | inspect | explain | diff | export | estimate | prepare-data | calibrate | capacity``.
 
-Dispatch only; each subcommand lives in ``meshplan.commands.<name>``.
+Dispatch only; each subcommand lives in ``meshplan.commands.<name>``. Every command takes
+``-v``/``--verbose``: without it, third-party warnings and log lines stay off its output
+(``meshplan.console``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+
+from meshplan.console import VERBOSE_HELP, third_party_quiet
 
 COMMANDS = ("inspect", "profile", "plan", "report", "explain", "diff", "run", "export", "estimate", "prepare-data",
             "calibrate", "capacity")
@@ -31,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
+        p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
         p.set_defaults(_run=mod.run)
     return parser
 
@@ -49,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.errors import MeshplanError
 
     try:
-        code = int(args._run(args) or 0)
+        with third_party_quiet(args.verbose):
+            code = int(args._run(args) or 0)
     except (MeshplanError, ValueError, FileNotFoundError) as e:
         print(f"meshplan {args.command}: error: {e}", file=sys.stderr)
         code = 1

@@ -25,3 +25,8 @@ class NonFiniteError(MeshplanError, ArithmeticError):
 
 class MissingExtraError(MeshplanError, ImportError):
     """An optional dependency is not installed; the message names the extra (``meshplan[plot]``)."""
+
+
+class MeshplanWarning(UserWarning):
+    """meshplan's own warnings: shown by the CLI even while third-party warnings are kept off its output
+    (``meshplan.console``)."""

@@ -106,7 +106,7 @@ def test_engines_are_text_only() -> None:
 #: top-level module goes into the layer its imports put it in.
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
-    ("shapes", "fingerprint", "tokenfile", "graph", "ilp", "stragglers"),
+    ("shapes", "fingerprint", "tokenfile", "graph", "ilp", "stragglers", "console"),
     ("plan",),  # the Plan, its checks, phases and execution rules: what planner and runtime share
     ("calls",),  # how a model is called: below the zoo, tracing and the runtime
     ("models",),

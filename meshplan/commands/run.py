@@ -144,7 +144,7 @@ def run_argv(args: argparse.Namespace) -> list[str]:
             out += [w for name, spec in v for w in (flag, input_shape_text(name, spec))]
             continue
         out += [flag] if isinstance(a, argparse._StoreTrueAction) else [flag, str(v)]
-    return out
+    return out + (["--verbose"] if getattr(args, "verbose", False) else [])  # cli.py adds -v to every command
 
 
 def build_command(args: argparse.Namespace) -> list[str]:
@@ -188,6 +188,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
         train += ["--record", args.record]
     for name, spec in args.input_shape or []:
         train += ["--input-shape", input_shape_text(name, spec)]
+    if getattr(args, "verbose", False):  # the ranks keep third-party warnings too (meshplan.console)
+        train.append("--verbose")
     return torchrun_command(launch, train)
 
 
@@ -235,6 +237,9 @@ def run(args: argparse.Namespace) -> int:
         from meshplan.runtime.launch.torchrun import check_endpoint
 
         check_endpoint(args.rdzv_endpoint, args.rdzv_timeout)
+    import os
+
+    from meshplan.console import launcher_env
     from meshplan.runtime.launch.supervise import run_tree
 
-    return run_tree(cmd)
+    return run_tree(cmd, env=launcher_env(os.environ, getattr(args, "verbose", False)))

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from meshplan.calls import call_names, split_inputs
-from meshplan.errors import PlanMismatchError
+from meshplan.errors import MeshplanWarning, PlanMismatchError
 from meshplan.models.init_tape import InitTape, Ref
 from meshplan.plan import Plan
 from meshplan.plan.execution_rules import ZERO_BUBBLE_SCHEDULES
@@ -170,7 +170,7 @@ def apply_sync_batchnorm(s: ApplyState) -> list[str]:
         return [f"BatchNorm synchronised over dp={s.plan.dp} ({len(bns)} layers): statistics of the whole "
                 "data-parallel microbatch, equal running buffers on every rank"]
     warnings.warn(f"{len(bns)} BatchNorm layers are not synchronised (sync_batchnorm=False): each of the "
-                  f"{s.plan.dp} dp ranks normalises with its own share of the batch", stacklevel=3)
+                  f"{s.plan.dp} dp ranks normalises with its own share of the batch", MeshplanWarning, stacklevel=3)
     return [f"BatchNorm NOT synchronised ({len(bns)} layers, sync_batchnorm=False): per-rank statistics "
             "of 1/dp of the batch, running buffers differ per rank; results differ from one device"]
 

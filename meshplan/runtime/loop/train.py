@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision (default: the plan's dtype)")
     add_input_shape(p)
+    p.add_argument("--verbose", action="store_true",
+                   help="keep third-party warnings and log lines (meshplan run -v); cli_main hides them otherwise")
     return p
 
 
@@ -316,11 +318,15 @@ def _profile_phases(pm: Any, stream: Any, k: int) -> dict[str, Any]:
 
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
-    """``main`` with a user's mistake (bad plan, wrong model, damaged checkpoint) as one line, exit 2."""
+    """``main`` with a user's mistake (bad plan, wrong model, damaged checkpoint) as one line, exit 2;
+    third-party warnings and log lines kept off the output unless ``--verbose`` (``meshplan.console``)."""
+    from meshplan.console import third_party_quiet
     from meshplan.errors import MeshplanError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return main(argv)
+        with third_party_quiet("--verbose" in argv):  # as the meshplan CLI: third-party notices off unless -v
+            return main(argv)
     except (MeshplanError, ValueError, FileNotFoundError) as e:
         if os.environ.get("RANK", "0") == "0":
             print(f"meshplan run: error: {e}", file=sys.stderr, flush=True)
