@@ -101,7 +101,8 @@ def local_profile(*, log: Log = log_stderr, say: Say | None = None, budget: floa
     spec = _read(path, key)
     if spec is not None:
         if say:
-            say(f"cluster local: this machine's profile from {path} (measured {spec.extra.get('measured_at', '?')})")
+            say(f"cluster local: this machine's profile from {path} (measured {spec.extra.get('measured_at', '?')}; "
+                "delete the file to measure again)")
         return spec, path
     from meshplan.profile.machine import profile_machine
 
@@ -163,6 +164,8 @@ def describe(spec: ClusterSpec, n: int | str) -> str:
         found = _found_gpus()
         what = (f"{n} x {dev} on one node (the device measured here" + (f", replicated {n} times" if many else "")
                 + (f"; {found} found here" if not isinstance(n, int) or n > found else "") + ")")
+    if n == 1:
+        return f"cluster local: {what}"
     return f"cluster local: {what}; links between devices derived ({how}), not measured"
 
 
