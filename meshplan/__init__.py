@@ -6,10 +6,14 @@ torch-backed name is used)::
     meshplan.trace_model(model, example_inputs)          -> ModelGraph
     meshplan.autoparallel(model, world_size, ...)        -> Plan
     meshplan.estimate(model, world_size, tp=, pp=, ...)  -> Plan
+    meshplan.estimate_config(model, config, engine=, world_size=) -> EngineEstimate (an engine's config costed)
+    meshplan.export(plan, to="torchtitan")               -> Exported (an engine's configuration)
     meshplan.format_plan(plan) / meshplan.explain_plan(plan) -> str (the text report, the "why")
     meshplan.apply_plan(model, plan, loss_fn=, optimizer_factory=) -> ParallelModel
     meshplan.ClusterSpec.preset("h100", num_nodes=16)
     meshplan.capacity(model, tokens="15T", gpus="256-8192", clusters="h100,h200") -> list[CapacityRow]
+
+Every name, with an example that runs: docs/api.md.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ _LAZY = {
     "ClusterSpec": "meshplan.cost_models.hardware",
     "autoparallel": "meshplan.api.plan",
     "estimate": "meshplan.api.plan",
+    "estimate_config": "meshplan.api.engine_cost",
+    "EngineEstimate": "meshplan.api.engine_cost",
     "export": "meshplan.api.export",
     "Exported": "meshplan.api.export",
     "capacity": "meshplan.sizing.api",

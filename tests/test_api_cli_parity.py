@@ -138,3 +138,28 @@ def test_export_command_flags_disagree(tmp_path: Path, gpt_tiny_graph, capsys) -
     meshplan.estimate(gpt_tiny_graph, 2, tp=1, pp=1, dp=2, global_batch_size=8, cluster="h100").save(tmp_path / "p.json")
     assert main(["export", str(tmp_path / "p.json"), "--to", "torchtitan", "--toml", "--form", "module"]) == 1
     assert "--toml and --form module disagree" in capsys.readouterr().err
+
+
+def test_estimate_config_is_the_command(tmp_path: Path, capsys) -> None:
+    args = ("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers 4 --micro-batch-size 1 "
+            "--global-batch-size 8 --seq-length 16 --recompute-granularity full --bf16 --foo 3")
+    (tmp_path / "args.txt").write_text(args)
+    rc = main(["estimate", "gpt-tiny", "-n", "8", "--from-megatron", "@" + str(tmp_path / "args.txt"), "--quiet",
+               "-o", str(tmp_path / "mine.json"), "--best-output", str(tmp_path / "best.json")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    est = meshplan.estimate_config("gpt-tiny", args, engine="megatron", world_size=8, cluster="h100")
+    assert est.summary() in out and est.comparison() in out and est.config.unknown == ["--foo"]
+    _same_plan(est.plan, Plan.load(tmp_path / "mine.json"))
+    _same_plan(est.best, Plan.load(tmp_path / "best.json"))
+    assert (est.plan.tp, est.plan.pp, est.plan.dp, est.plan.seq_len) == (2, 2, 2, 16)
+    # a Path is read, "@FILE" too; another target restricts the best plan to what it runs
+    via_path = meshplan.estimate_config("gpt-tiny", tmp_path / "args.txt", engine="megatron", world_size=8,
+                                        cluster="h100", target="deepspeed")  # fmt: skip
+    assert via_path.target == "deepspeed" and via_path.best.schedule in ("1f1b",) and via_path.plan.tp == 2
+    with pytest.raises(ValueError, match="engine 'nemo' unknown"):
+        meshplan.estimate_config("gpt-tiny", args, engine="nemo", world_size=8)
+    with pytest.raises(ValueError, match="target 'nemo' unknown"):
+        meshplan.estimate_config("gpt-tiny", args, engine="megatron", world_size=8, target="nemo")
+    with pytest.raises(ValueError, match="not a torchtitan TOML"):
+        meshplan.estimate_config("no-such-model-never-loaded", "[training", engine="torchtitan", world_size=8)

@@ -1,17 +1,116 @@
-"""Shared by ``meshplan export --nearest`` and ``meshplan estimate --from-*``: trace a model and
-cost an engine configuration (``engines.spec.EngineSpec``) with ``planner.api.estimate_graph``.
+"""An engine's configuration costed: ``meshplan.estimate_config`` (``meshplan estimate --from-*``)
+and ``cost_spec`` (also ``meshplan.export(nearest=True)``).
 
-Called by the commands and ``meshplan.export(nearest=True)``. Torch is imported inside the functions.
+``estimate_config(model, config, engine=, world_size=)`` reads a torchtitan job TOML or 0.3
+overrides, Megatron-LM arguments or a DeepSpeed ``ds_config.json`` (``meshplan.engines``), costs
+it with meshplan's cost model under that engine's conventions (``cost_spec``: its configured
+split, its installed version's profile) and searches meshplan's best plan for the same model,
+cluster, global batch and precision, restricted to what ``target`` runs (default the same
+engine). Keys the reader does not know come back as ``unknown``, known ones that do not change
+the layout as ``ignored``: nothing is dropped silently. Torch is imported inside the functions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from meshplan.engines.spec import EngineSpec
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.engines.imported import Imported
+from meshplan.engines.spec import CAPS, ENGINES, TARGETS, EngineSpec, search_limits
+from meshplan.plan import Plan
 
 
-def trace_graph(model: str, seq_len: int | None = None, input_shapes: dict | None = None) -> Any:
+@dataclass(frozen=True)
+class EngineEstimate:
+    """``estimate_config``'s answer: what was read (``config``: spec, unknown, ignored, notes), its
+    costed plan (``plan``, predicted) and meshplan's best plan for ``target`` (``best``, predicted)."""
+
+    engine: str
+    target: str
+    config: Imported
+    plan: Plan
+    best: Plan
+
+    def summary(self) -> str:
+        """The configuration in one line (what ``meshplan estimate`` prints first)."""
+        s = self.config.spec
+        return (f"{self.engine} configuration: dp{s.dp} tp{s.tp} pp{s.pp}"
+                + (f" cp{s.cp}" if s.cp > 1 else "") + (f" ep{s.ep}" if s.ep > 1 else "")
+                + (" moe-folding" if s.moe_folding else "")
+                + f" {s.schedule}" + (f" v{s.virtual_stages}" if s.virtual_stages > 1 else "")
+                + f" mb{s.micro_batch_size}x{s.num_microbatches} recompute={s.recompute} {s.dp_kind} {s.dtype}")  # fmt: skip
+
+    def comparison(self) -> str:
+        """The two plans side by side with every difference and its predicted effect (``report.diff``)."""
+        from meshplan.report.diff import format_diff
+
+        return format_diff(self.plan, self.best, names=(f"your {self.engine} config", f"meshplan best ({self.target})"))
+
+
+def read_config(config: str | Path, engine: str, world_size: int, num_layers: int = 0) -> Imported:
+    """``config`` (its text; a Path or ``"@FILE"`` is read) as ``engine`` configures it."""
+    from meshplan.engines import deepspeed, megatron, torchtitan
+
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r} unknown; use one of {', '.join(ENGINES)}")
+    if isinstance(config, Path):
+        text = config.read_text()
+    elif isinstance(config, str):
+        text = Path(config[1:]).read_text() if config.startswith("@") else config
+    else:
+        raise ValueError(f"config must be the configuration's text or a Path, got {type(config).__name__}")
+    if engine == "torchtitan":
+        return torchtitan.parse(text, world_size, num_layers)
+    return (megatron if engine == "megatron" else deepspeed).parse(text, world_size)
+
+
+def estimate_config(
+    model: Any,
+    config: str | Path,
+    *,
+    engine: str,
+    world_size: int,
+    cluster: str | ClusterSpec | Path = "h100",
+    seq_len: int | None = None,
+    input_shapes: Mapping[str, Any] | None = None,
+    target: str | None = None,
+    use_cache: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> EngineEstimate:
+    """Cost the ``engine`` configuration ``config`` of ``model`` on ``world_size`` devices of
+    ``cluster`` and search meshplan's best for ``target`` (see the module docstring).
+
+    ``model``: a name ``meshplan plan`` takes, a ModelGraph or an nn.Module. ``config``: the
+    configuration's text, a ``Path`` to it, or ``"@FILE"``. ``seq_len``: default the
+    configuration's, else the model's. ``target``: "meshplan", "torchtitan", "megatron" or
+    "deepspeed" (default ``engine``)."""
+    from meshplan.api.plan import model_graph
+    from meshplan.planner.api import plan_graph
+
+    if target is not None and target not in TARGETS:
+        raise ValueError(f"target {target!r} unknown; use one of {', '.join(TARGETS)}")
+    say = progress or (lambda _m: None)
+    imp = read_config(config, engine, world_size)  # a bad configuration fails before the (slow) trace
+    say(f"tracing {model if isinstance(model, str | Path) else type(model).__name__}")
+    graph = model_graph(model, seq_len=None if input_shapes else (seq_len or imp.spec.seq_len or None),
+                        input_shapes=input_shapes, use_cache=use_cache, progress=progress)  # fmt: skip
+    if engine == "torchtitan" and imp.spec.schedule == "interleaved-1f1b":  # virtual stages need the layer count
+        imp = read_config(config, engine, world_size, int(graph.meta.get("num_layers") or 0))
+    spec = imp.spec
+    say("costing it")
+    mine = cost_spec(graph, spec, cluster, engine)
+    target = target or engine
+    say("searching meshplan's best plan" + (f" for {target}" if target != "meshplan" else ""))
+    limits = search_limits(target, {}, spec.dtype) if target in CAPS else {}
+    best = plan_graph(graph, spec.world_size, cluster=cluster, global_batch_size=spec.global_batch_size,
+                      dtype=spec.dtype, progress=None, **limits)  # fmt: skip
+    return EngineEstimate(engine, target, imp, mine, best)
+
+
+def trace_graph(model: str, seq_len: int | None = None, input_shapes: Mapping[str, Any] | None = None) -> Any:
     """The model's graph on the meta device (from the trace cache when it holds it)."""
     from meshplan.loading import load_graph
 

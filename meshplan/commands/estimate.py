@@ -1,5 +1,7 @@
 """``meshplan estimate MODEL --from-torchtitan job.toml | --from-megatron "ARGS" | --from-deepspeed ds.json``.
 
+Flags parsed into ``meshplan.estimate_config`` (``meshplan/api/engine_cost.py``), which does the work.
+
 Reads the configuration a user runs today (``meshplan.engines``), costs it with meshplan's cost
 model on the given cluster, and prints it beside meshplan's best plan for the same model,
 cluster and global batch (``--target`` restricts that search to an engine): predicted step time,
@@ -39,65 +41,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def read_config(args: argparse.Namespace, num_layers: int = 0):  # type: ignore[no-untyped-def]
-    """(engine name, Imported) from the --from-* argument."""
-    from meshplan.engines import deepspeed, megatron, torchtitan
-
+def source(args: argparse.Namespace) -> tuple[str, str | Path]:
+    """(engine, configuration) from the --from-* argument: a path for torchtitan and DeepSpeed,
+    the arguments (or ``@FILE``) for Megatron-LM."""
     if args.from_torchtitan:
-        return "torchtitan", torchtitan.parse(Path(args.from_torchtitan).read_text(), args.world_size, num_layers)
+        return "torchtitan", Path(args.from_torchtitan)
     if args.from_deepspeed:
-        return "deepspeed", deepspeed.parse(Path(args.from_deepspeed).read_text(), args.world_size)
-    text = args.from_megatron
-    if text.startswith("@"):
-        text = Path(text[1:]).read_text()
-    return "megatron", megatron.parse(text, args.world_size)
+        return "deepspeed", Path(args.from_deepspeed)
+    return "megatron", args.from_megatron
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.api.engine_cost import cost_spec, trace_graph
-    from meshplan.engines.spec import CAPS, search_limits
-    from meshplan.planner.api import plan_graph
+    from meshplan.api.engine_cost import estimate_config
     from meshplan.profile.local import is_local, resolve
-    from meshplan.report.diff import format_diff
 
     def progress(msg: str) -> None:
         if not args.quiet:
             print(f"[estimate] {msg}", file=sys.stderr, flush=True)
 
-    engine, imp = read_config(args)  # bad config fails before the (slow) trace
-    spec = imp.spec
     if is_local(args.cluster):
         args.cluster = resolve(args.cluster, args.world_size, say=progress, log=lambda m: progress(f"profile: {m}"))
         print(args.cluster.extra["local"])  # what the N devices are
-    progress(f"tracing {args.model}")
-    shapes = input_shapes(args.input_shape)
-    graph = trace_graph(args.model, None if shapes else (args.seq or spec.seq_len or None), shapes)
-    if engine == "torchtitan" and spec.schedule == "interleaved-1f1b":
-        engine, imp = read_config(args, int(graph.meta.get("num_layers") or 0))
-        spec = imp.spec
-    print(f"{engine} configuration: dp{spec.dp} tp{spec.tp} pp{spec.pp}"
-          + (f" cp{spec.cp}" if spec.cp > 1 else "") + (f" ep{spec.ep}" if spec.ep > 1 else "")
-          + (" moe-folding" if spec.moe_folding else "")
-          + f" {spec.schedule}" + (f" v{spec.virtual_stages}" if spec.virtual_stages > 1 else "")
-          + f" mb{spec.micro_batch_size}x{spec.num_microbatches} recompute={spec.recompute} {spec.dp_kind} {spec.dtype}")
+    engine, config = source(args)
+    est = estimate_config(args.model, config, engine=engine, world_size=args.world_size, cluster=args.cluster,
+                          seq_len=args.seq, input_shapes=input_shapes(args.input_shape), target=args.target,
+                          progress=progress)  # fmt: skip
+    imp = est.config
+    print(est.summary())
     for label, keys in (("unknown (not understood, not costed)", imp.unknown),
                         ("ignored (do not change the parallel layout)", imp.ignored)):
         if keys:
             print(f"  {label}: {', '.join(keys)}")
     for n in imp.notes:
         print(f"  note: {n}")
-    if spec.layers_per_stage:
-        print(f"  note: costed with the configured split: {list(spec.layers_per_stage)} blocks per stage")
-    progress("costing it")
-    mine = cost_spec(graph, spec, args.cluster, engine)
-    target = args.target or engine
-    progress("searching meshplan's best plan" + (f" for {target}" if target != "meshplan" else ""))
-    limits = search_limits(target, {}, spec.dtype) if target in CAPS else {}
-    best = plan_graph(graph, spec.world_size, cluster=args.cluster, global_batch_size=spec.global_batch_size,
-                      dtype=spec.dtype, progress=None, **limits)  # fmt: skip
+    if imp.spec.layers_per_stage:
+        print(f"  note: costed with the configured split: {list(imp.spec.layers_per_stage)} blocks per stage")
     print()
-    print(format_diff(mine, best, names=(f"your {engine} config", f"meshplan best ({target})")))
-    for path, p in ((args.output, mine), (args.best_output, best)):
+    print(est.comparison())
+    for path, p in ((args.output, est.plan), (args.best_output, est.best)):
         if path:
             p.save(path)
             print(f"wrote {path}")
