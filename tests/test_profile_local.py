@@ -256,3 +256,14 @@ def test_links_fall_back_to_the_memory_bandwidth(monkeypatch: pytest.MonkeyPatch
     assert "half the measured copy bandwidth" in why["intra_bw_bytes_per_s"]
     with pytest.raises(OSError):
         links.single_device_links(SimpleNamespace(type="cpu"), "cpu", 2, lambda _m: None)
+
+
+def test_one_gpu_is_not_profiled_as_a_cpu_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from meshplan.profile.machine import profile_machine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="--nproc 2 needs 2 GPUs, this machine has 1: --nproc 1 profiles the GPU"):
+        profile_machine(nproc=2)

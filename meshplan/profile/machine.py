@@ -257,7 +257,12 @@ def profile_machine(
 
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive integer, got {nproc!r}")
-    has_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= nproc
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    has_gpus = found >= nproc
+    if backend == "auto" and 0 < found < nproc:  # a silent CPU profile would mislead a GPU user
+        raise ValueError(f"--nproc {nproc} needs {nproc} GPUs, this machine has {found}: --nproc {found} profiles "
+                         f"the GPU{'s' if found > 1 else ''}" + (" (links derived)" if found == 1 else "")
+                         + f", --backend gloo the CPU across {nproc} processes")
     if backend == "auto":
         backend = "nccl" if has_gpus else "gloo"
     if backend not in ("gloo", "nccl"):
