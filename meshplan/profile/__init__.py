@@ -9,6 +9,9 @@ functions only, so importing this package is cheap.
   (``median_time_s``) and the per-quantity measurements;
 - ``comm.py``: collectives across spawned processes and the alpha-beta fit;
 - ``budget.py``: the ``--budget`` split over the measurements, deadlines and progress lines.
+- ``links.py``: the links between devices of a one-device profile (``--nproc 1``), derived;
+- ``provenance.py``: "measured: how" / "derived: from what" for every figure of a profile;
+- ``local.py``: ``--cluster local`` (this machine, profiled once, cached, replicated to N devices).
 """
 
 from __future__ import annotations
