@@ -220,6 +220,9 @@ def trace_model(
     meta["param_modules"] = param_modules(model)
     meta.update(moe_meta(model, list(cap.moe)))
     meta["param_fingerprint"] = module_fingerprint(model)
+    from meshplan.models.registry import max_seq_len
+
+    meta["max_seq_len"] = max_seq_len(model)  # the config's maximum: a plan says whether it was planned at it
     if cap.fx_error:
         meta["fx_error"] = cap.fx_error
     batch, seq = _batch_seq([n for n in nodes if n.kind == "input"])

@@ -230,6 +230,19 @@ def model_graph(
     return trace_model(model, example_inputs)
 
 
+def seq_note(graph: ModelGraph) -> str:
+    """Where the sequence length of a graph traced without ``--seq`` / ``seq_len`` (nor input shapes) came
+    from: the model's configured maximum (``graph.meta["max_seq_len"]``, recorded by the trace), else its
+    example inputs; "" for a model without a sequence. ``meshplan plan`` prints it after the report."""
+    top, seq = graph.meta.get("max_seq_len"), graph.seq_len
+    if seq <= 1 and not top:
+        return ""
+    if top == seq:
+        return f"seq {seq} (the model's maximum; --seq to change)"
+    why = f"its maximum is {top}" if top else "its config states no maximum"
+    return f"seq {seq} (the model's example inputs; {why}; --seq to change)"
+
+
 def autoparallel(
     model: Any,
     world_size: int,

@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--global-batch", type=positive_int, default=None, help="sequences per step (default 8 × world size)"
     )
     parser.add_argument(
-        "--seq", type=positive_int, default=None, help="sequence length (default: the model's maximum)"
+        "--seq", type=positive_int, default=None,
+        help="sequence length (default: the model's maximum, from its config; a factory's example inputs' length "
+             "when it returns them); the printed report says which",
     )
     add_input_shape(parser)
     parser.add_argument("--tp", type=positive_int, default=None, help="pin the tensor-parallel degree")
@@ -101,7 +103,7 @@ def pins(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.api.plan import plan_request
+    from meshplan.api.plan import plan_request, seq_note
     from meshplan.profile.local import is_local, resolve
     from meshplan.report.text import format_plan
 
@@ -135,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
 
         for path in write_plan_files(plan, html=args.html, png=args.png):
             progress(f"wrote {path}")
-    return print_report(format_plan(plan), args.output)
+    text = format_plan(plan)
+    if args.seq is None and not args.input_shape and seq_note(graph):  # the default said where it came from
+        text += f"\nnote: {seq_note(graph)}"
+    return print_report(text, args.output)
 
 
 def print_report(text: str, saved: str | None) -> int:

@@ -2,8 +2,10 @@
 
 Returns a ``ModelSpec(name, model, example_inputs, config)``. ``device="meta"`` builds the model
 under ``torch.device("meta")`` so no weight memory is allocated (a 175B-shaped model costs nothing).
-Example inputs for sequence models are token ids of shape [batch_size, seq_len] (seq_len defaults
-to the model's maximum sequence length, or 32 for the tiny presets); deterministic (seeded).
+Example inputs for sequence models are token ids of shape [batch_size, seq_len]; deterministic
+(seeded). ``seq_len`` defaults to the model's configured maximum (``max_seq_len``: GPT ``block_size``,
+Llama/MoE ``max_seq_len``, HF ``max_position_embeddings`` / ``n_positions``; the tiny presets' is 32),
+or ``UNSTATED_SEQ`` for a token model whose config states none; ``meshplan plan`` says which in a note.
 HF zoo models come wrapped in ``HFLogits`` (``forward(input_ids) -> logits``, HF model at ``.model``).
 """
 
@@ -94,8 +96,25 @@ def default_inputs(
         return (torch.randn(shape, generator=g).to(device or "cpu"),)
     vocab = getattr(cfg, "vocab_size", None)
     if vocab is not None:
-        s = seq_len or min(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 32), 32)
+        s = seq_len or max_seq_len(model) or UNSTATED_SEQ
         return (token_ids(batch_size, s, vocab, device),)
+    return None
+
+
+#: the sequence length of a token model whose config states no maximum (the plan says so)
+UNSTATED_SEQ = 32
+
+
+def max_seq_len(model: nn.Module) -> int | None:
+    """The longest sequence ``model``'s config allows: ``block_size`` (GPT), ``max_seq_len`` (Llama, MoE),
+    Hugging Face's ``max_position_embeddings`` / ``n_positions`` / ``n_ctx``; None when it states none."""
+    if isinstance(model, HFLogits):
+        model = model.model
+    cfg = getattr(model, "config", None)
+    for name in ("block_size", "max_seq_len", "max_position_embeddings", "n_positions", "n_ctx"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
     return None
 
 
