@@ -25,7 +25,7 @@ CPU2 = NodeDevices(gpus=0, cores=2)
 def launched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """torchrun commands ``meshplan run`` would start (none is started); this node: 2 cores, no GPU."""
     calls: list[list[str]] = []
-    monkeypatch.setattr(supervise, "run_tree", lambda cmd: calls.append(list(cmd)) or 0)
+    monkeypatch.setattr(supervise, "run_tree", lambda cmd, **kw: calls.append(list(cmd)) or 0)
     monkeypatch.setattr(devices, "local_devices", lambda: CPU2)
     return calls
 
