@@ -163,3 +163,72 @@ def test_estimate_config_is_the_command(tmp_path: Path, capsys) -> None:
         meshplan.estimate_config("gpt-tiny", args, engine="megatron", world_size=8, target="nemo")
     with pytest.raises(ValueError, match="not a torchtitan TOML"):
         meshplan.estimate_config("no-such-model-never-loaded", "[training", engine="torchtitan", world_size=8)
+
+
+def test_torchtitan_module_applies_the_plan_and_names_fields_a_torchtitan_lacks(monkeypatch) -> None:
+    """The written module run against stand-ins for torchtitan's classes (the real load is
+    tests/test_engine_parsers.py): it sets the plan's fields, and a torchtitan whose config lacks
+    one (main after 0.3.0 counts the batch in tokens) stops with their names."""
+    import dataclasses
+    import sys
+    import types
+
+    from meshplan.engines.spec import EngineSpec
+    from meshplan.engines.torchtitan_module import FUNCTION, config_module
+
+    @dataclasses.dataclass
+    class Parallelism:
+        data_parallel_replicate_degree: int = 1
+        data_parallel_shard_degree: int = -1
+        tensor_parallel_degree: int = 1
+        enable_sequence_parallel: bool = True
+        pipeline_parallel_degree: int = 1
+        context_parallel_degree: int = 1
+        expert_parallel_degree: int = 1
+
+    @dataclasses.dataclass
+    class Training:
+        local_batch_size: int = 8
+        global_batch_size: int = -1
+        seq_len: int = 2048
+        mixed_precision_param: str = "bfloat16"
+
+    @dataclasses.dataclass
+    class Tokens:  # torchtitan main's TrainingConfig fields
+        num_tokens_per_microbatch_per_dp_rank: int = 16384
+        max_context_length: int = 2048
+        mixed_precision_param: str = "bfloat16"
+
+    @dataclasses.dataclass
+    class Config:
+        training: object
+        parallelism: Parallelism = dataclasses.field(default_factory=Parallelism)
+        activation_checkpoint: object = "selective"
+
+    class FullAC:
+        Config = type("Config", (), {})
+
+    fake = {"torchtitan": types.ModuleType("torchtitan"), "torchtitan.trainer": types.ModuleType("torchtitan.trainer"),
+            "torchtitan.distributed": types.ModuleType("torchtitan.distributed"),
+            "torchtitan.distributed.activation_checkpoint": types.ModuleType("ac"),
+            "fake_pkg": types.ModuleType("fake_pkg"), "fake_pkg.base": types.ModuleType("fake_pkg.base")}  # fmt: skip
+    fake["torchtitan.trainer"].Trainer = types.SimpleNamespace(Config=Config)
+    fake["torchtitan.distributed.activation_checkpoint"].FullAC = FullAC
+    fake["fake_pkg.base"].old = lambda: Config(training=Training())
+    fake["fake_pkg.base"].new = lambda: Config(training=Tokens())
+    for name, mod in fake.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    spec = EngineSpec(dp=4, tp=2, micro_batch_size=2, global_batch_size=16, seq_len=256, recompute="full",
+                      sequence_parallel=True, dp_kind="fsdp")  # fmt: skip
+    ns: dict = {}
+    exec(config_module(spec, "fake_pkg.base:old"), ns)
+    cfg = ns[FUNCTION]()
+    assert (cfg.training.local_batch_size, cfg.training.global_batch_size, cfg.training.seq_len) == (2, 16, 256)
+    p = cfg.parallelism
+    assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree) == (1, 4, 2)
+    assert isinstance(cfg.activation_checkpoint, FullAC.Config)
+    ns = {}
+    exec(config_module(spec, "fake_pkg.base:new"), ns)
+    with pytest.raises(ValueError, match="Tokens has no global_batch_size, local_batch_size, seq_len: this module "
+                                         "was written for torchtitan 0.3.0"):  # fmt: skip
+        ns[FUNCTION]()

@@ -13,6 +13,12 @@ with ``dataclasses.replace`` (so each dataclass's ``__post_init__`` checks run),
 ``Trainer.Config`` of ``base``, the model's own config function (torchtitan's ``--module`` and
 ``--config`` names, e.g. ``llama3:llama3_8b``): meshplan plans the parallelism, the model,
 data, optimizer and tokenizer stay torchtitan's. Text only: no torch, no torchtitan import.
+
+Version: the field names are torchtitan 0.3.0's (the installed one, loaded by
+``tests/test_engine_parsers.py``). torchtitan's main branch after 0.3.0 (commit 73aed7f, "fold
+batch dim", August 2026) counts the batch in tokens instead (``num_tokens_per_microbatch_per_dp_rank``,
+``num_tokens_per_train_step``, ``max_context_length``, ``parallelism.num_pp_microbatches``); the
+written module checks the fields exist and otherwise stops naming the missing ones.
 """
 
 from __future__ import annotations
@@ -71,12 +77,21 @@ def config_module(spec: EngineSpec, base: str, devices_per_node: int = 8, title:
         lines += ["# float8: torchtitan 0.3 sets Float8LinearConverter in the model's config function (e.g. "
                   "llama3_debugmodel_float8):", "# pick a base config with float8 converters; nothing here selects it", ""]
     lines += [f"TRAINING = {_dict(body['training'])}", f"PARALLELISM = {_dict(body['parallelism'])}", "", "",
+              "def _fields(section, values):",
+              '    """``values`` after checking ``section`` (a config dataclass) has each of them."""',
+              "    missing = sorted(set(values) - {f.name for f in dataclasses.fields(section)})",
+              "    if missing:",
+              "        raise ValueError(f\"this torchtitan's {type(section).__name__} has no {', '.join(missing)}: this \"",
+              f"                         \"module was written for {VERSION.split(' (')[0]}; install that version, or set these values in your version's fields by hand\")",
+              "    return values",
+              "",
+              "",
               "def apply_plan(config: Trainer.Config) -> Trainer.Config:",
               '    """``config`` with the plan\'s training and parallelism fields and activation checkpointing."""',
               "    return dataclasses.replace(",
               "        config,",
-              "        training=dataclasses.replace(config.training, **TRAINING),",
-              "        parallelism=dataclasses.replace(config.parallelism, **PARALLELISM),",
+              "        training=dataclasses.replace(config.training, **_fields(config.training, TRAINING)),",
+              "        parallelism=dataclasses.replace(config.parallelism, **_fields(config.parallelism, PARALLELISM)),",
               f"        activation_checkpoint={_AC_CLASS[mode]},",
               "    )", "", "",
               f"def {FUNCTION}() -> Trainer.Config:",
