@@ -267,3 +267,20 @@ def test_one_gpu_is_not_profiled_as_a_cpu_by_default(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="--nproc 2 needs 2 GPUs, this machine has 1: --nproc 1 profiles the GPU"):
         profile_machine(nproc=2)
+
+
+def test_a_profile_measured_on_a_busy_machine_says_so(counted: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import meshplan.profile.machine as machine
+    from meshplan.profile.machine import check_profile
+
+    busy = dataclasses.replace(fake_single(), extra={**fake_single().extra, "load_avg_1m": 9.5, "cpu_count": 2})
+    assert any("busy (1-minute load 9.5 on 2 cores)" in w for w in check_profile(busy))
+    idle = dataclasses.replace(busy, extra={**busy.extra, "load_avg_1m": 0.5})
+    assert check_profile(idle) == []
+    monkeypatch.setattr(machine, "profile_machine", lambda **_kw: busy)
+    said: list[str] = []
+    local.local_cluster(2, say=said.append)  # measured now
+    local.local_cluster(2, say=said.append)  # read from the cache: still said
+    assert sum("warning: measured while this machine was busy" in x for x in said) == 2

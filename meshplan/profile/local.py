@@ -96,6 +96,8 @@ def local_profile(*, log: Log = log_stderr, say: Say | None = None, budget: floa
     """(this machine's one-device profile, its cache file): read from the cache, else measured
     within ``budget`` seconds (default ``budget_s()``) and stored. ``log``: progress lines while
     measuring; ``say``: one line on where the profile came from."""
+    from meshplan.profile.machine import check_profile
+
     key = machine_key()
     path = cache_path(key)
     spec = _read(path, key)
@@ -103,6 +105,8 @@ def local_profile(*, log: Log = log_stderr, say: Say | None = None, budget: floa
         if say:
             say(f"cluster local: this machine's profile from {path} (measured {spec.extra.get('measured_at', '?')}; "
                 "delete the file to measure again)")
+            for w in check_profile(spec):
+                say(f"cluster local: warning: {w} (delete {path})")
         return spec, path
     from meshplan.profile.machine import profile_machine
 
@@ -115,6 +119,9 @@ def local_profile(*, log: Log = log_stderr, say: Say | None = None, budget: floa
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     spec.save(tmp)
     os.replace(tmp, path)  # a concurrent reader sees the old file or the whole new one
+    if say:
+        for w in check_profile(spec):
+            say(f"cluster local: warning: {w} (delete {path})")
     return spec, path
 
 

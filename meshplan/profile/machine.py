@@ -276,6 +276,7 @@ def profile_machine(
     mem_test_bytes = mem_test_bytes or (32 << 20 if quick else 256 << 20)
     started = datetime.now(UTC)
     t_start = time.perf_counter()
+    load_start = _load()
 
     budget = Budget(budget_s, log) if budget_s is not None else None
     if budget is not None:
@@ -359,6 +360,9 @@ def profile_machine(
             "backend": backend if nproc > 1 else "none",
             "torch": torch.__version__,
             "cpu_threads": torch.get_num_threads(),
+            # how busy the machine was (1-minute load average, the larger of start and end): check_profile warns
+            "load_avg_1m": max((x for x in (load_start, _load()) if x is not None), default=None),
+            "cpu_count": os.cpu_count(),
             "matmul_flops_by_size": {dt: [[n, f] for n, f in v] for dt, v in mm.items()},
             "collectives": {k: [[n, t] for n, t in v] for k, v in coll.items()},
             "send_recv_latency_s": p2p_alpha,
@@ -367,10 +371,21 @@ def profile_machine(
     )
 
 
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):  # not available on this platform
+        return None
+
+
 def check_profile(spec: ClusterSpec) -> list[str]:
     """Warnings about a measured profile whose figures look implausible (empty when fine)."""
     warn = []
-    if spec.intra_latency_s == 0:
+    load, cores = spec.extra.get("load_avg_1m"), spec.extra.get("cpu_count")
+    if isinstance(load, (int, float)) and isinstance(cores, int) and load > cores:
+        warn.append(f"measured while this machine was busy (1-minute load {load:g} on {cores} cores): the figures "
+                    "may be low; measure again when it is idle")
+    if spec.intra_latency_s == 0 and spec.provenance.get("intra_latency_s", "measured").startswith("measured"):
         warn.append("fitted latency is 0: the smallest sizes were not latency bound; lower --min-bytes")
     if not math.isfinite(spec.intra_bw_bytes_per_s) or spec.intra_bw_bytes_per_s > 1e13:
         warn.append("fitted bandwidth is implausibly high; raise --max-bytes")
