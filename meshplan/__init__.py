@@ -9,6 +9,7 @@ torch-backed name is used)::
     meshplan.estimate_config(model, config, engine=, world_size=) -> EngineEstimate (an engine's config costed)
     meshplan.export(plan, to="torchtitan")               -> Exported (an engine's configuration)
     meshplan.format_plan(plan) / meshplan.explain_plan(plan) -> str (the text report, the "why")
+    meshplan.format_graph(graph) / meshplan.format_diff(a, b) -> str (inspect, diff); write_html(plan, path)
     meshplan.apply_plan(model, plan, loss_fn=, optimizer_factory=) -> ParallelModel
     meshplan.ClusterSpec.preset("h100", num_nodes=16)
     meshplan.capacity(model, tokens="15T", gpus="256-8192", clusters="h100,h200") -> list[CapacityRow]
@@ -42,6 +43,9 @@ _LAZY = {
     "CapacityRow": "meshplan.sizing.rows",
     "format_plan": "meshplan.report.text",
     "explain_plan": "meshplan.report.explain",
+    "format_diff": "meshplan.report.diff",
+    "format_graph": "meshplan.report.graph_text",
+    "write_html": "meshplan.report.html",
     "apply_plan": "meshplan.runtime.apply.api",
     "RunRecord": "meshplan.runtime.record.run_record",
     "TraceError": "meshplan.errors",

@@ -185,7 +185,7 @@ def test_skip_tensors_forwarded_through_a_stage_are_in_its_memory(graphs: dict[s
 
 
 def test_inspect_lists_the_cut_points_of_a_graph_without_blocks(graphs: dict[str, ModelGraph]) -> None:
-    from meshplan.commands.inspect import summarize
+    from meshplan.report.graph_text import format_graph as summarize
 
     out = summarize(graphs["lstm"])
     assert "Pipeline cut points (3 usable of 7 module boundaries; pp <= 4)" in out
