@@ -66,11 +66,11 @@ def test_pipeline_changes_are_resimulated() -> None:
     b = make_plan(pp=4, m=16)
     diffs = {d.field: d for d in diff_plans(a, b)}
     text = diffs["num_microbatches"].predicted
-    assert text.startswith("pipeline ") and "bubble" in text
+    assert text.startswith("pipeline ") and "idle/compute ratio" in text
     base_ms, new_ms = (float(x) for x in text.split(" ms")[0].removeprefix("pipeline ").split(" -> "))
     assert base_ms == round(a.predicted.pipeline_s * 1e3, 3)
     assert new_ms > base_ms  # 4x the microbatches: longer step, smaller bubble share
-    bubble_a, bubble_b = (float(x.strip("%")) for x in text.split("bubble ")[1].split(" -> "))
+    bubble_a, bubble_b = (float(x) for x in text.split("idle/compute ratio ")[1].split(" -> "))
     assert bubble_b < bubble_a
     zb = what_if_pipeline(a, schedule="zero-bubble")
     assert float(zb.split(" -> ")[1].split(" ms")[0]) <= base_ms
@@ -89,7 +89,9 @@ def test_metric_deltas_cover_time_memory_bubble_comm_mfu() -> None:
     assert rows["peak memory (max rank)"][3] == "-50.0%"
     assert rows["comm bytes: all_gather"][3] == "new"
     assert rows["comm bytes: all_reduce"][3] == "same"
-    assert "bubble fraction" in rows
+    assert "bubble fraction" not in rows  # one name per quantity: the share of the step, the idle/compute ratio
+    assert rows["bubble share of the step"][1] == f"{a.predicted.bubble_s / a.predicted.step_s:.1%}"
+    assert rows["idle/compute ratio"][1] == f"{a.predicted.bubble_fraction:.3f}"
 
 
 def test_fqn_helpers() -> None:

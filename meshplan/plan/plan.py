@@ -168,6 +168,14 @@ class Prediction:
     # overhead_s, weight_grad_saved_s, trainable_fraction)
     quant_effect: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def bubble_share(self) -> float:
+        """The pipeline bubble as every report shows it: ``bubble_s`` (the busiest pipeline rank's idle
+        time in the simulated schedule) over the step. ``bubble_fraction`` is another quantity, always
+        named apart: the idle/compute ratio over all pipeline ranks (SC'21's "bubble fraction", (p-1)/m
+        for 1F1B with equal stages; it can exceed 1)."""
+        return self.bubble_s / self.step_s if self.step_s > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class SolverInfo:

@@ -115,6 +115,8 @@ def build_plan(
             + ("; it beat the search's time-balanced split" if sp.improved else "") + ")"
         )
     notes.append("all times, memory and throughput figures are predictions of meshplan's cost model")
+    if c.tp == 1 and res.tp_reason:  # explain's "tp=1" line reads it (report.explain)
+        notes.append(f"tp=1: {res.tp_reason}")
     if c.tp > 1:
         notes.append(
             f"TP placement solved by ILP at microbatch {sol.micro_batch:g} ({sol.status}, {sol.solver})"

@@ -74,6 +74,7 @@ from meshplan.planner.search_types import (
     balanced_split,
     divisors,
 )
+from meshplan.planner.tp_reason import tp_one_reason
 
 __all__ = [
     "ALT_MARGIN", "GiB", "MICRO_BATCH_CHOICES", "RECOMPUTE_CHOICES", "SCHEDULE_CHOICES", "Config", "Evaluation",
@@ -301,6 +302,7 @@ class Searcher(ConfigEvaluator):
         # cp/ep run without sequence parallelism (execution_rules.epcp_rule)
         sp = {tp: self.sp_for(tp) for tp in {c.tp for c in cfgs}}  # (configs() builds them without)
         cfgs = [c.but(sequence_parallel=True) if sp[c.tp] and c.cp * c.ep == 1 else c for c in cfgs]
+        enumerated_tp = {c.tp for c in cfgs}  # for the plan's "tp=1: why" (planner.tp_reason)
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
             useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]
             cfgs = useful or cfgs
@@ -313,6 +315,7 @@ class Searcher(ConfigEvaluator):
                     + "; ".join(errs[:3]) + (f" (and {len(errs) - 3} more)" if len(errs) > 3 else "")
                 )
             cfgs = ok
+        searched_tp = {c.tp for c in cfgs}
         lap("enumerate")
         self.progress(f"{len(cfgs)} configurations; bounding")
         bounded = []
@@ -400,12 +403,14 @@ class Searcher(ConfigEvaluator):
         best_ev = fitting[0] if fitting else None
         lap("simulate")
         alts: list[tuple[Evaluation, str]] = []
-        split = None
+        split, tp_reason = None, ""
         if best_ev is not None:
             labelled = select_alternatives(self, best_ev, fitting, partial, oom)
             if self.ilp_split and best_ev.config.pp > 1:
                 self.progress("stage split of the winner and the top contenders by ILP")
             best_ev, alts, split = finalize(self, best_ev, labelled, refine=self.ilp_split)
+            tp_reason = tp_one_reason(self, best_ev, alts, partial, oom, enumerated_tp=enumerated_tp,
+                                      searched_tp=searched_tp)
         else:
             for e in oom[: self.keep]:
                 alts.append((e, f"out of memory by {(e.max_mem_bytes - self.mem_limit) / GiB:.1f} GiB"))
@@ -419,4 +424,5 @@ class Searcher(ConfigEvaluator):
             ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem) if math.isfinite(min_mem) else 0,
             mem_limit_bytes=self.mem_limit,
             coster=self.coster, split=split, phase_s=phase_s, simulated=len(fitting), pruned=pruned, skipped=skipped,
+            tp_reason=tp_reason,
         )  # fmt: skip

@@ -121,6 +121,7 @@ class SearchResult:
     simulated: int = 0  # configurations whose pipeline schedule was simulated
     pruned: int = 0  # configurations skipped before costing as dominated (``Searcher.dominated``)
     skipped: int = 0  # configurations not costed: they cannot change the result (``planner.search_prune``)
+    tp_reason: str = ""  # why the winner has tp=1 (``planner.tp_reason``); "" when tp > 1
 
 
 def divisors(n: int) -> list[int]:

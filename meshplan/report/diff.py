@@ -174,7 +174,8 @@ def what_if_pipeline(a: Plan, *, schedule: str | None = None, m: int | None = No
 
     Per-microbatch stage times stay A's; when the number of virtual stages changes, A's total
     forward / backward time is re-split evenly over the new stages (balanced-layer assumption).
-    Returns "pipeline X -> Y ms (change), bubble x% -> y%", or why it cannot be simulated.
+    Returns "pipeline X -> Y ms (change), idle/compute ratio x -> y" (all pipeline ranks' idle time over
+    their compute time, SC'21's bubble fraction), or why it cannot be simulated.
     """
     from meshplan.partition.schedule import simulate
 
@@ -198,8 +199,8 @@ def what_if_pipeline(a: Plan, *, schedule: str | None = None, m: int | None = No
     except ValueError as e:
         return f"cannot simulate: {e}"
     return (f"pipeline {base.makespan_s * 1e3:.3f} -> {new.makespan_s * 1e3:.3f} ms "
-            f"({_change(base.makespan_s, new.makespan_s, 's')}), bubble {base.bubble_fraction:.1%} -> "
-            f"{new.bubble_fraction:.1%}")
+            f"({_change(base.makespan_s, new.makespan_s, 's')}), idle/compute ratio {base.bubble_fraction:.3f} -> "
+            f"{new.bubble_fraction:.3f}")
 
 
 def _quant(q: Any) -> str:
@@ -243,7 +244,8 @@ _METRICS: tuple[tuple[str, str, str], ...] = (
     ("pipeline makespan", "pipeline_s", "s"),
     ("compute", "compute_s", "s"),
     ("bubble", "bubble_s", "s"),
-    ("bubble fraction", "bubble_fraction", "%"),
+    ("bubble share of the step", "bubble_share", "%"),
+    ("idle/compute ratio", "bubble_fraction", "x"),
     ("TP comm", "tp_comm_s", "s"),
     ("PP comm", "pp_comm_s", "s"),
     ("DP comm (exposed)", "dp_comm_s", "s"),
@@ -278,6 +280,8 @@ def metric_deltas(a: Plan, b: Plan) -> list[tuple[str, str, str, str]]:
 def _val(v: float, unit: str) -> str:
     if unit == "s":
         return f"{v * 1e3:.3f} ms"
+    if unit == "x":
+        return f"{v:.3f}"
     if unit == "%":
         return f"{v:.1%}"
     if unit == "B":

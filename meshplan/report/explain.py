@@ -62,6 +62,19 @@ def _epcp_reasons(p: Plan) -> list[str]:
     return out
 
 
+def _tp_one_line(p: Plan) -> str:
+    """Why tp=1: the planner's recorded reason (the "tp=1: ..." note, ``planner.tp_reason``), else the
+    best alternative with tp > 1, else saying that this plan records none."""
+    said = next((n for n in p.notes if n.startswith("tp=1: ")), None)
+    if said:
+        return f"- {said}"
+    rivals = [a for a in p.alternatives if a.config.get("tp", 1) > 1]
+    if rivals:
+        a = min(rivals, key=lambda a: (a.step_s is None, a.step_s or 0.0, a.peak_mem_bytes))
+        return f"- tp=1: tp={a.config['tp']} lost: {a.summary} — {a.reason}"
+    return "- tp=1: this plan records no reason (made by an older meshplan); plan again to see why"
+
+
 def _quant_reason(p: Plan) -> list[str]:
     """Why quantization changes the plan: model-state memory (and time) vs the same configuration
     unquantized, from ``Prediction.quant_effect``."""
@@ -107,13 +120,12 @@ def explain_plan(plan: Plan) -> str:
             + (" with sequence parallelism" if p.sequence_parallel else "")
         )
     else:
-        lines.append(
-            "- tp=1: splitting layers across devices did not pay for its communication (or was not allowed)"
-        )
+        lines.append(_tp_one_line(p))
     if p.pp > 1:
         lines.append(
             f"- pp={p.pp}: the layers are cut into {len(p.stages)} stages; schedule {p.schedule} with "
-            f"{p.num_microbatches} microbatches leaves a bubble of {100 * pr.bubble_fraction:.1f}%"
+            f"{p.num_microbatches} microbatches leaves the pipeline idle {100 * pr.bubble_share:.1f}% of the step "
+            f"(idle/compute ratio {pr.bubble_fraction:.3f})"
         )
     else:
         lines.append(f"- pp=1: no pipeline; {p.num_microbatches} microbatches are accumulated per step")

@@ -44,7 +44,7 @@ def _cards(plan: Plan) -> str:
         ("predicted pipeline makespan", f"{_ms(p.pipeline_s)} ms"),
         ("predicted tokens/s", f"{p.tokens_per_s:,.0f}"),
         ("predicted MFU", f"{p.mfu:.1%}"),
-        ("predicted bubble", f"{p.bubble_fraction:.1%}"),
+        ("predicted pipeline bubble", f"{p.bubble_share:.1%} of the step"),
         ("predicted peak memory", byte_text(max(p.peak_mem_bytes, default=0))),
     ]
     return '<div class="cards">' + "".join(

@@ -39,6 +39,19 @@ def fmt_s(s: float) -> str:
 _INDEX = re.compile(r"\.(\d+)(?=\.|$)")
 
 
+def bubble_lines(pr: Any, pp: int) -> list[str]:
+    """The bubble under the step-time table: its share of the step (``Prediction.bubble_share``, as every
+    report shows it), and the idle/compute ratio by that name."""
+    if pp <= 1:
+        return [f"no pipeline bubble (pp=1); simulated makespan {fmt_s(pr.pipeline_s)}"]
+    return [
+        f"pipeline bubble {pr.bubble_share:.1%} of the step: the busiest pipeline rank's idle time in the "
+        f"simulated schedule (makespan {fmt_s(pr.pipeline_s)})",
+        f"idle/compute ratio {pr.bubble_fraction:.3f}: all pipeline ranks' idle time over their compute time "
+        "(SC'21's 'bubble fraction', (p-1)/m for 1F1B with equal stages)",
+    ]
+
+
 def group_tp_styles(styles: dict[str, str]) -> list[tuple[str, int, list[tuple[str, str]]]]:
     """Group FQN -> style by repeated block: [(pattern like "blocks.*", instances, [(rel, style)])].
 
@@ -217,9 +230,7 @@ def format_plan(plan: Plan) -> str:
     ]  # fmt: skip
     rows = [[k, fmt_s(v), f"{100 * v / pr.step_s:.1f}%" if pr.step_s else "-"] for k, v in parts]
     out.append(tabulate(rows, headers=["part", "time", "share"]))
-    out.append(
-        f"bubble fraction {pr.bubble_fraction:.3f}; simulated pipeline makespan {fmt_s(pr.pipeline_s)}"
-    )
+    out += bubble_lines(pr, p.pp)
     out.append("")
     out.append(
         f"Throughput (predicted): {pr.tokens_per_s:,.0f} tokens/s; {pr.tflops_per_device:.1f} TFLOP/s per device; "
