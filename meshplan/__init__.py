@@ -38,6 +38,7 @@ _LAZY = {
     "estimate_config": "meshplan.api.engine_cost",
     "EngineEstimate": "meshplan.api.engine_cost",
     "export": "meshplan.api.export",
+    "prepare_data": "meshplan.api.data",
     "Exported": "meshplan.api.export",
     "capacity": "meshplan.sizing.api",
     "CapacityRow": "meshplan.sizing.rows",

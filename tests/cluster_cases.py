@@ -15,7 +15,7 @@ TEXT = Path(__file__).parent / "data" / "river_town.txt"
 
 
 def prepare_tokens(out_dir: Path, val_fraction: float = 0.1) -> Path:
-    from meshplan.commands.prepare_data import prepare
+    from meshplan.api.data import prepare_data as prepare
 
     out = out_dir / "tokens.bin"
     prepare([str(TEXT)], str(out), val_fraction=val_fraction, progress=False)
