@@ -130,3 +130,35 @@ def test_report_png_without_matplotlib_names_the_extra(tmp_path: Path, capsys, m
     assert main(["report", str(plan_path), "--html", str(html), "--png", str(tmp_path / "t.png")]) == 1
     assert "meshplan[plot]" in capsys.readouterr().err
     assert html.exists()  # the HTML report needs nothing
+
+
+def test_tokens_per_step_only_from_per_step_figures(tmp_path: Path, capsys) -> None:
+    """A record with one run-wide tokens/s (older records) shows it as one figure, not as a flat
+    "per step" series; a record with tokens per step gets a series from each step's measured time."""
+    pytest.importorskip("matplotlib")
+    from meshplan.report.plot_run import run_figure
+
+    old = json.loads(write_record(tmp_path / "old.json").read_text())
+    old["tokens_per_s"] = 1234.0  # what RunRecord.to_dict wrote: tokens per step / the median step
+    old.pop("tokens_per_step")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    v = load_run(tmp_path / "old.json")
+    assert v.tokens_per_s == [] and v.tokens_per_s_run == 1234.0
+    html = tmp_path / "old.html"
+    assert main(["report", str(tmp_path / "old.json"), "--html", str(html)]) == 0
+    assert "tokens/s: 1,234 (measured: run average)" in capsys.readouterr().out
+    page = parse(html.read_text())
+    assert "run-tokens" not in page.ids and "1,234 for the whole run" in " ".join(page.text)
+    a_tok = run_figure(v, width=900).axes[3]
+    assert not a_tok.lines and "for the whole run" in " ".join(t.get_text() for t in a_tok.texts)
+
+    new = json.loads(write_record(tmp_path / "new.json").read_text())
+    new["tokens_per_step"] = 4096
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    w = load_run(tmp_path / "new.json")
+    assert w.tokens_per_s == pytest.approx([4096 / t for t in (0.09, 0.052, 0.055, 0.05)])
+    assert w.tokens_per_s_run == pytest.approx(4096 / 0.052) and w.tokens_source.startswith("measured")
+    assert main(["report", str(tmp_path / "new.json"), "--html", str(html)]) == 0
+    page = parse(html.read_text())
+    assert "run-tokens" in page.ids and "svg" in page.after_id["run-tokens"]
+    assert len(run_figure(w, width=900).axes[3].lines) == 1

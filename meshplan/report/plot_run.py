@@ -4,7 +4,7 @@
 the plan's predicted step time as a horizontal line and the measured median after warm-up;
 peak memory per rank, measured beside predicted (one pair of bars per rank when the record has
 per-rank figures, else the largest over ranks); tokens/s per step (measured, or computed from
-step time and labelled so). Needs the ``meshplan[plot]`` extra (``plot.require_matplotlib``).
+step time and labelled so) where the record has per-step figures, else the run's one figure as text. Needs the ``meshplan[plot]`` extra (``plot.require_matplotlib``).
 No torch import.
 """
 
@@ -46,12 +46,16 @@ def run_figure(v: RunView, width: int = 1200) -> Any:
     a_mem.set_xticks(xs, [label for label, _, _ in rows], fontsize=7)
     a_mem.set_ylabel("GiB")
     a_mem.set_title("peak memory per rank, measured vs predicted", fontsize=9, loc="left")
-    if v.tokens_per_s:
+    if v.tokens_per_s:  # a series only where the record has per-step figures (run_view._tokens)
         a_tok.plot(v.steps, v.tokens_per_s, marker=".", color="#e07b16", label=f"tokens/s ({v.tokens_source})")
+        a_tok.set_title("tokens/s per step", fontsize=9, loc="left")
+        a_tok.set_xlabel("step")
     else:
-        a_tok.text(0.5, 0.5, "no tokens/s in the record", ha="center", va="center", transform=a_tok.transAxes)
-    a_tok.set_title("tokens/s per step", fontsize=9, loc="left")
-    a_tok.set_xlabel("step")
+        text = (f"{v.tokens_per_s_run:,.0f} tokens/s for the whole run\n({v.tokens_source}; no per-step figures)"
+                if v.tokens_per_s_run is not None else "no tokens/s in the record")
+        a_tok.text(0.5, 0.5, text, ha="center", va="center", transform=a_tok.transAxes)
+        a_tok.set_title("tokens/s", fontsize=9, loc="left")
+        a_tok.set_axis_off()
     from matplotlib.ticker import MaxNLocator
 
     for ax in (a_loss, a_time, a_mem, a_tok):

@@ -5,14 +5,13 @@ The section holds, every figure labelled measured or predicted: headline cards (
 step time beside the predicted one and their difference, tokens/s, steps, precision); loss per
 step; step time per step against the predicted step time; peak memory per rank, measured beside
 predicted; each rank's median own step time beside its waiting time, stragglers named
-(``meshplan.stragglers``); tokens/s per step; a table of the phases, notes and record fields this reader does not
+(``meshplan.stragglers``); tokens/s per step where the record has per-step figures (else one run figure); a table of the phases, notes and record fields this reader does not
 know. Charts are inline SVG (``report.charts``): the page stays self-contained. No torch import.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from html import escape
 
 from meshplan.report.charts import bar_chart, line_chart
@@ -27,9 +26,8 @@ def _cards(v: RunView) -> str:
              ("predicted step time", f"{v.predicted_step_s * 1e3:.1f} ms" if v.predicted_step_s else "-"),
              ("measured vs predicted", f"{err:+.1%}" if err is not None else "-"),
              ("steps", str(len(v.steps)))]  # fmt: skip
-    if v.tokens_per_s:
-        kept = v.tokens_per_s[v.warmup :] or v.tokens_per_s
-        cards.append((f"tokens/s ({v.tokens_source.split(':')[0]})", f"{statistics.median(kept):,.0f}"))
+    if v.tokens_per_s_run is not None:
+        cards.append((f"tokens/s ({v.tokens_source.split(':')[0]})", f"{v.tokens_per_s_run:,.0f}"))
     if v.precision:
         cards.append(("precision", v.precision))
     return '<div class="cards">' + "".join(
@@ -58,10 +56,13 @@ def run_section_html(v: RunView, *, heading: str = "h2") -> str:
                       for label, m, p in rows], {1, 2}))  # fmt: skip
     if v.rank_step_s:
         sec += _rank_times(v, h)
-    sec.append(f'<{h} id="run-tokens">Tokens/s per step</{h}>')
-    if v.tokens_per_s:
+    if v.tokens_per_s:  # a series only where the record has per-step figures (run_view._tokens)
+        sec.append(f'<{h} id="run-tokens">Tokens/s per step</{h}>')
         chart = line_chart("tokens/s", v.steps, [(f"tokens/s ({v.tokens_source})", v.tokens_per_s)])
         sec.append(f'<div class="figure">{to_svg(chart)}</div>')
+    elif v.tokens_per_s_run is not None:
+        sec.append(f'<p class="note">Tokens/s: {v.tokens_per_s_run:,.0f} for the whole run ({escape(v.tokens_source)}); '
+                   "the record has no per-step figures.</p>")
     else:
         sec.append('<p class="note">The record has no tokens/s and no batch size to compute it from.</p>')
     if v.phases:

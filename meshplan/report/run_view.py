@@ -6,10 +6,12 @@ and newer meshplan versions: only ``steps`` is required; every other field may b
 ``rank_peak_mem_bytes``, ``predicted_rank_peak_mem_bytes`` were added later), and fields this
 reader does not know are kept in ``extra`` and listed by :func:`format_run`.
 
-``tokens_per_s`` is taken as recorded (a number, a list per step, or an object with
-``measured``); without it, and with the global batch and sequence length known (from the record
-or the plan given beside it), tokens/s per step is computed as ``global_batch * seq_len /
-step_s`` and labelled so. Measured step time is the median after the record's ``warmup`` steps,
+Tokens/s per step (``RunView.tokens_per_s``) exists only where the record has per-step figures:
+a recorded list per step; else the record's ``tokens_per_step`` over each step's measured time;
+else, with the global batch and sequence length known (from the record or the plan given beside
+it), ``global_batch * seq_len / step_s``, labelled so. A record holding only one run-wide number
+(``tokens_per_s``, the run's average) gives ``tokens_per_s_run`` and no per-step series: the
+reports show it as one figure, never as a flat "per step" line. Measured step time is the median after the record's ``warmup`` steps,
 as ``RunRecord.measured_step_s``. No torch import.
 """
 
@@ -28,7 +30,7 @@ KNOWN = {
     "plan_summary", "model", "world_size", "predicted_step_s", "predicted_peak_mem_bytes", "steps", "warmup",
     "memory_kind", "notes", "measured_step_s", "error_fraction", "precision", "dp_kind",
     "grad_sync_collectives_per_step", "tokens_per_s", "phases", "rank_peak_mem_bytes",
-    "predicted_rank_peak_mem_bytes", "global_batch_size", "seq_len", "rank_step_s", "rank_wait_s",
+    "predicted_rank_peak_mem_bytes", "global_batch_size", "seq_len", "rank_step_s", "rank_wait_s", "tokens_per_step",
 }  # fmt: skip
 GIB = 2**30
 
@@ -51,8 +53,9 @@ class RunView:
     precision: str = ""
     dp_kind: str = ""
     grad_sync_collectives_per_step: float | None = None
-    tokens_per_s: list[float] = field(default_factory=list)  # per step
+    tokens_per_s: list[float] = field(default_factory=list)  # per step; empty without per-step figures
     tokens_source: str = ""  # "measured" or how it was computed
+    tokens_per_s_run: float | None = None  # one figure for the run: median after warm-up, or the recorded average
     phases: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -133,17 +136,23 @@ def _tokens(v: RunView, d: dict[str, Any], plan: Plan | None) -> None:
     tps = d.get("tokens_per_s")
     if isinstance(tps, dict):
         tps = tps.get("measured", tps.get("per_step"))
-    if isinstance(tps, list) and len(tps) == len(v.steps):
-        v.tokens_per_s, v.tokens_source = [float(x) for x in tps], "measured"
-        return
-    if isinstance(tps, (int, float)) and not isinstance(tps, bool):
-        v.tokens_per_s, v.tokens_source = [float(tps)] * len(v.steps), "measured (run average)"
-        return
+    per_step = d.get("tokens_per_step")
     batch = d.get("global_batch_size") or (plan.global_batch_size if plan else 0)
     seq = d.get("seq_len") or (plan.seq_len if plan else 0)
-    if batch and seq:
+    if isinstance(tps, list) and len(tps) == len(v.steps):
+        v.tokens_per_s, v.tokens_source = [float(x) for x in tps], "measured"
+    elif isinstance(per_step, int) and per_step > 0 and v.step_s:
+        v.tokens_per_s = [per_step / t if t > 0 else 0.0 for t in v.step_s]
+        v.tokens_source = f"measured: {per_step:,} tokens per step / each step's time"
+    elif isinstance(tps, (int, float)) and not isinstance(tps, bool):
+        v.tokens_per_s_run, v.tokens_source = float(tps), "measured: run average"  # no per-step figures
+        return
+    elif batch and seq and v.step_s:
         v.tokens_per_s = [batch * seq / t if t > 0 else 0.0 for t in v.step_s]
         v.tokens_source = f"computed: {batch} x {seq} tokens / measured step time"
+    if v.tokens_per_s:
+        kept = v.tokens_per_s[v.warmup :] or v.tokens_per_s
+        v.tokens_per_s_run = float(statistics.median(kept))
 
 
 def load_run(path: str | Path, plan: Plan | None = None) -> RunView:
@@ -179,9 +188,8 @@ def format_run(v: RunView) -> str:
     for label, meas, pred in memory_rows(v):
         m = f"{meas / GIB:.2f} GiB measured{kind}" if meas is not None else "not measured"
         out.append(f"  memory {label}: {m}" + (f", {pred / GIB:.2f} GiB predicted" if pred is not None else ""))
-    if v.tokens_per_s:
-        kept = v.tokens_per_s[v.warmup :] or v.tokens_per_s
-        out.append(f"  tokens/s: {statistics.median(kept):,.0f} ({v.tokens_source})")
+    if v.tokens_per_s_run is not None:
+        out.append(f"  tokens/s: {v.tokens_per_s_run:,.0f} ({v.tokens_source})")
     if v.grad_sync_collectives_per_step is not None:
         out.append(f"  gradient-sync collectives per step: {v.grad_sync_collectives_per_step:g} (measured)")
     for name, val in v.phases.items():
