@@ -33,6 +33,7 @@ _LAZY = {
     "StageSpec": "meshplan.plan",
     "Quantization": "meshplan.plan",
     "ClusterSpec": "meshplan.cost_models.hardware",
+    "profile_machine": "meshplan.profile.machine",
     "autoparallel": "meshplan.api.plan",
     "estimate": "meshplan.api.plan",
     "estimate_config": "meshplan.api.engine_cost",
