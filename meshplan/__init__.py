@@ -42,6 +42,7 @@ _LAZY = {
     "prepare_data": "meshplan.api.data",
     "Exported": "meshplan.api.export",
     "capacity": "meshplan.sizing.api",
+    "calibrate": "meshplan.api.calibration",
     "CapacityRow": "meshplan.sizing.rows",
     "format_plan": "meshplan.report.text",
     "explain_plan": "meshplan.report.explain",

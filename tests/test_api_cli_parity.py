@@ -232,3 +232,21 @@ def test_torchtitan_module_applies_the_plan_and_names_fields_a_torchtitan_lacks(
     with pytest.raises(ValueError, match="Tokens has no global_batch_size, local_batch_size, seq_len: this module "
                                          "was written for torchtitan 0.3.0"):  # fmt: skip
         ns[FUNCTION]()
+
+
+def test_calibrate_is_the_command(tmp_path: Path, gpt_tiny_graph, capsys) -> None:
+    from meshplan.cost_models.hardware import ClusterSpec
+
+    plan = meshplan.estimate(gpt_tiny_graph, 2, tp=1, pp=1, dp=2, global_batch_size=8, cluster="h100")
+    rec = meshplan.RunRecord(plan_summary=plan.summary(), model="gpt-tiny", world_size=2,
+                             predicted_step_s=plan.predicted.step_s, plan=plan.to_dict())  # fmt: skip
+    for step in range(3):
+        rec.add(step, 2.0 * plan.predicted.step_s, 4.0, 2**30)
+    rec.save(tmp_path / "run.json")
+    assert main(["calibrate", str(tmp_path / "run.json"), "--cluster", "h100", "-o", str(tmp_path / "cal.json"),
+                 "-q"]) == 0  # fmt: skip
+    cal = meshplan.calibrate(tmp_path / "run.json", "h100")
+    assert ClusterSpec.load(tmp_path / "cal.json") == cal.spec and cal.before.name == "h100"
+    assert cal.spec.name == "h100-calibrated" and abs(cal.fit.rows[0][2] / cal.fit.rows[0][3] - 1) < 0.05
+    with pytest.raises(ValueError, match="does not exist"):
+        meshplan.calibrate(tmp_path / "missing.json", "h100")

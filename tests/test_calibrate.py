@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.api import calibration as cal
 from meshplan.cli import main
-from meshplan.commands import calibration as cal
 from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
 from meshplan.loading import load_graph
 from meshplan.plan.phases import predicted_phases

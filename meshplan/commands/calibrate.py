@@ -3,7 +3,7 @@
 Reads RunRecords (``meshplan run --record``; each holds the Plan that ran, the model spec and the
 measured step times, and per-phase seconds when the runtime recorded them), re-costs every run's
 layout on ``--cluster`` (a preset name or a cluster JSON), fits the cluster's efficiency terms to
-the measured step times (``meshplan.commands.calibration``; with ``--use-phases`` also to the
+the measured step times (``meshplan.calibrate``, ``meshplan/api/calibration.py``; with ``--use-phases`` also to the
 per-phase seconds: off by default, because the runtime's phase boundaries are not the cost model's
 terms everywhere: ZeRO-1's parameter broadcast is measured inside "optimizer" but costed as DP
 communication, and the profiled steps carry the profiler's overhead) and writes the calibrated cluster JSON, usable
@@ -15,9 +15,7 @@ one (stdout); progress on stderr unless ``-q``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 HELP = "fit a cluster's efficiency terms to measured runs (RunRecords) and write a calibrated cluster JSON"
@@ -34,69 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
-def read_record(path: str) -> dict[str, Any]:
-    """A RunRecord's JSON with the fields calibration needs checked (clear errors)."""
-    try:
-        d = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"run record {path!r} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"run record {path!r} is not valid JSON: {e}") from None
-    if not isinstance(d, dict) or not isinstance(d.get("steps"), list):
-        raise ValueError(f"{path!r} is not a run record (no 'steps' list)")
-    if not d.get("plan"):
-        raise ValueError(f"run record {path!r} has no 'plan' (written by a meshplan before 'plan' was recorded): "
-                         "re-run it with this version of meshplan run --record")  # fmt: skip
-    if not d.get("model"):
-        raise ValueError(f"run record {path!r} has no 'model' spec to trace")
-    return d
-
-
-def measured_step_s(d: dict[str, Any]) -> float:
-    """The record's median step time after its warm-up steps (RunRecord.measured_step_s)."""
-    import statistics
-
-    times = [float(s["step_s"]) for s in d["steps"] if isinstance(s, dict) and "step_s" in s]
-    if not times:
-        raise ValueError("run record has no measured steps")
-    kept = times[int(d.get("warmup", 1)) :] or times
-    return float(statistics.median(kept))
-
-
 def run(args: argparse.Namespace) -> int:
-    from meshplan.commands import calibration as cal
-    from meshplan.cost_models.hardware import ClusterSpec
-    from meshplan.loading import load_graph
-    from meshplan.plan import Plan
-    from meshplan.profile.local import resolve
+    from meshplan.api.calibration import calibrate
 
     def progress(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    cases = []
-    for path in args.records:
-        d = read_record(path)
-        plan = Plan.from_dict(d["plan"])
-        progress(f"{path}: {plan.summary()} on {d['model']}")
-        graph = load_graph(d["model"], seq=plan.seq_len, progress=progress)
-        step = measured_step_s(d)
-        cases.append(cal.Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=step,
-                              measured_phases=cal.measured_phases(d.get("phases"), step) if args.use_phases else {}))  # fmt: skip
-    world = max(c.plan.world_size for c in cases)
-    spec = resolve(args.cluster, world, say=progress, log=progress)
-    result = cal.fit(cases, spec, progress=progress)
-    out = result.spec
-    from dataclasses import replace
-
-    names = ", ".join(c.name for c in cases)
-    fitted = {f: f"derived: fitted by meshplan calibrate to {names}" for f in ClusterSpec.__dataclass_fields__
-              if f not in ("name", "source", "extra", "provenance") and getattr(out, f) != getattr(spec, f)}
-    out = replace(out, name=args.name or f"{spec.name}-calibrated", provenance={**out.provenance, **fitted},
-                  source=f"{spec.name} calibrated by meshplan calibrate on {len(cases)} run(s): {names}",
-                  extra={**out.extra, "calibration": {"factors": result.factors, "records": names}})  # fmt: skip
-    out.save(args.output)
-    print(format_fit(result, spec, out))
+    result = calibrate(args.records, args.cluster, name=args.name, use_phases=args.use_phases, progress=progress)
+    result.spec.save(args.output)
+    print(format_fit(result.fit, result.before, result.spec))
     print(f"wrote {args.output} (use it as --cluster {args.output})")
     return 0
 

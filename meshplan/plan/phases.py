@@ -1,7 +1,7 @@
 """The plan's predicted seconds per step phase (forward, backward, optimizer, comm, bubble, other).
 
 Torch-free, so both the runtime (``runtime.record.phases`` puts them beside the measured phases in the
-RunRecord) and the planner (``commands.calibration`` compares re-costed plans with measured phases)
+RunRecord) and the planner (``api.calibration`` compares re-costed plans with measured phases)
 use the same definition.
 """
 

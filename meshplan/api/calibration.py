@@ -34,14 +34,20 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
 
 Phases compared (the RunRecord's "phases" written by ``runtime.record.phases``; any may be missing):
 forward, backward, optimizer, comm (exposed), bubble, each against ``plan.phases.predicted_phases``
-of the re-costed plan (the definition the runtime records its predictions with). No torch import.
+of the re-costed plan (the definition the runtime records its predictions with).
+
+``calibrate(records, cluster)`` (``meshplan.calibrate``, what ``meshplan calibrate`` runs) reads
+RunRecord files, traces each run's model, fits and returns the calibrated ClusterSpec. No torch
+import (tracing imports it).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.hardware import ClusterSpec
@@ -276,3 +282,90 @@ def fit(
     factors = {t: math.exp(v) for t, v in zip(TERMS, theta, strict=True)}
     rows = [(c.name, b.step_s, a.step_s, c.measured_step_s) for c, b, a in zip(cases, before, after, strict=True)]
     return Fit(spec=calibrated, factors=factors, rows=rows, iterations=done)
+
+
+# ---- meshplan.calibrate: RunRecord files in, a calibrated ClusterSpec out -----------------------
+def read_record(path: str) -> dict[str, Any]:
+    """A RunRecord's JSON with the fields calibration needs checked (clear errors)."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"run record {path!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"run record {path!r} is not valid JSON: {e}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("steps"), list):
+        raise ValueError(f"{path!r} is not a run record (no 'steps' list)")
+    if not d.get("plan"):
+        raise ValueError(f"run record {path!r} has no 'plan' (written by a meshplan before 'plan' was recorded): "
+                         "re-run it with this version of meshplan run --record")  # fmt: skip
+    if not d.get("model"):
+        raise ValueError(f"run record {path!r} has no 'model' spec to trace")
+    return d
+
+
+def measured_step_s(d: dict[str, Any]) -> float:
+    """The record's median step time after its warm-up steps (RunRecord.measured_step_s)."""
+    import statistics
+
+    times = [float(s["step_s"]) for s in d["steps"] if isinstance(s, dict) and "step_s" in s]
+    if not times:
+        raise ValueError("run record has no measured steps")
+    kept = times[int(d.get("warmup", 1)) :] or times
+    return float(statistics.median(kept))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What ``calibrate`` returns: the calibrated ``spec`` (named, with its provenance and the
+    factors in ``extra["calibration"]``), the cluster it started from (``before``) and the ``fit``
+    (multipliers, per run predicted step seconds before / after vs measured)."""
+
+    spec: ClusterSpec
+    before: ClusterSpec
+    fit: Fit
+
+
+def calibrate(
+    records: Sequence[str | Path] | str | Path,
+    cluster: str | ClusterSpec | Path,
+    *,
+    name: str | None = None,
+    use_phases: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """Fit ``cluster``'s efficiency terms to measured runs (``meshplan calibrate``): each record (a
+    ``run_record.json`` of ``meshplan run --record``) holds the Plan that ran, the model spec and
+    the measured step times; every run's layout is re-costed on ``cluster`` (a preset, a cluster
+    JSON, "local" or a ClusterSpec) and the terms fitted (module docstring). ``use_phases`` also
+    fits the per-phase seconds the records hold (off by default: the runtime's phase boundaries
+    are not the cost model's terms everywhere). ``name``: the calibrated cluster's (default
+    NAME-calibrated)."""
+    from dataclasses import replace
+
+    from meshplan.loading import load_graph
+    from meshplan.profile.local import resolve
+
+    say = progress or (lambda _m: None)
+    paths = [records] if isinstance(records, str | Path) else list(records)
+    cases = []
+    for path in paths:
+        d = read_record(str(path))
+        plan = Plan.from_dict(d["plan"])
+        say(f"{path}: {plan.summary()} on {d['model']}")
+        graph = load_graph(d["model"], seq=plan.seq_len, progress=progress)
+        step = measured_step_s(d)
+        cases.append(Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=step,
+                          measured_phases=measured_phases(d.get("phases"), step) if use_phases else {}))  # fmt: skip
+    if not cases:
+        raise ValueError("calibration needs at least one run record")
+    world = max(c.plan.world_size for c in cases)
+    spec = resolve(cluster, world, say=say, log=say)
+    result = fit(cases, spec, progress=progress)
+    out = result.spec
+    names = ", ".join(c.name for c in cases)
+    fitted = {f: f"derived: fitted by meshplan calibrate to {names}" for f in ClusterSpec.__dataclass_fields__
+              if f not in ("name", "source", "extra", "provenance") and getattr(out, f) != getattr(spec, f)}
+    out = replace(out, name=name or f"{spec.name}-calibrated", provenance={**out.provenance, **fitted},
+                  source=f"{spec.name} calibrated by meshplan calibrate on {len(cases)} run(s): {names}",
+                  extra={**out.extra, "calibration": {"factors": result.factors, "records": names}})  # fmt: skip
+    return Calibration(out, spec, result)
