@@ -33,6 +33,7 @@ from meshplan.runtime.apply.steps import STEPS, ApplyState, MetaBuild
 from meshplan.runtime.apply.zero1 import zero1_optimizer
 from meshplan.runtime.checkpoint.pretrained import load_pretrained
 from meshplan.runtime.launch.dist import RuntimeEnv, check_launch, init_runtime
+from meshplan.runtime.launch.host_memory import return_freed_memory
 
 __all__ = ["ParallelModel", "apply_plan"]
 
@@ -77,6 +78,7 @@ def apply_plan(
     if init_from is not None and plan.quantization.mode != "none":  # quantizing needs the loaded weights
         notes.append(load_pretrained(model, init_from, tied=checked.tied,
                                      transposed=[f"{m}.weight" for m in checked.conv]) + " (before quantizing)")
+    return_freed_memory()
     env = init_runtime(plan, timeout_s=timeout_s)
     s = ApplyState(model=model if meta else model.to(env.device), plan=plan, env=env, checked=checked,
                    loss_fn=loss_fn, bucket_cap_bytes=bucket_cap_bytes, compile=compile,

@@ -116,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.runtime.apply.checks import MetaBuildRefused
     from meshplan.runtime.checkpoint import dcp as checkpoint
     from meshplan.runtime.launch.dist import check_launch
+    from meshplan.runtime.launch.host_memory import return_freed_memory
     from meshplan.runtime.loop import data, faults
     from meshplan.runtime.loop.guard import NonFiniteGuard
     from meshplan.runtime.loop.optim import lr_at, make_optimizer
@@ -127,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     plan = Plan.load(args.plan)
     check_launch(plan)  # before any collective
+    return_freed_memory()  # before the model is built: freed host buffers go back to the system
     mbs = plan.micro_batch_size
     torch.manual_seed(args.seed)
     # meta: built without values, the plan applied there, each rank's shard materialized from the
