@@ -128,3 +128,36 @@ def test_fit_problem(node, launch, kw, want) -> None:
     got = fit_problem(launch.world_size, launch, node, **kw)
     assert (want in got) if want else got == "", got
     assert "\n" not in got
+
+
+def test_init_from_names_and_shapes_are_checked_in_the_launcher(tmp_path, capsys, launched) -> None:
+    """HF safetensors and DCP: what load_pretrained would refuse on every rank, from the headers only."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    from meshplan.runtime.checkpoint.pretrained import check_pretrained, load_pretrained
+
+    plan = _plan(tmp_path, "mlp")
+    state = {k: v.contiguous() for k, v in load_model("mlp").model.state_dict().items()}
+    cases = {"good": state, "wide": {**state, next(iter(state)): torch.zeros(3, 3)},
+             "short": dict(list(state.items())[1:])}
+    for name, sd in cases.items():
+        (tmp_path / name).mkdir()
+        save_file(sd, str(tmp_path / name / "model.safetensors"))
+        dcp.save(sd, checkpoint_id=str(tmp_path / f"{name}_dcp"))
+    first = next(iter(state))
+    for kind in ("", "_dcp"):
+        assert main(["run", plan, "--model", "mlp", "--init-from", str(tmp_path / f"good{kind}")]) == 0
+        assert len(launched) == 1
+        launched.clear()
+        err = _refused(["run", plan, "--model", "mlp", "--init-from", str(tmp_path / f"wide{kind}")], capsys, launched)
+        assert f"{first} has shape (3, 3) in the checkpoint" in err
+        err = _refused(["run", plan, "--model", "mlp", "--init-from", str(tmp_path / f"short{kind}")], capsys, launched)
+        assert f"the model's {first}" in err and "is not in the checkpoint" in err
+        for bad in ("wide", "short"):  # the ranks' loader refuses with the same words
+            with pytest.raises(ValueError) as ranks:
+                load_pretrained(load_model("mlp").model, tmp_path / f"{bad}{kind}")
+            with pytest.raises(ValueError) as launcher:
+                check_pretrained(load_model("mlp", device="meta").model, tmp_path / f"{bad}{kind}")
+            assert str(launcher.value) == str(ranks.value)

@@ -15,7 +15,8 @@ printed by the CLI).
   that needs several nodes is told the command to run on each;
 - the plan against the model (``check_model_plan``): ``--model`` is built on the meta device (no
   memory) and meets the same checks every rank makes before its process group: the plan's model
-  fingerprint (``fingerprint.check_plan_model``), example inputs, synthetic data, the token file's
+  fingerprint (``fingerprint.check_plan_model``), ``--init-from``'s tensor names and shapes
+  (``checkpoint.pretrained.check_pretrained``), example inputs, synthetic data, the token file's
   ids against the vocabulary, and ``runtime.apply.checks.check_plan`` (every refusal of the plan on
   this model but those that read the captured graph: pp stage rules, the vocabulary-parallel head;
   the ranks make those). One function each, shared with the ranks, not a copy.
@@ -156,6 +157,10 @@ def check_model_plan(args: argparse.Namespace, plan: Any) -> None:
                          f"{first}); --build host builds the whole model on each rank instead") from e
     model = spec.model
     check_plan_model(plan, model, args.model)
+    if getattr(args, "init_from", None):  # names and shapes from the files' headers, no tensor read
+        from meshplan.runtime.checkpoint.pretrained import check_pretrained
+
+        check_pretrained(model, args.init_from)
     example = run_example(model, spec.example_inputs, getattr(args, "input_shape", None), args.model)
     data = getattr(args, "data", None)
     if data and _is_token_file(data):

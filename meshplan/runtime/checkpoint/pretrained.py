@@ -87,6 +87,71 @@ def _shared(container: nn.Module) -> list[tuple[str, ...]]:
     return [tuple(g) for g in by_id.values() if len(g) > 1]
 
 
+def _hf_key(path: Path, name: str, shape: tuple[int, ...], where: dict[str, Path], alias: dict[str, str],
+            buffers: set[str]) -> str | None:
+    """The file's name for the model's tensor ``name``; None for a buffer the file lacks (kept); ValueError
+    for anything else it lacks."""
+    key = name if name in where else alias.get(name)
+    if key is None and name not in buffers:
+        raise ValueError(f"--init-from {path}: the model's {name} {shape} is not in the checkpoint "
+                         f"({len(where)} tensors, e.g. {sorted(where)[:3]}); the model's FQNs must be the "
+                         "checkpoint's (load the model the checkpoint was saved from)")
+    return key
+
+
+def _check_shape(path: Path, key: str, saved: tuple[int, ...], name: str, shape: tuple[int, ...],
+                 flip: bool = False) -> None:
+    if saved != (shape[::-1] if flip else shape):
+        raise ValueError(f"--init-from {path}: {key} has shape {saved} in the checkpoint, the model's {name} "
+                         f"has {shape}{' (transposed from HF Conv1D)' if flip else ''}")
+
+
+def check_pretrained(model: nn.Module, path: str | Path) -> None:
+    """What ``load_pretrained`` refuses, checked on the whole model before any rank starts (``meshplan run``'s
+    launcher, on a meta build): ``path`` exists and holds every parameter of ``model`` (by FQN, a tied weight
+    under any of its names) with its shape. Reads only the files' headers / DCP metadata (no tensor data,
+    no checksums: the ranks verify those)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"--init-from {p}: no such file or directory")
+    state = {n: tuple(t.shape) for n, t in model.state_dict(keep_vars=True).items() if isinstance(t, torch.Tensor)}
+    buffers = {n for n, _ in model.named_buffers(remove_duplicate=False)}
+    if is_hf_dir(p):
+        from safetensors import safe_open
+
+        where = _hf_files(p)
+        alias = _aliases(_shared(model), set(where))
+        keys = {n: _hf_key(p, n, shape, where, alias, buffers) for n, shape in state.items()}
+        by_file: dict[Path, list[tuple[str, str]]] = {}
+        for n, k in keys.items():
+            if k is not None:
+                by_file.setdefault(where[k], []).append((n, k))
+        for f, pairs in by_file.items():
+            with safe_open(str(f), framework="pt") as h:
+                for n, k in pairs:
+                    _check_shape(p, k, tuple(h.get_slice(k).get_shape()), n, state[n])
+        return
+    from torch.distributed.checkpoint import FileSystemReader
+
+    d = _dcp_dir(p)
+    meta = FileSystemReader(str(d)).read_metadata().state_dict_metadata
+    prefix = "model." if any(k.startswith("model.") for k in meta) and not any(k in meta for k in state) else ""
+    _dcp_shapes(d, state, {k: tuple(getattr(m, "size", ())) for k, m in meta.items()},
+                prefix, buffers)
+
+
+def _dcp_shapes(d: Path, state: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]], prefix: str,
+                buffers: set[str]) -> None:
+    """ValueError when a non-buffer tensor of the model is missing from the DCP metadata or has another shape."""
+    missing = [k for k in state if prefix + k not in saved and k not in buffers]
+    if missing:
+        raise ValueError(f"--init-from {d}: the model's {missing[0]} is not in the checkpoint"
+                         f"{f' (+{len(missing) - 1} more)' if len(missing) > 1 else ''}")
+    for k, shape in state.items():
+        if prefix + k in saved and saved[prefix + k] != shape:
+            raise ValueError(f"--init-from {d}: {k} has shape {saved[prefix + k]} in the checkpoint, the model's has {shape}")
+
+
 def _load_hf(state: dict[str, Any], path: Path, tied: Sequence[tuple[str, ...]], transposed: set[str],
              buffers: set[str]) -> str:
     from safetensors import safe_open
@@ -99,24 +164,16 @@ def _load_hf(state: dict[str, Any], path: Path, tied: Sequence[tuple[str, ...]],
         for name, t in state.items():
             if not isinstance(t, torch.Tensor):
                 continue
-            key = name if name in where else alias.get(name)
-            if key is None and name in buffers:  # e.g. rotary inv_freq: derived, the model's own value stays
+            key = _hf_key(path, name, tuple(t.shape), where, alias, buffers)
+            if key is None:  # e.g. rotary inv_freq: derived, the model's own value stays
                 kept.append(name)
                 continue
-            if key is None:
-                raise ValueError(f"--init-from {path}: the model's {name} {tuple(t.shape)} is not in the checkpoint "
-                                 f"({len(where)} tensors, e.g. {sorted(where)[:3]}); the model's FQNs must be the "
-                                 "checkpoint's (load the model the checkpoint was saved from)")
             f = handles.get(where[key])
             if f is None:
                 f = handles[where[key]] = safe_open(str(where[key]), framework="pt").__enter__()
             sl = f.get_slice(key)
-            shape = tuple(sl.get_shape())
             flip = name in transposed
-            want = tuple(t.shape)[::-1] if flip else tuple(t.shape)
-            if shape != want:
-                raise ValueError(f"--init-from {path}: {key} has shape {shape} in the checkpoint, the model's {name} "
-                                 f"has {tuple(t.shape)}{' (transposed from HF Conv1D)' if flip else ''}")
+            _check_shape(path, key, tuple(sl.get_shape()), name, tuple(t.shape), flip)
             local, offsets, sizes = _local_chunk(t)
             if local.numel() == 0:
                 continue
@@ -157,15 +214,9 @@ def _load_dcp(state: dict[str, Any], path: Path, buffers: set[str]) -> str:
     if (d / "meshplan.json").is_file():
         checkpoint.verify(d)  # checksums of every file
     prefix = "model." if nested else ""
-    missing = [k for k in state if prefix + k not in meta and k not in buffers]
-    if missing:
-        raise ValueError(f"--init-from {d}: the model's {missing[0]} is not in the checkpoint"
-                         f"{f' (+{len(missing) - 1} more)' if len(missing) > 1 else ''}")
+    _dcp_shapes(d, {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)},
+                {k: tuple(getattr(m, "size", ())) for k, m in meta.items()}, prefix, buffers)
     load = {k: v for k, v in state.items() if prefix + k in meta}
-    for k, v in load.items():
-        saved = tuple(getattr(meta[prefix + k], "size", ()))
-        if isinstance(v, torch.Tensor) and saved != tuple(v.shape):
-            raise ValueError(f"--init-from {d}: {k} has shape {saved} in the checkpoint, the model's has {tuple(v.shape)}")
     dcp.load({"model": load} if nested else load, checkpoint_id=str(d))
     kept = sorted(set(state) - set(load))
     more = f"; buffers not in it kept the model's own values: {kept}" if kept else ""
