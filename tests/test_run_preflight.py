@@ -123,6 +123,7 @@ def test_eval_every_needs_a_token_file(tmp_path, capsys, launched) -> None:
     (NodeDevices(gpus=4, cores=64), Launch(nproc_per_node=8, nnodes=2, rdzv_endpoint="h:1"), {},
      "--nproc-per-node 8: this node has 4 GPU(s), one rank each; use --nproc-per-node 4 (and --nnodes 4)"),
     (NodeDevices(gpus=4, cores=64), Launch(nproc_per_node=6), {}, "run it on 2 nodes of 3 ranks"),
+    (CPU2, Launch(nproc_per_node=8, nnodes=8, rdzv_endpoint="h:1"), {}, "run it on 32 nodes of 2 ranks"),
 ])
 def test_fit_problem(node, launch, kw, want) -> None:
     got = fit_problem(launch.world_size, launch, node, **kw)
@@ -161,3 +162,17 @@ def test_init_from_names_and_shapes_are_checked_in_the_launcher(tmp_path, capsys
             with pytest.raises(ValueError) as launcher:
                 check_pretrained(load_model("mlp", device="meta").model, tmp_path / f"{bad}{kind}")
             assert str(launcher.value) == str(ranks.value)
+
+
+def test_a_real_cli_refusal_is_one_line_on_stderr(tmp_path) -> None:
+    """As a user sees it (a fresh process, third-party start-up noise and all): one line, exit 1, no torchrun."""
+    import subprocess
+    import sys
+
+    plan = _plan(tmp_path, "mlp", dtype="fp8")
+    out = subprocess.run([sys.executable, "-m", "meshplan.cli", "run", plan, "--model", "mlp"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
+    assert out.stderr.startswith("meshplan run: error: ") and "fp8" in out.stderr
+    assert "torch.distributed.run" not in out.stderr + out.stdout and out.stdout == ""

@@ -89,6 +89,11 @@ def fit_problem(world_size: int, launch: Launch, node: NodeDevices, *, threads: 
                     f"{busy / node.cores:.0f}x oversubscribed: {where}; or pass --oversubscribe to start all "
                     f"{world_size} here anyway")
     fewer = max(node.cores // threads, 1)
+    if not single:  # several nodes already: more of them, fewer ranks on each
+        where = on_nodes(fewer)
+        if where:
+            return (f"{load}: oversubscribed ({busy / node.cores:.1f}x the cores); {where}; or pass "
+                    "--oversubscribe to run anyway")
     fix = f"--threads {max(node.cores // here, 1)}, " if threads > 1 and here <= node.cores else ""
     return (f"{load}: oversubscribed (step times slow and noisy; {busy / node.cores:.1f}x the cores); pass "
             f"--oversubscribe to run anyway (e.g. a correctness run), {fix}or re-plan for {fewer} rank(s)")
