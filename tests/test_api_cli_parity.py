@@ -62,10 +62,18 @@ def test_autoparallel_dtype_auto_and_qlora_rank(gpt_tiny_graph) -> None:
     ({"target": "deepspeed", "fixed": {"cp": 2}}, "deepspeed has no cp axis"),
     ({"target": "megatron", "recompute": ["op"]}, "not one megatron runs"),
     ({"fixed": {"tpp": 2}}, "unknown keys"),
+    ({"fixed": [("tp", 2)]}, "fixed must be a dict of pins"),
 ])  # fmt: skip
 def test_autoparallel_refuses_bad_arguments_before_tracing(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         meshplan.autoparallel("no-such-model-never-loaded", 4, **kwargs)
+
+
+def test_model_of_the_wrong_kind_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="model must be an nn.Module, a traced ModelGraph or a model name"):
+        meshplan.autoparallel(42, 4)
+    with pytest.raises(ValueError, match=r"dp·tp·pp·cp = 4·1·1·2 = 8 but world_size is 4"):
+        meshplan.estimate("no-such-model-never-loaded", 4, tp=1, pp=1, dp=4, cp=2)
 
 
 def test_estimate_precision_cp_ep_and_profile(gpt_tiny_graph) -> None:

@@ -164,6 +164,8 @@ def plan_request(
     spec = resolve_cluster(cluster if cluster is not None else default_cluster_name(), world_size)
     if memory_limit is not None:
         spec = memory_limited(spec, parse_size(memory_limit))
+    if fixed is not None and not isinstance(fixed, Mapping):
+        raise ValueError(f"fixed must be a dict of pins, e.g. {{'tp': 2, 'schedule': '1f1b'}}; got {type(fixed).__name__}")
     f = dict(fixed or {})
     limits: dict[str, Any] = {}
     if target in CAPS:  # the engine's schedules, DP kinds, recompute kinds and stage-split rule
@@ -212,6 +214,11 @@ def model_graph(
         from meshplan.loading import load_graph
 
         return load_graph(str(model), seq=seq_len, use_cache=use_cache, progress=progress, input_shapes=input_shapes)
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, a traced ModelGraph or a model name (zoo name, file.py:factory, "
+                         f"pkg.module:factory); got {type(model).__name__}")  # fmt: skip
     if progress:
         progress(f"tracing {type(model).__name__}")
     from meshplan.trace import trace_model

@@ -56,7 +56,8 @@ def check_fixed(fixed: dict[str, Any] | None, world_size: int) -> dict[str, Any]
     for k in ("tp", "pp", "dp", "cp"):  # ep borrows dp x cp ranks: not a factor of the world
         prod *= f.get(k, 1)
     if all(k in f for k in ("tp", "pp", "dp")) and prod != world_size:
-        raise ValueError(f"dp·tp·pp = {f['dp']}·{f['tp']}·{f['pp']} = {prod} but world_size is {world_size}")
+        axes = ("dp", "tp", "pp") + (("cp",) if f.get("cp", 1) != 1 else ())
+        raise ValueError(f"{'·'.join(axes)} = {'·'.join(str(f[k]) for k in axes)} = {prod} but world_size is {world_size}")
     if prod > world_size or world_size % prod:
         raise ValueError(f"pinned degrees multiply to {prod}, which does not divide world_size={world_size}")
     if "schedule" in f and f["schedule"] not in SCHEDULES:
