@@ -58,8 +58,9 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
         "backend": "backend", "name": "name", "budget": "budget_s",
         "output": "call:meshplan.cost_models.hardware:ClusterSpec.save",
     }),
-    "explain": ("explain_plan", {"plan": "call:meshplan.plan:Plan.load", "timeline": "call:meshplan.report.explain:explain_plan",
-                                 "width": "call:meshplan.report.explain:explain_plan"}),
+    "explain": ("explain_plan", {"plan": "call:meshplan.plan:Plan.load",
+                                 "timeline": "call:meshplan.report.timeline:format_text_timeline",
+                                 "width": "call:meshplan.report.timeline:format_text_timeline"}),
     "diff": ("format_diff", {"plan_a": "a", "plan_b": "b"}),
 }  # fmt: skip
 #: flags about the command's own output that a Python caller controls itself (warnings filters)
