@@ -55,8 +55,8 @@ def main() -> None:
               "--record", f"rec_{name}.json"], wd)  # fmt: skip
     _cli(["calibrate", "rec_dp.json", "--cluster", "cpu.json", "-o", "cal_dp.json", "-q"], wd)
 
-    from meshplan.commands import calibration as cal
-    from meshplan.commands.calibrate import measured_step_s
+    from meshplan.api import calibration as cal
+    from meshplan.api.calibration import measured_step_s
     from meshplan.cost_models.hardware import ClusterSpec, resolve_cluster
     from meshplan.loading import load_graph
     from meshplan.plan import Plan
