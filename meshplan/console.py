@@ -8,9 +8,10 @@ to Python or torch directly wins: warning options (``-W``, ``PYTHONWARNINGS``) l
 alone and ``TORCH_LOGS`` leaves logging alone. meshplan prints its messages (it logs none), so
 nothing of its own is hidden.
 
-``meshplan run`` passes the choice on: ``launcher_env`` gives torchrun ``LOGLEVEL=ERROR`` (its
-elastic agent's notices, e.g. the OMP_NUM_THREADS banner), and each rank's entry
-(``runtime.loop.train.cli_main``) wraps itself in ``third_party_quiet`` as the CLI does.
+``meshplan run`` passes the choice on (``--verbose`` among the ranks' arguments): torchrun runs
+inside ``third_party_quiet`` (``runtime/launch/agent.py``: its notices such as the OMP_NUM_THREADS
+banner, and its ~40-line failure report told in a line per failed rank), and so does each rank's
+entry (``runtime.loop.train.cli_main``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from meshplan.errors import MeshplanWarning
@@ -45,12 +46,3 @@ def third_party_quiet(verbose: bool = False) -> Iterator[None]:
             yield
         finally:
             logging.disable(previous)
-
-
-def launcher_env(env: Mapping[str, str], verbose: bool = False) -> dict[str, str]:
-    """``env`` for torchrun: its own notices (torch.distributed.elastic, level from ``LOGLEVEL``) at
-    ERROR unless ``verbose`` or the user set ``LOGLEVEL``."""
-    out = dict(env)
-    if not verbose:
-        out.setdefault("LOGLEVEL", "ERROR")
-    return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.console import launcher_env, third_party_quiet
+from meshplan.console import third_party_quiet
 from meshplan.errors import MeshplanWarning
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,12 +79,6 @@ def test_verbose_and_explicit_requests_keep_everything(lib_log, monkeypatch) -> 
             log.warning("TORCH_LOGS given")
     assert [str(w.message) for w in seen] == ["verbose", "-W given"]
     assert lines == ["verbose", "TORCH_LOGS given"]
-
-
-def test_launcher_env_quiets_torchrun_unless_verbose_or_set() -> None:
-    assert launcher_env({"A": "1"})["LOGLEVEL"] == "ERROR"
-    assert "LOGLEVEL" not in launcher_env({}, verbose=True)
-    assert launcher_env({"LOGLEVEL": "INFO"})["LOGLEVEL"] == "INFO"
 
 
 def test_run_passes_verbose_to_the_ranks(tmp_path) -> None:
@@ -156,3 +150,41 @@ def test_plan_and_run_show_no_third_party_noise_unless_verbose(tmp_path) -> None
     assert run.returncode == 0, run.stderr[-3000:]
     assert "measured" in run.stdout, run.stdout
     assert "NOISE" not in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+FAILING_FACTORY = '''
+import os
+
+import torch
+from torch import nn
+
+
+def build():
+    if "LOCAL_RANK" in os.environ:  # the launcher's own check builds it fine; the ranks fail
+        raise RuntimeError("boom in the rank")
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)), (torch.randn(2, 8),)
+'''
+
+
+def test_failed_ranks_are_one_line_each_not_torchruns_report(tmp_path) -> None:
+    """Two ranks that fail: the rank's own error, then a line per rank from runtime/launch/agent.py;
+    no OMP_NUM_THREADS banner, no "closing signal" notices, no ChildFailedError report."""
+    f = tmp_path / "failing.py"
+    f.write_text(FAILING_FACTORY)
+    model = f"{f}:build"
+    plan = _cli("plan", model, "-n", "2", "--global-batch", "4", "--no-cache", "-q", "-o", "plan.json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    run = _cli("run", "plan.json", "--model", model, "--steps", "1", "--dtype", "fp32", cwd=tmp_path)
+    assert run.returncode == 1
+    err = run.stderr
+    assert "boom in the rank" in err, err[-3000:]
+    assert "torchrun: rank 0 (pid " in err and "stopped: exit code 1" in err, err[-3000:]
+    for noise in ("ChildFailedError", "OMP_NUM_THREADS", "closing signal", "Root Cause"):
+        assert noise not in err, err[-3000:]
+
+
+def test_failure_text_names_exit_codes_and_signals() -> None:
+    from meshplan.runtime.launch.agent import failure_text
+
+    assert failure_text(1) == "exit code 1"
+    assert failure_text(-9) == "signal 9 (SIGKILL)"

@@ -283,7 +283,7 @@ def test_cli_print_command_and_nproc_mismatch(gpt_and_graph, tmp_path, capsys) -
     _plan(m, gm, pp=2).save(path)
     assert main(["run", str(path), "--model", "gpt-tiny", "--steps", "3", "--print-command"]) == 0
     cmd = capsys.readouterr().out
-    assert "-m torch.distributed.run --nproc-per-node=2" in cmd and "-m meshplan.runtime.loop.train" in cmd
+    assert "-m meshplan.runtime.launch.agent --nproc-per-node=2" in cmd and "-m meshplan.runtime.loop.train" in cmd
     assert main(["run", str(path), "--model", "gpt-tiny", "--nproc", "3"]) == 1
     assert "needs 2 ranks" in capsys.readouterr().err
 

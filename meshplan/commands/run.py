@@ -1,6 +1,7 @@
 """``meshplan run plan.json --model MODEL --steps N``: launch torchrun on the plan.
 
-Starts ``python -m torch.distributed.run --nproc-per-node N -m meshplan.runtime.loop.train ...``
+Starts torchrun, ``python -m meshplan.runtime.launch.agent --nproc-per-node N -m meshplan.runtime.loop.train ...``
+(``torch.distributed.run`` itself with meshplan's console settings, ``runtime/launch/agent.py``)
 (N = the plan's world size unless ``--nproc`` says otherwise; a mismatch fails on every rank
 with a clear error before any collective). ``--print-command`` prints the command only.
 Several nodes: ``--nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT`` on every node (torchrun
@@ -237,9 +238,6 @@ def run(args: argparse.Namespace) -> int:
         from meshplan.runtime.launch.torchrun import check_endpoint
 
         check_endpoint(args.rdzv_endpoint, args.rdzv_timeout)
-    import os
-
-    from meshplan.console import launcher_env
     from meshplan.runtime.launch.supervise import run_tree
 
-    return run_tree(cmd, env=launcher_env(os.environ, getattr(args, "verbose", False)))
+    return run_tree(cmd)

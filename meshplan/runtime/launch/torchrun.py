@@ -1,4 +1,5 @@
-"""The torchrun command line that ``meshplan run`` starts (``python -m torch.distributed.run``).
+"""The torchrun command line that ``meshplan run`` starts (``python -m meshplan.runtime.launch.agent``:
+``torch.distributed.run`` with meshplan's console settings, ``agent.py``; its arguments are torchrun's).
 
 One node: ``--standalone`` (or a fixed local master port). Several nodes: torchrun's c10d
 rendezvous (``--nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT
@@ -120,11 +121,13 @@ def check_endpoint(endpoint: str, timeout_s: float, *, poll_s: float = 0.5) -> N
 
 
 def torchrun_command(nproc: int | Launch, train_args: Sequence[str], *, master_port: int | None = None) -> list[str]:
-    """argv of torchrun launching ``meshplan.runtime.loop.train`` (one node, or this node of several)."""
+    """argv of torchrun (through ``agent.py``) launching ``meshplan.runtime.loop.train`` (one node, or this
+    node of several)."""
     launch = nproc if isinstance(nproc, Launch) else Launch(nproc_per_node=nproc, master_port=master_port)
     if launch.nproc_per_node < 1:
         raise ValueError(f"--nproc must be >= 1, got {launch.nproc_per_node}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc_per_node}"]
+    # torch.distributed.run itself, run by agent.py: its notices quiet and a failure told in a line per rank
+    cmd = [sys.executable, "-m", "meshplan.runtime.launch.agent", f"--nproc-per-node={launch.nproc_per_node}"]
     if launch.multi_node:
         cmd += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={launch.rdzv_id}",
