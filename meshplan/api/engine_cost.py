@@ -101,7 +101,7 @@ def estimate_config(
         imp = read_config(config, engine, world_size, int(graph.meta.get("num_layers") or 0))
     spec = imp.spec
     say("costing it")
-    mine = cost_spec(graph, spec, cluster, engine)
+    mine = cost_spec(graph, spec, cluster, engine, profile=imp.profile, run_flags=imp.run_flags)
     target = target or engine
     say("searching meshplan's best plan" + (f" for {target}" if target != "meshplan" else ""))
     limits = search_limits(target, {}, spec.dtype) if target in CAPS else {}
@@ -117,13 +117,21 @@ def trace_graph(model: str, seq_len: int | None = None, input_shapes: Mapping[st
     return load_graph(model, seq=seq_len, input_shapes=input_shapes)
 
 
-def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = None) -> Any:
+def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = None, *,
+              profile: str | None = None, run_flags: Mapping[str, str] | None = None) -> Any:
     """The Plan meshplan predicts for ``spec`` run by ``engine``: its configured blocks per stage
     when it sets them (``spec.layers_per_stage``), else the split the engine's rule gives
     (``engines.spec.CAPS[engine].split``; meshplan's own split when ``engine`` is None); context and
-    expert parallelism costed by ``cost_models/epcp.py`` through ``estimate_graph``."""
+    expert parallelism costed by ``cost_models/epcp.py`` through ``estimate_graph``. ``profile``: the
+    engine profile the configuration was written for (``Imported.profile``; default the installed
+    version's), with its ``run_flags``."""
     from meshplan.cost_models.engine_profiles import INSTALLED
+    from meshplan.cost_models.engine_profiles import profile as engine_profile
     from meshplan.planner.api import estimate_graph
+
+    prof = engine_profile(profile or INSTALLED.get(engine or "meshplan", "meshplan"))
+    if run_flags:
+        prof = prof.with_run_flags(**run_flags)
 
     return estimate_graph(
         graph, spec.world_size, tp=spec.tp, pp=spec.pp, dp=spec.dp, schedule=spec.schedule,
@@ -135,6 +143,6 @@ def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = N
         blocks_per_stage=spec.layers_per_stage if spec.pp > 1 and spec.layers_per_stage else None,
         # Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1, a run flag): cost_models/epcp.py
         moe_folding=spec.moe_folding and engine == "megatron",
-        # the installed engine's conventions (state layout, kernels, pipeline buffers, split rule, ...)
-        profile=INSTALLED.get(engine or "meshplan", "meshplan"),
+        # the engine version's conventions (state layout, kernels, pipeline buffers, split rule, ...)
+        profile=prof,
     )  # fmt: skip

@@ -12,6 +12,15 @@ mode = "none" | "selective" | "full"``; 0.3 selects ``FullAC`` / ``SelectiveAC``
 instead), float8 as ``[model] converters = ["float8"]``. :func:`cli_overrides` gives the same as
 0.3's ``--section.key value`` command-line overrides. Schedules by torchtitan's names (``1F1B``,
 ``GPipe``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``). No torch import.
+
+Job TOMLs of earlier torchtitan layouts are read too (``LEGACY``, each key with the torchtitan commit that
+moved it): the 2024 layout (``[training] batch_size, data_parallel_*_degree, tensor_parallel_degree``,
+``[experimental] pipeline_parallel_*, context_parallel_degree``, ``[float8] enable_float8_linear``,
+``[model] norm_type``) and the 2025 one (``[parallelism]`` with ``pipeline_parallel_microbatches`` or
+``pipeline_parallel_split_points``, ``[training] batch_size``), which the published torchtitan runs used.
+Such a file is costed with the conventions of the torchtitan it was written for (``Imported.profile``:
+``torchtitan-2024.12``) and its run flags (``Imported.run_flags``: ``norm_kernel`` from ``norm_type`` /
+``compile``), not with the installed version's; the estimate says so.
 """
 
 from __future__ import annotations
@@ -33,24 +42,43 @@ DTYPES = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32", "fp16": "flo
 #: (meshplan "op"; 0.3's SelectiveAC, <= 0.2's selective_ac_option = "op"); Megatron-style attention-core
 #: recompute (meshplan "selective") it does not have
 AC_MODE = {"none": "none", "op": "selective", "full": "full"}
+#: keys of earlier torchtitan TOML layouts -> today's (section, key); the torchtitan commit that moved each
+LEGACY: dict[tuple[str, str], tuple[str, str]] = {
+    ("training", "batch_size"): ("training", "local_batch_size"),  # 8570415 (2025-06, gradient accumulation)
+    **{("training", k): ("parallelism", k) for k in (  # 785c34c (2025-03, the [parallelism] section)
+        "data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+        "disable_loss_parallel", "enable_cpu_offload")},
+    **{("experimental", k): ("parallelism", k) for k in (  # 785c34c (2025-03)
+        "pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_split_points",
+        "pipeline_parallel_microbatches", "pipeline_parallel_schedule_csv", "context_parallel_degree",
+        "context_parallel_rotate_method", "enable_async_tensor_parallel", "enable_compiled_autograd")},
+}  # fmt: skip
+#: the engine profile (cost_models.engine_profiles) of the newest torchtitan that wrote the legacy layouts
+LEGACY_PROFILE = "torchtitan-2024.12"
 KNOWN = {
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param", "dtype",
-                 "disable_cuda_graphs"},
+                 "disable_cuda_graphs", "compile"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
                     "enable_sequence_parallel", "pipeline_parallel_degree", "pipeline_parallel_schedule",
                     "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
                     "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
-                    "context_parallel_degree", "expert_parallel_degree"},
+                    "context_parallel_degree", "expert_parallel_degree", "pipeline_parallel_microbatches",
+                    "pipeline_parallel_split_points"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
-    "model": {"converters"},
+    "model": {"converters", "norm_type"},
+    "float8": {"enable_float8_linear"},
+    "compile": {"enable"},
 }  # fmt: skip
 IGNORED_SECTIONS = {"job", "metrics", "optimizer", "lr_scheduler", "checkpoint", "profiling", "profiler",
-                    "comm", "validator", "validation", "debug", "dataloader", "tokenizer", "loss", "compile"}
+                    "comm", "validator", "validation", "debug", "dataloader", "tokenizer", "loss",
+                    "memory_estimation", "fault_tolerance"}
 IGNORED_KEYS = {"training": {"steps", "max_norm", "dataset", "dataset_path", "gc_freq", "mixed_precision_reduce",
                              "warmup_steps", "seed"},
                 "model": {"name", "flavor", "hf_assets_path", "tokenizer_path"},
-                "parallelism": {"fsdp_reshard_after_forward", "context_parallel_load_balancer"},
-                "activation_checkpoint": {"preserve_rng_state"}}  # fmt: skip
+                "parallelism": {"fsdp_reshard_after_forward", "context_parallel_load_balancer", "disable_loss_parallel",
+                                "context_parallel_rotate_method", "enable_compiled_autograd"},
+                "activation_checkpoint": {"preserve_rng_state"},
+                "compile": {"components", "backend"}}  # fmt: skip
 
 
 def _dp_degrees(spec: EngineSpec, devices_per_node: int = 8) -> tuple[int, int]:
@@ -215,6 +243,7 @@ def parse(text: str, world_size: int | None = None, num_layers: int = 0) -> Impo
             d = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"not a torchtitan TOML job config: {e}") from e
+    d, moved = _current_layout(d)
     for sec, body in d.items():
         if sec in IGNORED_SECTIONS:
             ignored.append(f"[{sec}]")
@@ -254,13 +283,25 @@ def parse(text: str, world_size: int | None = None, num_layers: int = 0) -> Impo
     if per and pp > 1:
         if first or last:
             lps = tuple([int(per) - first] + [int(per)] * (pp * v - 2) + [int(per) - last])
+    points = par.get("pipeline_parallel_split_points") or []
+    if pp > 1 and points:  # <= 2025-04: stage boundaries by module name ("layers.4,layers.8")
+        v, lps = _split_points(points, pp, num_layers)
+    if pp > 1 and "pipeline_parallel_microbatches" in par:  # <= 2025-04: a count per local batch, not a size
+        n = int(par["pipeline_parallel_microbatches"])
+        if n < 1 or local % n:
+            raise ValueError(f"pipeline_parallel_microbatches {n} does not divide the local batch {local}")
+        mb = local // n
+    elif pp > 1 and moved and "pipeline_parallel_microbatch_size" not in par:
+        mb = max(1, local // pp)  # that layout's default: as many microbatches as pipeline ranks
     ac = d.get("activation_checkpoint", {})
     mode = str(ac.get("mode", "none"))
     if mode not in ("none", "selective", "full"):
         raise ValueError(f"activation_checkpoint.mode must be none, selective or full, got {mode!r}")
     option = str(ac.get("selective_ac_option", "op"))
     param = str(tr.get("mixed_precision_param", "bfloat16"))
-    dtype = "fp8" if "float8" in d.get("model", {}).get("converters", []) else {
+    float8 = "float8" in d.get("model", {}).get("converters", []) or bool(
+        d.get("float8", {}).get("enable_float8_linear", False))
+    dtype = "fp8" if float8 else {
         "bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(param, "bf16")
     spec = EngineSpec(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, virtual_stages=v,
@@ -269,10 +310,63 @@ def parse(text: str, world_size: int | None = None, num_layers: int = 0) -> Impo
         dp_kind=dp_kind, dtype=dtype, num_layers=sum(lps) if lps else num_layers, layers_per_stage=lps,
     )  # fmt: skip
     notes = []
+    profile, flags = _era(d, moved)
+    if profile:
+        notes.append(f"an earlier torchtitan layout ({', '.join(moved) or 'model.norm_type'}): read as today's "
+                     f"keys and costed with the conventions of {profile} (cost_models.engine_profiles)"
+                     + (f", run flags {', '.join(f'{k}={v}' for k, v in flags.items())}" if flags else ""))
     if mode == "selective" and option != "op":
         notes.append(f"selective_ac_option {option!r} (every {option}th block fully recomputed) costed as "
                      "op-level selective recompute")
     if sched == "interleaved-1f1b" and not (per and num_layers):
         notes.append("Interleaved1F1B: virtual stages per rank taken as 2 (torchtitan derives them from "
                      "pipeline_parallel_layers_per_stage and the model's layer count)")
-    return Imported(spec, unknown, ignored, notes)
+    return Imported(spec, unknown, ignored, notes, profile=profile, run_flags=flags)
+
+
+def _current_layout(d: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``d`` with every ``LEGACY`` key under today's name (a key given both ways: today's wins), and the
+    legacy keys found (``section.key``). An ``[experimental]`` section left empty is dropped."""
+    out = {sec: dict(body) if isinstance(body, dict) else body for sec, body in d.items()}
+    moved = []
+    for (sec, key), (new_sec, new_key) in LEGACY.items():
+        body = out.get(sec)
+        if isinstance(body, dict) and key in body:
+            moved.append(f"{sec}.{key}")
+            value = body.pop(key)
+            out.setdefault(new_sec, {}).setdefault(new_key, value)
+    if out.get("experimental") == {}:
+        del out["experimental"]
+    return out, moved
+
+
+def _era(d: dict[str, Any], moved: list[str]) -> tuple[str | None, dict[str, str]]:
+    """(engine profile, run flags) of a legacy layout; (None, {}) for today's (the installed profile).
+    ``norm_kernel``: ``model.norm_type`` other than "rmsnorm" (torchtitan's eager Python RMSNorm) or
+    ``torch.compile`` on (``training.compile`` / ``[compile] enable``) fuse the norm."""
+    legacy = bool(moved) or "norm_type" in d.get("model", {}) or "enable_float8_linear" in d.get("float8", {})
+    compiled = bool(d.get("training", {}).get("compile", False)) or bool(d.get("compile", {}).get("enable", False))
+    if not legacy:
+        return None, {}
+    norm = str(d.get("model", {}).get("norm_type", "rmsnorm"))
+    return LEGACY_PROFILE, ({"norm_kernel": "fused"} if compiled or norm != "rmsnorm" else {})
+
+
+def _split_points(points: Any, pp: int, num_layers: int) -> tuple[int, tuple[int, ...]]:
+    """(stages per rank, blocks per stage) from torchtitan's ``pipeline_parallel_split_points``
+    ("layers.4,layers.8" or a list: the first block of every stage after the first)."""
+    names = points.split(",") if isinstance(points, str) else [str(p) for p in points]
+    stages = len(names) + 1
+    if stages % pp:
+        raise ValueError(f"pipeline_parallel_split_points gives {stages} stages, not a multiple of "
+                         f"pipeline_parallel_degree {pp}")
+    cuts = []
+    for n in names:
+        tail = n.strip().rsplit(".", 1)[-1]
+        if not tail.isdigit():
+            return stages // pp, ()  # not a block index: stage sizes from the engine's split rule
+        cuts.append(int(tail))
+    bounds = [0, *cuts, num_layers]
+    if not num_layers or any(b <= a for a, b in zip(bounds, bounds[1:])):
+        return stages // pp, ()
+    return stages // pp, tuple(b - a for a, b in zip(bounds, bounds[1:]))
