@@ -97,6 +97,8 @@ def test_check_plan_refusals_come_from_the_launcher(tmp_path, capsys, launched) 
     plan = _plan(tmp_path, "mlp", dtype="fp8")
     err = _refused(["run", plan, "--model", "mlp"], capsys, launched)
     assert "fp8" in err and "not executed by the meshplan runtime" in err
+    err = _refused(["run", plan, "--model", "mlp", "--build", "host"], capsys, launched)  # checked on meta all the same
+    assert "not executed by the meshplan runtime" in err
 
 
 def test_seq_past_the_models_maximum_is_refused(tmp_path, capsys, launched) -> None:

@@ -137,8 +137,10 @@ def check_devices(args: argparse.Namespace, plan: Any, launch: Any = None,
 def check_model_plan(args: argparse.Namespace, plan: Any) -> None:
     """Build ``--model`` on the meta device and make the checks each rank makes before its process group.
 
-    A quantized plan (or ``--build host``) runs on host-built models: only the fingerprint, inputs and
-    vocabulary are checked here, and a model whose meta build or meta check fails is left to the ranks."""
+    ``check_plan`` runs on the meta build for every plan but a quantized one (its checks need the weights'
+    values); synthetic data is checked when the ranks build on meta too (the default). A model whose meta
+    build fails is refused when the ranks would build it on meta, else left to them; a check that fails
+    on the meta device only (not a refusal) is left to the ranks."""
     from meshplan.fingerprint import check_plan_model
     from meshplan.models import load_model
     from meshplan.runtime.apply.checks import MetaBuildRefused, check_plan
@@ -168,12 +170,12 @@ def check_model_plan(args: argparse.Namespace, plan: Any) -> None:
         from meshplan.tokenfile import read_meta
 
         check_token_ids(read_meta(data).max_token_id, model_vocab(model), data)
-    if not on_meta:
-        return
-    if not data:
+    if on_meta and not data:  # what the ranks draw their batches from, on the model they build
         from meshplan.runtime.loop.synthetic import synthetic_data
 
         synthetic_data(model, example, getattr(args, "seed", 0))
+    if plan.quantization.mode != "none":
+        return  # check_plan wants the weights' values for a quantized plan: the ranks check it on the host
     try:  # without the graph capture (seconds for an HF model under pp): the ranks check what needs it
         check_plan(model, plan, example, getattr(args, "dtype", "plan"), capture=False)
     except MetaBuildRefused:
