@@ -63,6 +63,7 @@ def test_autoparallel_dtype_auto_and_qlora_rank(gpt_tiny_graph) -> None:
     ({"target": "megatron", "recompute": ["op"]}, "not one megatron runs"),
     ({"fixed": {"tpp": 2}}, "unknown keys"),
     ({"fixed": [("tp", 2)]}, "fixed must be a dict of pins"),
+    ({"recompute": "full"}, r"recompute is the list of choices .* fixed=\{'recompute': 'full'\}"),
 ])  # fmt: skip
 def test_autoparallel_refuses_bad_arguments_before_tracing(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):

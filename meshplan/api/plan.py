@@ -166,6 +166,10 @@ def plan_request(
         spec = memory_limited(spec, parse_size(memory_limit))
     if fixed is not None and not isinstance(fixed, Mapping):
         raise ValueError(f"fixed must be a dict of pins, e.g. {{'tp': 2, 'schedule': '1f1b'}}; got {type(fixed).__name__}")
+    for key, given in (("recompute", recompute), ("schedules", schedules)):
+        if isinstance(given, str):
+            raise ValueError(f"{key} is the list of choices the search may use, e.g. {key}=[{given!r}]; to pin one, "
+                             f"fixed={{{'recompute' if key == 'recompute' else 'schedule'!r}: {given!r}}}")  # fmt: skip
     f = dict(fixed or {})
     limits: dict[str, Any] = {}
     if target in CAPS:  # the engine's schedules, DP kinds, recompute kinds and stage-split rule
@@ -180,12 +184,12 @@ def plan_request(
     else:
         limits = {k: tuple(v) for k, v in (("recompute", recompute), ("schedules", schedules)) if v}
     spec = check_request(world_size, spec, global_batch_size, f, limits.get("recompute"), limits.get("schedules"))[1]
+    q_mode = quantization.mode if isinstance(quantization, Quantization) else quantization
     dtypes = dtype_candidates(dtype, spec, target)
-    if dtype == "auto" and quantization not in (None, "none"):
+    if dtype == "auto" and q_mode not in (None, "none"):
         dtypes = ("bf16",)  # float8 training converts plain linears only (no QAT/QLoRA)
     if not dtypes:
         raise ValueError(f"dtype auto: no training dtype {target} runs on {spec.name}")
-    q_mode = quantization.mode if isinstance(quantization, Quantization) else quantization
     if lora_rank is not None and q_mode != "qlora":
         raise ValueError("--lora-rank applies to --quantization qlora only (Python: lora_rank with quantization=\"qlora\")")
     q = resolve_quantization(quantization, lora_rank)
