@@ -91,7 +91,7 @@ def hand_loop(model: torch.nn.Module, compile_blocks: bool) -> Any:
 def runtime_loop(model: torch.nn.Module, preset: str, batch: int, seq: int, compile_blocks: bool) -> tuple[Any, Any]:
     from meshplan.api.plan import estimate
     from meshplan.runtime.apply.api import apply_plan
-    from meshplan.runtime.loop.optim import make_optimizer
+    from meshplan.runtime.apply.optim import make_optimizer
 
     ex = (torch.zeros(1, seq, dtype=torch.long),)
     plan = estimate(model, 1, tp=1, pp=1, dp=1, num_microbatches=1, global_batch_size=batch, seq_len=seq,

@@ -42,7 +42,7 @@ def _rank(rank: int, world: int, port: int, a: Any, q: Any) -> None:
     from meshplan.models.init_tape import InitTape
     from meshplan.runtime.apply import handplan
     from meshplan.runtime.apply.api import apply_plan
-    from meshplan.runtime.loop.optim import make_optimizer
+    from meshplan.runtime.apply.optim import make_optimizer
     from meshplan.runtime.loop.train import default_loss
 
     out: dict[str, Any] = {"rank": rank}

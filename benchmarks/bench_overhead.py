@@ -60,7 +60,7 @@ class _Stage1(nn.Module):
 
 
 def _opt(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    from meshplan.runtime.loop.optim import make_optimizer  # AdamW foreach, DTensors in their own group
+    from meshplan.runtime.apply.optim import make_optimizer  # AdamW foreach, DTensors in their own group
 
     return make_optimizer("adamw", 1e-4)(params)
 

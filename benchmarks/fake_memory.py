@@ -213,8 +213,8 @@ def measure(
     """Peak live bytes of ``rank`` over ``steps`` training steps of ``plan`` (fake tensors), and
     the plan's prediction for that rank's pipeline stage. ``build()`` makes the fp32 model."""
     from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.apply.optim import make_optimizer
     from meshplan.runtime.apply.precision import resolve_precision
-    from meshplan.runtime.loop.optim import make_optimizer
 
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -12,7 +12,7 @@ import torch
 
 
 def _factory(name: str) -> Any:
-    from meshplan.runtime.loop.optim import make_optimizer
+    from meshplan.runtime.apply.optim import make_optimizer
 
     return rc.opt_factory if name == "sgd" else make_optimizer(name, 1e-3)
 
@@ -117,8 +117,8 @@ def resume_lr_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[flo
 
     from meshplan.runtime.apply import handplan
     from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.apply.optim import lr_at, make_optimizer
     from meshplan.runtime.checkpoint import dcp as checkpoint
-    from meshplan.runtime.loop.optim import lr_at, make_optimizer
 
     data = rc.batches(4)
     out: dict[str, list[float]] = {"first": [], "resumed": []}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from meshplan.runtime.checkpoint import files as cf
+from meshplan.runtime.weights import files as cf
 
 
 def _ckpt(d, step: int, *, manifest: bool = True, tmp: bool = False):

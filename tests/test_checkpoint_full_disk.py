@@ -19,7 +19,7 @@ def full_disk_worker(rank: int, world: int, ckpt_dir: str) -> dict:
     from meshplan.runtime.apply import handplan
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.checkpoint import dcp as checkpoint
-    from meshplan.runtime.checkpoint.files import CheckpointError
+    from meshplan.runtime.weights.files import CheckpointError
 
     data = rc.batches(3)
     model = rc.tiny_gpt()

@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from meshplan.runtime.checkpoint import files as cf
 from meshplan.runtime.checkpoint import space
 from meshplan.runtime.loop.faults import DataChangedError, OomFacts, replan_limit_bytes, requested_bytes
 from meshplan.runtime.loop.watchdog import FAULT_EXIT, Watchdog, default_timeout_s, ranks_text
+from meshplan.runtime.weights import files as cf
 from meshplan.stragglers import find_stragglers, spread_text
 from meshplan.tokenfile import FileIdentity, file_change
 
@@ -233,8 +233,8 @@ def test_flags_reach_the_workers_and_sizes_parse(tmp_path, capsys) -> None:
 def test_explain_maps_each_fault_to_its_kind() -> None:
     from types import SimpleNamespace
 
-    from meshplan.runtime.checkpoint.files import CheckpointError
     from meshplan.runtime.loop.faults import explain
+    from meshplan.runtime.weights.files import CheckpointError
 
     plan = SimpleNamespace(predicted=SimpleNamespace(peak_mem_bytes=[2**30, 2**30]), world_size=4,
                            cluster={"mem_bytes": 8 * 2**30, "mem_reserved_bytes": 0})

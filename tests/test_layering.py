@@ -166,13 +166,7 @@ def test_no_folder_loop() -> None:
 #: Loops between the folders (and modules) inside one package that are known and not cut yet, each
 #: with what would cut it. test_no_subfolder_loop fails on any other loop and on an entry here that
 #: no longer loops (then delete it).
-KNOWN_SUBFOLDER_LOOPS: dict[tuple[str, ...], str] = {
-    ("runtime.apply", "runtime.checkpoint", "runtime.loop"): (
-        "apply -> loop.optim (ParallelModel steps the optimizer) and apply -> checkpoint.pretrained "
-        "(initial weights), while checkpoint.dcp -> apply (it saves a ParallelModel, with zero1's state "
-        "views); cut: optim.py into apply/, and checkpoint/ split into what apply reads (files, "
-        "pretrained) below apply and DCP save/load of a ParallelModel above it"),
-}
+KNOWN_SUBFOLDER_LOOPS: dict[tuple[str, ...], str] = {}
 
 
 def _subfolder_edges(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:

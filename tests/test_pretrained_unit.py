@@ -9,7 +9,7 @@ from torch import nn
 
 from meshplan.models.hf import hf_gpt2
 from meshplan.runtime.apply import split, tp
-from meshplan.runtime.checkpoint.pretrained import load_pretrained
+from meshplan.runtime.weights.pretrained import load_pretrained
 
 KW = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=64, n_positions=16)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshplan.runtime.checkpoint import files as cf
 from meshplan.runtime.launch.supervise import tagged_pids
+from meshplan.runtime.weights import files as cf
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 HERE = Path(__file__).parent

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.runtime.checkpoint import files as cf
+from meshplan.runtime.weights import files as cf
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

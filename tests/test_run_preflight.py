@@ -139,7 +139,7 @@ def test_init_from_names_and_shapes_are_checked_in_the_launcher(tmp_path, capsys
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
 
-    from meshplan.runtime.checkpoint.pretrained import check_pretrained, load_pretrained
+    from meshplan.runtime.weights.pretrained import check_pretrained, load_pretrained
 
     plan = _plan(tmp_path, "mlp")
     state = {k: v.contiguous() for k, v in load_model("mlp").model.state_dict().items()}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.runtime.checkpoint import files as cf
 from meshplan.runtime.launch.supervise import tagged_pids
+from meshplan.runtime.weights import files as cf
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -121,7 +121,7 @@ class TestFourRanks:
 
 
 def test_lr_schedule() -> None:
-    from meshplan.runtime.loop.optim import lr_at
+    from meshplan.runtime.apply.optim import lr_at
 
     assert [lr_at(s, lr=1.0) for s in (1, 5)] == [1.0, 1.0]
     assert [lr_at(s, lr=1.0, warmup_steps=4) for s in (1, 2, 4, 5)] == [0.25, 0.5, 1.0, 1.0]
@@ -136,7 +136,7 @@ def test_lr_schedule() -> None:
 
 
 def test_optimizer_factory_uses_multi_tensor_kernels() -> None:
-    from meshplan.runtime.loop.optim import make_optimizer
+    from meshplan.runtime.apply.optim import make_optimizer
 
     p = [torch.nn.Parameter(torch.ones(3))]
     opt = make_optimizer("adamw", 1e-3)(p)
@@ -146,7 +146,7 @@ def test_optimizer_factory_uses_multi_tensor_kernels() -> None:
 
 
 def test_clip_grad_norm_one_process_matches_torch() -> None:
-    from meshplan.runtime.loop.optim import clip_grad_norm
+    from meshplan.runtime.apply.optim import clip_grad_norm
 
     torch.manual_seed(0)
     a = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(3, 2))]
@@ -181,7 +181,7 @@ def test_resume_continues_the_schedule_at_the_new_lr(tmp_path) -> None:
     import precision_cases as pc
     from dist_utils import run_ranks
 
-    from meshplan.runtime.loop.optim import lr_at
+    from meshplan.runtime.apply.optim import lr_at
 
     out = run_ranks(pc.resume_lr_worker, 1, str(tmp_path / "ck"))[0]
     kw = dict(schedule="cosine", warmup_steps=2, total_steps=4)

@@ -9,7 +9,7 @@ import torch
 
 
 def adamw(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    from meshplan.runtime.loop.optim import make_optimizer
+    from meshplan.runtime.apply.optim import make_optimizer
 
     return make_optimizer("adamw", 1e-2, weight_decay=0.1)(params)
 

@@ -16,7 +16,7 @@ printed by the CLI).
 - the plan against the model (``check_model_plan``): ``--model`` is built on the meta device (no
   memory) and meets the same checks every rank makes before its process group: the plan's model
   fingerprint (``fingerprint.check_plan_model``), ``--init-from``'s tensor names and shapes
-  (``checkpoint.pretrained.check_pretrained``), example inputs, synthetic data, the token file's
+  (``weights.pretrained.check_pretrained``), example inputs, synthetic data, the token file's
   ids against the vocabulary, and ``runtime.apply.checks.check_plan`` (every refusal of the plan on
   this model but those that read the captured graph: pp stage rules, the vocabulary-parallel head;
   the ranks make those). One function each, shared with the ranks, not a copy.
@@ -91,7 +91,7 @@ def preflight(args: argparse.Namespace, plan: Any, launch: Any = None,
     if getattr(args, "checkpoint_dir", None):
         check_writable(Path(args.checkpoint_dir), "--checkpoint-dir")
     if getattr(args, "resume", False):
-        from meshplan.runtime.checkpoint.files import newest_complete
+        from meshplan.runtime.weights.files import newest_complete
 
         if not args.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir")
@@ -160,7 +160,7 @@ def check_model_plan(args: argparse.Namespace, plan: Any) -> None:
     model = spec.model
     check_plan_model(plan, model, args.model)
     if getattr(args, "init_from", None):  # names and shapes from the files' headers, no tensor read
-        from meshplan.runtime.checkpoint.pretrained import check_pretrained
+        from meshplan.runtime.weights.pretrained import check_pretrained
 
         check_pretrained(model, args.init_from)
     example = run_example(model, spec.example_inputs, getattr(args, "input_shape", None), args.model)

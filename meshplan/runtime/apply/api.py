@@ -31,9 +31,9 @@ from meshplan.runtime.apply.parallel_model import ParallelModel
 from meshplan.runtime.apply.stage_params import tie_groups, unique_params
 from meshplan.runtime.apply.steps import STEPS, ApplyState, MetaBuild
 from meshplan.runtime.apply.zero1 import zero1_optimizer
-from meshplan.runtime.checkpoint.pretrained import load_pretrained
 from meshplan.runtime.launch.dist import RuntimeEnv, check_launch, init_runtime
 from meshplan.runtime.launch.host_memory import return_freed_memory
+from meshplan.runtime.weights.pretrained import load_pretrained
 
 __all__ = ["ParallelModel", "apply_plan"]
 
@@ -63,7 +63,7 @@ def apply_plan(
     ``sync_batchnorm`` (dp > 1) reduces BatchNorm statistics over the dp group (``runtime.apply.sync_batchnorm``;
     False keeps per-rank statistics, with a warning);
     ``init_from``: pretrained weights (a Hugging Face safetensors directory or a meshplan/DCP
-    checkpoint, ``runtime.checkpoint.pretrained``), each rank reading the shards it holds once the plan is
+    checkpoint, ``runtime.weights.pretrained``), each rank reading the shards it holds once the plan is
     applied; under quantization they are read into the whole host model before it is applied.
 
     A model built on the meta device (``load_model(spec, device="meta", tape=tape)``) is applied

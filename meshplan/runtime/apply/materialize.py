@@ -7,7 +7,7 @@ values yet. ``materialize`` then allocates what this rank holds (``nn.Module.to_
 * from the model's own construction (``InitTape.replay``: the constructor's ops re-run on CPU one
   tensor at a time from the seed it was built with; each full tensor is cut to this rank's shard
   as it is finished and dropped), so every value equals the host-built model's for the same seed;
-* or from ``init_from`` (pretrained weights: ``runtime.checkpoint.pretrained.load_pretrained``).
+* or from ``init_from`` (pretrained weights: ``runtime.weights.pretrained.load_pretrained``).
 
 A shard is found from the tensor itself: a DTensor (TP, FSDP2) by its mesh and placements
 (``distribute_tensor`` with no broadcast: every rank has the same full value), an expert slice by

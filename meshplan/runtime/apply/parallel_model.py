@@ -29,14 +29,13 @@ from meshplan.calls import split_inputs
 from meshplan.plan import Plan
 from meshplan.runtime.apply import data_parallel as dpmod
 from meshplan.runtime.apply import loss_parallel as lpmod
+from meshplan.runtime.apply import optim, recompute
 from meshplan.runtime.apply import precision as prec
-from meshplan.runtime.apply import recompute
 from meshplan.runtime.apply.epcp import EPCPState
 from meshplan.runtime.apply.grad_sync import BucketedGradSync
 from meshplan.runtime.apply.stage_params import Tie, merge_modules, unique_params
 from meshplan.runtime.launch import collectives
 from meshplan.runtime.launch.dist import RuntimeEnv
-from meshplan.runtime.loop import optim
 from meshplan.runtime.record.phases import PhaseSpans
 
 
@@ -70,7 +69,7 @@ class ParallelModel:
     sync_counter: dpmod.SyncCounter = field(default_factory=dpmod.SyncCounter)
     grad_sync_collectives: int = 0  # gradient-reducing collective calls counted in the last step
     grad_sync_bytes: int = 0  # bytes those collectives reduced (counted), last step
-    max_grad_norm: float | None = None  # clip the global gradient norm to this (runtime.loop.optim); None: no clipping
+    max_grad_norm: float | None = None  # clip the global gradient norm to this (runtime.apply.optim); None: no clipping
     lr_fn: Callable[[int], float] | None = None  # 1-based step -> learning rate; None: the optimizer's own
     last_grad_norm: float | None = None  # global gradient norm before clipping, last step
     loss_parallel: bool = False  # the LM head's output is vocabulary-sharded: loss under loss_parallel()

@@ -280,7 +280,7 @@ def apply_materialize(s: ApplyState) -> list[str]:
     transposed = [f"{m}.weight" for m in c.conv]
     rows = s.ecs.expert_rows if s.ecs is not None else {}
     if s.meta.init_from is not None:  # buffers (rotary tables, masks) from the constructor, weights from the file
-        from meshplan.runtime.checkpoint.pretrained import load_pretrained
+        from meshplan.runtime.weights.pretrained import load_pretrained
 
         mat.fill_from_tape(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows, buffers_only=True)
         return [load_pretrained(merge_modules(s.roots), s.meta.init_from, tied=c.tied, transposed=transposed)

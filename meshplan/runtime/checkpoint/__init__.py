@@ -1,3 +1,4 @@
-"""Checkpoints: DCP save/load (``dcp``), the checkpoint directory's files (``files``), and
-pretrained weights read into this rank's shards (``pretrained``: HF safetensors or a DCP checkpoint).
+"""Checkpoints of a ParallelModel (above ``apply``): DCP save/load (``dcp``, with zero1's state views)
+and a save that failed for want of disk space (``space``). The checkpoint directory's files and
+their checksums, and pretrained weights, are ``runtime/weights`` (below ``apply``).
 """

@@ -3,7 +3,7 @@
 Layout: ``<dir>/step-000012/`` holds one DCP checkpoint with ``{"model": ..., "optim": ...}``
 keyed by the model's original FQNs (``get_model_state_dict`` / ``get_optimizer_state_dict`` on a
 module tree that carries the user's names, see ``ParallelModel.container``) plus the manifest
-``meshplan.json`` (step, plan, model fingerprint, sha256 per file; see ``checkpoint_files``).
+``meshplan.json`` (step, plan, model fingerprint, sha256 per file; see ``runtime/weights/files.py``).
 
 Saving is atomic: DCP writes into ``<dir>/.tmp-step-000012/``, every rank hashes a share of the
 files, rank 0 writes the manifest and renames the directory to ``step-000012`` only when all ranks
@@ -36,9 +36,11 @@ from torch.distributed.tensor import DTensor
 
 from meshplan.errors import NonFiniteError
 from meshplan.runtime.apply.zero1 import load_view, state_view
-from meshplan.runtime.checkpoint import files, space
-from meshplan.runtime.checkpoint.files import CheckpointError, newest_complete, read_manifest
+from meshplan.runtime.checkpoint import space
 from meshplan.runtime.launch import collectives
+from meshplan.runtime.weights import files
+from meshplan.runtime.weights.files import CheckpointError, newest_complete, read_manifest
+from meshplan.runtime.weights.verify import verify
 
 __all__ = ["CheckpointError", "DEFAULT_KEEP", "latest", "load", "model_fingerprint", "newest_complete",
            "read_manifest", "save"]
@@ -200,28 +202,6 @@ def _unwritten(d: Path, tmp: Path, name: str, exc: BaseException, state: Mapping
 def latest(directory: str | Path) -> Path | None:
     """The newest complete checkpoint under ``directory``, or None (see ``newest_complete``)."""
     return newest_complete(directory)
-
-
-def verify(path: str | Path, manifest: Mapping[str, Any] | None = None) -> None:
-    """Check every file of checkpoint ``path`` against its manifest's sha256; collective when a group exists."""
-    path = Path(path)
-    m = manifest if manifest is not None else read_manifest(path)
-    expected = m.get("files")
-    if expected is None:
-        return  # a pre-manifest checkpoint: nothing to verify against
-    names = sorted(expected)
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    problems = files.verify_files(path, expected, names[rank::world])
-    if dist.is_initialized():
-        problems = [p for part in _agree(problems) for p in part]
-    unknown = sorted(set(files.data_files(path)) - set(expected))
-    problems += [f"file {n} is not in the manifest" for n in unknown[:3]]
-    if problems:
-        raise CheckpointError(
-            f"checkpoint {path} is damaged: {'; '.join(problems[:3])}"
-            f"{f' (+{len(problems) - 3} more)' if len(problems) > 3 else ''}; "
-            f"delete it to resume from an older checkpoint"
-        )
 
 
 def load(pm: ParallelModel, path: str | Path) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from meshplan.runtime.checkpoint import files
+from meshplan.runtime.weights import files
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 

@@ -173,7 +173,7 @@ def oom_facts(exc: BaseException, *, rank: int, step: int, phase: str, plan: obj
 def explain(exc: BaseException, *, rank: int, step: int, phase: str, plan: object, pp_rank: int,
             model: str) -> tuple[str, str] | None:
     """(fault kind, the one message) for a fault meshplan can explain, else None."""
-    from meshplan.runtime.checkpoint.files import CheckpointError
+    from meshplan.runtime.weights.files import CheckpointError
 
     if is_oom(exc):
         return "oom", oom_facts(exc, rank=rank, step=step, phase=phase, plan=plan, pp_rank=pp_rank,

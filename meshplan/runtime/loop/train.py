@@ -114,12 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.models.init_tape import InitTape
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.apply.checks import MetaBuildRefused
+    from meshplan.runtime.apply.optim import lr_at, make_optimizer
     from meshplan.runtime.checkpoint import dcp as checkpoint
     from meshplan.runtime.launch.dist import check_launch
     from meshplan.runtime.launch.host_memory import return_freed_memory
     from meshplan.runtime.loop import data, faults
     from meshplan.runtime.loop.guard import NonFiniteGuard
-    from meshplan.runtime.loop.optim import lr_at, make_optimizer
     from meshplan.runtime.loop.synthetic import synthetic_data
     from meshplan.runtime.loop.watchdog import Watchdog, default_timeout_s
     from meshplan.runtime.record.comparable import local_device, not_comparable_reason

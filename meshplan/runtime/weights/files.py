@@ -1,6 +1,6 @@
 """The files of a checkpoint directory: names, manifest, checksums, "newest complete", pruning.
 
-No torch and no collectives here (``dcp.py`` drives them); everything is plain files:
+No torch and no collectives here (``runtime/checkpoint/dcp.py`` and ``verify.py`` drive them); everything is plain files:
 
 - ``<dir>/step-000012/`` is a COMPLETE checkpoint: it only ever appears under this name by an
   atomic ``os.rename`` of ``<dir>/.tmp-step-000012/`` after every rank finished writing and the

@@ -191,7 +191,7 @@ def _load_hf(state: dict[str, Any], path: Path, tied: Sequence[tuple[str, ...]],
 
 def _dcp_dir(path: Path) -> Path:
     """A DCP checkpoint directory: ``path`` itself, or the newest complete step of a --checkpoint-dir."""
-    from meshplan.runtime.checkpoint.files import newest_complete
+    from meshplan.runtime.weights.files import newest_complete
 
     if (path / ".metadata").is_file():
         return path
@@ -206,13 +206,13 @@ def _load_dcp(state: dict[str, Any], path: Path, buffers: set[str]) -> str:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    from meshplan.runtime.checkpoint import dcp as checkpoint
+    from meshplan.runtime.weights.verify import verify
 
     d = _dcp_dir(path)
     meta = FileSystemReader(str(d)).read_metadata().state_dict_metadata
     nested = any(k.startswith("model.") for k in meta) and not any(k in meta for k in state)
     if (d / "meshplan.json").is_file():
-        checkpoint.verify(d)  # checksums of every file
+        verify(d)  # checksums of every file
     prefix = "model." if nested else ""
     _dcp_shapes(d, {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)},
                 {k: tuple(getattr(m, "size", ())) for k, m in meta.items()}, prefix, buffers)
