@@ -1,7 +1,8 @@
 """Dependency direction (DESIGN.md): planning code never imports torch; runtime never imports planner;
 nothing below the CLI (cli.py, commands/) imports it; the packages and top-level modules of meshplan/
 stand in the layers of ``LAYERS`` and import only from layers below (no arrow back up, no folder
-loop; import cycles between files: tests/test_import_cycles.py); the runtime reaches tracing through
+loop, none inside a package either; the folders of meshplan/runtime/ in the order of
+``RUNTIME_LAYERS``; import cycles between files: tests/test_import_cycles.py); the runtime reaches tracing through
 ``meshplan.trace`` only; no module imports another module's ``_private`` names."""
 
 from __future__ import annotations
@@ -163,10 +164,17 @@ def test_no_folder_loop() -> None:
     assert not found, "folders of meshplan/ importing each other: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-#: Loops between the folders (and modules) inside one package that are known and not cut yet, each
-#: with what would cut it. test_no_subfolder_loop fails on any other loop and on an entry here that
-#: no longer loops (then delete it).
-KNOWN_SUBFOLDER_LOOPS: dict[tuple[str, ...], str] = {}
+#: The folders of meshplan/runtime/, lowest first (the runtime package docstring and
+#: docs/architecture.md give the same order): a folder imports only from folders of a lower layer.
+#: ``weights`` (pretrained weights, checkpoint files) sits below ``apply``, which reads initial
+#: weights; ``checkpoint`` (DCP save/load of a ParallelModel) above it.
+RUNTIME_LAYERS: list[tuple[str, ...]] = [
+    ("launch",),
+    ("record", "weights"),
+    ("apply",),
+    ("checkpoint",),
+    ("loop",),
+]
 
 
 def _subfolder_edges(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
@@ -186,17 +194,24 @@ def _subfolder_edges(graph: dict[str, set[str]], package: str) -> dict[str, set[
 
 
 def test_no_subfolder_loop() -> None:
-    """No loop between the folders of one package either (``runtime/apply`` <-> ``runtime/loop``), but
-    the ones listed, with their cut, in ``KNOWN_SUBFOLDER_LOOPS``."""
+    """No loop between the folders (and modules) of one package either (``runtime/apply`` <->
+    ``runtime/loop``): none is excepted."""
     from test_import_cycles import cycles, import_graph
 
     graph = import_graph()
     packages = sorted({m.rsplit(".", 1)[0] for m in graph if m.count(".") >= 2})
-    found = {tuple(c) for p in packages for c in cycles(_subfolder_edges(graph, p))}
-    new = sorted(found - set(KNOWN_SUBFOLDER_LOOPS))
-    assert not new, "folders of one package importing each other: " + "; ".join(" <-> ".join(c) for c in new)
-    gone = sorted(set(KNOWN_SUBFOLDER_LOOPS) - found)
-    assert not gone, f"no longer a loop, delete from KNOWN_SUBFOLDER_LOOPS: {gone}"
+    found = sorted({tuple(c) for p in packages for c in cycles(_subfolder_edges(graph, p))})
+    assert not found, "folders of one package importing each other: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_runtime_folders_import_only_downward() -> None:
+    """Inside meshplan/runtime/, a folder imports only from the folders below it in ``RUNTIME_LAYERS``."""
+    from test_import_cycles import import_graph
+
+    edges = {a.removeprefix("runtime."): {b.removeprefix("runtime.") for b in bs}
+             for a, bs in _subfolder_edges(import_graph(), "meshplan.runtime").items()}
+    bad = _back_arrows(edges, RUNTIME_LAYERS)
+    assert not bad, "runtime folders importing against RUNTIME_LAYERS: " + "; ".join(bad)
 
 
 def test_layer_checks_can_fail() -> None:
@@ -208,6 +223,13 @@ def test_layer_checks_can_fail() -> None:
     assert _back_arrows({"c": {"d"}}, layers) == ["c -> d"]  # one layer importing itself sideways
     assert _back_arrows({"e": {"a"}}, layers)[0].startswith("e: not in LAYERS")
     assert cycles({"models": {"trace"}, "trace": {"tracing"}, "tracing": {"models"}}) == [["models", "trace", "tracing"]]
+    graph = {"meshplan.runtime.apply.api": {"meshplan.runtime.loop.optim", "meshplan.runtime.apply.steps"},
+             "meshplan.runtime.loop.train": {"meshplan.runtime.apply.api"}, "meshplan.runtime": set()}
+    sub = _subfolder_edges(graph, "meshplan.runtime")  # the loop this test once listed as known
+    assert sub == {"runtime.apply": {"runtime.loop"}, "runtime.loop": {"runtime.apply"}}, sub
+    assert cycles(sub) == [["runtime.apply", "runtime.loop"]]
+    assert _back_arrows({"apply": {"loop", "weights"}, "weights": {"record"}}, RUNTIME_LAYERS) == [
+        "apply -> loop", "weights -> record"]
 
 
 def test_runtime_uses_the_public_tracing_api() -> None:
