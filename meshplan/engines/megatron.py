@@ -5,6 +5,14 @@ of a spec (``--expert-tensor-parallel-size 1`` for MoE parallel folding); the da
 as world / (tp * pp * cp)). Import reads them back (``--num-layers-per-virtual-pipeline-stage``
 too) with the world size given; model-shape and optimizer flags are listed as ignored, anything
 else as unknown. No torch import.
+
+Arguments of earlier Megatron-LM versions, as the published scripts of their time wrote them, are read
+too (``LEGACY_VALUES`` / ``LEGACY_FLAGS``, each with the Megatron-LM commit that retired it):
+``--model-parallel-size`` and ``--batch-size`` (2020), ``--checkpoint-activations`` with
+``--checkpoint-num-layers`` and ``--activations-checkpoint-method`` (full recomputation, 2019-2022),
+``--fp8-hybrid`` / ``--fp8-e4m3`` (2023), ``--DDP-impl`` (a run flag of the engine profile, to 2023).
+Such arguments are costed with the conventions of the Megatron-LM of their era (``Imported.profile``),
+not with the installed Megatron-Core's; the estimate says so.
 """
 
 from __future__ import annotations
@@ -23,7 +31,24 @@ VALUE_ARGS = {
     "--num-layers", "--fp8-format", "--expert-tensor-parallel-size",
 }  # fmt: skip
 FLAG_ARGS = {"--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16",
-             "--overlap-grad-reduce", "--overlap-param-gather"}  # fmt: skip
+             "--overlap-grad-reduce", "--overlap-param-gather", "--recompute-activations"}  # fmt: skip
+#: retired value arguments -> (today's argument or "", the engine profile of their era); Megatron-LM commits:
+#: 9019bbf/2623551 (2020-12: --batch-size -> --micro-batch-size, --model-parallel-size ->
+#: --tensor-model-parallel-size), c1e0689..cfd2e21 (2021-08..2022-04: --activations-checkpoint-*,
+#: then --recompute-*), 1b7a383 (2023-08: fp8 arguments into --fp8-format), 3fb3e95 (2023-08: --DDP-impl)
+LEGACY_VALUES = {
+    "--model-parallel-size": ("--tensor-model-parallel-size", "megatron-lm-2020"),
+    "--batch-size": ("--micro-batch-size", "megatron-lm-2020"),
+    "--checkpoint-num-layers": ("", "megatron-lm-2021"),
+    "--activations-checkpoint-method": ("", "megatron-lm-2021"),
+    "--activations-checkpoint-num-layers": ("", "megatron-lm-2021"),
+    "--DDP-impl": ("", ""),
+}  # fmt: skip
+#: retired flags -> the engine profile of their era
+LEGACY_FLAGS = {"--checkpoint-activations": "megatron-lm-2021", "--fp8-hybrid": "megatron-core-2024",
+                "--fp8-e4m3": "megatron-core-2024"}  # fmt: skip
+#: newest first: the era a file's retired arguments put it in
+ERAS = ("megatron-core-2024", "megatron-lm-2021", "megatron-lm-2020")
 #: known, but the model comes from MODEL and the optimizer does not change the layout
 IGNORED = {"--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
            "--max-position-embeddings", "--lr", "--min-lr", "--train-iters", "--lr-decay-style", "--weight-decay",
@@ -38,7 +63,8 @@ IGNORED = {"--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num
            "--kv-channels", "--rotary-base", "--norm-epsilon", "--log-throughput", "--tensorboard-dir",
            "--wandb-project", "--exit-duration-in-mins", "--timing-log-level", "--overlap-p2p-communication",
            "--tp-comm-overlap", "--accumulate-allreduce-grads-in-fp32", "--use-rotary-position-embeddings",
-           "--no-position-embedding", "--apply-query-key-layer-scaling"}  # fmt: skip
+           "--no-position-embedding", "--apply-query-key-layer-scaling", "--loss-scale", "--initial-loss-scale",
+           "--min-loss-scale", "--loss-scale-window", "--hysteresis"}  # fmt: skip
 
 
 def export(spec: EngineSpec) -> str:
@@ -81,12 +107,20 @@ def parse(text: str, world_size: int) -> Imported:
     toks = shlex.split(" ".join(lines))
     vals: dict[str, str] = {}
     flags: set[str] = set()
+    legacy: dict[str, str] = {}
     unknown, ignored = [], []
     i = 0
     while i < len(toks):
         t = toks[i]
         key, _, inline = t.partition("=")
-        if key in VALUE_ARGS:
+        if key in LEGACY_VALUES and key not in VALUE_ARGS:
+            if not inline and i + 1 >= len(toks):
+                raise ValueError(f"megatron argument {key} needs a value")
+            legacy[key] = inline or toks[i + 1]
+            i += 0 if inline else 1
+        elif key in LEGACY_FLAGS:
+            legacy[key] = ""
+        elif key in VALUE_ARGS:
             if inline:
                 vals[key] = inline
             elif i + 1 < len(toks):
@@ -102,6 +136,17 @@ def parse(text: str, world_size: int) -> Imported:
         else:
             unknown.append(t)
         i += 1
+
+    for old, value in legacy.items():  # retired names: today's, unless the file also gives today's
+        new = LEGACY_VALUES.get(old, ("", ""))[0]
+        if new:
+            vals.setdefault(new, value)
+    if "--checkpoint-activations" in legacy or "--activations-checkpoint-method" in legacy:
+        vals.setdefault("--recompute-granularity", "full")  # Megatron-LM read them as full, uniform
+    if "--recompute-activations" in flags:
+        vals.setdefault("--recompute-granularity", "selective")
+    if "--fp8-hybrid" in legacy or "--fp8-e4m3" in legacy:
+        vals.setdefault("--fp8-format", "hybrid" if "--fp8-hybrid" in legacy else "e4m3")
 
     def num(k: str, d: int) -> int:
         try:
@@ -161,4 +206,17 @@ def parse(text: str, world_size: int) -> Imported:
              f"folding (each tp rank routes its 1/{tp} of the tokens over {ep} consecutive GPUs, expert gradients "
              "over the expert data-parallel group); meshplan's own plans are costed as its runtime runs EP "
              "(no folding)"] if folding else []
-    return Imported(spec, unknown, ignored, notes)
+    eras = {LEGACY_VALUES[k][1] if k in LEGACY_VALUES else LEGACY_FLAGS[k] for k in legacy} - {""}
+    profile = next((e for e in reversed(ERAS) if e in eras), None)  # the oldest era named decides
+    run_flags: dict[str, str] = {}
+    if "--DDP-impl" in legacy:
+        impl = legacy["--DDP-impl"]
+        if impl not in ("local", "torch"):
+            raise ValueError(f"--DDP-impl must be local or torch, got {impl!r}")
+        run_flags["ddp_impl"] = impl
+        profile = profile or "megatron-lm-2021"  # --DDP-impl left Megatron-LM in 2023-08 (3fb3e95)
+    if legacy:
+        notes.append(f"arguments of an earlier Megatron-LM ({', '.join(legacy)}): read as today's"
+                     + (f" and costed with the conventions of {profile} (cost_models.engine_profiles)" if profile else "")
+                     + (f", run flags {', '.join(f'{k}={v}' for k, v in run_flags.items())}" if run_flags else ""))
+    return Imported(spec, unknown, ignored, notes, profile=profile, run_flags=run_flags)

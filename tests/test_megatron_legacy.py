@@ -1,0 +1,57 @@
+"""Megatron-LM arguments of earlier versions, as the published scripts of their time wrote them.
+
+The SC'21 scripts (examples/sc21: ``--checkpoint-activations``, ``--DDP-impl``) and Megatron v1's
+(``--model-parallel-size``, ``--batch-size``) were read with those arguments unknown: no
+recomputation and a default microbatch, so runs that ran were costed as not fitting. They now read as
+the configuration they ran, costed with the conventions of their era."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.engines import megatron
+
+SC21 = ("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --micro-batch-size 2 "
+        "--global-batch-size 1536 --num-layers 80 --hidden-size 12288 --num-attention-heads 96 --DDP-impl local "
+        "--seq-length 2048 --max-position-embeddings 2048 --fp16 --loss-scale 8192 "
+        "--checkpoint-activations --num-layers-per-virtual-pipeline-stage 5")
+
+
+def test_sc21_script_reads_as_it_ran() -> None:
+    imp = megatron.parse(SC21, world_size=3072)
+    s = imp.spec
+    assert (s.tp, s.pp, s.dp, s.virtual_stages, s.schedule) == (8, 16, 24, 1, "1f1b")
+    assert (s.micro_batch_size, s.global_batch_size, s.recompute, s.dtype) == (2, 1536, "full", "fp16")
+    assert imp.unknown == []
+    assert (imp.profile, imp.run_flags) == ("megatron-lm-2021", {"ddp_impl": "local"})
+    assert any("--checkpoint-activations" in n and "megatron-lm-2021" in n for n in imp.notes)
+
+
+def test_interleaved_sc21_row() -> None:
+    s = megatron.parse(SC21.replace("--num-layers 80", "--num-layers 160").replace(
+        "--pipeline-model-parallel-size 16", "--pipeline-model-parallel-size 8"), world_size=1536).spec
+    assert (s.pp, s.virtual_stages, s.schedule) == (8, 4, "interleaved-1f1b")
+
+
+def test_megatron_v1_arguments() -> None:
+    imp = megatron.parse("--model-parallel-size 8 --batch-size 8 --checkpoint-activations --fp16 --num-layers 72",
+                         world_size=512)
+    assert (imp.spec.tp, imp.spec.dp, imp.spec.micro_batch_size, imp.spec.global_batch_size) == (8, 64, 8, 512)
+    assert imp.spec.recompute == "full" and imp.profile == "megatron-lm-2020"
+
+
+def test_todays_arguments_keep_the_installed_profile() -> None:
+    imp = megatron.parse("--tensor-model-parallel-size 2 --recompute-activations --bf16", world_size=8)
+    assert (imp.spec.recompute, imp.profile, imp.run_flags) == ("selective", None, {})
+    # today's name wins over a retired one given as well
+    assert megatron.parse("--tensor-model-parallel-size 2 --model-parallel-size 4", world_size=8).spec.tp == 2
+
+
+def test_fp8_arguments_of_2023() -> None:
+    imp = megatron.parse("--bf16 --fp8-hybrid --tensor-model-parallel-size 4", world_size=8)
+    assert (imp.spec.dtype, imp.profile) == ("fp8", "megatron-core-2024")
+
+
+def test_bad_ddp_impl() -> None:
+    with pytest.raises(ValueError, match="--DDP-impl must be local or torch"):
+        megatron.parse("--DDP-impl apex", world_size=8)
