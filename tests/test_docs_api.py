@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,4 +78,7 @@ def test_example_runs(name: str, code: str, tmp_path: Path, monkeypatch: pytest.
     finally:
         os.environ.clear()
         os.environ.update(environ)
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():  # an example that failed midway
+            dist.destroy_process_group()
     assert capsys.readouterr().out.strip() or "print(" not in code, "an example that prints printed nothing"
