@@ -125,6 +125,8 @@ def test_eval_every_needs_a_token_file(tmp_path, capsys, launched) -> None:
     (NodeDevices(gpus=4, cores=64), Launch(nproc_per_node=8, nnodes=2, rdzv_endpoint="h:1"), {},
      "--nproc-per-node 8: this node has 4 GPU(s), one rank each; use --nproc-per-node 4 (and --nnodes 4)"),
     (NodeDevices(gpus=4, cores=64), Launch(nproc_per_node=6), {}, "run it on 2 nodes of 3 ranks"),
+    (NodeDevices(gpus=4, cores=64), Launch(nproc_per_node=6, nnodes=2, rdzv_endpoint="h:1"), {},
+     "--nproc-per-node 6: this node has 4 GPU(s), one rank each; use --nproc-per-node 4 (and --nnodes 3)"),
     (CPU2, Launch(nproc_per_node=8, nnodes=8, rdzv_endpoint="h:1"), {}, "run it on 32 nodes of 2 ranks"),
 ])
 def test_fit_problem(node, launch, kw, want) -> None:

@@ -74,9 +74,10 @@ def fit_problem(world_size: int, launch: Launch, node: NodeDevices, *, threads: 
             where = on_nodes(node.gpus)
             return (f"the plan needs {world_size} ranks and this node has {node.gpus} GPU(s), one rank each; "
                     + (where or f"re-plan for a multiple of {node.gpus} ranks, or run on several nodes (--nnodes)"))
+        split = _nodes_of(world_size, node.gpus)
         return (f"--nproc-per-node {here}: this node has {node.gpus} GPU(s), one rank each; "
-                f"use --nproc-per-node {node.gpus} (and --nnodes {world_size // node.gpus})"
-                if world_size % node.gpus == 0 else f"re-plan for a multiple of {node.gpus} ranks")
+                + (f"use --nproc-per-node {split[1]} (and --nnodes {split[0]})" if split
+                   else f"re-plan for a multiple of {node.gpus} ranks"))
     busy = here * threads
     if busy <= node.cores or oversubscribe:
         return ""
