@@ -52,13 +52,16 @@ def config_module(spec: EngineSpec, base: str, devices_per_node: int = 8, title:
     module, function = base_import(base)
     body = sections(spec, devices_per_node)
     mode = ac_mode(spec.recompute)
+    n_nodes = -(-spec.world_size // max(1, devices_per_node))
+    nodes = f"--nnodes {n_nodes} " if n_nodes > 1 else ""
     lines = [
         '"""' + (title or "A meshplan plan as a torchtitan Trainer.Config") + ".",
         "",
         "Written by `meshplan export --to torchtitan --form module`, for " + VERSION.split(" (")[0] + ".",
         "Run it (this file's folder on PYTHONPATH, NAME this file's name without .py):",
-        f"    torchrun --nproc_per_node {min(devices_per_node, spec.world_size)} -m torchtitan.train "
+        f"    torchrun {nodes}--nproc_per_node {min(devices_per_node, spec.world_size)} -m torchtitan.train "
         f"--module NAME --config {FUNCTION}",
+        *([f"(on each of the {n_nodes} nodes, with torchrun's rendezvous options)"] if n_nodes > 1 else []),
         f"The model, data, optimizer and tokenizer are those of {module}.{function};",
         "apply_plan(config) sets the plan's parallelism, batch, precision and activation checkpointing",
         "on any Trainer.Config (call it from your own config function).",
