@@ -99,6 +99,8 @@ def test_estimate_precision_cp_ep_and_profile(gpt_tiny_graph) -> None:
         meshplan.estimate(gpt_tiny_graph, 2, ep=2, **base)
     with pytest.raises(ValueError, match="dtype 'fp9' unknown"):
         meshplan.estimate(gpt_tiny_graph, 2, dtype="fp9", **base)
+    with pytest.raises(ValueError, match="seq_len and input_shapes both given"):
+        meshplan.estimate("gpt-tiny", 2, seq_len=16, input_shapes={"idx": (1, 16)}, **base)
     with pytest.raises(ValueError, match="already traced ModelGraph"):
         meshplan.estimate(gpt_tiny_graph, 2, seq_len=16, **base)
 

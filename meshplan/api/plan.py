@@ -207,6 +207,9 @@ def model_graph(
     progress: Progress = None,
 ) -> ModelGraph:
     """``model`` as a ModelGraph: a graph as is, a name loaded (trace cache), a module traced."""
+    if seq_len is not None and input_shapes is not None:
+        raise ValueError("seq_len and input_shapes both given (--seq, --input-shape): the input shapes fix the "
+                         "sequence length; drop seq_len")  # fmt: skip
     if isinstance(model, ModelGraph):
         if seq_len is not None or example_inputs is not None or input_shapes is not None:
             raise ValueError("model is an already traced ModelGraph: seq_len, example_inputs and input_shapes "
