@@ -104,6 +104,7 @@ def _tiny_plan(path: Path) -> None:
 
 NOISY_FACTORY = '''
 import logging
+import os
 import warnings
 
 import torch
@@ -116,70 +117,44 @@ warnings.warn("NOISE-WARN noisylib.thing is deprecated", FutureWarning)
 def build():
     logging.getLogger("noisylib.build").warning("NOISE-LOG while building")
     warnings.warn("NOISE-WARN build-time advice", UserWarning)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
-    return model, (torch.randn(2, 8),)
-'''
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("PYTHONWARNINGS", None)
-    env.pop("TORCH_LOGS", None)
-    env.pop("LOGLEVEL", None)
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
-def test_plan_and_run_show_no_third_party_noise_unless_verbose(tmp_path) -> None:
-    """A model whose library logs and warns on import and build: `meshplan plan` and a 1-rank
-    `meshplan run` print meshplan's lines only; `meshplan plan -v` shows the library's too."""
-    f = tmp_path / "noisy.py"
-    f.write_text(NOISY_FACTORY)
-    model = f"{f}:build"
-    plan = _cli("plan", model, "-n", "1", "--global-batch", "2", "--no-cache", "-o", "plan.json", cwd=tmp_path)
-    assert plan.returncode == 0, plan.stderr[-3000:]
-    assert "meshplan plan for" in plan.stdout and "wrote plan.json" in plan.stderr
-    assert "NOISE" not in plan.stdout + plan.stderr, plan.stderr
-    loud = _cli("plan", model, "-n", "1", "--global-batch", "2", "--no-cache", "-q", "-v", cwd=tmp_path)
-    assert loud.returncode == 0, loud.stderr[-3000:]
-    for noise in ("NOISE-LOG Failed to load", "NOISE-WARN noisylib.thing", "NOISE-LOG while building",
-                  "NOISE-WARN build-time advice"):
-        assert noise in loud.stderr, loud.stderr
-    run = _cli("run", "plan.json", "--model", model, "--steps", "1", "--profile-steps", "0", "--dtype", "fp32",
-               cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "measured" in run.stdout, run.stdout
-    assert "NOISE" not in run.stdout + run.stderr, run.stdout + run.stderr
-
-
-FAILING_FACTORY = '''
-import os
-
-import torch
-from torch import nn
-
-
-def build():
     if "LOCAL_RANK" in os.environ:  # the launcher's own check builds it fine; the ranks fail
         raise RuntimeError("boom in the rank")
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)), (torch.randn(2, 8),)
 '''
 
 
-def test_failed_ranks_are_one_line_each_not_torchruns_report(tmp_path) -> None:
-    """Two ranks that fail: the rank's own error, then a line per rank from runtime/launch/agent.py;
-    no OMP_NUM_THREADS banner, no "closing signal" notices, no ChildFailedError report."""
-    f = tmp_path / "failing.py"
-    f.write_text(FAILING_FACTORY)
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for var in ("PYTHONWARNINGS", "TORCH_LOGS", "LOGLEVEL"):
+        env.pop(var, None)
+    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_plan_and_run_show_meshplans_lines_only_unless_verbose(tmp_path) -> None:
+    """A model whose library logs and warns on import and build: `meshplan plan` prints meshplan's
+    lines only and `plan -v` the library's too; a 2-rank `meshplan run` whose ranks fail prints no
+    library line either, the rank's own error, then one line per failed rank from
+    runtime/launch/agent.py instead of torchrun's report (no OMP_NUM_THREADS banner, no "closing
+    signal" notices, no ChildFailedError)."""
+    f = tmp_path / "noisy.py"
+    f.write_text(NOISY_FACTORY)
     model = f"{f}:build"
-    plan = _cli("plan", model, "-n", "2", "--global-batch", "4", "--no-cache", "-q", "-o", "plan.json", cwd=tmp_path)
+    plan = _cli("plan", model, "-n", "2", "--global-batch", "4", "--no-cache", "-o", "plan.json", cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "meshplan plan for" in plan.stdout and "wrote plan.json" in plan.stderr
+    assert "NOISE" not in plan.stdout + plan.stderr, plan.stderr
+    loud = _cli("plan", model, "-n", "2", "--global-batch", "4", "--no-cache", "-q", "-v", cwd=tmp_path)
+    assert loud.returncode == 0, loud.stderr[-3000:]
+    for noise in ("NOISE-LOG Failed to load", "NOISE-WARN noisylib.thing", "NOISE-LOG while building",
+                  "NOISE-WARN build-time advice"):
+        assert noise in loud.stderr, loud.stderr
     run = _cli("run", "plan.json", "--model", model, "--steps", "1", "--dtype", "fp32", cwd=tmp_path)
     assert run.returncode == 1
-    err = run.stderr
+    err = run.stdout + run.stderr
     assert "boom in the rank" in err, err[-3000:]
     assert "torchrun: rank 0 (pid " in err and "stopped: exit code 1" in err, err[-3000:]
-    for noise in ("ChildFailedError", "OMP_NUM_THREADS", "closing signal", "Root Cause"):
+    for noise in ("NOISE", "ChildFailedError", "OMP_NUM_THREADS", "closing signal", "Root Cause"):
         assert noise not in err, err[-3000:]
 
 
