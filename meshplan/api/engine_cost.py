@@ -95,8 +95,15 @@ def estimate_config(
     say = progress or (lambda _m: None)
     imp = read_config(config, engine, world_size)  # a bad configuration fails before the (slow) trace
     say(f"tracing {model if isinstance(model, str | Path) else type(model).__name__}")
-    graph = model_graph(model, seq_len=None if input_shapes else (seq_len or imp.spec.seq_len or None),
-                        input_shapes=input_shapes, use_cache=use_cache, progress=progress)  # fmt: skip
+    from meshplan.graph import ModelGraph
+
+    traced = isinstance(model, ModelGraph)
+    if traced and imp.spec.seq_len and seq_len is None:  # a graph is costed at the sequence it was traced at
+        imp.notes.append(f"the configuration's seq_len {imp.spec.seq_len}: the traced graph given is costed at "
+                         "the sequence it was traced with")
+    graph = model_graph(model, seq_len=None if input_shapes or traced and seq_len is None else
+                        (seq_len or imp.spec.seq_len or None), input_shapes=input_shapes, use_cache=use_cache,
+                        progress=progress)  # fmt: skip
     if engine == "torchtitan" and imp.spec.schedule == "interleaved-1f1b":  # virtual stages need the layer count
         imp = read_config(config, engine, world_size, int(graph.meta.get("num_layers") or 0))
     spec = imp.spec
