@@ -78,3 +78,13 @@ def test_the_bubble_is_one_quantity_in_every_report() -> None:
     assert f"idle {share} of the step" in explain_plan(p)
     rows = {r[0]: r for r in metric_deltas(p, p)}
     assert rows["bubble share of the step"][1] == share and "bubble fraction" not in rows
+
+
+def test_a_cp_degree_without_a_rival_says_why() -> None:
+    g = gpt_graph(layers=4, h=256, heads=8, seq=4096, vocab=1024)
+    p = plan_graph(g, 8, global_batch_size=8, fixed={"cp": 2})
+    assert p.mesh.degree("cp") == 2 and "cp=2: pinned (--cp 2)" in p.notes
+    text = explain_plan(p)
+    assert "cp=2 because: pinned (--cp 2)" in text and "none fit or none was allowed" not in text
+    free = plan_graph(g, 8, global_batch_size=8)
+    assert not [n for n in free.notes if n.startswith(("cp=", "ep="))]  # its alternatives show the rival cp

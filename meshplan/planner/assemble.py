@@ -117,6 +117,8 @@ def build_plan(
     notes.append("all times, memory and throughput figures are predictions of meshplan's cost model")
     if c.tp == 1 and res.tp_reason:  # explain's "tp=1" line reads it (report.explain)
         notes.append(f"tp=1: {res.tp_reason}")
+    for axis, why in res.degree_reasons.items():  # explain's cp/ep line when no alternative shows another degree
+        notes.append(f"{axis}={getattr(c, axis)}: {why}")
     if c.tp > 1:
         notes.append(
             f"TP placement solved by ILP at microbatch {sol.micro_batch:g} ({sol.status}, {sol.solver})"

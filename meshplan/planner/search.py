@@ -74,7 +74,7 @@ from meshplan.planner.search_types import (
     balanced_split,
     divisors,
 )
-from meshplan.planner.tp_reason import tp_one_reason
+from meshplan.planner.tp_reason import other_degree_reason, tp_one_reason
 
 __all__ = [
     "ALT_MARGIN", "GiB", "MICRO_BATCH_CHOICES", "RECOMPUTE_CHOICES", "SCHEDULE_CHOICES", "Config", "Evaluation",
@@ -316,6 +316,7 @@ class Searcher(ConfigEvaluator):
                 )
             cfgs = ok
         searched_tp = {c.tp for c in cfgs}
+        searched = {axis: {getattr(c, axis) for c in cfgs} for axis in ("cp", "ep")}
         lap("enumerate")
         self.progress(f"{len(cfgs)} configurations; bounding")
         bounded = []
@@ -403,7 +404,7 @@ class Searcher(ConfigEvaluator):
         best_ev = fitting[0] if fitting else None
         lap("simulate")
         alts: list[tuple[Evaluation, str]] = []
-        split, tp_reason = None, ""
+        split, tp_reason, degree_reasons = None, "", {}
         if best_ev is not None:
             labelled = select_alternatives(self, best_ev, fitting, partial, oom)
             if self.ilp_split and best_ev.config.pp > 1:
@@ -411,6 +412,8 @@ class Searcher(ConfigEvaluator):
             best_ev, alts, split = finalize(self, best_ev, labelled, refine=self.ilp_split)
             tp_reason = tp_one_reason(self, best_ev, alts, partial, oom, enumerated_tp=enumerated_tp,
                                       searched_tp=searched_tp)
+            degree_reasons = {axis: why for axis in ("cp", "ep") if (why := other_degree_reason(
+                self, axis, best_ev, alts, partial, oom, searched=searched[axis]))}
         else:
             for e in oom[: self.keep]:
                 alts.append((e, f"out of memory by {(e.max_mem_bytes - self.mem_limit) / GiB:.1f} GiB"))
@@ -424,5 +427,5 @@ class Searcher(ConfigEvaluator):
             ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem) if math.isfinite(min_mem) else 0,
             mem_limit_bytes=self.mem_limit,
             coster=self.coster, split=split, phase_s=phase_s, simulated=len(fitting), pruned=pruned, skipped=skipped,
-            tp_reason=tp_reason,
+            tp_reason=tp_reason, degree_reasons=degree_reasons,
         )  # fmt: skip

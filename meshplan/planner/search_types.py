@@ -122,6 +122,8 @@ class SearchResult:
     pruned: int = 0  # configurations skipped before costing as dominated (``Searcher.dominated``)
     skipped: int = 0  # configurations not costed: they cannot change the result (``planner.search_prune``)
     tp_reason: str = ""  # why the winner has tp=1 (``planner.tp_reason``); "" when tp > 1
+    #: why the winner's cp / ep (> 1) when no alternative has another degree (``planner.tp_reason``)
+    degree_reasons: dict[str, str] = field(default_factory=dict)
 
 
 def divisors(n: int) -> list[int]:

@@ -54,7 +54,10 @@ def _epcp_reasons(p: Plan) -> list[str]:
                 cost = fmt_s(rival.step_s) if rival.step_s is not None else "does not fit"
                 line += f"; best with {axis}={rival.config.get(axis, 1)}: {rival.summary} — {cost} ({rival.reason})"
             else:
-                line += f"; no configuration with another {axis} was kept (none fit or none was allowed)"
+                said = next((n for n in p.notes if n.startswith(f"{axis}={deg}: ")), None)  # planner.tp_reason
+                line += (f"; {axis}={deg} because: {said.split(': ', 1)[1]}" if said else
+                         f"; this plan records no configuration with another {axis} (made by an older meshplan; "
+                         "plan again to see why)")
             out.append(line)
         elif rival is not None:
             cost = fmt_s(rival.step_s) if rival.step_s is not None else "does not fit"
