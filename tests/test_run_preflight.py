@@ -180,3 +180,32 @@ def test_a_real_cli_refusal_is_one_line_on_stderr(tmp_path) -> None:
     assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
     assert out.stderr.startswith("meshplan run: error: ") and "fp8" in out.stderr
     assert "torch.distributed.run" not in out.stderr + out.stdout and out.stdout == ""
+
+
+def test_resume_of_another_models_checkpoint_is_refused_in_the_launcher(tmp_path, capsys, launched) -> None:
+    import json
+
+    plan = _plan(tmp_path, "mlp")
+
+    def checkpoint(d: str, model: str, transpose: bool = False) -> str:
+        sd = load_model(model, device="meta").model.state_dict()
+        fp = {k: [list(v.shape)[::-1] if transpose and v.dim() == 2 else list(v.shape), "float32"] for k, v in sd.items()}
+        (tmp_path / d / "step-000003").mkdir(parents=True)
+        (tmp_path / d / "step-000003" / "meshplan.json").write_text(json.dumps({"step": 3, "model_fingerprint": fp}))
+        return str(tmp_path / d)
+
+    for d in (checkpoint("same", "mlp"), checkpoint("tp", "mlp", transpose=True)):  # HF Conv1D as Linear: same model
+        assert main(["run", plan, "--model", "mlp", "--resume", "--checkpoint-dir", d]) == 0
+    assert len(launched) == 2
+    launched.clear()
+    tied = _plan(tmp_path, "hf-gpt2-tiny", name="gpt2.json")  # its LM head is the embedding: named once is enough
+    d = checkpoint("tied", "hf-gpt2-tiny")
+    man = tmp_path / "tied" / "step-000003" / "meshplan.json"
+    m = json.loads(man.read_text())
+    del m["model_fingerprint"]["model.lm_head.weight"]
+    man.write_text(json.dumps(m))
+    assert main(["run", tied, "--model", "hf-gpt2-tiny", "--resume", "--checkpoint-dir", d]) == 0
+    launched.clear()
+    other = checkpoint("other", "mlp-deep")
+    err = _refused(["run", plan, "--model", "mlp", "--resume", "--checkpoint-dir", other], capsys, launched)
+    assert f"checkpoint {other}/step-000003 was written for a different model" in err

@@ -9,7 +9,8 @@ printed by the CLI).
   module can be found;
 - output directories are writable: ``--checkpoint-dir`` (created) and the RunRecord's directory,
   by creating and removing a probe file there;
-- ``--resume`` has a complete checkpoint to resume from; ``--init-from`` exists;
+- ``--resume`` has a complete checkpoint to resume from, written for this model (``_check_resume``);
+  ``--init-from`` exists;
 - this node has room for its ranks (``runtime.launch.devices.fit_problem``): one rank per visible GPU;
   on CPU, ranks x threads within the cores unless ``--oversubscribe``; a one-node launch of a plan
   that needs several nodes is told the command to run on each;
@@ -159,6 +160,8 @@ def check_model_plan(args: argparse.Namespace, plan: Any) -> None:
                          f"{first}); --build host builds the whole model on each rank instead") from e
     model = spec.model
     check_plan_model(plan, model, args.model)
+    if getattr(args, "resume", False) and plan.quantization.mode == "none":
+        _check_resume(model, args.checkpoint_dir)
     if getattr(args, "init_from", None):  # names and shapes from the files' headers, no tensor read
         from meshplan.runtime.weights.pretrained import check_pretrained
 
@@ -184,3 +187,32 @@ def check_model_plan(args: argparse.Namespace, plan: Any) -> None:
         raise
     except Exception:  # noqa: BLE001 - a check that fails on the meta device only: the ranks decide
         return
+
+
+def _check_resume(model: Any, directory: str) -> None:
+    """``--resume``: the newest complete checkpoint was written for this model (its manifest's fingerprint,
+    ``weights.files.check_same_model`` as ``checkpoint.dcp.load`` on every rank), by tensor names and shapes.
+    A 2-D weight stored transposed (an HF Conv1D the runtime turned into nn.Linear under TP) and a tied weight
+    under one of its names match, dtypes are the checkpoint's (the ranks compare all of it exactly), and a
+    checkpoint of a quantized run is left to the ranks."""
+    from meshplan.runtime.weights.files import check_same_model, newest_complete, read_manifest
+
+    ck = newest_complete(directory)
+    manifest = read_manifest(ck) if ck is not None else {}
+    saved = manifest.get("model_fingerprint")
+    quantized = ((manifest.get("plan") or {}).get("quantization") or {}).get("mode", "none") != "none"
+    if not saved or quantized:
+        return
+    groups: dict[int, list[str]] = {}  # a tied weight the checkpoint names once is not missing
+    for n, prm in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(prm), []).append(n)
+    alias = {n: g for g in groups.values() if len(g) > 1 for n in g}
+    current: dict[str, list[Any]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if name not in saved and any(a in saved for a in alias.get(name, ())):
+            continue
+        shape, old = list(t.shape), saved.get(name)
+        if old and len(shape) == 2 and list(old[0]) == shape[::-1]:
+            shape = list(old[0])
+        current[name] = [shape, old[1] if old else str(t.dtype).removeprefix("torch.")]
+    check_same_model(ck, saved, current)

@@ -217,12 +217,7 @@ def load(pm: ParallelModel, path: str | Path) -> int:
     state = _state(pm, view)
     saved_fp = manifest.get("model_fingerprint")
     if saved_fp is not None:
-        diff = files.fingerprint_diff(saved_fp, model_fingerprint(state["model"]))  # type: ignore[arg-type]
-        if diff:
-            raise CheckpointError(
-                f"checkpoint {path} was written for a different model ({'; '.join(diff)}); "
-                "resume with the model it was saved from, or use another --checkpoint-dir"
-            )
+        files.check_same_model(path, saved_fp, model_fingerprint(state["model"]))  # type: ignore[arg-type]
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(c, state["model"], options=_OPTS)  # type: ignore[arg-type]
     own = {n for n, _ in c.named_parameters()}

@@ -165,6 +165,14 @@ def verify_files(path: Path, expected: Mapping[str, Mapping[str, Any]], names: I
     return problems
 
 
+def check_same_model(path: str | Path, saved: Mapping[str, Any] | None, current: Mapping[str, Any]) -> None:
+    """CheckpointError when the model fingerprint a checkpoint's manifest recorded (``saved``) is not ``current``'s."""
+    diff = fingerprint_diff(saved, current) if saved is not None else []
+    if diff:
+        raise CheckpointError(f"checkpoint {path} was written for a different model ({'; '.join(diff)}); "
+                              "resume with the model it was saved from, or use another --checkpoint-dir")
+
+
 def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any], limit: int = 3) -> list[str]:
     """What differs between two model fingerprints (FQN -> [shape, dtype]); empty when equal."""
     out = []
