@@ -1,4 +1,5 @@
-"""Every option and positional argument of every ``meshplan`` subcommand has help text."""
+"""Every option and positional argument of every ``meshplan`` subcommand, and of the ranks' entry
+(``python -m meshplan.runtime.loop.train``, what ``meshplan run --print-command`` shows), has help text."""
 
 from __future__ import annotations
 
@@ -33,3 +34,9 @@ def test_the_walk_finds_an_argument_without_help() -> None:
     sub.add_argument("--bare")
     sub.add_argument_group("group").add_argument("--grouped", help="")
     assert undocumented(parser) == ["meshplan x --bare", "meshplan x --grouped"]
+
+
+def test_every_rank_entry_argument_has_help() -> None:
+    from meshplan.runtime.loop.train import build_parser as rank_parser
+
+    assert undocumented(rank_parser(), "meshplan.runtime.loop.train") == []

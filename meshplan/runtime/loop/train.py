@@ -32,21 +32,21 @@ from meshplan.shapes import add_input_shape, input_shapes
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="meshplan.runtime.loop.train", description=__doc__)
-    p.add_argument("--plan", required=True)
+    p.add_argument("--plan", required=True, help="plan JSON written by `meshplan plan`")
     p.add_argument("--model", required=True, help="zoo name, file.py:factory or package.module:factory")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=10, help="the step to end at (timed steps; default 10)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate after warm-up (default 1e-3)")
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw", help="optimizer (default adamw)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data, on every rank")
     p.add_argument("--data", default=None,
                    help="tokens.bin, package.module:fn returning a Dataset, or fn(step, batch, seq_len) (default: synthetic)")
     p.add_argument("--log-every", type=int, default=10, help="a progress line every K steps and after the last (0: last only)")
     p.add_argument("--eval-every", type=int, default=0, help="validation loss on the held-out tokens every K steps")
     p.add_argument("--eval-batches", type=int, default=4, help="global batches per validation (default 4)")
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default=None, help="folder of DCP checkpoints (written, resumed from)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every K steps (0: never)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest K checkpoints (0: all)")
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--init-from", default=None, help="pretrained weights: HF safetensors dir or meshplan/DCP checkpoint")
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU")
@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-grads", action="store_true", help="also treat a NaN/inf gradient as a bad step")
     p.add_argument("--clip-grad-norm", type=float, default=1.0,
                    help="clip the global gradient norm (all ranks and stages) to this; 0 disables")
-    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="after warm-up: constant, or cosine decay to 0 at --steps")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps before the schedule")
     p.add_argument("--compile", action="store_true", help="torch.compile each repeated block (off by default)")
     p.add_argument("--build", choices=("meta", "host"), default="meta",
