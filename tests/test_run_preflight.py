@@ -209,3 +209,25 @@ def test_resume_of_another_models_checkpoint_is_refused_in_the_launcher(tmp_path
     other = checkpoint("other", "mlp-deep")
     err = _refused(["run", plan, "--model", "mlp", "--resume", "--checkpoint-dir", other], capsys, launched)
     assert f"checkpoint {other}/step-000003 was written for a different model" in err
+
+
+def test_token_file_is_opened_as_the_ranks_open_it(tmp_path, capsys, launched) -> None:
+    import numpy as np
+
+    plan = _plan(tmp_path, "gpt-tiny", seq_len=32)
+    vocab = load_model("gpt-tiny", device="meta").model.config.vocab_size
+
+    def tokens(name: str, n: int, top: int) -> str:
+        np.arange(n, dtype=np.uint16).__mod__(top + 1).tofile(tmp_path / name)
+        return str(tmp_path / name)
+
+    good = tokens("good.bin", 4096, vocab - 1)
+    assert main(["run", plan, "--model", "gpt-tiny", "--data", good]) == 0 and len(launched) == 1
+    launched.clear()
+    err = _refused(["run", plan, "--model", "gpt-tiny", "--data", tokens("wide.bin", 4096, vocab)], capsys, launched)
+    assert f"largest token id is {vocab} but the model's vocabulary has {vocab} entries" in err
+    err = _refused(["run", plan, "--model", "gpt-tiny", "--data", tokens("short.bin", 20, 5)], capsys, launched)
+    assert "fewer than one window of seq_len+1 = 33" in err
+    tokens("good.val.bin", 40, 5)  # one window, not a global batch of them
+    err = _refused(["run", plan, "--model", "gpt-tiny", "--data", good, "--eval-every", "5"], capsys, launched)
+    assert "fewer than one global batch" in err

@@ -17,8 +17,9 @@ printed by the CLI).
 - the plan against the model (``check_model_plan``): ``--model`` is built on the meta device (no
   memory) and meets the same checks every rank makes before its process group: the plan's model
   fingerprint (``fingerprint.check_plan_model``), ``--init-from``'s tensor names and shapes
-  (``weights.pretrained.check_pretrained``), example inputs, synthetic data, the token file's
-  ids against the vocabulary, and ``runtime.apply.checks.check_plan`` (every refusal of the plan on
+  (``weights.pretrained.check_pretrained``), example inputs, synthetic data, the token file as each
+  rank opens it (a window of seq_len + 1, ids against the vocabulary, ``--eval-every``'s held-out
+  global batch), and ``runtime.apply.checks.check_plan`` (every refusal of the plan on
   this model but those that read the captured graph: pp stage rules, the vocabulary-parallel head;
   the ranks make those). One function each, shared with the ranks, not a copy.
 
@@ -168,11 +169,15 @@ def check_model_plan(args: argparse.Namespace, plan: Any) -> None:
         check_pretrained(model, args.init_from)
     example = run_example(model, spec.example_inputs, getattr(args, "input_shape", None), args.model)
     data = getattr(args, "data", None)
-    if data and _is_token_file(data):
-        from meshplan.runtime.loop.data import check_token_ids, model_vocab
-        from meshplan.tokenfile import read_meta
+    if data and (":" not in data or Path(data).is_file()):  # a token file: opened as each rank opens it
+        from meshplan.runtime.loop import data as stream_of
+        from meshplan.runtime.loop.train import run_seq_len
 
-        check_token_ids(read_meta(data).max_token_id, model_vocab(model), data)
+        stream = stream_of.open_stream(data, seq_len=run_seq_len(plan, example), seed=getattr(args, "seed", 0),
+                                       global_batch=plan.global_batch_size, share=stream_of.Share(0, 1))
+        stream_of.check_vocab(stream, model, data)  # token ids vs the vocabulary (the file's metadata)
+        if getattr(args, "eval_every", 0) and isinstance(stream, stream_of.TokenStream):
+            stream.eval_batches(getattr(args, "eval_batches", 4))  # the held-out file holds a global batch
     if on_meta and not data:  # what the ranks draw their batches from, on the model they build
         from meshplan.runtime.loop.synthetic import synthetic_data
 

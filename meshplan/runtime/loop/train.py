@@ -107,6 +107,12 @@ def run_example(model: torch.nn.Module, example: Any, input_shape: Any, model_ar
     return example
 
 
+def run_seq_len(plan: Plan, example: Any) -> int:
+    """Tokens per sequence the run reads: the plan's, else the example's second dimension (0: no sequence)."""
+    first_in = next(iter(example.values())) if isinstance(example, dict) else example[0]  # keyword inputs too
+    return plan.seq_len or (first_in.shape[1] if first_in.dim() > 1 else 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -142,8 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     example = run_example(model, spec.example_inputs, args.input_shape, args.model)
     check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
     synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
-    first_in = next(iter(example.values())) if isinstance(example, dict) else example[0]  # keyword inputs too
-    seq_len = plan.seq_len or (first_in.shape[1] if first_in.dim() > 1 else 0)
+    seq_len = run_seq_len(plan, example)
     hang_s = default_timeout_s(plan.predicted.step_s) if args.hang_timeout is None else args.hang_timeout
     def apply(model: Any, example: Any, tape: Any) -> Any:
         return apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
