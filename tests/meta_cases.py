@@ -33,7 +33,14 @@ def hf_gpt2() -> torch.nn.Module:
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).train()
 
 
-MODELS: dict[str, Callable[[], torch.nn.Module]] = {"gpt": gpt, "moe": moe, "hf-gpt2": hf_gpt2}
+def hf_llama() -> torch.nn.Module:
+    from meshplan.models.hf import hf_llama
+
+    return hf_llama(dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+                         intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=16)).train()
+
+
+MODELS: dict[str, Callable[[], torch.nn.Module]] = {"gpt": gpt, "moe": moe, "hf-gpt2": hf_gpt2, "hf-llama": hf_llama}
 
 
 def build(name: str, meta: bool) -> tuple[torch.nn.Module, InitTape | None]:
@@ -41,7 +48,7 @@ def build(name: str, meta: bool) -> tuple[torch.nn.Module, InitTape | None]:
     torch.manual_seed(0)
     if not meta:
         return MODELS[name](), None
-    if name == "hf-gpt2":
+    if name.startswith("hf-"):
         import transformers.modeling_utils  # noqa: F401  (imported before recording, as load_model does)
     tape = InitTape()
     with torch.device("meta"), tape.recording():
@@ -73,7 +80,8 @@ def train(cfg: dict, meta: bool, data: list) -> tuple[list[float], dict[str, tor
     ex = (data[0][0][:mbs],)
     host, _ = build(cfg["model"], False) if meta else (model, None)  # plans are made from a host model
     plan = plan_for(host, cfg, ex)
-    pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex, tape=tape)
+    pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory, example_inputs=ex, tape=tape,
+                    dtype=cfg.get("dtype", "plan"))
     losses = [float(pm.step(x, y)) for x, y in data]
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
              for k, v in pm.state_dict().items() if isinstance(v, torch.Tensor)}

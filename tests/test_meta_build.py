@@ -71,6 +71,9 @@ CFGS = [
     {"model": "gpt", "dp": 2, "m": 1, "dp_kind": "fsdp"},
     {"model": "moe", "dp": 2, "ep": 2, "m": 1},
     {"model": "hf-gpt2", "pp": 2, "m": 2},  # a torch.export capture made on meta, run on the rank's device
+    # HF Llama's rotary embedding moves inv_freq with to.device(x, <meta>, ...) in the capture; under bf16
+    # the stages receive bf16 while the capture asserted fp32 inputs (host and meta builds alike)
+    {"model": "hf-llama", "pp": 2, "m": 2, "dtype": "bf16"},
     {"model": "hf-gpt2", "tp": 2, "m": 1, "styles": {
         "transformer.h.0.mlp.c_fc": "colwise", "transformer.h.0.mlp.c_proj": "rowwise",
         "transformer.h.1.mlp.c_fc": "colwise", "transformer.h.1.mlp.c_proj": "rowwise"}},

@@ -60,24 +60,41 @@ def meta_leftovers(modules: Iterable[nn.Module]) -> list[str]:
 
 def retarget_graph(gm: nn.Module, device: torch.device) -> int:
     """A graph captured from the meta-built model (pp > 1) names the meta device where its ops
-    create tensors (``arange(..., device=meta)`` for positions) and, from torch.export, asserts it
+    create or move tensors (``arange(..., device=meta)`` for positions, ``to.device(inv_freq, meta,
+    float32)`` in HF Llama's rotary embedding) and, from torch.export, asserts it
     (``_assert_tensor_metadata``): point those at ``device`` and drop the assertions. Returns the
     number of nodes changed."""
     if not isinstance(gm, torch.fx.GraphModule):
         return 0
     meta = torch.device("meta")
-    n = 0
+    n = drop_metadata_asserts(gm, recompile=False)
     for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
-            gm.graph.erase_node(node)
-            n += 1
-            continue
         kw = dict(node.kwargs)
         if kw.get("device") in (meta, "meta"):
             kw["device"] = device
             node.kwargs = kw
             n += 1
+        if any(a in (meta, "meta") for a in node.args if isinstance(a, torch.device | str)):  # to.device(x, meta, ...)
+            node.args = tuple(device if isinstance(a, torch.device | str) and a in (meta, "meta") else a
+                              for a in node.args)
+            n += 1
     if n:
+        gm.recompile()
+    return n
+
+
+def drop_metadata_asserts(gm: nn.Module, *, recompile: bool = True) -> int:
+    """Erase torch.export's ``_assert_tensor_metadata`` checks from a stage graph: they pin the device and
+    dtype the capture saw (the meta device, fp32), while a stage runs on the rank's device and receives
+    its inputs in the plan's send precision (bf16 under autocast). Returns the number erased."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        return 0
+    n = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
+            gm.graph.erase_node(node)
+            n += 1
+    if n and recompile:
         gm.recompile()
     return n
 
