@@ -1,14 +1,8 @@
 """``meshplan prepare-data input.txt [more] -o tokens.bin``: tokenize text into a flat token file.
 
-Writes ``tokens.bin`` (training tokens), ``tokens.val.bin`` (the last ``--val-fraction`` of the
-tokens, held out for ``--eval-every``) and ``tokens.bin.json`` (dtype, vocabulary size, largest id,
-counts; see ``meshplan.tokenfile``). Tokenizers: ``byte`` (UTF-8 bytes, ids 0-255, needs nothing),
-``gpt2`` or any Hugging Face tokenizer name or directory (needs ``transformers`` and the tokenizer
-files already on this machine: nothing is downloaded). Files are read in chunks cut at a line end
-(a chunk never splits a word), so memory stays flat on big inputs; a progress line goes to stderr
-for inputs over 8 MiB. Documents (input files) are separated by the tokenizer's end-of-text token
-when it has one. The work is ``meshplan.prepare_data`` (``meshplan/api/data.py``); this module
-parses flags into it. torch is not imported.
+The work, and what it writes (``tokens.bin``, ``tokens.val.bin``, ``tokens.bin.json``) with which
+tokenizers, is ``meshplan.prepare_data`` (``meshplan/api/data.py``); this module parses flags into it.
+torch is not imported.
 """
 
 from __future__ import annotations
