@@ -111,3 +111,39 @@ def test_overlap_fraction_is_fitted_and_printed(capsys: pytest.CaptureFixture[st
     assert "overlap" in text and "comm_overlap" in text
     with pytest.raises(ValueError, match="comm_overlap"):
         ClusterSpec.from_dict({**CPU, "comm_overlap": 1.5})
+
+
+def test_backward_speed_scales_only_the_backward_parts() -> None:
+    from meshplan.cost_models.compute import modelled_node_time, node_time
+
+    spec = resolve_cluster(ClusterSpec.from_dict(CPU), 2)
+    slow = cal.apply_terms(spec, {"backward": 0.5})
+    assert slow.backward_speed == pytest.approx(0.5) and slow.matmul_efficiency == spec.matmul_efficiency
+    g = load_graph("gpt-tiny")
+    linear = next(n for n in g.nodes if n.kind == "linear")
+    base, t = modelled_node_time(linear, spec), node_time(linear, slow)
+    assert t.fwd_s == base.fwd_s and base.bwd_s > 0
+    assert t.bwd_input_s == pytest.approx(2 * base.bwd_input_s) and t.bwd_weight_s == pytest.approx(2 * base.bwd_weight_s)
+    with pytest.raises(ValueError, match="backward_speed"):
+        ClusterSpec.from_dict({**CPU, "backward_speed": 0})
+
+
+def test_fit_recovers_the_backward_forward_ratio_from_phases() -> None:
+    """A machine whose backward runs at 0.45x the modelled speed against its forward (and slower
+    GEMMs): one dp2 run's step time cannot split the two, its measured backward : forward ratio
+    (RunRecord phases, read by ``phase_ratio``) can. (Which terms carry the rest of the step is not
+    identifiable from one run: GEMM efficiency and per-op host time trade; the ratio is.)"""
+    spec = resolve_cluster(ClusterSpec.from_dict(CPU), 2)
+    truth = cal.apply_terms(spec, {"gemm": 0.3, "backward": 0.45})
+    dp = _case("dp2", spec, truth, dp=2, tp=1, pp=1)
+    ran = cal.predict(dp, truth)
+    rec_phases = {k: {"measured_s": v, "predicted_s": 0.0} for k, v in predicted_phases(ran).items()}
+    ratio = cal.phase_ratio(rec_phases)
+    assert ratio == pytest.approx(cal.predicted_ratio(ran))
+    assert ratio > 2 * cal.predicted_ratio(cal.predict(dp, spec))  # the nominal spec's ratio is far off
+    seen = cal.fit([cal.Case("dp2", dp.graph, dp.plan, dp.measured_step_s, measured_ratio=ratio)], spec)
+    assert cal.predicted_ratio(cal.predict(dp, seen.spec)) == pytest.approx(ratio, rel=0.02)
+    assert seen.factors["backward"] < 0.6 and abs(seen.error(2)[0]) < 0.02, seen.factors
+    blind = cal.fit([cal.Case("dp2", dp.graph, dp.plan, dp.measured_step_s)], spec)  # step time only
+    assert abs(cal.predicted_ratio(cal.predict(dp, blind.spec)) / ratio - 1) > 0.08
+    assert cal.phase_ratio(None) is None and cal.phase_ratio({"forward": {"measured_s": 1.0}}) is None

@@ -7,7 +7,8 @@ candidate ClusterSpec. ``fit`` finds multipliers ``exp(θ_k)`` of the spec's ter
 minimize, over the cases,
 
     Σ_runs (log pred_step(θ) - log measured_step)²
-  + Σ_phases ¼ (log pred_phase(θ) - log measured_phase)²      (phases present in the records)
+  + Σ_runs (log pred_bwd/fwd(θ) - log measured_bwd/fwd)²      (runs whose record has both phases)
+  + Σ_phases ¼ (log pred_phase(θ) - log measured_phase)²      (``use_phases``)
   + λ Σ_k (θ_k / σ_k)²                                       (λ = ``RIDGE``, σ = ``PRIOR_SIGMA``)
 
 by damped Gauss-Newton with a forward-difference Jacobian (``STEP`` in log space). The ridge keeps
@@ -27,6 +28,14 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
   ``kernel_floor_s``);
 - ``intra_bw`` / ``intra_latency``: collectives inside a node; ``inter_bw`` / ``inter_latency``:
   across nodes;
+- ``backward``: the speed of the backward parts against the forward (``backward_speed``: every
+  node's input- and weight-gradient time is divided by it). A step time alone cannot tell it
+  from ``gemm`` (only forward + backward is seen); the backward : forward ratio the run measured
+  (``Case.measured_ratio``, from the RunRecord's forward and backward phases of its busiest rank)
+  can, and it is read whenever the record has those phases: a ratio is free of the profiler's
+  overhead (it inflates both) and of where the other phases' boundaries lie. Schedules whose
+  makespan depends on the split (pipelines: B and W fill the bubbles) and recompute (a second
+  forward) need it; on this CPU eager autograd runs backward 1.5-2x slower than its FLOPs say.
 - ``overlap``: the overlap fraction ``comm_overlap``, the share of the communication the cost
   model counts as hidden under compute that the machine really hides (capped at 1). A term at the
   top of its range (``comm_overlap`` = 1, as presets have it) is differenced downward (``STEP``
@@ -55,17 +64,20 @@ from meshplan.graph import ModelGraph
 from meshplan.plan import Plan, Prediction
 from meshplan.plan.phases import predicted_phases
 
-TERMS = ("gemm", "memory", "op_overhead", "intra_bw", "intra_latency", "inter_bw", "inter_latency", "overlap")
+TERMS = ("gemm", "memory", "op_overhead", "intra_bw", "intra_latency", "inter_bw", "inter_latency", "overlap",
+         "backward")
 #: prior width of each term's log multiplier (how far off the starting spec may plausibly be):
 #: GEMM and memory efficiency are known within ~2x from datasheets and kernels; per-op host time,
 #: link bandwidth and especially collective latency depend on the software stack (NCCL vs gloo,
 #: eager dispatch, load) and can be off by 10x or more
 PRIOR_SIGMA = {"gemm": 0.7, "memory": 0.7, "op_overhead": 2.3, "intra_bw": 1.2, "intra_latency": 2.3,
-               "inter_bw": 1.2, "inter_latency": 2.3, "overlap": 1.2}  # fmt: skip
+               "inter_bw": 1.2, "inter_latency": 2.3, "overlap": 1.2, "backward": 0.7}  # fmt: skip
 RIDGE = 1e-3
 STEP = 0.05
 MAX_FACTOR = 1e3
 PHASE_WEIGHT = 0.25
+#: weight of a run's backward : forward ratio residual (as much as its step time)
+RATIO_WEIGHT = 1.0
 #: an eager op's host time when the spec has none to scale (presets): the multiplier acts on this
 DEFAULT_OP_OVERHEAD_S = 1e-6
 
@@ -79,6 +91,8 @@ class Case:
     plan: Plan
     measured_step_s: float
     measured_phases: dict[str, float] = field(default_factory=dict)
+    #: measured backward seconds / forward seconds of the busiest rank (``phase_ratio``); None: unknown
+    measured_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,7 @@ def apply_terms(spec: ClusterSpec, factors: dict[str, float]) -> ClusterSpec:
         inter_bw_bytes_per_s=spec.inter_bw_bytes_per_s * factors.get("inter_bw", 1.0),
         inter_latency_s=spec.inter_latency_s / factors.get("inter_latency", 1.0),
         comm_overlap=min(1.0, spec.comm_overlap * factors.get("overlap", 1.0)),
+        backward_speed=spec.backward_speed * factors.get("backward", 1.0),
     )
 
 
@@ -191,6 +206,21 @@ def measured_phases(phases: Any, step_s: float | None = None) -> dict[str, float
     return out
 
 
+def phase_ratio(phases: Any) -> float | None:
+    """Measured backward / forward seconds in a RunRecord's "phases" (the busiest rank's), or None
+    when either is missing or 0 (``measured_phases`` reads the shapes)."""
+    m = measured_phases(phases)
+    f, b = m.get("forward", 0.0), m.get("backward", 0.0)
+    return b / f if f > 0 and b > 0 else None
+
+
+def predicted_ratio(plan: Plan) -> float | None:
+    """The plan's predicted backward / forward seconds of its busiest pipeline rank (the phases
+    the runtime measures its ratio on), or None when forward is 0."""
+    pp = predicted_phases(plan)
+    return pp["backward"] / pp["forward"] if pp["forward"] > 0 and pp["backward"] > 0 else None
+
+
 def _residuals(cases: Sequence[Case], spec: ClusterSpec) -> tuple[list[float], list[Prediction]]:
     res, preds = [], []
     for c in cases:
@@ -198,6 +228,9 @@ def _residuals(cases: Sequence[Case], spec: ClusterSpec) -> tuple[list[float], l
         p = plan.predicted
         preds.append(p)
         res.append(math.log(max(p.step_s, 1e-12) / c.measured_step_s))
+        if c.measured_ratio:
+            ratio = predicted_ratio(plan)
+            res.append(math.sqrt(RATIO_WEIGHT) * math.log(ratio / c.measured_ratio) if ratio else 0.0)
         pp = predicted_phases(plan)
         for k, v in c.measured_phases.items():
             if pp.get(k, 0.0) > 0:
@@ -355,7 +388,8 @@ def calibrate(
         graph = load_graph(d["model"], seq=plan.seq_len, progress=progress)
         step = measured_step_s(d)
         cases.append(Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=step,
-                          measured_phases=measured_phases(d.get("phases"), step) if use_phases else {}))  # fmt: skip
+                          measured_phases=measured_phases(d.get("phases"), step) if use_phases else {},
+                          measured_ratio=phase_ratio(d.get("phases"))))  # fmt: skip
     if not cases:
         raise ValueError("calibration needs at least one run record")
     world = max(c.plan.world_size for c in cases)

@@ -55,7 +55,7 @@ def format_fit(result: Any, before: Any, after: Any) -> str:
     lines.append("cluster values (before -> after):")
     for fld in ("matmul_efficiency", "mem_efficiency", "op_overhead_s", "bwd_op_overhead_s", "kernel_floor_s",
                 "intra_bw_bytes_per_s", "intra_latency_s", "inter_bw_bytes_per_s", "inter_latency_s",
-                "comm_overlap"):  # fmt: skip
+                "comm_overlap", "backward_speed"):  # fmt: skip
         a, b = getattr(before, fld), getattr(after, fld)
         if a != b:
             lines.append(f"  {fld:<22} {a:.4g} -> {b:.4g}")

@@ -232,7 +232,32 @@ def node_time(
     norm_kernel: str = "fused",
     attention_impl: str = "flash",
 ) -> NodeTime:
-    """Forward, backward-input and backward-weight seconds of ``node`` on one device.
+    """Forward, backward-input and backward-weight seconds of ``node`` on one device: the
+    modelled times (``modelled_node_time``, formula there) with both backward parts divided by
+    ``cluster.backward_speed`` (the backward : forward speed a calibration measured; 1 = as
+    modelled)."""
+    t = modelled_node_time(node, cluster, shard=shard, batch_scale=batch_scale, dtype=dtype,
+                           input_bytes=input_bytes, style=style, is_head=is_head, norm_kernel=norm_kernel,
+                           attention_impl=attention_impl)  # fmt: skip
+    v = cluster.backward_speed
+    return t if v == 1.0 else NodeTime(t.fwd_s, t.bwd_input_s / v, t.bwd_weight_s / v)
+
+
+def modelled_node_time(
+    node: GraphNode,
+    cluster: ClusterSpec,
+    *,
+    shard: int = 1,
+    batch_scale: float = 1.0,
+    dtype: str = "bf16",
+    input_bytes: int | None = None,
+    style: str | None = None,
+    is_head: bool = False,
+    norm_kernel: str = "fused",
+    attention_impl: str = "flash",
+) -> NodeTime:
+    """Forward, backward-input and backward-weight seconds of ``node`` on one device, as the
+    roofline and ``backward_factors`` model them (``node_time`` applies ``backward_speed``).
 
     Formula::
 

@@ -73,6 +73,11 @@ class ClusterSpec:
     # backward) that the machine really hides; the rest is exposed (1 = as modelled; ``meshplan
     # calibrate`` fits it: e.g. gloo on a CPU host, where the collectives compete for the cores)
     comm_overlap: float = 1.0
+    # speed of the backward parts (input and weight gradients) relative to what the roofline and
+    # ``backward_factors`` give them (1 = as modelled): eager autograd on a host CPU runs backward
+    # slower than its FLOPs say (memory-bound gradient kernels, accumulation, per-op bookkeeping).
+    # ``meshplan calibrate`` fits it from the backward : forward ratio a run measures
+    backward_speed: float = 1.0
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     # where each figure comes from, by field name ("peak_flops.bf16" for one dtype): "measured: how"
@@ -132,6 +137,9 @@ class ClusterSpec:
             raise bad("exp_cost_flops", f"must be a number >= 0 (0 = no softmax term), got {self.exp_cost_flops!r}")
         if not (isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1):
             raise bad("comm_overlap", f"must be in [0, 1] (1 = hidden communication fully hidden), got {self.comm_overlap!r}")
+        if not (isinstance(self.backward_speed, (int, float)) and self.backward_speed > 0
+                and math.isfinite(self.backward_speed)):  # fmt: skip
+            raise bad("backward_speed", f"must be a positive number (1 = as modelled), got {self.backward_speed!r}")
         if not (isinstance(self.attention_efficiency, (int, float)) and 0 <= self.attention_efficiency <= 1):
             raise bad("attention_efficiency", f"must be in [0, 1] (0 = matmul_efficiency), got {self.attention_efficiency!r}")
         if self.mem_reserved_bytes >= self.mem_bytes:

@@ -18,6 +18,7 @@ FIGURES = (
     "inter_latency_s", "matmul_efficiency", "mem_efficiency", "comm_efficiency", "kernel_floor_s",
     "mem_reserved_bytes", "op_overhead_s", "bwd_op_overhead_s", "matmul_efficiency_by_flops", "sm_count",
     "attention_efficiency", "comm_sms", "attention_kernel", "exp_cost_flops", "comm_overlap",
+    "backward_speed",
 )  # fmt: skip
 
 _DEFAULT = "derived: the ClusterSpec default (not modelled on a measured profile)"
@@ -56,7 +57,7 @@ def profile_provenance(
         "sm_count": ("measured: the device's multiprocessor count" if device_type == "cuda"
                      else "derived: 0, a CPU has no SM grid (no tile/wave shape factor)"),
     })  # fmt: skip
-    for f in ("attention_efficiency", "comm_sms", "attention_kernel", "exp_cost_flops", "comm_overlap"):
+    for f in ("attention_efficiency", "comm_sms", "attention_kernel", "exp_cost_flops", "comm_overlap", "backward_speed"):
         out[f] = _DEFAULT
     return out
 
