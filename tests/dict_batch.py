@@ -9,17 +9,34 @@ from torch import nn
 VOCAB, SEQ, FEATS = 32, 8, 4
 
 
+class Mix(nn.Module):
+    """The hidden state mixed with the token features, gated by the token ids: every block reads the
+    model's keyword inputs again, so a later pipeline stage needs them too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.feat = nn.Linear(FEATS, 16)
+        self.gate = nn.Embedding(VOCAB, 16)
+
+    def forward(self, h: torch.Tensor, ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        return h + torch.tanh(self.lin(h) + self.feat(feats)) * torch.sigmoid(self.gate(ids))
+
+
 class DictNet(nn.Module):
     """Token ids plus dense per-token features -> logits over VOCAB."""
 
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, 16)
-        self.proj = nn.Linear(FEATS, 16)
+        self.blocks = nn.ModuleList(Mix() for _ in range(2))
         self.head = nn.Linear(16, VOCAB)
 
     def forward(self, ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.embed(ids) + self.proj(feats)))
+        h = self.embed(ids)
+        for b in self.blocks:
+            h = b(h, ids, feats)
+        return self.head(h)
 
 
 def build() -> tuple[nn.Module, dict[str, torch.Tensor]]:

@@ -26,6 +26,7 @@ from torch import nn
 from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.models.init_tape import InitTape
 from meshplan.plan import Plan
+from meshplan.runtime.apply import split
 from meshplan.runtime.apply.checks import check_plan
 from meshplan.runtime.apply.parallel_model import ParallelModel
 from meshplan.runtime.apply.stage_params import tie_groups, unique_params
@@ -92,6 +93,9 @@ def apply_plan(
         precision=checked.precision, scaler=s.scaler, grad_sync=s.grad_sync, sync_counter=s.counter,
         loss_parallel=checked.head is not None, epcp=s.ecs, input_names=checked.names, phase_spans=s.spans,
     )
+    if s.pipelined:  # each stage reads its model inputs from the schedule's keywords (split.KeywordInputs)
+        pm.input_keywords = tuple(split.input_keyword(n) for n in s.pieces[0].model_inputs)
+        pm.reads_inputs = any(s.pieces[i].reads for i in s.mine)
     pm.ties = tie_groups(env, s.shared, pm.stage_indices, {i: s.pieces[i].module for i in s.mine} if s.pipelined else {})
     if init_from is not None and plan.quantization.mode == "none" and meta is None:
         pm.notes.append(load_pretrained(pm.container(), init_from, tied=pm.tied_fqns,

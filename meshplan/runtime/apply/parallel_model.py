@@ -75,6 +75,10 @@ class ParallelModel:
     loss_parallel: bool = False  # the LM head's output is vocabulary-sharded: loss under loss_parallel()
     epcp: EPCPState | None = None  # expert/context parallelism (cp or ep > 1): batch shard + grad sync
     input_names: tuple[str, ...] | None = None  # dict keys of the example (batches are ordered so)
+    # pp > 1: the keyword each positional model input goes to the schedule under (split.input_keyword);
+    # every stage takes the ones it reads (split.KeywordInputs), none crosses a stage boundary
+    input_keywords: tuple[str, ...] = ()
+    reads_inputs: bool = True  # this rank's modules read model inputs (pp > 1: one of its stages does)
     phase_spans: PhaseSpans = field(default_factory=PhaseSpans)  # profiler ranges per phase (runtime.record.phases)
     # seconds of the last step this rank waited for others: from its last gradient bucket (its own work
     # done) to the end of the gradient and loss reductions (``meshplan.stragglers``)
@@ -137,13 +141,23 @@ class ParallelModel:
         if not local:
             assert inputs is not None and targets is not None
             return tuple(self._local_batch(t) for t in self._positional(inputs)), self._local_batch(targets)
-        if (inputs is None and self.has_first) or (targets is None and self.has_last):
-            raise ValueError("step(local=True): the first stage needs inputs and the last stage needs targets")
+        if (inputs is None and self.reads_inputs) or (targets is None and self.has_last):
+            raise ValueError("step(local=True): a rank whose stages read model inputs needs them, the last stage "
+                             "needs targets")
         dev = self.env.device
         shard = self.epcp.shard if self.epcp is not None else (lambda t: t)  # cp: this rank's sequence shard
         xs = () if inputs is None else tuple(shard(t.to(dev)) if isinstance(t, torch.Tensor) else t
                                              for t in self._positional(inputs))
         return xs, (None if targets is None else shard(targets.to(dev)))
+
+    def schedule_inputs(self, xs: tuple) -> dict[str, object]:
+        """pp > 1: this rank's model inputs (``rank_batch``'s) as the keywords of ``schedule.step``,
+        which hands them to every stage of the rank per microbatch; empty where no stage reads one."""
+        if not self.reads_inputs or not xs:
+            return {}
+        if len(xs) != len(self.input_keywords):
+            raise ValueError(f"the batch has {len(xs)} inputs, the model was captured with {len(self.input_keywords)}")
+        return dict(zip(self.input_keywords, xs))
 
     def step(self, inputs: object, targets: torch.Tensor | None, *, local: bool = False) -> float:
         """One training step on the GLOBAL batch (or this rank's share with ``local``): ``inputs`` a
@@ -171,12 +185,11 @@ class ParallelModel:
                 local_loss += lpmod.plain(loss.detach()).double().cpu() / m
         else:
             losses: list[torch.Tensor] = []
-            args = xs if self.has_first else ()
             # return_outputs=False: the last stage keeps no microbatch's output (the logits) until the step
             # ends; the losses list is all this step reads (cost_models.allocator costs the same)
             kw = {"target": y, "losses": losses, "return_outputs": False} if self.has_last else {}
             with lpmod.context(self.loss_parallel), self.phase_spans.span("schedule"):
-                self.schedule.step(*args, **kw)  # type: ignore[attr-defined]
+                self.schedule.step(**kw, **self.schedule_inputs(xs))  # type: ignore[attr-defined]
             for p in self.parameters():  # schedules run with scale_grads=False (see schedules.py)
                 if p.grad is not None and not (self.grad_sync is not None and self.grad_sync.owns(p)) \
                         and not (self.epcp is not None and self.epcp.owns(p)):

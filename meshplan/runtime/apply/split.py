@@ -4,12 +4,18 @@ Each ``StageSpec`` names its first fx node (``first_node``); every node from the
 stage's first node belongs to the stage. For every stage we build one ``torch.fx.GraphModule``
 whose
 
-* inputs are the values *live into* the stage: the model inputs for stage 0, else exactly the
-  outputs of the previous stage (``torch.distributed.pipelining`` passes a stage's outputs as the
-  next stage's positional arguments);
-* outputs are the values live *out of* it: everything produced so far that a later stage (or
-  the model output) still needs. Skip edges (masks, rotary tables, token ids, residuals) are
-  therefore forwarded through the stages in between;
+* inputs are, first, the values *received*: exactly the outputs of the previous stage
+  (``torch.distributed.pipelining`` passes a stage's outputs as the next stage's positional
+  arguments; none for stage 0), then the model inputs (the capture's placeholders) that the stage's
+  own nodes read (``StagePiece.reads``), in the model's order;
+* outputs are the values live *out of* it: everything computed so far that a later stage (or
+  the model output) still needs. Skip edges (masks, rotary tables, residuals) are therefore
+  forwarded through the stages in between. Model inputs never cross a stage boundary: every stage
+  gets the ones it reads from the batch, by keyword (``KeywordInputs``, fed by
+  ``schedule.step(**inputs)``, which torch's schedules hand to every stage of a rank per microbatch,
+  as torchtitan passes its extra inputs). So a stage that reads token ids (a T5 decoder's
+  ``decoder_input_ids``, a dict model's keyword features) gets the real ids even in the schedule's
+  shape inference, which runs a later stage on uninitialised tensors made from what it receives;
 * sub-modules and parameters are the ORIGINAL ones, at their original dotted FQNs
   (``blocks.2.attn.q_proj.weight``). ``torch.fx.passes.split_module`` partitions the same way
   but flattens qualified names (``blocks_2_attn_q_proj``), which would break the Plan's
@@ -52,8 +58,10 @@ class StagePiece:
 
     index: int
     module: torch.fx.GraphModule
-    inputs: tuple[str, ...]
+    inputs: tuple[str, ...]  # values received from the previous stage (its ``outputs``), positional
     outputs: tuple[str, ...]
+    reads: tuple[str, ...] = ()  # model inputs (placeholder names) the stage reads, positional after ``inputs``
+    model_inputs: tuple[str, ...] = ()  # every model input (placeholder name), in a batch's positional order
 
 
 def capture(model: nn.Module, example_inputs: Any) -> Captured:
@@ -132,12 +140,16 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
             if k != producer(n):
                 last_use[n.name] = max(last_use.get(n.name, -1), k)
     order = {n.name: i for i, n in enumerate(nodes)}
-    live_in: list[list[str]] = [[p.name for p in placeholders]]
+    live_in: list[list[str]] = [[]]  # received from the previous stage: computed values only
     for k in range(n_stages - 1):
-        live = [name for name, last in last_use.items() if last > k]
-        live = [x for x in live if assign.get(x, -1) <= k]  # placeholders: produced "before" stage 0
+        live = [name for name, last in last_use.items() if last > k and 0 <= assign.get(name, -1) <= k]
         live.sort(key=order.__getitem__)
         live_in.append(live)
+    reads: list[list[str]] = [[] for _ in range(n_stages)]
+    for p in placeholders:  # a model input goes to every stage whose nodes read it, by keyword
+        users = {n_stages - 1 if u.op == "output" else assign[u.name] for u in p.users}
+        for k in sorted(users):
+            reads[k].append(p.name)
 
     pieces = []
     by_name = {n.name: n for n in nodes}
@@ -145,12 +157,10 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
         g = torch.fx.Graph()
         env: dict[str, torch.fx.Node] = {}
         look = functools.partial(_lookup, env, k=k)
-        for name in live_in[k]:
-            src = by_name[name]
-            if k == 0 and src.op == "placeholder":  # keeps a model input's default (position_ids=None)
-                env[name] = g.node_copy(src)
-            else:  # the gradient sent back for a received value must be dense too (a cat's slice is not)
-                env[name] = g.call_function(grad_send_ready, (g.placeholder(name),))
+        for name in live_in[k]:  # the gradient sent back for a received value must be dense (a cat's slice is not)
+            env[name] = g.call_function(grad_send_ready, (g.placeholder(name),))
+        for name in reads[k]:  # a model input, with its default (position_ids=None)
+            env[name] = g.node_copy(by_name[name])
         for n in nodes:
             if n.op == "get_attr":
                 if any(u.op != "output" and assign[u.name] == k for u in n.users):
@@ -172,8 +182,38 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
             g.output(vals[0] if len(vals) == 1 else vals)
         g.lint()
         mod = torch.fx.GraphModule(gm, g, class_name=f"Stage{k}")
-        pieces.append(StagePiece(index=k, module=mod, inputs=tuple(live_in[k]), outputs=outs))
+        pieces.append(StagePiece(index=k, module=mod, inputs=tuple(live_in[k]), outputs=outs, reads=tuple(reads[k]),
+                                 model_inputs=tuple(p.name for p in placeholders)))
     return pieces
+
+
+def input_keyword(name: str) -> str:
+    """The keyword a model input is passed to the pipeline schedule under (``schedule.step(**kw)``):
+    prefixed, so no input name meets the schedule's own keywords (``target``, ``losses``)."""
+    return f"in_{name}"
+
+
+class KeywordInputs(nn.Module):
+    """A stage as its ``PipelineStage`` runs it: ``forward(*received, **inputs)`` calls
+    ``inner(*received, *reads)``, the model inputs it reads taken by keyword from the ones every
+    stage of this rank is given (``schedule.step(**inputs)``); the others are ignored. It wraps the
+    stage innermost to DDP / FSDP2 (which hand keywords on) and outermost to everything else."""
+
+    def __init__(self, inner: nn.Module, reads: Sequence[str]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.reads = tuple(input_keyword(r) for r in reads)
+
+    def forward(self, *received: Any, **inputs: Any) -> Any:
+        missing = [k.removeprefix("in_") for k in self.reads if k not in inputs]
+        if missing:
+            raise ValueError(f"pipeline stage: model inputs {missing} were not given to this rank's schedule")
+        return self.inner(*received, *(inputs[k] for k in self.reads))
+
+
+def stage_args(piece: StagePiece, received: tuple, inputs: dict[str, Any]) -> tuple:  # by placeholder name
+    """A stage module's positional arguments: what it received, then the model inputs it reads."""
+    return (*received, *(inputs[r] for r in piece.reads))
 
 
 def send_ready(x: Any) -> Any:
@@ -207,22 +247,37 @@ def _lookup(env: dict[str, torch.fx.Node], a: torch.fx.Node, k: int) -> torch.fx
     return env[a.name]
 
 
-def check_stage_chain(pieces: Sequence[StagePiece], example_inputs: tuple) -> None:
+def check_stage_chain(pieces: Sequence[StagePiece], example_inputs: Any) -> None:
     """Run the stages one after another on ``example_inputs``: every value crossing a stage
     boundary must be a tensor (pipelining sends only tensors)."""
+    run_chain(pieces, example_inputs)
+
+
+def run_chain(pieces: Sequence[StagePiece], inputs: Any) -> Any:
+    """The stages run one after another (no grad) on ``inputs`` (a tensor, tuple or dict, in the
+    capture's order), each given what the previous one sent and the model inputs it reads; returns
+    the last stage's output. Refuses a non-tensor value sent between stages."""
     from meshplan.calls import split_inputs
 
-    vals: tuple = split_inputs(example_inputs)[1]
+    by_name = dict(zip(pieces[0].model_inputs, split_inputs(inputs)[1])) if pieces else {}
+    out: Any = None
+    received: tuple = ()
     with torch.no_grad():
-        for p in pieces[:-1]:
-            out = p.module(*vals)
-            vals = out if isinstance(out, tuple) else (out,)
-            bad = [name for name, v in zip(p.outputs, vals) if not isinstance(v, torch.Tensor)]
+        for p in pieces:
+            out = p.module(*stage_args(p, received, by_name))
+            if p is pieces[-1]:
+                break
+            received = out if isinstance(out, tuple) else (out,)
+            if not p.outputs:
+                raise PlanMismatchError(f"stage {p.index} sends nothing to stage {p.index + 1} (the later stages read "
+                                        "only model inputs); move the stage boundary")
+            bad = [name for name, v in zip(p.outputs, received) if not isinstance(v, torch.Tensor)]
             if bad:
                 raise PlanMismatchError(
                     f"stage {p.index} would send non-tensor values {bad} to stage {p.index + 1}; "
                     "move the stage boundary (block boundaries always work)"
                 )
+    return out
 
 
 def most_used_parameter(piece: StagePiece) -> tuple[str, int]:

@@ -4,10 +4,11 @@ Every source is a stream of *global samples* numbered 0, 1, 2, ...; step ``s`` c
 ``global_batch`` samples after the ``samples_seen`` before it. Data-parallel replica ``d`` of
 ``D`` reads only samples ``[d*B/D, (d+1)*B/D)`` of that step (the slice ``ParallelModel.step``
 would have cut from the global batch, so losses equal a global-batch run); within a pipeline
-only the rank holding the first stage reads inputs and only the one holding the last stage
-reads targets; tensor-parallel ranks of one replica read the same samples. The position is one
-integer (``samples_seen``), saved in every checkpoint, so a resumed run continues with the very
-next sample even under another plan or global batch.
+only the ranks whose stages read model inputs read inputs (the first stage, and a later one that
+reads some, e.g. a decoder's ids) and only the one holding the last stage reads targets;
+tensor-parallel ranks of one replica read the same samples. The position is one integer
+(``samples_seen``), saved in every checkpoint, so a resumed run continues with the very next
+sample even under another plan or global batch.
 
 Sources (``--data``):
 
@@ -43,7 +44,7 @@ from meshplan.tokenfile import FileIdentity, file_change, open_tokens, read_meta
 
 DP_AXES = ("dp_replicate", "dp_shard", "dp")
 BLOCK = 4096  # samples per PCG64 key (token-window starts)
-Batch = tuple[Any, torch.Tensor | None]  # inputs: a tensor, tuple or dict of tensors (None off the first stage)
+Batch = tuple[Any, torch.Tensor | None]  # inputs: a tensor, tuple or dict of tensors (None where no stage reads one)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class Share:
 
 
 def rank_share(env: Any, has_first: bool = True, has_last: bool = True) -> Share:
-    """This rank's data-parallel replica (mixed radix over the dp axes present) and its pipeline role."""
+    """This rank's data-parallel replica (mixed radix over the dp axes present) and its pipeline role:
+    ``has_first``: its stages read model inputs (``ParallelModel.reads_inputs``); ``has_last``: targets."""
     idx, n = 0, 1
     for axis in DP_AXES:
         d = env.degree(axis)

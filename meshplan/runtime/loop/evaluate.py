@@ -1,7 +1,7 @@
 """Validation loss of a ParallelModel on held-out batches (forward only, no optimizer step).
 
 ``eval_loss(pm, batches)`` takes this rank's share of each batch (``meshplan.runtime.loop.data``:
-inputs on the first pipeline stage, targets on the last), runs the forward pass in microbatches
+inputs on the pipeline ranks whose stages read them, targets on the last), runs the forward pass in microbatches
 (under pp > 1 the schedule's own ``eval``, which skips backward), and returns the mean loss over
 the batches, averaged over data-parallel replicas and identical on every rank. Model modules are
 put in ``eval()`` mode for the pass and restored after (dropout off).
@@ -34,10 +34,9 @@ def _batch_loss(pm: ParallelModel, x: tuple, y: torch.Tensor | None) -> torch.Te
             local += lpmod.plain(loss.detach()).double().cpu() / m
         return local
     losses: list[torch.Tensor] = []
-    args = x if pm.has_first else ()
     kw = {"target": y, "losses": losses} if pm.has_last else {}
     with lpmod.context(pm.loss_parallel):
-        pm.schedule.eval(*args, **kw)  # type: ignore[attr-defined]
+        pm.schedule.eval(**kw, **pm.schedule_inputs(x))  # type: ignore[attr-defined]
     if pm.has_last:
         local += torch.stack([lpmod.plain(v.detach()).double().cpu() for v in losses]).mean() / pm.loss_scale()
     return local

@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pm.lr_fn = functools.partial(lr_at, lr=args.lr, schedule=args.lr_schedule, warmup_steps=args.warmup_steps,
                                  total_steps=args.steps)
     stream = data.open_stream(args.data, seq_len=seq_len, seed=args.seed, global_batch=plan.global_batch_size,
-                              share=data.rank_share(pm.env, pm.has_first, pm.has_last), synthetic=synthetic)
+                              share=data.rank_share(pm.env, pm.reads_inputs, pm.has_last), synthetic=synthetic)
     data.check_vocab(stream, model, args.data)
     held_out = None
     if args.eval_every:
