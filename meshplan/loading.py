@@ -55,7 +55,9 @@ def load_graph(
         built = load_model(spec, device="meta")
         inputs = built.example_inputs
         if seq is not None:
-            inputs = default_inputs(built.model, batch_size=1, seq_len=seq, device="meta") or inputs
+            rebuilt = default_inputs(built.model, batch_size=1, seq_len=seq, device="meta")
+            _check_rebuilt(spec, inputs, rebuilt)
+            inputs = rebuilt or inputs
     if input_shapes is not None:
         inputs = resolve_inputs(built.model, None, input_shapes)
     if use_cache and key is None:
@@ -88,3 +90,18 @@ def case_graph(case: dict[str, Any]) -> ModelGraph:
         model = case_model(case)
         _CASE_GRAPHS[key] = trace_model(model, default_inputs(model, device="meta"), name=case["id"])
     return _CASE_GRAPHS[key]
+
+
+def _check_rebuilt(spec: str, given: Any, rebuilt: Any) -> None:
+    """``--seq`` rebuilds one token-id tensor from the config: refused (one line) where the factory's
+    own example inputs are several (an encoder-decoder's ``decoder_input_ids``, a dict of features),
+    which that one tensor would silently drop."""
+    from meshplan.calls import split_inputs
+
+    if given is None or rebuilt is None:
+        return
+    names, vals = split_inputs(given)
+    if len(vals) > len(split_inputs(rebuilt)[1]):
+        what = ", ".join(names) if names else f"{len(vals)} tensors"
+        raise ValueError(f"--seq: {spec}'s example inputs ({what}) cannot be rebuilt at another length from its "
+                         "config; drop --seq (their own length is used) or give each with --input-shape NAME=1xSEQ")

@@ -84,3 +84,12 @@ def test_seq_note(seq, top, want) -> None:
     g = ModelGraph(model_name="m", capture="fx", batch_size=1, seq_len=seq, nodes=[], edges=[], blocks=[],
                    cut_points=[], param_count=0, param_bytes=0, meta={"max_seq_len": top})
     assert seq_note(g) == want
+
+
+def test_seq_refused_where_it_would_drop_the_factorys_other_inputs() -> None:
+    """--seq rebuilds one token tensor from the config: an encoder-decoder factory's examples (input_ids,
+    decoder_input_ids) are not silently cut to input_ids (the capture then failed on the decoder)."""
+    from meshplan.loading import load_graph
+
+    with pytest.raises(ValueError, match=r"--seq: dict_batch:t5's example inputs \(input_ids, decoder_input_ids\)"):
+        load_graph("dict_batch:t5", seq=16, use_cache=False)

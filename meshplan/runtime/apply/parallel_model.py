@@ -155,9 +155,9 @@ class ParallelModel:
         which hands them to every stage of the rank per microbatch; empty where no stage reads one."""
         if not self.reads_inputs or not xs:
             return {}
-        if len(xs) != len(self.input_keywords):
+        if len(xs) > len(self.input_keywords):
             raise ValueError(f"the batch has {len(xs)} inputs, the model was captured with {len(self.input_keywords)}")
-        return dict(zip(self.input_keywords, xs))
+        return dict(zip(self.input_keywords, xs))  # inputs left out (position_ids=None) take their defaults
 
     def step(self, inputs: object, targets: torch.Tensor | None, *, local: bool = False) -> float:
         """One training step on the GLOBAL batch (or this rank's share with ``local``): ``inputs`` a

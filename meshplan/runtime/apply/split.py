@@ -36,8 +36,8 @@ their gradients between the pipeline ranks holding a copy (see ``runtime/apply/a
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -62,6 +62,7 @@ class StagePiece:
     outputs: tuple[str, ...]
     reads: tuple[str, ...] = ()  # model inputs (placeholder names) the stage reads, positional after ``inputs``
     model_inputs: tuple[str, ...] = ()  # every model input (placeholder name), in a batch's positional order
+    defaults: dict[str, Any] = field(default_factory=dict)  # model inputs with a default (position_ids=None)
 
 
 def capture(model: nn.Module, example_inputs: Any) -> Captured:
@@ -183,7 +184,8 @@ def split_stages(gm: torch.fx.GraphModule, stages: Sequence[StageSpec]) -> list[
         g.lint()
         mod = torch.fx.GraphModule(gm, g, class_name=f"Stage{k}")
         pieces.append(StagePiece(index=k, module=mod, inputs=tuple(live_in[k]), outputs=outs, reads=tuple(reads[k]),
-                                 model_inputs=tuple(p.name for p in placeholders)))
+                                 model_inputs=tuple(p.name for p in placeholders),
+                                 defaults={p.name: p.args[0] for p in placeholders if p.args}))
     return pieces
 
 
@@ -199,21 +201,23 @@ class KeywordInputs(nn.Module):
     stage of this rank is given (``schedule.step(**inputs)``); the others are ignored. It wraps the
     stage innermost to DDP / FSDP2 (which hand keywords on) and outermost to everything else."""
 
-    def __init__(self, inner: nn.Module, reads: Sequence[str]) -> None:
+    def __init__(self, inner: nn.Module, piece: StagePiece) -> None:
         super().__init__()
         self.inner = inner
-        self.reads = tuple(input_keyword(r) for r in reads)
+        self.piece = piece
 
     def forward(self, *received: Any, **inputs: Any) -> Any:
-        missing = [k.removeprefix("in_") for k in self.reads if k not in inputs]
-        if missing:
-            raise ValueError(f"pipeline stage: model inputs {missing} were not given to this rank's schedule")
-        return self.inner(*received, *(inputs[k] for k in self.reads))
+        return self.inner(*stage_args(self.piece, received, inputs, keyword=input_keyword))
 
 
-def stage_args(piece: StagePiece, received: tuple, inputs: dict[str, Any]) -> tuple:  # by placeholder name
-    """A stage module's positional arguments: what it received, then the model inputs it reads."""
-    return (*received, *(inputs[r] for r in piece.reads))
+def stage_args(piece: StagePiece, received: tuple, inputs: dict[str, Any],
+               keyword: Callable[[str], str] = str) -> tuple:
+    """A stage module's positional arguments: what it received, then the model inputs it reads
+    (``inputs`` keyed by ``keyword(placeholder name)``; one not given takes its default)."""
+    missing = [r for r in piece.reads if keyword(r) not in inputs and r not in piece.defaults]
+    if missing:
+        raise ValueError(f"pipeline stage {piece.index}: model inputs {missing} were not given to this rank's schedule")
+    return (*received, *(inputs.get(keyword(r), piece.defaults.get(r)) for r in piece.reads))
 
 
 def send_ready(x: Any) -> Any:

@@ -247,7 +247,7 @@ def _wrap_dp(s: ApplyState) -> list[nn.Module]:
     """What each stage's PipelineStage (or the pp = 1 loop) runs: the data-parallel wrapper around the
     module; under pp > 1 around ``split.KeywordInputs``, which hands the stage the model inputs it reads."""
     plan = s.plan
-    mods = [split.KeywordInputs(m, s.pieces[i].reads) for m, i in zip(s.modules, s.mine)] if s.pipelined else s.modules
+    mods = [split.KeywordInputs(m, s.pieces[i]) for m, i in zip(s.modules, s.mine)] if s.pipelined else s.modules
     return [dpmod.wrap_dp(m, s.mode, dp_mesh=_dp_mesh(s), dp_group=s.env.group("dp"), counter=s.counter,
                           mp_policy=prec.fsdp_policy(s.checked.precision),
                           per_block=plan.pp == 1 and plan.quantization.mode == "none",
