@@ -147,3 +147,27 @@ def test_fit_recovers_the_backward_forward_ratio_from_phases() -> None:
     blind = cal.fit([cal.Case("dp2", dp.graph, dp.plan, dp.measured_step_s)], spec)  # step time only
     assert abs(cal.predicted_ratio(cal.predict(dp, blind.spec)) / ratio - 1) > 0.08
     assert cal.phase_ratio(None) is None and cal.phase_ratio({"forward": {"measured_s": 1.0}}) is None
+
+
+def test_calibrate_always_fits_forward_and_backward_phases(tmp_path: Path) -> None:
+    """``calibrate`` reads a record's forward and backward phases (scaled to the step time) without
+    ``use_phases``: on a machine with slow GEMMs and slow, poorly hidden collectives, one dp2 run's step
+    time alone leaves the split open; with its phases the fitted spec predicts the compute the run
+    measured (without them the step is matched with compute 80 % too slow: the collectives'
+    bandwidth and overlap and the GEMM speed trade in one step time)."""
+    spec = resolve_cluster(ClusterSpec.from_dict(CPU), 2)
+    truth = cal.apply_terms(spec, {"gemm": 0.3, "backward": 0.6, "overlap": 0.1, "intra_bw": 0.05})
+    case = _case("dp2", spec, truth, dp=2, tp=1, pp=1)
+    ran = cal.predict(case, truth)
+    phases = {k: {"measured_s": 3 * v, "predicted_s": 0.0} for k, v in predicted_phases(ran).items()}  # profiler x3
+    phases["how"] = {"rank": 0}
+    rec = {"model": "gpt-tiny", "world_size": 2, "warmup": 1, "plan": case.plan.to_dict(), "phases": phases,
+           "steps": [{"step": i, "step_s": case.measured_step_s} for i in range(3)]}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps(rec))
+    spec.save(tmp_path / "cpu.json")
+    result = cal.calibrate([tmp_path / "run.json"], tmp_path / "cpu.json")
+    fitted = predicted_phases(cal.predict(case, result.spec))
+    want = predicted_phases(ran)
+    for k in ("forward", "backward"):
+        assert fitted[k] == pytest.approx(want[k], rel=0.05), (k, fitted, want, result.fit.factors)
+    assert abs(result.fit.error(2)[0]) < 0.02

@@ -8,7 +8,7 @@ minimize, over the cases,
 
     Σ_runs (log pred_step(θ) - log measured_step)²
   + Σ_runs (log pred_bwd/fwd(θ) - log measured_bwd/fwd)²      (runs whose record has both phases)
-  + Σ_phases ¼ (log pred_phase(θ) - log measured_phase)²      (``use_phases``)
+  + Σ_phases ¼ (log pred_phase(θ) - log measured_phase)²      (forward, backward; all with ``use_phases``)
   + λ Σ_k (θ_k / σ_k)²                                       (λ = ``RIDGE``, σ = ``PRIOR_SIGMA``)
 
 by damped Gauss-Newton with a forward-difference Jacobian (``STEP`` in log space). The ridge keeps
@@ -179,6 +179,9 @@ def predict(case: Case, spec: ClusterSpec) -> Plan:
 
 #: the RunRecord phases compared (``plan.phases.predicted_phases``; "other" is what is left over)
 PHASES = ("forward", "backward", "optimizer", "comm", "bubble")
+#: the phases ``calibrate`` always fits (when the record has them): their boundaries are the cost
+#: model's everywhere (stage forward / backward work); the others only with ``use_phases``
+COMPUTE_PHASES = ("forward", "backward")
 
 
 def measured_phases(phases: Any, step_s: float | None = None) -> dict[str, float]:
@@ -370,8 +373,11 @@ def calibrate(
     ``run_record.json`` of ``meshplan run --record``) holds the Plan that ran, the model spec and
     the measured step times; every run's layout is re-costed on ``cluster`` (a preset, a cluster
     JSON, "local" or a ClusterSpec) and the terms fitted (module docstring). ``use_phases`` also
-    fits the per-phase seconds the records hold (off by default: the runtime's phase boundaries
-    are not the cost model's terms everywhere). ``name``: the calibrated cluster's (default
+    fits every per-phase second the records hold (off by default: the runtime's phase boundaries
+    are not the cost model's terms everywhere: ZeRO-1's broadcasts are measured inside "optimizer"
+    and costed as DP communication); forward and backward (``COMPUTE_PHASES``), scaled to the
+    step time, are always fitted: without them one run's step time cannot tell compute from the
+    collectives' latency. ``name``: the calibrated cluster's (default
     NAME-calibrated)."""
     from dataclasses import replace
 
@@ -387,8 +393,9 @@ def calibrate(
         say(f"{path}: {plan.summary()} on {d['model']}")
         graph = load_graph(d["model"], seq=plan.seq_len, progress=progress)
         step = measured_step_s(d)
+        phases = measured_phases(d.get("phases"), step)
         cases.append(Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=step,
-                          measured_phases=measured_phases(d.get("phases"), step) if use_phases else {},
+                          measured_phases=phases if use_phases else {k: v for k, v in phases.items() if k in COMPUTE_PHASES},
                           measured_ratio=phase_ratio(d.get("phases"))))  # fmt: skip
     if not cases:
         raise ValueError("calibration needs at least one run record")

@@ -3,8 +3,8 @@
 Reads RunRecords (``meshplan run --record``; each holds the Plan that ran, the model spec and the
 measured step times, and per-phase seconds when the runtime recorded them), re-costs every run's
 layout on ``--cluster`` (a preset name or a cluster JSON), fits the cluster's efficiency terms to
-the measured step times (``meshplan.calibrate``, ``meshplan/api/calibration.py``; with ``--use-phases`` also to the
-per-phase seconds: off by default, because the runtime's phase boundaries are not the cost model's
+the measured step times and the forward / backward phases when recorded (``meshplan.calibrate``,
+``meshplan/api/calibration.py``; with ``--use-phases`` also to the other per-phase seconds: off by default, because the runtime's phase boundaries are not the cost model's
 terms everywhere: ZeRO-1's parameter broadcast is measured inside "optimizer" but costed as DP
 communication, and the profiled steps carry the profiler's overhead) and writes the calibrated cluster JSON, usable
 wherever a preset name goes (``meshplan plan --cluster calibrated.json``). Prints the fitted
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, metavar="CLUSTER_JSON", help="where to write the calibrated cluster")
     parser.add_argument("--name", default=None, help="name of the calibrated cluster (default: NAME-calibrated)")
     parser.add_argument("--use-phases", action="store_true",
-                        help="also fit the runs' measured phases (RunRecord 'phases'), not only their step times")
+                        help="also fit every measured phase (RunRecord 'phases'); forward and backward are always fitted when present")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
