@@ -287,3 +287,41 @@ def test_efficiency_printed_rounded_down():
     from meshplan.sizing.text import percent_down
 
     assert percent_down(0.795) == "79%" and percent_down(0.8) == "80%" and percent_down(1.0) == "100%"
+
+
+def _plan_fields(p) -> dict:
+    """A plan's dict without the timings and solve counts a memo changes (not the plan)."""
+    d = p.to_dict()
+    for k in ("seconds", "split_seconds", "ilp_solves"):
+        d["solver"].pop(k, None)
+    return d
+
+
+def test_memoized_sweep_equals_unmemoized(monkeypatch):
+    """A sweep sharing one PlanMemo across sizes (and its searches' table memos and stage-split
+    solves, ``GraphCoster.search_memos``) gives every plan field as fresh searches do, and reuses
+    split solves instead of redoing them."""
+    from planner_fixtures import gpt_graph
+
+    import meshplan.partition.stage_ilp as stage_ilp
+    from meshplan.planner.api import PlanMemo, plan_graph
+
+    g = gpt_graph(layers=8, h=256, heads=4, seq=256, vocab=4096)
+    calls = {"n": 0}
+    real = stage_ilp.split_stages
+
+    def counted(*a, **kw):
+        calls["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(stage_ilp, "split_stages", counted)
+    sizes = (16, 32, 16, 64, 32)
+    memo = PlanMemo()
+    shared = [plan_graph(g, n, cluster="a100-40g", global_batch_size=64, memo=memo) for n in sizes]
+    shared_calls, calls["n"] = calls["n"], 0
+    fresh = [plan_graph(g, n, cluster="a100-40g", global_batch_size=64) for n in sizes]
+    assert [_plan_fields(p) for p in shared] == [_plan_fields(p) for p in fresh]
+    assert any(p.pp > 1 for p in shared)  # the split solves were exercised
+    (coster,) = memo._costers.values()
+    assert coster.search_memos[("split",)] and coster.search_memos[("prefix",)]
+    assert shared_calls < calls["n"]  # the repeated sizes' split solves came from the memo

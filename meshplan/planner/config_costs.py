@@ -47,6 +47,7 @@ from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params
 from meshplan.planner.memory_floor import held_floor
 from meshplan.planner.pipeline_time import inflight
+from meshplan.planner.search_memos import share_table_memos, solve_split
 from meshplan.planner.search_types import (
     RECOMPUTE_CHOICES,
     SCHEDULE_CHOICES,
@@ -176,6 +177,9 @@ class ConfigCosts:
         self._bound_memo: dict[tuple, tuple[float, float]] = {}  # lower_bound per (config, layout, optimizer impl)
         self._divs_memo: dict[tuple, tuple[int, int, int]] = {}  # _zero_divs per (kind, dp, tp, layout)
         self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
+        share_table_memos(self)  # with the other searches on this coster (a world-size sweep)
+        # what ``p2p_time`` reads of the cluster: its hardware, whatever the device count (search_memos.solve_split)
+        self.links_key = repr(cluster.with_devices(cluster.devices_per_node))
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
         self._every_kind_fits: set[Config] = set()  # evaluate_auto found every DP kind it tried fitting
         check_training_dtype(dtype, cluster)
@@ -556,7 +560,6 @@ class ConfigCosts:
         """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
         when the time-balanced split does not fit; None when it finds none."""
         from meshplan.errors import NoFeasiblePlanError
-        from meshplan.partition.stage_ilp import split_stages
 
         if (
             c.virtual_stages != 1
@@ -567,9 +570,9 @@ class ConfigCosts:
             return None
         self._rescues += 1
         try:
-            split = split_stages(
-                self.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule, virtual_stages=1,
-                mem_limit_bytes=self.mem_limit, method="dp", explain=False, p2p_time=self.p2p_time(c),
+            split = solve_split(
+                self, c, self.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule,
+                virtual_stages=1, mem_limit_bytes=self.mem_limit, method="dp", explain=False,
             )  # fmt: skip
         except (NoFeasiblePlanError, ValueError):
             return None

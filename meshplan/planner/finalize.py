@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.planner.evaluate import ConfigEvaluator
+from meshplan.planner.search_memos import solve_split
 from meshplan.planner.search_types import Config, Evaluation, GiB, SplitSolve, group
 
 #: Work limit of the winner's split ILP, in branch-and-bound nodes (``ilp.solve(node_limit=)``;
@@ -68,7 +69,6 @@ def refine_split(
     no split) and re-simulated: the better (fitting) of the two, with what the ILP reported
     (None without a pipeline or when the ILP finds nothing)."""
     from meshplan.errors import NoFeasiblePlanError
-    from meshplan.partition.stage_ilp import split_stages
 
     c = ev.config
     if c.pp == 1:
@@ -85,10 +85,9 @@ def refine_split(
     limit = max(float(s.mem_limit), _split_mem(layers, ev.stage_layers, c) + reserved)
 
     def solve(how: str) -> Any:
-        return split_stages(
-            layers, pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule,
+        return solve_split(
+            s, c, layers, pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule,
             virtual_stages=c.virtual_stages, mem_limit_bytes=limit * (1 + 1e-9), reserved_bytes=reserved,
-            p2p_time=s.p2p_time(c),
             method=how, time_limit_s=time_limit_s, node_limit=node_limit,
         )  # fmt: skip
 
