@@ -10,17 +10,19 @@ VOCAB, SEQ, FEATS = 32, 8, 4
 
 
 class Mix(nn.Module):
-    """The hidden state mixed with the token features, gated by the token ids: every block reads the
-    model's keyword inputs again, so a later pipeline stage needs them too."""
+    """The hidden state mixed with the token features and a hash of the ids, gated by the ids: every block
+    reads the model's keyword inputs again, so a later pipeline stage needs them too, and receives the
+    hashed ids (integers computed in the first stage) from the stage before."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(16, 16)
         self.feat = nn.Linear(FEATS, 16)
+        self.hashed = nn.Embedding(VOCAB, 16)
         self.gate = nn.Embedding(VOCAB, 16)
 
-    def forward(self, h: torch.Tensor, ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        return h + torch.tanh(self.lin(h) + self.feat(feats)) * torch.sigmoid(self.gate(ids))
+    def forward(self, h: torch.Tensor, ids: torch.Tensor, hashed: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        return h + torch.tanh(self.lin(h) + self.feat(feats) + self.hashed(hashed)) * torch.sigmoid(self.gate(ids))
 
 
 class DictNet(nn.Module):
@@ -33,9 +35,10 @@ class DictNet(nn.Module):
         self.head = nn.Linear(16, VOCAB)
 
     def forward(self, ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        hashed = (ids * 7 + 3) % VOCAB
         h = self.embed(ids)
         for b in self.blocks:
-            h = b(h, ids, feats)
+            h = b(h, ids, hashed, feats)
         return self.head(h)
 
 

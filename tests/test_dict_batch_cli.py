@@ -87,7 +87,8 @@ def test_dict_batch_tp2_equals_one_device(tmp_path: Path, one_device: Callable) 
 
 
 def test_dict_batch_pp2_equals_one_device(tmp_path: Path, one_device: Callable) -> None:
-    """Cut at blocks.1: the second stage reads the ids (an embedding) and the features itself."""
+    """Cut at blocks.1: the second stage reads the ids (an embedding) and the features itself, and
+    receives the hashed ids (integers, zeros in torch's shape inference, not uninitialised memory)."""
     pp2 = _run(tmp_path, "pp2", pp=2, microbatches=2, micro_batch_size=4)
     assert pp2 == pytest.approx(one_device(DICT), rel=1e-5, abs=1e-6)
 

@@ -22,6 +22,9 @@ placement: stages 0 and 2p-1 both on rank 0) would be divided twice. ``loss_fn``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
 
 from meshplan.errors import PlanMismatchError
 
@@ -49,6 +52,25 @@ def check_placement(schedule: str, pp: int, ranks_by_stage: Sequence[int], micro
         raise PlanMismatchError(
             f"plan places stages on pipeline ranks {list(ranks_by_stage)}, but {schedule} runs them on {want}"
         )
+
+
+def pipeline_stage(module: Any, index: int, num_stages: int, device: Any, group: Any) -> Any:
+    """torch's ``PipelineStage`` for ``module``, except in its shape inference on the first step: there
+    torch runs a later stage on uninitialised tensors shaped like what it receives, so an integer
+    tensor computed in an earlier stage (ids hashed or bucketed from the tokens, routing indices)
+    would index an embedding out of range; here such tensors are zeros (float ones stay as torch makes them)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class _Stage(PipelineStage):
+        def _to_tensor(self, arg: Any) -> Any:
+            t = super()._to_tensor(arg)
+            if not isinstance(arg, torch.Tensor) and isinstance(t, torch.Tensor) and not (
+                    t.is_floating_point() or t.is_complex()):
+                with torch.no_grad():
+                    (t.to_local() if hasattr(t, "to_local") else t).zero_()
+            return t
+
+    return _Stage(module, index, num_stages, device, group=group)
 
 
 def build_schedule(schedule: str, stages: list, microbatches: int, loss_fn: Callable) -> object:

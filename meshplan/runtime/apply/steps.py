@@ -330,10 +330,8 @@ def apply_schedule(s: ApplyState) -> list[str]:
     s.scaler = prec.make_scaler(s.checked.precision)
     if not s.pipelined:
         return []
-    from torch.distributed.pipelining import PipelineStage
-
     n = len(s.checked.ordered)
-    pstages = [PipelineStage(r, i, n, s.env.device, group=s.env.group("pp")) for r, i in zip(s.runners, s.mine)]
+    pstages = [schedules.pipeline_stage(r, i, n, s.env.device, s.env.group("pp")) for r, i in zip(s.runners, s.mine)]
     if s.plan.schedule in ZERO_BUBBLE_SCHEDULES:
         for st, m in zip(pstages, s.modules):
             for sync in (s.grad_sync, s.ecs):
