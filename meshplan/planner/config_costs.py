@@ -165,6 +165,7 @@ class ConfigCosts:
         self._epcp_nodes = [n for n in self.g.nodes if n.kind in ("moe", "attention")]  # what EP/CP terms read
         self._epcp_memo: dict[tuple, EPCPPrefix] = {}
         self._epcp_node_memo: dict[tuple, Any] = {}  # one node's terms and shared node sums (EPCPPrefix memo)
+        self._epcp_stages_memo: dict[tuple, list[EPCPTerms]] = {}  # _epcp_stages per (_epcp_key, table, runs)
         self._epcp_whole: dict[tuple, EPCPTerms] = {}  # the whole model's terms per _epcp_prefix key
         self._bpp0_memo: dict[tuple, ModelStateBytes] = {}
         self._infl_ranks: dict[tuple, list[float]] = {}
@@ -280,8 +281,11 @@ class ConfigCosts:
 
     def _epcp_stages(self, c: Config, t: CostTable, runs: list[tuple[int, int]]) -> list[EPCPTerms]:
         """``_epcp`` per pipeline stage: over the MoE / attention nodes of the stage's layers."""
-        pre = self._epcp_prefix(c)
-        return [pre.terms(t.layers[a].node_start, t.layers[b - 1].node_end) for a, b in runs]
+        key = (self._epcp_key(c), id(t), tuple(runs))  # per search: the prefix reads this cluster
+        if key not in self._epcp_stages_memo:
+            pre = self._epcp_prefix(c)
+            self._epcp_stages_memo[key] = [pre.terms(t.layers[a].node_start, t.layers[b - 1].node_end) for a, b in runs]
+        return self._epcp_stages_memo[key]
 
     def _shard(self, c: Config) -> int:
         """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):

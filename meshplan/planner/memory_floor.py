@@ -105,8 +105,15 @@ def rank_pipeline_buffers(
     """Per pipeline rank, the pipeline runtime's receive buffers and cached outputs of its stages
     (``allocator.pipeline_buffer_bytes``; 0 without pp): a stage's output is what it sends
     (``st_sendb``), the last stage's its logits."""
+    # memoized by every input but ``t``'s last-layer logits (id(t): the coster keeps its tables);
+    # the memo is shared by the searches on one coster (``search_memos``), read only
+    key = (id(t), tuple(runs), tuple(st_sendb), placement, tuple(infl), c.pp, c.num_microbatches, ev.pp_buffers)
+    hit = ev._pipe_memo.get(key)
+    if hit is not None:
+        return hit
     r_pipe = [0.0 for _ in range(c.pp)]
     n_st = len(runs)
+    ev._pipe_memo[key] = r_pipe
     if n_st > 1:
         for i in range(n_st):
             last = i == n_st - 1

@@ -4,7 +4,7 @@ per cluster hardware, precision, quantization, optimizer and engine profile, reu
 ``share_table_memos`` binds a search's memos whose values depend only on a cost table (and the
 settings named in their group key) to the coster's ``search_memos``: the time-balanced split of a
 table into n stages, its prefix sums, recompute transients, tied-weight layers, per-stage columns
-and the in-flight microbatch counts of a schedule shape. None of them reads the device count, the
+the in-flight microbatch counts of a schedule shape and the pipeline buffers of a split. None of them reads the device count, the
 global batch, the pins or the data-parallel degree, and the coster keeps every table it made, so a
 key holding ``id(table)`` names one table for the coster's life. ``solve_split`` memoizes the
 stage-split solves (``partition.stage_ilp.split_stages``: the winner's ILP, the memory re-splits)
@@ -28,6 +28,7 @@ def share_table_memos(ev: Any) -> None:
     ev._transient_memo = shared.setdefault(("transient",), ev._transient_memo)  # (id(t), runs)
     ev._tied_memo = shared.setdefault(("tied",), ev._tied_memo)  # id(t)
     ev._infl_ranks = shared.setdefault(("inflight",), ev._infl_ranks)  # (schedule, pp, m, v)
+    ev._pipe_memo = shared.setdefault(("pipe_buffers",), {})  # memory_floor.rank_pipeline_buffers: all its inputs
     # kind_free.stage_columns, keyed (id(t), runs, state layout): also the per-parameter state bytes
     # (dtype, optimizer) and the coster's quantization and pass-through bytes
     ev._stage_cols_memo = shared.setdefault(("stage_cols", ev.dtype, ev.optimizer), ev._stage_cols_memo)
