@@ -325,3 +325,16 @@ def test_memoized_sweep_equals_unmemoized(monkeypatch):
     (coster,) = memo._costers.values()
     assert coster.search_memos[("split",)] and coster.search_memos[("prefix",)]
     assert shared_calls < calls["n"]  # the repeated sizes' split solves came from the memo
+
+
+def test_sweep_restores_gc_settings(graph):
+    """``plan_points`` runs with fewer GC passes and leaves the collector as it found it."""
+    import gc
+
+    from meshplan.sizing.sweep import SWEEP_GC_THRESHOLD, fewer_collections, plan_points
+
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    with fewer_collections():
+        assert gc.get_threshold()[0] == SWEEP_GC_THRESHOLD and gc.get_freeze_count() > 0
+    points = plan_points(graph, [("h100", 8)], 64, jobs=1)
+    assert points[0].plan and gc.get_threshold() == before and gc.get_freeze_count() == frozen

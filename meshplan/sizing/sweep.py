@@ -10,16 +10,19 @@ planned as given.
 ``PlanMemo`` per process so every size of a kind reuses the kind's costing (TP placements, cost
 tables); with ``jobs`` > 1 the searches run in that many forked worker processes (the graph is
 inherited, not copied), each with its own memo, results in task order. A size where no plan fits
-gives a point with the reason. No torch import.
+gives a point with the reason. The sweep runs with fewer cyclic-GC passes (``fewer_collections``:
+CPU, not results). No torch import.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import queue
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +31,11 @@ from meshplan.graph import ModelGraph
 from meshplan.sizing.parse import GpuCounts
 
 GIB = 2**30
+#: Allocations between two young-generation collections of CPython's cyclic GC during the sweep
+#: (default 700): the searches make millions of short-lived objects whose refcounts free them, and
+#: each collection also walks the long-lived memos and cost tables; with the default the collector
+#: took about a quarter of the sweep's CPU (llama3-70b x 3 kinds x 12 sizes, BENCHMARKS.md)
+SWEEP_GC_THRESHOLD = 50_000
 
 
 @dataclass(frozen=True)
@@ -105,9 +113,30 @@ def _worker(graph: ModelGraph, tasks: Any, results: Any, global_batch: int, plan
             results.put((i, SweepPoint(kind, n, error=f"planning failed: {type(e).__name__}: {e}")))
 
 
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Around the sweep: what exists before it (the graph, imports) is frozen out of the cyclic
+    GC's walks (``gc.freeze``; forked workers inherit it) and the young generation is collected
+    every ``SWEEP_GC_THRESHOLD`` allocations; both restored after. Changes no result."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(SWEEP_GC_THRESHOLD, old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
 def plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_batch: int, *, jobs: int = 1,
                 progress: Callable[[str], None] | None = None, **plan_kw: Any) -> list[SweepPoint]:
     """One ``SweepPoint`` per (kind, gpus) task, in task order (see the module docstring)."""
+    with fewer_collections():
+        return _plan_points(graph, tasks, global_batch, jobs=jobs, progress=progress, **plan_kw)
+
+
+def _plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_batch: int, *, jobs: int,
+                 progress: Callable[[str], None] | None, **plan_kw: Any) -> list[SweepPoint]:
     say = progress or (lambda _m: None)
     n_tasks = len(tasks)
 
@@ -156,4 +185,4 @@ def plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_batc
     return [got[i] for i in range(n_tasks)]
 
 
-__all__ = ["SweepPoint", "plan_point", "plan_points", "sweep_sizes"]
+__all__ = ["SWEEP_GC_THRESHOLD", "SweepPoint", "fewer_collections", "plan_point", "plan_points", "sweep_sizes"]
