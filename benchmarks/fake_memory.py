@@ -92,6 +92,7 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
     from torch.distributed.pipelining import schedules as tsched
     from torch.distributed.pipelining._utils import InferenceMode
 
+    import meshplan.runtime.apply.schedules as rsched
     import meshplan.runtime.apply.split as rsplit
     import meshplan.runtime.launch.dist as rdist
     from meshplan.calls import split_inputs
@@ -176,7 +177,7 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
 
     patch(DeviceMesh, "_unflatten", unflatten)
     patch(rsplit, "check_stage_chain", chain)
-    patch(tpp, "PipelineStage", stage)
+    patch(rsched, "pipeline_stage", stage)  # the runtime's one place that builds a PipelineStage
     patch(ParallelModel, "_global_loss", lambda self, loss: (0.0, False))
     for cls in list(vars(tsched).values()):
         if isinstance(cls, type) and "_warmup_p2p" in vars(cls):
