@@ -61,13 +61,13 @@ def meta_leftovers(modules: Iterable[nn.Module]) -> list[str]:
 def retarget_graph(gm: nn.Module, device: torch.device) -> int:
     """A graph captured from the meta-built model (pp > 1) names the meta device where its ops
     create or move tensors (``arange(..., device=meta)`` for positions, ``to.device(inv_freq, meta,
-    float32)`` in HF Llama's rotary embedding) and, from torch.export, asserts it
-    (``_assert_tensor_metadata``): point those at ``device`` and drop the assertions. Returns the
-    number of nodes changed."""
+    float32)`` in HF Llama's rotary embedding): point those at ``device`` (torch.export's assertions of
+    the meta device are dropped for every stage graph by ``drop_metadata_asserts`` in ``apply_split``).
+    Returns the number of nodes changed."""
     if not isinstance(gm, torch.fx.GraphModule):
         return 0
     meta = torch.device("meta")
-    n = drop_metadata_asserts(gm, recompile=False)
+    n = 0
     for node in list(gm.graph.nodes):
         kw = dict(node.kwargs)
         if kw.get("device") in (meta, "meta"):
@@ -83,7 +83,7 @@ def retarget_graph(gm: nn.Module, device: torch.device) -> int:
     return n
 
 
-def drop_metadata_asserts(gm: nn.Module, *, recompile: bool = True) -> int:
+def drop_metadata_asserts(gm: nn.Module) -> int:
     """Erase torch.export's ``_assert_tensor_metadata`` checks from a stage graph: they pin the device and
     dtype the capture saw (the meta device, fp32), while a stage runs on the rank's device and receives
     its inputs in the plan's send precision (bf16 under autocast). Returns the number erased."""
@@ -94,7 +94,7 @@ def drop_metadata_asserts(gm: nn.Module, *, recompile: bool = True) -> int:
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
             gm.graph.erase_node(node)
             n += 1
-    if n and recompile:
+    if n:
         gm.recompile()
     return n
 

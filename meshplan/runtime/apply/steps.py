@@ -121,12 +121,13 @@ def apply_split(s: ApplyState) -> list[str]:
             pieces = split.split_stages(gm, c.ordered)
         s.mine = [st.index for st in c.ordered if st.rank == s.env.coord("pp")]
         s.modules = [pieces[i].module if s.meta else pieces[i].module.to(s.env.device) for i in s.mine]
-        if not s.meta:  # stages receive in the send precision: the capture's dtype checks do not hold
-            from meshplan.runtime.apply.materialize import drop_metadata_asserts
+        # the capture's device/dtype checks do not hold where stages run: the rank's device (a meta
+        # build), inputs received in the send precision (bf16 under autocast)
+        from meshplan.runtime.apply.materialize import drop_metadata_asserts
 
-            for m in s.modules:
-                for sub in m.modules():
-                    drop_metadata_asserts(sub)
+        for m in s.modules:
+            for sub in m.modules():
+                drop_metadata_asserts(sub)
         s.roots = [m.get_submodule(s.prefix.rstrip(".")) if s.prefix else m for m in s.modules]
         s.shared = shared_params(pieces, c.ordered)
         s.pieces = pieces
