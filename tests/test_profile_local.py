@@ -284,3 +284,14 @@ def test_a_profile_measured_on_a_busy_machine_says_so(counted: dict[str, object]
     local.local_cluster(2, say=said.append)  # measured now
     local.local_cluster(2, say=said.append)  # read from the cache: still said
     assert sum("warning: measured while this machine was busy" in x for x in said) == 2
+
+
+def test_estimate_refuses_a_bad_configuration_before_profiling(counted: dict[str, object], tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    from meshplan import cli
+
+    bad = tmp_path / "job.toml"
+    bad.write_text("[parallelism\n")  # not TOML
+    rc = cli.main(["estimate", "gpt-tiny", "--from-torchtitan", str(bad), "-n", "2", "--cluster", "local", "--quiet"])
+    assert rc != 0 and "not a torchtitan TOML job config" in capsys.readouterr().err
+    assert counted["calls"] == 0  # the machine was never profiled

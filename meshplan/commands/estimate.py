@@ -52,17 +52,18 @@ def source(args: argparse.Namespace) -> tuple[str, str | Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.api.engine_cost import estimate_config
+    from meshplan.api.engine_cost import estimate_config, read_config
     from meshplan.profile.local import is_local, resolve
 
     def progress(msg: str) -> None:
         if not args.quiet:
             print(f"[estimate] {msg}", file=sys.stderr, flush=True)
 
+    engine, config = source(args)
     if is_local(args.cluster):
+        read_config(config, engine, args.world_size)  # a bad configuration fails before the (slow) profile
         args.cluster = resolve(args.cluster, args.world_size, say=progress, log=lambda m: progress(f"profile: {m}"))
         print(args.cluster.extra["local"])  # what the N devices are
-    engine, config = source(args)
     est = estimate_config(args.model, config, engine=engine, world_size=args.world_size, cluster=args.cluster,
                           seq_len=args.seq, input_shapes=input_shapes(args.input_shape), target=args.target,
                           progress=progress)  # fmt: skip
