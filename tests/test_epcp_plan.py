@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -187,7 +188,9 @@ def test_cp_where_long_sequences_pay_and_not_at_8k():
     # only the SMs its kernels take from the blocks (under 1 % of the step)
     assert 0 < long.predicted.cp_comm_s < 0.01 * long.predicted.step_s, long.predicted
     assert any("ring key/value exchange exposes" in n for n in long.notes)
-    assert f"- cp={long.cp}: the sequence is split over {long.cp} ranks" in explain_plan(long)
+    assert f"- cp={long.cp}: the sequence is split over {long.cp} ranks; its ring key/value exchange exposes" in explain_plan(long)
+    hidden = dataclasses.replace(long, predicted=dataclasses.replace(long.predicted, cp_comm_s=0.0))
+    assert "ring key/value exchange is hidden behind" in explain_plan(hidden)  # not "costs 0.0 us"
     short = plan_graph(_meta_graph(lambda: llama("llama3.1-8b", n_layer=2), 8192), 16, cluster="h100",
                        global_batch_size=16)
     assert short.cp == 1, short.summary()

@@ -40,7 +40,10 @@ def _epcp_reasons(p: Plan) -> list[str]:
         fit = [a for a in rivals if a.step_s is not None]
         rival = min(fit, key=lambda a: a.step_s or 0.0) if fit else (rivals[0] if rivals else None)
         if deg > 1:
-            line = f"- {axis}={deg}: {split} {deg} ranks; its {comm} costs {fmt_s(secs)} per step"
+            line = (f"- {axis}={deg}: {split} {deg} ranks; its {comm} " +
+                    (f"exposes {fmt_s(secs)} per step (predicted)" if axis == "cp" and secs > 0 else
+                     "is hidden behind the ring steps' attention blocks (predicted)" if axis == "cp" else
+                     f"costs {fmt_s(secs)} per step"))
             if axis == "ep" and pr.ep_expert_read_s < 0:
                 line += (f", and each rank streams only its 1/{deg} of the expert weights, "
                          f"{fmt_s(-pr.ep_expert_read_s)} less MoE time per step")
