@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from itertools import accumulate
-from types import SimpleNamespace
 from typing import Any
 
 from meshplan.cost_models.allocator import fsdp_stream_pool_bytes
@@ -159,8 +158,8 @@ class ConfigCosts:
         self._bpp_cache: dict[tuple[str, int, int, str], ModelStateBytes] = {}
         self._rescues = 0
         self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
-        self._kind_free_memo: dict[tuple, SimpleNamespace] = {}  # key: Config's fields but dp_kind, exact, runs
-        self._stage_cols_memo: dict[tuple, SimpleNamespace] = {}  # kind_free.stage_columns per (table, runs, layout)
+        self._kind_free_memo: dict[tuple, Any] = {}  # key: Config's fields but dp_kind, exact, runs
+        self._stage_cols_memo: dict[tuple, Any] = {}  # kind_free.stage_columns per (table, runs, layout)
         self._other_kinds_memo: dict[Config, list[Config]] = {}
         self._epcp_nodes = [n for n in self.g.nodes if n.kind in ("moe", "attention")]  # what EP/CP terms read
         self._epcp_memo: dict[tuple, EPCPPrefix] = {}

@@ -14,7 +14,6 @@ the optimizer step count the quantized layout. No torch import.
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 from meshplan.cost_models.contention import overlap_slowdown_s
 from meshplan.cost_models.dp_kinds import KIND_ORDER, dp_comm
@@ -27,7 +26,7 @@ from meshplan.cost_models.grad_sync import (
 from meshplan.plan.execution_rules import dp_kind_blocker
 from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
-from meshplan.planner.kind_free import kind_free_terms
+from meshplan.planner.kind_free import KindFreeTerms, kind_free_terms
 from meshplan.planner.search_types import Config, Evaluation
 
 __all__ = ["MAX_MEMORY_RESCUES", "ConfigEvaluator", "exposed_dp_s", "kind_note"]
@@ -228,7 +227,7 @@ class ConfigEvaluator(ConfigCosts):
             ep_comm_s=k.ep_s, cp_comm_s=k.cp_s, ep_expert_read_s=k.read_s,
         )  # fmt: skip
 
-    def _kind_free(self, c: Config, exact: bool, runs: list[tuple[int, int]] | None) -> SimpleNamespace:
+    def _kind_free(self, c: Config, exact: bool, runs: list[tuple[int, int]] | None) -> KindFreeTerms:
         """The part of ``evaluate`` that does not depend on ``c.dp_kind``, memoized (read only)."""
         key = (c.dp, c.tp, c.pp, c.micro_batch, c.num_microbatches, c.schedule, c.virtual_stages, c.recompute,
                c.sequence_parallel, c.cp, c.ep, exact, tuple(runs) if runs is not None else None)  # all but dp_kind

@@ -16,7 +16,7 @@ No torch import.
 from __future__ import annotations
 
 import bisect
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
@@ -30,11 +30,82 @@ from meshplan.planner.search_types import Config
 if TYPE_CHECKING:
     from meshplan.planner.config_costs import ConfigCosts
     from meshplan.planner.costing import CostTable
+    from meshplan.planner.epcp_cost import EPCPTerms
+
+
+@dataclass(frozen=True, slots=True)
+class StageColumns:
+    """Per stage of a split (``stage_columns``): seconds per microbatch of forward (``f``), input
+    backward (``b``), weight backward (``w``), recompute (``rec``) and TP communication (``tp``);
+    parameters (tied-weight copies included; ``params0`` the same values, kept unchanged), stored
+    activations, model-state bytes without ZeRO and trainable count (``q``: [param, grad,
+    optimizer, trainable]), bytes sent on (``sendb``) and autocast's kept bytes (``cast``)."""
+
+    f: list[float]
+    b: list[float]
+    w: list[float]
+    rec: list[float]
+    tp: list[float]
+    params: list[float]
+    params0: list[float]
+    act: list[float]
+    q: list[list[float]]
+    sendb: list[int]
+    cast: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class KindFreeTerms:
+    """The DP-kind-free terms of one configuration (``kind_free_terms``; read only). ``st_*`` are
+    per stage, ``r_*`` per pipeline rank, ``worst`` the rank with the most gradients and
+    parameters; seconds are per step unless named per microbatch."""
+
+    t: CostTable  # the configuration's cost table
+    n_st: int  # stages (pp x virtual stages)
+    m: int  # microbatches
+    runs: list[tuple[int, int]]  # each stage's layer range
+    ranks: range  # the pipeline ranks
+    on_rank: list[list[int]]  # each rank's stages
+    placement: tuple[int, ...]  # each stage's rank
+    st_q: list[list[float]]  # StageColumns.q
+    st_params0: list[float]  # parameters per stage, expert parameters not taken off
+    st_params: list[float]  # parameters per stage a rank holds (ep: E/ep experts)
+    st_act: list[float]  # stored activations per stage per microbatch
+    st_sendb: list[int]  # bytes each stage sends on
+    rank_work: list[float]  # seconds of F + B + W per microbatch per rank
+    makespan: float  # the schedule's makespan (simulated, or its lower bound)
+    bubble_frac: float  # idle / compute over the ranks (0.0 unless simulated)
+    infl: list[float]  # in-flight microbatches per rank
+    r_params: list[float]  # parameters per rank
+    r_q: list[list[float]]  # StageColumns.q summed per rank
+    ec: EPCPTerms  # the whole model's EP/CP terms per microbatch
+    r_act: list[float]  # activations held per rank (in flight + recompute transient)
+    r_cast: list[float]  # autocast's kept bytes per rank (in flight)
+    r_pipe: list[float]  # the pipeline runtime's buffers per rank
+    fp8_copy: float  # fp8's weight copy (every rank)
+    worst: int
+    ep_cut: list[float]  # expert parameters a rank does not hold under ep
+    r_experts: list[float]  # expert parameters per rank
+    grad_bytes: float  # gradient bytes the worst rank syncs
+    gather_bytes: float  # parameter bytes the worst rank gathers
+    rank_b: list[float]  # backward seconds per microbatch per rank
+    rank_f: list[float]  # forward seconds per microbatch per rank
+    ep_s: float  # the busiest rank's EP all-to-all and imbalance seconds per step
+    cp_s: float  # its CP ring seconds per step
+    read_s: float  # its expert weight-read seconds per step
+    epcp_bytes: dict[str, float]  # its EP/CP bytes per step, per collective
+    tp_s: float  # its TP communication seconds per step
+    rec_s: float  # its recompute seconds per step
+    compute: float  # its compute seconds per step
+    bubble: float  # its idle seconds per step
+    pp_comm: float  # its pipeline send seconds per step
+    send_recv: int  # its pipeline send bytes per step
+    stage_times: list[tuple[float, float, float, float]]  # per stage (F, B + W, W, send) seconds per microbatch
 
 
 def kind_free_terms(
     ev: ConfigCosts, c: Config, exact: bool, runs: list[tuple[int, int]] | None
-) -> SimpleNamespace:
+) -> KindFreeTerms:
     """``c``'s DP-kind-free terms on evaluator ``ev`` (read only; see the module docstring)."""
     t = ev._table(c)
     n_st = c.pp * c.virtual_stages
@@ -146,7 +217,7 @@ def kind_free_terms(
     def sends(xs: list) -> float:
         return sum((xs[i] if i < n_st - 1 else 0) + (xs[i - 1] if i > 0 else 0) for i in on_b)
 
-    out = SimpleNamespace(
+    out = KindFreeTerms(
         t=t, n_st=n_st, m=m, runs=runs, ranks=ranks, on_rank=on_rank, placement=placement, st_q=st_q,
         st_params0=st_params0, st_params=st_params, st_act=st_act, st_sendb=st_sendb, rank_work=rank_work,
         makespan=makespan, bubble_frac=bubble_frac, infl=infl, r_params=r_params, r_q=r_q, ec=ec,
@@ -169,7 +240,7 @@ def kind_free_terms(
     return out
 
 
-def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) -> SimpleNamespace:
+def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) -> StageColumns:
     """Per stage of ``runs`` on table ``t``: forward / input-backward / weight-backward / recompute /
     TP seconds (prefix-sum differences), parameters (with the copies of tied weights whose owner
     sits in another stage: ``params``; ``params0`` the same values), stored activations (with
@@ -204,7 +275,7 @@ def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) ->
                     extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
                         numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
                     st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
-    out = SimpleNamespace(
+    out = StageColumns(
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
     )  # fmt: skip
