@@ -1,6 +1,6 @@
 """Predicted vs measured step throughput and memory on the published runs in ``meshplan/data/published_cases.json``.
 
-    python benchmarks/published_cases.py [--only PREFIX] [--gain] [--same-mechanisms] [--efficiency h100=0.55 ...]
+    python benchmarks/published_cases.py [--only PREFIX] [--gain] [--efficiency h100=0.55 ...]
         [--profile NAME]
     python benchmarks/published_cases.py --leave-one-group-out [--write-error-band] [--only PREFIX]
     python benchmarks/published_cases.py --timing [--whole [--keep DIR] [--compare DIR]] [--only PREFIX]
@@ -18,11 +18,15 @@ Compared quantities: throughput per GPU in tokens/s, which does not depend on a 
 peak memory where the source reports it (torchtitan: peak reserved, compared with the predicted
 peak + the allocator's fragmentation share). Cases whose time is marked not comparable (Float8
 GEMMs, not costed) count for memory only. ``--gain`` also runs ``autoparallel`` on the same
-cluster and batch and prints its predicted gain over the authors' configuration and why;
-``--same-mechanisms`` searches again with the authors' own recompute kind, DP kind, schedule
-family and stage split (``published_estimate.same_mechanisms``), so a gain splits into what
-planning the degrees and microbatch gives and what the mechanisms the authors lacked add.
-Prints the median |error| of each.
+cluster and batch and prints its predicted gain over the authors' configuration, split
+(``report.gain.split_gain``) into what planning the degrees and microbatch gives (the search with
+the authors' own recompute kind, DP kind, schedule family, stage split, no SP / CP where they had
+none, and their engine profile: ``published_estimate.same_mechanisms``), what the mechanisms the
+authors lacked give (the search with every mechanism, still under their profile) and what
+meshplan's runtime conventions give (flash attention, kernels, state layout), each with the step
+terms that carry it; gains above 1.3x are flagged as needing scrutiny, and the medians of the
+claimed gain and of each part are printed (over every run and over each engine). Prints the
+median |error| of each.
 
 ``--leave-one-group-out`` refits the one constant fitted from these runs (the matmul efficiency
 per GPU family) with each source group left out and prints each group's in-sample and left-out
@@ -54,7 +58,7 @@ EFFICIENCY: dict[str, float] = {}
 PROFILE: list[str] = []
 
 
-def run_case(case: dict[str, Any], gain: bool = False, same: bool = False) -> dict[str, Any]:
+def run_case(case: dict[str, Any], gain: bool = False) -> dict[str, Any]:
     from meshplan.loading import case_graph
 
     g = case_graph(case)
@@ -70,16 +74,34 @@ def run_case(case: dict[str, Any], gain: bool = False, same: bool = False) -> di
     r = pe.estimate_case(case, g, profile=PROFILE[0] if PROFILE else None)
     if gain:
         r.update(pe.autoparallel_gain(case, g, r["plan"]))
-    if same:
-        from meshplan.errors import NoFeasiblePlanError
-
-        try:
-            own = pe.autoparallel_gain(case, g, r["plan"], restrict=True)
-        except NoFeasiblePlanError as e:  # the authors' mechanisms under meshplan's runtime states
-            own = {"auto_config": "none fits (" + str(e).split(":", 1)[1].split(";")[0].strip() + ")",
-                   "gain": None, "why": "—"}  # fmt: skip
-        r.update({f"own_{k}": v for k, v in own.items()})
     return r
+
+
+def gain_summary(rows: list[dict[str, Any]]) -> None:
+    """The median claimed gain and the median of each part, over every run and per engine; the runs
+    above ``report.gain.SCRUTINY_GAIN`` and the terms carrying them (all predicted)."""
+    from meshplan.report.gain import SCRUTINY_GAIN
+
+    def medians(rs: list[dict[str, Any]]) -> str:
+        parts = [p.name for p in rs[0]["split"].parts]
+        return (f"claimed {statistics.median(r['gain'] for r in rs):.2f}x = "
+                + " x ".join(f"{statistics.median(r['split'].part(n).gain for r in rs):.2f}x {n}" for n in parts)
+                + f" (medians; {sum(r['gain'] > SCRUTINY_GAIN for r in rs)} of {len(rs)} above {SCRUTINY_GAIN}x)")
+
+    print(f"\npredicted gain over the authors' configurations, every run: {medians(rows)}")
+    for eng in sorted({r["setup"]["profile"].name for r in rows}):
+        rs = [r for r in rows if r["setup"]["profile"].name == eng]
+        print(f"  {eng}: {medians(rs)}")
+    flagged = [r for r in rows if r["split"].needs_scrutiny]
+    if flagged:
+        carriers: dict[str, int] = {}
+        for r in flagged:
+            for p in r["split"].parts:
+                if p.gain > 1.01 and p.carriers:
+                    key = f"{p.carriers[0][0]} in {p.name}"
+                    carriers[key] = carriers.get(key, 0) + 1
+        print(f"above {SCRUTINY_GAIN}x ({len(flagged)} runs), the largest term of each part that gains: "
+              + ", ".join(f"{k} ({v})" for k, v in sorted(carriers.items(), key=lambda kv: -kv[1])))
 
 
 def _pct(x: float | None) -> str:
@@ -94,10 +116,9 @@ def main() -> None:
                     help="cost every case with this engine profile (cost_models.engine_profiles, e.g. meshplan) "
                          "instead of the one it names")
     ap.add_argument("--only", default="", help="only cases whose id starts with this prefix")
-    ap.add_argument("--gain", action="store_true", help="also run autoparallel and print its predicted gain")
-    ap.add_argument("--same-mechanisms", action="store_true",
-                    help="also search with the authors' own recompute kind, DP kind, schedule family and stage split "
-                         "(degrees and microbatch free) and print that plan's predicted gain")  # fmt: skip
+    ap.add_argument("--gain", action="store_true",
+                    help="also run autoparallel and print its predicted gain, split into planning (the authors' "
+                         "mechanisms), the mechanisms they lacked and the engine conventions, with the terms carrying each")
     ap.add_argument("--leave-one-group-out", action="store_true",
                     help="refit the constant fitted from published runs (matmul efficiency per GPU family) without each "
                          "source group and print in-sample and left-out errors side by side (benchmarks/published_logo.py)")
@@ -136,14 +157,13 @@ def main() -> None:
                             + (" --write-error-band" if args.write_error_band else "")
                             + (f" --only {args.only}" if args.only else ""))  # fmt: skip
         return
-    rows = [run_case(c, args.gain, args.same_mechanisms) for c in cases
+    rows = [run_case(c, args.gain) for c in cases
             if c["id"].startswith(args.only) and c["group"] not in cp_groups]  # fmt: skip
     head = ("| run | GPUs | config | measured tok/s/GPU | predicted tok/s/GPU | time error | measured GiB | "
             "predicted GiB | memory error | fits |")  # fmt: skip
     if args.gain:
-        head += " autoparallel plan | predicted gain | why |"
-    if args.same_mechanisms:
-        head += " plan with the authors' mechanisms | predicted gain | why |"
+        head += (" autoparallel plan | predicted gain | planning (authors' mechanisms) | mechanisms they lacked | "
+                 "engine conventions | carried by |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
@@ -153,10 +173,9 @@ def main() -> None:
                 f"{r['meas_mem_gib'] or '—'} | {r['pred_mem_gib']:.1f} | {_pct(r['mem_err'])} | "
                 f"{'yes' if r['fits'] else 'no'} |")  # fmt: skip
         if args.gain:
-            line += f" {r['auto_config']} | {r['gain']:.2f}x | {r['why']} |"
-        if args.same_mechanisms:
-            own = "—" if r["own_gain"] is None else f"{r['own_gain']:.2f}x"
-            line += f" {r['own_auto_config']} | {own} | {r['own_why']} |"
+            line += f" {r['auto_config']} | {r['gain']:.2f}x |" + "".join(f" {p.text()} |" for p in r["split"].parts)
+            line += (f" {'NEEDS SCRUTINY: ' if r['split'].needs_scrutiny else ''}{r['split'].carried_by()}"
+                     f"{'; ' + r['split_note'] if r['split_note'] else ''} |")
         print(line)
     errs = [abs(r["err"]) for r in rows if r["err"] is not None and r["time_comparable"]]
     timed = [r for r in rows if r["err"] is not None and r["time_comparable"]]
@@ -165,6 +184,8 @@ def main() -> None:
     if ep_errs and dense:
         print(f"\nexpert-parallel rows: median |error| {100 * statistics.median(ep_errs):.1f}% over {len(ep_errs)}; "
               f"the other rows: {100 * statistics.median(dense):.1f}% over {len(dense)}")
+    if args.gain:
+        gain_summary(rows)
     merrs = [abs(r["mem_err"]) for r in rows if r["mem_err"] is not None]
     print(f"\nstep time: median |error| {100 * statistics.median(errs):.1f}% over {len(errs)} runs "
           f"(max {100 * max(errs):.1f}%); memory: median |error| "

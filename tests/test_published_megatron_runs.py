@@ -57,7 +57,8 @@ def test_case_setup_gives_the_script_configuration() -> None:
     from meshplan.commands.published_estimate import same_mechanisms
 
     assert same_mechanisms(by["megsc21-530b-a100-2520gpu"]) == {
-        "recompute": ("full",), "dp_kinds": ("ddp",), "schedules": ("1f1b", "interleaved-1f1b"), "split_rule": "even"}
+        "recompute": ("full", "none"), "dp_kinds": ("ddp",), "schedules": ("1f1b", "interleaved-1f1b"),
+        "split_rule": "even", "fixed": {"sequence_parallel": False, "cp": 1}}
     one_t = case_setup(by["megsc21-1t-a100-3072gpu"])
     assert one_t["schedule"] == "1f1b" and one_t["virtual_stages"] in (None, 1) and one_t["pp"] == 64
     spec = case_cluster(by["megsc21-1t-a100-3072gpu"])

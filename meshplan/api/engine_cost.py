@@ -7,7 +7,12 @@ it with meshplan's cost model under that engine's conventions (``cost_spec``: it
 split, its installed version's profile) and searches meshplan's best plan for the same model,
 cluster, global batch and precision, restricted to what ``target`` runs (default the same
 engine). Keys the reader does not know come back as ``unknown``, known ones that do not change
-the layout as ``ignored``: nothing is dropped silently. Torch is imported inside the functions.
+the layout as ``ignored``: nothing is dropped silently. The best plan's predicted gain over the
+configuration is split (``report.gain.split_gain``) into planning (the search with the
+configuration's own mechanisms and engine profile: ``same_mechanism_limits``), the mechanisms it
+lacks (every mechanism ``target`` runs, still under its profile) and the engine conventions
+(``target``'s profile against its); the best plan records the split as a note, flagged above 1.3x,
+which ``meshplan explain`` prints. Torch is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.engines.imported import Imported
 from meshplan.engines.spec import CAPS, ENGINES, TARGETS, EngineSpec, search_limits
 from meshplan.plan import Plan
+from meshplan.report.gain import GainSplit
+
+#: the pipeline schedules of an engine that runs 1F1B or interleaved 1F1B: one family
+ONE_F_ONE_B = ("1f1b", "interleaved-1f1b")
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,7 @@ class EngineEstimate:
     config: Imported
     plan: Plan
     best: Plan
+    gain: GainSplit | None = None  # the best plan's predicted gain over ``plan``, split (None: not faster)
 
     def summary(self) -> str:
         """The configuration in one line (what ``meshplan estimate`` prints first)."""
@@ -47,7 +57,57 @@ class EngineEstimate:
         """The two plans side by side with every difference and its predicted effect (``report.diff``)."""
         from meshplan.report.diff import format_diff
 
-        return format_diff(self.plan, self.best, names=(f"your {self.engine} config", f"meshplan best ({self.target})"))
+        text = format_diff(self.plan, self.best, names=(f"your {self.engine} config", f"meshplan best ({self.target})"))
+        return text + ("\n" + "\n".join(self.gain.lines()) if self.gain is not None else "")
+
+
+def same_mechanism_limits(recompute: str, dp_kind: str | None, schedule: str, sequence_parallel: bool, cp: int,
+                          split_rule: str) -> dict[str, Any]:  # fmt: skip
+    """``plan_graph`` keywords that keep a search to a configuration's own mechanisms: its recompute
+    kind or none (every engine can turn recomputation off), its data-parallel kind, its schedule
+    family (1F1B and interleaved 1F1B together), its engine's stage-split rule and, where it runs
+    without them, no sequence parallelism and no context parallelism; degrees and microbatch free."""
+    fixed: dict[str, Any] = {}
+    if not sequence_parallel:
+        fixed["sequence_parallel"] = False
+    if cp == 1:
+        fixed["cp"] = 1
+    return {"recompute": tuple(dict.fromkeys((recompute, "none"))), "dp_kinds": (dp_kind or "ddp",),
+            "schedules": ONE_F_ONE_B if schedule in ONE_F_ONE_B else (schedule,), "split_rule": split_rule,
+            **({"fixed": fixed} if fixed else {})}  # fmt: skip
+
+
+def gain_split(graph: Any, world_size: int, tuned: Plan, best: Plan, *, limits: Mapping[str, Any],
+               same_limits: Mapping[str, Any], profile: Any, baseline: str, **common: Any) -> tuple[GainSplit, list[str]]:
+    """``best``'s predicted gain over ``tuned`` split into planning (``plan_graph`` with ``same_limits``
+    under ``profile``, the tuned configuration's engine), the mechanisms it lacked (``limits``, the
+    search ``best`` came from, under ``profile``) and the engine conventions (``best``'s profile
+    against ``profile``): ``report.gain.split_gain``. ``common``: the ``plan_graph`` keywords both
+    share (cluster, global batch, dtype). Where no plan fits under the tuned configuration's
+    mechanisms or profile, that part is 1.0x and the second value says so."""
+    from meshplan.cost_models.engine_profiles import profile as engine_profile
+    from meshplan.errors import NoFeasiblePlanError
+    from meshplan.planner.api import plan_graph
+    from meshplan.report.gain import split_gain
+
+    said = []
+    try:
+        same = plan_graph(graph, world_size, **common, **{**same_limits, "profile": profile})
+    except NoFeasiblePlanError:
+        same = tuned
+        said.append("no plan with the configuration's own mechanisms is predicted to fit: planning 1.0x")
+    if engine_profile(limits.get("profile")).name == engine_profile(profile).name:
+        own = best
+    else:
+        try:
+            own = plan_graph(graph, world_size, **common, **{**limits, "profile": profile})
+        except NoFeasiblePlanError:
+            own = same
+            said.append(f"no plan under {engine_profile(profile).name}'s conventions is predicted to fit: "
+                        "mechanisms 1.0x")  # fmt: skip
+    if own.predicted.step_s > same.predicted.step_s:  # the wider search's pick is no faster: keep the chain exact
+        own = same
+    return split_gain(baseline, tuned, same, own, best), said
 
 
 def read_config(config: str | Path, engine: str, world_size: int, num_layers: int = 0) -> Imported:
@@ -89,6 +149,7 @@ def estimate_config(
     "deepspeed" (default ``engine``)."""
     from meshplan.api.plan import model_graph
     from meshplan.planner.api import plan_graph
+    from meshplan.report.gain import with_gain_note
 
     if target is not None and target not in TARGETS:
         raise ValueError(f"target {target!r} unknown; use one of {', '.join(TARGETS)}")
@@ -108,13 +169,34 @@ def estimate_config(
         imp = read_config(config, engine, world_size, int(graph.meta.get("num_layers") or 0))
     spec = imp.spec
     say("costing it")
-    mine = cost_spec(graph, spec, cluster, engine, profile=imp.profile, run_flags=imp.run_flags)
+    prof = config_profile(engine, imp.profile, imp.run_flags)
+    mine = cost_spec(graph, spec, cluster, engine, profile=prof)
     target = target or engine
     say("searching meshplan's best plan" + (f" for {target}" if target != "meshplan" else ""))
     limits = search_limits(target, {}, spec.dtype) if target in CAPS else {}
-    best = plan_graph(graph, spec.world_size, cluster=cluster, global_batch_size=spec.global_batch_size,
-                      dtype=spec.dtype, progress=None, **limits)  # fmt: skip
-    return EngineEstimate(engine, target, imp, mine, best)
+    common = {"cluster": cluster, "global_batch_size": spec.global_batch_size, "dtype": spec.dtype, "progress": None}
+    best = plan_graph(graph, spec.world_size, **common, **limits)
+    split = None
+    if best.predicted.step_s < mine.predicted.step_s:
+        say("splitting its gain: searching with your configuration's mechanisms")
+        same = same_mechanism_limits(spec.recompute, spec.dp_kind if spec.dp > 1 else None, spec.schedule,
+                                     spec.sequence_parallel and spec.tp > 1, spec.cp, prof.split_rule)  # fmt: skip
+        split, said = gain_split(graph, spec.world_size, mine, best, limits=limits, same_limits=same, profile=prof,
+                                 baseline=f"your {engine} configuration ({prof.name})", **common)  # fmt: skip
+        imp.notes.extend(said)
+        best = with_gain_note(best, split)
+    return EngineEstimate(engine, target, imp, mine, best, split)
+
+
+def config_profile(engine: str | None, profile: Any = None, run_flags: Mapping[str, str] | None = None) -> Any:
+    """The engine profile a configuration is costed with: ``profile`` (a name or an EngineProfile;
+    default the installed version of ``engine``'s, meshplan's when ``engine`` is None) with its
+    ``run_flags``."""
+    from meshplan.cost_models.engine_profiles import INSTALLED
+    from meshplan.cost_models.engine_profiles import profile as engine_profile
+
+    prof = engine_profile(profile or INSTALLED.get(engine or "meshplan", "meshplan"))
+    return prof.with_run_flags(**run_flags) if run_flags else prof
 
 
 def trace_graph(model: str, seq_len: int | None = None, input_shapes: Mapping[str, Any] | None = None) -> Any:
@@ -125,20 +207,16 @@ def trace_graph(model: str, seq_len: int | None = None, input_shapes: Mapping[st
 
 
 def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = None, *,
-              profile: str | None = None, run_flags: Mapping[str, str] | None = None) -> Any:
+              profile: Any = None, run_flags: Mapping[str, str] | None = None) -> Any:
     """The Plan meshplan predicts for ``spec`` run by ``engine``: its configured blocks per stage
     when it sets them (``spec.layers_per_stage``), else the split the engine's rule gives
     (``engines.spec.CAPS[engine].split``; meshplan's own split when ``engine`` is None); context and
     expert parallelism costed by ``cost_models/epcp.py`` through ``estimate_graph``. ``profile``: the
     engine profile the configuration was written for (``Imported.profile``; default the installed
-    version's), with its ``run_flags``."""
-    from meshplan.cost_models.engine_profiles import INSTALLED
-    from meshplan.cost_models.engine_profiles import profile as engine_profile
+    version's; a name or an EngineProfile), with its ``run_flags``."""
     from meshplan.planner.api import estimate_graph
 
-    prof = engine_profile(profile or INSTALLED.get(engine or "meshplan", "meshplan"))
-    if run_flags:
-        prof = prof.with_run_flags(**run_flags)
+    prof = config_profile(engine, profile, run_flags)
 
     return estimate_graph(
         graph, spec.world_size, tp=spec.tp, pp=spec.pp, dp=spec.dp, schedule=spec.schedule,

@@ -223,43 +223,41 @@ def why_faster(expert: Any, auto: Any) -> str:
     return f"{', '.join(changes) or 'same configuration'}: {'; '.join(saved) or 'no term shrinks by 0.5 %'}"
 
 
-#: the pipeline schedules of an engine that ran 1F1B or interleaved 1F1B (Megatron-LM before zero bubble)
-_ONE_F_ONE_B = ("1f1b", "interleaved-1f1b")
-
-
 def same_mechanisms(case: dict[str, Any]) -> dict[str, Any]:
-    """``plan_graph`` keywords that keep the search to the authors' own mechanisms: their recompute
-    kind, their data-parallel kind, their schedule family (1F1B and interleaved 1F1B where they ran
-    either) and their engine's stage split; degrees and microbatch stay free. A gain found under
-    these is a planning gain (degrees, microbatch), not one of a mechanism the authors lacked."""
+    """``plan_graph`` keywords that keep the search to the authors' own mechanisms
+    (``api.engine_cost.same_mechanism_limits``): their recompute kind or none (every engine can
+    turn recomputation off), their data-parallel kind, their schedule family (1F1B and interleaved
+    1F1B where they ran either), their engine's stage split and, where they ran without them, no
+    sequence parallelism and no context parallelism (``fixed``); degrees and microbatch stay free.
+    A gain found under these (and the authors' engine profile) is a planning gain (degrees,
+    microbatch), not one of a mechanism the authors lacked."""
+    from meshplan.api.engine_cost import same_mechanism_limits
+
     setup = case_setup(case)
-    sched = setup["schedule"]
-    return {"recompute": (setup["recompute"],), "dp_kinds": (setup["dp_kind"] or "ddp",),
-            "schedules": _ONE_F_ONE_B if sched in _ONE_F_ONE_B else (sched,), "split_rule": setup["profile"].split_rule}  # fmt: skip
+    return same_mechanism_limits(setup["recompute"], setup["dp_kind"], setup["schedule"], setup["sequence_parallel"],
+                                 int(case["expert_config"].get("cp") or 1), setup["profile"].split_rule)  # fmt: skip
 
 
-def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any, *, restrict: bool = False) -> dict[str, Any]:
-    """``plan_graph`` on the case's cluster, batch and precision: its predicted speed-up over
-    the authors' configuration (costed by the same model) and why (``why_faster``); with
-    ``restrict`` the search keeps the authors' mechanisms (``same_mechanisms``)."""
+def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any) -> dict[str, Any]:
+    """``plan_graph`` on the case's cluster, batch and precision (meshplan's runtime conventions):
+    its predicted speed-up over the authors' configuration (costed by the same model) and why
+    (``why_faster``), split (``api.engine_cost.gain_split``) into planning (the search with the
+    authors' mechanisms and engine profile, ``same_mechanisms``), the mechanisms they lacked (the
+    search with every mechanism, still under their profile) and the engine conventions (meshplan's
+    runtime's against theirs). Where no plan fits under the authors' mechanisms or profile, that
+    part is 1.0x (the next part takes its share) and ``split_note`` says so."""
+    from meshplan.api.engine_cost import gain_split
     from meshplan.planner.api import plan_graph
 
     setup = case_setup(case)
     spec = case_cluster(case)
-    auto = plan_graph(graph, spec.num_devices, cluster=spec, global_batch_size=setup["global_batch_size"],
-                      dtype=setup["dtype"], **(same_mechanisms(case) if restrict else {}))  # fmt: skip
+    prof = setup["profile"]
+    common = {"cluster": spec, "global_batch_size": setup["global_batch_size"], "dtype": setup["dtype"]}
+    auto = plan_graph(graph, spec.num_devices, **common)
+    split, said = gain_split(graph, spec.num_devices, expert_plan, auto, limits={}, same_limits=same_mechanisms(case),
+                             profile=prof, baseline=f"the authors' {prof.name} configuration {_config(expert_plan)}",
+                             **common)  # fmt: skip
     gain = expert_plan.predicted.step_s / auto.predicted.step_s
-    why = why_faster(expert_plan, auto) if gain > 1.0 else "—"
-    kernel_gain = 1.0
-    if setup["profile"].attention_impl != "flash":
-        # meshplan's runtime runs SDPA's flash kernel: the share of the gain that is the kernel, not the layout
-        from meshplan.planner.api import estimate_graph
-
-        flash = estimate_graph(graph, spec.num_devices, cluster=spec,
-                               **{**setup, "profile": setup["profile"].but(attention_impl="flash")})
-        kernel_gain = expert_plan.predicted.step_s / flash.predicted.step_s
-        if gain > 1.0:
-            why += (f"; {kernel_gain:.2f}x of it is flash attention alone (the authors' configuration with "
-                    f"SDPA's kernel, which meshplan's runtime runs; their engine materialized the scores)")
-    return {"auto_config": _config(auto), "gain": gain, "why": why, "kernel_gain": kernel_gain,
-            "auto_plan": auto}  # fmt: skip
+    return {"auto_config": _config(auto), "gain": gain, "why": why_faster(expert_plan, auto) if gain > 1.0 else "—",
+            "auto_plan": auto, "split": split,
+            "split_note": "; ".join(said)}  # fmt: skip

@@ -4,13 +4,16 @@ A basic explanation from what the Plan records: the chosen degrees and what each
 (TP splits a layer's work inside a node, PP splits the layers, DP splits the batch), the
 dominant part of the predicted step, the schedule and microbatching choice in terms of the
 bubble, the recompute choice in terms of memory, and each recorded alternative with its
-reason and its cost relative to the plan. All figures are the cost model's predictions.
+reason and its cost relative to the plan, and a gain the plan claims over a tuned configuration
+(``meshplan estimate``'s best plan) split into its parts, flagged when above 1.3x
+(``report.gain``). All figures are the cost model's predictions.
 No torch import.
 """
 
 from __future__ import annotations
 
 from meshplan.plan import Plan
+from meshplan.report.gain import NOTE_PREFIX, explain_gain
 from meshplan.report.text import fmt_bytes, fmt_s
 
 
@@ -170,6 +173,8 @@ def explain_plan(plan: Plan) -> str:
     lines += _quant_reason(p)
     lines += _epcp_reasons(p)
     lines += [f"- {n}" for n in p.notes if n.startswith("not searched: ")]  # what the runtime would refuse
+    # a gain claimed over a tuned configuration (meshplan estimate --from-*): its split, flagged above 1.3x
+    lines += explain_gain([n for n in p.notes if n.startswith(NOTE_PREFIX)])
     for a in p.alternatives:  # the best plan of each other family: why it lost
         if a.reason.startswith("best with ") and not a.reason.startswith(("best with tp=", "best with pp=")):
             name, _, why = a.reason[len("best with ") :].partition(": ")
