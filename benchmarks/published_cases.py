@@ -187,8 +187,9 @@ def main() -> None:
     if args.gain:
         gain_summary(rows)
     merrs = [abs(r["mem_err"]) for r in rows if r["mem_err"] is not None]
-    print(f"\nstep time: median |error| {100 * statistics.median(errs):.1f}% over {len(errs)} runs "
-          f"(max {100 * max(errs):.1f}%); memory: median |error| "
+    step = (f"median |error| {100 * statistics.median(errs):.1f}% over {len(errs)} runs (max {100 * max(errs):.1f}%)"
+            if errs else "no time-comparable run")
+    print(f"\nstep time: {step}; memory: median |error| "
           f"{100 * statistics.median(merrs) if merrs else 0:.1f}% over {len(merrs)} runs "
           f"(max {100 * max(merrs) if merrs else 0:.1f}%); false \"does not fit\": {sum(not r['fits'] for r in rows)}; "
           f"{time.perf_counter() - t0:.1f} s (predicted figures from the cost model; measured from the sources)")  # fmt: skip
