@@ -43,7 +43,7 @@ def run_case(case: dict[str, Any], schedule: str = "interleaved-1f1b", virtual: 
     from meshplan.cost_models.hardware import ClusterSpec
     from meshplan.models.llama import Llama, LlamaConfig
     from meshplan.models.meta_init import skip_init_on_meta
-    from meshplan.planner.search import Searcher
+    from meshplan.planner.evaluate import ConfigEvaluator
     from meshplan.planner.search_types import Config
     from meshplan.trace import trace_model
 
@@ -61,7 +61,7 @@ def run_case(case: dict[str, Any], schedule: str = "interleaved-1f1b", virtual: 
     per_replica = tr["per_replica_batch"]
     c = Config(dp=dp, tp=tp, pp=pp, micro_batch=1, num_microbatches=per_replica, schedule=schedule, virtual_stages=virtual,
                recompute="none", sequence_parallel=tp > 1, dp_kind="fsdp", cp=cp, ep=x.get("ep") or 1)
-    ev = Searcher(g, cluster, global_batch=tr["global_batch"], fixed={"tp": tp, "pp": pp, "dp": dp}).evaluate(c)
+    ev = ConfigEvaluator(g, cluster, fixed={"tp": tp, "pp": pp, "dp": dp}).evaluate(c)
     tokens = tr["global_batch"] * seq
     L, h = m["layers"], m["hidden"]
     flops = {"6N+12Lhs": 6 * g.param_count + 12 * L * h * seq, "6N+6Lhs": 6 * g.param_count + 6 * L * h * seq}

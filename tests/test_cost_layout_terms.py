@@ -66,7 +66,7 @@ def test_planner_prices_each_pipeline_boundary_on_its_own_link() -> None:
     s = Searcher(g, cluster, global_batch=16)
     c = Config(dp=1, tp=4, pp=4, micro_batch=1, num_microbatches=16, schedule="1f1b", virtual_stages=1,
                recompute="none", sequence_parallel=False, dp_kind="none")  # fmt: skip
-    ev = s.evaluate(c)
+    ev = s.costs.evaluate(c)
     sends = [x[3] for x in ev.stage_times]
     b = ev.stage_send_bytes
     assert sends[0] == pytest.approx(p2p_time_s(b[0], cluster, crosses_nodes=False))  # ranks 0-3 -> 4-7
@@ -77,7 +77,7 @@ def test_planner_prices_each_pipeline_boundary_on_its_own_link() -> None:
     # tp 8: every stage fills a node, every boundary crosses
     c8 = Config(dp=1, tp=8, pp=2, micro_batch=1, num_microbatches=16, schedule="1f1b", virtual_stages=1,
                 recompute="none", sequence_parallel=False, dp_kind="none")  # fmt: skip
-    ev8 = s.evaluate(c8)
+    ev8 = s.costs.evaluate(c8)
     assert ev8.stage_times[0][3] == pytest.approx(p2p_time_s(ev8.stage_send_bytes[0], cluster, crosses_nodes=True))
 
 

@@ -36,6 +36,6 @@ def test_search_bound_holds_with_expert_and_context_parallelism() -> None:
     cfgs = [c for c in s.configs() if c.ep > 1 or c.cp > 1]
     assert cfgs, "the search must enumerate ep/cp configurations for a MoE model"
     for c in cfgs:
-        lb, _ = s.lower_bound(c)
-        ev = s.evaluate(c)
+        lb, _ = s.costs.lower_bound(c)
+        ev = s.costs.evaluate(c)
         assert lb <= ev.step_s * (1 + 1e-9), c

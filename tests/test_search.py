@@ -81,9 +81,9 @@ def test_split_aware_bound_never_exceeds_simulation():
     cfgs = s.configs()
     assert len(cfgs) > 20
     for c in cfgs:
-        lb, _ = s.lower_bound(c)
-        rough = s.evaluate(c, exact=False)
-        exact = s.evaluate(c)
+        lb, _ = s.costs.lower_bound(c)
+        rough = s.costs.evaluate(c, exact=False)
+        exact = s.costs.evaluate(c)
         assert lb <= exact.step_s * (1 + 1e-9), c
         assert rough.step_s <= exact.step_s * (1 + 1e-9), c
         assert rough.peak_mem_bytes == exact.peak_mem_bytes
@@ -135,7 +135,7 @@ def test_memory_constrained_resplit_when_the_balanced_split_does_not_fit():
     g = gpt_graph(layers=8, h=1024, heads=16, seq=8192, vocab=1024)  # activations dominate memory
     pins = {"pp": 2, "tp": 1, "schedule": "1f1b", "micro_batch_size": 1, "recompute": "none"}
     roomy = Searcher(g, H100.with_devices(2), global_batch=8, fixed=pins)
-    balanced = roomy.evaluate(roomy.configs()[0])
+    balanced = roomy.costs.evaluate(roomy.configs()[0])
     assert balanced.stage_layers == [(0, 5), (5, 10)]  # 1F1B: rank 0 holds 2 microbatches, rank 1 one
     limit = int(0.9 * max(balanced.peak_mem_bytes))
     tight = Searcher(
@@ -228,7 +228,7 @@ def test_pruning_dominated_recompute_keeps_the_exhaustive_best(world, batch, lay
     assert dominated
     for c in dominated:  # the claim itself: no faster than the twin without recompute, exactly costed
         twin = dataclasses.replace(c, recompute="none")
-        assert s.evaluate_auto(c).step_s >= s.evaluate_auto(twin).step_s * (1 - 1e-9), c
+        assert s.costs.evaluate_auto(c).step_s >= s.costs.evaluate_auto(twin).step_s * (1 - 1e-9), c
 
 
 def test_split_ilp_is_work_limited_and_only_for_the_winner(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ def pair(g, cluster, quant: str = "none", **kw) -> tuple[Searcher, Searcher]:
     for memo in (True, False):
         coster = GraphCoster(g, cluster, quantization=Quantization(mode=quant)) if quant != "none" else None
         s = Searcher(g, cluster, coster=coster, **kw)
-        s.memo_kind_free = memo
+        s.costs.memo_kind_free = memo
         out.append(s)
     return out[0], out[1]
 
@@ -53,11 +53,11 @@ def test_every_kind_evaluates_identically_with_and_without_the_memo(case):
         for kind in KIND_ORDER:  # the kinds of one configuration in turn: the memo is hit
             c2 = dataclasses.replace(c, dp_kind=kind)
             for exact in (False, True):
-                a, b = on.evaluate(c2, exact=exact), off.evaluate(c2, exact=exact)
+                a, b = on.costs.evaluate(c2, exact=exact), off.costs.evaluate(c2, exact=exact)
                 assert fields(a) == fields(b), (c2, exact)
                 n += 1
-    assert n > 100 and not off._kind_free_memo
-    assert len(on._kind_free_memo) * len(KIND_ORDER) == n  # one entry per (configuration but kind, exact)
+    assert n > 100 and not off.costs._kind_free_memo
+    assert len(on.costs._kind_free_memo) * len(KIND_ORDER) == n  # one entry per (configuration but kind, exact)
 
 
 @pytest.mark.parametrize(
@@ -88,20 +88,20 @@ def test_transient_memo_and_layer_copies_equal_fresh_work():
     s = Searcher(g, H100.with_devices(8), global_batch=32)
     n = 0
     for c in s.configs():
-        t = s._table(c)
-        runs = s.split(t, c.pp * c.virtual_stages, c.virtual_stages) if c.pp > 1 else [(0, len(t.layers))]
+        t = s.costs._table(c)
+        runs = s.costs.split(t, c.pp * c.virtual_stages, c.virtual_stages) if c.pp > 1 else [(0, len(t.layers))]
         for r in (runs, runs[:1], runs[-1:]):
             layers = [x for a, b in r for x in t.layers[a:b]]
             want = max(0.0, max((x.transient_bytes for x in layers), default=0.0) - sum(x.loss_bytes for x in layers))
-            assert s._transient(t, r) == want and s._transient(t, list(r)) == want  # the second call: memo
+            assert s.costs._transient(t, r) == want and s.costs._transient(t, list(r)) == want  # the second call: memo
             n += 1
-    assert n > 10 and s._transient_memo
+    assert n > 10 and s.costs._transient_memo
     for c in s.configs():
-        s.evaluate(c, exact=False)
+        s.costs.evaluate(c, exact=False)
     from meshplan.cost_models.comm import p2p_crosses_nodes
 
-    assert any(len(v) for v in s._crosses_memo.values())
-    for (stride, dpn), pairs in s._crosses_memo.items():  # shared link memo == fresh answers
+    assert any(len(v) for v in s.costs._crosses_memo.values())
+    for (stride, dpn), pairs in s.costs._crosses_memo.items():  # shared link memo == fresh answers
         assert all(p2p_crosses_nodes(a, b, stride, dpn) == x for (a, b), x in pairs.items())
     x = t.layers[1]
     changes = dict(name="other", node_start=1, node_end=2, modules=("m",), out_bytes=3.0, kind="post")
@@ -120,10 +120,10 @@ def test_prefix_sums_are_the_running_sums_left_to_right():
     fields_ = {"f": "fwd_total_s", "b": "bwd_input_total_s", "w": "bwd_weight_s", "rec": "recompute_s",
                "tp": "tp_comm_s", "params": "param_count", "act": "act_bytes", "sp": "state_param_bytes",
                "sg": "state_grad_bytes", "so": "state_opt_bytes", "train": "trainable_params"}  # fmt: skip
-    tables = {id(s._table(c)): s._table(c) for c in s.configs()}
+    tables = {id(s.costs._table(c)): s.costs._table(c) for c in s.configs()}
     assert len(tables) > 3
     for t in tables.values():
-        P = s._prefix(t)
+        P = s.costs._prefix(t)
         for key, name in fields_.items():
             want = [0.0]
             for x in t.layers:

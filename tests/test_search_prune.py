@@ -57,22 +57,22 @@ def test_bound_below_partial_below_exact_and_memory_floor_below_memory(case, moe
     assert case != "moe" or any(c.ep > 1 for c in cfgs) and any(c.cp > 1 for c in cfgs)
     n = tight = 0
     for c in cfgs:
-        lb, mlb = s.bound(c)
-        floor = s.memory_floor(c, mlb)
-        on_split = split_floor(s, c)  # valid on the time-balanced split only
-        kinds = [c] + (s._other_kinds(c) if s._auto(c) and c.dp > 1 else [])  # the kinds the search tries
+        lb, mlb = s.costs.bound(c)
+        floor = s.costs.memory_floor(c, mlb)
+        on_split = split_floor(s.costs, c)  # valid on the time-balanced split only
+        kinds = [c] + (s.costs._other_kinds(c) if s.costs._auto(c) and c.dp > 1 else [])  # the kinds the search tries
         for ck in kinds:
-            rough = s.evaluate(ck, exact=False)
+            rough = s.costs.evaluate(ck, exact=False)
             assert lb <= rough.step_s * (1 + 1e-9), ck
             assert floor <= rough.max_mem_bytes * (1 + 1e-9), ck
             assert on_split <= rough.max_mem_bytes * (1 + 1e-9), ck
             tight += on_split > floor
-            runs = s.memory_split(ck) if ck.pp > 1 else None
+            runs = s.costs.memory_split(ck) if ck.pp > 1 else None
             if runs is not None:
-                assert floor <= s.evaluate(ck, exact=False, runs=runs).max_mem_bytes * (1 + 1e-9), ck
+                assert floor <= s.costs.evaluate(ck, exact=False, runs=runs).max_mem_bytes * (1 + 1e-9), ck
             n += 1
-        auto = s.evaluate_auto(c, exact=False)
-        assert lb <= auto.step_s * (1 + 1e-9) and auto.step_s <= s.evaluate(auto.config, runs=auto.stage_layers).step_s * (1 + 1e-9)
+        auto = s.costs.evaluate_auto(c, exact=False)
+        assert lb <= auto.step_s * (1 + 1e-9) and auto.step_s <= s.costs.evaluate(auto.config, runs=auto.stage_layers).step_s * (1 + 1e-9)
     assert n > 50
     assert case == "moe" or tight > 0  # the split-aware floor is tighter somewhere (ep > 1: not covered)
 

@@ -28,22 +28,22 @@ def test_shared_node_terms_equal_terms_costed_afresh(moe, folding):
     a block's copies)."""
     cl = ClusterSpec.preset("h100", num_nodes=2)
     s = Searcher(moe, cl, global_batch=64)
-    s.moe_folding = folding
+    s.costs.moe_folding = folding
     n = 0
     for cp, ep, mb, tp, rc, dp in itertools.product((1, 2, 4), (1, 2, 4), (1, 2, 4), (1, 2), ("none", "full"), (1, 2)):
         if folding and (dp * cp * tp) % ep:
             continue  # the folded expert mesh needs ep | dp·cp·tp (cost_models.epcp.folded_expert_mesh)
         c = Config(dp, tp, 1, mb, 1, "1f1b", 1, rc, False, "ddp", cp, ep)
-        shared = s._epcp_prefix(c)
-        fresh = EPCPPrefix(moe, cl, s._epcp_nodes, cp=cp, ep=ep, micro_batch=mb, dtype=s.dtype,
-                           capacity_factor=s.capacity_factor, elem_bytes=s._elem_bytes, tp=tp, recompute=rc, stride=tp,
+        shared = s.costs._epcp_prefix(c)
+        fresh = EPCPPrefix(moe, cl, s.costs._epcp_nodes, cp=cp, ep=ep, micro_batch=mb, dtype=s.costs.dtype,
+                           capacity_factor=s.costs.capacity_factor, elem_bytes=s.costs._elem_bytes, tp=tp, recompute=rc, stride=tp,
                            folding=folding, dp=dp)  # fmt: skip
         assert shared.acc == fresh.acc and shared.bytes == fresh.bytes, c
         assert shared.whole() == fresh.terms(0, len(moe.nodes)) == fresh.whole(), c  # the same floats
         n += 1
     # fewer distinct nodes were costed than configurations x nodes: the sharing happened
-    assert len(s._epcp_node_memo) < n * len(s._epcp_nodes) / 4
-    assert len({k[0] for k in s._epcp_node_memo}) < len(s._epcp_nodes)  # the blocks' copies share
+    assert len(s.costs._epcp_node_memo) < n * len(s.costs._epcp_nodes) / 4
+    assert len({k[0] for k in s.costs._epcp_node_memo}) < len(s.costs._epcp_nodes)  # the blocks' copies share
 
 
 def test_lower_bound_memo_matches_its_terms(moe):
@@ -53,6 +53,6 @@ def test_lower_bound_memo_matches_its_terms(moe):
     warm = Searcher(moe, cl, global_batch=64)
     cfgs = warm.configs()
     assert len(cfgs) > 40
-    got = [warm.bound(c) for c in cfgs]
+    got = [warm.costs.bound(c) for c in cfgs]
     for c, b in list(zip(cfgs, got))[:: max(1, len(cfgs) // 40)]:
-        assert Searcher(moe, cl, global_batch=64).bound(c) == b, c
+        assert Searcher(moe, cl, global_batch=64).costs.bound(c) == b, c

@@ -41,6 +41,7 @@ from meshplan.plan.execution_rules import cp_forward_blocker
 from meshplan.planner import validate as V
 from meshplan.planner.assemble import MESH_AXES, build_plan, model_flops_per_token, quant_effect
 from meshplan.planner.costing import GraphCoster
+from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.search import Config, GiB, Searcher, SearchResult
 from meshplan.profile.local import resolve
 
@@ -277,10 +278,9 @@ def estimate_graph(
     t0 = time.perf_counter()
     coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, profile=prof,
                          moe_folding=moe_folding)  # fmt: skip
-    searcher = Searcher(graph, spec, global_batch=B, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster,
-                        profile=prof)  # fmt: skip
-    searcher.moe_folding = bool(moe_folding)
-    sp = searcher.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
+    costs = ConfigEvaluator(graph, spec, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster, profile=prof,
+                            moe_folding=moe_folding)  # fmt: skip
+    sp = costs.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
     if moe_folding:
         sp = tp > 1  # folding runs under sequence parallelism (checked above when pinned)
     kind = dp_kind or ("none" if dp == 1 else "ddp")
@@ -288,25 +288,25 @@ def estimate_graph(
         kind = "ddp"  # cp/ep reduce gradients their own way (runtime/epcp): no sharded kind searched
     cfg = Config(dp, tp, pp, micro_batch_size, num_microbatches, schedule if pp > 1 else "1f1b", v if pp > 1 else 1,
                  recompute, sp, kind, cp, ep)  # fmt: skip
-    errors = searcher.quant_errors(cfg)
+    errors = costs.quant_errors(cfg)
     if errors:
         raise ValueError(f"{q.mode} quantization cannot run this configuration: " + "; ".join(errors[:3]))
     runs = None
     if blocks_per_stage and pp > 1:
         if len(blocks_per_stage) != pp * cfg.virtual_stages:
             raise ValueError(f"blocks_per_stage has {len(blocks_per_stage)} entries for pp·v = {pp * cfg.virtual_stages} stages")
-        runs = block_runs([x.kind == "block" for x in searcher._table(cfg).layers], blocks_per_stage)
+        runs = block_runs([x.kind == "block" for x in costs._table(cfg).layers], blocks_per_stage)
     if runs is not None or (dp_kind is not None or cp * ep > 1):
-        ev = searcher.evaluate(cfg, runs=runs)
+        ev = costs.evaluate(cfg, runs=runs)
     else:
-        ev = searcher.evaluate_auto(cfg)
+        ev = costs.evaluate_auto(cfg)
     split = None
     if ev.fits and pp > 1 and runs is None and split_rule == "any":
         from meshplan.planner.finalize import WINNER_SPLIT_LIMIT_S, WINNER_SPLIT_NODES, refine_split
 
-        ev, split = refine_split(searcher, ev, WINNER_SPLIT_LIMIT_S, WINNER_SPLIT_NODES)
-    res = SearchResult(ev if ev.fits else None, [], 1, 1, time.perf_counter() - t0, searcher.coster.ilp_solves,
-                       searcher.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, searcher.coster,
+        ev, split = refine_split(costs, ev, WINNER_SPLIT_LIMIT_S, WINNER_SPLIT_NODES)
+    res = SearchResult(ev if ev.fits else None, [], 1, 1, time.perf_counter() - t0, costs.coster.ilp_solves,
+                       costs.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, costs.coster,
                        split=split)  # fmt: skip
     notes = (
         []
@@ -315,11 +315,11 @@ def estimate_graph(
             f"does not fit: needs {ev.max_mem_bytes / GiB:.1f} GiB per device, limit {ev.mem_limit_bytes / GiB:.1f} GiB"
         ]
     )
-    why = searcher.epcp_why(tp, pp, cp, ep, recompute)
+    why = costs.epcp_why(tp, pp, cp, ep, recompute)
     if why:
         notes.append(f"cp={cp} ep={ep} costed (cost_models/epcp.py), but meshplan's runtime does not run it: {why}")
     if moe_folding and tp > 1:
-        edp, _ = searcher.expert_dp_group(cfg)
+        edp, _ = costs.expert_dp_group(cfg)
         notes.append(f"MoE parallel folding costed (Megatron-Core, ETP 1 with sequence parallelism): each tp rank routes "
                      f"its 1/{tp} of the tokens over an ep group of {ep} consecutive ranks, expert gradients over "
                      f"{edp} expert data-parallel ranks; meshplan's runtime does not run it (its MoE block is replicated "

@@ -22,7 +22,8 @@ from meshplan.plan import (
 )
 from meshplan.plan.execution_rules import BATCH_NORM_CLASSES
 from meshplan.planner.costing import GraphCoster
-from meshplan.planner.search import Evaluation, Searcher, SearchResult
+from meshplan.planner.evaluate import ConfigEvaluator
+from meshplan.planner.search import Evaluation, SearchResult
 
 MESH_AXES = ("pp", "dp", "cp", "tp")  # torchtitan's order; ep borrows dp x cp ranks (MeshSpec.ep)
 
@@ -182,8 +183,8 @@ def quant_effect(
     plain_coster = GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer)
     plain_coster._tp.update(coster._tp)  # the same TP placements: no ILP re-solve
     c = ev.config
-    plain = Searcher(graph, cluster, global_batch=global_batch, dtype=dtype, optimizer=optimizer,
-                     coster=plain_coster).evaluate(c, runs=ev.stage_layers)  # fmt: skip
+    plain = ConfigEvaluator(graph, cluster, dtype=dtype, optimizer=optimizer,
+                            coster=plain_coster).evaluate(c, runs=ev.stage_layers)  # fmt: skip
 
     def states(e: Evaluation) -> float:
         return float(sum(e.mem_breakdown.get(k, 0) for k in ("params", "grads", "optimizer")))

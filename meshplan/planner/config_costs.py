@@ -47,12 +47,7 @@ from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params
 from meshplan.planner.memory_floor import held_floor
 from meshplan.planner.pipeline_time import inflight
 from meshplan.planner.search_memos import share_table_memos, solve_split
-from meshplan.planner.search_types import (
-    RECOMPUTE_CHOICES,
-    SCHEDULE_CHOICES,
-    Config,
-    balanced_split,
-)
+from meshplan.planner.search_types import Config, balanced_split
 
 #: At most this many memory-constrained re-splits (partition.stage_ilp DP) per search.
 MAX_MEMORY_RESCUES = 8
@@ -76,32 +71,22 @@ class ConfigCosts:
         graph: ModelGraph,
         cluster: ClusterSpec,
         *,
-        global_batch: int,
         fixed: dict[str, Any] | None = None,
-        recompute: tuple[str, ...] | None = None,
-        schedules: tuple[str, ...] | None = None,
         dtype: str = "bf16",
         optimizer: str = "adam",
-        progress: Callable[[str], None] | None = None,
         coster: GraphCoster | None = None,
-        keep_alternatives: int = 5,
-        ilp_split: bool = True,
         split_rule: str | None = None,
         dp_kinds: tuple[str, ...] | None = None,
         profile: EngineProfile | str | None = None,
+        moe_folding: bool = False,
     ) -> None:
         self.g = graph
         self.cluster = cluster
-        self.W = cluster.num_devices
-        self.B = global_batch
+        # pins (``Searcher.configs`` reads them too): a pinned dp_kind is never upgraded by
+        # ``evaluate_auto``, a pinned sequence_parallel counts in ``epcp_why``; capacity_factor is taken out
         self.fixed = dict(fixed or {})
-        self.recompute = tuple(recompute or RECOMPUTE_CHOICES)
-        if "recompute" in self.fixed and self.fixed["recompute"] not in self.recompute:
-            self.recompute = (*self.recompute, self.fixed["recompute"])
-        self.schedules = tuple(schedules or SCHEDULE_CHOICES)
         self.dtype = dtype
         self.optimizer = optimizer
-        self.progress = progress or (lambda _msg: None)
         # the engine whose conventions price every configuration (cost_models.engine_profiles): the
         # coster's when one is given, else ``profile`` (None = meshplan's runtime)
         self.coster = coster or GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer, profile=profile)
@@ -118,16 +103,14 @@ class ConfigCosts:
         # training dtype (bf16 mixed precision: 2; fp32 training: 4)
         self._elem_bytes = 4 if dtype in ("fp32", "float32") else 2
         self._quant_err: dict[tuple[int, int], list[str]] = {}
-        self.keep = keep_alternatives
         # an engine's stage-split rule (partition.engine_split; None = the profile's) and DP kinds
-        # (meshplan plan --target); the split ILP's refinement ignores the rule, so it is off under one
+        # (meshplan plan --target)
         if split_rule is None:
             split_rule = ep.split_rule
         if split_rule not in SPLIT_RULES:
             raise ValueError(f"split_rule must be one of {', '.join(SPLIT_RULES)}, got {split_rule!r}")
         self.split_rule = split_rule
         self.dp_kinds = tuple(dp_kinds) if dp_kinds else tuple(KIND_ORDER)
-        self.ilp_split = ilp_split and split_rule == "any"
         # MoE load imbalance assumed by the costing (busiest expert rank / mean); a setting, not a pin
         self.capacity_factor = float(self.fixed.pop("capacity_factor", DEFAULT_CAPACITY_FACTOR))
         # how ddp reduces gradients (grad_sync.DDP_IMPLS): "torch" = bucketed and overlapped with the
@@ -141,14 +124,14 @@ class ConfigCosts:
         # and computes its 1/tp sequence shard over an ep group of consecutive ranks, expert gradients
         # reduced over the expert data-parallel group; an engine costing option (estimate_graph),
         # never the planner's own plans (meshplan's runtime replicates the MoE block over tp)
-        self.moe_folding = False
+        self.moe_folding = bool(moe_folding)
+        self._sp_choice: dict[int, bool] = {}  # sp_for per tp degree
         # how the engine runs the optimizer update (cost_models.eager_ops.OPTIMIZER_IMPLS; estimate_graph sets it)
         self.optimizer_impl = ep.optimizer_impl
         # Megatron-LM's scatter/gather between pipeline stages (SC'21 §4.1, an engine costing option of
         # estimate_graph): without SP each tp rank sends 1/tp of the boundary activation and the
         # receiving stage all-gathers it inside its node; meshplan's runtime sends it whole
         self.pp_scatter_gather = ep.pp_scatter_gather
-        self.bounded: list[tuple[float, float, Config]] = []
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._transient_memo: dict[tuple, float] = {}  # (id(table), runs) -> _transient's bytes
@@ -172,11 +155,9 @@ class ConfigCosts:
         self._tied_memo: dict[int, list[int]] = {}
         self._states_memo: dict[tuple, float] = {}  # lower_bound's model states per (params, kind, dp, tp, layout)
         self._lb_memo: dict[tuple, tuple[float, float, dict[str, list[float]]]] = {}  # lower_bound's kind-free part
-        self._sp_choice: dict[int, bool] = {}
         self._epcp_why_memo: dict[tuple, str] = {}  # epcp_why per (tp, pp, cp, ep, recompute)
         self._bound_memo: dict[tuple, tuple[float, float]] = {}  # lower_bound per (config, layout, optimizer impl)
         self._divs_memo: dict[tuple, tuple[int, int, int]] = {}  # _zero_divs per (kind, dp, tp, layout)
-        self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
         share_table_memos(self)  # with the other searches on this coster (a world-size sweep)
         # what ``p2p_time`` reads of the cluster: its hardware, whatever the device count (search_memos.solve_split)
         self.links_key = repr(cluster.with_devices(cluster.devices_per_node))

@@ -23,7 +23,7 @@ from meshplan.cost_models.grad_sync import (
     overlapped_sync_terms,
     uniform_bucket_runs,
 )
-from meshplan.plan.execution_rules import dp_kind_blocker
+from meshplan.plan.execution_rules import dp_kind_blocker, sequence_parallel_blocker
 from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
 from meshplan.planner.kind_free import KindFreeTerms, kind_free_terms
@@ -34,6 +34,31 @@ __all__ = ["MAX_MEMORY_RESCUES", "ConfigEvaluator", "exposed_dp_s", "kind_note"]
 
 class ConfigEvaluator(ConfigCosts):
     """Costs configurations of one graph on one cluster (see the module docstring)."""
+
+    def sp_for(self, tp: int) -> bool:
+        """Sequence parallelism for a TP degree: on when its placement is no slower (it always
+        saves activation memory), off for tp = 1 or a sequence tp does not divide."""
+        if tp not in self._sp_choice:
+            if "sequence_parallel" in self.fixed:
+                self._sp_choice[tp] = bool(self.fixed["sequence_parallel"]) and tp > 1
+            elif tp == 1 or self.g.seq_len % tp or self.g.seq_len <= 1:
+                self._sp_choice[tp] = False
+            elif self.sp_blocker(tp):
+                self._sp_choice[tp] = False
+            else:
+                a = self.coster.tp_solution(tp, False).objective
+                b = self.coster.tp_solution(tp, True).objective
+                self._sp_choice[tp] = b <= a * 1.001
+        return self._sp_choice[tp]
+
+    def sp_blocker(self, tp: int) -> str:
+        """Why the runtime would refuse sequence parallelism at this TP degree ("" when it runs):
+        its own rule on the traced module tree and the placement solved with sequence parallelism."""
+        meta = self.g.meta
+        if "module_lists" not in meta:
+            return "the graph records no module tree (traced by an older meshplan); re-trace"
+        styles = self.coster.tp_solution(tp, True).styles
+        return sequence_parallel_blocker(meta["module_lists"], meta.get("param_modules") or {}, styles)
 
     def _auto(self, c: Config) -> bool:
         # cp/ep configurations run their own gradient reduction (runtime/epcp): no other DP kind

@@ -168,11 +168,13 @@ def _per_degree(s: ConfigEvaluator, best: Evaluation, partial: list[Evaluation],
 
 
 def _per_family(
-    s: ConfigEvaluator, best: Evaluation, partial: list[Evaluation], oom: list[Evaluation], shown: set[Config]
+    s: ConfigEvaluator, best: Evaluation, partial: list[Evaluation], oom: list[Evaluation], shown: set[Config],
+    bounded: list[tuple[float, float, Config]],
 ) -> list[tuple[Evaluation, str]]:
     """The best plan of each family other than the winner's: the fastest fitting one (3 lowest
     bounds simulated), else the one closest to fitting the search evaluated, else the family's
-    lowest-bound configuration costed now (so "data parallelism only: out of memory" shows)."""
+    lowest-bound configuration of the search's (``bounded``) costed now (so "data parallelism
+    only: out of memory" shows)."""
     out: list[tuple[Evaluation, str]] = []
     mine = family(best.config)
     for fam, name in FAMILY_NAMES.items():
@@ -190,7 +192,7 @@ def _per_family(
             continue
         bad = [e for e in oom if family(e.config) == fam]
         if not bad:
-            cfgs = [c for _lb, _m, c in s.bounded if family(c) == fam]
+            cfgs = [c for _lb, _m, c in bounded if family(c) == fam]
             if not cfgs:
                 continue  # the search had no configuration of this family (pins, world size)
             bad = [s.evaluate_auto(min(cfgs, key=lambda c: s.bound(c)[1]), exact=False)]
@@ -201,9 +203,12 @@ def _per_family(
 
 
 def select_alternatives(
-    s: ConfigEvaluator, best: Evaluation, fitting: list[Evaluation], partial: list[Evaluation], oom: list[Evaluation]
+    s: ConfigEvaluator, best: Evaluation, fitting: list[Evaluation], partial: list[Evaluation], oom: list[Evaluation],
+    *, keep: int, bounded: list[tuple[float, float, Config]],
 ) -> list[tuple[Evaluation, str]]:
-    """(evaluation, label) of every alternative to report; labels "" for close runners-up."""
+    """(evaluation, label) of every alternative to report, costed on ``s``; labels "" for close
+    runners-up (at most ``keep`` - 1 of them). ``bounded``: the search's (bound, memory bound,
+    configuration) list, for a family it evaluated nothing of."""
     alts: list[tuple[Evaluation, str]] = []
     seen = {group(best.config)}
     for e in fitting[1:]:
@@ -212,11 +217,11 @@ def select_alternatives(
             continue
         seen.add(key)
         alts.append((e, ""))
-        if len(alts) >= s.keep - 1:
+        if len(alts) >= keep - 1:
             break
     shown = {a.config for a, _ in alts}
     alts += _per_degree(s, best, partial, shown)
-    alts += _per_family(s, best, partial, oom, shown)
+    alts += _per_family(s, best, partial, oom, shown, bounded)
     if not any(not e.fits for e, _ in alts) and oom:  # the best plan that did not fit
         alts.append((min(oom, key=lambda e: (e.step_s, e.config.summary())), ""))
     return alts

@@ -20,7 +20,7 @@ def _divisors(n: int) -> list[int]:
 def explain_no_configs(s: Any, micro_batch_choices: tuple[int, ...]) -> str:
     """One line: world size, global batch, pins, and the reasons every (tp, pp, dp) was dropped."""
     f, W, B = s.fixed, s.W, s.B
-    n_layers = len(s.coster.ranges)
+    n_layers = len(s.costs.coster.ranges)
     heads = int(s.g.meta.get("num_heads") or 0)
     reasons: list[str] = []
 

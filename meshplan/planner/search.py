@@ -34,7 +34,7 @@ microbatch counts and extrapolated linearly (steady state: one microbatch per bo
 ``planner.pipeline_time``).
 The candidates are scored on the fast time-balanced split; the winner's (and small contenders')
 split is then re-solved by the stage-split ILP and the alternatives chosen in ``planner.finalize``.
-Costing one configuration is ``planner.evaluate.ConfigEvaluator`` (Searcher's base class).
+Costing one configuration is ``planner.evaluate.ConfigEvaluator``, which the Searcher holds (``costs``).
 With a ``Quantization`` on the coster, model states, gradient sync and the optimizer step count
 the quantized layout (only trainable parameters are synced and stepped).
 No torch import.
@@ -45,8 +45,13 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
+from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.errors import NoFeasiblePlanError
+from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import block_counts, rule_for
 from meshplan.partition.schedule import validate
 from meshplan.plan.execution_rules import (
@@ -55,10 +60,10 @@ from meshplan.plan.execution_rules import (
     dp_kind_blocker,
     microbatch_blocker,
     recompute_blocker,
-    sequence_parallel_blocker,
     tied_weight_blocker,
     tp_pp_blocker,
 )
+from meshplan.planner.costing import GraphCoster
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import finalize, select_alternatives
 from meshplan.planner.memory_floor import split_floor
@@ -86,12 +91,53 @@ MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 ALT_MARGIN = 0.25
 
 
-class Searcher(ConfigEvaluator):
-    """The joint search for one graph on one cluster (see the module docstring)."""
+class Searcher:
+    """The joint search for one graph on one cluster (see the module docstring). It holds its
+    costing, ``costs`` (a ``planner.evaluate.ConfigEvaluator`` built from the same settings, or
+    the one given), and keeps what only the search needs: the world size and global batch, the
+    choices it enumerates, the alternatives it keeps and the notes on what it left out."""
 
     #: skip costing candidates that cannot change the result (``planner.search_prune``); False
     #: costs every candidate the bound and dominance rules leave (tests compare the two)
     skip_unneeded = True
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        cluster: ClusterSpec,
+        *,
+        global_batch: int,
+        fixed: dict[str, Any] | None = None,
+        recompute: tuple[str, ...] | None = None,
+        schedules: tuple[str, ...] | None = None,
+        dtype: str = "bf16",
+        optimizer: str = "adam",
+        progress: Callable[[str], None] | None = None,
+        coster: GraphCoster | None = None,
+        keep_alternatives: int = 5,
+        ilp_split: bool = True,
+        split_rule: str | None = None,
+        dp_kinds: tuple[str, ...] | None = None,
+        profile: EngineProfile | str | None = None,
+    ) -> None:
+        self.costs = ConfigEvaluator(graph, cluster, fixed=fixed, dtype=dtype, optimizer=optimizer, coster=coster,
+                                     split_rule=split_rule, dp_kinds=dp_kinds, profile=profile)  # fmt: skip
+        self.g = graph
+        self.cluster = cluster
+        self.W = cluster.num_devices
+        self.B = global_batch
+        self.fixed = self.costs.fixed  # the pins (capacity_factor taken out by the costing)
+        self.mem_limit = self.costs.mem_limit
+        self.recompute = tuple(recompute or RECOMPUTE_CHOICES)
+        if "recompute" in self.fixed and self.fixed["recompute"] not in self.recompute:
+            self.recompute = (*self.recompute, self.fixed["recompute"])
+        self.schedules = tuple(schedules or SCHEDULE_CHOICES)
+        self.progress = progress or (lambda _msg: None)
+        self.keep = keep_alternatives
+        # the split ILP's refinement ignores an engine's split rule, so it is off under one
+        self.ilp_split = ilp_split and self.costs.split_rule == "any"
+        self.bounded: list[tuple[float, float, Config]] = []
+        self.rule_notes: dict[str, str] = {}  # configurations the runtime refuses, left out (execution_rules)
 
     # ---- enumeration -------------------------------------------------------------------
     @functools.cached_property
@@ -114,7 +160,7 @@ class Searcher(ConfigEvaluator):
         for n in self.g.nodes:
             for p in dict.fromkeys(canon.get(x, x) for x in n.param_names):
                 uses.setdefault(p, []).append(n.id)
-        ranges = self.coster.ranges
+        ranges = self.costs.coster.ranges
         first_end, last_start = ranges[0][2], ranges[-1][1]
         for p, ids in uses.items():
             if len(ids) > 1 and not (len(ids) == 2 and ids[0] < first_end and ids[1] >= last_start):
@@ -134,34 +180,9 @@ class Searcher(ConfigEvaluator):
             out.append(t)
         return out
 
-    def sp_for(self, tp: int) -> bool:
-        """Sequence parallelism for a TP degree: on when its placement is no slower (it always
-        saves activation memory), off for tp = 1 or a sequence tp does not divide."""
-        if tp not in self._sp_choice:
-            if "sequence_parallel" in self.fixed:
-                self._sp_choice[tp] = bool(self.fixed["sequence_parallel"]) and tp > 1
-            elif tp == 1 or self.g.seq_len % tp or self.g.seq_len <= 1:
-                self._sp_choice[tp] = False
-            elif self.sp_blocker(tp):
-                self._sp_choice[tp] = False
-            else:
-                a = self.coster.tp_solution(tp, False).objective
-                b = self.coster.tp_solution(tp, True).objective
-                self._sp_choice[tp] = b <= a * 1.001
-        return self._sp_choice[tp]
-
-    def sp_blocker(self, tp: int) -> str:
-        """Why the runtime would refuse sequence parallelism at this TP degree ("" when it runs):
-        its own rule on the traced module tree and the placement solved with sequence parallelism."""
-        meta = self.g.meta
-        if "module_lists" not in meta:
-            return "the graph records no module tree (traced by an older meshplan); re-trace"
-        styles = self.coster.tp_solution(tp, True).styles
-        return sequence_parallel_blocker(meta["module_lists"], meta.get("param_modules") or {}, styles)
-
     def configs(self) -> list[Config]:
         f = self.fixed
-        n_layers = len(self.coster.ranges)
+        n_layers = len(self.costs.coster.ranges)
         out = []
         for tp in self.tp_choices():
             if "tp" in f and f["tp"] != tp:
@@ -190,7 +211,7 @@ class Searcher(ConfigEvaluator):
                         for rc in self.recompute:
                             if "recompute" in f and f["recompute"] != rc:
                                 continue
-                            if self.epcp_why(tp, pp, cp, ep, rc):
+                            if self.costs.epcp_why(tp, pp, cp, ep, rc):
                                 continue
                             if recompute_blocker(pp=pp, schedule=sched, recompute=rc):
                                 continue  # the runtime would refuse it (meshplan.plan.execution_rules)
@@ -231,10 +252,10 @@ class Searcher(ConfigEvaluator):
         does the same work plus the recompute with the same communication, so it is no faster
         (its longer backward can hide at most the recompute's own time of DP sync), and ``c``
         cannot hold the only fitting kind. Bound order costs the twin first (its bound is lower)."""
-        return c.recompute != "none" and c.but(recompute="none") in self._every_kind_fits
+        return c.recompute != "none" and c.but(recompute="none") in self.costs._every_kind_fits
 
     def _shards_something(self, c: Config) -> bool:
-        sol = self._table(c).tp_solution
+        sol = self.costs._table(c).tp_solution
         key = id(sol)  # (the coster keeps every solution: ids stay unique)
         if key not in self._shards_memo:
             self._shards_memo[key] = any(v != "replicate" for v in sol.styles.values())
@@ -243,10 +264,10 @@ class Searcher(ConfigEvaluator):
     def _splittable(self, n_stages: int, v: int) -> bool:
         """Whether the split rule (``--target``'s engine) has a split of the blocks into ``n_stages``;
         the first stage count it has none for is named in the plan's notes."""
-        if self.split_rule == "any":
+        if self.costs.split_rule == "any":
             return True
-        rule = rule_for(self.split_rule, v)
-        blocks = sum(1 for r in self.coster.ranges if r[3] == "block")
+        rule = rule_for(self.costs.split_rule, v)
+        blocks = sum(1 for r in self.costs.coster.ranges if r[3] == "block")
         if next(block_counts(rule, blocks, n_stages), None) is not None:
             return True
         self.rule_notes.setdefault("split", f"not searched: {n_stages} stages (the {rule!r} stage-split rule of the "
@@ -300,18 +321,18 @@ class Searcher(ConfigEvaluator):
         if not cfgs:
             raise NoFeasiblePlanError(explain_no_configs(self, MICRO_BATCH_CHOICES))
         # cp/ep run without sequence parallelism (execution_rules.epcp_rule)
-        sp = {tp: self.sp_for(tp) for tp in {c.tp for c in cfgs}}  # (configs() builds them without)
+        sp = {tp: self.costs.sp_for(tp) for tp in {c.tp for c in cfgs}}  # (configs() builds them without)
         cfgs = [c.but(sequence_parallel=True) if sp[c.tp] and c.cp * c.ep == 1 else c for c in cfgs]
         enumerated_tp = {c.tp for c in cfgs}  # for the plan's "tp=1: why" (planner.tp_reason)
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
             useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]
             cfgs = useful or cfgs
-        if self.quant:
-            ok = [c for c in cfgs if not self.quant_errors(c)]
+        if self.costs.quant:
+            ok = [c for c in cfgs if not self.costs.quant_errors(c)]
             if not ok and cfgs:
-                errs = self.quant_errors(cfgs[0])
+                errs = self.costs.quant_errors(cfgs[0])
                 raise ValueError(
-                    f"{self.coster.quant.mode} quantization cannot be applied at any candidate TP degree: "
+                    f"{self.costs.coster.quant.mode} quantization cannot be applied at any candidate TP degree: "
                     + "; ".join(errs[:3]) + (f" (and {len(errs) - 3} more)" if len(errs) > 3 else "")
                 )
             cfgs = ok
@@ -322,7 +343,7 @@ class Searcher(ConfigEvaluator):
         bounded = []
         min_mem_lb = math.inf
         for c in cfgs:
-            lb, mlb = self.bound(c)
+            lb, mlb = self.costs.bound(c)
             min_mem_lb = min(min_mem_lb, mlb)
             bounded.append((lb, mlb, c))
         bounded.sort(key=lambda x: (x[0], x[2].summary()))
@@ -339,7 +360,7 @@ class Searcher(ConfigEvaluator):
 
         def simulate(pe: Evaluation) -> Evaluation:
             t = time.perf_counter()
-            ev = self.evaluate(pe.config, runs=pe.stage_layers)
+            ev = self.costs.evaluate(pe.config, runs=pe.stage_layers)
             sim_s[0] += time.perf_counter() - t
             return ev
 
@@ -350,7 +371,7 @@ class Searcher(ConfigEvaluator):
                 self.progress(f"simulated {i} (bound {pe.step_s:.3g} s, best {best:.3g} s)")
 
         def cost(c: Config) -> None:
-            ev = self.evaluate_auto(c, exact=False)
+            ev = self.costs.evaluate_auto(c, exact=False)
             (partial if ev.fits else oom).append(ev)
             order.add(ev)
 
@@ -370,10 +391,10 @@ class Searcher(ConfigEvaluator):
                 skipped += 1
                 continue
             if lazy:
-                floor = self.memory_floor(c, mlb)
-                rescue = self.rescue_possible(c, mlb, floor)
+                floor = self.costs.memory_floor(c, mlb)
+                rescue = self.costs.rescue_possible(c, mlb, floor)
                 if not rescue and floor <= self.mem_limit:  # no re-split: the time-balanced split is costed
-                    floor = max(floor, split_floor(self, c))
+                    floor = max(floor, split_floor(self.costs, c))
                 if order.skip_out_of_memory(c, lb, floor, self.mem_limit, rescue):
                     skipped += 1
                     continue
@@ -406,10 +427,11 @@ class Searcher(ConfigEvaluator):
         alts: list[tuple[Evaluation, str]] = []
         split, tp_reason, degree_reasons = None, "", {}
         if best_ev is not None:
-            labelled = select_alternatives(self, best_ev, fitting, partial, oom)
+            labelled = select_alternatives(self.costs, best_ev, fitting, partial, oom, keep=self.keep,
+                                           bounded=self.bounded)
             if self.ilp_split and best_ev.config.pp > 1:
                 self.progress("stage split of the winner and the top contenders by ILP")
-            best_ev, alts, split = finalize(self, best_ev, labelled, refine=self.ilp_split)
+            best_ev, alts, split = finalize(self.costs, best_ev, labelled, refine=self.ilp_split)
             tp_reason = tp_one_reason(self, best_ev, alts, partial, oom, enumerated_tp=enumerated_tp,
                                       searched_tp=searched_tp)
             degree_reasons = {axis: why for axis in ("cp", "ep") if (why := other_degree_reason(
@@ -423,9 +445,9 @@ class Searcher(ConfigEvaluator):
         self.progress(f"done: {evaluated} evaluated in {time.perf_counter() - t0:.2f} s")
         return SearchResult(
             best=best_ev, alternatives=alts, candidates=len(cfgs), evaluated=evaluated,
-            seconds=time.perf_counter() - t0, ilp_solves=self.coster.ilp_solves,
-            ilp_seconds=self.coster.ilp_seconds, min_mem_bytes=int(min_mem) if math.isfinite(min_mem) else 0,
+            seconds=time.perf_counter() - t0, ilp_solves=self.costs.coster.ilp_solves,
+            ilp_seconds=self.costs.coster.ilp_seconds, min_mem_bytes=int(min_mem) if math.isfinite(min_mem) else 0,
             mem_limit_bytes=self.mem_limit,
-            coster=self.coster, split=split, phase_s=phase_s, simulated=len(fitting), pruned=pruned, skipped=skipped,
+            coster=self.costs.coster, split=split, phase_s=phase_s, simulated=len(fitting), pruned=pruned, skipped=skipped,
             tp_reason=tp_reason, degree_reasons=degree_reasons,
         )  # fmt: skip

@@ -92,7 +92,7 @@ def _lost(s: Any, best: Evaluation, alts: list[tuple[Evaluation, str]], partial:
         return slower(min((e for e in shown if e.fits), key=lambda e: e.step_s))
     fits = [e for e in partial if other(e.config)][:3]  # partial is in bound order
     if fits:
-        return slower(min((s.evaluate(e.config, runs=e.stage_layers) for e in fits), key=lambda e: e.step_s))
+        return slower(min((s.costs.evaluate(e.config, runs=e.stage_layers) for e in fits), key=lambda e: e.step_s))
     big = shown + [e for e in oom if other(e.config)]
     if big:
         return too_big(min(big, key=lambda e: e.max_mem_bytes))
