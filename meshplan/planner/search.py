@@ -46,6 +46,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshplan.cost_models.engine_profiles import EngineProfile
@@ -308,15 +309,30 @@ class Searcher:
 
     # ---- the search ----------------------------------------------------------------------
     def run(self, *, exhaustive: bool = False) -> SearchResult:
-        t0 = time.perf_counter()
-        phase_s: dict[str, float] = {}
-        mark = [t0]
+        """The search (see the module docstring), in its named steps: ``candidates`` (enumerate),
+        ``bound_all`` (bound and order), ``cost_all`` (phase 1, with phase 2's simulations as
+        candidates settle: ``planner.search_prune``), ``settle`` (the remaining simulations) and
+        ``conclude`` (alternatives, the winner's split, the reasons, the ``SearchResult``)."""
+        clock = PhaseClock()
+        cands = self.candidates()
+        clock.lap("enumerate")
+        self.progress(f"{len(cands.configs)} configurations; bounding")
+        min_mem_lb = self.bound_all(cands.configs)
+        clock.lap("bound")
+        costed = self.cost_all(exhaustive)
+        clock.lap("cost")
+        clock.phase_s["cost"] -= costed.sim_s[0]  # the simulations run so far are phase 2's
+        clock.phase_s["simulate"] = costed.sim_s[0]
+        self.progress(f"{len(costed.partial)} fitting, {len(costed.oom)} out of memory ({costed.skipped} skipped: they "
+                      "cannot change the result); simulating schedules")  # fmt: skip
+        fitting = self.settle(costed)
+        clock.lap("simulate")
+        return self.conclude(cands, costed, fitting, min_mem_lb, clock)
 
-        def lap(name: str) -> None:
-            now = time.perf_counter()
-            phase_s[name] = phase_s.get(name, 0.0) + now - mark[0]
-            mark[0] = now
-
+    def candidates(self) -> Candidates:
+        """Every configuration to search (``configs``, sequence parallelism chosen per TP degree,
+        TP degrees whose placement shards nothing and quantization the runtime refuses left out),
+        with the degrees enumerated and searched (for the plan's reasons); raises when none."""
         cfgs = self.configs()
         if not cfgs:
             raise NoFeasiblePlanError(explain_no_configs(self, MICRO_BATCH_CHOICES))
@@ -336,10 +352,12 @@ class Searcher:
                     + "; ".join(errs[:3]) + (f" (and {len(errs) - 3} more)" if len(errs) > 3 else "")
                 )
             cfgs = ok
-        searched_tp = {c.tp for c in cfgs}
-        searched = {axis: {getattr(c, axis) for c in cfgs} for axis in ("cp", "ep")}
-        lap("enumerate")
-        self.progress(f"{len(cfgs)} configurations; bounding")
+        return Candidates(configs=cfgs, enumerated_tp=enumerated_tp, searched_tp={c.tp for c in cfgs},
+                          searched={axis: {getattr(c, axis) for c in cfgs} for axis in ("cp", "ep")})  # fmt: skip
+
+    def bound_all(self, cfgs: list[Config]) -> float:
+        """Bound every configuration (``ConfigEvaluator.bound``) into ``bounded``, in bound order;
+        returns the smallest memory bound."""
         bounded = []
         min_mem_lb = math.inf
         for c in cfgs:
@@ -348,15 +366,48 @@ class Searcher:
             bounded.append((lb, mlb, c))
         bounded.sort(key=lambda x: (x[0], x[2].summary()))
         self.bounded = bounded
-        lap("bound")
-        # phase 1: everything but the simulation (split, memory, DP, optimizer), in bound order; phase 2
-        # (simulation in order of the now split-aware bound) runs over the candidates as they are
-        # settled, and costing skips what cannot change the result (planner.search_prune)
-        partial: list[Evaluation] = []
-        oom: list[Evaluation] = []
-        shown = time.perf_counter()
-        pruned = skipped = 0
+        return min_mem_lb
+
+    def cost_all(self, exhaustive: bool) -> Costed:
+        """Phase 1: everything but the simulation (split, memory, DP, optimizer), in bound order;
+        phase 2 (simulation in order of the now split-aware bound) runs over the candidates as they
+        are settled, and costing skips what cannot change the result (``planner.search_prune``)."""
         sim_s = [0.0]
+        out = Costed(BoundOrderCosting(self._simulator(sim_s), self.keep, ALT_MARGIN, exhaustive), sim_s=sim_s)
+        order = out.order
+        shown = [time.perf_counter()]
+
+        def simulated(i: int, pe: Evaluation, best: float) -> None:
+            if i % 50 == 0 or time.perf_counter() - shown[0] > 1.0:
+                shown[0] = time.perf_counter()
+                self.progress(f"simulated {i} (bound {pe.step_s:.3g} s, best {best:.3g} s)")
+
+        def cost(c: Config) -> None:
+            ev = self.costs.evaluate_auto(c, exact=False)
+            (out.partial if ev.fits else out.oom).append(ev)
+            order.add(ev)
+
+        order.on_simulated = simulated
+        order.cost = cost
+        lazy = not exhaustive and self.skip_unneeded  # off: phase 2 after all costing, nothing skipped
+        for k, (lb, mlb, c) in enumerate(self.bounded):
+            if lazy:
+                order.settle(lb)
+            if self._left_out(out, c, lb, mlb, exhaustive, lazy):
+                continue
+            cost(c)
+            if time.perf_counter() - shown[0] > 1.0:  # a line a second on long searches
+                shown[0] = time.perf_counter()
+                best_bound = min((e.step_s for e in out.partial), default=math.inf)
+                self.progress(
+                    f"costing: {k + 1}/{len(self.bounded)} configurations, {len(out.partial)} fit, "
+                    f"best so far {best_bound:.3g} s/step (before simulation)"
+                )
+        out.skipped += order.finish()
+        return out
+
+    def _simulator(self, sim_s: list[float]) -> Callable[[Evaluation], Evaluation]:
+        """Phase 2's simulation of a partial evaluation, its seconds added to ``sim_s[0]``."""
 
         def simulate(pe: Evaluation) -> Evaluation:
             t = time.perf_counter()
@@ -364,90 +415,116 @@ class Searcher:
             sim_s[0] += time.perf_counter() - t
             return ev
 
-        def simulated(i: int, pe: Evaluation, best: float) -> None:
-            nonlocal shown
-            if i % 50 == 0 or time.perf_counter() - shown > 1.0:
-                shown = time.perf_counter()
-                self.progress(f"simulated {i} (bound {pe.step_s:.3g} s, best {best:.3g} s)")
+        return simulate
 
-        def cost(c: Config) -> None:
-            ev = self.costs.evaluate_auto(c, exact=False)
-            (partial if ev.fits else oom).append(ev)
-            order.add(ev)
+    def _left_out(self, out: Costed, c: Config, lb: float, mlb: float, exhaustive: bool, lazy: bool) -> bool:
+        """Whether ``c`` is not costed (counted in ``out``): it cannot fit whatever the split (a
+        few are kept to report), is dominated, cannot change the result, or is certainly out of
+        memory (deferred)."""
+        order = out.order
+        if not exhaustive and mlb > self.mem_limit and (len(out.oom) + order.deferred >= 2 or out.partial):
+            return True
+        if not exhaustive and self.dominated(c):
+            out.pruned += 1
+            return True
+        if lazy and order.can_skip(c, lb):
+            out.skipped += 1
+            return True
+        if lazy:
+            floor = self.costs.memory_floor(c, mlb)
+            rescue = self.costs.rescue_possible(c, mlb, floor)
+            if not rescue and floor <= self.mem_limit:  # no re-split: the time-balanced split is costed
+                floor = max(floor, split_floor(self.costs, c))
+            if order.skip_out_of_memory(c, lb, floor, self.mem_limit, rescue):
+                out.skipped += 1
+                return True
+            if not rescue and floor > self.mem_limit * (1 + EPS):  # certainly out of memory
+                order.defer(c, lb, floor, self.mem_limit)
+                return True
+        return False
 
-        order = BoundOrderCosting(simulate, self.keep, ALT_MARGIN, exhaustive)
-        order.on_simulated = simulated
-        order.cost = cost
-        lazy = not exhaustive and self.skip_unneeded  # off: phase 2 after all costing, nothing skipped
-        for k, (lb, mlb, c) in enumerate(bounded):
-            if lazy:
-                order.settle(lb)
-            if not exhaustive and mlb > self.mem_limit and (len(oom) + order.deferred >= 2 or partial):
-                continue  # cannot fit whatever the split: skip (a few are kept to report)
-            if not exhaustive and self.dominated(c):
-                pruned += 1
-                continue
-            if lazy and order.can_skip(c, lb):
-                skipped += 1
-                continue
-            if lazy:
-                floor = self.costs.memory_floor(c, mlb)
-                rescue = self.costs.rescue_possible(c, mlb, floor)
-                if not rescue and floor <= self.mem_limit:  # no re-split: the time-balanced split is costed
-                    floor = max(floor, split_floor(self.costs, c))
-                if order.skip_out_of_memory(c, lb, floor, self.mem_limit, rescue):
-                    skipped += 1
-                    continue
-                if not rescue and floor > self.mem_limit * (1 + EPS):  # certainly out of memory
-                    order.defer(c, lb, floor, self.mem_limit)
-                    continue
-            cost(c)
-            if time.perf_counter() - shown > 1.0:  # a line a second on long searches
-                shown = time.perf_counter()
-                best_bound = min((e.step_s for e in partial), default=math.inf)
-                self.progress(
-                    f"costing: {k + 1}/{len(bounded)} configurations, {len(partial)} fit, "
-                    f"best so far {best_bound:.3g} s/step (before simulation)"
-                )
-        skipped += order.finish()
-        lap("cost")
-        phase_s["cost"] -= sim_s[0]  # the simulations run so far are phase 2's
-        phase_s["simulate"] = sim_s[0]
-        self.progress(f"{len(partial)} fitting, {len(oom)} out of memory ({skipped} skipped: they cannot change "
-                      "the result); simulating schedules")  # fmt: skip
-        partial.sort(key=lambda e: (e.step_s, e.config.summary()))
-        order.settle(math.inf)
-        fitting = order.fitting
+    def settle(self, costed: Costed) -> list[Evaluation]:
+        """Phase 2's remaining simulations; the simulated fitting evaluations, fastest first (and
+        ``costed``'s lists sorted the same way)."""
+        costed.partial.sort(key=lambda e: (e.step_s, e.config.summary()))
+        costed.order.settle(math.inf)
+        fitting = costed.order.fitting
+        fitting.sort(key=lambda e: (e.step_s, e.config.summary()))
+        costed.oom.sort(key=lambda e: (e.step_s, e.config.summary()))
+        return fitting
+
+    def conclude(self, cands: Candidates, costed: Costed, fitting: list[Evaluation], min_mem_lb: float,
+                 clock: PhaseClock) -> SearchResult:
+        """The winner (its split re-solved, a refined contender may take its place), the labelled
+        alternatives and the reasons for tp = 1 and the other cp/ep degrees, as a ``SearchResult``."""
+        partial, oom = costed.partial, costed.oom
         evaluated = len(partial) + len(oom)
         min_mem = min((e.max_mem_bytes for e in partial + oom), default=math.inf)
-        fitting.sort(key=lambda e: (e.step_s, e.config.summary()))
-        oom.sort(key=lambda e: (e.step_s, e.config.summary()))
         best_ev = fitting[0] if fitting else None
-        lap("simulate")
         alts: list[tuple[Evaluation, str]] = []
         split, tp_reason, degree_reasons = None, "", {}
         if best_ev is not None:
             labelled = select_alternatives(self.costs, best_ev, fitting, partial, oom, keep=self.keep,
-                                           bounded=self.bounded)
+                                           bounded=self.bounded)  # fmt: skip
             if self.ilp_split and best_ev.config.pp > 1:
                 self.progress("stage split of the winner and the top contenders by ILP")
             best_ev, alts, split = finalize(self.costs, best_ev, labelled, refine=self.ilp_split)
-            tp_reason = tp_one_reason(self, best_ev, alts, partial, oom, enumerated_tp=enumerated_tp,
-                                      searched_tp=searched_tp)
+            tp_reason = tp_one_reason(self, best_ev, alts, partial, oom, enumerated_tp=cands.enumerated_tp,
+                                      searched_tp=cands.searched_tp)
             degree_reasons = {axis: why for axis in ("cp", "ep") if (why := other_degree_reason(
-                self, axis, best_ev, alts, partial, oom, searched=searched[axis]))}
+                self, axis, best_ev, alts, partial, oom, searched=cands.searched[axis]))}
         else:
             for e in oom[: self.keep]:
                 alts.append((e, f"out of memory by {(e.max_mem_bytes - self.mem_limit) / GiB:.1f} GiB"))
         if min_mem == math.inf:
             min_mem = min_mem_lb
-        lap("finalize")
-        self.progress(f"done: {evaluated} evaluated in {time.perf_counter() - t0:.2f} s")
+        clock.lap("finalize")
+        self.progress(f"done: {evaluated} evaluated in {time.perf_counter() - clock.t0:.2f} s")
+        coster = self.costs.coster
         return SearchResult(
-            best=best_ev, alternatives=alts, candidates=len(cfgs), evaluated=evaluated,
-            seconds=time.perf_counter() - t0, ilp_solves=self.costs.coster.ilp_solves,
-            ilp_seconds=self.costs.coster.ilp_seconds, min_mem_bytes=int(min_mem) if math.isfinite(min_mem) else 0,
-            mem_limit_bytes=self.mem_limit,
-            coster=self.costs.coster, split=split, phase_s=phase_s, simulated=len(fitting), pruned=pruned, skipped=skipped,
+            best=best_ev, alternatives=alts, candidates=len(cands.configs), evaluated=evaluated,
+            seconds=time.perf_counter() - clock.t0, ilp_solves=coster.ilp_solves,
+            ilp_seconds=coster.ilp_seconds, min_mem_bytes=int(min_mem) if math.isfinite(min_mem) else 0,
+            mem_limit_bytes=self.mem_limit, coster=coster, split=split, phase_s=clock.phase_s,
+            simulated=len(fitting), pruned=costed.pruned, skipped=costed.skipped,
             tp_reason=tp_reason, degree_reasons=degree_reasons,
         )  # fmt: skip
+
+
+class PhaseClock:
+    """Wall seconds per named phase of a search (``SearchResult.phase_s``)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.mark = self.t0
+        self.phase_s: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phase_s[name] = self.phase_s.get(name, 0.0) + now - self.mark
+        self.mark = now
+
+
+@dataclass
+class Candidates:
+    """What ``Searcher.candidates`` enumerated: the configurations, and the TP / cp / ep degrees
+    enumerated and searched (the plan's reasons, ``planner.tp_reason``)."""
+
+    configs: list[Config]
+    enumerated_tp: set[int]
+    searched_tp: set[int]
+    searched: dict[str, set[int]]
+
+
+@dataclass
+class Costed:
+    """Phase 1's outcome (``Searcher.cost_all``): the fitting partial evaluations, the ones out of
+    memory, the bound-order costing (phase 2 so far), the configurations pruned as dominated and
+    skipped as unable to change the result, and the simulation seconds so far (``sim_s[0]``)."""
+
+    order: BoundOrderCosting
+    partial: list[Evaluation] = field(default_factory=list)
+    oom: list[Evaluation] = field(default_factory=list)
+    pruned: int = 0
+    skipped: int = 0
+    sim_s: list[float] = field(default_factory=lambda: [0.0])
