@@ -238,14 +238,16 @@ def same_mechanisms(case: dict[str, Any]) -> dict[str, Any]:
                                  int(case["expert_config"].get("cp") or 1), setup["profile"].split_rule)  # fmt: skip
 
 
-def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any) -> dict[str, Any]:
+def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any, *,
+                      pin_recompute: bool = False) -> dict[str, Any]:
     """``plan_graph`` on the case's cluster, batch and precision (meshplan's runtime conventions):
     its predicted speed-up over the authors' configuration (costed by the same model) and why
     (``why_faster``), split (``api.engine_cost.gain_split``) into planning (the search with the
     authors' mechanisms and engine profile, ``same_mechanisms``), the mechanisms they lacked (the
     search with every mechanism, still under their profile) and the engine conventions (meshplan's
     runtime's against theirs). Where no plan fits under the authors' mechanisms or profile, that
-    part is 1.0x (the next part takes its share) and ``split_note`` says so."""
+    part is 1.0x (the next part takes its share) and ``split_note`` says so. ``pin_recompute`` keeps
+    every search to the authors' recompute kind (a what-if: the claim without changing it)."""
     from meshplan.api.engine_cost import gain_split
     from meshplan.planner.api import plan_graph
 
@@ -253,8 +255,10 @@ def autoparallel_gain(case: dict[str, Any], graph: ModelGraph, expert_plan: Any)
     spec = case_cluster(case)
     prof = setup["profile"]
     common = {"cluster": spec, "global_batch_size": setup["global_batch_size"], "dtype": setup["dtype"]}
-    auto = plan_graph(graph, spec.num_devices, **common)
-    split, said = gain_split(graph, spec.num_devices, expert_plan, auto, limits={}, same_limits=same_mechanisms(case),
+    pinned = {"recompute": (setup["recompute"],)} if pin_recompute else {}
+    auto = plan_graph(graph, spec.num_devices, **common, **pinned)
+    split, said = gain_split(graph, spec.num_devices, expert_plan, auto, limits=pinned,
+                             same_limits={**same_mechanisms(case), **pinned},
                              profile=prof, baseline=f"the authors' {prof.name} configuration {_config(expert_plan)}",
                              **common)  # fmt: skip
     gain = expert_plan.predicted.step_s / auto.predicted.step_s
