@@ -211,6 +211,7 @@ def node_activation_bytes(
     input_bytes: float = 0.0,
     elem_scale: float = 1.0,
     out_shard_of: Callable[[GraphNode], int] | None = None,
+    attention_impl: str = "flash",
 ) -> float:
     """Activation bytes a run of traced nodes (a block, a stage) keeps for one microbatch.
 
@@ -226,6 +227,12 @@ def node_activation_bytes(
                    reduce-scattered output. Everything else is recomputed in backward.
     ``full``:      only the inputs of the run are kept: ``input_bytes · batch_scale · elem_scale``
                    (÷tp with SP), e.g. ``CutPoint.crossing_bytes`` or the block's input edge bytes.
+
+    ``attention_impl`` "unfused" / "eager" (an engine without a flash kernel,
+    ``cost_models/eager_ops.py``): under ``none`` each attention node also keeps its materialized
+    scores for backward, ``unfused_attention_saved_bytes`` (softmax output, dropout mask and
+    output: Korthikanti et al. 2022 §4.1, 5·a·s²·b bytes per layer in 16-bit); selective
+    recompute drops them (it re-runs the attention core), full keeps only the run's input.
 
     ``shard(n)`` is ``shard_of(n)`` if given, else ``activation_shard(n, tp, sp=..., hidden=...,
     tp_styles=...)``. ``elem_scale`` converts the traced dtype to the training dtype (0.5 for a
@@ -259,7 +266,31 @@ def node_activation_bytes(
             shard_of(n) if shard_of else activation_shard(n, tp, sp=sp, hidden=hidden, tp_styles=tp_styles)
         )
         total += saved * scale / shard
+        if recompute == "none" and attention_impl != "flash" and n.kind == "attention":
+            total += unfused_attention_saved_bytes(n, batch_scale, elem_scale) / shard
     return total
+
+
+def unfused_attention_saved_bytes(n: GraphNode, batch_scale: float = 1.0, elem_scale: float = 1.0,
+                                  dropout: bool | None = None) -> float:  # fmt: skip
+    """Bytes an attention node run without a flash kernel keeps for backward beyond what the traced
+    (fused) node saves: its ``batch · heads`` score matrices of ``s × s`` as the softmax output (the
+    activation dtype), and with attention dropout (``eager_ops.ATTENTION_DROPOUT``: Megatron-LM's
+    ``--attention-dropout`` 0.1 default) the dropout's 1-byte mask and its output; the score
+    matmul's own inputs (Q, K) are the traced node's. Korthikanti et al. 2022 §4.1: ``2as²b`` +
+    ``as²b`` + ``2as²b`` per layer in 16-bit. The whole node's (the caller divides by its shard).
+    Unit: bytes; 0 for a node without ``num_heads`` / ``seq_len``."""
+    from meshplan.cost_models.eager_ops import ATTENTION_DROPOUT
+
+    a, sh = n.attrs, n.out_shape
+    heads, seq = a.get("num_heads"), a.get("seq_len")
+    if not heads or not seq or not sh:
+        return 0.0
+    batch = (sh[0] if len(sh) == 4 else 1) * batch_scale
+    elem = n.out_bytes / math.prod(sh) * elem_scale if math.prod(sh) else 2.0 * elem_scale  # the activation dtype
+    drop = ATTENTION_DROPOUT if dropout is None else dropout
+    per = elem + ((1.0 + elem) if drop else 0.0)
+    return batch * heads * float(seq) ** 2 * per
 
 
 def op_sac_kept_bytes(

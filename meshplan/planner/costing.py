@@ -391,6 +391,7 @@ class GraphCoster:
                 nodes, tp=sol.tp, sp=sol.sequence_parallel, recompute=mode, batch_scale=scale,
                 hidden=self.g.meta.get("hidden"), seq_len=seq, shard_of=lambda n: _saved_shard(n, sol, self.sp_saves),
                 input_bytes=in_bytes, elem_scale=elem, out_shard_of=lambda n: _out_shard(n, sol),
+                attention_impl=self.attention_impl,  # an engine without flash keeps the s x s scores
             )  # fmt: skip
 
         act = kept(rc)
