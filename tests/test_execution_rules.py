@@ -29,9 +29,9 @@ def test_search_never_enumerates_a_refused_combination():
     # the kinds evaluate_auto may upgrade ddp to obey the rule too
     ev = Searcher(g, cluster, global_batch=64)
     zb = next(c for c in configs if c.schedule == "zero-bubble" and c.dp > 1)
-    assert [k.dp_kind for k in ev.costs._other_kinds(zb)] == ["zero1"]
+    assert [k.dp_kind for k in ev.costs.other_kinds(zb)] == ["zero1"]
     tp2 = next(c for c in configs if c.tp > 1 and c.dp > 1 and c.pp == 1)
-    assert "zero1" in [k.dp_kind for k in ev.costs._other_kinds(tp2)]  # zero1 with tp runs (runtime.apply.zero1.TPZero)
+    assert "zero1" in [k.dp_kind for k in ev.costs.other_kinds(tp2)]  # zero1 with tp runs (runtime.apply.zero1.TPZero)
     for c in configs:
         assert not dp_kind_blocker(dp=c.dp, tp=c.tp, pp=c.pp, schedule=c.schedule, dp_kind=c.dp_kind), c
         assert not recompute_blocker(pp=c.pp, schedule=c.schedule, recompute=c.recompute), c

@@ -141,13 +141,13 @@ def test_expert_gradients_are_reduced_over_the_expert_data_parallel_group():
     s.costs.moe_folding = True
     assert s.costs.expert_dp_group(c) == (4, 8)  # folded: EDP = dp*tp/ep = 4 ranks, ep apart
     exp = 1e9  # expert parameters a rank holds
-    d = s.costs._dp_comm_split(10e9, 20e9, exp, c)
-    dense = s.costs._dp_comm(10e9 - exp * 2, 20e9 - exp * 4, c)
+    d = s.costs.dp_collectives_split(10e9, 20e9, exp, c)
+    dense = s.costs.dp_collectives(10e9 - exp * 2, 20e9 - exp * 4, c)
     edp = dp_comm("zero1", exp * 4, exp * 2, 4, spec, stride=8, pp=8, num_microbatches=256, units=len(g.blocks) + 1)
     assert d == add_dp_comm(dense, edp) and d.sync_s > dense.sync_s
     assert edp.bytes["reduce_scatter"] == int(exp * 4)
     # model states of the experts sharded over the 4 EDP ranks, not the 8 dp ranks
-    assert s.costs._expert_state_bytes_per_param(c).optimizer == pytest.approx(2 * s.costs._state_bytes_per_param(c).optimizer)
+    assert s.costs.expert_state_bytes_per_param(c).optimizer == pytest.approx(2 * s.costs.state_bytes_per_param(c).optimizer)
 
 
 def test_estimate_graph_checks_the_folding_option():

@@ -56,8 +56,8 @@ def test_every_kind_evaluates_identically_with_and_without_the_memo(case):
                 a, b = on.costs.evaluate(c2, exact=exact), off.costs.evaluate(c2, exact=exact)
                 assert fields(a) == fields(b), (c2, exact)
                 n += 1
-    assert n > 100 and not off.costs._kind_free_memo
-    assert len(on.costs._kind_free_memo) * len(KIND_ORDER) == n  # one entry per (configuration but kind, exact)
+    assert n > 100 and not off.costs.memos.kind_free
+    assert len(on.costs.memos.kind_free) * len(KIND_ORDER) == n  # one entry per (configuration but kind, exact)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_search_best_plan_is_unchanged_by_the_memo(world, batch, layers, gib):
 
 
 def test_transient_memo_and_layer_copies_equal_fresh_work():
-    """``ConfigCosts._transient`` (memoized per table and runs) equals the bytes computed from the
+    """``ConfigCosts.transient`` (memoized per table and runs) equals the bytes computed from the
     layers; ``costing.replaced`` (a table's per-instance copy of its block type's costs) equals
     ``dataclasses.replace`` field for field, and refuses an unknown field."""
     from meshplan.planner.costing import replaced
@@ -88,20 +88,20 @@ def test_transient_memo_and_layer_copies_equal_fresh_work():
     s = Searcher(g, H100.with_devices(8), global_batch=32)
     n = 0
     for c in s.configs():
-        t = s.costs._table(c)
+        t = s.costs.table(c)
         runs = s.costs.split(t, c.pp * c.virtual_stages, c.virtual_stages) if c.pp > 1 else [(0, len(t.layers))]
         for r in (runs, runs[:1], runs[-1:]):
             layers = [x for a, b in r for x in t.layers[a:b]]
             want = max(0.0, max((x.transient_bytes for x in layers), default=0.0) - sum(x.loss_bytes for x in layers))
-            assert s.costs._transient(t, r) == want and s.costs._transient(t, list(r)) == want  # the second call: memo
+            assert s.costs.transient(t, r) == want and s.costs.transient(t, list(r)) == want  # the second call: memo
             n += 1
-    assert n > 10 and s.costs._transient_memo
+    assert n > 10 and s.costs.memos.transient
     for c in s.configs():
         s.costs.evaluate(c, exact=False)
     from meshplan.cost_models.comm import p2p_crosses_nodes
 
-    assert any(len(v) for v in s.costs._crosses_memo.values())
-    for (stride, dpn), pairs in s.costs._crosses_memo.items():  # shared link memo == fresh answers
+    assert any(len(v) for v in s.costs.memos.crosses.values())
+    for (stride, dpn), pairs in s.costs.memos.crosses.items():  # shared link memo == fresh answers
         assert all(p2p_crosses_nodes(a, b, stride, dpn) == x for (a, b), x in pairs.items())
     x = t.layers[1]
     changes = dict(name="other", node_start=1, node_end=2, modules=("m",), out_bytes=3.0, kind="post")
@@ -113,17 +113,17 @@ def test_transient_memo_and_layer_copies_equal_fresh_work():
 
 
 def test_prefix_sums_are_the_running_sums_left_to_right():
-    """``ConfigCosts._prefix``: each column is [0.0, x0, x0 + x1, ...] of its layer field, summed in
+    """``ConfigCosts.prefix``: each column is [0.0, x0, x0 + x1, ...] of its layer field, summed in
     layer order (the same floats as adding one layer at a time)."""
     g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
     s = Searcher(g, H100.with_devices(8), global_batch=32)
     fields_ = {"f": "fwd_total_s", "b": "bwd_input_total_s", "w": "bwd_weight_s", "rec": "recompute_s",
                "tp": "tp_comm_s", "params": "param_count", "act": "act_bytes", "sp": "state_param_bytes",
                "sg": "state_grad_bytes", "so": "state_opt_bytes", "train": "trainable_params"}  # fmt: skip
-    tables = {id(s.costs._table(c)): s.costs._table(c) for c in s.configs()}
+    tables = {id(s.costs.table(c)): s.costs.table(c) for c in s.configs()}
     assert len(tables) > 3
     for t in tables.values():
-        P = s.costs._prefix(t)
+        P = s.costs.prefix(t)
         for key, name in fields_.items():
             want = [0.0]
             for x in t.layers:

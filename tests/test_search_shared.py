@@ -34,16 +34,16 @@ def test_shared_node_terms_equal_terms_costed_afresh(moe, folding):
         if folding and (dp * cp * tp) % ep:
             continue  # the folded expert mesh needs ep | dp·cp·tp (cost_models.epcp.folded_expert_mesh)
         c = Config(dp, tp, 1, mb, 1, "1f1b", 1, rc, False, "ddp", cp, ep)
-        shared = s.costs._epcp_prefix(c)
-        fresh = EPCPPrefix(moe, cl, s.costs._epcp_nodes, cp=cp, ep=ep, micro_batch=mb, dtype=s.costs.dtype,
-                           capacity_factor=s.costs.capacity_factor, elem_bytes=s.costs._elem_bytes, tp=tp, recompute=rc, stride=tp,
+        shared = s.costs.epcp_prefix(c)
+        fresh = EPCPPrefix(moe, cl, s.costs.epcp_nodes, cp=cp, ep=ep, micro_batch=mb, dtype=s.costs.dtype,
+                           capacity_factor=s.costs.capacity_factor, elem_bytes=s.costs.elem_bytes, tp=tp, recompute=rc, stride=tp,
                            folding=folding, dp=dp)  # fmt: skip
         assert shared.acc == fresh.acc and shared.bytes == fresh.bytes, c
         assert shared.whole() == fresh.terms(0, len(moe.nodes)) == fresh.whole(), c  # the same floats
         n += 1
     # fewer distinct nodes were costed than configurations x nodes: the sharing happened
-    assert len(s.costs._epcp_node_memo) < n * len(s.costs._epcp_nodes) / 4
-    assert len({k[0] for k in s.costs._epcp_node_memo}) < len(s.costs._epcp_nodes)  # the blocks' copies share
+    assert len(s.costs.memos.epcp_node) < n * len(s.costs.epcp_nodes) / 4
+    assert len({k[0] for k in s.costs.memos.epcp_node}) < len(s.costs.epcp_nodes)  # the blocks' copies share
 
 
 def test_lower_bound_memo_matches_its_terms(moe):

@@ -295,7 +295,7 @@ def estimate_graph(
     if blocks_per_stage and pp > 1:
         if len(blocks_per_stage) != pp * cfg.virtual_stages:
             raise ValueError(f"blocks_per_stage has {len(blocks_per_stage)} entries for pp·v = {pp * cfg.virtual_stages} stages")
-        runs = block_runs([x.kind == "block" for x in costs._table(cfg).layers], blocks_per_stage)
+        runs = block_runs([x.kind == "block" for x in costs.table(cfg).layers], blocks_per_stage)
     if runs is not None or (dp_kind is not None or cp * ep > 1):
         ev = costs.evaluate(cfg, runs=runs)
     else:

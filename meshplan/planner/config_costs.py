@@ -42,6 +42,7 @@ from meshplan.cost_models.precision import check_training_dtype
 from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
 from meshplan.plan.execution_rules import SHARDED_DP_KINDS, cp_forward_blocker, epcp_rule
+from meshplan.planner.cost_memos import CostMemos
 from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.epcp_cost import EPCPPrefix, EPCPTerms, expert_params
 from meshplan.planner.memory_floor import held_floor
@@ -101,8 +102,7 @@ class ConfigCosts:
         self.fsdp_units = ep.fsdp_units
         # bytes per element of the gradients DP syncs and of the parameters FSDP gathers: the
         # training dtype (bf16 mixed precision: 2; fp32 training: 4)
-        self._elem_bytes = 4 if dtype in ("fp32", "float32") else 2
-        self._quant_err: dict[tuple[int, int], list[str]] = {}
+        self.elem_bytes = 4 if dtype in ("fp32", "float32") else 2
         # an engine's stage-split rule (partition.engine_split; None = the profile's) and DP kinds
         # (meshplan plan --target)
         if split_rule is None:
@@ -125,7 +125,6 @@ class ConfigCosts:
         # reduced over the expert data-parallel group; an engine costing option (estimate_graph),
         # never the planner's own plans (meshplan's runtime replicates the MoE block over tp)
         self.moe_folding = bool(moe_folding)
-        self._sp_choice: dict[int, bool] = {}  # sp_for per tp degree
         # how the engine runs the optimizer update (cost_models.eager_ops.OPTIMIZER_IMPLS; estimate_graph sets it)
         self.optimizer_impl = ep.optimizer_impl
         # Megatron-LM's scatter/gather between pipeline stages (SC'21 §4.1, an engine costing option of
@@ -133,56 +132,36 @@ class ConfigCosts:
         # receiving stage all-gathers it inside its node; meshplan's runtime sends it whole
         self.pp_scatter_gather = ep.pp_scatter_gather
         self.mem_limit = int(cluster.usable_mem_bytes)
-        self._split_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        self._transient_memo: dict[tuple, float] = {}  # (id(table), runs) -> _transient's bytes
-        #: (pipeline stride, devices per node) -> {(rank, next rank): comm.p2p_crosses_nodes}
-        self._crosses_memo: dict[tuple[int, int], dict[tuple[int, int], bool]] = {}
-        self._prefix_cache: dict[int, dict[str, list[float]]] = {}
-        self._bpp_cache: dict[tuple[str, int, int, str], ModelStateBytes] = {}
         self._rescues = 0
         self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
-        self._kind_free_memo: dict[tuple, Any] = {}  # key: Config's fields but dp_kind, exact, runs
-        self._stage_cols_memo: dict[tuple, Any] = {}  # kind_free.stage_columns per (table, runs, layout)
-        self._other_kinds_memo: dict[Config, list[Config]] = {}
-        self._epcp_nodes = [n for n in self.g.nodes if n.kind in ("moe", "attention")]  # what EP/CP terms read
-        self._epcp_memo: dict[tuple, EPCPPrefix] = {}
-        self._epcp_node_memo: dict[tuple, Any] = {}  # one node's terms and shared node sums (EPCPPrefix memo)
-        self._epcp_stages_memo: dict[tuple, list[EPCPTerms]] = {}  # _epcp_stages per (_epcp_key, table, runs)
-        self._epcp_whole: dict[tuple, EPCPTerms] = {}  # the whole model's terms per _epcp_prefix key
-        self._bpp0_memo: dict[tuple, ModelStateBytes] = {}
-        self._infl_ranks: dict[tuple, list[float]] = {}
-        self._pools_memo: dict[tuple, float] = {}  # stream_pools per (table, split, placement)
-        self._tied_memo: dict[int, list[int]] = {}
-        self._states_memo: dict[tuple, float] = {}  # lower_bound's model states per (params, kind, dp, tp, layout)
-        self._lb_memo: dict[tuple, tuple[float, float, dict[str, list[float]]]] = {}  # lower_bound's kind-free part
-        self._epcp_why_memo: dict[tuple, str] = {}  # epcp_why per (tp, pp, cp, ep, recompute)
-        self._bound_memo: dict[tuple, tuple[float, float]] = {}  # lower_bound per (config, layout, optimizer impl)
-        self._divs_memo: dict[tuple, tuple[int, int, int]] = {}  # _zero_divs per (kind, dp, tp, layout)
-        share_table_memos(self)  # with the other searches on this coster (a world-size sweep)
+        self.epcp_nodes = [n for n in self.g.nodes if n.kind in ("moe", "attention")]  # what EP/CP terms read
+        self.memos = CostMemos()  # every memo (planner.cost_memos)
+        # the table-only ones shared with the other searches on this coster (a world-size sweep)
+        share_table_memos(self.memos, self.coster.search_memos, dtype, optimizer)
         # what ``p2p_time`` reads of the cluster: its hardware, whatever the device count (search_memos.solve_split)
         self.links_key = repr(cluster.with_devices(cluster.devices_per_node))
         self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
-        self._every_kind_fits: set[Config] = set()  # evaluate_auto found every DP kind it tried fitting
+        self._all_kinds_fit: set[Config] = set()  # evaluate_auto found every DP kind it tried fitting
         check_training_dtype(dtype, cluster)
         if dtype == "fp8" and self.quant:
             raise ValueError(f"dtype fp8 (torchao float8 training) with quantization {self.coster.quant.mode!r}: "
                              "torchao converts plain nn.Linear layers only; use --dtype bf16 with quantization")
-        self._largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
+        self.largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
 
     def quant_errors(self, c: Config) -> list[str]:
         """Why the runtime would reject the quantization at ``c``'s TP placement and FSDP degree
         (``cost_models.quant.quant_constraint_errors``); empty without quantization."""
         if not self.quant:
             return []
-        sol = self._table(c).tp_solution
+        sol = self.table(c).tp_solution
         fsdp_dp = self._shard(c) if ZERO_STAGE[c.dp_kind] >= 3 else 1
         key = (id(sol), fsdp_dp)
-        if key not in self._quant_err:
-            self._quant_err[key] = self.coster.quant_errors(sol, fsdp_dp)
-        return self._quant_err[key]
+        if key not in self.memos.quant_errors:
+            self.memos.quant_errors[key] = self.coster.quant_errors(sol, fsdp_dp)
+        return self.memos.quant_errors[key]
 
     # ---- costs shared by bound and evaluation --------------------------------------------
-    def _table(self, c: Config) -> CostTable:
+    def table(self, c: Config) -> CostTable:
         # cp: a rank holds micro_batch sequences of seq_len/cp tokens, the work of micro_batch/cp
         # sequences (attention included, with the causal 2*cp split): cost_models/epcp.py
         mb = c.micro_batch if c.cp == 1 else c.micro_batch / c.cp
@@ -193,9 +172,9 @@ class ConfigCosts:
         sequence_parallel counts (otherwise cp/ep configurations are costed without SP). Memoized per
         degrees (``Searcher.configs`` asks it once per microbatch size and schedule)."""
         key = (tp, pp, cp, ep, recompute)
-        if key not in self._epcp_why_memo:
-            self._epcp_why_memo[key] = self._epcp_rule(tp, pp, cp, ep, recompute)
-        return self._epcp_why_memo[key]
+        if key not in self.memos.epcp_why:
+            self.memos.epcp_why[key] = self._epcp_rule(tp, pp, cp, ep, recompute)
+        return self.memos.epcp_why[key]
 
     def _epcp_rule(self, tp: int, pp: int, cp: int, ep: int, recompute: str) -> str:
         if cp > 1 and "forward_params" in self.g.meta:  # graphs traced before the names were recorded: unknown
@@ -211,17 +190,17 @@ class ConfigCosts:
         """What ``c``'s EP/CP terms depend on (the dp degree only under MoE parallel folding)."""
         return (c.cp, c.ep, c.micro_batch, c.tp, c.recompute, self.moe_folding, c.dp if self.moe_folding else 0)
 
-    def _epcp_prefix(self, c: Config) -> EPCPPrefix:
+    def epcp_prefix(self, c: Config) -> EPCPPrefix:
         """The EP/CP terms of every MoE / attention node for ``c``'s degrees, prefix-summed (memoized)."""
         key = self._epcp_key(c)
-        if key not in self._epcp_memo:
-            self._epcp_memo[key] = EPCPPrefix(
-                self.g, self.cluster, self._epcp_nodes, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch,
-                dtype=self.dtype, capacity_factor=self.capacity_factor, elem_bytes=self._elem_bytes, tp=c.tp,
+        if key not in self.memos.epcp_prefix:
+            self.memos.epcp_prefix[key] = EPCPPrefix(
+                self.g, self.cluster, self.epcp_nodes, cp=c.cp, ep=c.ep, micro_batch=c.micro_batch,
+                dtype=self.dtype, capacity_factor=self.capacity_factor, elem_bytes=self.elem_bytes, tp=c.tp,
                 recompute=c.recompute, stride=c.tp,  # ep and cp groups: dc-row positions, tp apart
                 folding=self.moe_folding, dp=c.dp,  # folded: the ep group laid out on its own
-                memo=self._epcp_node_memo, copies=self._epcp_copies)
-        return self._epcp_memo[key]
+                memo=self.memos.epcp_node, copies=self._epcp_copies)
+        return self.memos.epcp_prefix[key]
 
     def has_epcp(self, c: Config) -> bool:
         """Whether ``c`` has EP/CP terms: cp or ep > 1, or MoE parallel folding at tp > 1."""
@@ -245,27 +224,27 @@ class ConfigCosts:
             if tid:
                 for i in range(a, b):
                     where[i] = (tid, b - a, i - a)
-        return [where.get(n.id, ("node", n.id)) for n in self._epcp_nodes]
+        return [where.get(n.id, ("node", n.id)) for n in self.epcp_nodes]
 
     @functools.cached_property
-    def _expert_params(self) -> float:
+    def expert_param_count(self) -> float:
         """All experts' parameters of the graph (``epcp_cost.expert_params``)."""
-        return expert_params(self.g, self._epcp_nodes)
+        return expert_params(self.g, self.epcp_nodes)
 
-    def _epcp(self, c: Config) -> EPCPTerms:
+    def epcp(self, c: Config) -> EPCPTerms:
         """The whole model's EP/CP terms per microbatch (``planner.epcp_cost.epcp_terms``)."""
         key = self._epcp_key(c)
-        if key not in self._epcp_whole:
-            self._epcp_whole[key] = self._epcp_prefix(c).whole()
-        return self._epcp_whole[key]
+        if key not in self.memos.epcp_whole:
+            self.memos.epcp_whole[key] = self.epcp_prefix(c).whole()
+        return self.memos.epcp_whole[key]
 
-    def _epcp_stages(self, c: Config, t: CostTable, runs: list[tuple[int, int]]) -> list[EPCPTerms]:
+    def epcp_stages(self, c: Config, t: CostTable, runs: list[tuple[int, int]]) -> list[EPCPTerms]:
         """``_epcp`` per pipeline stage: over the MoE / attention nodes of the stage's layers."""
         key = (self._epcp_key(c), id(t), tuple(runs))  # per search: the prefix reads this cluster
-        if key not in self._epcp_stages_memo:
-            pre = self._epcp_prefix(c)
-            self._epcp_stages_memo[key] = [pre.terms(t.layers[a].node_start, t.layers[b - 1].node_end) for a, b in runs]
-        return self._epcp_stages_memo[key]
+        if key not in self.memos.epcp_stages:
+            pre = self.epcp_prefix(c)
+            self.memos.epcp_stages[key] = [pre.terms(t.layers[a].node_start, t.layers[b - 1].node_end) for a, b in runs]
+        return self.memos.epcp_stages[key]
 
     def _shard(self, c: Config) -> int:
         """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):
@@ -275,10 +254,10 @@ class ConfigCosts:
     def _zero_divs(self, c: Config) -> tuple[int, int, int]:
         """Divisors of (parameter, gradient, optimizer) bytes under ``c``'s ZeRO stage (memoized)."""
         key = (c.dp_kind, c.dp, c.tp, self.state_layout)
-        if key not in self._divs_memo:
+        if key not in self.memos.zero_divs:
             s, z = self._shard(c), state_zero_stage(c.dp_kind, self.state_layout)
-            self._divs_memo[key] = (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
-        return self._divs_memo[key]
+            self.memos.zero_divs[key] = (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
+        return self.memos.zero_divs[key]
 
     @property
     def _precision(self) -> str:
@@ -286,12 +265,12 @@ class ConfigCosts:
         return state_precision(self.state_layout, self.dtype)
 
     @property
-    def _bpp0(self) -> ModelStateBytes:
+    def unsharded_state_bytes(self) -> ModelStateBytes:
         """Model-state bytes per parameter without sharding (memoized per layout: read per stage)."""
         key = (self.state_layout, self.dtype, self.optimizer)
-        if key not in self._bpp0_memo:
-            self._bpp0_memo[key] = model_state_bytes(1.0, optimizer=self.optimizer, precision=self._precision)
-        return self._bpp0_memo[key]
+        if key not in self.memos.unsharded:
+            self.memos.unsharded[key] = model_state_bytes(1.0, optimizer=self.optimizer, precision=self._precision)
+        return self.memos.unsharded[key]
 
     def _states(self, params: float, c: Config) -> float:
         return dp_state_bytes(params, c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node,
@@ -303,37 +282,37 @@ class ConfigCosts:
         local = params / self._zero_divs(c)[2]
         return optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer)
 
-    def _dp_comm(self, params_bytes: float, grad_bytes: float, c: Config):  # -> dp_kinds.DPComm
+    def dp_collectives(self, params_bytes: float, grad_bytes: float, c: Config):  # -> dp_kinds.DPComm
         # FSDP units at pp = 1: the runtime wraps every repeated block, then the root
         units = sum(len(b.instances) for b in self.g.blocks) + 1
         return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
                        num_microbatches=c.num_microbatches, units=units)  # fmt: skip
 
-    def _dp_comm_split(self, params_bytes: float, grad_bytes: float, expert_params: float, c: Config) -> DPComm:
+    def dp_collectives_split(self, params_bytes: float, grad_bytes: float, expert_params: float, c: Config) -> DPComm:
         """``_dp_comm``; with ``expert_params`` (> 0 only under MoE parallel folding: the rank's held
         expert parameters) those are gathered / reduced over the expert data-parallel group
         (``expert_dp_group``) and the rest over dp·cp, one after the other (two communicators)."""
         if expert_params <= 0 or c.dp_kind in ("none", "ddp"):  # ddp's split is evaluate's (bucketed)
-            return self._dp_comm(params_bytes, grad_bytes, c)
-        eg, ep_ = expert_params * GRAD_REDUCE_BYTES, expert_params * self._elem_bytes
-        dense = self._dp_comm(params_bytes - ep_, grad_bytes - eg, c)
+            return self.dp_collectives(params_bytes, grad_bytes, c)
+        eg, ep_ = expert_params * GRAD_REDUCE_BYTES, expert_params * self.elem_bytes
+        dense = self.dp_collectives(params_bytes - ep_, grad_bytes - eg, c)
         grp, gst = self.expert_dp_group(c)
         units = sum(len(b.instances) for b in self.g.blocks) + 1
         exp = dp_comm(c.dp_kind, eg, ep_, grp, self.cluster, stride=gst, pp=c.pp,
                       num_microbatches=c.num_microbatches, units=units)  # fmt: skip
         return add_dp_comm(dense, exp)
 
-    def _expert_state_bytes_per_param(self, c: Config) -> ModelStateBytes:
+    def expert_state_bytes_per_param(self, c: Config) -> ModelStateBytes:
         """Model-state bytes per expert parameter under folding: sharded over the expert dp group."""
         grp, gst = self.expert_dp_group(c)
         key = (c.dp_kind, -grp, gst, self.state_layout)  # the same engine layout as _state_bytes_per_param
-        if key not in self._bpp_cache:
-            self._bpp_cache[key] = dp_state_bytes(1.0, c.dp_kind, grp, stride=gst, optimizer=self.optimizer,
+        if key not in self.memos.state_bytes:
+            self.memos.state_bytes[key] = dp_state_bytes(1.0, c.dp_kind, grp, stride=gst, optimizer=self.optimizer,
                                                   devices_per_node=self.cluster.devices_per_node,
                                                   precision=self._precision, layout=self.state_layout)  # fmt: skip
-        return self._bpp_cache[key]
+        return self.memos.state_bytes[key]
 
-    def _pp_spans(self, c: Config) -> bool:
+    def pp_spans(self, c: Config) -> bool:
         """Whether any pipeline send (rank r to r + 1, and the interleaved wrap) crosses nodes
         (``comm.p2p_crosses_nodes``; pipeline ranks are dp·cp·tp apart in the mesh): the
         pessimistic link for a stage split's p2p term."""
@@ -342,29 +321,29 @@ class ConfigCosts:
 
     def p2p_time(self, c: Config) -> Callable[[float], float]:
         """Seconds of one stage-to-stage send of b bytes on ``c``'s slowest pipeline link."""
-        cross = self._pp_spans(c)
+        cross = self.pp_spans(c)
         return lambda b: p2p_time_s(b, self.cluster, crosses_nodes=cross)
 
     def lower_bound(self, c: Config) -> tuple[float, float]:
         """(step-time lower bound, memory lower bound) without splitting or simulating (memoized per
         configuration and engine layout: the search, the memory floor and ``_fit`` ask again)."""
         ckey = (c, self.state_layout, self.optimizer_impl)
-        hit = self._bound_memo.get(ckey)
+        hit = self.memos.bound.get(ckey)
         if hit is None:
-            hit = self._bound_memo[ckey] = self._lower_bound(c)
+            hit = self.memos.bound[ckey] = self._lower_bound(c)
         return hit
 
     def _lower_bound(self, c: Config) -> tuple[float, float]:
         key = (c.tp, c.sequence_parallel, c.recompute, c.micro_batch, c.cp, c.ep, c.dp if self.moe_folding else 0)
-        if key not in self._lb_memo:  # what does not depend on pp, m, the schedule or the DP kind
-            t = self._table(c)
-            P = self._prefix(t)
+        if key not in self.memos.lower_bound_part:  # what does not depend on pp, m, the schedule or the DP kind
+            t = self.table(c)
+            P = self.prefix(t)
             work = P["f"][-1] + P["b"][-1] + P["w"][-1]
             if self.has_epcp(c):  # the stages' EP/CP terms sum to the model's (the expert-read saving is <= 0)
-                work += self._epcp(c).per_microbatch_s
-            saved = self._expert_params * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
-            self._lb_memo[key] = (work, P["params"][-1] - saved, P)
-        work, params, P = self._lb_memo[key]
+                work += self.epcp(c).per_microbatch_s
+            saved = self.expert_param_count * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
+            self.memos.lower_bound_part[key] = (work, P["params"][-1] - saved, P)
+        work, params, P = self.memos.lower_bound_part[key]
         avg_params = params / c.pp  # ep: E/ep experts per rank
         if self.quant:  # only trainable parameters are synced and stepped
             dv = self._zero_divs(c)
@@ -373,9 +352,9 @@ class ConfigCosts:
         else:
             step = c.num_microbatches * work / c.pp + self._optimizer_s(avg_params, c)
             skey = (avg_params, c.dp_kind, c.dp, c.tp, self.state_layout, self.dtype)
-            if skey not in self._states_memo:
-                self._states_memo[skey] = self._states(avg_params, c)
-            mem = self._states_memo[skey]
+            if skey not in self.memos.states:
+                self.memos.states[skey] = self._states(avg_params, c)
+            mem = self.memos.states[skey]
         if c.schedule == "gpipe" and c.pp > 1:
             mem += c.num_microbatches * P["act"][-1] / c.pp
         return step, mem
@@ -387,7 +366,7 @@ class ConfigCosts:
         needs at least the average of that over the pipeline ranks, which is at least the average
         states (with what the kind holds unsharded: ``memory_floor.held_floor``) + the average
         activations x the fewest in-flight microbatches any rank holds."""
-        P = self._prefix(self._table(c))
+        P = self.prefix(self.table(c))
         acts = min(self.inflight_ranks(c)) * P["act"][-1] / c.pp
         held = c.num_microbatches * P["act"][-1] / c.pp if c.schedule == "gpipe" and c.pp > 1 else 0.0  # in mlb
         return held_floor(self, c, mlb) + max(0.0, acts - held)  # type: ignore[arg-type]
@@ -395,16 +374,16 @@ class ConfigCosts:
     def inflight_ranks(self, c: Config) -> list[float]:
         """``pipeline_time.inflight`` of every pipeline rank of ``c`` (memoized per schedule shape; read only)."""
         key = (c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
-        if key not in self._infl_ranks:
-            self._infl_ranks[key] = [inflight(c, r) for r in range(c.pp)]
-        return self._infl_ranks[key]
+        if key not in self.memos.inflight:
+            self.memos.inflight[key] = [inflight(c, r) for r in range(c.pp)]
+        return self.memos.inflight[key]
 
     def tied_layers(self, t: CostTable) -> list[int]:
         """Indices of ``t``'s layers that read a tied weight (``LayerCost.tied``), ascending (memoized)."""
         key = id(t)
-        if key not in self._tied_memo:
-            self._tied_memo[key] = [j for j, x in enumerate(t.layers) if x.tied]
-        return self._tied_memo[key]
+        if key not in self.memos.tied:
+            self.memos.tied[key] = [j for j, x in enumerate(t.layers) if x.tied]
+        return self.memos.tied[key]
 
     def rescue_possible(self, c: Config, mlb: float, floor: float) -> bool:
         """Whether costing ``c`` might spend a memory re-split (``ConfigEvaluator._fit``: a kind
@@ -418,20 +397,20 @@ class ConfigCosts:
         bottleneck (``Searcher.configs`` only enumerates stage counts the rule can split)."""
         rule = rule_for(self.split_rule, virtual_stages)
         key = (id(t), num_stages, rule)
-        if key not in self._split_cache:
+        if key not in self.memos.split:
             costs = [layer.total_s for layer in t.layers]
             runs = balanced_split(costs, num_stages) if rule == "any" else rule_split(
                 costs, [x.kind == "block" for x in t.layers], rule, num_stages)  # fmt: skip
             if runs is None:
                 raise ValueError(f"no {rule!r} split of {len(t.layers)} layers into {num_stages} stages")
-            self._split_cache[key] = runs
-        return self._split_cache[key]
+            self.memos.split[key] = runs
+        return self.memos.split[key]
 
-    def _prefix(self, t: CostTable) -> dict[str, list[float]]:
+    def prefix(self, t: CostTable) -> dict[str, list[float]]:
         """Prefix sums of the per-layer columns of ``t`` (stage sums in O(1)), and under "largest" the
         largest layer's parameter count."""
         key = id(t)
-        if key not in self._prefix_cache:
+        if key not in self.memos.prefix:
             layers = t.layers
 
             def run(vals: list[float]) -> list[float]:  # [0.0, v0, v0 + v1, ...], summed left to right
@@ -447,16 +426,16 @@ class ConfigCosts:
                 "cast": run([x.autocast_bytes for x in layers]),
             }  # fmt: skip
             cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
-            self._prefix_cache[key] = cols
-        return self._prefix_cache[key]
+            self.memos.prefix[key] = cols
+        return self.memos.prefix[key]
 
-    def _state_bytes_per_param(self, c: Config) -> ModelStateBytes:
+    def state_bytes_per_param(self, c: Config) -> ModelStateBytes:
         key = (c.dp_kind, c.dp, c.tp, self.state_layout)
-        if key not in self._bpp_cache:
-            self._bpp_cache[key] = dp_state_bytes(1.0, c.dp_kind, c.dp, stride=c.tp, optimizer=self.optimizer,
+        if key not in self.memos.state_bytes:
+            self.memos.state_bytes[key] = dp_state_bytes(1.0, c.dp_kind, c.dp, stride=c.tp, optimizer=self.optimizer,
                                                   devices_per_node=self.cluster.devices_per_node,
                                                   precision=self._precision, layout=self.state_layout)  # fmt: skip
-        return self._bpp_cache[key]
+        return self.memos.state_bytes[key]
 
     def runs_autocast(self, c: Config) -> bool:
         """Whether ``c`` trains under ``torch.autocast`` on fp32 parameters, as meshplan's runtime
@@ -469,8 +448,8 @@ class ConfigCosts:
         """``c``'s layers as ``partition.stage_ilp.Layer`` (times, model states, activations, sends)."""
         from meshplan.partition.stage_ilp import Layer
 
-        t = self._table(c)
-        per_param = self._state_bytes_per_param(c).total
+        t = self.table(c)
+        per_param = self.state_bytes_per_param(c).total
         dv = self._zero_divs(c)
         cast = self.runs_autocast(c)  # kept per microbatch as the activations are (evaluate)
 
@@ -486,23 +465,23 @@ class ConfigCosts:
             for x in t.layers
         ]  # fmt: skip
 
-    def _transient(self, t: CostTable, runs: list[tuple[int, int]]) -> float:
+    def transient(self, t: CostTable, runs: list[tuple[int, int]]) -> float:
         """Bytes a rank holds on top of its stored activations while back-propagating: the
         largest recompute transient of its layers (``LayerCost.transient_bytes``, one layer
         re-run at a time), less the loss peak freed before any block's backward. Memoized per
         (table, runs): configurations differing only in m, schedule or DP kind share it."""
         key = (id(t), tuple(runs))
-        if key not in self._transient_memo:
+        if key not in self.memos.transient:
             layers = [x for a, b in runs for x in t.layers[a:b]]
             worst = max((x.transient_bytes for x in layers), default=0.0)
-            self._transient_memo[key] = max(0.0, worst - sum(x.loss_bytes for x in layers))
-        return self._transient_memo[key]
+            self.memos.transient[key] = max(0.0, worst - sum(x.loss_bytes for x in layers))
+        return self.memos.transient[key]
 
     def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:
         """What a parameter-sharding kind holds unsharded (``dp_kinds.unsharded_buffer_bytes``:
         two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
         return unsharded_buffer_bytes(
-            c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self._elem_bytes, pp=c.pp,
+            c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self.elem_bytes, pp=c.pp,
             largest_layer_params=self._largest_unit(c), layout=self.state_layout,
         )  # fmt: skip
 
@@ -511,8 +490,8 @@ class ConfigCosts:
         the largest layer (block, or the root's embedding / head), or under "module" the largest
         linear (its TP shard)."""
         if self.fsdp_units == "module":
-            return self._largest_linear / c.tp
-        return self._prefix(self._table(c))["largest"][0]
+            return self.largest_linear / c.tp
+        return self.prefix(self.table(c))["largest"][0]
 
     def stream_pools(self, c: Config, t: CostTable, runs: list[tuple[int, int]], on_rank: list[list[int]]) -> float:
         """The largest of the pipeline ranks' FSDP2 side-stream pools (``allocator.fsdp_stream_pool_bytes``):
@@ -523,20 +502,20 @@ class ConfigCosts:
         if ZERO_STAGE[c.dp_kind] < 2 or self._shard(c) == 1 or self.fsdp_units != "block":
             return 0.0
         key = (id(t), tuple(runs), tuple(tuple(x) for x in on_rank))
-        if key not in self._pools_memo:
+        if key not in self.memos.pools:
             pools = []
             for stages in on_rank:
                 idx = [i for s_ in stages for i in range(*runs[s_])]
                 units = [t.layers[i].param_count for i in idx if t.layers[i].kind == "block"]
                 units.append(sum(t.layers[i].param_count for i in idx if t.layers[i].kind != "block"))
-                pools.append(fsdp_stream_pool_bytes(units, param_bytes=self._elem_bytes, reduce_bytes=GRAD_REDUCE_BYTES))
-            self._pools_memo[key] = max(pools, default=0.0)
-        return self._pools_memo[key]
+                pools.append(fsdp_stream_pool_bytes(units, param_bytes=self.elem_bytes, reduce_bytes=GRAD_REDUCE_BYTES))
+            self.memos.pools[key] = max(pools, default=0.0)
+        return self.memos.pools[key]
 
     def fsdp_buffers(self, c: Config, rank_params: list[float]) -> list[float]:
         """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""
         largest = self._largest_unit(c)
-        return [unsharded_buffer_bytes(c.dp_kind, c.dp, stage_param_count=p, elem_bytes=self._elem_bytes, pp=c.pp,
+        return [unsharded_buffer_bytes(c.dp_kind, c.dp, stage_param_count=p, elem_bytes=self.elem_bytes, pp=c.pp,
                                        largest_layer_params=largest, layout=self.state_layout)
                 for p in rank_params]  # fmt: skip
 

@@ -38,18 +38,18 @@ class ConfigEvaluator(ConfigCosts):
     def sp_for(self, tp: int) -> bool:
         """Sequence parallelism for a TP degree: on when its placement is no slower (it always
         saves activation memory), off for tp = 1 or a sequence tp does not divide."""
-        if tp not in self._sp_choice:
+        if tp not in self.memos.sp_choice:
             if "sequence_parallel" in self.fixed:
-                self._sp_choice[tp] = bool(self.fixed["sequence_parallel"]) and tp > 1
+                self.memos.sp_choice[tp] = bool(self.fixed["sequence_parallel"]) and tp > 1
             elif tp == 1 or self.g.seq_len % tp or self.g.seq_len <= 1:
-                self._sp_choice[tp] = False
+                self.memos.sp_choice[tp] = False
             elif self.sp_blocker(tp):
-                self._sp_choice[tp] = False
+                self.memos.sp_choice[tp] = False
             else:
                 a = self.coster.tp_solution(tp, False).objective
                 b = self.coster.tp_solution(tp, True).objective
-                self._sp_choice[tp] = b <= a * 1.001
-        return self._sp_choice[tp]
+                self.memos.sp_choice[tp] = b <= a * 1.001
+        return self.memos.sp_choice[tp]
 
     def sp_blocker(self, tp: int) -> str:
         """Why the runtime would refuse sequence parallelism at this TP degree ("" when it runs):
@@ -60,15 +60,15 @@ class ConfigEvaluator(ConfigCosts):
         styles = self.coster.tp_solution(tp, True).styles
         return sequence_parallel_blocker(meta["module_lists"], meta.get("param_modules") or {}, styles)
 
-    def _auto(self, c: Config) -> bool:
+    def may_change_kind(self, c: Config) -> bool:
         # cp/ep configurations run their own gradient reduction (runtime/epcp): no other DP kind
         return c.dp_kind == "ddp" and "dp_kind" not in self.fixed and c.cp * c.ep == 1
 
-    def _other_kinds(self, c: Config) -> list[Config]:
+    def other_kinds(self, c: Config) -> list[Config]:
         """The sharded kinds ``c`` may take instead of DDP (``dp_kinds.KIND_ORDER``), each as
         the runtime would accept it; hsdp only where it differs from fsdp (dp spans nodes)."""
-        if c in self._other_kinds_memo:
-            return self._other_kinds_memo[c]
+        if c in self.memos.other_kinds:
+            return self.memos.other_kinds[c]
         out = []
         for kind in KIND_ORDER[1:]:
             if kind not in self.dp_kinds:
@@ -80,7 +80,7 @@ class ConfigEvaluator(ConfigCosts):
                 continue  # the runtime would refuse it (meshplan.plan.execution_rules)
             if not self.quant_errors(c2):
                 out.append(c2)
-        self._other_kinds_memo[c] = out
+        self.memos.other_kinds[c] = out
         return out
 
     def evaluate_auto(self, c: Config, *, exact: bool = True) -> Evaluation:
@@ -88,8 +88,8 @@ class ConfigEvaluator(ConfigCosts):
         among ddp, zero1, zero2, hsdp and fsdp, or the smallest when none fits."""
         ev = base = self._fit(c)
         all_fit = base.fits
-        if self._auto(c) and c.dp > 1:
-            for c2 in self._other_kinds(c):
+        if self.may_change_kind(c) and c.dp > 1:
+            for c2 in self.other_kinds(c):
                 ev2 = self._fit(c2)
                 all_fit = all_fit and ev2.fits
                 if (ev2.fits, -ev2.step_s if ev2.fits else -ev2.max_mem_bytes) > (
@@ -97,7 +97,7 @@ class ConfigEvaluator(ConfigCosts):
                 ):
                     ev = ev2
         if all_fit:
-            self._every_kind_fits.add(c)
+            self._all_kinds_fit.add(c)
         if ev is not base:
             self._kind_notes[ev.config] = kind_note(ev, base)
             ev = replace(ev, kind_note=self._kind_notes[ev.config])
@@ -129,10 +129,14 @@ class ConfigEvaluator(ConfigCosts):
                     return ev2
         return ev
 
+    def every_kind_fits(self, c: Config) -> bool:
+        """Whether ``evaluate_auto`` costed ``c`` with every DP kind it tried fitting (``Searcher.dominated``)."""
+        return c in self._all_kinds_fit
+
     def bound(self, c: Config) -> tuple[float, float]:
         lb, mlb = self.lower_bound(c)
-        if self._auto(c) and c.dp > 1:
-            for c2 in self._other_kinds(c):
+        if self.may_change_kind(c) and c.dp > 1:
+            for c2 in self.other_kinds(c):
                 lb2, mlb2 = self.lower_bound(c2)
                 lb, mlb = min(lb, lb2), min(mlb, mlb2)
         return lb, mlb
@@ -156,7 +160,7 @@ class ConfigEvaluator(ConfigCosts):
         k = self._kind_free(c, exact, runs)
         t, n_st, m, runs, ranks, on_rank = k.t, k.n_st, k.m, k.runs, k.ranks, k.on_rank
         st_q, r_q, ec, worst, rank_work = k.st_q, k.r_q, k.ec, k.worst, k.rank_work
-        bpp = self._state_bytes_per_param(c)
+        bpp = self.state_bytes_per_param(c)
         per_param = bpp.total
         dv = self._zero_divs(c)
         st_state = [q[0] / dv[0] + q[1] / dv[1] + q[2] / dv[2] for q in st_q]
@@ -167,7 +171,7 @@ class ConfigEvaluator(ConfigCosts):
             r_state = [s - e * per_param for s, e in zip(r_state, k.ep_cut)]
         folded = self.moe_folding and c.tp > 1
         if folded and not self.quant:  # folded: expert states sharded over the expert dp group, not dp
-            per_e = self._expert_state_bytes_per_param(c).total
+            per_e = self.expert_state_bytes_per_param(c).total
             r_state = [s + x / c.ep * (per_e - per_param) for s, x in zip(r_state, k.r_experts)]
         r_params, r_act = k.r_params, k.r_act
         buf = self.fsdp_buffers(c, r_params)
@@ -180,13 +184,13 @@ class ConfigEvaluator(ConfigCosts):
             g0 = r_params[0] * bpp.grads
             live[0] = max(live[0], g0) - g0
         r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
-        d = self._dp_comm_split(k.gather_bytes, k.grad_bytes, k.r_experts[worst] / c.ep if folded else 0.0, c)
+        d = self.dp_collectives_split(k.gather_bytes, k.grad_bytes, k.r_experts[worst] / c.ep if folded else 0.0, c)
         if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.ddp_impl == "local":
             # Megatron-LM's local DDP: one flat all-reduce of the gradients in the training dtype
             # after backward, nothing overlapped, no SMs taken from compute (grad_sync.local_ddp_sync_s)
-            gb = k.grad_bytes / GRAD_REDUCE_BYTES * self._elem_bytes
-            d = self._dp_comm(gb, gb, c)
-            dp_exposed = local_ddp_sync_s(gb, lambda b: self._dp_comm(b, b, c).sync_s,
+            gb = k.grad_bytes / GRAD_REDUCE_BYTES * self.elem_bytes
+            d = self.dp_collectives(gb, gb, c)
+            dp_exposed = local_ddp_sync_s(gb, lambda b: self.dp_collectives(b, b, c).sync_s,
                                           self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)  # fmt: skip
         elif c.dp_kind == "ddp" and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
@@ -194,7 +198,7 @@ class ConfigEvaluator(ConfigCosts):
             # the last microbatch's backward
             exp_b = k.r_experts[worst] / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 or folded else 0.0  # the rank's stages
             dp_exposed, hid = overlapped_sync_terms(
-                uniform_bucket_runs(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self._dp_comm(b, b, c).sync_s)
+                uniform_bucket_runs(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self.dp_collectives(b, b, c).sync_s)
             grp, gst = self.expert_dp_group(c)
             if exp_b and grp > 1:  # ep: expert gradients over their replicas only (runtime/epcp; folded: EDP)
                 rep = dp_comm("ddp", exp_b, exp_b, grp, self.cluster, stride=gst)
@@ -256,9 +260,9 @@ class ConfigEvaluator(ConfigCosts):
         """The part of ``evaluate`` that does not depend on ``c.dp_kind``, memoized (read only)."""
         key = (c.dp, c.tp, c.pp, c.micro_batch, c.num_microbatches, c.schedule, c.virtual_stages, c.recompute,
                c.sequence_parallel, c.cp, c.ep, exact, tuple(runs) if runs is not None else None)  # all but dp_kind
-        if self.memo_kind_free and key in self._kind_free_memo:
-            return self._kind_free_memo[key]
+        if self.memo_kind_free and key in self.memos.kind_free:
+            return self.memos.kind_free[key]
         out = kind_free_terms(self, c, exact, runs)
         if self.memo_kind_free:
-            self._kind_free_memo[key] = out
+            self.memos.kind_free[key] = out
         return out

@@ -107,7 +107,7 @@ def kind_free_terms(
     ev: ConfigCosts, c: Config, exact: bool, runs: list[tuple[int, int]] | None
 ) -> KindFreeTerms:
     """``c``'s DP-kind-free terms on evaluator ``ev`` (read only; see the module docstring)."""
-    t = ev._table(c)
+    t = ev.table(c)
     n_st = c.pp * c.virtual_stages
     m = c.num_microbatches
     if runs is None:
@@ -116,7 +116,7 @@ def kind_free_terms(
     st_f, st_b, st_w, st_rec, st_tp = cols.f, cols.b, cols.w, cols.rec, cols.tp
     # EP all-to-all, CP ring, expert imbalance / weight reads of each stage's own layers, inside its
     # forward and (input-)backward, so the schedule simulator times them where they run
-    st_ec = ev._epcp_stages(c, t, runs) if ev.has_epcp(c) else []
+    st_ec = ev.epcp_stages(c, t, runs) if ev.has_epcp(c) else []
     if st_ec:
         st_f = [f + e.forward_s for f, e in zip(st_f, st_ec)]
         # the backward's share: its exchanges run in the input backward; its MoE compute terms
@@ -134,7 +134,7 @@ def kind_free_terms(
     # stage i sends to stage i + 1 on the link between their pipeline ranks: NVLink when both
     # sit in one node, else one NIC (comm.p2p_crosses_nodes)
     stride, dpn = c.dp * c.cp * c.tp, ev.cluster.devices_per_node
-    crosses = ev._crosses_memo.setdefault((stride, dpn), {})  # per pair of pipeline ranks, shared by configs
+    crosses = ev.memos.crosses.setdefault((stride, dpn), {})  # per pair of pipeline ranks, shared by configs
     send_s: dict[tuple[int, bool], float] = {}  # per (bytes, crosses nodes): most stages send the same
     st_send = []
     # Megatron-LM's scatter/gather (``ConfigCosts.pp_scatter_gather``): a 1/tp slice per tp rank over
@@ -181,7 +181,7 @@ def kind_free_terms(
     else:
         r_q = [[sum(col) for col in zip(*(st_q[i] for i in on_rank[r]))] if on_rank[r] else [0, 0, 0, 0]
                for r in ranks]  # fmt: skip
-    ec = ev._epcp(c)  # the whole model's terms (the stages' sum): what ep saves, for reports
+    ec = ev.epcp(c)  # the whole model's terms (the stages' sum): what ep saves, for reports
     ep_cut = [0.0 for _ in ranks]  # expert parameters a rank does not hold under ep
     r_experts = rank_sums([e.expert_params for e in st_ec]) if st_ec else [0.0 for _ in ranks]
     if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers its stages hold
@@ -192,13 +192,13 @@ def kind_free_terms(
     # kept besides under autocast (fp32 parameters): per in-flight microbatch (LayerCost.autocast_bytes)
     r_cast = [x * f for x, f in zip(rank_sums(cols.cast), infl)]
     if one:
-        r_act = [x + ev._transient(t, [run]) for x, run in zip(r_act, runs)]
+        r_act = [x + ev.transient(t, [run]) for x, run in zip(r_act, runs)]
     else:
-        r_act = [r_act[r] + ev._transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
+        r_act = [r_act[r] + ev.transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
     # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
     # live memory beside the activations; a stage's output is what it sends, the last's its logits
     r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, infl, c)
-    fp8_copy = fp8_weight_copy_bytes(ev._largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
+    fp8_copy = fp8_weight_copy_bytes(ev.largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
     worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
     busiest = max(ranks, key=lambda r: rank_work[r])
     on_b = on_rank[busiest]
@@ -227,7 +227,7 @@ def kind_free_terms(
         # fp32 master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in
         # the training dtype
         grad_bytes=(r_q[worst][3] if ev.quant else r_params[worst]) * GRAD_REDUCE_BYTES,
-        gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev._elem_bytes,
+        gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev.elem_bytes,
         rank_b=rank_sums([b + w for b, w in zip(st_b, st_w)]), rank_f=rank_sums(st_f),
         ep_s=ep_s, cp_s=cp_s, read_s=read_s, epcp_bytes=epcp_bytes,
         tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b),
@@ -249,9 +249,9 @@ def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) ->
     ``memo_kind_free``: configurations that differ in the schedule, m, the degrees a table does
     not depend on or the DP kind share them (read only)."""
     key = (id(t), tuple(runs), ev.state_layout)
-    if ev.memo_kind_free and key in ev._stage_cols_memo:
-        return ev._stage_cols_memo[key]
-    P = ev._prefix(t)
+    if ev.memo_kind_free and key in ev.memos.stage_cols:
+        return ev.memos.stage_cols[key]
+    P = ev.prefix(t)
 
     def col(k: str) -> list[float]:
         arr = P[k]
@@ -260,7 +260,7 @@ def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) ->
     st_params, st_act = col("params"), col("act")
     if len(runs) > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
         st_act = [x + ev.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
-    b0 = ev._bpp0
+    b0 = ev.unsharded_state_bytes
     if ev.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
         st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
     else:
@@ -280,5 +280,5 @@ def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) ->
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
     )  # fmt: skip
     if ev.memo_kind_free:
-        ev._stage_cols_memo[key] = out
+        ev.memos.stage_cols[key] = out
     return out

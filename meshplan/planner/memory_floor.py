@@ -25,11 +25,12 @@ from typing import Any, Protocol
 
 from meshplan.cost_models.allocator import pipeline_buffer_bytes
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
+from meshplan.planner.cost_memos import CostMemos
 from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import Config
 
 
-class ConfigEvaluator(Protocol):
+class FloorCosts(Protocol):
     """What the floors read of ``evaluate.ConfigEvaluator`` (a ``ConfigCosts``), named here
     structurally so this module sits below ``config_costs`` (which calls ``held_floor``) and
     ``kind_free`` (which calls ``rank_pipeline_buffers``) without an import cycle."""
@@ -38,48 +39,49 @@ class ConfigEvaluator(Protocol):
     moe_folding: bool
     dtype: str
     pp_buffers: str
-    _expert_params: float
-    _largest_linear: float
+    expert_param_count: float
+    largest_linear: float
+    memos: CostMemos
 
-    def _auto(self, c: Config) -> bool: ...
-    def _other_kinds(self, c: Config) -> list[Config]: ...
-    def _table(self, c: Config) -> Any: ...
-    def _prefix(self, t: Any) -> Any: ...
-    def _state_bytes_per_param(self, c: Config) -> Any: ...
+    def may_change_kind(self, c: Config) -> bool: ...
+    def other_kinds(self, c: Config) -> list[Config]: ...
+    def table(self, c: Config) -> Any: ...
+    def prefix(self, t: Any) -> Any: ...
+    def state_bytes_per_param(self, c: Config) -> Any: ...
     def lower_bound(self, c: Config) -> Any: ...
     def fsdp_buffer(self, c: Config, params: float) -> float: ...
     def split(self, t: Any, n_stages: int, virtual_stages: int) -> list[tuple[int, int]]: ...
     def inflight_ranks(self, c: Config) -> list[float]: ...
 
 
-def _kinds(ev: ConfigEvaluator, c: Config) -> list[Config]:
+def _kinds(ev: FloorCosts, c: Config) -> list[Config]:
     """The DP kinds ``evaluate_auto`` tries for ``c``."""
-    return [c] + (ev._other_kinds(c) if ev._auto(c) and c.dp > 1 else [])
+    return [c] + (ev.other_kinds(c) if ev.may_change_kind(c) and c.dp > 1 else [])
 
 
-def _fp8(ev: ConfigEvaluator, c: Config) -> float:
-    return fp8_weight_copy_bytes(ev._largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
+def _fp8(ev: FloorCosts, c: Config) -> float:
+    return fp8_weight_copy_bytes(ev.largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
 
 
-def held_floor(ev: ConfigEvaluator, c: Config, mlb: float) -> float:
+def held_floor(ev: FloorCosts, c: Config, mlb: float) -> float:
     """The model-state part of ``ConfigCosts.memory_floor`` (see the module docstring); ``mlb``
     (``bound``'s: the average rank's states under the kind that shards most) where not covered."""
     if ev.quant or ev.moe_folding:
         return mlb
-    saved = ev._expert_params * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
-    avg_params = (ev._prefix(ev._table(c))["params"][-1] - saved) / c.pp
+    saved = ev.expert_param_count * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
+    avg_params = (ev.prefix(ev.table(c))["params"][-1] - saved) / c.pp
     return min(ev.lower_bound(k)[1] + ev.fsdp_buffer(k, avg_params) for k in _kinds(ev, c)) + _fp8(ev, c)
 
 
-def split_floor(ev: ConfigEvaluator, c: Config) -> float:
+def split_floor(ev: FloorCosts, c: Config) -> float:
     """A memory lower bound of ``c`` on the split a partial evaluation costs, any DP kind it may
     take (see the module docstring); 0.0 where not covered."""
     if ev.quant or ev.moe_folding or c.ep > 1:
         return 0.0
-    t = ev._table(c)
+    t = ev.table(c)
     n_st = c.pp * c.virtual_stages
     runs = ev.split(t, n_st, c.virtual_stages) if n_st > 1 else [(0, len(t.layers))]
-    P = ev._prefix(t)
+    P = ev.prefix(t)
     params, act = P["params"], P["act"]
     r_params = [0.0] * c.pp
     r_act = [0.0] * c.pp
@@ -93,13 +95,13 @@ def split_floor(ev: ConfigEvaluator, c: Config) -> float:
     best = math.inf
     for k in _kinds(ev, c):  # the unsharded buffer is a0 + a1 x the rank's parameters (dp_kinds.unsharded_buffer_bytes)
         a0 = ev.fsdp_buffer(k, 0.0)
-        coef = ev._state_bytes_per_param(k).total + (ev.fsdp_buffer(k, 1.0) - a0)
+        coef = ev.state_bytes_per_param(k).total + (ev.fsdp_buffer(k, 1.0) - a0)
         best = min(best, max(coef * p + h for p, h in zip(r_params, held)) + a0)
     return best + _fp8(ev, c)
 
 
 def rank_pipeline_buffers(
-    ev: ConfigEvaluator, t: Any, runs: list[tuple[int, int]], st_sendb: list[int], placement: tuple[int, ...],
+    ev: FloorCosts, t: Any, runs: list[tuple[int, int]], st_sendb: list[int], placement: tuple[int, ...],
     infl: list[float], c: Config,
 ) -> list[float]:
     """Per pipeline rank, the pipeline runtime's receive buffers and cached outputs of its stages
@@ -108,12 +110,12 @@ def rank_pipeline_buffers(
     # memoized by every input but ``t``'s last-layer logits (id(t): the coster keeps its tables);
     # the memo is shared by the searches on one coster (``search_memos``), read only
     key = (id(t), tuple(runs), tuple(st_sendb), placement, tuple(infl), c.pp, c.num_microbatches, ev.pp_buffers)
-    hit = ev._pipe_memo.get(key)
+    hit = ev.memos.pipe_buffers.get(key)
     if hit is not None:
         return hit
     r_pipe = [0.0 for _ in range(c.pp)]
     n_st = len(runs)
-    ev._pipe_memo[key] = r_pipe
+    ev.memos.pipe_buffers[key] = r_pipe
     if n_st > 1:
         for i in range(n_st):
             last = i == n_st - 1

@@ -253,10 +253,10 @@ class Searcher:
         does the same work plus the recompute with the same communication, so it is no faster
         (its longer backward can hide at most the recompute's own time of DP sync), and ``c``
         cannot hold the only fitting kind. Bound order costs the twin first (its bound is lower)."""
-        return c.recompute != "none" and c.but(recompute="none") in self.costs._every_kind_fits
+        return c.recompute != "none" and self.costs.every_kind_fits(c.but(recompute="none"))
 
     def _shards_something(self, c: Config) -> bool:
-        sol = self.costs._table(c).tp_solution
+        sol = self.costs.table(c).tp_solution
         key = id(sol)  # (the coster keeps every solution: ids stay unique)
         if key not in self._shards_memo:
             self._shards_memo[key] = any(v != "replicate" for v in sol.styles.values())

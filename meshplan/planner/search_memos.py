@@ -17,21 +17,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshplan.planner.cost_memos import CostMemos
 from meshplan.planner.search_types import Config
 
 
-def share_table_memos(ev: Any) -> None:
-    """Bind ``ev``'s (a ``ConfigCosts``) table-only memos to its coster's ``search_memos`` (see the module docstring)."""
-    shared = ev.coster.search_memos
-    ev._split_cache = shared.setdefault(("split",), ev._split_cache)  # (id(t), stages, rule): t's costs
-    ev._prefix_cache = shared.setdefault(("prefix",), ev._prefix_cache)  # id(t): t's columns
-    ev._transient_memo = shared.setdefault(("transient",), ev._transient_memo)  # (id(t), runs)
-    ev._tied_memo = shared.setdefault(("tied",), ev._tied_memo)  # id(t)
-    ev._infl_ranks = shared.setdefault(("inflight",), ev._infl_ranks)  # (schedule, pp, m, v)
-    ev._pipe_memo = shared.setdefault(("pipe_buffers",), {})  # memory_floor.rank_pipeline_buffers: all its inputs
+def share_table_memos(memos: CostMemos, shared: dict[tuple, Any], dtype: str, optimizer: str) -> None:
+    """Bind a coster's table-only ``memos`` to its ``GraphCoster.search_memos`` (``shared``; see
+    the module docstring)."""
+    memos.split = shared.setdefault(("split",), memos.split)  # (id(t), stages, rule): t's costs
+    memos.prefix = shared.setdefault(("prefix",), memos.prefix)  # id(t): t's columns
+    memos.transient = shared.setdefault(("transient",), memos.transient)  # (id(t), runs)
+    memos.tied = shared.setdefault(("tied",), memos.tied)  # id(t)
+    memos.inflight = shared.setdefault(("inflight",), memos.inflight)  # (schedule, pp, m, v)
+    memos.pipe_buffers = shared.setdefault(("pipe_buffers",), {})  # memory_floor.rank_pipeline_buffers: all its inputs
     # kind_free.stage_columns, keyed (id(t), runs, state layout): also the per-parameter state bytes
     # (dtype, optimizer) and the coster's quantization and pass-through bytes
-    ev._stage_cols_memo = shared.setdefault(("stage_cols", ev.dtype, ev.optimizer), ev._stage_cols_memo)
+    memos.stage_cols = shared.setdefault(("stage_cols", dtype, optimizer), memos.stage_cols)
 
 
 def solve_split(ev: Any, c: Config, layers: list[Any], **kw: Any) -> Any:
@@ -40,7 +41,7 @@ def solve_split(ev: Any, c: Config, layers: list[Any], **kw: Any) -> Any:
     from meshplan.partition.stage_ilp import split_stages
 
     memo = ev.coster.search_memos.setdefault(("split_solve",), {})
-    key = (tuple(layers), ev._pp_spans(c), ev.links_key, tuple(sorted(kw.items())))
+    key = (tuple(layers), ev.pp_spans(c), ev.links_key, tuple(sorted(kw.items())))
     if key not in memo:
         memo[key] = split_stages(layers, p2p_time=ev.p2p_time(c), **kw)
     return memo[key]
