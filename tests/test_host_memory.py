@@ -3,7 +3,8 @@
 ``runtime.launch.host_memory.return_freed_memory`` must really change where glibc puts a freed-then-
 reallocated buffer (checked with glibc's own ``mallinfo2`` in fresh interpreters, since the setting is
 once per process), and leave the C library alone when told to. ``collectives.reduce_scatter_single``
-in pieces must give every rank exactly what one ``reduce_scatter_tensor`` gives, also under FSDP2.
+in pieces must give every rank exactly what one ``reduce_scatter_tensor`` gives, also under FSDP2, whose
+reduce-scatter inputs the runtime's hook releases once the (blocking, CPU) call has finished with them.
 """
 
 from __future__ import annotations
@@ -95,10 +96,15 @@ def _pieces_worker(rank: int, world: int) -> dict[str, object]:
         model = _Net()
         mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
         counter = SyncCounter()
+        inputs: list[torch.Tensor] = []
+        count = counter.add
+        counter.add = lambda t, inputs=inputs, count=count: (inputs.append(t), count(t))  # type: ignore[method-assign]
         wrap_dp(model, "fsdp", dp_mesh=mesh, dp_group=None, counter=counter, per_block=True)
         torch.manual_seed(1 + rank)
         model(torch.randn(5, 24)).square().sum().backward()
         grads.append([p.grad.to_local().clone() for p in model.parameters()])
+        # each reduce-scatter input (FSDP2 keeps one alive into the next group's backward) was released
+        out["released"] = bool(inputs) and all(t.untyped_storage().nbytes() == 0 for t in inputs)
     out["fsdp"] = all(torch.equal(a, b) for a, b in zip(*grads))
     out["calls"] = counter.calls
     return out
@@ -107,5 +113,5 @@ def _pieces_worker(rank: int, world: int) -> dict[str, object]:
 @pytest.mark.distributed
 def test_reduce_scatter_in_pieces_equals_one_call() -> None:
     for r in run_ranks(_pieces_worker, 2, timeout_s=240):
-        assert r == {"rs7": True, "rs64": True, "rs1000": True, "fsdp": True, "calls": r["calls"]}
+        assert r == {"rs7": True, "rs64": True, "rs1000": True, "fsdp": True, "released": True, "calls": r["calls"]}
         assert r["calls"] >= 2  # FSDP2 went through the counting (custom) reduce-scatter

@@ -111,7 +111,13 @@ class _CountingReduceScatter(ReduceScatter):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op: Any, async_op: bool = False) -> dist.Work | None:
         self.counter.add(input_tensor)
-        return collectives.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        work = collectives.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        if work is None and input_tensor.device.type == "cpu":
+            # FSDP2 keeps each group's reduce-scatter input (the full unsharded gradients in the reduce
+            # dtype) alive until the next group's post-backward, for CUDA stream ordering; on CPU the
+            # call above has finished with it, so its memory goes back now (nothing reads it again)
+            input_tensor.untyped_storage().resize_(0)
+        return work
 
 
 

@@ -1,9 +1,10 @@
-"""The optimizer step: AdamW (foreach on CPU, fused on CUDA), global gradient-norm clipping, LR schedule.
+"""The optimizer step: AdamW (fused on CUDA, per tensor on CPU), global gradient-norm clipping, LR schedule.
 
 * ``make_optimizer(name, lr)`` -> a factory ``params -> Optimizer`` for ``apply_plan``: AdamW / Adam
-  with ``fused=True`` on CUDA and ``foreach=True`` elsewhere (torch's multi-tensor kernels), SGD
-  with momentum 0.9; plain tensors and DTensors go in separate parameter groups (the multi-tensor
-  kernels refuse a mix, which TP produces).
+  with ``fused=True`` on CUDA and ``foreach=False`` elsewhere (torch's CPU default: the multi-tensor
+  kernels' temporaries are as large as the whole local shard, see the factory), SGD with momentum
+  0.9 (torch's default on CPU: per tensor); plain tensors and DTensors go in separate parameter
+  groups (the multi-tensor kernels refuse a mix, which TP produces).
 * ``lr_at(step, *, lr, schedule, warmup_steps, total_steps)``: the learning rate of a (1-based)
   step, a pure function of the step number: linear warm-up from lr/warmup to lr over
   ``warmup_steps``, then ``constant`` or ``cosine`` decay to 0 at ``total_steps``. A resumed run
@@ -43,7 +44,10 @@ def make_optimizer(name: str, lr: float, *, weight_decay: float = 0.0) -> Callab
         if name == "sgd":
             return torch.optim.SGD(groups, lr=lr, momentum=0.9)
         cuda = bool(params) and params[0].device.type == "cuda"
-        fast = {"fused": True} if cuda else {"foreach": True}
+        # CPU: one parameter at a time. The multi-tensor (foreach) Adam kernels allocate temporaries the
+        # size of the whole local shard at once (the scaled gradients, then sqrt(v)), +1 shard of host
+        # memory at the step, and on CPU they loop over the tensors anyway (no launch cost to save)
+        fast = {"fused": True} if cuda else {"foreach": False}
         if name == "adam":
             return torch.optim.Adam(groups, lr=lr, **fast)
         return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, **fast)
