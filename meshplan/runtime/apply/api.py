@@ -65,7 +65,9 @@ def apply_plan(
     False keeps per-rank statistics, with a warning);
     ``init_from``: pretrained weights (a Hugging Face safetensors directory or a meshplan/DCP
     checkpoint, ``runtime.weights.pretrained``), each rank reading the shards it holds once the plan is
-    applied; under quantization they are read into the whole host model before it is applied.
+    applied; under quantization they are read into the whole host model before it is applied, except
+    for QLoRA from a Hugging Face directory on a meta-built model (``runtime.apply.quant_load``: the
+    base read and quantized one linear at a time).
 
     A model built on the meta device (``load_model(spec, device="meta", tape=tape)``) is applied
     there and materialized as this rank's shards only (``steps.apply_materialize``): pass its
@@ -74,9 +76,9 @@ def apply_plan(
     """
     meta = _meta_build(model, tape, init_from)
     check_launch(plan)  # the launched world size first: every rank refuses alike
-    checked = check_plan(model, plan, example_inputs, dtype)
+    checked = check_plan(model, plan, example_inputs, dtype, init_from=init_from)
     notes = list(checked.notes)
-    if init_from is not None and plan.quantization.mode != "none":  # quantizing needs the loaded weights
+    if init_from is not None and plan.quantization.mode != "none" and meta is None:  # quantizing needs the weights
         notes.append(load_pretrained(model, init_from, tied=checked.tied,
                                      transposed=[f"{m}.weight" for m in checked.conv]) + " (before quantizing)")
     return_freed_memory()

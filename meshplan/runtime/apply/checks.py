@@ -37,6 +37,7 @@ from meshplan.runtime.apply import precision as prec
 from meshplan.runtime.apply import schedules, split, tp
 from meshplan.runtime.apply.epcp import epcp_blocker, uses_epcp
 from meshplan.runtime.apply.epcp_pipeline import pipeline_cp_blocker
+from meshplan.runtime.apply.quant_load import streams
 
 
 class MetaBuildRefused(ValueError):
@@ -67,7 +68,7 @@ def _refuse(plan: Plan, why: str) -> None:
 
 
 def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: str = "plan", *,
-               capture: bool = True) -> Checked:
+               capture: bool = True, init_from: Any = None) -> Checked:
     """Refuse (``PlanMismatchError`` / ``ValueError``, one line) what this runtime cannot run as
     costed; return what the appliers need (see the module docstring). Needs no launch or process group.
     ``capture=False`` (the launcher's check) leaves out what needs the captured graph (pp > 1: the
@@ -89,9 +90,10 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: 
         batch_norms=sum(type(m).__name__ in BATCH_NORM_CLASSES and m.training for m in model.modules()),
     ))
     on_meta = any(p.is_meta for p in model.parameters())
-    if on_meta and plan.quantization.mode != "none":
+    if on_meta and plan.quantization.mode != "none" and not streams(plan, model, init_from):
         raise ValueError(f"apply_plan: quantization ({plan.quantization.mode}) needs the weights' values: build the "
-                         "model on the host (load_model without device='meta') for a quantized plan")
+                         "model on the host (load_model without device='meta') for a quantized plan, or give "
+                         "QLoRA a Hugging Face safetensors init_from")
     precision = prec.resolve_precision(plan.dtype, dtype)
     if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError(

@@ -186,15 +186,41 @@ def apply_quantize(s: ApplyState) -> list[str]:
     q = s.plan.quantization
     if q.mode == "none":
         return []
-    from meshplan.runtime.apply.quant import apply_quantization
+    from meshplan.runtime.apply.quant import apply_quantization, convert_targeted_conv1d
 
     changed: list = []
+    meta = s.meta  # a meta build here is QLoRA from a HF file (quant_load.streams): read linear by linear
+    transposed = {f"{m}.weight" for m in s.checked.conv}
+    readers = []
     for r in s.roots:
+        reader = None
+        if meta is not None:
+            from meshplan.runtime.apply.quant_load import LinearReader
+
+            transposed.update(f"{m}.weight" for m in convert_targeted_conv1d(r, q))
+            reader = LinearReader(meta.init_from, s.env.device, transposed)  # type: ignore[arg-type]
+            readers.append(reader)
         changed = apply_quantization(
             r, q, tp_mesh=s.env.mesh["tp"] if s.plan.tp > 1 else None, tp_styles=s.checked.styles,
-            fsdp_shards=s.plan.dp if dpmod.dp_mode(s.plan) == "fsdp" else 1,
+            fsdp_shards=s.plan.dp if dpmod.dp_mode(s.plan) == "fsdp" else 1, before_each=reader,
         )
-    return [f"quantization {q.mode}: {len(changed)} linears per stage root (last)"]
+    notes = [f"quantization {q.mode}: {len(changed)} linears per stage root (last)"]
+    if meta is not None:
+        from meshplan.runtime.apply import materialize as mat
+        from meshplan.runtime.apply.quant_load import materialize_rest
+
+        rest = materialize_rest(s.roots, meta.init_from, s.env.device, tape=meta.tape,  # type: ignore[arg-type]
+                                finals=meta.finals, tied=s.checked.tied, transposed=transposed)
+        for m in s.modules if s.pipelined else []:  # stage graphs captured on meta
+            for sub in m.modules():
+                mat.retarget_graph(sub, s.env.device)
+        s.meta = None  # from here on a host model (data parallel wraps it as one)
+        base = sum(rd.bytes for rd in readers)
+        notes.append(f"initialized from the Hugging Face checkpoint {meta.init_from}: built on the meta device, "
+                     f"{sum(rd.linears for rd in readers)} targeted linears read and quantized one at a time "
+                     f"({base / 2**20:.1f} MiB fp32 read, never whole), the other weights {rest / 2**20:.1f} MiB "
+                     f"(this rank's TP shards), buffers from the constructor")
+    return notes
 
 
 def apply_recompute(s: ApplyState) -> list[str]:

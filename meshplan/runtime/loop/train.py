@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.apply.checks import MetaBuildRefused
     from meshplan.runtime.apply.optim import lr_at, make_optimizer
+    from meshplan.runtime.apply.quant_load import builds_on_meta
     from meshplan.runtime.checkpoint import dcp as checkpoint
     from meshplan.runtime.launch.dist import check_launch
     from meshplan.runtime.launch.host_memory import return_freed_memory
@@ -139,8 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     mbs = plan.micro_batch_size
     torch.manual_seed(args.seed)
     # meta: built without values, the plan applied there, each rank's shard materialized from the
-    # constructor's replay (tape) or --init-from; a quantized plan needs the weights, so the host
-    meta = args.build == "meta" and plan.quantization.mode == "none"
+    # constructor's replay (tape) or --init-from; a quantized plan needs the weights, so the host,
+    # but QLoRA from a HF directory reads them linear by linear into the meta build (apply.quant_load)
+    meta = args.build == "meta" and (plan.quantization.mode == "none" or builds_on_meta(plan, args.init_from))
     tape = InitTape() if meta else None
     spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None, device="meta" if meta else None,
                       tape=tape)

@@ -154,6 +154,22 @@ def _dcp_shapes(d: Path, state: dict[str, tuple[int, ...]], saved: dict[str, tup
 
 def _load_hf(state: dict[str, Any], path: Path, tied: Sequence[tuple[str, ...]], transposed: set[str],
              buffers: set[str]) -> str:
+    read, kept = _read_hf(state, path, tied, transposed, buffers)
+    more = f"; buffers not in the file kept the model's own values: {kept}" if kept else ""
+    return f"initialized from the Hugging Face checkpoint {path}: this rank read {read / 2**20:.1f} MiB (its shards){more}"
+
+
+def read_hf(state: dict[str, torch.Tensor], path: str | Path, *, tied: Sequence[tuple[str, ...]] = (),
+            transposed: set[str] | Sequence[str] = (), buffers: set[str] | Sequence[str] = ()) -> int:
+    """Fill each tensor of ``state`` (user FQN -> this rank's tensor: a plain tensor or a DTensor shard, not
+    meta) in place from the Hugging Face safetensors directory ``path``, reading only the part it holds;
+    returns the bytes read. No collective (``load_pretrained`` is the entry point that agrees on errors
+    across ranks; callers of this one read names every rank has alike)."""
+    return _read_hf(state, Path(path), tied, set(transposed), set(buffers))[0]
+
+
+def _read_hf(state: dict[str, Any], path: Path, tied: Sequence[tuple[str, ...]], transposed: set[str],
+             buffers: set[str]) -> tuple[int, list[str]]:
     from safetensors import safe_open
 
     where = _hf_files(path)
@@ -185,8 +201,7 @@ def _load_hf(state: dict[str, Any], path: Path, tied: Sequence[tuple[str, ...]],
     finally:
         for h in handles.values():
             h.__exit__(None, None, None)
-    more = f"; buffers not in the file kept the model's own values: {kept}" if kept else ""
-    return f"initialized from the Hugging Face checkpoint {path}: this rank read {read / 2**20:.1f} MiB (its shards){more}"
+    return read, kept
 
 
 def _dcp_dir(path: Path) -> Path:

@@ -77,11 +77,13 @@ def apply_quantization(
     tp_styles: dict[str, str] | None = None,
     seed: int = 0,
     fsdp_shards: int = 1,
+    before_each: Any = None,
 ) -> list[str]:
     """Apply ``quantization`` to ``model`` in place; return the FQNs of the linears it changed.
 
     ``fsdp_shards``: the FSDP2 degree that will wrap the model afterwards (QLoRA's NF4 scale
-    blocks must split evenly over it); 1 for DDP / manual DP / none.
+    blocks must split evenly over it); 1 for DDP / manual DP / none. ``before_each(fqn, linear)``
+    (QLoRA): called before each targeted linear is quantized (``runtime.apply.quant_load``).
     """
     if quantization.mode == "none":
         return []
@@ -90,7 +92,8 @@ def apply_quantization(
         return prepare_qat(model, quantization, tp_mesh=tp_mesh)
     if quantization.mode == "qlora":
         return apply_qlora(
-            model, quantization, tp_mesh=tp_mesh, tp_styles=tp_styles, seed=seed, fsdp_shards=fsdp_shards
+            model, quantization, tp_mesh=tp_mesh, tp_styles=tp_styles, seed=seed, fsdp_shards=fsdp_shards,
+            before_each=before_each,
         )
     raise ValueError(f"unknown quantization mode {quantization.mode!r}")
 

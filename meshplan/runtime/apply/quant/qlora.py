@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -86,6 +87,7 @@ def apply_qlora(
     quantize_base: bool = True,
     seed: int = 0,
     fsdp_shards: int = 1,
+    before_each: Callable[[str, nn.Module], None] | None = None,
 ) -> list[str]:
     """Replace the targeted linears of ``model`` with :class:`LoRALinear` in place; freeze the rest.
 
@@ -94,7 +96,9 @@ def apply_qlora(
     with the style its placements imply; a plain one is sharded here when ``tp_mesh`` is given and
     ``tp_styles[fqn]`` names a style (the runtime must then leave that FQN out of its TP plan).
     ``fsdp_shards``: the FSDP2 degree that will shard the model (NF4 scaler blocks must split
-    evenly; see :func:`nf4_scaler_block_size`). Returns the replaced FQNs.
+    evenly; see :func:`nf4_scaler_block_size`). ``before_each(fqn, linear)`` runs just before a linear
+    is quantized (a meta-built model's weights are read from a file there, one linear at a time, so the
+    fp32 base is never whole). Returns the replaced FQNs.
     """
     if quantization.mode != "qlora":
         raise ValueError(f"apply_qlora needs quantization.mode == 'qlora', got {quantization.mode!r}")
@@ -113,6 +117,8 @@ def apply_qlora(
         p.requires_grad_(False)
     for fqn in fqns:
         old = model.get_submodule(fqn)
+        if before_each is not None:
+            before_each(fqn, old)
         w, b = old.weight, old.bias
         if isinstance(w, DTensor):
             style, mesh = style_of(w), w.device_mesh
