@@ -65,6 +65,26 @@ def test_collectives_per_kind() -> None:
     assert dp_comm("ddp", g, p, 1, H100).sync_s == 0.0
 
 
+def test_deepspeed_2021_zero3_gathers_per_tensor_again_in_a_recompute_and_all_reduces() -> None:
+    g, p = 4 * N, 2 * N  # fp32 reduce bytes (FSDP2's), 16-bit parameters
+    one_ag = collective_time_s("all_gather", p / 10, 128, H100, ranks_per_node=8)
+    one_ar = collective_time_s("all_reduce", p / 10, 128, H100, ranks_per_node=8)
+    d = dp_comm("fsdp", g, p, 128, H100, num_microbatches=2, impl="deepspeed-2021", recompute_regather=True, tensors=10)
+    # forward + the recompute's re-run + backward, ten collectives each, + the 16-bit gradient all-reduce
+    assert d.per_microbatch_s == pytest.approx(3 * 10 * one_ag + 10 * one_ar)
+    assert (d.mb_forward_s, d.mb_bwd_gather_s) == (pytest.approx(10 * one_ag), pytest.approx(20 * one_ag))
+    assert d.bytes == {"all_gather": int(3 * 2 * p), "all_reduce": int(2 * p)}
+    # each collective pays its own ring latency: ten of them cost more than one of the same bytes
+    assert 10 * one_ag > collective_time_s("all_gather", p, 128, H100, ranks_per_node=8)
+    plain = dp_comm("fsdp", g, p, 128, H100, impl="deepspeed-2021", tensors=10)
+    assert plain.mb_bwd_gather_s == pytest.approx(10 * one_ag)  # no recompute: gathered twice
+    # under PP, and for every other kind, the impl changes nothing
+    assert dp_comm("fsdp", g, p, 128, H100, pp=4, impl="deepspeed-2021", tensors=10) == dp_comm("fsdp", g, p, 128, H100, pp=4)
+    assert dp_comm("zero2", g, p, 128, H100, impl="deepspeed-2021") == dp_comm("zero2", g, p, 128, H100)
+    with pytest.raises(ValueError, match="zero3 impl"):
+        dp_comm("fsdp", g, p, 128, H100, impl="deepspeed")
+
+
 def test_unsharded_buffers() -> None:
     assert unsharded_buffer_bytes("fsdp", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2) == 4e8
     # under PP: the stage's bf16 parameters + its fp32 accumulated gradients (FSDP2 reduce dtype)

@@ -29,6 +29,22 @@ the DP group laid out as ``comm.group_layout`` says; m microbatches)::
     hsdp    the fsdp collectives over the S ranks of a node, plus all_reduce(n_g / S) over the
             dp / S replicas (one rank per node) with each reduce-scatter
 
+How a ZeRO-3 engine runs those collectives (``ZERO3_IMPLS``, an engine profile's ``zero3_impl``):
+"fsdp2" as above; "deepspeed-2021" as DeepSpeed v0.3.13-0.3.16 (March-May 2021, the ZeRO-3 of
+Megatron-LM SC'21 Table 2) runs them at pp = 1 (``deepspeed_2021_fsdp``)::
+
+    per microbatch  T · all_gather(n_p / T) in forward, again in a full-recompute re-run, again in
+                    backward, + T · all_reduce(n_p / T) of the 16-bit gradients
+
+one collective per parameter tensor (T tensors above ``stage3_param_persistence_threshold``),
+each paying its own ring latency. Sources (DeepSpeed at tag v0.3.14): ``runtime/zero/stage3.py``
+``pre_sub_module_forward_function`` -> ``fetch_sub_module`` on every forward call of a submodule
+(a checkpointed layer's re-run included) and ``release_sub_module`` after it;
+``partition_parameters.py`` ``_allgather_param``: one ``torch.distributed.all_gather`` per
+parameter; ``zero/constants.py`` ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT = False`` ->
+``reduce_ipg_grads`` -> ``buffered_reduce_fallback`` -> ``allreduce_bucket``: ``dist.all_reduce``
+of the flattened 16-bit gradients (not a reduce-scatter).
+
 Sources: ZeRO (Rajbhandari et al. 2020); Megatron-LM distributed optimizer docs; PyTorch FSDP2
 ``fully_shard`` docs (reshard_after_forward, HSDP); torchtitan ``parallelize`` (PP + FSDP). No torch
 import.
@@ -57,6 +73,13 @@ KIND_ORDER: tuple[str, ...] = ("ddp", "zero1", "zero2", "hsdp", "fsdp")
 #: (``deepspeed/runtime/zero/parameter_offload.py``) with a prefetch bounded by
 #: ``stage3_prefetch_bucket_size``: the largest module (linear) and the next one
 FSDP_UNITS: tuple[str, ...] = ("block", "module")
+
+#: how a ZeRO-3 engine runs its collectives (module docstring): "fsdp2" (FSDP2 / FSDP1 / llm-foundry /
+#: modern DeepSpeed: one gather per unit, reduce-scatter) or "deepspeed-2021" (``deepspeed_2021_fsdp``)
+ZERO3_IMPLS: tuple[str, ...] = ("fsdp2", "deepspeed-2021")
+#: parameter tensors below this many elements stay whole on every rank under a per-tensor ZeRO-3
+#: (DeepSpeed ``stage3_param_persistence_threshold``, ``zero/constants.py`` default 100,000)
+ZERO3_PERSISTENCE_NUMEL = 100_000
 
 #: whose model-state layout a configuration is costed with (``state_precision``)
 STATE_LAYOUTS: tuple[str, ...] = ("torch", "megatron", "zero")
@@ -174,12 +197,20 @@ def dp_comm(
     pp: int = 1,
     num_microbatches: int = 1,
     units: int = 1,
+    impl: str = "fsdp2",
+    recompute_regather: bool = False,
+    tensors: int = 1,
 ) -> DPComm:
     """The collectives of ``kind`` (module docstring) for a rank holding ``grad_bytes`` of
     gradients and ``param_bytes`` of parameters (unsharded sizes), its DP group of ``dp`` ranks
     ``stride`` apart (the product of the inner mesh axes), costed by ``comm.group_collective_s``
-    with the group's layout (nodes × ranks per node). Unit: seconds and bytes."""
+    with the group's layout (nodes × ranks per node). ``impl`` (``ZERO3_IMPLS``) says how a fsdp
+    kind runs at pp = 1; "deepspeed-2021" takes ``recompute_regather`` (full recompute re-runs
+    the forward, which gathers again) and ``tensors`` (parameter tensors gathered one by one).
+    Unit: seconds and bytes."""
     _check_kind(kind)
+    if impl not in ZERO3_IMPLS:
+        raise ValueError(f"zero3 impl {impl!r} unknown; use one of {ZERO3_IMPLS}")
     if dp == 1 or kind == "none":
         return DPComm()
     dpn = cluster.devices_per_node
@@ -195,6 +226,9 @@ def dp_comm(
             sync_s=t("reduce_scatter", grad_bytes, dp, stride), gather_s=t("all_gather", param_bytes, dp, stride),
             bytes={"reduce_scatter": int(grad_bytes), "all_gather": int(param_bytes)},
         )  # fmt: skip
+    if kind == "fsdp" and pp == 1 and impl == "deepspeed-2021":
+        return deepspeed_2021_fsdp(param_bytes, dp, cluster, stride=stride, num_microbatches=m, units=units,
+                                   recompute_regather=recompute_regather, tensors=tensors)  # fmt: skip
     # zero2, fsdp, hsdp: FSDP2 over the S-rank shard group (+ hsdp's all-reduce across replicas)
     s = shard_degree(kind, dp, stride=stride, devices_per_node=dpn)
     ag, rs = t("all_gather", param_bytes, s, stride), t("reduce_scatter", grad_bytes, s, stride)
@@ -208,6 +242,40 @@ def dp_comm(
     if pp > 1:
         return DPComm(sync_s=rs + ar, gather_s=ag, bytes=out)
     return DPComm(per_microbatch_s=gathers * ag + rs + ar, mb_forward_s=ag, mb_bwd_gather_s=ag if gathers == 2 else 0.0,
+                  units=max(1, units), bytes=out)  # fmt: skip
+
+
+def deepspeed_2021_fsdp(
+    param_bytes: float,
+    dp: int,
+    cluster: ClusterSpec,
+    *,
+    stride: int = 1,
+    num_microbatches: int = 1,
+    units: int = 1,
+    recompute_regather: bool = False,
+    tensors: int = 1,
+) -> DPComm:
+    """DeepSpeed v0.3.x ZeRO-3's collectives at pp = 1 (module docstring) for a rank whose
+    16-bit parameters are ``param_bytes`` unsharded, over ``dp`` ranks ``stride`` apart.
+
+    Per microbatch: ``tensors`` all-gathers of ``param_bytes / tensors`` in forward, again in the
+    backward's re-run of a fully recomputed layer (``recompute_regather``), again in backward,
+    and ``tensors`` all-reduces of the 16-bit gradients (ZeRO-3's default without contiguous
+    gradients). Each collective is costed by ``comm.group_collective_s`` (so each pays its ring
+    latency over the group). The backward gathers (re-run and backward) and the all-reduces are
+    backward's share (``mb_bwd_gather_s``: the gathers). Unit: seconds and bytes.
+    """
+    tensors = max(1, int(tensors))
+    m = num_microbatches
+
+    def t(coll: str, n: float) -> float:
+        return tensors * group_collective_s(coll, n / tensors, dp, cluster, stride=stride)
+
+    ag, ar = t("all_gather", param_bytes), t("all_reduce", param_bytes)
+    bwd_gathers = 2 if recompute_regather else 1
+    out = {"all_gather": int(param_bytes * (1 + bwd_gathers) * m), "all_reduce": int(param_bytes * m)}
+    return DPComm(per_microbatch_s=(1 + bwd_gathers) * ag + ar, mb_forward_s=ag, mb_bwd_gather_s=bwd_gathers * ag,
                   units=max(1, units), bytes=out)  # fmt: skip
 
 

@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from meshplan.cost_models.allocator import PP_BUFFERS
-from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS
+from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS, ZERO3_IMPLS
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
@@ -46,6 +46,9 @@ class EngineProfile:
     - ``pp_buffers`` (``allocator.PP_BUFFERS``): what the pipeline runtime keeps per microbatch.
     - ``sp_saves`` (``memory.SP_SAVES``): what a column-parallel linear saves under SP.
     - ``fsdp_units`` (``dp_kinds.FSDP_UNITS``): what a sharded step gathers at once.
+    - ``zero3_impl`` (``dp_kinds.ZERO3_IMPLS``): how a ZeRO-3 step runs its collectives: FSDP2's
+      per-unit gathers and reduce-scatter, or DeepSpeed 2021's per-tensor gathers (again in a full
+      recompute's re-run) and 16-bit gradient all-reduce.
     - ``norm_kernel``, ``optimizer_impl``, ``attention_impl`` (``eager_ops``): the kernels run.
     - ``ddp_impl`` (``grad_sync.DDP_IMPLS``): bucketed and overlapped ("torch") or one flat
       all-reduce after backward ("local", Megatron-LM's own wrapper).
@@ -62,6 +65,7 @@ class EngineProfile:
     pp_buffers: str = "torch"
     sp_saves: str = "gathered"
     fsdp_units: str = "block"
+    zero3_impl: str = "fsdp2"
     norm_kernel: str = RUNTIME_NORM_KERNEL
     optimizer_impl: str = "fused"
     attention_impl: str = "flash"
@@ -75,7 +79,7 @@ class EngineProfile:
 
     def __post_init__(self) -> None:
         for fname, allowed in (("state_layout", STATE_LAYOUTS), ("pp_buffers", PP_BUFFERS), ("sp_saves", SP_SAVES),
-                               ("fsdp_units", FSDP_UNITS), ("norm_kernel", NORM_KERNELS),
+                               ("fsdp_units", FSDP_UNITS), ("zero3_impl", ZERO3_IMPLS), ("norm_kernel", NORM_KERNELS),
                                ("optimizer_impl", OPTIMIZER_IMPLS), ("attention_impl", ATTENTION_IMPLS),
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES)):  # fmt: skip
             if getattr(self, fname) not in allowed:
@@ -193,12 +197,18 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     ),
     EngineProfile(
         "megatron-lm-2021+zero3", "megatron", "6985e58 + DeepSpeed ZeRO-3 (SC'21 Table 2)", state_layout="megatron",
-        pp_buffers="megatron", sp_saves="shard", fsdp_units="module", norm_kernel="fused", attention_impl="unfused",
-        ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even",
+        pp_buffers="megatron", sp_saves="shard", fsdp_units="module", zero3_impl="deepspeed-2021", norm_kernel="fused",
+        attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
+        split_rule="even",
         sources=_with(_MEGATRON_2021,
                       ("attention_impl", "megatron/model/transformer.py (2021): baddbmm, FusedScaleMaskSoftmax, bmm"),
                       ("fsdp_units", "deepspeed/runtime/zero/stage3.py: parameters fetched per submodule by "
-                                     "forward/backward pre-hooks (partitioned_param_coordinator)")),
+                                     "forward/backward pre-hooks (partitioned_param_coordinator)"),
+                      ("zero3_impl", "DeepSpeed v0.3.14 (April 2021): stage3.py fetch_sub_module on every submodule "
+                                     "forward, a checkpointed re-run included, release_sub_module after it; "
+                                     "partition_parameters.py _allgather_param: one all_gather per parameter; "
+                                     "zero/constants.py ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT False -> "
+                                     "stage3.py buffered_reduce_fallback: dist.all_reduce of 16-bit gradients")),
     ),
     EngineProfile(
         "megatron-deepspeed-2022", "megatron", "Megatron-DeepSpeed (MT-NLG 2021, BLOOM 2022)", state_layout="megatron",

@@ -22,6 +22,7 @@ from meshplan.cost_models.allocator import fsdp_stream_pool_bytes
 from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.dp_kinds import (
     KIND_ORDER,
+    ZERO3_PERSISTENCE_NUMEL,
     ZERO_STAGE,
     DPComm,
     dp_comm,
@@ -100,6 +101,9 @@ class ConfigCosts:
         # what a sharded kind gathers at once (dp_kinds.FSDP_UNITS): "block" = FSDP2 per repeated block,
         # as meshplan's runtime wraps; "module" = DeepSpeed ZeRO-3's per-module gathers (an engine's)
         self.fsdp_units = ep.fsdp_units
+        # how its ZeRO-3 runs the collectives (dp_kinds.ZERO3_IMPLS): FSDP2's, or DeepSpeed 2021's
+        # per-tensor gathers (three under full recompute) and 16-bit gradient all-reduce
+        self.zero3_impl = ep.zero3_impl
         # bytes per element of the gradients DP syncs and of the parameters FSDP gathers: the
         # training dtype (bf16 mixed precision: 2; fp32 training: 4)
         self.elem_bytes = 4 if dtype in ("fp32", "float32") else 2
@@ -147,6 +151,9 @@ class ConfigCosts:
             raise ValueError(f"dtype fp8 (torchao float8 training) with quantization {self.coster.quant.mode!r}: "
                              "torchao converts plain nn.Linear layers only; use --dtype bf16 with quantization")
         self.largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
+        # parameter tensors a per-tensor ZeRO-3 gathers one by one (the rest stay whole on every rank:
+        # DeepSpeed's stage3_param_persistence_threshold)
+        self.gathered_tensors = sum(1 for n in graph.nodes if n.param_numel >= ZERO3_PERSISTENCE_NUMEL)
 
     def quant_errors(self, c: Config) -> list[str]:
         """Why the runtime would reject the quantization at ``c``'s TP placement and FSDP degree
@@ -286,7 +293,8 @@ class ConfigCosts:
         # FSDP units at pp = 1: the runtime wraps every repeated block, then the root
         units = sum(len(b.instances) for b in self.g.blocks) + 1
         return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
-                       num_microbatches=c.num_microbatches, units=units)  # fmt: skip
+                       num_microbatches=c.num_microbatches, units=units, impl=self.zero3_impl,
+                       recompute_regather=c.recompute == "full", tensors=self.gathered_tensors)  # fmt: skip
 
     def dp_collectives_split(self, params_bytes: float, grad_bytes: float, expert_params: float, c: Config) -> DPComm:
         """``_dp_comm``; with ``expert_params`` (> 0 only under MoE parallel folding: the rank's held
