@@ -79,3 +79,16 @@ def test_a_gain_over_a_materialized_attention_names_the_kernels_share() -> None:
     engine = out["split"].part(ENGINE)
     assert engine.gain > 1.1 and engine.carriers[0][0] == "compute"
     assert abs(out["split"].total - out["gain"]) < 1e-9
+
+
+def test_a_gain_with_the_recompute_pinned_keeps_the_authors_kind() -> None:
+    from meshplan.commands.published_estimate import autoparallel_gain
+    from meshplan.loading import case_graph
+
+    case = CASES["megv1-1b-dgx2-tp1"]  # full recompute; its free search drops it (recompute full→none)
+    g = case_graph(case)
+    r = estimate_case(case, g)
+    free = autoparallel_gain(case, g, r["plan"])
+    pinned = autoparallel_gain(case, g, r["plan"], pin_recompute=True)
+    assert free["auto_plan"].recompute == "none"
+    assert pinned["auto_plan"].recompute == "full" and pinned["gain"] < free["gain"]
