@@ -181,7 +181,7 @@ def quant_effect(
     if coster is None or coster.quant.mode == "none":
         return {}
     plain_coster = GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer)
-    plain_coster._tp.update(coster._tp)  # the same TP placements: no ILP re-solve
+    plain_coster.reuse_placements(coster)  # the same TP placements: no ILP re-solve
     c = ev.config
     plain = ConfigEvaluator(graph, cluster, dtype=dtype, optimizer=optimizer,
                             coster=plain_coster).evaluate(c, runs=ev.stage_layers)  # fmt: skip

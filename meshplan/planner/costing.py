@@ -240,6 +240,11 @@ class GraphCoster:
             self._tp[key] = sol
         return self._tp[key]
 
+    def reuse_placements(self, other: GraphCoster) -> None:
+        """Take ``other``'s solved TP placements (same graph and cluster) instead of solving them
+        again (``planner.assemble.quant_effect``: the plan costed without quantization)."""
+        self._tp.update(other._tp)
+
     # ---- tables ------------------------------------------------------------------------
     def table(self, tp: int, sp: bool, recompute: str, micro_batch: int) -> CostTable:
         key = (tp, sp, recompute, micro_batch)

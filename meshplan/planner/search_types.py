@@ -53,9 +53,9 @@ class Config:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Evaluation:
-    """An exactly costed configuration."""
+    """A costed configuration (read only: ``dataclasses.replace`` makes a changed copy)."""
 
     config: Config
     step_s: float
