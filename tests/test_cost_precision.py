@@ -54,11 +54,32 @@ def test_fp8_linear_runs_at_the_fp8_peak_plus_its_casts() -> None:
     assert t8.fwd_s == pytest.approx(gemm + cf)
     assert t8.bwd_input_s == pytest.approx(gemm + cb) and t8.bwd_weight_s == pytest.approx(gemm + cw)
     assert 1.3 < t16.total_s / t8.total_s < 2.0  # 2x the tensor-core rate, minus the casts
-    assert fp8_cast_bytes(10, 20, 30) == (5 * (10 * 30 + 30 * 20), 5 * 10 * 20 + 3 * 30 * 20, 3 * 10 * 30 + 3 * 10 * 20)
+    # torchao tensorwise, eager: six dynamic casts (amax read 2 + cast read 2 / write 1), M=10 N=20 K=30
+    assert fp8_cast_bytes(10, 20, 30) == (5 * (10 * 30 + 30 * 20), 5 * (10 * 20 + 30 * 20), 5 * (10 * 20 + 10 * 30))
     # the head, attention and memory-bound ops are bf16 in fp8 training
     assert node_time(n, FLAT, dtype="fp8", is_head=True) == t16
     norm = dataclasses.replace(n, kind="norm", target="LayerNorm", param_numel=0, param_bytes=0, attrs={})
     assert node_time(norm, FLAT, dtype="fp8") == node_time(norm, FLAT, dtype="bf16")
+
+
+def test_fp8_recipes_cast_what_their_engine_casts() -> None:
+    m, n, k = 8192.0, 3584.0, 8192.0
+    # TE delayed: one cast_transpose of x (forward) and of dY (both backward GEMMs); weights cached per step
+    assert fp8_cast_bytes(m, n, k, "delayed") == (4 * m * k, 4 * m * n, 0.0)
+    assert fp8_cast_bytes(m, n, k, "current") == (6 * m * k, 6 * m * n, 0.0)  # + an amax pass each
+    assert fp8_cast_bytes(m, n, k, "rowwise") == fp8_cast_bytes(m, n, k, "tensorwise")
+    # torchtitan TP (tensorwise): the crossing operand cast on the 1/tp shard, its other use a transpose copy
+    full = fp8_cast_bytes(m, n, k, "tensorwise")
+    col = fp8_cast_bytes(m, n, k, "tensorwise", tp=8)
+    assert col == (full[0] - 5 * m * k + 5 * m * k / 8, full[1], full[2] - 5 * m * k + 2 * m * k)
+    row = fp8_cast_bytes(m, n, k, "tensorwise", tp=8, style="rowwise")
+    assert row == (full[0], full[1] - 5 * m * n + 5 * m * n / 8, full[2] - 5 * m * n + 2 * m * n)
+    assert fp8_cast_bytes(m, n, k, "rowwise", tp=8) == full  # no fp8 all-gather for rowwise scaling
+    with pytest.raises(ValueError, match="unknown fp8 recipe 'mx'.*tensorwise"):
+        fp8_cast_bytes(m, n, k, "mx")
+    node = linear_node(8192, 4096, 4096)
+    te, ao = node_time(node, FLAT, dtype="fp8", fp8_recipe="delayed"), node_time(node, FLAT, dtype="fp8")
+    assert te.total_s < ao.total_s  # fewer passes: fused cast + transpose, weights cast once per step
 
 
 def test_planner_costs_fp8_faster_with_its_weight_copies() -> None:

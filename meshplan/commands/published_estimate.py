@@ -85,7 +85,8 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
                          f"{', '.join(PROFILES)})")  # fmt: skip
     tr, ex = case["training"], case["expert_config"]
     flags = {k: str(v) for k, v in (("ddp_impl", ex.get("ddp_impl")), ("split_rule", ex.get("split_rule")),
-                                    ("norm_kernel", tr.get("norm_kernel"))) if v}  # fmt: skip
+                                    ("norm_kernel", tr.get("norm_kernel")),
+                                    ("fp8_recipe", tr.get("fp8_recipe"))) if v}  # fmt: skip
     if int(ex.get("pp") or 1) == 1:
         flags.pop("split_rule", None)
     return engine_profile(case["engine"]).with_run_flags(**flags)

@@ -44,7 +44,7 @@ from meshplan.cost_models.efficiency import (
     linear_gemm_dims,
 )
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.precision import activation_dtype, fp8_cast_bytes, fp8_eligible
+from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, activation_dtype, fp8_cast_bytes, fp8_eligible
 from meshplan.graph import NODE_KINDS, GraphNode
 
 #: Kinds that run as GEMMs on the tensor cores.
@@ -231,6 +231,7 @@ def node_time(
     is_head: bool = False,
     norm_kernel: str = "fused",
     attention_impl: str = "flash",
+    fp8_recipe: str = DEFAULT_FP8_RECIPE,
 ) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of ``node`` on one device: the
     modelled times (``modelled_node_time``, formula there) with both backward parts divided by
@@ -238,7 +239,7 @@ def node_time(
     modelled)."""
     t = modelled_node_time(node, cluster, shard=shard, batch_scale=batch_scale, dtype=dtype,
                            input_bytes=input_bytes, style=style, is_head=is_head, norm_kernel=norm_kernel,
-                           attention_impl=attention_impl)  # fmt: skip
+                           attention_impl=attention_impl, fp8_recipe=fp8_recipe)  # fmt: skip
     v = cluster.backward_speed
     return t if v == 1.0 else NodeTime(t.fwd_s, t.bwd_input_s / v, t.bwd_weight_s / v)
 
@@ -255,6 +256,7 @@ def modelled_node_time(
     is_head: bool = False,
     norm_kernel: str = "fused",
     attention_impl: str = "flash",
+    fp8_recipe: str = DEFAULT_FP8_RECIPE,
 ) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of ``node`` on one device, as the
     roofline and ``backward_factors`` model them (``node_time`` applies ``backward_speed``).
@@ -285,7 +287,7 @@ def modelled_node_time(
     does ``causal_work_fraction`` of the counted FLOPs at ``attention_wave_factor``. With
     ``dtype="fp8"`` (torchao float8 training, ``cost_models.precision``) a convertible linear
     (16-aligned, not ``is_head``) runs its three GEMMs at ``peak("fp8")`` plus the memory-bound
-    scaling/cast bytes of ``fp8_cast_bytes``; everything else, and every tensor's bytes, is bf16. Unit: seconds.
+    scaling/cast bytes ``fp8_cast_bytes`` of the engine's ``fp8_recipe``; everything else, and every tensor's bytes, is bf16. Unit: seconds.
     With ``norm_kernel="eager"`` an RMSNorm module runs as the Python ops it is written in
     (``eager_ops.eager_rmsnorm_s``: fp32 upcast, 7 kernels forward), not as one fused pass; with
     ``attention_impl`` "unfused" / "eager" an attention node runs without a flash kernel, its
@@ -341,7 +343,7 @@ def modelled_node_time(
         tokens = max(1.0, math.prod(node.out_shape or (1,)) / a["out_features"] * batch_scale)
         mem_bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
         dims = linear_gemm_dims(tokens, a["in_features"], a["out_features"], shard, style)
-        cast = tuple(b / mem_bw for b in fp8_cast_bytes(*dims))  # type: ignore[assignment]
+        cast = tuple(b / mem_bw for b in fp8_cast_bytes(*dims, fp8_recipe, tp=shard, style=style))  # type: ignore[assignment]
     fwd = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=eff_f)
     if fwd == 0.0:
         return NodeTime(0.0, 0.0, 0.0)

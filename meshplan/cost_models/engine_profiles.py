@@ -27,13 +27,14 @@ from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS, ZERO3_IMPLS
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
+from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
 
 #: stage split rules (``partition.engine_split.SPLIT_RULES``; not imported: partition sits above cost_models)
 SPLIT_RULES = ("any", "even", "first_last", "fewer_first_last")
 
 #: fields a run may set from its own command line / config file (the case cites the line); the
 #: engine's default otherwise
-RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule")
+RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class EngineProfile:
     - ``vocab_parallel_embedding``: the token embedding sharded over the vocabulary under TP.
     - ``pp_scatter_gather``: stage-to-stage sends split 1/tp and re-gathered (Megatron-LM 2021).
     - ``split_rule`` (``partition.engine_split.SPLIT_RULES``): how the engine cuts layers into stages.
+    - ``fp8_recipe`` (``precision.FP8_RECIPES``): how fp8 training scales and casts a linear's
+      operands (the engine's default; a run's ``--fp8-recipe`` is a run flag).
     """
 
     name: str
@@ -74,6 +77,7 @@ class EngineProfile:
     vocab_parallel_embedding: bool = False
     pp_scatter_gather: bool = False
     split_rule: str = "any"
+    fp8_recipe: str = DEFAULT_FP8_RECIPE
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -81,7 +85,8 @@ class EngineProfile:
         for fname, allowed in (("state_layout", STATE_LAYOUTS), ("pp_buffers", PP_BUFFERS), ("sp_saves", SP_SAVES),
                                ("fsdp_units", FSDP_UNITS), ("zero3_impl", ZERO3_IMPLS), ("norm_kernel", NORM_KERNELS),
                                ("optimizer_impl", OPTIMIZER_IMPLS), ("attention_impl", ATTENTION_IMPLS),
-                               ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES)):  # fmt: skip
+                               ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
+                               ("fp8_recipe", tuple(FP8_RECIPES))):  # fmt: skip
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip
@@ -128,6 +133,8 @@ _TITAN_2024 = (
     ("vocab_parallel_embedding", "parallelize_llama.apply_tp: tok_embeddings RowwiseParallel, output ColwiseParallel, "
                                  "loss_parallel"),
     ("split_rule", "pipeline split: even layers, fewer in the first / last stage (engines.spec.CAPS)"),
+    ("fp8_recipe", "float8 converter: torchao Float8LinearConfig() (tensorwise dynamic scaling); parallelize_llama "
+                   "apply_tp: Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput under TP"),
 )  # fmt: skip
 
 _MEGATRON_2021 = (
@@ -171,8 +178,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     ),
     EngineProfile(
         "torchtitan-2026", "torchtitan", "0.3.0 (installed)", pp_buffers="torch-outputs", norm_kernel="fused",
-        optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", fp8_recipe="rowwise",
         sources=_with(_TITAN_2024,
+                      ("fp8_recipe", "components/quantization/float8.py Float8LinearConverter.Config recipe_name "
+                                     "default 'rowwise' (torchao Float8LinearConfig.from_recipe_name)"),
                       ("norm_kernel", "models/common/nn_modules.py RMSNorm(nn.RMSNorm): torch's fused rms_norm kernel"),
                       ("optimizer_impl", "components/optimizer/optimizer.py Config.implementation default 'fused'"),
                       ("fsdp_units", "distributed/fsdp.py: fully_shard per transformer block")),
@@ -226,8 +235,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "megatron-core-2024", "megatron", "core_v0.8 (2024)", state_layout="megatron", pp_buffers="megatron",
         sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch", loss_kernel="fused",
-        vocab_parallel_embedding=True, split_rule="first_last",
+        vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed",
         sources=_with(_MEGATRON_2021,
+                      ("fp8_recipe", "core_v0.8 arguments.py --fp8-format / --fp8-amax-history-len: TE DelayedScaling "
+                                     "only (megatron/core/transformer/custom_layers/transformer_engine.py)"),
                       ("attention_impl", "megatron/core/transformer/dot_product_attention / TE DotProductAttention: "
                                          "fused flash kernel"),
                       ("norm_kernel", "Transformer Engine fused RMSNorm / LayerNorm"),
@@ -240,8 +251,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "megatron-core-2026", "megatron", "megatron-core 0.16 (installed)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch",
-        loss_kernel="fused", vocab_parallel_embedding=True, split_rule="first_last",
+        loss_kernel="fused", vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed",
         sources=_with(_MEGATRON_2021,
+                      ("fp8_recipe", "megatron/core/transformer/transformer_config.py fp8_recipe default 'delayed' (fp8_utils.py "
+                                     "TEDelayedScaling; Transformer Engine linears)"),
                       ("attention_impl", "megatron/core/extensions/transformer_engine.py TEDotProductAttention"),
                       ("norm_kernel", "Transformer Engine fused RMSNorm / LayerNorm"),
                       ("ddp_impl", "megatron/core/distributed/distributed_data_parallel.py: buckets, overlap_grad_reduce"),

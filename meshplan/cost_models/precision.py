@@ -9,12 +9,43 @@ weights, 16-bit compute and activations), "fp32", and "fp8" = torchao float8 tra
   three GEMMs of such a linear (forward, input gradient, weight gradient) run on the FP8 tensor
   cores at ``ClusterSpec.peak("fp8")``. Attention (SDPA), norms, activations and the head stay in
   bf16, and so do the tensors between ops: activation memory is that of bf16.
-- **scaling overhead** (tensorwise dynamic scaling, torchao's default recipe): each operand's
-  amax is read every step (2 B/element) and the operand cast to float8 (2 B read + 1 B written):
-  ``5`` bytes per element of x and W in forward and of dY in backward, plus a re-cast (3 B) of W
-  for dX and of x and dY for dW (the transposed operands), all memory bound
-  (``fp8_cast_bytes``). torch.compile fuses some of these into neighbouring kernels; none of that
-  fusion is credited.
+- **scaling overhead**, by recipe (``FP8_RECIPES``, the engine profile's ``fp8_recipe``; every
+  pass memory bound at the HBM roofline, ``fp8_cast_bytes``):
+
+  * ``"tensorwise"``: torchao's dynamic tensorwise scaling as torchtitan runs it (eager). The
+    autograd function ``matmul_with_hp_or_float8_args`` (torchao ``float8/float8_linear.py``)
+    casts six operands per linear, each an amax pass (read 2 B) and a cast (read 2, write 1):
+    x and W in forward, dY and W for dX, dY and x for dW (``FP8_DYNAMIC_CAST_BYTES`` 5 B/element).
+    Under tensor parallelism torchtitan's ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``
+    / ``Float8RowwiseParallel`` (torchao ``float8/float8_tensor_parallel.py``) cast the operand
+    that crosses the TP group (x of a column-parallel linear, dY of a row-parallel one) on the
+    rank's sequence shard, 1/tp of the tokens, before an fp8 all-gather; the linear then finds it
+    already cast (``tensor_already_casted_to_fp8``) and its other GEMM reads it through a
+    transpose copy (read 1, write 1: ``FP8_TRANSPOSE_BYTES``).
+  * ``"rowwise"``: torchao's dynamic rowwise scaling (torchtitan 0.3's ``Float8LinearConverter``
+    default ``recipe_name = "rowwise"``): the same six dynamic casts (the scale per row, the
+    column-major operands scaled again along the other dimension), no fp8 all-gather under TP
+    (torchao ``_float8_linear_supports_float8_allgather``: tensorwise only). The rowwise-scaled
+    GEMM's lower throughput than tensorwise is not modelled.
+  * ``"delayed"``: Transformer Engine's ``DelayedScaling`` (Megatron-Core ``--fp8-recipe``
+    default, ``transformer_config.py`` ``fp8_recipe = "delayed"``; ``fp8_utils.py``
+    ``TEDelayedScaling``): the scale comes from the amax history, the amax of this step is
+    taken inside the cast kernel, and one ``cast_transpose`` pass writes the row- and
+    column-major copies the forward and backward GEMMs need (read 2, write 1 + 1:
+    ``FP8_CAST_TRANSPOSE_BYTES`` 4): x in forward, dY once for both backward GEMMs. Weights are
+    cast once per step and cached over the microbatches (``extensions/transformer_engine.py``
+    ``is_first_microbatch``): at most 4 B per weight per step, not charged per microbatch.
+  * ``"current"``: TE ``Float8CurrentScaling`` (Megatron ``--fp8-recipe tensorwise``,
+    Megatron-Bridge / NeMo ``fp8_cs``; ``fp8_utils.py``): as ``"delayed"`` plus an amax pass
+    (read 2) before each activation cast, the scale of this step's tensor.
+  * ``"blockwise"``: TE ``Float8BlockScaling`` (1×128 activation, 128×128 weight blocks, the
+    DeepSeek-V3 recipe): the block amaxes are taken in the quantize kernel (no extra pass), the
+    column-major copy is scaled along the other dimension, so a second quantize pass (read 2,
+    write 1) replaces the transpose: 2 + 1 + 2 + 1 = 6 B per activation element.
+
+  Amax all-reduces (one scalar per tensor, or TE's one fused buffer per step) are latency-only
+  collectives and not charged. torch.compile fuses some of these passes into neighbouring
+  kernels; none of that fusion is credited.
 - **memory**: the float8 copies of the computing layer's weight and its transpose
   (1 B/element each, transient; ``fp8_weight_copy_bytes``); master weights, gradients and
   optimizer states as in bf16 mixed precision.
@@ -28,16 +59,68 @@ FP8). No torch import.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from meshplan.cost_models.hardware import ClusterSpec
 
 TRAINING_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8")
 #: float8 GEMMs need every dimension a multiple of this (torchao float8 / cuBLASLt FP8)
 FP8_ALIGN = 16
-#: bytes moved per element to scale and cast one operand (amax read 2 + cast read 2, write 1)
-FP8_SCALE_CAST_BYTES = 5
-#: bytes per element of re-casting an operand whose scale is known (read 2, write 1)
-FP8_RECAST_BYTES = 3
+#: bytes per element of a dynamic cast: an amax pass (read 2) and the cast (read 2, write 1)
+FP8_DYNAMIC_CAST_BYTES = 5
+#: bytes per element of a fused cast + transpose writing both fp8 layouts (read 2, write 1 + 1)
+FP8_CAST_TRANSPOSE_BYTES = 4
+#: bytes per element of transposing an fp8 tensor (read 1, write 1)
+FP8_TRANSPOSE_BYTES = 2
+#: bytes per element of an amax pass over a bf16 tensor (read 2)
+FP8_AMAX_BYTES = 2
 
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """How one engine scales and casts a float8 linear (module docstring, per recipe)."""
+
+    name: str
+    #: bytes per element of casting an activation operand (x, dY) for both GEMMs that read it
+    act_cast_bytes: int
+    #: the weight is cast every microbatch (torchao: per GEMM, 2 casts) or once per step (TE: cached)
+    weight_casts_per_microbatch: int
+    #: torchao-style per-GEMM casts: x and dY are cast again for dW (act_cast_bytes each)
+    recast_for_wgrad: bool
+    #: under TP the operand crossing the group is cast on the rank's 1/tp sequence shard
+    cast_on_tp_shard: bool
+    source: str
+
+
+FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
+    Fp8Recipe("tensorwise", FP8_DYNAMIC_CAST_BYTES, 2, True, True,
+              "torchao float8/float8_linear.py matmul_with_hp_or_float8_args (hp_tensor_to_float8_dynamic per GEMM "
+              "operand); float8/float8_tensor_parallel.py Float8ColwiseParallel / PrepareFloat8ModuleInput / "
+              "Float8RowwiseParallel (cast on the shard, fp8 all-gather)"),
+    Fp8Recipe("rowwise", FP8_DYNAMIC_CAST_BYTES, 2, True, False,
+              "torchtitan components/quantization/float8.py Float8LinearConverter.Config recipe_name default "
+              "'rowwise'; torchao float8_tensor_parallel.py _float8_linear_supports_float8_allgather (tensorwise only)"),
+    Fp8Recipe("delayed", FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
+              "Megatron-Core transformer_config.py fp8_recipe default 'delayed', fp8_utils.py TEDelayedScaling; "
+              "TE cast_transpose (amax inside the kernel); extensions/transformer_engine.py is_first_microbatch "
+              "(weights cast once per step)"),
+    Fp8Recipe("current", FP8_AMAX_BYTES + FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
+              "Megatron-Core fp8_utils.py Float8CurrentScaling (--fp8-recipe tensorwise; Megatron-Bridge fp8_cs): "
+              "an amax pass, then cast_transpose; weights cached as 'delayed'"),
+    Fp8Recipe("blockwise", 2 * 3, 0, False, False,
+              "Megatron-Core fp8_utils.py Float8BlockScaling (--fp8-recipe blockwise): 1x128 / 128x128 blocks, "
+              "block amax in the quantize kernel, a second quantize pass for the column-major copy"),
+)}  # fmt: skip
+#: the recipe ``--dtype fp8`` costs where no engine names one (torchao tensorwise, torchtitan's default)
+DEFAULT_FP8_RECIPE = "tensorwise"
+
+
+def fp8_recipe(name: str) -> Fp8Recipe:
+    """The recipe named ``name`` (``FP8_RECIPES``); ValueError naming the known ones."""
+    try:
+        return FP8_RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown fp8 recipe {name!r}; use one of {', '.join(FP8_RECIPES)}") from None
 
 def check_training_dtype(dtype: str, cluster: ClusterSpec) -> None:
     """ValueError unless ``dtype`` is a training dtype ``cluster`` runs (fp8 needs FP8 tensor cores:
@@ -64,16 +147,32 @@ def fp8_eligible(in_features: int | None, out_features: int | None, *, is_head: 
     return in_features % FP8_ALIGN == 0 and out_features % FP8_ALIGN == 0
 
 
-def fp8_cast_bytes(m: float, n: float, k: float) -> tuple[float, float, float]:
+def fp8_cast_bytes(m: float, n: float, k: float, recipe: str = DEFAULT_FP8_RECIPE, *, tp: int = 1,
+                   style: str | None = None) -> tuple[float, float, float]:
     """Bytes the float8 scaling and casts of one linear (M tokens, K in, N out on this rank) move
-    in forward, input-gradient and weight-gradient parts (module docstring)::
+    in its forward, input-gradient and weight-gradient parts under ``recipe`` (module docstring)::
 
-        forward  5·(M·K + K·N)          amax + cast of x and W
-        dX       5·M·N + 3·K·N          amax + cast of dY, re-cast of Wᵀ
-        dW       3·M·K + 3·M·N          re-cast of xᵀ and dYᵀ
-    """
-    a, r = FP8_SCALE_CAST_BYTES, FP8_RECAST_BYTES
-    return a * (m * k + k * n), a * m * n + r * k * n, r * m * k + r * m * n
+        tensorwise   fwd  c·M·K + c·K·N       dX  c·M·N + c·K·N       dW  c·M·N + c·M·K      (c = 5)
+        delayed /    fwd  a·M·K               dX  a·M·N               dW  0                  (a = 4, 6, 6)
+        current / blockwise                   (weights: once per step, cached)
+
+    ``tp`` > 1 with ``style`` (``efficiency.linear_gemm_dims``: "rowwise" splits K, else N) and a
+    recipe that casts on the TP shard (tensorwise): the crossing operand (x of a column-parallel
+    linear, dY of a row-parallel one) is cast once on M/tp tokens and read by the other GEMM through
+    an fp8 transpose copy (2 B/element over M)."""
+    r = fp8_recipe(recipe)
+    c, w = r.act_cast_bytes, r.weight_casts_per_microbatch
+    x, dy = m * k, m * n  # activation operand elements: input, output gradient
+    if not r.recast_for_wgrad:
+        return c * x, c * dy, 0.0
+    wf, wb = (c * k * n if w >= 1 else 0.0), (c * k * n if w >= 2 else 0.0)  # W for forward, Wᵀ for dX
+    fwd, dx, dw = c * x + wf, c * dy + wb, c * dy + c * x
+    if tp > 1 and r.cast_on_tp_shard:
+        if style == "rowwise":  # dY crosses: cast once on the shard for dX, transposed for dW
+            dx, dw = dx - c * dy + c * dy / tp, dw - c * dy + FP8_TRANSPOSE_BYTES * dy
+        else:  # x crosses: cast once on the shard in forward, transposed for dW
+            fwd, dw = fwd - c * x + c * x / tp, dw - c * x + FP8_TRANSPOSE_BYTES * x
+    return fwd, dx, dw
 
 
 def fp8_weight_copy_bytes(largest_linear_params: float) -> float:

@@ -357,7 +357,7 @@ class GraphCoster:
             t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.train_dtype,
                           input_bytes=self._in_bytes.get(n.id, 0), style=sol.styles.get(n.module_fqn or ""),
                           is_head=n.id in self._heads, norm_kernel=self.norm_kernel,
-                          attention_impl=self.attention_impl)  # fmt: skip
+                          attention_impl=self.attention_impl, fp8_recipe=self.profile.fp8_recipe)  # fmt: skip
             if quant and n.kind == "linear":
                 t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
                                     batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip
