@@ -92,3 +92,20 @@ def test_a_gain_with_the_recompute_pinned_keeps_the_authors_kind() -> None:
     pinned = autoparallel_gain(case, g, r["plan"], pin_recompute=True)
     assert free["auto_plan"].recompute == "none"
     assert pinned["auto_plan"].recompute == "full" and pinned["gain"] < free["gain"]
+
+
+@pytest.mark.parametrize("pair", [
+    "tt2506-llama3.1-70b-h100-256gpu-fsdp32-tp8",  # measured fp8 / bf16 1.357 (was predicted 1.21)
+    "tt2506-llama3.1-8b-h100-64gpu-fsdp8-tp8",  # measured 1.160 (was predicted 1.02)
+])  # fmt: skip
+def test_fp8_speedup_over_the_same_runs_bf16_row_within_5_percent(pair: str) -> None:
+    """The fp8 recipe's mechanisms (cost_models/precision.py: torchao tensorwise casts, on the TP
+    shard under torchtitan's float8 TP) against the same benchmark's bf16 row of the same
+    configuration: both compiled, so the ratio isolates what fp8 changes."""
+    from meshplan.loading import case_graph
+
+    bf16, fp8 = CASES[pair + "-bf16"], CASES[pair + "-fp8"]
+    g = case_graph(bf16)
+    measured = fp8["measured"]["other"]["tokens_per_s_per_gpu"] / bf16["measured"]["other"]["tokens_per_s_per_gpu"]
+    predicted = estimate_case(fp8, g)["pred_tok"] / estimate_case(bf16, g)["pred_tok"]
+    assert abs(predicted / measured - 1) <= 0.05, f"{pair}: predicted fp8/bf16 {predicted:.3f} vs measured {measured:.3f}"
