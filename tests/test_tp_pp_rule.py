@@ -1,13 +1,16 @@
-"""tp > 1 with pp > 1 on a torch.export capture (every HF transformers model): one rule,
-``execution_rules.tp_pp_blocker``, refused alike by the search (not searched, named in the
-plan's notes) and by the runtime (``apply_plan`` raises PlanMismatchError after its capture,
-before any TP or training), with the same reason.
+"""tp > 1 with pp > 1 on a torch.export capture (every HF transformers model): searched and run
+(``runtime/apply/tp_export.py``), except with sequence parallelism, which one rule,
+``execution_rules.tp_pp_blocker``, leaves out of the search (SP off for those configurations, a
+pinned SP named in the plan's notes) and the runtime refuses (``apply_plan`` raises
+PlanMismatchError after its capture, before any TP or training), with the same reason.
 
 The runtime side runs in this one process on torch's fake process group (world size 4, no
 communication): the refusal comes before any collective.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -39,29 +42,33 @@ def _llama_and_batch() -> tuple[torch.nn.Module, torch.Tensor]:
     return mf.hf_llama(), mf.tokens(0)[0][:2]
 
 
-def test_search_and_runtime_refuse_hf_tp_pp_with_one_reason(fake_world_4) -> None:
+def test_search_offers_hf_tp_pp_without_sp_and_runtime_refuses_sp_with_one_reason(fake_world_4) -> None:
     from meshplan import trace_model
-    from meshplan.planner.api import plan_graph
+    from meshplan.planner.api import estimate_graph, plan_graph
     from meshplan.runtime.apply import handplan, split
     from meshplan.runtime.apply.api import apply_plan
 
-    reason = tp_pp_blocker(tp=2, pp=2, capture="export")
-    assert reason and tp_pp_blocker(tp=2, pp=2, capture="fx") == ""
+    reason = tp_pp_blocker(tp=2, pp=2, capture="export", sequence_parallel=True)
+    assert reason and tp_pp_blocker(tp=2, pp=2, capture="export") == ""
+    assert tp_pp_blocker(tp=2, pp=2, capture="fx", sequence_parallel=True) == ""
     model, x = _llama_and_batch()
 
-    # the search: an export capture, 4 ranks, dp pinned to 1: tp x pp is left out, by this rule
+    # the search: an export capture, 4 ranks, tp2 x pp2 pinned: offered, with SP left off
     g = trace_model(model, (x,))
     assert g.capture == "export"
-    plan = plan_graph(g, 4, cluster="h100", global_batch_size=4, fixed={"dp": 1, "cp": 1})
-    assert not (plan.tp > 1 and plan.pp > 1), plan.summary()
-    assert "not searched: " + reason in plan.notes
+    plan = plan_graph(g, 4, cluster="h100", global_batch_size=4, fixed={"dp": 1, "cp": 1, "tp": 2, "pp": 2})
+    assert (plan.tp, plan.pp) == (2, 2) and not plan.sequence_parallel, plan.summary()
+    assert not any("not searched" in n for n in plan.notes), plan.notes
+    with pytest.raises(ValueError, match="sequence parallelism with tp > 1 and pp > 1"):
+        estimate_graph(g, 4, cluster="h100", dp=1, tp=2, pp=2, num_microbatches=2, global_batch_size=4,
+                       sequence_parallel=True)
 
-    # the runtime: a hand-made tp2 x pp2 plan of the same model is refused with the same reason
+    # the runtime: a hand-made tp2 x pp2 plan with sequence parallelism is refused with the same reason
     gm = split.capture_graph(model, (x,))[0]
     hand = handplan.manual_plan(model, gm, tp=2, pp=2, microbatches=2, micro_batch_size=1, seq_len=x.shape[1],
                                 tp_styles=handplan.megatron_styles(model))
     with pytest.raises(PlanMismatchError) as err:
-        apply_plan(model, hand, loss_fn=lambda out, y: out.sum(),
+        apply_plan(model, dataclasses.replace(hand, sequence_parallel=True), loss_fn=lambda out, y: out.sum(),
                    optimizer_factory=lambda ps: torch.optim.SGD(ps, lr=0.1), example_inputs=(x,))
     assert reason in str(err.value)
     assert "fx capture: skipped (HF transformers model)" in str(err.value)

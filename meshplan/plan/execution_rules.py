@@ -41,13 +41,19 @@ def recompute_blocker(*, pp: int, schedule: str, recompute: str) -> str:
     return ""
 
 
-def tp_pp_blocker(*, tp: int, pp: int, capture: str) -> str:
-    """Why tp > 1 with pp > 1 cannot run for a model captured as ``capture`` ("fx" or "export")."""
-    if tp > 1 and pp > 1 and capture != "fx":
+def tp_pp_blocker(*, tp: int, pp: int, capture: str, sequence_parallel: bool = False) -> str:
+    """Why tp > 1 with pp > 1 cannot run for a model captured as ``capture`` ("fx" or "export").
+
+    Both captures run TP inside pipeline stages: a torch.export capture (HF transformers models)
+    gets its sharded modules back as ``nn.Linear``/``nn.Embedding`` and its head-count shapes made
+    local (``runtime/apply/tp_export.py``; a graph whose shards reach an op it cannot follow is
+    refused by the ranks before training, naming the op). Sequence parallelism is not: an exported
+    stage has no norm modules to run under ``SequenceParallel``."""
+    if tp > 1 and pp > 1 and capture != "fx" and sequence_parallel:
         return (
-            "tp > 1 with pp > 1 is not executed for a model captured by torch.export (HF transformers "
-            "models are): its pipeline stages keep no nn.Linear modules to apply TP styles to, and its "
-            "shapes are fixed in the graph; re-plan with tp = 1 or pp = 1 (each alone runs)"
+            "sequence parallelism with tp > 1 and pp > 1 is not executed for a model captured by torch.export "
+            "(HF transformers models are): its pipeline stages have no norm modules to shard the sequence at; "
+            "re-plan with sequence_parallel off"
         )
     return ""
 

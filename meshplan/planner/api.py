@@ -37,7 +37,7 @@ from meshplan.plan import (
     Plan,
     Quantization,
 )
-from meshplan.plan.execution_rules import cp_forward_blocker
+from meshplan.plan.execution_rules import cp_forward_blocker, tp_pp_blocker
 from meshplan.planner import validate as V
 from meshplan.planner.assemble import MESH_AXES, build_plan, model_flops_per_token, quant_effect
 from meshplan.planner.costing import GraphCoster
@@ -281,6 +281,10 @@ def estimate_graph(
     costs = ConfigEvaluator(graph, spec, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster, profile=prof,
                             moe_folding=moe_folding)  # fmt: skip
     sp = costs.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
+    sp_why = tp_pp_blocker(tp=tp, pp=pp, capture=graph.capture, sequence_parallel=sp)
+    if sp_why and sequence_parallel:
+        raise ValueError(sp_why)
+    sp = sp and not sp_why  # (left off where it would not run, as the search does)
     if moe_folding:
         sp = tp > 1  # folding runs under sequence parallelism (checked above when pinned)
     kind = dp_kind or ("none" if dp == 1 else "ddp")

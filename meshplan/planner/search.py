@@ -189,7 +189,8 @@ class Searcher:
             if "tp" in f and f["tp"] != tp:
                 continue
             for pp, cp, ep in self._pp_cp_ep(tp, n_layers):
-                why = tp_pp_blocker(tp=tp, pp=pp, capture=self.g.capture)
+                why = tp_pp_blocker(tp=tp, pp=pp, capture=self.g.capture,
+                                    sequence_parallel=bool(f.get("sequence_parallel")))
                 if why:  # the runtime would refuse it: named in the plan's notes and explain
                     self.rule_notes.setdefault("tp_pp", "not searched: " + why)
                     continue
@@ -338,7 +339,8 @@ class Searcher:
             raise NoFeasiblePlanError(explain_no_configs(self, MICRO_BATCH_CHOICES))
         # cp/ep run without sequence parallelism (execution_rules.epcp_rule)
         sp = {tp: self.costs.sp_for(tp) for tp in {c.tp for c in cfgs}}  # (configs() builds them without)
-        cfgs = [c.but(sequence_parallel=True) if sp[c.tp] and c.cp * c.ep == 1 else c for c in cfgs]
+        cfgs = [c.but(sequence_parallel=True) if sp[c.tp] and c.cp * c.ep == 1 and not tp_pp_blocker(
+            tp=c.tp, pp=c.pp, capture=self.g.capture, sequence_parallel=True) else c for c in cfgs]
         enumerated_tp = {c.tp for c in cfgs}  # for the plan's "tp=1: why" (planner.tp_reason)
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
             useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]

@@ -34,7 +34,7 @@ from meshplan.plan.execution_rules import (
 from meshplan.runtime.apply import data_parallel as dpmod
 from meshplan.runtime.apply import loss_parallel as lpmod
 from meshplan.runtime.apply import precision as prec
-from meshplan.runtime.apply import schedules, split, tp
+from meshplan.runtime.apply import schedules, split, tp, tp_export
 from meshplan.runtime.apply.epcp import epcp_blocker, uses_epcp
 from meshplan.runtime.apply.epcp_pipeline import pipeline_cp_blocker
 from meshplan.runtime.apply.quant_load import streams
@@ -138,11 +138,14 @@ def _check_stages(model: nn.Module, plan: Plan, c: Checked) -> None:
     """pp > 1: capture, the rule on the capture kind, split, the stage chain, tied weights, cp/ep in stages."""
     cap = split.capture(model, c.example)
     c.capture = cap
-    why = tp_pp_blocker(tp=plan.tp, pp=plan.pp, capture=cap.kind)  # the rule the search obeys
-    if why:
+    why = tp_pp_blocker(tp=plan.tp, pp=plan.pp, capture=cap.kind, sequence_parallel=plan.sequence_parallel)
+    if why:  # the rule the search obeys
         raise PlanMismatchError(f"plan {plan.summary()!r} cannot run: {why}; this model's fx capture: {cap.fx_error}")
     if plan.tp > 1:
         c.head = lpmod.vocab_head(cap.gm, cap.prefix, c.styles, plan.tp_gathered_outputs, tp.embedding_fqns(model))
+        if cap.kind == "export":  # TP inside exported stages: can every shard be followed? (tp_export)
+            _refuse(plan, tp_export.prepare(cap.gm, cap.prefix, c.styles, stage_tp_plan(model, plan, c), plan.tp,
+                                            apply=False))
     c.pieces = split.split_stages(cap.gm, c.ordered)
     try:
         split.check_stage_chain(c.pieces, c.example)
@@ -162,3 +165,9 @@ def _check_stages(model: nn.Module, plan: Plan, c: Checked) -> None:
                                 num_experts=0, recompute=plan.recompute, capture=cap.kind))
         if plan.cp > 1:
             _refuse(plan, pipeline_cp_blocker([p.module for p in c.pieces], cap.kind))
+
+
+def stage_tp_plan(model: nn.Module, plan: Plan, c: Checked) -> dict[str, Any]:
+    """User FQN -> the ParallelStyle ``tp.apply_tp`` gives each sharded module (what runs in the stages)."""
+    return tp.build_parallel_plan(c.styles, {n for n, _ in model.named_modules()}, plan.tp_gathered_outputs,
+                                  vocab_sharded=[c.head] if c.head else [], embeddings=tp.embedding_fqns(model))

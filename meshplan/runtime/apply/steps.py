@@ -113,6 +113,13 @@ def apply_split(s: ApplyState) -> list[str]:
         gm, s.prefix = c.capture.gm, c.capture.prefix
         pieces = c.pieces
         s.sp = plan.sequence_parallel and plan.tp > 1
+        if plan.tp > 1 and c.capture.kind == "export":  # stages get nn.Linear modules and local shapes back
+            from meshplan.runtime.apply.checks import stage_tp_plan
+            from meshplan.runtime.apply.tp_export import prepare
+
+            why = prepare(gm, s.prefix, c.styles, stage_tp_plan(s.model, plan, c), plan.tp, apply=True)
+            assert not why, why  # (refused by check_plan before)
+            pieces = split.split_stages(gm, c.ordered)
         if s.sp:  # after the chain check: the boundaries only make sense once the norms gather (TP)
             why = tp.insert_sequence_boundaries(gm, [s.prefix + b for b in tp.block_fqns(s.model)], s.env.mesh["tp"])
             if why:
