@@ -85,6 +85,24 @@ def test_deepspeed_2021_zero3_gathers_per_tensor_again_in_a_recompute_and_all_re
         dp_comm("fsdp", g, p, 128, H100, impl="deepspeed")
 
 
+def test_deepspeed_2021_prefetch_refused_while_max_live_parameters_are_gathered() -> None:
+    from meshplan.cost_models.dp_kinds import unprefetched_share
+    from meshplan.planner.dp_exposure import exposed_dp_s
+
+    # a tensor is gathered late iff the one before it (the step is cyclic) holds >= 1e9 elements
+    assert unprefetched_share([4e8, 4e8, 1.6e9, 1.6e9]) == pytest.approx((1.6e9 + 4e8) / 4e9)
+    assert unprefetched_share([6e8] * 4) == 0.0 and unprefetched_share([]) == 0.0
+    p = 2 * N
+    late = dp_comm("fsdp", p, p, 128, H100, impl="deepspeed-2021", recompute_regather=True, tensors=4, unprefetched=0.5)
+    ahead = dp_comm("fsdp", p, p, 128, H100, impl="deepspeed-2021", recompute_regather=True, tensors=4)
+    assert late.mb_serial_s == pytest.approx(0.5 * 3 * ahead.mb_forward_s)
+    assert late.mb_forward_s == pytest.approx(0.5 * ahead.mb_forward_s) and late.bytes == ahead.bytes
+    # with compute long enough to hide every prefetched gather, the late ones are what stays exposed
+    kw = {"backward_s": 1e3, "forward_s": 5e2, "microbatch_s": 1.5e3, "num_microbatches": 2}
+    grow = exposed_dp_s(late, **kw) - exposed_dp_s(ahead, **kw)
+    assert grow == pytest.approx(2 * late.mb_serial_s, rel=0.1)
+
+
 def test_unsharded_buffers() -> None:
     assert unsharded_buffer_bytes("fsdp", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2) == 4e8
     # under PP: the stage's bf16 parameters + its fp32 accumulated gradients (FSDP2 reduce dtype)

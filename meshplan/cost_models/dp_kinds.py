@@ -80,6 +80,24 @@ ZERO3_IMPLS: tuple[str, ...] = ("fsdp2", "deepspeed-2021")
 #: parameter tensors below this many elements stay whole on every rank under a per-tensor ZeRO-3
 #: (DeepSpeed ``stage3_param_persistence_threshold``, ``zero/constants.py`` default 100,000)
 ZERO3_PERSISTENCE_NUMEL = 100_000
+#: a per-tensor ZeRO-3 prefetches the next module's parameters only while fewer than this many
+#: elements are gathered (DeepSpeed ``stage3_max_live_parameters``, ``zero/constants.py`` default 1e9;
+#: ``stage3.py`` ``prefetch_next_sub_modules``)
+ZERO3_MAX_LIVE_NUMEL = 1_000_000_000
+
+
+def unprefetched_share(sizes: list[float], max_live: float = ZERO3_MAX_LIVE_NUMEL) -> float:
+    """Share of the elements a per-tensor ZeRO-3 gathers (``sizes``: each gathered tensor's
+    elements on this rank, in forward order, the step cyclic) whose gather no prefetch issues:
+    DeepSpeed v0.3.x's ``prefetch_next_sub_modules`` runs in a module's pre-forward hook, after
+    the previous module's parameters were released, and prefetches the next tensor only while
+    the live elements (this module's) are below ``stage3_max_live_parameters``; so tensor j is
+    gathered when needed iff tensor j − 1 holds ``max_live`` elements or more. 0 without tensors.
+    """
+    total = sum(sizes)
+    if not total:
+        return 0.0
+    return sum(s for prev, s in zip(sizes[-1:] + sizes[:-1], sizes) if prev >= max_live) / total
 
 #: whose model-state layout a configuration is costed with (``state_precision``)
 STATE_LAYOUTS: tuple[str, ...] = ("torch", "megatron", "zero")
@@ -174,7 +192,9 @@ class DPComm:
     at pp = 1 also its split: ``mb_forward_s`` (forward all-gathers), ``mb_bwd_gather_s``
     (backward all-gathers; the rest of ``per_microbatch_s`` is reduce-scatters and hsdp's
     all-reduce) over ``units`` FSDP units (one per repeated block + the root), each gathered one
-    unit ahead of its compute.
+    unit ahead of its compute. ``mb_serial_s``: per microbatch, gathers no prefetch issues ahead
+    (DeepSpeed 2021 refuses to prefetch while ``stage3_max_live_parameters`` are live): each runs
+    when its module needs it, exposed whatever the compute (not in ``per_microbatch_s``).
     """
 
     sync_s: float = 0.0
@@ -184,6 +204,7 @@ class DPComm:
     mb_forward_s: float = 0.0
     mb_bwd_gather_s: float = 0.0
     units: int = 1
+    mb_serial_s: float = 0.0
 
 
 def dp_comm(
@@ -200,13 +221,15 @@ def dp_comm(
     impl: str = "fsdp2",
     recompute_regather: bool = False,
     tensors: int = 1,
+    unprefetched: float = 0.0,
 ) -> DPComm:
     """The collectives of ``kind`` (module docstring) for a rank holding ``grad_bytes`` of
     gradients and ``param_bytes`` of parameters (unsharded sizes), its DP group of ``dp`` ranks
     ``stride`` apart (the product of the inner mesh axes), costed by ``comm.group_collective_s``
     with the group's layout (nodes × ranks per node). ``impl`` (``ZERO3_IMPLS``) says how a fsdp
     kind runs at pp = 1; "deepspeed-2021" takes ``recompute_regather`` (full recompute re-runs
-    the forward, which gathers again) and ``tensors`` (parameter tensors gathered one by one).
+    the forward, which gathers again), ``tensors`` (parameter tensors gathered one by one) and
+    ``unprefetched`` (``unprefetched_share``).
     Unit: seconds and bytes."""
     _check_kind(kind)
     if impl not in ZERO3_IMPLS:
@@ -228,7 +251,8 @@ def dp_comm(
         )  # fmt: skip
     if kind == "fsdp" and pp == 1 and impl == "deepspeed-2021":
         return deepspeed_2021_fsdp(param_bytes, dp, cluster, stride=stride, num_microbatches=m, units=units,
-                                   recompute_regather=recompute_regather, tensors=tensors)  # fmt: skip
+                                   recompute_regather=recompute_regather, tensors=tensors,
+                                   unprefetched=unprefetched)  # fmt: skip
     # zero2, fsdp, hsdp: FSDP2 over the S-rank shard group (+ hsdp's all-reduce across replicas)
     s = shard_degree(kind, dp, stride=stride, devices_per_node=dpn)
     ag, rs = t("all_gather", param_bytes, s, stride), t("reduce_scatter", grad_bytes, s, stride)
@@ -255,6 +279,7 @@ def deepspeed_2021_fsdp(
     units: int = 1,
     recompute_regather: bool = False,
     tensors: int = 1,
+    unprefetched: float = 0.0,
 ) -> DPComm:
     """DeepSpeed v0.3.x ZeRO-3's collectives at pp = 1 (module docstring) for a rank whose
     16-bit parameters are ``param_bytes`` unsharded, over ``dp`` ranks ``stride`` apart.
@@ -264,7 +289,9 @@ def deepspeed_2021_fsdp(
     and ``tensors`` all-reduces of the 16-bit gradients (ZeRO-3's default without contiguous
     gradients). Each collective is costed by ``comm.group_collective_s`` (so each pays its ring
     latency over the group). The backward gathers (re-run and backward) and the all-reduces are
-    backward's share (``mb_bwd_gather_s``: the gathers). Unit: seconds and bytes.
+    backward's share (``mb_bwd_gather_s``: the gathers). The share ``unprefetched`` of every
+    gather (``unprefetched_share``) runs only when its module needs it: ``mb_serial_s``, exposed.
+    Unit: seconds and bytes.
     """
     tensors = max(1, int(tensors))
     m = num_microbatches
@@ -274,9 +301,11 @@ def deepspeed_2021_fsdp(
 
     ag, ar = t("all_gather", param_bytes), t("all_reduce", param_bytes)
     bwd_gathers = 2 if recompute_regather else 1
+    u = min(1.0, max(0.0, unprefetched))
     out = {"all_gather": int(param_bytes * (1 + bwd_gathers) * m), "all_reduce": int(param_bytes * m)}
-    return DPComm(per_microbatch_s=(1 + bwd_gathers) * ag + ar, mb_forward_s=ag, mb_bwd_gather_s=bwd_gathers * ag,
-                  units=max(1, units), bytes=out)  # fmt: skip
+    hid = ag * (1.0 - u)  # one pass's gathers issued ahead of their module
+    return DPComm(per_microbatch_s=(1 + bwd_gathers) * hid + ar, mb_forward_s=hid, mb_bwd_gather_s=bwd_gathers * hid,
+                  units=max(1, units), bytes=out, mb_serial_s=(1 + bwd_gathers) * ag * u)  # fmt: skip
 
 
 def unsharded_buffer_bytes(

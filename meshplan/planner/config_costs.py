@@ -30,6 +30,7 @@ from meshplan.cost_models.dp_kinds import (
     shard_degree,
     state_precision,
     state_zero_stage,
+    unprefetched_share,
     unsharded_buffer_bytes,
 )
 from meshplan.cost_models.eager_ops import optimizer_step_s
@@ -62,7 +63,7 @@ def add_dp_comm(a: DPComm, b: DPComm) -> DPComm:
     return DPComm(sync_s=a.sync_s + b.sync_s, gather_s=a.gather_s + b.gather_s,
                   per_microbatch_s=a.per_microbatch_s + b.per_microbatch_s, bytes=bytes_,
                   mb_forward_s=a.mb_forward_s + b.mb_forward_s, mb_bwd_gather_s=a.mb_bwd_gather_s + b.mb_bwd_gather_s,
-                  units=a.units if a.per_microbatch_s else b.units)  # fmt: skip
+                  units=a.units if a.per_microbatch_s else b.units, mb_serial_s=a.mb_serial_s + b.mb_serial_s)  # fmt: skip
 
 
 class ConfigCosts:
@@ -153,7 +154,7 @@ class ConfigCosts:
         self.largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
         # parameter tensors a per-tensor ZeRO-3 gathers one by one (the rest stay whole on every rank:
         # DeepSpeed's stage3_param_persistence_threshold)
-        self.gathered_tensors = sum(1 for n in graph.nodes if n.param_numel >= ZERO3_PERSISTENCE_NUMEL)
+        self.gathered_sizes = [float(n.param_numel) for n in graph.nodes if n.param_numel >= ZERO3_PERSISTENCE_NUMEL]
 
     def quant_errors(self, c: Config) -> list[str]:
         """Why the runtime would reject the quantization at ``c``'s TP placement and FSDP degree
@@ -292,9 +293,12 @@ class ConfigCosts:
     def dp_collectives(self, params_bytes: float, grad_bytes: float, c: Config):  # -> dp_kinds.DPComm
         # FSDP units at pp = 1: the runtime wraps every repeated block, then the root
         units = sum(len(b.instances) for b in self.g.blocks) + 1
+        per_tensor = self.zero3_impl == "deepspeed-2021"  # the share gathered only when needed, at its tp shard
+        late = unprefetched_share([x / c.tp for x in self.gathered_sizes]) if per_tensor else 0.0
         return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
                        num_microbatches=c.num_microbatches, units=units, impl=self.zero3_impl,
-                       recompute_regather=c.recompute == "full", tensors=self.gathered_tensors)  # fmt: skip
+                       recompute_regather=c.recompute == "full", tensors=len(self.gathered_sizes),
+                       unprefetched=late)  # fmt: skip
 
     def dp_collectives_split(self, params_bytes: float, grad_bytes: float, expert_params: float, c: Config) -> DPComm:
         """``_dp_comm``; with ``expert_params`` (> 0 only under MoE parallel folding: the rank's held

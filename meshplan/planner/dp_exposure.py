@@ -30,7 +30,8 @@ def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: f
         E_mb = ag/L + (L−1)/L · max(0, ag − F)                   forward: the first unit waits
              + ag_b/L + (L−1)/L · max(0, ag_b + rs − B) + rs/L    backward: first gather, last reduce
 
-    (``units`` 1 or no split: ``max(0, per_mb − T_mb)`` per microbatch + ``0.1·per_mb``).
+    (``units`` 1 or no split: ``max(0, per_mb − T_mb)`` per microbatch + ``0.1·per_mb``), plus
+    ``m·d.mb_serial_s``: gathers issued only when their module runs (no prefetch), hidden by nothing.
     With ``cluster``, every hidden part (a collective's time minus its exposed share) also costs
     the compute it overlaps what NCCL's SMs take from it (``contention.overlap_slowdown_s``:
     the sync and backward gathers/reduce-scatters against B, the gathers against F), and only the
@@ -49,6 +50,7 @@ def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: f
         slow = overlap_slowdown_s(phi * h, compute, cluster) if cluster is not None else 0.0
         return exposed + (1.0 - phi) * h + slow
 
+    out += num_microbatches * d.mb_serial_s
     if d.sync_s:
         out += cost(d.sync_s, max(0.1 * d.sync_s, d.sync_s - backward_s), backward_s)
     if d.gather_s:
