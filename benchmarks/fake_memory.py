@@ -20,7 +20,14 @@ fake tensors and changes no allocation of the step):
 - the step's global loss (``ParallelModel._global_loss``) and the pipelining warm-up vote read
   scalar values (``.item()``), which fake tensors do not have: the loss is returned as 0 and the
   vote's outcome is set directly (STATIC: every stage is built with its input/output metadata,
-  taken from running the stage chain on fake tensors, as ``split.check_stage_chain`` does).
+  taken from running the stage chain on fake tensors, as ``split.check_stage_chain`` does);
+- MemTracker's module tracker hooks each module's inputs' and outputs' gradients
+  (``register_multi_grad_hook``) with a closure that holds their autograd nodes: a reference
+  cycle through C++ (node -> hook -> closure -> node) that Python's gc cannot free, which keeps
+  each graph's nodes alive after its backward, and through them (``AccumulateGrad``) the leaf a
+  later pipeline stage receives: under the tracker every microbatch's received input would stay
+  alive (without it, it is freed after its backward). Those hooks only feed the per-module
+  statistics, unused here; the global peak is taken per op, so they are not registered.
 
 Paths that cannot run under fake tensors (``UNSUPPORTED``): DDP (its C++ Reducer reads parameter
 storage in ``_verify_param_shape_across_processes`` and allocates its buckets in C++), hence also
@@ -88,7 +95,6 @@ class _StepTracker(MemTracker):
 @contextlib.contextmanager
 def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
     """The runtime's few scalar reads and the mesh's real-tensor construction, bridged (module doc)."""
-    import torch.distributed.pipelining as tpp
     from torch.distributed.pipelining import schedules as tsched
     from torch.distributed.pipelining._utils import InferenceMode
 
@@ -105,7 +111,7 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
         saved.append((obj, name, getattr(obj, name)))
         setattr(obj, name, value)
 
-    real_mesh, real_chain, real_stage = rdist.init_device_mesh, rsplit.check_stage_chain, tpp.PipelineStage
+    real_mesh, real_chain, real_stage = rdist.init_device_mesh, rsplit.check_stage_chain, rsched.pipeline_stage
 
     def mesh(*a: Any, **k: Any) -> Any:
         with unset_fake_temporarily():
@@ -127,7 +133,7 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
     def stage(mod: Any, i: int, n: int, device: Any, group: Any = None) -> Any:
         ins = io[i] if i == 0 else sent(io[i])
         outs = sent(io[i + 1]) if i < n - 1 else io[i + 1]
-        return real_stage(mod, i, n, device, input_args=ins, output_args=outs, group=group)
+        return real_stage(mod, i, n, device, group, input_args=ins, output_args=outs)
 
     def warm(self: Any, stages: list, has_backward: bool, p2p_done: bool) -> None:
         for s in stages:
@@ -178,6 +184,9 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
     patch(DeviceMesh, "_unflatten", unflatten)
     patch(rsplit, "check_stage_chain", chain)
     patch(rsched, "pipeline_stage", stage)  # the runtime's one place that builds a PipelineStage
+    import torch.distributed._tools.mod_tracker as mtrack
+
+    patch(mtrack, "register_multi_grad_hook", lambda *a, **k: None)  # see the module doc
     patch(ParallelModel, "_global_loss", lambda self, loss: (0.0, False))
     for cls in list(vars(tsched).values()):
         if isinstance(cls, type) and "_warmup_p2p" in vars(cls):

@@ -37,6 +37,11 @@ def test_pipeline_buffers_as_torch_pipelining_holds_them():
     assert pipeline_buffer_bytes(**kw, is_first=False, is_last=True, convention="torch-outputs") == 5 * 10 + 8 * 100
     assert pipeline_buffer_bytes(**kw, is_first=False, is_last=False, convention="torch-outputs") == 5 * 10 + 11 * 100
     assert pipeline_buffer_bytes(**kw, is_first=False, is_last=False, convention="megatron") == 0.0
+    # meshplan's runtime (InFlightStage): buffers only for the microbatches in flight: the cached
+    # outputs + the one output gradient being received and used; inputs are the activations' own
+    for first in (True, False):
+        assert pipeline_buffer_bytes(**kw, is_first=first, is_last=False, convention="in-flight") == 4 * 100
+    assert pipeline_buffer_bytes(**kw, is_first=False, is_last=True, convention="in-flight") == 3 * 100
     with pytest.raises(ValueError, match="convention"):
         pipeline_buffer_bytes(**kw, is_first=True, is_last=True, convention="deepspeed")
 
@@ -67,16 +72,18 @@ def test_planner_reports_fsdp_pools_beside_the_live_peak_not_in_it():
 
 def test_planner_counts_torch_pipelining_buffers_in_the_live_peak():
     kw = dict(pp=2, dp=4, dp_kind="ddp", global_batch_size=16, micro_batch_size=1, schedule="1f1b")
-    torch_pp, outputs_pp, megatron_pp = (_plan(**kw, profile=MESHPLAN.but(pp_buffers=c)) for c in ("torch", "torch-outputs", "megatron"))
+    runtime_pp, torch_pp, outputs_pp, megatron_pp = (_plan(**kw, profile=MESHPLAN.but(pp_buffers=c))
+                                                     for c in ("in-flight", "torch", "torch-outputs", "megatron"))
     assert "pipeline_buffers" not in megatron_pp.predicted.mem_breakdown
-    assert _plan(**kw).predicted.peak_mem_bytes == torch_pp.predicted.peak_mem_bytes  # the runtime's is the default
-    # 4 microbatches: rank 0 holds 4 gradient buffers + 2 cached outputs of (1, 1024, 1024) bf16, rank 1
-    # its input buffers for the 3 not in flight + the logits (1, 1024, 32768) of its 1 in-flight microbatch,
-    # or of all 4 under torch's default step() (torchtitan)
+    assert _plan(**kw).predicted.peak_mem_bytes == runtime_pp.predicted.peak_mem_bytes  # the runtime's is the default
+    # 4 microbatches: under torch's PipelineStage rank 0 holds 4 gradient buffers + 2 cached outputs of
+    # (1, 1024, 1024) bf16, rank 1 its input buffers for the 3 not in flight + the logits (1, 1024, 32768)
+    # of its 1 in-flight microbatch, or of all 4 under torch's default step() (torchtitan); under
+    # meshplan's runtime rank 0 holds 1 gradient buffer + 2 cached outputs, rank 1 only the logits
     act = 1024 * 1024 * 2
-    for plan, kept in ((torch_pp, 1), (outputs_pp, 4)):
+    for plan, first, last in ((torch_pp, 6, 3 + 32), (outputs_pp, 6, 3 + 4 * 32), (runtime_pp, 3, 32)):
         per_rank = [a - b for a, b in zip(plan.predicted.peak_mem_bytes, megatron_pp.predicted.peak_mem_bytes)]
-        assert per_rank == [pytest.approx(6 * act, abs=2), pytest.approx(3 * act + kept * 32 * act, abs=2)]
+        assert per_rank == [pytest.approx(first * act, abs=2), pytest.approx(last * act, abs=2)]
         assert plan.predicted.mem_breakdown["pipeline_buffers"] == pytest.approx(max(per_rank), abs=2)
     with pytest.raises(ValueError, match="pp_buffers"):
         _plan(**kw, profile=MESHPLAN.but(pp_buffers="nope"))

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-#: pipeline-buffer conventions: "torch" = torch.distributed.pipelining as meshplan's runtime calls
-#: it (``step(return_outputs=False)``: the last stage keeps no finished microbatch's output);
-#: "torch-outputs" = its default ``step()`` (torchtitan: the last stage keeps every microbatch's
-#: output until the step ends); "megatron" = Megatron-LM's p2p (a buffer per receive, the stage's
-#: input; the sent output's storage freed by ``deallocate_output_tensor``): nothing beyond the
-#: activations
-PP_BUFFERS: tuple[str, ...] = ("torch", "torch-outputs", "megatron")
+#: pipeline-buffer conventions: "torch" = torch.distributed.pipelining's own ``PipelineStage``
+#: (receive buffers for every microbatch) called with ``step(return_outputs=False)`` (the last stage
+#: keeps no finished microbatch's output); "torch-outputs" = the same with its default ``step()``
+#: (torchtitan: the last stage keeps every microbatch's output until the step ends); "in-flight" =
+#: meshplan's runtime (``runtime/apply/schedules.InFlightStage``: a microbatch's receive buffers
+#: are allocated when it is received and dropped after its backward, outputs not kept);
+#: "megatron" = Megatron-LM's p2p (a buffer per receive, the stage's input; the sent output's
+#: storage freed by ``deallocate_output_tensor``): nothing beyond the activations
+PP_BUFFERS: tuple[str, ...] = ("torch", "torch-outputs", "in-flight", "megatron")
 
 
 def fsdp_stream_pool_bytes(unit_params: Sequence[float], *, param_bytes: float, reduce_bytes: float = 4.0) -> float:
@@ -81,6 +83,14 @@ def pipeline_buffer_bytes(
         last:       f · O            the in-flight microbatches' cached outputs (the logits)
                                      ("torch"); m · O, every microbatch's, under "torch-outputs"
 
+    ``convention="in-flight"`` (meshplan's runtime, ``runtime/apply/schedules.InFlightStage``):
+    receive buffers exist only for the microbatches in flight; the input ones are the stage inputs
+    the activations count, and an output gradient lives from its receive to the end of its
+    microbatch's backward, one at a time::
+
+        non-last:   f · O + O        cached outputs + the gradient being received and used
+        last:       f · O            the in-flight microbatches' cached outputs (the logits)
+
     ``convention="megatron"``: 0 (Megatron-LM receives into a fresh tensor that becomes the
     stage input, and frees a sent output's storage, ``deallocate_output_tensor``). Unit: bytes.
     """
@@ -93,6 +103,8 @@ def pipeline_buffer_bytes(
     if convention == "megatron":
         return 0.0
     m, f = num_microbatches, min(float(inflight), num_microbatches)
+    if convention == "in-flight":
+        return f * out_bytes + (0.0 if is_last else out_bytes)
     total = 0.0 if is_first else (m - f) * in_bytes
     if is_last:
         total += (m if convention == "torch-outputs" else f) * out_bytes

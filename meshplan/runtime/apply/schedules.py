@@ -25,6 +25,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining._utils import _make_tensor_from_meta
+from torch.distributed.pipelining.stage import _RecvInfo
 
 from meshplan.errors import PlanMismatchError
 
@@ -54,23 +57,127 @@ def check_placement(schedule: str, pp: int, ranks_by_stage: Sequence[int], micro
         )
 
 
-def pipeline_stage(module: Any, index: int, num_stages: int, device: Any, group: Any) -> Any:
-    """torch's ``PipelineStage`` for ``module``, except in its shape inference on the first step: there
-    torch runs a later stage on uninitialised tensors shaped like what it receives, so an integer
-    tensor computed in an earlier stage (ids hashed or bucketed from the tokens, routing indices)
-    would index an embedding out of range; here such tensors are zeros (float ones stay as torch makes them)."""
-    from torch.distributed.pipelining import PipelineStage
+class InFlightStage(PipelineStage):
+    """torch's ``PipelineStage`` whose receive buffers follow the microbatches in flight.
 
-    class _Stage(PipelineStage):
-        def _to_tensor(self, arg: Any) -> Any:
-            t = super()._to_tensor(arg)
-            if not isinstance(arg, torch.Tensor) and isinstance(t, torch.Tensor) and not (
-                    t.is_floating_point() or t.is_complex()):
-                with torch.no_grad():
-                    (t.to_local() if hasattr(t, "to_local") else t).zero_()
-            return t
+    torch allocates, at a stage's first step, a receive buffer for the stage's input (non-first
+    stages, ``_setup_forward_recv_info``) and one for its output's gradient (non-last stages,
+    ``_create_grad_recv_info``) for EVERY microbatch of the step, and keeps them across steps:
+    ``m · (I + O)`` bytes whatever the schedule keeps in flight (280 microbatches of a 175B model's
+    stage: tens of GB). Here a microbatch's buffers are allocated when the schedule first asks for
+    them (the receive op it posts, ``get_fwd_recv_ops`` / ``get_bwd_recv_ops``, or the retrieval
+    before its forward / backward) and dropped after its backward has consumed them
+    (``backward_one_chunk``; after its forward when the stage runs no backward). What autograd
+    saved of the received input (the stage's first ops save it) and what zero-bubble's deferred
+    weight step keeps (``backward_state``) stay alive through their own references until used, as
+    with torch's buffers; a dropped buffer is never reused, so nothing a later microbatch receives
+    can overwrite it. Numerics are torch's: the same ``_make_tensor_from_meta`` buffers, received
+    into by the same ops. The last stage also detaches each microbatch's loss after its backward
+    (``_drop_graph``), which would otherwise keep the received input alive until the step ends.
 
-    return _Stage(module, index, num_stages, device, group=group)
+    Also, in shape inference on the first step torch runs a later stage on uninitialised tensors
+    shaped like what it receives, so an integer tensor computed in an earlier stage (ids hashed or
+    bucketed from the tokens, routing indices) would index an embedding out of range; here such
+    tensors are zeros (float ones stay as torch makes them).
+    """
+
+    def _to_tensor(self, arg: Any) -> Any:
+        t = super()._to_tensor(arg)
+        if not isinstance(arg, torch.Tensor) and isinstance(t, torch.Tensor) and not (
+                t.is_floating_point() or t.is_complex()):
+            with torch.no_grad():
+                (t.to_local() if hasattr(t, "to_local") else t).zero_()
+        return t
+
+    # -- buffers on demand -------------------------------------------------------------------
+    def _setup_forward_recv_info(self, num_microbatches: int, has_backward: bool) -> None:
+        super()._setup_forward_recv_info(1, has_backward)  # torch's infos for one microbatch
+        first = self.args_recv_info[0]
+        for k in range(num_microbatches):
+            self.args_recv_info[k] = tuple(_unallocated(info) for info in first)
+
+    def _create_grad_recv_info(self, act_send_info: dict) -> tuple:
+        return tuple(_unallocated(info) for info in super()._create_grad_recv_info(act_send_info))
+
+    def _allocate(self, infos: tuple) -> None:
+        for info in infos:
+            if not info.is_root_arg and info.buffer is None and info.tensor_meta is not None:
+                info.buffer = _make_tensor_from_meta(info.tensor_meta, self.device)
+
+    @staticmethod
+    def _release(infos: tuple) -> None:
+        for info in infos:
+            if not info.is_root_arg and info.tensor_meta is not None:
+                info.buffer = None
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list:
+        self._allocate(self.args_recv_info[fwd_chunk_id])
+        return super().get_fwd_recv_ops(fwd_chunk_id)
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list:
+        if self.has_backward and not self.is_last:
+            self._allocate(self.grad_recv_info[bwd_chunk_id])
+        return super().get_bwd_recv_ops(bwd_chunk_id)
+
+    def _retrieve_recv_activations(self, fwd_chunk_id: int) -> Any:
+        self._allocate(self.args_recv_info[fwd_chunk_id])
+        return super()._retrieve_recv_activations(fwd_chunk_id)
+
+    def _retrieve_recv_grads(self, bwd_chunk_id: int) -> Any:
+        self._allocate(self.grad_recv_info[bwd_chunk_id])
+        return super()._retrieve_recv_grads(bwd_chunk_id)
+
+    def set_local_bwd_input(self, next_stage_bwd_outputs: Any, mb_index: int) -> None:
+        self._allocate(self.grad_recv_info[mb_index])  # torch zeroes it where the next stage gives None
+        super().set_local_bwd_input(next_stage_bwd_outputs, mb_index)
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        if not self.has_backward and fwd_chunk_id in self.args_recv_info:
+            self._release(self.args_recv_info[fwd_chunk_id])
+        return out
+
+    def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, *args: Any, **kwargs: Any) -> Any:
+        out = super().backward_one_chunk(bwd_chunk_id, loss, *args, **kwargs)
+        if kwargs.get("full_backward", True):
+            _drop_graph(loss)
+        for infos in (self.args_recv_info, self.grad_recv_info):
+            if bwd_chunk_id in infos:
+                self._release(infos[bwd_chunk_id])
+        return out
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        state = self.backward_state.get(bwd_chunk_id)
+        out = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
+        if self.is_last and state is not None:
+            _drop_graph(state[2])  # the loss, kept for the deferred weight step
+        return out
+
+    def clear_runtime_states(self) -> None:
+        super().clear_runtime_states()
+        for infos in (*self.args_recv_info.values(), *self.grad_recv_info.values()):
+            self._release(infos)
+
+
+def _drop_graph(loss: Any) -> None:
+    """Detach a last stage's microbatch loss after its backward: the schedule keeps every
+    microbatch's loss until the step ends, and through its graph's nodes (their saved tensors are
+    freed, but ``AccumulateGrad`` holds its leaf) the microbatch's received input would stay alive
+    (torch detaches the stage output after the backward for the same reason)."""
+    if isinstance(loss, torch.Tensor) and loss.grad_fn is not None and not loss._is_view():
+        loss.detach_()
+
+
+def _unallocated(info: _RecvInfo) -> _RecvInfo:
+    """``info`` without its buffer (the metadata that allocates it on demand)."""
+    return _RecvInfo(info.input_name, info.source, None, info.tensor_meta, is_root_arg=info.is_root_arg)
+
+
+def pipeline_stage(module: Any, index: int, num_stages: int, device: Any, group: Any, **metadata: Any) -> Any:
+    """The runtime's one builder of a pipeline stage: an ``InFlightStage`` for ``module``;
+    ``metadata``: ``PipelineStage``'s static ``input_args`` / ``output_args`` / ... (the runtime
+    lets torch infer them on the first step)."""
+    return InFlightStage(module, index, num_stages, device, group=group, **metadata)
 
 
 def build_schedule(schedule: str, stages: list, microbatches: int, loss_fn: Callable) -> object:
