@@ -111,3 +111,28 @@ def test_dtype_pinned_or_auto_by_cluster_and_target() -> None:
     best = choose_dtype(plan_in, ("bf16", "fp8"), lambda _m: None)
     assert best.dtype == "fp8"
     assert best.notes[-1].startswith("dtype fp8 chosen (--dtype auto): ") and " vs bf16: " in best.notes[-1]
+
+
+def test_te_recipes_run_moe_experts_in_fp8_with_their_casts() -> None:
+    from meshplan.cost_models.precision import fp8_moe_cast_bytes
+    from meshplan.graph import GraphNode
+
+    tokens, h, f, e, k = 8192, 4096, 1536, 16, 8
+    expert, act = 3 * h * f, 3 * h + 3 * f  # SwiGLU expert: 3 matrices; GEMM inputs + outputs per token
+    moe = GraphNode(
+        id=1, name="moe", op="call_module", kind="moe", target="moe", module_fqn="mlp", inputs=(0,),
+        out_shape=(tokens, h), out_dtype="bfloat16", out_bytes=tokens * h * 2, param_numel=e * expert,
+        param_bytes=e * expert * 2, fwd_flops=2 * tokens * k * expert,
+        attrs={"tokens": tokens, "top_k": k, "hidden": h, "num_experts": e, "expert_numel": expert,
+               "dense_numel": 0, "expert_act_numel": act},
+    )  # fmt: skip
+    bf16 = node_time(moe, FLAT, dtype="bf16")
+    assert node_time(moe, FLAT, dtype="fp8") == bf16  # torchao's float8 converter leaves grouped experts bf16
+    te = node_time(moe, FLAT, dtype="fp8", fp8_recipe="current")
+    assert fp8_moe_cast_bytes(tokens * k, act, "current") == (3 * tokens * k * act, 3 * tokens * k * act)
+    assert fp8_moe_cast_bytes(tokens * k, act, "tensorwise") == (0.0, 0.0)
+    bw = FLAT.mem_bw_bytes_per_s * FLAT.mem_efficiency
+    moved = 2 * tokens * h * 2 + e * expert * 2
+    gemm = roofline_time_s(moe.fwd_flops, moved, FLAT, dtype="fp8", kind="moe")
+    assert te.fwd_s == pytest.approx(gemm + 3 * tokens * k * act / bw)
+    assert te.total_s < bf16.total_s

@@ -44,7 +44,14 @@ from meshplan.cost_models.efficiency import (
     linear_gemm_dims,
 )
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, activation_dtype, fp8_cast_bytes, fp8_eligible
+from meshplan.cost_models.precision import (
+    DEFAULT_FP8_RECIPE,
+    activation_dtype,
+    fp8_cast_bytes,
+    fp8_eligible,
+    fp8_moe_cast_bytes,
+)
+from meshplan.cost_models.precision import fp8_recipe as fp8_recipe_of
 from meshplan.graph import NODE_KINDS, GraphNode
 
 #: Kinds that run as GEMMs on the tensor cores.
@@ -287,7 +294,8 @@ def modelled_node_time(
     does ``causal_work_fraction`` of the counted FLOPs at ``attention_wave_factor``. With
     ``dtype="fp8"`` (torchao float8 training, ``cost_models.precision``) a convertible linear
     (16-aligned, not ``is_head``) runs its three GEMMs at ``peak("fp8")`` plus the memory-bound
-    scaling/cast bytes ``fp8_cast_bytes`` of the engine's ``fp8_recipe``; everything else, and every tensor's bytes, is bf16. Unit: seconds.
+    scaling/cast bytes ``fp8_cast_bytes`` of the engine's ``fp8_recipe``; a MoE node's expert GEMMs
+    run in fp8 where the recipe runs them so (TE: ``fp8_moe_cast_bytes``); everything else, and every tensor's bytes, is bf16. Unit: seconds.
     With ``norm_kernel="eager"`` an RMSNorm module runs as the Python ops it is written in
     (``eager_ops.eager_rmsnorm_s``: fp32 upcast, 7 kernels forward), not as one fused pass; with
     ``attention_impl`` "unfused" / "eager" an attention node runs without a flash kernel, its
@@ -338,6 +346,12 @@ def modelled_node_time(
     fp8 = (train_dtype == "fp8" and node.kind == "linear"
            and fp8_eligible(a.get("in_features"), a.get("out_features"), is_head=is_head))  # fmt: skip
     cast = (0.0, 0.0, 0.0)
+    if train_dtype == "fp8" and node.kind == "moe" and fp8_recipe_of(fp8_recipe).experts_fp8:
+        dtype = "fp8"  # TE grouped expert GEMMs in fp8 (cost_models.precision)
+        routed = a.get("tokens", 0) * batch_scale / shard * a.get("top_k", 1)
+        mem_bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
+        cf, cb = fp8_moe_cast_bytes(routed, a.get("expert_act_numel", 0), fp8_recipe)
+        cast = (cf / mem_bw, cb / mem_bw, 0.0)
     if fp8:
         dtype = "fp8"  # the GEMMs' peak
         tokens = max(1.0, math.prod(node.out_shape or (1,)) / a["out_features"] * batch_scale)

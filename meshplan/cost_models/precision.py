@@ -43,6 +43,13 @@ weights, 16-bit compute and activations), "fp32", and "fp8" = torchao float8 tra
     column-major copy is scaled along the other dimension, so a second quantize pass (read 2,
     write 1) replaces the transpose: 2 + 1 + 2 + 1 = 6 B per activation element.
 
+  MoE experts (a ``moe`` node): under the TE recipes Megatron-Core runs the grouped expert GEMMs
+  in fp8 too (``TEGroupedMLP`` over TE ``GroupedLinear``, ``--moe-grouped-gemm``), each GEMM
+  input cast in forward and each output gradient in backward, ``act_cast_bytes`` per element
+  (``fp8_moe_cast_bytes``: the expert activation elements a routed token meets, ``expert_act_numel``
+  = the GEMMs' inputs + outputs, split half forward, half backward); the router stays bf16
+  (its few FLOPs are priced with the node). torchao's recipes leave grouped experts in bf16.
+
   Amax all-reduces (one scalar per tensor, or TE's one fused buffer per step) are latency-only
   collectives and not charged. torch.compile fuses some of these passes into neighbouring
   kernels; none of that fusion is credited.
@@ -90,6 +97,9 @@ class Fp8Recipe:
     #: under TP the operand crossing the group is cast on the rank's 1/tp sequence shard
     cast_on_tp_shard: bool
     source: str
+    #: the MoE experts' grouped GEMMs run in fp8 too (TE GroupedLinear); torchao's float8 converter
+    #: swaps nn.Linear only, so grouped experts stay bf16
+    experts_fp8: bool = False
 
 
 FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
@@ -103,13 +113,13 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
     Fp8Recipe("delayed", FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
               "Megatron-Core transformer_config.py fp8_recipe default 'delayed', fp8_utils.py TEDelayedScaling; "
               "TE cast_transpose (amax inside the kernel); extensions/transformer_engine.py is_first_microbatch "
-              "(weights cast once per step)"),
+              "(weights cast once per step)", experts_fp8=True),
     Fp8Recipe("current", FP8_AMAX_BYTES + FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
               "Megatron-Core fp8_utils.py Float8CurrentScaling (--fp8-recipe tensorwise; Megatron-Bridge fp8_cs): "
-              "an amax pass, then cast_transpose; weights cached as 'delayed'"),
+              "an amax pass, then cast_transpose; weights cached as 'delayed'", experts_fp8=True),
     Fp8Recipe("blockwise", 2 * 3, 0, False, False,
               "Megatron-Core fp8_utils.py Float8BlockScaling (--fp8-recipe blockwise): 1x128 / 128x128 blocks, "
-              "block amax in the quantize kernel, a second quantize pass for the column-major copy"),
+              "block amax in the quantize kernel, a second quantize pass for the column-major copy", experts_fp8=True),
 )}  # fmt: skip
 #: the recipe ``--dtype fp8`` costs where no engine names one (torchao tensorwise, torchtitan's default)
 DEFAULT_FP8_RECIPE = "tensorwise"
@@ -173,6 +183,17 @@ def fp8_cast_bytes(m: float, n: float, k: float, recipe: str = DEFAULT_FP8_RECIP
         else:  # x crosses: cast once on the shard in forward, transposed for dW
             fwd, dw = fwd - c * x + c * x / tp, dw - c * x + FP8_TRANSPOSE_BYTES * x
     return fwd, dx, dw
+
+
+def fp8_moe_cast_bytes(routed_tokens: float, expert_act_numel: float, recipe: str) -> tuple[float, float]:
+    """(forward, backward) bytes of casting a MoE layer's expert GEMM operands under ``recipe``
+    (module docstring): ``act_cast_bytes · routed_tokens · expert_act_numel / 2`` each; 0 where the
+    recipe leaves the experts in bf16."""
+    r = fp8_recipe(recipe)
+    if not r.experts_fp8:
+        return 0.0, 0.0
+    half = r.act_cast_bytes * routed_tokens * expert_act_numel / 2
+    return half, half
 
 
 def fp8_weight_copy_bytes(largest_linear_params: float) -> float:

@@ -207,6 +207,7 @@ class ConfigCosts:
                 dtype=self.dtype, capacity_factor=self.capacity_factor, elem_bytes=self.elem_bytes, tp=c.tp,
                 recompute=c.recompute, stride=c.tp,  # ep and cp groups: dc-row positions, tp apart
                 folding=self.moe_folding, dp=c.dp,  # folded: the ep group laid out on its own
+                fp8_recipe=self.coster.profile.fp8_recipe,  # under fp8: TE recipes run the experts in fp8
                 memo=self.memos.epcp_node, copies=self._epcp_copies)
         return self.memos.epcp_prefix[key]
 

@@ -45,6 +45,7 @@ from meshplan.cost_models.epcp import (
     moe_tokens_per_rank,
 )
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE
 from meshplan.graph import GraphNode, ModelGraph
 
 
@@ -74,7 +75,8 @@ class EPCPTerms:
 def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, micro_batch: float, dtype: str,
                capacity_factor: float, elem_bytes: int, tp: int = 1, recompute: str = "none",
                spans_nodes: bool = False, stride: int = 0,
-               nodes: Iterable[GraphNode] | None = None, folding: bool = False, dp: int = 1) -> EPCPTerms:
+               nodes: Iterable[GraphNode] | None = None, folding: bool = False, dp: int = 1,
+               fp8_recipe: str = DEFAULT_FP8_RECIPE) -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
     them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp); ``nodes``: the nodes
     to cost (a pipeline stage's; default all: pp = 1). Under TP a rank's ring
@@ -85,7 +87,9 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     ``kv_heads`` is the attention node's key heads as traced: a model that repeats its kv heads
     before SDPA sends the repeated copies (the runtime's ring sends what SDPA receives).
     ``folding``: Megatron's MoE parallel folding (module docstring; ``dp``: the attention's dp
-    degree, which with cp and tp sizes the stage's ranks the expert mesh is folded over)."""
+    degree, which with cp and tp sizes the stage's ranks the expert mesh is folded over).
+    ``fp8_recipe``: the engine's (``cost_models.precision``; under fp8 the MoE node's time as the
+    cost table priced it: TE recipes run the experts in fp8)."""
     out = EPCPTerms()
     fold = folding and tp > 1
     if cp == 1 and ep == 1 and not fold:
@@ -98,12 +102,12 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
         if n.kind == "moe":
             tokens = n.attrs.get("tokens", 0) * scale * share
             shard = tp if fold else 1  # folded, the cost table times the node on the sequence shard
-            t = node_time(n, cluster, shard=shard, batch_scale=scale, dtype=dtype)
+            t = node_time(n, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe)
             if ep > 1:  # the cost table's MoE node streams all E experts' weights; a rank holds E/ep
                 dense = n.attrs.get("dense_numel", 0)
                 held = dense + (n.param_numel - dense) / ep
                 n_ep = replace(n, param_bytes=int(n.param_bytes * held / max(1, n.param_numel)))
-                t_ep = node_time(n_ep, cluster, shard=shard, batch_scale=scale, dtype=dtype)
+                t_ep = node_time(n_ep, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe)
                 out.expert_read_s += t_ep.total_s - t.total_s
                 t = t_ep
             out.imbalance_s += (capacity_factor - 1.0) * t.total_s
