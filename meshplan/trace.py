@@ -226,6 +226,9 @@ def trace_model(
     if cap.fx_error:
         meta["fx_error"] = cap.fx_error
     batch, seq = _batch_seq([n for n in nodes if n.kind == "input"])
+    # where the model computes positions from the sequence length (execution_rules.cp_forward_blocker)
+    meta["seq_positions"] = [n.name for n in nodes if str(n.target).split(".")[0] == "arange"
+                             and tuple(n.out_shape or ()) == (seq,) and seq > 1]
     return ModelGraph(
         model_name=graph_name(model, name),
         capture=cap.kind,

@@ -19,7 +19,8 @@ class TestTwoRanks:
     def test_ep_and_cp(self) -> None:
         cfgs = [dict(model="moe", dp=2, ep=2, m=2), dict(model="plain", dp=2, ep=2),
                 dict(model="mixtral", dp=2, ep=2), dict(model="llama", cp=2), dict(model="moe", cp=2, ep=2),
-                dict(model="llama", cp=2, recompute="full")]  # checkpointed blocks re-run the ring in backward
+                dict(model="llama", cp=2, recompute="full"),  # checkpointed blocks re-run the ring in backward
+                dict(model="gpt", cp=2), dict(model="gpt", cp=2, recompute="full")]  # #30: no position_ids
         _check(run_ranks(worker, 2, cfgs, timeout_s=400), len(cfgs))
 
 

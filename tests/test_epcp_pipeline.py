@@ -30,6 +30,7 @@ class TestPipelineFourRanks:
                 dict(model="moe", pp=2, cp=2, ep=2, recompute="full", schedule="gpipe"),
                 dict(model="llama4", pp=2, cp=2, schedule="interleaved-1f1b", v=2, recompute="selective"),
                 dict(model="moe4", pp=2, dp=2, ep=2, schedule="zero-bubble", v=2),
+                dict(model="gpt", pp=2, cp=2),  # learned positions by arange, no position_ids (#30)
                 dict(model="mixtral", pp=2, dp=2, ep=2)]  # HF: torch.export stages, refused (the shared rule)
         results = run_ranks(pp_worker, 4, cfgs, timeout_s=600)
         check_rows(results, len(cfgs), may_refuse={"mixtral"})
@@ -62,10 +63,22 @@ def test_position_tables_gathered_at_the_shard_positions() -> None:
     torch.testing.assert_close(rows, torch.cat([model.rope_cos[c : 2 * c], model.rope_cos[2 * c : 3 * c]]))
 
 
-def test_cp_pipeline_refusals() -> None:
+def test_positions_by_arange_computed_at_the_shard_positions() -> None:
+    """#30 item 4: the zoo GPT (learned positions, no position_ids) embeds wpe(arange(0, T)); in its
+    first stage graph the arange becomes cp rank r's global positions (chunks r and 2cp-1-r), the
+    node's name kept; a torch.export capture is still refused."""
     from meshplan.models.gpt import GPT, GPTConfig
 
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=VOCAB, block_size=SEQ))
     pieces = _stages(model)
-    assert "arange" in pipeline_cp_blocker([p.module for p in pieces], "fx")
+    assert pipeline_cp_blocker([p.module for p in pieces], "fx") == ""
     assert "torch.export" in pipeline_cp_blocker([p.module for p in pieces], "export")
+    gm = pieces[0].module
+    names = [n.name for n in gm.graph.nodes]
+    assert shard_position_tables(gm, 2, 1) == ["arange"]
+    assert [n.name for n in gm.graph.nodes] == names
+    seen = []
+    gm.wpe.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+    gm(**{p.target: torch.zeros(2, SEQ // 2, dtype=torch.long) for p in gm.graph.nodes if p.op == "placeholder"})
+    c = SEQ // 4
+    assert seen[0].tolist() == [*range(c, 2 * c), *range(2 * c, 3 * c)]

@@ -237,31 +237,42 @@ def test_ep_terms_costed_per_stage():
     assert 0 < a.cp_forward_s < a.cp_comm_s and 0 < a.forward_s < a.per_microbatch_s
 
 
-def test_cp_on_a_forward_without_position_ids_is_refused_at_plan_time():
-    """#30 item 4: the runtime feeds cp shards their positions through position_ids; a model whose
-    forward has none gets a one-line refusal when the plan is made (not when the ranks start),
-    and an unpinned search never offers it cp, where it would for the same shapes with them."""
+def test_cp_on_a_forward_without_position_ids():
+    """#30 item 4: a forward without position_ids that computes its positions by an arange over the
+    sequence (the zoo GPT, learned positions) is offered cp (the runtime swaps the arange for each
+    shard's global positions); one that computes none that way (positions sliced from a parameter)
+    gets a one-line refusal when the plan is made (not when the ranks start), and an unpinned search
+    never offers it cp, where it would for the same shapes with them."""
+    from meshplan.errors import NoFeasiblePlanError
     from meshplan.models.gpt import GPT, GPTConfig
     from meshplan.plan.execution_rules import cp_forward_blocker
-    from meshplan.runtime.apply.context_parallel import cp_blocker
+
+    class SlicedGPT(GPT):  # positions read as wpe.weight[:T]: no arange, no position_ids
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            x = self.wte(idx) + self.wpe.weight[: idx.shape[1]]
+            for block in self.blocks:
+                x = block(x)
+            return self.lm_head(self.ln_f(x))
 
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=32, vocab_size=64))
-    g = trace_model(gpt, (torch.randint(0, 64, (1, 32)),))
-    assert "position_ids" not in g.meta["forward_params"]
-    why = cp_forward_blocker(g.meta["model_class"], g.meta["forward_params"])
-    assert "takes no position_ids" in why and cp_blocker(gpt)  # the runtime refuses it too
-    with pytest.raises(ValueError, match=r"^cp=2 cannot run: GPT.forward takes no position_ids") as e:
-        plan_graph(g, 8, cluster="h100", global_batch_size=2, fixed={"cp": 2})
+    cfg = GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=32, vocab_size=64)
+    g = trace_model(GPT(cfg), (torch.randint(0, 64, (1, 32)),))
+    assert "position_ids" not in g.meta["forward_params"] and g.meta["seq_positions"] == ["arange"]
+    assert cp_forward_blocker(g.meta["model_class"], g.meta["forward_params"], g.meta["seq_positions"]) == ""
+    assert plan_graph(g, 8, cluster="h100", global_batch_size=2, fixed={"cp": 2}).cp == 2
+    assert plan_graph(g, 8, cluster="h100", global_batch_size=2, fixed={"tp": 1, "pp": 1}).cp > 1
+    gs = trace_model(SlicedGPT(cfg), (torch.randint(0, 64, (1, 32)),))
+    assert gs.meta["seq_positions"] == []
+    why = cp_forward_blocker(gs.meta["model_class"], gs.meta["forward_params"], gs.meta["seq_positions"])
+    assert "takes no position_ids and computes no positions" in why
+    with pytest.raises(ValueError, match=r"^cp=2 cannot run: SlicedGPT.forward takes no position_ids") as e:
+        plan_graph(gs, 8, cluster="h100", global_batch_size=2, fixed={"cp": 2})
     assert "\n" not in str(e.value)
-    from meshplan.errors import NoFeasiblePlanError
-
     with pytest.raises(NoFeasiblePlanError):  # only cp could fill 8 devices with 2 sequences: not offered
-        plan_graph(g, 8, cluster="h100", global_batch_size=2, fixed={"tp": 1, "pp": 1})
+        plan_graph(gs, 8, cluster="h100", global_batch_size=2, fixed={"tp": 1, "pp": 1})
     from meshplan.models.llama import Llama, LlamaConfig
 
     llama = Llama(LlamaConfig(2, 4, 2, 32, 64, 64, 32))
     gl = trace_model(llama, (torch.randint(0, 64, (1, 32)),))
-    assert cp_forward_blocker(gl.meta["model_class"], gl.meta["forward_params"]) == "" and not cp_blocker(llama)
+    assert cp_forward_blocker(gl.meta["model_class"], gl.meta["forward_params"]) == ""
     assert plan_graph(gl, 8, cluster="h100", global_batch_size=2, fixed={"cp": 2}).cp == 2
-    assert plan_graph(gl, 8, cluster="h100", global_batch_size=2, fixed={"tp": 1, "pp": 1}).cp > 1

@@ -123,15 +123,19 @@ def tied_weight_blocker(*, pp: int, schedule: str, uses: int, name: str) -> str:
     return ""
 
 
-def cp_forward_blocker(model_class: str, forward_params: Sequence[str]) -> str:
+def cp_forward_blocker(model_class: str, forward_params: Sequence[str], seq_positions: Sequence[str] = ()) -> str:
     """Why a model whose ``forward`` takes ``forward_params`` cannot run context-parallel ("" when
-    it can): the runtime (``runtime/apply/context_parallel.py``) feeds each sequence shard its global
-    positions through a ``position_ids`` argument. The planner reads the names from the traced
-    graph (``meta["forward_params"]``), so a ``--cp`` plan is refused when it is made."""
-    if "position_ids" in forward_params:
+    it can). The runtime (``runtime/apply/context_parallel.py``) gives each sequence shard its global
+    positions through a ``position_ids`` argument, or, for a forward without one, where the model
+    computes them: every ``arange`` over the sequence length (``seq_positions``: the traced graph's
+    nodes that build one, ``trace_model``'s ``meta["seq_positions"]``) yields the shard's global
+    positions instead. The planner reads both from the traced graph, so a ``--cp`` plan the runtime
+    cannot run is refused when it is made."""
+    if "position_ids" in forward_params or seq_positions:
         return ""
-    return (f"{model_class or 'the model'}.forward takes no position_ids: context parallelism feeds each sequence "
-            "shard its global positions (add a position_ids=None argument that sets the positions)")
+    return (f"{model_class or 'the model'}.forward takes no position_ids and computes no positions with an arange "
+            "over the sequence length, so context parallelism cannot give each sequence shard its global positions "
+            "(add a position_ids=None argument that sets the positions)")
 
 
 def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: int, recompute: str,

@@ -179,7 +179,8 @@ def _check_cp_pin(f: dict[str, Any], graph: ModelGraph) -> None:
     ranks start (``execution_rules.cp_forward_blocker``; unpinned, the search leaves cp at 1)."""
     cp = int(f.get("cp") or 1)
     if cp > 1 and "forward_params" in graph.meta:
-        why = cp_forward_blocker(str(graph.meta.get("model_class", "")), graph.meta["forward_params"])
+        why = cp_forward_blocker(str(graph.meta.get("model_class", "")), graph.meta["forward_params"],
+                                 graph.meta.get("seq_positions", ()))
         if why:
             raise ValueError(f"cp={cp} cannot run: {why}; or plan without the cp pin (--cp)")
 

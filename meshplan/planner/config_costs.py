@@ -186,7 +186,8 @@ class ConfigCosts:
 
     def _epcp_rule(self, tp: int, pp: int, cp: int, ep: int, recompute: str) -> str:
         if cp > 1 and "forward_params" in self.g.meta:  # graphs traced before the names were recorded: unknown
-            why = cp_forward_blocker(str(self.g.meta.get("model_class", "")), self.g.meta["forward_params"])
+            why = cp_forward_blocker(str(self.g.meta.get("model_class", "")), self.g.meta["forward_params"],
+                                     self.g.meta.get("seq_positions", ()))
             if why:
                 return why
         return epcp_rule(cp=cp, ep=ep, tp=tp, pp=pp, seq_len=self.g.seq_len,

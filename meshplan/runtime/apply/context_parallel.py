@@ -14,7 +14,15 @@ pipelined/recomputed paths here would have to follow. This module's ring runs on
   holds chunks ``r`` and ``2·cp−1−r`` (``shard_sequence``), so every rank has the same amount of
   causal attention work (the head/tail pairing of Megatron-LM's and torchtitan's CP).
   ``cp_positions`` gives those tokens' global positions; the model receives them as
-  ``position_ids`` (rotary embeddings per shard).
+  ``position_ids`` (rotary embeddings per shard), or, when its forward takes no ``position_ids``
+  (a nanoGPT-style model with learned positions), where it computes them: every
+  ``torch.arange`` over the shard's length (step 1) yields the shard's global positions instead
+  (``SeqPositions``, in the same function mode as the ring; pipeline stage graphs get the same
+  rewrite, ``epcp_pipeline.shard_position_tables``). The positions are set where the model makes
+  them, so the model's own code is unchanged; a forward that computed none raises after its first
+  call (the planner refuses such a model: ``execution_rules.cp_forward_blocker``). Chosen over
+  torch's ``context_parallel`` buffer sharding, which shards registered buffers only (a position
+  computed by ``arange`` in the forward is not one) and does not run on CPU (below).
 * **Ring attention.** Under ``RingAttentionMode`` every ``F.scaled_dot_product_attention`` call
   is replaced: the rank's key/value block travels around the cp ring (``cp − 1`` shifts to the
   next rank / from the previous one), each query chunk attends to every key chunk it may see
@@ -64,6 +72,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
+from meshplan.plan.execution_rules import cp_forward_blocker
 from meshplan.runtime.launch import collectives
 
 
@@ -85,6 +94,47 @@ def shard_sequence(t: torch.Tensor, cp: int, r: int, dim: int = 1) -> torch.Tens
 def cp_positions(seq_len: int, cp: int, r: int, device: torch.device | None = None) -> torch.Tensor:
     """Global positions of rank ``r``'s tokens (``shard_sequence`` of ``arange(seq_len)``)."""
     return shard_sequence(torch.arange(seq_len, device=device)[None], cp, r)[0]
+
+
+def _arange_bounds(args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """(start, step) of a ``torch.arange`` call as written: ``arange(end)``, ``arange(start, end[, step])``."""
+    named = dict(zip(("start", "end", "step") if len(args) >= 2 else ("end",), args))
+    named.update({k: kwargs[k] for k in ("start", "end", "step") if k in kwargs})
+    return named.get("start", 0), named.get("step", 1)
+
+
+def shard_arange(t: torch.Tensor, start: Any, cp: int, r: int) -> torch.Tensor:
+    """In place of ``t = arange(start, start + n)`` over cp rank ``r``'s ``n`` local tokens: their
+    global positions (``start + cp_positions(n·cp, cp, r)``), in ``t``'s dtype and device."""
+    return (cp_positions(t.numel() * cp, cp, r, t.device) + start).to(t.dtype)
+
+
+def cp_arange(*args: Any, cp: int, r: int, **kwargs: Any) -> torch.Tensor:
+    """``torch.arange(*args, **kwargs)`` over a local sequence shard, as its global positions (the
+    call a pipeline stage graph's ``arange`` of the sequence length is rewritten into)."""
+    start, step = _arange_bounds(args, kwargs)
+    if step != 1:
+        raise ValueError(f"context parallelism: arange over the sequence with step {step} (only step 1 is "
+                         "positions it can shard)")
+    return shard_arange(torch.arange(*args, **kwargs), start, cp, r)
+
+
+class SeqPositions:
+    """Positions for a forward without ``position_ids``: while ``local_len`` is set, every 1-d
+    ``arange`` with step 1 and ``local_len`` elements is replaced by the shard's global positions;
+    ``swapped`` counts them (0 after a forward: the model computed no positions this way)."""
+
+    def __init__(self, cp: int, r: int) -> None:
+        self.cp, self.r = cp, r
+        self.local_len = 0
+        self.swapped = 0
+
+    def swap(self, t: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+        start, step = _arange_bounds(args, kwargs)
+        if t.dim() != 1 or t.numel() != self.local_len or self.local_len < 2 or step != 1:
+            return t
+        self.swapped += 1
+        return shard_arange(t, start, self.cp, self.r)
 
 
 class RingStats:
@@ -255,25 +305,28 @@ class RingContext:
 
 
 class RingAttentionMode(TorchFunctionMode):
-    """Routes ``F.scaled_dot_product_attention`` to ``RingContext.ring_attention`` while active."""
+    """Routes ``F.scaled_dot_product_attention`` to ``RingContext.ring_attention`` while active;
+    with ``positions``, also every ``torch.arange`` through ``SeqPositions.swap``."""
 
-    def __init__(self, ring: RingContext) -> None:
+    def __init__(self, ring: RingContext, positions: SeqPositions | None = None) -> None:
         super().__init__()
         self.ring = ring
+        self.positions = positions
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             return self.ring(*args, **kwargs)
+        if func is torch.arange and self.positions is not None:
+            return self.positions.swap(func(*args, **kwargs), args, kwargs)
         return func(*args, **kwargs)
 
 
-def cp_blocker(model: nn.Module) -> str:
-    """Why ``model`` cannot run context-parallel here ('' when it can)."""
-    if "position_ids" not in inspect.signature(model.forward).parameters:
-        return (f"{type(model).__name__}.forward takes no position_ids: context parallelism feeds each "
-                "sequence shard its global positions (add a position_ids=None argument)")
-    return ""
+def takes_position_ids(model: nn.Module) -> bool:
+    try:
+        return "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class ContextParallel(nn.Module):
@@ -291,6 +344,8 @@ class ContextParallel(nn.Module):
         super().__init__()
         self.model = model
         self.ring = ring
+        # no position_ids argument: the positions the forward computes are swapped (SeqPositions)
+        self.positions = None if takes_position_ids(model) else SeqPositions(ring.cp, ring.r)
         self._stack: list[RingAttentionMode] = []
         for m in model.modules():
             if isinstance(m, nn.ModuleList):
@@ -299,7 +354,7 @@ class ContextParallel(nn.Module):
                     block.register_forward_hook(self._exit)
 
     def _enter(self, *_: Any) -> None:
-        mode = RingAttentionMode(self.ring)
+        mode = RingAttentionMode(self.ring, self.positions)
         mode.__enter__()
         self._stack.append(mode)
 
@@ -307,6 +362,13 @@ class ContextParallel(nn.Module):
         self._stack.pop().__exit__(None, None, None)
 
     def forward(self, idx: torch.Tensor) -> Any:
-        pos = cp_positions(idx.shape[1] * self.ring.cp, self.ring.cp, self.ring.r, idx.device)
-        with RingAttentionMode(self.ring):
-            return self.model(idx, position_ids=pos[None].expand(idx.shape[0], -1))
+        if self.positions is None:
+            pos = cp_positions(idx.shape[1] * self.ring.cp, self.ring.cp, self.ring.r, idx.device)
+            with RingAttentionMode(self.ring):
+                return self.model(idx, position_ids=pos[None].expand(idx.shape[0], -1))
+        self.positions.local_len, self.positions.swapped = idx.shape[1], 0
+        with RingAttentionMode(self.ring, self.positions):
+            out = self.model(idx)
+        if not self.positions.swapped:  # the same on every rank (one model): all raise together
+            raise RuntimeError(cp_forward_blocker(type(self.model).__name__, [], ()))
+        return out

@@ -26,7 +26,12 @@ from torch import nn
 
 from meshplan.plan import Plan
 from meshplan.plan.execution_rules import epcp_rule
-from meshplan.runtime.apply.context_parallel import ContextParallel, RingContext, cp_blocker, shard_sequence
+from meshplan.runtime.apply.context_parallel import (
+    ContextParallel,
+    RingContext,
+    shard_sequence,
+    takes_position_ids,
+)
 from meshplan.runtime.apply.epcp_groups import DCGroups, build_groups
 from meshplan.runtime.apply.epcp_pipeline import StageRing
 from meshplan.runtime.apply.expert_parallel import apply_expert_parallel, ep_blocker
@@ -41,7 +46,9 @@ def uses_epcp(plan: Plan) -> bool:
 
 def epcp_blocker(model: nn.Module, plan: Plan) -> str:
     """Why this runtime cannot run ``plan``'s cp/ep on ``model`` ('' when it can): the planner's
-    rule (``execution_rules.epcp_rule``), then what only the model can tell."""
+    rule (``execution_rules.epcp_rule``), then what only the model can tell. Under cp, a forward without
+    ``position_ids`` runs when it computes its positions by ``arange`` (``context_parallel.SeqPositions``;
+    pipeline stages: ``epcp_pipeline.pipeline_cp_blocker``); the planner checks it on the traced graph."""
     if not uses_epcp(plan):
         return ""
     why = epcp_rule(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp, seq_len=plan.seq_len or 2 * plan.cp,
@@ -49,10 +56,6 @@ def epcp_blocker(model: nn.Module, plan: Plan) -> str:
                     sequence_parallel=plan.sequence_parallel, capture=plan.capture)
     if why:
         return why
-    if plan.cp > 1:
-        why = cp_blocker(model)
-        if why:
-            return why
     if plan.ep > 1:
         why = ep_blocker(model, plan.ep)
         if why:
@@ -157,7 +160,9 @@ def apply_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv) -> EPCPState:
                            "ring attention on send/recv of the un-repeated key/value heads, each shift "
                            "overlapped with a block's compute"
                            + ("; every ring attention call checkpointed (recompute=selective: its re-run "
-                              "replays the shifts)" if plan.recompute == "selective" else ""))
+                              "replays the shifts)" if plan.recompute == "selective" else "")
+                           + ("" if takes_position_ids(model) else "; positions: the forward's arange over the "
+                              "sequence yields each shard's global positions (no position_ids argument)"))
     state.notes.append(f"gradients reduced over dp x cp = {groups.dc_size} ranks (experts: over their replicas), "
                        "bucketed all-reduce from gradient hooks")
     return state

@@ -12,12 +12,14 @@ over the cp mesh of its own ranks), here:
 * ``shard_position_tables`` rewrites a stage graph's reads of a positional table by the
   sequence length (the zoo Llama's ``rope_cos[: idx.shape[1]]``, traced with
   ``position_ids=None``) into a gather of this cp rank's global positions
-  (``context_parallel.cp_positions``): the same rows torchtitan's buffer sharding gives. The first
-  stage then embeds its load-balanced shard at its true positions; later stages receive the
-  tables it sliced as ordinary stage inputs.
+  (``context_parallel.cp_positions``): the same rows torchtitan's buffer sharding gives; and
+  every ``arange`` sized by the sequence length (the zoo GPT's learned positions,
+  ``wpe(arange(0, T))``) into ``context_parallel.cp_arange``, the same positions the pp = 1
+  wrapper swaps in. The first stage then embeds its load-balanced shard at its true positions;
+  later stages receive what it computed as ordinary stage inputs.
 * ``pipeline_cp_blocker`` refuses (on every rank, before any collective) a pipelined cp plan
-  whose captured graph reads positions no other way this module rewrites (an ``arange`` of the
-  sequence length, a graph captured by ``torch.export`` with the length baked in).
+  whose captured graph reads positions no way this module rewrites (a graph captured by
+  ``torch.export`` with the length baked in, or one with neither a table nor an arange).
 
 Targets need nothing: the last stage's loss is computed on the targets' cp shard
 (``ParallelModel`` shards inputs and targets alike), the mean over its tokens.
@@ -33,7 +35,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from meshplan.runtime.apply.context_parallel import RingAttentionMode, RingContext, cp_positions
+from meshplan.runtime.apply.context_parallel import RingAttentionMode, RingContext, cp_arange, cp_positions
 from meshplan.trace import attr_at
 
 
@@ -90,19 +92,23 @@ def _table_slices(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 
 def _position_aranges(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """``arange`` calls sized by a stage input's sequence length (positions this module does not rewrite)."""
-    return [n for n in gm.graph.nodes if n.op == "call_function" and getattr(n.target, "__name__", "") == "arange"
-            and any(_seq_len_of_input(a) for a in n.args)]
+    """``arange`` calls sized by a stage input's sequence length (positions computed in the graph)."""
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.arange
+            and any(_seq_len_of_input(a) for a in (*n.args, *n.kwargs.values()))]
 
 
 def shard_position_tables(gm: torch.fx.GraphModule, cp: int, r: int) -> list[str]:
-    """Rewrite ``gm``'s ``buffer[:L]`` reads into ``cp_rows(buffer, L, cp, r)``; returns the buffers'
-    names. Node names are kept (plans name stage boundaries by node)."""
+    """Rewrite ``gm``'s ``buffer[:L]`` reads into ``cp_rows(buffer, L, cp, r)`` and its ``arange``
+    calls of the sequence length into ``cp_arange(..., cp=cp, r=r)``; returns the buffers' and the
+    aranges' names. Node names are kept (plans name stage boundaries by node)."""
     done = []
     for n in _table_slices(gm):
         src, idx = n.args
         n.target, n.args = cp_rows, (src, idx.stop, cp, r)  # in place: the node keeps its name
         done.append(str(src.target))
+    for n in _position_aranges(gm):
+        n.target, n.kwargs = cp_arange, {**n.kwargs, "cp": cp, "r": r}
+        done.append(n.name)
     if done:
         gm.graph.lint()
         gm.recompile()
@@ -114,14 +120,8 @@ def pipeline_cp_blocker(graphs: Sequence[torch.fx.GraphModule], capture: str) ->
     if capture != "fx":
         return ("cp with pp > 1 needs an fx capture (a torch.export graph has the sequence length baked into "
                 "its shapes); re-plan with pp = 1 or cp = 1")
-    for gm in graphs:
-        ar = _position_aranges(gm)
-        if ar:
-            return (f"stage graph computes positions with arange of the sequence length ({ar[0].name}); under "
-                    "cp each rank holds a load-balanced shard of the sequence whose positions are not 0..T/cp-1: "
-                    "read positions from a table sliced by the sequence length (as the zoo Llama's rope_cos) "
-                    "or re-plan with pp = 1")
-    if not any(_table_slices(gm) for gm in graphs):
-        return ("no positional table read by the sequence length (table[: x.shape[1]]) was found in the stage "
-                "graphs, so the sequence shards' positions cannot be set; re-plan with pp = 1 or cp = 1")
+    if not any(_table_slices(gm) or _position_aranges(gm) for gm in graphs):
+        return ("no positional table read by the sequence length (table[: x.shape[1]]) and no arange of it was "
+                "found in the stage graphs, so the sequence shards' positions cannot be set; re-plan with pp = 1 "
+                "or cp = 1")
     return ""
