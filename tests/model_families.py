@@ -100,6 +100,20 @@ def hf_qwen2() -> nn.Module:
                                               max_position_embeddings=16))
 
 
+def hf_mistral() -> nn.Module:
+    tf = _tf()
+    return tf.MistralForCausalLM(tf.MistralConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                  hidden_size=32, intermediate_size=64, vocab_size=VOCAB,
+                                                  max_position_embeddings=16, sliding_window=None))
+
+
+def hf_phi() -> nn.Module:
+    tf = _tf()
+    return tf.PhiForCausalLM(tf.PhiConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32,
+                                          intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=16,
+                                          resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0))
+
+
 def hf_mixtral() -> nn.Module:
     from moe_models import hf_mixtral_tiny
 
@@ -241,6 +255,22 @@ def zoo_gpt() -> nn.Module:
     return GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=16))
 
 
+def dict_net() -> nn.Module:
+    from dict_batch import DictNet
+
+    return DictNet()
+
+
+def _dict_batch(step: int) -> tuple[Any, torch.Tensor]:
+    """A dict of features by keyword (token ids and dense per-token features), targets apart."""
+    from dict_batch import FEATS
+    from dict_batch import VOCAB as DICT_VOCAB
+
+    g = _gen(step)
+    ids = torch.randint(0, DICT_VOCAB, (BATCH, SEQ), generator=g)
+    return {"ids": ids, "feats": torch.randn(BATCH, SEQ, FEATS, generator=g)}, (ids * 3 + 1) % DICT_VOCAB
+
+
 def _t5_batch(step: int) -> tuple[Any, torch.Tensor]:
     x, y = tokens(step)
     dec = torch.cat([torch.zeros(BATCH, 1, dtype=torch.long), y[:, :-1]], dim=1)
@@ -271,6 +301,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("hf_qwen2", _seeded(hf_qwen2), tokens, lm_loss),
     Family("hf_opt", _seeded(hf_opt), tokens, lm_loss),
     Family("hf_neox", _seeded(hf_neox), tokens, lm_loss),
+    Family("hf_mistral", _seeded(hf_mistral), tokens, lm_loss),
+    Family("hf_phi", _seeded(hf_phi), tokens, lm_loss),
     Family("hf_mixtral", _seeded(hf_mixtral), tokens, lm_loss),
     Family("hf_qwen2_moe", _seeded(hf_qwen2_moe), tokens, lm_loss),
     Family("hf_bert", _seeded(hf_bert), _masked_batch, lm_loss),
@@ -280,6 +312,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("resnet", _seeded(ResNet), images, lm_loss),
     Family("unet", _seeded(UNet), _unet_batch, mse_loss),
     Family("lstm", _seeded(LSTMLM), tokens, lm_loss),
+    Family("dict", _seeded(dict_net), _dict_batch, lm_loss),
 ]}
 
 
@@ -345,8 +378,14 @@ def make_plan(fam: Family, cell: str, world: int) -> Any:
                     example_inputs=ex)
 
 
-def run_cell(fam: Family, cell: str, world: int, ref: list[float]) -> tuple[str, float, str]:
-    """("ok", max loss error, notes) or ("error", inf, the error raised before training)."""
+def sharded_styles(plan: Any) -> int:
+    """How many modules the plan's TP placement shards (styles other than replicate)."""
+    return sum(v != "replicate" for v in plan.tp_styles.values())
+
+
+def run_cell(fam: Family, cell: str, world: int, ref: list[float]) -> tuple[str, float, str, int]:
+    """("ok", max loss error, notes, modules the TP placement shards) or ("error", inf, the error
+    raised before training, -1)."""
     from meshplan.runtime.apply.api import apply_plan
 
     stage = "plan"
@@ -356,15 +395,16 @@ def run_cell(fam: Family, cell: str, world: int, ref: list[float]) -> tuple[str,
         pm = apply_plan(fam.build(), plan, loss_fn=fam.loss, optimizer_factory=opt_factory, dtype="fp32",
                         example_inputs=_example(fam.batch(0)[0]))
     except Exception as e:  # noqa: BLE001 - the cell reports the error it raised before training
-        return "error", float("inf"), f"{stage}: {type(e).__name__}: {e}"
+        return "error", float("inf"), f"{stage}: {type(e).__name__}: {e}", -1
     losses = [pm.step(*fam.batch(s)) for s in range(STEPS)]
     err = max(abs(a - b) for a, b in zip(losses, ref))
     desc = f"dp{plan.dp} tp{plan.tp} pp{plan.pp} {plan.schedule} m{plan.num_microbatches}"
-    return "ok", err, desc + "; " + "; ".join(pm.notes)
+    return "ok", err, desc + "; " + "; ".join(pm.notes), sharded_styles(plan)
 
 
-def worker(rank: int, world: int, cells: list[tuple[str, str]]) -> list[tuple[str, str, str, float, str, float]]:
-    """Runs every (family, cell) inside one spawn; rows (family, cell, status, error, notes, seconds)."""
+def worker(rank: int, world: int, cells: list[tuple[str, str]]) -> list[tuple[str, str, str, float, str, float, int]]:
+    """Runs every (family, cell) inside one spawn; rows (family, cell, status, error, notes, seconds,
+    modules the plan's TP placement shards)."""
     torch.manual_seed(0)
     refs: dict[str, list[float]] = {}
     out = []
@@ -374,9 +414,9 @@ def worker(rank: int, world: int, cells: list[tuple[str, str]]) -> list[tuple[st
         if name not in refs:
             refs[name] = reference_losses(fam)
         try:
-            status, err, notes = run_cell(fam, cell, world, refs[name])
+            status, err, notes, sharded = run_cell(fam, cell, world, refs[name])
         except Exception as e:  # noqa: BLE001 - a failure during training is a bug: report it
-            status, err, notes = "crash", float("inf"), f"{type(e).__name__}: {e}"
-        out.append((name, cell, status, err, notes[:600], time.perf_counter() - t0))
+            status, err, notes, sharded = "crash", float("inf"), f"{type(e).__name__}: {e}", -1
+        out.append((name, cell, status, err, notes[:600], time.perf_counter() - t0, sharded))
     return out
 
