@@ -423,6 +423,16 @@ def fits(total_bytes: float, mem_bytes: float) -> bool:
 LOSS_KERNELS: dict[str, int] = {"cross_entropy": 3, "loss_parallel": 4, "fused": 1}
 
 
+def loss_kept_bytes(tokens: float, vocab: int, *, vocab_shard: int = 1) -> float:
+    """Bytes a cross-entropy keeps for its backward per microbatch: the fp32 log-softmax output
+    (``log_softmax`` saves its result; ``nll_loss`` only the targets), ``tokens · V / vocab_shard
+    · 4``. What ``loss_buffer_bytes`` counts beyond it (the cast's copies, the backward's fp32
+    gradients) exists for one microbatch at a time. Unit: bytes."""
+    if tokens < 0 or vocab < 1 or vocab_shard < 1:
+        raise ValueError(f"tokens >= 0, vocab >= 1 and vocab_shard >= 1 needed, got {tokens}, {vocab}, {vocab_shard}")
+    return tokens * vocab / vocab_shard * 4.0
+
+
 def loss_buffer_bytes(
     tokens: float, vocab: int, *, vocab_shard: int = 1, logits_bytes: int = 2, kernel: str | None = None
 ) -> float:

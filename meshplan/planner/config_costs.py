@@ -480,15 +480,18 @@ class ConfigCosts:
         ]  # fmt: skip
 
     def transient(self, t: CostTable, runs: list[tuple[int, int]]) -> float:
-        """Bytes a rank holds on top of its stored activations while back-propagating: the
-        largest recompute transient of its layers (``LayerCost.transient_bytes``, one layer
-        re-run at a time), less the loss peak freed before any block's backward. Memoized per
-        (table, runs): configurations differing only in m, schedule or DP kind share it."""
+        """Bytes a rank holds on top of its stored activations while back-propagating, one
+        microbatch at a time: the larger of the cross-entropy backward's buffers
+        (``LayerCost.loss_peak_bytes``, at the start of that microbatch's backward) and the largest
+        recompute transient of its layers (``LayerCost.transient_bytes``, one layer re-run at a
+        time) less what the loss kept for that microbatch, freed before any block's backward.
+        Memoized per (table, runs): configurations differing only in m, schedule or DP kind share it."""
         key = (id(t), tuple(runs))
         if key not in self.memos.transient:
             layers = [x for a, b in runs for x in t.layers[a:b]]
             worst = max((x.transient_bytes for x in layers), default=0.0)
-            self.memos.transient[key] = max(0.0, worst - sum(x.loss_bytes for x in layers))
+            loss_peak = max((x.loss_peak_bytes for x in layers), default=0.0)
+            self.memos.transient[key] = max(0.0, loss_peak, worst - sum(x.loss_bytes for x in layers))
         return self.memos.transient[key]
 
     def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:

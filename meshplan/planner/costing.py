@@ -19,7 +19,8 @@ microbatch on one device:
 - ``act_bytes``: what the layer keeps for backward (``node_activation_bytes``; full recompute
   keeps only the layer input, op-level recompute the input, every other linear's output and
   the attention outputs); ``transient_bytes`` what recompute rematerializes while the layer is
-  back-propagated; ``loss_bytes`` the cross-entropy peak (post layer);
+  back-propagated; ``loss_bytes`` what the cross-entropy keeps per microbatch until its
+  backward, ``loss_peak_bytes`` its backward's peak beyond that (post layer);
 - ``out_bytes``: the tensors crossing the cut after the layer (``CutPoint.crossing_bytes``
   × batch_scale in the training dtype, ÷ tp with sequence parallelism).
 
@@ -48,6 +49,7 @@ from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import (
     loss_buffer_bytes,
+    loss_kept_bytes,
     node_activation_bytes,
     recompute_transient_bytes,
 )
@@ -91,9 +93,13 @@ class LayerCost:
     #: bytes per microbatch alive only while this layer is back-propagated: what recompute
     #: dropped, rematerialized by the re-run forward (``memory.recompute_transient_bytes``)
     transient_bytes: float = 0.0
-    #: of ``act_bytes``, the cross-entropy peak over the logits (``memory.loss_buffer_bytes``):
-    #: alive at the start of backward, freed before any block is back-propagated
+    #: of ``act_bytes``, what the cross-entropy keeps for its backward (the fp32 log-softmax,
+    #: ``memory.loss_kept_bytes``): per microbatch in flight, freed before any block of that
+    #: microbatch is back-propagated
     loss_bytes: float = 0.0
+    #: the cross-entropy's peak (``memory.loss_buffer_bytes``) beyond ``loss_bytes``: the fp32
+    #: buffers its backward writes, one microbatch at a time (not in ``act_bytes``)
+    loss_peak_bytes: float = 0.0
     #: bytes of the logits this (post) layer returns per microbatch and rank, in the training dtype
     logits_bytes: float = 0.0
     #: bytes per microbatch this layer keeps beyond ``act_bytes`` when it runs under autocast on
@@ -402,10 +408,12 @@ class GraphCoster:
         act = kept(rc)
         transient = recompute_transient_bytes(kept("none"), act) if rc != "none" else 0.0
         lg = self._logits(nodes, sol, scale) if kind == "post" else None
-        loss = logits = 0.0
+        loss = loss_peak = logits = 0.0
         if lg is not None:
             elem = 4 if self.dtype in ("fp32", "float32") else 2
-            loss = loss_buffer_bytes(lg[0], lg[1], vocab_shard=lg[2], logits_bytes=elem, kernel=self.loss_kernel)
+            peak = loss_buffer_bytes(lg[0], lg[1], vocab_shard=lg[2], logits_bytes=elem, kernel=self.loss_kernel)
+            loss = min(peak, loss_kept_bytes(lg[0], lg[1], vocab_shard=lg[2]))
+            loss_peak = peak - loss
             logits = lg[0] * lg[1] / lg[2] * elem
         act += loss
         cast = self._autocast_bytes(nodes, sol, rc, scale, elem, in_bytes) if self._autocast_dtype else 0.0
@@ -424,7 +432,8 @@ class GraphCoster:
         layer = LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
-            transient_bytes=transient, loss_bytes=loss, logits_bytes=logits, autocast_bytes=cast,
+            transient_bytes=transient, loss_bytes=loss, loss_peak_bytes=loss_peak, logits_bytes=logits,
+            autocast_bytes=cast,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
 
