@@ -95,7 +95,9 @@ class CutPoint:
     """A candidate pipeline cut after node ``after`` (cut between ids after and after+1).
 
     ``crossing`` lists every node whose output is produced at or before ``after`` and read
-    after it (residual stream, masks, rotary tables, ...), ``crossing_bytes`` their total bytes.
+    after it (residual stream, masks, rotary tables, ...), ``crossing_bytes`` their total bytes:
+    what a pipeline stage sends the next. Model inputs are not in it: every stage reads the
+    inputs its nodes consume from the batch by keyword (the runtime's ``split.StagePiece.reads``).
     ``at_block_boundary`` is true where the cut falls between two repeated-block instances
     (or between the pre-block part and the first block / the last block and the head).
     """

@@ -209,3 +209,29 @@ def test_many_cut_points_are_thinned_keeping_the_cheapest_per_flops_bin() -> Non
     narrow = sum(c.crossing_bytes == small for c in kept)
     assert narrow > len(kept) - narrow  # a bin holding both keeps the narrow (16-wide) output
     assert len(layer_ranges(g)) == len(kept) + 1
+
+
+def test_model_inputs_are_not_charged_at_a_cut() -> None:
+    """Pipeline stages read the model inputs they consume by keyword (runtime split.StagePiece.reads),
+    never from the stage before: a cut of the dict-batch model (every block reads ids and features
+    again) is charged exactly what the runtime's first stage sends, no model input among it."""
+    from dict_batch import build
+
+    from meshplan.calls import split_inputs
+    from meshplan.runtime.apply.split import capture_graph, split_stages, stage_args
+
+    model, example = build()
+    g = trace_model(model, example)
+    assert all(g.nodes[i].kind != "input" for c in g.cut_points for i in c.crossing)
+    plan = estimate_graph(g, 2, tp=1, pp=2, dp=1, global_batch_size=8, num_microbatches=4, cluster="h100",
+                          dtype="fp32")
+    mb = plan.micro_batch_size
+    batch = {"ids": torch.randint(0, 32, (mb, 8)), "feats": torch.randn(mb, 8, 4)}
+    gm, _ = capture_graph(model, example)
+    first, second = split_stages(gm, sorted(plan.stages, key=lambda s: s.index))
+    assert second.reads  # the later stage reads model inputs itself
+    by_name = dict(zip(first.model_inputs, split_inputs(batch)[1]))  # as runtime split.run_chain feeds stages
+    with torch.no_grad():
+        sent = first.module(*stage_args(first, (), by_name))
+    sent = sent if isinstance(sent, tuple) else (sent,)
+    assert plan.stages[0].send_bytes == sum(t.numel() * t.element_size() for t in sent) > 0

@@ -102,11 +102,14 @@ def find_blocks(root: nn.Module, pidx: ParamIndex, nodes: list[GraphNode]) -> tu
 
 
 def cut_points(nodes: list[GraphNode], blocks: list[BlockType]) -> list[CutPoint]:
-    """A CutPoint after every node except the last, with its crossing tensors."""
+    """A CutPoint after every node except the last, with the tensors a stage cut there sends: model
+    inputs (``input`` nodes) never cross, each stage reads the ones it consumes from the batch
+    (the runtime's ``split.StagePiece.reads``), so they are neither charged nor block a cut."""
     last_use = [-1] * len(nodes)
     for n in nodes:
         for i in n.inputs:
-            last_use[i] = max(last_use[i], n.id)
+            if nodes[i].kind != "input":
+                last_use[i] = max(last_use[i], n.id)
     boundaries: set[int] = set()
     for bt in blocks:
         for a, b in bt.node_ranges:
