@@ -31,7 +31,9 @@ weights, 16-bit compute and activations), "fp32", and "fp8" = torchao float8 tra
     default, ``transformer_config.py`` ``fp8_recipe = "delayed"``; ``fp8_utils.py``
     ``TEDelayedScaling``): the scale comes from the amax history, the amax of this step is
     taken inside the cast kernel, and one ``cast_transpose`` pass writes the row- and
-    column-major copies the forward and backward GEMMs need (read 2, write 1 + 1:
+    column-major copies the forward and backward GEMMs need (Transformer Engine
+    ``pytorch/module/linear.py``: ``fp8_cast_transpose_fused``, later a quantizer with rowwise +
+    columnwise usage, ``csrc/extensions/cast.cu`` writing ``data`` and ``data_transpose``; read 2, write 1 + 1:
     ``FP8_CAST_TRANSPOSE_BYTES`` 4): x in forward, dY once for both backward GEMMs. Weights are
     cast once per step and cached over the microbatches (``extensions/transformer_engine.py``
     ``is_first_microbatch``): at most 4 B per weight per step, not charged per microbatch.
