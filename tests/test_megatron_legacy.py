@@ -52,6 +52,14 @@ def test_fp8_arguments_of_2023() -> None:
     assert (imp.spec.dtype, imp.profile) == ("fp8", "megatron-core-2024")
 
 
+def test_fp8_recipe_is_a_run_flag() -> None:
+    imp = megatron.parse("--bf16 --fp8-format hybrid --fp8-recipe tensorwise --tensor-model-parallel-size 2", world_size=8)
+    assert (imp.spec.dtype, imp.run_flags) == ("fp8", {"fp8_recipe": "current"})  # TE per-tensor current scaling
+    assert megatron.parse("--bf16 --fp8-format hybrid", world_size=8).run_flags == {}  # the profile's default: delayed
+    with pytest.raises(ValueError, match="--fp8-recipe mxfp8: costed are delayed, tensorwise, blockwise"):
+        megatron.parse("--bf16 --fp8-format hybrid --fp8-recipe mxfp8", world_size=8)
+
+
 def test_bad_ddp_impl() -> None:
     with pytest.raises(ValueError, match="--DDP-impl must be local or torch"):
         megatron.parse("--DDP-impl apex", world_size=8)

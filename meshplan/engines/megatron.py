@@ -28,8 +28,11 @@ VALUE_ARGS = {
     "--num-layers-per-virtual-pipeline-stage", "--context-parallel-size", "--expert-model-parallel-size",
     "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-granularity", "--recompute-method",
     "--recompute-num-layers", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-    "--num-layers", "--fp8-format", "--expert-tensor-parallel-size",
+    "--num-layers", "--fp8-format", "--expert-tensor-parallel-size", "--fp8-recipe",
 }  # fmt: skip
+#: Megatron's --fp8-recipe (megatron/core/enums.py Fp8Recipe) -> cost_models.precision.FP8_RECIPES
+#: ("tensorwise" is TE's per-tensor current scaling; mxfp8 runs on Blackwell only, which no preset is)
+FP8_RECIPE_NAMES = {"delayed": "delayed", "tensorwise": "current", "blockwise": "blockwise"}
 FLAG_ARGS = {"--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16",
              "--overlap-grad-reduce", "--overlap-param-gather", "--recompute-activations"}  # fmt: skip
 #: retired value arguments -> (today's argument or "", the engine profile of their era); Megatron-LM commits:
@@ -209,6 +212,12 @@ def parse(text: str, world_size: int) -> Imported:
     eras = {LEGACY_VALUES[k][1] if k in LEGACY_VALUES else LEGACY_FLAGS[k] for k in legacy} - {""}
     profile = next((e for e in reversed(ERAS) if e in eras), None)  # the oldest era named decides
     run_flags: dict[str, str] = {}
+    if "--fp8-recipe" in vals:
+        recipe = vals["--fp8-recipe"]
+        if recipe not in FP8_RECIPE_NAMES:
+            raise ValueError(f"--fp8-recipe {recipe}: costed are {', '.join(FP8_RECIPE_NAMES)} (H100/H200); "
+                             "mxfp8 and custom are not")
+        run_flags["fp8_recipe"] = FP8_RECIPE_NAMES[recipe]
     if "--DDP-impl" in legacy:
         impl = legacy["--DDP-impl"]
         if impl not in ("local", "torch"):
