@@ -41,6 +41,7 @@ from meshplan.plan.execution_rules import cp_forward_blocker, tp_pp_blocker
 from meshplan.planner import validate as V
 from meshplan.planner.assemble import MESH_AXES, build_plan, model_flops_per_token, quant_effect
 from meshplan.planner.costing import GraphCoster
+from meshplan.planner.estimate import estimate_config, estimate_notes
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.search import Config, GiB, Searcher, SearchResult
 from meshplan.profile.local import resolve
@@ -229,7 +230,6 @@ def estimate_graph(
     False is meshplan's runtime (the MoE block replicated over tp, ep borrowing dp·cp ranks tp
     apart), which the planner's own plans always are."""
     prof = engine_profile(profile)
-    split_rule = prof.split_rule
     if moe_folding:
         if not int(graph.meta.get("num_experts", 0) or 0):
             raise ValueError("moe_folding=True needs a MoE model (the graph has no experts); drop moe_folding")
@@ -245,23 +245,7 @@ def estimate_graph(
     if capacity_factor is not None:
         fixed["capacity_factor"] = capacity_factor
     world_size, spec, B, f = check_request(world_size, cluster, global_batch_size, fixed, None, None)
-    if micro_batch_size is None and num_microbatches is None:
-        num_microbatches = max(1, min(B // dp, pp * (2 if pp > 1 else 1)))
-        while (B // dp) % num_microbatches:
-            num_microbatches -= 1
-    if micro_batch_size is None:
-        if (B // dp) % num_microbatches:
-            raise ValueError(
-                f"global batch {B} / dp {dp} = {B // dp} is not divisible by num_microbatches={num_microbatches}"
-            )
-        micro_batch_size = B // dp // num_microbatches
-    if num_microbatches is None:
-        num_microbatches = B // dp // micro_batch_size
-    if micro_batch_size * num_microbatches * dp != B:
-        raise ValueError(
-            f"micro_batch_size·num_microbatches·dp = {micro_batch_size}·{num_microbatches}·{dp} "
-            f"= {micro_batch_size * num_microbatches * dp} but the global batch is {B}"
-        )
+    micro_batch_size, num_microbatches = microbatching(B, dp, pp, micro_batch_size, num_microbatches)
     f.update(micro_batch_size=micro_batch_size, num_microbatches=num_microbatches)
     n_layers = len(layer_ranges(graph))
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, n_layers)
@@ -301,36 +285,38 @@ def estimate_graph(
         if len(blocks_per_stage) != pp * cfg.virtual_stages:
             raise ValueError(f"blocks_per_stage has {len(blocks_per_stage)} entries for pp·v = {pp * cfg.virtual_stages} stages")
         runs = block_runs([x.kind == "block" for x in costs.table(cfg).layers], blocks_per_stage)
-    if runs is not None or (dp_kind is not None or cp * ep > 1):
-        ev = costs.evaluate(cfg, runs=runs)
-    else:
-        ev = costs.evaluate_auto(cfg)
-    split = None
-    if ev.fits and pp > 1 and runs is None and split_rule == "any":
-        from meshplan.planner.finalize import WINNER_SPLIT_LIMIT_S, WINNER_SPLIT_NODES, refine_split
-
-        ev, split = refine_split(costs, ev, WINNER_SPLIT_LIMIT_S, WINNER_SPLIT_NODES)
+    # (cp/ep reduce gradients their own way, runtime/epcp: no sharded kind chosen for them)
+    ev, split = estimate_config(costs, cfg, runs=runs, choose_kind=dp_kind is None and cp * ep == 1)
     res = SearchResult(ev if ev.fits else None, [], 1, 1, time.perf_counter() - t0, costs.coster.ilp_solves,
                        costs.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, costs.coster,
                        split=split)  # fmt: skip
-    notes = (
-        []
-        if ev.fits
-        else [
-            f"does not fit: needs {ev.max_mem_bytes / GiB:.1f} GiB per device, limit {ev.mem_limit_bytes / GiB:.1f} GiB"
-        ]
-    )
-    why = costs.epcp_why(tp, pp, cp, ep, recompute)
-    if why:
-        notes.append(f"cp={cp} ep={ep} costed (cost_models/epcp.py), but meshplan's runtime does not run it: {why}")
-    if moe_folding and tp > 1:
-        edp, _ = costs.expert_dp_group(cfg)
-        notes.append(f"MoE parallel folding costed (Megatron-Core, ETP 1 with sequence parallelism): each tp rank routes "
-                     f"its 1/{tp} of the tokens over an ep group of {ep} consecutive ranks, expert gradients over "
-                     f"{edp} expert data-parallel ranks; meshplan's runtime does not run it (its MoE block is replicated "
-                     f"over tp and its ep group borrows dp ranks {tp} apart)")
+    notes = estimate_notes(costs, ev)
     return build_plan(graph, spec, ev, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0,
                       extra_notes=notes, status="estimate")  # fmt: skip
+
+
+def microbatching(B: int, dp: int, pp: int, micro_batch_size: int | None,
+                  num_microbatches: int | None) -> tuple[int, int]:
+    """(micro_batch_size, num_microbatches) with b·m·dp = the global batch ``B``, from either given
+    (neither: the most microbatches up to 2·pp, or 1 without a pipeline, that divide B/dp)."""
+    if micro_batch_size is None and num_microbatches is None:
+        num_microbatches = max(1, min(B // dp, pp * (2 if pp > 1 else 1)))
+        while (B // dp) % num_microbatches:
+            num_microbatches -= 1
+    if micro_batch_size is None:
+        if (B // dp) % num_microbatches:
+            raise ValueError(
+                f"global batch {B} / dp {dp} = {B // dp} is not divisible by num_microbatches={num_microbatches}"
+            )
+        micro_batch_size = B // dp // num_microbatches
+    if num_microbatches is None:
+        num_microbatches = B // dp // micro_batch_size
+    if micro_batch_size * num_microbatches * dp != B:
+        raise ValueError(
+            f"micro_batch_size·num_microbatches·dp = {micro_batch_size}·{num_microbatches}·{dp} "
+            f"= {micro_batch_size * num_microbatches * dp} but the global batch is {B}"
+        )
+    return micro_batch_size, num_microbatches
 
 
 def check_request(
