@@ -1,8 +1,10 @@
 """TP x PP on torch.export captures (HF transformers models), ``runtime/apply/tp_export.py``.
 
 One process (the search side is in tests/test_tp_pp_rule.py): the shapes a tp2 stage graph gets are
-this rank's (heads halved, GQA's expand to the local kv heads); a graph
-whose shard reaches an op the runtime cannot follow is refused naming it.
+this rank's (heads halved, GQA's expand to the local kv heads); a localized graph (a fused
+projection chunked per head, as GPT-NeoX's) run on each rank's weight shards gives partial outputs
+summing to the whole model's; a graph whose shard reaches an op the runtime cannot follow (a mean
+over the sharded dimension) is refused naming it.
 
 Four gloo ranks, spawned once: HF Llama and HF Qwen2 (tiny) at tp2 x pp2, plans from the planner,
 train like one device (losses of 3 steps within 1e-5), host-built and meta-built; a ``save_pretrained``
@@ -85,6 +87,44 @@ def test_a_shard_reaching_an_unfollowed_op_is_refused(reduce: bool) -> None:
         assert "tensor parallelism on this exported graph" in why and "mlp" in why, why
     else:
         assert why == ""
+
+
+class _Heads(torch.nn.Module):
+    """A fused projection split per head after a view (GPT-NeoX's q/k/v), heads counted literally."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.fc1(x).view(x.shape[0], x.shape[1], 2, 8).chunk(2, dim=-1)
+        return self.fc2((a * torch.sigmoid(b)).reshape(x.shape[0], x.shape[1], 8))
+
+
+def test_local_shapes_compute_this_ranks_part() -> None:
+    """The localized graph on each rank's weight shards (colwise rows, rowwise columns; no collectives
+    here) gives partial outputs whose sum is the whole model's: what the all-reduce after the rowwise
+    linear makes of them."""
+    import copy
+
+    from meshplan.runtime.apply import tp, tp_export
+
+    torch.manual_seed(0)
+    net, x = _Net(False), torch.randn(2, 3, 8)
+    net.mlp = _Heads()
+    gm = torch.export.export(net, (x,), strict=False).module()
+    styles = {"mlp.fc1": "colwise", "mlp.fc2": "rowwise"}
+    assert tp_export.prepare(gm, "", styles, tp.build_parallel_plan(styles, set(styles)), 2, apply=True) == ""
+    total = torch.zeros(2, 3, 8)
+    for r in range(2):
+        local = copy.deepcopy(gm)
+        fc1, fc2 = local.get_submodule("mlp.fc1"), local.get_submodule("mlp.fc2")
+        assert isinstance(fc1, torch.nn.Linear) and isinstance(fc2, torch.nn.Linear)
+        fc1.weight = torch.nn.Parameter(fc1.weight.detach().chunk(2, 0)[r])
+        fc1.bias = torch.nn.Parameter(fc1.bias.detach().chunk(2, 0)[r])
+        fc2.weight = torch.nn.Parameter(fc2.weight.detach().chunk(2, 1)[r])
+        total += local(x)
+    torch.testing.assert_close(total, net(x))
 
 
 @pytest.mark.distributed

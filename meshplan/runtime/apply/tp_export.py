@@ -20,7 +20,7 @@ costs: an all-reduce per rowwise output, one per colwise input gradient):
   ops (broadcast from the right), ``view``/``reshape`` (the sharded dimension is the output
   dimension starting at the same flat offset, which tp must divide: heads split out of, or merged
   into, the hidden dimension), ``expand``, ``transpose``/``permute``/``unsqueeze``, ``slice``/
-  ``select``/``cat``/softmax on another dimension, ``matmul``/``bmm`` and scaled-dot-product
+  ``select``/``cat``/``chunk``/``split``/softmax on another dimension, ``matmul``/``bmm`` and scaled-dot-product
   attention over sharded heads. ``view``/``reshape``/``expand`` get the local shape (the global
   one from the capture's ``meta["val"]``, the sharded dimension divided by tp).
 
@@ -31,6 +31,7 @@ collective (``checks.py``): the runtime never runs something other than what was
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ SAME = (aten.alias.default, aten.clone.default, aten.contiguous.default, aten.de
 SOFTMAX = (aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default)
 SDPA = (aten.scaled_dot_product_attention.default,)
 MATMUL = (aten.matmul.default, aten.bmm.default)
+SPLITS = (aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
 
 
 @dataclass
@@ -216,6 +218,14 @@ def _propagate(n: torch.fx.Node, dim: dict[str, int], val: Any, tp: int) -> int 
     """The sharded dimension of ``n``'s output, or why it cannot be followed."""
     t = n.target
     x = n.args[0] if n.args else None
+    if t in SPLITS:  # a tuple of pieces along another dimension (GPT-NeoX's fused q/k/v per head)
+        k = 1 if t == aten.unbind.int else 2  # (x, dim) or (x, chunks/sizes, dim)
+        a = _norm(n.args[k] if len(n.args) > k else n.kwargs.get("dim", 0), val(x).dim())
+        if a == dim[x.name]:
+            return "splits the sharded dimension"
+        return dim[x.name] - (1 if t == aten.unbind.int and a < dim[x.name] else 0)
+    if t is operator.getitem:
+        return dim[x.name]
     out_v = val(n)
     if out_v is None:
         return "an op with no single tensor output reads a sharded value"
