@@ -143,10 +143,12 @@ def retie(roots: list[nn.Module], tied: Iterable[tuple[str, ...]]) -> int:
             parent, _, leaf = f.rpartition(".")
             for r in roots:
                 try:
-                    found.append((r.get_submodule(parent), leaf))
-                    break
+                    sub = r.get_submodule(parent)
                 except AttributeError:
                     continue
+                if hasattr(sub, leaf):  # (an exported stage holds a tied parameter under one of its names)
+                    found.append((sub, leaf))
+                    break
         if not found:
             continue
         m0, l0 = found[0]

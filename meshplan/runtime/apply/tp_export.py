@@ -119,7 +119,10 @@ def regain_modules(gm: torch.fx.GraphModule, prefix: str, styles: dict[str, str]
             call = gm.graph.call_module(path, (x,))
         call.meta = dict(n.meta)
         n.replace_all_uses_with(call)
+        name = n.name
         gm.graph.erase_node(n)
+        call.name = name  # the plan's stage boundaries name graph nodes: a regained call keeps its name
+        gm.graph._graph_namespace._rename_object(call, name)
         for p in params:
             if not p.users:
                 gm.graph.erase_node(p)
