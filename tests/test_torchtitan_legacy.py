@@ -65,6 +65,7 @@ def test_2024_layout_reads_as_the_same_configuration() -> None:
 
 @pytest.mark.parametrize(("extra", "flags", "dtype"), [
     ('[float8]\nenable_float8_linear = true\n', {}, "fp8"),
+    ('[float8]\nenable_float8_linear = true\nrecipe_name = "rowwise"\n', {"fp8_recipe": "rowwise"}, "fp8"),
     ('[model]\nnorm_type = "fused_rmsnorm"\n', {"norm_kernel": "fused"}, "bf16"),
 ])
 def test_2024_run_flags(extra: str, flags: dict[str, str], dtype: str) -> None:
@@ -72,6 +73,13 @@ def test_2024_run_flags(extra: str, flags: dict[str, str], dtype: str) -> None:
     imp = torchtitan.parse(text, world_size=8)
     assert (imp.run_flags, imp.spec.dtype) == (flags, dtype)
     assert imp.profile == torchtitan.LEGACY_PROFILE
+
+
+def test_float8_recipe_name_is_a_run_flag() -> None:
+    text = TITAN_NOW + '\n[model]\nconverters = ["float8"]\n\n[float8]\nrecipe_name = "tensorwise"\n'
+    assert torchtitan.parse(text, world_size=8).run_flags == {"fp8_recipe": "tensorwise"}
+    with pytest.raises(ValueError, match="recipe_name 'mx': costed are tensorwise and rowwise"):
+        torchtitan.parse(text.replace('"tensorwise"', '"mx"'), world_size=8)
 
 
 def test_compile_fuses_the_norm() -> None:

@@ -311,6 +311,11 @@ def parse(text: str, world_size: int | None = None, num_layers: int = 0) -> Impo
     )  # fmt: skip
     notes = []
     profile, flags = _era(d, moved)
+    recipe = d.get("float8", {}).get("recipe_name")  # torchao's recipe (tensorwise when unset, to mid-2025)
+    if float8 and recipe is not None:
+        if str(recipe) not in ("tensorwise", "rowwise"):
+            raise ValueError(f"float8.recipe_name {recipe!r}: costed are tensorwise and rowwise")
+        flags = {**flags, "fp8_recipe": str(recipe)}
     if profile:
         notes.append(f"an earlier torchtitan layout ({', '.join(moved) or 'model.norm_type'}): read as today's "
                      f"keys and costed with the conventions of {profile} (cost_models.engine_profiles)"
