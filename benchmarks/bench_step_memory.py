@@ -21,6 +21,7 @@ What each rank samples (Linux ``/proc/self/status``, glibc ``mallinfo2``):
   tensors, gloo/library bookkeeping).
 
     python benchmarks/bench_step_memory.py [--model gpt2-large] [--ranks 4] [--steps 3] [--dtype bf16]
+        [--optimizer sgd|adamw|adam [--foreach]]
 
 Check ``uptime`` and ``free -g`` first: gpt2-large dp4 takes ~3 GiB per rank, ~12 GiB in all.
 """
@@ -130,7 +131,13 @@ def _rank(rank: int, world: int, port: int, a: Any, q: Any) -> None:
     spec = load_model(a.model, batch_size=1, seq_len=a.seq, device="meta", tape=tape)
     plan = handplan.manual_plan(spec.model, None, dp=world, microbatches=1, micro_batch_size=1, seq_len=a.seq,
                                 dp_kind="fsdp")
-    pm = apply_plan(spec.model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(a.optimizer, 1e-4),
+    factory = make_optimizer(a.optimizer, 1e-4)
+    if a.foreach:  # the multi-tensor kernels, for comparison (make_optimizer runs Adam per tensor on CPU)
+        from meshplan.runtime.apply.optim import param_groups
+
+        cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[a.optimizer]
+        factory = lambda params: cls(param_groups(params), lr=1e-4, foreach=True)  # noqa: E731
+    pm = apply_plan(spec.model, plan, loss_fn=default_loss, optimizer_factory=factory,
                     example_inputs=spec.example_inputs, tape=tape, dtype=a.dtype, timeout_s=1800)
     pm.max_grad_norm = a.clip_grad_norm or None
     out["applied"] = {**_status(), **_mallinfo()}
@@ -173,6 +180,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     ap.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw", "adam"))
     ap.add_argument("--clip-grad-norm", type=float, default=1.0)
+    ap.add_argument("--foreach", action="store_true", help="Adam/AdamW with foreach=True (the multi-tensor kernels)")
     ap.add_argument("--all-ranks", action="store_true", help="print every rank's table (default: rank 0's)")
     a = ap.parse_args()
     from meshplan.models import load_model
@@ -191,7 +199,7 @@ def main() -> int:
         p.join()
     rows = sorted((q.get() for _ in range(sum(p.exitcode == 0 for p in procs))), key=lambda r: r["rank"])
     print(f"{a.model}: {model_bytes / GIB:.2f} GiB fp32 parameters; bound half + 1.2 GiB = {bound:.2f} GiB; "
-          f"dp{a.ranks} FSDP2 {a.dtype}, {a.optimizer}, clip {a.clip_grad_norm}, seq {a.seq}; GiB")
+          f"dp{a.ranks} FSDP2 {a.dtype}, {a.optimizer}{' foreach' if a.foreach else ''}, clip {a.clip_grad_norm}, seq {a.seq}; GiB")
     for r in rows if a.all_ranks else rows[:1]:
         i, ap_ = r["idle"], r["applied"]
         print(f"rank {r['rank']}: idle rank RSS {i['VmRSS']:.2f} (mmapped {i['mmapped']:.2f}, heap {i['heap']:.2f}); "
