@@ -137,14 +137,18 @@ class TestFourRanks:
 
         pc.saved_llama(str(tmp_path))
         # T5: a stage starts at a regained linear (its node keeps its name); BERT: tied parameters read
-        # under one name in the exported stages (re-tied by the names present)
-        cells = [("hf_llama", False), ("hf_qwen2", False), ("hf_llama", True), ("hf_t5", False), ("hf_bert", False)]
+        # under one name in the exported stages (re-tied by the names present); Qwen2 with its embedding
+        # sharded over the vocabulary too (a regained nn.Embedding, RowwiseParallel)
+        cells = [("hf_llama", False, ""), ("hf_qwen2", False, ""), ("hf_llama", True, ""), ("hf_t5", False, ""),
+                 ("hf_bert", False, ""), ("hf_qwen2", False, "model.embed_tokens")]
         res = run_ranks(cases.worker, 4, cells, {"llama": str(tmp_path)}, str(tmp_path / "ck"), timeout_s=900)
         for rank, out in enumerate(res):
             for name, meta, summary, sharded, err, notes in out["rows"]:
                 assert "tp2 pp2" in summary, (name, summary)
                 if name in ("hf_llama", "hf_qwen2"):
                     assert any("q_proj" in f for f in sharded) and any("down_proj" in f for f in sharded), sharded
+                if "model.embed_tokens" in sharded:
+                    assert name == "hf_qwen2", sharded
                 if meta:
                     assert any("built on the meta device" in n for n in notes), notes
                 assert err < ATOL, (name, meta, rank, err, summary, notes)

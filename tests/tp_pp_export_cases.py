@@ -13,11 +13,16 @@ import torch
 from meshplan.models.init_tape import InitTape
 
 
-def make_plan(fam: mf.Family) -> Any:
+def make_plan(fam: mf.Family, embedding: str = "") -> Any:
+    """The planner's tp2 x pp2 plan; ``embedding``: an ``nn.Embedding`` FQN also sharded over the
+    vocabulary (``rowwise``), which the placement ILP leaves replicated on these tiny models."""
+    import dataclasses
+
     from meshplan.api.plan import estimate
 
-    return estimate(fam.build(), 4, dp=1, tp=2, pp=2, num_microbatches=2, global_batch_size=mf.BATCH,
+    plan = estimate(fam.build(), 4, dp=1, tp=2, pp=2, num_microbatches=2, global_batch_size=mf.BATCH,
                     cluster=mf.comm_bound_cluster(4), example_inputs=mf._example(fam.batch(0)[0]))
+    return dataclasses.replace(plan, tp_styles={**plan.tp_styles, embedding: "rowwise"}) if embedding else plan
 
 
 def train(fam: mf.Family, plan: Any, meta: bool) -> tuple[list[float], list[str]]:
@@ -37,17 +42,18 @@ def train(fam: mf.Family, plan: Any, meta: bool) -> tuple[list[float], list[str]
     return [pm.step(*fam.batch(s)) for s in range(mf.STEPS)], list(pm.notes)
 
 
-def worker(rank: int, world: int, cells: list[tuple[str, bool]], paths: dict[str, str],
+def worker(rank: int, world: int, cells: list[tuple[str, bool, str]], paths: dict[str, str],
            ckpt: str) -> dict[str, Any]:
-    """Rows (family, meta, plan summary, TP styles sharded, max loss error, notes), then the
-    pretrained rows of ``pretrained_cases.worker`` under tp2 x pp2 (host and meta builds)."""
+    """For each cell (family, meta build, embedding also sharded): rows (family, meta, plan summary,
+    TP styles sharded, max loss error, notes), then the pretrained rows of ``pretrained_cases.worker``
+    under tp2 x pp2 (host and meta builds)."""
     rows = []
     refs: dict[str, list[float]] = {}
-    for name, meta in cells:
+    for name, meta, embedding in cells:
         fam = mf.FAMILIES[name]
         if name not in refs:
             refs[name] = mf.reference_losses(fam)
-        plan = make_plan(fam)
+        plan = make_plan(fam, embedding)
         losses, notes = train(fam, plan, meta)
         sharded = sorted(f for f, s in plan.tp_styles.items() if s != "replicate")
         err = max(abs(a - b) for a, b in zip(losses, refs[name]))
