@@ -1,6 +1,6 @@
 """meshplan's predicted peak memory against PyTorch's fake-tensor accounting of the same program.
 
-For every runtime path (FSDP2 / ZeRO-2 / HSDP, TP, TP+SP, pipeline schedules, recompute kinds)
+For every runtime path (FSDP2 / ZeRO-2 / HSDP, TP, TP+SP, CP, QLoRA, pipeline schedules, recompute kinds)
 a zoo Llama is planned with ``estimate_graph`` (h100 preset, bf16) and the plan is executed by
 meshplan's runtime under fake tensors on a fake process group (``benchmarks/fake_memory.py``),
 one process standing in for one rank of the plan's mesh, per pipeline rank. Prints one row per
@@ -62,10 +62,14 @@ def paths(big: bool) -> list[Path_]:
         Path_("fsdp+accum4", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp"), microbatches=4),
         Path_("tp", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False)),
         Path_("2d fsdp x tp", 2 * w, dict(tp=w, pp=1, dp=2, dp_kind="fsdp", sequence_parallel=False)),
+        Path_("cp", w, dict(tp=1, pp=1, dp=1, cp=w)),
+        Path_("fsdp qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", quantization="qlora")),
         Path_("pp gpipe", 2, dict(tp=1, pp=2, dp=1, schedule="gpipe"), microbatches=4),
         Path_("pp 1f1b", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b"), microbatches=4),
         Path_("pp interleaved1f1b", 2, dict(tp=1, pp=2, dp=1, schedule="interleaved-1f1b", virtual_stages=2),
               microbatches=4),
+        Path_("pp zero-bubble", 2, dict(tp=1, pp=2, dp=1, schedule="zero-bubble"), microbatches=4),
+        Path_("pp zbv", 2, dict(tp=1, pp=2, dp=1, schedule="zbv", virtual_stages=2), microbatches=4),
         Path_("pp 1f1b x fsdp", 4, dict(tp=1, pp=2, dp=2, schedule="1f1b", dp_kind="fsdp"), microbatches=4),
         Path_("pp 1f1b x tp", 4, dict(tp=2, pp=2, dp=1, schedule="1f1b", sequence_parallel=False), microbatches=4),
     ]

@@ -12,7 +12,7 @@ predicted peak for that rank (``plan.predicted.peak_mem_bytes`` of its pipeline 
 What had to be bridged (the runtime itself is unchanged; each bridge only lets a step run on
 fake tensors and changes no allocation of the step):
 - ``init_device_mesh`` and every sub-mesh (``DeviceMesh.__init__`` / ``_unflatten``, ``_MeshLayout.remap_to_tensor``) build rank tensors with real tensors (``tolist()``), so it runs with
-  fake mode suspended;
+  fake mode suspended, as does the EP/CP group layout (``epcp.build_groups``: rows of the mesh);
 - ``Module.to("cpu")`` of already-CPU fake modules (the model, each stage piece) is a no-op, as it
   is for real CPU tensors (FakeTensor parameters cannot be swapped in place);
 - DTensor's sharding propagation runs each op on fake arguments in the active fake mode: it gets
@@ -31,7 +31,8 @@ fake tensors and changes no allocation of the step):
 
 Paths that cannot run under fake tensors (``UNSUPPORTED``): DDP (its C++ Reducer reads parameter
 storage in ``_verify_param_shape_across_processes`` and allocates its buckets in C++), hence also
-zero1 at pp = 1 and QLoRA under DDP.
+zero1 at pp = 1 and QLoRA under DDP. MemTracker hooks every parameter's gradient; QLoRA's frozen
+quantized base takes no hook, so the tracker only tracks its storage (``_StepTracker``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ class MemCheck:
         return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
 
 
+class _NoHandle:
+    def remove(self) -> None:
+        pass
+
+
 class _StepTracker(MemTracker):
     """MemTracker over several microbatch forwards of one module (the base refuses a root module
     called twice; per-module statistics are not used here, only the global peak)."""
@@ -82,6 +88,14 @@ class _StepTracker(MemTracker):
         except NotImplementedError:  # the root called again (the next microbatch): track it anew
             del self.memory_tracking[module]
             super()._pre_fw_hook(module, inputs)
+
+    def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True) -> Any:
+        # a frozen parameter (QLoRA's quantized base) gets no gradient and cannot take a gradient
+        # hook: mark it hooked (a no-op handle pair) so the base only tracks its storage
+        for p in module.parameters():
+            if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
     def _pre_bw_hook(self, module: torch.nn.Module, args: Any) -> None:
         if module is None or module in self.memory_tracking:
@@ -184,6 +198,15 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
     patch(DeviceMesh, "_unflatten", unflatten)
     patch(rsplit, "check_stage_chain", chain)
     patch(rsched, "pipeline_stage", stage)  # the runtime's one place that builds a PipelineStage
+    import meshplan.runtime.apply.epcp as repcp
+
+    real_groups = repcp.build_groups
+
+    def groups(*a: Any, **k: Any) -> Any:  # EP/CP groups: rows of the mesh's real rank tensor
+        with unset_fake_temporarily():
+            return real_groups(*a, **k)
+
+    patch(repcp, "build_groups", groups)
     import torch.distributed._tools.mod_tracker as mtrack
 
     patch(mtrack, "register_multi_grad_hook", lambda *a, **k: None)  # see the module doc
