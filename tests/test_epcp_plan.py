@@ -276,3 +276,13 @@ def test_cp_on_a_forward_without_position_ids():
     gl = trace_model(llama, (torch.randint(0, 64, (1, 32)),))
     assert cp_forward_blocker(gl.meta["model_class"], gl.meta["forward_params"]) == ""
     assert plan_graph(gl, 8, cluster="h100", global_batch_size=2, fixed={"cp": 2}).cp == 2
+
+
+def test_cli_plans_cp_for_the_zoo_gpt(tmp_path) -> None:
+    """#30 item 4: `meshplan plan gpt2-small --cp 2` (learned positions, no position_ids) makes the plan."""
+    from meshplan.cli import main
+
+    out = tmp_path / "gpt_cp2.json"
+    assert main(["plan", "gpt2-small", "-n", "8", "--cp", "2", "--global-batch", "8", "--seq", "64", "-q",
+                 "-o", str(out)]) == 0
+    assert Plan.load(out).cp == 2
