@@ -3,10 +3,11 @@
 Built on the meta device (as ``meshplan run`` builds a QLoRA plan with a Hugging Face directory), each
 targeted linear is read from the file and quantized one at a time (``runtime.apply.quant_load``), the
 rest read as this rank's shards; under FSDP2 dp2 and TP2, and the host build (the whole model loaded
-before quantizing) under FSDP2 dp2. The reference is HF's own ``from_pretrained`` model given the same
-QLoRA conversion in one process: the LoRA factors start with B = 0, so these are the logits of the
-frozen NF4 base, which every plan must give (TP: NF4 block statistics are per shard, documented in
-``quant.qlora``, so within the double-quantization rounding).
+before quantizing) under FSDP2 dp2; and a QAT plan on meta (fake quantizers prepared on meta, the file read
+into this rank's FSDP2 shards). The reference is HF's own ``from_pretrained`` model given the same
+conversion in one process: QLoRA's factors start with B = 0, so these are the logits of the frozen NF4
+base, which every plan must give (TP: NF4 block statistics are per shard, documented in ``quant.qlora``,
+so within the double-quantization rounding).
 """
 
 from __future__ import annotations
@@ -25,17 +26,19 @@ pytestmark = [pytest.mark.distributed]
 
 QLORA = Quantization(mode="qlora", group_size=16, lora_rank=4, lora_alpha=8.0,
                      target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+QAT = Quantization(mode="qat", group_size=16)
 CFGS = [dict(name="fsdp_dp2_meta", dp=2, dp_kind="fsdp", meta=True), dict(name="tp2_meta", tp=2, meta=True),
-        dict(name="fsdp_dp2_host", dp=2, dp_kind="fsdp")]
+        dict(name="fsdp_dp2_host", dp=2, dp_kind="fsdp"),
+        dict(name="qat_fsdp_dp2_meta", dp=2, dp_kind="fsdp", meta=True, q=QAT)]
 
 
-def _reference(path: str, x: torch.Tensor, fsdp_shards: int) -> torch.Tensor:
+def _reference(path: str, x: torch.Tensor, fsdp_shards: int, q: Quantization) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
     from meshplan.runtime.apply.quant import apply_quantization
 
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    apply_quantization(model, QLORA, fsdp_shards=fsdp_shards)
+    apply_quantization(model, q, fsdp_shards=fsdp_shards)
     with torch.no_grad():
         return model(input_ids=x, use_cache=False).logits
 
@@ -53,7 +56,8 @@ def _worker(rank: int, world: int, path: str) -> list[tuple[str, float, float, l
     x, y = rc.batches(1, seed=5)[0]
     out = []
     for cfg in CFGS:
-        ref = _reference(path, x, fsdp_shards=2 if cfg.get("dp_kind") == "fsdp" else 1)
+        q = cfg.get("q", QLORA)
+        ref = _reference(path, x, fsdp_shards=2 if cfg.get("dp_kind") == "fsdp" else 1, q=q)
         captured: list[torch.Tensor] = []
 
         def capture(logits: Any, target: torch.Tensor, captured: list = captured) -> torch.Tensor:
@@ -74,7 +78,7 @@ def _worker(rank: int, world: int, path: str) -> list[tuple[str, float, float, l
         plan = handplan.manual_plan(host, None, dp=cfg.get("dp", 1), tp=cfg.get("tp", 1), microbatches=1,
                                     micro_batch_size=mbs, seq_len=rc.SEQ, tp_styles=styles,
                                     dp_kind=cfg.get("dp_kind", "ddp"))
-        plan = dataclasses.replace(plan, quantization=QLORA)
+        plan = dataclasses.replace(plan, quantization=q)
         pm = apply_plan(model, plan, loss_fn=capture, optimizer_factory=rc.opt_factory, example_inputs=(x[:mbs],),
                         init_from=path, dtype="fp32", tape=tape)
         for m in pm.modules:
@@ -97,5 +101,8 @@ def test_qlora_init_from_hf_gives_the_frozen_base_logits(tmp_path) -> None:
             assert err < (2e-3 if "tp2" in name else 1e-5), (name, rank, err)
             assert loss == loss and loss < 10, (name, loss)
             streamed = [n for n in notes if "read and quantized one at a time" in n]
-            assert len(streamed) == (1 if name.endswith("_meta") else 0), (name, notes)
-            assert any(n.startswith("quantization qlora: 14 linears") for n in notes), notes
+            assert len(streamed) == (1 if name.endswith("_meta") and "qat" not in name else 0), (name, notes)
+            mode = "qat" if "qat" in name else "qlora"
+            assert any(n.startswith(f"quantization {mode}: 14 linears") for n in notes), notes
+            if "qat" in name:  # QAT on meta: materialized after data parallel, the file read as this rank's shards
+                assert any("into this rank's shards" in n for n in notes), notes

@@ -91,9 +91,9 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: 
     ))
     on_meta = any(p.is_meta for p in model.parameters())
     if on_meta and plan.quantization.mode != "none" and not streams(plan, model, init_from):
-        raise ValueError(f"apply_plan: quantization ({plan.quantization.mode}) needs the weights' values: build the "
-                         "model on the host (load_model without device='meta') for a quantized plan, or give "
-                         "QLoRA a Hugging Face safetensors init_from")
+        raise ValueError(f"apply_plan: quantization ({plan.quantization.mode}) runs on a meta-built model only as "
+                         "QLoRA with a Hugging Face safetensors init_from, or QAT without TP or pipelining: build "
+                         "the model on the host (load_model without device='meta')")
     precision = prec.resolve_precision(plan.dtype, dtype)
     if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError(

@@ -1,4 +1,4 @@
-"""QLoRA from pretrained weights on a meta-built model: the base read and quantized one linear at a time.
+"""Quantized plans on a meta-built model: QLoRA's base read and quantized one linear at a time; QAT on meta.
 
 A quantized plan needs the weights' values before it quantizes, so a host build of it makes every
 rank allocate the whole fp32 model, initialise it, then overwrite it from ``--init-from``. With a
@@ -13,6 +13,10 @@ the meta build and materializes it at the quantization step (``steps.apply_quant
   (``InitTape``), weights the model ties are tied again;
 * from there the model is a host model: FSDP2 / DDP wrap it as a host-built one (FSDP2 shards the
   NF4 base and the frozen fp32 weights; those are whole, or TP shards, on each rank until it does).
+
+QAT needs no values to prepare (torchao's fake quantizers act in the forward), so a QAT plan without TP
+or pipelining is applied on meta and materialized as any meta build (``steps.apply_materialize``: the constructor's replay or
+``init_from``, this rank's shards only).
 
 The NF4 base must be whole (per TP shard) where it is quantized, since its block statistics are
 taken over the whole weight before FSDP2 shards it; so under FSDP2 a rank still reads every targeted
@@ -33,10 +37,15 @@ from meshplan.runtime.apply import materialize as mat
 
 
 def builds_on_meta(plan: Plan, init_from: object) -> bool:
-    """Whether a quantized plan can be applied to a meta-built model: QLoRA with a Hugging Face safetensors
-    ``init_from`` (QAT, a DCP checkpoint, or no file need the host build: ``meshplan run`` builds so)."""
+    """Whether a quantized plan can be applied to a meta-built model: QAT without TP or pipelining (its fake
+    quantizers need no values: the model is materialized after, from the constructor's replay or
+    ``init_from``; under TP / pp it has not been checked on meta, so the host build); QLoRA with
+    a Hugging Face safetensors ``init_from`` (QLoRA with no file or a DCP checkpoint needs the host build:
+    ``meshplan run`` builds so)."""
     from meshplan.runtime.weights.pretrained import is_hf_dir
 
+    if plan.quantization.mode == "qat":  # checked on meta under data parallelism only (tests/test_quant_pretrained)
+        return plan.tp == 1 and plan.pp == 1
     return plan.quantization.mode == "qlora" and init_from is not None and is_hf_dir(Path(init_from))  # type: ignore[arg-type]
 
 

@@ -196,7 +196,9 @@ def apply_quantize(s: ApplyState) -> list[str]:
     from meshplan.runtime.apply.quant import apply_quantization, convert_targeted_conv1d
 
     changed: list = []
-    meta = s.meta  # a meta build here is QLoRA from a HF file (quant_load.streams): read linear by linear
+    # QLoRA on a meta build (quant_load.streams: from a HF file) reads and quantizes linear by linear here;
+    # QAT prepares its fake quantizers on meta and is materialized with the rest (apply_materialize)
+    meta = s.meta if q.mode == "qlora" else None
     transposed = {f"{m}.weight" for m in s.checked.conv}
     readers = []
     for r in s.roots:

@@ -140,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     mbs = plan.micro_batch_size
     torch.manual_seed(args.seed)
     # meta: built without values, the plan applied there, each rank's shard materialized from the
-    # constructor's replay (tape) or --init-from; a quantized plan needs the weights, so the host,
-    # but QLoRA from a HF directory reads them linear by linear into the meta build (apply.quant_load)
+    # constructor's replay (tape) or --init-from; QAT too; QLoRA needs the weights to quantize: from a HF
+    # directory it reads them linear by linear into the meta build (apply.quant_load), else the host
     meta = args.build == "meta" and (plan.quantization.mode == "none" or builds_on_meta(plan, args.init_from))
     tape = InitTape() if meta else None
     spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None, device="meta" if meta else None,
