@@ -105,16 +105,18 @@ class ConfigEvaluator(ConfigCosts):
 
     def grads_after_activations(self, c: Config) -> bool:
         """Whether no gradient of ``c`` outlives the backward that makes it before the next
-        microbatch's activations exist: one microbatch, no pipeline, no recompute and no data
-        parallelism, as meshplan's runtime and torchtitan step (gradients set to None after the
-        optimizer): the peak holds the larger of activations (backward's start) and gradients
-        (its end), not both. Not with DDP (its Reducer holds gradient buckets for the whole run),
-        nor FSDP2 (the backward's end also holds each unit's unsharded gradients and their fp32
-        reduce-scatter copies: states + activations bounds it, +4 to +12 % on
-        benchmarks/bench_memory.py, where the larger-of-the-two rule gave -5 to -14 %), nor with
-        recompute (the end holds nearly all gradients beside the rematerialized layer)."""
+        microbatch's activations exist: one microbatch, no pipeline, no recompute, and no data
+        parallelism or a sharded kind (FSDP2: fsdp, zero2, hsdp), as meshplan's runtime and
+        torchtitan step (gradients set to None after the optimizer): the peak holds the larger of
+        activations (backward's start) and gradients (its end), not both. FSDP2's per-unit unsharded
+        gradients and fp32 reduce-scatter copies are its buffers (``fsdp_buffers``), counted
+        beside. Measured on benchmarks/bench_memory.py (4 blocks): fsdp -2.4 %, zero2 -5.3 %, hsdp
+        -3.2 % with the rule, +15.5 / +10.4 / +7.0 % without (an earlier harness, whose tracker
+        hooks leaked autograd nodes, had shown +4 to +12 % and -5 to -14 %). Not with DDP (its
+        Reducer holds gradient buckets for the whole run), nor with recompute (the end holds
+        nearly all gradients beside the rematerialized layer)."""
         return (self.state_layout == "torch" and c.pp == 1 and c.num_microbatches == 1 and c.recompute == "none"
-                and c.dp * c.cp == 1)
+                and (c.dp * c.cp == 1 or c.dp_kind in ("fsdp", "zero2", "hsdp")))
 
     def _fit(self, c: Config) -> Evaluation:
         """Bound-evaluate ``c`` on the time-balanced split; if that does not fit but might with
