@@ -108,14 +108,14 @@ class ConfigEvaluator(ConfigCosts):
         microbatch's activations exist: one microbatch, no pipeline, no recompute, and no data
         parallelism or a sharded kind (FSDP2: fsdp, zero2, hsdp), as meshplan's runtime and
         torchtitan step (gradients set to None after the optimizer): the peak holds the larger of
-        activations (backward's start) and gradients (its end), not both. FSDP2's per-unit unsharded
+        activations (backward's start) and gradients (its end, beside the first layer's
+        rematerialized activations under recompute), not both. FSDP2's per-unit unsharded
         gradients and fp32 reduce-scatter copies are its buffers (``fsdp_buffers``), counted
         beside. Measured on benchmarks/bench_memory.py (4 blocks): fsdp -2.4 %, zero2 -5.3 %, hsdp
         -3.2 % with the rule, +15.5 / +10.4 / +7.0 % without (an earlier harness, whose tracker
         hooks leaked autograd nodes, had shown +4 to +12 % and -5 to -14 %). Not with DDP (its
-        Reducer holds gradient buckets for the whole run), nor with recompute (the end holds
-        nearly all gradients beside the rematerialized layer)."""
-        return (self.state_layout == "torch" and c.pp == 1 and c.num_microbatches == 1 and c.recompute == "none"
+        Reducer holds gradient buckets for the whole run)."""
+        return (self.state_layout == "torch" and c.pp == 1 and c.num_microbatches == 1
                 and (c.dp * c.cp == 1 or c.dp_kind in ("fsdp", "zero2", "hsdp")))
 
     def _fit(self, c: Config) -> Evaluation:
@@ -184,7 +184,9 @@ class ConfigEvaluator(ConfigCosts):
             # as the activations it consumes are freed (the step ends with zero_grad(set_to_none)),
             # so the peak holds the larger of the two, not both (measured: benchmarks/bench_memory.py)
             g0 = r_params[0] * bpp.grads
-            live[0] = max(live[0], g0) - g0
+            # the backward's end: the gradients beside what recompute rematerializes of the first layer
+            end = g0 + max((x.transient_bytes for a, b in runs for x in t.layers[a:b]), default=0.0)
+            live[0] = max(live[0], end) - g0
         r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
         d = self.dp_collectives_split(k.gather_bytes, k.grad_bytes, k.r_experts[worst] / c.ep if folded else 0.0, c)
         if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.ddp_impl == "local":
