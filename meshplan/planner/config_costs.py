@@ -383,7 +383,7 @@ class ConfigCosts:
         P = self.prefix(self.table(c))
         acts = min(self.inflight_ranks(c)) * P["act"][-1] / c.pp
         held = c.num_microbatches * P["act"][-1] / c.pp if c.schedule == "gpipe" and c.pp > 1 else 0.0  # in mlb
-        return held_floor(self, c, mlb) + max(0.0, acts - held)  # type: ignore[arg-type]
+        return held_floor(self, c, mlb, max(0.0, acts - held))  # type: ignore[arg-type]
 
     def inflight_ranks(self, c: Config) -> list[float]:
         """``pipeline_time.inflight`` of every pipeline rank of ``c`` (memoized per schedule shape; read only)."""

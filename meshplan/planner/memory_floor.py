@@ -9,7 +9,8 @@
   which is the split a partial evaluation costs unless a memory re-split may be spent
   (``ConfigCosts.rescue_possible``): per pipeline rank its stages' model states, unsharded buffer,
   stored activations × its in-flight microbatches and the pipeline runtime's buffers
-  (``rank_pipeline_buffers``, below), the largest rank's, least over the kinds.
+  (``rank_pipeline_buffers``, below), the largest rank's, least over the kinds; where gradients
+  and activations peak apart (``ConfigEvaluator.grads_after_activations``), the larger of the two.
 
 Each term is one ``ConfigEvaluator.evaluate`` adds to a rank's memory, at parameters and
 activations no larger than the ones it counts (tied-weight copies, skip tensors passed through,
@@ -52,6 +53,7 @@ class FloorCosts(Protocol):
     def fsdp_buffer(self, c: Config, params: float) -> float: ...
     def split(self, t: Any, n_stages: int, virtual_stages: int) -> list[tuple[int, int]]: ...
     def inflight_ranks(self, c: Config) -> list[float]: ...
+    def grads_after_activations(self, c: Config) -> bool: ...
 
 
 def _kinds(ev: FloorCosts, c: Config) -> list[Config]:
@@ -63,14 +65,21 @@ def _fp8(ev: FloorCosts, c: Config) -> float:
     return fp8_weight_copy_bytes(ev.largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
 
 
-def held_floor(ev: FloorCosts, c: Config, mlb: float) -> float:
-    """The model-state part of ``ConfigCosts.memory_floor`` (see the module docstring); ``mlb``
-    (``bound``'s: the average rank's states under the kind that shards most) where not covered."""
+def held_floor(ev: FloorCosts, c: Config, mlb: float, acts: float = 0.0) -> float:
+    """The model-state part of ``ConfigCosts.memory_floor`` (see the module docstring) plus
+    ``acts``, activations every rank holds at least; ``mlb + acts`` where not covered. Under a kind
+    whose gradients and activations peak apart (``ConfigEvaluator.grads_after_activations``) the
+    larger of the two counts, not both."""
     if ev.quant or ev.moe_folding:
-        return mlb
+        return mlb + acts
     saved = ev.expert_param_count * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
     avg_params = (ev.prefix(ev.table(c))["params"][-1] - saved) / c.pp
-    return min(ev.lower_bound(k)[1] + ev.fsdp_buffer(k, avg_params) for k in _kinds(ev, c)) + _fp8(ev, c)
+
+    def held(k: Config) -> float:
+        grads = ev.state_bytes_per_param(k).grads * avg_params if ev.grads_after_activations(k) else 0.0
+        return ev.lower_bound(k)[1] + ev.fsdp_buffer(k, avg_params) + max(acts, grads) - grads
+
+    return min(held(k) for k in _kinds(ev, c)) + _fp8(ev, c)
 
 
 def split_floor(ev: FloorCosts, c: Config) -> float:
@@ -95,8 +104,13 @@ def split_floor(ev: FloorCosts, c: Config) -> float:
     best = math.inf
     for k in _kinds(ev, c):  # the unsharded buffer is a0 + a1 x the rank's parameters (dp_kinds.unsharded_buffer_bytes)
         a0 = ev.fsdp_buffer(k, 0.0)
-        coef = ev.state_bytes_per_param(k).total + (ev.fsdp_buffer(k, 1.0) - a0)
-        best = min(best, max(coef * p + h for p, h in zip(r_params, held)) + a0)
+        sb = ev.state_bytes_per_param(k)
+        coef = sb.total + (ev.fsdp_buffer(k, 1.0) - a0)
+        if ev.grads_after_activations(k):  # gradients and activations peak apart (evaluate: the larger of the two)
+            worst = max((coef - sb.grads) * p + max(h, sb.grads * p) for p, h in zip(r_params, held))
+        else:
+            worst = max(coef * p + h for p, h in zip(r_params, held))
+        best = min(best, worst + a0)
     return best + _fp8(ev, c)
 
 
