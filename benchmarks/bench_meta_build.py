@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import socket
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from rank_spawn import model_bytes_and_bound, spawn_rows
 
 
 def _peak_gib() -> float:
@@ -74,21 +73,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--seq", type=int, default=64)
     a = ap.parse_args()
-    from meshplan.models import load_model
-
-    model_bytes = sum(p.numel() * 4 for p in load_model(a.model, device="meta").model.parameters())
-    bound = model_bytes / 2**31 + 1.2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_rank, args=(r, a.ranks, port, a, q)) for r in range(a.ranks)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    rows = sorted((q.get() for _ in range(sum(p.exitcode == 0 for p in procs))), key=lambda r: r["rank"])
+    model_bytes, bound = model_bytes_and_bound(a.model)
+    rows = spawn_rows(_rank, a.ranks, a)
     print(f"{a.model}: {model_bytes / 2**30:.2f} GiB fp32 parameters; bound half + 1.2 GiB = {bound:.2f} GiB; "
           f"dp{a.ranks} FSDP2, built on meta, materialized per rank")
     for r in rows:

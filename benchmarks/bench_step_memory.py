@@ -32,13 +32,12 @@ import argparse
 import ctypes
 import datetime
 import os
-import socket
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from rank_spawn import model_bytes_and_bound, spawn_rows
 
 GIB = 2**30
 
@@ -123,12 +122,14 @@ def _rank(rank: int, world: int, port: int, a: Any, q: Any) -> None:
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.apply.optim import make_optimizer
     from meshplan.runtime.launch import collectives
+    from meshplan.runtime.loop.data import model_vocab
     from meshplan.runtime.loop.train import default_loss
 
     out: dict[str, Any] = {"rank": rank, "idle": {**_status(), **_mallinfo()}}
     torch.manual_seed(0)
     tape = InitTape()
     spec = load_model(a.model, batch_size=1, seq_len=a.seq, device="meta", tape=tape)
+    vocab = min(1000, model_vocab(spec.model) or 1000)  # token ids every model of the zoo embeds
     plan = handplan.manual_plan(spec.model, None, dp=world, microbatches=1, micro_batch_size=1, seq_len=a.seq,
                                 dp_kind="fsdp")
     factory = make_optimizer(a.optimizer, 1e-4)
@@ -154,9 +155,9 @@ def _rank(rank: int, world: int, port: int, a: Any, q: Any) -> None:
     times = []
     for step in range(1, a.steps + 1):
         probe.step = step
-        x = torch.randint(0, 1000, (world, a.seq))
+        x = torch.randint(0, vocab, (world, a.seq))
         t0 = time.time()
-        pm.step(x, torch.randint(0, 1000, (world, a.seq)))
+        pm.step(x, torch.randint(0, vocab, (world, a.seq)))
         probe.enter("rest")  # zero_grad(set_to_none) and the step's bookkeeping ended with step()
         probe.close()
         times.append(time.time() - t0)
@@ -183,21 +184,8 @@ def main() -> int:
     ap.add_argument("--foreach", action="store_true", help="Adam/AdamW with foreach=True (the multi-tensor kernels)")
     ap.add_argument("--all-ranks", action="store_true", help="print every rank's table (default: rank 0's)")
     a = ap.parse_args()
-    from meshplan.models import load_model
-
-    model_bytes = sum(p.numel() * 4 for p in load_model(a.model, device="meta").model.parameters())
-    bound = model_bytes / 2 / GIB + 1.2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_rank, args=(r, a.ranks, port, a, q)) for r in range(a.ranks)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    rows = sorted((q.get() for _ in range(sum(p.exitcode == 0 for p in procs))), key=lambda r: r["rank"])
+    model_bytes, bound = model_bytes_and_bound(a.model)
+    rows = spawn_rows(_rank, a.ranks, a)
     print(f"{a.model}: {model_bytes / GIB:.2f} GiB fp32 parameters; bound half + 1.2 GiB = {bound:.2f} GiB; "
           f"dp{a.ranks} FSDP2 {a.dtype}, {a.optimizer}{' foreach' if a.foreach else ''}, clip {a.clip_grad_norm}, seq {a.seq}; GiB")
     for r in rows if a.all_ranks else rows[:1]:
