@@ -124,3 +124,34 @@ def test_first_blocks_that_differ_are_kept_and_the_rest_grown() -> None:
     grown, why = short_export(t5, args, export_capture)
     assert grown is not None, why
     assert _nodes(grown) == _nodes(full)
+
+
+def _gemma2(layers: int = 8) -> nn.Module:
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    return Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                          max_position_embeddings=64, sliding_window=4))
+
+
+def _gemma3(layers: int = 26) -> nn.Module:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    return Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
+                                              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                              head_dim=8, max_position_embeddings=64, sliding_window=4))
+
+
+def test_periods_of_differing_blocks_are_grown() -> None:
+    """#30 item 6: Gemma 2 alternates sliding-window and global attention layers (period 2), Gemma 3
+    has five sliding to one global (period 6; 26 layers: the first 2 kept as they are, then 4
+    periods); whole periods are grown, still the full export."""
+    from meshplan.tracing.export_blocks import periodic_lists
+
+    for make, first, period in ((_gemma2, 0, 2), (_gemma3, 2, 6)):
+        root = HFLogits(make().eval())
+        assert [f[3:] for f in periodic_lists(root)] == [(first, period)]
+        full = export_capture(root, (IDS,))
+        grown, why = short_export(root, (IDS,), export_capture)
+        assert grown is not None, why
+        assert _nodes(grown) == _nodes(full)

@@ -34,6 +34,7 @@ are not searched again. ``MESHPLAN_BLOCK_REUSE=0`` turns reuse off (for comparis
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,7 +176,10 @@ class BlockInstance:
         self.externals: list[fx.Node] = []
         self.key: tuple = ()
 
-    def canonical(self, msig: tuple) -> None:
+    def canonical(self, msig: tuple, rel: Callable[[str], str | None] | None = None) -> None:
+        """The key; ``rel`` maps a module path to its path relative to the instance (default:
+        below ``prefix``; a period of layers in ``export_blocks`` passes its own)."""
+        relative = rel or (lambda t: relative_target(t, self.prefix))
         pos = {n: i for i, n in enumerate(self.run)}
         attr_set = set(self.attrs)
         ext: dict[fx.Node, int] = {}
@@ -185,7 +189,7 @@ class BlockInstance:
                 if a in pos:
                     return ("i", pos[a])
                 if a in attr_set:
-                    return ("a", relative_target(str(a.target), self.prefix))
+                    return ("a", relative(str(a.target)))
                 if a not in ext:
                     ext[a] = len(ext)
                 return ("x", ext[a])
@@ -200,13 +204,13 @@ class BlockInstance:
         keys: list[Any] = []
         for n in self.run:
             if n.op in ("call_module", "get_attr"):
-                r = relative_target(str(n.target), self.prefix)
+                r = relative(str(n.target))
                 target: Any = ("rel", r) if r is not None else ("abs", str(n.target))
             else:
                 target = n.target
             keys.append((n.op, target, norm(n.args), norm(n.kwargs)))
         self.externals = list(ext)
-        attrs = tuple(sorted(str(relative_target(str(a.target), self.prefix)) for a in self.attrs))
+        attrs = tuple(sorted(str(relative(str(a.target))) for a in self.attrs))
         self.key = (msig, tuple(keys), attrs)
 
 
