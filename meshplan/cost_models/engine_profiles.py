@@ -272,11 +272,13 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("norm_kernel", "MPT low_precision_layernorm (one F.layer_norm kernel under autocast)"),
             ("attention_impl", "MPT attn_impl 'triton' / 'flash'"),
             ("loss_kernel", "llmfoundry: flash_attn.losses.cross_entropy CrossEntropyLoss (fused)"),
+            ("pp_buffers", "none used: llm-foundry trains with Composer FSDP only, no pipeline stages "
+                           "(torch's convention kept, never costed)"),
         ),
     ),
     EngineProfile(
         "deepspeed-2026", "deepspeed", "deepspeed 0.19 (installed)", state_layout="zero", fsdp_units="module",
-        split_rule="even",
+        split_rule="even", pp_buffers="megatron",
         sources=(
             ("state_layout", "deepspeed/runtime/zero: 16-bit parameters and gradients + fp32 master weights and Adam "
                              "states (the ZeRO paper's 2 + 2 + 12 bytes per parameter)"),
@@ -285,6 +287,8 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("ddp_impl", "deepspeed/runtime/engine.py: bucketed all-reduce overlapped with backward (overlap_comm)"),
             ("split_rule", "deepspeed/runtime/pipe/module.py PipelineModule(partition_method='parameters'): "
                            "balanced layers (uniform here)"),
+            ("pp_buffers", "deepspeed/runtime/pipe/schedule.py TrainSchedule.num_pipe_buffers: "
+                           "max(2, min(stages - stage_id, micro_batches)) buffers, the in-flight microbatches"),
         ),
     ),
     EngineProfile(
