@@ -4,6 +4,7 @@ exhaustive enumeration under the same cost model, infeasibility."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from planner_fixtures import gpt_graph
@@ -117,8 +118,13 @@ def test_no_feasible_plan_names_the_smallest_need_and_the_limit():
     g = gpt_graph(layers=4, h=4096, heads=32, seq=2048, vocab=32768)
     with pytest.raises(
         NoFeasiblePlanError, match=r"smallest per-device need found is [\d.]+ GiB, the limit 0\.5"
-    ):
+    ) as err:
         plan_graph(g, 2, cluster=small_mem(H100.with_devices(2), 0.5), global_batch_size=2)
+    m = re.search(r"need found is ([\d.]+) GiB.*\((\d+) of (\d+) configurations costed; by its memory lower bound "
+                  r"none needs less than ([\d.]+) GiB\)", str(err.value))
+    assert m, err.value
+    found, costed, total, floor = float(m[1]), int(m[2]), int(m[3]), float(m[4])
+    assert 0 < floor <= found and 0 < costed <= total  # the floor bounds every configuration, costed or skipped
 
 
 def test_tp_that_shards_nothing_is_skipped_unless_pinned():

@@ -167,7 +167,9 @@ def plan_graph(
         raise NoFeasiblePlanError(
             f"no configuration of {graph.model_name} fits {spec.name} memory on {world_size} devices: the smallest "
             f"per-device need found is {res.min_mem_bytes / GiB:.1f} GiB, the limit {res.mem_limit_bytes / GiB:.1f} "
-            f"GiB; add devices, lower the global batch ({B}) or sequence length, or use a larger-memory cluster"
+            f"GiB ({res.evaluated} of {res.candidates} configurations costed; by its memory lower bound none needs "
+            f"less than {res.min_mem_floor_bytes / GiB:.1f} GiB); add devices, lower the global batch ({B}) or "
+            "sequence length, or use a larger-memory cluster"
         )
     return build_plan(
         graph, spec, res.best, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0,

@@ -490,6 +490,7 @@ class Searcher:
             mem_limit_bytes=self.mem_limit, coster=coster, split=split, phase_s=clock.phase_s,
             simulated=len(fitting), pruned=costed.pruned, skipped=costed.skipped,
             tp_reason=tp_reason, degree_reasons=degree_reasons,
+            min_mem_floor_bytes=int(min_mem_lb) if math.isfinite(min_mem_lb) else 0,
         )  # fmt: skip
 
 

@@ -124,6 +124,9 @@ class SearchResult:
     tp_reason: str = ""  # why the winner has tp=1 (``planner.tp_reason``); "" when tp > 1
     #: why the winner's cp / ep (> 1) when no alternative has another degree (``planner.tp_reason``)
     degree_reasons: dict[str, str] = field(default_factory=dict)
+    #: the smallest memory lower bound over every candidate (``ConfigEvaluator.bound``): no
+    #: configuration needs less, costed or skipped
+    min_mem_floor_bytes: int = 0
 
 
 def divisors(n: int) -> list[int]:
