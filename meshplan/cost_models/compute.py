@@ -25,7 +25,9 @@ included: they are free on the device but not on the host). No torch import.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Concatenate, ParamSpec
 
 from meshplan.cost_models.eager_ops import (
     ATTENTION_IMPLS,
@@ -108,6 +110,9 @@ def elem_scale(traced_dtype: str | None, dtype: str) -> float:
     if key not in DTYPE_BYTES or dtype not in DTYPE_BYTES:
         return 1.0
     return DTYPE_BYTES[dtype] / DTYPE_BYTES[key]
+
+
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -224,31 +229,6 @@ def estimate_input_bytes(node: GraphNode) -> int:
 def node_input_bytes(edges: list[tuple[int, int, int]], node_id: int) -> int:
     """Sum of the tensor bytes on ``ModelGraph.edges`` that end at ``node_id``."""
     return sum(b for _, d, b in edges if d == node_id)
-
-
-def node_time(
-    node: GraphNode,
-    cluster: ClusterSpec,
-    *,
-    shard: int = 1,
-    batch_scale: float = 1.0,
-    dtype: str = "bf16",
-    input_bytes: int | None = None,
-    style: str | None = None,
-    is_head: bool = False,
-    norm_kernel: str = "fused",
-    attention_impl: str = "flash",
-    fp8_recipe: str = DEFAULT_FP8_RECIPE,
-) -> NodeTime:
-    """Forward, backward-input and backward-weight seconds of ``node`` on one device: the
-    modelled times (``modelled_node_time``, formula there) with both backward parts divided by
-    ``cluster.backward_speed`` (the backward : forward speed a calibration measured; 1 = as
-    modelled)."""
-    t = modelled_node_time(node, cluster, shard=shard, batch_scale=batch_scale, dtype=dtype,
-                           input_bytes=input_bytes, style=style, is_head=is_head, norm_kernel=norm_kernel,
-                           attention_impl=attention_impl, fp8_recipe=fp8_recipe)  # fmt: skip
-    v = cluster.backward_speed
-    return t if v == 1.0 else NodeTime(t.fwd_s, t.bwd_input_s / v, t.bwd_weight_s / v)
 
 
 def modelled_node_time(
@@ -379,6 +359,26 @@ def modelled_node_time(
     bwd_in = max(fb * bwd_in_unit, floor) + ov_b + cast[1] if fb > 0 else 0.0
     bwd_w = max(fw * bwd_w_unit, floor) + ov_b + cast[2] if fw > 0 else 0.0
     return NodeTime(fwd + cluster.op_overhead_s + cast[0], bwd_in, bwd_w)
+
+
+def _at_backward_speed(
+    modelled: Callable[Concatenate[GraphNode, ClusterSpec, P], NodeTime],
+) -> Callable[Concatenate[GraphNode, ClusterSpec, P], NodeTime]:
+    """``modelled`` with both backward parts divided by ``cluster.backward_speed`` (the backward :
+    forward speed a calibration measured; 1 = as modelled)."""
+
+    def timed(node: GraphNode, cluster: ClusterSpec, /, *args: P.args, **kwargs: P.kwargs) -> NodeTime:
+        t = modelled(node, cluster, *args, **kwargs)
+        v = cluster.backward_speed
+        return t if v == 1.0 else NodeTime(t.fwd_s, t.bwd_input_s / v, t.bwd_weight_s / v)
+
+    return timed
+
+
+#: Forward, backward-input and backward-weight seconds of a node on one device: the modelled
+#: times (``modelled_node_time``, same keywords, formula there) with both backward parts divided
+#: by ``cluster.backward_speed``.
+node_time = _at_backward_speed(modelled_node_time)
 
 
 def shape_efficiencies(
