@@ -35,6 +35,10 @@ def test_a_case_names_its_engine_and_sets_no_engine_convention() -> None:
         assert c["engine"] in PROFILES, c["id"]
         set_here = (set(c["training"]) | set(c["expert_config"])) & conventions
         assert set_here <= set(RUN_FLAGS), (c["id"], set_here - set(RUN_FLAGS))
+        # a run flag is set only where the run's own command line / config departs from its engine's default
+        prof = PROFILES[c["engine"]]
+        same = {k for k in set_here if (c["training"] | c["expert_config"])[k] == getattr(prof, k)}
+        assert not same, (c["id"], f"restates {c['engine']}'s default", same)
     with pytest.raises(ValueError, match="not a run flag"):
         PROFILES["megatron-lm-2021"].with_run_flags(attention_impl="flash")
     with pytest.raises(ValueError, match="names no engine profile"):
