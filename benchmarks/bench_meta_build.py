@@ -3,8 +3,8 @@
 Spawns ``--ranks`` gloo processes on this CPU; each seeds, builds ``--model`` on the meta device
 under an ``InitTape`` (``load_model(spec, device="meta", tape=...)``), applies a hand-made dp=N FSDP2
 plan (``apply_plan``: FSDP2 shards on meta, then ``apply_materialize`` allocates this rank's shards
-and replays the constructor into them) and reports its peak RSS (``getrusage``, Linux KiB) after
-building and after ``apply_plan``, against the bound half the fp32 model + 1.2 GiB. ``--steps K``
+and replays the constructor into them) and reports its peak RSS (``VmHWM``: the rank's own; a spawned
+rank's ``getrusage`` ru_maxrss starts at the parent's peak) after building and after ``apply_plan``, against the bound half the fp32 model + 1.2 GiB. ``--steps K``
 then trains K steps (seq ``--seq``, SGD) and reports the peak again: that part is the training
 step's memory on CPU/gloo, the same for a host-built model (not what materializing costs).
 
@@ -27,9 +27,9 @@ from rank_spawn import model_bytes_and_bound, spawn_rows
 
 
 def _peak_gib() -> float:
-    import resource
+    from meshplan.runtime.launch.host_memory import peak_rss_bytes
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return peak_rss_bytes() / 2**30
 
 
 def _rank(rank: int, world: int, port: int, a: Any, q: Any) -> None:

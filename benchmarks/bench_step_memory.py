@@ -21,7 +21,7 @@ What each rank samples (Linux ``/proc/self/status``, glibc ``mallinfo2``):
   tensors, gloo/library bookkeeping).
 
     python benchmarks/bench_step_memory.py [--model gpt2-large] [--ranks 4] [--steps 3] [--dtype bf16]
-        [--optimizer sgd|adamw|adam [--foreach]]
+        [--optimizer sgd|adamw|adam [--foreach]] [--momentum M (SGD's; 0: plain SGD)]
 
 Check ``uptime`` and ``free -g`` first: gpt2-large dp4 takes ~3 GiB per rank, ~12 GiB in all.
 """
@@ -132,7 +132,7 @@ def _rank(rank: int, world: int, port: int, a: Any, q: Any) -> None:
     vocab = min(1000, model_vocab(spec.model) or 1000)  # token ids every model of the zoo embeds
     plan = handplan.manual_plan(spec.model, None, dp=world, microbatches=1, micro_batch_size=1, seq_len=a.seq,
                                 dp_kind="fsdp")
-    factory = make_optimizer(a.optimizer, 1e-4)
+    factory = make_optimizer(a.optimizer, 1e-4, momentum=a.momentum)
     if a.foreach:  # the multi-tensor kernels, for comparison (make_optimizer runs Adam per tensor on CPU)
         from meshplan.runtime.apply.optim import param_groups
 
@@ -161,15 +161,20 @@ def _rank(rank: int, world: int, port: int, a: Any, q: Any) -> None:
         probe.enter("rest")  # zero_grad(set_to_none) and the step's bookkeeping ended with step()
         probe.close()
         times.append(time.time() - t0)
-    out.update(rows=probe.rows, rs=probe.rs, times=times, ru_maxrss=_ru_maxrss())
+    out.update(rows=probe.rows, rs=probe.rs, times=times, modules=_heavy_modules())
     q.put(out)
     dist.destroy_process_group()
 
 
-def _ru_maxrss() -> float:
-    import resource
+HEAVY = ("transformers", "matplotlib", "pulp", "highspy", "tabulate", "scipy", "pandas", "torchao", "torchtitan",
+         "deepspeed", "megatron", "safetensors", "torch._dynamo", "torch._inductor", "triton", "sympy")
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+def _heavy_modules() -> list[str]:
+    """The large optional packages this rank has imported by the end (what an idle rank's RSS holds)."""
+    import sys
+
+    return [m for m in HEAVY if m in sys.modules]
 
 
 def main() -> int:
@@ -180,6 +185,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     ap.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw", "adam"))
+    ap.add_argument("--momentum", type=float, default=None, help="SGD's momentum (default 0.9; 0: plain SGD)")
     ap.add_argument("--clip-grad-norm", type=float, default=1.0)
     ap.add_argument("--foreach", action="store_true", help="Adam/AdamW with foreach=True (the multi-tensor kernels)")
     ap.add_argument("--all-ranks", action="store_true", help="print every rank's table (default: rank 0's)")
@@ -187,12 +193,13 @@ def main() -> int:
     model_bytes, bound = model_bytes_and_bound(a.model)
     rows = spawn_rows(_rank, a.ranks, a)
     print(f"{a.model}: {model_bytes / GIB:.2f} GiB fp32 parameters; bound half + 1.2 GiB = {bound:.2f} GiB; "
-          f"dp{a.ranks} FSDP2 {a.dtype}, {a.optimizer}{' foreach' if a.foreach else ''}, clip {a.clip_grad_norm}, seq {a.seq}; GiB")
+          f"dp{a.ranks} FSDP2 {a.dtype}, {a.optimizer}{' foreach' if a.foreach else ''}"
+          f"{'' if a.momentum is None else f' momentum {a.momentum}'}, clip {a.clip_grad_norm}, seq {a.seq}; GiB")
     for r in rows if a.all_ranks else rows[:1]:
         i, ap_ = r["idle"], r["applied"]
         print(f"rank {r['rank']}: idle rank RSS {i['VmRSS']:.2f} (mmapped {i['mmapped']:.2f}, heap {i['heap']:.2f}); "
               f"after apply_plan {ap_['VmRSS']:.2f} (peak {ap_['VmHWM']:.2f}, mmapped {ap_['mmapped']:.2f}, "
-              f"heap {ap_['heap']:.2f}); ru_maxrss over all {r['ru_maxrss']:.2f}; "
+              f"heap {ap_['heap']:.2f}); peak over all {max([ap_['VmHWM']] + [w['peak'] for w in r['rows']]):.2f}; "
               f"step s {', '.join(f'{t:.1f}' for t in r['times'])}")
         print("| step | phase | peak RSS | RSS at end | params | grads | opt state | mmapped | heap | heap free |")
         print("|---|---|---|---|---|---|---|---|---|---|")
@@ -200,6 +207,7 @@ def main() -> int:
             print(f"| {w['step']} | {w['phase']} | {w['peak']:.2f} | {w['end']:.2f} | {w['params']:.2f} | "
                   f"{w['grads']:.2f} | {w['opt_state']:.2f} | {w['mmapped']:.2f} | {w['heap']:.2f} | "
                   f"{w['heap_free']:.2f} |")
+        print("imported:", ", ".join(r["modules"]) or "none of " + ", ".join(HEAVY))
         big = sorted(r["rs"], reverse=True)[:3]
         print("largest reduce-scatters (input GiB, RSS during): "
               + ", ".join(f"{b:.3f} @ {m:.2f}" for b, m in big) + f" of {len(r['rs'])}")

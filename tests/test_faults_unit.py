@@ -224,6 +224,15 @@ def test_flags_reach_the_workers_and_sizes_parse(tmp_path, capsys) -> None:
     handplan.manual_plan(spec.model, None, model_name="mlp", micro_batch_size=4).save(tmp_path / "plan.json")
     assert main(["run", str(tmp_path / "plan.json"), "--model", "mlp", "--hang-timeout", "30", "--print-command"]) == 0
     assert "--hang-timeout 30.0" in capsys.readouterr().out
+    plan = str(tmp_path / "plan.json")
+    assert main(["run", plan, "--model", "mlp", "--optimizer", "sgd", "--momentum", "0", "--print-command"]) == 0
+    out = capsys.readouterr().out
+    assert "--optimizer sgd" in out and "--momentum 0.0" in out  # plain SGD reaches the workers
+    assert main(["run", plan, "--model", "mlp", "--momentum", "0.5", "--print-command"]) == 1  # adamw's default
+    assert "--momentum is SGD's; --optimizer adamw" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", plan, "--model", "mlp", "--optimizer", "sgd", "--momentum", "1"])
+    assert "must be < 1" in capsys.readouterr().err
     assert pg_timeout_s(120, 300) == 360 and pg_timeout_s(120, 0) == 120 and pg_timeout_s(900, 30) == 900
     assert byte_size("60GiB") == 60 * 2**30 and byte_size("80GB") == 80 * 10**9 and byte_size("1024") == 1024
     with pytest.raises(argparse.ArgumentTypeError, match="is not a size"):

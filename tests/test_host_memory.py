@@ -1,10 +1,12 @@
-"""Host memory of a CPU rank: glibc's mmap threshold fixed, gloo's reduce-scatter in bounded pieces.
+"""Host memory of a CPU rank: glibc's mmap threshold fixed, gloo's reduce-scatter in bounded pieces, a
+rank's own peak RSS.
 
 ``runtime.launch.host_memory.return_freed_memory`` must really change where glibc puts a freed-then-
 reallocated buffer (checked with glibc's own ``mallinfo2`` in fresh interpreters, since the setting is
 once per process), and leave the C library alone when told to. ``collectives.reduce_scatter_single``
 in pieces must give every rank exactly what one ``reduce_scatter_tensor`` gives, also under FSDP2, whose
 reduce-scatter inputs the runtime's hook releases once the (blocking, CPU) call has finished with them.
+``host_memory.peak_rss_bytes`` (the RunRecord's CPU peak) must be the process's own, not its launcher's.
 """
 
 from __future__ import annotations
@@ -56,6 +58,25 @@ def test_freed_buffers_go_back_to_the_system(env: dict[str, str], expect: str) -
                          timeout=120, check=True).stdout.split("\n")[-2]
     # fixed threshold: the second 2 MiB buffer is its own mmap again; dynamic (or the user's 4 MiB): the heap
     assert out == expect
+
+
+LAUNCHER = textwrap.dedent("""
+    import subprocess, sys
+    big = bytearray(2**28)  # the launcher touches 256 MiB, then frees it before starting its child
+    del big
+    child = "import resource; from meshplan.runtime.launch.host_memory import peak_rss_bytes; " \\
+            "print(peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: ru_maxrss carried across exec")
+def test_peak_rss_is_the_process_own_not_its_launchers() -> None:
+    out = subprocess.run([sys.executable, "-c", LAUNCHER], capture_output=True, text=True, timeout=120,
+                         check=True).stdout.split()
+    own, ru_maxrss = int(out[0]), int(out[1])
+    # a fresh interpreter importing the torch-free module: tens of MiB; ru_maxrss carries the launcher's 256+
+    assert own < 2**27 <= 2**28 <= ru_maxrss, (own, ru_maxrss)
 
 
 class _Net(torch.nn.Module):

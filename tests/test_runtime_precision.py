@@ -144,6 +144,17 @@ def test_optimizer_factory_kernels() -> None:
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["foreach"] is False
     with pytest.raises(ValueError, match="optimizer"):
         make_optimizer("lamb", 1e-3)
+    # SGD: momentum 0.9 unless given; 0 keeps no momentum buffer (the state #28's memory bound leaves out)
+    for momentum, buffers in ((None, 1), (0.0, 0)):
+        q = [torch.nn.Parameter(torch.ones(3))]
+        sgd = make_optimizer("sgd", 0.1, momentum=momentum)(q)
+        q[0].grad = torch.ones(3)
+        sgd.step()
+        assert sgd.defaults["momentum"] == (0.9 if momentum is None else 0.0)
+        assert int(torch.is_tensor(sgd.state[q[0]].get("momentum_buffer"))) == buffers
+        assert torch.equal(q[0].detach(), torch.full((3,), 0.9))  # the first step is plain SGD either way
+    with pytest.raises(ValueError, match="--momentum is SGD's"):
+        make_optimizer("adamw", 1e-3, momentum=0.0)
 
 
 def test_clip_grad_norm_one_process_matches_torch() -> None:

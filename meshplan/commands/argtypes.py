@@ -29,6 +29,13 @@ positive_float = _number(float, 0.0, strict=True)
 nonneg_float = _number(float, 0.0, strict=False)
 
 
+def unit_interval(text: str) -> float:
+    """A number in [0, 1) (SGD's ``--momentum``)."""
+    v = nonneg_float(text)
+    if v >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be < 1, got {text}")
+    return v
+
 
 def byte_size(text: str) -> int:
     """``60GiB``, ``80GB``, ``512MiB`` or a plain number of bytes -> bytes (> 0) (``meshplan.api.plan.parse_size``)."""

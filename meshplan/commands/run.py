@@ -27,6 +27,7 @@ from meshplan.commands.argtypes import (
     nonneg_int,
     positive_float,
     positive_int,
+    unit_interval,
 )
 from meshplan.shapes import add_input_shape, input_shape_text
 
@@ -62,7 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=positive_float, default=1e-3,
                    help="learning rate, the peak of --lr-schedule after --warmup-steps (default 1e-3)")
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw",
-                   help="adamw (default; weight decay 0), adam, or sgd with momentum 0.9")
+                   help="adamw (default; weight decay 0), adam, or sgd (momentum 0.9 unless --momentum)")
+    p.add_argument("--momentum", type=unit_interval, default=None, metavar="M",
+                   help="SGD's momentum (--optimizer sgd only; default 0.9); 0: plain SGD, which keeps no momentum "
+                        "buffer (one fp32 copy of the rank's parameter shards less host/device memory)")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed of the initial weights, the synthetic data and the data order, the same on "
                         "every rank (default 0)")
@@ -159,12 +163,17 @@ def build_command(args: argparse.Namespace) -> list[str]:
             f"plan {args.plan} needs {plan.world_size} ranks ({plan.summary()}), --nproc is {nproc}; "
             f"drop --nproc or re-plan for {nproc}"
         )
+    if args.momentum is not None and args.optimizer != "sgd":
+        raise ValueError(f"--momentum is SGD's; --optimizer {args.optimizer} keeps its two moments "
+                         "(drop --momentum, or use --optimizer sgd)")
     launch = _launch(args, plan.world_size)
     train = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--lr", str(args.lr),
              "--optimizer", args.optimizer, "--seed", str(args.seed), "--threads", str(args.threads),
              "--timeout", str(args.timeout),
              "--dtype", args.dtype, "--clip-grad-norm", str(args.clip_grad_norm), "--lr-schedule",
              args.lr_schedule, "--warmup-steps", str(args.warmup_steps)] + (["--compile"] if args.compile else [])
+    if args.momentum is not None:
+        train += ["--momentum", str(args.momentum)]
     if args.checkpoint_dir:
         train += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every),
                   "--keep-checkpoints", str(args.keep_checkpoints)]

@@ -99,15 +99,6 @@ def drop_metadata_asserts(gm: nn.Module) -> int:
     return n
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (``getrusage``; Linux reports KiB)."""
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
 def retie(roots: Iterable[nn.Module], tied: Iterable[tuple[str, ...]]) -> int:
     """Make each group of user FQNs that named one Parameter name one again (``to_empty`` gives each
     module its own new Parameter); returns how many names were re-pointed."""

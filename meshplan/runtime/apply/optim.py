@@ -2,9 +2,11 @@
 
 * ``make_optimizer(name, lr)`` -> a factory ``params -> Optimizer`` for ``apply_plan``: AdamW / Adam
   with ``fused=True`` on CUDA and ``foreach=False`` elsewhere (torch's CPU default: the multi-tensor
-  kernels' temporaries are as large as the whole local shard, see the factory), SGD with momentum
-  0.9 (torch's default on CPU: per tensor); plain tensors and DTensors go in separate parameter
-  groups (the multi-tensor kernels refuse a mix, which TP produces).
+  kernels' temporaries are as large as the whole local shard, see the factory), SGD with
+  ``momentum`` (default 0.9; 0 is plain SGD: no momentum buffer, one fp32 state per parameter less,
+  the cost model's "sgd" beside "sgd-momentum"; torch's default on CPU: per tensor); plain tensors
+  and DTensors go in separate parameter groups (the multi-tensor kernels refuse a mix, which TP
+  produces).
 * ``lr_at(step, *, lr, schedule, warmup_steps, total_steps)``: the learning rate of a (1-based)
   step, a pure function of the step number: linear warm-up from lr/warmup to lr over
   ``warmup_steps``, then ``constant`` or ``cosine`` decay to 0 at ``total_steps``. A resumed run
@@ -35,14 +37,25 @@ from meshplan.runtime.launch import collectives
 LR_SCHEDULES = ("constant", "cosine")
 
 
-def make_optimizer(name: str, lr: float, *, weight_decay: float = 0.0) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
+SGD_MOMENTUM = 0.9  # ``--optimizer sgd`` without ``--momentum``
+
+
+def make_optimizer(name: str, lr: float, *, weight_decay: float = 0.0,
+                   momentum: float | None = None) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
+    """``params -> Optimizer`` (see the module docstring); ``momentum`` is SGD's (None: 0.9), refused
+    for Adam/AdamW (their moments are not optional)."""
     if name not in ("adam", "adamw", "sgd"):
         raise ValueError(f"--optimizer {name!r} unknown; use adam, adamw or sgd")
+    if momentum is not None and name != "sgd":
+        raise ValueError(f"--momentum is SGD's; --optimizer {name} keeps its two moments (drop --momentum)")
+    if momentum is not None and not 0.0 <= momentum < 1.0:
+        raise ValueError(f"--momentum must be in [0, 1), got {momentum}")
+    sgd_momentum = SGD_MOMENTUM if momentum is None else momentum
 
     def factory(params: list[torch.Tensor]) -> torch.optim.Optimizer:
         groups = param_groups(params)
         if name == "sgd":
-            return torch.optim.SGD(groups, lr=lr, momentum=0.9)
+            return torch.optim.SGD(groups, lr=lr, momentum=sgd_momentum)
         cuda = bool(params) and params[0].device.type == "cuda"
         # CPU: one parameter at a time. The multi-tensor (foreach) Adam kernels allocate temporaries the
         # size of the whole local shard at once (the scaled gradients, then sqrt(v)), +1 shard of host

@@ -48,6 +48,7 @@ from meshplan.runtime.apply.epcp_pipeline import shard_position_tables
 from meshplan.runtime.apply.grad_sync import BucketedGradSync
 from meshplan.runtime.apply.stage_params import shared_params, unique_params
 from meshplan.runtime.launch.dist import RuntimeEnv
+from meshplan.runtime.launch.host_memory import peak_rss_bytes
 from meshplan.runtime.record.phases import PhaseSpans, watch_stages
 
 
@@ -333,7 +334,7 @@ def apply_materialize(s: ApplyState) -> list[str]:
     n, peak = mat.fill_from_tape(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows)
     return [f"built on the meta device; {n} tensors materialized on {dev} as this rank's shards, initialised by "
             f"replaying the constructor one tensor at a time (replay peak {peak / 2**20:.1f} MiB; process peak "
-            f"RSS {mat.peak_rss_bytes() / 2**30:.2f} GiB after materializing, measured)"]
+            f"RSS {peak_rss_bytes() / 2**30:.2f} GiB after materializing, measured)"]
 
 
 def apply_grad_reduction(s: ApplyState) -> list[str]:

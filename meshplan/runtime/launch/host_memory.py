@@ -16,6 +16,12 @@ of a training step").
 (macOS, musl) and when the user set ``MALLOC_MMAP_THRESHOLD_`` (glibc already read their choice at
 start-up; ``MESHPLAN_MALLOC=keep`` leaves the C library alone as well). It returns a note for the run's
 output, or None when nothing was changed.
+
+``peak_rss_bytes()``: this process's own peak resident set size, ``VmHWM`` of ``/proc/self/status`` on
+Linux. Not ``getrusage(RUSAGE_SELF).ru_maxrss``: Linux carries the peak of the process that forked a
+child into the child's ``ru_maxrss`` across ``exec`` (with Python's vfork-based spawn, the parent's own
+peak), so a torchrun worker or a spawned benchmark rank reported at least its launcher's peak (a parent
+that had touched 1 GiB gave a fresh ``python`` child 1.01 GiB, whose VmHWM was 0.01).
 """
 
 from __future__ import annotations
@@ -42,6 +48,21 @@ def _glibc() -> ctypes.CDLL | None:
     except (OSError, AttributeError):
         return None
     return libc
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size in bytes (``VmHWM`` on Linux; elsewhere ``ru_maxrss``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS reports bytes, Linux KiB
 
 
 def return_freed_memory(environ: dict[str, str] | None = None) -> str | None:

@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10, help="the step to end at (timed steps; default 10)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate after warm-up (default 1e-3)")
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw", help="optimizer (default adamw)")
+    p.add_argument("--momentum", type=float, default=None, help="SGD's momentum (default 0.9; 0: plain SGD)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data, on every rank")
     p.add_argument("--data", default=None,
                    help="tokens.bin, package.module:fn returning a Dataset, or fn(step, batch, seq_len) (default: synthetic)")
@@ -152,8 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
     seq_len = run_seq_len(plan, example)
     hang_s = default_timeout_s(plan.predicted.step_s) if args.hang_timeout is None else args.hang_timeout
+    optimizer = make_optimizer(args.optimizer, args.lr, momentum=args.momentum)  # refuses before any collective
+
     def apply(model: Any, example: Any, tape: Any) -> Any:
-        return apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer(args.optimizer, args.lr),
+        return apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=optimizer,
                           example_inputs=example, timeout_s=faults.pg_timeout_s(args.timeout, hang_s),
                           dtype=args.dtype, compile=args.compile, init_from=args.init_from, tape=tape)
 

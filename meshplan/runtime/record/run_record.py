@@ -1,8 +1,9 @@
 """RunRecord: what a run measured (per-step time, loss, peak memory) beside the Plan's prediction.
 
-Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA; on CPU it is the process's peak
-resident set size (``ru_maxrss``), which includes the Python interpreter and torch itself, so it
-is an upper bound, not the model's share. ``summary_line()`` ends each run, e.g.
+Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA; on CPU it is the process's own peak
+resident set size (``VmHWM``, ``runtime.launch.host_memory.peak_rss_bytes``; not ``ru_maxrss``, which
+carries the launcher's peak into a torchrun worker), which includes the Python interpreter and torch
+itself, so it is an upper bound, not the model's share. ``summary_line()`` ends each run, e.g.
 ``step 412 ms measured, 398 ms predicted (+3.5%)``; the measured figure is the median over steps
 after the first ``warmup`` (first steps include shape inference and allocator warm-up). Every rank's own
 and waiting time per step (``rank_step_s``, ``rank_wait_s``) name a straggler in that line
@@ -12,9 +13,7 @@ and waiting time per step (``rank_step_s``, ``rank_wait_s``) name a straggler in
 from __future__ import annotations
 
 import json
-import resource
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,8 +25,9 @@ def peak_mem_bytes() -> int:
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return int(torch.cuda.max_memory_allocated())
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)
+    from meshplan.runtime.launch.host_memory import peak_rss_bytes
+
+    return peak_rss_bytes()
 
 
 def gather_peak_mem(pp_rank: int, predicted_per_pp_rank: Sequence[int]) -> list[tuple[int, int]]:
