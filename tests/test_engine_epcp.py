@@ -50,7 +50,7 @@ def test_cp_and_ep_from_megatron_args_are_costed(moe_graph) -> None:
 def test_cp_ep_the_runtime_does_not_run_is_costed_with_a_note(moe_graph) -> None:
     plan = cost_spec(moe_graph, EngineSpec(dp=2, tp=2, cp=2, micro_batch_size=1, global_batch_size=4), "h100")
     assert plan.cp == 2 and plan.predicted.cp_comm_s > 0
-    why = ConfigEvaluator(moe_graph, ClusterSpec.preset("h100", num_nodes=1)).epcp_why(2, 1, 2, 1, "none")
+    why = ConfigEvaluator(moe_graph, ClusterSpec.preset("h100", num_nodes=1)).ep_cp.epcp_why(2, 1, 2, 1, "none")
     noted = [n for n in plan.notes if n.startswith("cp=2 ep=1 costed")]
     assert noted == ([f"cp=2 ep=1 costed (cost_models/epcp.py), but meshplan's runtime does not run it: {why}"]
                      if why else [])  # fmt: skip

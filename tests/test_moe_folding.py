@@ -128,26 +128,26 @@ def test_folded_cost_table_puts_the_moe_block_on_the_sequence_shard():
 
 
 def test_expert_gradients_are_reduced_over_the_expert_data_parallel_group():
-    from meshplan.planner.config_costs import add_dp_comm
     from meshplan.planner.search import Searcher
     from meshplan.planner.search_types import Config
+    from meshplan.planner.state_costs import add_dp_comm
 
     case = next(c for c in FOLDED if c["expert_config"]["tp"] == 4)
     g = _graph(case["id"])
     spec = case_cluster(case)
     s = Searcher(g, spec, global_batch=2048, fixed={"tp": 4, "pp": 8, "dp": 8, "ep": 8})
     c = Config(8, 4, 8, 1, 256, "interleaved-1f1b", 4, "none", True, "zero1", 1, 8)
-    assert s.costs.expert_dp_group(c) == (8 // 8, 4 * 8)  # meshplan's runtime: dp/ep replicas, tp*ep apart
-    s.costs.moe_folding = True
-    assert s.costs.expert_dp_group(c) == (4, 8)  # folded: EDP = dp*tp/ep = 4 ranks, ep apart
+    assert s.costs.ep_cp.expert_dp_group(c) == (8 // 8, 4 * 8)  # meshplan's runtime: dp/ep replicas, tp*ep apart
+    s.costs.ep_cp.moe_folding = True
+    assert s.costs.ep_cp.expert_dp_group(c) == (4, 8)  # folded: EDP = dp*tp/ep = 4 ranks, ep apart
     exp = 1e9  # expert parameters a rank holds
-    d = s.costs.dp_collectives_split(10e9, 20e9, exp, c)
-    dense = s.costs.dp_collectives(10e9 - exp * 2, 20e9 - exp * 4, c)
+    d = s.costs.states.dp_collectives_split(10e9, 20e9, exp, c)
+    dense = s.costs.states.dp_collectives(10e9 - exp * 2, 20e9 - exp * 4, c)
     edp = dp_comm("zero1", exp * 4, exp * 2, 4, spec, stride=8, pp=8, num_microbatches=256, units=len(g.blocks) + 1)
     assert d == add_dp_comm(dense, edp) and d.sync_s > dense.sync_s
     assert edp.bytes["reduce_scatter"] == int(exp * 4)
     # model states of the experts sharded over the 4 EDP ranks, not the 8 dp ranks
-    assert s.costs.expert_state_bytes_per_param(c).optimizer == pytest.approx(2 * s.costs.state_bytes_per_param(c).optimizer)
+    assert s.costs.states.expert_state_bytes_per_param(c).optimizer == pytest.approx(2 * s.costs.states.state_bytes_per_param(c).optimizer)
 
 
 def test_estimate_graph_checks_the_folding_option():

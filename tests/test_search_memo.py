@@ -79,7 +79,7 @@ def test_search_best_plan_is_unchanged_by_the_memo(world, batch, layers, gib):
 
 
 def test_transient_memo_and_layer_copies_equal_fresh_work():
-    """``ConfigCosts.transient`` (memoized per table and runs) equals the bytes computed from the
+    """``ConfigEvaluator.transient`` (memoized per table and runs) equals the bytes computed from the
     layers; ``costing.replaced`` (a table's per-instance copy of its block type's costs) equals
     ``dataclasses.replace`` field for field, and refuses an unknown field."""
     from meshplan.planner.costing import replaced
@@ -114,7 +114,7 @@ def test_transient_memo_and_layer_copies_equal_fresh_work():
 
 
 def test_prefix_sums_are_the_running_sums_left_to_right():
-    """``ConfigCosts.prefix``: each column is [0.0, x0, x0 + x1, ...] of its layer field, summed in
+    """``ConfigEvaluator.prefix``: each column is [0.0, x0, x0 + x1, ...] of its layer field, summed in
     layer order (the same floats as adding one layer at a time)."""
     g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
     s = Searcher(g, H100.with_devices(8), global_batch=32)

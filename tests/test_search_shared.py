@@ -28,22 +28,22 @@ def test_shared_node_terms_equal_terms_costed_afresh(moe, folding):
     a block's copies)."""
     cl = ClusterSpec.preset("h100", num_nodes=2)
     s = Searcher(moe, cl, global_batch=64)
-    s.costs.moe_folding = folding
+    s.costs.ep_cp.moe_folding = folding
     n = 0
     for cp, ep, mb, tp, rc, dp in itertools.product((1, 2, 4), (1, 2, 4), (1, 2, 4), (1, 2), ("none", "full"), (1, 2)):
         if folding and (dp * cp * tp) % ep:
             continue  # the folded expert mesh needs ep | dp·cp·tp (cost_models.epcp.folded_expert_mesh)
         c = Config(dp, tp, 1, mb, 1, "1f1b", 1, rc, False, "ddp", cp, ep)
-        shared = s.costs.epcp_prefix(c)
-        fresh = EPCPPrefix(moe, cl, s.costs.epcp_nodes, cp=cp, ep=ep, micro_batch=mb, dtype=s.costs.dtype,
-                           capacity_factor=s.costs.capacity_factor, elem_bytes=s.costs.elem_bytes, tp=tp, recompute=rc, stride=tp,
+        shared = s.costs.ep_cp.epcp_prefix(c)
+        fresh = EPCPPrefix(moe, cl, s.costs.ep_cp.epcp_nodes, cp=cp, ep=ep, micro_batch=mb, dtype=s.costs.dtype,
+                           capacity_factor=s.costs.ep_cp.capacity_factor, elem_bytes=s.costs.states.elem_bytes, tp=tp, recompute=rc, stride=tp,
                            folding=folding, dp=dp)  # fmt: skip
         assert shared.acc == fresh.acc and shared.bytes == fresh.bytes, c
         assert shared.whole() == fresh.terms(0, len(moe.nodes)) == fresh.whole(), c  # the same floats
         n += 1
     # fewer distinct nodes were costed than configurations x nodes: the sharing happened
-    assert len(s.costs.memos.epcp_node) < n * len(s.costs.epcp_nodes) / 4
-    assert len({k[0] for k in s.costs.memos.epcp_node}) < len(s.costs.epcp_nodes)  # the blocks' copies share
+    assert len(s.costs.memos.epcp_node) < n * len(s.costs.ep_cp.epcp_nodes) / 4
+    assert len({k[0] for k in s.costs.memos.epcp_node}) < len(s.costs.ep_cp.epcp_nodes)  # the blocks' copies share
 
 
 def test_lower_bound_memo_matches_its_terms(moe):

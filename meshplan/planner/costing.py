@@ -205,7 +205,7 @@ class GraphCoster:
             self._in_bytes[d] = self._in_bytes.get(d, 0) + b
         self.ilp_solves = 0
         # memos of the searches that share this coster (a sweep over world sizes: ``planner.api.PlanMemo``),
-        # per name and what besides the tables their values depend on (``ConfigCosts.__init__``):
+        # per name and what besides the tables their values depend on (``ConfigEvaluator.__init__``):
         # values keyed by id(table) stay right because the coster keeps every table it made
         self.search_memos: dict[tuple, dict] = {}
         self.ilp_seconds = 0.0

@@ -176,7 +176,7 @@ class EPCPPrefix:
     ``epcp_terms(..., nodes=[n for n in nodes if lo <= n.id < hi])``.
 
     ``memo`` (shared across configurations) with ``copies`` (per node, a key equal for the nodes at
-    the same place of identical repeated layers: ``ConfigCosts._epcp_copies``) costs each node once
+    the same place of identical repeated layers: ``EPCPCosts._copies``) costs each node once
     per what its terms depend on (``_node_key``): configurations that differ only in ep (attention
     nodes), only in the recompute kind or in cp at the same tokens per rank (MoE nodes) share them,
     and a repeated block's copies share their template's. With it, configurations whose nodes all

@@ -35,11 +35,11 @@ def estimate_notes(costs: ConfigEvaluator, ev: Evaluation) -> list[str]:
     c = ev.config
     notes = [] if ev.fits else [
         f"does not fit: needs {ev.max_mem_bytes / GiB:.1f} GiB per device, limit {ev.mem_limit_bytes / GiB:.1f} GiB"]
-    why = costs.epcp_why(c.tp, c.pp, c.cp, c.ep, c.recompute)
+    why = costs.ep_cp.epcp_why(c.tp, c.pp, c.cp, c.ep, c.recompute)
     if why:
         notes.append(f"cp={c.cp} ep={c.ep} costed (cost_models/epcp.py), but meshplan's runtime does not run it: {why}")
     if costs.moe_folding and c.tp > 1:
-        edp, _ = costs.expert_dp_group(c)
+        edp, _ = costs.ep_cp.expert_dp_group(c)
         notes.append(f"MoE parallel folding costed (Megatron-Core, ETP 1 with sequence parallelism): each tp rank routes "
                      f"its 1/{c.tp} of the tokens over an ep group of {c.ep} consecutive ranks, expert gradients over "
                      f"{edp} expert data-parallel ranks; meshplan's runtime does not run it (its MoE block is replicated "

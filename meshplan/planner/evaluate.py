@@ -1,39 +1,335 @@
-"""Costing one point of the search space: ``ConfigEvaluator``, the base of ``planner.search.Searcher``.
+"""The coster: ``ConfigEvaluator``, costing one point of the search space of one graph on one
+cluster under one engine profile; ``planner.search.Searcher`` holds one (``Searcher.costs``),
+``planner.estimate.estimate_config`` calls one with a ``Config``.
 
-``evaluate(config)`` gives an ``Evaluation``: stage split (time-balanced, or the memory-constrained
-DP of ``partition.stage_ilp`` when that does not fit), memory per pipeline rank, exposed DP
-gradient sync, optimizer step and (``exact``) the schedule simulator's makespan; ``lower_bound``
-is the cheap (step, memory) bound the search orders candidates by; ``evaluate_auto`` upgrades DDP
-to the fastest DP kind that fits. The formulas are in ``planner.search``'s docstring. The shared
-cost terms are ``planner.config_costs.ConfigCosts`` (the base class), the DP-kind-free part of an
-evaluation is ``planner.kind_free`` (memoized here across kinds), the exposed DP communication
-``planner.dp_exposure``. With a ``Quantization`` on the coster, model states, gradient sync and
-the optimizer step count the quantized layout. No torch import.
+Its public API: ``evaluate(config)`` gives an ``Evaluation`` (a frozen dataclass): stage split
+(time-balanced, or the memory-constrained DP of ``partition.stage_ilp`` when that does not fit),
+memory per pipeline rank, exposed DP gradient sync, optimizer step and (``exact``) the schedule
+simulator's makespan; ``lower_bound`` / ``bound`` are the cheap (step, memory) bounds the search
+orders candidates by, ``memory_floor`` the memory bound it skips them by; ``evaluate_auto``
+upgrades DDP to the fastest DP kind that fits; ``table``, ``prefix``, ``split``, ``transient``
+the cost tables, their prefix sums, the stage split and the recompute transient the terms share.
+The formulas are in ``planner.search``'s docstring.
+
+It is one object built from its parts, no base class: the model states, optimizer step and DP
+collectives are its ``states`` (``planner.state_costs.StateCosts``), the EP / CP terms its
+``ep_cp`` (``planner.epcp_coster.EPCPCosts``); the DP-kind-free part of an evaluation is
+``planner.kind_free`` (memoized here across kinds), the memory floors ``planner.memory_floor``,
+both reading this coster through a Protocol; the exposed DP communication is
+``planner.dp_exposure``. Every memo is one ``CostMemos`` (``memos``). With a ``Quantization`` on
+the graph coster, model states, gradient sync and the optimizer step count the quantized layout.
+No torch import.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from itertools import accumulate
+from typing import Any
 
+from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.contention import overlap_slowdown_s
-from meshplan.cost_models.dp_kinds import KIND_ORDER, dp_comm
+from meshplan.cost_models.dp_kinds import KIND_ORDER, ZERO_STAGE, dp_comm
+from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.engine_profiles import profile as engine_profile
+from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR
 from meshplan.cost_models.grad_sync import (
     GRAD_REDUCE_BYTES,
     local_ddp_sync_s,
     overlapped_sync_terms,
     uniform_bucket_runs,
 )
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.precision import check_training_dtype
+from meshplan.graph import ModelGraph
+from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
 from meshplan.plan.execution_rules import dp_kind_blocker, sequence_parallel_blocker
-from meshplan.planner.config_costs import MAX_MEMORY_RESCUES, ConfigCosts
+from meshplan.planner.cost_memos import CostMemos
+from meshplan.planner.costing import CostTable, GraphCoster, LayerCost
 from meshplan.planner.dp_exposure import exposed_dp_s, kind_note
+from meshplan.planner.epcp_coster import EPCPCosts
 from meshplan.planner.kind_free import KindFreeTerms, kind_free_terms
-from meshplan.planner.search_types import Config, Evaluation
+from meshplan.planner.memory_floor import held_floor
+from meshplan.planner.pipeline_time import inflight
+from meshplan.planner.search_memos import share_table_memos, solve_split
+from meshplan.planner.search_types import Config, Evaluation, balanced_split
+from meshplan.planner.state_costs import StateCosts
 
 __all__ = ["MAX_MEMORY_RESCUES", "ConfigEvaluator", "exposed_dp_s", "kind_note"]
 
+#: At most this many memory-constrained re-splits (partition.stage_ilp DP) per search.
+MAX_MEMORY_RESCUES = 8
 
-class ConfigEvaluator(ConfigCosts):
+
+class ConfigEvaluator:
     """Costs configurations of one graph on one cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        cluster: ClusterSpec,
+        *,
+        fixed: dict[str, Any] | None = None,
+        dtype: str = "bf16",
+        optimizer: str = "adam",
+        coster: GraphCoster | None = None,
+        split_rule: str | None = None,
+        dp_kinds: tuple[str, ...] | None = None,
+        profile: EngineProfile | str | None = None,
+        moe_folding: bool = False,
+    ) -> None:
+        self.g = graph
+        self.cluster = cluster
+        # pins (``Searcher.configs`` reads them too): a pinned dp_kind is never upgraded by
+        # ``evaluate_auto``, a pinned sequence_parallel counts in ``epcp_why``; capacity_factor is taken out
+        self.fixed = dict(fixed or {})
+        self.dtype = dtype
+        self.optimizer = optimizer
+        # the engine whose conventions price every configuration (cost_models.engine_profiles): the
+        # coster's when one is given, else ``profile`` (None = meshplan's runtime)
+        self.coster = coster or GraphCoster(graph, cluster, dtype=dtype, optimizer=optimizer, profile=profile)
+        self.profile = engine_profile(profile) if profile is not None else self.coster.profile
+        ep = self.profile
+        self.quant = self.coster.quant.mode != "none"
+        # an engine's stage-split rule (partition.engine_split; None = the profile's) and DP kinds
+        # (meshplan plan --target)
+        if split_rule is None:
+            split_rule = ep.split_rule
+        if split_rule not in SPLIT_RULES:
+            raise ValueError(f"split_rule must be one of {', '.join(SPLIT_RULES)}, got {split_rule!r}")
+        self.split_rule = split_rule
+        self.dp_kinds = tuple(dp_kinds) if dp_kinds else tuple(KIND_ORDER)
+        # whose pipeline runtime holds the per-microbatch buffers (allocator.PP_BUFFERS): "torch" =
+        # torch.distributed.pipelining, as meshplan's runtime and torchtitan run it; "megatron" = none
+        self.pp_buffers = ep.pp_buffers
+        # Megatron-LM's scatter/gather between pipeline stages (SC'21 §4.1): without SP each tp rank
+        # sends 1/tp of the boundary activation and the receiving stage all-gathers it inside its
+        # node; meshplan's runtime sends it whole
+        self.pp_scatter_gather = ep.pp_scatter_gather
+        self.mem_limit = int(cluster.usable_mem_bytes)
+        self._rescues = 0
+        self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
+        self.memos = CostMemos()  # every memo (planner.cost_memos)
+        # the table-only ones shared with the other searches on this coster (a world-size sweep)
+        share_table_memos(self.memos, self.coster.search_memos, dtype, optimizer)
+        # what ``p2p_time`` reads of the cluster: its hardware, whatever the device count (search_memos.solve_split)
+        self.links_key = repr(cluster.with_devices(cluster.devices_per_node))
+        self._kind_notes: dict[Config, str] = {}  # why evaluate_auto chose a kind other than ddp
+        self._all_kinds_fit: set[Config] = set()  # evaluate_auto found every DP kind it tried fitting
+        check_training_dtype(dtype, cluster)
+        if dtype == "fp8" and self.quant:
+            raise ValueError(f"dtype fp8 (torchao float8 training) with quantization {self.coster.quant.mode!r}: "
+                             "torchao converts plain nn.Linear layers only; use --dtype bf16 with quantization")
+        # its parts: the EP / CP terms and the model states, optimizer and DP collectives
+        # bytes per element of the gradients DP syncs and of the parameters FSDP gathers: the
+        # training dtype (bf16 mixed precision: 2; fp32 training: 4)
+        elem = 4 if dtype in ("fp32", "float32") else 2
+        self.ep_cp = EPCPCosts(
+            graph, cluster, self.coster, self.memos, dtype=dtype, elem_bytes=elem,
+            capacity_factor=float(self.fixed.pop("capacity_factor", DEFAULT_CAPACITY_FACTOR)),
+            moe_folding=moe_folding, sp_pinned=bool(self.fixed.get("sequence_parallel")), quant=self.quant)  # fmt: skip
+        self.states = StateCosts(graph, cluster, dtype=dtype, optimizer=optimizer, profile=ep, elem_bytes=elem,
+                                 memos=self.memos, tables=self, ep_cp=self.ep_cp)  # fmt: skip
+
+    @property
+    def moe_folding(self) -> bool:
+        """Whether MoE parallel folding is costed (``EPCPCosts.moe_folding``)."""
+        return self.ep_cp.moe_folding
+
+    def quant_errors(self, c: Config) -> list[str]:
+        """Why the runtime would reject the quantization at ``c``'s TP placement and FSDP degree
+        (``cost_models.quant.quant_constraint_errors``); empty without quantization."""
+        if not self.quant:
+            return []
+        sol = self.table(c).tp_solution
+        fsdp_dp = self.states.shard(c) if ZERO_STAGE[c.dp_kind] >= 3 else 1
+        key = (id(sol), fsdp_dp)
+        if key not in self.memos.quant_errors:
+            self.memos.quant_errors[key] = self.coster.quant_errors(sol, fsdp_dp)
+        return self.memos.quant_errors[key]
+
+    # ---- costs shared by bound and evaluation --------------------------------------------
+    def table(self, c: Config) -> CostTable:
+        # cp: a rank holds micro_batch sequences of seq_len/cp tokens, the work of micro_batch/cp
+        # sequences (attention included, with the causal 2*cp split): cost_models/epcp.py
+        mb = c.micro_batch if c.cp == 1 else c.micro_batch / c.cp
+        return self.coster.table(c.tp, c.sequence_parallel, c.recompute, mb)  # type: ignore[arg-type]
+
+    def pp_spans(self, c: Config) -> bool:
+        """Whether any pipeline send (rank r to r + 1, and the interleaved wrap) crosses nodes
+        (``comm.p2p_crosses_nodes``; pipeline ranks are dp·cp·tp apart in the mesh): the
+        pessimistic link for a stage split's p2p term."""
+        stride, dpn = c.dp * c.cp * c.tp, self.cluster.devices_per_node
+        return c.pp > 1 and any(p2p_crosses_nodes(r, (r + 1) % c.pp, stride, dpn) for r in range(c.pp))
+
+    def p2p_time(self, c: Config) -> Callable[[float], float]:
+        """Seconds of one stage-to-stage send of b bytes on ``c``'s slowest pipeline link."""
+        cross = self.pp_spans(c)
+        return lambda b: p2p_time_s(b, self.cluster, crosses_nodes=cross)
+
+    def lower_bound(self, c: Config) -> tuple[float, float]:
+        """(step-time lower bound, memory lower bound) without splitting or simulating (memoized per
+        configuration and engine layout: the search, the memory floor and ``_fit`` ask again)."""
+        ckey = (c, self.states.state_layout, self.states.optimizer_impl)
+        hit = self.memos.bound.get(ckey)
+        if hit is None:
+            hit = self.memos.bound[ckey] = self._lower_bound(c)
+        return hit
+
+    def _lower_bound(self, c: Config) -> tuple[float, float]:
+        key = (c.tp, c.sequence_parallel, c.recompute, c.micro_batch, c.cp, c.ep, c.dp if self.ep_cp.moe_folding else 0)
+        if key not in self.memos.lower_bound_part:  # what does not depend on pp, m, the schedule or the DP kind
+            t = self.table(c)
+            P = self.prefix(t)
+            work = P["f"][-1] + P["b"][-1] + P["w"][-1]
+            if self.ep_cp.has_epcp(c):  # the stages' EP/CP terms sum to the model's (the expert-read saving is <= 0)
+                work += self.ep_cp.epcp(c).per_microbatch_s
+            saved = self.ep_cp.expert_param_count * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
+            self.memos.lower_bound_part[key] = (work, P["params"][-1] - saved, P)
+        work, params, P = self.memos.lower_bound_part[key]
+        avg_params = params / c.pp  # ep: E/ep experts per rank
+        if self.quant:  # only trainable parameters are synced and stepped
+            dv = self.states.zero_divs(c)
+            step = c.num_microbatches * work / c.pp + self.states.optimizer_s(P["train"][-1] / c.pp, c)
+            mem = (P["sp"][-1] / dv[0] + P["sg"][-1] / dv[1] + P["so"][-1] / dv[2]) / c.pp
+        else:
+            step = c.num_microbatches * work / c.pp + self.states.optimizer_s(avg_params, c)
+            skey = (avg_params, c.dp_kind, c.dp, c.tp, self.states.state_layout, self.dtype)
+            if skey not in self.memos.states:
+                self.memos.states[skey] = self.states.total_state_bytes(avg_params, c)
+            mem = self.memos.states[skey]
+        if c.schedule == "gpipe" and c.pp > 1:
+            mem += c.num_microbatches * P["act"][-1] / c.pp
+        return step, mem
+
+    def memory_floor(self, c: Config, mlb: float) -> float:
+        """A per-device memory lower bound of ``c`` for any stage split and any DP kind, given ``mlb``
+        (``bound``'s: the average rank's model states under the kind that shards most, gpipe's
+        activations): rank r needs at least states_r + activations_r x inflight_r, so the busiest
+        needs at least the average of that over the pipeline ranks, which is at least the average
+        states (with what the kind holds unsharded: ``memory_floor.held_floor``) + the average
+        activations x the fewest in-flight microbatches any rank holds."""
+        P = self.prefix(self.table(c))
+        acts = min(self.inflight_ranks(c)) * P["act"][-1] / c.pp
+        held = c.num_microbatches * P["act"][-1] / c.pp if c.schedule == "gpipe" and c.pp > 1 else 0.0  # in mlb
+        return held_floor(self, c, mlb, max(0.0, acts - held))  # type: ignore[arg-type]
+
+    def inflight_ranks(self, c: Config) -> list[float]:
+        """``pipeline_time.inflight`` of every pipeline rank of ``c`` (memoized per schedule shape; read only)."""
+        key = (c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
+        if key not in self.memos.inflight:
+            self.memos.inflight[key] = [inflight(c, r) for r in range(c.pp)]
+        return self.memos.inflight[key]
+
+    def tied_layers(self, t: CostTable) -> list[int]:
+        """Indices of ``t``'s layers that read a tied weight (``LayerCost.tied``), ascending (memoized)."""
+        key = id(t)
+        if key not in self.memos.tied:
+            self.memos.tied[key] = [j for j, x in enumerate(t.layers) if x.tied]
+        return self.memos.tied[key]
+
+    def rescue_possible(self, c: Config, mlb: float, floor: float) -> bool:
+        """Whether costing ``c`` might spend a memory re-split (``ConfigEvaluator._fit``: a kind
+        that could fit by its bound, within 25 % of the limit, one stage per rank, rescues left)."""
+        return (mlb <= self.mem_limit and floor <= 1.25 * self.mem_limit and c.virtual_stages == 1
+                and self.split_rule == "any" and 1 < c.pp <= 32 and self._rescues < MAX_MEMORY_RESCUES)  # fmt: skip
+
+    # ---- exact evaluation ----------------------------------------------------------------
+    def split(self, t: CostTable, num_stages: int, virtual_stages: int = 1) -> list[tuple[int, int]]:
+        """The time-balanced split, or under an engine's split rule the legal one with the smallest
+        bottleneck (``Searcher.configs`` only enumerates stage counts the rule can split)."""
+        rule = rule_for(self.split_rule, virtual_stages)
+        key = (id(t), num_stages, rule)
+        if key not in self.memos.split:
+            costs = [layer.total_s for layer in t.layers]
+            runs = balanced_split(costs, num_stages) if rule == "any" else rule_split(
+                costs, [x.kind == "block" for x in t.layers], rule, num_stages)  # fmt: skip
+            if runs is None:
+                raise ValueError(f"no {rule!r} split of {len(t.layers)} layers into {num_stages} stages")
+            self.memos.split[key] = runs
+        return self.memos.split[key]
+
+    def prefix(self, t: CostTable) -> dict[str, list[float]]:
+        """Prefix sums of the per-layer columns of ``t`` (stage sums in O(1)), and under "largest" the
+        largest layer's parameter count."""
+        key = id(t)
+        if key not in self.memos.prefix:
+            layers = t.layers
+
+            def run(vals: list[float]) -> list[float]:  # [0.0, v0, v0 + v1, ...], summed left to right
+                return list(accumulate(vals, initial=0.0))
+
+            cols: dict[str, list[float]] = {
+                "f": run([x.fwd_total_s for x in layers]), "b": run([x.bwd_input_total_s for x in layers]),
+                "w": run([x.bwd_weight_s for x in layers]), "rec": run([x.recompute_s for x in layers]),
+                "tp": run([x.tp_comm_s for x in layers]), "params": run([x.param_count for x in layers]),
+                "act": run([x.act_bytes for x in layers]), "sp": run([x.state_param_bytes for x in layers]),
+                "sg": run([x.state_grad_bytes for x in layers]), "so": run([x.state_opt_bytes for x in layers]),
+                "train": run([x.trainable_params for x in layers]),
+                "cast": run([x.autocast_bytes for x in layers]),
+            }  # fmt: skip
+            cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
+            self.memos.prefix[key] = cols
+        return self.memos.prefix[key]
+
+    def split_layers(self, c: Config) -> list[Any]:
+        """``c``'s layers as ``partition.stage_ilp.Layer`` (times, model states, activations, sends)."""
+        from meshplan.partition.stage_ilp import Layer
+
+        t = self.table(c)
+        per_param = self.states.state_bytes_per_param(c).total
+        dv = self.states.zero_divs(c)
+        cast = self.states.runs_autocast(c)  # kept per microbatch as the activations are (evaluate)
+
+        def states(x: LayerCost) -> int:
+            if self.quant:
+                return int(x.state_param_bytes / dv[0] + x.state_grad_bytes / dv[1] + x.state_opt_bytes / dv[2])
+            return int(x.param_count * per_param)
+
+        return [
+            Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
+                  state_bytes=states(x), act_bytes=int(x.act_bytes + (x.autocast_bytes if cast else 0.0)),
+                  boundary_bytes=int(x.out_bytes))
+            for x in t.layers
+        ]  # fmt: skip
+
+    def transient(self, t: CostTable, runs: list[tuple[int, int]]) -> float:
+        """Bytes a rank holds on top of its stored activations while back-propagating, one
+        microbatch at a time: the larger of the cross-entropy backward's buffers
+        (``LayerCost.loss_peak_bytes``, at the start of that microbatch's backward) and the largest
+        recompute transient of its layers (``LayerCost.transient_bytes``, one layer re-run at a
+        time) less what the loss kept for that microbatch, freed before any block's backward.
+        Memoized per (table, runs): configurations differing only in m, schedule or DP kind share it."""
+        key = (id(t), tuple(runs))
+        if key not in self.memos.transient:
+            layers = [x for a, b in runs for x in t.layers[a:b]]
+            worst = max((x.transient_bytes for x in layers), default=0.0)
+            loss_peak = max((x.loss_peak_bytes for x in layers), default=0.0)
+            self.memos.transient[key] = max(0.0, loss_peak, worst - sum(x.loss_bytes for x in layers))
+        return self.memos.transient[key]
+
+    def memory_split(self, c: Config) -> list[tuple[int, int]] | None:
+        """A memory-feasible split from ``partition.stage_ilp.split_stages`` (its exact DP, v = 1)
+        when the time-balanced split does not fit; None when it finds none."""
+        from meshplan.errors import NoFeasiblePlanError
+
+        if (
+            c.virtual_stages != 1
+            or self.split_rule != "any"  # the memory DP splits freely
+            or not 1 < c.pp <= 32
+            or self._rescues >= MAX_MEMORY_RESCUES
+        ):
+            return None
+        self._rescues += 1
+        try:
+            split = solve_split(
+                self, c, self.split_layers(c), pp=c.pp, num_microbatches=c.num_microbatches, schedule=c.schedule,
+                virtual_stages=1, mem_limit_bytes=self.mem_limit, method="dp", explain=False,
+            )  # fmt: skip
+        except (NoFeasiblePlanError, ValueError):
+            return None
+        return [tuple(r) for r in split.ranges]  # type: ignore[misc]
 
     def sp_for(self, tp: int) -> bool:
         """Sequence parallelism for a TP degree: on when its placement is no slower (it always
@@ -74,7 +370,7 @@ class ConfigEvaluator(ConfigCosts):
             if kind not in self.dp_kinds:
                 continue
             c2 = c.but(dp_kind=kind)
-            if kind == "hsdp" and self._shard(c2) in (1, c.dp):
+            if kind == "hsdp" and self.states.shard(c2) in (1, c.dp):
                 continue
             if dp_kind_blocker(dp=c.dp, tp=c.tp, pp=c.pp, schedule=c.schedule, dp_kind=kind):
                 continue  # the runtime would refuse it (meshplan.plan.execution_rules)
@@ -102,21 +398,6 @@ class ConfigEvaluator(ConfigCosts):
             self._kind_notes[ev.config] = kind_note(ev, base)
             ev = replace(ev, kind_note=self._kind_notes[ev.config])
         return self.evaluate(ev.config, runs=ev.stage_layers) if exact and ev.fits else ev
-
-    def grads_after_activations(self, c: Config) -> bool:
-        """Whether no gradient of ``c`` outlives the backward that makes it before the next
-        microbatch's activations exist: one microbatch, no pipeline, no recompute, and no data
-        parallelism or a sharded kind (FSDP2: fsdp, zero2, hsdp), as meshplan's runtime and
-        torchtitan step (gradients set to None after the optimizer): the peak holds the larger of
-        activations (backward's start) and gradients (its end, beside the first layer's
-        rematerialized activations under recompute), not both. FSDP2's per-unit unsharded
-        gradients and fp32 reduce-scatter copies are its buffers (``fsdp_buffers``), counted
-        beside. Measured on benchmarks/bench_memory.py (4 blocks): fsdp -2.4 %, zero2 -5.3 %, hsdp
-        -3.2 % with the rule, +15.5 / +10.4 / +7.0 % without (an earlier harness, whose tracker
-        hooks leaked autograd nodes, had shown +4 to +12 % and -5 to -14 %). Not with DDP (its
-        Reducer holds gradient buckets for the whole run)."""
-        return (self.state_layout == "torch" and c.pp == 1 and c.num_microbatches == 1
-                and (c.dp * c.cp == 1 or c.dp_kind in ("fsdp", "zero2", "hsdp")))
 
     def _fit(self, c: Config) -> Evaluation:
         """Bound-evaluate ``c`` on the time-balanced split; if that does not fit but might with
@@ -162,24 +443,24 @@ class ConfigEvaluator(ConfigCosts):
         k = self._kind_free(c, exact, runs)
         t, n_st, m, runs, ranks, on_rank = k.t, k.n_st, k.m, k.runs, k.ranks, k.on_rank
         st_q, r_q, ec, worst, rank_work = k.st_q, k.r_q, k.ec, k.worst, k.rank_work
-        bpp = self.state_bytes_per_param(c)
+        bpp = self.states.state_bytes_per_param(c)
         per_param = bpp.total
-        dv = self._zero_divs(c)
+        dv = self.states.zero_divs(c)
         st_state = [q[0] / dv[0] + q[1] / dv[1] + q[2] / dv[2] for q in st_q]
         if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
             st_state = [p * per_param for p in k.st_params0]
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
         if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
             r_state = [s - e * per_param for s, e in zip(r_state, k.ep_cut)]
-        folded = self.moe_folding and c.tp > 1
+        folded = self.ep_cp.moe_folding and c.tp > 1
         if folded and not self.quant:  # folded: expert states sharded over the expert dp group, not dp
-            per_e = self.expert_state_bytes_per_param(c).total
+            per_e = self.states.expert_state_bytes_per_param(c).total
             r_state = [s + x / c.ep * (per_e - per_param) for s, x in zip(r_state, k.r_experts)]
         r_params, r_act = k.r_params, k.r_act
-        buf = self.fsdp_buffers(c, r_params)
-        cast = k.r_cast if self.runs_autocast(c) else [0.0 for _ in ranks]
+        buf = self.states.fsdp_buffers(c, r_params)
+        cast = k.r_cast if self.states.runs_autocast(c) else [0.0 for _ in ranks]
         live = [r_act[r] + cast[r] for r in ranks]
-        if self.grads_after_activations(c) and not self.quant:
+        if self.states.grads_after_activations(c) and not self.quant:
             # one microbatch, no pipeline, no DDP bucket: gradients come into being in the backward
             # as the activations it consumes are freed (the step ends with zero_grad(set_to_none)),
             # so the peak holds the larger of the two, not both (measured: benchmarks/bench_memory.py)
@@ -188,13 +469,13 @@ class ConfigEvaluator(ConfigCosts):
             end = g0 + max((x.transient_bytes for a, b in runs for x in t.layers[a:b]), default=0.0)
             live[0] = max(live[0], end) - g0
         r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
-        d = self.dp_collectives_split(k.gather_bytes, k.grad_bytes, k.r_experts[worst] / c.ep if folded else 0.0, c)
-        if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.ddp_impl == "local":
+        d = self.states.dp_collectives_split(k.gather_bytes, k.grad_bytes, k.r_experts[worst] / c.ep if folded else 0.0, c)
+        if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.states.ddp_impl == "local":
             # Megatron-LM's local DDP: one flat all-reduce of the gradients in the training dtype
             # after backward, nothing overlapped, no SMs taken from compute (grad_sync.local_ddp_sync_s)
-            gb = k.grad_bytes / GRAD_REDUCE_BYTES * self.elem_bytes
-            d = self.dp_collectives(gb, gb, c)
-            dp_exposed = local_ddp_sync_s(gb, lambda b: self.dp_collectives(b, b, c).sync_s,
+            gb = k.grad_bytes / GRAD_REDUCE_BYTES * self.states.elem_bytes
+            d = self.states.dp_collectives(gb, gb, c)
+            dp_exposed = local_ddp_sync_s(gb, lambda b: self.states.dp_collectives(b, b, c).sync_s,
                                           self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)  # fmt: skip
         elif c.dp_kind == "ddp" and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
@@ -202,8 +483,8 @@ class ConfigEvaluator(ConfigCosts):
             # the last microbatch's backward
             exp_b = k.r_experts[worst] / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 or folded else 0.0  # the rank's stages
             dp_exposed, hid = overlapped_sync_terms(
-                uniform_bucket_runs(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self.dp_collectives(b, b, c).sync_s)
-            grp, gst = self.expert_dp_group(c)
+                uniform_bucket_runs(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self.states.dp_collectives(b, b, c).sync_s)
+            grp, gst = self.ep_cp.expert_dp_group(c)
             if exp_b and grp > 1:  # ep: expert gradients over their replicas only (runtime/epcp; folded: EDP)
                 rep = dp_comm("ddp", exp_b, exp_b, grp, self.cluster, stride=gst)
                 e_x, h_x = overlapped_sync_terms(
@@ -222,7 +503,7 @@ class ConfigEvaluator(ConfigCosts):
             dp_exposed = exposed_dp_s(d, backward_s=k.rank_b[worst], forward_s=k.rank_f[worst],
                                       microbatch_s=max(rank_work), num_microbatches=m, cluster=self.cluster)  # fmt: skip
         dp_bytes = d.bytes
-        opt = self._optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
+        opt = self.states.optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
         # exposed EP all-to-all and CP ring, expert imbalance: inside the stage times (kind_free_terms),
         # so inside the makespan; k.ep_s / cp_s / read_s are the busiest pipeline rank's share
         step = k.makespan + dp_exposed + opt
@@ -240,7 +521,7 @@ class ConfigEvaluator(ConfigCosts):
             mem_breakdown["autocast_kept"] = int(cast[worst])
         if c.pp > 1 and max(k.r_pipe) > 0:  # live: in peak_mem_bytes
             mem_breakdown["pipeline_buffers"] = int(max(k.r_pipe))
-        pools = self.stream_pools(c, t, runs, on_rank)
+        pools = self.states.stream_pools(c, t, runs, on_rank)
         if pools:  # reserved by the allocator, not live: not in peak_mem_bytes (allocator.reserved_peak_bytes)
             mem_breakdown["fsdp_stream_pools"] = int(pools)
         if self.quant:

@@ -78,7 +78,7 @@ def refine_split(
     ilp_allowed = use_ilp and n_bin <= MAX_WINNER_BINARIES
     # the DP is exact for one stage per rank; the named fallback past the size cap and for contenders
     method = "ilp" if ilp_allowed and c.virtual_stages > 1 else "dp"
-    reserved = int(s.fsdp_buffer(c, max(ev.stage_params, default=0.0)))
+    reserved = int(s.states.fsdp_buffer(c, max(ev.stage_params, default=0.0)))
     # the ILP's memory model (per-stage in-flight counts, no tied copies) may differ from the
     # search's: the limit never excludes the current split, so the warm start is feasible, and
     # ``evaluate`` below judges whether the ILP's split fits

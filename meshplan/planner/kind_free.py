@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
@@ -28,9 +28,35 @@ from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import Config
 
 if TYPE_CHECKING:
-    from meshplan.planner.config_costs import ConfigCosts
-    from meshplan.planner.costing import CostTable
+    from meshplan.cost_models.hardware import ClusterSpec
+    from meshplan.planner.cost_memos import CostMemos
+    from meshplan.planner.costing import CostTable, GraphCoster
     from meshplan.planner.epcp_cost import EPCPTerms
+    from meshplan.planner.epcp_coster import EPCPCosts
+    from meshplan.planner.state_costs import StateCosts
+
+
+class KindFreeCosts(Protocol):
+    """What ``kind_free_terms`` reads of the coster (``evaluate.ConfigEvaluator``), named here
+    structurally so this module sits below the coster, which calls it, without an import cycle."""
+
+    cluster: ClusterSpec
+    coster: GraphCoster
+    memos: CostMemos
+    states: StateCosts
+    ep_cp: EPCPCosts
+    quant: bool
+    dtype: str
+    memo_kind_free: bool
+    pp_buffers: str
+    pp_scatter_gather: bool
+
+    def table(self, c: Config) -> CostTable: ...
+    def split(self, t: CostTable, num_stages: int, virtual_stages: int = 1) -> list[tuple[int, int]]: ...
+    def prefix(self, t: CostTable) -> dict[str, list[float]]: ...
+    def transient(self, t: CostTable, runs: list[tuple[int, int]]) -> float: ...
+    def tied_layers(self, t: CostTable) -> list[int]: ...
+    def inflight_ranks(self, c: Config) -> list[float]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +130,7 @@ class KindFreeTerms:
 
 
 def kind_free_terms(
-    ev: ConfigCosts, c: Config, exact: bool, runs: list[tuple[int, int]] | None
+    ev: KindFreeCosts, c: Config, exact: bool, runs: list[tuple[int, int]] | None
 ) -> KindFreeTerms:
     """``c``'s DP-kind-free terms on evaluator ``ev`` (read only; see the module docstring)."""
     t = ev.table(c)
@@ -116,7 +142,7 @@ def kind_free_terms(
     st_f, st_b, st_w, st_rec, st_tp = cols.f, cols.b, cols.w, cols.rec, cols.tp
     # EP all-to-all, CP ring, expert imbalance / weight reads of each stage's own layers, inside its
     # forward and (input-)backward, so the schedule simulator times them where they run
-    st_ec = ev.epcp_stages(c, t, runs) if ev.has_epcp(c) else []
+    st_ec = ev.ep_cp.epcp_stages(c, t, runs) if ev.ep_cp.has_epcp(c) else []
     if st_ec:
         st_f = [f + e.forward_s for f, e in zip(st_f, st_ec)]
         # the backward's share: its exchanges run in the input backward; its MoE compute terms
@@ -137,7 +163,7 @@ def kind_free_terms(
     crosses = ev.memos.crosses.setdefault((stride, dpn), {})  # per pair of pipeline ranks, shared by configs
     send_s: dict[tuple[int, bool], float] = {}  # per (bytes, crosses nodes): most stages send the same
     st_send = []
-    # Megatron-LM's scatter/gather (``ConfigCosts.pp_scatter_gather``): a 1/tp slice per tp rank over
+    # Megatron-LM's scatter/gather (``EngineProfile.pp_scatter_gather``): a 1/tp slice per tp rank over
     # the link, then an all-gather of the whole activation over the receiving stage's tp group
     sg_tp = c.tp if ev.pp_scatter_gather and c.tp > 1 and not c.sequence_parallel else 1
     for i, sb in enumerate(st_sendb):
@@ -181,7 +207,7 @@ def kind_free_terms(
     else:
         r_q = [[sum(col) for col in zip(*(st_q[i] for i in on_rank[r]))] if on_rank[r] else [0, 0, 0, 0]
                for r in ranks]  # fmt: skip
-    ec = ev.epcp(c)  # the whole model's terms (the stages' sum): what ep saves, for reports
+    ec = ev.ep_cp.epcp(c)  # the whole model's terms (the stages' sum): what ep saves, for reports
     ep_cut = [0.0 for _ in ranks]  # expert parameters a rank does not hold under ep
     r_experts = rank_sums([e.expert_params for e in st_ec]) if st_ec else [0.0 for _ in ranks]
     if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers its stages hold
@@ -198,7 +224,7 @@ def kind_free_terms(
     # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
     # live memory beside the activations; a stage's output is what it sends, the last's its logits
     r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, infl, c)
-    fp8_copy = fp8_weight_copy_bytes(ev.largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
+    fp8_copy = fp8_weight_copy_bytes(ev.states.largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
     worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
     busiest = max(ranks, key=lambda r: rank_work[r])
     on_b = on_rank[busiest]
@@ -227,7 +253,7 @@ def kind_free_terms(
         # fp32 master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in
         # the training dtype
         grad_bytes=(r_q[worst][3] if ev.quant else r_params[worst]) * GRAD_REDUCE_BYTES,
-        gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev.elem_bytes,
+        gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev.states.elem_bytes,
         rank_b=rank_sums([b + w for b, w in zip(st_b, st_w)]), rank_f=rank_sums(st_f),
         ep_s=ep_s, cp_s=cp_s, read_s=read_s, epcp_bytes=epcp_bytes,
         tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b),
@@ -240,7 +266,7 @@ def kind_free_terms(
     return out
 
 
-def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) -> StageColumns:
+def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) -> StageColumns:
     """Per stage of ``runs`` on table ``t``: forward / input-backward / weight-backward / recompute /
     TP seconds (prefix-sum differences), parameters (with the copies of tied weights whose owner
     sits in another stage: ``params``; ``params0`` the same values), stored activations (with
@@ -248,7 +274,7 @@ def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) ->
     the bytes sent on (``sendb``). Memoized per (table, split, state layout) when
     ``memo_kind_free``: configurations that differ in the schedule, m, the degrees a table does
     not depend on or the DP kind share them (read only)."""
-    key = (id(t), tuple(runs), ev.state_layout)
+    key = (id(t), tuple(runs), ev.states.state_layout)
     if ev.memo_kind_free and key in ev.memos.stage_cols:
         return ev.memos.stage_cols[key]
     P = ev.prefix(t)
@@ -260,7 +286,7 @@ def stage_columns(ev: ConfigCosts, t: CostTable, runs: list[tuple[int, int]]) ->
     st_params, st_act = col("params"), col("act")
     if len(runs) > 1:  # skip tensors a stage forwards unchanged stay in its memory per microbatch
         st_act = [x + ev.coster.passthrough_bytes(t, a, b) for x, (a, b) in zip(st_act, runs)]
-    b0 = ev.unsharded_state_bytes
+    b0 = ev.states.unsharded_state_bytes
     if ev.quant:  # [param, grad, optimizer] bytes without ZeRO and trainable count per stage
         st_q = [list(x) for x in zip(col("sp"), col("sg"), col("so"), col("train"))]
     else:

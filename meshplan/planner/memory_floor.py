@@ -3,14 +3,14 @@
 
 - ``held_floor``: valid for every stage split and every DP kind the configuration may take: the
   least over those kinds of the average pipeline rank's model states plus what the kind holds
-  unsharded (``ConfigCosts.fsdp_buffer``, linear in the rank's parameters: the busiest rank holds
+  unsharded (``StateCosts.fsdp_buffer``, linear in the rank's parameters: the busiest rank holds
   at least the average's) plus fp8's weight copy (the same on every rank);
-- ``split_floor``: valid for the time-balanced (or engine-rule) split ``ConfigCosts.split`` only,
+- ``split_floor``: valid for the time-balanced (or engine-rule) split ``ConfigEvaluator.split`` only,
   which is the split a partial evaluation costs unless a memory re-split may be spent
-  (``ConfigCosts.rescue_possible``): per pipeline rank its stages' model states, unsharded buffer,
+  (``ConfigEvaluator.rescue_possible``): per pipeline rank its stages' model states, unsharded buffer,
   stored activations × its in-flight microbatches and the pipeline runtime's buffers
   (``rank_pipeline_buffers``, below), the largest rank's, least over the kinds; where gradients
-  and activations peak apart (``ConfigEvaluator.grads_after_activations``), the larger of the two.
+  and activations peak apart (``StateCosts.grads_after_activations``), the larger of the two.
 
 Each term is one ``ConfigEvaluator.evaluate`` adds to a rank's memory, at parameters and
 activations no larger than the ones it counts (tied-weight copies, skip tensors passed through,
@@ -22,7 +22,7 @@ No torch import.
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshplan.cost_models.allocator import pipeline_buffer_bytes
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
@@ -30,30 +30,31 @@ from meshplan.planner.cost_memos import CostMemos
 from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import Config
 
+if TYPE_CHECKING:
+    from meshplan.planner.epcp_coster import EPCPCosts
+    from meshplan.planner.state_costs import StateCosts
+
 
 class FloorCosts(Protocol):
-    """What the floors read of ``evaluate.ConfigEvaluator`` (a ``ConfigCosts``), named here
-    structurally so this module sits below ``config_costs`` (which calls ``held_floor``) and
-    ``kind_free`` (which calls ``rank_pipeline_buffers``) without an import cycle."""
+    """What the floors read of the coster (``evaluate.ConfigEvaluator``), named here structurally
+    so this module sits below the coster (which calls ``held_floor``) and ``kind_free`` (which
+    calls ``rank_pipeline_buffers``) without an import cycle."""
 
     quant: Any
     moe_folding: bool
     dtype: str
     pp_buffers: str
-    expert_param_count: float
-    largest_linear: float
     memos: CostMemos
+    states: StateCosts
+    ep_cp: EPCPCosts
 
     def may_change_kind(self, c: Config) -> bool: ...
     def other_kinds(self, c: Config) -> list[Config]: ...
     def table(self, c: Config) -> Any: ...
     def prefix(self, t: Any) -> Any: ...
-    def state_bytes_per_param(self, c: Config) -> Any: ...
     def lower_bound(self, c: Config) -> Any: ...
-    def fsdp_buffer(self, c: Config, params: float) -> float: ...
     def split(self, t: Any, n_stages: int, virtual_stages: int) -> list[tuple[int, int]]: ...
     def inflight_ranks(self, c: Config) -> list[float]: ...
-    def grads_after_activations(self, c: Config) -> bool: ...
 
 
 def _kinds(ev: FloorCosts, c: Config) -> list[Config]:
@@ -62,22 +63,22 @@ def _kinds(ev: FloorCosts, c: Config) -> list[Config]:
 
 
 def _fp8(ev: FloorCosts, c: Config) -> float:
-    return fp8_weight_copy_bytes(ev.largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
+    return fp8_weight_copy_bytes(ev.states.largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
 
 
 def held_floor(ev: FloorCosts, c: Config, mlb: float, acts: float = 0.0) -> float:
-    """The model-state part of ``ConfigCosts.memory_floor`` (see the module docstring) plus
+    """The model-state part of ``ConfigEvaluator.memory_floor`` (see the module docstring) plus
     ``acts``, activations every rank holds at least; ``mlb + acts`` where not covered. Under a kind
-    whose gradients and activations peak apart (``ConfigEvaluator.grads_after_activations``) the
+    whose gradients and activations peak apart (``StateCosts.grads_after_activations``) the
     larger of the two counts, not both."""
     if ev.quant or ev.moe_folding:
         return mlb + acts
-    saved = ev.expert_param_count * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
+    saved = ev.ep_cp.expert_param_count * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
     avg_params = (ev.prefix(ev.table(c))["params"][-1] - saved) / c.pp
 
     def held(k: Config) -> float:
-        grads = ev.state_bytes_per_param(k).grads * avg_params if ev.grads_after_activations(k) else 0.0
-        return ev.lower_bound(k)[1] + ev.fsdp_buffer(k, avg_params) + max(acts, grads) - grads
+        grads = ev.states.state_bytes_per_param(k).grads * avg_params if ev.states.grads_after_activations(k) else 0.0
+        return ev.lower_bound(k)[1] + ev.states.fsdp_buffer(k, avg_params) + max(acts, grads) - grads
 
     return min(held(k) for k in _kinds(ev, c)) + _fp8(ev, c)
 
@@ -103,10 +104,10 @@ def split_floor(ev: FloorCosts, c: Config) -> float:
     held = [x * f + q for x, f, q in zip(r_act, infl, pipe)]
     best = math.inf
     for k in _kinds(ev, c):  # the unsharded buffer is a0 + a1 x the rank's parameters (dp_kinds.unsharded_buffer_bytes)
-        a0 = ev.fsdp_buffer(k, 0.0)
-        sb = ev.state_bytes_per_param(k)
-        coef = sb.total + (ev.fsdp_buffer(k, 1.0) - a0)
-        if ev.grads_after_activations(k):  # gradients and activations peak apart (evaluate: the larger of the two)
+        a0 = ev.states.fsdp_buffer(k, 0.0)
+        sb = ev.states.state_bytes_per_param(k)
+        coef = sb.total + (ev.states.fsdp_buffer(k, 1.0) - a0)
+        if ev.states.grads_after_activations(k):  # gradients and activations peak apart (evaluate: the larger of the two)
             worst = max((coef - sb.grads) * p + max(h, sb.grads * p) for p, h in zip(r_params, held))
         else:
             worst = max(coef * p + h for p, h in zip(r_params, held))

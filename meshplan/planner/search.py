@@ -213,7 +213,7 @@ class Searcher:
                         for rc in self.recompute:
                             if "recompute" in f and f["recompute"] != rc:
                                 continue
-                            if self.costs.epcp_why(tp, pp, cp, ep, rc):
+                            if self.costs.ep_cp.epcp_why(tp, pp, cp, ep, rc):
                                 continue
                             if recompute_blocker(pp=pp, schedule=sched, recompute=rc):
                                 continue  # the runtime would refuse it (meshplan.plan.execution_rules)

@@ -2,7 +2,7 @@
 ``planner.search.Searcher.run``.
 
 The search costs every candidate without simulation ("partial" evaluation: split, memory, DP, a
-makespan bound) in order of its lower bound ``lb`` (``ConfigCosts.lower_bound``, minimum over the DP
+makespan bound) in order of its lower bound ``lb`` (``ConfigEvaluator.lower_bound``, minimum over the DP
 kinds), then simulates the fitting ones in order of their partial step until the best simulated
 step and the alternatives within ``ALT_MARGIN`` are known ("phase 2"). A candidate's partial step
 is never below its ``lb`` and never above its simulated step (tests/test_search_prune.py), so once
@@ -38,7 +38,7 @@ winner known, still needs it (``BoundOrderCosting.finish``).
 
 Comparisons keep a relative margin ``EPS`` so that rounding between the bound's and the
 evaluation's sums can never reorder two candidates. The skipped candidates are counted
-(``SearchResult.skipped``); a memory re-split (``ConfigCosts.memory_split``, at most
+(``SearchResult.skipped``); a memory re-split (``ConfigEvaluator.memory_split``, at most
 ``MAX_MEMORY_RESCUES``) is only spent on candidates that are costed. No torch import.
 """
 

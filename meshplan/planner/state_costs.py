@@ -1,0 +1,246 @@
+"""Model states and data parallelism of one coster: ``StateCosts``, a collaborator the coster
+(``planner.evaluate.ConfigEvaluator.states``) holds.
+
+Under each data-parallel kind's sharding (``cost_models.dp_kinds``) and the engine profile's
+conventions (model-state layout, FSDP units, ZeRO-3 implementation, optimizer kernel, DDP
+wrapper): model-state bytes per parameter (and per expert parameter under MoE parallel folding,
+sharded over the expert data-parallel group), the optimizer step, the DP collectives of a rank's
+parameters, what a sharded kind holds unsharded and FSDP2's side-stream pools, and the two rules
+on when memory peaks apart (autocast's kept copies, gradients after activations). It reads the
+coster's cost tables through ``Tables`` (a Protocol: this module sits below the coster) and the
+expert data-parallel group from ``planner.epcp_coster.EPCPCosts``. Every memo is the coster's
+``CostMemos``. No torch import.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from meshplan.cost_models.allocator import fsdp_stream_pool_bytes
+from meshplan.cost_models.dp_kinds import (
+    ZERO3_PERSISTENCE_NUMEL,
+    ZERO_STAGE,
+    DPComm,
+    dp_comm,
+    dp_state_bytes,
+    shard_degree,
+    state_precision,
+    state_zero_stage,
+    unprefetched_share,
+    unsharded_buffer_bytes,
+)
+from meshplan.cost_models.eager_ops import optimizer_step_s
+from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
+from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
+from meshplan.graph import ModelGraph
+from meshplan.plan.execution_rules import SHARDED_DP_KINDS
+from meshplan.planner.cost_memos import CostMemos
+from meshplan.planner.costing import CostTable
+from meshplan.planner.epcp_coster import EPCPCosts
+from meshplan.planner.search_types import Config
+
+
+class Tables(Protocol):
+    """What ``StateCosts`` reads of the coster: a configuration's cost table and its prefix sums."""
+
+    def table(self, c: Config) -> CostTable: ...
+    def prefix(self, t: CostTable) -> dict[str, list[float]]: ...
+
+
+def add_dp_comm(a: DPComm, b: DPComm) -> DPComm:
+    """Two groups' DP collectives run one after the other (their seconds and bytes add; FSDP units
+    as ``a``'s, or ``b``'s when ``a`` has none)."""
+    bytes_ = {k: a.bytes.get(k, 0) + b.bytes.get(k, 0) for k in sorted(set(a.bytes) | set(b.bytes))}
+    return DPComm(sync_s=a.sync_s + b.sync_s, gather_s=a.gather_s + b.gather_s,
+                  per_microbatch_s=a.per_microbatch_s + b.per_microbatch_s, bytes=bytes_,
+                  mb_forward_s=a.mb_forward_s + b.mb_forward_s, mb_bwd_gather_s=a.mb_bwd_gather_s + b.mb_bwd_gather_s,
+                  units=a.units if a.per_microbatch_s else b.units, mb_serial_s=a.mb_serial_s + b.mb_serial_s)  # fmt: skip
+
+
+class StateCosts:
+    """Model states, optimizer step and DP collectives of one coster (see the module docstring)."""
+
+    def __init__(self, graph: ModelGraph, cluster: ClusterSpec, *, dtype: str, optimizer: str,
+                 profile: EngineProfile, elem_bytes: int, memos: CostMemos, tables: Tables, ep_cp: EPCPCosts) -> None:
+        self.g = graph
+        self.cluster = cluster
+        self.dtype = dtype
+        self.optimizer = optimizer
+        self.memos = memos
+        self.tables = tables
+        self.ep_cp = ep_cp
+        # whose model-state layout (dp_kinds.STATE_LAYOUTS): "torch" = meshplan's runtime (fp32 parameters
+        # and optimizer states on every path); an engine's configuration is costed with its own
+        self.state_layout = profile.state_layout
+        # what a sharded kind gathers at once (dp_kinds.FSDP_UNITS): "block" = FSDP2 per repeated block,
+        # as meshplan's runtime wraps; "module" = DeepSpeed ZeRO-3's per-module gathers (an engine's)
+        self.fsdp_units = profile.fsdp_units
+        # how its ZeRO-3 runs the collectives (dp_kinds.ZERO3_IMPLS): FSDP2's, or DeepSpeed 2021's
+        # per-tensor gathers (three under full recompute) and 16-bit gradient all-reduce
+        self.zero3_impl = profile.zero3_impl
+        # how the engine runs the optimizer update (cost_models.eager_ops.OPTIMIZER_IMPLS)
+        self.optimizer_impl = profile.optimizer_impl
+        # how ddp reduces gradients (grad_sync.DDP_IMPLS): "torch" = bucketed and overlapped with the
+        # last backward, as meshplan's runtime and torch DDP run it; "local" = Megatron-LM's own
+        # wrapper, one flat all-reduce after backward
+        self.ddp_impl = profile.ddp_impl
+        # bytes per element of the gradients DP syncs and of the parameters FSDP gathers (the training dtype's)
+        self.elem_bytes = elem_bytes
+        self.largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
+        # parameter tensors a per-tensor ZeRO-3 gathers one by one (the rest stay whole on every rank:
+        # DeepSpeed's stage3_param_persistence_threshold)
+        self.gathered_sizes = [float(n.param_numel) for n in graph.nodes if n.param_numel >= ZERO3_PERSISTENCE_NUMEL]
+        # FSDP units at pp = 1: the runtime wraps every repeated block, then the root
+        self.fsdp_unit_count = sum(len(b.instances) for b in graph.blocks) + 1
+
+    # ---- model states ---------------------------------------------------------------------
+    @property
+    def precision(self) -> str:
+        """The ``memory.PRECISIONS`` row of the model states (``dp_kinds.state_precision``)."""
+        return state_precision(self.state_layout, self.dtype)
+
+    @property
+    def unsharded_state_bytes(self) -> ModelStateBytes:
+        """Model-state bytes per parameter without sharding (memoized per layout: read per stage)."""
+        key = (self.state_layout, self.dtype, self.optimizer)
+        if key not in self.memos.unsharded:
+            self.memos.unsharded[key] = model_state_bytes(1.0, optimizer=self.optimizer, precision=self.precision)
+        return self.memos.unsharded[key]
+
+    def state_bytes_per_param(self, c: Config) -> ModelStateBytes:
+        """Model-state bytes per parameter under ``c``'s DP kind over dp (ranks tp apart)."""
+        key = (c.dp_kind, c.dp, c.tp, self.state_layout)
+        if key not in self.memos.state_bytes:
+            self.memos.state_bytes[key] = dp_state_bytes(1.0, c.dp_kind, c.dp, stride=c.tp, optimizer=self.optimizer,
+                                                  devices_per_node=self.cluster.devices_per_node,
+                                                  precision=self.precision, layout=self.state_layout)  # fmt: skip
+        return self.memos.state_bytes[key]
+
+    def expert_state_bytes_per_param(self, c: Config) -> ModelStateBytes:
+        """Model-state bytes per expert parameter under folding: sharded over the expert dp group."""
+        grp, gst = self.ep_cp.expert_dp_group(c)
+        key = (c.dp_kind, -grp, gst, self.state_layout)  # the same engine layout as state_bytes_per_param
+        if key not in self.memos.state_bytes:
+            self.memos.state_bytes[key] = dp_state_bytes(1.0, c.dp_kind, grp, stride=gst, optimizer=self.optimizer,
+                                                  devices_per_node=self.cluster.devices_per_node,
+                                                  precision=self.precision, layout=self.state_layout)  # fmt: skip
+        return self.memos.state_bytes[key]
+
+    def total_state_bytes(self, params: float, c: Config) -> float:
+        """Model-state bytes of ``params`` parameters under ``c``'s DP kind (the lower bound's)."""
+        return dp_state_bytes(params, c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node,
+                              optimizer=self.optimizer, precision=self.precision, layout=self.state_layout).total  # fmt: skip
+
+    def shard(self, c: Config) -> int:
+        """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):
+        a DP group's ranks are tp apart)."""
+        return shard_degree(c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node)
+
+    def zero_divs(self, c: Config) -> tuple[int, int, int]:
+        """Divisors of (parameter, gradient, optimizer) bytes under ``c``'s ZeRO stage (memoized)."""
+        key = (c.dp_kind, c.dp, c.tp, self.state_layout)
+        if key not in self.memos.zero_divs:
+            s, z = self.shard(c), state_zero_stage(c.dp_kind, self.state_layout)
+            self.memos.zero_divs[key] = (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
+        return self.memos.zero_divs[key]
+
+    def optimizer_s(self, params: float, c: Config) -> float:
+        """Optimizer step on the rank's shard with gradient-norm clipping, memory bound
+        (``eager_ops.optimizer_step_s``: the update by ``optimizer_impl``, fused 28 B/param)."""
+        local = params / self.zero_divs(c)[2]
+        return optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer)
+
+    # ---- when memory peaks apart ------------------------------------------------------------
+    def runs_autocast(self, c: Config) -> bool:
+        """Whether ``c`` trains under ``torch.autocast`` on fp32 parameters, as meshplan's runtime
+        (``runtime/precision.py``) and torchtitan do whenever FSDP2's MixedPrecisionPolicy does not
+        hold the parameters in the compute dtype (no sharded DP kind over dp > 1); Megatron-LM and
+        DeepSpeed keep 16-bit parameters instead (their ``state_layout``)."""
+        return self.state_layout == "torch" and not (c.dp > 1 and c.dp_kind in SHARDED_DP_KINDS)
+
+    def grads_after_activations(self, c: Config) -> bool:
+        """Whether no gradient of ``c`` outlives the backward that makes it before the next
+        microbatch's activations exist: one microbatch, no pipeline, no recompute, and no data
+        parallelism or a sharded kind (FSDP2: fsdp, zero2, hsdp), as meshplan's runtime and
+        torchtitan step (gradients set to None after the optimizer): the peak holds the larger of
+        activations (backward's start) and gradients (its end, beside the first layer's
+        rematerialized activations under recompute), not both. FSDP2's per-unit unsharded
+        gradients and fp32 reduce-scatter copies are its buffers (``fsdp_buffers``), counted
+        beside. Measured on benchmarks/bench_memory.py (4 blocks): fsdp -2.4 %, zero2 -5.3 %, hsdp
+        -3.2 % with the rule, +15.5 / +10.4 / +7.0 % without (an earlier harness, whose tracker
+        hooks leaked autograd nodes, had shown +4 to +12 % and -5 to -14 %). Not with DDP (its
+        Reducer holds gradient buckets for the whole run)."""
+        return (self.state_layout == "torch" and c.pp == 1 and c.num_microbatches == 1
+                and (c.dp * c.cp == 1 or c.dp_kind in ("fsdp", "zero2", "hsdp")))
+
+    # ---- what a sharded kind holds unsharded --------------------------------------------------
+    def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:
+        """What a parameter-sharding kind holds unsharded (``dp_kinds.unsharded_buffer_bytes``:
+        two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
+        return unsharded_buffer_bytes(
+            c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self.elem_bytes, pp=c.pp,
+            largest_layer_params=self.largest_unit(c), layout=self.state_layout,
+        )  # fmt: skip
+
+    def fsdp_buffers(self, c: Config, rank_params: list[float]) -> list[float]:
+        """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""
+        largest = self.largest_unit(c)
+        return [unsharded_buffer_bytes(c.dp_kind, c.dp, stage_param_count=p, elem_bytes=self.elem_bytes, pp=c.pp,
+                                       largest_layer_params=largest, layout=self.state_layout)
+                for p in rank_params]  # fmt: skip
+
+    def largest_unit(self, c: Config) -> float:
+        """Parameters per rank of the largest unit a sharded kind gathers (``dp_kinds.FSDP_UNITS``):
+        the largest layer (block, or the root's embedding / head), or under "module" the largest
+        linear (its TP shard)."""
+        if self.fsdp_units == "module":
+            return self.largest_linear / c.tp
+        return self.tables.prefix(self.tables.table(c))["largest"][0]
+
+    def stream_pools(self, c: Config, t: CostTable, runs: list[tuple[int, int]], on_rank: list[list[int]]) -> float:
+        """The largest of the pipeline ranks' FSDP2 side-stream pools (``allocator.fsdp_stream_pool_bytes``):
+        units are a rank's repeated blocks and its other layers together (the root's, or its stage's,
+        ``fully_shard``); 0 for kinds that do not run FSDP2 (ddp, zero1) or without sharding.
+        ``runs``: the stages' layer ranges, ``on_rank``: each pipeline rank's stages (memoized per
+        table, split and placement: the same for every configuration sharing them)."""
+        if ZERO_STAGE[c.dp_kind] < 2 or self.shard(c) == 1 or self.fsdp_units != "block":
+            return 0.0
+        key = (id(t), tuple(runs), tuple(tuple(x) for x in on_rank))
+        if key not in self.memos.pools:
+            pools = []
+            for stages in on_rank:
+                idx = [i for s_ in stages for i in range(*runs[s_])]
+                units = [t.layers[i].param_count for i in idx if t.layers[i].kind == "block"]
+                units.append(sum(t.layers[i].param_count for i in idx if t.layers[i].kind != "block"))
+                pools.append(fsdp_stream_pool_bytes(units, param_bytes=self.elem_bytes, reduce_bytes=GRAD_REDUCE_BYTES))
+            self.memos.pools[key] = max(pools, default=0.0)
+        return self.memos.pools[key]
+
+    # ---- DP collectives ---------------------------------------------------------------------
+    def dp_collectives(self, params_bytes: float, grad_bytes: float, c: Config) -> DPComm:
+        """The DP collectives of a rank's ``params_bytes`` gathered and ``grad_bytes`` reduced over
+        dp·cp (``dp_kinds.dp_comm``, the profile's ZeRO-3 implementation)."""
+        per_tensor = self.zero3_impl == "deepspeed-2021"  # the share gathered only when needed, at its tp shard
+        late = unprefetched_share([x / c.tp for x in self.gathered_sizes]) if per_tensor else 0.0
+        return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
+                       num_microbatches=c.num_microbatches, units=self.fsdp_unit_count, impl=self.zero3_impl,
+                       recompute_regather=c.recompute == "full", tensors=len(self.gathered_sizes),
+                       unprefetched=late)  # fmt: skip
+
+    def dp_collectives_split(self, params_bytes: float, grad_bytes: float, expert_params: float, c: Config) -> DPComm:
+        """``dp_collectives``; with ``expert_params`` (> 0 only under MoE parallel folding: the rank's
+        held expert parameters) those are gathered / reduced over the expert data-parallel group
+        (``EPCPCosts.expert_dp_group``) and the rest over dp·cp, one after the other (two communicators)."""
+        if expert_params <= 0 or c.dp_kind in ("none", "ddp"):  # ddp's split is evaluate's (bucketed)
+            return self.dp_collectives(params_bytes, grad_bytes, c)
+        eg, ep_ = expert_params * GRAD_REDUCE_BYTES, expert_params * self.elem_bytes
+        dense = self.dp_collectives(params_bytes - ep_, grad_bytes - eg, c)
+        grp, gst = self.ep_cp.expert_dp_group(c)
+        exp = dp_comm(c.dp_kind, eg, ep_, grp, self.cluster, stride=gst, pp=c.pp,
+                      num_microbatches=c.num_microbatches, units=self.fsdp_unit_count)  # fmt: skip
+        return add_dp_comm(dense, exp)
+
+
+__all__ = ["StateCosts", "Tables", "add_dp_comm"]
