@@ -60,3 +60,22 @@ def test_the_search_holds_its_coster():
     # the winner is what the held coster prices
     again = s.costs.evaluate(res.best.config, runs=res.best.stage_layers)
     assert again.step_s == pytest.approx(res.best.step_s, rel=1e-12)
+
+
+def test_the_coster_is_one_object_whose_parts_meet_the_protocols_helpers_read():
+    """No base class: the coster holds its parts (``states``, ``ep_cp``); what ``kind_free``,
+    ``memory_floor`` and ``StateCosts`` read of it through their Protocols (checked nowhere else at
+    run time) is there, so a member renamed on the coster fails here, not deep in a search."""
+    from meshplan.planner.epcp_coster import EPCPCosts
+    from meshplan.planner.kind_free import KindFreeCosts
+    from meshplan.planner.memory_floor import FloorCosts
+    from meshplan.planner.state_costs import StateCosts, Tables
+
+    assert ConfigEvaluator.__mro__ == (ConfigEvaluator, object)
+    costs = ConfigEvaluator(gpt_graph(layers=4), H100, moe_folding=False)
+    assert isinstance(costs.states, StateCosts) and isinstance(costs.ep_cp, EPCPCosts)
+    assert costs.states.memos is costs.memos is costs.ep_cp.memos and costs.states.tables is costs
+    for proto in (KindFreeCosts, FloorCosts, Tables):
+        members = {n for n in vars(proto) if not n.startswith("_")} | set(proto.__annotations__)
+        missing = sorted(n for n in members if not hasattr(costs, n))
+        assert not missing, (proto.__name__, missing)
