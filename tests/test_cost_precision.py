@@ -11,6 +11,7 @@ from planner_fixtures import gpt_graph, linear_node
 from meshplan.api.plan import choose_dtype, dtype_candidates
 from meshplan.cost_models.compute import node_time, roofline_time_s
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.moe_kernels import moe_kernels
 from meshplan.cost_models.precision import (
     check_training_dtype,
     fp8_cast_bytes,
@@ -132,7 +133,10 @@ def test_te_recipes_run_moe_experts_in_fp8_with_their_casts() -> None:
     assert fp8_moe_cast_bytes(tokens * k, act, "current") == (3 * tokens * k * act, 3 * tokens * k * act)
     assert fp8_moe_cast_bytes(tokens * k, act, "tensorwise") == (0.0, 0.0)
     bw = FLAT.mem_bw_bytes_per_s * FLAT.mem_efficiency
-    moved = 2 * tokens * h * 2 + e * expert * 2
-    gemm = roofline_time_s(moe.fwd_flops, moved, FLAT, dtype="fp8", kind="moe")
-    assert te.fwd_s == pytest.approx(gemm + 3 * tokens * k * act / bw)
+    # the MoE layer's kernels (cost_models.moe_kernels): the expert GEMMs at the fp8 peak, the
+    # permute / activation / unpermute passes in bf16, plus the casts
+    fwd = sum(roofline_time_s(x.flops, x.bytes, FLAT, dtype="fp8" if x.groups else "bf16",
+                              kind="moe" if x.groups else "elementwise")
+              for x in moe_kernels(moe.attrs, tokens) if x.phase == "fwd")  # fmt: skip
+    assert te.fwd_s == pytest.approx(fwd + 3 * tokens * k * act / bw)
     assert te.total_s < bf16.total_s

@@ -230,7 +230,8 @@ def test_ep_terms_costed_per_stage():
     pre = EPCPPrefix(g, cl, nodes, **kw)
     mid = next(n.id for n in nodes if n.kind == "attention" and n.scope.startswith("blocks.2"))
     a, b = pre.terms(0, mid), pre.terms(mid, len(g.nodes))
-    for name in ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params", "cp_forward_s"):
+    for name in ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params", "cp_forward_s",
+                 "moe_forward_s"):
         assert getattr(a, name) + getattr(b, name) == pytest.approx(getattr(whole, name)), name
         assert getattr(a, name) == pytest.approx(getattr(b, name)), name  # 2 identical blocks each
     assert a.comm_bytes["all_to_all"] + b.comm_bytes["all_to_all"] == pytest.approx(whole.comm_bytes["all_to_all"])

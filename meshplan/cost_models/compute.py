@@ -42,10 +42,12 @@ from meshplan.cost_models.efficiency import (
     attention_shape_factor,
     attention_wave_factor,
     causal_work_fraction,
+    grouped_gemm_factor,
     linear_factors,
     linear_gemm_dims,
 )
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.moe_kernels import moe_kernels
 from meshplan.cost_models.precision import (
     DEFAULT_FP8_RECIPE,
     activation_dtype,
@@ -244,6 +246,7 @@ def modelled_node_time(
     norm_kernel: str = "fused",
     attention_impl: str = "flash",
     fp8_recipe: str = DEFAULT_FP8_RECIPE,
+    ep: int = 1,
 ) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of ``node`` on one device, as the
     roofline and ``backward_factors`` model them (``node_time`` applies ``backward_speed``).
@@ -276,6 +279,11 @@ def modelled_node_time(
     (16-aligned, not ``is_head``) runs its three GEMMs at ``peak("fp8")`` plus the memory-bound
     scaling/cast bytes ``fp8_cast_bytes`` of the engine's ``fp8_recipe``; a MoE node's expert GEMMs
     run in fp8 where the recipe runs them so (TE: ``fp8_moe_cast_bytes``); everything else, and every tensor's bytes, is bf16. Unit: seconds.
+    A MoE node whose expert shape was traced (``num_experts``, ``hidden``, ``expert_numel``) is timed
+    as the kernels Megatron-Core runs for it on a rank holding ``E/ep`` experts
+    (``moe_kernels.moe_kernels``: router, permute, grouped fc1 / activation / fc2, unpermute, and
+    their backward, the weight gradients accumulated into fp32), each on the roofline, its GEMMs at
+    ``efficiency.grouped_gemm_factor`` of their per-expert shape (``moe_node_time``).
     With ``norm_kernel="eager"`` an RMSNorm module runs as the Python ops it is written in
     (``eager_ops.eager_rmsnorm_s``: fp32 upcast, 7 kernels forward), not as one fused pass; with
     ``attention_impl`` "unfused" / "eager" an attention node runs without a flash kernel, its
@@ -310,6 +318,9 @@ def modelled_node_time(
                                    dtype=activation_dtype(dtype), elem=dtype_bytes(activation_dtype(dtype)))  # fmt: skip
         return NodeTime(f + cluster.op_overhead_s, b + cluster.bwd_op_overhead_s, 0.0)
     train_dtype, dtype = dtype, activation_dtype(dtype)  # fp8 training: bf16 tensors, fp8 GEMMs
+    if node.kind == "moe" and a.get("num_experts") and a.get("hidden") and a.get("expert_numel"):
+        return moe_node_time(node, cluster, tokens=a.get("tokens", 0) * batch_scale / shard, ep=ep,
+                             dtype=train_dtype, fp8_recipe=fp8_recipe)
     r = elem_scale(node.out_dtype, dtype)
     in_b = estimate_input_bytes(node) if input_bytes is None else input_bytes
     w_shard = shard if node.kind in SHARDED_WEIGHT_KINDS else 1
@@ -359,6 +370,44 @@ def modelled_node_time(
     bwd_in = max(fb * bwd_in_unit, floor) + ov_b + cast[1] if fb > 0 else 0.0
     bwd_w = max(fw * bwd_w_unit, floor) + ov_b + cast[2] if fw > 0 else 0.0
     return NodeTime(fwd + cluster.op_overhead_s + cast[0], bwd_in, bwd_w)
+
+
+def moe_node_time(node: GraphNode, cluster: ClusterSpec, *, tokens: float, ep: int = 1, dtype: str = "bf16",
+                  fp8_recipe: str = DEFAULT_FP8_RECIPE) -> NodeTime:
+    """Forward, backward-input and backward-weight seconds of a MoE node routing ``tokens`` on a rank
+    holding E/``ep`` experts: the sum of its kernels (``moe_kernels.moe_kernels``), each
+    ``roofline_time_s`` with its own floor, a GEMM at ``matmul_efficiency`` (or the calibrated
+    per-size table) × ``grouped_gemm_factor`` of its per-expert shape on ``cluster.sm_count`` SMs;
+    under fp8 where the recipe runs the experts in fp8 the expert GEMMs at the fp8 peak plus
+    ``fp8_moe_cast_bytes``. The eager per-op host costs of a calibration are added per pass, as for
+    any node. A frozen node gets no weight gradient. Unit: seconds."""
+    a = node.attrs
+    act = activation_dtype(dtype)
+    elem = dtype_bytes(act)
+    fp8 = dtype == "fp8" and fp8_recipe_of(fp8_recipe).experts_fp8
+    sized = bool(cluster.matmul_efficiency_by_flops)
+    parts = {"fwd": 0.0, "bwd_input": 0.0, "bwd_weight": 0.0}
+    for kern in moe_kernels(a, tokens, ep=ep, elem=elem, weight_elem=elem):
+        if kern.groups:
+            base = matmul_efficiency_at(cluster, kern.flops, backward=kern.phase != "fwd") if sized else None
+            if base is None:
+                m, n, k = (max(1.0, x) for x in kern.shape)
+                base = cluster.matmul_efficiency * grouped_gemm_factor(m, n, k, kern.groups, cluster.sm_count)
+            gemm_dtype = "fp8" if fp8 and not kern.name.startswith("router") else act
+            parts[kern.phase] += roofline_time_s(kern.flops, kern.bytes, cluster, dtype=gemm_dtype, kind="moe",
+                                                 efficiency=base)
+        else:
+            parts[kern.phase] += roofline_time_s(0.0, kern.bytes, cluster, kind="elementwise")
+    cf = cb = 0.0
+    if fp8:
+        mem_bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
+        cf, cb = (x / mem_bw for x in fp8_moe_cast_bytes(tokens * a.get("top_k", 1), a.get("expert_act_numel", 0),
+                                                          fp8_recipe))
+    if parts["fwd"] == 0.0:
+        return NodeTime(0.0, 0.0, 0.0)
+    ov_b = cluster.bwd_op_overhead_s
+    w = parts["bwd_weight"] + ov_b if node.param_numel - node.frozen_param_numel > 0 else 0.0
+    return NodeTime(parts["fwd"] + cluster.op_overhead_s + cf, parts["bwd_input"] + ov_b + cb, w)
 
 
 def _at_backward_speed(

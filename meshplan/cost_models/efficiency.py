@@ -103,6 +103,24 @@ def gemm_shape_factor(m: float, n: float, k: float, sms: int) -> float:
     return best
 
 
+def grouped_gemm_factor(m: float, n: float, k: float, groups: int, sms: int) -> float:
+    """Fraction of the large-GEMM throughput ``groups`` GEMMs of ``m×k · k×n`` each (a MoE layer's
+    experts: Megatron-Core's TEGroupedMLP / GroupedMLP) reach when their tiles share the SMs: tile
+    quantization per GEMM, wave quantization over every GEMM's tiles together (one grouped kernel,
+    or Transformer Engine's per-expert GEMMs on several streams), no split-K. ``groups`` <= 1 is
+    ``gemm_shape_factor``. 1.0 when ``sms`` is 0."""
+    if groups <= 1:
+        return gemm_shape_factor(m, n, k, sms)
+    _check_dims(m=m, n=n, k=k)
+    if sms <= 0:
+        return 1.0
+    best = 0.0
+    for tm, tn, e in TILES:
+        gm, gn = math.ceil(m / tm), math.ceil(n / tn)
+        best = max(best, e * (m * n) / (gm * tm * gn * tn) * wave_fraction(gm * gn * groups, sms))
+    return best
+
+
 def linear_gemm_dims(
     tokens: float, in_features: int, out_features: int, shard: int = 1, style: str | None = None
 ) -> tuple[float, float, float]:

@@ -152,7 +152,7 @@ class Prediction:
     dp_comm_s: float = 0.0  # exposed (not overlapped) data-parallel communication
     ep_comm_s: float = 0.0  # exposed expert-parallel all-to-all + expert load imbalance
     cp_comm_s: float = 0.0  # exposed context-parallel ring key/value exchange
-    ep_expert_read_s: float = 0.0  # <= 0: MoE time saved by reading only the rank's E/ep experts' weights
+    ep_expert_read_s: float = 0.0  # MoE time of holding E/ep experts, not E (weights read, gradients accumulated, rows per expert); < 0: saved
     bubble_s: float = 0.0
     optimizer_s: float = 0.0
     recompute_s: float = 0.0

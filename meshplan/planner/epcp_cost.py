@@ -3,9 +3,12 @@
 ``epcp_terms(graph, cluster, cp, ep, micro_batch, dtype, capacity_factor)`` returns, per
 microbatch on one rank, the exposed EP all-to-all seconds (every MoE node), the exposed CP ring
 seconds (every attention node), the extra expert compute of load imbalance
-(``(capacity_factor − 1) ×`` the MoE nodes' time), the MoE time a rank saves by streaming only its
-E/ep experts' weights (the cost table's roofline reads all E: at a few tokens per expert a MoE layer
-is bound by reading its weights, which EP divides — Rajbhandari et al. 2022, DeepSpeed-MoE §5),
+(``(capacity_factor − 1) ×`` the MoE nodes' time), the MoE time a rank saves by holding only E/ep
+experts (the cost table times the node's kernels on all E, ``cost_models.moe_kernels``: at a few
+tokens per expert a MoE layer is bound by reading its weights and accumulating their gradients,
+which EP divides, and ep gives each expert ep times the rows — Rajbhandari et al. 2022,
+DeepSpeed-MoE §5; a few tenths of a percent the other way where fewer experts' tiles fill the
+GPU's last wave less well),
 the bytes each collective moves, and the expert parameters a rank does NOT hold
 (``(1 − 1/ep) ×`` all experts). Under pp the terms are costed per stage, over the nodes of the
 stage's layers (``nodes``; the runtime's exchange and ring run over the stage's own ranks), and
@@ -54,11 +57,12 @@ class EPCPTerms:
     ep_comm_s: float = 0.0  # per microbatch, exposed
     cp_comm_s: float = 0.0  # per microbatch, exposed
     imbalance_s: float = 0.0  # per microbatch: (capacity_factor - 1) x MoE compute
-    expert_read_s: float = 0.0  # per microbatch, <= 0: MoE time saved reading E/ep experts' weights, not E
+    expert_read_s: float = 0.0  # per microbatch: MoE time of E/ep experts less E's (cost_models.moe_kernels); < 0 saved
     expert_params_saved: float = 0.0  # parameters a rank does not hold thanks to ep
     expert_params: float = 0.0  # all experts' parameters of the costed nodes (before ep sharding)
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per microbatch
     cp_forward_s: float = 0.0  # of cp_comm_s, the forward pass's ring (the rest runs in the backward)
+    moe_forward_s: float = 0.0  # of imbalance_s + expert_read_s, the forward pass's share
 
     @property
     def per_microbatch_s(self) -> float:
@@ -67,9 +71,9 @@ class EPCPTerms:
     @property
     def forward_s(self) -> float:
         """The share of ``per_microbatch_s`` in a stage's forward: half the all-to-alls (dispatch and
-        combine; the backward repeats both), the forward ring, a third of the MoE compute terms
-        (backward = 2 x forward FLOPs)."""
-        return self.ep_comm_s / 2 + self.cp_forward_s + (self.imbalance_s + self.expert_read_s) / 3
+        combine; the backward repeats both), the forward ring, the forward passes' part of the MoE
+        compute terms (``moe_forward_s``: the MoE kernels' forward, ``cost_models.moe_kernels``)."""
+        return self.ep_comm_s / 2 + self.cp_forward_s + self.moe_forward_s
 
 
 def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, micro_batch: float, dtype: str,
@@ -103,14 +107,22 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
             tokens = n.attrs.get("tokens", 0) * scale * share
             shard = tp if fold else 1  # folded, the cost table times the node on the sequence shard
             t = node_time(n, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe)
-            if ep > 1:  # the cost table's MoE node streams all E experts' weights; a rank holds E/ep
-                dense = n.attrs.get("dense_numel", 0)
-                held = dense + (n.param_numel - dense) / ep
-                n_ep = replace(n, param_bytes=int(n.param_bytes * held / max(1, n.param_numel)))
-                t_ep = node_time(n_ep, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe)
+            if ep > 1:  # the cost table's MoE node holds all E experts; a rank holds E/ep
+                if n.attrs.get("num_experts") and n.attrs.get("hidden") and n.attrs.get("expert_numel"):
+                    # its kernels on E/ep experts: weights read and gradients accumulated for E/ep,
+                    # ep times the rows per expert (cost_models.moe_kernels)
+                    t_ep = node_time(n, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe,
+                                     ep=ep)
+                else:  # no expert shape traced: the roofline's weight bytes scaled to the held experts
+                    dense = n.attrs.get("dense_numel", 0)
+                    held = dense + (n.param_numel - dense) / ep
+                    n_ep = replace(n, param_bytes=int(n.param_bytes * held / max(1, n.param_numel)))
+                    t_ep = node_time(n_ep, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe)
                 out.expert_read_s += t_ep.total_s - t.total_s
+                out.moe_forward_s += t_ep.fwd_s - t.fwd_s
                 t = t_ep
             out.imbalance_s += (capacity_factor - 1.0) * t.total_s
+            out.moe_forward_s += (capacity_factor - 1.0) * t.fwd_s
             if ep > 1:
                 k, h = n.attrs.get("top_k", 1), n.attrs.get("hidden", 0)
                 out.ep_comm_s += ep_comm_s(tokens, k, h, elem_bytes, ep, cluster, spans_nodes=spans_nodes,
@@ -149,7 +161,7 @@ def expert_params_saved(graph: ModelGraph, ep: int, nodes: Iterable[GraphNode] |
 
 
 _SUMMED = ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params_saved", "expert_params",
-           "cp_forward_s")
+           "cp_forward_s", "moe_forward_s")
 
 
 def _node_key(n: GraphNode, kw: dict[str, Any]) -> tuple:

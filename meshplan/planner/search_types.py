@@ -83,7 +83,7 @@ class Evaluation:
     kind_note: str = ""  # why a data-parallel kind other than ddp was chosen (empty when ddp or pinned)
     ep_comm_s: float = 0.0  # exposed EP all-to-all + expert load imbalance, per step
     cp_comm_s: float = 0.0  # exposed CP ring key/value exchange, per step
-    ep_expert_read_s: float = 0.0  # <= 0: MoE weight reads saved by holding E/ep experts, per step
+    ep_expert_read_s: float = 0.0  # MoE time of holding E/ep experts, not E, per step (< 0: saved)
 
     @property
     def max_mem_bytes(self) -> int:
