@@ -1,18 +1,31 @@
-"""Calibration transfer on this machine: real 2-rank runs of several layouts; fit on each, predict the others.
+"""Calibration transfer on this machine: real 2-rank runs of several layouts, timed interleaved; fit on each, predict the others.
 
-    python benchmarks/bench_calibrate.py [--workdir DIR] [--global-batch 64] [--steps 8] [--repeats 1]
-                                         [--configs dp,pp,fsdp,tp] [--cluster cpu.json|local]
+    python benchmarks/bench_calibrate.py [--workdir DIR] [--rounds 3] [--steps 8] [--global-batch 64]
+                                         [--configs dp,pp,fsdp,tp] [--cluster cpu.json|local] [--fit-only]
 
-Plans ``gpt-tiny`` on a nominal CPU cluster (``NOMINAL``: 100 GFLOP/s, 2 GB/s, 50 us; fp32) pinned to
-each configuration (``CONFIGS``: dp2 zero1, pp2 (the planner's schedule), dp2 fsdp, tp2), runs each
-with ``meshplan run`` (gloo, 2 ranks, ``--steps`` timed steps, then 3 profiled steps for the
-RunRecord's phases), and for each run fits the cluster the way ``meshplan calibrate`` does (step
-time, forward / backward phases and their ratio) and predicts every other run's step time (median
-after the first step). Prints one row per (fitted on, predicted for) with the load average at the
-start of each run. ``--cluster local`` starts the fit from this machine's measured profile (``meshplan
-profile``) instead of the nominal figures. A timing measurement, so a benchmark and not a test
-(tests/test_calibrate.py checks the fit against known terms). The runs of one repeat are minutes
-apart on a shared machine: compare the spread between repeats before reading an error.
+Plans ``gpt-tiny`` on a nominal CPU cluster (``NOMINAL``: 100 GFLOP/s, 2 GB/s, 50 us; fp32; gloo)
+pinned to each configuration (``CONFIGS``: dp2 zero1, pp2 (the planner's schedule), dp2 fsdp,
+tp2), once; then runs the configurations **interleaved**: ``--rounds`` rounds, each running every
+configuration once with ``meshplan run`` (gloo, 2 ranks, ``--steps`` timed steps, then 3 profiled
+steps for the RunRecord's phases), the order rotated by one each round so no configuration always
+follows the same neighbour. A shared machine's load drifts over minutes (a configuration measured
+back to back minutes apart moved 2.4x at stop 2); interleaving puts every configuration under the
+same drift, and the median over rounds drops a round that met a burst.
+
+Per run it keeps (``runs.json`` in the workdir): the 1-minute load average before and after, the
+wall and CPU seconds of the whole command (``RUSAGE_CHILDREN``, every rank), the step time (median
+after the first step), and the ranks' CPU seconds per step against the step's wall time
+(``RunRecord.rank_cpu_s``: a rank whose process used less CPU than the step lasted waited, for a
+peer or for a core other processes held).
+
+Then per configuration the median step over the rounds and its spread (max / min), and the
+transfer matrix: fitted (as ``meshplan calibrate`` fits: step time, forward / backward phases and
+their ratio) on the round whose step is that configuration's median, predicting every
+configuration's median step. ``--fit-only`` re-fits from a workdir's existing ``runs.json`` and
+records (to compare cost models on the same measurements). ``--cluster local`` starts the fit from
+this machine's measured profile (``meshplan profile``) instead of the nominal figures. A timing
+measurement, so a benchmark and not a test (tests/test_calibrate.py checks the fit against known
+terms).
 """
 
 from __future__ import annotations
@@ -20,10 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -31,11 +48,12 @@ sys.path.insert(0, str(ROOT))
 NOMINAL = {"name": "cpu-nominal", "num_devices": 2, "devices_per_node": 2,
            "peak_flops": {"fp32": 100e9, "bf16": 100e9, "fp16": 100e9}, "mem_bytes": 8 * 10**9,
            "mem_bw_bytes_per_s": 10e9, "intra_bw_bytes_per_s": 2e9, "intra_latency_s": 5e-5,
-           "inter_bw_bytes_per_s": 1e9, "inter_latency_s": 1e-4,
+           "inter_bw_bytes_per_s": 1e9, "inter_latency_s": 1e-4, "comm_backend": "gloo",
            "source": "nominal figures for a small CPU host with gloo (uncalibrated)"}  # fmt: skip
 #: configuration name -> meshplan plan pins
 CONFIGS = {"dp": ["--dp", "2", "--dp-kind", "zero1"], "pp": ["--pp", "2"], "fsdp": ["--dp", "2", "--dp-kind", "fsdp"],
            "tp": ["--tp", "2"]}  # fmt: skip
+GOAL = 0.25
 
 
 def _cli(args: list[str], cwd: Path) -> None:
@@ -46,14 +64,48 @@ def _cli(args: list[str], cwd: Path) -> None:
         raise SystemExit(f"meshplan {' '.join(args)} failed:\n{out.stderr[-3000:]}")
 
 
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_rounds(wd: Path, names: list[str], rounds: int, steps: int) -> list[dict[str, Any]]:
+    """``rounds`` rounds of every configuration in ``names`` (rotated by one each round); one fact
+    dict per run (module docstring)."""
+    runs = []
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            rec = f"rec_{name}_{r + 1}.json"
+            load0, t0, c0 = os.getloadavg()[0], time.perf_counter(), _children_cpu_s()
+            print(f"round {r + 1}/{rounds}: running {name} (load {load0:.1f})", file=sys.stderr, flush=True)
+            _cli(["run", f"plan_{name}.json", "--model", "gpt-tiny", "--steps", str(steps), "--profile-steps", "3",
+                  "--record", rec], wd)  # fmt: skip
+            runs.append({"name": name, "round": r + 1, "record": rec, "load_before": round(load0, 2),
+                         "load_after": round(os.getloadavg()[0], 2),
+                         "command_wall_s": round(time.perf_counter() - t0, 3),
+                         "command_cpu_s": round(_children_cpu_s() - c0, 3)})  # fmt: skip
+            (wd / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
+    return runs
+
+
+def cpu_share(d: dict[str, Any]) -> float | None:
+    """Median over ranks and steps (after the first) of a rank's CPU seconds / its step's wall
+    seconds (``RunRecord.rank_cpu_s``, ``steps``); None in records without it."""
+    walls = [float(s["step_s"]) for s in d["steps"]]
+    shares = [c / w for row in d.get("rank_cpu_s") or [] for c, w in zip(row[1:], walls[1:]) if w > 0]
+    return statistics.median(shares) if shares else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workdir", default=None, help="where plans, run records and logs go (default: a temp dir)")
     ap.add_argument("--global-batch", type=int, default=64, help="global batch of every run")
     ap.add_argument("--steps", type=int, default=8, help="timed steps per run")
-    ap.add_argument("--repeats", type=int, default=1, help="runs of every configuration (noise)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (each runs every configuration once)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS")
     ap.add_argument("--cluster", default="cpu.json", help="cluster the fit starts from: cpu.json (NOMINAL) or local")
+    ap.add_argument("--fit-only", action="store_true", help="re-fit from the workdir's runs.json; run nothing")
     a = ap.parse_args()
     names = a.configs.split(",")
     bad = [n for n in names if n not in CONFIGS]
@@ -61,45 +113,68 @@ def main() -> None:
         raise SystemExit(f"unknown configs {bad}; use {sorted(CONFIGS)}")
     wd = Path(a.workdir or tempfile.mkdtemp(prefix="meshplan-calibrate-"))
     wd.mkdir(parents=True, exist_ok=True)
-    (wd / "cpu.json").write_text(json.dumps(NOMINAL))
+    if not (wd / "cpu.json").exists():
+        (wd / "cpu.json").write_text(json.dumps(NOMINAL))
 
     from meshplan.api import calibration as cal
     from meshplan.loading import load_graph
     from meshplan.plan import Plan
     from meshplan.profile.local import resolve
 
-    load: dict[str, float] = {}
-    for r in range(1, a.repeats + 1):
+    if a.fit_only:
+        if not (wd / "runs.json").exists():
+            raise SystemExit(f"--fit-only: no runs.json in {wd}; run without --fit-only first")
+        runs = [r for r in json.loads((wd / "runs.json").read_text()) if r["name"] in names]
+    else:
         for name in names:
             if not (wd / f"plan_{name}.json").exists():
                 _cli(["plan", "gpt-tiny", "-n", "2", "--cluster", "cpu.json", "--dtype", "fp32", "--global-batch",
                       str(a.global_batch), *CONFIGS[name], "-q", "-o", f"plan_{name}.json"], wd)  # fmt: skip
-            load[f"{name}_{r}"] = os.getloadavg()[0]
-            print(f"repeat {r}: running {name} (load {load[f'{name}_{r}']:.1f})", file=sys.stderr, flush=True)
-            _cli(["run", f"plan_{name}.json", "--model", "gpt-tiny", "--steps", str(a.steps), "--profile-steps", "3",
-                  "--record", f"rec_{name}_{r}.json"], wd)  # fmt: skip
-    spec = resolve(str(wd / "cpu.json") if a.cluster == "cpu.json" else a.cluster, 2)
-    graphs: dict[int, object] = {}
-    print("| repeat | fitted on | predicted for | predicted ms | measured ms | error | load at run |")
+        runs = run_rounds(wd, names, a.rounds, a.steps)
+
+    graphs: dict[int, Any] = {}
+    by_name: dict[str, list[tuple[float, dict[str, Any], dict[str, Any]]]] = {n: [] for n in names}
+    for run in runs:
+        d = cal.read_record(str(wd / run["record"]))
+        by_name[run["name"]].append((cal.measured_step_s(d), d, run))
+    print("| configuration | plan | step ms per round (load before) | median ms | spread max/min | "
+          "rank CPU / wall in steps (median per round) | command CPU / wall s |")
     print("|---|---|---|---|---|---|---|")
-    for r in range(1, a.repeats + 1):
-        cases = {}
-        for name in names:
-            d = cal.read_record(str(wd / f"rec_{name}_{r}.json"))
-            plan = Plan.from_dict(d["plan"])
-            step = cal.measured_step_s(d)
-            phases = cal.measured_phases(d.get("phases"), step)
-            g = graphs.setdefault(plan.seq_len, load_graph("gpt-tiny", seq=plan.seq_len))
-            cases[name] = cal.Case(name, g, plan, step, {k: v for k, v in phases.items() if k in cal.COMPUTE_PHASES},
-                                   cal.phase_ratio(d.get("phases")))  # type: ignore[arg-type]  # fmt: skip
-        for fit_on in names:
-            fitted = cal.fit([cases[fit_on]], spec).spec
-            for other in names:
-                c = cases[other]
-                p = cal.predict(c, fitted).predicted.step_s
-                tag = " (in sample)" if other == fit_on else ""
-                print(f"| {r} | {fit_on} | {other}{tag} | {p * 1e3:.1f} | {c.measured_step_s * 1e3:.1f} | "
-                      f"{p / c.measured_step_s - 1:+.1%} | {load[f'{other}_{r}']:.1f} |")
+    cases = {}
+    for name in names:
+        rows = sorted(by_name[name], key=lambda t: t[2]["round"])
+        steps = [t[0] for t in rows]
+        med = statistics.median(steps)
+        # the round whose step is the median (the lower middle for an even count): its phases and plan
+        step, d, _ = sorted(rows, key=lambda t: t[0])[(len(rows) - 1) // 2]
+        plan = Plan.from_dict(d["plan"])
+        phases = cal.measured_phases(d.get("phases"), med)
+        g = graphs.setdefault(plan.seq_len, load_graph("gpt-tiny", seq=plan.seq_len))
+        cases[name] = cal.Case(name, g, plan, med, {k: v for k, v in phases.items() if k in cal.COMPUTE_PHASES},
+                               cal.phase_ratio(d.get("phases")))  # type: ignore[arg-type]  # fmt: skip
+        per_round = ", ".join(f"{s * 1e3:.0f} ({t[2]['load_before']:.1f})" for s, t in zip(steps, rows))
+        shares = ", ".join(f"{x:.2f}" if (x := cpu_share(t[1])) is not None else "-" for t in rows)
+        cmd = ", ".join(f"{t[2]['command_cpu_s']:.0f}/{t[2]['command_wall_s']:.0f}" for t in rows)
+        print(f"| {name} | {plan.summary()} | {per_round} | {med * 1e3:.1f} | {max(steps) / min(steps):.2f}x | "
+              f"{shares} | {cmd} |")
+    spec = resolve(str(wd / "cpu.json") if a.cluster == "cpu.json" else a.cluster, 2)
+    print()
+    print("| fitted on \\ predicted for | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    errs = []
+    for fit_on in names:
+        fitted = cal.fit([cases[fit_on]], spec).spec
+        cells = []
+        for other in names:
+            c = cases[other]
+            e = cal.predict(c, fitted).predicted.step_s / c.measured_step_s - 1
+            cells.append(f"{e:+.0%}" + (" (in sample)" if other == fit_on else ""))
+            if other != fit_on:
+                errs.append(abs(e))
+        print(f"| {fit_on} | " + " | ".join(cells) + " |")
+    if errs:
+        print(f"\nmedian |error| over {len(errs)} transfers {statistics.median(errs):.0%}, "
+              f"{sum(e <= GOAL for e in errs)} of {len(errs)} within {GOAL:.0%}, largest {max(errs):.0%}")
     print(f"files in {wd}; load average now {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
 

@@ -78,6 +78,11 @@ class ClusterSpec:
     # slower than its FLOPs say (memory-bound gradient kernels, accumulation, per-op bookkeeping).
     # ``meshplan calibrate`` fits it from the backward : forward ratio a run measures
     backward_speed: float = 1.0
+    # the collective library the runtime uses ("nccl": accelerators, the presets; "gloo": a CPU host,
+    # ``meshplan profile`` on CPU). On gloo a pipeline send occupies the sending rank for its transfer
+    # (the host's cores copy the bytes through the socket; torch's 1F1B waits on each send), where
+    # NCCL's copy engines / kernels do not hold the rank's compute (``sends_occupy_rank``)
+    comm_backend: str = "nccl"
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     # where each figure comes from, by field name ("peak_flops.bf16" for one dtype): "measured: how"
@@ -137,6 +142,8 @@ class ClusterSpec:
             raise bad("exp_cost_flops", f"must be a number >= 0 (0 = no softmax term), got {self.exp_cost_flops!r}")
         if not (isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1):
             raise bad("comm_overlap", f"must be in [0, 1] (1 = hidden communication fully hidden), got {self.comm_overlap!r}")
+        if self.comm_backend not in ("nccl", "gloo"):
+            raise bad("comm_backend", f"must be 'nccl' or 'gloo', got {self.comm_backend!r}")
         if not (isinstance(self.backward_speed, (int, float)) and self.backward_speed > 0
                 and math.isfinite(self.backward_speed)):  # fmt: skip
             raise bad("backward_speed", f"must be a positive number (1 = as modelled), got {self.backward_speed!r}")
@@ -200,6 +207,12 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec.num_nodes: must be a positive integer, got {num_nodes!r}")
         return PRESETS[key](num_nodes, devices_per_node)
 
+    @property
+    def sends_occupy_rank(self) -> bool:
+        """Whether a pipeline send holds its sending rank for the transfer time (gloo on a CPU host:
+        ``comm_backend``); the schedule simulator then counts it in the sender's action."""
+        return self.comm_backend == "gloo"
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -222,6 +235,8 @@ class ClusterSpec:
         peak = d["peak_flops"]
         if not isinstance(peak, dict):
             raise ValueError(f"ClusterSpec.peak_flops: must be an object of dtype -> FLOP/s, got {peak!r}")
+        if "comm_backend" not in d and (d.get("extra") or {}).get("backend") == "gloo":  # profiles before the field
+            d = {**d, "comm_backend": "gloo"}
         return cls(**{**d, "peak_flops": dict(peak), "extra": dict(d.get("extra") or {}),
                       "provenance": dict(d.get("provenance") or {})})
 

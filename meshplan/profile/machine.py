@@ -347,6 +347,7 @@ def profile_machine(
         op_overhead_s=op_f,
         bwd_op_overhead_s=op_b,
         matmul_efficiency_by_flops=eff_table,
+        comm_backend="nccl" if backend == "nccl" else "gloo",
         sm_count=sms,
         source=source,
         provenance={**profile_provenance(device.type, nproc, measured_sizes, mem_test_bytes, shapes), **link_why},

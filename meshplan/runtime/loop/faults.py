@@ -231,14 +231,17 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def gather_rank_times(own_s: list[float], wait_s: list[float]) -> tuple[list[list[float]], list[list[float]]]:
-    """Every rank's per-step own and wait times (one all_gather_object at the end of the run), the last
-    steps only when world x steps exceeds ``MAX_RANK_TIME_VALUES``."""
+def gather_rank_times(
+    own_s: list[float], wait_s: list[float], cpu_s: list[float] | None = None
+) -> tuple[list[list[float]], list[list[float]], list[list[float]]]:
+    """Every rank's per-step own, wait and CPU times (one all_gather_object at the end of the run), the
+    last steps only when world x steps exceeds ``MAX_RANK_TIME_VALUES``."""
     import torch.distributed as dist
 
     from meshplan.runtime.launch import collectives
 
     keep = max(1, MAX_RANK_TIME_VALUES // max(dist.get_world_size(), 1))
-    mine = ([round(x, 6) for x in own_s[-keep:]], [round(x, 6) for x in wait_s[-keep:]])
+    mine = tuple([round(x, 6) for x in xs[-keep:]] for xs in (own_s, wait_s, cpu_s or []))
     parts = collectives.all_gather_object(mine)
-    return [list(p[0]) for p in parts], [list(p[1]) for p in parts]  # type: ignore[index]
+    return ([list(p[0]) for p in parts], [list(p[1]) for p in parts],  # type: ignore[index]
+            [list(p[2]) for p in parts])  # type: ignore[index]  # fmt: skip

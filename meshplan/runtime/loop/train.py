@@ -231,16 +231,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     pm.phase_spans.on_enter = lambda phase: wd.at(faults.SPAN_PHASES.get(phase, phase))
     own_s: list[float] = []
     wait_s: list[float] = []
+    cpu_s: list[float] = []
     try:
         ran_to = _loop(args, pm, stream, rec, progress, guard, wd, start=start, seq_len=seq_len,
-                       held_out=held_out, own_s=own_s, wait_s=wait_s)
+                       held_out=held_out, own_s=own_s, wait_s=wait_s, cpu_s=cpu_s)
     except BaseException as e:  # noqa: BLE001 - explained faults end here; the rest is re-raised
         faults.stop_on_fault(e, wd, rank=rank, step=wd.step, plan=plan, pp_rank=pm.env.coord("pp"), model=args.model)
         raise  # a signal's KeyboardInterrupt / SystemExit
     if ran_to is not None:
         return ran_to
     ran = bool(rec.steps)
-    rec.rank_step_s, rec.rank_wait_s = faults.gather_rank_times(own_s, wait_s)
+    rec.rank_step_s, rec.rank_wait_s, rec.rank_cpu_s = faults.gather_rank_times(own_s, wait_s, cpu_s)
     if args.profile_steps > 0 and ran:  # after the timed steps and the last checkpoint: off the step times
         wd.at("profile")
         rec.phases = _profile_phases(pm, stream, args.profile_steps)
@@ -259,9 +260,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _loop(args: argparse.Namespace, pm: Any, stream: Any, rec: Any, progress: Any, guard: Any, wd: Any, *,
-          start: int, seq_len: int, held_out: Any, own_s: list[float], wait_s: list[float]) -> int | None:
+          start: int, seq_len: int, held_out: Any, own_s: list[float], wait_s: list[float],
+          cpu_s: list[float]) -> int | None:
     """Steps ``start + 1 .. --steps``, telling ``wd`` each phase and keeping this rank's own and waiting time
-    per step (``meshplan.stragglers``); an exit code when the run must stop, else None."""
+    per step (``meshplan.stragglers``) and the CPU seconds its process used in the step (all its threads:
+    against the step's wall time it shows contention for the cores); an exit code when the run must stop,
+    else None."""
     from meshplan.runtime.checkpoint import dcp as checkpoint
     from meshplan.runtime.launch import collectives
     from meshplan.runtime.loop.batch_check import check_batch
@@ -278,9 +282,10 @@ def _loop(args: argparse.Namespace, pm: Any, stream: Any, rec: Any, progress: An
         wd.at("barrier")
         t_in = time.perf_counter()
         collectives.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = pm.step(x, y, local=stream.local)
         dt = time.perf_counter() - t0
+        cpu_s.append(time.process_time() - c0)
         own_s.append(t_in - t_data + dt - pm.last_wait_s)
         wait_s.append(t0 - t_in + pm.last_wait_s)
         wd.at("all_gather of step facts")

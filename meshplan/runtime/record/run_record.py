@@ -83,6 +83,10 @@ class RunRecord:
     # the time it waited for the others (``meshplan.stragglers``); empty in older records
     rank_step_s: list[list[float]] = field(default_factory=list)
     rank_wait_s: list[list[float]] = field(default_factory=list)
+    # per world rank, per step (as ``rank_step_s``): CPU seconds the rank's process (all its threads)
+    # used in the step (``time.process_time``); below the step's wall time when the rank waited or
+    # lost its cores to other processes. Empty in older records
+    rank_cpu_s: list[list[float]] = field(default_factory=list)
 
     def add_eval(self, step: int, loss: float) -> None:
         self.eval_losses.append([step, loss])
