@@ -171,3 +171,74 @@ def test_calibrate_always_fits_forward_and_backward_phases(tmp_path: Path) -> No
     for k in ("forward", "backward"):
         assert fitted[k] == pytest.approx(want[k], rel=0.05), (k, fitted, want, result.fit.factors)
     assert abs(result.fit.error(2)[0]) < 0.02
+
+
+def test_a_gloo_send_occupies_its_sending_rank() -> None:
+    """On gloo (``ClusterSpec.comm_backend``) a pipeline send holds its sender for the hop: GPipe on
+    2 ranks, m microbatches, times f, b, hop c: rank 0's forwards last f + c each, rank 1's
+    backwards b + c, so the makespan is (m + 1)(f + b) + 2mc where free sends give (m + 1)(f + b) + 2c;
+    the lock-step (numpy) path from MIN_RANKS ranks on gives the event loop's times."""
+    from meshplan.partition.schedule import simulate
+    from meshplan.partition.schedule_lockstep import MIN_RANKS
+
+    m, f, b, c = 4, 1.0, 2.0, 0.5
+    free = simulate("gpipe", 2, m, fwd_s=f, bwd_input_s=b, p2p_s=c).makespan_s
+    held = simulate("gpipe", 2, m, fwd_s=f, bwd_input_s=b, p2p_s=c, sends_occupy=True).makespan_s
+    assert free == pytest.approx((m + 1) * (f + b) + 2 * c)
+    assert held == pytest.approx((m + 1) * (f + b) + 2 * m * c)
+    assert simulate("gpipe", 2, m, fwd_s=f, bwd_input_s=b, sends_occupy=True).makespan_s == pytest.approx(
+        (m + 1) * (f + b))  # no hop, nothing held
+    for sched, v in (("1f1b", 1), ("zbv", 2)):
+        kw = {"fwd_s": f, "bwd_input_s": b, "bwd_weight_s": 0.5, "p2p_s": c, "sends_occupy": True,
+              "virtual_stages": v}
+        ev = simulate(sched, MIN_RANKS, 2 * MIN_RANKS, **kw).makespan_s
+        assert simulate(sched, MIN_RANKS, 2 * MIN_RANKS, keep_events=False, **kw).makespan_s == pytest.approx(ev)
+        assert ev > simulate(sched, MIN_RANKS, 2 * MIN_RANKS, **{**kw, "sends_occupy": False}).makespan_s
+    spec = ClusterSpec.from_dict(CPU)
+    assert spec.comm_backend == "nccl" and not spec.sends_occupy_rank  # presets and bare specs: NCCL
+    assert ClusterSpec.from_dict({**CPU, "comm_backend": "gloo"}).sends_occupy_rank
+    # a profile written before the field: its extra names the backend it measured
+    assert ClusterSpec.from_dict({**CPU, "extra": {"backend": "gloo"}}).comm_backend == "gloo"
+    with pytest.raises(ValueError, match="comm_backend"):
+        ClusterSpec.from_dict({**CPU, "comm_backend": "mpi"})
+
+
+def test_gloo_pipeline_step_pays_the_held_sends() -> None:
+    """The planner's pp2 step on a gloo spec exceeds the same on NCCL by the held sends (gpt-tiny, gpipe)."""
+    g = load_graph("gpt-tiny")
+    nccl = resolve_cluster(ClusterSpec.from_dict({**CPU, "intra_latency_s": 2e-3}), 2)
+    gloo = resolve_cluster(ClusterSpec.from_dict({**CPU, "intra_latency_s": 2e-3, "comm_backend": "gloo"}), 2)
+    kw = {"tp": 1, "dp": 1, "pp": 2, "schedule": "gpipe", "num_microbatches": 4, "global_batch_size": 8,
+          "dtype": "fp32"}
+    a = estimate_graph(g, 2, cluster=nccl, **kw).predicted
+    b_ = estimate_graph(g, 2, cluster=gloo, **kw).predicted
+    # 2 hops (one each way) on the critical path either way; gloo adds the other 2 (m - 1) sends
+    assert b_.step_s - a.step_s == pytest.approx(2 * (4 - 1) * 2e-3, rel=0.2)
+
+
+def test_torch_zero1_pays_one_broadcast_per_parameter_tensor() -> None:
+    """meshplan's runtime runs zero1 as torch's ZeroRedundancyOptimizer over DDP: after the update one
+    broadcast per parameter tensor (``dp_kinds.zero1_broadcast_s``; profile ``zero1_impl`` "torch"), so
+    a slower collective latency costs it once per tensor; Megatron's distributed optimizer (bucketed)
+    pays a few bucket collectives and does not move with the tensor count. Priced on gloo, where
+    bench_calibrate measured it."""
+    from meshplan.cost_models.dp_kinds import zero1_broadcast_s
+    from meshplan.cost_models.engine_profiles import PROFILES
+
+    assert PROFILES["meshplan"].zero1_impl == "torch"
+    assert all(p.zero1_impl == "bucketed" for n, p in PROFILES.items() if n != "meshplan")
+    g = load_graph("gpt-tiny")
+    lat = 1e-3
+    spec = resolve_cluster(ClusterSpec.from_dict({**CPU, "intra_latency_s": lat, "comm_backend": "gloo"}), 2)
+    kw = {"tp": 1, "dp": 2, "pp": 1, "dp_kind": "zero1", "global_batch_size": 8, "dtype": "fp32"}
+    tensors = len({p for n in g.nodes if n.param_numel > 0 for p in n.param_names})
+    one = zero1_broadcast_s(4e6, 1, 2, spec)
+    assert zero1_broadcast_s(4e6, 10, 2, spec) == pytest.approx(one + 9 * lat, rel=1e-6)  # bytes once, latency x10
+    assert zero1_broadcast_s(4e6, 10, 1, spec) == 0.0
+    z = estimate_graph(g, 2, cluster=spec, **kw).predicted
+    ddp = estimate_graph(g, 2, cluster=spec, **{**kw, "dp_kind": "ddp"}).predicted
+    assert z.dp_comm_s - ddp.dp_comm_s >= tensors * lat  # the DDP all-reduce, then >= one latency per tensor
+    assert "broadcast" in z.comm_bytes
+    # on NCCL (presets) still costed as bucketed ZeRO-1 (not yet checked on a GPU)
+    nccl = resolve_cluster(ClusterSpec.from_dict({**CPU, "intra_latency_s": lat}), 2)
+    assert "broadcast" not in estimate_graph(g, 2, cluster=nccl, **kw).predicted.comm_bytes

@@ -45,6 +45,15 @@ parameter; ``zero/constants.py`` ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAU
 ``reduce_ipg_grads`` -> ``buffered_reduce_fallback`` -> ``allreduce_bucket``: ``dist.all_reduce``
 of the flattened 16-bit gradients (not a reduce-scatter).
 
+How zero1 runs (``ZERO1_IMPLS``, an engine profile's ``zero1_impl``): "bucketed" (Megatron's
+distributed optimizer, DeepSpeed ZeRO-1): the collectives above, on flat buckets. "torch"
+(meshplan's runtime: ``torch.distributed.optim.ZeroRedundancyOptimizer`` over DDP,
+``parameters_as_bucket_view=False``): DDP's bucketed all-reduce of the gradients (overlapped with
+backward, as ddp) and, after the update, one ``broadcast`` per parameter tensor from the rank that
+owns it, every rank of the group taking part in each, all waited for before the step ends
+(``zero1_broadcast_s``; torch ``zero_redundancy_optimizer.py`` ``_sync_params`` ->
+``_broadcast_params_from_rank``): as many collective latencies as the stage has parameter tensors.
+
 Sources: ZeRO (Rajbhandari et al. 2020); Megatron-LM distributed optimizer docs; PyTorch FSDP2
 ``fully_shard`` docs (reshard_after_forward, HSDP); torchtitan ``parallelize`` (PP + FSDP). No torch
 import.
@@ -77,6 +86,8 @@ FSDP_UNITS: tuple[str, ...] = ("block", "module")
 #: how a ZeRO-3 engine runs its collectives (module docstring): "fsdp2" (FSDP2 / FSDP1 / llm-foundry /
 #: modern DeepSpeed: one gather per unit, reduce-scatter) or "deepspeed-2021" (``deepspeed_2021_fsdp``)
 ZERO3_IMPLS: tuple[str, ...] = ("fsdp2", "deepspeed-2021")
+#: how a zero1 engine communicates (module docstring): flat buckets, or torch's ZeroRedundancyOptimizer
+ZERO1_IMPLS: tuple[str, ...] = ("bucketed", "torch")
 #: parameter tensors below this many elements stay whole on every rank under a per-tensor ZeRO-3
 #: (DeepSpeed ``stage3_param_persistence_threshold``, ``zero/constants.py`` default 100,000)
 ZERO3_PERSISTENCE_NUMEL = 100_000
@@ -306,6 +317,17 @@ def deepspeed_2021_fsdp(
     hid = ag * (1.0 - u)  # one pass's gathers issued ahead of their module
     return DPComm(per_microbatch_s=(1 + bwd_gathers) * hid + ar, mb_forward_s=hid, mb_bwd_gather_s=bwd_gathers * hid,
                   units=max(1, units), bytes=out, mb_serial_s=(1 + bwd_gathers) * ag * u)  # fmt: skip
+
+
+def zero1_broadcast_s(param_bytes: float, tensors: float, dp: int, cluster: ClusterSpec, *, stride: int = 1) -> float:
+    """Seconds of torch ZeroRedundancyOptimizer's parameter sync (``ZERO1_IMPLS`` "torch"): after the
+    update each of the stage's ``tensors`` parameter tensors (``param_bytes`` in all, in the training
+    dtype) is broadcast from its owner over the dp group (``dp`` ranks ``stride`` apart), one collective
+    each: ``tensors · broadcast(param_bytes / tensors)``, i.e. the bytes once plus one collective
+    latency per tensor. 0 at dp = 1. Unit: seconds."""
+    if dp <= 1 or tensors <= 0 or param_bytes <= 0:
+        return 0.0
+    return tensors * group_collective_s("broadcast", param_bytes / tensors, dp, cluster, stride=stride)
 
 
 def unsharded_buffer_bytes(

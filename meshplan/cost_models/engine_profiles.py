@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from meshplan.cost_models.allocator import PP_BUFFERS
-from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS, ZERO3_IMPLS
+from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS, ZERO1_IMPLS, ZERO3_IMPLS
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
@@ -50,6 +50,9 @@ class EngineProfile:
     - ``zero3_impl`` (``dp_kinds.ZERO3_IMPLS``): how a ZeRO-3 step runs its collectives: FSDP2's
       per-unit gathers and reduce-scatter, or DeepSpeed 2021's per-tensor gathers (again in a full
       recompute's re-run) and 16-bit gradient all-reduce.
+    - ``zero1_impl`` (``dp_kinds.ZERO1_IMPLS``): ZeRO-1 on flat buckets ("bucketed": Megatron's
+      distributed optimizer, DeepSpeed) or torch's ZeroRedundancyOptimizer over DDP ("torch":
+      DDP's all-reduce, then one broadcast per parameter tensor after the update).
     - ``norm_kernel``, ``optimizer_impl``, ``attention_impl`` (``eager_ops``): the kernels run.
     - ``ddp_impl`` (``grad_sync.DDP_IMPLS``): bucketed and overlapped ("torch") or one flat
       all-reduce after backward ("local", Megatron-LM's own wrapper).
@@ -69,6 +72,7 @@ class EngineProfile:
     sp_saves: str = "gathered"
     fsdp_units: str = "block"
     zero3_impl: str = "fsdp2"
+    zero1_impl: str = "bucketed"
     norm_kernel: str = RUNTIME_NORM_KERNEL
     optimizer_impl: str = "fused"
     attention_impl: str = "flash"
@@ -83,7 +87,8 @@ class EngineProfile:
 
     def __post_init__(self) -> None:
         for fname, allowed in (("state_layout", STATE_LAYOUTS), ("pp_buffers", PP_BUFFERS), ("sp_saves", SP_SAVES),
-                               ("fsdp_units", FSDP_UNITS), ("zero3_impl", ZERO3_IMPLS), ("norm_kernel", NORM_KERNELS),
+                               ("fsdp_units", FSDP_UNITS), ("zero3_impl", ZERO3_IMPLS), ("zero1_impl", ZERO1_IMPLS),
+                               ("norm_kernel", NORM_KERNELS),
                                ("optimizer_impl", OPTIMIZER_IMPLS), ("attention_impl", ATTENTION_IMPLS),
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
                                ("fp8_recipe", tuple(FP8_RECIPES))):  # fmt: skip
@@ -109,8 +114,10 @@ class EngineProfile:
 
 
 _MESHPLAN = EngineProfile(
-    "meshplan", "meshplan", "this repository", pp_buffers="in-flight",
+    "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch",
     sources=(
+        ("zero1_impl", "runtime/apply/zero1.py: torch ZeroRedundancyOptimizer (parameters_as_bucket_view=False) "
+                       "over DDP: one broadcast per parameter tensor after the update"),
         ("state_layout", "runtime/loop optimizer: torch.optim.AdamW over fp32 parameters (FSDP2 MixedPrecisionPolicy "
                          "param bf16 / reduce fp32 keeps fp32 shards)"),
         ("pp_buffers", "runtime/apply/schedules.InFlightStage: torch.distributed.pipelining stages whose receive "

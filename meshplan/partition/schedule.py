@@ -21,7 +21,13 @@ gradient back; it is charged only when the two stages sit on different ranks. Ea
 actions in order, one at a time; an action starts at max(rank free, dependencies met):
 F(s, j) after F(s-1, j) + p2p; B(s, j) after F(s, j) and B(s+1, j) + p2p; W(s, j) after B(s, j).
 Sends are asynchronous (they do not occupy the rank). This is the blocking-receive model
-torch's schedules run under.
+torch's schedules run under on NCCL. With ``sends_occupy`` (gloo on a CPU host:
+``ClusterSpec.sends_occupy_rank``) a send instead holds its sending rank for the hop: F(s, j) that
+sends to another rank lasts f + p2p, B(s, j) that sends its input gradient to another rank lasts
+b + p2p, and the receiver's dependency is met when that action ends (the bytes crossed inside it):
+the hop stays on the critical path once, and now also takes the sender's time (gloo's transport
+copies through the host's sockets on the same cores; torch's 1F1B waits on each send's work
+before its next action).
 
 In-flight microbatches (activation memory): per rank, the number of (stage, microbatch) pairs
 whose F is done and whose B is not. Since a rank runs its actions in a fixed order, the peak is
@@ -317,6 +323,7 @@ def simulate(
     bwd_weight_s: Sequence[float] | float = 0.0,
     p2p_s: Sequence[float] | float = 0.0,
     keep_events: bool = True,
+    sends_occupy: bool = False,
 ) -> Timeline:
     """Time one training step of ``schedule``; per-stage sequences are in model stage order.
 
@@ -325,6 +332,7 @@ def simulate(
     ``keep_events=False`` skips building the event list (faster in the search) and, from
     ``schedule_lockstep.MIN_RANKS`` ranks on, runs the ranks in lock step with numpy
     (``partition.schedule_lockstep``: the same floating-point operations, so the same times).
+    ``sends_occupy``: a send holds its sending rank for its hop (module docstring: gloo).
     """
     validate(schedule, pp, num_microbatches, virtual_stages)
     n = pp * virtual_stages
@@ -340,6 +348,10 @@ def simulate(
     b_dur = bi if split_w else [x + y for x, y in zip(bi, bw)]
     # time for stage s's output (fwd) / stage s+1's input grad (bwd) to cross the s|s+1 boundary
     hop = [c[s] if s + 1 < n and placement[s] != placement[s + 1] else 0.0 for s in range(n)]
+    if sends_occupy and any(hop):  # the hop moves into the sending action (module docstring)
+        f = [x + h for x, h in zip(f, hop)]
+        b_dur = [x + (hop[s - 1] if s > 0 else 0.0) for s, x in enumerate(b_dur)]
+        hop = [0.0] * n
 
     if not keep_events and pp >= MIN_RANKS:
         orders = rank_orders(schedule, pp, m, virtual_stages) if schedule == "zbv" else None  # else numpy-built

@@ -196,7 +196,8 @@ def kind_free_terms(
     totals = [st_f[i] + st_b[i] + st_w[i] for i in range(n_st)]
     rank_work = rank_sums(totals)
     if exact:
-        makespan, bubble_frac = simulated_makespan(c, st_f, st_b, st_w, st_send)
+        makespan, bubble_frac = simulated_makespan(c, st_f, st_b, st_w, st_send,
+                                                   sends_occupy=ev.cluster.sends_occupy_rank)  # fmt: skip
     else:
         makespan, bubble_frac = makespan_lower_bound(c, st_f, totals, rank_work), 0.0
     infl = ev.inflight_ranks(c)

@@ -46,16 +46,17 @@ def makespan_lower_bound(c: Config, st_f: list[float], totals: list[float], rank
 
 
 def simulated_makespan(
-    c: Config, f: list[float], b: list[float], w: list[float], send: list[float]
+    c: Config, f: list[float], b: list[float], w: list[float], send: list[float], *, sends_occupy: bool = False
 ) -> tuple[float, float]:
-    """(makespan, bubble fraction) of the schedule simulator; long runs extrapolated."""
+    """(makespan, bubble fraction) of the schedule simulator; long runs extrapolated. ``sends_occupy``:
+    a send holds its sending rank (``ClusterSpec.sends_occupy_rank``, gloo)."""
     p, v, m = c.pp, c.virtual_stages, c.num_microbatches
     if p == 1:  # gradient accumulation: m forward/backward pairs back to back
         return m * (f[0] + b[0] + w[0]), 0.0
 
     def run(mm: int) -> Any:
         return simulate(c.schedule, p, mm, virtual_stages=v, fwd_s=f, bwd_input_s=b, bwd_weight_s=w,
-                        p2p_s=send, keep_events=False)  # fmt: skip
+                        p2p_s=send, keep_events=False, sends_occupy=sends_occupy)  # fmt: skip
 
     cap = SIM_CAP_FACTOR * p * v
     m1 = valid_count(c.schedule, p, v, cap)

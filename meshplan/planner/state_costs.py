@@ -86,6 +86,14 @@ class StateCosts:
         # last backward, as meshplan's runtime and torch DDP run it; "local" = Megatron-LM's own
         # wrapper, one flat all-reduce after backward
         self.ddp_impl = profile.ddp_impl
+        # how zero1 communicates (dp_kinds.ZERO1_IMPLS): "torch" = meshplan's runtime, DDP's all-reduce +
+        # one broadcast per parameter tensor after the update; "bucketed" = Megatron / DeepSpeed buckets
+        self.zero1_impl = profile.zero1_impl
+        # trainable parameter tensors of the model (a tied parameter once) and their elements: a
+        # pipeline rank's share of the tensors is taken in proportion to its parameters (zero1 "torch")
+        self.param_tensors = len({p for n in graph.nodes if n.param_numel - n.frozen_param_numel > 0
+                                  for p in n.param_names})  # fmt: skip
+        self.param_numel = sum(n.param_numel - n.frozen_param_numel for n in graph.nodes)
         # bytes per element of the gradients DP syncs and of the parameters FSDP gathers (the training dtype's)
         self.elem_bytes = elem_bytes
         self.largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
