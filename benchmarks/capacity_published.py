@@ -26,7 +26,7 @@ import statistics
 import time
 from typing import Any
 
-from meshplan.cost_models.published import load_published_cases
+from meshplan.cost_models.published import assumed_epcp_groups, load_published_cases
 
 #: (series name, kind, case ids smallest first); kind "strong" or "weak" (see the docstring)
 SERIES: list[tuple[str, str, list[str]]] = [
@@ -62,7 +62,7 @@ def run_all() -> dict[str, dict[str, Any]]:
     import published_cases  # benchmarks/ is this script's folder
 
     cases = load_published_cases()
-    cp_groups = {c["group"] for c in cases if (c["expert_config"].get("cp") or 1) > 1}
+    cp_groups = assumed_epcp_groups(cases)
     return {c["id"]: published_cases.run_case(c) | {"group": c["group"]} for c in cases if c["group"] not in cp_groups}
 
 

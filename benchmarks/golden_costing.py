@@ -130,14 +130,14 @@ def _published() -> dict[str, Callable[[], Any]]:
     from pathlib import Path
 
     from meshplan.commands import published_estimate as pe
-    from meshplan.cost_models.published import load_published_cases
+    from meshplan.cost_models.published import assumed_epcp_groups, load_published_cases
     from meshplan.loading import case_graph
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import published_epcp  # the cases with context parallelism, as benchmarks/published_cases.py leaves them to it
 
     cases = load_published_cases()
-    cp_groups = {c["group"] for c in cases if (c["expert_config"].get("cp") or 1) > 1}
+    cp_groups = assumed_epcp_groups(cases)
     out: dict[str, Callable[[], Any]] = {}
     for case in cases:
         def run(case: dict[str, Any] = case) -> Any:

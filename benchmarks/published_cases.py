@@ -54,7 +54,7 @@ import time
 from typing import Any
 
 from meshplan.commands import published_estimate as pe
-from meshplan.cost_models.published import load_published_cases
+from meshplan.cost_models.published import assumed_epcp_groups, load_published_cases
 
 #: preset name -> matmul_efficiency override (``--efficiency``), to test a calibration
 EFFICIENCY: dict[str, float] = {}
@@ -166,7 +166,7 @@ def main() -> None:
     # the groups of runs with context parallelism are costed by benchmarks/published_epcp.py;
     # expert-parallel (MoE) runs are costed here, their model traced as a MoE (models/published.py)
     cases = load_published_cases()
-    cp_groups = {c["group"] for c in cases if (c["expert_config"].get("cp") or 1) > 1}
+    cp_groups = assumed_epcp_groups(cases)
     if args.leave_one_group_out or args.write_error_band:
         import published_logo  # benchmarks/ is this script's folder
 

@@ -30,9 +30,11 @@ from typing import Any
 
 
 def load_cases(ids: list[str] | None = None) -> list[dict[str, Any]]:
+    from meshplan.cost_models.published import assumed_epcp_groups
+
     cases = json.loads(resources.files("meshplan.data").joinpath("published_cases.json").read_text())
     # expert-parallel (MoE) runs are costed by benchmarks/published_cases.py (a MoE twin of their model)
-    epcp_groups = {c["group"] for c in cases if (c["expert_config"].get("cp") or 1) > 1}
+    epcp_groups = assumed_epcp_groups(cases)
     out = [c for c in cases if c["group"] in epcp_groups]
     return [c for c in out if c["id"] in ids] if ids else out
 

@@ -93,7 +93,8 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
 
 
 def case_setup(case: dict[str, Any]) -> dict[str, Any]:
-    """The authors' configuration as ``estimate_graph`` keywords: degrees (``ep`` borrows dp ranks),
+    """The authors' configuration as ``estimate_graph`` keywords: degrees (``ep`` borrows dp ranks, ``cp``
+    multiplies the world),
     microbatch, schedule, recompute kind, DP kind, precision, the engine profile the case names
     (``case_profile``), its own blocks per stage and MoE folding where it ran them, and the MoE
     load-balance assumption ``training.capacity_factor`` where the case states one (else the cost
@@ -112,6 +113,8 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
         "schedule": schedule if pp > 1 else "1f1b", "virtual_stages": v if pp > 1 else None,
         "sequence_parallel": bool(sp) if sp is not None else False, "dtype": _dtype(tr.get("precision")),
         "ep": int(ex.get("ep") or 1),
+        # context parallelism where the run used it (world = tp * pp * dp * cp; ``estimate_graph(cp=)``)
+        **({"cp": int(ex["cp"])} if int(ex.get("cp") or 1) > 1 else {}),
         **({"capacity_factor": float(tr["capacity_factor"])} if tr.get("capacity_factor") else {}),
         "profile": case_profile(case),
         # the engine's own blocks per (virtual) stage where the row gives them (e.g. Megatron's

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from meshplan.cost_models.allocator import PP_BUFFERS
 from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS, ZERO1_IMPLS, ZERO3_IMPLS
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
+from meshplan.cost_models.engine_saves import GLU_KERNELS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
 from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
@@ -62,6 +63,12 @@ class EngineProfile:
     - ``split_rule`` (``partition.engine_split.SPLIT_RULES``): how the engine cuts layers into stages.
     - ``fp8_recipe`` (``precision.FP8_RECIPES``): how fp8 training scales and casts a linear's
       operands (the engine's default; a run's ``--fp8-recipe`` is a run flag).
+    - ``glu_kernel`` (``engine_saves.GLU_KERNELS``): a gated MLP's activation as traced ("eager") or
+      Megatron-Core's fused bias_swiglu ("fused": keeps only the fc1 output for backward).
+    - ``tp_comm_overlap``: TE userbuffers run the sequence-parallel TP collectives inside the GEMMs
+      (``engine_saves.exposed_tp_comm_s``).
+    - ``fused_projections``: q/k/v (and a gated MLP's gate/up) run as one GEMM of the summed outputs
+      (``engine_saves.fused_linears``), as Megatron-Core's ``linear_qkv`` / ``linear_fc1``.
     """
 
     name: str
@@ -82,6 +89,9 @@ class EngineProfile:
     pp_scatter_gather: bool = False
     split_rule: str = "any"
     fp8_recipe: str = DEFAULT_FP8_RECIPE
+    glu_kernel: str = "eager"
+    tp_comm_overlap: bool = False
+    fused_projections: bool = False
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -91,7 +101,7 @@ class EngineProfile:
                                ("norm_kernel", NORM_KERNELS),
                                ("optimizer_impl", OPTIMIZER_IMPLS), ("attention_impl", ATTENTION_IMPLS),
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
-                               ("fp8_recipe", tuple(FP8_RECIPES))):  # fmt: skip
+                               ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS)):  # fmt: skip
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip
@@ -269,6 +279,39 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                       ("loss_kernel", "megatron/core/tensor_parallel/cross_entropy.py VocabParallelCrossEntropy"),
                       ("split_rule", "megatron/core/transformer/transformer_block.py: layers / pp, first / last stage "
                                      "by decoder_first/last_pipeline_num_layers")),
+    ),
+    EngineProfile(
+        "megatron-bridge-2025", "megatron", "Megatron-Bridge performance recipes (NeMo 25.11 - 26.04 containers)",
+        state_layout="zero", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
+        ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="current",
+        glu_kernel="fused", tp_comm_overlap=True, fused_projections=True,
+        sources=_with(_MEGATRON_2021,
+                      ("fused_projections", "megatron/core/transformer/attention.py SelfAttention linear_qkv (query + 2 x "
+                                            "kv projection outputs, one TELayerNormColumnParallelLinear); "
+                                            "transformer/mlp.py linear_fc1 of ffn_hidden_size x 2 (gated_linear_unit)"),
+                      ("glu_kernel", "models/llama/llama_provider.py LlamaModelProvider bias_activation_fusion = True "
+                                     "(5776a6d) -> megatron/core/transformer/mlp.py bias_swiglu_impl; "
+                                     "fusions/fused_bias_swiglu.py SwiGLUFunction saves only its input"),
+                      ("tp_comm_overlap", "recipes/llama/llama3.py llama3_70b_pretrain_config: CommOverlapConfig("
+                                          "tp_comm_overlap=True), the perf script's tp_comm_overlap_cfg "
+                                          "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192 (training/comm_overlap.py: "
+                                          "ring-exchange / bulk overlap for qkv, proj, fc1, fc2 fprop, dgrad, wgrad)"),
+                      ("state_layout", "Megatron-Bridge scripts/performance/configs/llama/llama3_llm_pretrain.py "
+                                       "set_llama3_common_configs (5776a6d, 21d102f): ddp.grad_reduce_in_fp32 = False -> "
+                                       "Megatron-Core distributed_data_parallel.py grad_dtype = param.dtype: bf16 weights "
+                                       "and main gradients + fp32 master weights and Adam states (2 + 2 + 12 bytes)"),
+                      ("fp8_recipe", "scripts/performance/utils/precision.py get_precision_config('fp8_cs'): "
+                                     "mixed_precision.py bf16_with_fp8_current_scaling_mixed (fp8_recipe 'tensorwise' = "
+                                     "TE Float8CurrentScaling), first_last_layers_bf16 = False"),
+                      ("attention_impl", "Megatron-Core TEDotProductAttention (the bridge's GPT provider)"),
+                      ("norm_kernel", "Transformer Engine fused RMSNorm (TE layer spec)"),
+                      ("optimizer_impl", "recipes/utils/optimizer_utils.py distributed_fused_adam_with_cosine_annealing"),
+                      ("ddp_impl", "recipes/llama/llama3.py _llama3_common: DistributedDataParallelConfig("
+                                   "overlap_grad_reduce=True, overlap_param_gather=True, use_distributed_optimizer=True)"),
+                      ("loss_kernel", "recipes/llama/llama3.py: cross_entropy_fusion_impl 'te' (fused vocab-parallel "
+                                      "cross-entropy)"),
+                      ("split_rule", "Megatron-Core transformer_block.py: num_layers / (pp x vp) layers per virtual "
+                                     "stage; the 70B recipes set no --account-for-* flags or layout (5776a6d, 21d102f)")),
     ),
     EngineProfile(
         "llm-foundry-2023", "llm-foundry", "MosaicML llm-foundry (MPT, 2023)", norm_kernel="fused",

@@ -57,7 +57,9 @@ weights, 16-bit compute and activations), "fp32", and "fp8" = torchao float8 tra
   kernels; none of that fusion is credited.
 - **memory**: the float8 copies of the computing layer's weight and its transpose
   (1 B/element each, transient; ``fp8_weight_copy_bytes``); master weights, gradients and
-  optimizer states as in bf16 mixed precision.
+  optimizer states as in bf16 mixed precision. Under the TE recipes a converted linear keeps its
+  fp8-cast input for backward (``Fp8Recipe.saves_fp8_inputs``, ``engine_saves.saved_bytes_delta``):
+  1 B per element of the saved linear inputs; torchao's keep the bf16 input.
 
 Only GPUs with FP8 tensor cores run it (Hopper and later: the h100/h200 presets carry
 ``peak_flops["fp8"]``, the datasheets' dense FP8 figure); ``check_training_dtype`` refuses it
@@ -102,6 +104,9 @@ class Fp8Recipe:
     #: the MoE experts' grouped GEMMs run in fp8 too (TE GroupedLinear); torchao's float8 converter
     #: swaps nn.Linear only, so grouped experts stay bf16
     experts_fp8: bool = False
+    #: a linear keeps its fp8-cast input for the weight-gradient GEMM (TE ``linear.py``: ``saved_inputmat =
+    #: inputmat``, 1 B/element), not the bf16 one (torchao saves ``input_hp``): ``engine_saves.saved_bytes_delta``
+    saves_fp8_inputs: bool = False
 
 
 FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
@@ -115,13 +120,16 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
     Fp8Recipe("delayed", FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
               "Megatron-Core transformer_config.py fp8_recipe default 'delayed', fp8_utils.py TEDelayedScaling; "
               "TE cast_transpose (amax inside the kernel); extensions/transformer_engine.py is_first_microbatch "
-              "(weights cast once per step)", experts_fp8=True),
+              "(weights cast once per step)", experts_fp8=True,
+              saves_fp8_inputs=True),
     Fp8Recipe("current", FP8_AMAX_BYTES + FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
               "Megatron-Core fp8_utils.py Float8CurrentScaling (--fp8-recipe tensorwise; Megatron-Bridge fp8_cs): "
-              "an amax pass, then cast_transpose; weights cached as 'delayed'", experts_fp8=True),
+              "an amax pass, then cast_transpose; weights cached as 'delayed'", experts_fp8=True,
+              saves_fp8_inputs=True),
     Fp8Recipe("blockwise", 2 * 3, 0, False, False,
               "Megatron-Core fp8_utils.py Float8BlockScaling (--fp8-recipe blockwise): 1x128 / 128x128 blocks, "
-              "block amax in the quantize kernel, a second quantize pass for the column-major copy", experts_fp8=True),
+              "block amax in the quantize kernel, a second quantize pass for the column-major copy", experts_fp8=True,
+              saves_fp8_inputs=True),
 )}  # fmt: skip
 #: the recipe ``--dtype fp8`` costs where no engine names one (torchao tensorwise, torchtitan's default)
 DEFAULT_FP8_RECIPE = "tensorwise"

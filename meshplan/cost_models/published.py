@@ -27,6 +27,14 @@ def load_published_cases() -> list[dict[str, Any]]:
     return cases
 
 
+def assumed_epcp_groups(cases: list[dict[str, Any]]) -> set[str]:
+    """Groups of runs with context parallelism whose engine publishes no recipe (engine "unpublished":
+    Meta's Llama 3 405B): ``benchmarks/published_epcp.py`` costs them under its stated assumptions
+    (FSDP, interleaving depth, microbatch). A cp run whose engine the repo profiles (e.g.
+    Megatron-Bridge's recipes) is costed at its own configuration, cp included, like any other row."""
+    return {c["group"] for c in cases if (c["expert_config"].get("cp") or 1) > 1 and c.get("engine") == "unpublished"}
+
+
 def published_case(case_id: str) -> dict[str, Any]:
     """One published case by its ``id``."""
     for c in load_published_cases():

@@ -42,10 +42,11 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from meshplan.cost_models.compute import elem_scale, node_time
+from meshplan.cost_models.compute import NodeTime, elem_scale, node_time
 from meshplan.cost_models.eager_ops import loss_time_s
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
+from meshplan.cost_models.engine_saves import exposed_tp_comm_s, fused_linears, saved_bytes_delta
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import (
     loss_buffer_bytes,
@@ -53,7 +54,7 @@ from meshplan.cost_models.memory import (
     node_activation_bytes,
     recompute_transient_bytes,
 )
-from meshplan.cost_models.precision import activation_dtype
+from meshplan.cost_models.precision import activation_dtype, fp8_eligible, fp8_recipe
 from meshplan.cost_models.quant_nodes import node_quant_cost, quant_node_time, quant_state_bytes
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.partition.cuts import layer_ranges
@@ -357,10 +358,14 @@ class GraphCoster:
         quant = self.quant.mode != "none"
         op_saved_fwd_s = 0.0  # forward time of what op-level recompute keeps (not re-run)
         n_linear = 0
+        gemm_s = 0.0  # the linears' GEMM time, what TE userbuffers hide TP collectives behind
         last_linear = (0, 0.0)
+        fused = fused_linears(nodes, lambda n: sol.styles.get(n.module_fqn or ""), lambda n: sol.node_shard.get(n.id, 1)) \
+            if self.profile.fused_projections and not quant else {}  # fmt: skip
         for n in nodes:
             s = sol.node_shard.get(n.id, 1)
-            t = node_time(n, self.cluster, shard=s, batch_scale=scale, dtype=self.train_dtype,
+            t = NodeTime(0.0, 0.0, 0.0) if fused.get(n.id, n) is None else node_time(
+                          fused.get(n.id) or n, self.cluster, shard=s, batch_scale=scale, dtype=self.train_dtype,
                           input_bytes=self._in_bytes.get(n.id, 0), style=sol.styles.get(n.module_fqn or ""),
                           is_head=n.id in self._heads, norm_kernel=self.norm_kernel,
                           attention_impl=self.attention_impl, fp8_recipe=self.profile.fp8_recipe)  # fmt: skip
@@ -374,6 +379,7 @@ class GraphCoster:
                 attn_fwd += t.fwd_s
             if n.kind == "linear":
                 n_linear += 1
+                gemm_s += t.fwd_s + t.bwd_input_s + t.bwd_weight_s
             if n.kind == "attention" or (n.kind == "linear" and n_linear % 2):
                 op_saved_fwd_s += t.fwd_s
             if n.kind == "linear":
@@ -385,7 +391,8 @@ class GraphCoster:
                 if owner is not None and not a <= owner[0] < b:
                     tied.append((owner[0], owner[1] / w_shard))
             params_full += n.param_numel
-        comm = self._layer_comm_s(a, b, tid, sol, scale)
+        comm = exposed_tp_comm_s(self._layer_comm_s(a, b, tid, sol, scale), gemm_s,
+                                 self.profile.tp_comm_overlap and sol.sequence_parallel)  # fmt: skip
         first_cut = self._cuts.get(a - 1)
         elem = elem_scale(_float_dtype(nodes), self.dtype)
         in_bytes = 0.0  # layer input in the traced dtype (what full recompute keeps)
@@ -398,12 +405,17 @@ class GraphCoster:
         rc = recompute if kind == "block" or (recompute != "op" and not self.g.blocks) else "none"
 
         def kept(mode: str) -> float:
-            return node_activation_bytes(
+            out = node_activation_bytes(
                 nodes, tp=sol.tp, sp=sol.sequence_parallel, recompute=mode, batch_scale=scale,
                 hidden=self.g.meta.get("hidden"), seq_len=seq, shard_of=lambda n: _saved_shard(n, sol, self.sp_saves),
                 input_bytes=in_bytes, elem_scale=elem, out_shard_of=lambda n: _out_shard(n, sol),
                 attention_impl=self.attention_impl,  # an engine without flash keeps the s x s scores
             )  # fmt: skip
+            if mode in ("none", "selective"):  # the engine's fused kernels / fp8 saves (cost_models.engine_saves)
+                out += saved_bytes_delta(nodes, self.g.nodes.__getitem__, shard_of=lambda n: _saved_shard(n, sol, self.sp_saves),
+                                         scale=scale * elem, fused_glu=self.profile.glu_kernel == "fused",
+                                         fp8_input=self._fp8_saves_input)  # fmt: skip
+            return out
 
         act = kept(rc)
         transient = recompute_transient_bytes(kept("none"), act) if rc != "none" else 0.0
@@ -436,6 +448,12 @@ class GraphCoster:
             autocast_bytes=cast,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
+
+    def _fp8_saves_input(self, n: GraphNode) -> bool:
+        """Whether linear ``n`` keeps its input in fp8 for backward (a TE fp8 recipe, a converted linear)."""
+        a = n.attrs
+        return (self.train_dtype == "fp8" and fp8_recipe(self.profile.fp8_recipe).saves_fp8_inputs
+                and fp8_eligible(a.get("in_features"), a.get("out_features"), is_head=n.id in self._heads))  # fmt: skip
 
     @functools.cached_property
     def _autocast_dtype(self) -> bool:
