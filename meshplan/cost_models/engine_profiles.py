@@ -306,6 +306,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                       ("attention_impl", "Megatron-Core TEDotProductAttention (the bridge's GPT provider)"),
                       ("norm_kernel", "Transformer Engine fused RMSNorm (TE layer spec)"),
                       ("optimizer_impl", "recipes/utils/optimizer_utils.py distributed_fused_adam_with_cosine_annealing"),
+                      ("zero1_impl", "recipes/llama/llama3.py _llama3_common: use_distributed_optimizer=True, "
+                                     "overlap_grad_reduce / overlap_param_gather -> Megatron-Core distributed_data_parallel.py "
+                                     "flat gradient buckets reduce-scattered, distrib_optimizer.py parameters all-gathered "
+                                     "per bucket"),
                       ("ddp_impl", "recipes/llama/llama3.py _llama3_common: DistributedDataParallelConfig("
                                    "overlap_grad_reduce=True, overlap_param_gather=True, use_distributed_optimizer=True)"),
                       ("loss_kernel", "recipes/llama/llama3.py: cross_entropy_fusion_impl 'te' (fused vocab-parallel "
