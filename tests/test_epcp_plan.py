@@ -231,7 +231,7 @@ def test_ep_terms_costed_per_stage():
     mid = next(n.id for n in nodes if n.kind == "attention" and n.scope.startswith("blocks.2"))
     a, b = pre.terms(0, mid), pre.terms(mid, len(g.nodes))
     for name in ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params", "cp_forward_s",
-                 "moe_forward_s"):
+                 "moe_forward_s", "ep_forward_s"):
         assert getattr(a, name) + getattr(b, name) == pytest.approx(getattr(whole, name)), name
         assert getattr(a, name) == pytest.approx(getattr(b, name)), name  # 2 identical blocks each
     assert a.comm_bytes["all_to_all"] + b.comm_bytes["all_to_all"] == pytest.approx(whole.comm_bytes["all_to_all"])
@@ -287,3 +287,29 @@ def test_cli_plans_cp_for_the_zoo_gpt(tmp_path) -> None:
     assert main(["plan", "gpt2-small", "-n", "8", "--cp", "2", "--global-batch", "8", "--seq", "64", "-q",
                  "-o", str(out)]) == 0
     assert Plan.load(out).cp == 2
+
+
+def test_full_recompute_re_runs_the_moe_layer_with_its_all_to_alls():
+    """A full recompute re-runs every layer's forward in its backward, a MoE layer's dispatch and
+    combine included: six all-to-alls per layer instead of four, and the re-run forward at the
+    rank's E/ep experts; selective recompute keeps the MoE layer's outputs."""
+    from meshplan.cost_models.compute import node_time
+    from meshplan.cost_models.hardware import ClusterSpec
+    from meshplan.models.moe import moe_llama
+    from meshplan.planner.epcp_cost import epcp_terms
+
+    g = _meta_graph(lambda: moe_llama(n_layer=2), 32)
+    cl = ClusterSpec.preset("h100", num_nodes=1)
+    kw = dict(cp=1, ep=2, micro_batch=2, dtype="bf16", capacity_factor=1.25, elem_bytes=2, tp=1, stride=1)
+    none, sel, full = (epcp_terms(g, cl, **kw, recompute=r) for r in ("none", "selective", "full"))
+    assert sel == none
+    assert full.ep_comm_s == pytest.approx(1.5 * none.ep_comm_s)
+    assert full.comm_bytes["all_to_all"] == pytest.approx(1.5 * none.comm_bytes["all_to_all"])
+    assert full.ep_forward_s == none.ep_forward_s == pytest.approx(none.ep_comm_s / 2)  # the re-run is backward's
+    assert full.forward_s == pytest.approx(none.forward_s)
+    scale = 2 / g.batch_size
+    moe = [n for n in g.nodes if n.kind == "moe"]
+    fwd = sum(node_time(n, cl, batch_scale=scale, ep=2).fwd_s for n in moe)
+    fwd1 = sum(node_time(n, cl, batch_scale=scale).fwd_s for n in moe)
+    assert full.expert_read_s - none.expert_read_s == pytest.approx(fwd - fwd1)
+    assert full.imbalance_s - none.imbalance_s == pytest.approx(0.25 * fwd)

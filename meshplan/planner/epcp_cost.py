@@ -63,6 +63,7 @@ class EPCPTerms:
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per microbatch
     cp_forward_s: float = 0.0  # of cp_comm_s, the forward pass's ring (the rest runs in the backward)
     moe_forward_s: float = 0.0  # of imbalance_s + expert_read_s, the forward pass's share
+    ep_forward_s: float = 0.0  # of ep_comm_s, the forward pass's dispatch + combine
 
     @property
     def per_microbatch_s(self) -> float:
@@ -70,10 +71,10 @@ class EPCPTerms:
 
     @property
     def forward_s(self) -> float:
-        """The share of ``per_microbatch_s`` in a stage's forward: half the all-to-alls (dispatch and
-        combine; the backward repeats both), the forward ring, the forward passes' part of the MoE
+        """The share of ``per_microbatch_s`` in a stage's forward: the forward's all-to-alls (dispatch and
+        combine; the backward repeats both, a full recompute's re-run forward too), the forward ring, the forward passes' part of the MoE
         compute terms (``moe_forward_s``: the MoE kernels' forward, ``cost_models.moe_kernels``)."""
-        return self.ep_comm_s / 2 + self.cp_forward_s + self.moe_forward_s
+        return self.ep_forward_s + self.cp_forward_s + self.moe_forward_s
 
 
 def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, micro_batch: float, dtype: str,
@@ -98,6 +99,11 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     fold = folding and tp > 1
     if cp == 1 and ep == 1 and not fold:
         return out
+    # full recompute re-runs every layer's forward in its backward, a MoE layer's with its dispatch and
+    # combine (Megatron-Core: CheckpointFunction over the whole TransformerLayer, token_dispatcher
+    # included; meshplan's runtime: the checkpointed block); selective / op recompute keep the MoE
+    # layer's outputs
+    rerun = recompute == "full"
     scale = micro_batch / cp / max(1, graph.batch_size)  # this rank's share of the traced batch
     share = moe_tokens_per_rank(1.0, tp, fold)  # of its tp group's tokens a rank routes
     ep_stride = folded_expert_mesh(dp * cp * tp, ep).ep_stride if fold else stride
@@ -118,17 +124,19 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                     held = dense + (n.param_numel - dense) / ep
                     n_ep = replace(n, param_bytes=int(n.param_bytes * held / max(1, n.param_numel)))
                     t_ep = node_time(n_ep, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe)
-                out.expert_read_s += t_ep.total_s - t.total_s
+                # a full recompute re-runs the forward (cost table: at E experts) inside the backward
+                out.expert_read_s += t_ep.total_s - t.total_s + (t_ep.fwd_s - t.fwd_s) * rerun
                 out.moe_forward_s += t_ep.fwd_s - t.fwd_s
                 t = t_ep
-            out.imbalance_s += (capacity_factor - 1.0) * t.total_s
+            out.imbalance_s += (capacity_factor - 1.0) * (t.total_s + t.fwd_s * rerun)
             out.moe_forward_s += (capacity_factor - 1.0) * t.fwd_s
-            if ep > 1:
+            if ep > 1:  # dispatch + combine in the forward, again in a re-run forward, and in the backward
                 k, h = n.attrs.get("top_k", 1), n.attrs.get("hidden", 0)
-                out.ep_comm_s += ep_comm_s(tokens, k, h, elem_bytes, ep, cluster, spans_nodes=spans_nodes,
-                                          stride=ep_stride)
+                four = ep_comm_s(tokens, k, h, elem_bytes, ep, cluster, spans_nodes=spans_nodes, stride=ep_stride)
+                out.ep_comm_s += four * (1.0 + 0.5 * rerun)
+                out.ep_forward_s += four / 2
                 b = ep_a2a_bytes(tokens, k, h, elem_bytes) * (ep - 1) / ep
-                out.comm_bytes["all_to_all"] = out.comm_bytes.get("all_to_all", 0.0) + 4 * b
+                out.comm_bytes["all_to_all"] = out.comm_bytes.get("all_to_all", 0.0) + (4 + 2 * rerun) * b
         elif n.kind == "attention" and cp > 1:
             a = n.attrs
             if not a.get("head_dim"):
@@ -161,13 +169,14 @@ def expert_params_saved(graph: ModelGraph, ep: int, nodes: Iterable[GraphNode] |
 
 
 _SUMMED = ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params_saved", "expert_params",
-           "cp_forward_s", "moe_forward_s")
+           "cp_forward_s", "moe_forward_s", "ep_forward_s")
 
 
 def _node_key(n: GraphNode, kw: dict[str, Any]) -> tuple:
     """What one node's ``epcp_terms`` depend on besides the node: a MoE node's on ``micro_batch / cp``
     (its tokens on the rank), ep and the group stride, under MoE parallel folding at tp > 1 also on
-    tp, dp and cp (its share of the tokens, the folded expert mesh), never on the recompute kind; an
+    tp, dp and cp (its share of the tokens, the folded expert mesh), and whether a full recompute re-runs
+    it; an
     attention node's on cp, micro_batch, tp, the stride and whether the forward is re-run, not on ep.
     Whether any term is costed at all is part of the key."""
     mine = ("cp", "ep", "micro_batch", "tp", "recompute", "stride", "dp", "folding")
@@ -178,7 +187,7 @@ def _node_key(n: GraphNode, kw: dict[str, Any]) -> tuple:
     stride = kw.get("stride", 0)
     if n.kind == "moe":
         folded = (tp, kw.get("dp", 1), cp) if fold else None
-        return (on, "moe", ep, mb / cp, stride, folded, rest)
+        return (on, "moe", ep, mb / cp, stride, folded, kw.get("recompute", "none") == "full", rest)
     return (on, "attention", cp, mb, tp, kw.get("recompute", "none") != "none", stride, rest)
 
 

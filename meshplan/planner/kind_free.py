@@ -149,7 +149,7 @@ def kind_free_terms(
         # (imbalance, and the weight-read saving, <= 0) split like the stage's own backward between
         # input and weight gradients, so neither part can go below zero when the saving is larger
         # than the stage's input backward alone
-        comm_b = [e.ep_comm_s / 2 + e.cp_comm_s - e.cp_forward_s for e in st_ec]
+        comm_b = [e.ep_comm_s - e.ep_forward_s + e.cp_comm_s - e.cp_forward_s for e in st_ec]
         comp_b = [e.per_microbatch_s - e.forward_s - cb for e, cb in zip(st_ec, comm_b)]
         frac = [b / (b + w) if b + w > 0 else 1.0 for b, w in zip(st_b, st_w)]
         st_w = [w + x * (1.0 - f) for w, x, f in zip(st_w, comp_b, frac)]
