@@ -66,3 +66,46 @@ def test_inflight_counts_equal_the_action_by_action_count(name: str) -> None:
                 assert sch.inflight(name, p, m, v) == sch.inflight_of_orders(sch.rank_orders(name, p, m, v), p * v), (name, p, m, v)
                 n += 1
     assert n > 10
+
+
+def _held_by_walking(orders: tuple, stage_bytes: list[float]) -> list[float]:
+    """The reference of ``rank_held_peaks``: each rank's order walked one action at a time."""
+    out = []
+    for ops in orders:
+        live = peak = 0.0
+        for kind, s, _ in ops:
+            live += stage_bytes[s] if kind == "F" else -stage_bytes[s] if kind == "B" else 0.0
+            peak = max(peak, live)
+        out.append(peak)
+    return out
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b", "zero-bubble", "zbv"])
+def test_held_peaks_weight_each_stage_by_its_own_count_over_the_rank_order(name: str) -> None:
+    """``schedule.rank_held_peaks`` (numpy running sums) equals walking the orders with each
+    stage's bytes; with equal bytes it is ``inflight`` x the bytes."""
+    rng = random.Random(3)
+    n = 0
+    for v in (1, 2, 3):
+        for p in (2, 3, 8):
+            for m in (p, 2 * p, 3 * p + 1):
+                if not _valid(name, p, m, v):
+                    continue
+                w = [rng.uniform(0.5, 3.0) for _ in range(p * v)]
+                got = sch.rank_held_peaks(name, p, m, v, tuple(w))
+                assert got == pytest.approx(_held_by_walking(sch.rank_orders(name, p, m, v), w)), (name, p, m, v)
+                flat = sch.rank_held_peaks(name, p, m, v, (2.0,) * (p * v))
+                assert flat == pytest.approx(tuple(2.0 * x for x in sch.inflight(name, p, m, v)[0]))
+                n += 1
+    assert n >= 4
+
+
+def test_interleaved_last_rank_holds_its_first_chunk_m_times_and_its_last_once() -> None:
+    """torch's ScheduleInterleaved1F1B with m = p = 8, v = 2: the last rank runs all 8 forwards of
+    stage 7 in its warm-up, then stage 15 (the logits) one microbatch at a time; a mean in-flight
+    count over its two chunks (4.5) would charge the logits 4.5 times."""
+    w = [1.0] * 16
+    w[15] = 10.0  # the last stage: the loss's fp32 log-softmax beside its layers
+    held = sch.rank_held_peaks("interleaved-1f1b", 8, 8, 2, tuple(w))
+    assert held[7] == pytest.approx(8 * 1.0 + 1 * 10.0)
+    assert sch.inflight("interleaved-1f1b", 8, 8, 2)[1][7::8] == (8, 1)

@@ -44,7 +44,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.partition.schedule_lockstep import MIN_RANKS, inflight_from_orders, lockstep_times, order_arrays
+from meshplan.partition.schedule_lockstep import (
+    MIN_RANKS,
+    inflight_from_orders,
+    lockstep_times,
+    order_arrays,
+    weighted_peaks_from_orders,
+)
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
 ZERO_BUBBLE = frozenset({"zero-bubble", "zbv"})
@@ -272,6 +278,25 @@ def inflight(
         validate(schedule, pp, num_microbatches, virtual_stages)
         return inflight_from_orders(order_arrays((schedule, pp, num_microbatches, virtual_stages)), pp, virtual_stages)
     return inflight_of_orders(rank_orders(schedule, pp, num_microbatches, virtual_stages), pp * virtual_stages)
+
+
+@lru_cache(maxsize=4096)
+def rank_held_peaks(
+    schedule: str, pp: int, num_microbatches: int, virtual_stages: int, stage_bytes: tuple[float, ...]
+) -> tuple[float, ...]:
+    """Per rank, the peak over its action order of the bytes its in-flight microbatches hold,
+    each (stage, microbatch) holding ``stage_bytes[stage]`` from its forward to its input
+    backward. With one stage per rank this is ``inflight`` × the stage's bytes; with several
+    (looped and V placements) a rank's chunks do not hold the same number of microbatches at its
+    peak: under torch's ScheduleInterleaved1F1B with m = p the last rank runs all m forwards of
+    its first chunk in the warm-up but one microbatch at a time through the last chunk (the one
+    with the logits), so weighting the rank's chunks alike by its mean in-flight count misprices it."""
+    if len(stage_bytes) != pp * virtual_stages:
+        raise ValueError(f"stage_bytes needs one value per stage ({pp * virtual_stages}), got {len(stage_bytes)}")
+    validate(schedule, pp, num_microbatches, virtual_stages)
+    key = (schedule, pp, num_microbatches, virtual_stages)
+    orders = rank_orders(*key) if schedule == "zbv" else None
+    return weighted_peaks_from_orders(order_arrays(key, orders), stage_bytes)
 
 
 def inflight_of_orders(

@@ -114,6 +114,19 @@ def inflight_from_orders(
     return tuple(int(x) for x in per_rank), tuple(per_stage)
 
 
+def weighted_peaks_from_orders(
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray], stage_bytes: Sequence[float]
+) -> tuple[float, ...]:
+    """Per rank, the largest running sum over its action order of ``stage_bytes[stage]`` added
+    by a forward and taken off by the input backward that frees it (0 before any action):
+    what a rank holds at its peak when its stages keep different bytes per microbatch
+    (``schedule.rank_held_peaks``)."""
+    kind, stage, _ = arrays
+    delta = (kind == 0).astype(np.float64) - (kind == 1)
+    held = np.cumsum(delta * np.asarray(stage_bytes, dtype=np.float64)[stage], axis=0)
+    return tuple(float(x) for x in np.maximum(held.max(axis=0, initial=0.0), 0.0))
+
+
 def _gpipe(m: int, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     j = np.arange(m)
     return np.repeat([0, 1], m), np.full(2 * m, r), np.concatenate([j, j])

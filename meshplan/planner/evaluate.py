@@ -545,14 +545,14 @@ class ConfigEvaluator:
             big = max(ranks, key=lambda r: r_state[r])
             mem_breakdown.update(params=int(r_q[big][0] / dv[0]), grads=int(r_q[big][1] / dv[1]),
                                  optimizer=int(r_q[big][2] / dv[2]))  # fmt: skip
-        st_act, infl, placement = k.st_act, k.infl, k.placement
+        st_act, st_infl = k.st_act, k.st_infl
         return Evaluation(
             config=c, step_s=step, pipeline_s=k.makespan, compute_s=k.compute, tp_comm_s=k.tp_s,
             pp_comm_s=k.pp_comm, dp_comm_s=dp_exposed, bubble_s=k.bubble, optimizer_s=opt,
             recompute_s=k.rec_s, bubble_fraction=k.bubble_frac, peak_mem_bytes=tuple(r_mem),
             mem_breakdown=mem_breakdown, comm_bytes=comm_bytes, stage_layers=list(runs),
             stage_times=list(k.stage_times),
-            stage_mem=[int(st_state[i] + st_act[i] * infl[placement[i]]) for i in range(n_st)],
+            stage_mem=[int(st_state[i] + st_act[i] * st_infl[i]) for i in range(n_st)],
             stage_send_bytes=list(k.st_sendb), stage_params=list(k.st_params), fits=max(r_mem) <= self.mem_limit,
             mem_limit_bytes=self.mem_limit, table=t, exact=exact, kind_note=self._kind_notes.get(c, ""),
             ep_comm_s=k.ep_s, cp_comm_s=k.cp_s, ep_expert_read_s=k.read_s,

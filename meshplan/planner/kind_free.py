@@ -23,7 +23,7 @@ from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
 from meshplan.planner.memory_floor import rank_pipeline_buffers
-from meshplan.planner.pipeline_time import makespan_lower_bound, simulated_makespan
+from meshplan.planner.pipeline_time import makespan_lower_bound, rank_held, simulated_makespan, stage_inflight
 from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import Config
 
@@ -102,6 +102,7 @@ class KindFreeTerms:
     makespan: float  # the schedule's makespan (simulated, or its lower bound)
     bubble_frac: float  # idle / compute over the ranks (0.0 unless simulated)
     infl: list[float]  # in-flight microbatches per rank
+    st_infl: list[float]  # in-flight microbatches per stage, at the stage's own peak
     r_params: list[float]  # parameters per rank
     r_q: list[list[float]]  # StageColumns.q summed per rank
     ec: EPCPTerms  # the whole model's EP/CP terms per microbatch
@@ -215,16 +216,20 @@ def kind_free_terms(
         ep_cut = rank_sums([e.expert_params_saved for e in st_ec])
         r_params = [p - e for p, e in zip(r_params, ep_cut)]
         st_params = [p - e.expert_params_saved for p, e in zip(st_params, st_ec)]
-    r_act = [x * f for x, f in zip(rank_sums(st_act), infl)]
-    # kept besides under autocast (fp32 parameters): per in-flight microbatch (LayerCost.autocast_bytes)
-    r_cast = [x * f for x, f in zip(rank_sums(cols.cast), infl)]
+    if c.virtual_stages == 1:
+        r_act = [x * f for x, f in zip(rank_sums(st_act), infl)]
+        # kept besides under autocast (fp32 parameters): per in-flight microbatch (LayerCost.autocast_bytes)
+        r_cast = [x * f for x, f in zip(rank_sums(cols.cast), infl)]
+    else:  # a rank's chunks hold different counts at its peak: weighted over its action order
+        r_act, r_cast = rank_held(c, st_act), rank_held(c, cols.cast)
+    st_infl = stage_inflight(c, placement, infl)
     if one:
         r_act = [x + ev.transient(t, [run]) for x, run in zip(r_act, runs)]
     else:
         r_act = [r_act[r] + ev.transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
     # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
     # live memory beside the activations; a stage's output is what it sends, the last's its logits
-    r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, infl, c)
+    r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, st_infl, c)
     fp8_copy = fp8_weight_copy_bytes(ev.states.largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
     worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
     busiest = max(ranks, key=lambda r: rank_work[r])
@@ -247,7 +252,7 @@ def kind_free_terms(
     out = KindFreeTerms(
         t=t, n_st=n_st, m=m, runs=runs, ranks=ranks, on_rank=on_rank, placement=placement, st_q=st_q,
         st_params0=st_params0, st_params=st_params, st_act=st_act, st_sendb=st_sendb, rank_work=rank_work,
-        makespan=makespan, bubble_frac=bubble_frac, infl=infl, r_params=r_params, r_q=r_q, ec=ec,
+        makespan=makespan, bubble_frac=bubble_frac, infl=infl, st_infl=st_infl, r_params=r_params, r_q=r_q, ec=ec,
         r_act=r_act, r_cast=r_cast, r_pipe=r_pipe, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut, r_experts=r_experts,
         # gradients synced: every parameter, or (quantized) only the trainable ones, reduced in
         # fp32 on every precision as the runtime does (cost_models.grad_sync.GRAD_REDUCE_BYTES:

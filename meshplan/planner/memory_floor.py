@@ -28,6 +28,7 @@ from meshplan.cost_models.allocator import pipeline_buffer_bytes
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
 from meshplan.planner.cost_memos import CostMemos
 from meshplan.planner.pipeline_time import placement as stage_placement
+from meshplan.planner.pipeline_time import rank_held, stage_inflight
 from meshplan.planner.search_types import Config
 
 if TYPE_CHECKING:
@@ -100,8 +101,12 @@ def split_floor(ev: FloorCosts, c: Config) -> float:
         r_params[r] += params[b] - params[a]
         r_act[r] += act[b] - act[a]
     infl = ev.inflight_ranks(c)
-    pipe = rank_pipeline_buffers(ev, t, runs, [int(t.layers[b - 1].out_bytes) for _, b in runs], place, infl, c)
-    held = [x * f + q for x, f, q in zip(r_act, infl, pipe)]
+    pipe = rank_pipeline_buffers(ev, t, runs, [int(t.layers[b - 1].out_bytes) for _, b in runs], place,
+                                 stage_inflight(c, place, infl), c)  # fmt: skip
+    if c.virtual_stages == 1:
+        held = [x * f + q for x, f, q in zip(r_act, infl, pipe)]
+    else:  # each stage's own count over the rank's action order, as evaluate holds them
+        held = [x + q for x, q in zip(rank_held(c, [act[b] - act[a] for a, b in runs]), pipe)]
     best = math.inf
     for k in _kinds(ev, c):  # the unsharded buffer is a0 + a1 x the rank's parameters (dp_kinds.unsharded_buffer_bytes)
         a0 = ev.states.fsdp_buffer(k, 0.0)
@@ -117,14 +122,15 @@ def split_floor(ev: FloorCosts, c: Config) -> float:
 
 def rank_pipeline_buffers(
     ev: FloorCosts, t: Any, runs: list[tuple[int, int]], st_sendb: list[int], placement: tuple[int, ...],
-    infl: list[float], c: Config,
+    st_infl: list[float], c: Config,
 ) -> list[float]:
     """Per pipeline rank, the pipeline runtime's receive buffers and cached outputs of its stages
     (``allocator.pipeline_buffer_bytes``; 0 without pp): a stage's output is what it sends
-    (``st_sendb``), the last stage's its logits."""
+    (``st_sendb``), the last stage's its logits; ``st_infl`` the microbatches each stage holds
+    (``pipeline_time.stage_inflight``)."""
     # memoized by every input but ``t``'s last-layer logits (id(t): the coster keeps its tables);
     # the memo is shared by the searches on one coster (``search_memos``), read only
-    key = (id(t), tuple(runs), tuple(st_sendb), placement, tuple(infl), c.pp, c.num_microbatches, ev.pp_buffers)
+    key = (id(t), tuple(runs), tuple(st_sendb), placement, tuple(st_infl), c.pp, c.num_microbatches, ev.pp_buffers)
     hit = ev.memos.pipe_buffers.get(key)
     if hit is not None:
         return hit
@@ -137,5 +143,5 @@ def rank_pipeline_buffers(
             out = t.layers[runs[i][1] - 1].logits_bytes if last else st_sendb[i]
             r_pipe[placement[i]] += pipeline_buffer_bytes(
                 in_bytes=st_sendb[i - 1] if i else 0.0, out_bytes=out, num_microbatches=c.num_microbatches,
-                inflight=infl[placement[i]], is_first=i == 0, is_last=last, convention=ev.pp_buffers)  # fmt: skip
+                inflight=st_infl[i], is_first=i == 0, is_last=last, convention=ev.pp_buffers)  # fmt: skip
     return r_pipe

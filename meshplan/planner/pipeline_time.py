@@ -8,6 +8,7 @@ placement and the activations in flight per pipeline rank. No torch import.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from meshplan.cost_models.memory import inflight_microbatches
@@ -30,6 +31,27 @@ def inflight(c: Config, rank: int) -> float:
     if c.pp == 1:
         return 1.0
     return inflight_microbatches(c.schedule, c.pp, rank, c.num_microbatches, c.virtual_stages)
+
+
+def stage_inflight(c: Config, placement: Sequence[int], infl: Sequence[float]) -> list[float]:
+    """Microbatches each stage holds at its own peak: its rank's count (``inflight``) with one
+    stage per rank; with several per rank (v > 1) each stage's own, from the schedule's action
+    order (``partition.schedule.inflight``): a rank's chunks do not hold alike."""
+    if c.virtual_stages == 1:
+        return [infl[r] for r in placement]
+    from meshplan.partition.schedule import inflight as order_inflight
+
+    return [float(x) for x in order_inflight(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)[1]]
+
+
+def rank_held(c: Config, stage_bytes: Sequence[float]) -> list[float]:
+    """Per pipeline rank with several stages (v > 1), the peak bytes its in-flight microbatches
+    hold, each stage's ``stage_bytes`` per microbatch weighted by that stage's own count over the
+    rank's action order (``partition.schedule.rank_held_peaks``)."""
+    from meshplan.partition.schedule import rank_held_peaks
+
+    return list(rank_held_peaks(c.schedule, c.pp, c.num_microbatches, c.virtual_stages,
+                                tuple(float(x) for x in stage_bytes)))  # fmt: skip
 
 
 def makespan_lower_bound(c: Config, st_f: list[float], totals: list[float], rank_work: list[float]) -> float:
