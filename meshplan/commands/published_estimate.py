@@ -10,8 +10,11 @@ cluster and batch and says by how much and why its plan beats the authors' (pred
 
 Measured memory figures are compared as their source defines them: ``max reserved`` (the
 caching allocator's peak, torchtitan's ``memory`` column) against the predicted peak of
-allocated bytes plus the allocator's fragmentation share (``hardware.FRAGMENTATION_FRACTION``
-of the device), ``max allocated`` against the predicted peak alone. No torch import.
+allocated bytes plus FSDP2's side-stream pools (its all-gather and reduce-scatter buffers, and
+the sharded gradients its reduce-scatter stream holds where the allocated peak counts them apart
+from the activations: ``mem_breakdown["fsdp_rs_stream_grads"]``) plus the allocator's
+fragmentation share (``hardware.FRAGMENTATION_FRACTION`` of the device), ``max allocated``
+against the predicted peak alone. No torch import.
 """
 
 from __future__ import annotations
@@ -143,8 +146,8 @@ def measured_tokens_per_gpu(case: dict[str, Any]) -> float | None:
 
 def comparable_mem_gib(case: dict[str, Any], peak_bytes: float, spec: ClusterSpec, pool_bytes: float = 0.0) -> float:
     """The predicted counterpart of the case's measured memory figure, in GiB: for "max reserved"
-    ``allocator.reserved_peak_bytes`` (the allocated peak + FSDP2's side-stream pools
-    ``pool_bytes`` + fragmentation), for "max allocated" the allocated peak."""
+    ``allocator.reserved_peak_bytes`` (the allocated peak + what FSDP2's side streams hold in their
+    own pools, ``pool_bytes`` + fragmentation), for "max allocated" the allocated peak."""
     what = str(case["measured"].get("mem_what", "max reserved"))
     if "reserved" in what:
         return reserved_peak_bytes(peak_bytes, pool_bytes, spec.mem_bytes, FRAGMENTATION_FRACTION) / GiB
@@ -174,7 +177,8 @@ def estimate_case(case: dict[str, Any], graph: ModelGraph, *, matmul_efficiency:
     meas_mem = case["measured"].get("peak_mem_gib")
     # a measured figure is compared as its source defines it; without one the allocated peak (what
     # the fit test judges) is reported
-    pred_mem = (comparable_mem_gib(case, peak, spec, plan.predicted.mem_breakdown.get("fsdp_stream_pools", 0))
+    bd = plan.predicted.mem_breakdown
+    pred_mem = (comparable_mem_gib(case, peak, spec, bd.get("fsdp_stream_pools", 0) + bd.get("fsdp_rs_stream_grads", 0))
                 if meas_mem else peak / GiB)
     return {
         "id": case["id"], "gpus": n, "cluster": spec.name, "plan": plan, "setup": setup,

@@ -458,6 +458,7 @@ class ConfigEvaluator:
             r_state = [s + x / c.ep * (per_e - per_param) for s, x in zip(r_state, k.r_experts)]
         r_params, r_act = k.r_params, k.r_act
         buf = self.states.fsdp_buffers(c, r_params)
+        rs_grads = 0.0  # sharded gradients the reserved figure holds beside the live peak (below)
         cast = k.r_cast if self.states.runs_autocast(c) else [0.0 for _ in ranks]
         live = [r_act[r] + cast[r] for r in ranks]
         if self.states.grads_after_activations(c) and not self.quant:
@@ -467,7 +468,13 @@ class ConfigEvaluator:
             g0 = r_params[0] * bpp.grads
             # the backward's end: the gradients beside what recompute rematerializes of the first layer
             end = g0 + max((x.transient_bytes for a, b in runs for x in t.layers[a:b]), default=0.0)
-            live[0] = max(live[0], end) - g0
+            before, live[0] = live[0], max(live[0], end) - g0
+            if c.dp_kind != "ddp" and c.dp * c.cp > 1:
+                # reserved, not live: FSDP2 allocates the sharded gradients (its reduce-scatter
+                # output) on its reduce-scatter stream (_fsdp_collectives.foreach_reduce), whose
+                # allocator pool cannot take the blocks the default stream's freed activations
+                # leave (allocator.fsdp_stream_pool_bytes): the reserved peak holds both
+                rs_grads = max(before, end - g0) - max(before, end) + g0
         r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
         # torch's ZeroRedundancyOptimizer (dp_kinds.ZERO1_IMPLS "torch", meshplan's runtime): DDP's
         # gradient all-reduce, then one broadcast per parameter tensor after the update. Priced where it
@@ -541,6 +548,8 @@ class ConfigEvaluator:
         pools = self.states.stream_pools(c, t, runs, on_rank)
         if pools:  # reserved by the allocator, not live: not in peak_mem_bytes (allocator.reserved_peak_bytes)
             mem_breakdown["fsdp_stream_pools"] = int(pools)
+        if rs_grads > 0:  # reserved, not live: the sharded gradients in the reduce-scatter stream's pool
+            mem_breakdown["fsdp_rs_stream_grads"] = int(rs_grads)
         if self.quant:
             big = max(ranks, key=lambda r: r_state[r])
             mem_breakdown.update(params=int(r_q[big][0] / dv[0]), grads=int(r_q[big][1] / dv[1]),
