@@ -23,7 +23,13 @@ from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
 from meshplan.planner.memory_floor import rank_pipeline_buffers
-from meshplan.planner.pipeline_time import makespan_lower_bound, rank_held, simulated_makespan, stage_inflight
+from meshplan.planner.pipeline_time import (
+    makespan_lower_bound,
+    per_stage_held,
+    rank_held,
+    simulated_makespan,
+    stage_inflight,
+)
 from meshplan.planner.pipeline_time import placement as stage_placement
 from meshplan.planner.search_types import Config
 
@@ -216,11 +222,11 @@ def kind_free_terms(
         ep_cut = rank_sums([e.expert_params_saved for e in st_ec])
         r_params = [p - e for p, e in zip(r_params, ep_cut)]
         st_params = [p - e.expert_params_saved for p, e in zip(st_params, st_ec)]
-    if c.virtual_stages == 1:
+    if not per_stage_held(c):
         r_act = [x * f for x, f in zip(rank_sums(st_act), infl)]
         # kept besides under autocast (fp32 parameters): per in-flight microbatch (LayerCost.autocast_bytes)
         r_cast = [x * f for x, f in zip(rank_sums(cols.cast), infl)]
-    else:  # a rank's chunks hold different counts at its peak: weighted over its action order
+    else:  # interleaved: a rank's chunks hold different counts at its peak, weighted over its order
         r_act, r_cast = rank_held(c, st_act), rank_held(c, cols.cast)
     st_infl = stage_inflight(c, placement, infl)
     if one:

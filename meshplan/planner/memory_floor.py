@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from meshplan.cost_models.allocator import pipeline_buffer_bytes
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
 from meshplan.planner.cost_memos import CostMemos
+from meshplan.planner.pipeline_time import per_stage_held, rank_held, stage_inflight
 from meshplan.planner.pipeline_time import placement as stage_placement
-from meshplan.planner.pipeline_time import rank_held, stage_inflight
 from meshplan.planner.search_types import Config
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def split_floor(ev: FloorCosts, c: Config) -> float:
     infl = ev.inflight_ranks(c)
     pipe = rank_pipeline_buffers(ev, t, runs, [int(t.layers[b - 1].out_bytes) for _, b in runs], place,
                                  stage_inflight(c, place, infl), c)  # fmt: skip
-    if c.virtual_stages == 1:
+    if not per_stage_held(c):
         held = [x * f + q for x, f, q in zip(r_act, infl, pipe)]
     else:  # each stage's own count over the rank's action order, as evaluate holds them
         held = [x + q for x, q in zip(rank_held(c, [act[b] - act[a] for a, b in runs]), pipe)]

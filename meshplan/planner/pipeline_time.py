@@ -33,11 +33,20 @@ def inflight(c: Config, rank: int) -> float:
     return inflight_microbatches(c.schedule, c.pp, rank, c.num_microbatches, c.virtual_stages)
 
 
+def per_stage_held(c: Config) -> bool:
+    """Whether ``c``'s ranks hold their stages' activations by each stage's own in-flight count
+    over the action order (``rank_held``, ``stage_inflight``) rather than the rank's mean count:
+    several stages per rank under interleaved-1f1b, whose B pass frees what its F saved. Not
+    zero-bubble / zbv: their deferred W passes keep the linears' inputs past B, which the
+    F-to-B count does not follow (the rank's mean count stays their price)."""
+    return c.virtual_stages > 1 and c.schedule == "interleaved-1f1b"
+
+
 def stage_inflight(c: Config, placement: Sequence[int], infl: Sequence[float]) -> list[float]:
-    """Microbatches each stage holds at its own peak: its rank's count (``inflight``) with one
-    stage per rank; with several per rank (v > 1) each stage's own, from the schedule's action
-    order (``partition.schedule.inflight``): a rank's chunks do not hold alike."""
-    if c.virtual_stages == 1:
+    """Microbatches each stage holds at its own peak: its rank's count (``inflight``), or under
+    ``per_stage_held`` each stage's own, from the schedule's action order
+    (``partition.schedule.inflight``): a rank's chunks do not hold alike."""
+    if not per_stage_held(c):
         return [infl[r] for r in placement]
     from meshplan.partition.schedule import inflight as order_inflight
 
@@ -45,7 +54,7 @@ def stage_inflight(c: Config, placement: Sequence[int], infl: Sequence[float]) -
 
 
 def rank_held(c: Config, stage_bytes: Sequence[float]) -> list[float]:
-    """Per pipeline rank with several stages (v > 1), the peak bytes its in-flight microbatches
+    """Per pipeline rank under ``per_stage_held``, the peak bytes its in-flight microbatches
     hold, each stage's ``stage_bytes`` per microbatch weighted by that stage's own count over the
     rank's action order (``partition.schedule.rank_held_peaks``)."""
     from meshplan.partition.schedule import rank_held_peaks
