@@ -29,17 +29,10 @@ from itertools import accumulate
 from typing import Any
 
 from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
-from meshplan.cost_models.contention import overlap_slowdown_s
-from meshplan.cost_models.dp_kinds import KIND_ORDER, ZERO_STAGE, dp_comm, zero1_broadcast_s
+from meshplan.cost_models.dp_kinds import KIND_ORDER, ZERO_STAGE
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR
-from meshplan.cost_models.grad_sync import (
-    GRAD_REDUCE_BYTES,
-    local_ddp_sync_s,
-    overlapped_sync_terms,
-    uniform_bucket_runs,
-)
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.precision import check_training_dtype
 from meshplan.graph import ModelGraph
@@ -476,56 +469,10 @@ class ConfigEvaluator:
                 # leave (allocator.fsdp_stream_pool_bytes): the reserved peak holds both
                 rs_grads = max(before, end - g0) - max(before, end) + g0
         r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
-        # torch's ZeroRedundancyOptimizer (dp_kinds.ZERO1_IMPLS "torch", meshplan's runtime): DDP's
-        # gradient all-reduce, then one broadcast per parameter tensor after the update. Priced where it
-        # was measured (gloo: benchmarks/bench_calibrate.py); on NCCL the runtime runs the same
-        # broadcasts, still costed as bucketed ZeRO-1 until a GPU run checks them (BENCHMARKS.md,
-        # "Wave 3 stop 4: calibration transfer")
-        torch_zero1 = (c.dp_kind == "zero1" and self.states.zero1_impl == "torch" and self.cluster.comm_backend == "gloo"
-                       and c.dp * c.cp > 1 and not folded and c.ep == 1 and not self.quant)  # fmt: skip
-        cd = replace(c, dp_kind="ddp") if torch_zero1 else c  # the configuration whose collectives DP runs
-        d = self.states.dp_collectives_split(k.gather_bytes, k.grad_bytes, k.r_experts[worst] / c.ep if folded else 0.0,
-                                             cd)  # fmt: skip
-        if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.states.ddp_impl == "local":
-            # Megatron-LM's local DDP: one flat all-reduce of the gradients in the training dtype
-            # after backward, nothing overlapped, no SMs taken from compute (grad_sync.local_ddp_sync_s)
-            gb = k.grad_bytes / GRAD_REDUCE_BYTES * self.states.elem_bytes
-            d = self.states.dp_collectives(gb, gb, c)
-            dp_exposed = local_ddp_sync_s(gb, lambda b: self.states.dp_collectives(b, b, c).sync_s,
-                                          self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)  # fmt: skip
-        elif (c.dp_kind == "ddp" or torch_zero1) and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
-            # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
-            # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
-            # the last microbatch's backward
-            exp_b = k.r_experts[worst] / c.ep * GRAD_REDUCE_BYTES if c.ep > 1 or folded else 0.0  # the rank's stages
-            dp_exposed, hid = overlapped_sync_terms(
-                uniform_bucket_runs(k.grad_bytes - exp_b), k.rank_b[worst], lambda b: self.states.dp_collectives(b, b, cd).sync_s)
-            grp, gst = self.ep_cp.expert_dp_group(c)
-            if exp_b and grp > 1:  # ep: expert gradients over their replicas only (runtime/epcp; folded: EDP)
-                rep = dp_comm("ddp", exp_b, exp_b, grp, self.cluster, stride=gst)
-                e_x, h_x = overlapped_sync_terms(
-                    uniform_bucket_runs(exp_b), k.rank_b[worst],
-                    lambda b: dp_comm("ddp", b, b, grp, self.cluster, stride=gst).sync_s)
-                dp_exposed, hid = dp_exposed + e_x, hid + h_x
-                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)
-                                      + rep.bytes.get("all_reduce", 0)})
-            elif exp_b:
-                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)})
-            # only the share comm_overlap of the hidden buckets is hidden (ClusterSpec.comm_overlap); their
-            # NCCL kernels hold SMs the backward they overlap needs (cost_models.contention)
-            phi = self.cluster.comm_overlap
-            dp_exposed += (1.0 - phi) * hid + overlap_slowdown_s(phi * hid, k.rank_b[worst], self.cluster)
-            if torch_zero1:  # + the per-tensor broadcasts after the update, waited for (exposed)
-                w_params = k.r_params[worst]
-                # every tensor at pp = 1; a pipeline rank's share in proportion to its parameters
-                share = 1.0 if c.pp == 1 else w_params / max(1.0, self.states.param_numel)
-                bcast = w_params * bpp.params
-                dp_exposed += zero1_broadcast_s(bcast, self.states.param_tensors * share, c.dp * c.cp, self.cluster,
-                                                stride=c.tp)  # fmt: skip
-                d = replace(d, bytes={**d.bytes, "broadcast": int(bcast)})
-        else:
-            dp_exposed = exposed_dp_s(d, backward_s=k.rank_b[worst], forward_s=k.rank_f[worst],
-                                      microbatch_s=max(rank_work), num_microbatches=m, cluster=self.cluster)  # fmt: skip
+        d, dp_exposed = self.states.dp_sync(c, grad_bytes=k.grad_bytes, gather_bytes=k.gather_bytes,
+                                            experts=k.r_experts[worst] / c.ep, backward_s=k.rank_b[worst],
+                                            forward_s=k.rank_f[worst], microbatch_s=max(rank_work), params=k.r_params[worst],
+                                            quantized=self.quant)  # fmt: skip
         dp_bytes = d.bytes
         opt = self.states.optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
         # exposed EP all-to-all and CP ring, expert imbalance: inside the stage times (kind_free_terms),

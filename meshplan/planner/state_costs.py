@@ -14,9 +14,11 @@ expert data-parallel group from ``planner.epcp_coster.EPCPCosts``. Every memo is
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from meshplan.cost_models.allocator import fsdp_stream_pool_bytes
+from meshplan.cost_models.contention import overlap_slowdown_s
 from meshplan.cost_models.dp_kinds import (
     ZERO3_PERSISTENCE_NUMEL,
     ZERO_STAGE,
@@ -28,16 +30,23 @@ from meshplan.cost_models.dp_kinds import (
     state_zero_stage,
     unprefetched_share,
     unsharded_buffer_bytes,
+    zero1_broadcast_s,
 )
 from meshplan.cost_models.eager_ops import optimizer_step_s
 from meshplan.cost_models.engine_profiles import EngineProfile
-from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
+from meshplan.cost_models.grad_sync import (
+    GRAD_REDUCE_BYTES,
+    local_ddp_sync_s,
+    overlapped_sync_terms,
+    uniform_bucket_runs,
+)
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.graph import ModelGraph
 from meshplan.plan.execution_rules import SHARDED_DP_KINDS
 from meshplan.planner.cost_memos import CostMemos
 from meshplan.planner.costing import CostTable
+from meshplan.planner.dp_exposure import exposed_dp_s
 from meshplan.planner.epcp_coster import EPCPCosts
 from meshplan.planner.search_types import Config
 
@@ -249,6 +258,66 @@ class StateCosts:
         exp = dp_comm(c.dp_kind, eg, ep_, grp, self.cluster, stride=gst, pp=c.pp,
                       num_microbatches=c.num_microbatches, units=self.fsdp_unit_count)  # fmt: skip
         return add_dp_comm(dense, exp)
+
+    def dp_sync(self, c: Config, *, grad_bytes: float, gather_bytes: float, experts: float, backward_s: float,
+                forward_s: float, microbatch_s: float, params: float, quantized: bool) -> tuple[DPComm, float]:
+        """(collectives, exposed seconds) of ``c``'s data-parallel sync on its busiest rank, which
+        reduces ``grad_bytes`` of gradients, gathers ``gather_bytes`` of parameters, holds
+        ``experts`` expert parameters (its share under ep) and ``params`` parameters, and spends
+        ``backward_s`` / ``forward_s`` per step and ``microbatch_s`` per microbatch: Megatron-LM's
+        local DDP after backward, DDP's buckets overlapped with the last backward (expert gradients
+        over their own group; torch's ZeroRedundancyOptimizer on gloo: the same, then a broadcast per
+        parameter tensor), or a sharded kind's collectives as ``dp_exposure.exposed_dp_s`` exposes them."""
+        folded = self.ep_cp.moe_folding and c.tp > 1
+        # torch's ZeroRedundancyOptimizer (dp_kinds.ZERO1_IMPLS "torch", meshplan's runtime): DDP's
+        # gradient all-reduce, then one broadcast per parameter tensor after the update. Priced where it
+        # was measured (gloo: benchmarks/bench_calibrate.py); on NCCL the runtime runs the same
+        # broadcasts, still costed as bucketed ZeRO-1 until a GPU run checks them (BENCHMARKS.md,
+        # "Wave 3 stop 4: calibration transfer")
+        torch_zero1 = (c.dp_kind == "zero1" and self.zero1_impl == "torch" and self.cluster.comm_backend == "gloo"
+                       and c.dp * c.cp > 1 and not folded and c.ep == 1 and not quantized)  # fmt: skip
+        cd = replace(c, dp_kind="ddp") if torch_zero1 else c  # the configuration whose collectives DP runs
+        d = self.dp_collectives_split(gather_bytes, grad_bytes, experts if folded else 0.0, cd)
+        if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.ddp_impl == "local":
+            # Megatron-LM's local DDP: one flat all-reduce of the gradients in the training dtype
+            # after backward, nothing overlapped, no SMs taken from compute (grad_sync.local_ddp_sync_s)
+            gb = grad_bytes / GRAD_REDUCE_BYTES * self.elem_bytes
+            d = self.dp_collectives(gb, gb, c)
+            exposed = local_ddp_sync_s(gb, lambda b: self.dp_collectives(b, b, c).sync_s,
+                                       self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)  # fmt: skip
+        elif (c.dp_kind == "ddp" or torch_zero1) and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
+            # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
+            # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
+            # the last microbatch's backward
+            exp_b = experts * GRAD_REDUCE_BYTES if c.ep > 1 or folded else 0.0  # the rank's stages
+            exposed, hid = overlapped_sync_terms(
+                uniform_bucket_runs(grad_bytes - exp_b), backward_s, lambda b: self.dp_collectives(b, b, cd).sync_s)
+            grp, gst = self.ep_cp.expert_dp_group(c)
+            if exp_b and grp > 1:  # ep: expert gradients over their replicas only (runtime/epcp; folded: EDP)
+                rep = dp_comm("ddp", exp_b, exp_b, grp, self.cluster, stride=gst)
+                e_x, h_x = overlapped_sync_terms(
+                    uniform_bucket_runs(exp_b), backward_s,
+                    lambda b: dp_comm("ddp", b, b, grp, self.cluster, stride=gst).sync_s)
+                exposed, hid = exposed + e_x, hid + h_x
+                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)
+                                      + rep.bytes.get("all_reduce", 0)})
+            elif exp_b:
+                d = replace(d, bytes={"all_reduce": d.bytes.get("all_reduce", 0) - int(exp_b)})
+            # only the share comm_overlap of the hidden buckets is hidden (ClusterSpec.comm_overlap); their
+            # NCCL kernels hold SMs the backward they overlap needs (cost_models.contention)
+            phi = self.cluster.comm_overlap
+            exposed += (1.0 - phi) * hid + overlap_slowdown_s(phi * hid, backward_s, self.cluster)
+            if torch_zero1:  # + the per-tensor broadcasts after the update, waited for (exposed)
+                # every tensor at pp = 1; a pipeline rank's share in proportion to its parameters
+                share = 1.0 if c.pp == 1 else params / max(1.0, self.param_numel)
+                bcast = params * self.state_bytes_per_param(c).params
+                exposed += zero1_broadcast_s(bcast, self.param_tensors * share, c.dp * c.cp, self.cluster,
+                                             stride=c.tp)  # fmt: skip
+                d = replace(d, bytes={**d.bytes, "broadcast": int(bcast)})
+        else:
+            exposed = exposed_dp_s(d, backward_s=backward_s, forward_s=forward_s, microbatch_s=microbatch_s,
+                                   num_microbatches=c.num_microbatches, cluster=self.cluster)  # fmt: skip
+        return d, exposed
 
 
 __all__ = ["StateCosts", "Tables", "add_dp_comm"]
