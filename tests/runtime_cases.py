@@ -269,11 +269,12 @@ def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
     from meshplan.models.gpt import GPT, GPTConfig
     from meshplan.runtime.apply import handplan
     from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.apply.optim import make_optimizer
     from meshplan.runtime.checkpoint import dcp as checkpoint
 
-    def make(model: nn.Module) -> Any:
+    def make(model: nn.Module, factory: Any = opt_factory) -> Any:
         plan = handplan.manual_plan(model, None, dp=2, microbatches=1, micro_batch_size=4, seq_len=SEQ)
-        return apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory)
+        return apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=factory)
 
     def err(fn: Any) -> str:
         try:
@@ -298,6 +299,8 @@ def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
     torch.manual_seed(0)
     other = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB + 16, block_size=16))
     out["other_model"] = err(lambda: checkpoint.load(make(other), newest))
+    plain_sgd = make_optimizer("sgd", 0.1, momentum=0.0)  # the checkpoint's SGD kept momentum buffers
+    out["other_optimizer"] = err(lambda: checkpoint.load(make(tiny_gpt(), plain_sgd), newest))
     torch.distributed.barrier()
     if rank == 0:  # zero some bytes inside the largest shard
         shard = max((p for p in newest.iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""Atomic DCP checkpoints at 2 ranks: pruning, manifest, checksum and model-fingerprint refusals, no NaN
+"""Atomic DCP checkpoints at 2 ranks: pruning, manifest, checksum, model-fingerprint and optimizer-state refusals, no NaN
 saved; a NaN loss or (with check_grads) an inf gradient on one rank applies no update on any rank;
 a data-hook batch that differs between ranks is refused on every rank."""
 
@@ -21,6 +21,8 @@ class TestCheckpoint:
             assert {"files", "model_fingerprint", "plan", "step"} <= set(r["manifest_keys"])
             assert r["other_model"].startswith("CheckpointError") and "different model" in r["other_model"]
             assert "wte.weight" in r["other_model"] or "lm_head" in r["other_model"], r["other_model"]
+            assert r["other_optimizer"].startswith("CheckpointError") and "momentum_buffer" in r["other_optimizer"]
+            assert "none (plain SGD)" in r["other_optimizer"] and "--momentum" in r["other_optimizer"]
             assert r["zeroed"].startswith("CheckpointError") and "checksum mismatch" in r["zeroed"], r["zeroed"]
             assert r["nan"].startswith("NonFiniteError") and "step 4" in r["nan"], r["nan"]
             assert r["dirs_after_nan"] == r["dirs"]

@@ -10,7 +10,9 @@ files, rank 0 writes the manifest and renames the directory to ``step-000012`` o
 finished; then all but the newest ``keep`` checkpoints are pruned. Nothing non-finite is saved.
 Loading verifies every checksum (ranks split the files) and refuses a checkpoint whose model
 fingerprint (FQN, global shape, dtype of every tensor of the model state) differs from the model
-it is loaded into. ``newest_complete(dir)`` is what a resume loads.
+it is loaded into, or whose optimizer keeps other per-parameter state than the run's (Adam's
+``exp_avg``/``exp_avg_sq``, SGD's ``momentum_buffer``, none for plain SGD): DCP would fail on the
+missing tensors, or load the saved hyperparameters (a momentum) over the run's without their state. ``newest_complete(dir)`` is what a resume loads.
 Loading fills the *current* layout's state dict (plain tensors, DTensors under TP/FSDP, only the
 stages this rank holds), so a checkpoint written under one plan or world size loads under another.
 """
@@ -204,6 +206,28 @@ def latest(directory: str | Path) -> Path | None:
     return newest_complete(directory)
 
 
+def _state_kinds(keys: Any, prefix: str) -> set[str]:
+    """The per-parameter optimizer state names (``exp_avg``, ``momentum_buffer``, ...) among flattened keys."""
+    return {k.rsplit(".", 1)[-1] for k in keys if k.startswith(prefix)}
+
+
+def _optimizer_state_mismatch(path: Path, optim: Mapping[str, Any], view: torch.optim.Optimizer) -> str | None:
+    """Why the checkpoint's optimizer kept other per-parameter state than this rank's, or None (also on a rank
+    whose optimizer holds no parameter: a zero1 partition can be empty)."""
+    if not any(g["params"] for g in view.param_groups):
+        return None
+    saved = _state_kinds(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata, "optim.state.")
+    mine = _state_kinds(optim, "state.")
+    if saved == mine:
+        return None
+
+    def show(kinds: set[str]) -> str:
+        return ", ".join(sorted(kinds)) or "none (plain SGD)"
+
+    return (f"{path} was written by an optimizer keeping {show(saved)} per parameter; this run's keeps "
+            f"{show(mine)}: resume with the --optimizer (and --momentum) it was written with")
+
+
 def load(pm: ParallelModel, path: str | Path) -> int:
     """Load a checkpoint into ``pm`` (resharding as needed); returns the step it was saved at.
 
@@ -218,6 +242,9 @@ def load(pm: ParallelModel, path: str | Path) -> int:
     saved_fp = manifest.get("model_fingerprint")
     if saved_fp is not None:
         files.check_same_model(path, saved_fp, model_fingerprint(state["model"]))  # type: ignore[arg-type]
+    why = [w for w in _agree(_optimizer_state_mismatch(path, state["optim"], view)) if w]  # type: ignore[arg-type]
+    if why:  # on every rank alike, before DCP's collectives
+        raise CheckpointError(why[0])
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(c, state["model"], options=_OPTS)  # type: ignore[arg-type]
     own = {n for n, _ in c.named_parameters()}
