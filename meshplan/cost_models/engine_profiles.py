@@ -253,8 +253,16 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "megatron-core-2024", "megatron", "core_v0.8 (2024)", state_layout="megatron", pp_buffers="megatron",
         sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch", loss_kernel="fused",
-        vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed",
+        vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed", glu_kernel="fused",
+        fused_projections=True,
         sources=_with(_MEGATRON_2021,
+                      ("glu_kernel", "core_v0.8.0 (baf94af) megatron/training/arguments.py --no-bias-swiglu-fusion "
+                                     "(bias_swiglu_fusion default True), core_transformer_config_from_args "
+                                     "bias_activation_fusion = args.bias_swiglu_fusion -> megatron/core/transformer/mlp.py "
+                                     "bias_swiglu_impl (fusions/fused_bias_swiglu.py SwiGLUFunction saves its input only)"),
+                      ("fused_projections", "core_v0.8.0 megatron/core/transformer/attention.py SelfAttention linear_qkv "
+                                            "(query + 2 x kv projection outputs); transformer/mlp.py linear_fc1 of "
+                                            "ffn_hidden_size x 2 under gated_linear_unit"),
                       ("fp8_recipe", "core_v0.8 arguments.py --fp8-format / --fp8-amax-history-len: TE DelayedScaling "
                                      "only (megatron/core/transformer/custom_layers/transformer_engine.py)"),
                       ("attention_impl", "megatron/core/transformer/dot_product_attention / TE DotProductAttention: "
@@ -270,7 +278,15 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-core-2026", "megatron", "megatron-core 0.16 (installed)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch",
         loss_kernel="fused", vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed",
+        glu_kernel="fused", fused_projections=True,
         sources=_with(_MEGATRON_2021,
+                      ("fused_projections", "megatron/core/transformer/attention.py SelfAttention linear_qkv (query + 2 x "
+                                            "kv projection outputs); transformer/mlp.py linear_fc1 of ffn_hidden_size x 2 "
+                                            "under gated_linear_unit"),
+                      ("glu_kernel", "Megatron-LM megatron/training/arguments.py: bias_swiglu_fusion default True "
+                                     "(--no-bias-swiglu-fusion), core_transformer_config_from_args bias_activation_fusion "
+                                     "= args.bias_swiglu_fusion under --swiglu -> megatron/core/transformer/mlp.py "
+                                     "bias_swiglu_impl (fusions/fused_bias_swiglu.py SwiGLUFunction saves its input only)"),
                       ("fp8_recipe", "megatron/core/transformer/transformer_config.py fp8_recipe default 'delayed' (fp8_utils.py "
                                      "TEDelayedScaling; Transformer Engine linears)"),
                       ("attention_impl", "megatron/core/extensions/transformer_engine.py TEDotProductAttention"),
