@@ -5,7 +5,7 @@ Under each data-parallel kind's sharding (``cost_models.dp_kinds``) and the engi
 conventions (model-state layout, FSDP units, ZeRO-3 implementation, optimizer kernel, DDP
 wrapper): model-state bytes per parameter (and per expert parameter under MoE parallel folding,
 sharded over the expert data-parallel group), the optimizer step, the DP collectives of a rank's
-parameters, what a sharded kind holds unsharded and FSDP2's side-stream pools, and the two rules
+parameters and what of them a step exposes (``dp_sync``), what a sharded kind holds unsharded and FSDP2's side-stream pools, and the two rules
 on when memory peaks apart (autocast's kept copies, gradients after activations). It reads the
 coster's cost tables through ``Tables`` (a Protocol: this module sits below the coster) and the
 expert data-parallel group from ``planner.epcp_coster.EPCPCosts``. Every memo is the coster's
