@@ -26,6 +26,16 @@ def test_phases_from_events_unions_ranges_and_derives_bubble() -> None:
     assert phases.phases_from_events(evs, steps=2, step_s=0.007)["forward"] == pytest.approx(0.0015)
 
 
+def test_cpu_phases_per_step_bubble_and_other() -> None:
+    """The spans' summed CPU seconds become per-step ``{phase}_cpu``: bubble is the schedule's CPU less
+    its forwards and backwards, other the step's CPU less every phase's."""
+    got = phases.cpu_phases({"schedule": 0.020, "forward": 0.006, "backward": 0.010, "optimizer": 0.004}, 2, 0.015)
+    assert got["forward_cpu"] == pytest.approx(0.003) and got["backward_cpu"] == pytest.approx(0.005)
+    assert got["bubble_cpu"] == pytest.approx(0.002) and got["comm_cpu"] == 0.0
+    assert got["other_cpu"] == pytest.approx(0.015 - 0.003 - 0.005 - 0.002 - 0.002)
+    assert "bubble_cpu" not in phases.cpu_phases({"forward": 0.001}, 1, 0.001)  # no pipeline schedule
+
+
 def test_predicted_phases_and_largest_mismatch() -> None:
     from dataclasses import replace
 
@@ -69,13 +79,17 @@ class TestTwoRanks:
                 assert got["timed_ranges"] == 0, name  # timed steps carry no phase ranges
                 assert not got["enabled_after"] and got["steps"] == 3, name
                 assert mine["forward"] > 0 and mine["backward"] > 0 and mine["optimizer"] > 0, (name, mine)
-                assert sum(mine.values()) == pytest.approx(got["wall"], rel=0.05), (name, mine, got["wall"])
+                assert sum(mine[p] for p in phases.PHASES) == pytest.approx(got["wall"], rel=0.05), (name, mine, got["wall"])
+                # the process's CPU seconds inside each phase: some in forward and backward, never negative
+                assert mine["forward_cpu"] > 0 and mine["backward_cpu"] > 0, (name, mine)
+                assert all(mine[f"{p}_cpu"] >= 0 for p in phases.PHASES if p != "bubble"), (name, mine)
                 if name == "dp2":
                     assert mine["bubble"] == 0 and mine["comm"] > 0, mine  # the loss all-reduce at least
                 else:  # a 2-stage pipeline waits on its neighbour
                     assert mine["bubble"] > 0, (name, mine)
         rec = res[0]["pp2"]["rec"]
         assert set(rec) == {*phases.PHASES, "how"} and len(rec["how"]["measured_s_by_rank"]) == 2
+        assert rec["forward"]["measured_cpu_s"] > 0 and "measured_cpu_s" in rec["bubble"]
         # a hand-written plan has no stage times: its predicted 50 ms step is all "other"
         assert rec["forward"]["predicted_s"] == 0 and rec["other"]["predicted_s"] == pytest.approx(0.05)
         assert res[0]["pp2"]["rec"] == res[1]["pp2"]["rec"]  # every rank holds the same record

@@ -11,6 +11,10 @@ forward nor a backward chunk: waiting for a neighbour's activations or gradients
 or backward (TP, FSDP2's all-gathers and reduce-scatters, DDP's bucket all-reduces) count in
 those phases, as the cost model's stage times and overlap rules count them.
 
+Beside each phase's wall time, the CPU seconds the rank's process (every thread: gloo's included) used
+inside it (``measured_cpu_s``, ``time.process_time`` at the span edges, summed): a phase whose CPU is
+well below its wall time waited, for a peer or for a core other processes held.
+
 How: ``PhaseSpans`` marks each phase with ``torch.profiler.record_function`` ranges
 (``meshplan::<phase>``), only while ``enabled`` (the timed steps carry no profiler and no ranges).
 ``measure(pm, batches)`` runs the given extra steps under ``torch.profiler.profile`` (CPU
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -47,6 +52,7 @@ class PhaseSpans:
         self.enabled = False
         self.cuda = False
         self.on_enter: Callable[[str], None] | None = None  # told each phase entered (the hang watchdog)
+        self.cpu_s: dict[str, float] = {}  # process CPU seconds inside each phase's spans while enabled
 
     @contextlib.contextmanager
     def span(self, phase: str) -> Iterator[None]:
@@ -57,10 +63,12 @@ class PhaseSpans:
             return
         if self.cuda:
             torch.cuda.synchronize()
+        c0 = time.process_time()
         with torch.profiler.record_function(PREFIX + phase):
             yield
             if self.cuda:
                 torch.cuda.synchronize()
+        self.cpu_s[phase] = self.cpu_s.get(phase, 0.0) + time.process_time() - c0
 
     def wrap(self, obj: Any, method: str, phase: str) -> None:
         """Run ``obj.method`` inside a ``phase`` span (pipeline stages' chunk methods)."""
@@ -118,16 +126,33 @@ def measure(pm: Any, batches: Iterable[tuple[Any, Any]], *, local: bool = False)
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     pm.phase_spans.cuda = pm.env.device.type == "cuda"
     pm.phase_spans.enabled = True
+    pm.phase_spans.cpu_s = {}
     walls: list[float] = []
+    step_cpu = 0.0  # around the steps only: the profiler's own work at its exit is not a step's
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for x, y in batches:
+                c0 = time.process_time()
                 pm.step(x, y, local=local)
+                step_cpu += time.process_time() - c0
                 walls.append(pm.step_times_s[-1])
     finally:
         pm.phase_spans.enabled = False
     n = len(walls)
-    return phases_from_events(prof.events(), n, sum(walls) / n if n else 0.0)
+    out = phases_from_events(prof.events(), n, sum(walls) / n if n else 0.0)
+    out.update(cpu_phases(pm.phase_spans.cpu_s, n, step_cpu / max(n, 1)))
+    return out
+
+
+def cpu_phases(cpu_s: dict[str, float], steps: int, step_cpu_s: float) -> dict[str, float]:
+    """``{phase}_cpu`` seconds per step from the spans' summed CPU seconds over ``steps`` steps (bubble:
+    the schedule's less its forwards and backwards; other: the step's CPU less the phases')."""
+    per = {k: v / max(steps, 1) for k, v in cpu_s.items()}
+    out = {f"{p}_cpu": per.get(p, 0.0) for p in ("forward", "backward", "optimizer", "comm")}
+    if _SCHEDULE in per:
+        out["bubble_cpu"] = max(0.0, per[_SCHEDULE] - out["forward_cpu"] - out["backward_cpu"])
+    out["other_cpu"] = max(0.0, step_cpu_s - sum(out.values()))
+    return out
 
 
 def gather(mine: dict[str, float]) -> list[dict[str, float]]:
@@ -142,8 +167,12 @@ def record_phases(by_rank: list[dict[str, float]], plan: Plan, *, steps: int) ->
     busiest = max(range(len(by_rank)), key=lambda r: by_rank[r]["forward"] + by_rank[r]["backward"])
     pred = predicted_phases(plan)
     out: dict[str, Any] = {p: {"measured_s": by_rank[busiest][p], "predicted_s": pred[p]} for p in PHASES}
+    for p in PHASES:  # the process CPU seconds inside the phase (measure(); absent in older callers' dicts)
+        if f"{p}_cpu" in by_rank[busiest]:
+            out[p]["measured_cpu_s"] = by_rank[busiest][f"{p}_cpu"]
     out["how"] = {
-        "method": "torch.profiler record_function ranges (CPU wall time; CUDA synchronized at the span edges)",
+        "method": "torch.profiler record_function ranges (CPU wall time; CUDA synchronized at the span edges); "
+                  "measured_cpu_s: the process's CPU seconds (time.process_time) inside the same spans",
         "profiled_steps": steps,
         "note": "extra steps after the timed ones (not in the step times); measured on the busiest rank",
         "rank": busiest,
