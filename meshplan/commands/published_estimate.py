@@ -112,7 +112,7 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
     sp = ex.get("sequence_parallel")
     return {
         "tp": tp, "pp": pp, "dp": dp, "micro_batch_size": micro, "global_batch_size": B,
-        "recompute": _recompute(tr.get("recompute")), "dp_kind": kind if dp > 1 else None,
+        "recompute": _recompute(tr.get("recompute")), "dp_kind": kind if dp * int(ex.get("cp") or 1) > 1 else None,
         "schedule": schedule if pp > 1 else "1f1b", "virtual_stages": v if pp > 1 else None,
         "sequence_parallel": bool(sp) if sp is not None else False, "dtype": _dtype(tr.get("precision")),
         "ep": int(ex.get("ep") or 1),

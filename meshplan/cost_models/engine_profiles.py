@@ -69,6 +69,9 @@ class EngineProfile:
       (``engine_saves.exposed_tp_comm_s``).
     - ``fused_projections``: q/k/v (and a gated MLP's gate/up) run as one GEMM of the summed outputs
       (``engine_saves.fused_linears``), as Megatron-Core's ``linear_qkv`` / ``linear_fc1``.
+    - ``shard_over_cp``: a sharded DP kind shards the model states over dp x cp (torchtitan's FSDP
+      mesh folds the context-parallel ranks in), not over dp alone with cp ranks holding copies
+      (meshplan's runtime: FSDP2 over its "dp" mesh, cp gradients all-reduced).
     """
 
     name: str
@@ -92,6 +95,7 @@ class EngineProfile:
     glu_kernel: str = "eager"
     tp_comm_overlap: bool = False
     fused_projections: bool = False
+    shard_over_cp: bool = False
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -187,8 +191,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     ),
     EngineProfile(
         "torchtitan-2024.12", "torchtitan", "9dec370 (2024-12)", pp_buffers="torch-outputs", norm_kernel="eager",
-        optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last", shard_over_cp=True,
         sources=_with(_TITAN_2024,
+                      ("shard_over_cp", "parallelisms/parallelize_llama.py: fully_shard over dp_mesh_dim_names "
+                                        "('dp_shard_cp',) when dp_shard or cp is enabled"),
                       ("norm_kernel", "train_configs/*.toml norm_type = 'rmsnorm' (models/norms.py: eager ops; "
                                       "torch.compile, a run flag, fuses them)"),
                       ("optimizer_impl", "torchtitan/optimizer.py build_optimizers: fused = optimizer.fused "
@@ -197,7 +203,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "torchtitan-2026", "torchtitan", "0.3.0 (installed)", pp_buffers="torch-outputs", norm_kernel="fused",
         optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", fp8_recipe="rowwise",
+        shard_over_cp=True,
         sources=_with(_TITAN_2024,
+                      ("shard_over_cp", "distributed/parallel_dims.py: the 'fsdp' mesh dim is dp_shard * cp "
+                                        "(distributed/fsdp.py folds dp_shard and cp into one FSDP shard dim)"),
                       ("fp8_recipe", "components/quantization/float8.py Float8LinearConverter.Config recipe_name "
                                      "default 'rowwise' (torchao Float8LinearConfig.from_recipe_name)"),
                       ("norm_kernel", "models/common/nn_modules.py RMSNorm(nn.RMSNorm): torch's fused rms_norm kernel"),

@@ -98,6 +98,8 @@ class StateCosts:
         # how zero1 communicates (dp_kinds.ZERO1_IMPLS): "torch" = meshplan's runtime, DDP's all-reduce +
         # one broadcast per parameter tensor after the update; "bucketed" = Megatron / DeepSpeed buckets
         self.zero1_impl = profile.zero1_impl
+        # whether a sharded kind shards over dp x cp (EngineProfile.shard_over_cp: torchtitan's FSDP mesh)
+        self.shard_over_cp = profile.shard_over_cp
         # trainable parameter tensors of the model (a tied parameter once) and their elements: a
         # pipeline rank's share of the tensors is taken in proportion to its parameters (zero1 "torch")
         self.param_tensors = len({p for n in graph.nodes if n.param_numel - n.frozen_param_numel > 0
@@ -126,11 +128,19 @@ class StateCosts:
             self.memos.unsharded[key] = model_state_bytes(1.0, optimizer=self.optimizer, precision=self.precision)
         return self.memos.unsharded[key]
 
+    def state_dp(self, c: Config) -> int:
+        """Ranks a sharded kind of ``c`` spreads its states over: dp, or dp x cp where the engine folds
+        the context-parallel ranks into its sharding mesh (``EngineProfile.shard_over_cp``; cp ranks
+        are tp apart too in the (pp, dp, cp, tp) mesh, so the group keeps stride tp)."""
+        if self.shard_over_cp and c.cp > 1 and c.dp_kind is not None and ZERO_STAGE[c.dp_kind] >= 1:
+            return c.dp * c.cp
+        return c.dp
+
     def state_bytes_per_param(self, c: Config) -> ModelStateBytes:
-        """Model-state bytes per parameter under ``c``'s DP kind over dp (ranks tp apart)."""
-        key = (c.dp_kind, c.dp, c.tp, self.state_layout)
+        """Model-state bytes per parameter under ``c``'s DP kind over dp (ranks tp apart; ``state_dp``)."""
+        key = (c.dp_kind, self.state_dp(c), c.tp, self.state_layout)
         if key not in self.memos.state_bytes:
-            self.memos.state_bytes[key] = dp_state_bytes(1.0, c.dp_kind, c.dp, stride=c.tp, optimizer=self.optimizer,
+            self.memos.state_bytes[key] = dp_state_bytes(1.0, c.dp_kind, self.state_dp(c), stride=c.tp, optimizer=self.optimizer,
                                                   devices_per_node=self.cluster.devices_per_node,
                                                   precision=self.precision, layout=self.state_layout)  # fmt: skip
         return self.memos.state_bytes[key]
@@ -147,17 +157,17 @@ class StateCosts:
 
     def total_state_bytes(self, params: float, c: Config) -> float:
         """Model-state bytes of ``params`` parameters under ``c``'s DP kind (the lower bound's)."""
-        return dp_state_bytes(params, c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node,
+        return dp_state_bytes(params, c.dp_kind, self.state_dp(c), stride=c.tp, devices_per_node=self.cluster.devices_per_node,
                               optimizer=self.optimizer, precision=self.precision, layout=self.state_layout).total  # fmt: skip
 
     def shard(self, c: Config) -> int:
         """Ranks ``c``'s model states are sharded over (``dp_kinds.shard_degree``; mesh (pp, dp, tp):
         a DP group's ranks are tp apart)."""
-        return shard_degree(c.dp_kind, c.dp, stride=c.tp, devices_per_node=self.cluster.devices_per_node)
+        return shard_degree(c.dp_kind, self.state_dp(c), stride=c.tp, devices_per_node=self.cluster.devices_per_node)
 
     def zero_divs(self, c: Config) -> tuple[int, int, int]:
         """Divisors of (parameter, gradient, optimizer) bytes under ``c``'s ZeRO stage (memoized)."""
-        key = (c.dp_kind, c.dp, c.tp, self.state_layout)
+        key = (c.dp_kind, self.state_dp(c), c.tp, self.state_layout)
         if key not in self.memos.zero_divs:
             s, z = self.shard(c), state_zero_stage(c.dp_kind, self.state_layout)
             self.memos.zero_divs[key] = (s if z >= 3 else 1, s if z >= 2 else 1, s if z >= 1 else 1)
@@ -175,7 +185,7 @@ class StateCosts:
         (``runtime/precision.py``) and torchtitan do whenever FSDP2's MixedPrecisionPolicy does not
         hold the parameters in the compute dtype (no sharded DP kind over dp > 1); Megatron-LM and
         DeepSpeed keep 16-bit parameters instead (their ``state_layout``)."""
-        return self.state_layout == "torch" and not (c.dp > 1 and c.dp_kind in SHARDED_DP_KINDS)
+        return self.state_layout == "torch" and not (self.state_dp(c) > 1 and c.dp_kind in SHARDED_DP_KINDS)
 
     def grads_after_activations(self, c: Config) -> bool:
         """Whether no gradient of ``c`` outlives the backward that makes it before the next
@@ -197,14 +207,14 @@ class StateCosts:
         """What a parameter-sharding kind holds unsharded (``dp_kinds.unsharded_buffer_bytes``:
         two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
         return unsharded_buffer_bytes(
-            c.dp_kind, c.dp, stage_param_count=stage_params, elem_bytes=self.elem_bytes, pp=c.pp,
+            c.dp_kind, self.state_dp(c), stage_param_count=stage_params, elem_bytes=self.elem_bytes, pp=c.pp,
             largest_layer_params=self.largest_unit(c), layout=self.state_layout,
         )  # fmt: skip
 
     def fsdp_buffers(self, c: Config, rank_params: list[float]) -> list[float]:
         """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""
         largest = self.largest_unit(c)
-        return [unsharded_buffer_bytes(c.dp_kind, c.dp, stage_param_count=p, elem_bytes=self.elem_bytes, pp=c.pp,
+        return [unsharded_buffer_bytes(c.dp_kind, self.state_dp(c), stage_param_count=p, elem_bytes=self.elem_bytes, pp=c.pp,
                                        largest_layer_params=largest, layout=self.state_layout)
                 for p in rank_params]  # fmt: skip
 
