@@ -157,6 +157,8 @@ _TITAN_2024 = (
     ("split_rule", "pipeline split: even layers, fewer in the first / last stage (engines.spec.CAPS)"),
     ("fp8_recipe", "float8 converter: torchao Float8LinearConfig() (tensorwise dynamic scaling); parallelize_llama "
                    "apply_tp: Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput under TP"),
+    ("zero1_impl", "none used: torchtitan shards with FSDP2 only (no ZeroRedundancyOptimizer); a zero1 costing "
+                   "of it is the bucketed reduce-scatter + all-gather"),
 )  # fmt: skip
 
 _MEGATRON_2021 = (
@@ -171,6 +173,10 @@ _MEGATRON_2021 = (
     ("loss_kernel", "megatron/mpu/cross_entropy.py vocab_parallel_cross_entropy: softmax kept in place"),
     ("vocab_parallel_embedding", "megatron/mpu/layers.py VocabParallelEmbedding"),
     ("split_rule", "megatron/model/transformer.py ParallelTransformer: num_layers // pipeline size per stage"),
+    ("zero1_impl", "Megatron's distributed optimizer (--use-distributed-optimizer, megatron/core/optimizer/"
+                   "distrib_optimizer.py): reduce-scatter of gradient buckets, all-gather of parameter buckets; "
+                   "Megatron-DeepSpeed runs DeepSpeed's ZeRO-1 (deepspeed/runtime/zero/stage_1_and_2.py), bucketed "
+                   "too; versions before the distributed optimizer have none and are costed the same"),
 )  # fmt: skip
 
 
@@ -353,6 +359,8 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("loss_kernel", "llmfoundry: flash_attn.losses.cross_entropy CrossEntropyLoss (fused)"),
             ("pp_buffers", "none used: llm-foundry trains with Composer FSDP only, no pipeline stages "
                            "(torch's convention kept, never costed)"),
+            ("zero1_impl", "none used: Composer FSDP only (no ZeroRedundancyOptimizer); a zero1 costing of it is "
+                           "the bucketed collectives, never costed"),
         ),
     ),
     EngineProfile(
@@ -368,6 +376,8 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                            "balanced layers (uniform here)"),
             ("pp_buffers", "deepspeed/runtime/pipe/schedule.py TrainSchedule.num_pipe_buffers: "
                            "max(2, min(stages - stage_id, micro_batches)) buffers, the in-flight microbatches"),
+            ("zero1_impl", "deepspeed/runtime/zero/stage_1_and_2.py: flat partitioned buffers, gradients "
+                           "reduce-scattered and updated parameters all-gathered in buckets"),
         ),
     ),
     EngineProfile(
@@ -379,6 +389,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("sp_saves", "assumed: the sequence shard, as Megatron-LM (no source)"),
             ("norm_kernel", "assumed: a fused norm kernel, as every engine of 2024 at scale (no source)"),
             ("vocab_parallel_embedding", "assumed: vocabulary-parallel embedding, as Megatron-LM and torchtitan (no source)"),
+            ("zero1_impl", "assumed: bucketed ZeRO-1 collectives, as Megatron-LM and DeepSpeed (no source)"),
         ),
     ),
 )}  # fmt: skip
