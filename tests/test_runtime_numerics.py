@@ -61,45 +61,76 @@ def _check(results: list, expect: int) -> None:
         assert any(found_last), "no last pipeline stage reported kept_outputs"
 
 
-class TestTwoRanks:
-    def test_gpt_matrix(self) -> None:
-        cfgs = [dict(dp=2, m=2), dict(dp=2, m=2, dp_kind="fsdp"), dict(tp=2, m=2)]
-        cfgs += [dict(pp=2, m=4, schedule=s, v=v) for s, v in PP_SCHEDULES]
-        cfgs += [dict(pp=2, m=4, schedule="zbv", v=2)]
-        cfgs += [dict(dp=2, m=2, quant="qlora"), dict(pp=2, m=4, schedule="1f1b", quant="qlora"),
-                 dict(pp=2, m=4, schedule="1f1b", quant="qat")]
-        cfgs += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1b", recompute="full")]
-        # full recompute under split backward: ONE recompute per microbatch (runtime/apply/cached_checkpoint.py)
-        cfgs += [dict(pp=2, m=4, schedule="zero-bubble", recompute="full"), dict(pp=2, m=4, schedule="zbv", v=2,
-                                                                                recompute="full")]
-        cfgs += [dict(tp=2, m=2, sp=1)]  # sequence parallelism
-        cfgs += [dict(dp=2, m=2, dp_kind="zero1"), dict(dp=2, m=2, dp_kind="zero2")]  # ZeRO-1 / ZeRO-2
-        # LM head sharded over the vocabulary, loss under loss_parallel (untied head), with and without SP
-        cfgs += [dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied"),
-                 dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", sp=1)]
-        cfgs += [dict(dp=2, m=2, recompute="selective"), dict(pp=2, m=4, schedule="zero-bubble", recompute="selective")]
-        # plans made by the planner (meshplan.estimate): fx node names must agree
-        cfgs += [dict(planner=1, pp=2, m=4, schedule="interleaved-1f1b"), dict(planner=1, tp=2, m=2)]
-        _check(run_ranks(rc.worker, 2, "gpt", cfgs), len(cfgs))
+# TestTwoRanks's plans, per test: (the model a cfg without a "model" key runs, the cfgs). The class spawns
+# its 2 ranks once (two_rank_rows) and runs them all; each test checks its own rows.
+_GPT_MATRIX = [dict(dp=2, m=2), dict(dp=2, m=2, dp_kind="fsdp"), dict(tp=2, m=2)]
+_GPT_MATRIX += [dict(pp=2, m=4, schedule=s, v=v) for s, v in PP_SCHEDULES]
+_GPT_MATRIX += [dict(pp=2, m=4, schedule="zbv", v=2)]
+_GPT_MATRIX += [dict(dp=2, m=2, quant="qlora"), dict(pp=2, m=4, schedule="1f1b", quant="qlora"),
+                dict(pp=2, m=4, schedule="1f1b", quant="qat")]
+_GPT_MATRIX += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1b", recompute="full")]
+# full recompute under split backward: ONE recompute per microbatch (runtime/apply/cached_checkpoint.py)
+_GPT_MATRIX += [dict(pp=2, m=4, schedule="zero-bubble", recompute="full"),
+                dict(pp=2, m=4, schedule="zbv", v=2, recompute="full")]
+_GPT_MATRIX += [dict(tp=2, m=2, sp=1)]  # sequence parallelism
+_GPT_MATRIX += [dict(dp=2, m=2, dp_kind="zero1"), dict(dp=2, m=2, dp_kind="zero2")]  # ZeRO-1 / ZeRO-2
+# LM head sharded over the vocabulary, loss under loss_parallel (untied head), with and without SP
+_GPT_MATRIX += [dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied"),
+                dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", sp=1)]
+_GPT_MATRIX += [dict(dp=2, m=2, recompute="selective"),
+                dict(pp=2, m=4, schedule="zero-bubble", recompute="selective")]
+# plans made by the planner (meshplan.estimate): fx node names must agree
+_GPT_MATRIX += [dict(planner=1, pp=2, m=4, schedule="interleaved-1f1b"), dict(planner=1, tp=2, m=2)]
+TWO_RANK_CASES: dict[str, tuple[str, list[dict]]] = {
+    "gpt_matrix": ("gpt", _GPT_MATRIX),
+    "hf_gpt2_tied": ("hf_gpt2", [
+        dict(pp=2, m=2, schedule="1f1b"), dict(tp=2, m=2, styles=HF_STYLES),
+        dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED),
+        dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED, sp=1),
+        dict(pp=2, m=2, schedule="1f1b", recompute="selective")]),  # exported stages: aten SDPA
+    # the LM head sharded over the vocabulary (no gathered logits) for a HF model (torch.export
+    # capture: the head is an aten.linear inside nn.Linear) and under QLoRA / QAT (head not quantized)
+    "loss_parallel": ("gpt", [
+        dict(tp=2, m=2, vocab_head="lm_head", model="hf_llama"),
+        dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", quant="qat"),
+        dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", quant="qlora"),
+        dict(tp=2, m=2, model="gpt_untied", quant="qlora")]),  # the same plan, logits gathered
+    # the token embedding sharded over the vocabulary beside a root-level colwise LM head (gathered
+    # logits): runtime/tp.build_parallel_plan never pairs an embedding; the TIED wte/lm_head sharded over
+    # the vocabulary: one DTensor Parameter (runtime/tp.retie), loss under loss_parallel; and the tie kept
+    # replicated when the plan shards only the head
+    "vocab_embedding": ("gpt", [
+        dict(tp=2, m=2, model="gpt_untied", vocab_embed="wte", styles_extra={"lm_head": "colwise"}),
+        dict(tp=2, m=2, vocab_embed="wte", vocab_head="lm_head"),
+        dict(tp=2, m=2, styles_extra={"lm_head": "colwise"})]),
+    "llama_rotary": ("llama", [dict(tp=2, m=2), dict(pp=2, m=4, schedule="1f1b"),
+                               dict(pp=2, m=4, schedule="zero-bubble"), dict(tp=2, m=2, sp=1)]),
+}
 
-    def test_hf_gpt2_tied(self) -> None:
-        cfgs = [dict(pp=2, m=2, schedule="1f1b"), dict(tp=2, m=2, styles=HF_STYLES),
-                dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED),
-                dict(tp=2, m=2, styles=HF_FUSED_STYLES, gathered=HF_GATHERED, sp=1),
-                dict(pp=2, m=2, schedule="1f1b", recompute="selective")]  # exported stages: aten SDPA
-        res = run_ranks(rc.worker, 2, "hf_gpt2", cfgs)
+
+@pytest.fixture(scope="class")
+def two_rank_rows() -> dict[str, list[list[tuple]]]:
+    """Every TestTwoRanks plan in one 2-rank spawn: per test, each rank's rows (cfg, loss err, param err, notes)."""
+    cfgs: list[dict] = []
+    spans: dict[str, slice] = {}
+    for name, (model, group) in TWO_RANK_CASES.items():
+        spans[name] = slice(len(cfgs), len(cfgs) + len(group))
+        cfgs += [{"model": model, **cfg} for cfg in group]
+    res = run_ranks(rc.worker, 2, "gpt", cfgs, timeout_s=900)
+    return {name: [rank_rows[span] for rank_rows in res] for name, span in spans.items()}
+
+
+class TestTwoRanks:
+    def test_gpt_matrix(self, two_rank_rows: dict) -> None:
+        _check(two_rank_rows["gpt_matrix"], len(_GPT_MATRIX))
+
+    def test_hf_gpt2_tied(self, two_rank_rows: dict) -> None:
+        res = two_rank_rows["hf_gpt2_tied"]
         _check(res, 5)
         assert any("Conv1D converted" in n for n in res[0][1][3])
 
-
-    def test_loss_parallel_hf_and_quantized_heads(self) -> None:
-        # the LM head sharded over the vocabulary (no gathered logits) for a HF model (torch.export
-        # capture: the head is an aten.linear inside nn.Linear) and under QLoRA / QAT (head not quantized)
-        cfgs = [dict(tp=2, m=2, vocab_head="lm_head", model="hf_llama"),
-                dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", quant="qat"),
-                dict(tp=2, m=2, vocab_head="lm_head", model="gpt_untied", quant="qlora"),
-                dict(tp=2, m=2, model="gpt_untied", quant="qlora")]  # the same plan, logits gathered
-        res = run_ranks(rc.worker, 2, "gpt", cfgs)
+    def test_loss_parallel_hf_and_quantized_heads(self, two_rank_rows: dict) -> None:
+        res = two_rank_rows["loss_parallel"]
         _check([r[:2] for r in res], 2)
         for r in res:
             (_, le, pe, notes), (_, gle, gpe, _) = r[2], r[3]
@@ -110,25 +141,16 @@ class TestTwoRanks:
             assert abs(le - gle) <= 1e-6 and abs(pe - gpe) <= 1e-6, (le, gle, pe, gpe)
             assert le <= 5e-5 and pe <= 5e-5, (le, pe)
 
-    def test_vocab_parallel_embedding(self) -> None:
-        # the token embedding sharded over the vocabulary beside a root-level colwise LM head
-        # (gathered logits): runtime/tp.build_parallel_plan never pairs an embedding
-        cfgs = [dict(tp=2, m=2, model="gpt_untied", vocab_embed="wte", styles_extra={"lm_head": "colwise"})]
-        # the TIED wte/lm_head sharded over the vocabulary: one DTensor Parameter (runtime/tp.retie),
-        # loss under loss_parallel; and the tie kept replicated when the plan shards only the head
-        cfgs += [dict(tp=2, m=2, vocab_embed="wte", vocab_head="lm_head"),
-                 dict(tp=2, m=2, styles_extra={"lm_head": "colwise"})]
-        res = run_ranks(rc.worker, 2, "gpt", cfgs)
-        _check(res, len(cfgs))
+    def test_vocab_parallel_embedding(self, two_rank_rows: dict) -> None:
+        res = two_rank_rows["vocab_embedding"]
+        _check(res, len(TWO_RANK_CASES["vocab_embedding"][1]))
         for rank_rows in res:
             tied, half = rank_rows[1][3], rank_rows[2][3]
             assert any(n.startswith("tied embedding + LM head re-tied") for n in tied), tied
             assert any(n.startswith("lm_head: colwise -> replicate") for n in half), half
 
-    def test_llama_rotary_skip_edges(self) -> None:
-        cfgs = [dict(tp=2, m=2), dict(pp=2, m=4, schedule="1f1b"), dict(pp=2, m=4, schedule="zero-bubble"),
-                dict(tp=2, m=2, sp=1)]
-        _check(run_ranks(rc.worker, 2, "llama", cfgs), len(cfgs))
+    def test_llama_rotary_skip_edges(self, two_rank_rows: dict) -> None:
+        _check(two_rank_rows["llama_rotary"], 4)
 
 
 class TestFourRanks:
