@@ -92,3 +92,18 @@ def test_node_time_prices_the_rank_s_experts_and_its_passes() -> None:
     assert passes > 0.1 * fwd  # permute, activation and unpermute: 10%+ of a Qwen3 MoE layer's forward
     frozen = dataclasses.replace(node, frozen_param_numel=node.param_numel)
     assert node_time(frozen, H100, ep=8).bwd_weight_s == 0.0
+
+
+def test_flex_dispatch_sends_a_token_once_per_destination_rank() -> None:
+    from math import comb
+
+    from meshplan.cost_models.epcp import dispatch_copies
+
+    assert dispatch_copies(128, 8, 8) == 8.0  # all-to-all: a copy per routed expert
+    # DeepEP: 8 experts of 128 drawn, 16 per rank: on average 5.34 distinct ranks of 8
+    assert dispatch_copies(128, 8, 8, "flex") == pytest.approx(8 * (1 - comb(112, 8) / comb(128, 8)))
+    assert dispatch_copies(128, 8, 8, "flex") == pytest.approx(5.339, abs=1e-3)
+    assert dispatch_copies(8, 2, 8, "flex") == 2.0  # one expert per rank: nothing shared
+    assert dispatch_copies(128, 8, 1, "flex") == 8.0
+    with pytest.raises(ValueError, match="dispatcher"):
+        dispatch_copies(128, 8, 8, "allgather")

@@ -89,7 +89,8 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
     tr, ex = case["training"], case["expert_config"]
     flags = {k: str(v) for k, v in (("ddp_impl", ex.get("ddp_impl")), ("split_rule", ex.get("split_rule")),
                                     ("norm_kernel", tr.get("norm_kernel")),
-                                    ("fp8_recipe", tr.get("fp8_recipe"))) if v}  # fmt: skip
+                                    ("fp8_recipe", tr.get("fp8_recipe")),
+                                    ("moe_dispatcher", ex.get("moe_dispatcher"))) if v}  # fmt: skip
     if int(ex.get("pp") or 1) == 1:
         flags.pop("split_rule", None)
     return engine_profile(case["engine"]).with_run_flags(**flags)

@@ -26,6 +26,7 @@ from meshplan.cost_models.allocator import PP_BUFFERS
 from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS, ZERO1_IMPLS, ZERO3_IMPLS
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
 from meshplan.cost_models.engine_saves import GLU_KERNELS
+from meshplan.cost_models.epcp import MOE_DISPATCHERS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
 from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
@@ -35,7 +36,7 @@ SPLIT_RULES = ("any", "even", "first_last", "fewer_first_last")
 
 #: fields a run may set from its own command line / config file (the case cites the line); the
 #: engine's default otherwise
-RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe")
+RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class EngineProfile:
     - ``shard_over_cp``: a sharded DP kind shards the model states over dp x cp (torchtitan's FSDP
       mesh folds the context-parallel ranks in), not over dp alone with cp ranks holding copies
       (meshplan's runtime: FSDP2 over its "dp" mesh, cp gradients all-reduced).
+    - ``moe_dispatcher`` (``epcp.MOE_DISPATCHERS``): how a MoE layer's tokens reach their experts' ranks
+      ("alltoall": a copy per routed expert; "flex": a copy per destination rank, DeepEP / HybridEP). A
+      run flag (``--moe-token-dispatcher-type``); Megatron-Core's own default, "allgather", is not
+      modelled and is costed as "alltoall".
     """
 
     name: str
@@ -96,6 +101,7 @@ class EngineProfile:
     tp_comm_overlap: bool = False
     fused_projections: bool = False
     shard_over_cp: bool = False
+    moe_dispatcher: str = "alltoall"
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -105,7 +111,8 @@ class EngineProfile:
                                ("norm_kernel", NORM_KERNELS),
                                ("optimizer_impl", OPTIMIZER_IMPLS), ("attention_impl", ATTENTION_IMPLS),
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
-                               ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS)):  # fmt: skip
+                               ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS),
+                               ("moe_dispatcher", MOE_DISPATCHERS)):  # fmt: skip
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip

@@ -63,6 +63,7 @@ or selective: the ring attention call checkpointed) the re-run forward repeats t
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from meshplan.cost_models.comm import collective_time_s, group_collective_s, group_layout, p2p_time_s
@@ -90,12 +91,33 @@ def _collective_s(kind: str, nbytes: float, group: int, cluster: ClusterSpec, sp
     return collective_time_s(kind, nbytes, group, cluster, spans_nodes=spans_nodes)
 
 
-def ep_a2a_bytes(tokens: float, top_k: int, hidden: int, elem_bytes: int) -> float:
+def ep_a2a_bytes(tokens: float, top_k: float, hidden: int, elem_bytes: int) -> float:
     """Bytes of one dispatch (or combine) all-to-all buffer of a rank: n · k · H · elem."""
     return tokens * top_k * hidden * elem_bytes
 
 
-def ep_comm_s(tokens: float, top_k: int, hidden: int, elem_bytes: int, ep: int, cluster: ClusterSpec,
+#: how a MoE layer's tokens reach their experts' ranks: "alltoall" (one copy per routed expert: Megatron-Core's
+#: MoEAlltoAllTokenDispatcher, meshplan's runtime, torchtitan) or "flex" (one copy per destination rank, the
+#: experts on a rank sharing it: Megatron-Core's MoEFlexTokenDispatcher over DeepEP / HybridEP).
+#: Megatron-Core's default "allgather" dispatcher is not modelled (costed as "alltoall").
+MOE_DISPATCHERS = ("alltoall", "flex")
+
+
+def dispatch_copies(num_experts: int, top_k: int, ep: int, dispatcher: str = "alltoall") -> float:
+    """Copies of a token a dispatch sends (counting the rank's own, which the all-to-all's
+    (ep − 1)/ep leaves out): ``top_k`` for "alltoall"; for "flex" the expected number of distinct
+    ranks among its ``top_k`` experts drawn without replacement from ``num_experts`` laid out
+    ``num_experts / ep`` per rank, ``ep · (1 − C(E − E/ep, k) / C(E, k))`` (DeepEP
+    ``Buffer.dispatch``: one send per destination rank, ``get_dispatch_layout``'s is_token_in_rank)."""
+    if dispatcher not in MOE_DISPATCHERS:
+        raise ValueError(f"dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {dispatcher!r}")
+    if dispatcher == "alltoall" or ep <= 1 or num_experts <= 0:
+        return float(top_k)
+    per = num_experts // ep
+    return ep * (1.0 - math.comb(num_experts - per, top_k) / math.comb(num_experts, top_k))
+
+
+def ep_comm_s(tokens: float, top_k: float, hidden: int, elem_bytes: int, ep: int, cluster: ClusterSpec,
               *, spans_nodes: bool = False, stride: int = 0) -> float:
     """Seconds of one MoE layer's four all-to-alls (dispatch + combine, forward + backward);
     ``stride``: distance of the ep group's ranks in the mesh (``_collective_s``)."""

@@ -42,6 +42,7 @@ from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.epcp import (
     cp_kv_bytes,
     cp_ring_exposed_s,
+    dispatch_copies,
     ep_a2a_bytes,
     ep_comm_s,
     folded_expert_mesh,
@@ -81,7 +82,7 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                capacity_factor: float, elem_bytes: int, tp: int = 1, recompute: str = "none",
                spans_nodes: bool = False, stride: int = 0,
                nodes: Iterable[GraphNode] | None = None, folding: bool = False, dp: int = 1,
-               fp8_recipe: str = DEFAULT_FP8_RECIPE) -> EPCPTerms:
+               fp8_recipe: str = DEFAULT_FP8_RECIPE, moe_dispatcher: str = "alltoall") -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
     them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp); ``nodes``: the nodes
     to cost (a pipeline stage's; default all: pp = 1). Under TP a rank's ring
@@ -94,7 +95,9 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     ``folding``: Megatron's MoE parallel folding (module docstring; ``dp``: the attention's dp
     degree, which with cp and tp sizes the stage's ranks the expert mesh is folded over).
     ``fp8_recipe``: the engine's (``cost_models.precision``; under fp8 the MoE node's time as the
-    cost table priced it: TE recipes run the experts in fp8)."""
+    cost table priced it: TE recipes run the experts in fp8). ``moe_dispatcher``
+    (``cost_models.epcp.MOE_DISPATCHERS``): the copies of a token a dispatch and a combine move
+    (``dispatch_copies``: one per routed expert, or under "flex" one per destination rank)."""
     out = EPCPTerms()
     fold = folding and tp > 1
     if cp == 1 and ep == 1 and not fold:
@@ -131,7 +134,8 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
             out.imbalance_s += (capacity_factor - 1.0) * (t.total_s + t.fwd_s * rerun)
             out.moe_forward_s += (capacity_factor - 1.0) * t.fwd_s
             if ep > 1:  # dispatch + combine in the forward, again in a re-run forward, and in the backward
-                k, h = n.attrs.get("top_k", 1), n.attrs.get("hidden", 0)
+                h = n.attrs.get("hidden", 0)
+                k = dispatch_copies(int(n.attrs.get("num_experts", 0) or 0), n.attrs.get("top_k", 1), ep, moe_dispatcher)
                 four = ep_comm_s(tokens, k, h, elem_bytes, ep, cluster, spans_nodes=spans_nodes, stride=ep_stride)
                 out.ep_comm_s += four * (1.0 + 0.5 * rerun)
                 out.ep_forward_s += four / 2

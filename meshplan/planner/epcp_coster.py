@@ -92,6 +92,7 @@ class EPCPCosts:
                 recompute=c.recompute, stride=c.tp,  # ep and cp groups: dc-row positions, tp apart
                 folding=self.moe_folding, dp=c.dp,  # folded: the ep group laid out on its own
                 fp8_recipe=self.coster.profile.fp8_recipe,  # under fp8: TE recipes run the experts in fp8
+                moe_dispatcher=self.coster.profile.moe_dispatcher,  # copies of a token a dispatch moves
                 memo=self.memos.epcp_node, copies=self._copies)
         return self.memos.epcp_prefix[key]
 
