@@ -41,8 +41,10 @@ def test_shared_node_terms_equal_terms_costed_afresh(moe, folding):
         assert shared.acc == fresh.acc and shared.bytes == fresh.bytes, c
         assert shared.whole() == fresh.terms(0, len(moe.nodes)) == fresh.whole(), c  # the same floats
         n += 1
-    # fewer distinct nodes were costed than configurations x nodes: the sharing happened
-    assert len(s.costs.memos.epcp_node) < n * len(s.costs.ep_cp.epcp_nodes) / 4
+    # fewer distinct nodes were costed than configurations x nodes: the sharing happened. Under MoE
+    # folding a MoE node's terms also depend on tp, dp and cp (the folded expert mesh), and a full
+    # recompute re-runs it (its dispatch and combine), so fewer configurations share its entry there
+    assert len(s.costs.memos.epcp_node) < n * len(s.costs.ep_cp.epcp_nodes) / (2 if folding else 4)
     assert len({k[0] for k in s.costs.memos.epcp_node}) < len(s.costs.ep_cp.epcp_nodes)  # the blocks' copies share
 
 
