@@ -90,3 +90,31 @@ class FeatureSet(torch.utils.data.Dataset):
 
 def dataset() -> FeatureSet:
     return FeatureSet()
+
+
+def train_worker(rank: int, world: int, refs: list[list[str]], runs: list[list[str]], ports: list[int]) -> list[int]:
+    """``meshplan.runtime.loop.train`` argvs (what ``meshplan run`` hands torchrun) in one 2-rank spawn: first
+    the one-device ``refs``, each rank running every other one on a 1-rank gloo group of its own (port
+    ``ports[rank]``), then every ``runs[i]`` on both ranks (port ``ports[2 + i]``). Each run destroys its group
+    at its end. The exit codes, refs then runs."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    from meshplan.runtime.loop import train
+
+    timeout = datetime.timedelta(seconds=600)  # a rank may still be on its references when the other joins
+    dist.destroy_process_group()
+    codes = []
+    os.environ.update(RANK="0", WORLD_SIZE="1")
+    for argv in refs[rank::2]:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[rank]}", rank=0, world_size=1,
+                                timeout=timeout)
+        codes.append(train.main(argv))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    for i, argv in enumerate(runs):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[2 + i]}", rank=rank,
+                                world_size=world, timeout=timeout)
+        codes.append(train.main(argv))
+    return codes
