@@ -93,7 +93,7 @@ def test_flash_attention_skips_the_masked_half_and_is_wave_quantized() -> None:
     # the masked half skipped, each at its own shape's efficiency (efficiency.attention_shape_factor)
     shape = attention_shape_factor(2048, 128, False, exp_cost_flops=H100.exp_cost_flops)
     assert tc.fwd_s / tnc.fwd_s == pytest.approx(17 / 32 * shape)
-    assert tc.bwd_input_s == pytest.approx(2 * tc.fwd_s)
+    assert tc.bwd_input_s == pytest.approx(2.5 * tc.fwd_s)  # flash backward: five GEMMs of the two
     flat = dataclasses.replace(H100, sm_count=0)
     # the flash kernel's own fraction of peak (FlashAttention-2 on H100: 35 %), wave-quantized
     assert H100.attention_efficiency == 0.35 and A100.attention_efficiency == 0.53

@@ -68,8 +68,11 @@ SHARDED_WEIGHT_KINDS = frozenset({"linear", "embedding", "matmul"})
 # Backward time as multiples of forward time: (input gradient B, weight gradient W).
 # linear/matmul: dX = dY·Wᵀ and dW = Xᵀ·dY are each one GEMM the size of the forward
 #   (FORMULAS.md "Backward costs about 2× forward"; Qi et al. 2023 split them as B and W).
-# attention (no weights): backward recomputes the softmax and does 2 more GEMMs than forward,
-#   ≈ 2× forward (FlashAttention-2 paper, Dao 2023, §3: backward ≈ 2–2.5× forward); W = 0.
+# attention (no weights; the flash kernel: a kernel without flash is priced by eager_ops): the
+#   forward runs two GEMMs (S = QKᵀ, O = PV), the backward five of the same size (S recomputed,
+#   dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q): 2.5× forward, the FLOP count FlashAttention-2
+#   (Dao 2023, §4.1 benchmarks) and FlashAttention-3 report their speeds in, so the efficiencies
+#   read from them (hardware.FA2_A100, FA2_H100) apply to it; W = 0.
 # norm: memory bound; dX reads x, dY and the saved statistics (≈ 1.5× forward), dγ/dβ is a
 #   reduction over the tokens (≈ 0.5× forward).
 # activation / elementwise / loss: one memory-bound pass over the same tensors (≈ 1× forward).
@@ -78,7 +81,7 @@ _BACKWARD_FACTORS: dict[str, tuple[float, float]] = {
     "linear": (1.0, 1.0),
     "matmul": (1.0, 1.0),
     "moe": (1.0, 1.0),  # the router and the expert MLPs are GEMMs: dX and dW one forward each
-    "attention": (2.0, 0.0),
+    "attention": (2.5, 0.0),
     "norm": (1.5, 0.5),
     "activation": (1.0, 0.0),
     "elementwise": (1.0, 0.0),
