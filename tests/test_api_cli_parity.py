@@ -45,6 +45,28 @@ def test_cli_plan_is_autoparallel(tmp_path: Path, gpt_tiny_graph) -> None:
                                          memory_limit=40 * 2**30, fixed={"tp": 2}))  # fmt: skip
 
 
+def test_plan_optimizer_is_costed_and_recorded(tmp_path: Path, gpt_tiny_graph, capsys) -> None:
+    """``meshplan plan --optimizer sgd --momentum 0`` is ``autoparallel(optimizer="sgd")`` (#28): plain
+    SGD's plan records it and predicts less state memory and a shorter optimizer step than Adam's."""
+    out = tmp_path / "p.json"
+    assert main(["plan", "gpt-tiny", "-n", "2", "--dtype", "fp32", "--dp", "2", "--optimizer", "sgd", "--momentum",
+                 "0", "-q", "-o", str(out)]) == 0  # fmt: skip
+    sgd = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", dtype="fp32", fixed={"dp": 2}, optimizer="sgd")
+    _same_plan(Plan.load(out), sgd)
+    adam = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", dtype="fp32", fixed={"dp": 2})
+    mom = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", dtype="fp32", fixed={"dp": 2},
+                                optimizer="sgd-momentum")  # fmt: skip
+    assert (adam.optimizer, mom.optimizer, sgd.optimizer) == ("adam", "sgd-momentum", "sgd")
+    opt = [p.predicted.mem_breakdown["optimizer"] for p in (adam, mom, sgd)]
+    assert opt[0] > opt[1] > opt[2] and adam.predicted.optimizer_s > sgd.predicted.optimizer_s
+    assert main(["plan", "gpt-tiny", "-n", "2", "--optimizer", "sgd", "-q", "-o", str(out)]) == 0
+    assert Plan.load(out).optimizer == "sgd-momentum"  # SGD's default momentum 0.9 keeps a buffer
+    assert main(["plan", "gpt-tiny", "-n", "2", "--momentum", "0.5", "-q"]) == 1
+    assert "--momentum is SGD's; --optimizer adam" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="optimizer 'lion' unknown"):
+        meshplan.autoparallel("no-such-model-never-loaded", 2, optimizer="lion")
+
+
 def test_autoparallel_dtype_auto_and_qlora_rank(gpt_tiny_graph) -> None:
     p = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", dtype="auto", target="torchtitan")
     assert p.dtype in ("bf16", "fp8") and any("--dtype auto" in n for n in p.notes)

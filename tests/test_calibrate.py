@@ -173,6 +173,27 @@ def test_calibrate_always_fits_forward_and_backward_phases(tmp_path: Path) -> No
     assert abs(result.fit.error(2)[0]) < 0.02
 
 
+def test_calibrate_costs_the_optimizer_the_run_used(tmp_path: Path) -> None:
+    """An Adam plan run with ``meshplan run --optimizer sgd --momentum 0`` records "sgd" (#28):
+    calibrate re-costs the run with SGD's optimizer step and state, not the plan's Adam."""
+    from dataclasses import replace
+
+    spec = resolve_cluster(ClusterSpec.from_dict(CPU), 2)
+    case = _case("dp2", spec, spec, dp=2, tp=1, pp=1)
+    assert case.plan.optimizer == "adam"
+    adam, sgd = (cal.predict(replace(case, optimizer=o), spec).predicted for o in ("", "sgd"))
+    assert sgd.optimizer_s < adam.optimizer_s and max(sgd.peak_mem_bytes) < max(adam.peak_mem_bytes)
+    rec = {"model": "gpt-tiny", "world_size": 2, "warmup": 1, "plan": case.plan.to_dict(), "optimizer": "sgd",
+           "steps": [{"step": i, "step_s": sgd.step_s} for i in range(3)]}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps(rec))
+    spec.save(tmp_path / "cpu.json")
+    before = cal.calibrate([tmp_path / "run.json"], tmp_path / "cpu.json").fit.rows[0][1]
+    assert before == pytest.approx(sgd.step_s) and before != pytest.approx(adam.step_s)
+    (tmp_path / "bad.json").write_text(json.dumps({**rec, "optimizer": "lion"}))
+    with pytest.raises(ValueError, match="optimizer 'lion' unknown"):
+        cal.calibrate([tmp_path / "bad.json"], tmp_path / "cpu.json")
+
+
 def test_a_gloo_send_occupies_its_sending_rank() -> None:
     """On gloo (``ClusterSpec.comm_backend``) a pipeline send holds its sender for the hop: GPipe on
     2 ranks, m microbatches, times f, b, hop c: rank 0's forwards last f + c each, rank 1's

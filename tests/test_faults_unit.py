@@ -213,10 +213,12 @@ def test_full_disk_message_says_what_was_needed(tmp_path) -> None:
 
 def test_flags_reach_the_workers_and_sizes_parse(tmp_path, capsys) -> None:
     import argparse
+    import dataclasses
 
     from meshplan.cli import main
     from meshplan.commands.argtypes import byte_size
     from meshplan.models import load_model
+    from meshplan.plan import Plan
     from meshplan.runtime.apply import handplan
     from meshplan.runtime.loop.faults import pg_timeout_s
 
@@ -228,8 +230,25 @@ def test_flags_reach_the_workers_and_sizes_parse(tmp_path, capsys) -> None:
     assert main(["run", plan, "--model", "mlp", "--optimizer", "sgd", "--momentum", "0", "--print-command"]) == 0
     out = capsys.readouterr().out
     assert "--optimizer sgd" in out and "--momentum 0.0" in out  # plain SGD reaches the workers
-    assert main(["run", plan, "--model", "mlp", "--momentum", "0.5", "--print-command"]) == 1  # adamw's default
-    assert "--momentum is SGD's; --optimizer adamw" in capsys.readouterr().err
+    assert main(["run", plan, "--model", "mlp", "--momentum", "0.5", "--print-command"]) == 1  # the plan's adam
+    assert "--momentum is SGD's; --optimizer adam (the plan's)" in capsys.readouterr().err
+    # the plan's optimizer runs by default (#28); another one with other state is said in one line
+    assert main(["run", plan, "--model", "mlp", "--print-command"]) == 0
+    out, err = capsys.readouterr()
+    assert "--optimizer adam " in out and "--momentum" not in out and not err
+    assert main(["run", plan, "--model", "mlp", "--optimizer", "adamw", "--print-command"]) == 0
+    assert not capsys.readouterr().err  # adamw costs as adam does
+    sgd_plan = str(tmp_path / "sgd.json")
+    dataclasses.replace(Plan.load(plan), optimizer="sgd").save(sgd_plan)
+    assert main(["run", sgd_plan, "--model", "mlp", "--print-command"]) == 0
+    out, err = capsys.readouterr()
+    assert "--optimizer sgd" in out and "--momentum 0.0" in out and not err  # plain SGD, as planned
+    assert main(["run", sgd_plan, "--model", "mlp", "--optimizer", "adam", "--print-command"]) == 0
+    out, err = capsys.readouterr()
+    assert "--optimizer adam " in out and err.count("\n") == 1
+    assert "predictions (memory, step time) are for sgd, this run uses adam" in err
+    assert main(["run", sgd_plan, "--model", "mlp", "--momentum", "0.9", "--print-command"]) == 0
+    assert "are for sgd, this run uses sgd-momentum" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["run", plan, "--model", "mlp", "--optimizer", "sgd", "--momentum", "1"])
     assert "must be < 1" in capsys.readouterr().err

@@ -43,7 +43,9 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
 
 Phases compared (the RunRecord's "phases" written by ``runtime.record.phases``; any may be missing):
 forward, backward, optimizer, comm (exposed), bubble, each against ``plan.phases.predicted_phases``
-of the re-costed plan (the definition the runtime records its predictions with).
+of the re-costed plan (the definition the runtime records its predictions with). The re-costing
+uses the optimizer the run used (the RunRecord's ``optimizer``; older records: the plan's), so an
+SGD run fits its optimizer phase and memory against SGD's cost, not the plan's Adam.
 
 ``calibrate(records, cluster)`` (``meshplan.calibrate``, what ``meshplan calibrate`` runs) reads
 RunRecord files, traces each run's model, fits and returns the calibrated ClusterSpec. No torch
@@ -60,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.memory import OPTIMIZERS
 from meshplan.graph import ModelGraph
 from meshplan.plan import Plan, Prediction
 from meshplan.plan.phases import predicted_phases
@@ -93,6 +96,8 @@ class Case:
     measured_phases: dict[str, float] = field(default_factory=dict)
     #: measured backward seconds / forward seconds of the busiest rank (``phase_ratio``); None: unknown
     measured_ratio: float | None = None
+    #: the optimizer that ran (the cost model's name; RunRecord.optimizer); "": the plan's
+    optimizer: str = ""
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,8 @@ def apply_terms(spec: ClusterSpec, factors: dict[str, float]) -> ClusterSpec:
 
 def predict(case: Case, spec: ClusterSpec) -> Plan:
     """``case``'s layout re-costed on ``spec`` (``estimate_graph`` with every degree, batch,
-    schedule, recompute and DP kind of the plan pinned)."""
+    schedule, recompute and DP kind of the plan pinned), with the optimizer that ran (``case.optimizer``,
+    else the plan's)."""
     from meshplan.planner.api import estimate_graph
 
     p = case.plan
@@ -172,7 +178,7 @@ def predict(case: Case, spec: ClusterSpec) -> Plan:
         num_microbatches=p.num_microbatches, recompute=p.recompute, micro_batch_size=p.micro_batch_size,
         global_batch_size=p.global_batch_size, virtual_stages=p.virtual_stages,
         dp_kind=p.dp_kind if p.dp > 1 else None, sequence_parallel=p.sequence_parallel,
-        cluster=spec.with_devices(p.world_size), dtype=p.dtype, optimizer=p.optimizer, quantization=p.quantization,
+        cluster=spec.with_devices(p.world_size), dtype=p.dtype, optimizer=case.optimizer or p.optimizer, quantization=p.quantization,
     )  # fmt: skip
     return est
 
@@ -336,6 +342,9 @@ def read_record(path: str) -> dict[str, Any]:
                          "re-run it with this version of meshplan run --record")  # fmt: skip
     if not d.get("model"):
         raise ValueError(f"run record {path!r} has no 'model' spec to trace")
+    if d.get("optimizer") and d["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"run record {path!r}: optimizer {d['optimizer']!r} unknown; the cost model knows "
+                         f"{', '.join(OPTIMIZERS)}")
     return d
 
 
@@ -396,7 +405,7 @@ def calibrate(
         phases = measured_phases(d.get("phases"), step)
         cases.append(Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=step,
                           measured_phases=phases if use_phases else {k: v for k, v in phases.items() if k in COMPUTE_PHASES},
-                          measured_ratio=phase_ratio(d.get("phases"))))  # fmt: skip
+                          measured_ratio=phase_ratio(d.get("phases")), optimizer=d.get("optimizer") or ""))  # fmt: skip
     if not cases:
         raise ValueError("calibration needs at least one run record")
     world = max(c.plan.world_size for c in cases)

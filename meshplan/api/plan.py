@@ -6,7 +6,8 @@ the slow trace) and runs ``PlanRequest.plan`` on the graph it loaded; ``autopara
 in one call. The Python names of the CLI's flags: ``--global-batch`` global_batch_size, ``--seq``
 seq_len, ``--input-shape`` input_shapes, ``--tp/--pp/--dp/--cp/--ep/--schedule/--micro-batch/
 --recompute/--dp-kind/--capacity-factor`` the keys of ``fixed`` (micro_batch_size for
-``--micro-batch``), ``--memory-limit`` memory_limit, ``--no-cache`` use_cache=False; the others
+``--micro-batch``), ``--memory-limit`` memory_limit, ``--no-cache`` use_cache=False, ``--optimizer
+[--momentum]`` optimizer (the cost model's name, ``cost_models.memory.optimizer_kind``); the others
 keep their names (``--dtype``, ``--target``, ``--quantization``, ``--lora-rank``, ``--cluster``).
 
 ``model``: an ``nn.Module`` (traced with ``example_inputs``, or inputs built from its config at
@@ -25,6 +26,7 @@ from typing import Any
 
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.memory import OPTIMIZERS
 from meshplan.cost_models.precision import TRAINING_DTYPES, check_training_dtype
 from meshplan.engines.spec import CAPS, TARGETS, search_limits, spec_from_plan, unsupported
 from meshplan.errors import NoFeasiblePlanError
@@ -110,6 +112,7 @@ class PlanRequest:
     dtypes: tuple[str, ...]
     target: str
     limits: dict[str, Any] = field(default_factory=dict)  # plan_graph keywords of the target engine
+    optimizer: str = "adam"  # the cost model's (``cost_models.memory.OPTIMIZERS``)
 
     def plan(self, graph: ModelGraph, progress: Progress = None) -> Plan:
         """The best plan of ``graph`` (the fastest over ``dtypes``), with the target's notes."""
@@ -118,7 +121,7 @@ class PlanRequest:
         def plan_in(dtype: str) -> Plan:
             return plan_graph(graph, self.world_size, cluster=self.cluster, global_batch_size=self.global_batch_size,
                               fixed=self.fixed, progress=progress, quantization=self.quantization, dtype=dtype,
-                              **self.limits)  # fmt: skip
+                              optimizer=self.optimizer, **self.limits)  # fmt: skip
 
         plan = choose_dtype(plan_in, self.dtypes, say) if len(self.dtypes) > 1 else plan_in(self.dtypes[0])
         return target_notes(plan, self.target)
@@ -154,12 +157,16 @@ def plan_request(
     dtype: str = "bf16",
     target: str = "meshplan",
     memory_limit: int | str | None = None,
+    optimizer: str = "adam",
 ) -> PlanRequest:
     """Check every argument of ``autoparallel`` (see there) and resolve the cluster; no tracing."""
     if target not in TARGETS:
         raise ValueError(f"target {target!r} unknown; use one of {', '.join(TARGETS)}")
     if dtype not in (*TRAINING_DTYPES, "auto"):
         raise ValueError(f"dtype {dtype!r} unknown; use one of {', '.join((*TRAINING_DTYPES, 'auto'))}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r} unknown; use one of {', '.join(OPTIMIZERS)} "
+                         "(sgd: momentum 0, no state; sgd-momentum: one buffer)")
     V.check_world_size(world_size)
     spec = resolve_cluster(cluster if cluster is not None else default_cluster_name(), world_size)
     if memory_limit is not None:
@@ -194,7 +201,7 @@ def plan_request(
         raise ValueError("--lora-rank applies to --quantization qlora only (Python: lora_rank with quantization=\"qlora\")")
     q = resolve_quantization(quantization, lora_rank)
     return PlanRequest(int(world_size), spec, global_batch_size, V.check_fixed(f, world_size), q, dtypes, target,
-                       limits)  # fmt: skip
+                       limits, optimizer)  # fmt: skip
 
 
 def model_graph(
@@ -276,6 +283,7 @@ def autoparallel(
     target: str = "meshplan",
     memory_limit: int | str | None = None,
     use_cache: bool = True,
+    optimizer: str = "adam",
 ) -> Plan:
     """The fastest plan for training ``model`` on ``world_size`` devices that fits memory (``meshplan plan``).
 
@@ -289,11 +297,14 @@ def autoparallel(
     "fp8") or "auto" (bf16 and fp8 where the cluster and target run it; the faster wins).
     ``target``: "meshplan" (everything meshplan's runtime runs) or an engine ("torchtitan",
     "megatron", "deepspeed": only what it runs, priced with its conventions). ``memory_limit``:
-    memory a rank may use (bytes or "60GiB"; default the cluster's usable memory).
+    memory a rank may use (bytes or "60GiB"; default the cluster's usable memory). ``optimizer``: the one
+    the run uses, as the cost model names it: "adam" (default), "adamw", "sgd" (momentum 0: no state)
+    or "sgd-momentum" (one buffer); its state memory and step time are costed, and the Plan records it
+    (``meshplan run`` then runs it: ``cost_models.memory.run_optimizer``).
     """
     req = plan_request(world_size, cluster=cluster, global_batch_size=global_batch_size, fixed=fixed,
                        recompute=recompute, schedules=schedules, quantization=quantization, lora_rank=lora_rank,
-                       dtype=dtype, target=target, memory_limit=memory_limit)  # fmt: skip
+                       dtype=dtype, target=target, memory_limit=memory_limit, optimizer=optimizer)  # fmt: skip
     graph = model_graph(model, seq_len=seq_len, example_inputs=example_inputs, input_shapes=input_shapes,
                         use_cache=use_cache, progress=progress)  # fmt: skip
     return req.plan(graph, progress)

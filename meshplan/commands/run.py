@@ -12,7 +12,9 @@ Before spawning, ``commands/preflight.py`` checks the model spec, data, output d
 node's devices (more ranks than GPUs, or than CPU cores without ``--oversubscribe``, is refused; a
 one-node launch of a multi-node plan is told the command for each node) and the plan against the
 model built on the meta device (fingerprint, ``check_plan``); numbers are checked by argparse
-(``--nproc 0`` is refused). SIGINT/SIGTERM stop the whole process tree
+(``--nproc 0`` is refused). The optimizer is the plan's (``meshplan plan --optimizer``) unless
+``--optimizer`` / ``--momentum`` say otherwise; one with other state than the plan costed runs with
+a one-line warning (``run_optimizer_of``). SIGINT/SIGTERM stop the whole process tree
 (``runtime/launch/supervise.py``): exit code 130/143.
 torch is imported only by the preflight (device count, meta build).
 """
@@ -29,6 +31,7 @@ from meshplan.commands.argtypes import (
     positive_int,
     unit_interval,
 )
+from meshplan.cost_models.memory import OPTIMIZERS, RUN_OPTIMIZERS, optimizer_kind, run_optimizer
 from meshplan.shapes import add_input_shape, input_shape_text
 
 HELP = "run a plan under torchrun (synthetic data by default) and record measured vs predicted step time"
@@ -62,11 +65,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", default=None, help="RunRecord JSON path (default: run_record.json beside the plan)")
     p.add_argument("--lr", type=positive_float, default=1e-3,
                    help="learning rate, the peak of --lr-schedule after --warmup-steps (default 1e-3)")
-    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw",
-                   help="adamw (default; weight decay 0), adam, or sgd (momentum 0.9 unless --momentum)")
+    p.add_argument("--optimizer", choices=RUN_OPTIMIZERS, default=None,
+                   help="adam, adamw (weight decay 0) or sgd (momentum 0.9 unless --momentum); default: the plan's "
+                        "(`meshplan plan --optimizer`, adam unless given). Another one than the plan's runs, with a "
+                        "warning: the plan's predictions are for its own optimizer")
     p.add_argument("--momentum", type=unit_interval, default=None, metavar="M",
-                   help="SGD's momentum (--optimizer sgd only; default 0.9); 0: plain SGD, which keeps no momentum "
-                        "buffer (one fp32 copy of the rank's parameter shards less host/device memory)")
+                   help="SGD's momentum (--optimizer sgd only; default: the plan's SGD's, else 0.9); 0: plain SGD, "
+                        "which keeps no momentum buffer (one fp32 copy of the rank's parameter shards less memory)")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed of the initial weights, the synthetic data and the data order, the same on "
                         "every rank (default 0)")
@@ -152,6 +157,29 @@ def run_argv(args: argparse.Namespace) -> list[str]:
     return out + (["--verbose"] if getattr(args, "verbose", False) else [])  # cli.py adds -v to every command
 
 
+def run_optimizer_of(args: argparse.Namespace, planned: str) -> tuple[str, float | None]:
+    """(--optimizer, --momentum) the workers run: the plan's optimizer (``planned``, the cost model's
+    name) unless the flags say otherwise. One that the plan did not cost (other state: SGD vs Adam,
+    SGD with vs without momentum; adam and adamw cost alike) runs with one warning on stderr: the
+    plan's predicted memory and step time are its own optimizer's, the RunRecord records the one run
+    (``meshplan calibrate`` re-costs with it)."""
+    import sys
+
+    plan_name, plan_momentum = run_optimizer(planned)
+    name = args.optimizer or plan_name
+    momentum = args.momentum if args.momentum is not None else plan_momentum if name == plan_name else None
+    if args.momentum is not None and name != "sgd":
+        whose = "" if args.optimizer else " (the plan's)"
+        raise ValueError(f"--momentum is SGD's; --optimizer {name}{whose} keeps its two moments "
+                         "(drop --momentum, or use --optimizer sgd)")
+    ran = optimizer_kind(name, momentum)
+    if OPTIMIZERS[ran] != OPTIMIZERS[planned]:
+        print(f"warning: the plan's predictions (memory, step time) are for {planned}, this run uses {ran} "
+              f"(re-plan with `meshplan plan --optimizer {name}"
+              f"{' --momentum 0' if ran == 'sgd' else ''}` for a matching prediction)", file=sys.stderr)
+    return name, momentum
+
+
 def build_command(args: argparse.Namespace) -> list[str]:
     from meshplan.plan import Plan
     from meshplan.runtime.launch.torchrun import torchrun_command
@@ -163,17 +191,15 @@ def build_command(args: argparse.Namespace) -> list[str]:
             f"plan {args.plan} needs {plan.world_size} ranks ({plan.summary()}), --nproc is {nproc}; "
             f"drop --nproc or re-plan for {nproc}"
         )
-    if args.momentum is not None and args.optimizer != "sgd":
-        raise ValueError(f"--momentum is SGD's; --optimizer {args.optimizer} keeps its two moments "
-                         "(drop --momentum, or use --optimizer sgd)")
+    name, momentum = run_optimizer_of(args, plan.optimizer)
     launch = _launch(args, plan.world_size)
     train = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps), "--lr", str(args.lr),
-             "--optimizer", args.optimizer, "--seed", str(args.seed), "--threads", str(args.threads),
+             "--optimizer", name, "--seed", str(args.seed), "--threads", str(args.threads),
              "--timeout", str(args.timeout),
              "--dtype", args.dtype, "--clip-grad-norm", str(args.clip_grad_norm), "--lr-schedule",
              args.lr_schedule, "--warmup-steps", str(args.warmup_steps)] + (["--compile"] if args.compile else [])
-    if args.momentum is not None:
-        train += ["--momentum", str(args.momentum)]
+    if momentum is not None:
+        train += ["--momentum", str(momentum)]
     if args.checkpoint_dir:
         train += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every),
                   "--keep-checkpoints", str(args.keep_checkpoints)]

@@ -3,8 +3,10 @@
 Owns ``model_state_bytes`` (parameters, gradients, optimizer states; ZeRO-1/2/3 over dp; frozen
 parameters without gradients or optimizer state), ``activation_bytes_per_layer`` (the
 Korthikanti et al. 2022 closed forms), ``node_activation_bytes`` (the same from a traced graph's
-``GraphNode.saved_bytes``) and ``inflight_microbatches`` (how many microbatches' activations a
-pipeline stage holds at its peak under each schedule in ``meshplan.plan.SCHEDULES``).
+``GraphNode.saved_bytes``), ``inflight_microbatches`` (how many microbatches' activations a
+pipeline stage holds at its peak under each schedule in ``meshplan.plan.SCHEDULES``) and
+``optimizer_kind`` / ``run_optimizer`` (the CLI's ``--optimizer [--momentum]`` to and from the cost
+model's optimizer names, ``OPTIMIZERS``).
 
 Callers pass per-rank quantities where TP or PP already divide them (e.g. the parameters of one
 stage divided by tp). No torch import.
@@ -35,6 +37,32 @@ PRECISIONS: dict[str, tuple[int, int, int]] = {
 #: optimizer -> state values per trainable parameter (each kept in fp32 for the mixed/fp32
 #: precisions, in bf16 for pure bf16)
 OPTIMIZERS: dict[str, int] = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
+#: what ``meshplan plan --optimizer`` and ``meshplan run --optimizer`` take (SGD's momentum apart)
+RUN_OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+def optimizer_kind(name: str, momentum: float | None = None) -> str:
+    """The cost model's optimizer (an ``OPTIMIZERS`` key) for ``--optimizer name [--momentum M]``:
+    SGD with momentum 0 keeps no state ("sgd"), any other SGD one buffer ("sgd-momentum"; no
+    ``momentum`` is the runtime's default 0.9); adam / adamw as named. Bad input: one-line ValueError."""
+    if name not in RUN_OPTIMIZERS:
+        raise ValueError(f"--optimizer {name!r} unknown; use one of {', '.join(RUN_OPTIMIZERS)}")
+    if momentum is not None and name != "sgd":
+        raise ValueError(f"--momentum is SGD's; --optimizer {name} keeps its two moments "
+                         "(drop --momentum, or use --optimizer sgd)")
+    if momentum is not None and not 0.0 <= momentum < 1.0:
+        raise ValueError(f"--momentum must be in [0, 1), got {momentum}")
+    if name == "sgd":
+        return "sgd" if momentum == 0.0 else "sgd-momentum"
+    return name
+
+
+def run_optimizer(kind: str) -> tuple[str, float | None]:
+    """``(--optimizer, --momentum)`` that runs the cost model's ``kind`` (``optimizer_kind``'s
+    inverse): "sgd" -> ("sgd", 0.0), "sgd-momentum" -> ("sgd", None: the runtime's 0.9)."""
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"optimizer {kind!r} unknown; use one of {', '.join(OPTIMIZERS)}")
+    return ("sgd", 0.0) if kind == "sgd" else ("sgd", None) if kind == "sgd-momentum" else (kind, None)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from meshplan.cost_models.memory import OPTIMIZERS, optimizer_kind, run_optimizer
 from meshplan.errors import NonFiniteError
 from meshplan.plan import Plan
 from meshplan.shapes import add_input_shape, input_shapes
@@ -36,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="zoo name, file.py:factory or package.module:factory")
     p.add_argument("--steps", type=int, default=10, help="the step to end at (timed steps; default 10)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate after warm-up (default 1e-3)")
-    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default="adamw", help="optimizer (default adamw)")
-    p.add_argument("--momentum", type=float, default=None, help="SGD's momentum (default 0.9; 0: plain SGD)")
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default=None, help="optimizer (default: the plan's)")
+    p.add_argument("--momentum", type=float, default=None,
+                   help="SGD's momentum (default: the plan's SGD's, else 0.9; 0: plain SGD)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data, on every rank")
     p.add_argument("--data", default=None,
                    help="tokens.bin, package.module:fn returning a Dataset, or fn(step, batch, seq_len) (default: synthetic)")
@@ -153,7 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
     seq_len = run_seq_len(plan, example)
     hang_s = default_timeout_s(plan.predicted.step_s) if args.hang_timeout is None else args.hang_timeout
+    if args.optimizer is None:  # the plan's (``meshplan run`` passes it resolved)
+        args.optimizer, planned_momentum = run_optimizer(plan.optimizer)
+        args.momentum = planned_momentum if args.momentum is None else args.momentum
     optimizer = make_optimizer(args.optimizer, args.lr, momentum=args.momentum)  # refuses before any collective
+    ran_optimizer = optimizer_kind(args.optimizer, args.momentum)  # the cost model's name, for the RunRecord
 
     def apply(model: Any, example: Any, tape: Any) -> Any:
         return apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=optimizer,
@@ -212,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rec.tokens_per_step = plan.global_batch_size * max(seq_len, 1) if seq_len else 0
     rec.plan = plan.to_dict()
+    rec.optimizer = ran_optimizer
+    if OPTIMIZERS[ran_optimizer] != OPTIMIZERS[plan.optimizer]:
+        rec.notes.append(f"optimizer {ran_optimizer} run; the plan's predictions are for {plan.optimizer}")
     progress = Progress(total_steps=args.steps, start_step=start, log_every=args.log_every,
                         tokens_per_step=rec.tokens_per_step or plan.global_batch_size,
                         predicted_step_s=plan.predicted.step_s,

@@ -87,6 +87,9 @@ class RunRecord:
     # used in the step (``time.process_time``); below the step's wall time when the rank waited or
     # lost its cores to other processes. Empty in older records
     rank_cpu_s: list[list[float]] = field(default_factory=list)
+    # the optimizer that ran, as the cost model names it (``cost_models.memory.OPTIMIZERS``: adam,
+    # adamw, sgd, sgd-momentum): what ``meshplan calibrate`` re-costs with; "" in older records (the plan's)
+    optimizer: str = ""
 
     def add_eval(self, step: int, loss: float) -> None:
         self.eval_losses.append([step, loss])
