@@ -1,7 +1,7 @@
 """Model-family numerics matrix: tiny HF and plain PyTorch models x {dp2, tp2, pp2, autoparallel}
 on 2 gloo ranks, plans made by the planner, losses of 3 steps equal to one process.
 
-Each class spawns its ranks once and runs all its cells inside (tests/model_families.py). A cell
+The module spawns its ranks once and runs every selected class's cells inside (tests/model_families.py). A cell
 either trains like one device (loss within ATOL every step) or, where it is not supported, raises
 a clear error BEFORE training whose text is pinned in ``UNSUPPORTED``; a crash during training or
 a wrong loss fails. ``tp2`` plans come from the planner on a cluster where links are nearly free
@@ -57,34 +57,57 @@ def _check(rows: list[tuple]) -> None:
     assert not bad, "\n".join(bad)
 
 
-def _run(families: list[str]) -> None:
-    results = run_ranks(mf.worker, 2, _cells(families), timeout_s=900)
+#: each class's families; the module spawns its 2 ranks once for the families of every selected class
+FAMILIES: dict[str, list[str]] = {
+    "TestDecoderFamilies": ["gpt", "hf_gpt2", "hf_llama", "hf_opt"],
+    "TestMoreDecoderFamilies": ["hf_qwen2", "hf_neox", "hf_mistral", "hf_phi"],
+    "TestEncoderVisionFamilies": ["hf_bert", "hf_t5", "hf_vit"],
+    "TestPlainTorchFamilies": ["cnn", "resnet", "unet", "lstm", "dict"],
+    # hf_qwen2_moe (model_families) runs the same cells; kept out of CI for time
+    "TestMoEFamilies": ["hf_mixtral"],
+}
+
+
+@pytest.fixture(scope="module")
+def family_rows(request: pytest.FixtureRequest) -> dict[str, list[tuple]]:
+    """Rank 0's rows of every cell of the selected classes' families (one spawn), per family."""
+    chosen = {item.cls.__name__ for item in request.session.items
+              if item.cls is not None and item.module is request.module}
+    families = [f for cls, fams in FAMILIES.items() if cls in chosen for f in fams]
+    results = run_ranks(mf.worker, 2, _cells(families), timeout_s=1800)
     assert [r[:2] for r in results[0]] == _cells(families)
-    _check(results[0])
+    return {f: [r for r in results[0] if r[0] == f] for f in families}
+
+
+def _run(family_rows: dict[str, list[tuple]], cls: str) -> None:
+    families = FAMILIES[cls]
+    rows = [r for f in families for r in family_rows[f]]
+    assert [r[:2] for r in rows] == _cells(families)
+    _check(rows)
 
 
 class TestDecoderFamilies:
-    def test_matrix(self) -> None:
-        _run(["gpt", "hf_gpt2", "hf_llama", "hf_opt"])
+    def test_matrix(self, family_rows: dict) -> None:
+        _run(family_rows, "TestDecoderFamilies")
 
 
 @pytest.mark.slow
 class TestMoreDecoderFamilies:
-    def test_matrix(self) -> None:
-        _run(["hf_qwen2", "hf_neox", "hf_mistral", "hf_phi"])
+    def test_matrix(self, family_rows: dict) -> None:
+        _run(family_rows, "TestMoreDecoderFamilies")
 
 
 class TestEncoderVisionFamilies:
-    def test_matrix(self) -> None:
-        _run(["hf_bert", "hf_t5", "hf_vit"])
+    def test_matrix(self, family_rows: dict) -> None:
+        _run(family_rows, "TestEncoderVisionFamilies")
 
 
 class TestPlainTorchFamilies:
-    def test_matrix(self) -> None:
-        _run(["cnn", "resnet", "unet", "lstm", "dict"])
+    def test_matrix(self, family_rows: dict) -> None:
+        _run(family_rows, "TestPlainTorchFamilies")
 
 
 @pytest.mark.slow
 class TestMoEFamilies:
-    def test_matrix(self) -> None:
-        _run(["hf_mixtral"])  # hf_qwen2_moe (model_families) runs the same cells; kept out of CI for time
+    def test_matrix(self, family_rows: dict) -> None:
+        _run(family_rows, "TestMoEFamilies")
