@@ -25,9 +25,10 @@ def _pm(kind: str, *, tp: int = 1, dp: int = 2) -> Any:
     return apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=adamw)
 
 
-def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
+def checkpoint_worker(rank: int, world: int, ckpt_dir: str, one_rank_port: int) -> dict[str, Any]:
     """zero1 dp2 4 steps (checkpoint after step 2); resumed under zero1 dp2 and ddp dp2; and a ddp
-    checkpoint resumed under zero1."""
+    checkpoint resumed under zero1. Then rank 0 alone, on a 1-rank gloo group (``one_rank_port``), resumes
+    the zero1 checkpoint at world size 1 ("one": one_rank_resume's losses)."""
     from meshplan.runtime.checkpoint import dcp as checkpoint
 
     data = rc.batches(4)
@@ -49,6 +50,18 @@ def checkpoint_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
                 p.normal_()  # the checkpoint must overwrite this
         step = checkpoint.load(pm, checkpoint.latest(f"{ckpt_dir}/{saved}"))  # type: ignore[arg-type]
         out[f"{saved}->{kind}"] = [pm.step(x, y) for x, y in data[step:]]
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    dist.barrier()  # every checkpoint written and read before the 2-rank group goes
+    dist.destroy_process_group()
+    if rank == 0:
+        os.environ.update(RANK="0", WORLD_SIZE="1")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{one_rank_port}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=60))
+        out["one"] = one_rank_resume(0, 1, f"{ckpt_dir}/zero1")
     return out
 
 
