@@ -9,11 +9,13 @@ one process standing in for one rank of the plan's mesh, per pipeline rank. Prin
     python benchmarks/bench_memory.py                 # the small sizes (what the tests check)
     python benchmarks/bench_memory.py --size 8b       # Llama-3-8B shapes, seq 2048
     python benchmarks/bench_memory.py --size 70b --only fsdp,tp
+    python benchmarks/bench_memory.py --size 70b --layers 2,4   # 70B shapes, 2 and 4 blocks: per-block scaling
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,14 +71,17 @@ def paths(big: bool) -> list[Path_]:
         Path_("pp interleaved1f1b", 2, dict(tp=1, pp=2, dp=1, schedule="interleaved-1f1b", virtual_stages=2),
               microbatches=4),
         Path_("pp zero-bubble", 2, dict(tp=1, pp=2, dp=1, schedule="zero-bubble"), microbatches=4),
+        Path_("pp4 zero-bubble", 4, dict(tp=1, pp=4, dp=1, schedule="zero-bubble"), microbatches=8),
         Path_("pp zbv", 2, dict(tp=1, pp=2, dp=1, schedule="zbv", virtual_stages=2), microbatches=4),
         Path_("pp 1f1b x fsdp", 4, dict(tp=1, pp=2, dp=2, schedule="1f1b", dp_kind="fsdp"), microbatches=4),
         Path_("pp 1f1b x tp", 4, dict(tp=2, pp=2, dp=1, schedule="1f1b", sequence_parallel=False), microbatches=4),
     ]
 
 
-def check(size: str, p: Path_) -> list[tuple[str, Any]]:
+def check(size: str, p: Path_, layers: int = 0) -> list[tuple[str, Any]]:
     cfg, seq, mb = SIZES[size]
+    if layers:
+        cfg = dataclasses.replace(cfg, n_layer=layers)
     with torch.device("meta"):
         meta = Llama(cfg)
     graph = trace_model(meta, (torch.zeros(1, seq, dtype=torch.long, device="meta"),), name=f"llama-{size}")
@@ -95,21 +100,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--only", default="", help="comma-separated path names (prefix match)")
+    ap.add_argument("--layers", default="", help="comma-separated block counts replacing the size's (e.g. 2,4: "
+                    "the per-block growth of both columns at that size's shapes)")
     args = ap.parse_args(argv)
     want = [s for s in args.only.split(",") if s]
+    counts = [int(x) for x in args.layers.split(",") if x] or [0]
     print(f"| path | predicted MiB | measured MiB (fake tensors) | error | ({args.size}) |")
     print("|---|---:|---:|---:|---|")
     worst = 0.0
-    for p in paths(args.size in ("8b", "70b")):
+    for p, layers in ((p, n) for p in paths(args.size in ("8b", "70b")) for n in counts):
         if want and not any(p.name.startswith(w) for w in want):
             continue
         t0 = time.perf_counter()
+        label = f"{p.name}, {layers} blocks" if layers else p.name
         try:
-            rows = check(args.size, p)
+            rows = check(args.size, p, layers)
         except Exception as e:  # a path that cannot run is reported, not hidden
-            print(f"| {p.name} | | | | failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} |")
+            print(f"| {label} | | | | failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} |")
             continue
         for name, r in rows:
+            name = name.replace(p.name, label, 1)
             worst = max(worst, abs(r.rel_error))
             top = sorted(((v, k) for k, v in r.categories.items() if k != "Total"), reverse=True)[:3]
             print(f"| {name} | {r.predicted_bytes / 2**20:.1f} | {r.measured_bytes / 2**20:.1f} | "

@@ -77,6 +77,7 @@ PATHS = {
     "pp2 1f1b": (2, 4, dict(tp=1, pp=2, dp=1, schedule="1f1b")),
     "pp2 gpipe (the last rank keeps every microbatch's log-softmax)": (2, 4, dict(tp=1, pp=2, dp=1, schedule="gpipe")),
     "cp2 (context parallel)": (2, 1, dict(tp=1, pp=1, dp=1, cp=2)),
+    "pp2 zero-bubble (the last rank defers its weight passes)": (2, 4, dict(tp=1, pp=2, dp=1, schedule="zero-bubble")),
 }
 
 

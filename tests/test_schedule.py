@@ -187,6 +187,23 @@ def test_inflight_counts() -> None:
     assert zbv.stage_to_rank == (0, 1, 2, 3, 3, 2, 1, 0)
 
 
+def test_held_states_count_the_deferred_weight_passes() -> None:
+    """Zero-bubble ranks keep a microbatch's graph from its input backward to its weight pass:
+    rank r of ZB-H1 runs r backwards before its first weight pass, so every rank holds p
+    microbatches (in flight + waiting), where 1F1B's rank r holds p - r and nothing waits."""
+    p, m = 4, 8
+    one = sch.held_states("1f1b", p, m)
+    assert [max(s.inflight for s in st) for st in one] == [p - r for r in range(p)]
+    assert all(s.pending == 0 for st in one for s in st)
+    zb = sch.held_states("zero-bubble", p, m)
+    assert [max(s.inflight + s.pending for s in st) for st in zb] == [p] * p
+    assert [max(s.pending for s in st) for st in zb] == [r + 1 for r in range(p)]  # r waiting + the one just done
+    assert [max(s.inflight for s in st) for st in zb] == list(sch.inflight("zero-bubble", p, m)[0])
+    # zbv: the last rank's cool-down runs input backwards of both chunks before their weight passes
+    v = sch.held_states("zbv", 2, 4, 2)
+    assert max(s.pending for s in v[1]) > max(s.pending for s in v[0])
+
+
 @pytest.mark.parametrize(("name", "v"), [c for c in COMBOS if c[0] != "zbv"])
 def test_fast_makespan_equals_simulator(name: str, v: int) -> None:
     checked = 0

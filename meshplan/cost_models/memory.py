@@ -397,9 +397,12 @@ def inflight_microbatches(
       i.e. p·(1 + (p − 1)/(p·v)) on stage 0 (Korthikanti §4.2.3; the warm-up count of
       Megatron's and torch's ScheduleInterleaved1F1B, plus the one in steady state); at v = 1
       torch's schedule still warms up 2(p − i − 1) forwards, so it holds 2(p − i) − 1, not p − i.
-    - ``zero-bubble`` (ZB-H1): min(m, p − i), as 1F1B: deferred W passes keep no more than
-      p − i microbatches alive (Qi et al. 2023, §2.2); with v > 1 chunks (torch's looped
-      ScheduleInterleavedZeroBubble) min(m·v, p·v − i)/v, as its action order gives.
+    - ``zero-bubble`` (ZB-H1): min(m, p − i) past their forward and before their input
+      backward, as 1F1B; with v > 1 chunks (torch's looped ScheduleInterleavedZeroBubble)
+      min(m·v, p·v − i)/v, as its action order gives. torch's split backward also keeps each
+      microbatch's graph from its input backward to its deferred weight pass (rank i defers i):
+      the planner prices those from the action order (``partition.schedule.held_states``,
+      ``planner.kind_free.split_backward_held``), not from this count.
     - ``zbv``: min(m, p) on every rank: each rank holds 2 chunks in a V; peak equals 1F1B's
       stage-0 peak and is balanced across ranks (Qi et al. 2024, "Pipeline Parallelism with
       Controllable Memory", ZB-V).

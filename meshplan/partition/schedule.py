@@ -322,6 +322,57 @@ def inflight_of_orders(
     return tuple(per_rank), tuple(per_stage)
 
 
+@dataclass(frozen=True)
+class HeldState:
+    """One point of a rank's action order where its held memory can peak, in units of one
+    microbatch of the rank's whole share (each local chunk counts 1 / v): ``inflight``
+    microbatches past their forward and before their input (or full) backward, ``pending`` ones
+    past their input backward and waiting for their weight pass (zero-bubble schedules), and
+    ``in_backward``: the state while an input (or full) backward runs (its transient on top)."""
+
+    inflight: float
+    pending: float
+    in_backward: bool
+
+
+@lru_cache(maxsize=4096)
+def held_states(
+    schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1
+) -> tuple[tuple[HeldState, ...], ...]:
+    """Per rank, the states of its action order at which what it holds can peak: the Pareto
+    front of (inflight, pending), separately for the states inside a backward and the others.
+
+    Under torch's zero-bubble schedules (``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``)
+    a stage's input backward (``stage_backward_input``) runs ``autograd.grad(retain_graph=True)``
+    and keeps, until the microbatch's weight pass (``stage_backward_weight``), the weight-reading
+    nodes (``param_groups``' intermediates: through their edges the whole graph below them, every
+    saved activation of the stage but what only the loss saved) and the gradient of each of their
+    outputs, besides ``backward_state``'s stage input (with its ``.grad``), output and output
+    gradient. Rank r of the looped order runs r backwards before its first weight pass
+    (``_get_1f1b_rank_ops``), so it holds p − r in flight plus r waiting: p microbatches' graphs
+    on every rank (ZB-H1, Qi et al. 2023 §3.1), where 1F1B holds p − r. Other schedules run full
+    backwards (``pending`` 0). Unit: microbatches (fractional under v > 1)."""
+    orders = rank_orders(schedule, pp, num_microbatches, virtual_stages)
+    split_w = schedule in ZERO_BUBBLE
+    out = []
+    for ops in orders:
+        live = pend = 0
+        seen: dict[tuple[bool, int, int], None] = {}
+        for kind, _, _ in ops:
+            if kind == "B":
+                seen[True, live, pend] = None
+                live -= 1
+                pend += split_w
+            elif kind == "F":
+                live += 1
+            else:
+                pend -= 1
+            seen[False, live, pend] = None
+        front = [k for k in seen if not any(o != k and o[0] == k[0] and o[1] >= k[1] and o[2] >= k[2] for o in seen)]
+        out.append(tuple(HeldState(a / virtual_stages, w / virtual_stages, b) for b, a, w in sorted(front)))
+    return tuple(out)
+
+
 # ---------------------------------------------------------------- simulation
 
 

@@ -106,6 +106,10 @@ class LayerCost:
     #: bytes per microbatch this layer keeps beyond ``act_bytes`` when it runs under autocast on
     #: fp32 parameters (``autocast_kept_bytes``; not under FSDP2's MixedPrecisionPolicy)
     autocast_bytes: float = 0.0
+    #: bytes per microbatch a split backward (zero-bubble schedules) keeps from the layer's input
+    #: backward to its weight pass: the gradient of every weight-reading op's output
+    #: (``_wgrad_bytes``), beside the activations it still holds then
+    wgrad_bytes: float = 0.0
 
     @property
     def fwd_total_s(self) -> float:
@@ -445,7 +449,7 @@ class GraphCoster:
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
             transient_bytes=transient, loss_bytes=loss, loss_peak_bytes=loss_peak, logits_bytes=logits,
-            autocast_bytes=cast,
+            autocast_bytes=cast, wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem),
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
 
@@ -509,6 +513,25 @@ class GraphCoster:
                     out += n.saved_bytes * scale * elem * fp32_extra / _saved_shard(n, sol, self.sp_saves)
         elif elem < 1.0:  # full / op recompute: the kept block input is the fp32 residual stream
             out += in_bytes * scale * (1.0 - elem) / (sol.tp if sol.sequence_parallel else 1)
+        return out
+
+    def _wgrad_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float, elem: float) -> float:
+        """Bytes per microbatch torch's split backward keeps for the weight pass of one layer: the
+        gradient of each weight-reading op's output (``stage_backward_input`` hooks every
+        ``param_groups`` intermediate and stores its gradient until ``stage_backward_weight``):
+        per linear / matmul with a weight tokens x out in the compute dtype, per norm with a weight
+        its output size (fp32 under autocast, whose norms run in fp32). An embedding reads token
+        ids, no stage input reaches it: the first stage runs its whole backward in the weight pass."""
+        out = 0.0
+        fp32 = self._fp32_under_autocast if self._autocast_dtype else frozenset()
+        for n in nodes:
+            if not (n.param_numel or n.shared_params) or n.kind == "embedding":
+                continue
+            if n.kind in ("linear", "matmul"):
+                out += n.out_bytes * scale * elem / _out_shard(n, sol)
+            else:
+                e = 1.0 if n.id in fp32 else elem
+                out += n.out_bytes * scale * e / (sol.tp if sol.sequence_parallel else 1)
         return out
 
     @functools.cached_property

@@ -260,7 +260,7 @@ class ConfigEvaluator:
                 "act": run([x.act_bytes for x in layers]), "sp": run([x.state_param_bytes for x in layers]),
                 "sg": run([x.state_grad_bytes for x in layers]), "so": run([x.state_opt_bytes for x in layers]),
                 "train": run([x.trainable_params for x in layers]),
-                "cast": run([x.autocast_bytes for x in layers]),
+                "cast": run([x.autocast_bytes for x in layers]), "wg": run([x.wgrad_bytes for x in layers]),
             }  # fmt: skip
             cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
             self.memos.prefix[key] = cols

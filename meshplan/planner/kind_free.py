@@ -7,7 +7,8 @@ stage the forward / input-backward / weight-backward / recompute / TP seconds, p
 stored activations (skip tensors passed through, tied-weight copies), the sends between stages
 on their links, the stage-to-rank placement of the schedule, the makespan (the schedule
 simulator when ``exact``, else its lower bound) and per pipeline rank the work, parameters,
-activations held (in-flight microbatches + recompute transient) and the EP/CP terms (per
+activations held (in-flight microbatches + recompute transient; under zero-bubble schedules
+also the microbatches waiting for their weight pass, ``split_backward_held``) and the EP/CP terms (per
 stage, over the stage's own layers, added to its forward and backward). The kind-
 dependent rest (model-state sharding, DP sync, optimizer) is ``ConfigEvaluator.evaluate``.
 No torch import.
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.precision import fp8_weight_copy_bytes
+from meshplan.partition.schedule import ZERO_BUBBLE, held_states
 from meshplan.planner.memory_floor import rank_pipeline_buffers
 from meshplan.planner.pipeline_time import (
     makespan_lower_bound,
@@ -71,7 +73,8 @@ class StageColumns:
     backward (``b``), weight backward (``w``), recompute (``rec``) and TP communication (``tp``);
     parameters (tied-weight copies included; ``params0`` the same values, kept unchanged), stored
     activations, model-state bytes without ZeRO and trainable count (``q``: [param, grad,
-    optimizer, trainable]), bytes sent on (``sendb``) and autocast's kept bytes (``cast``)."""
+    optimizer, trainable]), bytes sent on (``sendb``), autocast's kept bytes (``cast``) and the
+    weight-pass gradients a split backward keeps (``wgrad``, ``LayerCost.wgrad_bytes``)."""
 
     f: list[float]
     b: list[float]
@@ -84,6 +87,7 @@ class StageColumns:
     q: list[list[float]]
     sendb: list[int]
     cast: list[float]
+    wgrad: list[float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,9 +234,19 @@ def kind_free_terms(
         r_act, r_cast = rank_held(c, st_act), rank_held(c, cols.cast)
     st_infl = stage_inflight(c, placement, infl)
     if one:
-        r_act = [x + ev.transient(t, [run]) for x, run in zip(r_act, runs)]
+        trans = [ev.transient(t, [run]) for run in runs]
     else:
-        r_act = [r_act[r] + ev.transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
+        trans = [ev.transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
+    if c.pp > 1 and c.schedule in ZERO_BUBBLE:
+        loss = [sum(x.loss_bytes for x in t.layers[a:b]) for a, b in runs]
+        kept = split_backward_kept(cols.wgrad, st_sendb, loss)
+        r_act = split_backward_held(c, rank_sums(st_act), rank_sums(kept), trans)
+        # autocast's weight copies are saved by the weight-reading ops: kept to the weight pass
+        pend = [max(s.inflight + s.pending for s in st)
+                for st in held_states(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)]
+        r_cast = [x * f for x, f in zip(rank_sums(cols.cast), pend)]
+    else:
+        r_act = [x + y for x, y in zip(r_act, trans)]
     # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
     # live memory beside the activations; a stage's output is what it sends, the last's its logits
     r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, st_infl, c)
@@ -278,6 +292,34 @@ def kind_free_terms(
     return out
 
 
+def split_backward_kept(wgrad: list[float], sendb: list[int], loss: list[float]) -> list[float]:
+    """Per stage, bytes per microbatch a split backward (zero-bubble schedules) keeps from the
+    input backward to the weight pass beyond the activations (``partition.schedule.held_states``):
+    its weight-reading ops' output gradients (``wgrad``) and, from torch's ``backward_state``, the
+    output and its gradient (not the last stage) and the received input's ``.grad`` (not the
+    first). The last stage's input backward frees what only its loss saved (``loss``: the
+    log-softmax; its logits are freed too, and counted in flight only: ``rank_pipeline_buffers``).
+    The first stage's input backward does nothing (its inputs are token ids: torch runs its whole
+    backward in the weight pass): it keeps the output and its gradient only. May be negative (the last stage), never below minus the activations."""
+    n = len(sendb)
+    out = []
+    for s in range(n):
+        o = 2.0 * sendb[s] if s < n - 1 else 0.0
+        out.append(o if s == 0 else wgrad[s] + o + float(sendb[s - 1]) - loss[s])
+    return out
+
+
+def split_backward_held(c: Config, act: list[float], kept: list[float], trans: list[float]) -> list[float]:
+    """Per pipeline rank, the activations a zero-bubble schedule holds at its peak: over the
+    states of the rank's action order (``partition.schedule.held_states``), the ``inflight``
+    microbatches' activations ``act`` + the ``pending`` ones' activations and weight-pass bytes
+    ``kept`` (+ the backward's transient ``trans`` inside an input backward). All per rank, per
+    microbatch of its share. At least 1F1B's count of in-flight microbatches × ``act``."""
+    states = held_states(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
+    return [max(s.inflight * a + s.pending * max(0.0, a + k) + (t if s.in_backward else 0.0) for s in st)
+            for st, a, k, t in zip(states, act, kept, trans)]
+
+
 def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) -> StageColumns:
     """Per stage of ``runs`` on table ``t``: forward / input-backward / weight-backward / recompute /
     TP seconds (prefix-sum differences), parameters (with the copies of tied weights whose owner
@@ -316,6 +358,7 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
     out = StageColumns(
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
+        wgrad=col("wg"),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev.memos.stage_cols[key] = out
