@@ -356,6 +356,47 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                                      "stage; the 70B recipes set no --account-for-* flags or layout (5776a6d, 21d102f)")),
     ),
     EngineProfile(
+        "nemo-2024", "megatron", "NeMo 24.05 / 24.09 containers (NeMo 2.0.0rc0 / rc1 megatron_gpt_pretraining.py, "
+        "mcore_gpt; NVIDIA DGX Cloud Benchmarking recipes v24.11.1)",
+        state_layout="zero", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
+        ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="delayed",
+        glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True,
+        sources=_with(_MEGATRON_2021,
+                      ("state_layout", "recipes' optim.name distributed_fused_adam, grad_sync_dtype bf16, megatron_amp_O2 "
+                                       "(dgxc-benchmarking 35a9aec llama3.1/*.yaml, nemo_megatron/gpt3_175b_hydra.yaml) -> "
+                                       "NeMo r2.0.0rc1 megatron_base_model.py setup_optimization: contiguous_grad_buffer "
+                                       "True, optimizer dtype fp32 with bf16 params: store_param_remainders (apex "
+                                       "DistributedFusedAdam: bf16 weights and gradients + sharded fp32 Adam states and "
+                                       "a 16-bit master remainder, costed as the 2 + 2 + 12 layout: 2 bytes/param over dp "
+                                       "too many)"),
+                      ("zero1_impl", "NeMo r2.0.0rc1 core/optim/distributed_adam.py MegatronDistributedFusedAdam (apex "
+                                     "DistributedFusedAdam): gradient buckets (bucket_cap_mb) reduce-scattered with "
+                                     "overlap_grad_sync, parameter buckets all-gathered with overlap_param_sync"),
+                      ("shard_over_cp", "NeMo r2.0.0rc1 core/optim/distributed_adam.py MegatronDistributedFusedAdam."
+                                        "__init__: process_group = parallel_state.get_data_parallel_group("
+                                        "with_context_parallel=True)"),
+                      ("ddp_impl", "recipes' optim.overlap_grad_sync: true (bucketed, overlapped with backward)"),
+                      ("tp_comm_overlap", "dgxc-benchmarking 35a9aec: model.ub_tp_comm_overlap true in llama3.1_70b / "
+                                          "405b.yaml and gpt3_175b_hydra.yaml (ub_tp_comm_overlap_cfg: ring_exchange / "
+                                          "bulk / pipeline per GEMM), nemotron/configure.sh model.ub_tp_comm_overlap=True "
+                                          "(NeMo's default is False: megatron_gpt_model.py cfg.get('ub_tp_comm_overlap', "
+                                          "False); the recipes of this profile all set it)"),
+                      ("glu_kernel", "recipes' bias_activation_fusion: true with activation fast-swiglu -> Megatron-Core "
+                                     "mlp.py bias_swiglu_impl (fused_bias_swiglu.py SwiGLUFunction saves its input only)"),
+                      ("fused_projections", "mcore_gpt: true -> Megatron-Core attention.py linear_qkv, mlp.py linear_fc1 "
+                                            "of 2 x ffn under a gated unit"),
+                      ("fp8_recipe", "recipes' fp8_amax_history_len 1024, fp8_amax_compute_algo max: Transformer Engine "
+                                     "DelayedScaling"),
+                      ("attention_impl", "transformer_engine: true -> TE DotProductAttention (NVTE_FUSED_ATTN / "
+                                         "NVTE_FLASH_ATTN: cuDNN fused or flash-attention kernels)"),
+                      ("norm_kernel", "Transformer Engine fused LayerNorm / RMSNorm (TE layer spec)"),
+                      ("optimizer_impl", "apex DistributedFusedAdam: fused multi-tensor Adam on the shards"),
+                      ("loss_kernel", "Megatron-Core tensor_parallel/cross_entropy.py vocab-parallel cross-entropy "
+                                      "(cross_entropy_loss_fusion: true in the Llama recipes)"),
+                      ("split_rule", "Megatron-Core transformer_block.py: num_layers / (pp x vp) layers per virtual "
+                                     "stage (the recipes set no uneven split)")),
+    ),
+    EngineProfile(
         "llm-foundry-2023", "llm-foundry", "MosaicML llm-foundry (MPT, 2023)", norm_kernel="fused",
         optimizer_impl="fused", loss_kernel="fused",
         sources=(
