@@ -107,3 +107,33 @@ def test_flex_dispatch_sends_a_token_once_per_destination_rank() -> None:
     assert dispatch_copies(128, 8, 1, "flex") == 8.0
     with pytest.raises(ValueError, match="dispatcher"):
         dispatch_copies(128, 8, 8, "allgather")
+
+
+def test_flex_dispatch_across_nodes_sends_a_token_once_per_remote_node() -> None:
+    """DeepEP's internode kernels / HybridEP: one RDMA send per destination node, forwarded over
+    NVLink inside it; the all-to-all dispatcher and an ep group inside one node are unchanged."""
+    from math import comb
+
+    from meshplan.cost_models.comm import nccl_collective
+    from meshplan.cost_models.epcp import dispatch_copies, ep_a2a_bytes, ep_comm_s, flex_off_node_copies
+
+    # 128 experts top-8 over 2 nodes of 64: a token almost surely has an expert on the other node
+    assert flex_off_node_copies(128, 8, 2) == pytest.approx(1 - comb(64, 8) / comb(128, 8))
+    assert flex_off_node_copies(128, 8, 4) == pytest.approx(3 * (1 - comb(96, 8) / comb(128, 8)))
+    assert flex_off_node_copies(128, 8, 1) == 0.0
+    cl = ClusterSpec.preset("h100", num_nodes=2)
+    tokens, h = 4096.0, 2048
+    k = dispatch_copies(128, 8, 16, "flex")
+    per_rank = ep_comm_s(tokens, k, h, 2, 16, cl, stride=1)  # no expert count given: rank-level copies
+    node = ep_comm_s(tokens, k, h, 2, 16, cl, stride=1, num_experts=128, route_k=8, dispatcher="flex")
+    buf = ep_a2a_bytes(tokens, k, h, 2)
+    assert per_rank == pytest.approx(4 * nccl_collective("all_to_all", buf, 16, cl, ranks_per_node=8)[1])
+    eff = cl.comm_efficiency
+    nic = tokens * h * 2 * flex_off_node_copies(128, 8, 2) / (cl.inter_bw_bytes_per_s * eff)
+    assert node == pytest.approx(4 * (max(7 / 16 * buf / (cl.intra_bw_bytes_per_s * eff), nic) + 15 * cl.inter_latency_s))
+    assert node < per_rank / 2  # 3.3 rank copies off the node -> 1.0 node copy
+    # inside one node (8 consecutive GPUs) nothing changes; the all-to-all dispatcher is unchanged
+    assert ep_comm_s(tokens, 5.3, h, 2, 8, cl, stride=1, num_experts=128, route_k=8, dispatcher="flex") == \
+        ep_comm_s(tokens, 5.3, h, 2, 8, cl, stride=1)
+    assert ep_comm_s(tokens, 8, h, 2, 16, cl, stride=1, num_experts=128, route_k=8, dispatcher="alltoall") == \
+        ep_comm_s(tokens, 8, h, 2, 16, cl, stride=1)

@@ -80,6 +80,17 @@ def _ring_s(kind: str, n: float, k: int, bw: float, alpha: float) -> float:
     return n / bw + alpha  # send_recv
 
 
+def split_all_to_all_s(nvlink_bytes: float, nic_bytes: float, group_size: int, cluster: ClusterSpec) -> float:
+    """One all-to-all over nodes whose rank sends ``nvlink_bytes`` to its own node's ranks and
+    ``nic_bytes`` off its node through its own NIC, both at once: ``max(nvlink_bytes / B_nvlink,
+    nic_bytes / B_nic) + (group_size − 1)·α_net`` (the module docstring's all_to_all across nodes,
+    with the two shares given; ``nccl_collective`` passes (r−1)/k and (k−r)/k of the buffer, a
+    dispatcher that sends a token once per node passes its own off-node bytes). Unit: seconds."""
+    eff = cluster.comm_efficiency
+    return (max(nvlink_bytes / (cluster.intra_bw_bytes_per_s * eff), nic_bytes / (cluster.inter_bw_bytes_per_s * eff))
+            + (group_size - 1) * cluster.inter_latency_s)
+
+
 def nccl_collective(
     kind: str, nbytes: float, group_size: int, cluster: ClusterSpec, *, ranks_per_node: int
 ) -> tuple[str, float]:
@@ -106,8 +117,7 @@ def nccl_collective(
     if kind == "send_recv":
         return "p2p", nbytes / b_nic + a_net
     if kind == "all_to_all":
-        t = max((r - 1) / k * nbytes / b_nvl, (k - r) / k * nbytes / b_nic) + (k - 1) * a_net
-        return "ring", t
+        return "ring", split_all_to_all_s((r - 1) / k * nbytes, (k - r) / k * nbytes, k, cluster)
     bus = min(b_nvl, r * b_nic)
     ring = _ring_s(kind, nbytes, k, bus, a_net)
     if kind != "all_reduce":

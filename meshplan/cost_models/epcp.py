@@ -11,7 +11,9 @@ the hierarchical collective model of ``cost_models/comm.py``).
     ep_comm_s = 4 · T_all_to_all(n · k · H · elem, ep)  (dispatch + combine, forward and backward)
 
 The runtime (``runtime/apply/expert_parallel.py``) waits for each exchange before computing, so none of
-it overlaps. Load balance: the busiest expert rank receives ``capacity_factor`` times the mean
+it overlaps. Megatron-Core's "flex" dispatcher (DeepEP / HybridEP) sends a token once per destination rank
+(``dispatch_copies``) and, across nodes, once per destination node through the NIC, forwarded
+inside that node over NVLink (``flex_off_node_copies``, ``ep_comm_s(dispatcher="flex")``). Load balance: the busiest expert rank receives ``capacity_factor`` times the mean
 (``capacity_factor`` = 1: perfect balance; GShard uses 1.25 as the capacity bound), so the expert
 compute of a step is ``capacity_factor ×`` its mean. Expert weights are held ``1/ep`` per rank
 (``expert_params_per_rank``); their gradients are all-reduced over the ``dp·cp/ep`` replicas.
@@ -66,7 +68,13 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from meshplan.cost_models.comm import collective_time_s, group_collective_s, group_layout, p2p_time_s
+from meshplan.cost_models.comm import (
+    collective_time_s,
+    group_collective_s,
+    group_layout,
+    p2p_time_s,
+    split_all_to_all_s,
+)
 from meshplan.cost_models.contention import overlap_slowdown_s
 from meshplan.cost_models.hardware import ClusterSpec
 
@@ -117,12 +125,37 @@ def dispatch_copies(num_experts: int, top_k: int, ep: int, dispatcher: str = "al
     return ep * (1.0 - math.comb(num_experts - per, top_k) / math.comb(num_experts, top_k))
 
 
+def flex_off_node_copies(num_experts: int, top_k: int, nodes: int) -> float:
+    """Copies of a token the "flex" dispatcher sends off its node when the ep group spans ``nodes``
+    nodes (experts laid out ``num_experts / nodes`` per node): one per other node holding any of its
+    ``top_k`` experts, ``(nodes − 1) · (1 − C(E − E/nodes, k) / C(E, k))``. DeepEP's internode normal
+    kernels and HybridEP send a token over RDMA once per destination node and forward it to that
+    node's ranks over NVLink (DeepEP ``get_dispatch_layout``'s ``num_tokens_per_rdma_rank``; the
+    hybrid-ep branch's docs/Hybrid-EP_Implementation.md: ``rdma_token_buffer`` of
+    ``max_tokens_per_rank × (num_nodes − 1) × hidden``)."""
+    if nodes <= 1 or num_experts <= 0:
+        return 0.0
+    per = num_experts // nodes
+    return (nodes - 1) * (1.0 - math.comb(num_experts - per, top_k) / math.comb(num_experts, top_k))
+
+
 def ep_comm_s(tokens: float, top_k: float, hidden: int, elem_bytes: int, ep: int, cluster: ClusterSpec,
-              *, spans_nodes: bool = False, stride: int = 0) -> float:
-    """Seconds of one MoE layer's four all-to-alls (dispatch + combine, forward + backward);
-    ``stride``: distance of the ep group's ranks in the mesh (``_collective_s``)."""
-    return 4 * _collective_s("all_to_all", ep_a2a_bytes(tokens, top_k, hidden, elem_bytes), ep, cluster, spans_nodes,
-                             stride)
+              *, spans_nodes: bool = False, stride: int = 0, num_experts: int = 0, route_k: int = 0,
+              dispatcher: str = "alltoall") -> float:
+    """Seconds of one MoE layer's four all-to-alls (dispatch + combine, forward + backward) of
+    ``top_k`` copies per token (``dispatch_copies``); ``stride``: distance of the ep group's ranks
+    in the mesh (``_collective_s``). Under ``dispatcher`` "flex" an ep group spanning nodes sends a
+    token through the NIC once per other node holding one of its ``route_k`` of ``num_experts``
+    experts (``flex_off_node_copies``), its own node's share over NVLink as before
+    (``comm.split_all_to_all_s``)."""
+    buf = ep_a2a_bytes(tokens, top_k, hidden, elem_bytes)
+    if dispatcher == "flex" and num_experts > 0 and route_k > 0 and ep > 1 and buf > 0:
+        nodes, r = group_layout(ep, stride, cluster.devices_per_node) if stride > 0 else (
+            (ep, 1) if spans_nodes else (1, ep))
+        if nodes > 1:
+            nic = ep_a2a_bytes(tokens, flex_off_node_copies(num_experts, route_k, nodes), hidden, elem_bytes)
+            return 4 * split_all_to_all_s((r - 1) / ep * buf, nic, ep, cluster)
+    return 4 * _collective_s("all_to_all", buf, ep, cluster, spans_nodes, stride)
 
 
 #: Megatron-Core's expert rank generator's axes, innermost first (parallel_state.py L527, cp = 1)

@@ -135,8 +135,10 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
             out.moe_forward_s += (capacity_factor - 1.0) * t.fwd_s
             if ep > 1:  # dispatch + combine in the forward, again in a re-run forward, and in the backward
                 h = n.attrs.get("hidden", 0)
-                k = dispatch_copies(int(n.attrs.get("num_experts", 0) or 0), n.attrs.get("top_k", 1), ep, moe_dispatcher)
-                four = ep_comm_s(tokens, k, h, elem_bytes, ep, cluster, spans_nodes=spans_nodes, stride=ep_stride)
+                n_exp, route_k = int(n.attrs.get("num_experts", 0) or 0), int(n.attrs.get("top_k", 1) or 1)
+                k = dispatch_copies(n_exp, route_k, ep, moe_dispatcher)
+                four = ep_comm_s(tokens, k, h, elem_bytes, ep, cluster, spans_nodes=spans_nodes, stride=ep_stride,
+                                 num_experts=n_exp, route_k=route_k, dispatcher=moe_dispatcher)
                 out.ep_comm_s += four * (1.0 + 0.5 * rerun)
                 out.ep_forward_s += four / 2
                 b = ep_a2a_bytes(tokens, k, h, elem_bytes) * (ep - 1) / ep
