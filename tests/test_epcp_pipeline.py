@@ -5,7 +5,8 @@ pp2 x ep2 (MoE, tokens exchanged inside each stage over its ep group), pp2 x cp2
 GQA and rotary tables: the first stage embeds its load-balanced shard at its global positions,
 every stage runs ring attention over its cp group, the last stage takes the loss on the targets'
 cp shard), both together under full recomputation, cp under selective recomputation, and the
-gpipe / interleaved-1f1b / zero-bubble schedules. HF Mixtral (torch.export stages) with ep under pp
+gpipe / interleaved-1f1b / zero-bubble schedules, and fsdp under pp2 x cp2 (each stage sharded over
+its dp x cp ranks, #33). HF Mixtral (torch.export stages) with ep under pp
 is refused before training: measured, its losses differed from one device by 5e-4. fp32, no token dropped; losses per step and every parameter after 3 SGD steps agree
 with one process within ATOL (measured: <= 4e-7 for losses, <= 1.2e-7 for parameters; without
 the position rewrite the pp2 x cp2 loss is off by 4e-4).
@@ -31,6 +32,7 @@ class TestPipelineFourRanks:
                 dict(model="llama4", pp=2, cp=2, schedule="interleaved-1f1b", v=2, recompute="selective"),
                 dict(model="moe4", pp=2, dp=2, ep=2, schedule="zero-bubble", v=2),
                 dict(model="gpt", pp=2, cp=2),  # learned positions by arange, no position_ids (#30)
+                dict(model="llama", pp=2, cp=2, kind="fsdp"),  # each stage FSDP2 over its cp pair (#33)
                 dict(model="mixtral", pp=2, dp=2, ep=2)]  # HF: torch.export stages, refused (the shared rule)
         results = run_ranks(pp_worker, 4, cfgs, timeout_s=600)
         check_rows(results, len(cfgs), may_refuse={"mixtral"})

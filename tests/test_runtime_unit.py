@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from meshplan.cli import main
 from meshplan.errors import PlanMismatchError
-from meshplan.plan import Plan
+from meshplan.plan import MeshSpec, Plan
 from meshplan.runtime.apply import data_parallel, handplan, schedules, split, tp
 from meshplan.runtime.apply.api import apply_plan
 from meshplan.runtime.launch.dist import check_launch
@@ -260,6 +260,9 @@ def test_dp_kinds_the_runtime_cannot_execute_are_refused(gpt_and_graph) -> None:
             data_parallel.check_dp_kind(_plan(m, gm, dp=2, pp=2, schedule="zero-bubble", dp_kind=kind))
     data_parallel.check_dp_kind(_plan(m, gm, dp=2, tp=2, microbatches=2, dp_kind="zero1"))  # runtime.apply.zero1.TPZero
     data_parallel.check_dp_kind(_plan(m, gm, dp=2, pp=2, schedule="zero-bubble", dp_kind="zero1"))
+    zb = _plan(m, gm, pp=2, schedule="zero-bubble", dp_kind="fsdp")  # dp 1, cp 2: FSDP2 over the cp ranks
+    with pytest.raises(PlanMismatchError, match="zero-bubble"):
+        data_parallel.check_dp_kind(dataclasses.replace(zb, world_size=4, mesh=MeshSpec(("pp", "dp", "cp", "tp"), (2, 1, 2, 1))))
 
 
 def test_hsdp_shard_degree_is_the_node() -> None:
@@ -269,6 +272,24 @@ def test_hsdp_shard_degree_is_the_node() -> None:
     assert dataclasses.replace(p, cluster={"devices_per_node": 4}).hsdp_shard_degree() == 4
     p2 = handplan.manual_plan(model, None, dp=4, tp=2, microbatches=1, micro_batch_size=1, dp_kind="hsdp")
     assert dataclasses.replace(p2, cluster={"devices_per_node": 4}).hsdp_shard_degree() == 2
+
+
+def test_sharding_kinds_shard_over_dp_x_cp() -> None:
+    """Under cp (ep = 1) every kind that shards a state spreads it over dp x cp (#33), hsdp's shard group
+    being the node's part of those ranks, by the cost model's rule (``dp_kinds.hsdp_shard_degree``)."""
+    from meshplan.cost_models.dp_kinds import hsdp_shard_degree
+
+    p = handplan.manual_plan(rc.tiny_gpt(), None, dp=2, microbatches=1, micro_batch_size=1, dp_kind="hsdp")
+    cp2 = dataclasses.replace(p, world_size=4, mesh=MeshSpec(("pp", "dp", "cp", "tp"), (1, 2, 2, 1)),
+                              cluster={"devices_per_node": 2})
+    assert cp2.dp_state_ranks() == 4 and cp2.hsdp_shard_degree() == 2 == hsdp_shard_degree(4, 1, 2)
+    assert p.hsdp_shard_degree() == 2  # cp 1: unchanged
+    for kind, ranks in (("fsdp", 4), ("zero2", 4), ("zero1", 4), ("ddp", 2), ("none", 2)):
+        assert dataclasses.replace(cp2, dp_kind=kind).dp_state_ranks() == ranks, kind
+    with_ep = dataclasses.replace(cp2, mesh=MeshSpec(("pp", "dp", "cp", "tp"), (1, 2, 2, 1), ep=2))
+    assert with_ep.dp_state_ranks() == 2  # ep > 1: dense and expert gradients reduce over other groups
+    dp1 = dataclasses.replace(cp2, dp_kind="fsdp", world_size=2, mesh=MeshSpec(("pp", "dp", "cp", "tp"), (1, 1, 2, 1)))
+    assert data_parallel.dp_mode(dp1) == "fsdp"  # dp 1: FSDP2 over the cp ranks
 
 
 def test_run_record_summary(tmp_path) -> None:

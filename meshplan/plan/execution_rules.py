@@ -12,6 +12,16 @@ from collections.abc import Mapping, Sequence
 
 ZERO_BUBBLE_SCHEDULES = ("zero-bubble", "zbv")
 SHARDED_DP_KINDS = ("zero2", "fsdp", "hsdp")
+STATE_SHARDING_KINDS = ("zero1", *SHARDED_DP_KINDS)  # kinds that shard some model state (ZeRO stage >= 1)
+
+
+def states_over_cp(*, cp: int, ep: int, dp_kind: str) -> bool:
+    """Whether ``dp_kind`` shards the model states over dp x cp rather than dp: the runtime folds the
+    context-parallel ranks into the sharding group (torchtitan's flattened ``dp_shard_cp`` FSDP mesh,
+    Megatron's distributed optimizer ``with_context_parallel``), so the cp ranks' gradients are
+    reduced in the same reduce-scatter (FSDP2 kinds) or all-reduce (zero1). Under ep > 1 the dense and
+    expert parameters reduce over different groups (``runtime/apply/epcp``): no kind shards there."""
+    return cp > 1 and ep == 1 and dp_kind in STATE_SHARDING_KINDS
 
 
 def dp_kind_blocker(*, dp: int, tp: int, pp: int, schedule: str, dp_kind: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.plan.checks import plan_problems
+from meshplan.plan.execution_rules import states_over_cp
 
 FORMAT_VERSION = 1
 
@@ -269,16 +270,26 @@ class Plan:
     def ep(self) -> int:
         return self.mesh.ep
 
-    def hsdp_shard_degree(self) -> int:
-        """dp_kind "hsdp": ranks each parameter is sharded over, inside a node; replicated across the rest of dp.
+    def dp_state_ranks(self) -> int:
+        """Ranks a sharding DP kind spreads the model states over: dp, or dp x cp where the runtime
+        folds the context-parallel ranks in (``execution_rules.states_over_cp``)."""
+        return self.dp * self.cp if states_over_cp(cp=self.cp, ep=self.ep, dp_kind=self.dp_kind) else self.dp
 
-        ``gcd(dp, devices_per_node // (tp * cp))`` (the dp ranks that share a node with this rank;
-        dp when the plan's cluster does not say how many devices a node has).
+    def hsdp_shard_degree(self) -> int:
+        """dp_kind "hsdp": ranks each parameter is sharded over, inside a node; replicated across the rest
+        of the ``dp_state_ranks()`` ranks.
+
+        ``gcd(dp, devices_per_node // (tp * cp))`` (the dp ranks that share a node with this rank), or
+        under cp folded into the states' ranks ``gcd(dp * cp, devices_per_node // tp)`` (the dp x cp
+        ranks that do: ``cost_models.dp_kinds.hsdp_shard_degree``); all of them when the plan's
+        cluster does not say how many devices a node has.
         """
+        ranks = self.dp_state_ranks()
         per_node = int(self.cluster.get("devices_per_node") or 0)
         if per_node <= 0:
-            return self.dp
-        return math.gcd(self.dp, max(1, per_node // (self.tp * self.cp)))
+            return ranks
+        other = self.tp * (self.cp if ranks == self.dp else 1)  # the mesh axes inside a state group's stride
+        return math.gcd(ranks, max(1, per_node // other))
 
     def summary(self) -> str:
         return (

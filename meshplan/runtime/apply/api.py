@@ -28,6 +28,7 @@ from meshplan.models.init_tape import InitTape
 from meshplan.plan import Plan
 from meshplan.runtime.apply import split
 from meshplan.runtime.apply.checks import check_plan
+from meshplan.runtime.apply.epcp import EPCPState
 from meshplan.runtime.apply.parallel_model import ParallelModel
 from meshplan.runtime.apply.stage_params import tie_groups, unique_params
 from meshplan.runtime.apply.steps import STEPS, ApplyState, MetaBuild
@@ -90,7 +91,7 @@ def apply_plan(
         notes += step(s)
     pm = ParallelModel(
         plan=plan, env=env, modules=s.modules, roots=s.roots, runners=s.runners, stage_indices=s.mine,
-        optimizer=_optimizer(optimizer_factory, unique_params(s.modules), plan, env), loss_fn=loss_fn,
+        optimizer=_optimizer(optimizer_factory, unique_params(s.modules), plan, env, s.ecs), loss_fn=loss_fn,
         dp_mode=s.mode, schedule=s.schedule, notes=notes, tied_fqns=checked.tied, converted=checked.conv,
         precision=checked.precision, scaler=s.scaler, grad_sync=s.grad_sync, sync_counter=s.counter,
         loss_parallel=checked.head is not None, epcp=s.ecs, input_names=checked.names, phase_spans=s.spans,
@@ -118,8 +119,12 @@ def _meta_build(model: nn.Module, tape: InitTape | None, init_from: object) -> M
     return MetaBuild(tape=tape, finals=tape.refs_of(iter(named)), init_from=init_from)  # type: ignore[arg-type]
 
 
-def _optimizer(factory: Callable, params: list[torch.Tensor], plan: Plan, env: RuntimeEnv) -> torch.optim.Optimizer:
+def _optimizer(factory: Callable, params: list[torch.Tensor], plan: Plan, env: RuntimeEnv,
+               ecs: EPCPState | None) -> torch.optim.Optimizer:
+    """``factory``'s optimizer; zero1: ZeroRedundancyOptimizer over the dp group, or under cp over
+    the dp x cp group (``Plan.dp_state_ranks``), whose gradients ``ecs`` all-reduces before the step."""
     opt = factory(params)
-    if plan.dp_kind == "zero1" and plan.dp > 1:
-        return zero1_optimizer(opt, params, env.group("dp"))  # type: ignore[arg-type]
+    if plan.dp_kind == "zero1" and plan.dp_state_ranks() > 1:
+        group = ecs.groups.dc_group if plan.dp_state_ranks() != plan.dp and ecs is not None else env.group("dp")
+        return zero1_optimizer(opt, params, group)  # type: ignore[arg-type]
     return opt

@@ -18,7 +18,8 @@ Modes (``dp_mode``), from the plan's ``dp_kind``:
   gradients and overlaps their all-reduce with the backward).
 
 zero1 runs one of the replicated modes with the optimizer wrapped in torch's
-``ZeroRedundancyOptimizer`` over the dp group (``runtime.apply.zero1``; with tp > 1 over the TP shards' local tensors).
+``ZeroRedundancyOptimizer`` over the dp group (under cp: over the dp x cp group whose gradients
+``runtime.apply.epcp`` all-reduces) (``runtime.apply.zero1``; with tp > 1 over the TP shards' local tensors).
 ``check_dp_kind`` refuses, before any collective, what the runtime does not execute.
 
 Gradient-reducing collectives are counted where they are issued (``SyncCounter``): DDP through a
@@ -40,19 +41,46 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan
-from meshplan.plan.execution_rules import SHARDED_DP_KINDS, ZERO_BUBBLE_SCHEDULES, dp_kind_blocker
+from meshplan.plan.execution_rules import (
+    SHARDED_DP_KINDS,
+    ZERO_BUBBLE_SCHEDULES,
+    dp_kind_blocker,
+    states_over_cp,
+)
 from meshplan.runtime.launch import collectives
 
 
 def check_dp_kind(plan: Plan) -> None:
     """PlanMismatchError for a data-parallel kind this runtime cannot execute as planned
     (``meshplan.plan.execution_rules``, the rule the planner's search also obeys)."""
-    why = dp_kind_blocker(dp=plan.dp, tp=plan.tp, pp=plan.pp, schedule=plan.schedule, dp_kind=plan.dp_kind)
+    why = dp_kind_blocker(dp=plan.dp_state_ranks(), tp=plan.tp, pp=plan.pp, schedule=plan.schedule,
+                          dp_kind=plan.dp_kind)
     if why:
         raise PlanMismatchError(why)
 
 
+def fsdp_over_cp(plan: Plan) -> bool:
+    """An FSDP2 kind sharding over dp x cp (module docstring): FSDP2 reduces the cp ranks' gradients."""
+    return plan.dp_kind in SHARDED_DP_KINDS and states_over_cp(cp=plan.cp, ep=plan.ep, dp_kind=plan.dp_kind)
+
+
+def state_mesh(plan: Plan, mesh: Any) -> Any:
+    """The mesh FSDP2 shards over (None at one rank): ``mesh``'s dp axis, or its (dp, cp) submesh
+    flattened into ``dp_cp`` (``fsdp_over_cp``); hsdp: that mesh unflattened into
+    (dp_replicate, dp_shard) of shard size ``Plan.hsdp_shard_degree()``. Every rank calls it alike."""
+    if fsdp_over_cp(plan):
+        out = mesh["dp", "cp"]._flatten("dp_cp")
+    else:
+        out = mesh["dp"] if plan.dp > 1 else None
+    if plan.dp_kind == "hsdp" and out is not None:
+        shard = plan.hsdp_shard_degree()
+        out = out._unflatten(0, (plan.dp_state_ranks() // shard, shard), ("dp_replicate", "dp_shard"))
+    return out
+
+
 def dp_mode(plan: Plan) -> str:
+    if fsdp_over_cp(plan):
+        return "fsdp"
     if plan.dp == 1:
         return "none"
     if plan.dp_kind in SHARDED_DP_KINDS:

@@ -10,7 +10,9 @@ fp32/bf16 models. The planner never emits the others (both sides call ``executio
 
 ``EPCPState`` (from ``apply_epcp``) wraps the model for cp (``ContextParallel``), shards every
 global batch (the dp slice, then the cp sequence shard) and reduces gradients: dense ones averaged
-over dp x cp, expert ones summed over their replicas only and divided by dp x cp. Once the final
+over dp x cp, expert ones summed over their replicas only and divided by dp x cp. Under an FSDP2
+kind (fsdp / zero2 / hsdp, ep = 1) FSDP2 shards over dp x cp and reduces them instead
+(``data_parallel.fsdp_over_cp``): ``attach`` is not called. Once the final
 parameters are known (after TP), ``attach`` builds one ``BucketedGradSync`` per group (dense over
 the dc row, experts over their replica group): buckets are all-reduced from gradient hooks while
 the last microbatch's backward runs, as the cost model's overlapped DDP term assumes
@@ -25,7 +27,7 @@ import torch
 from torch import nn
 
 from meshplan.plan import Plan
-from meshplan.plan.execution_rules import epcp_rule
+from meshplan.plan.execution_rules import SHARDED_DP_KINDS, epcp_rule, states_over_cp
 from meshplan.runtime.apply.context_parallel import (
     ContextParallel,
     RingContext,
@@ -163,6 +165,10 @@ def apply_epcp(model: nn.Module, plan: Plan, env: RuntimeEnv) -> EPCPState:
                               "replays the shifts)" if plan.recompute == "selective" else "")
                            + ("" if takes_position_ids(model) else "; positions: the forward's arange over the "
                               "sequence yields each shard's global positions (no position_ids argument)"))
-    state.notes.append(f"gradients reduced over dp x cp = {groups.dc_size} ranks (experts: over their replicas), "
-                       "bucketed all-reduce from gradient hooks")
+    if plan.dp_kind in SHARDED_DP_KINDS and states_over_cp(cp=plan.cp, ep=plan.ep, dp_kind=plan.dp_kind):
+        state.notes.append(f"gradients reduced over dp x cp = {groups.dc_size} ranks by FSDP2's reduce-scatter "
+                           "(model states sharded over them)")
+    else:
+        state.notes.append(f"gradients reduced over dp x cp = {groups.dc_size} ranks (experts: over their replicas), "
+                           "bucketed all-reduce from gradient hooks")
     return state

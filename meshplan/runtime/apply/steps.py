@@ -104,7 +104,8 @@ def apply_epcp_step(s: ApplyState) -> list[str]:
         for p in s.checked.pieces:
             shard_position_tables(p.module, s.plan.cp, s.env.coord("cp"))
     s.ecs = apply_epcp(s.model, s.plan, s.env)  # stage modules hold the model's own MoE blocks
-    s.mode = "epcp"
+    if s.mode != "fsdp":  # FSDP2 over dp x cp reduces the cp ranks' gradients itself (dpmod.fsdp_over_cp)
+        s.mode = "epcp"
     return list(s.ecs.notes)
 
 
@@ -212,7 +213,7 @@ def apply_quantize(s: ApplyState) -> list[str]:
             readers.append(reader)
         changed = apply_quantization(
             r, q, tp_mesh=s.env.mesh["tp"] if s.plan.tp > 1 else None, tp_styles=s.checked.styles,
-            fsdp_shards=s.plan.dp if dpmod.dp_mode(s.plan) == "fsdp" else 1, before_each=reader,
+            fsdp_shards=s.plan.dp_state_ranks() if dpmod.dp_mode(s.plan) == "fsdp" else 1, before_each=reader,
         )
     notes = [f"quantization {q.mode}: {len(changed)} linears per stage root (last)"]
     if meta is not None:
@@ -262,22 +263,17 @@ def apply_compile(s: ApplyState) -> list[str]:
 
 
 def _dp_note(plan: Plan, mode: str) -> str:
+    ranks = plan.dp_state_ranks()
+    over = f" over dp x cp = {ranks} ranks (the flattened dp_cp mesh)" if ranks != plan.dp else ""
     kind = {
-        "fsdp": "FSDP2 fully_shard (ZeRO-3" + (")" if plan.pp == 1 else ", stage gathered once per step)"),
-        "zero2": "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)",
-        "hsdp": f"FSDP2 on a (dp_replicate={plan.dp // plan.hsdp_shard_degree()}, "
-                f"dp_shard={plan.hsdp_shard_degree()}) mesh",
+        "fsdp": "FSDP2 fully_shard (ZeRO-3" + (")" if plan.pp == 1 else ", stage gathered once per step)") + over,
+        "zero2": "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2)" + over,
+        "hsdp": f"FSDP2 on a (dp_replicate={ranks // plan.hsdp_shard_degree()}, "
+                f"dp_shard={plan.hsdp_shard_degree()}) mesh" + over,
     }.get(plan.dp_kind, "DDP" if mode == "ddp" else "bucketed all-reduce from gradient hooks")
-    return f"data parallel {plan.dp_kind}: {kind}" + (", ZeroRedundancyOptimizer (ZeRO-1)" if plan.dp_kind == "zero1" else "")
-
-
-def _dp_mesh(s: ApplyState) -> object:
-    plan = s.plan
-    dp_mesh = s.env.mesh["dp"] if plan.dp > 1 else None
-    if plan.dp_kind == "hsdp" and dp_mesh is not None:
-        shard = plan.hsdp_shard_degree()
-        dp_mesh = dp_mesh._unflatten(0, (plan.dp // shard, shard), ("dp_replicate", "dp_shard"))
-    return dp_mesh
+    return f"data parallel {plan.dp_kind}: {kind}" + (
+        ", ZeroRedundancyOptimizer (ZeRO-1)" + (f" over dp x cp = {ranks} ranks" if ranks != plan.dp else "")
+        if plan.dp_kind == "zero1" else "")
 
 
 def _wrap_dp(s: ApplyState) -> list[nn.Module]:
@@ -285,7 +281,7 @@ def _wrap_dp(s: ApplyState) -> list[nn.Module]:
     module; under pp > 1 around ``split.KeywordInputs``, which hands the stage the model inputs it reads."""
     plan = s.plan
     mods = [split.KeywordInputs(m, s.pieces[i]) for m, i in zip(s.modules, s.mine)] if s.pipelined else s.modules
-    return [dpmod.wrap_dp(m, s.mode, dp_mesh=_dp_mesh(s), dp_group=s.env.group("dp"), counter=s.counter,
+    return [dpmod.wrap_dp(m, s.mode, dp_mesh=dpmod.state_mesh(plan, s.env.mesh), dp_group=s.env.group("dp"), counter=s.counter,
                           mp_policy=prec.fsdp_policy(s.checked.precision),
                           per_block=plan.pp == 1 and plan.quantization.mode == "none",
                           # under pp > 1 every kind keeps the stage gathered from the first forward to the
@@ -360,7 +356,7 @@ def apply_grad_reduction(s: ApplyState) -> list[str]:
     if s.ecs is not None:  # hooks on the final (post-TP) parameters: bucketed reduction over dc / replicas
         s.ecs.attach(unique_params(s.modules), plan.num_microbatches, s.bucket_cap_bytes, pipelined=s.pipelined,
                      use_hooks=not zb)
-    return [_dp_note(plan, s.mode)] if plan.dp > 1 else []
+    return [_dp_note(plan, s.mode)] if plan.dp_state_ranks() > 1 else []
 
 
 def apply_schedule(s: ApplyState) -> list[str]:
