@@ -195,6 +195,9 @@ def main() -> None:
             line += (f" {'NEEDS SCRUTINY: ' if r['split'].needs_scrutiny else ''}{r['split'].carried_by()}"
                      f"{'; ' + r['split_note'] if r['split_note'] else ''} |")
         print(line)
+    said = {n: r["id"] for r in rows for n in r["profile_notes"]}
+    if said:  # an engine named without a profile of its own, a convention a case sets (ignored)
+        print("\n" + "\n".join(f"{rid}: {n}" for n, rid in said.items()))
     errs = [abs(r["err"]) for r in rows if r["err"] is not None and r["time_comparable"]]
     timed = [r for r in rows if r["err"] is not None and r["time_comparable"]]
     ep_errs = [abs(r["err"]) for r in timed if r["setup"]["ep"] > 1]

@@ -23,7 +23,7 @@ import dataclasses
 from typing import Any
 
 from meshplan.cost_models.allocator import reserved_peak_bytes
-from meshplan.cost_models.engine_profiles import PROFILES, EngineProfile
+from meshplan.cost_models.engine_profiles import PROFILES, RUN_FLAGS, EngineProfile, resolve
 from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.hardware import FRAGMENTATION_FRACTION, ClusterSpec, default_reserved_bytes
 from meshplan.cost_models.published import preset_for_case
@@ -82,7 +82,9 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
     """The engine profile a published run names (``case["engine"]``, ``cost_models.engine_profiles``)
     with the run's own flags where its source prints them (``engine_profiles.RUN_FLAGS``:
     ``expert_config.ddp_impl`` from a script's --DDP-impl, ``expert_config.split_rule`` from
-    --pp-partition-method, ``training.norm_kernel`` from a train config's norm_type / torch.compile)."""
+    --pp-partition-method, ``training.norm_kernel`` from a train config's norm_type / torch.compile).
+    An engine and version with no profile of its own resolve to their family's (``engine_profiles.
+    resolve``; ``case_notes`` says which); the engine conventions a case sets are ignored (``case_notes``)."""
     if "engine" not in case:
         raise ValueError(f"published case {case.get('id')!r} names no engine profile (\"engine\": one of "
                          f"{', '.join(PROFILES)})")  # fmt: skip
@@ -94,6 +96,29 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
     if int(ex.get("pp") or 1) == 1:
         flags.pop("split_rule", None)
     return engine_profile(case["engine"]).with_run_flags(**flags)
+
+
+#: the fields of an engine profile a case may not set (its engine's conventions, not the run's flags)
+_CONVENTIONS = frozenset(f.name for f in dataclasses.fields(EngineProfile)) - {"name", "engine", "version", "sources",
+                                                                              *RUN_FLAGS}  # fmt: skip
+
+
+def case_notes(case: dict[str, Any]) -> list[str]:
+    """One-line notes on how a case's engine is priced: which profile its ``engine`` resolves to where it
+    names none of its own (``engine_profiles.resolve``), and the engine conventions the case sets itself
+    (older case formats carried ``pp_buffers``, ``sp_saves``, ``state_layout``, ... per case), which are
+    ignored: the profile's are used (``case_profile``)."""
+    notes = []
+    if "engine" in case:
+        prof, said = resolve(case["engine"])
+        notes += [said] if said else []
+        for where in ("training", "expert_config"):
+            for k in sorted(set(case.get(where) or {}) & _CONVENTIONS):
+                v = case[where][k]
+                if v is not None and v != getattr(prof, k):
+                    notes.append(f"{where}.{k} = {v!r} ignored: an engine convention, {prof.name}'s is "
+                                 f"{getattr(prof, k)!r}")  # fmt: skip
+    return notes
 
 
 def case_setup(case: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +217,7 @@ def estimate_case(case: dict[str, Any], graph: ModelGraph, *, matmul_efficiency:
         "pred_mem_gib": pred_mem, "meas_mem_gib": meas_mem,
         "mem_err": (pred_mem / meas_mem - 1) if meas_mem else None,
         "time_comparable": (case["measured"].get("other") or {}).get("time_comparable", True),
+        "profile_notes": case_notes(case) if profile is None else [],
     }  # fmt: skip
 
 

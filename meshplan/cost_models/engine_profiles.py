@@ -12,7 +12,8 @@ file and default at the version named).
 
 ``meshplan estimate --from-*`` / ``--target``, ``planner.api.estimate_graph(profile=)`` /
 ``plan_graph(profile=)`` and the published-case benchmark take a profile by name; a published case
-names its engine and version (``"engine"``) and sets only its own run flags (``RUN_FLAGS``: what
+names its engine and version (``"engine"``; a version the repo has no profile for takes its
+family's latest not newer, ``resolve``, and says so) and sets only its own run flags (``RUN_FLAGS``: what
 its command line or config file says, e.g. ``--DDP-impl torch``), never an engine default.
 No torch import.
 """
@@ -20,6 +21,8 @@ No torch import.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 from dataclasses import dataclass
 
 from meshplan.cost_models.allocator import PP_BUFFERS
@@ -71,7 +74,8 @@ class EngineProfile:
     - ``fused_projections``: q/k/v (and a gated MLP's gate/up) run as one GEMM of the summed outputs
       (``engine_saves.fused_linears``), as Megatron-Core's ``linear_qkv`` / ``linear_fc1``.
     - ``shard_over_cp``: a sharded DP kind shards the model states over dp x cp (torchtitan's FSDP
-      mesh folds the context-parallel ranks in), not over dp alone with cp ranks holding copies
+      mesh folds the context-parallel ranks in; Megatron-Core's distributed optimizer, zero1, shards
+      over its dp x cp group), not over dp alone with cp ranks holding copies
       (meshplan's runtime: FSDP2 over its "dp" mesh, cp gradients all-reduced).
     - ``moe_dispatcher`` (``epcp.MOE_DISPATCHERS``): how a MoE layer's tokens reach their experts' ranks
       ("alltoall": a copy per routed expert; "flex": a copy per destination rank, DeepEP / HybridEP). A
@@ -276,8 +280,13 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-core-2024", "megatron", "core_v0.8 (2024)", state_layout="megatron", pp_buffers="megatron",
         sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch", loss_kernel="fused",
         vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed", glu_kernel="fused",
-        fused_projections=True,
+        fused_projections=True, shard_over_cp=True,
         sources=_with(_MEGATRON_2021,
+                      ("shard_over_cp", "core_v0.8.0 megatron/training/training.py get_megatron_optimizer(..., "
+                                        "data_parallel_group=mpu.get_data_parallel_group(with_context_parallel=True)) "
+                                        "and megatron/core/distributed/distributed_data_parallel.py gradient buffers "
+                                        "over the same dp x cp group: the distributed optimizer shards over dp x cp "
+                                        "(so since core_v0.4.0, megatron/training.py, context parallelism's first release)"),
                       ("glu_kernel", "core_v0.8.0 (baf94af) megatron/training/arguments.py --no-bias-swiglu-fusion "
                                      "(bias_swiglu_fusion default True), core_transformer_config_from_args "
                                      "bias_activation_fusion = args.bias_swiglu_fusion -> megatron/core/transformer/mlp.py "
@@ -300,8 +309,13 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-core-2026", "megatron", "megatron-core 0.16 (installed)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch",
         loss_kernel="fused", vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed",
-        glu_kernel="fused", fused_projections=True,
+        glu_kernel="fused", fused_projections=True, shard_over_cp=True,
         sources=_with(_MEGATRON_2021,
+                      ("shard_over_cp", "megatron/core/optimizer/__init__.py get_megatron_optimizer: the distributed "
+                                        "optimizer's data_parallel_group = intra_dp_cp_group (process_groups_config.py "
+                                        "'intra_dp_cp': get_data_parallel_group(with_context_parallel=True, "
+                                        "partial_data_parallel=True), all of dp x cp with one optimizer instance); "
+                                        "distributed_data_parallel.py buckets over intra_dp_cp_group"),
                       ("fused_projections", "megatron/core/transformer/attention.py SelfAttention linear_qkv (query + 2 x "
                                             "kv projection outputs); transformer/mlp.py linear_fc1 of ffn_hidden_size x 2 "
                                             "under gated_linear_unit"),
@@ -322,8 +336,12 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-bridge-2025", "megatron", "Megatron-Bridge performance recipes (NeMo 25.11 - 26.04 containers)",
         state_layout="zero", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
         ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="current",
-        glu_kernel="fused", tp_comm_overlap=True, fused_projections=True,
+        glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True,
         sources=_with(_MEGATRON_2021,
+                      ("shard_over_cp", "recipes/llama/llama3.py _llama3_common: use_distributed_optimizer=True -> "
+                                        "Megatron-Core optimizer/__init__.py get_megatron_optimizer: the distributed optimizer over "
+                                        "get_data_parallel_group(with_context_parallel=True) (core_v0.12.0, 2025-05) / "
+                                        "intra_dp_cp_group (core_v0.15.0, 2025-12): states sharded over dp x cp"),
                       ("fused_projections", "megatron/core/transformer/attention.py SelfAttention linear_qkv (query + 2 x "
                                             "kv projection outputs, one TELayerNormColumnParallelLinear); "
                                             "transformer/mlp.py linear_fc1 of ffn_hidden_size x 2 (gated_linear_unit)"),
@@ -447,16 +465,93 @@ INSTALLED = {"torchtitan": "torchtitan-2026", "megatron": "megatron-core-2026", 
              "meshplan": "meshplan"}  # fmt: skip
 
 
+#: engine families a profile name may name with any version (``resolve``): each family's profiles in
+#: the order of their versions, the versions read from the names ("2024.04" = April 2024). Megatron-LM
+#: and Megatron-Core are one lineage (Megatron-LM trains with Megatron-Core's modules from core_v0.4,
+#: January 2024, on: megatron/training.py get_model wraps megatron.core DDP); a variant ("+zero3")
+#: resolves only to a profile of the same variant
+LINEAGES: dict[str, tuple[str, ...]] = {
+    "megatron": ("megatron-lm-2020", "megatron-lm-2021", "megatron-lm-2021+zero3", "megatron-core-2024",
+                 "megatron-core-2026"),
+    "megatron-bridge": ("megatron-bridge-2025",),
+    "megatron-deepspeed": ("megatron-deepspeed-2022",),
+    "torchtitan": ("torchtitan-2024.04", "torchtitan-2024.12", "torchtitan-2026"),
+    "llm-foundry": ("llm-foundry-2023",),
+    "deepspeed": ("deepspeed-2026",),
+}  # fmt: skip
+
+#: family names a run may give -> (lineage, why that lineage prices it)
+FAMILIES: dict[str, tuple[str, str]] = {
+    **{f: (f, "") for f in LINEAGES},
+    "megatron-lm": ("megatron", "Megatron-LM and Megatron-Core are one lineage"),
+    "megatron-core": ("megatron", "Megatron-LM and Megatron-Core are one lineage"),
+    "mcore": ("megatron", "Megatron-LM and Megatron-Core are one lineage"),
+    # NeMo trains LLMs with Megatron-Core of its release (NeMo 24.07 ships Megatron-Core 0.8.0, the
+    # megatron-core-2024 profile's core_v0.8.0); megatron-bridge-2025 is the Bridge's performance
+    # recipes (bf16 main gradients, userbuffers TP overlap, current-scaling fp8): name it to get them
+    "nemo": ("megatron", "NeMo runs Megatron-Core of its year"),
+}  # fmt: skip
+
+_NAME = re.compile(r"^(?P<family>[a-z][a-z-]*?)(?:-(?P<version>\d{2,4}(?:\.\d{1,2})?))?(?:\+(?P<variant>[a-z0-9]+))?$")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """A version of a profile name or a run's engine as (year[, month]); "24.07" (a NeMo container) is 2024.07."""
+    parts = tuple(int(x) for x in text.split("."))
+    return (parts[0] + 2000 if parts[0] < 100 else parts[0], *parts[1:])
+
+
+def _not_newer(have: tuple[int, ...], named: tuple[int, ...]) -> bool:
+    """``have`` is not newer than ``named``, compared at the coarser of the two (a profile of 2024 is
+    not newer than a run of 2024.03, nor one of 2024.12 than a run of 2024)."""
+    k = min(len(have), len(named))
+    return have[:k] <= named[:k]
+
+
+def resolve(name: str) -> tuple[EngineProfile, str]:
+    """(the profile of ``name``, a one-line note of which profile prices it and why; "" when ``name``
+    names a profile). ``name`` is a profile name or "<engine family>[-<year>[.<month>]][+variant]":
+    the family's profile (``FAMILIES`` -> ``LINEAGES``) whose version is the latest not newer than the
+    one named, the earliest where it is older than all, the newest where no version is named."""
+    if name in PROFILES:
+        return PROFILES[name], ""
+    m = _NAME.match(name.strip().lower())
+    if not m or m["family"] not in FAMILIES:
+        raise ValueError(f"unknown engine profile {name!r}; use one of {', '.join(PROFILES)}, or an engine family "
+                         f"with an optional year[.month] version (families: {', '.join(FAMILIES)})")  # fmt: skip
+    lineage, why = FAMILIES[m["family"]]
+    variant = m["variant"] or ""
+    names = [n for n in LINEAGES[lineage] if (n.partition("+")[2] == variant)]
+    if not names:
+        raise ValueError(f"engine profile {name!r}: no {lineage} profile of variant +{variant} "
+                         f"(profiles: {', '.join(LINEAGES[lineage])})")  # fmt: skip
+    if m["version"] is None:
+        chosen, how = names[-1], "no version named: the newest"
+    else:
+        named = _version(m["version"])
+        older = [n for n in names if _not_newer(_version(n.partition("+")[0].rsplit("-", 1)[1]), named)]
+        chosen, how = ((older[-1], "the latest not newer") if older
+                       else (names[0], "older than every profile of the family: the earliest"))  # fmt: skip
+    note = f"engine {name!r} costed with profile {chosen!r} ({how}{'; ' + why if why else ''})"
+    return PROFILES[chosen], note
+
+
+_SAID: set[str] = set()
+
+
 def profile(name: str | EngineProfile | None) -> EngineProfile:
-    """The profile named ``name`` (an EngineProfile passes through; None is meshplan's runtime)."""
+    """The profile named ``name`` (an EngineProfile passes through; None is meshplan's runtime); a
+    family or version without a profile of its own resolves as ``resolve`` says, the note logged
+    once (logger ``meshplan.engine_profiles``; ``resolve`` returns it)."""
     if isinstance(name, EngineProfile):
         return name
     if name is None:
         return _MESHPLAN
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ValueError(f"unknown engine profile {name!r}; use one of {', '.join(PROFILES)}") from None
+    prof, note = resolve(name)
+    if note and note not in _SAID:
+        _SAID.add(note)
+        logging.getLogger("meshplan.engine_profiles").info(note)
+    return prof
 
 
 MESHPLAN = _MESHPLAN

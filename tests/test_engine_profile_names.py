@@ -1,0 +1,118 @@
+"""A run naming an engine version the repo has no profile for is costed with its family's profile
+(``cost_models.engine_profiles.resolve``), said in one line; a case's own engine conventions from
+older formats are ignored, not fatal (``commands.published_estimate.case_notes``); Megatron's
+distributed optimizer shards over dp x cp (``EngineProfile.shard_over_cp``)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+
+from meshplan.commands.published_estimate import case_notes, case_profile, case_setup
+from meshplan.cost_models.engine_profiles import FAMILIES, LINEAGES, PROFILES, profile, resolve
+from meshplan.cost_models.published import load_published_cases
+
+CASES = {c["id"]: c for c in load_published_cases()}
+
+
+def test_a_profile_name_is_itself_and_says_nothing() -> None:
+    for name, p in PROFILES.items():
+        assert resolve(name) == (p, "")
+    assert {n for names in LINEAGES.values() for n in names} <= set(PROFILES)
+
+
+@pytest.mark.parametrize(("named", "used", "how"), [
+    ("megatron-lm-2022", "megatron-lm-2021", "latest not newer"),  # Megatron-LM 2022: the 2021 profile
+    ("megatron-lm-2024", "megatron-core-2024", "latest not newer"),  # one lineage with Megatron-Core
+    ("megatron-core-2025", "megatron-core-2024", "latest not newer"),
+    ("megatron-core-2027", "megatron-core-2026", "latest not newer"),
+    ("megatron-lm-2019", "megatron-lm-2020", "the earliest"),  # older than every profile
+    ("megatron-lm-2023+zero3", "megatron-lm-2021+zero3", "latest not newer"),  # a variant keeps its variant
+    ("torchtitan-2025.06", "torchtitan-2024.12", "latest not newer"),
+    ("torchtitan-2024.06", "torchtitan-2024.04", "latest not newer"),
+    ("torchtitan-2024", "torchtitan-2024.12", "latest not newer"),  # a year covers its months
+    ("torchtitan-2024.02", "torchtitan-2024.04", "the earliest"),
+    ("deepspeed-2023", "deepspeed-2026", "the earliest"),
+    ("nemo-2024", "megatron-core-2024", "NeMo runs Megatron-Core"),  # NeMo 24.07 ships core 0.8.0
+    ("nemo-24.07", "megatron-core-2024", "NeMo runs Megatron-Core"),  # a container's YY.MM
+    ("nemo-2026", "megatron-core-2026", "NeMo runs Megatron-Core"),
+    ("megatron-bridge-2026", "megatron-bridge-2025", "latest not newer"),
+    ("megatron-lm", "megatron-core-2026", "the newest"),  # no version: the newest of the family
+    ("torchtitan", "torchtitan-2026", "the newest"),
+    ("nemo", "megatron-core-2026", "the newest"),
+])  # fmt: skip
+def test_an_engine_version_without_a_profile_takes_its_family_s_latest_not_newer(named: str, used: str,
+                                                                                 how: str) -> None:
+    p, note = resolve(named)
+    assert p.name == used
+    assert repr(named) in note and repr(used) in note and how in note and "\n" not in note
+
+
+def test_profile_logs_the_resolution_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="meshplan.engine_profiles"):
+        assert profile("megatron-core-2031").name == "megatron-core-2026"
+        profile("megatron-core-2031")
+    said = [r.getMessage() for r in caplog.records if "megatron-core-2031" in r.getMessage()]
+    assert len(said) == 1 and "'megatron-core-2026'" in said[0]
+
+
+@pytest.mark.parametrize("bad", ["titan", "foo-2024", "torchtitan-abc", "megatron-lm-2021+zero4"])
+def test_an_unknown_family_or_variant_is_a_one_line_error_listing_the_families(bad: str) -> None:
+    with pytest.raises(ValueError) as e:
+        resolve(bad)
+    msg = str(e.value)
+    assert "\n" not in msg and repr(bad) in msg
+    if "+" not in bad:
+        assert msg.startswith("unknown engine profile") and all(f in msg for f in FAMILIES)
+
+
+def _older_format(case: dict, engine: str) -> dict:
+    """``case`` as an older case format wrote it: its engine by family and version, and engine
+    conventions set per case (the profile's own value and another), a run flag restating its default."""
+    c = copy.deepcopy(case)
+    c["engine"] = engine
+    c["expert_config"].update(pp_buffers="torch", state_layout="megatron", pp_scatter_gather=True, fsdp=False,
+                              ddp_impl="torch")  # fmt: skip
+    c["training"].update(sp_saves="gathered", loss_kernel="fused", attention_impl="unfused", grad_accum=4)
+    return c
+
+
+def test_case_setup_ignores_the_conventions_an_older_case_sets_and_says_so() -> None:
+    base = CASES["mcore-mixtral-8x7b-h100-64gpu-ep8-pp4"]  # megatron-core-2024
+    old = _older_format(base, "nemo-2024")
+    new_setup, old_setup = case_setup(base), case_setup(old)
+    assert old_setup == new_setup  # the profile's conventions, the same run flags (ddp_impl torch = its default)
+    assert case_profile(old) == PROFILES["megatron-core-2024"]
+    notes = case_notes(old)
+    assert "'megatron-core-2024'" in notes[0]
+    ignored = {n.split(" = ")[0] for n in notes[1:]}
+    # only those differing from the profile's are said (megatron-core-2024: pp_buffers 'megatron',
+    # sp_saves 'shard', attention 'flash'); its own state layout and loss kernel are silent
+    assert ignored == {"expert_config.pp_buffers", "training.sp_saves", "training.attention_impl",
+                       "expert_config.pp_scatter_gather"}  # fmt: skip
+    assert case_notes(base) == []
+
+
+def test_a_run_flag_an_older_case_sets_is_used() -> None:
+    old = _older_format(CASES["megsc21-1.7b-a100-32gpu"], "megatron-lm-2022")
+    assert case_profile(old).ddp_impl == "torch" != PROFILES["megatron-lm-2021"].ddp_impl
+    assert case_setup(old)["profile"].name == "megatron-lm-2021"
+
+
+def test_megatron_s_distributed_optimizer_shards_over_dp_and_cp() -> None:
+    from meshplan.loading import load_graph
+    from meshplan.planner.api import estimate_graph
+
+    for name in ("megatron-core-2024", "megatron-core-2026", "megatron-bridge-2025"):
+        assert PROFILES[name].shard_over_cp and "shard_over_cp" in dict(PROFILES[name].sources)
+    for name in ("megatron-lm-2020", "megatron-lm-2021", "megatron-deepspeed-2022"):  # no CP in these versions
+        assert not PROFILES[name].shard_over_cp
+    g, p = load_graph("gpt-tiny"), PROFILES["megatron-core-2026"]
+    kw = {"tp": 1, "pp": 1, "dp": 2, "cp": 2, "micro_batch_size": 2, "global_batch_size": 8, "cluster": "h100"}
+    for kind, share in (("zero1", 0.5), ("ddp", 1.0)):  # the distributed optimizer's states over 4 ranks, not 2
+        over, apart = (estimate_graph(g, 4, profile=q, dp_kind=kind, **kw).predicted.mem_breakdown
+                       for q in (p, p.but(shard_over_cp=False)))  # fmt: skip
+        assert over["optimizer"] == pytest.approx(share * apart["optimizer"])
+        assert over["grads"] == apart["grads"] and over["params"] == apart["params"]
