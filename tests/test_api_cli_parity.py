@@ -190,6 +190,19 @@ def test_estimate_config_is_the_command(tmp_path: Path, capsys) -> None:
     via_path = meshplan.estimate_config("gpt-tiny", tmp_path / "args.txt", engine="megatron", world_size=8,
                                         cluster="h100", target="deepspeed")  # fmt: skip
     assert via_path.target == "deepspeed" and via_path.best.schedule in ("1f1b",) and via_path.plan.tp == 2
+    # --optimizer / --momentum: the optimizer costed in the configuration and in the best plan (#28's flags)
+    rc = main(["estimate", "gpt-tiny", "-n", "8", "--from-megatron", args, "--quiet", "--optimizer", "sgd",
+               "--momentum", "0", "-o", str(tmp_path / "sgd.json"), "--best-output", str(tmp_path / "sgd-best.json")])
+    sgd = meshplan.estimate_config("gpt-tiny", args, engine="megatron", world_size=8, cluster="h100", optimizer="sgd")
+    assert rc == 0 and (sgd.plan.optimizer, sgd.best.optimizer) == ("sgd", "sgd")
+    _same_plan(sgd.plan, Plan.load(tmp_path / "sgd.json"))
+    _same_plan(sgd.best, Plan.load(tmp_path / "sgd-best.json"))
+    assert sgd.plan.predicted.mem_breakdown["optimizer"] < est.plan.predicted.mem_breakdown["optimizer"]
+    capsys.readouterr()
+    assert main(["estimate", "gpt-tiny", "-n", "8", "--from-megatron", args, "--quiet", "--momentum", "0.5"]) == 1
+    assert "--momentum is SGD's" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="optimizer 'lion' unknown"):
+        meshplan.estimate_config("no-such-model-never-loaded", args, engine="megatron", world_size=8, optimizer="lion")
     with pytest.raises(ValueError, match="engine 'nemo' unknown"):
         meshplan.estimate_config("gpt-tiny", args, engine="nemo", world_size=8)
     with pytest.raises(ValueError, match="target 'nemo' unknown"):

@@ -32,7 +32,7 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
         "model": "model", "from_torchtitan": "config", "from_megatron": "config", "from_deepspeed": "config",
         "world_size": "world_size", "cluster": "cluster", "seq": "seq_len", "input_shape": "input_shapes",
         "target": "target", "quiet": "progress", "output": "call:meshplan.plan:Plan.save",
-        "best_output": "call:meshplan.plan:Plan.save",
+        "best_output": "call:meshplan.plan:Plan.save", "optimizer": "optimizer", "momentum": "optimizer",
     }),
     "export": ("export", {
         "plan": "plan", "to": "to", "form": "form", "base": "base", "nearest": "nearest", "model": "model",
@@ -42,6 +42,7 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
         "model": "model", "tokens": "tokens", "gpus": "gpus", "cluster": "clusters", "price": "prices",
         "deadline": "deadline", "budget": "budget", "global_batch": "global_batch", "seq": "seq_len",
         "dtype": "dtype", "jobs": "jobs", "error_band": "error_band", "quiet": "progress",
+        "optimizer": "optimizer", "momentum": "optimizer",
         "png": "call:meshplan.report.capacity_plot:write_capacity_png",
         "html": "call:meshplan.report.capacity_plot:write_capacity_html",
         "json": "call:meshplan.sizing.api:capacity_report",

@@ -281,6 +281,15 @@ def test_command_line(capsys, tmp_path):
     assert code == 0 and "PREDICTED" in out and "Cheapest meeting the 30-day deadline" in out
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [r["gpus"] for r in rows] == [8, 16] and all(r["cluster"] == "h100" and r["cost"] > 0 for r in rows)
+    # --optimizer / --momentum: the optimizer every plan costs (plain SGD keeps no state)
+    assert main(["capacity", "gpt-tiny", "--tokens", "1B", "--gpus", "8", "--global-batch", "64", "--jobs", "1",
+                 "--optimizer", "sgd", "--momentum", "0", "-q", "--json", str(tmp_path / "sgd.json")]) == 0
+    sgd = json.loads((tmp_path / "sgd.json").read_text())
+    # the same plans fit with less state and a shorter step: the best is faster (predicted)
+    assert sgd[0]["gpus"] == 8 and sgd[0]["tokens_per_s"] > rows[0]["tokens_per_s"]
+    capsys.readouterr()
+    assert main(["capacity", "gpt-tiny", "--tokens", "1B", "--gpus", "8", "--momentum", "0.5", "-q"]) == 1
+    assert "--momentum is SGD's" in capsys.readouterr().err
 
 
 def test_efficiency_printed_rounded_down():

@@ -138,6 +138,7 @@ def estimate_config(
     input_shapes: Mapping[str, Any] | None = None,
     target: str | None = None,
     use_cache: bool = True,
+    optimizer: str = "adam",
     progress: Callable[[str], None] | None = None,
 ) -> EngineEstimate:
     """Cost the ``engine`` configuration ``config`` of ``model`` on ``world_size`` devices of
@@ -146,13 +147,18 @@ def estimate_config(
     ``model``: a name ``meshplan plan`` takes, a ModelGraph or an nn.Module. ``config``: the
     configuration's text, a ``Path`` to it, or ``"@FILE"``. ``seq_len``: default the
     configuration's, else the model's. ``target``: "meshplan", "torchtitan", "megatron" or
-    "deepspeed" (default ``engine``)."""
+    "deepspeed" (default ``engine``). ``optimizer``: the one costed in both (``cost_models.memory.
+    OPTIMIZERS``: "adam", "adamw", "sgd", "sgd-momentum"; ``optimizer_kind`` of ``--optimizer`` /
+    ``--momentum``)."""
     from meshplan.api.plan import model_graph
+    from meshplan.cost_models.memory import OPTIMIZERS
     from meshplan.planner.api import plan_graph
     from meshplan.report.gain import with_gain_note
 
     if target is not None and target not in TARGETS:
         raise ValueError(f"target {target!r} unknown; use one of {', '.join(TARGETS)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r} unknown; use one of {', '.join(OPTIMIZERS)}")
     say = progress or (lambda _m: None)
     imp = read_config(config, engine, world_size)  # a bad configuration fails before the (slow) trace
     say(f"tracing {model if isinstance(model, str | Path) else type(model).__name__}")
@@ -170,11 +176,12 @@ def estimate_config(
     spec = imp.spec
     say("costing it")
     prof = config_profile(engine, imp.profile, imp.run_flags)
-    mine = cost_spec(graph, spec, cluster, engine, profile=prof)
+    mine = cost_spec(graph, spec, cluster, engine, profile=prof, optimizer=optimizer)
     target = target or engine
     say("searching meshplan's best plan" + (f" for {target}" if target != "meshplan" else ""))
     limits = search_limits(target, {}, spec.dtype) if target in CAPS else {}
-    common = {"cluster": cluster, "global_batch_size": spec.global_batch_size, "dtype": spec.dtype, "progress": None}
+    common = {"cluster": cluster, "global_batch_size": spec.global_batch_size, "dtype": spec.dtype, "progress": None,
+              "optimizer": optimizer}
     best = plan_graph(graph, spec.world_size, **common, **limits)
     split = None
     if best.predicted.step_s < mine.predicted.step_s:
@@ -207,13 +214,13 @@ def trace_graph(model: str, seq_len: int | None = None, input_shapes: Mapping[st
 
 
 def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = None, *,
-              profile: Any = None, run_flags: Mapping[str, str] | None = None) -> Any:
+              profile: Any = None, run_flags: Mapping[str, str] | None = None, optimizer: str = "adam") -> Any:
     """The Plan meshplan predicts for ``spec`` run by ``engine``: its configured blocks per stage
     when it sets them (``spec.layers_per_stage``), else the split the engine's rule gives
     (``engines.spec.CAPS[engine].split``; meshplan's own split when ``engine`` is None); context and
     expert parallelism costed by ``cost_models/epcp.py`` through ``estimate_graph``. ``profile``: the
     engine profile the configuration was written for (``Imported.profile``; default the installed
-    version's; a name or an EngineProfile), with its ``run_flags``."""
+    version's; a name or an EngineProfile), with its ``run_flags``; ``optimizer`` the one costed."""
     from meshplan.planner.api import estimate_graph
 
     prof = config_profile(engine, profile, run_flags)
@@ -229,5 +236,5 @@ def cost_spec(graph: Any, spec: EngineSpec, cluster: Any, engine: str | None = N
         # Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1, a run flag): cost_models/epcp.py
         moe_folding=spec.moe_folding and engine == "megatron",
         # the engine version's conventions (state layout, kernels, pipeline buffers, split rule, ...)
-        profile=prof,
+        profile=prof, optimizer=optimizer,
     )  # fmt: skip

@@ -1,7 +1,8 @@
 """argparse ``type=`` callables that refuse nonsense numbers at parse time (``--seq 0``, ``--nproc 0``).
 
 argparse turns the ``ValueError`` into ``meshplan X: error: argument --seq: ...`` (exit 2), before
-anything is traced or spawned.
+anything is traced or spawned. ``add_optimizer_arguments`` / ``optimizer_of``: the costed optimizer's
+``--optimizer`` / ``--momentum`` (plan, estimate, capacity).
 """
 
 from __future__ import annotations
@@ -45,3 +46,25 @@ def byte_size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_optimizer_arguments(parser: argparse.ArgumentParser, costed: str) -> None:
+    """``--optimizer {adam,adamw,sgd}`` (default adam) and ``--momentum M``: the optimizer whose state
+    memory and step time a command costs (``costed``: what of it, for the help); ``optimizer_of``
+    turns them into the cost model's optimizer."""
+    from meshplan.cost_models.memory import RUN_OPTIMIZERS
+
+    parser.add_argument("--optimizer", choices=RUN_OPTIMIZERS, default="adam",
+                        help=f"the optimizer the run uses, whose state memory and step time are costed (default adam; "
+                             f"adamw costs the same; sgd: momentum 0.9 unless --momentum){costed}")  # fmt: skip
+    parser.add_argument("--momentum", type=unit_interval, default=None, metavar="M",
+                        help="SGD's momentum (--optimizer sgd only; default 0.9): 0 is plain SGD, costed without "
+                             "a momentum buffer")  # fmt: skip
+
+
+def optimizer_of(args: argparse.Namespace) -> str:
+    """The cost model's optimizer of ``add_optimizer_arguments``' flags (``cost_models.memory.optimizer_kind``:
+    one-line ValueError on --momentum without sgd)."""
+    from meshplan.cost_models.memory import optimizer_kind
+
+    return optimizer_kind(args.optimizer, args.momentum)

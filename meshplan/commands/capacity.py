@@ -4,7 +4,8 @@ which kind, how long and at what cost (predicted).
 Traces MODEL once (trace cache as ``meshplan plan``), plans it on every cluster kind at every GPU
 count of the range (``meshplan.sizing``), prints the table (best plan, tokens/s per GPU, MFU,
 days, GPU-hours, cost with the cost model's ± band, peak memory, scaling efficiency), the Pareto
-front, the deadline/budget picks and where scaling efficiency falls below 80%; ``--png`` /
+front, the deadline/budget picks and where scaling efficiency falls below 80% (``--optimizer
+[--momentum]``: the optimizer costed, default adam); ``--png`` /
 ``--html`` write the pictures (``report.capacity_plot``), ``--json`` the rows. Progress on
 stderr. Bad input fails before the trace. torch is imported only when the model is traced.
 """
@@ -16,7 +17,7 @@ import os
 import sys
 import time
 
-from meshplan.commands.argtypes import positive_int
+from meshplan.commands.argtypes import add_optimizer_arguments, optimizer_of, positive_int
 
 HELP = "how many GPUs of which kind, how long and at what cost to train a model on N tokens (predicted)"
 
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", default=None, metavar="FILE", help="write the table and pictures as an HTML page")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="write the rows as a JSON list of objects (pandas.read_json reads it)")
+    add_optimizer_arguments(parser, " in every plan")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     q = ask(tokens=args.tokens, gpus=args.gpus, clusters=args.cluster, prices=args.price, deadline=args.deadline,
             budget=args.budget, global_batch=args.global_batch, dtype=args.dtype, jobs=args.jobs,
-            error_band=args.error_band)  # fmt: skip
+            error_band=args.error_band, optimizer=optimizer_of(args))  # fmt: skip
     # the collector stays on during the sweep (unlike `meshplan plan`'s one search): dozens of searches
     # would keep their cyclic garbage; loading the model runs with it off, then frozen
     with loading(getattr(args, "one_shot", False)):

@@ -8,7 +8,7 @@ cluster and global batch (``--target`` restricts that search to an engine): pred
 memory per rank, MFU, and every difference with its predicted effect (``report.diff.format_diff``).
 Keys the reader does not know are listed as unknown, known ones that do not change the layout as
 ignored: nothing is dropped silently. ``--from-megatron`` takes the arguments, or ``@FILE`` for a
-file of them. ``-o``/``--best-output`` save the two plans.
+file of them. ``--optimizer [--momentum]`` is the optimizer costed in both (default adam). ``-o``/``--best-output`` save the two plans.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from meshplan.commands.argtypes import add_optimizer_arguments, optimizer_of
 from meshplan.engines.spec import TARGETS
 from meshplan.shapes import add_input_shape, input_shapes
 
@@ -36,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_shape(parser)
     parser.add_argument("--target", default=None, choices=TARGETS,
                         help="restrict meshplan's best plan to what this engine runs (default: the source engine)")
+    add_optimizer_arguments(parser, ", in the configuration and in meshplan's best plan alike")
     parser.add_argument("-o", "--output", default=None, metavar="PLAN_JSON", help="save the costed user configuration")
     parser.add_argument("--best-output", default=None, metavar="PLAN_JSON", help="save meshplan's best plan")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -60,13 +62,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"[estimate] {msg}", file=sys.stderr, flush=True)
 
     engine, config = source(args)
+    optimizer = optimizer_of(args)  # a bad --momentum fails before anything is read or traced
     if is_local(args.cluster):
         read_config(config, engine, args.world_size)  # a bad configuration fails before the (slow) profile
         args.cluster = resolve(args.cluster, args.world_size, say=progress, log=lambda m: progress(f"profile: {m}"))
         print(args.cluster.extra["local"])  # what the N devices are
     est = estimate_config(args.model, config, engine=engine, world_size=args.world_size, cluster=args.cluster,
                           seq_len=args.seq, input_shapes=input_shapes(args.input_shape), target=args.target,
-                          progress=progress)  # fmt: skip
+                          optimizer=optimizer, progress=progress)  # fmt: skip
     imp = est.config
     print(est.summary())
     for label, keys in (("unknown (not understood, not costed)", imp.unknown),

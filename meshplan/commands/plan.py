@@ -19,8 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from meshplan.commands.argtypes import byte_size, positive_int, unit_interval
-from meshplan.cost_models.memory import RUN_OPTIMIZERS, optimizer_kind
+from meshplan.commands.argtypes import add_optimizer_arguments, byte_size, optimizer_of, positive_int
 from meshplan.cost_models.precision import TRAINING_DTYPES
 from meshplan.engines.spec import TARGETS
 from meshplan.shapes import add_input_shape, input_shapes
@@ -87,13 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training precision (default bf16); fp8 = torchao float8 training, costed on GPUs with "
                              "FP8 tensor cores (h100/h200) and run by torchtitan (--target torchtitan); auto: the "
                              "fastest that fits among bf16 and fp8 where the cluster and the target run them")  # fmt: skip
-    parser.add_argument("--optimizer", choices=RUN_OPTIMIZERS, default="adam",
-                        help="the optimizer the run uses, whose state memory and step time are costed (default adam; "
-                             "adamw costs the same; sgd: momentum 0.9 unless --momentum); recorded in the plan, "
-                             "which `meshplan run` then runs")
-    parser.add_argument("--momentum", type=unit_interval, default=None, metavar="M",
-                        help="SGD's momentum (--optimizer sgd only; default 0.9): 0 is plain SGD, costed without "
-                             "a momentum buffer")
+    add_optimizer_arguments(parser, "; recorded in the plan, which `meshplan run` then runs")
     parser.add_argument("--target", default="meshplan", choices=TARGETS,
                         help="plan only what this engine runs (its schedules, DP kinds, recompute kinds and "
                              "stage-split rule); export with "
@@ -129,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     request = plan_request(args.world_size, cluster=args.cluster, global_batch_size=args.global_batch,
                            fixed=pins(args), quantization=args.quantization, lora_rank=args.lora_rank,
                            dtype=args.dtype, target=args.target, memory_limit=args.memory_limit,
-                           optimizer=optimizer_kind(args.optimizer, args.momentum))  # fmt: skip
+                           optimizer=optimizer_of(args))  # fmt: skip
     from meshplan.commands.heap import loading, searching
     from meshplan.loading import load_graph
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.memory import OPTIMIZERS
 from meshplan.graph import ModelGraph
 from meshplan.partition.cuts import layer_ranges
 from meshplan.profile.local import describe, is_local, local_profile
@@ -116,6 +117,7 @@ class Question:
     dtype: str
     jobs: int
     band: ErrorBand
+    optimizer: str = "adam"
 
 
 def ask(
@@ -130,6 +132,7 @@ def ask(
     dtype: str = "bf16",
     jobs: int = 1,
     error_band: ErrorBand | str | Path | None = None,
+    optimizer: str = "adam",
 ) -> Question:
     """Parse and check the question (``ValueError``, one line, before anything is traced)."""
     kinds = _clusters(clusters)
@@ -142,10 +145,12 @@ def ask(
         raise ValueError("--budget needs prices: give --price KIND=DOLLARS_PER_GPU_HOUR for the cluster kinds")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r} unknown; use one of {', '.join(OPTIMIZERS)}")
     band = error_band if isinstance(error_band, ErrorBand) else load_error_band(error_band)
     return Question(tokens=parse_tokens(tokens), counts=parse_gpus(gpus), kinds=tuple(kinds), prices=price,
                     deadline_days=parse_deadline(deadline), budget=money, batch=parse_batch(global_batch),
-                    dtype=dtype, jobs=jobs, band=band)  # fmt: skip
+                    dtype=dtype, jobs=jobs, band=band, optimizer=optimizer)  # fmt: skip
 
 
 def answer(graph: ModelGraph, q: Question, *, progress: Callable[[str], None] | None = None,
@@ -170,7 +175,7 @@ def answer(graph: ModelGraph, q: Question, *, progress: Callable[[str], None] | 
     if not tasks:
         raise ValueError(f"no GPU count in {q.counts.lo}-{q.counts.hi} can be planned: " + "; ".join(skipped[:3]))
     say(f"{graph.model_name}: {len(tasks)} plans ({', '.join(q.kinds)}), {rule}")
-    points = plan_points(graph, tasks, seqs, jobs=q.jobs, progress=say, dtype=q.dtype)
+    points = plan_points(graph, tasks, seqs, jobs=q.jobs, progress=say, dtype=q.dtype, optimizer=q.optimizer)
     rows = [_row(p, q.tokens, seqs, graph.seq_len, q.prices.get(p.cluster), q.band.median) for p in points]
     rows = mark_rows(rows, deadline_days=q.deadline_days, budget=q.budget)
     return CapacityReport(
@@ -213,7 +218,7 @@ def capacity(model: Any, *, tokens: str | int | float, gpus: str | int | Sequenc
     module. ``tokens``: ``"15T"`` or a number. ``gpus``: ``"256-8192"`` (swept), ``"256,512"`` or a
     list. ``clusters``: preset names. Keywords as ``capacity_report``: ``prices`` ({"h100": 2.49} or
     "h100=2.49"), ``deadline`` ("30d"), ``budget`` ("2.5M"), ``global_batch``, ``seq_len``,
-    ``dtype``, ``jobs``, ``progress``. Every figure is predicted, with the band in ``days_low`` ..
+    ``dtype``, ``jobs``, ``optimizer`` (``cost_models.memory.OPTIMIZERS``, default "adam"), ``progress``. Every figure is predicted, with the band in ``days_low`` ..
     ``days_high`` and ``cost_low`` .. ``cost_high``."""
     return list(capacity_report(model, tokens=tokens, gpus=gpus, clusters=clusters, **kw).rows)
 
