@@ -20,7 +20,7 @@ CASES = {c["id"]: c for c in load_published_cases()}
 def test_a_profile_name_is_itself_and_says_nothing() -> None:
     for name, p in PROFILES.items():
         assert resolve(name) == (p, "")
-    assert {n for names in LINEAGES.values() for n in names} <= set(PROFILES)
+    assert {n for lineage in LINEAGES.values() for n, _ in lineage} <= set(PROFILES)
 
 
 @pytest.mark.parametrize(("named", "used", "how"), [
@@ -35,13 +35,15 @@ def test_a_profile_name_is_itself_and_says_nothing() -> None:
     ("torchtitan-2024", "torchtitan-2024.12", "latest not newer"),  # a year covers its months
     ("torchtitan-2024.02", "torchtitan-2024.04", "the earliest"),
     ("deepspeed-2023", "deepspeed-2026", "the earliest"),
-    ("nemo-2024", "megatron-core-2024", "NeMo runs Megatron-Core"),  # NeMo 24.07 ships core 0.8.0
-    ("nemo-24.07", "megatron-core-2024", "NeMo runs Megatron-Core"),  # a container's YY.MM
-    ("nemo-2026", "megatron-core-2026", "NeMo runs Megatron-Core"),
+    ("megatron-lm-2024.03", "megatron-lm-2021", "latest not newer"),  # before core_v0.8.0 (2024.08)
+    ("nemo-2025.06", "nemo-2024", "NeMo's recipes"),  # NeMo 2.0's own recipes until the 25.11 containers
+    ("nemo-24.09", "nemo-2024", "NeMo's recipes"),  # a container's YY.MM
+    ("nemo-25.11", "megatron-bridge-2025", "NeMo's recipes"),  # Megatron-Bridge from 25.11
+    ("nemo-2023", "nemo-2024", "the earliest"),
     ("megatron-bridge-2026", "megatron-bridge-2025", "latest not newer"),
     ("megatron-lm", "megatron-core-2026", "the newest"),  # no version: the newest of the family
     ("torchtitan", "torchtitan-2026", "the newest"),
-    ("nemo", "megatron-core-2026", "the newest"),
+    ("nemo", "megatron-bridge-2025", "the newest"),
 ])  # fmt: skip
 def test_an_engine_version_without_a_profile_takes_its_family_s_latest_not_newer(named: str, used: str,
                                                                                  how: str) -> None:
@@ -81,7 +83,7 @@ def _older_format(case: dict, engine: str) -> dict:
 
 def test_case_setup_ignores_the_conventions_an_older_case_sets_and_says_so() -> None:
     base = CASES["mcore-mixtral-8x7b-h100-64gpu-ep8-pp4"]  # megatron-core-2024
-    old = _older_format(base, "nemo-2024")
+    old = _older_format(base, "megatron-core-2025")
     new_setup, old_setup = case_setup(base), case_setup(old)
     assert old_setup == new_setup  # the profile's conventions, the same run flags (ddp_impl torch = its default)
     assert case_profile(old) == PROFILES["megatron-core-2024"]

@@ -465,19 +465,21 @@ INSTALLED = {"torchtitan": "torchtitan-2026", "megatron": "megatron-core-2026", 
              "meshplan": "meshplan"}  # fmt: skip
 
 
-#: engine families a profile name may name with any version (``resolve``): each family's profiles in
-#: the order of their versions, the versions read from the names ("2024.04" = April 2024). Megatron-LM
-#: and Megatron-Core are one lineage (Megatron-LM trains with Megatron-Core's modules from core_v0.4,
-#: January 2024, on: megatron/training.py get_model wraps megatron.core DDP); a variant ("+zero3")
-#: resolves only to a profile of the same variant
-LINEAGES: dict[str, tuple[str, ...]] = {
-    "megatron": ("megatron-lm-2020", "megatron-lm-2021", "megatron-lm-2021+zero3", "megatron-core-2024",
-                 "megatron-core-2026"),
-    "megatron-bridge": ("megatron-bridge-2025",),
-    "megatron-deepspeed": ("megatron-deepspeed-2022",),
-    "torchtitan": ("torchtitan-2024.04", "torchtitan-2024.12", "torchtitan-2026"),
-    "llm-foundry": ("llm-foundry-2023",),
-    "deepspeed": ("deepspeed-2026",),
+#: engine families a profile name may name with any version (``resolve``): each family's profiles
+#: in the order of their versions, with the version each stands for ("2024.08" = August 2024; a year
+#: alone: that year). Megatron-LM and Megatron-Core are one lineage (Megatron-LM trains with
+#: Megatron-Core's modules from core_v0.4, January 2024, on: megatron/training.py get_model wraps
+#: megatron.core DDP). NeMo's are its own recipes' profiles, then Megatron-Bridge, which NeMo's
+#: containers run from 25.11 on. A variant ("+zero3") resolves only to a profile of that variant
+LINEAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "megatron": (("megatron-lm-2020", "2020.09"), ("megatron-lm-2021", "2021"), ("megatron-lm-2021+zero3", "2021"),
+                 ("megatron-core-2024", "2024.08"), ("megatron-core-2026", "2026")),
+    "nemo": (("nemo-2024", "2024.05"), ("megatron-bridge-2025", "2025.11")),
+    "megatron-bridge": (("megatron-bridge-2025", "2025.11"),),
+    "megatron-deepspeed": (("megatron-deepspeed-2022", "2022"),),
+    "torchtitan": (("torchtitan-2024.04", "2024.04"), ("torchtitan-2024.12", "2024.12"), ("torchtitan-2026", "2026")),
+    "llm-foundry": (("llm-foundry-2023", "2023"),),
+    "deepspeed": (("deepspeed-2026", "2026"),),
 }  # fmt: skip
 
 #: family names a run may give -> (lineage, why that lineage prices it)
@@ -486,10 +488,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "megatron-lm": ("megatron", "Megatron-LM and Megatron-Core are one lineage"),
     "megatron-core": ("megatron", "Megatron-LM and Megatron-Core are one lineage"),
     "mcore": ("megatron", "Megatron-LM and Megatron-Core are one lineage"),
-    # NeMo trains LLMs with Megatron-Core of its release (NeMo 24.07 ships Megatron-Core 0.8.0, the
-    # megatron-core-2024 profile's core_v0.8.0); megatron-bridge-2025 is the Bridge's performance
-    # recipes (bf16 main gradients, userbuffers TP overlap, current-scaling fp8): name it to get them
-    "nemo": ("megatron", "NeMo runs Megatron-Core of its year"),
+    "nemo": ("nemo", "NeMo's recipes, then Megatron-Bridge from the 25.11 containers"),
 }  # fmt: skip
 
 _NAME = re.compile(r"^(?P<family>[a-z][a-z-]*?)(?:-(?P<version>\d{2,4}(?:\.\d{1,2})?))?(?:\+(?P<variant>[a-z0-9]+))?$")
@@ -521,17 +520,17 @@ def resolve(name: str) -> tuple[EngineProfile, str]:
                          f"with an optional year[.month] version (families: {', '.join(FAMILIES)})")  # fmt: skip
     lineage, why = FAMILIES[m["family"]]
     variant = m["variant"] or ""
-    names = [n for n in LINEAGES[lineage] if (n.partition("+")[2] == variant)]
-    if not names:
+    have = [(n, v) for n, v in LINEAGES[lineage] if n.partition("+")[2] == variant]
+    if not have:
         raise ValueError(f"engine profile {name!r}: no {lineage} profile of variant +{variant} "
-                         f"(profiles: {', '.join(LINEAGES[lineage])})")  # fmt: skip
+                         f"(profiles: {', '.join(n for n, _ in LINEAGES[lineage])})")  # fmt: skip
     if m["version"] is None:
-        chosen, how = names[-1], "no version named: the newest"
+        chosen, how = have[-1][0], "no version named: the newest"
     else:
         named = _version(m["version"])
-        older = [n for n in names if _not_newer(_version(n.partition("+")[0].rsplit("-", 1)[1]), named)]
+        older = [n for n, v in have if _not_newer(_version(v), named)]
         chosen, how = ((older[-1], "the latest not newer") if older
-                       else (names[0], "older than every profile of the family: the earliest"))  # fmt: skip
+                       else (have[0][0], "older than every profile of the family: the earliest"))  # fmt: skip
     note = f"engine {name!r} costed with profile {chosen!r} ({how}{'; ' + why if why else ''})"
     return PROFILES[chosen], note
 
