@@ -2,6 +2,7 @@
 
     python benchmarks/bench_calibrate.py [--workdir DIR] [--rounds 3] [--steps 8] [--global-batch 64]
                                          [--configs dp,pp,fsdp,tp] [--cluster cpu.json|local] [--fit-only]
+                                         [--core-share]
 
 Plans ``gpt-tiny`` on a nominal CPU cluster (``NOMINAL``: 100 GFLOP/s, 2 GB/s, 50 us; fp32; gloo)
 pinned to each configuration (``CONFIGS``: dp2 zero1, pp2 (the planner's schedule), dp2 fsdp,
@@ -19,9 +20,12 @@ after the first step), and the ranks' CPU seconds per step against the step's wa
 peer or for a core other processes held).
 
 Then per configuration the median step over the rounds and its spread (max / min), and the
-transfer matrix: fitted (as ``meshplan calibrate`` fits: step time, forward / backward phases and
-their ratio) on the round whose step is that configuration's median, predicting every
-configuration's median step; then the same within each round (single runs). ``--fit-only`` re-fits from a workdir's existing ``runs.json`` and
+transfer matrix: fitted (as ``meshplan calibrate`` fits: on the forward, backward and update phases
+and the backward : forward ratio) on the round whose step is that configuration's median, predicting
+every configuration's median step; then the same within each round (single runs). ``--core-share``
+fits and predicts each run on the share of a core its ranks measured (``meshplan calibrate
+--core-share``; ``calibration.measured_core_share``): the fit then finds the host's full-core speed,
+and each prediction is judged on the share the predicted run got (an input measured on that run). ``--fit-only`` re-fits from a workdir's existing ``runs.json`` and
 records (to compare cost models on the same measurements). ``--cluster local`` starts the fit from
 this machine's measured profile (``meshplan profile``) instead of the nominal figures. A timing
 measurement, so a benchmark and not a test (tests/test_calibrate.py checks the fit against known
@@ -106,6 +110,8 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS")
     ap.add_argument("--cluster", default="cpu.json", help="cluster the fit starts from: cpu.json (NOMINAL) or local")
     ap.add_argument("--fit-only", action="store_true", help="re-fit from the workdir's runs.json; run nothing")
+    ap.add_argument("--core-share", action="store_true",
+                    help="fit and predict each run on the core share its ranks measured (calibrate --core-share)")
     a = ap.parse_args()
     names = a.configs.split(",")
     bad = [n for n in names if n not in CONFIGS]
@@ -138,8 +144,9 @@ def main() -> None:
         d = cal.read_record(str(wd / run["record"]))
         by_name[run["name"]].append((cal.measured_step_s(d), d, run))
     print("| configuration | plan | step ms per round (load before) | median ms | spread max/min | "
-          "rank CPU / wall in steps (median per round) | command CPU / wall s |")
-    print("|---|---|---|---|---|---|---|")
+          "rank CPU / wall in steps (median per round) | core share (measured_core_share, per round) | "
+          "command CPU / wall s |")
+    print("|---|---|---|---|---|---|---|---|")
     cases = {}
     for name in names:
         rows = sorted(by_name[name], key=lambda t: t[2]["round"])
@@ -150,13 +157,14 @@ def main() -> None:
         plan = Plan.from_dict(d["plan"])
         phases = cal.measured_phases(d.get("phases"), med)
         g = graphs.setdefault(plan.seq_len, load_graph("gpt-tiny", seq=plan.seq_len))
-        cases[name] = cal.Case(name, g, plan, med, {k: v for k, v in phases.items() if k in cal.COMPUTE_PHASES},
-                               cal.phase_ratio(d.get("phases")))  # type: ignore[arg-type]  # fmt: skip
+        cases[name] = cal.Case(name, g, plan, med, phases, cal.phase_ratio(d.get("phases")),
+                               core_share=cal.measured_core_share(d) if a.core_share else None)  # type: ignore[arg-type]  # fmt: skip
         per_round = ", ".join(f"{s * 1e3:.0f} ({t[2]['load_before']:.1f})" for s, t in zip(steps, rows))
         shares = ", ".join(f"{x:.2f}" if (x := cpu_share(t[1])) is not None else "-" for t in rows)
         cmd = ", ".join(f"{t[2]['command_cpu_s']:.0f}/{t[2]['command_wall_s']:.0f}" for t in rows)
+        cores = ", ".join(f"{x:.2f}" if (x := cal.measured_core_share(t[1])) is not None else "-" for t in rows)
         print(f"| {name} | {plan.summary()} | {per_round} | {med * 1e3:.1f} | {max(steps) / min(steps):.2f}x | "
-              f"{shares} | {cmd} |")
+              f"{shares} | {cores} | {cmd} |")
     spec = resolve(str(wd / "cpu.json") if a.cluster == "cpu.json" else a.cluster, 2)
     print()
     print("| fitted on \\ predicted for | " + " | ".join(names) + " |")
@@ -182,8 +190,9 @@ def main() -> None:
         for name in names:
             step, d, _ = next(t for t in by_name[name] if t[2]["round"] == r)
             ph = cal.measured_phases(d.get("phases"), step)
-            one[name] = cal.Case(name, cases[name].graph, Plan.from_dict(d["plan"]), step,
-                                 {k: v for k, v in ph.items() if k in cal.COMPUTE_PHASES}, cal.phase_ratio(d.get("phases")))  # fmt: skip
+            one[name] = cal.Case(name, cases[name].graph, Plan.from_dict(d["plan"]), step, ph,
+                                 cal.phase_ratio(d.get("phases")),
+                                 core_share=cal.measured_core_share(d) if a.core_share else None)  # fmt: skip
         for fit_on in names:
             fitted = cal.fit([one[fit_on]], spec).spec
             per_round += [abs(cal.predict(one[o], fitted).predicted.step_s / one[o].measured_step_s - 1)

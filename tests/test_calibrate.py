@@ -263,3 +263,104 @@ def test_torch_zero1_pays_one_broadcast_per_parameter_tensor() -> None:
     # on NCCL (presets) still costed as bucketed ZeRO-1 (not yet checked on a GPU)
     nccl = resolve_cluster(ClusterSpec.from_dict({**CPU, "intra_latency_s": lat}), 2)
     assert "broadcast" not in estimate_graph(g, 2, cluster=nccl, **kw).predicted.comm_bytes
+
+
+#: real RunRecords of ``bench_calibrate`` (gpt-tiny, fp32, gloo, 2 ranks on this 2-core CPU host, planned on
+#: the benchmark's nominal cpu spec): pp2 zbv and dp2 zero1 of stop 4's window 1 (the median rounds, load 8
+#: and 15: a pp2 bubble of 98 ms where the schedule predicts 3), and a dp2 zero1 record whose phases carry
+#: their CPU seconds (``measured_cpu_s``, stop 5)
+RECORDS = Path(__file__).parent / "data" / "calibration"
+
+
+def _nominal(tmp_path: Path) -> Path:
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({**CPU, "comm_backend": "gloo"}))
+    return path
+
+
+def test_a_pipeline_runs_waits_leave_the_latency_at_its_prior(tmp_path: Path) -> None:
+    """Fitted phase by phase (forward, backward, update), a pp2 run's unexplained waits (its bubble: no
+    collective) no longer go into the collective latency, which ZeRO-1's per-tensor broadcasts then
+    multiplied (fitted on this pp2 record, main's step-total fit predicted the dp2 record +142 %); a dp2
+    ZeRO-1 run's update phase (its 68 broadcasts) sets it near gloo's measured ~1 ms."""
+    cpu = _nominal(tmp_path)
+    pp, dp = RECORDS / "pp2_zbv_load8.json", RECORDS / "dp2_zero1_load15.json"
+    on_pp = cal.calibrate([pp], cpu)
+    assert on_pp.spec.intra_latency_s == pytest.approx(CPU["intra_latency_s"], rel=1e-9), on_pp.fit.factors
+    assert abs(on_pp.fit.error(2)[0]) > 0.1  # the waits stay unexplained: the in-sample step is not forced
+    on_dp = cal.calibrate([dp], cpu)
+    assert 3e-4 < on_dp.spec.intra_latency_s < 5e-3, on_dp.fit.factors
+    d = cal.read_record(str(dp))
+    target = cal.Case("dp2", load_graph("gpt-tiny"), cal.Plan.from_dict(d["plan"]), cal.measured_step_s(d))
+    assert abs(cal.predict(target, on_pp.spec).predicted.step_s / target.measured_step_s - 1) < 0.25
+
+
+def test_update_phase_joins_optimizer_and_comm() -> None:
+    """The runtime measures ZeRO-1's broadcasts inside "optimizer", the cost model prices them as exposed
+    DP communication: the fit compares their sum ("update"); a run without forward and backward is fitted
+    on its step time."""
+    assert cal.with_update({"optimizer": 0.1, "comm": 0.2})["update"] == pytest.approx(0.3)
+    assert "update" not in cal.with_update({"forward": 1.0})
+    g = load_graph("gpt-tiny")
+    plan = estimate_graph(g, 2, cluster=ClusterSpec.from_dict(CPU), dtype="fp32", global_batch_size=8, dp=2, tp=1, pp=1)
+    c = cal.Case("x", g, plan, 1.0, {"forward": 0.3, "backward": 0.5, "optimizer": 0.1, "bubble": 0.2})
+    assert cal.fitted_phases(c) == ("forward", "backward", "update")
+    assert cal.fitted_phases(c, bubble=True) == ("forward", "backward", "update", "bubble")
+    assert cal.fitted_phases(cal.Case("x", g, plan, 1.0, {"forward": 0.3})) == ()
+
+
+def test_a_core_share_stretches_a_cpu_hosts_timeline() -> None:
+    """``ClusterSpec.contended(s)``: every rate times s, every fixed time over s, so every predicted step is
+    1/s as long; only a gloo (CPU) cluster takes it, s in (0, 1]."""
+    g = load_graph("gpt-tiny")
+    gloo = resolve_cluster(ClusterSpec.from_dict({**CPU, "comm_backend": "gloo", "op_overhead_s": 2e-5}), 2)
+    for kw in ({"dp": 2, "dp_kind": "zero1"}, {"pp": 2}, {"tp": 2}):
+        lay = {"tp": 1, "pp": 1, "dp": 1, **kw}
+        full = estimate_graph(g, 2, cluster=gloo, dtype="fp32", global_batch_size=8, **lay).predicted.step_s
+        quarter = estimate_graph(g, 2, cluster=gloo.contended(0.25), dtype="fp32", global_batch_size=8, **lay)
+        assert quarter.predicted.step_s == pytest.approx(4 * full, rel=1e-6), kw
+    assert gloo.contended(1.0) is gloo and gloo.contended(0.5).extra["core_share"] == 0.5
+    with pytest.raises(ValueError, match="CPU host"):
+        ClusterSpec.from_dict(CPU).contended(0.5)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        gloo.contended(0.0)
+
+
+def test_measured_core_share_reads_phase_cpu_then_rank_cpu(tmp_path: Path) -> None:
+    """The share is measured, not fitted: the busiest rank's CPU / wall seconds inside forward and backward
+    when the phases carry ``measured_cpu_s``, else the ranks' CPU seconds per step over the step's wall
+    time (``rank_cpu_s``), else None; ``calibrate(core_share=True)`` needs one."""
+    new = cal.read_record(str(RECORDS / "dp2_zero1_cpu_phases.json"))
+    ph = new["phases"]
+    want = sum(ph[k]["measured_cpu_s"] for k in ("forward", "backward")) / sum(
+        ph[k]["measured_s"] for k in ("forward", "backward"))
+    assert cal.measured_core_share(new) == pytest.approx(want) and 0.1 < want < 0.5
+    old = cal.read_record(str(RECORDS / "pp2_zbv_load8.json"))  # stop 4: phases without CPU seconds
+    share = cal.measured_core_share(old)
+    assert share is not None and 0.1 < share < 0.5
+    assert cal.measured_core_share({"steps": [{"step_s": 1.0}, {"step_s": 1.0}], "rank_cpu_s": [[3.0, 3.0]]}) == 1.0
+    assert cal.measured_core_share({"steps": [{"step_s": 1.0}]}) is None
+    cpu = _nominal(tmp_path)
+    bare = {k: v for k, v in old.items() if k not in ("rank_cpu_s", "phases")}
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    with pytest.raises(ValueError, match="core share"):
+        cal.calibrate([tmp_path / "bare.json"], cpu, core_share=True)
+
+
+def test_fit_on_a_contended_run_finds_the_full_core_speed() -> None:
+    """A run that got a quarter of a core (its measured share an input): fitted with the share, the spec is
+    the host's full-core speed, and it predicts another layout run at another share."""
+    from dataclasses import replace
+
+    spec = resolve_cluster(ClusterSpec.from_dict({**CPU, "comm_backend": "gloo"}), 2)
+    truth = cal.apply_terms(spec, TRUE)
+    dp = _case("dp2", spec, truth.contended(0.25), dp=2, tp=1, pp=1)
+    tp = _case("tp2", spec, truth.contended(0.5), dp=1, tp=2, pp=1)
+    result = cal.fit([replace(dp, core_share=0.25)], spec)
+    assert result.spec.extra.get("core_share") is None  # the fitted spec is the full-core host
+    full = cal.predict(replace(tp, measured_step_s=1.0), result.spec).predicted.step_s
+    assert full == pytest.approx(cal.predict(tp, truth).predicted.step_s, rel=0.15)
+    at_half = cal.predict(replace(tp, core_share=0.5), result.spec).predicted.step_s
+    assert at_half / tp.measured_step_s - 1 == pytest.approx(0.0, abs=0.15)
+    unaware = cal.fit([dp], spec)  # without the shares: the quarter core is read as a slower host, tp (half) too slow
+    assert cal.predict(tp, unaware.spec).predicted.step_s / tp.measured_step_s - 1 > 0.3

@@ -1,14 +1,14 @@
 """Calibration: fit a cluster's efficiency terms to measured runs (``meshplan calibrate``).
 
 A case is one measured run: the traced graph, the Plan that ran, its measured step time and,
-when the RunRecord has them, measured seconds per phase. ``predict`` re-costs the plan's layout
-(``planner.api.estimate_graph``: same degrees, microbatches, schedule, recompute, DP kind) on a
-candidate ClusterSpec. ``fit`` finds multipliers ``exp(θ_k)`` of the spec's terms (``TERMS``) that
-minimize, over the cases,
+when the RunRecord has them, measured seconds per phase and the share of a core its ranks got.
+``predict`` re-costs the plan's layout (``planner.api.estimate_graph``: same degrees, microbatches,
+schedule, recompute, DP kind) on a candidate ClusterSpec. ``fit`` finds multipliers ``exp(θ_k)`` of
+the spec's terms (``TERMS``) that minimize, over the cases,
 
-    Σ_runs (log pred_step(θ) - log measured_step)²
+    Σ_runs with phases Σ_{p in FIT_PHASES} (log pred_p(θ) - log measured_p)²
+  + Σ_runs without    (log pred_step(θ) - log measured_step)²
   + Σ_runs (log pred_bwd/fwd(θ) - log measured_bwd/fwd)²      (runs whose record has both phases)
-  + Σ_phases ¼ (log pred_phase(θ) - log measured_phase)²      (forward, backward; all with ``use_phases``)
   + λ Σ_k (θ_k / σ_k)²                                       (λ = ``RIDGE``, σ = ``PRIOR_SIGMA``)
 
 by damped Gauss-Newton with a forward-difference Jacobian (``STEP`` in log space). The ridge keeps
@@ -17,6 +17,24 @@ one-node run) at their original values, and with fewer runs than terms spreads t
 over the terms in proportion to σ_k² times their share of the predicted time (a log-normal prior
 of width σ_k on each multiplier: the fit is its maximum a posteriori). A multiplier is clamped to
 [1/``MAX_FACTOR``, ``MAX_FACTOR``].
+
+**What a run identifies.** A run whose record has its forward and backward phases is fitted phase
+by phase, each measured phase against its own predicted terms (``FIT_PHASES``: forward, backward,
+and "update", the step after the last backward: the exposed gradient sync and the optimizer step
+together), and *not* on its step total: time the model does not price (a pipeline's waits beyond
+its simulated bubble, "other") then stays unexplained instead of going into whichever term moves
+the total most. A term a run's fitted phases do not depend on keeps its prior: a pp run's phases
+hold no collective (its sends are in the bubble), so it leaves the collective latency where it
+started; a dp ZeRO-1 run's update phase (its per-tensor broadcasts) or a tp run's forward (its
+per-layer all-reduces) set it. The bubble is fitted only with ``use_phases``. A run without phases
+falls back to its step total (all it has).
+
+**Contention** (``Case.core_share``). On a shared CPU host a rank's process gets a fraction of a
+core; its wall time is then its full-core time over that share (``ClusterSpec.contended``: a
+uniform stretch). The share is measured per run (``measured_core_share``: the busiest rank's CPU
+seconds against wall seconds in its forward and backward, else every rank's CPU seconds per step
+against the step), an input of the prediction, never a fitted term: with it the fit finds the
+machine's full-core terms, and a prediction for another run is judged on the share that run got.
 
 Terms and what each scales in the ClusterSpec (``apply_terms``):
 
@@ -78,7 +96,8 @@ PRIOR_SIGMA = {"gemm": 0.7, "memory": 0.7, "op_overhead": 2.3, "intra_bw": 1.2, 
 RIDGE = 1e-3
 STEP = 0.05
 MAX_FACTOR = 1e3
-PHASE_WEIGHT = 0.25
+#: weight of each fitted phase's residual (a run fitted on its phases is not fitted on its step)
+PHASE_WEIGHT = 1.0
 #: weight of a run's backward : forward ratio residual (as much as its step time)
 RATIO_WEIGHT = 1.0
 #: an eager op's host time when the spec has none to scale (presets): the multiplier acts on this
@@ -98,6 +117,9 @@ class Case:
     measured_ratio: float | None = None
     #: the optimizer that ran (the cost model's name; RunRecord.optimizer); "": the plan's
     optimizer: str = ""
+    #: the share of a core each rank got (``measured_core_share``; an input): the case is predicted
+    #: on ``ClusterSpec.contended(core_share)``; None: a full core (as the spec is)
+    core_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +192,8 @@ def predict(case: Case, spec: ClusterSpec) -> Plan:
     from meshplan.planner.api import estimate_graph
 
     p = case.plan
+    if case.core_share is not None:
+        spec = spec.contended(min(1.0, case.core_share))
     if p.cp > 1 or p.ep > 1:
         raise ValueError(f"{case.name}: calibration re-costs a plan with estimate_graph, which takes no cp/ep "
                          f"(plan has cp={p.cp}, ep={p.ep})")  # fmt: skip
@@ -185,8 +209,12 @@ def predict(case: Case, spec: ClusterSpec) -> Plan:
 
 #: the RunRecord phases compared (``plan.phases.predicted_phases``; "other" is what is left over)
 PHASES = ("forward", "backward", "optimizer", "comm", "bubble")
-#: the phases ``calibrate`` always fits (when the record has them): their boundaries are the cost
-#: model's everywhere (stage forward / backward work); the others only with ``use_phases``
+#: the phases every run that has them is fitted on (module docstring), each against its own
+#: predicted terms. "update" = "optimizer" + "comm": the step after the last backward, taken as one
+#: because the runtime measures ZeRO-1's parameter broadcasts inside its optimizer span where the
+#: cost model prices them as exposed DP communication
+FIT_PHASES = ("forward", "backward", "update")
+#: the phases whose presence makes a run fitted phase by phase (else on its step total)
 COMPUTE_PHASES = ("forward", "backward")
 
 
@@ -230,20 +258,40 @@ def predicted_ratio(plan: Plan) -> float | None:
     return pp["backward"] / pp["forward"] if pp["forward"] > 0 and pp["backward"] > 0 else None
 
 
-def _residuals(cases: Sequence[Case], spec: ClusterSpec) -> tuple[list[float], list[Prediction]]:
+def with_update(phases: dict[str, float]) -> dict[str, float]:
+    """``phases`` with "update" = "optimizer" + "comm" added when either is there (``FIT_PHASES``)."""
+    up = phases.get("optimizer", 0.0) + phases.get("comm", 0.0)
+    return {**phases, "update": up} if up > 0 else dict(phases)
+
+
+def fitted_phases(case: Case, *, bubble: bool = False) -> tuple[str, ...]:
+    """The phases ``case`` is fitted on: ``FIT_PHASES`` it measured (and "bubble" with ``bubble``)
+    when it has forward and backward, else () (its step total is fitted instead)."""
+    m = with_update(case.measured_phases)
+    if not all(m.get(k, 0.0) > 0 for k in COMPUTE_PHASES):
+        return ()
+    return tuple(k for k in (*FIT_PHASES, *(("bubble",) if bubble else ())) if m.get(k, 0.0) > 0)
+
+
+def _residuals(cases: Sequence[Case], spec: ClusterSpec, *, bubble: bool = False
+               ) -> tuple[list[float], list[Prediction]]:  # fmt: skip
     res, preds = [], []
     for c in cases:
         plan = predict(c, spec)
         p = plan.predicted
         preds.append(p)
-        res.append(math.log(max(p.step_s, 1e-12) / c.measured_step_s))
-        if c.measured_ratio:
+        names = fitted_phases(c, bubble=bubble)
+        if c.measured_ratio and not names:  # fitted on its phases: forward and backward carry the ratio
             ratio = predicted_ratio(plan)
             res.append(math.sqrt(RATIO_WEIGHT) * math.log(ratio / c.measured_ratio) if ratio else 0.0)
-        pp = predicted_phases(plan)
-        for k, v in c.measured_phases.items():
-            if pp.get(k, 0.0) > 0:
-                res.append(math.sqrt(PHASE_WEIGHT) * math.log(pp[k] / v))
+        if not names:
+            res.append(math.log(max(p.step_s, 1e-12) / c.measured_step_s))
+            continue
+        pp, mp = with_update(predicted_phases(plan)), with_update(c.measured_phases)
+        pred = meas = 0.0
+        for k in names:  # cumulative: a phase is weighed by its seconds, not by its own ratio
+            pred, meas = pred + pp.get(k, 0.0), meas + mp[k]
+            res.append(math.sqrt(PHASE_WEIGHT) * math.log(max(pred, 1e-12) / meas))
     return res, preds
 
 
@@ -271,9 +319,11 @@ def _step_sign(term: str, spec: ClusterSpec) -> float:
 
 
 def fit(
-    cases: Sequence[Case], spec: ClusterSpec, *, iterations: int = 8, progress: Callable[[str], None] | None = None
+    cases: Sequence[Case], spec: ClusterSpec, *, iterations: int = 8, progress: Callable[[str], None] | None = None,
+    bubble: bool = False,
 ) -> Fit:
-    """Fit ``TERMS`` of ``spec`` to ``cases`` (module docstring); returns the calibrated spec."""
+    """Fit ``TERMS`` of ``spec`` to ``cases`` (module docstring); returns the calibrated spec.
+    ``bubble``: also fit each pipeline run's measured bubble against its simulated one."""
     if not cases:
         raise ValueError("calibration needs at least one run record")
     for c in cases:
@@ -291,8 +341,8 @@ def fit(
     def at(th: list[float]) -> ClusterSpec:
         return apply_terms(spec, {t: math.exp(v) for t, v in zip(TERMS, th, strict=True)})
 
-    _, before = _residuals(cases, spec)
-    r, _ = _residuals(cases, at(theta))
+    _, before = _residuals(cases, spec, bubble=bubble)
+    r, _ = _residuals(cases, at(theta), bubble=bubble)
     cost = sum(x * x for x in r)
     done = 0
     for it in range(iterations):
@@ -302,7 +352,7 @@ def fit(
             th = theta[:]
             step = STEP * _step_sign(TERMS[j], at(theta))
             th[j] += step
-            rj, _ = _residuals(cases, at(th))
+            rj, _ = _residuals(cases, at(th), bubble=bubble)
             cols.append([(a - b) / step for a, b in zip(rj, r, strict=True)])
         jtj = [[sum(cols[i][n] * cols[j][n] for n in range(len(r))) + (w[i] if i == j else 0.0)
                 for j in range(k)] for i in range(k)]  # fmt: skip
@@ -310,8 +360,11 @@ def fit(
         delta = _solve(jtj, jtr)
         damp, improved = 1.0, False
         while damp > 1e-3:
-            cand = [max(-lim, min(lim, t + damp * d)) for t, d in zip(theta, delta, strict=True)]
-            rc, _ = _residuals(cases, at(cand))
+            # the step taken on the time multipliers u = exp(-θ) (a term's seconds scale with 1 / its
+            # speed, so a phase's seconds are near linear in u): u -> u (1 - Δθ), not θ -> θ + Δθ
+            cand = [max(-lim, min(lim, t + damp * d))
+                    for t, d in zip(theta, delta, strict=True)]  # fmt: skip
+            rc, _ = _residuals(cases, at(cand), bubble=bubble)
             if sum(x * x for x in rc) + prior(cand) < cost + prior(theta) - 1e-12:
                 theta, r, cost, improved = cand, rc, sum(x * x for x in rc), True
                 break
@@ -320,7 +373,7 @@ def fit(
         if not improved or max(abs(d) for d in delta) * damp < 1e-4:
             break
     calibrated = at(theta)
-    _, after = _residuals(cases, calibrated)
+    _, after = _residuals(cases, calibrated, bubble=bubble)
     factors = {t: math.exp(v) for t, v in zip(TERMS, theta, strict=True)}
     rows = [(c.name, b.step_s, a.step_s, c.measured_step_s) for c, b, a in zip(cases, before, after, strict=True)]
     return Fit(spec=calibrated, factors=factors, rows=rows, iterations=done)
@@ -359,6 +412,30 @@ def measured_step_s(d: dict[str, Any]) -> float:
     return float(statistics.median(kept))
 
 
+def measured_core_share(d: dict[str, Any]) -> float | None:
+    """The share of a core a run's ranks got (``Case.core_share``), from a RunRecord: the busiest
+    rank's CPU seconds over its wall seconds inside its forward and backward phases (the profiled
+    steps' ``measured_cpu_s``: the rank is computing there, so CPU below wall is a core other
+    processes held), else the median over ranks and steps (after the warm-up) of the rank's CPU
+    seconds per step (``rank_cpu_s``) over the step's wall time (this counts a pipeline's waits for
+    its peer as contention too); capped at 1 (several busy threads); None when the record has neither."""
+    import statistics
+
+    ph = d.get("phases") if isinstance(d.get("phases"), dict) else {}
+    wall = cpu = 0.0
+    for k in COMPUTE_PHASES:
+        v = ph.get(k)
+        if isinstance(v, dict) and isinstance(v.get("measured_cpu_s"), (int, float)):
+            wall += float(v.get("measured_s") or 0.0)
+            cpu += float(v["measured_cpu_s"])
+    if wall > 0 and cpu > 0:
+        return min(1.0, cpu / wall)
+    walls = [float(s["step_s"]) for s in d.get("steps") or [] if isinstance(s, dict) and "step_s" in s]
+    skip = int(d.get("warmup", 1))
+    shares = [c / w for row in d.get("rank_cpu_s") or [] for c, w in list(zip(row, walls))[skip:] if w > 0 and c > 0]
+    return min(1.0, statistics.median(shares)) if shares else None
+
+
 @dataclass(frozen=True)
 class Calibration:
     """What ``calibrate`` returns: the calibrated ``spec`` (named, with its provenance and the
@@ -376,17 +453,18 @@ def calibrate(
     *,
     name: str | None = None,
     use_phases: bool = False,
+    core_share: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Calibration:
     """Fit ``cluster``'s efficiency terms to measured runs (``meshplan calibrate``): each record (a
     ``run_record.json`` of ``meshplan run --record``) holds the Plan that ran, the model spec and
     the measured step times; every run's layout is re-costed on ``cluster`` (a preset, a cluster
-    JSON, "local" or a ClusterSpec) and the terms fitted (module docstring). ``use_phases`` also
-    fits every per-phase second the records hold (off by default: the runtime's phase boundaries
-    are not the cost model's terms everywhere: ZeRO-1's broadcasts are measured inside "optimizer"
-    and costed as DP communication); forward and backward (``COMPUTE_PHASES``), scaled to the
-    step time, are always fitted: without them one run's step time cannot tell compute from the
-    collectives' latency. ``name``: the calibrated cluster's (default
+    JSON, "local" or a ClusterSpec) and the terms fitted (module docstring): a record with forward
+    and backward phases (scaled to its step time) on its phases (``FIT_PHASES``), one without on its
+    step time. ``use_phases`` also fits pipeline runs' bubble (off by default: a pipeline's waits
+    beyond its simulated schedule would go into the p2p latency). ``core_share``: predict each run on
+    the share of a core its ranks measured (``measured_core_share``; a gloo cluster only), so the
+    calibrated spec is the host's full-core speed. ``name``: the calibrated cluster's (default
     NAME-calibrated)."""
     from dataclasses import replace
 
@@ -403,14 +481,18 @@ def calibrate(
         graph = load_graph(d["model"], seq=plan.seq_len, progress=progress)
         step = measured_step_s(d)
         phases = measured_phases(d.get("phases"), step)
-        cases.append(Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=step,
-                          measured_phases=phases if use_phases else {k: v for k, v in phases.items() if k in COMPUTE_PHASES},
-                          measured_ratio=phase_ratio(d.get("phases")), optimizer=d.get("optimizer") or ""))  # fmt: skip
+        share = measured_core_share(d) if core_share else None
+        if core_share and share is None:
+            raise ValueError(f"run record {path!r} has no CPU seconds (phases' measured_cpu_s or rank_cpu_s) to "
+                             "measure its core share: re-run it with this version of meshplan run --record")
+        cases.append(Case(name=Path(path).name, graph=graph, plan=plan, measured_step_s=step, measured_phases=phases,
+                          measured_ratio=phase_ratio(d.get("phases")), optimizer=d.get("optimizer") or "",
+                          core_share=share))  # fmt: skip
     if not cases:
         raise ValueError("calibration needs at least one run record")
     world = max(c.plan.world_size for c in cases)
     spec = resolve(cluster, world, say=say, log=say)
-    result = fit(cases, spec, progress=progress)
+    result = fit(cases, spec, progress=progress, bubble=use_phases)
     out = result.spec
     names = ", ".join(c.name for c in cases)
     fitted = {f: f"derived: fitted by meshplan calibrate to {names}" for f in ClusterSpec.__dataclass_fields__

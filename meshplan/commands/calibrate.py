@@ -2,11 +2,14 @@
 
 Reads RunRecords (``meshplan run --record``; each holds the Plan that ran, the model spec and the
 measured step times, and per-phase seconds when the runtime recorded them), re-costs every run's
-layout on ``--cluster`` (a preset name or a cluster JSON), fits the cluster's efficiency terms to
-the measured step times and the forward / backward phases when recorded (``meshplan.calibrate``,
-``meshplan/api/calibration.py``; with ``--use-phases`` also to the other per-phase seconds: off by default, because the runtime's phase boundaries are not the cost model's
-terms everywhere: ZeRO-1's parameter broadcast is measured inside "optimizer" but costed as DP
-communication, and the profiled steps carry the profiler's overhead) and writes the calibrated cluster JSON, usable
+layout on ``--cluster`` (a preset name or a cluster JSON), fits the cluster's efficiency terms
+(``meshplan.calibrate``, ``meshplan/api/calibration.py``): a run whose record has phases on its
+forward, backward and update (gradient sync + optimizer) phases, each against its own predicted
+terms, so a term those phases do not depend on keeps its starting value (a pipeline run's waits do
+not set the collective latency); a run without phases on its step time. ``--use-phases`` also fits
+pipeline runs' bubble. ``--core-share`` predicts each run on the share of a core its ranks
+measured (a shared CPU host, gloo clusters: ``ClusterSpec.contended``; the share is measured, not
+fitted), so the calibrated cluster is the host's full-core speed. Writes the calibrated cluster JSON, usable
 wherever a preset name goes (``meshplan plan --cluster calibrated.json``). Prints the fitted
 multipliers and values, and every run's predicted step time before and after beside the measured
 one (stdout); progress on stderr unless ``-q``.
@@ -28,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, metavar="CLUSTER_JSON", help="where to write the calibrated cluster")
     parser.add_argument("--name", default=None, help="name of the calibrated cluster (default: NAME-calibrated)")
     parser.add_argument("--use-phases", action="store_true",
-                        help="also fit every measured phase (RunRecord 'phases'); forward and backward are always fitted when present")
+                        help="also fit pipeline runs' measured bubble (forward, backward and update are always fitted when recorded)")
+    parser.add_argument("--core-share", action="store_true",
+                        help="predict each run on the share of a core its ranks measured (RunRecord CPU seconds; gloo clusters)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -39,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    result = calibrate(args.records, args.cluster, name=args.name, use_phases=args.use_phases, progress=progress)
+    result = calibrate(args.records, args.cluster, name=args.name, use_phases=args.use_phases,
+                       core_share=args.core_share, progress=progress)
     result.spec.save(args.output)
     print(format_fit(result.fit, result.before, result.spec))
     print(f"wrote {args.output} (use it as --cluster {args.output})")

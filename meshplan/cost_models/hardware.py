@@ -213,6 +213,36 @@ class ClusterSpec:
         ``comm_backend``); the schedule simulator then counts it in the sender's action."""
         return self.comm_backend == "gloo"
 
+    def contended(self, share: float) -> ClusterSpec:
+        """This CPU host when each rank's process gets only ``share`` (in (0, 1]) of a core, the rest
+        held by other processes: every rate (peak FLOP/s, memory and link bandwidth) times ``share``,
+        every fixed time (collective latency, per-op host time, kernel floor) over it. A uniform
+        stretch of every rank's timeline: on a CPU host the compute, gloo's copies and reductions and
+        the wake-up that ends a wait for a peer all run on the same cores. ``share`` is measured per
+        run (``api.calibration.measured_core_share``: the ranks' CPU seconds against the wall time),
+        an input and never a fitted term; only a gloo (CPU) cluster takes it."""
+        if self.comm_backend != "gloo":
+            raise ValueError(f"ClusterSpec.contended: a core share prices a CPU host (comm_backend 'gloo'); "
+                             f"{self.name} runs {self.comm_backend}")
+        if not (isinstance(share, (int, float)) and 0 < share <= 1):
+            raise ValueError(f"ClusterSpec.contended: share must be in (0, 1], got {share!r}")
+        if share == 1:
+            return self
+        s = float(share)
+        return replace(
+            self,
+            peak_flops={k: v * s for k, v in self.peak_flops.items()},
+            mem_bw_bytes_per_s=self.mem_bw_bytes_per_s * s,
+            intra_bw_bytes_per_s=self.intra_bw_bytes_per_s * s,
+            inter_bw_bytes_per_s=self.inter_bw_bytes_per_s * s,
+            intra_latency_s=self.intra_latency_s / s,
+            inter_latency_s=self.inter_latency_s / s,
+            op_overhead_s=self.op_overhead_s / s,
+            bwd_op_overhead_s=self.bwd_op_overhead_s / s,
+            kernel_floor_s=self.kernel_floor_s / s,
+            extra={**self.extra, "core_share": s},
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
