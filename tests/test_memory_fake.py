@@ -91,15 +91,25 @@ def test_predicted_peak_within_10_percent_of_fake_tensor_accounting(graph: Any, 
             f"predicted {res.predicted_breakdown}")
 
 
-def test_autocast_weight_copies_are_counted_per_inflight_microbatch(graph: Any) -> None:
-    """Under autocast every forward casts the weights and saves the copies: a pipeline rank that
-    holds two microbatches holds two copies, which the prediction carries as ``autocast_kept``;
-    FSDP2's mixed precision keeps parameters in bf16 and has none."""
-    plan = estimate_graph(graph, 2, tp=1, pp=2, dp=1, schedule="gpipe", global_batch_size=4 * MB,
-                          micro_batch_size=MB, num_microbatches=4, cluster="h100")
+def test_autocast_weight_copies_are_counted_once_per_step_or_per_inflight_microbatch(graph: Any) -> None:
+    """Under autocast every forward region casts the weights and saves the copies: where each stage
+    call is its own region (profile ``autocast_cache`` "call") a pipeline rank holding four
+    microbatches holds four copies; meshplan's runtime runs the step in one region
+    (``precision.step_cast_cache``) and holds one, beside the per-microbatch fp32 norm inputs, both
+    in ``autocast_kept``; FSDP2's mixed precision keeps parameters in bf16 and has none."""
+    from meshplan.cost_models.engine_profiles import MESHPLAN
+
+    kw = dict(tp=1, pp=2, dp=1, schedule="gpipe", global_batch_size=4 * MB, micro_batch_size=MB,
+              num_microbatches=4, cluster="h100")
+    plan = estimate_graph(graph, 2, **kw)
+    per_call = estimate_graph(graph, 2, profile=MESHPLAN.but(autocast_cache="call"), **kw)
     fsdp = estimate_graph(graph, 2, tp=1, pp=1, dp=2, dp_kind="fsdp", global_batch_size=2 * MB,
                           micro_batch_size=MB, num_microbatches=1, cluster="h100")
-    assert plan.predicted.mem_breakdown["autocast_kept"] > 0
+    once, each = plan.predicted.mem_breakdown["autocast_kept"], per_call.predicted.mem_breakdown["autocast_kept"]
+    assert 0 < once < each
+    # gpipe's rank 0 holds all 4 microbatches: 3 more copies of its stage's weights (bf16, 2 B each)
+    weights = sum(n.param_numel for n in graph.nodes if n.kind == "linear") / 2 * 2
+    assert 0.5 * 3 * weights < each - once < 1.5 * 3 * weights, (each - once, weights)
     assert "autocast_kept" not in fsdp.predicted.mem_breakdown
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from meshplan.cost_models.grad_sync import bucket_indices, overlapped_sync_exposed_s, uniform_bucket_bytes
-from meshplan.runtime.apply.precision import PrecisionStage, resolve_precision
+from meshplan.runtime.apply.precision import PrecisionStage, resolve_precision, step_cast_cache
 
 TOL = {"bf16": (5e-3, 2e-3), "fp16": (1e-3, 1e-3), "fp32": (1e-5, 1e-5)}
 
@@ -41,6 +41,36 @@ def test_precision_stage_sends_low_precision() -> None:
     last = PrecisionStage(torch.nn.LayerNorm(4), autocast_dtype=None, send_dtype=None, device_type="cpu")
     assert last(torch.randn(2, 4)).dtype == torch.float32
 
+
+
+def test_step_cast_cache_saves_one_weight_copy_per_step() -> None:
+    """A pipeline step under ``step_cast_cache``: every microbatch's forward saves the same bf16 copy
+    of each weight (autocast's cache over one outer region), where one region per stage call saves
+    one copy per microbatch; the gradients are the same, bit for bit. Full recompute: no outer region."""
+    from contextlib import nullcontext
+
+    torch.manual_seed(0)
+    stage = PrecisionStage(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 64)),
+                           autocast_dtype=torch.bfloat16, send_dtype=torch.bfloat16, device_type="cpu")
+    xs = [torch.randn(4, 32, requires_grad=True) for _ in range(4)]
+
+    def run(ctx: object) -> tuple[int, list[torch.Tensor]]:
+        stage.zero_grad(set_to_none=True)
+        saved: list[torch.Tensor] = []
+        with ctx, torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):  # type: ignore[attr-defined]
+            outs = [stage(x).float().square().mean() for x in xs]  # all microbatches in flight
+            for o in outs:
+                o.backward()
+        copies = {t.untyped_storage().data_ptr() for t in saved
+                  if t.dtype == torch.bfloat16 and t.numel() in (32 * 32, 64 * 32)}
+        return len(copies), [p.grad.clone() for p in stage.parameters()]
+
+    per_call, g0 = run(nullcontext())
+    per_step, g1 = run(step_cast_cache([stage], "none"))
+    assert per_call == 2 * len(xs) and per_step == 2, (per_call, per_step)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+    assert isinstance(step_cast_cache([stage], "full"), nullcontext)
+    assert isinstance(step_cast_cache([torch.nn.Linear(2, 2)], "none"), nullcontext)
 
 def test_bucket_indices_and_exposed_sync() -> None:
     assert bucket_indices([4, 4, 4, 4, 1], 8) == [[0, 1], [2, 3], [4]]

@@ -39,6 +39,9 @@ SPLIT_RULES = ("any", "even", "first_last", "fewer_first_last")
 
 #: fields a run may set from its own command line / config file (the case cites the line); the
 #: engine's default otherwise
+#: how long autocast's weight cache lives (``EngineProfile.autocast_cache``)
+AUTOCAST_CACHES = ("call", "step")
+
 RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher")
 
 
@@ -81,6 +84,9 @@ class EngineProfile:
       ("alltoall": a copy per routed expert; "flex": a copy per destination rank, DeepEP / HybridEP). A
       run flag (``--moe-token-dispatcher-type``); Megatron-Core's own default, "allgather", is not
       modelled and is costed as "alltoall".
+    - ``autocast_cache`` (``AUTOCAST_CACHES``): where a run computes under ``torch.autocast`` on fp32
+      parameters, how long autocast's weight cache lives: one forward call ("call": a copy of each
+      weight per microbatch in flight) or the whole pipeline step ("step": one copy per stage).
     """
 
     name: str
@@ -106,6 +112,7 @@ class EngineProfile:
     fused_projections: bool = False
     shard_over_cp: bool = False
     moe_dispatcher: str = "alltoall"
+    autocast_cache: str = "call"
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -116,7 +123,7 @@ class EngineProfile:
                                ("optimizer_impl", OPTIMIZER_IMPLS), ("attention_impl", ATTENTION_IMPLS),
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
                                ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS),
-                               ("moe_dispatcher", MOE_DISPATCHERS)):  # fmt: skip
+                               ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES)):  # fmt: skip
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip
@@ -139,8 +146,11 @@ class EngineProfile:
 
 
 _MESHPLAN = EngineProfile(
-    "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch",
+    "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
     sources=(
+        ("autocast_cache", "runtime/apply/parallel_model.py ParallelModel.step: schedule.step inside "
+                           "precision.step_cast_cache, one torch.autocast region over the step (recompute none / "
+                           "selective): autocast's cache casts each fp32 weight once per step"),
         ("zero1_impl", "runtime/apply/zero1.py: torch ZeroRedundancyOptimizer (parameters_as_bucket_view=False) "
                        "over DDP: one broadcast per parameter tensor after the update"),
         ("state_layout", "runtime/loop optimizer: torch.optim.AdamW over fp32 parameters (FSDP2 MixedPrecisionPolicy "
@@ -170,6 +180,9 @@ _TITAN_2024 = (
                    "apply_tp: Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput under TP"),
     ("zero1_impl", "none used: torchtitan shards with FSDP2 only (no ZeroRedundancyOptimizer); a zero1 costing "
                    "of it is the bucketed reduce-scatter + all-gather"),
+    ("autocast_cache", "train.py maybe_enable_amp: torch.autocast around each model forward, and only without "
+                       "FSDP and pipeline parallelism (config: mixed precision via autocast under DDP / one "
+                       "device): one region per call"),
 )  # fmt: skip
 
 _MEGATRON_2021 = (
@@ -188,6 +201,7 @@ _MEGATRON_2021 = (
                    "distrib_optimizer.py): reduce-scatter of gradient buckets, all-gather of parameter buckets; "
                    "Megatron-DeepSpeed runs DeepSpeed's ZeRO-1 (deepspeed/runtime/zero/stage_1_and_2.py), bucketed "
                    "too; versions before the distributed optimizer have none and are costed the same"),
+    ("autocast_cache", "none used: 16-bit model parameters (state_layout), no torch.autocast"),
 )  # fmt: skip
 
 
@@ -427,6 +441,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                            "(torch's convention kept, never costed)"),
             ("zero1_impl", "none used: Composer FSDP only (no ZeroRedundancyOptimizer); a zero1 costing of it is "
                            "the bucketed collectives, never costed"),
+            ("autocast_cache", "none used here: Composer FSDP mixed precision, no pipeline stages"),
         ),
     ),
     EngineProfile(
@@ -444,6 +459,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                            "max(2, min(stages - stage_id, micro_batches)) buffers, the in-flight microbatches"),
             ("zero1_impl", "deepspeed/runtime/zero/stage_1_and_2.py: flat partitioned buffers, gradients "
                            "reduce-scattered and updated parameters all-gathered in buckets"),
+            ("autocast_cache", "none used: 16-bit parameters in the engine (state_layout), no torch.autocast"),
         ),
     ),
     EngineProfile(
@@ -456,6 +472,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("norm_kernel", "assumed: a fused norm kernel, as every engine of 2024 at scale (no source)"),
             ("vocab_parallel_embedding", "assumed: vocabulary-parallel embedding, as Megatron-LM and torchtitan (no source)"),
             ("zero1_impl", "assumed: bucketed ZeRO-1 collectives, as Megatron-LM and DeepSpeed (no source)"),
+            ("autocast_cache", "none used: 16-bit parameters (state_layout), no torch.autocast"),
         ),
     ),
 )}  # fmt: skip

@@ -106,6 +106,10 @@ class LayerCost:
     #: bytes per microbatch this layer keeps beyond ``act_bytes`` when it runs under autocast on
     #: fp32 parameters (``autocast_kept_bytes``; not under FSDP2's MixedPrecisionPolicy)
     autocast_bytes: float = 0.0
+    #: of ``autocast_bytes``, the compute-dtype weight copies (per microbatch where each stage call is
+    #: its own autocast region; once per step where the engine runs a step in one region,
+    #: ``EngineProfile.autocast_cache`` "step")
+    autocast_weight_bytes: float = 0.0
     #: bytes per microbatch a split backward (zero-bubble schedules) keeps from the layer's input
     #: backward to its weight pass: the gradient of every weight-reading op's output
     #: (``_wgrad_bytes``), beside the activations it still holds then
@@ -432,7 +436,7 @@ class GraphCoster:
             loss_peak = peak - loss
             logits = lg[0] * lg[1] / lg[2] * elem
         act += loss
-        cast = self._autocast_bytes(nodes, sol, rc, scale, elem, in_bytes) if self._autocast_dtype else 0.0
+        cast, cast_w = self._autocast_bytes(nodes, sol, rc, scale, elem, in_bytes) if self._autocast_dtype else (0.0, 0.0)
         if rc == "full":
             rec = fwd + comm / 2
         elif rc == "selective":
@@ -449,7 +453,7 @@ class GraphCoster:
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
             transient_bytes=transient, loss_bytes=loss, loss_peak_bytes=loss_peak, logits_bytes=logits,
-            autocast_bytes=cast, wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem),
+            autocast_bytes=cast, autocast_weight_bytes=cast_w, wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem),
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
 
@@ -468,8 +472,9 @@ class GraphCoster:
         return self.train_dtype in ("bf16", "fp16", "fp8") and self.quant.mode in ("none", "qat")
 
     def _autocast_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, rc: str, scale: float,
-                        elem: float, in_bytes: float) -> float:
-        """``autocast_kept_bytes`` of one layer (bytes per microbatch): under ``torch.autocast`` on
+                        elem: float, in_bytes: float) -> tuple[float, float]:
+        """``autocast_kept_bytes`` of one layer (bytes per microbatch) and, of it, the weight copies
+        (1): under ``torch.autocast`` on
         fp32 parameters, (1) every linear casts its weight to the compute dtype in each forward and
         saves that copy for its input gradient (autocast's weight cache lives only inside one
         autocast region: one forward call of a stage), unless recompute drops the layer's saved
@@ -480,7 +485,7 @@ class GraphCoster:
         cached, so (3) every linear reading a norm's fp32 output saves its own bf16 copy); measured with
         torch.distributed._tools.MemTracker (benchmarks/bench_memory.py)."""
         elem_b = 2.0  # bf16 / fp16 copy bytes per parameter
-        out = 0.0
+        out = weights = 0.0
         if rc in ("none", "selective"):
             for n in nodes:
                 if n.kind not in ("linear", "matmul"):
@@ -490,6 +495,7 @@ class GraphCoster:
                 if not numel:  # a tied head reads the embedding's weight: cast too
                     numel = float(sum(self._owner[p][1] for p in n.shared_params if p in self._owner))
                 out += numel / w_shard * elem_b
+            weights = out
             # (3) autocast casts an fp32 input again in every op that reads it (only weights, leaf
             # tensors, are cached): q/k/v (gate/up) each save their own bf16 copy of the norm's output,
             # where the traced graph saves one; "fp32" from the dataflow (``_fp32_under_autocast``),
@@ -513,7 +519,7 @@ class GraphCoster:
                     out += n.saved_bytes * scale * elem * fp32_extra / _saved_shard(n, sol, self.sp_saves)
         elif elem < 1.0:  # full / op recompute: the kept block input is the fp32 residual stream
             out += in_bytes * scale * (1.0 - elem) / (sol.tp if sol.sequence_parallel else 1)
-        return out
+        return out, weights
 
     def _wgrad_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float, elem: float) -> float:
         """Bytes per microbatch torch's split backward keeps for the weight pass of one layer: the

@@ -261,6 +261,7 @@ class ConfigEvaluator:
                 "sg": run([x.state_grad_bytes for x in layers]), "so": run([x.state_opt_bytes for x in layers]),
                 "train": run([x.trainable_params for x in layers]),
                 "cast": run([x.autocast_bytes for x in layers]), "wg": run([x.wgrad_bytes for x in layers]),
+                "castw": run([x.autocast_weight_bytes for x in layers]),
             }  # fmt: skip
             cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
             self.memos.prefix[key] = cols
@@ -274,6 +275,8 @@ class ConfigEvaluator:
         per_param = self.states.state_bytes_per_param(c).total
         dv = self.states.zero_divs(c)
         cast = self.states.runs_autocast(c)  # kept per microbatch as the activations are (evaluate)
+        once = self.autocast_once(c)  # the weight copies: once per stage, as its states are
+
 
         def states(x: LayerCost) -> int:
             if self.quant:
@@ -282,10 +285,19 @@ class ConfigEvaluator:
 
         return [
             Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
-                  state_bytes=states(x), act_bytes=int(x.act_bytes + (x.autocast_bytes if cast else 0.0)),
+                  state_bytes=states(x) + int(x.autocast_weight_bytes if cast and once else 0.0),
+                  act_bytes=int(x.act_bytes + ((x.autocast_bytes - (x.autocast_weight_bytes if once else 0.0))
+                                               if cast else 0.0)),
                   boundary_bytes=int(x.out_bytes))
             for x in t.layers
         ]  # fmt: skip
+
+    def autocast_once(self, c: Config) -> bool:
+        """Whether autocast's weight copies are held once per stage for the step, not per
+        microbatch in flight: a pipeline whose engine runs the whole step in one autocast region
+        (``EngineProfile.autocast_cache`` "step": meshplan's runtime, ``precision.step_cast_cache``),
+        under a recompute kind that keeps the saved copies (``LayerCost.autocast_weight_bytes``)."""
+        return self.profile.autocast_cache == "step" and c.pp > 1 and c.recompute in ("none", "selective")
 
     def transient(self, t: CostTable, runs: list[tuple[int, int]]) -> float:
         """Bytes a rank holds on top of its stored activations while back-propagating, one

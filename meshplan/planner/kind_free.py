@@ -88,6 +88,7 @@ class StageColumns:
     sendb: list[int]
     cast: list[float]
     wgrad: list[float]
+    castw: list[float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,12 +227,15 @@ def kind_free_terms(
         ep_cut = rank_sums([e.expert_params_saved for e in st_ec])
         r_params = [p - e for p, e in zip(r_params, ep_cut)]
         st_params = [p - e.expert_params_saved for p, e in zip(st_params, st_ec)]
+    # kept besides under autocast (fp32 parameters): per in-flight microbatch (LayerCost.autocast_bytes),
+    # but the weight copies once per stage where one autocast region spans the step (ev.autocast_once)
+    cast_w = cols.castw if ev.autocast_once(c) else [0.0 for _ in cols.cast]
+    cast_mb = [x - w for x, w in zip(cols.cast, cast_w)]
     if not per_stage_held(c):
         r_act = [x * f for x, f in zip(rank_sums(st_act), infl)]
-        # kept besides under autocast (fp32 parameters): per in-flight microbatch (LayerCost.autocast_bytes)
-        r_cast = [x * f for x, f in zip(rank_sums(cols.cast), infl)]
+        r_cast = [x * f for x, f in zip(rank_sums(cast_mb), infl)]
     else:  # interleaved: a rank's chunks hold different counts at its peak, weighted over its order
-        r_act, r_cast = rank_held(c, st_act), rank_held(c, cols.cast)
+        r_act, r_cast = rank_held(c, st_act), rank_held(c, cast_mb)
     st_infl = stage_inflight(c, placement, infl)
     if one:
         trans = [ev.transient(t, [run]) for run in runs]
@@ -244,9 +248,10 @@ def kind_free_terms(
         # autocast's weight copies are saved by the weight-reading ops: kept to the weight pass
         pend = [max(s.inflight + s.pending for s in st)
                 for st in held_states(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)]
-        r_cast = [x * f for x, f in zip(rank_sums(cols.cast), pend)]
+        r_cast = [x * f for x, f in zip(rank_sums(cast_mb), pend)]
     else:
         r_act = [x + y for x, y in zip(r_act, trans)]
+    r_cast = [x + w for x, w in zip(r_cast, rank_sums(cast_w))]
     # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
     # live memory beside the activations; a stage's output is what it sends, the last's its logits
     r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, st_infl, c)
@@ -358,7 +363,7 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
     out = StageColumns(
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
-        wgrad=col("wg"),
+        wgrad=col("wg"), castw=col("castw"),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev.memos.stage_cols[key] = out

@@ -188,7 +188,9 @@ class ParallelModel:
             # return_outputs=False: the last stage keeps no microbatch's output (the logits) until the step
             # ends; the losses list is all this step reads (cost_models.allocator costs the same)
             kw = {"target": y, "losses": losses, "return_outputs": False} if self.has_last else {}
-            with lpmod.context(self.loss_parallel), self.phase_spans.span("schedule"):
+            # one autocast region over the step: each weight cast once, not once per microbatch in flight
+            with lpmod.context(self.loss_parallel), self.phase_spans.span("schedule"), \
+                    prec.step_cast_cache(self.modules, self.plan.recompute):
                 self.schedule.step(**kw, **self.schedule_inputs(xs))  # type: ignore[attr-defined]
             for p in self.parameters():  # schedules run with scale_grads=False (see schedules.py)
                 if p.grad is not None and not (self.grad_sync is not None and self.grad_sync.owns(p)) \

@@ -12,6 +12,11 @@ How each precision is applied (parameters and optimizer state stay fp32 on every
 * everything else (DDP, DTensor TP, manual data parallel, one process): ``torch.autocast`` around
   each module's forward (``PrecisionStage``), so matmuls run in the compute dtype and
   precision-sensitive ops (softmax, norms, losses) in fp32 as autocast decides.
+* pipeline schedules (``step_cast_cache``): where the stages run under autocast and keep their saved
+  tensors (recompute none / selective), the whole ``schedule.step`` runs inside one outer autocast
+  region, so autocast's weight cache (a leaf fp32 parameter is cast once per region) lives for the
+  step: every microbatch's forward reads, and saves for backward, one compute-dtype copy of each
+  weight, where a region per stage call cast and saved one copy per microbatch in flight.
 * pipeline stages: every floating output of a stage that is not the last is cast to the compute
   dtype, so activations (and their gradients) cross stage boundaries in 2 bytes, as costed.
 * the loss is computed in fp32 (logits upcast before ``loss_fn``).
@@ -21,6 +26,7 @@ How each precision is applied (parameters and optimizer state stay fp32 on every
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -113,6 +119,24 @@ class PrecisionStage(nn.Module):
         else:
             out = self.inner(*args, **kwargs)
         return _cast_floats(out, self.send_dtype) if self.send_dtype is not None else out
+
+
+def step_cast_cache(modules: list[nn.Module], recompute: str) -> Any:
+    """The context a pipeline schedule's ``step`` runs in: one ``torch.autocast`` region around the
+    whole step where ``modules`` hold a ``PrecisionStage`` running autocast and ``recompute`` keeps the
+    stages' saved tensors ("none", "selective"), else a no-op. Inside it, each stage call's own
+    autocast region is nested, and autocast clears its weight cache only when the outermost region
+    exits (``torch.amp.autocast.__exit__``: ``autocast_decrement_nesting() == 0``), so a weight is cast
+    once per step and every microbatch in flight saves that one copy. Under full / op recompute the
+    saved copies are dropped per microbatch, and a step-long cache would hold one more copy: no-op.
+    Gradients are unchanged: the copies are the same casts, shared (``tests/test_precision.py``)."""
+    if recompute not in ("none", "selective"):
+        return nullcontext()
+    for m in modules:
+        for sub in m.modules():
+            if isinstance(sub, PrecisionStage) and sub.autocast_dtype is not None:
+                return torch.autocast(sub.device_type, dtype=sub.autocast_dtype)
+    return nullcontext()
 
 
 def wrap_precision(module: nn.Module, precision: str, *, fsdp: bool, last_stage: bool, pipelined: bool,
