@@ -52,6 +52,13 @@ def test_an_engine_version_without_a_profile_takes_its_family_s_latest_not_newer
     assert repr(named) in note and repr(used) in note and how in note and "\n" not in note
 
 
+def test_a_profile_added_later_joins_its_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    later = PROFILES["torchtitan-2024.12"].but(name="torchtitan-2025.06")
+    monkeypatch.setitem(PROFILES, "torchtitan-2025.06", later)
+    assert resolve("torchtitan-2025.09") == (later, resolve("torchtitan-2025.09")[1])
+    assert resolve("torchtitan-2025.03")[0].name == "torchtitan-2024.12"
+
+
 def test_profile_logs_the_resolution_once(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="meshplan.engine_profiles"):
         assert profile("megatron-core-2031").name == "megatron-core-2026"

@@ -524,6 +524,17 @@ def _not_newer(have: tuple[int, ...], named: tuple[int, ...]) -> bool:
     return have[:k] <= named[:k]
 
 
+def _lineage(lineage: str) -> list[tuple[str, str]]:
+    """(profile, version) of a lineage in version order: ``LINEAGES``' and any profile named
+    "<lineage>-<version>" it does not list (a profile added later joins its family)."""
+    have = dict(LINEAGES[lineage])
+    for n in PROFILES:
+        m = _NAME.match(n)
+        if m and m["version"] and m["family"] == lineage and n not in have:
+            have[n] = m["version"]
+    return sorted(have.items(), key=lambda nv: _version(nv[1]))
+
+
 def resolve(name: str) -> tuple[EngineProfile, str]:
     """(the profile of ``name``, a one-line note of which profile prices it and why; "" when ``name``
     names a profile). ``name`` is a profile name or "<engine family>[-<year>[.<month>]][+variant]":
@@ -537,10 +548,11 @@ def resolve(name: str) -> tuple[EngineProfile, str]:
                          f"with an optional year[.month] version (families: {', '.join(FAMILIES)})")  # fmt: skip
     lineage, why = FAMILIES[m["family"]]
     variant = m["variant"] or ""
-    have = [(n, v) for n, v in LINEAGES[lineage] if n.partition("+")[2] == variant]
+    every = _lineage(lineage)
+    have = [(n, v) for n, v in every if n.partition("+")[2] == variant]
     if not have:
         raise ValueError(f"engine profile {name!r}: no {lineage} profile of variant +{variant} "
-                         f"(profiles: {', '.join(n for n, _ in LINEAGES[lineage])})")  # fmt: skip
+                         f"(profiles: {', '.join(n for n, _ in every)})")  # fmt: skip
     if m["version"] is None:
         chosen, how = have[-1][0], "no version named: the newest"
     else:
