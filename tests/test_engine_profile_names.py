@@ -30,7 +30,8 @@ def test_a_profile_name_is_itself_and_says_nothing() -> None:
     ("megatron-core-2027", "megatron-core-2026", "latest not newer"),
     ("megatron-lm-2019", "megatron-lm-2020", "the earliest"),  # older than every profile
     ("megatron-lm-2023+zero3", "megatron-lm-2021+zero3", "latest not newer"),  # a variant keeps its variant
-    ("torchtitan-2025.06", "torchtitan-2024.12", "latest not newer"),
+    ("torchtitan-2025.09", "torchtitan-2025.06", "latest not newer"),
+    ("torchtitan-2025.03", "torchtitan-2024.12", "latest not newer"),
     ("torchtitan-2024.06", "torchtitan-2024.04", "latest not newer"),
     ("torchtitan-2024", "torchtitan-2024.12", "latest not newer"),  # a year covers its months
     ("torchtitan-2024.02", "torchtitan-2024.04", "the earliest"),
@@ -53,10 +54,10 @@ def test_an_engine_version_without_a_profile_takes_its_family_s_latest_not_newer
 
 
 def test_a_profile_added_later_joins_its_family(monkeypatch: pytest.MonkeyPatch) -> None:
-    later = PROFILES["torchtitan-2024.12"].but(name="torchtitan-2025.06")
-    monkeypatch.setitem(PROFILES, "torchtitan-2025.06", later)
-    assert resolve("torchtitan-2025.09") == (later, resolve("torchtitan-2025.09")[1])
-    assert resolve("torchtitan-2025.03")[0].name == "torchtitan-2024.12"
+    later = PROFILES["torchtitan-2024.12"].but(name="torchtitan-2025.10")
+    monkeypatch.setitem(PROFILES, "torchtitan-2025.10", later)
+    assert resolve("torchtitan-2025.11")[0] is later
+    assert resolve("torchtitan-2025.09")[0].name == "torchtitan-2025.06"
 
 
 def test_profile_logs_the_resolution_once(caplog: pytest.LogCaptureFixture) -> None:

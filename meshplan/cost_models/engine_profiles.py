@@ -232,6 +232,21 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                                          "(default False), foreach = not fused")),
     ),
     EngineProfile(
+        "torchtitan-2025.06", "torchtitan", "6b11290 (2025-06-27)", pp_buffers="torch-outputs", norm_kernel="eager",
+        optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", shard_over_cp=True,
+        sources=_with(_TITAN_2024,
+                      ("shard_over_cp", "models/llama3/infra/parallelize.py: fully_shard over world_mesh[('dp_shard_cp',)] "
+                                        "(('dp_replicate', 'dp_shard_cp') under HSDP)"),
+                      ("norm_kernel", "models/llama3/model/model.py TransformerBlock: nn.RMSNorm, whose CUDA path was "
+                                      "still torch's composite ops (the fused _fused_rms_norm kernel, pytorch#153666, "
+                                      "was pending on 2025-07-09: pytorch#157345); torch.compile, a run flag, fuses them"),
+                      ("optimizer_impl", "config_manager.py Optimizer.implementation default 'fused'"),
+                      ("split_rule", "distributed/pipeline.py generate_split_points: num_layers + input_weight 1 + "
+                                     "output_weight 1 effective layers spread evenly (the first / last stage one fewer)"),
+                      ("fp8_recipe", "components/quantization/float8.py: recipe_name default None -> torchao "
+                                     "Float8LinearConfig() (tensorwise dynamic scaling)")),
+    ),
+    EngineProfile(
         "torchtitan-2026", "torchtitan", "0.3.0 (installed)", pp_buffers="torch-outputs", norm_kernel="fused",
         optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", fp8_recipe="rowwise",
         shard_over_cp=True,
@@ -494,7 +509,8 @@ LINEAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "nemo": (("nemo-2024", "2024.05"), ("megatron-bridge-2025", "2025.11")),
     "megatron-bridge": (("megatron-bridge-2025", "2025.11"),),
     "megatron-deepspeed": (("megatron-deepspeed-2022", "2022"),),
-    "torchtitan": (("torchtitan-2024.04", "2024.04"), ("torchtitan-2024.12", "2024.12"), ("torchtitan-2026", "2026")),
+    "torchtitan": (("torchtitan-2024.04", "2024.04"), ("torchtitan-2024.12", "2024.12"), ("torchtitan-2025.06", "2025.06"),
+                   ("torchtitan-2026", "2026")),
     "llm-foundry": (("llm-foundry-2023", "2023"),),
     "deepspeed": (("deepspeed-2026", "2026"),),
 }  # fmt: skip
