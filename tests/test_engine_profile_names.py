@@ -105,6 +105,18 @@ def test_case_setup_ignores_the_conventions_an_older_case_sets_and_says_so() -> 
     assert case_notes(base) == []
 
 
+@pytest.mark.parametrize(("fsdp", "kind"), [("FULL_SHARD (ZeRO-3)", "fsdp"), (True, "fsdp"), ("SHARD_GRAD_OP", "zero2"),
+                                            ("HYBRID_SHARD", "hsdp"), ("NO_SHARD", "ddp")])  # fmt: skip
+def test_an_older_case_s_fsdp_field_is_its_dp_kind(fsdp: object, kind: str) -> None:
+    old = copy.deepcopy(CASES["mpt-7b-h100-8gpu-seq2048"])  # the rows that once gave only "fsdp"
+    del old["expert_config"]["dp_kind"]
+    old["expert_config"]["fsdp"] = fsdp
+    assert case_setup(old)["dp_kind"] == kind
+    assert any(n.startswith("expert_config.fsdp") and repr(kind) in n for n in case_notes(old))
+    del old["expert_config"]["fsdp"]
+    assert case_setup(old)["dp_kind"] == "ddp" and case_notes(old) == []
+
+
 def test_a_run_flag_an_older_case_sets_is_used() -> None:
     old = _older_format(CASES["megsc21-1.7b-a100-32gpu"], "megatron-lm-2022")
     assert case_profile(old).ddp_impl == "torch" != PROFILES["megatron-lm-2021"].ddp_impl

@@ -98,6 +98,25 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
     return engine_profile(case["engine"]).with_run_flags(**flags)
 
 
+#: torch FSDP's sharding strategies (an older case format's ``expert_config.fsdp`` text) -> DP kind
+_FSDP_STRATEGIES = (("HYBRID_SHARD", "hsdp"), ("_HYBRID_SHARD_ZERO2", "hsdp"), ("SHARD_GRAD_OP", "zero2"),
+                    ("FULL_SHARD", "fsdp"), ("NO_SHARD", "ddp"))  # fmt: skip
+
+
+def _dp_kind(ex: dict[str, Any]) -> str | None:
+    """The case's DP kind: ``dp_kind``, or where an older case format gives none, what its ``fsdp``
+    field says (True, or torch FSDP's sharding strategy: FULL_SHARD -> fsdp, SHARD_GRAD_OP -> zero2,
+    HYBRID_SHARD -> hsdp, NO_SHARD -> ddp); None where neither says."""
+    if ex.get("dp_kind"):
+        return str(ex["dp_kind"])
+    f = ex.get("fsdp")
+    if f is True:
+        return "fsdp"
+    if isinstance(f, str):
+        return next((kind for name, kind in _FSDP_STRATEGIES if name in f.upper().replace(" ", "_")), None)
+    return None
+
+
 #: the fields of an engine profile a case may not set (its engine's conventions, not the run's flags)
 _CONVENTIONS = frozenset(f.name for f in dataclasses.fields(EngineProfile)) - {"name", "engine", "version", "sources",
                                                                               *RUN_FLAGS}  # fmt: skip
@@ -107,8 +126,12 @@ def case_notes(case: dict[str, Any]) -> list[str]:
     """One-line notes on how a case's engine is priced: which profile its ``engine`` resolves to where it
     names none of its own (``engine_profiles.resolve``), and the engine conventions the case sets itself
     (older case formats carried ``pp_buffers``, ``sp_saves``, ``state_layout``, ... per case), which are
-    ignored: the profile's are used (``case_profile``)."""
+    ignored: the profile's are used (``case_profile``); an older format's ``expert_config.fsdp`` read as
+    the DP kind where it gives no ``dp_kind``."""
     notes = []
+    ex = case.get("expert_config") or {}
+    if not ex.get("dp_kind") and ex.get("fsdp") and _dp_kind(ex):
+        notes.append(f"expert_config.fsdp = {ex['fsdp']!r} read as dp_kind {_dp_kind(ex)!r} (no dp_kind given)")
     if "engine" in case:
         prof, said = resolve(case["engine"])
         notes += [said] if said else []
@@ -132,7 +155,7 @@ def case_setup(case: dict[str, Any]) -> dict[str, Any]:
     tp, pp, dp = int(ex["tp"]), int(ex.get("pp") or 1), int(ex["dp"])
     B = int(tr["global_batch"])
     micro = int(tr.get("micro_batch") or tr.get("per_replica_batch") or B // dp)
-    kind = ex.get("dp_kind") or "ddp"
+    kind = _dp_kind(ex) or "ddp"
     v = int(ex.get("interleave") or 1)
     schedule = ex.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b")
     sp = ex.get("sequence_parallel")
