@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 from meshplan.cost_models.allocator import PP_BUFFERS
+from meshplan.cost_models.cp_kernels import CP_ROTATES
 from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS, ZERO1_IMPLS, ZERO3_IMPLS
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
 from meshplan.cost_models.engine_saves import GLU_KERNELS
@@ -87,6 +88,10 @@ class EngineProfile:
     - ``autocast_cache`` (``AUTOCAST_CACHES``): where a run computes under ``torch.autocast`` on fp32
       parameters, how long autocast's weight cache lives: one forward call ("call": a copy of each
       weight per microbatch in flight) or the whole pipeline step ("step": one copy per stage).
+    - ``cp_rotate`` (``cp_kernels.CP_ROTATES``): how context parallelism's ring attention moves key /
+      value blocks and what else it runs: "ring" (meshplan's runtime; Megatron-Core / TE's p2p ring:
+      bf16 shifts overlapped step by step) or torch's context_parallel ("allgather" / "alltoall",
+      its ``_cp_options.rotate_method``: the rotation, dK/dV sent in fp32, its merge passes).
     """
 
     name: str
@@ -113,6 +118,7 @@ class EngineProfile:
     shard_over_cp: bool = False
     moe_dispatcher: str = "alltoall"
     autocast_cache: str = "call"
+    cp_rotate: str = "ring"
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -123,7 +129,8 @@ class EngineProfile:
                                ("optimizer_impl", OPTIMIZER_IMPLS), ("attention_impl", ATTENTION_IMPLS),
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
                                ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS),
-                               ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES)):  # fmt: skip
+                               ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES),
+                               ("cp_rotate", CP_ROTATES)):  # fmt: skip
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip
@@ -223,7 +230,11 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "torchtitan-2024.12", "torchtitan", "9dec370 (2024-12)", pp_buffers="torch-outputs", norm_kernel="eager",
         optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last", shard_over_cp=True,
+        cp_rotate="allgather",
         sources=_with(_TITAN_2024,
+                      ("cp_rotate", "config_manager.py --experimental.context_parallel_rotate_method default "
+                                    "'allgather' (utils.create_context_parallel_ctx: set_rotate_method; torch's "
+                                    "context_parallel ring attention, _templated_ring_attention)"),
                       ("shard_over_cp", "parallelisms/parallelize_llama.py: fully_shard over dp_mesh_dim_names "
                                         "('dp_shard_cp',) when dp_shard or cp is enabled"),
                       ("norm_kernel", "train_configs/*.toml norm_type = 'rmsnorm' (models/norms.py: eager ops; "
@@ -249,8 +260,11 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "torchtitan-2026", "torchtitan", "0.3.0 (installed)", pp_buffers="torch-outputs", norm_kernel="fused",
         optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", fp8_recipe="rowwise",
-        shard_over_cp=True,
+        shard_over_cp=True, cp_rotate="allgather",
         sources=_with(_TITAN_2024,
+                      ("cp_rotate", "no rotate-method option: torch's context_parallel with its default "
+                                    "_cp_options.rotate_method = ALL_GATHER (torch 2.13 "
+                                    "distributed/tensor/experimental/_context_parallel/_attention.py)"),
                       ("shard_over_cp", "distributed/parallel_dims.py: the 'fsdp' mesh dim is dp_shard * cp "
                                         "(distributed/fsdp.py folds dp_shard and cp into one FSDP shard dim)"),
                       ("fp8_recipe", "components/quantization/float8.py Float8LinearConverter.Config recipe_name "

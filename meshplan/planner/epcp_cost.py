@@ -39,6 +39,7 @@ from operator import add, attrgetter, itemgetter
 from typing import Any
 
 from meshplan.cost_models.compute import node_time
+from meshplan.cost_models.cp_kernels import ACCUM_BYTES, cp_step_shape_ratio, torch_ring_exposed_s
 from meshplan.cost_models.epcp import (
     cp_kv_bytes,
     cp_ring_exposed_s,
@@ -56,7 +57,7 @@ from meshplan.graph import GraphNode, ModelGraph
 @dataclass
 class EPCPTerms:
     ep_comm_s: float = 0.0  # per microbatch, exposed
-    cp_comm_s: float = 0.0  # per microbatch, exposed
+    cp_comm_s: float = 0.0  # per microbatch, exposed: the ring's transfers and its own kernels beyond the cost table's
     imbalance_s: float = 0.0  # per microbatch: (capacity_factor - 1) x MoE compute
     expert_read_s: float = 0.0  # per microbatch: MoE time of E/ep experts less E's (cost_models.moe_kernels); < 0 saved
     expert_params_saved: float = 0.0  # parameters a rank does not hold thanks to ep
@@ -82,7 +83,8 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                capacity_factor: float, elem_bytes: int, tp: int = 1, recompute: str = "none",
                spans_nodes: bool = False, stride: int = 0,
                nodes: Iterable[GraphNode] | None = None, folding: bool = False, dp: int = 1,
-               fp8_recipe: str = DEFAULT_FP8_RECIPE, moe_dispatcher: str = "alltoall") -> EPCPTerms:
+               fp8_recipe: str = DEFAULT_FP8_RECIPE, moe_dispatcher: str = "alltoall",
+               cp_rotate: str = "ring") -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
     them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp); ``nodes``: the nodes
     to cost (a pipeline stage's; default all: pp = 1). Under TP a rank's ring
@@ -97,7 +99,13 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     ``fp8_recipe``: the engine's (``cost_models.precision``; under fp8 the MoE node's time as the
     cost table priced it: TE recipes run the experts in fp8). ``moe_dispatcher``
     (``cost_models.epcp.MOE_DISPATCHERS``): the copies of a token a dispatch and a combine move
-    (``dispatch_copies``: one per routed expert, or under "flex" one per destination rank)."""
+    (``dispatch_copies``: one per routed expert, or under "flex" one per destination rank).
+    ``cp_rotate`` (``cost_models.cp_kernels.CP_ROTATES``): how the engine's ring moves key/value
+    blocks: "ring" (meshplan's runtime, TE p2p: ``epcp.cp_ring_exposed_s``) or torch's
+    context_parallel "allgather" / "alltoall" (``cp_kernels.torch_ring_exposed_s``: its rotation,
+    the fp32 dK/dV ring and its merge / accumulation passes). Under any of them the ring's cp flash
+    calls are timed at their chunk shapes (``cp_kernels.cp_step_shape_ratio``) and what that adds
+    to the cost table's one kernel of length T counts in ``cp_comm_s``."""
     out = EPCPTerms()
     fold = folding and tp > 1
     if cp == 1 and ep == 1 and not fold:
@@ -151,12 +159,30 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
             kvb = cp_kv_bytes(micro_batch, graph.seq_len, cp, kv_heads, a["head_dim"], elem_bytes)  # type: ignore[arg-type]
             at = node_time(n, cluster, batch_scale=scale, dtype=dtype)
             rounds = 2 + (recompute != "none")  # forward, backward, the recomputed forward
-            ring = functools.partial(cp_ring_exposed_s, kvb, cp, at.fwd_s / tp, cluster, attn_bwd_s=at.bwd_s / tp,
-                                     spans_nodes=spans_nodes, stride=stride)
-            total, bwd = ring(forward_passes=rounds - 1), ring(forward_passes=0)
-            out.cp_comm_s += total
-            out.cp_forward_s += (total - bwd) / (rounds - 1)
-            out.comm_bytes["send_recv"] = out.comm_bytes.get("send_recv", 0.0) + rounds * (cp - 1) * kvb
+            f_s, b_s = at.fwd_s / tp, at.bwd_s / tp
+            # the ring's cp flash calls at their chunk shapes, beyond the cost table's one kernel of length T
+            heads = a.get("num_heads", a.get("num_kv_heads", 1)) / tp
+            ratio = cp_step_shape_ratio(micro_batch, heads, int(a.get("seq_len") or graph.seq_len), cp,
+                                        int(a["head_dim"]), cluster)  # fmt: skip
+            # ... each of the cp calls at least a kernel launch (the table's one kernel has one floor)
+            floor = cp * (cluster.kernel_floor_s + cluster.op_overhead_s)
+            shape_f, shape_b = max(ratio * f_s, floor) - f_s, max(ratio * b_s, floor) - b_s
+            if cp_rotate == "ring":
+                ring = functools.partial(cp_ring_exposed_s, kvb, cp, f_s * ratio, cluster, attn_bwd_s=b_s * ratio,
+                                         spans_nodes=spans_nodes, stride=stride)
+                bwd = ring(forward_passes=0)
+                fwd = ring(forward_passes=1) - bwd
+                out.comm_bytes["send_recv"] = out.comm_bytes.get("send_recv", 0.0) + rounds * (cp - 1) * kvb
+            else:  # torch's context_parallel: its rotation, the fp32 dK/dV ring, its merge passes
+                qb = micro_batch * graph.seq_len / cp * heads * a["head_dim"] * elem_bytes
+                fwd, bwd = torch_ring_exposed_s(kvb, qb, cp, f_s * ratio, b_s * ratio, cluster, rotate=cp_rotate,
+                                                elem_bytes=elem_bytes, stride=stride)  # fmt: skip
+                kind = "all_gather" if cp_rotate == "allgather" else "all_to_all"
+                out.comm_bytes[kind] = out.comm_bytes.get(kind, 0.0) + rounds * (cp - 1) * kvb
+                out.comm_bytes["all_to_all"] = (out.comm_bytes.get("all_to_all", 0.0)
+                                                + cp * kvb * ACCUM_BYTES / elem_bytes)  # fmt: skip
+            out.cp_comm_s += (rounds - 1) * (fwd + shape_f) + bwd + shape_b
+            out.cp_forward_s += fwd + shape_f
     out.expert_params = expert_params(graph, nodes)
     out.expert_params_saved = expert_params_saved(graph, ep, nodes)
     return out
