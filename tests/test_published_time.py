@@ -27,6 +27,11 @@ def test_rows_get_their_engines_kernels_from_the_profile_they_name() -> None:
     for c in CASES.values():  # a run flag a row sets names the config line it was read from
         if "norm_kernel" in c["training"]:
             assert "training.norm_kernel" in c.get("notes", ""), c["id"]
+        if "tp_comm_overlap" in c["expert_config"]:
+            assert "--tp-comm-overlap" in c.get("notes", ""), c["id"]
+    # Megatron-LM's --tp-comm-overlap (off in megatron-core-2024) is a run flag a row may set
+    mc = case_setup(CASES["mcore08-gpt-32b-h100-384gpu-tp8-dp48"])["profile"]
+    assert mc.tp_comm_overlap and not PROFILES["megatron-core-2024"].tp_comm_overlap
 
 
 def test_a_case_names_its_engine_and_sets_no_engine_convention() -> None:

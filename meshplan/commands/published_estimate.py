@@ -89,10 +89,13 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
         raise ValueError(f"published case {case.get('id')!r} names no engine profile (\"engine\": one of "
                          f"{', '.join(PROFILES)})")  # fmt: skip
     tr, ex = case["training"], case["expert_config"]
-    flags = {k: str(v) for k, v in (("ddp_impl", ex.get("ddp_impl")), ("split_rule", ex.get("split_rule")),
-                                    ("norm_kernel", tr.get("norm_kernel")),
-                                    ("fp8_recipe", tr.get("fp8_recipe")),
-                                    ("moe_dispatcher", ex.get("moe_dispatcher"))) if v}  # fmt: skip
+    flags: dict[str, str | bool] = {
+        k: str(v) for k, v in (("ddp_impl", ex.get("ddp_impl")), ("split_rule", ex.get("split_rule")),
+                               ("norm_kernel", tr.get("norm_kernel")),
+                               ("fp8_recipe", tr.get("fp8_recipe")),
+                               ("moe_dispatcher", ex.get("moe_dispatcher"))) if v}  # fmt: skip
+    if ex.get("tp_comm_overlap") is not None:  # Megatron-LM's --tp-comm-overlap, where the run's command line says
+        flags["tp_comm_overlap"] = bool(ex["tp_comm_overlap"])
     if int(ex.get("pp") or 1) == 1:
         flags.pop("split_rule", None)
     return engine_profile(case["engine"]).with_run_flags(**flags)

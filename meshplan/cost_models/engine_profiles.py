@@ -38,12 +38,12 @@ from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
 #: stage split rules (``partition.engine_split.SPLIT_RULES``; not imported: partition sits above cost_models)
 SPLIT_RULES = ("any", "even", "first_last", "fewer_first_last")
 
-#: fields a run may set from its own command line / config file (the case cites the line); the
-#: engine's default otherwise
 #: how long autocast's weight cache lives (``EngineProfile.autocast_cache``)
 AUTOCAST_CACHES = ("call", "step")
 
-RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher")
+#: fields a run may set from its own command line / config file (the case cites the line); the
+#: engine's default otherwise
+RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher", "tp_comm_overlap")
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,8 @@ class EngineProfile:
     - ``glu_kernel`` (``engine_saves.GLU_KERNELS``): a gated MLP's activation as traced ("eager") or
       Megatron-Core's fused bias_swiglu ("fused": keeps only the fc1 output for backward).
     - ``tp_comm_overlap``: TE userbuffers run the sequence-parallel TP collectives inside the GEMMs
-      (``engine_saves.exposed_tp_comm_s``).
+      (``engine_saves.exposed_tp_comm_s``). Also a run flag: Megatron-LM's ``--tp-comm-overlap``
+      (store_true, off by default; core_v0.8.0 ``megatron/training/arguments.py``).
     - ``fused_projections``: q/k/v (and a gated MLP's gate/up) run as one GEMM of the summed outputs
       (``engine_saves.fused_linears``), as Megatron-Core's ``linear_qkv`` / ``linear_fc1``.
     - ``shard_over_cp``: a sharded DP kind shards the model states over dp x cp (torchtitan's FSDP
@@ -138,7 +139,7 @@ class EngineProfile:
             raise ValueError(f"engine profile {self.name!r}: loss_kernel must be None or one of "
                              f"{', '.join(LOSS_KERNELS)}, got {self.loss_kernel!r}")  # fmt: skip
 
-    def with_run_flags(self, **flags: str) -> EngineProfile:
+    def with_run_flags(self, **flags: str | bool) -> EngineProfile:
         """This profile with a run's own flags (``RUN_FLAGS`` only: a run's command line or config
         file may set them; an engine convention it may not)."""
         bad = sorted(set(flags) - set(RUN_FLAGS))

@@ -7,8 +7,9 @@ untied head: Llama 2/3, torchtitan), "moe" (the same Llama with every feed-forwa
 ``shared_ffn`` always-on experts: Mixtral, ``models/moe.py``; traced through ``tracing/moe.py``;
 ``head_dim`` where the heads are not ``hidden / heads`` wide, as in Qwen3; ``repeat_kv`` where the
 engine repeats the key/value heads before attention, as torchtitan's Llama did in 2024)
-or "gpt" (the default: LayerNorm, GeLU MLP, learned positions, tied embeddings; ``bias`` false
-for MPT, whose ALiBi is stood in for by learned positions). ``shape_key(case)`` is what the model
+or "gpt" (the default: LayerNorm, GeLU MLP, learned positions, tied embeddings unless ``tied`` is
+false, as Megatron's ``--untie-embeddings-and-output-weights``; ``bias`` false for MPT, whose ALiBi
+is stood in for by learned positions). ``shape_key(case)`` is what the model
 is built from (``meshplan.loading.case_graph`` traces it, memoized per key).
 """
 
@@ -50,7 +51,8 @@ def case_model(case: dict[str, Any]) -> nn.Module:
             return Llama(cfg)
         bias = m.get("bias", not case["id"].startswith("mpt"))
         return GPT(GPTConfig(n_layer=m["layers"], n_head=m["heads"], n_embd=m["hidden"], ffn_hidden=m["ffn_hidden"],
-                             vocab_size=m["vocab"], block_size=m["seq_len"], bias=bias))  # fmt: skip
+                             vocab_size=m["vocab"], block_size=m["seq_len"], bias=bias,
+                             tie_weights=bool(m.get("tied", True))))  # fmt: skip
 
 
 def shape_key(case: dict[str, Any]) -> tuple[Any, ...]:
@@ -58,4 +60,4 @@ def shape_key(case: dict[str, Any]) -> tuple[Any, ...]:
     m = case["model"]
     return (_arch(case), m["layers"], m["hidden"], m["heads"], m.get("kv_heads"), m["ffn_hidden"], m["seq_len"],
             m["vocab"], m.get("bias", not case["id"].startswith("mpt")), m.get("num_experts"), m.get("top_k"),
-            m.get("shared_ffn"), m.get("head_dim"), m.get("repeat_kv"))  # fmt: skip
+            m.get("shared_ffn"), m.get("head_dim"), m.get("repeat_kv"), m.get("tied", True))  # fmt: skip
