@@ -3,8 +3,8 @@
 dp2, tp2, pp2 and the planner's own choice (auto) give the one-device losses. Under pp2 later stages read
 model inputs themselves (the dict model's blocks read its ids and features, T5's decoder its ids).
 
-T5 (whose second build in one process starts from other weights: step 1's loss 4.30 instead of 5.18, seen
-in a shared spawn) and the dict model's auto case run the real commands, `meshplan plan` and `meshplan run`
+T5 (whose second build in one process started from other weights, step 1's loss 4.30 instead of 5.18,
+until the init tape recorded the builder's own ``torch.manual_seed``: ``models.init_tape``) and the dict model's auto case run the real commands, `meshplan plan` and `meshplan run`
 (torchrun) as subprocesses. The dict model's other cases run `meshplan run` in this process through its
 preflight, torchrun replaced by a recorder; the rank argv it hands torchrun is then run by
 ``meshplan.runtime.loop.train`` in one 2-rank spawn for the module (dict_batch.train_worker), the two

@@ -42,18 +42,58 @@ def test_replay_equals_the_host_build(spec: str) -> None:
     assert peak <= 3 * largest < total, (peak, largest, total)
 
 
+class _SeedsItself(torch.nn.Module):
+    def __init__(self, seed: int = 5) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(3))  # drawn from whatever state the process is in
+        torch.manual_seed(seed)
+        self.w = torch.nn.Parameter(torch.randn(3))
+        self.b = torch.nn.Parameter(torch.rand(2))
+
+
+def test_a_seed_the_constructor_sets_is_replayed_where_it_was_set() -> None:
+    """A builder that seeds itself (as HF examples and test fixtures do) replays the host build's
+    values, from any random state the process was in, and twice in one process (a seed equal to the
+    process's initial seed included, which an initial-seed check cannot see)."""
+    torch.manual_seed(0)
+    torch.rand(7)
+    start = torch.get_rng_state()
+    host = _SeedsItself(0)
+    after_host = torch.rand(4)
+    for advance in (3, 11):  # the second build starts from another state, as a second build in one process
+        torch.set_rng_state(start)
+        torch.rand(advance)
+        tape = InitTape()
+        torch.set_rng_state(start)
+        with torch.device("meta"), tape.recording():
+            m = _SeedsItself(0)
+        torch.rand(advance)  # the random state moves on between build and replay
+        got: dict[str, torch.Tensor] = {}
+        tape.replay(tape.refs_of(iter(m.named_parameters())), got.__setitem__)
+        assert torch.rand(4).equal(after_host)
+        for k, v in host.named_parameters():
+            assert torch.equal(v.detach(), got[k]), (advance, k)
+
+
 def test_what_cannot_be_replayed_is_refused() -> None:
-    class SeedsItself(torch.nn.Module):
+    class SeedsBehindTorch(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            torch.manual_seed(5)
+            torch.default_generator.manual_seed(12345)  # not a call the tape records
             self.w = torch.nn.Parameter(torch.randn(3))
 
-    tape = InitTape()
-    with torch.device("meta"), tape.recording():
-        m = SeedsItself()
-    with pytest.raises(TapeError, match="seed"):
-        tape.replay(tape.refs_of(iter(m.named_parameters())), lambda f, v: None)
+    class ForksItsRng(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            with torch.random.fork_rng():  # reads the state and sets it back: a meta build drew nothing
+                self.w = torch.nn.Parameter(torch.randn(3))
+
+    for cls, match in ((SeedsBehindTorch, "seed"), (ForksItsRng, "fork_rng")):
+        tape = InitTape()
+        with torch.device("meta"), tape.recording():
+            m = cls()
+        with pytest.raises(TapeError, match=match):
+            tape.replay(tape.refs_of(iter(m.named_parameters())), lambda f, v: None)
     tape = InitTape()
     outside = torch.empty(3, device="meta")
     with torch.device("meta"), tape.recording():

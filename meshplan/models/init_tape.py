@@ -17,9 +17,15 @@ between. When a parameter's or buffer's storage has seen its last op, ``sink(fqn
 full tensor (the caller keeps its shard) and the storage is freed. Host peak: the largest tensor
 alive at once (one weight and its temporaries), never the whole model.
 
+A seed the constructor (or the builder function around it) sets itself, ``torch.manual_seed`` /
+``torch.set_rng_state`` / ``torch.seed``, is recorded too, at its place among the ops: replay sets
+the same CPU random state there, so the draws after it are the host build's whatever the process's
+random state was when the build began (a builder that seeds 0 built twice in one process gets the
+same weights twice).
+
 What replay cannot reproduce is refused (``TapeError``) rather than guessed: an op that reads a meta
-tensor made outside the recording, a seed set inside the constructor, a parameter or buffer no
-recorded op produced.
+tensor made outside the recording, a seed set by other means (the initial seed changed with no
+seeding call recorded), a parameter or buffer no recorded op produced.
 
 Hugging Face models skip their weight init when built on the meta device
 (``PreTrainedModel.init_weights`` asks ``get_torch_context_manager_or_global_device``); while
@@ -29,6 +35,8 @@ order it runs on the host.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -104,10 +112,11 @@ class InitTape:
         if not resume:
             self.rng_state = torch.get_rng_state()
         seed = torch.initial_seed()
-        with _hf_init_on_meta(), _Recorder(self):
+        seeded: list[bool] = []
+        with _hf_init_on_meta(), _recording_seeds(self, seeded), _Recorder(self):
             yield
-        if torch.initial_seed() != seed:
-            self.broken = self.broken or "the constructor sets the random seed itself (torch.manual_seed)"
+        if torch.initial_seed() != seed and not seeded:
+            self.broken = self.broken or "the constructor sets the random seed by a call the tape does not record"
 
     def ref(self, t: torch.Tensor) -> Ref:
         st = t.untyped_storage()
@@ -174,6 +183,56 @@ class InitTape:
             torch.set_rng_state(saved)
             raise
         return peak
+
+
+def _set_cpu_rng_state(state: torch.Tensor) -> None:
+    torch.set_rng_state(state)
+
+
+@contextmanager
+def _recording_seeds(tape: InitTape, seeded: list[bool]) -> Iterator[None]:
+    """While recording, every call that reseeds the CPU generator (``torch.manual_seed``,
+    ``torch.seed``, ``torch.set_rng_state``, also through ``torch.random``) runs, then appends an op
+    that sets the CPU random state it left, so replay follows it at the same place. A state read
+    inside the build (``get_rng_state``, as ``fork_rng`` does) and set back is not replayable: meta
+    tensors draw nothing, so it is not the state the host build read; the tape is marked broken."""
+    import torch.random as trandom
+
+    read_inside: list[torch.Tensor] = []
+    get0, set0, seed0, manual0 = trandom.get_rng_state, trandom.set_rng_state, trandom.seed, trandom.manual_seed
+
+    def record() -> None:
+        state = get0()
+        tape.ops.append(_Op(functools.partial(_set_cpu_rng_state, state), ((), {}), [], set(), set(), set()))
+        seeded.append(True)
+
+    def seeding(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            record()
+            return out
+
+        return call
+
+    def get_state() -> torch.Tensor:
+        state = get0()
+        read_inside.append(state)
+        return state
+
+    def set_state(new_state: torch.Tensor) -> None:
+        if any(new_state.shape == r.shape and torch.equal(new_state, r) for r in read_inside):
+            tape.broken = tape.broken or ("the constructor sets back a random state it read during the build "
+                                          "(torch.random.fork_rng / get_rng_state): meta tensors draw nothing")
+        set0(new_state)
+        record()
+
+    patches = {"manual_seed": seeding(manual0), "seed": seeding(seed0),
+               "set_rng_state": set_state, "get_rng_state": get_state}
+    with contextlib.ExitStack() as stack:
+        for mod in (torch, trandom):
+            for name, fn in patches.items():
+                stack.enter_context(mock.patch.object(mod, name, fn))
+        yield
 
 
 @contextmanager
