@@ -45,6 +45,8 @@ def test_a_profile_name_is_itself_and_says_nothing() -> None:
     ("megatron-lm", "megatron-core-2026", "the newest"),  # no version: the newest of the family
     ("torchtitan", "torchtitan-2026", "the newest"),
     ("nemo", "megatron-bridge-2025", "the newest"),
+    ("Megatron-LM 2022", "megatron-lm-2021", "latest not newer"),  # as a paper spells it
+    ("NeMo_24.07", "nemo-2024", "NeMo's recipes"),
 ])  # fmt: skip
 def test_an_engine_version_without_a_profile_takes_its_family_s_latest_not_newer(named: str, used: str,
                                                                                  how: str) -> None:

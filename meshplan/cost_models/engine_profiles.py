@@ -573,7 +573,7 @@ def resolve(name: str) -> tuple[EngineProfile, str]:
     one named, the earliest where it is older than all, the newest where no version is named."""
     if name in PROFILES:
         return PROFILES[name], ""
-    m = _NAME.match(name.strip().lower())
+    m = _NAME.match(re.sub(r"[\s_]+", "-", name.strip().lower()))  # "Megatron-LM 2022", "NeMo_24.07"
     if not m or m["family"] not in FAMILIES:
         raise ValueError(f"unknown engine profile {name!r}; use one of {', '.join(PROFILES)}, or an engine family "
                          f"with an optional year[.month] version (families: {', '.join(FAMILIES)})")  # fmt: skip
