@@ -101,6 +101,13 @@ def cpu_share(d: dict[str, Any]) -> float | None:
     return statistics.median(shares) if shares else None
 
 
+def rank_cpu_ms(d: dict[str, Any]) -> float | None:
+    """Median over ranks and steps (after the first) of a rank's CPU milliseconds per step
+    (``RunRecord.rank_cpu_s``): the work a step is, whatever share of a core it got."""
+    cpu = [c for row in d.get("rank_cpu_s") or [] for c in row[1:]]
+    return statistics.median(cpu) * 1e3 if cpu else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workdir", default=None, help="where plans, run records and logs go (default: a temp dir)")
@@ -144,9 +151,9 @@ def main() -> None:
         d = cal.read_record(str(wd / run["record"]))
         by_name[run["name"]].append((cal.measured_step_s(d), d, run))
     print("| configuration | plan | step ms per round (load before) | median ms | spread max/min | "
-          "rank CPU / wall in steps (median per round) | core share (measured_core_share, per round) | "
+          "rank CPU / wall in steps (median per round) | rank CPU ms per step (per round) | core share (measured_core_share, per round) | "
           "command CPU / wall s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     cases = {}
     for name in names:
         rows = sorted(by_name[name], key=lambda t: t[2]["round"])
@@ -162,9 +169,10 @@ def main() -> None:
         per_round = ", ".join(f"{s * 1e3:.0f} ({t[2]['load_before']:.1f})" for s, t in zip(steps, rows))
         shares = ", ".join(f"{x:.2f}" if (x := cpu_share(t[1])) is not None else "-" for t in rows)
         cmd = ", ".join(f"{t[2]['command_cpu_s']:.0f}/{t[2]['command_wall_s']:.0f}" for t in rows)
+        cpu_ms = ", ".join(f"{x:.0f}" if (x := rank_cpu_ms(t[1])) is not None else "-" for t in rows)
         cores = ", ".join(f"{x:.2f}" if (x := cal.measured_core_share(t[1])) is not None else "-" for t in rows)
         print(f"| {name} | {plan.summary()} | {per_round} | {med * 1e3:.1f} | {max(steps) / min(steps):.2f}x | "
-              f"{shares} | {cores} | {cmd} |")
+              f"{shares} | {cpu_ms} | {cores} | {cmd} |")
     spec = resolve(str(wd / "cpu.json") if a.cluster == "cpu.json" else a.cluster, 2)
     print()
     print("| fitted on \\ predicted for | " + " | ".join(names) + " |")
