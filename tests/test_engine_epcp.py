@@ -56,3 +56,22 @@ def test_cp_ep_the_runtime_does_not_run_is_costed_with_a_note(moe_graph) -> None
                      if why else [])  # fmt: skip
     with pytest.raises(ValueError, match="ep=8 must divide"):  # 4 experts
         cost_spec(moe_graph, EngineSpec(dp=8, ep=8, micro_batch_size=1, global_batch_size=8), "h100")
+
+
+def test_sharding_kinds_shard_states_over_dp_x_cp_as_the_runtime_does(moe_graph) -> None:
+    """meshplan's profile (``shard_over_cp``): under cp every kind that shards a state spreads it over
+    dp x cp, as the runtime's FSDP2 on the flattened dp_cp mesh and zero1 over the dp x cp group do
+    (``execution_rules.states_over_cp``); ddp / none stay replicated (#33)."""
+    from meshplan.plan.execution_rules import states_over_cp
+
+    def states(kind: str, cp: int) -> dict[str, int]:
+        p = estimate_graph(moe_graph, 2 * cp, tp=1, pp=1, dp=2, cp=cp, dp_kind=kind, micro_batch_size=1,
+                           global_batch_size=2, cluster="h100")
+        return {k: p.predicted.mem_breakdown[k] for k in ("params", "grads", "optimizer")}
+
+    for kind in ("ddp", "zero1", "zero2", "fsdp", "hsdp"):
+        dp2, cp2 = states(kind, 1), states(kind, 2)
+        sharded = {k: v for k, v in dp2.items() if v < states("ddp", 1)[k]}  # what the kind shards over dp
+        assert bool(sharded) == states_over_cp(cp=2, ep=1, dp_kind=kind), kind
+        for k, v in dp2.items():
+            assert cp2[k] == pytest.approx(v / 2 if k in sharded else v, rel=1e-6), (kind, k, dp2, cp2)

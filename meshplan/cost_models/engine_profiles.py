@@ -80,8 +80,8 @@ class EngineProfile:
       (``engine_saves.fused_linears``), as Megatron-Core's ``linear_qkv`` / ``linear_fc1``.
     - ``shard_over_cp``: a sharded DP kind shards the model states over dp x cp (torchtitan's FSDP
       mesh folds the context-parallel ranks in; Megatron-Core's distributed optimizer, zero1, shards
-      over its dp x cp group), not over dp alone with cp ranks holding copies
-      (meshplan's runtime: FSDP2 over its "dp" mesh, cp gradients all-reduced).
+      over its dp x cp group; meshplan's runtime too, at ep = 1), not over dp alone with cp ranks
+      holding copies whose gradients are all-reduced separately.
     - ``moe_dispatcher`` (``epcp.MOE_DISPATCHERS``): how a MoE layer's tokens reach their experts' ranks
       ("alltoall": a copy per routed expert; "flex": a copy per destination rank, DeepEP / HybridEP). A
       run flag (``--moe-token-dispatcher-type``); Megatron-Core's own default, "allgather", is not
@@ -155,10 +155,14 @@ class EngineProfile:
 
 _MESHPLAN = EngineProfile(
     "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
+    shard_over_cp=True,
     sources=(
         ("autocast_cache", "runtime/apply/parallel_model.py ParallelModel.step: schedule.step inside "
                            "precision.step_cast_cache, one torch.autocast region over the step (recompute none / "
                            "selective): autocast's cache casts each fp32 weight once per step"),
+        ("shard_over_cp", "runtime/apply/data_parallel.py state_mesh: under cp > 1 (ep = 1) fsdp / zero2 / hsdp "
+                          "fully_shard over the (dp, cp) submesh flattened into 'dp_cp' (DeviceMesh._flatten); "
+                          "runtime/apply/api.py: zero1's ZeroRedundancyOptimizer over the dp x cp group"),
         ("zero1_impl", "runtime/apply/zero1.py: torch ZeroRedundancyOptimizer (parameters_as_bucket_view=False) "
                        "over DDP: one broadcast per parameter tensor after the update"),
         ("state_layout", "runtime/loop optimizer: torch.optim.AdamW over fp32 parameters (FSDP2 MixedPrecisionPolicy "
@@ -210,6 +214,9 @@ _MEGATRON_2021 = (
                    "Megatron-DeepSpeed runs DeepSpeed's ZeRO-1 (deepspeed/runtime/zero/stage_1_and_2.py), bucketed "
                    "too; versions before the distributed optimizer have none and are costed the same"),
     ("autocast_cache", "none used: 16-bit model parameters (state_layout), no torch.autocast"),
+    ("shard_over_cp", "none used: no context parallelism before Megatron-Core core_v0.4.0 (2023); the Megatron-LM "
+                      "and Megatron-DeepSpeed versions of these profiles have no cp degree (profiles from "
+                      "megatron-core-2024 on trace their own)"),
 )  # fmt: skip
 
 
@@ -226,7 +233,9 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         sources=_with(_TITAN_2024,
                       ("norm_kernel", "config_manager.py --model.norm_type default 'rmsnorm' (models/norms.py RMSNorm: "
                                       "eager ops; a train config choosing 'fused_rmsnorm' is a run flag)"),
-                      ("optimizer_impl", "train.py build_optimizer: torch.optim.AdamW(..., foreach=True)")),
+                      ("optimizer_impl", "train.py build_optimizer: torch.optim.AdamW(..., foreach=True)"),
+                      ("shard_over_cp", "none used: parallelisms/__init__.py ParallelDims(dp, tp, pp) has no cp "
+                                        "degree (context parallelism came with b19456a, 2024-10-22)")),
     ),
     EngineProfile(
         "torchtitan-2024.12", "torchtitan", "9dec370 (2024-12)", pp_buffers="torch-outputs", norm_kernel="eager",
@@ -472,6 +481,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("zero1_impl", "none used: Composer FSDP only (no ZeroRedundancyOptimizer); a zero1 costing of it is "
                            "the bucketed collectives, never costed"),
             ("autocast_cache", "none used here: Composer FSDP mixed precision, no pipeline stages"),
+            ("shard_over_cp", "none used: Composer FSDP only, no context parallelism"),
         ),
     ),
     EngineProfile(
@@ -490,6 +500,8 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("zero1_impl", "deepspeed/runtime/zero/stage_1_and_2.py: flat partitioned buffers, gradients "
                            "reduce-scattered and updated parameters all-gathered in buckets"),
             ("autocast_cache", "none used: 16-bit parameters in the engine (state_layout), no torch.autocast"),
+            ("shard_over_cp", "none costed: engines/spec.py CAPS['deepspeed'] has no cp axis (DeepSpeed-Ulysses "
+                              "sequence parallelism is not modelled)"),
         ),
     ),
     EngineProfile(
@@ -503,6 +515,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("vocab_parallel_embedding", "assumed: vocabulary-parallel embedding, as Megatron-LM and torchtitan (no source)"),
             ("zero1_impl", "assumed: bucketed ZeRO-1 collectives, as Megatron-LM and DeepSpeed (no source)"),
             ("autocast_cache", "none used: 16-bit parameters (state_layout), no torch.autocast"),
+            ("shard_over_cp", "assumed: states sharded over dp only, the cp ranks holding copies (no source)"),
         ),
     ),
 )}  # fmt: skip
