@@ -48,6 +48,10 @@ def test_kernels_count_the_traced_flops_and_the_rows_per_expert() -> None:
     wgrad = next(x for x in ks if x.name == "fc1 wgrad")
     assert wgrad.shape == (H, 2 * F, n * K * ep / E)  # the rows are the reduction dimension
     assert wgrad.bytes == pytest.approx(n * K * (H + 2 * F) * 2 + (E // ep) * H * 2 * F * WGRAD_ACCUM_BYTES)
+    # 16-bit main gradients (Megatron-Bridge's grad_reduce_in_fp32 = False): the accumulation moves half
+    wgrad16 = next(x for x in moe_kernels(ATTRS, n, ep=ep, grad_elem=2) if x.name == "fc1 wgrad")
+    assert wgrad16.bytes == pytest.approx(n * K * (H + 2 * F) * 2 + (E // ep) * H * 2 * F * WGRAD_ACCUM_BYTES / 2)
+    assert wgrad16.flops == wgrad.flops
     permute = next(x for x in ks if x.name == "permute")
     assert permute.flops == 0 and permute.bytes == (n + n * K) * H * 2
     act = next(x for x in ks if x.name == "activation")
@@ -92,6 +96,19 @@ def test_node_time_prices_the_rank_s_experts_and_its_passes() -> None:
     assert passes > 0.1 * fwd  # permute, activation and unpermute: 10%+ of a Qwen3 MoE layer's forward
     frozen = dataclasses.replace(node, frozen_param_numel=node.param_numel)
     assert node_time(frozen, H100, ep=8).bwd_weight_s == 0.0
+
+
+def test_main_gradient_bytes_follow_the_state_layout() -> None:
+    from meshplan.cost_models.dp_kinds import main_grad_bytes
+
+    assert main_grad_bytes("megatron", "bf16") == 4  # fp32 main_grad (--accumulate-allreduce-grads-in-fp32)
+    assert main_grad_bytes("torch", "bf16") == 4  # fp32 parameters and gradients
+    assert main_grad_bytes("zero", "bf16") == 2 and main_grad_bytes("zero", "fp8") == 2  # 16-bit gradients
+    assert main_grad_bytes("zero", "fp32") == 4
+    node = _node(1024)  # 512 rows per expert: the weight gradient is bound by the accumulation's bytes
+    t32, t16 = node_time(node, H100, ep=8), node_time(node, H100, ep=8, main_grad_bytes=2)
+    assert t16.fwd_s == t32.fwd_s and t16.bwd_input_s == t32.bwd_input_s
+    assert t16.bwd_weight_s < 0.9 * t32.bwd_weight_s
 
 
 def test_flex_dispatch_sends_a_token_once_per_destination_rank() -> None:

@@ -250,6 +250,7 @@ def modelled_node_time(
     attention_impl: str = "flash",
     fp8_recipe: str = DEFAULT_FP8_RECIPE,
     ep: int = 1,
+    main_grad_bytes: int = 4,
 ) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of ``node`` on one device, as the
     roofline and ``backward_factors`` model them (``node_time`` applies ``backward_speed``).
@@ -269,7 +270,8 @@ def modelled_node_time(
     in fp32 and trained in bf16 moves half the bytes). ``input_bytes`` defaults to
     ``estimate_input_bytes(node)``; pass ``node_input_bytes(graph.edges, node.id)`` when known.
     W is 0 for a node with no trainable parameters (frozen QLoRA base weights get no weight
-    gradient). Each non-zero part is at least ``cluster.kernel_floor_s``. With an eager
+    gradient). A MoE node's weight gradients accumulate into a main gradient of ``main_grad_bytes``
+    per element (``moe_node_time``). Each non-zero part is at least ``cluster.kernel_floor_s``. With an eager
     calibration (see the module docstring) matmul kinds use ``matmul_efficiency_at(cluster, flops)``
     for forward and its backward column for B and W, ``op_overhead_s`` is added to forward and
     ``bwd_op_overhead_s`` to each non-zero backward part, and a reshape costs just those.
@@ -323,7 +325,7 @@ def modelled_node_time(
     train_dtype, dtype = dtype, activation_dtype(dtype)  # fp8 training: bf16 tensors, fp8 GEMMs
     if node.kind == "moe" and a.get("num_experts") and a.get("hidden") and a.get("expert_numel"):
         return moe_node_time(node, cluster, tokens=a.get("tokens", 0) * batch_scale / shard, ep=ep,
-                             dtype=train_dtype, fp8_recipe=fp8_recipe)
+                             dtype=train_dtype, fp8_recipe=fp8_recipe, main_grad_bytes=main_grad_bytes)
     r = elem_scale(node.out_dtype, dtype)
     in_b = estimate_input_bytes(node) if input_bytes is None else input_bytes
     w_shard = shard if node.kind in SHARDED_WEIGHT_KINDS else 1
@@ -376,21 +378,22 @@ def modelled_node_time(
 
 
 def moe_node_time(node: GraphNode, cluster: ClusterSpec, *, tokens: float, ep: int = 1, dtype: str = "bf16",
-                  fp8_recipe: str = DEFAULT_FP8_RECIPE) -> NodeTime:
+                  fp8_recipe: str = DEFAULT_FP8_RECIPE, main_grad_bytes: int = 4) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of a MoE node routing ``tokens`` on a rank
     holding E/``ep`` experts: the sum of its kernels (``moe_kernels.moe_kernels``), each
     ``roofline_time_s`` with its own floor, a GEMM at ``matmul_efficiency`` (or the calibrated
     per-size table) × ``grouped_gemm_factor`` of its per-expert shape on ``cluster.sm_count`` SMs;
     under fp8 where the recipe runs the experts in fp8 the expert GEMMs at the fp8 peak plus
     ``fp8_moe_cast_bytes``. The eager per-op host costs of a calibration are added per pass, as for
-    any node. A frozen node gets no weight gradient. Unit: seconds."""
+    any node. A frozen node gets no weight gradient. ``main_grad_bytes``: the element size of the
+    gradient the weight gradients accumulate into (``dp_kinds.main_grad_bytes``). Unit: seconds."""
     a = node.attrs
     act = activation_dtype(dtype)
     elem = dtype_bytes(act)
     fp8 = dtype == "fp8" and fp8_recipe_of(fp8_recipe).experts_fp8
     sized = bool(cluster.matmul_efficiency_by_flops)
     parts = {"fwd": 0.0, "bwd_input": 0.0, "bwd_weight": 0.0}
-    for kern in moe_kernels(a, tokens, ep=ep, elem=elem, weight_elem=elem):
+    for kern in moe_kernels(a, tokens, ep=ep, elem=elem, weight_elem=elem, grad_elem=main_grad_bytes):
         if kern.groups:
             base = matmul_efficiency_at(cluster, kern.flops, backward=kern.phase != "fwd") if sized else None
             if base is None:

@@ -137,6 +137,16 @@ def state_precision(layout: str, dtype: str) -> str:
     return "bf16-mixed"
 
 
+def main_grad_bytes(layout: str, dtype: str) -> int:
+    """Bytes of one element of the gradient a weight-gradient GEMM accumulates into, by the state
+    layout (``state_precision``): 2 for "zero" in 16-bit / fp8 training (16-bit gradients: DeepSpeed;
+    Megatron-Bridge's recipes, ``ddp.grad_reduce_in_fp32 = False`` -> Megatron-Core
+    ``distributed_data_parallel.py`` ``grad_dtype = param.dtype``), else 4 (fp32 ``main_grad``:
+    Megatron-LM / -Core's default ``--accumulate-allreduce-grads-in-fp32`` for bf16; torch's fp32
+    parameters)."""
+    return 2 if state_precision(layout, dtype) == "bf16-mixed" else 4
+
+
 def _check_kind(kind: str) -> None:
     if kind not in ZERO_STAGE:
         raise ValueError(f"dp_kind {kind!r} unknown; use one of {tuple(ZERO_STAGE)}")

@@ -31,7 +31,8 @@ rows as its reduction dimension, [H × r]·[r × (m−1)F] and [F × r]·[r × H
 fp32 main gradient in place (TE ``GroupedLinear(fuse_wgrad_accumulation=
 config.gradient_accumulation_fusion)``, on by default in Megatron-Core with Transformer Engine):
 each weight's gradient is read and written in fp32, ``WGRAD_ACCUM_BYTES`` per element, however
-few rows the expert got. At a few hundred rows per expert that read-modify-write, not the FLOPs,
+few rows the expert got (in 16-bit, 4 B, where the engine keeps 16-bit main gradients:
+Megatron-Bridge's ``grad_reduce_in_fp32 = False``, ``moe_kernels(grad_elem=2)``). At a few hundred rows per expert that read-modify-write, not the FLOPs,
 bounds the weight-gradient GEMM (its arithmetic intensity is ~r/4 FLOPs per byte), which is why a
 MoE layer spread thin over many experts (small ``r``) runs below the GEMM peak.
 """
@@ -72,17 +73,21 @@ def expert_shape(hidden: int, expert_numel: float, expert_act_numel: float) -> t
 
 
 def moe_kernels(attrs: dict[str, Any], tokens: float, *, ep: int = 1, elem: int = 2,
-                weight_elem: int = 2) -> list[Kernel]:
+                weight_elem: int = 2, grad_elem: int = 4) -> list[Kernel]:
     """The kernels of a MoE node (``attrs``: the traced node's ``num_experts``, ``top_k``,
     ``hidden``, ``expert_numel``, ``expert_act_numel``, ``dense_numel``) for ``tokens`` routed on
     this rank, ``ep`` the expert-parallel degree (the rank holds E/ep experts), ``elem`` the bytes
-    of an activation element, ``weight_elem`` of a weight element (module docstring)."""
+    of an activation element, ``weight_elem`` of a weight element, ``grad_elem`` of the main
+    gradient the weight gradients accumulate into (read + write: ``2 · grad_elem`` per weight;
+    4 = fp32, ``WGRAD_ACCUM_BYTES``; 2 where the engine keeps 16-bit gradients,
+    ``dp_kinds.main_grad_bytes``) (module docstring)."""
     E, k, H = int(attrs["num_experts"]), int(attrs.get("top_k", 1)), int(attrs["hidden"])
     if ep < 1 or E % ep:
         raise ValueError(f"ep={ep} must be a positive divisor of the {E} experts")
     if tokens <= 0:
         return []
     m, F = expert_shape(H, float(attrs["expert_numel"]), float(attrs.get("expert_act_numel", 0)))
+    accum = 2 * grad_elem  # the in-place accumulation: read + write of the main gradient
     local = E // ep
     R = tokens * k  # routed rows the rank's experts compute (balanced)
     r = R / local
@@ -95,14 +100,14 @@ def moe_kernels(attrs: dict[str, Any], tokens: float, *, ep: int = 1, elem: int 
         io = tokens * (H + w) * elem
         out += [Kernel("router", "fwd", f, io + dense * weight_elem, (tokens, w, H), 1),
                 Kernel("router dgrad", "bwd_input", f, io + dense * weight_elem, (tokens, H, w), 1),
-                Kernel("router wgrad", "bwd_weight", f, io + dense * WGRAD_ACCUM_BYTES, (H, w, tokens), 1)]
+                Kernel("router wgrad", "bwd_weight", f, io + dense * accum, (H, w, tokens), 1)]
     gemms = [("fc1", H, N1)] + ([("fc2", F, H)] if m > 1 else [])
     for name, K, N in gemms:
         f = 2 * R * K * N
         io = R * (K + N) * elem
         out += [Kernel(name, "fwd", f, io + local * K * N * weight_elem, (r, N, K), local),
                 Kernel(f"{name} dgrad", "bwd_input", f, io + local * K * N * weight_elem, (r, K, N), local),
-                Kernel(f"{name} wgrad", "bwd_weight", f, io + local * K * N * WGRAD_ACCUM_BYTES, (K, N, r), local)]
+                Kernel(f"{name} wgrad", "bwd_weight", f, io + local * K * N * accum, (K, N, r), local)]
     move = (tokens + R) * H * elem
     out += [Kernel("permute", "fwd", 0.0, move), Kernel("unpermute", "fwd", 0.0, move),
             Kernel("unpermute backward", "bwd_input", 0.0, move), Kernel("permute backward", "bwd_input", 0.0, move)]

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshplan.cost_models.compute import NodeTime, elem_scale, node_time
+from meshplan.cost_models.dp_kinds import main_grad_bytes
 from meshplan.cost_models.eager_ops import loss_time_s
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
@@ -198,6 +199,9 @@ class GraphCoster:
         # training on the FP8 tensor cores (cost_models.precision)
         self.train_dtype = dtype
         self.dtype = activation_dtype(dtype)
+        # the gradient a weight-gradient GEMM accumulates into (a MoE node's grouped wgrad: fp32, or the
+        # 16-bit gradients of a "zero" state layout; dp_kinds.main_grad_bytes)
+        self.main_grad_bytes = main_grad_bytes(p.state_layout, dtype)
         vocab = int(graph.meta.get("vocab") or 0)
         self._heads = {n.id for n in graph.nodes if n.kind == "linear" and vocab and n.attrs.get("out_features") == vocab}
         self.time_limit_s = time_limit_s
@@ -376,7 +380,8 @@ class GraphCoster:
                           fused.get(n.id) or n, self.cluster, shard=s, batch_scale=scale, dtype=self.train_dtype,
                           input_bytes=self._in_bytes.get(n.id, 0), style=sol.styles.get(n.module_fqn or ""),
                           is_head=n.id in self._heads, norm_kernel=self.norm_kernel,
-                          attention_impl=self.attention_impl, fp8_recipe=self.profile.fp8_recipe)  # fmt: skip
+                          attention_impl=self.attention_impl, fp8_recipe=self.profile.fp8_recipe,
+                          main_grad_bytes=self.main_grad_bytes)  # fmt: skip
             if quant and n.kind == "linear":
                 t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
                                     batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip

@@ -84,7 +84,7 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                spans_nodes: bool = False, stride: int = 0,
                nodes: Iterable[GraphNode] | None = None, folding: bool = False, dp: int = 1,
                fp8_recipe: str = DEFAULT_FP8_RECIPE, moe_dispatcher: str = "alltoall",
-               cp_rotate: str = "ring") -> EPCPTerms:
+               cp_rotate: str = "ring", main_grad_bytes: int = 4) -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
     them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp); ``nodes``: the nodes
     to cost (a pipeline stage's; default all: pp = 1). Under TP a rank's ring
@@ -105,7 +105,9 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     context_parallel "allgather" / "alltoall" (``cp_kernels.torch_ring_exposed_s``: its rotation,
     the fp32 dK/dV ring and its merge / accumulation passes). Under any of them the ring's cp flash
     calls are timed at their chunk shapes (``cp_kernels.cp_step_shape_ratio``) and what that adds
-    to the cost table's one kernel of length T counts in ``cp_comm_s``."""
+    to the cost table's one kernel of length T counts in ``cp_comm_s``.
+    ``main_grad_bytes``: the element size of the gradient the experts' weight gradients accumulate
+    into (``dp_kinds.main_grad_bytes``: 4 fp32, 2 for an engine's 16-bit gradients)."""
     out = EPCPTerms()
     fold = folding and tp > 1
     if cp == 1 and ep == 1 and not fold:
@@ -123,18 +125,20 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
         if n.kind == "moe":
             tokens = n.attrs.get("tokens", 0) * scale * share
             shard = tp if fold else 1  # folded, the cost table times the node on the sequence shard
-            t = node_time(n, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe)
+            t = node_time(n, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe,
+                          main_grad_bytes=main_grad_bytes)
             if ep > 1:  # the cost table's MoE node holds all E experts; a rank holds E/ep
                 if n.attrs.get("num_experts") and n.attrs.get("hidden") and n.attrs.get("expert_numel"):
                     # its kernels on E/ep experts: weights read and gradients accumulated for E/ep,
                     # ep times the rows per expert (cost_models.moe_kernels)
                     t_ep = node_time(n, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe,
-                                     ep=ep)
+                                     ep=ep, main_grad_bytes=main_grad_bytes)
                 else:  # no expert shape traced: the roofline's weight bytes scaled to the held experts
                     dense = n.attrs.get("dense_numel", 0)
                     held = dense + (n.param_numel - dense) / ep
                     n_ep = replace(n, param_bytes=int(n.param_bytes * held / max(1, n.param_numel)))
-                    t_ep = node_time(n_ep, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe)
+                    t_ep = node_time(n_ep, cluster, shard=shard, batch_scale=scale, dtype=dtype, fp8_recipe=fp8_recipe,
+                                     main_grad_bytes=main_grad_bytes)
                 # a full recompute re-runs the forward (cost table: at E experts) inside the backward
                 out.expert_read_s += t_ep.total_s - t.total_s + (t_ep.fwd_s - t.fwd_s) * rerun
                 out.moe_forward_s += t_ep.fwd_s - t.fwd_s

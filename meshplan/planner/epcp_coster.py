@@ -94,6 +94,7 @@ class EPCPCosts:
                 fp8_recipe=self.coster.profile.fp8_recipe,  # under fp8: TE recipes run the experts in fp8
                 moe_dispatcher=self.coster.profile.moe_dispatcher,  # copies of a token a dispatch moves
                 cp_rotate=self.coster.profile.cp_rotate,  # how the engine's ring moves key/value blocks
+                main_grad_bytes=self.coster.main_grad_bytes,  # what the experts' weight gradients accumulate into
                 memo=self.memos.epcp_node, copies=self._copies)
         return self.memos.epcp_prefix[key]
 
