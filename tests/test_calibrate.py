@@ -288,8 +288,13 @@ def test_a_pipeline_runs_waits_leave_the_latency_at_its_prior(tmp_path: Path) ->
     on_pp = cal.calibrate([pp], cpu)
     assert on_pp.spec.intra_latency_s == pytest.approx(CPU["intra_latency_s"], rel=1e-9), on_pp.fit.factors
     assert abs(on_pp.fit.error(2)[0]) > 0.1  # the waits stay unexplained: the in-sample step is not forced
+    assert "intra_latency" in on_pp.fit.unconstrained and "gemm" not in on_pp.fit.unconstrained
+    from meshplan.commands.calibrate import format_fit
+
+    assert "intra_latency  x1  (kept" in format_fit(on_pp.fit, on_pp.before, on_pp.spec)
     on_dp = cal.calibrate([dp], cpu)
     assert 3e-4 < on_dp.spec.intra_latency_s < 5e-3, on_dp.fit.factors
+    assert "intra_latency" not in on_dp.fit.unconstrained
     d = cal.read_record(str(dp))
     target = cal.Case("dp2", load_graph("gpt-tiny"), cal.Plan.from_dict(d["plan"]), cal.measured_step_s(d))
     assert abs(cal.predict(target, on_pp.spec).predicted.step_s / target.measured_step_s - 1) < 0.25

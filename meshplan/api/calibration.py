@@ -131,6 +131,9 @@ class Fit:
     factors: dict[str, float]
     rows: list[tuple[str, float, float, float]]
     iterations: int
+    #: terms no fitted residual of the runs depends on (a zero Jacobian column at the start): they
+    #: kept their prior value, the runs say nothing about them (e.g. the collective latency from a pp run)
+    unconstrained: tuple[str, ...] = ()
 
     def error(self, which: int) -> list[float]:
         """Relative step-time errors of every case, ``which`` = 1 before, 2 after the fit."""
@@ -345,6 +348,7 @@ def fit(
     r, _ = _residuals(cases, at(theta), bubble=bubble)
     cost = sum(x * x for x in r)
     done = 0
+    unconstrained: tuple[str, ...] = ()
     for it in range(iterations):
         done = it + 1
         cols = []
@@ -354,6 +358,8 @@ def fit(
             th[j] += step
             rj, _ = _residuals(cases, at(th), bubble=bubble)
             cols.append([(a - b) / step for a, b in zip(rj, r, strict=True)])
+        if it == 0:
+            unconstrained = tuple(t for t, col in zip(TERMS, cols, strict=True) if max(map(abs, col)) < 1e-9)
         jtj = [[sum(cols[i][n] * cols[j][n] for n in range(len(r))) + (w[i] if i == j else 0.0)
                 for j in range(k)] for i in range(k)]  # fmt: skip
         jtr = [-sum(cols[i][n] * r[n] for n in range(len(r))) - w[i] * theta[i] for i in range(k)]
@@ -376,7 +382,7 @@ def fit(
     _, after = _residuals(cases, calibrated, bubble=bubble)
     factors = {t: math.exp(v) for t, v in zip(TERMS, theta, strict=True)}
     rows = [(c.name, b.step_s, a.step_s, c.measured_step_s) for c, b, a in zip(cases, before, after, strict=True)]
-    return Fit(spec=calibrated, factors=factors, rows=rows, iterations=done)
+    return Fit(spec=calibrated, factors=factors, rows=rows, iterations=done, unconstrained=unconstrained)
 
 
 # ---- meshplan.calibrate: RunRecord files in, a calibrated ClusterSpec out -----------------------

@@ -56,8 +56,9 @@ def format_fit(result: Any, before: Any, after: Any) -> str:
     """The fitted multipliers, the spec values they changed, and per run predicted (before, after)
     vs measured step time with the relative errors."""
     lines = ["fitted terms (multiplier of the speed each stands for; 1 = unchanged):"]
+    kept = set(getattr(result, "unconstrained", ()))
     for k, f in result.factors.items():
-        lines.append(f"  {k:<14} x{f:.3g}")
+        lines.append(f"  {k:<14} x{f:.3g}" + ("  (kept: no fitted phase of these runs depends on it)" if k in kept else ""))
     lines.append("cluster values (before -> after):")
     for fld in ("matmul_efficiency", "mem_efficiency", "op_overhead_s", "bwd_op_overhead_s", "kernel_floor_s",
                 "intra_bw_bytes_per_s", "intra_latency_s", "inter_bw_bytes_per_s", "inter_latency_s",
