@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from meshplan.commands.published_estimate import case_setup, estimate_case
+from meshplan.commands.published_estimate import case_setup, estimate_case, measured_tokens_per_gpu
 from meshplan.cost_models.engine_profiles import PROFILES, RUN_FLAGS, EngineProfile
 from meshplan.cost_models.published import load_published_cases
 
@@ -103,9 +103,18 @@ def test_a_gain_with_the_recompute_pinned_keeps_the_authors_kind() -> None:
     assert pinned["auto_plan"].recompute == "full" and pinned["gain"] < free["gain"]
 
 
+#: NeMo 24.x (Transformer Engine delayed scaling) pairs whose fp8 speedup the cost model over-predicts
+#: (BENCHMARKS "Wave 3 stop 5: NeMo 24.x runs at scale", item 3; strict: a fix makes them pass)
+_NEMO_FP8_MISS = "NeMo TE fp8 speedup over-predicted by 7-15 % on every dgxc2411 pair (not fixed; hypotheses in BENCHMARKS)"
+
+
 @pytest.mark.parametrize("pair", [
     "tt2506-llama3.1-70b-h100-256gpu-fsdp32-tp8",  # measured fp8 / bf16 1.357 (was predicted 1.21)
     "tt2506-llama3.1-8b-h100-64gpu-fsdp8-tp8",  # measured 1.160 (was predicted 1.02)
+    # measured 1.505, predicted 1.735
+    pytest.param("dgxc2411-gpt3-175b-h100-128gpu-tp4-pp8-vp12", marks=pytest.mark.xfail(strict=True, reason=_NEMO_FP8_MISS)),
+    # measured 1.335, predicted 1.438
+    pytest.param("dgxc2411-llama3.1-8b-h100-8gpu-cp2", marks=pytest.mark.xfail(strict=True, reason=_NEMO_FP8_MISS)),
 ])  # fmt: skip
 def test_fp8_speedup_over_the_same_runs_bf16_row_within_5_percent(pair: str) -> None:
     """The fp8 recipe's mechanisms (cost_models/precision.py: torchao tensorwise casts, on the TP
@@ -115,6 +124,6 @@ def test_fp8_speedup_over_the_same_runs_bf16_row_within_5_percent(pair: str) -> 
 
     bf16, fp8 = CASES[pair + "-bf16"], CASES[pair + "-fp8"]
     g = case_graph(bf16)
-    measured = fp8["measured"]["other"]["tokens_per_s_per_gpu"] / bf16["measured"]["other"]["tokens_per_s_per_gpu"]
+    measured = measured_tokens_per_gpu(fp8) / measured_tokens_per_gpu(bf16)
     predicted = estimate_case(fp8, g)["pred_tok"] / estimate_case(bf16, g)["pred_tok"]
     assert abs(predicted / measured - 1) <= 0.05, f"{pair}: predicted fp8/bf16 {predicted:.3f} vs measured {measured:.3f}"
