@@ -68,3 +68,28 @@ def test_node_costing_uses_the_shape():
     assert shape_efficiencies(_attention(4096, 64), H100)[1] / e_fa2 == pytest.approx(
         f(4096, 64, True) / f(4096, 128, True))
     assert shape_efficiencies(_attention(512, 128), H100)[1] < e_fa2
+
+
+def test_transformer_engine_runs_cudnn_attention_on_hopper_only():
+    """TE prefers cuDNN's fused attention over FlashAttention on Hopper (get_attention_backend): an engine
+    profile with ``attention_backend="cudnn"`` prices its attention at cuDNN's figure (FA3 paper fig. 5,
+    484 of 989 TFLOP/s at the reference shape, against FA2's 298), relative to itself at that shape."""
+    from meshplan.cost_models.compute import node_time
+    from meshplan.cost_models.engine_profiles import profile
+    from meshplan.cost_models.hardware import CUDNN_ATTN_H100, FA2_H100, with_attention_backend
+
+    te = with_attention_backend(H100, "cudnn")
+    assert (te.attention_kernel, te.attention_efficiency) == ("cudnn", CUDNN_ATTN_H100)
+    assert (FA2_H100, CUDNN_ATTN_H100) == (0.30, 0.49)
+    assert with_attention_backend(A100, "cudnn") == A100  # TE keeps FlashAttention before Hopper
+    assert with_attention_backend(H100, "flash") == H100
+    assert with_attention_backend(dataclasses.replace(H100, attention_kernel="fa3"), "cudnn").attention_kernel == "fa3"
+    assert f(2048, 128, True, kernel="cudnn") == pytest.approx(1.0)  # its own reference
+    assert f(512, 128, True, kernel="cudnn") < 1.0 < f(16384, 128, True, kernel="cudnn")
+    n = _attention(2048, 128)
+    assert node_time(n, H100).fwd_s / node_time(n, te).fwd_s == pytest.approx(CUDNN_ATTN_H100 / FA2_H100, rel=1e-6)
+    for name in ("megatron-core-2024", "megatron-core-2026", "megatron-bridge-2025", "nemo-2024"):
+        assert profile(name).attention_backend == "cudnn", name
+    assert profile("meshplan").attention_backend == profile("torchtitan-2024.12").attention_backend == "flash"
+    with pytest.raises(ValueError, match="attention backend"):
+        with_attention_backend(H100, "fa4")

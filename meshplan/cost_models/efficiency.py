@@ -45,7 +45,7 @@ FA2)::
     factor = g·b / (g·b at head dim 128, causal, seq 2048 under FA2)
 
 so ``ClusterSpec.attention_efficiency`` stays the calibration knob, read at that reference shape
-(FlashAttention-2 paper's A100 figure; the FA3 paper's 35 % for FA2 on H100). The fixed work of
+(FlashAttention-2 paper's A100 figure; the FA3 paper's fig. 5 for FA2 on H100, 298 TFLOP/s at 2k causal). The fixed work of
 one iteration per query block is an assumption named here (the papers show throughput rising
 with sequence length, not its cause), not fitted to any case.
 
@@ -154,7 +154,8 @@ ATTENTION_REF_SHAPE = (128, True, 2048)
 
 def _attention_gb(head_dim: int, is_causal: bool, seq_len: int, kernel: str, exp_cost_flops: float) -> float:
     d = float(head_dim)
-    m, x = (1 / HOPPER_MMA_SYNC_FRACTION, 0.0) if kernel == "fa3" else (1.0, 1.0)
+    # cudnn: Hopper kernels overlapping softmax and GEMMs (x = 0); its rate is its own efficiency's, so m cancels
+    m, x = (1 / HOPPER_MMA_SYNC_FRACTION, 0.0) if kernel == "fa3" else (1.0, 0.0) if kernel == "cudnn" else (1.0, 1.0)
     g = 14 * d / (14 * d / m + 2 * x * exp_cost_flops)
     n = max(1, math.ceil(seq_len / FLASH_BLOCK_ROWS))
     n_kv = (n + 1) / 2 if is_causal else n
@@ -165,11 +166,14 @@ def attention_shape_factor(
     seq_len: int, head_dim: int, is_causal: bool, *, kernel: str = "fa2", exp_cost_flops: float = 0.0
 ) -> float:
     """Flash-attention throughput at (seq_len, head_dim, causal) under ``kernel`` ("fa2", "fa3")
-    relative to FlashAttention-2 at ``ATTENTION_REF_SHAPE`` (module docstring)."""
+    relative to FlashAttention-2 at ``ATTENTION_REF_SHAPE`` (module docstring); under "cudnn"
+    (cuDNN's fused attention, whose spec carries its own efficiency at that shape:
+    ``hardware.with_attention_backend``) relative to itself there."""
     _check_dims(seq_len=seq_len, head_dim=head_dim)
-    if kernel not in ("fa2", "fa3"):
-        raise ValueError(f"kernel must be 'fa2' or 'fa3', got {kernel!r}")
-    ref = _attention_gb(ATTENTION_REF_SHAPE[0], ATTENTION_REF_SHAPE[1], ATTENTION_REF_SHAPE[2], "fa2", exp_cost_flops)
+    if kernel not in ("fa2", "fa3", "cudnn"):
+        raise ValueError(f"kernel must be 'fa2', 'fa3' or 'cudnn', got {kernel!r}")
+    base = "cudnn" if kernel == "cudnn" else "fa2"
+    ref = _attention_gb(ATTENTION_REF_SHAPE[0], ATTENTION_REF_SHAPE[1], ATTENTION_REF_SHAPE[2], base, exp_cost_flops)
     return _attention_gb(head_dim, is_causal, seq_len, kernel, exp_cost_flops) / ref
 
 

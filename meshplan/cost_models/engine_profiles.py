@@ -35,6 +35,8 @@ from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
 from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
 
+#: the fused attention kernels an engine may run (hardware.with_attention_backend)
+ATTENTION_BACKENDS = ("flash", "cudnn")
 #: stage split rules (``partition.engine_split.SPLIT_RULES``; not imported: partition sits above cost_models)
 SPLIT_RULES = ("any", "even", "first_last", "fewer_first_last")
 
@@ -93,6 +95,9 @@ class EngineProfile:
       value blocks and what else it runs: "ring" (meshplan's runtime; Megatron-Core / TE's p2p ring:
       bf16 shifts overlapped step by step) or torch's context_parallel ("allgather" / "alltoall",
       its ``_cp_options.rotate_method``: the rotation, dK/dV sent in fp32, its merge passes).
+    - ``attention_backend``: the fused attention kernel the engine runs ("flash": the cluster's own,
+      torch SDPA's FlashAttention-2; "cudnn": Transformer Engine's FusedAttention, which TE selects
+      over FlashAttention on Hopper: ``hardware.with_attention_backend``).
     """
 
     name: str
@@ -120,6 +125,7 @@ class EngineProfile:
     moe_dispatcher: str = "alltoall"
     autocast_cache: str = "call"
     cp_rotate: str = "ring"
+    attention_backend: str = "flash"
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -131,7 +137,7 @@ class EngineProfile:
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
                                ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS),
                                ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES),
-                               ("cp_rotate", CP_ROTATES)):  # fmt: skip
+                               ("cp_rotate", CP_ROTATES), ("attention_backend", ATTENTION_BACKENDS)):  # fmt: skip
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip
@@ -333,8 +339,13 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-core-2024", "megatron", "core_v0.8 (2024)", state_layout="megatron", pp_buffers="megatron",
         sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch", loss_kernel="fused",
         vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed", glu_kernel="fused",
-        fused_projections=True, shard_over_cp=True,
+        fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         sources=_with(_MEGATRON_2021,
+                      ("attention_backend", "Transformer Engine DotProductAttention get_attention_backend "
+                                            "(transformer_engine/pytorch/attention.py; dot_product_attention/utils.py in "
+                                            "later releases): 'Disabling FlashAttention to give FusedAttention preference on "
+                                            "Hopper+ for performance reasons' when both are available (cuDNN "
+                                            "F16_arbitrary_seqlen); the TE release of each container not pinned here"),
                       ("shard_over_cp", "core_v0.8.0 megatron/training/training.py get_megatron_optimizer(..., "
                                         "data_parallel_group=mpu.get_data_parallel_group(with_context_parallel=True)) "
                                         "and megatron/core/distributed/distributed_data_parallel.py gradient buffers "
@@ -362,8 +373,13 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-core-2026", "megatron", "megatron-core 0.16 (installed)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch",
         loss_kernel="fused", vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed",
-        glu_kernel="fused", fused_projections=True, shard_over_cp=True,
+        glu_kernel="fused", fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         sources=_with(_MEGATRON_2021,
+                      ("attention_backend", "Transformer Engine DotProductAttention get_attention_backend "
+                                            "(transformer_engine/pytorch/attention.py; dot_product_attention/utils.py in "
+                                            "later releases): 'Disabling FlashAttention to give FusedAttention preference on "
+                                            "Hopper+ for performance reasons' when both are available (cuDNN "
+                                            "F16_arbitrary_seqlen); the TE release of each container not pinned here"),
                       ("shard_over_cp", "megatron/core/optimizer/__init__.py get_megatron_optimizer: the distributed "
                                         "optimizer's data_parallel_group = intra_dp_cp_group (process_groups_config.py "
                                         "'intra_dp_cp': get_data_parallel_group(with_context_parallel=True, "
@@ -389,8 +405,13 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-bridge-2025", "megatron", "Megatron-Bridge performance recipes (NeMo 25.11 - 26.04 containers)",
         state_layout="zero", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
         ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="current",
-        glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True,
+        glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         sources=_with(_MEGATRON_2021,
+                      ("attention_backend", "Transformer Engine DotProductAttention get_attention_backend "
+                                            "(transformer_engine/pytorch/attention.py; dot_product_attention/utils.py in "
+                                            "later releases): 'Disabling FlashAttention to give FusedAttention preference on "
+                                            "Hopper+ for performance reasons' when both are available (cuDNN "
+                                            "F16_arbitrary_seqlen); the TE release of each container not pinned here"),
                       ("shard_over_cp", "recipes/llama/llama3.py _llama3_common: use_distributed_optimizer=True -> "
                                         "Megatron-Core optimizer/__init__.py get_megatron_optimizer: the distributed optimizer over "
                                         "get_data_parallel_group(with_context_parallel=True) (core_v0.12.0, 2025-05) / "
@@ -431,8 +452,13 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "mcore_gpt; NVIDIA DGX Cloud Benchmarking recipes v24.11.1)",
         state_layout="zero", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
         ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="delayed",
-        glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True,
+        glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         sources=_with(_MEGATRON_2021,
+                      ("attention_backend", "Transformer Engine DotProductAttention get_attention_backend "
+                                            "(transformer_engine/pytorch/attention.py; dot_product_attention/utils.py in "
+                                            "later releases): 'Disabling FlashAttention to give FusedAttention preference on "
+                                            "Hopper+ for performance reasons' when both are available (cuDNN "
+                                            "F16_arbitrary_seqlen); the TE release of each container not pinned here"),
                       ("state_layout", "recipes' optim.name distributed_fused_adam, grad_sync_dtype bf16, megatron_amp_O2 "
                                        "(dgxc-benchmarking 35a9aec llama3.1/*.yaml, nemo_megatron/gpt3_175b_hydra.yaml) -> "
                                        "NeMo r2.0.0rc1 megatron_base_model.py setup_optimization: contiguous_grad_buffer "

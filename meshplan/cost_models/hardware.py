@@ -133,8 +133,8 @@ class ClusterSpec:
         if (not isinstance(self.comm_sms, int) or isinstance(self.comm_sms, bool) or self.comm_sms < 0
                 or (self.sm_count and self.comm_sms >= self.sm_count)):  # fmt: skip
             raise bad("comm_sms", f"must be an integer in [0, sm_count) (0 = not modelled), got {self.comm_sms!r}")
-        if self.attention_kernel not in ("fa2", "fa3"):
-            raise bad("attention_kernel", f"must be 'fa2' or 'fa3', got {self.attention_kernel!r}")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise bad("attention_kernel", f"must be one of {', '.join(ATTENTION_KERNELS)}, got {self.attention_kernel!r}")
         if self.attention_kernel == "fa3" and "fp8" not in self.peak_flops:
             raise bad("attention_kernel", "'fa3' (FlashAttention-3) runs only on Hopper GPUs (FP8 tensor cores in "
                       "peak_flops); use 'fa2'")
@@ -411,13 +411,40 @@ _MATMUL_EFF = {"a100-40g": 0.66, "a100-80g": 0.66, "h100": 0.55, "h200": 0.55, "
 
 
 # attention_efficiency: what the flash-attention kernel PyTorch's SDPA runs (FlashAttention-2)
-# reaches of dense peak on its real (causal-skipped) work. A100: Dao 2023 (FlashAttention-2) fig.
-# "attention forward + backward speed on A100", causal, head dim 128, seq 2k: ~165 of 312 TFLOP/s
-# (the abstract's range is 50-73 %); H100: Shah et al. 2024 (FlashAttention-3) abstract,
-# "FlashAttention-2 achieves only 35% utilization on H100". H200 shares H100's SMs. V100 has no
-# FlashAttention-2 kernel: its attention stays at matmul_efficiency.
+# reaches of dense peak on its real (causal-skipped) work, read at efficiency.ATTENTION_REF_SHAPE
+# (head dim 128, causal, seq 2k; the shape factor carries it to other shapes). A100: Dao 2023
+# (FlashAttention-2) fig. "attention forward + backward speed on A100", causal, head dim 128, seq 2k:
+# ~165 of 312 TFLOP/s (the abstract's range is 50-73 %); H100: Shah et al. 2024 (FlashAttention-3)
+# fig. 5 "attention forward speed, with causal mask, head dim 128 (H100 80GB SXM5)", FlashAttention-2
+# at seq 2k: 298 of 989 TFLOP/s = 0.30 (its backward, fig. 6, head dim 128 at 2k: 291, 0.29, without
+# the mask). The abstract's "FlashAttention-2 achieves only 35% utilization on H100", read here until
+# Wave 3 stop 5, is its long-sequence figure (16k causal 335, 0.34; unmasked up to 370, 0.37), which the
+# shape factor reaches from 0.30 on its own (x1.10 at 16k causal): reading 0.35 at 2k counted that
+# rise twice. H200 shares H100's SMs. V100 has no FlashAttention-2 kernel: its attention stays at
+# matmul_efficiency.
 FA2_A100 = 0.53
-FA2_H100 = 0.35
+FA2_H100 = 0.30
+# cuDNN's fused attention (Transformer Engine's FusedAttention, "F16_arbitrary_seqlen"), what TE runs
+# on Hopper (engine_profiles: attention_backend "cudnn"): Shah et al. 2024 (FlashAttention-3) fig. 5,
+# cuDNN forward with causal mask, head dim 128, seq 2k on H100 80GB SXM5: 484 of 989 TFLOP/s (its
+# backward, fig. 6, 465 at 2k unmasked); read at the same reference shape as FA2_H100.
+CUDNN_ATTN_H100 = 0.49
+#: the attention kernels ClusterSpec.attention_kernel names (efficiency.attention_shape_factor)
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
+
+
+def with_attention_backend(spec: ClusterSpec, backend: str) -> ClusterSpec:
+    """``spec`` as an engine running its attention on ``backend`` ("flash": the spec's own kernel;
+    "cudnn": cuDNN's fused attention on a Hopper GPU (FP8 tensor cores in ``peak_flops``) whose spec
+    prices FlashAttention-2, at ``CUDNN_ATTN_H100``; anything else unchanged: other GPUs keep the
+    spec's kernel, and a spec that already names another kernel or no attention efficiency keeps
+    it)."""
+    if backend not in ("flash", "cudnn"):
+        raise ValueError(f"attention backend must be 'flash' or 'cudnn', got {backend!r}")
+    if (backend == "flash" or "fp8" not in spec.peak_flops or spec.attention_kernel != "fa2"
+            or not spec.attention_efficiency):  # fmt: skip
+        return spec
+    return replace(spec, attention_kernel="cudnn", attention_efficiency=CUDNN_ATTN_H100)
 # exp_cost_flops: tensor-core FLOP/s over special-function (exp) op/s. H100: 989 TFLOP/s vs 3.9
 # TFLOP/s of special functions (Shah et al. 2024, FlashAttention-3 §3.1) = 253.6; A100: 312 TFLOP/s
 # vs 16 exp/clock/SM (CUDA C++ Programming Guide, arithmetic instruction throughput, cc 8.0) x 108

@@ -48,7 +48,7 @@ from meshplan.cost_models.eager_ops import loss_time_s
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.engine_saves import exposed_tp_comm_s, fused_linears, saved_bytes_delta
-from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.hardware import ClusterSpec, with_attention_backend
 from meshplan.cost_models.memory import (
     loss_buffer_bytes,
     loss_kept_bytes,
@@ -194,7 +194,8 @@ class GraphCoster:
         self.loss_kernel = p.loss_kernel  # memory.LOSS_KERNELS key; None = what the runtime runs
         self.quant = quantization or Quantization()
         self.optimizer = optimizer
-        self.cluster = cluster
+        # the attention kernel the engine runs (TE's cuDNN FusedAttention on Hopper, else the cluster's)
+        self.cluster = with_attention_backend(cluster, p.attention_backend)
         # tensors (activations, logits, TP traffic) in the activation dtype; the GEMMs of fp8
         # training on the FP8 tensor cores (cost_models.precision)
         self.train_dtype = dtype

@@ -33,7 +33,7 @@ from meshplan.cost_models.dp_kinds import KIND_ORDER, ZERO_STAGE
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.epcp import DEFAULT_CAPACITY_FACTOR
-from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.hardware import ClusterSpec, with_attention_backend
 from meshplan.cost_models.precision import check_training_dtype
 from meshplan.graph import ModelGraph
 from meshplan.partition.engine_split import SPLIT_RULES, rule_for, rule_split
@@ -119,7 +119,8 @@ class ConfigEvaluator:
         # training dtype (bf16 mixed precision: 2; fp32 training: 4)
         elem = 4 if dtype in ("fp32", "float32") else 2
         self.ep_cp = EPCPCosts(
-            graph, cluster, self.coster, self.memos, dtype=dtype, elem_bytes=elem,
+            graph, with_attention_backend(cluster, self.coster.profile.attention_backend),  # the engine's attention
+            self.coster, self.memos, dtype=dtype, elem_bytes=elem,
             capacity_factor=float(self.fixed.pop("capacity_factor", DEFAULT_CAPACITY_FACTOR)),
             moe_folding=moe_folding, sp_pinned=bool(self.fixed.get("sequence_parallel")), quant=self.quant)  # fmt: skip
         self.states = StateCosts(graph, cluster, dtype=dtype, optimizer=optimizer, profile=ep, elem_bytes=elem,
