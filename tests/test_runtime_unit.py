@@ -288,6 +288,10 @@ def test_sharding_kinds_shard_over_dp_x_cp() -> None:
         assert dataclasses.replace(cp2, dp_kind=kind).dp_state_ranks() == ranks, kind
     with_ep = dataclasses.replace(cp2, mesh=MeshSpec(("pp", "dp", "cp", "tp"), (1, 2, 2, 1), ep=2))
     assert with_ep.dp_state_ranks() == 2  # ep > 1: dense and expert gradients reduce over other groups
+    for kind in ("zero1", "zero2", "fsdp", "hsdp"):  # not executed under ep (they ran replicated / zero1 wrong)
+        with pytest.raises(PlanMismatchError, match="expert parallelism"):
+            data_parallel.check_dp_kind(dataclasses.replace(with_ep, dp_kind=kind))
+    data_parallel.check_dp_kind(dataclasses.replace(with_ep, dp_kind="ddp"))
     dp1 = dataclasses.replace(cp2, dp_kind="fsdp", world_size=2, mesh=MeshSpec(("pp", "dp", "cp", "tp"), (1, 1, 2, 1)))
     assert data_parallel.dp_mode(dp1) == "fsdp"  # dp 1: FSDP2 over the cp ranks
 

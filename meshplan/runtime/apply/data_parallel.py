@@ -43,6 +43,7 @@ from meshplan.errors import PlanMismatchError
 from meshplan.plan import Plan
 from meshplan.plan.execution_rules import (
     SHARDED_DP_KINDS,
+    STATE_SHARDING_KINDS,
     ZERO_BUBBLE_SCHEDULES,
     dp_kind_blocker,
     states_over_cp,
@@ -57,6 +58,12 @@ def check_dp_kind(plan: Plan) -> None:
                           dp_kind=plan.dp_kind)
     if why:
         raise PlanMismatchError(why)
+    if plan.ep > 1 and plan.dp_kind in STATE_SHARDING_KINDS:
+        # expert parameters differ across the dp x cp ranks (each holds E/ep experts) and reduce over their
+        # replicas only (runtime.apply.epcp): a dp-wide ZeRO partition or FSDP2 mesh would mix them (zero1 measured:
+        # losses 1e-3 off one device at dp2 ep2)
+        raise PlanMismatchError(f"dp_kind {plan.dp_kind} with expert parallelism (ep={plan.ep}) is not executed: "
+                                "expert and dense gradients reduce over different groups; re-plan with dp_kind ddp")
 
 
 def fsdp_over_cp(plan: Plan) -> bool:

@@ -104,7 +104,7 @@ def apply_epcp_step(s: ApplyState) -> list[str]:
         for p in s.checked.pieces:
             shard_position_tables(p.module, s.plan.cp, s.env.coord("cp"))
     s.ecs = apply_epcp(s.model, s.plan, s.env)  # stage modules hold the model's own MoE blocks
-    if s.mode != "fsdp":  # FSDP2 over dp x cp reduces the cp ranks' gradients itself (dpmod.fsdp_over_cp)
+    if not dpmod.fsdp_over_cp(s.plan):  # FSDP2 over dp x cp reduces the cp ranks' gradients itself
         s.mode = "epcp"
     return list(s.ecs.notes)
 
