@@ -24,7 +24,10 @@ def test_a_profile_name_is_itself_and_says_nothing() -> None:
 
 
 @pytest.mark.parametrize(("named", "used", "how"), [
-    ("megatron-lm-2022", "megatron-lm-2021", "latest not newer"),  # Megatron-LM 2022: the 2021 profile
+    ("megatron-lm-2022.03", "megatron-lm-2021", "latest not newer"),  # before sequence parallelism (2022-05)
+    ("megatron-lm-2022.09", "megatron-lm-2022", "latest not newer"),
+    ("megatron-lm-2023.09", "megatron-lm-2023", "latest not newer"),
+    ("megatron-lm-2024.03+flash", "megatron-lm-2023+flash", "latest not newer"),  # --use-flash-attn runs
     ("megatron-lm-2024", "megatron-core-2024", "latest not newer"),  # one lineage with Megatron-Core
     ("megatron-core-2025", "megatron-core-2024", "latest not newer"),
     ("megatron-core-2027", "megatron-core-2026", "latest not newer"),
@@ -36,7 +39,7 @@ def test_a_profile_name_is_itself_and_says_nothing() -> None:
     ("torchtitan-2024", "torchtitan-2024.12", "latest not newer"),  # a year covers its months
     ("torchtitan-2024.02", "torchtitan-2024.04", "the earliest"),
     ("deepspeed-2023", "deepspeed-2026", "the earliest"),
-    ("megatron-lm-2024.03", "megatron-lm-2021", "latest not newer"),  # before core_v0.8.0 (2024.08)
+    ("megatron-lm-2024.03", "megatron-lm-2023", "latest not newer"),  # before core_v0.8.0 (2024.08)
     ("nemo-2025.06", "nemo-2024", "NeMo's recipes"),  # NeMo 2.0's own recipes until the 25.11 containers
     ("nemo-24.09", "nemo-2024", "NeMo's recipes"),  # a container's YY.MM
     ("nemo-25.11", "megatron-bridge-2025", "NeMo's recipes"),  # Megatron-Bridge from 25.11
@@ -45,7 +48,7 @@ def test_a_profile_name_is_itself_and_says_nothing() -> None:
     ("megatron-lm", "megatron-core-2026", "the newest"),  # no version: the newest of the family
     ("torchtitan", "torchtitan-2026", "the newest"),
     ("nemo", "megatron-bridge-2025", "the newest"),
-    ("Megatron-LM 2022", "megatron-lm-2021", "latest not newer"),  # as a paper spells it
+    ("Megatron-LM 2022", "megatron-lm-2022", "latest not newer"),  # as a paper spells it
     ("NeMo_24.07", "nemo-2024", "NeMo's recipes"),
 ])  # fmt: skip
 def test_an_engine_version_without_a_profile_takes_its_family_s_latest_not_newer(named: str, used: str,
@@ -120,7 +123,7 @@ def test_an_older_case_s_fsdp_field_is_its_dp_kind(fsdp: object, kind: str) -> N
 
 
 def test_a_run_flag_an_older_case_sets_is_used() -> None:
-    old = _older_format(CASES["megsc21-1.7b-a100-32gpu"], "megatron-lm-2022")
+    old = _older_format(CASES["megsc21-1.7b-a100-32gpu"], "megatron-lm-2022.03")
     assert case_profile(old).ddp_impl == "torch" != PROFILES["megatron-lm-2021"].ddp_impl
     assert case_setup(old)["profile"].name == "megatron-lm-2021"
 

@@ -33,6 +33,17 @@ def test_interleaved_sc21_row() -> None:
     assert (s.pp, s.virtual_stages, s.schedule) == (8, 4, "interleaved-1f1b")
 
 
+@pytest.mark.parametrize(("extra", "era"), [
+    ("", "megatron-lm-2021"),
+    ("--sequence-parallel --recompute-activations", "megatron-lm-2022"),  # 9aad920 (2022-05)
+    ("--use-distributed-optimizer", "megatron-lm-2022"),  # d07d29d (2022-06)
+    ("--sequence-parallel --use-flash-attn", "megatron-lm-2023+flash"),  # 285068c (2023-01)
+])  # fmt: skip
+def test_a_local_ddp_script_s_newer_arguments_name_its_era(extra: str, era: str) -> None:
+    imp = megatron.parse(f"--tensor-model-parallel-size 8 --DDP-impl local --bf16 {extra}", world_size=16)
+    assert (imp.profile, imp.run_flags) == (era, {"ddp_impl": "local"})
+
+
 def test_megatron_v1_arguments() -> None:
     imp = megatron.parse("--model-parallel-size 8 --batch-size 8 --checkpoint-activations --fp16 --num-layers 72",
                          world_size=512)

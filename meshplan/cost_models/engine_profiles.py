@@ -32,6 +32,7 @@ from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMI
 from meshplan.cost_models.engine_saves import GLU_KERNELS
 from meshplan.cost_models.epcp import MOE_DISPATCHERS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
+from meshplan.cost_models.megatron_sources import MEGATRON_2022, MEGATRON_2023
 from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
 from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
 
@@ -308,6 +309,35 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                                             "--no-scatter-gather-tensors-in-pipeline (p2p_communication.py)")),
     ),
     EngineProfile(
+        "megatron-lm-2022", "megatron", "9aad920 (2022-05-20, merge of 'sequence_parallel'; Korthikanti et al. 2022)",
+        state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
+        attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
+        pp_scatter_gather=True, split_rule="even", fused_projections=True,
+        sources=_with(MEGATRON_2022,
+                      ("zero1_impl", "none at this commit (megatron/arguments.py has no --use-distributed-optimizer "
+                                     "until d07d29d, 2022-06-08: megatron/optimizer/distrib_optimizer.py, gradient "
+                                     "buckets reduce-scattered, parameters all-gathered); a zero1 costing is that "
+                                     "bucketed optimizer"))),
+    EngineProfile(
+        "megatron-lm-2023", "megatron", "tag 23.06 (4f8e9ac, 2023-06-28)", state_layout="megatron",
+        pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local",
+        loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even",
+        fused_projections=True,
+        sources=_with(MEGATRON_2023,
+                      ("attention_impl", "megatron/arguments.py --use-flash-attn store_true (off by default): "
+                                         "megatron/model/transformer.py CoreAttention, torch.baddbmm scores, "
+                                         "FusedScaleMaskSoftmax, bmm; a run with --use-flash-attn is "
+                                         "megatron-lm-2023+flash"))),
+    EngineProfile(
+        "megatron-lm-2023+flash", "megatron", "tag 23.06 (4f8e9ac, 2023-06-28) run with --use-flash-attn",
+        state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
+        attention_impl="flash", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
+        split_rule="even", fused_projections=True,
+        sources=_with(MEGATRON_2023,
+                      ("attention_impl", "megatron/arguments.py --use-flash-attn (a run flag, store_true) -> "
+                                         "megatron/model/transformer.py ParallelAttention core_attention_flash = "
+                                         "FlashSelfAttention (flash_attn_unpadded_func, flash-attn 1.x)"))),
+    EngineProfile(
         "megatron-lm-2021+zero3", "megatron", "6985e58 + DeepSpeed ZeRO-3 (SC'21 Table 2)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", fsdp_units="module", zero3_impl="deepspeed-2021", norm_kernel="fused",
         attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
@@ -559,6 +589,7 @@ INSTALLED = {"torchtitan": "torchtitan-2026", "megatron": "megatron-core-2026", 
 #: containers run from 25.11 on. A variant ("+zero3") resolves only to a profile of that variant
 LINEAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "megatron": (("megatron-lm-2020", "2020.09"), ("megatron-lm-2021", "2021"), ("megatron-lm-2021+zero3", "2021"),
+                 ("megatron-lm-2022", "2022.05"), ("megatron-lm-2023", "2023.06"), ("megatron-lm-2023+flash", "2023.06"),
                  ("megatron-core-2024", "2024.08"), ("megatron-core-2026", "2026")),
     "nemo": (("nemo-2024", "2024.05"), ("megatron-bridge-2025", "2025.11")),
     "megatron-bridge": (("megatron-bridge-2025", "2025.11"),),

@@ -70,6 +70,19 @@ IGNORED = {"--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num
            "--min-loss-scale", "--loss-scale-window", "--hysteresis"}  # fmt: skip
 
 
+def _local_ddp_era(flags: set[str], vals: dict[str, str], ignored: list[str]) -> str:
+    """The profile of a script with ``--DDP-impl`` and no retired argument of an earlier era: Megatron-LM
+    2021 unless it uses what arrived later (Megatron-LM merges 9aad920, 2022-05: --sequence-parallel,
+    --recompute-granularity / --recompute-activations; d07d29d, 2022-06: --use-distributed-optimizer;
+    285068c, 2023-01: --use-flash-attn), which puts it in megatron-lm-2022 / megatron-lm-2023+flash."""
+    if "--use-flash-attn" in ignored:
+        return "megatron-lm-2023+flash"
+    if flags & {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations"} or (
+            "--recompute-granularity" in vals):
+        return "megatron-lm-2022"
+    return "megatron-lm-2021"
+
+
 def export(spec: EngineSpec) -> str:
     a: list[str] = [f"--tensor-model-parallel-size {spec.tp}", f"--pipeline-model-parallel-size {spec.pp}"]
     if spec.virtual_stages > 1:
@@ -223,7 +236,7 @@ def parse(text: str, world_size: int) -> Imported:
         if impl not in ("local", "torch"):
             raise ValueError(f"--DDP-impl must be local or torch, got {impl!r}")
         run_flags["ddp_impl"] = impl
-        profile = profile or "megatron-lm-2021"  # --DDP-impl left Megatron-LM in 2023-08 (3fb3e95)
+        profile = profile or _local_ddp_era(flags, vals, ignored)  # --DDP-impl left Megatron-LM in 2023-08 (3fb3e95)
     if legacy:
         notes.append(f"arguments of an earlier Megatron-LM ({', '.join(legacy)}): read as today's"
                      + (f" and costed with the conventions of {profile} (cost_models.engine_profiles)" if profile else "")
