@@ -130,6 +130,18 @@ def test_search_composes_cp_and_ep_with_pp_and_tp(moe_graph):
     assert (q.cp, q.ep, q.tp) == (2, 2, 2) and q.pp in (1, 2) and not q.sequence_parallel
 
 
+def test_a_pinned_sharding_kind_is_planned_under_cp_not_under_ep(moe_graph):
+    """The runtime shards fsdp / zero1 over dp x cp (execution_rules.states_over_cp, #33): a pinned kind
+    is searched under cp; under ep (which the runtime refuses it with) it is not."""
+    from meshplan.errors import NoFeasiblePlanError
+
+    for kind in ("fsdp", "zero1"):
+        q = plan_graph(moe_graph, 4, cluster="h100", global_batch_size=4, fixed={"cp": 2, "dp_kind": kind, "ep": 1})
+        assert (q.cp, q.dp_kind, q.dp_state_ranks()) == (2, kind, 2 * q.dp), q.summary()
+    with pytest.raises((NoFeasiblePlanError, ValueError)):
+        plan_graph(moe_graph, 4, cluster="h100", global_batch_size=4, fixed={"cp": 2, "dp_kind": "fsdp", "ep": 2})
+
+
 def test_dense_model_gets_no_ep(moe_graph):
     from meshplan.models import llama
     from meshplan.trace import trace_model

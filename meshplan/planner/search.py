@@ -61,6 +61,7 @@ from meshplan.plan.execution_rules import (
     dp_kind_blocker,
     microbatch_blocker,
     recompute_blocker,
+    states_over_cp,
     tied_weight_blocker,
     tp_pp_blocker,
 )
@@ -218,10 +219,12 @@ class Searcher:
                             if recompute_blocker(pp=pp, schedule=sched, recompute=rc):
                                 continue  # the runtime would refuse it (meshplan.plan.execution_rules)
                             for kind in self._dp_kinds(dp * cp if cp * ep > 1 else dp):
-                                if cp * ep > 1 and kind not in ("none", "ddp"):
-                                    continue  # cp/ep run with their own gradient reduction (runtime/epcp)
-                                kind = "ddp" if cp * ep > 1 else kind
-                                if dp_kind_blocker(dp=dp, tp=tp, pp=pp, schedule=sched, dp_kind=kind):
+                                folds = states_over_cp(cp=cp, ep=ep, dp_kind=kind)  # a pinned kind over dp x cp
+                                if cp * ep > 1 and kind not in ("none", "ddp") and not folds:
+                                    continue  # ep runs its own gradient reduction (runtime/epcp)
+                                kind = "ddp" if cp * ep > 1 and not folds else kind
+                                if dp_kind_blocker(dp=dp * cp if folds else dp, tp=tp, pp=pp, schedule=sched,
+                                                   dp_kind=kind):
                                     continue
                                 out.append(Config(dp, tp, pp, b, m, sched, v, rc, False, kind, cp, ep))
         return out
