@@ -63,6 +63,7 @@ class GraphNode:
     param_bytes: int = 0  # bytes of those parameters
     shared_params: tuple[str, ...] = ()  # params read here that are tied/shared with another node
     frozen_param_numel: int = 0  # of param_numel, those with requires_grad False
+    frozen_params: tuple[str, ...] = ()  # of param_names, those with requires_grad False (at every use)
     fwd_flops: int = 0  # forward FLOPs (FlopCounterMode convention: 2 per multiply-add)
     saved_bytes: int = 0  # bytes this node saves for backward (inputs it needs in autograd)
     attrs: dict[str, Any] = field(default_factory=dict)  # in_features, out_features, num_heads, ...
@@ -70,6 +71,17 @@ class GraphNode:
     @property
     def is_compute(self) -> bool:
         return self.kind not in ("input", "output", "constant", "reshape")
+
+    @property
+    def trains_weight(self) -> bool:
+        """Whether the backward computes a weight gradient at this node: it reads a parameter that
+        requires grad, whichever node counts it. A node counting parameters trains one when they are
+        not all frozen; one counting none that reads parameters counted at another node (a tied LM
+        head reads the embedding's weight; a module called a second time reads its own) when one of
+        them is not in ``frozen_params``: torch computes dW = dYᵀ·X at every use and sums the uses."""
+        if self.param_numel:
+            return self.param_numel > self.frozen_param_numel
+        return any(p not in self.frozen_params for p in self.param_names)
 
 
 @dataclass
@@ -231,7 +243,7 @@ def _fields_of(obj: Any) -> dict[str, Any]:
 
 def _node_from_dict(d: dict[str, Any]) -> GraphNode:
     d = dict(d)
-    for k in ("inputs", "param_names", "shared_params"):
+    for k in ("inputs", "param_names", "shared_params", "frozen_params"):
         d[k] = tuple(d.get(k, ()))
     if d.get("out_shape") is not None:
         d["out_shape"] = tuple(d["out_shape"])

@@ -112,6 +112,22 @@ def test_node_time_frozen_and_weightless_nodes_have_no_w() -> None:
     assert node_time(view, A100) == NodeTime(0.0, 0.0, 0.0)
 
 
+def test_tied_head_prices_its_weight_gradient() -> None:
+    """A tied LM head counts no parameter (the embedding does) but reads a trainable weight: torch
+    computes dW = dYᵀ·X at the head as at any linear, so its W is the owning linear's (the
+    weight's bytes aside: compute-bound here); frozen (``frozen_params``), no W."""
+    own = _linear(tokens=8192, fin=4096, fout=50304)
+    tied = dataclasses.replace(own, param_numel=0, param_bytes=0, param_names=("lm_head.weight",),
+                               shared_params=("lm_head.weight",))  # fmt: skip
+    assert tied.trains_weight and own.trains_weight
+    assert node_time(tied, A100).bwd_weight_s == pytest.approx(node_time(own, A100).bwd_weight_s, rel=1e-3)
+    assert node_time(tied, A100).bwd_weight_s == pytest.approx(node_time(tied, A100).fwd_s)
+    frozen = dataclasses.replace(tied, frozen_params=("lm_head.weight",))
+    assert not frozen.trains_weight and node_time(frozen, A100).bwd_weight_s == 0.0
+    h100 = ClusterSpec.preset("h100")  # the shape-aware path (sm_count) alike
+    assert node_time(tied, h100).bwd_weight_s == pytest.approx(node_time(own, h100).bwd_weight_s, rel=1e-3)
+
+
 def test_node_time_input_bytes_from_edges_and_sum() -> None:
     n = _linear(tokens=1)
     edges = [(0, 1, 4096 * 2), (5, 6, 999)]

@@ -17,7 +17,12 @@ from meshplan.cost_models.quant import (
     quant_constraint_errors,
     quantized_param_bytes,
 )
-from meshplan.cost_models.quant_nodes import node_quant_cost, quant_node_time, quant_state_bytes
+from meshplan.cost_models.quant_nodes import (
+    node_quant_cost,
+    quant_node_time,
+    quant_state_bytes,
+    without_frozen_weight_grad,
+)
 from meshplan.graph import GraphNode
 from meshplan.plan import Quantization
 
@@ -159,6 +164,13 @@ def test_node_helpers_time_and_states() -> None:
     # the LM head is not targeted by default
     head = _linear_node("lm_head", 4096, 32000)
     assert quant_node_time(head, ql, cluster) == node_time(head, cluster)
+    # ... but QLoRA freezes it (every parameter but the adapters): no dW there; the targeted
+    # linear keeps its LoRA W; QAT trains every weight
+    assert without_frozen_weight_grad(node_time(head, cluster), head, ql).bwd_weight_s == 0.0
+    assert without_frozen_weight_grad(node_time(head, cluster), head, ql).bwd_input_s == node_time(head, cluster).bwd_input_s
+    assert without_frozen_weight_grad(t, node, ql) == t
+    qat_q = Quantization(mode="qat", group_size=128)
+    assert without_frozen_weight_grad(node_time(head, cluster), head, qat_q) == node_time(head, cluster)
 
     qc = node_quant_cost(node, ql, shard=2, style="rowwise")
     assert qc is not None and qc.trainable_params == 16 * 4096 / 2 + 16 * 16384

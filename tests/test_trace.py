@@ -49,7 +49,17 @@ def test_gpt_params_tied_once(gpt_graph: ModelGraph) -> None:
     wte, head = gpt_graph.by_name("wte"), gpt_graph.by_name("lm_head")
     assert wte.param_numel == 128 * 64 and head.param_numel == 0
     assert head.shared_params == ("lm_head.weight",) and wte.shared_params == ("wte.weight",)
+    assert head.trains_weight and wte.trains_weight and head.frozen_params == ()  # the head computes dW too
     assert gpt_graph.param_bytes == 4 * gpt_graph.param_count
+
+
+def test_gpt_frozen_tied_weight_frozen_at_every_use() -> None:
+    s = load_model("gpt-tiny", batch_size=2, seq_len=16)
+    s.model.wte.weight.requires_grad_(False)
+    g = trace_model(s.model, s.example_inputs)
+    wte, head = g.by_name("wte"), g.by_name("lm_head")
+    assert head.frozen_params == ("lm_head.weight",) and wte.frozen_params == ("wte.weight",)
+    assert not head.trains_weight and not wte.trains_weight
 
 
 def test_gpt_flops_match_formula(gpt_graph: ModelGraph) -> None:
@@ -189,6 +199,7 @@ def test_mlp_graph_and_frozen_params() -> None:
     assert [n.kind for n in g.nodes] == ["input", "linear", "activation", "linear", "output"]
     assert g.nodes[1].attrs == {"in_features": 8, "out_features": 32, "bias": True}
     assert g.nodes[1].frozen_param_numel == 8 * 32
+    assert g.nodes[1].frozen_params == ("layers.0.weight",) and g.nodes[1].trains_weight  # its bias trains
     assert g.trainable_param_count == g.param_count - 8 * 32
     assert (g.batch_size, g.seq_len) == (5, 1)
     assert g.blocks == [] and g.meta["num_layers"] == 2

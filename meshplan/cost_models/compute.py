@@ -269,9 +269,12 @@ def modelled_node_time(
     dtype_bytes(node.out_dtype)`` when the node was traced in another float dtype (a model traced
     in fp32 and trained in bf16 moves half the bytes). ``input_bytes`` defaults to
     ``estimate_input_bytes(node)``; pass ``node_input_bytes(graph.edges, node.id)`` when known.
-    W is 0 for a node with no trainable parameters (frozen QLoRA base weights get no weight
-    gradient). A MoE node's weight gradients accumulate into a main gradient of ``main_grad_bytes``
-    per element (``moe_node_time``). Each non-zero part is at least ``cluster.kernel_floor_s``. With an eager
+    W is 0 for a node that reads no trainable parameter (``GraphNode.trains_weight``: frozen base
+    weights get no weight gradient); a node reading a trainable weight counted at another node (a
+    tied LM head reads the embedding's) has its W as any other: torch and Megatron compute
+    dW = dYᵀ·X at each use and sum them into the one gradient. A MoE node's weight gradients
+    accumulate into a main gradient of ``main_grad_bytes`` per element (``moe_node_time``). Each
+    non-zero part is at least ``cluster.kernel_floor_s``. With an eager
     calibration (see the module docstring) matmul kinds use ``matmul_efficiency_at(cluster, flops)``
     for forward and its backward column for B and W, ``op_overhead_s`` is added to forward and
     ``bwd_op_overhead_s`` to each non-zero backward part, and a reshape costs just those.
@@ -311,8 +314,8 @@ def modelled_node_time(
         return NodeTime(0.0, 0.0, 0.0)
     dtype_bytes(dtype)  # validates the name
     if node.kind == "norm" and norm_kernel == "eager" and is_python_rmsnorm(node.target):
-        trainable = node.param_numel - node.frozen_param_numel > 0
-        f, b, w = eager_rmsnorm_s(norm_numel(node.out_shape, batch_scale, shard), cluster, weight_grad=trainable)
+        f, b, w = eager_rmsnorm_s(norm_numel(node.out_shape, batch_scale, shard), cluster,
+                                  weight_grad=node.trains_weight)
         ov = cluster.bwd_op_overhead_s
         return NodeTime(f + cluster.op_overhead_s, b + ov, w + ov if w else 0.0)
     a = node.attrs
@@ -368,7 +371,7 @@ def modelled_node_time(
         bwd_in_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=shaped[2])
         bwd_w_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=shaped[3])
     fb, fw = backward_factors(node.kind)
-    if node.param_numel - node.frozen_param_numel <= 0:
+    if not node.trains_weight:  # no weight gradient: no parameter read, or only frozen ones
         fw = 0.0
     floor = cluster.kernel_floor_s
     ov_b = cluster.bwd_op_overhead_s
@@ -412,7 +415,7 @@ def moe_node_time(node: GraphNode, cluster: ClusterSpec, *, tokens: float, ep: i
     if parts["fwd"] == 0.0:
         return NodeTime(0.0, 0.0, 0.0)
     ov_b = cluster.bwd_op_overhead_s
-    w = parts["bwd_weight"] + ov_b if node.param_numel - node.frozen_param_numel > 0 else 0.0
+    w = parts["bwd_weight"] + ov_b if node.trains_weight else 0.0
     return NodeTime(parts["fwd"] + cluster.op_overhead_s + cf, parts["bwd_input"] + ov_b + cb, w)
 
 

@@ -14,7 +14,13 @@ from meshplan.cost_models.compute import NodeTime, node_time, roofline_time_s
 from meshplan.cost_models.compute import dtype_bytes as _dtype_bytes
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
-from meshplan.cost_models.quant import QAT_BWD_PASSES, QAT_FWD_PASSES, QuantCost, linear_quant_costs
+from meshplan.cost_models.quant import (
+    QAT_BWD_PASSES,
+    QAT_FWD_PASSES,
+    QuantCost,
+    is_targeted,
+    linear_quant_costs,
+)
 from meshplan.graph import GraphNode
 from meshplan.plan import Quantization
 
@@ -104,6 +110,18 @@ def quant_node_time(
     deq = roofline_time_s(0.0, qc.extra_bytes_moved / 2.0, cluster, dtype=dtype, kind="elementwise")
     lora = roofline_time_s(qc.extra_fwd_flops, 0.0, cluster, dtype=dtype, kind="linear")
     return NodeTime(base.fwd_s + deq + lora, base.bwd_input_s + deq + lora, lora)
+
+
+def without_frozen_weight_grad(t: NodeTime, node: GraphNode, quantization: Quantization) -> NodeTime:
+    """``t`` with no weight gradient where ``quantization`` freezes ``node``'s weights: QLoRA freezes
+    every parameter of the model (``runtime.apply.quant.qlora.apply_qlora``) and trains only the
+    adapters of the targeted linears (their W is ``quant_node_time``'s LoRA term), so an embedding,
+    a norm, an untargeted linear or a tied LM head computes no dW. Other modes: ``t`` unchanged."""
+    if quantization.mode != "qlora" or not t.bwd_weight_s:
+        return t
+    if node.kind == "linear" and (node.module_fqn is None or is_targeted(node.module_fqn, quantization.target_modules)):
+        return t  # targeted as ``node_quant_cost`` targets it
+    return NodeTime(t.fwd_s, t.bwd_input_s, 0.0)
 
 
 def quant_state_bytes(

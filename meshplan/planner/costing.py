@@ -56,7 +56,12 @@ from meshplan.cost_models.memory import (
     recompute_transient_bytes,
 )
 from meshplan.cost_models.precision import activation_dtype, fp8_eligible, fp8_recipe
-from meshplan.cost_models.quant_nodes import node_quant_cost, quant_node_time, quant_state_bytes
+from meshplan.cost_models.quant_nodes import (
+    node_quant_cost,
+    quant_node_time,
+    quant_state_bytes,
+    without_frozen_weight_grad,
+)
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.partition.cuts import layer_ranges
 from meshplan.plan import Quantization
@@ -386,6 +391,8 @@ class GraphCoster:
             if quant and n.kind == "linear":
                 t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
                                     batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip
+            if quant:
+                t = without_frozen_weight_grad(t, n, self.quant)
             fwd += t.fwd_s
             bi += t.bwd_input_s
             bw += t.bwd_weight_s
@@ -537,7 +544,7 @@ class GraphCoster:
         out = 0.0
         fp32 = self._fp32_under_autocast if self._autocast_dtype else frozenset()
         for n in nodes:
-            if not (n.param_numel or n.shared_params) or n.kind == "embedding":
+            if not n.trains_weight or n.kind == "embedding":
                 continue
             if n.kind in ("linear", "matmul"):
                 out += n.out_bytes * scale * elem / _out_shard(n, sol)

@@ -129,6 +129,7 @@ def build_nodes(
             pnames += list(param_src.get(i, ()))
         numel = nbytes = frozen = 0
         shared: list[str] = []
+        frozen_names: list[str] = []  # at every use: a node reading a weight counted elsewhere trains it or not
         for name in pnames:
             gid = pidx.group_of.get(name)
             if gid is None:
@@ -136,6 +137,8 @@ def build_nodes(
             p = pidx.param_of[gid]
             if len(pidx.groups[gid]) > 1:
                 shared.append(pidx.user(name))
+            if not p.requires_grad:
+                frozen_names.append(pidx.user(name))
             if gid in seen_groups:
                 continue
             seen_groups.add(gid)
@@ -197,6 +200,7 @@ def build_nodes(
             param_bytes=nbytes,
             shared_params=tuple(dict.fromkeys(shared)),
             frozen_param_numel=frozen,
+            frozen_params=tuple(dict.fromkeys(frozen_names)),
             fwd_flops=flops,
             saved_bytes=saved,
             attrs=attrs,
