@@ -2,7 +2,7 @@
 
     python benchmarks/bench_calibrate.py [--workdir DIR] [--rounds 3] [--steps 8] [--global-batch 64]
                                          [--configs dp,pp,fsdp,tp] [--cluster cpu.json|local] [--fit-only]
-                                         [--core-share]
+                                         [--core-share] [--max-load L]
 
 Plans ``gpt-tiny`` on a nominal CPU cluster (``NOMINAL``: 100 GFLOP/s, 2 GB/s, 50 us; fp32; gloo)
 pinned to each configuration (``CONFIGS``: dp2 zero1, pp2 (the planner's schedule), dp2 fsdp,
@@ -73,14 +73,19 @@ def _children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_rounds(wd: Path, names: list[str], rounds: int, steps: int) -> list[dict[str, Any]]:
+def run_rounds(wd: Path, names: list[str], rounds: int, steps: int, max_load: float = 0.0) -> list[dict[str, Any]]:
     """``rounds`` rounds of every configuration in ``names`` (rotated by one each round); one fact
-    dict per run (module docstring)."""
+    dict per run (module docstring). ``max_load`` > 0: before each run, wait until the 1-minute
+    load average is below it (a shared host's rule for multi-rank runs)."""
     runs = []
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             rec = f"rec_{name}_{r + 1}.json"
+            while max_load > 0 and os.getloadavg()[0] >= max_load:
+                print(f"round {r + 1}/{rounds}: waiting for load {os.getloadavg()[0]:.1f} < {max_load:g} before {name}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                time.sleep(30)
             load0, t0, c0 = os.getloadavg()[0], time.perf_counter(), _children_cpu_s()
             print(f"round {r + 1}/{rounds}: running {name} (load {load0:.1f})", file=sys.stderr, flush=True)
             _cli(["run", f"plan_{name}.json", "--model", "gpt-tiny", "--steps", str(steps), "--profile-steps", "3",
@@ -117,6 +122,8 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS")
     ap.add_argument("--cluster", default="cpu.json", help="cluster the fit starts from: cpu.json (NOMINAL) or local")
     ap.add_argument("--fit-only", action="store_true", help="re-fit from the workdir's runs.json; run nothing")
+    ap.add_argument("--max-load", type=float, default=0.0,
+                    help="before each run, wait until the 1-minute load average is below this (0: never wait)")
     ap.add_argument("--core-share", action="store_true",
                     help="fit and predict each run on the core share its ranks measured (calibrate --core-share)")
     a = ap.parse_args()
@@ -143,7 +150,7 @@ def main() -> None:
             if not (wd / f"plan_{name}.json").exists():
                 _cli(["plan", "gpt-tiny", "-n", "2", "--cluster", "cpu.json", "--dtype", "fp32", "--global-batch",
                       str(a.global_batch), *CONFIGS[name], "-q", "-o", f"plan_{name}.json"], wd)  # fmt: skip
-        runs = run_rounds(wd, names, a.rounds, a.steps)
+        runs = run_rounds(wd, names, a.rounds, a.steps, a.max_load)
 
     graphs: dict[int, Any] = {}
     by_name: dict[str, list[tuple[float, dict[str, Any], dict[str, Any]]]] = {n: [] for n in names}
