@@ -24,6 +24,13 @@ def test_ep_must_divide_dp_times_cp(ep):
         MeshSpec(("dp", "cp"), (4, 2), ep=ep)
 
 
+def test_ep_may_span_tp_ranks_under_folding():
+    # Megatron-Core's MoE parallel folding: ep | dp x cp x tp (costed; the runtime refuses it, epcp_rule)
+    assert MeshSpec(("pp", "dp", "cp", "tp"), (2, 4, 2, 2), ep=16).ep == 16
+    with pytest.raises(ValueError, match="dp x cp x tp = 16"):
+        MeshSpec(("dp", "cp", "tp"), (4, 2, 2), ep=32)
+
+
 def test_ep_is_not_an_axis_name():
     with pytest.raises(ValueError, match="not a mesh axis"):
         MeshSpec(("dp", "ep"), (2, 2))

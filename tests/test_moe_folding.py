@@ -161,9 +161,38 @@ def test_estimate_graph_checks_the_folding_option():
     p = estimate_graph(g, 32, **kw, moe_folding=True)
     assert any("MoE parallel folding costed" in n and "8 consecutive ranks" in n and "over 4 expert" in n
                for n in p.notes)
-    # a Plan's mesh borrows ep from dp·cp, folded or not (Megatron would also run ep | dp·cp·tp)
-    with pytest.raises(ValueError, match="dp·cp = 4"):
-        estimate_graph(g, 16, **{**kw, "cluster": kw["cluster"].with_devices(16), "dp": 4}, moe_folding=True)
+    # folded, ep need only divide dp·cp·tp (the stage's expert ranks); unfolded it borrows dp·cp ranks
+    with pytest.raises(ValueError, match="dp·cp = 4 .*moe_folding"):
+        estimate_graph(g, 16, **{**kw, "cluster": kw["cluster"].with_devices(16), "dp": 4})
+    with pytest.raises(ValueError, match="dp·cp·tp = 8"):
+        estimate_graph(g, 16, **{**kw, "cluster": kw["cluster"].with_devices(16), "dp": 2, "pp": 2, "ep": 16},
+                       moe_folding=True)  # fmt: skip
+
+
+def test_ep_spanning_tensor_parallel_ranks_is_costed_folded_and_refused_at_run():
+    """Megatron's folding regroups a stage's dp·cp·tp ranks as ep x EDP: at dp 8, tp 4 on 32 GPUs an ep
+    of 16 (> dp·cp) is two nodes of consecutive ranks, EDP 2; the runtime refuses it in one line."""
+    from meshplan.plan import Plan
+    from meshplan.planner.api import estimate_graph
+    from meshplan.runtime.apply.epcp import epcp_blocker
+
+    case = next(c for c in FOLDED if c["expert_config"]["tp"] == 4)
+    g = _graph(case["id"])
+    kw = dict(cluster=case_cluster({**case, "cluster": {**case["cluster"], "n_gpus": 32}}), tp=4, pp=1, dp=8,
+              global_batch_size=8, micro_batch_size=1, sequence_parallel=True, moe_folding=True,
+              profile=case_setup(case)["profile"])  # fmt: skip
+    one_node, two_nodes = (estimate_graph(g, 32, ep=ep, **kw) for ep in (8, 16))
+    assert two_nodes.ep == 16 and two_nodes.mesh.dp * two_nodes.mesh.cp == 8
+    assert any("over 2 expert data-parallel ranks" in n for n in two_nodes.notes)  # EDP = 32 / 16
+    assert any("does not divide dp·cp = 8" in n and "not executed" in n for n in two_nodes.notes)
+    assert not any("does not divide dp·cp" in n for n in one_node.notes)
+    p, q = two_nodes.predicted, one_node.predicted
+    assert p.ep_comm_s > 2 * q.ep_comm_s  # the group crosses the NIC
+    assert p.mem_breakdown["params"] < q.mem_breakdown["params"]  # half the experts per rank
+    back = Plan.from_json(two_nodes.to_json())  # the plan file holds it ...
+    assert back.ep == 16
+    why = epcp_blocker(None, back)  # ... and the runtime refuses it before touching the model
+    assert "ep=16 does not divide dp·cp = 8" in why and "\n" not in why
 
 
 def test_dense_model_refuses_folding():

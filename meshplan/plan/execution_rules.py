@@ -149,7 +149,7 @@ def cp_forward_blocker(model_class: str, forward_params: Sequence[str], seq_posi
 
 
 def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: int, recompute: str,
-              quantized: bool = False, sequence_parallel: bool = False, capture: str = "fx") -> str:
+              quantized: bool = False, sequence_parallel: bool = False, capture: str = "fx", dp: int = 0) -> str:
     """Why context parallelism ``cp`` / expert parallelism ``ep`` cannot run with the rest of a
     configuration ("" when it can). What runs (``runtime/apply/epcp.py``, ``runtime/apply/epcp_pipeline.py``):
     cp and ep under data parallelism, tensor parallelism (TP inside attention and dense layers, ring
@@ -158,9 +158,15 @@ def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: 
     layout), full recomputation (a re-run block or stage re-enters ring attention / the exchange)
     and selective recomputation (each ring attention call checkpointed, its re-run replaying its
     ring shifts in backward). ``num_experts`` 0: unknown here (the runtime checks the model);
-    ``capture``: how the model's graph was captured ("fx" or "export")."""
+    ``capture``: how the model's graph was captured ("fx" or "export"); ``dp``: the data-parallel
+    degree (0: unknown here): an ep that does not divide dp·cp spans tensor-parallel ranks
+    (Megatron-Core's MoE parallel folding, costed by ``estimate_graph(moe_folding=True)``), which
+    the runtime does not run: it borrows the ep group from dp·cp ranks."""
     if cp == 1 and ep == 1:
         return ""
+    if dp > 0 and ep > 1 and (dp * cp) % ep:
+        return (f"ep={ep} does not divide dp·cp = {dp * cp}: an expert group spanning tensor-parallel ranks "
+                "(Megatron-Core's MoE parallel folding) is costed, not executed; re-plan with an ep dividing dp·cp")
     what = " x ".join(f"{a}{d}" for a, d in (("cp", cp), ("ep", ep)) if d > 1)
     if quantized:
         return f"{what} with quantized training is not executed; re-plan without quantization or with cp = ep = 1"

@@ -44,6 +44,10 @@ class MeshSpec:
     order follows torchtitan (pp, dp, cp, tp). ``ep`` (expert parallelism) is not an axis of its
     own: like torchtitan, it borrows its ranks from dp x cp (consecutive blocks of ``ep`` ranks of
     the flattened dp x cp index), so it does not multiply the world size and must divide dp x cp.
+    An ep that divides dp x cp x tp but not dp x cp spans tensor-parallel ranks: Megatron-Core's
+    MoE parallel folding (expert ranks = the stage's dp x cp x tp regrouped as ep x expert-dp),
+    which ``estimate_graph(moe_folding=True)`` costs and meshplan's runtime refuses
+    (``execution_rules.epcp_rule``); the plan file still holds it.
     """
 
     axis_names: tuple[str, ...]
@@ -59,10 +63,10 @@ class MeshSpec:
             raise ValueError(f"mesh axis_names {self.axis_names} repeat an axis")
         if "ep" in self.axis_names:
             raise ValueError('"ep" is not a mesh axis (it borrows dp x cp ranks); set MeshSpec.ep instead')
-        if self.ep < 1 or (self.dp * self.cp) % self.ep:
+        if self.ep < 1 or (self.dp * self.cp * self.tp) % self.ep:
             raise ValueError(
-                f"mesh ep={self.ep} must be >= 1 and divide dp x cp = {self.dp} x {self.cp}; "
-                "pick an ep that divides it or raise dp/cp"
+                f"mesh ep={self.ep} must be >= 1 and divide dp x cp = {self.dp} x {self.cp} (or, under MoE "
+                f"parallel folding, dp x cp x tp = {self.dp * self.cp * self.tp}); pick an ep that divides it or raise dp/cp"
             )
 
     @property

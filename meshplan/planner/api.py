@@ -227,8 +227,9 @@ def estimate_graph(
     ``moe_folding`` costs Megatron-Core's MoE parallel folding (``--expert-tensor-parallel-size 1``
     with ``--sequence-parallel``, a run flag): each tp rank routes and computes only its 1/tp
     sequence shard, the ep group is ``ep`` consecutive ranks and expert gradients are reduced over
-    the expert data-parallel group, dp·cp·tp/ep ranks (``cost_models/epcp.py``); ``ep`` must still
-    divide dp·cp (the Plan's mesh borrows ep from dp·cp; Megatron would also run ep | dp·cp·tp).
+    the expert data-parallel group, dp·cp·tp/ep ranks (``cost_models/epcp.py``); ``ep`` must divide
+    dp·cp·tp (the expert ranks of a stage), so at tp > 1 it may exceed dp·cp: an ep group spanning
+    tensor-parallel ranks, which meshplan's runtime refuses (``execution_rules.epcp_rule``, a note).
     False is meshplan's runtime (the MoE block replicated over tp, ep borrowing dp·cp ranks tp
     apart), which the planner's own plans always are."""
     prof = engine_profile(profile)
@@ -259,9 +260,15 @@ def estimate_graph(
 
         validate_schedule(schedule, pp, num_microbatches, v)
     experts = int(graph.meta.get("num_experts", 0) or 0)
-    # (folded, Megatron only needs ep | dp·cp·tp; a Plan's mesh borrows ep from dp·cp, so that is asked here too)
-    if ep > 1 and ((dp * cp) % ep or not experts or experts % ep):
-        raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} and the model's experts ({experts or 'none: not a MoE'})")
+    if ep > 1 and (not experts or experts % ep):
+        raise ValueError(f"ep={ep} must divide the model's experts ({experts or 'none: not a MoE'})")
+    if ep > 1 and (dp * cp) % ep:  # folded, Megatron's expert mesh regroups the stage's dp·cp·tp ranks
+        if not moe_folding or tp == 1:
+            raise ValueError(f"ep={ep} must divide dp·cp = {dp * cp} (an ep spanning tensor-parallel ranks needs "
+                             "moe_folding=True, Megatron-Core's MoE parallel folding)")
+        if (dp * cp * tp) % ep:
+            raise ValueError(f"moe_folding=True: ep={ep} must divide dp·cp·tp = {dp * cp * tp} (the expert ranks "
+                             "of a pipeline stage); change ep")
     t0 = time.perf_counter()
     coster = GraphCoster(graph, spec, dtype=dtype, quantization=q, optimizer=optimizer, profile=prof,
                          moe_folding=moe_folding)  # fmt: skip

@@ -161,7 +161,7 @@ def _check_stages(model: nn.Module, plan: Plan, c: Checked) -> None:
         why = tied_weight_blocker(pp=plan.pp, schedule=plan.schedule, uses=uses, name=pname)
         _refuse(plan, f"stage {piece.index}: {why}" if why else "")
     if uses_epcp(plan):  # the capture this run got decides what cp/ep can do inside stages
-        _refuse(plan, epcp_rule(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp, seq_len=plan.seq_len or 2 * plan.cp,
+        _refuse(plan, epcp_rule(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp, dp=plan.dp, seq_len=plan.seq_len or 2 * plan.cp,
                                 num_experts=0, recompute=plan.recompute, capture=cap.kind))
         if plan.cp > 1:
             _refuse(plan, pipeline_cp_blocker([p.module for p in c.pieces], cap.kind))

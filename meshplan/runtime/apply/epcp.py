@@ -53,7 +53,7 @@ def epcp_blocker(model: nn.Module, plan: Plan) -> str:
     pipeline stages: ``epcp_pipeline.pipeline_cp_blocker``); the planner checks it on the traced graph."""
     if not uses_epcp(plan):
         return ""
-    why = epcp_rule(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp, seq_len=plan.seq_len or 2 * plan.cp,
+    why = epcp_rule(cp=plan.cp, ep=plan.ep, tp=plan.tp, pp=plan.pp, dp=plan.dp, seq_len=plan.seq_len or 2 * plan.cp,
                     num_experts=0, recompute=plan.recompute, quantized=plan.quantization.mode != "none",
                     sequence_parallel=plan.sequence_parallel, capture=plan.capture)
     if why:
