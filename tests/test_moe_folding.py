@@ -33,7 +33,7 @@ def _shrunk(case: dict) -> dict:
     ex = c["expert_config"]
     ex.pop("blocks_per_stage", None)  # the engine's split is of the full model's layers
     c["model"].update(layers=(ex.get("pp") or 1) * (ex.get("interleave") or 1), hidden=512, heads=8,
-                      kv_heads=4, head_dim=64, ffn_hidden=256, num_experts=16, vocab=4096)  # fmt: skip
+                      kv_heads=4, head_dim=64, ffn_hidden=256, num_experts=max(16, ex["ep"]), vocab=4096)  # fmt: skip
     return c
 
 
@@ -217,7 +217,14 @@ def test_published_qwen3_rows_are_costed_folded(case_id):
     assert case_setup(case)["moe_folding"] is True
     g = _graph(case_id)
     r = estimate_case(case, g)
-    plain = estimate_case({**case, "expert_config": {**case["expert_config"], "moe_folding": False}}, g)
+    unfolded = {**case, "expert_config": {**case["expert_config"], "moe_folding": False}}
+    ex = case["expert_config"]
+    if ex["dp"] * (ex.get("cp") or 1) % ex["ep"]:  # an ep spanning tp ranks: only folded
+        with pytest.raises(ValueError, match="moe_folding"):
+            estimate_case(unfolded, g)
+        assert any("MoE parallel folding costed" in n for n in r["plan"].notes)
+        return
+    plain = estimate_case(unfolded, g)
     p, q = r["plan"].predicted, plain["plan"].predicted
     assert any("MoE parallel folding costed" in n for n in r["plan"].notes)
     assert not any("MoE parallel folding" in n for n in plain["plan"].notes)

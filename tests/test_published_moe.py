@@ -29,7 +29,9 @@ def test_ep_cases_name_their_experts_and_sources() -> None:
         m, ex = c["model"], c["expert_config"]
         assert m["arch"] == "moe" and 1 <= m["top_k"] <= m["num_experts"], c["id"]
         assert c["source"] and c["notes"], c["id"]
-        assert (ex["dp"] * (ex.get("cp") or 1)) % ex["ep"] == 0, c["id"]  # ep borrows dp x cp ranks
+        # ep borrows dp x cp ranks, or under MoE parallel folding the stage's dp x cp x tp ranks
+        ranks = ex["dp"] * (ex.get("cp") or 1) * (ex["tp"] if ex.get("moe_folding") else 1)
+        assert ranks % ex["ep"] == 0, c["id"]
         assert case_setup(c)["ep"] == ex["ep"]
 
 
