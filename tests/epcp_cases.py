@@ -190,7 +190,7 @@ def make_pp_plan(model: torch.nn.Module, *, pp: int, dp: int, cp: int, ep: int, 
         plan = estimate(model, pp * dp * cp, dp=dp, tp=1, pp=pp, num_microbatches=m, schedule=schedule,
                         global_batch_size=2 * dp * m, cluster="h100", recompute=recompute,
                         example_inputs=torch.zeros(2, SEQ, dtype=torch.long))
-        return replace(plan, mesh=MeshSpec(plan.mesh.axis_names, plan.mesh.degrees, ep=ep), dtype="fp32")
+        return replace(plan, mesh=MeshSpec(plan.mesh.axis_names, plan.mesh.degrees, ep=ep), dtype="fp32", dp_kind=dp_kind)
     gm, _ = capture_graph(model, torch.zeros(2, SEQ, dtype=torch.long))
     plan = manual_plan(model, gm, pp=pp, dp=dp, schedule=schedule, virtual_stages=virtual_stages, microbatches=m,
                        micro_batch_size=2, seq_len=SEQ)
