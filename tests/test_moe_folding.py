@@ -269,3 +269,18 @@ def test_megatron_estimate_costs_folding_and_meshplans_own_plans_do_not():
     own = cost_spec(g, spec, cl, None)  # meshplan's own costing of the same degrees: its runtime's layout
     assert not any("MoE parallel folding" in n for n in own.notes)
     assert folded.predicted.ep_comm_s < own.predicted.ep_comm_s
+
+
+def test_megatron_estimate_costs_an_ep_spanning_tp_ranks_and_meshplans_own_refuses_it():
+    from meshplan.api.engine_cost import cost_spec
+    from meshplan.engines import megatron
+
+    case = next(c for c in FOLDED if c["expert_config"]["tp"] == 4)
+    g = _graph(case["id"])
+    cl = case_cluster({**case, "cluster": {**case["cluster"], "n_gpus": 32}})
+    spec = megatron.parse("--tensor-model-parallel-size 4 --expert-model-parallel-size 16 --expert-tensor-parallel-size 1 "
+                          "--sequence-parallel --micro-batch-size 1 --global-batch-size 8 --bf16", 32).spec  # fmt: skip
+    p = cost_spec(g, spec, cl, "megatron")  # dp 8 < ep 16: the expert group spans tp ranks
+    assert p.ep == 16 and any("over 2 expert data-parallel ranks" in n for n in p.notes)
+    with pytest.raises(ValueError, match="needs moe_folding"):
+        cost_spec(g, spec, cl, None)  # meshplan's own costing: its runtime's layout
