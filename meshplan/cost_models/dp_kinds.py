@@ -77,11 +77,14 @@ KIND_ORDER: tuple[str, ...] = ("ddp", "zero1", "zero2", "hsdp", "fsdp")
 
 #: what a parameter-sharding kind gathers at once (``unsharded_buffer_bytes``'s largest unit):
 #: "block" = FSDP2 / FSDP1 wrapped per repeated block + the root (meshplan's runtime, torchtitan's
-#: apply_fsdp, llm-foundry): a whole block and the prefetched next one; "module" = DeepSpeed ZeRO-3,
+#: apply_fsdp up to 2025-07, llm-foundry): a whole block and the prefetched next one, the root (every
+#: layer outside the blocks) gathered for the whole step; "block-ends" = the same, the embedding and
+#: the final norm + head each their own unit (torchtitan from 83e6941); both priced step by step
+#: without a pipeline (``fsdp_units.fsdp_step_peak``); "module" = DeepSpeed ZeRO-3,
 #: which gathers each leaf module's own parameters in its pre-forward hook
 #: (``deepspeed/runtime/zero/parameter_offload.py``) with a prefetch bounded by
 #: ``stage3_prefetch_bucket_size``: the largest module (linear) and the next one
-FSDP_UNITS: tuple[str, ...] = ("block", "module")
+FSDP_UNITS: tuple[str, ...] = ("block", "block-ends", "module")
 
 #: how a ZeRO-3 engine runs its collectives (module docstring): "fsdp2" (FSDP2 / FSDP1 / llm-foundry /
 #: modern DeepSpeed: one gather per unit, reduce-scatter) or "deepspeed-2021" (``deepspeed_2021_fsdp``)

@@ -181,6 +181,8 @@ _MESHPLAN = EngineProfile(
         ("attention_impl", "F.scaled_dot_product_attention (flash kernel)"),
         ("ddp_impl", "torch DDP / bucketed manual all-reduce overlapped with backward"),
         ("vocab_parallel_embedding", "the TP placement ILP chooses the embedding's style (tp.strategies)"),
+        ("fsdp_units", "runtime/apply/data_parallel.wrap_dp: fully_shard per repeated block, then the root (every "
+                       "other layer)"),
     ),
 )  # fmt: skip
 
@@ -190,7 +192,8 @@ _TITAN_2024 = (
     ("pp_buffers", "torch.distributed.pipelining schedule.step() keeps the last stage's outputs "
                    "(allocator.PP_BUFFERS 'torch-outputs')"),
     ("sp_saves", "torch TP ColwiseParallel after SequenceParallel: the linear saves its all-gathered input"),
-    ("fsdp_units", "parallelize_llama.apply_fsdp: fully_shard per TransformerBlock"),
+    ("fsdp_units", "parallelize_llama.apply_fsdp: fully_shard per TransformerBlock, then fully_shard(model): the root "
+                   "holds tok_embeddings, norm and output"),
     ("attention_impl", "models/llama/model.py: F.scaled_dot_product_attention"),
     ("vocab_parallel_embedding", "parallelize_llama.apply_tp: tok_embeddings RowwiseParallel, output ColwiseParallel, "
                                  "loss_parallel"),
@@ -277,7 +280,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "torchtitan-2026", "torchtitan", "0.3.0 (installed)", pp_buffers="torch-outputs", norm_kernel="fused",
         optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", fp8_recipe="rowwise",
-        shard_over_cp=True, cp_rotate="allgather",
+        shard_over_cp=True, cp_rotate="allgather", fsdp_units="block-ends",
         sources=_with(_TITAN_2024,
                       ("cp_rotate", "no rotate-method option: torch's context_parallel with its default "
                                     "_cp_options.rotate_method = ALL_GATHER (torch 2.13 "
@@ -288,7 +291,9 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                                      "default 'rowwise' (torchao Float8LinearConfig.from_recipe_name)"),
                       ("norm_kernel", "models/common/nn_modules.py RMSNorm(nn.RMSNorm): torch's fused rms_norm kernel"),
                       ("optimizer_impl", "components/optimizer/optimizer.py Config.implementation default 'fused'"),
-                      ("fsdp_units", "distributed/fsdp.py: fully_shard per transformer block")),
+                      ("fsdp_units", "distributed/fsdp.py apply_fsdp_to_decoder: fully_shard(tok_embeddings), "
+                                     "fully_shard([norm, lm_head], reshard_after_forward=False), one per transformer "
+                                     "block, then the root (since 83e6941, 2025-07-28)")),
     ),
     EngineProfile(
         "megatron-lm-2020", "megatron", "5281919 (2020-09)", state_layout="megatron", pp_buffers="megatron",

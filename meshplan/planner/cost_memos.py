@@ -41,6 +41,7 @@ class CostMemos:
     epcp_stages: dict[tuple, list[EPCPTerms]] = field(default_factory=dict)  # (epcp_key, id(t), runs)
     epcp_whole: dict[tuple, EPCPTerms] = field(default_factory=dict)  # the whole model's terms per epcp_key
     pools: dict[tuple, float] = field(default_factory=dict)  # stream_pools per (table, split, placement)
+    units: dict[int, list[Any]] = field(default_factory=dict)  # id(t) -> its layers as FSDP2 units (fsdp_units.UnitLayer)
     states: dict[tuple, float] = field(default_factory=dict)  # lower_bound's model states per (params, kind, dp, tp, ...)
     lower_bound_part: dict[tuple, tuple[float, float, dict[str, list[float]]]] = field(default_factory=dict)
     epcp_why: dict[tuple, str] = field(default_factory=dict)  # epcp_why per (tp, pp, cp, ep, recompute)

@@ -456,6 +456,8 @@ class ConfigEvaluator:
         if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
             st_state = [p * per_param for p in k.st_params0]
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
+        emb_g = 0.0 if self.quant else self.states.embedding_grad_extra(c)  # rank 0 holds the embedding
+        r_state[0] += emb_g
         if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
             r_state = [s - e * per_param for s, e in zip(r_state, k.ep_cut)]
         folded = self.ep_cp.moe_folding and c.tp > 1
@@ -471,7 +473,7 @@ class ConfigEvaluator:
             # one microbatch, no pipeline, no DDP bucket: gradients come into being in the backward
             # as the activations it consumes are freed (the step ends with zero_grad(set_to_none)),
             # so the peak holds the larger of the two, not both (measured: benchmarks/bench_memory.py)
-            g0 = r_params[0] * bpp.grads
+            g0 = r_params[0] * bpp.grads + emb_g
             # the backward's end: the gradients beside what recompute rematerializes of the first layer
             end = g0 + max((x.transient_bytes for a, b in runs for x in t.layers[a:b]), default=0.0)
             before, live[0] = live[0], max(live[0], end) - g0
@@ -482,6 +484,13 @@ class ConfigEvaluator:
                 # leave (allocator.fsdp_stream_pool_bytes): the reserved peak holds both
                 rs_grads = max(before, end - g0) - max(before, end) + g0
         r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
+        if self.states.fsdp_steps(c):
+            # FSDP2 per block without a pipeline, unit by unit (cost_models.fsdp_units): the root's
+            # gathered weights and held gradients, a block's reduce-scatter buffers, the sharded
+            # gradients where they exist (in fsdp_step_peak), beside the sharded weights and states
+            g_sh = r_params[0] * bpp.grads
+            peak = self.states.fsdp_step_peak(c, r_act[0] + cast[0])
+            r_mem[0] = int(r_state[0] - g_sh + peak + k.fp8_copy + k.r_pipe[0])
         d, dp_exposed = self.states.dp_sync(c, grad_bytes=k.grad_bytes, gather_bytes=k.gather_bytes,
                                             experts=k.r_experts[worst] / c.ep, backward_s=k.rank_b[worst],
                                             forward_s=k.rank_f[worst], microbatch_s=max(rank_work), params=k.r_params[worst],
@@ -508,6 +517,8 @@ class ConfigEvaluator:
         pools = self.states.stream_pools(c, t, runs, on_rank)
         if pools:  # reserved by the allocator, not live: not in peak_mem_bytes (allocator.reserved_peak_bytes)
             mem_breakdown["fsdp_stream_pools"] = int(pools)
+        if emb_g > 0:  # live, in peak_mem_bytes: a vocab-parallel embedding's whole gradient (DTensor TP)
+            mem_breakdown["embedding_grad_whole"] = int(emb_g)
         if rs_grads > 0:  # reserved, not live: the sharded gradients in the reduce-scatter stream's pool
             mem_breakdown["fsdp_rs_stream_grads"] = int(rs_grads)
         if self.quant:

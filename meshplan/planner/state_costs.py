@@ -34,6 +34,7 @@ from meshplan.cost_models.dp_kinds import (
 )
 from meshplan.cost_models.eager_ops import optimizer_step_s
 from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.fsdp_units import UnitLayer, fsdp_step_floor, fsdp_step_peak
 from meshplan.cost_models.grad_sync import (
     GRAD_REDUCE_BYTES,
     local_ddp_sync_s,
@@ -202,10 +203,35 @@ class StateCosts:
         return (self.state_layout == "torch" and c.pp == 1 and c.num_microbatches == 1
                 and (c.dp * c.cp == 1 or c.dp_kind in ("fsdp", "zero2", "hsdp")))
 
+    def embedding_grad_extra(self, c: Config) -> float:
+        """Gradient bytes a vocab-parallel embedding holds beyond its shard under torch's DTensor TP
+        (the "torch" state layout's engines: meshplan's runtime, torchtitan): DTensor's
+        ``embedding_dense_backward`` strategy (``torch/distributed/tensor/_ops/_embedding_ops.py``)
+        offers a Shard(1) or Partial weight gradient, none on Shard(0) (RowwiseParallel's vocab
+        shard), so the gradient is computed whole on every rank and the sharded ``.grad`` is a view
+        of it: the whole storage lives until the gradients are dropped. The layers before the first
+        repeated block (token / position embeddings), full minus held parameters; 0 without tp,
+        under a sharded kind (FSDP2 copies it into its reduce-scatter input; not priced here) or
+        another layout (Megatron's VocabParallelEmbedding computes its shard's gradient)."""
+        if c.tp == 1 or self.state_layout != "torch" or ZERO_STAGE[c.dp_kind] >= 2:
+            return 0.0
+        t = self.tables.table(c)
+        extra = 0.0
+        for x in t.layers:
+            if x.kind == "block":
+                break
+            extra += max(0.0, x.param_count_full - x.param_count)
+        return extra * self.state_bytes_per_param(c).grads
+
     # ---- what a sharded kind holds unsharded --------------------------------------------------
     def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:
         """What a parameter-sharding kind holds unsharded (``dp_kinds.unsharded_buffer_bytes``:
-        two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0)."""
+        two layers' weights at pp = 1, the stage's weights and gradients under PP; else 0). Where
+        ``fsdp_steps`` prices the step unit by unit, the least it adds (``fsdp_units.fsdp_step_floor``:
+        the memory floors' share; ``evaluate`` takes ``fsdp_step_peak``)."""
+        if self.fsdp_steps(c):
+            e, units = self.elem_bytes, self.fsdp_units
+            return fsdp_step_floor(self.unit_layers(c), elem_bytes=e, reduce_bytes=GRAD_REDUCE_BYTES, units=units)
         return unsharded_buffer_bytes(
             c.dp_kind, self.state_dp(c), stage_param_count=stage_params, elem_bytes=self.elem_bytes, pp=c.pp,
             largest_layer_params=self.largest_unit(c), layout=self.state_layout,
@@ -213,10 +239,39 @@ class StateCosts:
 
     def fsdp_buffers(self, c: Config, rank_params: list[float]) -> list[float]:
         """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""
+        if self.fsdp_steps(c):
+            return [self.fsdp_buffer(c)]
         largest = self.largest_unit(c)
         return [unsharded_buffer_bytes(c.dp_kind, self.state_dp(c), stage_param_count=p, elem_bytes=self.elem_bytes, pp=c.pp,
                                        largest_layer_params=largest, layout=self.state_layout)
                 for p in rank_params]  # fmt: skip
+
+    def fsdp_steps(self, c: Config) -> bool:
+        """Whether ``c``'s sharded step is priced unit by unit (``fsdp_units.fsdp_step_peak``): FSDP2
+        per block (units "block" / "block-ends") resharding after forward (fsdp, hsdp) over more than
+        one rank, no pipeline, unquantized, no expert parallelism or MoE folding."""
+        return (c.pp == 1 and c.dp_kind in ("fsdp", "hsdp") and self.fsdp_units in ("block", "block-ends")
+                and c.ep == 1 and not self.ep_cp.quant and not self.ep_cp.moe_folding and self.shard(c) > 1)
+
+    def unit_layers(self, c: Config) -> list[UnitLayer]:
+        """``c``'s cost-table layers as FSDP2 units see them (memoized per table)."""
+        t = self.tables.table(c)
+        if id(t) not in self.memos.units:
+            whole = c.tp > 1 and self.state_layout == "torch"  # embedding_grad_extra's DTensor gradient
+            first = next((i for i, x in enumerate(t.layers) if x.kind == "block"), len(t.layers))
+            self.memos.units[id(t)] = [UnitLayer(x.kind, x.param_count, x.act_bytes, x.transient_bytes,
+                                                 sum(p for _, p in x.tied),
+                                                 float(x.param_count_full) if whole and i < first else -1.0)
+                                       for i, x in enumerate(t.layers)]  # fmt: skip
+        return self.memos.units[id(t)]
+
+    def fsdp_step_peak(self, c: Config, acts: float) -> float:
+        """``fsdp_units.fsdp_step_peak`` of ``c`` (``fsdp_steps``): beyond the sharded parameters and
+        optimizer states, with ``acts`` held at the backward's start; the sharded gradients are
+        held for the whole backward unless they come after the activations (one microbatch)."""
+        return fsdp_step_peak(self.unit_layers(c), acts=acts, grad_bytes=self.state_bytes_per_param(c).grads,
+                              grads_held=not self.grads_after_activations(c), elem_bytes=self.elem_bytes,
+                              reduce_bytes=GRAD_REDUCE_BYTES, units=self.fsdp_units)  # fmt: skip
 
     def largest_unit(self, c: Config) -> float:
         """Parameters per rank of the largest unit a sharded kind gathers (``dp_kinds.FSDP_UNITS``):
@@ -232,7 +287,7 @@ class StateCosts:
         ``fully_shard``); 0 for kinds that do not run FSDP2 (ddp, zero1) or without sharding.
         ``runs``: the stages' layer ranges, ``on_rank``: each pipeline rank's stages (memoized per
         table, split and placement: the same for every configuration sharing them)."""
-        if ZERO_STAGE[c.dp_kind] < 2 or self.shard(c) == 1 or self.fsdp_units != "block":
+        if ZERO_STAGE[c.dp_kind] < 2 or self.shard(c) == 1 or self.fsdp_units == "module":
             return 0.0
         key = (id(t), tuple(runs), tuple(tuple(x) for x in on_rank))
         if key not in self.memos.pools:
@@ -240,7 +295,13 @@ class StateCosts:
             for stages in on_rank:
                 idx = [i for s_ in stages for i in range(*runs[s_])]
                 units = [t.layers[i].param_count for i in idx if t.layers[i].kind == "block"]
-                units.append(sum(t.layers[i].param_count for i in idx if t.layers[i].kind != "block"))
+                rest = [i for i in idx if t.layers[i].kind != "block"]
+                if self.fsdp_units == "block-ends" and units:  # the embedding's and the head's own units
+                    first = next(i for i in idx if t.layers[i].kind == "block")
+                    units += [sum(t.layers[i].param_count for i in rest if i < first),
+                              sum(t.layers[i].param_count for i in rest if i > first)]
+                else:
+                    units.append(sum(t.layers[i].param_count for i in rest))
                 pools.append(fsdp_stream_pool_bytes(units, param_bytes=self.elem_bytes, reduce_bytes=GRAD_REDUCE_BYTES))
             self.memos.pools[key] = max(pools, default=0.0)
         return self.memos.pools[key]

@@ -1,0 +1,136 @@
+"""What FSDP2 holds unsharded over one training step without a pipeline, unit by unit: the peak of
+a rank's live bytes beyond its sharded parameters and optimizer states.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``) wrapped per repeated block (``dp_kinds.FSDP_UNITS``
+"block", "block-ends") gathers a unit's parameters in the training dtype (``elem_bytes``) before
+its forward, frees them after it (``reshard_after_forward=True``), gathers them again in the
+backward, and at the unit's post-backward (``_fsdp_param_group.FSDPParamGroup.post_backward``)
+reshards them, then ``_fsdp_collectives.foreach_reduce`` allocates the reduce-scatter input in
+the reduce dtype (``reduce_bytes``, fp32) beside the unit's unsharded gradients, copies them in,
+frees the gradients and allocates the sharded output. A unit's backward prefetches the next one
+in backward order. Where the units differ:
+
+- "block" (meshplan's runtime ``runtime/apply/data_parallel.wrap_dp``, torchtitan up to 2025-07
+  ``apply_fsdp``: ``fully_shard`` per block, then the root model): the root unit holds every
+  layer outside the blocks (embedding, final norm, head). FSDP2 never reshards the root after
+  forward (``_fsdp_state._lazy_init``: "For the root, do not reshard after forward"), so its
+  parameters stay gathered for the whole step, and its post-backward runs only in the root's
+  final callback: the head's (and a tied embedding's) unsharded gradients, made at the start of
+  the backward, are held to its end, where the root reduces them all at once.
+- "block-ends" (torchtitan from 83e6941, 2025-07-28, ``distributed/fsdp.py``
+  ``apply_fsdp_to_decoder``): ``tok_embeddings`` is its own unit (resharded after forward, its
+  post-backward at the final callback), ``[norm, lm_head]`` its own unit kept gathered from its
+  forward to its backward (``reshard_after_forward=False``) and reduced as soon as its backward
+  ends. Tied weights are grouped into one unit with the norm and head, as "block".
+
+The candidates (bytes per rank; ``acts`` the activations held at the backward's start, with the
+loss's buffers; ``grads_held``: the sharded gradients exist before this backward, i.e. after an
+earlier microbatch of the step):
+
+- backward start: ``acts`` + the units gathered then (root / head unit, last block prefetched);
+- the head unit's reduce ("block-ends");
+- the first block's reduce: the activations of the layers before it + the held root and its
+  gradients so far + the block's unsharded gradients and fp32 reduce-scatter input + the next
+  block prefetched; under recompute, inside that block's backward: its gathered weights and what
+  its re-run forward rematerialized (``LayerCost.transient_bytes``) instead of the reduce buffers;
+- the last block's reduce (and its recompute): the sharded gradients of the other blocks instead
+  of activations;
+- the final reduce (root, or embedding unit): its unsharded gradients and reduce-scatter input
+  beside every other unit's sharded gradients.
+
+Between the first and the last block the held bytes move linearly (each block frees its
+activations and adds its sharded gradients), so the largest candidate is the peak. Checked with
+``benchmarks/bench_memory.py --size 70b --layers 2,4`` (PyTorch's fake-tensor accounting). No
+torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class UnitLayer:
+    """One layer of a rank's cost table as FSDP2 units see it: ``kind`` ("block" is a unit of its
+    own), parameters per rank, activations stored per microbatch, what recompute rematerializes
+    of it while it is back-propagated (``transient``), the parameters of tied weights it reads
+    but another layer owns (a head tied to the embedding) and of its gradient as computed."""
+
+    kind: str
+    params: float
+    act: float
+    transient: float = 0.0
+    tied_params: float = 0.0
+    #: parameters of its gradient as the backward computes it, when more than it holds (-1: ``params``):
+    #: a vocab-parallel embedding under torch's DTensor TP gets its whole gradient (``StateCosts.embedding_grad_extra``)
+    grad_params: float = -1.0
+
+
+def fsdp_step_peak(layers: Sequence[UnitLayer], *, acts: float, grad_bytes: float, grads_held: bool,
+                   elem_bytes: float, reduce_bytes: float, units: str) -> float:
+    """Peak bytes of one FSDP2 step beyond the sharded parameters and optimizer states (module
+    docstring): the held units' parameters and gradients, the reduce-scatter buffers, the
+    activations at that point and the sharded gradients (``grad_bytes`` per parameter) that exist
+    then. ``acts`` is what the rank holds at the backward's start (activations and the loss's
+    backward buffers); ``grads_held``: the sharded gradients exist for the whole backward."""
+    blocks = [i for i, x in enumerate(layers) if x.kind == "block"]
+    if not blocks:
+        raise ValueError("fsdp_step_peak needs at least one repeated block (an FSDP unit)")
+    first, last = blocks[0], blocks[-1]
+    p_pre = sum(x.params for x in layers[:first])
+    g_pre = sum(x.params if x.grad_params < 0 else x.grad_params for x in layers[:first])  # its gradient, made last
+    p_post = sum(x.params for x in layers[last + 1:])
+    tied = sum(x.tied_params for x in layers[last + 1:])
+    p_all = sum(x.params for x in layers)
+    pb = max(layers[i].params for i in blocks)
+    nxt = pb if len(blocks) > 1 else 0.0  # the block prefetched while one is back-propagated
+    a_first = sum(x.act for x in layers[:last])  # the first block reduced: the layers before it
+    a_pre = sum(x.act for x in layers[:first])
+    e, r = elem_bytes, reduce_bytes
+    unit_rs = pb * (e + r)  # a block's unsharded gradients beside its reduce-scatter input
+    remat = pb * e + max(layers[i].transient for i in blocks)  # inside a recomputed block: its weights, re-run
+
+    def g(p: float) -> float:  # sharded gradients of p parameters, unless held all along
+        return 0.0 if grads_held else p * grad_bytes
+
+    g_all = p_all * grad_bytes if grads_held else 0.0
+    if units == "block" or tied:
+        root, root_g = (p_pre + p_post) * e, (p_post + tied) * e
+        cands = (
+            acts + root + pb * e,
+            a_first + root + root_g + unit_rs + nxt * e,
+            a_first + root + root_g + remat + nxt * e,
+            a_pre + root + root_g + unit_rs + g(p_all - p_pre - p_post - pb),
+            a_pre + root + root_g + remat + g(p_all - p_pre - p_post - pb),
+            (g_pre + p_post) * e + (p_pre + p_post) * r + g(p_all - p_pre - p_post),
+        )
+    elif units == "block-ends":
+        a_head = sum(x.act for x in layers[:last + 1])
+        cands = (
+            acts + p_post * e + pb * e,
+            a_head + p_post * (e + r) + pb * e,
+            a_first + unit_rs + nxt * e + g(p_post),
+            a_first + remat + nxt * e + g(p_post),
+            a_pre + unit_rs + p_pre * e + g(p_all - p_pre - pb),
+            a_pre + remat + p_pre * e + g(p_all - p_pre - pb),
+            g_pre * e + p_pre * r + g(p_all - p_pre),
+        )
+    else:
+        raise ValueError(f"fsdp_step_peak: units must be 'block' or 'block-ends', got {units!r}")
+    return g_all + max(cands)
+
+
+def fsdp_step_floor(layers: Sequence[UnitLayer], *, elem_bytes: float, reduce_bytes: float, units: str) -> float:
+    """A lower bound of what ``fsdp_step_peak`` adds beyond the larger of ``acts`` and the sharded
+    gradients: the least of its backward start's gathered units and its final reduce's buffers
+    (the memory floors' unsharded buffer, ``planner.memory_floor``)."""
+    blocks = [i for i, x in enumerate(layers) if x.kind == "block"]
+    first, last = blocks[0], blocks[-1]
+    p_pre = sum(x.params for x in layers[:first])
+    p_post = sum(x.params for x in layers[last + 1:])
+    pb = max(layers[i].params for i in blocks)
+    e = elem_bytes
+    if units == "block" or any(x.tied_params for x in layers[last + 1:]):
+        return (p_pre + p_post) * e  # the root, gathered at the start and reduced at the end
+    return min((p_post + pb) * e, p_pre * e)
