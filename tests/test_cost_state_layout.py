@@ -122,3 +122,20 @@ def test_deepspeed_zero3_gathers_one_module_at_a_time() -> None:
     assert "fsdp_stream_pools" not in module.predicted.mem_breakdown  # not FSDP2's streams
     with pytest.raises(ValueError, match="fsdp_units"):
         estimate_graph(g, 8, profile=MESHPLAN.but(fsdp_units="leaf"), **kw)
+
+
+def test_megatron_lm_s_distributed_optimizer_before_overlap_waits_for_its_collectives() -> None:
+    # Megatron-LM 23.06 (before --overlap-grad-reduce): reduce-scatter after backward, all-gather after
+    # the step, nothing hidden; the same bytes as local DDP's all-reduce, so about its exposed time
+    from meshplan.cost_models.engine_profiles import PROFILES
+
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
+    kw = dict(tp=1, pp=1, dp=8, global_batch_size=8, micro_batch_size=1, cluster=ClusterSpec.preset("h100"))
+    lm = PROFILES["megatron-lm-2023"]
+
+    def dp_s(kind: str, prof) -> float:
+        return estimate_graph(g, 8, dp_kind=kind, profile=prof, **kw).predicted.dp_comm_s
+
+    local, overlapped = dp_s("zero1", lm), dp_s("zero1", lm.but(ddp_impl="torch"))
+    assert local > 2 * overlapped
+    assert local == pytest.approx(dp_s("ddp", lm), rel=0.25)

@@ -356,6 +356,12 @@ class StateCosts:
             d = self.dp_collectives(gb, gb, c)
             exposed = local_ddp_sync_s(gb, lambda b: self.dp_collectives(b, b, c).sync_s,
                                        self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)  # fmt: skip
+        elif c.dp_kind == "zero1" and c.dp * c.cp > 1 and self.ddp_impl == "local" and not folded:
+            # Megatron-LM's distributed optimizer before --overlap-grad-reduce (e801b2b, 2023-09): training.py
+            # train_step calls optimizer.reduce_model_grads after forward_backward_func (distrib_optimizer.py:
+            # _reduce_scatter_base per gradient buffer) and gather_model_params after the step
+            # (_all_gather_base): both after the compute, nothing overlapped (tag 23.06)
+            exposed = d.sync_s + d.gather_s
         elif (c.dp_kind == "ddp" or torch_zero1) and c.dp * c.cp > 1:  # cp ranks hold the same weights: reduced too
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
             # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
