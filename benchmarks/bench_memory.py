@@ -55,6 +55,8 @@ def paths(big: bool) -> list[Path_]:
     return [
         Path_("single", 1, dict(tp=1, pp=1, dp=1)),
         Path_("single accum4", 1, dict(tp=1, pp=1, dp=1), microbatches=4),
+        Path_("ddp", w, dict(tp=1, pp=1, dp=w, dp_kind="ddp")),
+        Path_("zero1", w, dict(tp=1, pp=1, dp=w, dp_kind="zero1"), microbatches=2),
         Path_("fsdp", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp")),
         Path_("zero2", w, dict(tp=1, pp=1, dp=w, dp_kind="zero2")),
         Path_("hsdp", 2 * w, dict(tp=1, pp=1, dp=2 * w, dp_kind="hsdp")),

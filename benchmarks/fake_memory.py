@@ -29,10 +29,15 @@ fake tensors and changes no allocation of the step):
   alive (without it, it is freed after its backward). Those hooks only feed the per-module
   statistics, unused here; the global peak is taken per op, so they are not registered.
 
-Paths that cannot run under fake tensors (``UNSUPPORTED``): DDP (its C++ Reducer reads parameter
-storage in ``_verify_param_shape_across_processes`` and allocates its buckets in C++), hence also
-zero1 at pp = 1 and QLoRA under DDP. MemTracker hooks every parameter's gradient; QLoRA's frozen
-quantized base takes no hook, so the tracker only tracks its storage (``_StepTracker``).
+- DDP (ddp, zero1): ``_verify_param_shape_across_processes`` (a collective over parameter storage)
+  is skipped, the runtime's counting all-reduce hook returns its bucket in a completed future (the
+  fake group's future carries no value; the all-reduce is in place), and the reducer's bucket
+  rebuild after the first iteration is skipped (``_NoRebuild``: it reads the broadcast bucket
+  indices; the rebuilt buckets hold the same parameters). The Reducer's buckets are allocated by
+  its C++ code through the dispatcher, so MemTracker counts them.
+
+MemTracker hooks every parameter's gradient; QLoRA's frozen quantized base takes no hook, so the
+tracker only tracks its storage (``_StepTracker``). ``UNSUPPORTED`` names paths that cannot run here.
 """
 
 from __future__ import annotations
@@ -51,11 +56,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from meshplan.plan import Plan
 
-UNSUPPORTED = {
-    "ddp": "DDP's C++ Reducer reads parameter storage (_verify_param_shape_across_processes) and "
-           "allocates its gradient buckets in C++: no fake tensors",
-    "zero1": "ZeRO-1 at pp = 1 runs under DDP (see ddp)",
-}
+UNSUPPORTED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,21 @@ class _StepTracker(MemTracker):
     def _post_bw_hook(self, module: torch.nn.Module, args: Any) -> None:
         if module is None or module in self.memory_tracking:
             super()._post_bw_hook(module, args)
+
+
+class _NoRebuild:
+    """DDP's reducer without the bucket rebuild after the first iteration (it broadcasts the new
+    bucket indices, reading their data): the rebuilt buckets reorder the same parameters, the same
+    bytes in all. Everything else is the reducer's own."""
+
+    def __init__(self, reducer: Any) -> None:
+        object.__setattr__(self, "_reducer", reducer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
 
 
 @contextlib.contextmanager
@@ -211,6 +227,30 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
 
     patch(mtrack, "register_multi_grad_hook", lambda *a, **k: None)  # see the module doc
     patch(ParallelModel, "_global_loss", lambda self, loss: (0.0, False))
+    # DDP (ddp, zero1): its shape check reads parameter storage, the fake group's all-reduce future
+    # carries no value, and its second iteration's bucket rebuild reads the bucket indices' data
+    import torch.nn.parallel.distributed as tddp
+
+    import meshplan.runtime.apply.data_parallel as rdp
+
+    patch(tddp, "_verify_param_shape_across_processes", lambda *a, **k: None)
+
+    # in place, as the all-reduce: the bucket itself (no annotations: DDP checks them against its
+    # classes, and this module's ``from __future__ import annotations`` would make them strings)
+    def allreduce(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        state.add(bucket.buffer())
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    patch(rdp, "_counting_allreduce_hook", allreduce)
+    real_ddp_init = tddp.DistributedDataParallel.__init__
+
+    def ddp_init(self: Any, *a: Any, **k: Any) -> None:
+        real_ddp_init(self, *a, **k)
+        self.reducer = _NoRebuild(self.reducer)
+
+    patch(tddp.DistributedDataParallel, "__init__", ddp_init)
     for cls in list(vars(tsched).values()):
         if isinstance(cls, type) and "_warmup_p2p" in vars(cls):
             patch(cls, "_warmup_p2p", warm)
