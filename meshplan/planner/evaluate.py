@@ -458,6 +458,8 @@ class ConfigEvaluator:
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
         emb_g = 0.0 if self.quant else self.states.embedding_grad_extra(c)  # rank 0 holds the embedding
         r_state[0] += emb_g
+        ddp_b = 0.0 if self.quant else self.states.ddp_bucket_bytes(c, k.r_params[0])  # pp = 1: one rank
+        r_state[0] += ddp_b
         if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
             r_state = [s - e * per_param for s, e in zip(r_state, k.ep_cut)]
         folded = self.ep_cp.moe_folding and c.tp > 1
@@ -477,7 +479,7 @@ class ConfigEvaluator:
             # the backward's end: the gradients beside what recompute rematerializes of the first layer
             end = g0 + max((x.transient_bytes for a, b in runs for x in t.layers[a:b]), default=0.0)
             before, live[0] = live[0], max(live[0], end) - g0
-            if c.dp_kind != "ddp" and c.dp * c.cp > 1:
+            if c.dp_kind in ("fsdp", "zero2", "hsdp") and c.dp * c.cp > 1:
                 # reserved, not live: FSDP2 allocates the sharded gradients (its reduce-scatter
                 # output) on its reduce-scatter stream (_fsdp_collectives.foreach_reduce), whose
                 # allocator pool cannot take the blocks the default stream's freed activations
@@ -517,6 +519,8 @@ class ConfigEvaluator:
         pools = self.states.stream_pools(c, t, runs, on_rank)
         if pools:  # reserved by the allocator, not live: not in peak_mem_bytes (allocator.reserved_peak_bytes)
             mem_breakdown["fsdp_stream_pools"] = int(pools)
+        if ddp_b > 0:  # live, in peak_mem_bytes: DDP's Reducer buckets
+            mem_breakdown["ddp_buckets"] = int(ddp_b)
         if emb_g > 0:  # live, in peak_mem_bytes: a vocab-parallel embedding's whole gradient (DTensor TP)
             mem_breakdown["embedding_grad_whole"] = int(emb_g)
         if rs_grads > 0:  # reserved, not live: the sharded gradients in the reduce-scatter stream's pool

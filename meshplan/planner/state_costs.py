@@ -198,10 +198,26 @@ class StateCosts:
         gradients and fp32 reduce-scatter copies are its buffers (``fsdp_buffers``), counted
         beside. Measured on benchmarks/bench_memory.py (4 blocks): fsdp -2.4 %, zero2 -5.3 %, hsdp
         -3.2 % with the rule, +15.5 / +10.4 / +7.0 % without (an earlier harness, whose tracker
-        hooks leaked autograd nodes, had shown +4 to +12 % and -5 to -14 %). Not with DDP (its
-        Reducer holds gradient buckets for the whole run)."""
+        hooks leaked autograd nodes, had shown +4 to +12 % and -5 to -14 %). Under torch's DDP
+        (ddp, zero1) too, its Reducer's buckets counted beside (``ddp_bucket_bytes``)."""
         return (self.state_layout == "torch" and c.pp == 1 and c.num_microbatches == 1
-                and (c.dp * c.cp == 1 or c.dp_kind in ("fsdp", "zero2", "hsdp")))
+                and (c.dp * c.cp == 1 or c.dp_kind in ("fsdp", "zero2", "hsdp")
+                     or self.ddp_buckets(c)))
+
+    def ddp_buckets(self, c: Config) -> bool:
+        """Whether ``c`` runs torch's DistributedDataParallel over its parameters (ddp, zero1 at pp = 1
+        in meshplan's runtime, ``runtime/apply/data_parallel.wrap_dp``; ``ddp_impl`` "torch", the
+        "torch" state layout)."""
+        return (c.pp == 1 and c.dp_kind in ("ddp", "zero1") and c.dp * c.cp > 1 and self.ddp_impl == "torch"
+                and self.state_layout == "torch")
+
+    def ddp_bucket_bytes(self, c: Config, params: float) -> float:
+        """DDP's Reducer buckets for ``params`` trainable parameters (``ddp_buckets``): flat copies
+        of every gradient in the parameters' dtype (``gradient_as_bucket_view=False``, torch's
+        default and the runtime's), allocated when DDP is built and held for the run, beside the
+        ``.grad`` tensors. Under fake tensors (``benchmarks/fake_memory.py``) ddp with 2 microbatches
+        tracked 641 MiB where the model without them gave 528 (-17.7 %)."""
+        return params * self.state_bytes_per_param(c).params if self.ddp_buckets(c) else 0.0
 
     def embedding_grad_extra(self, c: Config) -> float:
         """Gradient bytes a vocab-parallel embedding holds beyond its shard under torch's DTensor TP
