@@ -230,6 +230,16 @@ _MEGATRON_2021 = (
 )  # fmt: skip
 
 
+#: Transformer Engine's attention backend choice on Hopper, shared by every TE-based profile
+_TE_CUDNN_ATTENTION = (
+    "attention_backend",
+    "Transformer Engine DotProductAttention get_attention_backend (transformer_engine/pytorch/attention.py; "
+    "dot_product_attention/utils.py in later releases): 'Disabling FlashAttention to give FusedAttention preference "
+    "on Hopper+ for performance reasons' when both are available (cuDNN F16_arbitrary_seqlen); the TE release of "
+    "each container not pinned here",
+)
+
+
 def _with(sources: tuple[tuple[str, str], ...], *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
     keys = {k for k, _ in extra}
     return tuple(s for s in sources if s[0] not in keys) + extra
@@ -376,11 +386,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed", glu_kernel="fused",
         fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         sources=_with(_MEGATRON_2021,
-                      ("attention_backend", "Transformer Engine DotProductAttention get_attention_backend "
-                                            "(transformer_engine/pytorch/attention.py; dot_product_attention/utils.py in "
-                                            "later releases): 'Disabling FlashAttention to give FusedAttention preference on "
-                                            "Hopper+ for performance reasons' when both are available (cuDNN "
-                                            "F16_arbitrary_seqlen); the TE release of each container not pinned here"),
+                      _TE_CUDNN_ATTENTION,
                       ("shard_over_cp", "core_v0.8.0 megatron/training/training.py get_megatron_optimizer(..., "
                                         "data_parallel_group=mpu.get_data_parallel_group(with_context_parallel=True)) "
                                         "and megatron/core/distributed/distributed_data_parallel.py gradient buffers "
@@ -410,11 +416,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         loss_kernel="fused", vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed",
         glu_kernel="fused", fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         sources=_with(_MEGATRON_2021,
-                      ("attention_backend", "Transformer Engine DotProductAttention get_attention_backend "
-                                            "(transformer_engine/pytorch/attention.py; dot_product_attention/utils.py in "
-                                            "later releases): 'Disabling FlashAttention to give FusedAttention preference on "
-                                            "Hopper+ for performance reasons' when both are available (cuDNN "
-                                            "F16_arbitrary_seqlen); the TE release of each container not pinned here"),
+                      _TE_CUDNN_ATTENTION,
                       ("shard_over_cp", "megatron/core/optimizer/__init__.py get_megatron_optimizer: the distributed "
                                         "optimizer's data_parallel_group = intra_dp_cp_group (process_groups_config.py "
                                         "'intra_dp_cp': get_data_parallel_group(with_context_parallel=True, "
@@ -442,11 +444,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="current",
         glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         sources=_with(_MEGATRON_2021,
-                      ("attention_backend", "Transformer Engine DotProductAttention get_attention_backend "
-                                            "(transformer_engine/pytorch/attention.py; dot_product_attention/utils.py in "
-                                            "later releases): 'Disabling FlashAttention to give FusedAttention preference on "
-                                            "Hopper+ for performance reasons' when both are available (cuDNN "
-                                            "F16_arbitrary_seqlen); the TE release of each container not pinned here"),
+                      _TE_CUDNN_ATTENTION,
                       ("shard_over_cp", "recipes/llama/llama3.py _llama3_common: use_distributed_optimizer=True -> "
                                         "Megatron-Core optimizer/__init__.py get_megatron_optimizer: the distributed optimizer over "
                                         "get_data_parallel_group(with_context_parallel=True) (core_v0.12.0, 2025-05) / "
@@ -489,11 +487,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="delayed",
         glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         sources=_with(_MEGATRON_2021,
-                      ("attention_backend", "Transformer Engine DotProductAttention get_attention_backend "
-                                            "(transformer_engine/pytorch/attention.py; dot_product_attention/utils.py in "
-                                            "later releases): 'Disabling FlashAttention to give FusedAttention preference on "
-                                            "Hopper+ for performance reasons' when both are available (cuDNN "
-                                            "F16_arbitrary_seqlen); the TE release of each container not pinned here"),
+                      _TE_CUDNN_ATTENTION,
                       ("state_layout", "recipes' optim.name distributed_fused_adam, grad_sync_dtype bf16, megatron_amp_O2 "
                                        "(dgxc-benchmarking 35a9aec llama3.1/*.yaml, nemo_megatron/gpt3_175b_hydra.yaml) -> "
                                        "NeMo r2.0.0rc1 megatron_base_model.py setup_optimization: contiguous_grad_buffer "
