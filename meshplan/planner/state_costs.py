@@ -265,9 +265,12 @@ class StateCosts:
     def fsdp_steps(self, c: Config) -> bool:
         """Whether ``c``'s sharded step is priced unit by unit (``fsdp_units.fsdp_step_peak``): FSDP2
         per block (units "block" / "block-ends") resharding after forward (fsdp, hsdp) over more than
-        one rank, no pipeline, unquantized, no expert parallelism or MoE folding."""
+        one rank, no pipeline, unquantized, no expert parallelism or MoE folding, and a model with
+        repeated blocks (a graph without them, e.g. a CNN or a small MLP, is one FSDP unit: the
+        two-layer buffer of ``dp_kinds.unsharded_buffer_bytes``)."""
         return (c.pp == 1 and c.dp_kind in ("fsdp", "hsdp") and self.fsdp_units in ("block", "block-ends")
-                and c.ep == 1 and not self.ep_cp.quant and not self.ep_cp.moe_folding and self.shard(c) > 1)
+                and c.ep == 1 and not self.ep_cp.quant and not self.ep_cp.moe_folding and self.shard(c) > 1
+                and any(u.kind == "block" for u in self.unit_layers(c)))
 
     def unit_layers(self, c: Config) -> list[UnitLayer]:
         """``c``'s cost-table layers as FSDP2 units see them (memoized per table)."""
