@@ -67,6 +67,17 @@ class UnitLayer:
     grad_params: float = -1.0
 
 
+def _spans(layers: Sequence[UnitLayer]) -> tuple[list[int], int, int, float, float, float]:
+    """The repeated blocks' indices, the first and the last, the parameters before the first and
+    after the last (the root's, or the end units'), and the largest block's parameters."""
+    blocks = [i for i, x in enumerate(layers) if x.kind == "block"]
+    if not blocks:
+        raise ValueError("FSDP2 unit pricing needs at least one repeated block (an FSDP unit)")
+    first, last = blocks[0], blocks[-1]
+    return (blocks, first, last, sum(x.params for x in layers[:first]), sum(x.params for x in layers[last + 1:]),
+            max(layers[i].params for i in blocks))
+
+
 def fsdp_step_peak(layers: Sequence[UnitLayer], *, acts: float, grad_bytes: float, grads_held: bool,
                    elem_bytes: float, reduce_bytes: float, units: str) -> float:
     """Peak bytes of one FSDP2 step beyond the sharded parameters and optimizer states (module
@@ -74,16 +85,10 @@ def fsdp_step_peak(layers: Sequence[UnitLayer], *, acts: float, grad_bytes: floa
     activations at that point and the sharded gradients (``grad_bytes`` per parameter) that exist
     then. ``acts`` is what the rank holds at the backward's start (activations and the loss's
     backward buffers); ``grads_held``: the sharded gradients exist for the whole backward."""
-    blocks = [i for i, x in enumerate(layers) if x.kind == "block"]
-    if not blocks:
-        raise ValueError("fsdp_step_peak needs at least one repeated block (an FSDP unit)")
-    first, last = blocks[0], blocks[-1]
-    p_pre = sum(x.params for x in layers[:first])
+    blocks, first, last, p_pre, p_post, pb = _spans(layers)
     g_pre = sum(x.params if x.grad_params < 0 else x.grad_params for x in layers[:first])  # its gradient, made last
-    p_post = sum(x.params for x in layers[last + 1:])
     tied = sum(x.tied_params for x in layers[last + 1:])
     p_all = sum(x.params for x in layers)
-    pb = max(layers[i].params for i in blocks)
     nxt = pb if len(blocks) > 1 else 0.0  # the block prefetched while one is back-propagated
     a_first = sum(x.act for x in layers[:last])  # the first block reduced: the layers before it
     a_pre = sum(x.act for x in layers[:first])
@@ -125,11 +130,7 @@ def fsdp_step_floor(layers: Sequence[UnitLayer], *, elem_bytes: float, reduce_by
     """A lower bound of what ``fsdp_step_peak`` adds beyond the larger of ``acts`` and the sharded
     gradients: the least of its backward start's gathered units and its final reduce's buffers
     (the memory floors' unsharded buffer, ``planner.memory_floor``)."""
-    blocks = [i for i, x in enumerate(layers) if x.kind == "block"]
-    first, last = blocks[0], blocks[-1]
-    p_pre = sum(x.params for x in layers[:first])
-    p_post = sum(x.params for x in layers[last + 1:])
-    pb = max(layers[i].params for i in blocks)
+    _, _, last, p_pre, p_post, pb = _spans(layers)
     e = elem_bytes
     if units == "block" or any(x.tied_params for x in layers[last + 1:]):
         return (p_pre + p_post) * e  # the root, gathered at the start and reduced at the end

@@ -185,10 +185,6 @@ class InitTape:
         return peak
 
 
-def _set_cpu_rng_state(state: torch.Tensor) -> None:
-    torch.set_rng_state(state)
-
-
 @contextmanager
 def _recording_seeds(tape: InitTape, seeded: list[bool]) -> Iterator[None]:
     """While recording, every call that reseeds the CPU generator (``torch.manual_seed``,
@@ -203,7 +199,7 @@ def _recording_seeds(tape: InitTape, seeded: list[bool]) -> Iterator[None]:
 
     def record() -> None:
         state = get0()
-        tape.ops.append(_Op(functools.partial(_set_cpu_rng_state, state), ((), {}), [], set(), set(), set()))
+        tape.ops.append(_Op(functools.partial(set0, state), ((), {}), [], set(), set(), set()))
         seeded.append(True)
 
     def seeding(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -275,20 +275,21 @@ class ConfigEvaluator:
         t = self.table(c)
         per_param = self.states.state_bytes_per_param(c).total
         dv = self.states.zero_divs(c)
-        cast = self.states.runs_autocast(c)  # kept per microbatch as the activations are (evaluate)
-        once = self.autocast_once(c)  # the weight copies: once per stage, as its states are
-
+        cast = self.states.runs_autocast(c)  # autocast's kept bytes: per microbatch, as the activations are
+        once = cast and self.autocast_once(c)  # of them, the weight copies once per stage, as its states are
 
         def states(x: LayerCost) -> int:
             if self.quant:
                 return int(x.state_param_bytes / dv[0] + x.state_grad_bytes / dv[1] + x.state_opt_bytes / dv[2])
             return int(x.param_count * per_param)
 
+        def held_once(x: LayerCost) -> float:
+            return x.autocast_weight_bytes if once else 0.0
+
         return [
             Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
-                  state_bytes=states(x) + int(x.autocast_weight_bytes if cast and once else 0.0),
-                  act_bytes=int(x.act_bytes + ((x.autocast_bytes - (x.autocast_weight_bytes if once else 0.0))
-                                               if cast else 0.0)),
+                  state_bytes=states(x) + int(held_once(x)),
+                  act_bytes=int(x.act_bytes + (x.autocast_bytes - held_once(x) if cast else 0.0)),
                   boundary_bytes=int(x.out_bytes))
             for x in t.layers
         ]  # fmt: skip

@@ -129,7 +129,7 @@ def step_cast_cache(modules: list[nn.Module], recompute: str) -> Any:
     exits (``torch.amp.autocast.__exit__``: ``autocast_decrement_nesting() == 0``), so a weight is cast
     once per step and every microbatch in flight saves that one copy. Under full / op recompute the
     saved copies are dropped per microbatch, and a step-long cache would hold one more copy: no-op.
-    Gradients are unchanged: the copies are the same casts, shared (``tests/test_precision.py``)."""
+    Gradients are unchanged: the copies are the same casts, shared (``tests/test_runtime_precision.py``)."""
     if recompute not in ("none", "selective"):
         return nullcontext()
     for m in modules:
