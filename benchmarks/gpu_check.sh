@@ -5,19 +5,24 @@
 #   benchmarks/gpu_check.sh --download-wheels DIR     # on a machine WITH a package index, beforehand
 #
 # Steps, each under its own `timeout`, each logging to DIR/NN-name.log (lines time-stamped) and
-# appending "name<TAB>exit code<TAB>seconds" to DIR/status.tsv; a failed step does not stop the rest:
+# appending "name<TAB>exit code<TAB>seconds" to DIR/status.tsv; a failed step does not stop the rest.
+# They run in order of what matters most when device time is short (the runs and their memory first):
 #   01 plan       meshplan plan gpt2-xl -n 1 on this GPU's preset (batch 8 x 1024)
 #   02 run        meshplan run on synthetic data (RunRecord run_synthetic.json)
-#   03 tokens     meshplan prepare-data (byte tokens of a bundled text) -> tokens.bin
-#   04 run        meshplan run on tokens.bin (RunRecord run_tokens.json)
-#   05 calibrate  meshplan calibrate on both RunRecords -> calibrated.json
-#   06 replan     meshplan plan on the calibrated cluster
-#   07 bench      benchmarks/bench_gpu.py: hand-written bf16 loop vs the runtime (gpt2-xl, llama-1b)
-#   08 plan 8B    meshplan plan llama3-8b -n 1, batch 8 x 4096 (the planner's pick at this GPU's memory edge;
+#   03 plan alt   the same model pinned to another configuration (microbatch 2, full recompute)
+#   04 run alt    meshplan run of it (run_alt.json): a second measured point, for calibration transfer
+#   05 plan 8B    meshplan plan llama3-8b -n 1, batch 8 x 4096 (the planner's pick at this GPU's memory edge;
 #                 QLoRA when nothing else fits)
-#   09 run 8B     meshplan run of that plan: does what the planner says fits, fit?
-#   10 profile    meshplan profile --nproc 1 (#28 item 4): one device measured, the links derived
-#   11 local      meshplan plan MODEL -n 4 --cluster local (#29 item 3): this GPU profiled once, replicated 4 times
+#   06 run 8B     meshplan run of that plan: does what the planner says fits, fit?
+#   07 tokens     meshplan prepare-data (byte tokens of a bundled text) -> tokens.bin
+#   08 run        meshplan run on tokens.bin (RunRecord run_tokens.json)
+#   09 calibrate  meshplan calibrate on both gpt2-xl default-plan RunRecords -> calibrated.json
+#   10 replan     meshplan plan on the calibrated cluster
+#   11 transfer   calibrate on run_synthetic.json alone, then price the alt configuration (03) on it: the
+#                 prediction for a configuration the fit never saw (#33 item 6), compared with run_alt.json
+#   12 bench      benchmarks/bench_gpu.py: hand-written bf16 loop vs the runtime (gpt2-xl, llama-1b)
+#   13 profile    meshplan profile --nproc 1 (#28 item 4): one device measured, the links derived
+#   14 local      meshplan plan MODEL -n 4 --cluster local (#29 item 3): this GPU profiled once, replicated 4 times
 # Then benchmarks/gpu_check_report.py prints (and writes DIR/summary.md) predicted vs measured step
 # time and peak memory per run, launch-to-first-step seconds, and the calibrated re-plan.
 #
@@ -25,7 +30,7 @@
 # highspy). --download-wheels DIR fetches cp312 manylinux wheels of both beforehand; --wheels DIR
 # installs them there with --no-index into DIR/site (nothing outside DIR is touched).
 # --cpu runs the same steps with tiny models on the CPU (gloo), to check the script itself; --quick
-# shortens the GPU runs. Typical wall time on one GPU: about 6-7 minutes (not yet measured: see
+# shortens the GPU runs. Typical wall time on one GPU: about 6-8 minutes with --quick (see
 # BENCHMARKS.md); the sum of the step timeouts bounds the worst case.
 set -u
 
@@ -123,28 +128,34 @@ fi
 echo "cluster preset: $CLUSTER; results in $OUT"
 cd "$OUT" || exit 2
 
-step 01-plan 120 "${MP[@]}" plan "$MODEL" -n 1 --cluster "$CLUSTER" --global-batch "$BATCH" --seq "$SEQ" -o plan.json
+SHAPE=(--global-batch "$BATCH" --seq "$SEQ")
+ALT=(--micro-batch 2 --recompute full)  # another configuration of the same model, same batch
+step 01-plan 120 "${MP[@]}" plan "$MODEL" -n 1 --cluster "$CLUSTER" "${SHAPE[@]}" -o plan.json
 step 02-run-synthetic 240 "${MP[@]}" run plan.json --model "$MODEL" --steps "$STEPS" --log-every 1 \
   --record run_synthetic.json "${RUN_EXTRA[@]}"
-step 03-tokens 60 "${MP[@]}" prepare-data "$REPO/tests/data/river_town.txt" -o tokens.bin --val-fraction 0.1
-step 04-run-tokens 180 "${MP[@]}" run plan.json --model "$MODEL" --steps "$STEPS" --log-every 1 --data tokens.bin \
-  --eval-every "$STEPS" --eval-batches 1 --record run_tokens.json "${RUN_EXTRA[@]}"
-step 05-calibrate 60 "${MP[@]}" calibrate run_synthetic.json run_tokens.json --cluster "$CLUSTER" -o calibrated.json
-step 06-replan 120 "${MP[@]}" plan "$MODEL" -n 1 --cluster calibrated.json --global-batch "$BATCH" --seq "$SEQ" \
-  -o plan_calibrated.json
-step 07-bench-gpu 240 "$PY" "$REPO/benchmarks/bench_gpu.py" "${BENCH[@]}"
-step 08-plan-8b 120 "${MP[@]}" plan "$BIG" -n 1 --cluster "$CLUSTER" --global-batch "$BIG_BATCH" --seq "$BIG_SEQ" -o plan_8b.json
+step 03-plan-alt 120 "${MP[@]}" plan "$MODEL" -n 1 --cluster "$CLUSTER" "${SHAPE[@]}" "${ALT[@]}" -o plan_alt.json
+step 04-run-alt 240 "${MP[@]}" run plan_alt.json --model "$MODEL" --steps "$STEPS" --log-every 1 \
+  --record run_alt.json "${RUN_EXTRA[@]}"
+step 05-plan-8b 120 "${MP[@]}" plan "$BIG" -n 1 --cluster "$CLUSTER" --global-batch "$BIG_BATCH" --seq "$BIG_SEQ" -o plan_8b.json
 if [ ! -s plan_8b.json ]; then  # nothing fits in full precision: the planner's QLoRA plan
-  step 08b-plan-8b-qlora 120 "${MP[@]}" plan "$BIG" -n 1 --cluster "$CLUSTER" --global-batch "$BIG_BATCH" --seq "$BIG_SEQ" \
+  step 05b-plan-8b-qlora 120 "${MP[@]}" plan "$BIG" -n 1 --cluster "$CLUSTER" --global-batch "$BIG_BATCH" --seq "$BIG_SEQ" \
     --quantization qlora -o plan_8b.json
 fi
 if [ -s plan_8b.json ]; then
-  step 09-run-8b 300 "${MP[@]}" run plan_8b.json --model "$BIG" --steps 6 --log-every 1 --profile-steps 0 \
+  step 06-run-8b 300 "${MP[@]}" run plan_8b.json --model "$BIG" --steps 6 --log-every 1 --profile-steps 0 \
     --record run_8b.json "${RUN_EXTRA[@]}"
 fi
-
-step 10-profile-1dev 90 "${MP[@]}" profile --nproc 1 --quick --budget 45 -o profile_1dev.json
-step 11-plan-local 120 env MESHPLAN_PROFILE_DIR="$OUT/profiles" MESHPLAN_LOCAL_BUDGET=45 "${MP[@]}" plan "$MODEL" -n 4 \
-  --cluster local --global-batch "$BATCH" --seq "$SEQ" -o plan_local.json
+step 07-tokens 60 "${MP[@]}" prepare-data "$REPO/tests/data/river_town.txt" -o tokens.bin --val-fraction 0.1
+step 08-run-tokens 180 "${MP[@]}" run plan.json --model "$MODEL" --steps "$STEPS" --log-every 1 --data tokens.bin \
+  --eval-every "$STEPS" --eval-batches 1 --record run_tokens.json "${RUN_EXTRA[@]}"
+step 09-calibrate 60 "${MP[@]}" calibrate run_synthetic.json run_tokens.json --cluster "$CLUSTER" -o calibrated.json
+step 10-replan 120 "${MP[@]}" plan "$MODEL" -n 1 --cluster calibrated.json "${SHAPE[@]}" -o plan_calibrated.json
+step 11a-calibrate-one 60 "${MP[@]}" calibrate run_synthetic.json --cluster "$CLUSTER" -o calibrated_one.json
+step 11b-transfer 120 "${MP[@]}" plan "$MODEL" -n 1 --cluster calibrated_one.json "${SHAPE[@]}" "${ALT[@]}" \
+  -o plan_alt_calibrated.json
+step 12-bench-gpu 240 "$PY" "$REPO/benchmarks/bench_gpu.py" "${BENCH[@]}"
+step 13-profile-1dev 90 "${MP[@]}" profile --nproc 1 --quick --budget 45 -o profile_1dev.json
+step 14-plan-local 120 env MESHPLAN_PROFILE_DIR="$OUT/profiles" MESHPLAN_LOCAL_BUDGET=45 "${MP[@]}" plan "$MODEL" -n 4 \
+  --cluster local "${SHAPE[@]}" -o plan_local.json
 
 "$PY" "$REPO/benchmarks/gpu_check_report.py" "$OUT" | tee "$OUT/summary.md"

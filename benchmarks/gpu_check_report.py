@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 GIB = 2**30
-RUNS = (("02-run-synthetic", "run_synthetic.json", "plan.json"), ("04-run-tokens", "run_tokens.json", "plan.json"),
-        ("09-run-8b", "run_8b.json", "plan_8b.json"))
+RUNS = (("02-run-synthetic", "run_synthetic.json", "plan.json"), ("04-run-alt", "run_alt.json", "plan_alt.json"),
+        ("06-run-8b", "run_8b.json", "plan_8b.json"), ("08-run-tokens", "run_tokens.json", "plan.json"))
 
 
 def _status(out: Path) -> dict[str, tuple[str, str]]:
@@ -63,7 +63,7 @@ def run_rows(out: Path) -> list[str]:
     for step, rec_name, plan_name in RUNS:
         rec_path, plan_path = out / rec_name, out / plan_name
         if not rec_path.is_file():
-            if plan_path.is_file() or step != "09-run-8b":
+            if plan_path.is_file() or step != "06-run-8b":
                 rows.append(f"| {step} | {Plan.load(plan_path).summary() if plan_path.is_file() else 'no plan'} "
                             f"| no RunRecord: see {step}.log{_oom(out / f'{step}.log')} |||||||||")
             continue
@@ -93,7 +93,7 @@ def calibrated_rows(out: Path) -> list[str]:
 
     before, after = out / "plan.json", out / "plan_calibrated.json"
     if not (before.is_file() and after.is_file()):
-        return ["re-plan on the calibrated cluster: missing (see 05-calibrate.log, 06-replan.log)"]
+        return ["re-plan on the calibrated cluster: missing (see 09-calibrate.log, 10-replan.log)"]
     recs = [RunRecord.load(out / n) for n in ("run_synthetic.json", "run_tokens.json") if (out / n).is_file()]
     measured = [r.measured_step_s for r in recs if not r.not_comparable]  # no percentage across machines
     m = min(measured) if measured else 0.0
@@ -102,6 +102,27 @@ def calibrated_rows(out: Path) -> list[str]:
             f"{b.predicted.step_s * 1e3:.1f} ms -> {a.predicted.step_s * 1e3:.1f} ms"
             + (f" (measured {m * 1e3:.1f} ms: {_pct(m, b.predicted.step_s)} before, {_pct(m, a.predicted.step_s)} after; "
                "in-sample, the same runs it was fitted to)" if m else "")]
+
+
+def transfer_rows(out: Path) -> list[str]:
+    """Calibration fitted on the default plan's run alone, used to price a configuration it never saw."""
+    from meshplan.plan import Plan
+    from meshplan.runtime.record.run_record import RunRecord
+
+    alt, cal, rec = out / "plan_alt.json", out / "plan_alt_calibrated.json", out / "run_alt.json"
+    if not (alt.is_file() and cal.is_file() and rec.is_file()):
+        return ["calibration transfer: missing (see 03-plan-alt.log, 04-run-alt.log, 11a-calibrate-one.log, "
+                "11b-transfer.log)"]
+    r, a, c = RunRecord.load(rec), Plan.load(alt), Plan.load(cal)
+    if c.summary() != a.summary():
+        return [f"calibration transfer: the pinned plan differs on the calibrated cluster ({a.summary()} vs "
+                f"{c.summary()}); not compared"]
+    if r.not_comparable:
+        return [f"calibration transfer: {a.summary()} measured on another machine ({r.not_comparable}); not compared"]
+    m = r.measured_step_s
+    return [f"calibration transfer (fitted on run_synthetic.json only, {a.summary()} never seen by the fit): "
+            f"measured {m * 1e3:.1f} ms; predicted {a.predicted.step_s * 1e3:.1f} ms on the preset "
+            f"({_pct(m, a.predicted.step_s)}), {c.predicted.step_s * 1e3:.1f} ms calibrated ({_pct(m, c.predicted.step_s)})"]
 
 
 def main(argv: list[str]) -> int:
@@ -117,8 +138,8 @@ def main(argv: list[str]) -> int:
     lines += [f"| {k} | {rc}{' (timed out)' if rc == '124' else ''} | {s} |" for k, (rc, s) in _status(out).items()]
     lines += ["", "Runs (`meshplan run`; measured as the RunRecord says, predicted from the plan):", ""]
     lines += run_rows(out)
-    lines += ["", *calibrated_rows(out), ""]
-    bench = out / "07-bench-gpu.log"
+    lines += ["", *calibrated_rows(out), *transfer_rows(out), ""]
+    bench = out / "12-bench-gpu.log"
     if bench.is_file():
         table = [ln.partition(" ")[2] for ln in bench.read_text(errors="replace").splitlines()]
         lines += ["bench_gpu.py:", ""] + [t for t in table if t.startswith("|") or t.startswith("bench_gpu")
