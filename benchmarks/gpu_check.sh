@@ -87,7 +87,8 @@ step() {
   printf '%s launch\n' "$t0" >> "$log"
   GPU_CHECK_DUMP_AFTER_S=$((limit > 15 ? limit - 10 : limit)) timeout --kill-after=15 "$limit" "$@" 2>&1 | stamp >> "$log"
   rc=${PIPESTATUS[0]}
-  printf '%s\t%s\t%.1f\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" >> "$OUT/status.tsv"
+  awk -v n="$name" -v rc="$rc" -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN { printf "%s\t%s\t%.1f\n", n, rc, t1 - t0 }' \
+    >> "$OUT/status.tsv"  # awk, not bc: the GPU machine's image has no bc
   tail -n 4 "$log" | cut -d' ' -f2- | grep -v '^launch$' | sed 's/^/   /'
   [ "$rc" = 124 ] && echo "   TIMED OUT after ${limit}s (stacks in $log)"
   return 0

@@ -26,8 +26,12 @@ from typing import Any
 
 import torch
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining._utils import _make_tensor_from_meta
 from torch.distributed.pipelining.stage import _RecvInfo
+
+try:  # torch >= 2.12 (the pinned 2.13): receive metadata that allocates a buffer on demand
+    from torch.distributed.pipelining._utils import _make_tensor_from_meta
+except ImportError:  # older torch (2.11 on the GPU machine, PLATFORM.md): torch's own stages, below
+    _make_tensor_from_meta = None
 
 from meshplan.errors import PlanMismatchError
 
@@ -176,7 +180,18 @@ def _unallocated(info: _RecvInfo) -> _RecvInfo:
 def pipeline_stage(module: Any, index: int, num_stages: int, device: Any, group: Any, **metadata: Any) -> Any:
     """The runtime's one builder of a pipeline stage: an ``InFlightStage`` for ``module``;
     ``metadata``: ``PipelineStage``'s static ``input_args`` / ``output_args`` / ... (the runtime
-    lets torch infer them on the first step)."""
+    lets torch infer them on the first step).
+
+    On a torch without ``_make_tensor_from_meta`` (before 2.12) the stage is torch's own
+    ``PipelineStage``: it keeps a receive buffer per microbatch (what the memory model's
+    ``pp_buffers="all"`` prices, not meshplan's in-flight convention), and a warning says so."""
+    if _make_tensor_from_meta is None:
+        import warnings
+
+        warnings.warn(f"torch {torch.__version__} lacks pipelining._utils._make_tensor_from_meta: pipeline stages "
+                      "are torch's own PipelineStage, which keeps a receive buffer for every microbatch (more memory "
+                      "than the plan priced); torch >= 2.12 runs meshplan's in-flight stages", stacklevel=2)
+        return PipelineStage(module, index, num_stages, device, group=group, **metadata)
     return InFlightStage(module, index, num_stages, device, group=group, **metadata)
 
 
