@@ -14,7 +14,7 @@
 #   05 plan 8B    meshplan plan llama3-8b -n 1, batch 8 x 4096 (the planner's pick at this GPU's memory edge;
 #                 QLoRA when nothing else fits)
 #   06 run 8B     meshplan run of that plan: does what the planner says fits, fit?
-#   07 tokens     meshplan prepare-data (byte tokens of a bundled text) -> tokens.bin
+#   07 tokens     meshplan prepare-data (byte tokens of the repo's prose, ~0.5 MB) -> tokens.bin
 #   08 run        meshplan run on tokens.bin (RunRecord run_tokens.json)
 #   09 calibrate  meshplan calibrate on both gpt2-xl default-plan RunRecords -> calibrated.json
 #   10 replan     meshplan plan on the calibrated cluster
@@ -146,7 +146,10 @@ if [ -s plan_8b.json ]; then
   step 06-run-8b 300 "${MP[@]}" run plan_8b.json --model "$BIG" --steps 6 --log-every 1 --profile-steps 0 \
     --record run_8b.json "${RUN_EXTRA[@]}"
 fi
-step 07-tokens 60 "${MP[@]}" prepare-data "$REPO/tests/data/river_town.txt" -o tokens.bin --val-fraction 0.1
+# a corpus of the repo's own prose (byte tokens): the bundled river_town.txt alone (8.7k tokens) is less than
+# one global batch of 8 x 1025 at GPU shapes, for training or for the held-out split
+cat "$REPO/tests/data/river_town.txt" "$REPO"/README.md "$REPO"/BENCHMARKS.md "$REPO"/docs/*.md > corpus.txt 2>/dev/null
+step 07-tokens 60 "${MP[@]}" prepare-data corpus.txt -o tokens.bin --val-fraction 0.1
 step 08-run-tokens 180 "${MP[@]}" run plan.json --model "$MODEL" --steps "$STEPS" --log-every 1 --data tokens.bin \
   --eval-every "$STEPS" --eval-batches 1 --record run_tokens.json "${RUN_EXTRA[@]}"
 step 09-calibrate 60 "${MP[@]}" calibrate run_synthetic.json run_tokens.json --cluster "$CLUSTER" -o calibrated.json

@@ -70,6 +70,19 @@ def test_nf4_storage_matches_the_cost_model() -> None:
     assert 0.515 < measured / w.numel() < 0.517
 
 
+def test_lora_factors_live_on_the_base_weights_device() -> None:
+    """A model materialized on an accelerator before QLoRA gets its adapters there too (seen on an H200:
+    the factors stayed on the host and the first forward failed, 'mat2 is on cpu'). The meta device
+    stands in for cuda here (no base quantization on meta: only where the factors are put is checked)."""
+    model = tiny_gpt().to("meta")
+    from meshplan.runtime.apply.quant.qlora import apply_qlora
+
+    fqns = apply_qlora(model, Q, quantize_base=False)
+    for f in fqns:
+        mod = model.get_submodule(f)
+        assert mod.lora_A.device.type == mod.lora_B.device.type == mod.weight.device.type == "meta"
+
+
 def test_only_lora_trains_base_stays_nf4_and_merge_matches() -> None:
     model = tiny_gpt()
     fqns = apply_quantization(model, Q)

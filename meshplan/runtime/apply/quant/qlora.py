@@ -133,7 +133,9 @@ def apply_qlora(
             w_local = _shard(w, lay.weight, mesh)
             b_local = None if b is None else _shard(b, lay.bias, mesh)
         out_f, in_f = old.out_features, old.in_features
-        a_full, b_full = _init_factors(fqn, in_f, out_f, quantization.lora_rank, seed)
+        a_full, b_full = _init_factors(fqn, in_f, out_f, quantization.lora_rank, seed)  # on the host, seeded
+        # the factors live where the base weight does (a CUDA-materialized model: cuda), not on the host
+        a_full, b_full = a_full.to(w_local.device), b_full.to(w_local.device)
         lay = lora_tp_plan(style)
         new = LoRALinear(
             w_local.detach(),
