@@ -36,6 +36,11 @@ from meshplan.profile.provenance import collective_provenance, profile_provenanc
 
 DEFAULT_MATMUL_SIZES = (256, 512, 1024, 2048)
 QUICK_MATMUL_SIZES = (128, 256, 512)
+#: on a GPU a 512x512 matmul reaches ~1% of the tensor-core peak (H200, measured: 9.9 TFLOP/s bf16 at 512
+#: against ~790 at 8192), so a CPU's sizes would profile an H200 as a slow CPU; an 8192^3 bf16 matmul takes
+#: ~1.4 ms there, so the large sizes cost nothing
+GPU_MATMUL_SIZES = (1024, 2048, 4096, 8192)
+QUICK_GPU_MATMUL_SIZES = (2048, 4096, 8192)
 
 
 def _sync(torch: Any, device: Any) -> None:
@@ -240,7 +245,8 @@ def profile_machine(
     """Measure this machine and return it as a ClusterSpec of ``nproc`` devices on one node.
 
     Defaults: collectives 4 KB–64 MB, 5 reps (``quick``: up to 16 MB, 3 reps); matmul sizes
-    256–2048 (``quick``: 128–512); memory copy of 256 MB (``quick``: 32 MB); eager linear chains
+    256–2048 (``quick``: 128–512), on a GPU 1024–8192 (``quick``: 2048–8192); memory copy of 256 MB
+    (``quick``: 32 MB), on a GPU 1 GiB (``quick``: 256 MB); eager linear chains
     ``DEFAULT_EAGER_SHAPES`` (``quick``: ``QUICK_EAGER_SHAPES``) for the size-dependent GEMM
     efficiency, and the per-op overhead of eager PyTorch (``measure_op_overhead``). ``backend``:
     ``auto`` (nccl with a GPU per process, else gloo), ``gloo`` or ``nccl``. Per-device memory is
@@ -272,8 +278,11 @@ def profile_machine(
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     max_bytes = max_bytes or (16 << 20 if quick else 64 << 20)
     reps = reps or (3 if quick else 5)
-    sizes_mm = tuple(matmul_sizes or (QUICK_MATMUL_SIZES if quick else DEFAULT_MATMUL_SIZES))
-    mem_test_bytes = mem_test_bytes or (32 << 20 if quick else 256 << 20)
+    gpu = device.type == "cuda"
+    sizes_mm = tuple(matmul_sizes or (
+        (QUICK_GPU_MATMUL_SIZES if quick else GPU_MATMUL_SIZES) if gpu else (QUICK_MATMUL_SIZES if quick else DEFAULT_MATMUL_SIZES)))
+    # a GPU's copy bandwidth needs copies far larger than its caches (H200, measured: 2.3 TB/s at 32 MB)
+    mem_test_bytes = mem_test_bytes or ((256 << 20 if quick else 1 << 30) if gpu else (32 << 20 if quick else 256 << 20))
     started = datetime.now(UTC)
     t_start = time.perf_counter()
     load_start = _load()
