@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command check of meshplan on one NVIDIA GPU (H100 / H200), issue #28 item 5.
 #
-#   benchmarks/gpu_check.sh [--out DIR] [--wheels DIR] [--quick] [--cpu]
+#   benchmarks/gpu_check.sh [--out DIR] [--wheels DIR] [--quick] [--cpu] [--only 05,06,13]
 #   benchmarks/gpu_check.sh --download-wheels DIR     # on a machine WITH a package index, beforehand
 #
 # Steps, each under its own `timeout`, each logging to DIR/NN-name.log (lines time-stamped) and
@@ -40,6 +40,7 @@ OUT="gpu_check_$(date +%Y%m%d_%H%M%S)"
 WHEELS=""
 CPU=0
 QUICK=0
+ONLY=""  # --only: the step numbers to run (a re-run on a short device lease); the rest are skipped
 PY=${PYTHON:-python3}
 
 while [ $# -gt 0 ]; do
@@ -48,6 +49,7 @@ while [ $# -gt 0 ]; do
     --wheels) WHEELS=$2; shift 2 ;;
     --cpu) CPU=1; shift ;;
     --quick) QUICK=1; shift ;;
+    --only) ONLY=",$2,"; shift 2 ;;
     --download-wheels)
       mkdir -p "$2"
       exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -80,6 +82,7 @@ stamp() { while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line";
 # step NAME TIMEOUT_S CMD...: run CMD under timeout, time-stamped log, status line
 step() {
   local name=$1 limit=$2; shift 2
+  if [ -n "$ONLY" ] && [[ "$ONLY" != *",${name%%-*},"* ]]; then return 0; fi
   local log="$OUT/$name.log" t0 rc
   t0=$(date +%s.%N)
   echo "== $name (at most ${limit}s): $*"
