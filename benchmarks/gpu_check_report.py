@@ -83,7 +83,12 @@ def run_rows(out: Path) -> list[str]:
 
 
 def _oom(log: Path) -> str:
+    """' (out of memory: ...)' when the run stopped on an OOM: the runtime's own sentence (measured peak vs
+    predicted) where it printed one, else torch's error."""
     text = log.read_text(errors="replace") if log.is_file() else ""
+    said = re.search(r"meshplan run: error: (out of GPU memory[^;]*)", text)
+    if said:
+        return f" ({said.group(1).strip()}: the plan did not fit)"
     return " (CUDA out of memory: the plan did not fit)" if "OutOfMemoryError" in text or "out of memory" in text else ""
 
 
