@@ -3,7 +3,9 @@ out (QLoRA under FSDP2, whose NF4 scale blocks must split over the dp ranks; QLo
 TP, where quantization follows parallelize_module).
 
 One spawn of 2 gloo ranks runs every plan (tests/runtime_cases.py's tiny GPT, data, SGD+momentum);
-the reference is the same model quantized and trained in a single process.
+the reference is the same model quantized and trained in a single process. QLoRA under FSDP2 is
+wrapped per block (one unit per block plus the root, each block's NF4 base gathered only for its
+own forward and backward) and its trained adapters equal the reference's.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ CFGS = [
 ]
 
 
-def _reference(q: Quantization, data: list, fsdp_shards: int) -> list[float]:
+def _reference(q: Quantization, data: list, fsdp_shards: int) -> tuple[list[float], dict]:
     from meshplan.runtime.apply.quant import apply_quantization
 
     model = rc.tiny_gpt()
@@ -40,7 +42,7 @@ def _reference(q: Quantization, data: list, fsdp_shards: int) -> list[float]:
         opt.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
-    return losses
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _worker(rank: int, world: int) -> list[tuple[str, list[float], list[float], list[str]]]:
@@ -52,7 +54,7 @@ def _worker(rank: int, world: int) -> list[tuple[str, list[float], list[float], 
     for cfg in CFGS:
         q = cfg["q"]
         fsdp = cfg.get("dp_kind") == "fsdp"
-        ref = _reference(q, data, fsdp_shards=2 if fsdp else 1)
+        ref, ref_params = _reference(q, data, fsdp_shards=2 if fsdp else 1)
         model = rc.tiny_gpt()
         mbs = rc.BATCH // (cfg.get("dp", 1) * cfg["m"])
         ex = (data[0][0][:mbs],)
@@ -67,7 +69,15 @@ def _worker(rank: int, world: int) -> list[tuple[str, list[float], list[float], 
         pm = apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=rc.opt_factory, example_inputs=ex)
         losses = [pm.step(x, y) for x, y in data]
         tag = f"{q.mode} " + " ".join(f"{k}={v}" for k, v in cfg.items() if k != "q")
-        out.append((tag, losses, ref, list(pm.notes)))
+        notes = list(pm.notes)
+        if fsdp:  # the FSDP2 units, and the adapters trained from the gathered gradients (a collective)
+            from torch.distributed.fsdp import FSDPModule
+
+            notes.append(f"fsdp_units={sum(isinstance(m, FSDPModule) for r in pm.modules for m in r.modules())}")
+            full = pm.full_parameters()
+            err = max(float((full[n] - r).abs().max()) for n, r in ref_params.items())
+            notes.append(f"adapters={len(full)}/{len(ref_params)} max_err={err:.1e}")
+        out.append((tag, losses, ref, notes))
     return out
 
 
@@ -83,3 +93,9 @@ def test_quantized_plans_train_like_one_process() -> None:
         )
         assert abs(losses[0] - ref[0]) <= first, (tag, losses, ref)
         assert max(abs(a - b) for a, b in zip(losses, ref)) <= later, (tag, losses, ref)
+        if "dp_kind=fsdp" in tag:  # 4 blocks + the root, not one unit holding every block's NF4 base
+            assert "fsdp_units=5" in notes, notes
+            adapters = next(n for n in notes if n.startswith("adapters="))
+            count, err = adapters.removeprefix("adapters=").split(" max_err=")
+            assert count.split("/")[0] == count.split("/")[1] != "0", notes
+            assert float(err) <= 1e-5, notes
