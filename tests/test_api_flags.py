@@ -44,6 +44,7 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
         "dtype": "dtype", "jobs": "jobs", "error_band": "error_band", "quiet": "progress",
         "optimizer": "optimizer", "momentum": "optimizer",
         "png": "call:meshplan.report.capacity_plot:write_capacity_png",
+        "no_png": "call:meshplan.report.capacity_plot:write_capacity_png",
         "html": "call:meshplan.report.capacity_plot:write_capacity_html",
         "json": "call:meshplan.sizing.api:capacity_report",
     }),

@@ -18,7 +18,7 @@ from meshplan.sizing.parse import (
     parse_prices,
     parse_tokens,
 )
-from meshplan.sizing.rows import CapacityRow, mark_rows, pareto_front, training_figures
+from meshplan.sizing.rows import CapacityRow, mark_rows, pareto_front, pick_ranges, training_figures
 from meshplan.sizing.sweep import sweep_sizes
 
 BAND = ErrorBand(median=0.1, method="in-sample", cases=10, groups=3, commit="abc1234")
@@ -159,6 +159,23 @@ def test_deadline_picks_the_cheapest_in_time_and_budget_the_fastest_within():
     assert not any(r.deadline_pick or r.budget_pick for r in none)
 
 
+def test_pick_ranges_say_what_mark_rows_would_pick():
+    rows = mark_rows([_row("a", 8, 1000), _row("a", 16, 900), _row("a", 32, 800), _row("a", 64, 500),
+                      _row("b", 8, 800, price=1.0), _row("b", 16, 790, price=1.0), _row("a", 128, 0, fits=False)])
+    ranges = pick_ranges(rows)
+    assert [p.row.gpus for p in ranges] and all(p.row.pareto for p in ranges)
+    assert [p.days_from for p in ranges] == sorted(p.days_from for p in ranges)  # fastest first
+    for p in ranges:  # at each range's start and inside it, mark_rows picks that row
+        for d in (p.days_from, p.days_from * 1.001 if p.days_to is None else (p.days_from + p.days_to) / 2):
+            picked = [r for r in mark_rows(rows, deadline_days=d) if r.deadline_pick]
+            assert [(r.cluster, r.gpus) for r in picked] == [(p.row.cluster, p.row.gpus)]
+        assert p.spend_from is not None
+        for b in (p.spend_from, p.spend_from * 1.001 if p.spend_to is None else (p.spend_from + p.spend_to) / 2):
+            picked = [r for r in mark_rows(rows, budget=b) if r.budget_pick]
+            assert [(r.cluster, r.gpus) for r in picked] == [(p.row.cluster, p.row.gpus)]
+    assert ranges[-1].days_to is None and ranges[0].spend_to is None  # the slowest / the fastest: open-ended
+
+
 def test_without_prices_cheapest_means_fewest_gpu_hours():
     rows = [_row("a", 8, 1000, price=None), _row("a", 16, 600, price=None)]
     marked = mark_rows(rows, deadline_days=1e9, budget=1e9)
@@ -270,8 +287,10 @@ def test_plan_memo_shares_costing_without_changing_plans(graph):
     assert len(memo._costers) == 1  # one coster for the hardware, whatever the world size
 
 
-def test_command_line(capsys, tmp_path):
+def test_command_line(capsys, tmp_path, monkeypatch):
     from meshplan.cli import main
+
+    monkeypatch.chdir(tmp_path)  # the default picture is written to the current folder
 
     assert main(["capacity", "gpt-tiny", "--tokens", "2T", "--gpus", "8", "--cluster", "tpu9"]) == 1
     assert "unknown cluster preset" in capsys.readouterr().err  # refused before the model is traced
@@ -279,11 +298,14 @@ def test_command_line(capsys, tmp_path):
                  "--price", "h100=2", "--deadline", "30d", "-q", "--json", str(tmp_path / "rows.json")])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and "PREDICTED" in out and "Cheapest meeting the 30-day deadline" in out
+    # no --budget: the budgets each front plan would be picked for; the pictures by default
+    assert "Deadline / budget picks (no --budget given" in out and "  budget $" in out
+    assert (tmp_path / "capacity-gpt-tiny.png").stat().st_size > 0 and "wrote capacity-gpt-tiny.png" in out
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [r["gpus"] for r in rows] == [8, 16] and all(r["cluster"] == "h100" and r["cost"] > 0 for r in rows)
     # --optimizer / --momentum: the optimizer every plan costs (plain SGD keeps no state)
     assert main(["capacity", "gpt-tiny", "--tokens", "1B", "--gpus", "8", "--global-batch", "64", "--jobs", "1",
-                 "--optimizer", "sgd", "--momentum", "0", "-q", "--json", str(tmp_path / "sgd.json")]) == 0
+                 "--optimizer", "sgd", "--momentum", "0", "-q", "--no-png", "--json", str(tmp_path / "sgd.json")]) == 0
     sgd = json.loads((tmp_path / "sgd.json").read_text())
     # the same plans fit with less state and a shorter step: the best is faster (predicted)
     assert sgd[0]["gpus"] == 8 and sgd[0]["tokens_per_s"] > rows[0]["tokens_per_s"]

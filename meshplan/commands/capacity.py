@@ -5,8 +5,9 @@ Traces MODEL once (trace cache as ``meshplan plan``), plans it on every cluster 
 count of the range (``meshplan.sizing``), prints the table (best plan, tokens/s per GPU, MFU,
 days, GPU-hours, cost with the cost model's ± band, peak memory, scaling efficiency), the Pareto
 front, the deadline/budget picks and where scaling efficiency falls below 80% (``--optimizer
-[--momentum]``: the optimizer costed, default adam); ``--png`` /
-``--html`` write the pictures (``report.capacity_plot``), ``--json`` the rows. Progress on
+[--momentum]``: the optimizer costed, default adam); the pictures (``report.capacity_plot``) go to
+``capacity-MODEL.png`` in the current folder unless ``--png FILE`` names another or ``--no-png``
+(without matplotlib a line says so instead), ``--html`` writes a page, ``--json`` the rows. Progress on
 stderr. Bad input fails before the trace. torch is imported only when the model is traced.
 """
 
@@ -44,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--error-band", default=None, metavar="JSON",
                         help="the cost model's measured error to band the figures with (default "
                              "meshplan/data/cost_model_error.json)")  # fmt: skip
-    parser.add_argument("--png", default=None, metavar="FILE", help="write the pictures as a PNG")
+    parser.add_argument("--png", default=None, metavar="FILE",
+                        help="write the pictures here (default capacity-MODEL.png in the current folder)")
+    parser.add_argument("--no-png", action="store_true", help="write no PNG")
     parser.add_argument("--html", default=None, metavar="FILE", help="write the table and pictures as an HTML page")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="write the rows as a JSON list of objects (pandas.read_json reads it)")
@@ -72,19 +75,36 @@ def run(args: argparse.Namespace) -> int:
     with loading(getattr(args, "one_shot", False)):
         graph = load_graph(args.model, seq=args.seq, use_cache=True, progress=progress)
     rep = answer(graph, q, progress=progress, started=t0)
-    if args.png or args.html:
-        from meshplan.report.capacity_plot import write_capacity_html, write_capacity_png
+    wrote = []
+    if not args.no_png:
+        from meshplan.report.capacity_plot import write_capacity_png
+        from meshplan.report.plot import MissingExtraError
 
-        if args.png:
-            progress(f"wrote {write_capacity_png(rep, args.png)}")
-        if args.html:
-            progress(f"wrote {write_capacity_html(rep, args.html)}")
+        try:
+            png = write_capacity_png(rep, args.png or default_png(args.model))
+            wrote.append(f"{png} (pictures: time to train vs cost per kind, tokens/s per GPU vs GPUs)")
+        except MissingExtraError as e:
+            if args.png:  # asked for by name: an error, as `meshplan plan --png`
+                raise
+            wrote.append(f"no PNG ({e})")
+    if args.html:
+        from meshplan.report.capacity_plot import write_capacity_html
+
+        wrote.append(str(write_capacity_html(rep, args.html)))
     if args.json:
         import dataclasses
         import json
 
         with open(args.json, "w") as f:
             json.dump([dataclasses.asdict(r) for r in rep.rows], f, indent=1)
-        progress(f"wrote {args.json}")
+        wrote.append(args.json)
     print(format_report(rep))
+    if wrote:
+        print("wrote " + "; ".join(wrote))
     return 0
+
+
+def default_png(model: str) -> str:
+    """``capacity-llama3-70b.png`` (a file or module path: its last name)."""
+    name = model.replace("\\", "/").rsplit("/", 1)[-1].replace(".py:", "-").replace(":", "-")
+    return f"capacity-{''.join(c if c.isalnum() or c in '.-_' else '-' for c in name)}.png"

@@ -18,7 +18,11 @@ Definitions (all figures predicted):
   some kinds have a price and others not, only the priced rows compete (dollars and GPU-hours are
   not comparable); with no price at all, GPU-hours stand in for cost;
 - deadline pick: the cheapest such row whose predicted days meet the deadline; budget pick: the
-  fastest row whose predicted cost is within the budget.
+  fastest row whose predicted cost is within the budget;
+- without a deadline or budget, ``pick_ranges`` says which row each would pick: every pick is a
+  front row, and front row i (fastest first) is the deadline pick for deadlines from its days up to
+  the next slower front row's, and the budget pick for budgets from its cost up to the next faster
+  front row's.
 """
 
 from __future__ import annotations
@@ -142,4 +146,37 @@ def mark_rows(rows: Sequence[CapacityRow], *, deadline_days: float | None = None
     return rows
 
 
-__all__ = ["EFFICIENCY_MARK", "CapacityRow", "comparable", "mark_efficiency", "mark_rows", "pareto_front", "training_figures"]
+@dataclass(frozen=True)
+class PickRange:
+    """A front row and the deadlines / budgets for which ``mark_rows`` would pick it: deadline
+    ``days_from`` <= D < ``days_to`` (None: no upper end), budget ``spend_from`` <= B < ``spend_to``
+    (dollars; None when the row has no price or no upper end)."""
+
+    row: CapacityRow
+    days_from: float
+    days_to: float | None
+    spend_from: float | None
+    spend_to: float | None
+
+
+def pick_ranges(rows: Sequence[CapacityRow]) -> list[PickRange]:
+    """For each Pareto-front row, fastest first, the deadlines and budgets it is the pick for (module
+    docstring). Ties on days keep the cheapest (the deadline pick's order), ties on spend the fastest."""
+    front = sorted((r for r in rows if r.pareto), key=lambda r: (r.days, r.spend, r.gpus, r.cluster))
+    uniq: list[CapacityRow] = []
+    for r in front:  # equal days: only the cheapest is ever picked; equal spend: only the fastest
+        if uniq and (r.days == uniq[-1].days or r.spend == uniq[-1].spend):
+            continue
+        uniq.append(r)
+    out = []
+    for i, r in enumerate(uniq):
+        slower = uniq[i + 1] if i + 1 < len(uniq) else None
+        faster = uniq[i - 1] if i > 0 else None
+        out.append(PickRange(
+            row=r, days_from=r.days, days_to=None if slower is None else slower.days,
+            spend_from=r.cost, spend_to=None if r.cost is None or faster is None else faster.cost,
+        ))  # fmt: skip
+    return out
+
+
+__all__ = ["EFFICIENCY_MARK", "CapacityRow", "PickRange", "comparable", "pick_ranges", "mark_efficiency", "mark_rows", "pareto_front", "training_figures"]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from meshplan.sizing.api import CapacityReport
 from meshplan.sizing.parse import si
-from meshplan.sizing.rows import EFFICIENCY_MARK, CapacityRow
+from meshplan.sizing.rows import EFFICIENCY_MARK, CapacityRow, pick_ranges
 
 
 def money(x: float | None) -> str:
@@ -96,6 +96,8 @@ def summary_lines(rep: CapacityReport) -> list[str]:
             cheap = min(priced, key=lambda r: r.spend) if priced else None
             lines.append(f"No plan fits the {money(rep.budget)} budget"
                          + (f": the cheapest is {_short(cheap)}" if cheap else " (no priced plan)"))
+    if rep.deadline_days is None or (rep.budget is None and priced):
+        lines += pick_lines(rep)
     for kind in dict.fromkeys(r.cluster for r in rows):
         low = [r for r in rows if r.cluster == kind and r.below_efficiency_mark]
         if low:
@@ -107,6 +109,28 @@ def summary_lines(rep: CapacityReport) -> list[str]:
             lines.append(f"Scaling efficiency of {kind} stays at or above {EFFICIENCY_MARK:.0%} over the sizes planned")
     if rep.skipped:
         lines.append("Sizes left out of the range: " + "; ".join(rep.skipped))
+    return lines
+
+
+def pick_lines(rep: CapacityReport) -> list[str]:
+    """Without ``--deadline`` / ``--budget``: which plan each deadline / budget would pick (front rows,
+    fastest first; ``sizing.rows.pick_ranges``)."""
+    ranges = pick_ranges(rep.rows)
+    if not ranges:
+        return []
+    want = [w for w, none in (("deadline", rep.deadline_days is None), ("budget", rep.budget is None)) if none]
+    lines = [f"Deadline / budget picks (no --{' / --'.join(want)} given; predicted days and cost, the band not applied):"]
+    for p in ranges:
+        parts = []
+        if rep.deadline_days is None:
+            to = f"to <{p.days_to:.3g} days" if p.days_to is not None else "days or more"
+            parts.append(f"deadline {p.days_from:.3g} {to}")
+        if rep.budget is None and p.spend_from is not None:
+            lo, hi = money(p.spend_from), money(p.spend_to)
+            if p.spend_to is not None and lo == hi:  # ends that round alike: whole dollars
+                lo, hi = f"${p.spend_from:,.0f}", f"${p.spend_to:,.0f}"
+            parts.append(f"budget {lo} " + (f"to <{hi}" if p.spend_to is not None else "or more"))
+        lines.append(f"  {', or '.join(parts)}: {_short(p.row)}: {p.row.plan}")
     return lines
 
 
@@ -130,4 +154,4 @@ def format_report(rep: CapacityReport, rows: Sequence[CapacityRow] | None = None
     return "\n".join(head + [table, ""] + summary_lines(rep) + tail)
 
 
-__all__ = ["format_report", "money", "summary_lines"]
+__all__ = ["format_report", "money", "pick_lines", "summary_lines"]
