@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 from planner_fixtures import gpt_graph
 
-from meshplan.cost_models.dp_kinds import dp_state_bytes, state_precision, unsharded_buffer_bytes
+from meshplan.cost_models.dp_kinds import (
+    dp_state_bytes,
+    main_grad_bytes,
+    state_precision,
+    unsharded_buffer_bytes,
+)
 from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.api import estimate_graph
@@ -139,3 +144,55 @@ def test_megatron_lm_s_distributed_optimizer_before_overlap_waits_for_its_collec
     local, overlapped = dp_s("zero1", lm), dp_s("zero1", lm.but(ddp_impl="torch"))
     assert local > 2 * overlapped
     assert local == pytest.approx(dp_s("ddp", lm), rel=0.25)
+
+
+@pytest.mark.parametrize("d", [2, 8])
+def test_a_recipe_s_gradient_dtype_sets_the_main_gradient_bytes(d: int) -> None:
+    # Megatron-Core grad_reduce_in_fp32 / NeMo optim.grad_sync_dtype, per recipe: 16-bit gradients on
+    # Megatron's layout are the ZeRO paper's 2 + 2 + 12, fp32 ones on the ZeRO layout Megatron's 2 + 4 + 12
+    def per(layout: str, dtype: str, kind: str, main: str | None) -> float:
+        return dp_state_bytes(1.0, kind, d, precision=state_precision(layout, dtype, main), layout=layout).total
+
+    assert per("megatron", "bf16", "zero1", "16-bit") == per("zero", "bf16", "zero1", None) == 4 + 12 / d
+    assert per("zero", "bf16", "zero1", "fp32") == per("megatron", "bf16", "zero1", None) == 6 + 12 / d
+    assert per("megatron", "fp16", "ddp", "16-bit") == 20  # Megatron's fp16 buffer + the optimizer's fp32 copies
+    assert per("megatron", "fp16", "ddp", "fp32") == 18  # the fp32 buffer is the optimizer's gradient
+    assert per("torch", "bf16", "ddp", "fp32") == 16
+    assert main_grad_bytes("megatron", "bf16", "16-bit") == 2 and main_grad_bytes("zero", "bf16", "fp32") == 4
+    with pytest.raises(ValueError, match="main_grads"):
+        MESHPLAN.but(main_grads="16-bit")  # meshplan's runtime keeps fp32 parameters and gradients
+
+
+def test_a_run_s_recipe_sets_main_grads_as_a_run_flag() -> None:
+    from meshplan.cost_models.engine_profiles import PROFILES
+
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
+    kw = dict(tp=1, pp=1, dp=8, global_batch_size=8, micro_batch_size=1, cluster=ClusterSpec.preset("h100"))
+    nemo = PROFILES["nemo-2024"]
+    assert nemo.main_grads == "16-bit" and "main_grads" in dict(nemo.sources)
+
+    def states(prof) -> float:
+        b = estimate_graph(g, 8, dp_kind="zero1", profile=prof, **kw).predicted.mem_breakdown
+        return b["params"] + b["grads"] + b["optimizer"]
+
+    # a NeMo recipe without grad_sync_dtype bf16 keeps apex's fp32 gradient buckets: 2 bytes more per parameter
+    fp32 = nemo.with_run_flags(main_grads="fp32")
+    assert states(fp32) - states(nemo) == pytest.approx(2 * g.param_count, rel=1e-6)
+    core = PROFILES["megatron-core-2024"]
+    assert states(core.with_run_flags(main_grads="16-bit")) == pytest.approx(states(nemo), rel=1e-6)
+
+
+def test_a_profile_prices_only_the_dp_kinds_its_engine_runs() -> None:
+    from meshplan.cost_models.engine_profiles import PROFILES
+
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
+    kw = dict(tp=1, pp=1, dp=8, global_batch_size=8, micro_batch_size=1, cluster=ClusterSpec.preset("h100"))
+    # Megatron-LM 2021 has local DDP only: no zero2 priced as overlapped, a pinned one refused in one line
+    with pytest.raises(ValueError, match=r"dp_kind 'zero2': engine profile 'megatron-lm-2021' .* runs ddp \("):
+        estimate_graph(g, 8, dp_kind="zero2", profile="megatron-lm-2021", **kw)
+    p = estimate_graph(g, 8, profile="megatron-lm-2021", **kw)
+    assert p.dp_kind == "ddp"
+    # torchtitan at 0413364 runs its data parallelism as FSDP2 only: the automatic kind is fsdp
+    assert estimate_graph(g, 8, profile="torchtitan-2024.04", **kw).dp_kind == "fsdp"
+    for prof in PROFILES.values():
+        assert "none" in prof.dp_kinds and ("dp_kinds" in dict(prof.sources) or prof.dp_kinds == MESHPLAN.dp_kinds)

@@ -27,7 +27,8 @@ def test_a_profile_name_is_itself_and_says_nothing() -> None:
     ("megatron-lm-2022.03", "megatron-lm-2021", "latest not newer"),  # before sequence parallelism (2022-05)
     ("megatron-lm-2022.09", "megatron-lm-2022", "latest not newer"),
     ("megatron-lm-2023.09", "megatron-lm-2023", "latest not newer"),
-    ("megatron-lm-2024.03+flash", "megatron-lm-2023+flash", "latest not newer"),  # --use-flash-attn runs
+    ("megatron-lm-2024.03+flash", "megatron-core-2023.12+flash", "latest not newer"),  # --use-flash-attn runs
+    ("megatron-lm-2023.09+flash", "megatron-lm-2023+flash", "latest not newer"),
     ("megatron-lm-2024", "megatron-core-2024", "latest not newer"),  # one lineage with Megatron-Core
     ("megatron-core-2025", "megatron-core-2024", "latest not newer"),
     ("megatron-core-2027", "megatron-core-2026", "latest not newer"),
@@ -39,7 +40,9 @@ def test_a_profile_name_is_itself_and_says_nothing() -> None:
     ("torchtitan-2024", "torchtitan-2024.12", "latest not newer"),  # a year covers its months
     ("torchtitan-2024.02", "torchtitan-2024.04", "the earliest"),
     ("deepspeed-2023", "deepspeed-2026", "the earliest"),
-    ("megatron-lm-2024.03", "megatron-lm-2023", "latest not newer"),  # before core_v0.8.0 (2024.08)
+    ("megatron-lm-2024.03", "megatron-core-2023.12", "latest not newer"),  # core_v0.4.0-0.5.0: Megatron-Core DDP, cp
+    ("megatron-lm-2024.07", "megatron-core-2024.04", "latest not newer"),  # core_v0.6.0-0.7.0: TE layers by default
+    ("megatron-lm-2023.11", "megatron-lm-2023", "latest not newer"),  # before core_v0.4.0 (2023-12)
     ("nemo-2025.06", "nemo-2024", "NeMo's recipes"),  # NeMo 2.0's own recipes until the 25.11 containers
     ("nemo-24.09", "nemo-2024", "NeMo's recipes"),  # a container's YY.MM
     ("nemo-25.11", "megatron-bridge-2025", "NeMo's recipes"),  # Megatron-Bridge from 25.11
@@ -143,3 +146,26 @@ def test_megatron_s_distributed_optimizer_shards_over_dp_and_cp() -> None:
                        for q in (p, p.but(shard_over_cp=False)))  # fmt: skip
         assert over["optimizer"] == pytest.approx(share * apart["optimizer"])
         assert over["grads"] == apart["grads"] and over["params"] == apart["params"]
+
+
+def test_megatron_core_0_4_to_0_7_profiles_differ_from_23_06_only_where_their_source_does() -> None:
+    # core_v0.4.0-0.5.0: Megatron-Core DDP and cp over the legacy local layers (23.06's kernels);
+    # core_v0.6.0-0.7.0: Transformer Engine layers by default (fused attention, cuDNN on Hopper)
+    from meshplan.loading import load_graph
+    from meshplan.planner.api import estimate_graph
+
+    g = load_graph("gpt-tiny")
+    kw = {"tp": 1, "pp": 1, "dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "cluster": "h100"}
+
+    def run(name: str, **extra: object):
+        return estimate_graph(g, 2 * int(extra.get("cp", 1)), profile=name, dp_kind="zero1", **kw, **extra).predicted
+
+    lm23, c4 = run("megatron-lm-2023"), run("megatron-core-2023.12")
+    assert (c4.step_s, c4.peak_mem_bytes) == (lm23.step_s, lm23.peak_mem_bytes)  # no cp: the same engine
+    assert run("megatron-core-2023.12", cp=2).mem_breakdown["optimizer"] < run("megatron-lm-2023", cp=2).mem_breakdown["optimizer"]
+    c6 = run("megatron-core-2024.04")
+    assert max(c6.peak_mem_bytes) < max(lm23.peak_mem_bytes)  # TE's fused attention saves no scores
+    for name in ("megatron-core-2023.12", "megatron-core-2023.12+flash", "megatron-core-2024.04"):
+        p = PROFILES[name]
+        assert p.shard_over_cp and p.dp_kinds == ("none", "ddp", "zero1") and p.ddp_impl == "local"
+        assert any(tag in dict(p.sources)["ddp_impl"] for tag in ("--overlap-grad-reduce",))

@@ -115,9 +115,14 @@ def unprefetched_share(sizes: list[float], max_live: float = ZERO3_MAX_LIVE_NUME
 
 #: whose model-state layout a configuration is costed with (``state_precision``)
 STATE_LAYOUTS: tuple[str, ...] = ("torch", "megatron", "zero")
+#: the dtype of the gradient buffer a 16-bit run's backward accumulates into and data parallelism
+#: reduces (``state_precision``'s ``main_grads``): "fp32" (Megatron-LM's ``main_grad`` under
+#: --accumulate-allreduce-grads-in-fp32, Megatron-Core ``grad_reduce_in_fp32``, apex
+#: DistributedFusedAdam ``grad_sync_dtype`` fp32) or "16-bit" (the parameters' own dtype)
+MAIN_GRADS: tuple[str, ...] = ("fp32", "16-bit")
 
 
-def state_precision(layout: str, dtype: str) -> str:
+def state_precision(layout: str, dtype: str, main_grads: str | None = None) -> str:
     """The ``memory.PRECISIONS`` row of the model states an engine keeps when training in ``dtype``.
 
     - "torch" (meshplan's runtime, torchtitan's FSDP2): parameters and optimizer states stay fp32
@@ -130,24 +135,37 @@ def state_precision(layout: str, dtype: str) -> str:
       distributed-optimizer table;
     - "zero" (the ZeRO paper's accounting, Rajbhandari et al. 2020 §3): 16-bit weights and
       gradients + fp32 master copy, "bf16-mixed" (16, 4 + 12/d); fp32 "fp32".
+
+    ``main_grads`` (``MAIN_GRADS``; None = the layout's own rule above, which for "megatron" is
+    Megatron-LM's arguments.py: fp32 accumulation forced under --bf16, the fp16 buffer + the
+    optimizer's fp32 copies under --fp16) is what a recipe sets for the gradient buffer of a 16-bit
+    run on a "megatron" or "zero" layout: "fp32" -> "bf16-fp32-grads" (2 + 4 + 12: the fp32 buffer
+    is the optimizer's gradient, no copy), "16-bit" -> "bf16-mixed" (2 + 2 + 12) in bf16 / fp8 and,
+    under fp16 on "megatron", Megatron's fp16 buffer + fp32 copies. The "torch" layout keeps fp32.
     """
     if layout not in STATE_LAYOUTS:
         raise ValueError(f"state layout {layout!r} unknown; use one of {STATE_LAYOUTS}")
+    if main_grads is not None and main_grads not in MAIN_GRADS:
+        raise ValueError(f"main_grads {main_grads!r} unknown; use None or one of {MAIN_GRADS}")
     if dtype in ("fp32", "float32") or layout == "torch":
         return "fp32"
-    if layout == "megatron":
-        return "fp16-fp32-master-grads" if dtype == "fp16" else "bf16-fp32-grads"
+    if main_grads == "fp32":
+        return "bf16-fp32-grads"
+    if layout == "megatron" and dtype == "fp16":
+        return "fp16-fp32-master-grads"
+    if layout == "megatron" and main_grads is None:
+        return "bf16-fp32-grads"
     return "bf16-mixed"
 
 
-def main_grad_bytes(layout: str, dtype: str) -> int:
+def main_grad_bytes(layout: str, dtype: str, main_grads: str | None = None) -> int:
     """Bytes of one element of the gradient a weight-gradient GEMM accumulates into, by the state
-    layout (``state_precision``): 2 for "zero" in 16-bit / fp8 training (16-bit gradients: DeepSpeed;
-    Megatron-Bridge's recipes, ``ddp.grad_reduce_in_fp32 = False`` -> Megatron-Core
-    ``distributed_data_parallel.py`` ``grad_dtype = param.dtype``), else 4 (fp32 ``main_grad``:
-    Megatron-LM / -Core's default ``--accumulate-allreduce-grads-in-fp32`` for bf16; torch's fp32
-    parameters)."""
-    return 2 if state_precision(layout, dtype) == "bf16-mixed" else 4
+    layout and the recipe's gradient dtype (``state_precision``): 2 where that is "bf16-mixed"
+    (16-bit gradients: DeepSpeed; Megatron-Bridge's recipes, ``ddp.grad_reduce_in_fp32 = False`` ->
+    Megatron-Core ``distributed_data_parallel.py`` ``grad_dtype = param.dtype``), else 4 (fp32
+    ``main_grad``: Megatron-LM / -Core's default ``--accumulate-allreduce-grads-in-fp32`` for bf16;
+    torch's fp32 parameters)."""
+    return 2 if state_precision(layout, dtype, main_grads) == "bf16-mixed" else 4
 
 
 def _check_kind(kind: str) -> None:

@@ -27,12 +27,24 @@ from dataclasses import dataclass
 
 from meshplan.cost_models.allocator import PP_BUFFERS
 from meshplan.cost_models.cp_kernels import CP_ROTATES
-from meshplan.cost_models.dp_kinds import FSDP_UNITS, STATE_LAYOUTS, ZERO1_IMPLS, ZERO3_IMPLS
+from meshplan.cost_models.dp_kinds import (
+    FSDP_UNITS,
+    MAIN_GRADS,
+    STATE_LAYOUTS,
+    ZERO1_IMPLS,
+    ZERO3_IMPLS,
+    ZERO_STAGE,
+)
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
 from meshplan.cost_models.engine_saves import GLU_KERNELS
 from meshplan.cost_models.epcp import MOE_DISPATCHERS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
-from meshplan.cost_models.megatron_sources import MEGATRON_2022, MEGATRON_2023
+from meshplan.cost_models.megatron_sources import (
+    MEGATRON_2022,
+    MEGATRON_2023,
+    MEGATRON_CORE_2023_12,
+    MEGATRON_CORE_2024_04,
+)
 from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
 from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
 
@@ -46,7 +58,7 @@ AUTOCAST_CACHES = ("call", "step")
 
 #: fields a run may set from its own command line / config file (the case cites the line); the
 #: engine's default otherwise
-RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher", "tp_comm_overlap")
+RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher", "tp_comm_overlap", "main_grads")
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,15 @@ class EngineProfile:
     - ``attention_backend``: the fused attention kernel the engine runs ("flash": the cluster's own,
       torch SDPA's FlashAttention-2; "cudnn": Transformer Engine's FusedAttention, which TE selects
       over FlashAttention on Hopper: ``hardware.with_attention_backend``).
+    - ``main_grads`` (``dp_kinds.MAIN_GRADS``; None = the state layout's own rule,
+      ``dp_kinds.state_precision``): the dtype of the gradient buffer a 16-bit run accumulates into
+      and reduces, "fp32" or "16-bit". Set per recipe as much as per engine (Megatron-Core's
+      ``grad_reduce_in_fp32``, NeMo's ``optim.grad_sync_dtype``, Megatron-LM's
+      ``--accumulate-allreduce-grads-in-fp32``), so also a run flag: a run whose recipe or command
+      line departs from its profile's default sets it and cites the line.
+    - ``dp_kinds`` (``dp_kinds.ZERO_STAGE``'s keys): the data-parallel kinds the engine version runs;
+      ``estimate`` refuses a pinned kind outside them and no search proposes one (Megatron-LM before
+      its distributed optimizer has no zero1, none of its versions a zero2 of its own).
     """
 
     name: str
@@ -127,6 +148,8 @@ class EngineProfile:
     autocast_cache: str = "call"
     cp_rotate: str = "ring"
     attention_backend: str = "flash"
+    main_grads: str | None = None
+    dp_kinds: tuple[str, ...] = tuple(ZERO_STAGE)
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -142,6 +165,13 @@ class EngineProfile:
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip
+        if self.main_grads is not None and (self.main_grads not in MAIN_GRADS
+                                            or (self.state_layout == "torch" and self.main_grads != "fp32")):
+            raise ValueError(f"engine profile {self.name!r}: main_grads must be None or one of {', '.join(MAIN_GRADS)} "
+                             f"('fp32' under the 'torch' state layout), got {self.main_grads!r}")  # fmt: skip
+        if "none" not in self.dp_kinds or not set(self.dp_kinds) <= set(ZERO_STAGE):
+            raise ValueError(f"engine profile {self.name!r}: dp_kinds must hold 'none' and only "
+                             f"{', '.join(ZERO_STAGE)}, got {self.dp_kinds!r}")  # fmt: skip
         if self.loss_kernel is not None and self.loss_kernel not in LOSS_KERNELS:
             raise ValueError(f"engine profile {self.name!r}: loss_kernel must be None or one of "
                              f"{', '.join(LOSS_KERNELS)}, got {self.loss_kernel!r}")  # fmt: skip
@@ -154,6 +184,12 @@ class EngineProfile:
             raise ValueError(f"{', '.join(bad)} is an engine convention, not a run flag: name the engine profile "
                              f"that has it (run flags: {', '.join(RUN_FLAGS)})")  # fmt: skip
         return dataclasses.replace(self, **flags) if flags else self
+
+    def check_dp_kind(self, kind: str | None, dp: int = 2) -> None:
+        """Refuse, in one line, a data-parallel kind this engine version does not run (``dp_kinds``)."""
+        if kind is not None and dp > 1 and kind not in self.dp_kinds:
+            raise ValueError(f"dp_kind {kind!r}: engine profile {self.name!r} ({self.version}) has no such kind; it runs "
+                             f"{', '.join(k for k in self.dp_kinds if k != 'none')} (its sources' dp_kinds line)")  # fmt: skip
 
     def but(self, **changes: object) -> EngineProfile:
         """A variant (tests, what-if costings): any field changed, named after this one."""
@@ -224,6 +260,8 @@ _MEGATRON_2021 = (
                    "Megatron-DeepSpeed runs DeepSpeed's ZeRO-1 (deepspeed/runtime/zero/stage_1_and_2.py), bucketed "
                    "too; versions before the distributed optimizer have none and are costed the same"),
     ("autocast_cache", "none used: 16-bit model parameters (state_layout), no torch.autocast"),
+    ("dp_kinds", "megatron/arguments.py (5281919, 6985e58): --DDP-impl local | torch, the states replicated; no "
+                 "--use-distributed-optimizer (from d07d29d, 2022-06-08) and no ZeRO-2 / ZeRO-3 of its own"),
     ("shard_over_cp", "none used: no context parallelism before Megatron-Core core_v0.4.0 (2023); the Megatron-LM "
                       "and Megatron-DeepSpeed versions of these profiles have no cp degree (profiles from "
                       "megatron-core-2024 on trace their own)"),
@@ -250,7 +288,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "torchtitan-2024.04", "torchtitan", "0413364 (2024-04)", pp_buffers="torch-outputs", norm_kernel="eager",
         optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        dp_kinds=("none", "fsdp"),
         sources=_with(_TITAN_2024,
+                      ("dp_kinds", "parallelisms/parallelize_llama.py: under parallel_dims.dp_enabled fully_shard per "
+                                   "block and the root: FSDP2 is its only data parallelism (no DDP, no HSDP)"),
                       ("norm_kernel", "config_manager.py --model.norm_type default 'rmsnorm' (models/norms.py RMSNorm: "
                                       "eager ops; a train config choosing 'fused_rmsnorm' is a run flag)"),
                       ("optimizer_impl", "train.py build_optimizer: torch.optim.AdamW(..., foreach=True)"),
@@ -260,8 +301,11 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "torchtitan-2024.12", "torchtitan", "9dec370 (2024-12)", pp_buffers="torch-outputs", norm_kernel="eager",
         optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last", shard_over_cp=True,
-        cp_rotate="allgather",
+        cp_rotate="allgather", dp_kinds=("none", "ddp", "fsdp", "hsdp"),
         sources=_with(_TITAN_2024,
+                      ("dp_kinds", "parallelisms/parallelize_llama.py: apply_fsdp over ('dp_shard_cp',) (fsdp) or "
+                                   "('dp_replicate', 'dp_shard_cp') (hsdp), apply_ddp when dp_replicate alone (ddp); "
+                                   "reshard_after_forward only off under pp (no zero2 of its own)"),
                       ("cp_rotate", "config_manager.py --experimental.context_parallel_rotate_method default "
                                     "'allgather' (utils.create_context_parallel_ctx: set_rotate_method; torch's "
                                     "context_parallel ring attention, _templated_ring_attention)"),
@@ -275,7 +319,12 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "torchtitan-2025.06", "torchtitan", "6b11290 (2025-06-27)", pp_buffers="torch-outputs", norm_kernel="eager",
         optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", shard_over_cp=True,
+        dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
         sources=_with(_TITAN_2024,
+                      ("dp_kinds", "models/llama3/infra/parallelize.py: apply_fsdp over dp_shard_cp (fsdp) or "
+                                   "(dp_replicate, dp_shard_cp) (hsdp), apply_ddp (ddp); "
+                                   "--parallelism.fsdp_reshard_after_forward 'never' keeps the gathered parameters "
+                                   "to backward (zero2); no ZeRO-1"),
                       ("shard_over_cp", "models/llama3/infra/parallelize.py: fully_shard over world_mesh[('dp_shard_cp',)] "
                                         "(('dp_replicate', 'dp_shard_cp') under HSDP)"),
                       ("norm_kernel", "models/llama3/model/model.py TransformerBlock: nn.RMSNorm, whose CUDA path was "
@@ -291,7 +340,12 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "torchtitan-2026", "torchtitan", "0.3.0 (installed)", pp_buffers="torch-outputs", norm_kernel="fused",
         optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", fp8_recipe="rowwise",
         shard_over_cp=True, cp_rotate="allgather", fsdp_units="block-ends",
+        dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
         sources=_with(_TITAN_2024,
+                      ("dp_kinds", "distributed/fsdp.py apply_fsdp over the 'fsdp' mesh dim (fsdp) or "
+                                   "(dp_replicate, dp_shard_cp) (hsdp), distributed/ddp.py (ddp); "
+                                   "parallelism fsdp_reshard_after_forward 'never' keeps the gathered parameters "
+                                   "to backward (zero2); no ZeRO-1"),
                       ("cp_rotate", "no rotate-method option: torch's context_parallel with its default "
                                     "_cp_options.rotate_method = ALL_GATHER (torch 2.13 "
                                     "distributed/tensor/experimental/_context_parallel/_attention.py)"),
@@ -308,7 +362,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "megatron-lm-2020", "megatron", "5281919 (2020-09)", state_layout="megatron", pp_buffers="megatron",
         sp_saves="shard", norm_kernel="fused", attention_impl="eager", ddp_impl="local", loss_kernel="fused",
-        vocab_parallel_embedding=True, split_rule="even",
+        vocab_parallel_embedding=True, split_rule="even", dp_kinds=("none", "ddp"),
         sources=_with(_MEGATRON_2021,
                       ("attention_impl", "megatron/model/transformer.py ParallelSelfAttention: torch.matmul scores, "
                                          "masked_fill_, torch.nn.Softmax, dropout, torch.matmul (no fused softmax)")),
@@ -317,6 +371,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-lm-2021", "megatron", "6985e58 (2021, examples/sc21)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local",
         loss_kernel="fused", vocab_parallel_embedding=True, pp_scatter_gather=True, split_rule="even",
+        dp_kinds=("none", "ddp"),
         sources=_with(_MEGATRON_2021,
                       ("attention_impl", "megatron/model/transformer.py: baddbmm scores, FusedScaleMaskSoftmax, "
                                          "dropout, bmm (no flash kernel)"),
@@ -327,8 +382,11 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-lm-2022", "megatron", "9aad920 (2022-05-20, merge of 'sequence_parallel'; Korthikanti et al. 2022)",
         state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
         attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
-        pp_scatter_gather=True, split_rule="even", fused_projections=True,
+        pp_scatter_gather=True, split_rule="even", fused_projections=True, dp_kinds=("none", "ddp", "zero1"),
         sources=_with(MEGATRON_2022,
+                      ("dp_kinds", "megatron/arguments.py --DDP-impl local | torch (replicated states); "
+                                   "--use-distributed-optimizer from d07d29d (2022-06-08, inside the span this "
+                                   "profile prices, 2022.05 on) -> zero1; no sharded gradients or parameters"),
                       ("zero1_impl", "none at this commit (megatron/arguments.py has no --use-distributed-optimizer "
                                      "until d07d29d, 2022-06-08: megatron/optimizer/distrib_optimizer.py, gradient "
                                      "buckets reduce-scattered, parameters all-gathered); a zero1 costing is that "
@@ -337,7 +395,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-lm-2023", "megatron", "tag 23.06 (4f8e9ac, 2023-06-28)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local",
         loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even",
-        fused_projections=True,
+        fused_projections=True, dp_kinds=("none", "ddp", "zero1"),
         sources=_with(MEGATRON_2023,
                       ("attention_impl", "megatron/arguments.py --use-flash-attn store_true (off by default): "
                                          "megatron/model/transformer.py CoreAttention, torch.baddbmm scores, "
@@ -347,18 +405,42 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-lm-2023+flash", "megatron", "tag 23.06 (4f8e9ac, 2023-06-28) run with --use-flash-attn",
         state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
         attention_impl="flash", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
-        split_rule="even", fused_projections=True,
+        split_rule="even", fused_projections=True, dp_kinds=("none", "ddp", "zero1"),
         sources=_with(MEGATRON_2023,
                       ("attention_impl", "megatron/arguments.py --use-flash-attn (a run flag, store_true) -> "
                                          "megatron/model/transformer.py ParallelAttention core_attention_flash = "
                                          "FlashSelfAttention (flash_attn_unpadded_func, flash-attn 1.x)"))),
     EngineProfile(
+        "megatron-core-2023.12", "megatron", "Megatron-LM core_v0.4.0 (38879f8, 2023-12-11) - core_v0.5.0 (0acc240, "
+        "2024-02-26), legacy model, --transformer-impl local", state_layout="megatron", pp_buffers="megatron",
+        sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local", loss_kernel="fused",
+        vocab_parallel_embedding=True, split_rule="even", fused_projections=True, shard_over_cp=True,
+        fp8_recipe="delayed", dp_kinds=("none", "ddp", "zero1"), sources=MEGATRON_CORE_2023_12),
+    EngineProfile(
+        "megatron-core-2023.12+flash", "megatron", "core_v0.4.0 - core_v0.5.0 run with --use-flash-attn",
+        state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
+        ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fused_projections=True,
+        shard_over_cp=True, fp8_recipe="delayed", dp_kinds=("none", "ddp", "zero1"),
+        sources=_with(MEGATRON_CORE_2023_12,
+                      ("attention_impl", "megatron/arguments.py --use-flash-attn (a run flag, store_true) -> "
+                                         "megatron/model/transformer.py ParallelAttention core_attention_flash = "
+                                         "FlashSelfAttention (flash_attn_varlen_func)"))),
+    EngineProfile(
+        "megatron-core-2024.04", "megatron", "Megatron-LM core_v0.6.0 (cac60ce, 2024-04-18) - core_v0.7.0 (a645f89, "
+        "2024-05-30), --transformer-impl transformer_engine", state_layout="megatron", pp_buffers="megatron",
+        sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="local", loss_kernel="fused",
+        vocab_parallel_embedding=True, split_rule="even", fused_projections=True, shard_over_cp=True,
+        fp8_recipe="delayed", attention_backend="cudnn", dp_kinds=("none", "ddp", "zero1"),
+        sources=_with(MEGATRON_CORE_2024_04, _TE_CUDNN_ATTENTION)),
+    EngineProfile(
         "megatron-lm-2021+zero3", "megatron", "6985e58 + DeepSpeed ZeRO-3 (SC'21 Table 2)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", fsdp_units="module", zero3_impl="deepspeed-2021", norm_kernel="fused",
         attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
-        split_rule="even",
+        split_rule="even", dp_kinds=("none", "ddp", "fsdp"),
         sources=_with(_MEGATRON_2021,
                       ("attention_impl", "megatron/model/transformer.py (2021): baddbmm, FusedScaleMaskSoftmax, bmm"),
+                      ("dp_kinds", "Megatron-LM's --DDP-impl (replicated states) or DeepSpeed ZeRO-3 (SC'21 Table 2: "
+                                   "the ZeRO-3 rows); no distributed optimizer of its own"),
                       ("fsdp_units", "deepspeed/runtime/zero/stage3.py: parameters fetched per submodule by "
                                      "forward/backward pre-hooks (partitioned_param_coordinator)"),
                       ("zero3_impl", "DeepSpeed v0.3.14 (April 2021): stage3.py fetch_sub_module on every submodule "
@@ -370,9 +452,12 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "megatron-deepspeed-2022", "megatron", "Megatron-DeepSpeed (MT-NLG 2021, BLOOM 2022)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="torch",
-        loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even",
+        loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", dp_kinds=("none", "ddp", "zero1"),
         sources=_with(_MEGATRON_2021,
                       ("attention_impl", "megatron/model/transformer.py: baddbmm, FusedScaleMaskSoftmax, bmm"),
+                      ("dp_kinds", "DeepSpeed ZeRO-1 beside its pipeline engine: deepspeed/runtime/pipe/engine.py "
+                                   "asserts zero_optimization_stage() < ZeroStageEnum.gradients ('ZeRO-2 and ZeRO-3 are "
+                                   "incompatible with pipeline parallelism'); MT-NLG and BLOOM ran ZeRO-1"),
                       ("pp_buffers", "deepspeed/runtime/pipe/engine.py: p2p of whole activations, buffers per "
                                      "in-flight microbatch only"),
                       ("ddp_impl", "DeepSpeed engine: gradient all-reduce in buckets (allreduce_bucket_size), "
@@ -384,9 +469,11 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-core-2024", "megatron", "core_v0.8 (2024)", state_layout="megatron", pp_buffers="megatron",
         sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch", loss_kernel="fused",
         vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed", glu_kernel="fused",
-        fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
+        fused_projections=True, shard_over_cp=True, attention_backend="cudnn", dp_kinds=("none", "ddp", "zero1"),
         sources=_with(_MEGATRON_2021,
                       _TE_CUDNN_ATTENTION,
+                      ("dp_kinds", "core_v0.8.0 megatron/training/arguments.py --use-distributed-optimizer (zero1); no "
+                                   "sharded gradients or parameters (--use-torch-fsdp2 arrives with e1993fa, 2024-11-13)"),
                       ("shard_over_cp", "core_v0.8.0 megatron/training/training.py get_megatron_optimizer(..., "
                                         "data_parallel_group=mpu.get_data_parallel_group(with_context_parallel=True)) "
                                         "and megatron/core/distributed/distributed_data_parallel.py gradient buffers "
@@ -417,6 +504,11 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         glu_kernel="fused", fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         sources=_with(_MEGATRON_2021,
                       _TE_CUDNN_ATTENTION,
+                      ("dp_kinds", "megatron/core/distributed/distributed_data_parallel_config.py: "
+                                   "use_distributed_optimizer (zero1); use_megatron_fsdp with "
+                                   "data_parallel_sharding_strategy 'optim_grads' (zero2) / 'optim_grads_params' (fsdp), "
+                                   "outer_dp_sharding_strategy for a replicated outer group (hsdp); --use-torch-fsdp2 "
+                                   "(fsdp, from e1993fa 2024-11-13)"),
                       ("shard_over_cp", "megatron/core/optimizer/__init__.py get_megatron_optimizer: the distributed "
                                         "optimizer's data_parallel_group = intra_dp_cp_group (process_groups_config.py "
                                         "'intra_dp_cp': get_data_parallel_group(with_context_parallel=True, "
@@ -443,8 +535,18 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         state_layout="zero", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
         ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="current",
         glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
+        main_grads="16-bit",
         sources=_with(_MEGATRON_2021,
                       _TE_CUDNN_ATTENTION,
+                      ("dp_kinds", "Megatron-Core (the bridge's) megatron/core/distributed/distributed_data_parallel_config.py: "
+                                   "use_distributed_optimizer (zero1); use_megatron_fsdp with "
+                                   "data_parallel_sharding_strategy 'optim_grads' (zero2) / 'optim_grads_params' (fsdp), "
+                                   "outer_dp_sharding_strategy for a replicated outer group (hsdp); --use-torch-fsdp2 "
+                                   "(fsdp, from e1993fa 2024-11-13)"),
+                      ("main_grads", "scripts/performance/configs/llama/llama3_llm_pretrain.py set_llama3_common_configs "
+                                     "(5776a6d, 21d102f): ddp.grad_reduce_in_fp32 = False -> Megatron-Core "
+                                     "distributed_data_parallel.py grad_dtype = param.dtype (a recipe keeping fp32 sets "
+                                     "training.main_grads 'fp32')"),
                       ("shard_over_cp", "recipes/llama/llama3.py _llama3_common: use_distributed_optimizer=True -> "
                                         "Megatron-Core optimizer/__init__.py get_megatron_optimizer: the distributed optimizer over "
                                         "get_data_parallel_group(with_context_parallel=True) (core_v0.12.0, 2025-05) / "
@@ -486,8 +588,16 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         state_layout="zero", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
         ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="delayed",
         glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
+        main_grads="16-bit", dp_kinds=("none", "ddp", "zero1", "zero2", "fsdp"),
         sources=_with(_MEGATRON_2021,
                       _TE_CUDNN_ATTENTION,
+                      ("main_grads", "recipes' optim.grad_sync_dtype bf16 (dgxc-benchmarking 35a9aec llama3.1/*.yaml, "
+                                     "gpt3_175b_hydra.yaml, nemotron 340b) -> apex DistributedFusedAdam's gradient buckets "
+                                     "in bf16; a recipe without it (nemotron 15b) keeps the default grad_sync_dtype = the "
+                                     "optimizer dtype, fp32: its run sets training.main_grads 'fp32'"),
+                      ("dp_kinds", "NeMo r2.0.0rc1 megatron_base_model.py: optim distributed_fused_adam (zero1 "
+                                   "accounting) or plain data parallelism; nlp_overrides.py NLPFSDPStrategy "
+                                   "fsdp_sharding_strategy 'full' (fsdp) / 'grad' (zero2); 'hybrid' asserted unsupported"),
                       ("state_layout", "recipes' optim.name distributed_fused_adam, grad_sync_dtype bf16, megatron_amp_O2 "
                                        "(dgxc-benchmarking 35a9aec llama3.1/*.yaml, nemo_megatron/gpt3_175b_hydra.yaml) -> "
                                        "NeMo r2.0.0rc1 megatron_base_model.py setup_optimization: contiguous_grad_buffer "
@@ -524,8 +634,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     ),
     EngineProfile(
         "llm-foundry-2023", "llm-foundry", "MosaicML llm-foundry (MPT, 2023)", norm_kernel="fused",
-        optimizer_impl="fused", loss_kernel="fused",
+        optimizer_impl="fused", loss_kernel="fused", dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
         sources=(
+            ("dp_kinds", "Composer FSDP sharding_strategy FULL_SHARD (fsdp), SHARD_GRAD_OP (zero2), HYBRID_SHARD "
+                         "(hsdp), NO_SHARD / Composer DDP (ddp); no ZeRO-1"),
             ("state_layout", "Composer FSDP (FULL_SHARD, mixed_precision PURE): fp32 sharded parameters and optimizer states"),
             ("fsdp_units", "llmfoundry/models/mpt/modeling_mpt.py fsdp_wrap_fn: one FSDP unit per MPTBlock"),
             ("norm_kernel", "MPT low_precision_layernorm (one F.layer_norm kernel under autocast)"),
@@ -541,8 +653,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     ),
     EngineProfile(
         "deepspeed-2026", "deepspeed", "deepspeed 0.19 (installed)", state_layout="zero", fsdp_units="module",
-        split_rule="even", pp_buffers="megatron",
+        split_rule="even", pp_buffers="megatron", dp_kinds=("none", "ddp", "zero1", "zero2", "fsdp"),
         sources=(
+            ("dp_kinds", "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3 (ddp, zero1, zero2, fsdp); "
+                         "hierarchical ZeRO (ZeRO++ hpZ, MiCS) not modelled"),
             ("state_layout", "deepspeed/runtime/zero: 16-bit parameters and gradients + fp32 master weights and Adam "
                              "states (the ZeRO paper's 2 + 2 + 12 bytes per parameter)"),
             ("fsdp_units", "deepspeed/runtime/zero/partitioned_param_coordinator.py: parameters fetched per submodule"),
@@ -589,7 +703,8 @@ INSTALLED = {"torchtitan": "torchtitan-2026", "megatron": "megatron-core-2026", 
 LINEAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "megatron": (("megatron-lm-2020", "2020.09"), ("megatron-lm-2021", "2021"), ("megatron-lm-2021+zero3", "2021"),
                  ("megatron-lm-2022", "2022.05"), ("megatron-lm-2023", "2023.06"), ("megatron-lm-2023+flash", "2023.06"),
-                 ("megatron-core-2024", "2024.08"), ("megatron-core-2026", "2026")),
+                 ("megatron-core-2023.12", "2023.12"), ("megatron-core-2023.12+flash", "2023.12"),
+                 ("megatron-core-2024.04", "2024.04"), ("megatron-core-2024", "2024.08"), ("megatron-core-2026", "2026")),
     "nemo": (("nemo-2024", "2024.05"), ("megatron-bridge-2025", "2025.11")),
     "megatron-bridge": (("megatron-bridge-2025", "2025.11"),),
     "megatron-deepspeed": (("megatron-deepspeed-2022", "2022"),),

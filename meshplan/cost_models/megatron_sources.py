@@ -48,6 +48,8 @@ MEGATRON_2022: Sources = (
                    "megatron/optimizer/distrib_optimizer.py): gradient buckets reduce-scattered, parameter "
                    "buckets all-gathered"),
     ("autocast_cache", "none used: 16-bit model parameters (state_layout), no torch.autocast"),
+    ("dp_kinds", "megatron/arguments.py --DDP-impl local | torch (replicated states); no --use-distributed-optimizer "
+                 "until d07d29d (2022-06-08), no ZeRO-2 / ZeRO-3"),
     ("shard_over_cp", "none used: megatron/arguments.py has no --context-parallel-size (context parallelism "
                       "came with Megatron-Core core_v0.4.0, 2023-12; tag 23.06 has none either)"),
 )  # fmt: skip
@@ -66,6 +68,8 @@ MEGATRON_2023: Sources = _override(
                  "DistributedDataParallel: the contiguous gradient buffer all-reduced after backward; the "
                  "distributed optimizer reduce-scatters it after backward: --overlap-grad-reduce arrives with "
                  "e801b2b, 2023-09-07)"),
+    ("dp_kinds", "megatron/arguments.py --DDP-impl local | torch and --use-distributed-optimizer (zero1); no "
+                 "sharded gradients or parameters"),
     ("zero1_impl", "megatron/arguments.py --use-distributed-optimizer (store_true) -> megatron/optimizer/"
                    "distrib_optimizer.py DistributedOptimizer: gradient buckets reduce-scattered, parameter "
                    "buckets all-gathered"),
@@ -74,4 +78,50 @@ MEGATRON_2023: Sources = _override(
     ("pp_scatter_gather", "megatron/core/pipeline_parallel/p2p_communication.py (from the core-pipeline merge "
                           "edca71d, 2023-03-23): whole tensors sent; --no-scatter-gather-tensors-in-pipeline is "
                           "still parsed (megatron/arguments.py) but nothing reads it"),
+)  # fmt: skip
+
+#: Megatron-LM at core_v0.4.0 (38879f8, 2023-12-11) and core_v0.5.0 (0acc240, 2024-02-26): Megatron-Core's
+#: DDP and context parallelism; the legacy model (megatron/model, ``--use-mcore-models`` is opt-in) with
+#: ``--transformer-impl`` default 'local', so the 23.06 layers and kernels. Run flags: --overlap-grad-reduce
+#: (``expert_config.ddp_impl`` "torch"), --use-flash-attn (the "+flash" variant), --tp-comm-overlap
+MEGATRON_CORE_2023_12: Sources = _override(
+    MEGATRON_2023,
+    ("ddp_impl", "megatron/arguments.py: no --DDP-impl; megatron/training.py get_model wraps megatron/core/"
+                 "distributed/distributed_data_parallel.py DDP (contiguous grad buffers); --overlap-grad-reduce "
+                 "store_true, default False: the buffers reduced after backward (finish_grad_sync), the distributed "
+                 "optimizer's reduce-scatter and all-gather waited for; a run with the flag is ddp_impl 'torch'"),
+    ("shard_over_cp", "megatron/training.py get_model: DDP(..., data_parallel_group=mpu.get_data_parallel_group("
+                      "with_context_parallel=True)); megatron/optimizer/distrib_optimizer.py build_model_gbuf_range "
+                      "over get_data_parallel_world_size(with_context_parallel=True): states sharded over dp x cp"),
+    ("state_layout", "megatron/optimizer/optimizer.py Float16OptimizerWithFloat16Params (fp32 main parameters and "
+                     "Adam states); megatron/arguments.py forces accumulate_allreduce_grads_in_fp32 under --bf16 -> "
+                     "distributed_data_parallel.py grad buffer dtype torch.float"),
+    ("dp_kinds", "megatron/arguments.py --use-distributed-optimizer (zero1), else DDP's replicated states; no "
+                 "sharded gradients or parameters"),
+    ("fp8_recipe", "megatron/arguments.py --fp8-format (needs --transformer-impl transformer_engine): "
+                   "megatron/core/transformer/custom_layers/transformer_engine.py TE DelayedScaling"),
+    ("attention_impl", "megatron/arguments.py --transformer-impl default 'local', --use-mcore-models opt-in: "
+                       "pretrain_gpt.py builds the legacy megatron/model GPTModel, whose CoreAttention runs baddbmm "
+                       "scores, FusedScaleMaskSoftmax, bmm; --use-flash-attn (store_true) is the '+flash' variant"),
+)  # fmt: skip
+
+#: Megatron-LM at core_v0.6.0 (cac60ce, 2024-04-18) and core_v0.7.0 (a645f89, 2024-05-30): the same DDP,
+#: distributed optimizer and context parallelism, ``--transformer-impl`` default now 'transformer_engine':
+#: the legacy model (still the default, megatron/legacy/model) builds each layer as Transformer Engine's
+#: TransformerLayer, an mcore model (--use-mcore-models) the TE layer spec
+MEGATRON_CORE_2024_04: Sources = _override(
+    MEGATRON_CORE_2023_12,
+    ("attention_impl", "megatron/training/arguments.py --transformer-impl default 'transformer_engine': "
+                       "megatron/legacy/model/transformer.py ParallelTransformer build_layer -> "
+                       "transformer_engine.pytorch.TransformerLayer (TE DotProductAttention: fused flash / cuDNN "
+                       "kernels); pretrain_gpt.py under --use-mcore-models get_gpt_layer_with_transformer_engine_spec"),
+    ("norm_kernel", "TE TransformerLayer's LayerNormLinear / LayerNormMLP: the norm fused into the next GEMM's "
+                    "kernel (normalization = args.normalization)"),
+    ("fused_projections", "TE TransformerLayer: one LayerNormLinear of 3 x projection size for q, k, v; LayerNormMLP "
+                          "fc1 of 2 x ffn_hidden_size under activation 'swiglu' (gate and up in one GEMM)"),
+    ("sp_saves", "TE LayerNormLinear / Linear under sequence_parallel: the local shard of the GEMM input saved, "
+                 "all-gathered again in backward (transformer_engine/pytorch/module/layernorm_linear.py)"),
+    ("fp8_recipe", "megatron/training/arguments.py --fp8-format, --fp8-amax-history-len default 1: TE "
+                   "DelayedScaling (megatron/core/transformer/custom_layers/transformer_engine.py)"),
+    ("loss_kernel", "megatron/core/tensor_parallel/cross_entropy.py vocab_parallel_cross_entropy"),
 )  # fmt: skip

@@ -151,6 +151,7 @@ def plan_graph(
     world_size, spec, B, f = check_request(world_size, cluster, global_batch_size, fixed, recompute, schedules)
     q = resolve_quantization(quantization)
     prof = engine_profile(profile)
+    prof.check_dp_kind(f.get("dp_kind"))
     V.check_against_graph(f, graph, world_size, spec.devices_per_node, B, len(layer_ranges(graph)))
     _check_cp_pin(f, graph)
     t0 = time.perf_counter()
@@ -233,6 +234,7 @@ def estimate_graph(
     False is meshplan's runtime (the MoE block replicated over tp, ep borrowing dp·cp ranks tp
     apart), which the planner's own plans always are."""
     prof = engine_profile(profile)
+    prof.check_dp_kind(dp_kind, dp * cp)
     if moe_folding:
         if not int(graph.meta.get("num_experts", 0) or 0):
             raise ValueError("moe_folding=True needs a MoE model (the graph has no experts); drop moe_folding")

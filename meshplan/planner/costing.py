@@ -206,8 +206,8 @@ class GraphCoster:
         self.train_dtype = dtype
         self.dtype = activation_dtype(dtype)
         # the gradient a weight-gradient GEMM accumulates into (a MoE node's grouped wgrad: fp32, or the
-        # 16-bit gradients of a "zero" state layout; dp_kinds.main_grad_bytes)
-        self.main_grad_bytes = main_grad_bytes(p.state_layout, dtype)
+        # 16-bit gradients of a "zero" state layout or a recipe's; dp_kinds.main_grad_bytes)
+        self.main_grad_bytes = main_grad_bytes(p.state_layout, dtype, p.main_grads)
         vocab = int(graph.meta.get("vocab") or 0)
         self._heads = {n.id for n in graph.nodes if n.kind == "linear" and vocab and n.attrs.get("out_features") == vocab}
         self.time_limit_s = time_limit_s

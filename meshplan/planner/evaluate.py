@@ -92,7 +92,9 @@ class ConfigEvaluator:
         if split_rule not in SPLIT_RULES:
             raise ValueError(f"split_rule must be one of {', '.join(SPLIT_RULES)}, got {split_rule!r}")
         self.split_rule = split_rule
-        self.dp_kinds = tuple(dp_kinds) if dp_kinds else tuple(KIND_ORDER)
+        # ... of those, the kinds the engine version has (EngineProfile.dp_kinds): a kind it lacks is
+        # never proposed (Megatron-LM before its distributed optimizer has ddp alone)
+        self.dp_kinds = tuple(k for k in (dp_kinds or KIND_ORDER) if k in ep.dp_kinds)
         # whose pipeline runtime holds the per-microbatch buffers (allocator.PP_BUFFERS): "torch" =
         # torch.distributed.pipelining, as meshplan's runtime and torchtitan run it; "megatron" = none
         self.pp_buffers = ep.pp_buffers
@@ -165,7 +167,7 @@ class ConfigEvaluator:
     def lower_bound(self, c: Config) -> tuple[float, float]:
         """(step-time lower bound, memory lower bound) without splitting or simulating (memoized per
         configuration and engine layout: the search, the memory floor and ``_fit`` ask again)."""
-        ckey = (c, self.states.state_layout, self.states.optimizer_impl)
+        ckey = (c, self.states.layout_key, self.states.optimizer_impl)
         hit = self.memos.bound.get(ckey)
         if hit is None:
             hit = self.memos.bound[ckey] = self._lower_bound(c)
@@ -189,7 +191,7 @@ class ConfigEvaluator:
             mem = (P["sp"][-1] / dv[0] + P["sg"][-1] / dv[1] + P["so"][-1] / dv[2]) / c.pp
         else:
             step = c.num_microbatches * work / c.pp + self.states.optimizer_s(avg_params, c)
-            skey = (avg_params, c.dp_kind, c.dp, c.tp, self.states.state_layout, self.dtype)
+            skey = (avg_params, c.dp_kind, c.dp, c.tp, self.states.layout_key, self.dtype)
             if skey not in self.memos.states:
                 self.memos.states[skey] = self.states.total_state_bytes(avg_params, c)
             mem = self.memos.states[skey]
@@ -392,7 +394,11 @@ class ConfigEvaluator:
         ev = base = self._fit(c)
         all_fit = base.fits
         if self.may_change_kind(c) and c.dp > 1:
-            for c2 in self.other_kinds(c):
+            others = self.other_kinds(c)
+            if others and c.dp_kind not in self.dp_kinds:  # an engine without ddp (torchtitan before 2024-08)
+                ev, others = self._fit(others[0]), others[1:]
+                all_fit = ev.fits
+            for c2 in others:
                 ev2 = self._fit(c2)
                 all_fit = all_fit and ev2.fits
                 if (ev2.fits, -ev2.step_s if ev2.fits else -ev2.max_mem_bytes) > (

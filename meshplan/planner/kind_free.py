@@ -333,7 +333,7 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
     the bytes sent on (``sendb``). Memoized per (table, split, state layout) when
     ``memo_kind_free``: configurations that differ in the schedule, m, the degrees a table does
     not depend on or the DP kind share them (read only)."""
-    key = (id(t), tuple(runs), ev.states.state_layout)
+    key = (id(t), tuple(runs), ev.states.layout_key)
     if ev.memo_kind_free and key in ev.memos.stage_cols:
         return ev.memos.stage_cols[key]
     P = ev.prefix(t)

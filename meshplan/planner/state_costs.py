@@ -84,6 +84,10 @@ class StateCosts:
         # whose model-state layout (dp_kinds.STATE_LAYOUTS): "torch" = meshplan's runtime (fp32 parameters
         # and optimizer states on every path); an engine's configuration is costed with its own
         self.state_layout = profile.state_layout
+        # the gradient buffer's dtype a recipe sets (dp_kinds.MAIN_GRADS; None = the layout's own rule)
+        self.main_grads = profile.main_grads
+        # what the model-state bytes depend on, for the memo keys
+        self.layout_key = (self.state_layout, self.main_grads)
         # what a sharded kind gathers at once (dp_kinds.FSDP_UNITS): "block" = FSDP2 per repeated block,
         # as meshplan's runtime wraps; "module" = DeepSpeed ZeRO-3's per-module gathers (an engine's)
         self.fsdp_units = profile.fsdp_units
@@ -119,12 +123,12 @@ class StateCosts:
     @property
     def precision(self) -> str:
         """The ``memory.PRECISIONS`` row of the model states (``dp_kinds.state_precision``)."""
-        return state_precision(self.state_layout, self.dtype)
+        return state_precision(self.state_layout, self.dtype, self.main_grads)
 
     @property
     def unsharded_state_bytes(self) -> ModelStateBytes:
         """Model-state bytes per parameter without sharding (memoized per layout: read per stage)."""
-        key = (self.state_layout, self.dtype, self.optimizer)
+        key = (self.layout_key, self.dtype, self.optimizer)
         if key not in self.memos.unsharded:
             self.memos.unsharded[key] = model_state_bytes(1.0, optimizer=self.optimizer, precision=self.precision)
         return self.memos.unsharded[key]
@@ -139,7 +143,7 @@ class StateCosts:
 
     def state_bytes_per_param(self, c: Config) -> ModelStateBytes:
         """Model-state bytes per parameter under ``c``'s DP kind over dp (ranks tp apart; ``state_dp``)."""
-        key = (c.dp_kind, self.state_dp(c), c.tp, self.state_layout)
+        key = (c.dp_kind, self.state_dp(c), c.tp, self.layout_key)
         if key not in self.memos.state_bytes:
             self.memos.state_bytes[key] = dp_state_bytes(1.0, c.dp_kind, self.state_dp(c), stride=c.tp, optimizer=self.optimizer,
                                                   devices_per_node=self.cluster.devices_per_node,
@@ -149,7 +153,7 @@ class StateCosts:
     def expert_state_bytes_per_param(self, c: Config) -> ModelStateBytes:
         """Model-state bytes per expert parameter under folding: sharded over the expert dp group."""
         grp, gst = self.ep_cp.expert_dp_group(c)
-        key = (c.dp_kind, -grp, gst, self.state_layout)  # the same engine layout as state_bytes_per_param
+        key = (c.dp_kind, -grp, gst, self.layout_key)  # the same engine layout as state_bytes_per_param
         if key not in self.memos.state_bytes:
             self.memos.state_bytes[key] = dp_state_bytes(1.0, c.dp_kind, grp, stride=gst, optimizer=self.optimizer,
                                                   devices_per_node=self.cluster.devices_per_node,
