@@ -169,3 +169,26 @@ def test_megatron_core_0_4_to_0_7_profiles_differ_from_23_06_only_where_their_so
         p = PROFILES[name]
         assert p.shard_over_cp and p.dp_kinds == ("none", "ddp", "zero1") and p.ddp_impl == "local"
         assert any(tag in dict(p.sources)["ddp_impl"] for tag in ("--overlap-grad-reduce",))
+
+
+def test_published_not_fit_switches_each_engine_convention_alone_on_meshplan_s_profile() -> None:
+    # benchmarks/published_not_fit.py: one mechanism at a time, 16-bit weights as one (layout, gradient
+    # dtype and autocast's cache together: a 16-bit gradient on fp32 parameters is refused)
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "published_not_fit.py"
+    spec = importlib.util.spec_from_file_location("published_not_fit", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    base = profile("meshplan")
+    for name in ("nemo-2024", "megatron-bridge-2025", "megatron-core-2024", "torchtitan-2024.12"):
+        own = PROFILES[name]
+        found = mod.mechanisms(base, own)
+        names = [n for n, _ in found]
+        assert "dp_kinds" not in names and len(names) == len(set(names))
+        for _, changes in found:
+            base.but(**changes)  # each switch alone is a profile that costs
+        moved = {f for _, ch in found for f in ch}
+        assert moved == {f for f in moved if getattr(own, f) != getattr(base, f)}
+    assert "state_layout+main_grads+autocast_cache" in [n for n, _ in mod.mechanisms(base, PROFILES["nemo-2024"])]

@@ -594,7 +594,11 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                       ("main_grads", "recipes' optim.grad_sync_dtype bf16 (dgxc-benchmarking 35a9aec llama3.1/*.yaml, "
                                      "gpt3_175b_hydra.yaml, nemotron 340b) -> apex DistributedFusedAdam's gradient buckets "
                                      "in bf16; a recipe without it (nemotron 15b) keeps the default grad_sync_dtype = the "
-                                     "optimizer dtype, fp32: its run sets training.main_grads 'fp32'"),
+                                     "optimizer dtype, fp32: its run sets training.main_grads 'fp32'. NeMo 2.x runs resolve here "
+                                     "(LINEAGES) and agree where they ran NeMo's performance mode: v2.3.0 "
+                                     "nemo/collections/llm/recipes/llama31_405b.py pretrain_performance_optimizations "
+                                     "sets trainer.plugins.grad_reduce_in_fp32 = False (the plain recipe keeps True: "
+                                     "main_grads 'fp32')"),
                       ("dp_kinds", "NeMo r2.0.0rc1 megatron_base_model.py: optim distributed_fused_adam (zero1 "
                                    "accounting) or plain data parallelism; nlp_overrides.py NLPFSDPStrategy "
                                    "fsdp_sharding_strategy 'full' (fsdp) / 'grad' (zero2); 'hybrid' asserted unsupported"),

@@ -1,0 +1,102 @@
+"""Which mechanisms push a published run over its GPU's memory when it is costed with another engine's
+conventions: every run predicted not to fit under ``--profile NAME`` (default meshplan's runtime),
+with the predicted peak under that profile, under its own engine's profile (the one it ran with, its
+run flags included) and, one convention at a time, how many GiB the run's own engine saves by each
+(that profile with the one field set to the engine's value; ``state_layout``, ``main_grads`` and
+``autocast_cache`` move together: 16-bit model weights, whose runs have no autocast weight cache).
+Also the memory terms (``mem_breakdown``) that differ most between the two costings.
+
+    python benchmarks/published_not_fit.py [--profile NAME] [--only PREFIX]
+
+Predicted figures only (the cost model's); whether a run ran comes from its source
+(``meshplan/data/published_cases.json``). No run here is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from meshplan.commands import published_estimate as pe
+from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.engine_profiles import profile as engine_profile
+from meshplan.cost_models.published import load_published_cases
+
+GiB = 1024**3
+#: fields that are not a convention of how memory or time is spent
+_NOT_MECHANISMS = {"name", "engine", "version", "sources", "dp_kinds"}
+#: fields that are one mechanism: the engine's 16-bit model weights (its state layout, the gradient
+#: buffer's dtype, and autocast's weight cache, which only a layout with fp32 parameters has)
+_TOGETHER = (("state_layout", "main_grads", "autocast_cache"),)
+
+
+def mechanisms(base: EngineProfile, own: EngineProfile) -> list[tuple[str, dict[str, object]]]:
+    """(name, changes) for each convention ``own`` sets differently from ``base``."""
+    differ = [f.name for f in dataclasses.fields(EngineProfile)
+              if f.name not in _NOT_MECHANISMS and getattr(base, f.name) != getattr(own, f.name)]  # fmt: skip
+    out: list[tuple[str, dict[str, object]]] = []
+    for group in _TOGETHER:
+        hit = [f for f in group if f in differ]
+        if hit:
+            out.append(("+".join(hit), {f: getattr(own, f) for f in hit}))
+            differ = [f for f in differ if f not in hit]
+    return out + [(f, {f: getattr(own, f)}) for f in differ]
+
+
+def peak_gib(case: dict, graph: object, prof: EngineProfile) -> tuple[float, dict[str, float]]:
+    p = pe.estimate_case(case, graph, profile=prof)["plan"].predicted
+    return max(p.peak_mem_bytes) / GiB, {k: v / GiB for k, v in p.mem_breakdown.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="meshplan", help="cost every run with this engine profile (default meshplan)")
+    ap.add_argument("--only", default="", help="only runs whose id starts with this prefix")
+    args = ap.parse_args()
+    from meshplan.loading import case_graph
+
+    base = engine_profile(args.profile)
+    print(f"runs that ran, predicted not to fit under profile {base.name!r}: peak GiB (predicted) under it and under "
+          "the run's own engine profile, the GiB each of the engine's conventions saves alone, and the terms that "
+          "differ most\n")
+    print("| run | limit | peak here | own engine | own profile | GiB saved by each convention alone (- adds) | "
+          "terms, here -> own (GiB) |")
+    print("|---|---|---|---|---|---|---|")
+    n = 0
+    for c in load_published_cases():
+        if not c["id"].startswith(args.only):
+            continue
+        g = case_graph(c)
+        limit = pe.case_cluster(c).usable_mem_bytes / GiB
+        try:
+            here, bd_here = peak_gib(c, g, base)
+        except ValueError as e:  # not costable (as published_cases.py skips it)
+            print(f"| {c['id']} | not costed: {str(e)[:80]} |||||")
+            continue
+        if here <= limit:
+            continue
+        n += 1
+        own = pe.case_setup(c)["profile"]
+        mine, bd_own = peak_gib(c, g, own)
+        saved = []
+        for name, changes in mechanisms(base, own):
+            try:
+                alone = peak_gib(c, g, base.but(**changes))[0]
+            except ValueError as e:  # a convention the configuration cannot run alone
+                saved.append((0.0, f"{name}: refused ({str(e)[:60]})"))
+                continue
+            if abs(here - alone) >= 0.5:
+                saved.append((here - alone, f"{name} {here - alone:+.1f}" + (" (fits)" if alone <= limit else "")))
+        saved.sort(key=lambda x: -abs(x[0]))
+        keys = sorted(set(bd_here) | set(bd_own), key=lambda k: -abs(bd_here.get(k, 0.0) - bd_own.get(k, 0.0)))
+        terms = ", ".join(f"{k} {bd_here.get(k, 0.0):.1f}->{bd_own.get(k, 0.0):.1f}" for k in keys[:4]
+                          if abs(bd_here.get(k, 0.0) - bd_own.get(k, 0.0)) >= 0.5)  # fmt: skip
+        print(f"| {c['id']} | {limit:.1f} | {here:.1f} | {mine:.1f}{'' if mine <= limit else ' (no fit)'} | {own.name} | "
+              f"{'; '.join(s for _, s in saved)} | {terms} |")
+        sys.stdout.flush()
+    print(f"\n{n} runs predicted not to fit under {base.name!r} (predicted figures from the cost model)")
+
+
+if __name__ == "__main__":
+    main()
