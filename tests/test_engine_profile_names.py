@@ -29,6 +29,10 @@ def test_a_profile_name_is_itself_and_says_nothing() -> None:
     ("megatron-lm-2023.09", "megatron-lm-2023", "latest not newer"),
     ("megatron-lm-2024.03+flash", "megatron-core-2023.12+flash", "latest not newer"),  # --use-flash-attn runs
     ("megatron-lm-2023.09+flash", "megatron-lm-2023+flash", "latest not newer"),
+    # from core_v0.6.0 Transformer Engine's attention is the default: --use-flash-attn selects nothing more
+    ("megatron-lm-2024.06+flash", "megatron-core-2024.04", "transformer_engine"),
+    ("megatron-lm-2024+flash", "megatron-core-2024", "transformer_engine"),  # a year covers its months
+    ("megatron-core+flash", "megatron-core-2026", "the newest"),
     ("megatron-lm-2024", "megatron-core-2024", "latest not newer"),  # one lineage with Megatron-Core
     ("megatron-core-2025", "megatron-core-2024", "latest not newer"),
     ("megatron-core-2027", "megatron-core-2026", "latest not newer"),

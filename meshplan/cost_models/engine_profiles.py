@@ -727,6 +727,14 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "nemo": ("nemo", "NeMo's recipes, then Megatron-Bridge from the 25.11 containers"),
 }  # fmt: skip
 
+#: (lineage, variant) -> (the version from which the variant's flag no longer selects anything, why):
+#: a run of that version or later named with the variant takes the lineage's plain profile
+VARIANT_ENDS: dict[tuple[str, str], tuple[str, str]] = {
+    ("megatron", "flash"): ("2024.04", "--use-flash-attn selects only the legacy local layers' FlashSelfAttention; "
+                                       "from core_v0.6.0 --transformer-impl defaults to 'transformer_engine', whose "
+                                       "fused attention every later profile prices"),
+}  # fmt: skip
+
 _NAME = re.compile(r"^(?P<family>[a-z][a-z-]*?)(?:-(?P<version>\d{2,4}(?:\.\d{1,2})?))?(?:\+(?P<variant>[a-z0-9]+))?$")
 
 
@@ -758,7 +766,9 @@ def resolve(name: str) -> tuple[EngineProfile, str]:
     """(the profile of ``name``, a one-line note of which profile prices it and why; "" when ``name``
     names a profile). ``name`` is a profile name or "<engine family>[-<year>[.<month>]][+variant]":
     the family's profile (``FAMILIES`` -> ``LINEAGES``) whose version is the latest not newer than the
-    one named, the earliest where it is older than all, the newest where no version is named."""
+    one named, the earliest where it is older than all, the newest where no version is named; a
+    variant whose flag no longer selects anything from some version on (``VARIANT_ENDS``) takes the
+    family's plain profile there."""
     if name in PROFILES:
         return PROFILES[name], ""
     m = _NAME.match(re.sub(r"[\s_]+", "-", name.strip().lower()))  # "Megatron-LM 2022", "NeMo_24.07"
@@ -767,6 +777,11 @@ def resolve(name: str) -> tuple[EngineProfile, str]:
                          f"with an optional year[.month] version (families: {', '.join(FAMILIES)})")  # fmt: skip
     lineage, why = FAMILIES[m["family"]]
     variant = m["variant"] or ""
+    end = VARIANT_ENDS.get((lineage, variant))
+    if end and (m["version"] is None or _not_newer(_version(end[0]), _version(m["version"]))):
+        base = m["family"] + (f"-{m['version']}" if m["version"] else "")
+        prof, note = resolve(base)
+        return prof, f"engine {name!r} costed as {base!r}: +{variant} {end[1]}; {note or 'its own profile'}"
     every = _lineage(lineage)
     have = [(n, v) for n, v in every if n.partition("+")[2] == variant]
     if not have:
