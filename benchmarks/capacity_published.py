@@ -16,7 +16,12 @@ cluster sizes, scaling efficiency is the throughput per GPU against the series' 
 Predicted efficiency uses predicted throughput at both sizes, measured uses the source's. The
 difference is compared with the band ``meshplan capacity`` states (the cost model's left-out
 median |step-time error|, ``meshplan/data/cost_model_error.json``); a ratio of two predictions can
-be off by up to about twice that.
+be off by up to about twice that. Each row also shows the step-time errors that carry its
+efficiency error (predicted/measured tokens/s − 1 of the series' base and of the run:
+efficiency error = (1 + run's) / (1 + base's) − 1). The band is a median, so half the step-time
+errors lie outside it by construction; the last lines compare the quantiles of the |efficiency
+error| with the band file's step-time quantiles (p25, median, p75, p90) and count the runs within
+each.
 """
 
 from __future__ import annotations
@@ -79,8 +84,9 @@ def main() -> None:
 
     band = load_error_band()
     print(f"band: {band.describe()}\n")
-    print("| series | kind | run | GPUs | measured efficiency | predicted efficiency | predicted - measured | within ±band |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| series | kind | run | GPUs | measured efficiency | predicted efficiency | predicted - measured | "
+          "step error base / run | within ±band |")
+    print("|---|---|---|---|---|---|---|---|---|")
     diffs = []
     for name, kind, ids in SERIES:
         rs = [rows[i] for i in ids if i in rows]
@@ -96,12 +102,37 @@ def main() -> None:
             pred = per_gpu(r, "pred_tok") / per_gpu(base, "pred_tok")
             rel = pred / meas - 1
             diffs.append(abs(rel))
+            steps = f"{100 * (base['pred_tok'] / base['meas_tok'] - 1):+.1f}% / {100 * (r['pred_tok'] / r['meas_tok'] - 1):+.1f}%"
             print(f"| {name} | {kind} | {r['id']} vs {base['gpus']} GPUs | {r['gpus']} | {meas:.1%} | {pred:.1%} | "
-                  f"{100 * (pred - meas):+.1f} pts ({100 * rel:+.1f}%) | {'yes' if abs(rel) <= band.median else 'no'} |")
+                  f"{100 * (pred - meas):+.1f} pts ({100 * rel:+.1f}%) | {steps} | {'yes' if abs(rel) <= band.median else 'no'} |")
     within = sum(d <= band.median for d in diffs)
     print(f"\n{len(diffs)} scaled runs: median |predicted/measured efficiency - 1| {100 * statistics.median(diffs):.1f}%, "
           f"{within} of {len(diffs)} within ±{100 * band.median:.1f}%, {sum(d <= 2 * band.median for d in diffs)} within "
           f"±{200 * band.median:.1f}%; {time.perf_counter() - t0:.0f} s (predicted from the cost model; measured from the sources)")
+    print(quantile_lines(diffs))
+
+
+def quantile_lines(diffs: list[float]) -> str:
+    """The |efficiency error| quantiles beside the band file's step-time quantiles, and how many runs
+    lie within each (a quantile-q band holds a share q of its own errors)."""
+    import json
+    from importlib import resources
+
+    from meshplan.sizing.band import DEFAULT_NAME
+
+    d = json.loads(resources.files("meshplan").joinpath(DEFAULT_NAME).read_text())
+    qs = [(0.25, "p25_abs_rel_error"), (0.5, "median_abs_rel_error"), (0.75, "p75_abs_rel_error"),
+          (0.9, "p90_abs_rel_error")]  # fmt: skip
+    cut = statistics.quantiles(diffs, n=20, method="inclusive")  # 5% steps: p25 = [4], p50 = [9], ...
+    out = []
+    for q, key in qs:
+        if key not in d:
+            continue
+        mine = statistics.median(diffs) if q == 0.5 else cut[round(q * 20) - 1]
+        n = sum(x <= d[key] for x in diffs)
+        out.append(f"p{round(100 * q)}: efficiency {100 * mine:.1f}% vs step-time band {100 * d[key]:.1f}% "
+                   f"({n} of {len(diffs)} = {n / len(diffs):.0%} within it, {q:.0%} expected)")
+    return "quantiles of |efficiency error| against the band file's |step-time error| quantiles:\n  " + "\n  ".join(out)
 
 
 if __name__ == "__main__":

@@ -235,3 +235,15 @@ def test_validation_errors() -> None:
         sch.simulate("1f1b", 2, 8, fwd_s=[1, -1], bwd_input_s=1)
     with pytest.raises(ValueError, match="no closed-form"):
         sch.bubble_fraction_formula("zbv", 2, 4, 2)
+
+
+def test_undominated_states_match_the_pairwise_definition():
+    import random
+
+    from meshplan.partition.schedule import _undominated
+
+    rng = random.Random(0)
+    for _ in range(300):
+        pts = list(dict.fromkeys((rng.random() < 0.5, rng.randint(0, 6), rng.randint(0, 6)) for _ in range(rng.randint(0, 30))))
+        pairwise = [k for k in pts if not any(o != k and o[0] == k[0] and o[1] >= k[1] and o[2] >= k[2] for o in pts)]
+        assert sorted(_undominated(pts)) == sorted(pairwise)

@@ -40,7 +40,7 @@ No torch import here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -335,6 +335,24 @@ class HeldState:
     in_backward: bool
 
 
+def _undominated(points: Iterable[tuple[bool, int, int]]) -> list[tuple[bool, int, int]]:
+    """The (flag, a, b) points no other point of the same flag matches or beats in both a and b
+    (distinct points), by one sweep in decreasing a (a rank's order visits thousands of states:
+    the pairwise check was quadratic)."""
+    out = []
+    by_flag: dict[bool, dict[int, int]] = {}
+    for flag, a, b in points:  # per flag and a, only the largest b can be undominated
+        best = by_flag.setdefault(flag, {})
+        best[a] = max(best.get(a, b), b)
+    for flag, best in by_flag.items():
+        top = None  # the largest b over larger a
+        for a in sorted(best, reverse=True):
+            if top is None or best[a] > top:
+                out.append((flag, a, best[a]))
+                top = best[a]
+    return out
+
+
 @lru_cache(maxsize=4096)
 def held_states(
     schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1
@@ -368,7 +386,7 @@ def held_states(
             else:
                 pend -= 1
             seen[False, live, pend] = None
-        front = [k for k in seen if not any(o != k and o[0] == k[0] and o[1] >= k[1] and o[2] >= k[2] for o in seen)]
+        front = _undominated(seen)
         out.append(tuple(HeldState(a / virtual_stages, w / virtual_stages, b) for b, a, w in sorted(front)))
     return tuple(out)
 
