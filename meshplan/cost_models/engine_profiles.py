@@ -472,6 +472,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         fused_projections=True, shard_over_cp=True, attention_backend="cudnn", dp_kinds=("none", "ddp", "zero1"),
         sources=_with(_MEGATRON_2021,
                       _TE_CUDNN_ATTENTION,
+                      ("main_grads", "None, the megatron layout's rule: core_v0.8.0 megatron/training/arguments.py "
+                                     "under --bf16 forces accumulate_allreduce_grads_in_fp32 = True (fp32 grad buffers, "
+                                     "megatron/core/distributed/distributed_data_parallel.py grad_dtype = torch.float if "
+                                     "grad_reduce_in_fp32)"),
                       ("dp_kinds", "core_v0.8.0 megatron/training/arguments.py --use-distributed-optimizer (zero1); no "
                                    "sharded gradients or parameters (--use-torch-fsdp2 arrives with e1993fa, 2024-11-13)"),
                       ("shard_over_cp", "core_v0.8.0 megatron/training/training.py get_megatron_optimizer(..., "
@@ -509,6 +513,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                                    "data_parallel_sharding_strategy 'optim_grads' (zero2) / 'optim_grads_params' (fsdp), "
                                    "outer_dp_sharding_strategy for a replicated outer group (hsdp); --use-torch-fsdp2 "
                                    "(fsdp, from e1993fa 2024-11-13)"),
+                      ("main_grads", "None, the megatron layout's rule: Megatron-LM megatron/training/arguments.py "
+                                     "under --bf16 sets accumulate_allreduce_grads_in_fp32 = True (fp32 main_grad "
+                                     "buffers) unless --grad-reduce-in-bf16 (from d165a85, 2025-02-26): a run passing it "
+                                     "sets the run flag main_grads '16-bit'"),
                       ("shard_over_cp", "megatron/core/optimizer/__init__.py get_megatron_optimizer: the distributed "
                                         "optimizer's data_parallel_group = intra_dp_cp_group (process_groups_config.py "
                                         "'intra_dp_cp': get_data_parallel_group(with_context_parallel=True, "
