@@ -71,6 +71,13 @@ def test_fp8_recipe_is_a_run_flag() -> None:
         megatron.parse("--bf16 --fp8-format hybrid --fp8-recipe mxfp8", world_size=8)
 
 
+def test_grad_reduce_in_bf16_is_a_run_flag() -> None:
+    # Megatron-LM arguments.py: --bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16
+    imp = megatron.parse("--bf16 --use-distributed-optimizer --grad-reduce-in-bf16 --data-parallel-size 8", world_size=8)
+    assert imp.run_flags == {"main_grads": "16-bit"} and imp.spec.dp_kind == "zero1"
+    assert megatron.parse("--bf16 --use-distributed-optimizer", world_size=8).run_flags == {}
+
+
 def test_bad_ddp_impl() -> None:
     with pytest.raises(ValueError, match="--DDP-impl must be local or torch"):
         megatron.parse("--DDP-impl apex", world_size=8)

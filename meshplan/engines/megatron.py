@@ -34,7 +34,8 @@ VALUE_ARGS = {
 #: ("tensorwise" is TE's per-tensor current scaling; mxfp8 runs on Blackwell only, which no preset is)
 FP8_RECIPE_NAMES = {"delayed": "delayed", "tensorwise": "current", "blockwise": "blockwise"}
 FLAG_ARGS = {"--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16",
-             "--overlap-grad-reduce", "--overlap-param-gather", "--recompute-activations"}  # fmt: skip
+             "--overlap-grad-reduce", "--overlap-param-gather", "--recompute-activations",
+             "--grad-reduce-in-bf16"}  # fmt: skip
 #: retired value arguments -> (today's argument or "", the engine profile of their era); Megatron-LM commits:
 #: 9019bbf/2623551 (2020-12: --batch-size -> --micro-batch-size, --model-parallel-size ->
 #: --tensor-model-parallel-size), c1e0689..cfd2e21 (2021-08..2022-04: --activations-checkpoint-*,
@@ -231,6 +232,8 @@ def parse(text: str, world_size: int) -> Imported:
             raise ValueError(f"--fp8-recipe {recipe}: costed are {', '.join(FP8_RECIPE_NAMES)} (H100/H200); "
                              "mxfp8 and custom are not")
         run_flags["fp8_recipe"] = FP8_RECIPE_NAMES[recipe]
+    if "--grad-reduce-in-bf16" in flags:  # bf16 main gradients (arguments.py: no forced fp32 accumulation)
+        run_flags["main_grads"] = "16-bit"
     if "--DDP-impl" in legacy:
         impl = legacy["--DDP-impl"]
         if impl not in ("local", "torch"):
