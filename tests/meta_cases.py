@@ -1,6 +1,8 @@
 """Worker for the meta-device build tests: each plan applied to a host-built model and to the same
 model built on the meta device (``InitTape``) and materialized shard by shard; losses and every
-parameter after the steps must be equal."""
+parameter after the steps must be equal. A case with ``"init": "device"`` is materialized by the
+device init instead (``models.device_init``): its initial tensors, gathered whole, must equal the
+one-rank device init's, whatever the layout."""
 
 from __future__ import annotations
 
@@ -88,10 +90,52 @@ def train(cfg: dict, meta: bool, data: list) -> tuple[list[float], dict[str, tor
     return losses, state, list(pm.notes)
 
 
+def one_rank_device_init(name: str) -> dict[str, torch.Tensor]:
+    """``--init device``'s values computed whole in this process (no process group: one rank)."""
+    from meshplan.models.device_init import DeviceInit
+
+    model, tape = build(name, True)
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    finals = tape.refs_of(iter(named))
+    di = DeviceInit(tape, finals)
+    out = {f: di.compute(f, [(0, n) for n in finals[f].size], torch.device("cpu")) for f in di.local}
+    di.compute_fallback(lambda f, v: out.__setitem__(f, v.clone()))
+    return out
+
+
+def device_init_layout(cfg: dict, data: list) -> tuple[dict, float, float, list[str]]:
+    """The plan applied to a meta build with ``init="device"``: every initial tensor gathered whole
+    against the one-rank values (0.0: the layout does not change them); the steps must run finite."""
+    from meshplan.runtime.apply.api import apply_plan
+
+    model, tape = build(cfg["model"], True)
+    mbs = BATCH // (cfg.get("dp", 1) * cfg["m"])
+    ex = (data[0][0][:mbs],)
+    host, _ = build(cfg["model"], False)
+    pm = apply_plan(model, plan_for(host, cfg, ex), loss_fn=loss_fn, optimizer_factory=opt_factory,
+                    example_inputs=ex, tape=tape, init="device")
+    ref = one_rank_device_init(cfg["model"])
+    got = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach() for k, v in pm.state_dict().items()
+           if isinstance(v, torch.Tensor)}
+    assert got and set(got) <= set(ref), (cfg, sorted(set(got) - set(ref))[:6])  # pp: this rank's stage only
+    rows = pm.epcp.expert_rows if pm.epcp is not None else {}  # an expert slice is not a DTensor
+    for k in rows:
+        ref[k] = ref[k][rows[k][0]:rows[k][1]]
+    for m in pm.converted:  # an HF Conv1D that TP turned into a Linear holds its weight transposed
+        ref[f"{m}.weight"] = ref[f"{m}.weight"].t()
+    err = max(float((got[k].float().cpu() - ref[k].float()).abs().max()) for k in got)
+    losses = [float(pm.step(x, y)) for x, y in data]
+    finite = 0.0 if all(abs(v) < float("inf") for v in losses) else float("inf")
+    return cfg, finite, err, list(pm.notes)
+
+
 def worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, float, list[str]]]:
     data = batches(2)
     out = []
     for cfg in cfgs:
+        if cfg.get("init") == "device":
+            out.append(device_init_layout(cfg, data))
+            continue
         h_losses, h_state, _ = train(cfg, False, data)
         m_losses, m_state, notes = train(cfg, True, data)
         loss_err = max(abs(a - b) for a, b in zip(h_losses, m_losses))

@@ -5,6 +5,8 @@ seed, tensor for tensor, with the random state after it equal too; the replay's 
 tensor's worth, not the model. Multi-process (gloo, spawned once per class): dp2, tp2, pp2, FSDP2
 dp2, a MoE at ep2, an HF GPT-2 under tp2 (Conv1D transposed) and pp2 (its torch.export stage graphs
 retargeted from meta) train exactly like the host-built model (losses and every parameter after 2 steps).
+``--init device`` (``models.device_init``) in the same spawn: FSDP2 dp2, tp2, pp2, ep2 and the HF tp2
+give every initial tensor equal to one rank's device init (one process, no group), bit for bit.
 """
 
 from __future__ import annotations
@@ -118,6 +120,15 @@ CFGS = [
         "transformer.h.0.mlp.c_fc": "colwise", "transformer.h.0.mlp.c_proj": "rowwise",
         "transformer.h.1.mlp.c_fc": "colwise", "transformer.h.1.mlp.c_proj": "rowwise"}},
 ]
+# --init device: the same initial tensors as one rank's device init under FSDP2 rows, TP columns/rows
+# (an HF Conv1D turned Linear: transposed boxes), expert slices and pipeline stages
+DEVICE_CFGS = [
+    {"model": "gpt", "dp": 2, "m": 1, "dp_kind": "fsdp", "init": "device"},
+    {"model": "gpt", "tp": 2, "m": 1, "init": "device"},
+    {"model": "gpt", "pp": 2, "m": 2, "init": "device"},
+    {"model": "moe", "dp": 2, "ep": 2, "m": 1, "init": "device"},
+    {**CFGS[-1], "init": "device"},
+]
 
 
 @pytest.mark.distributed
@@ -127,9 +138,11 @@ class TestTwoRanks:
         import meta_cases
         from dist_utils import run_ranks
 
-        results = run_ranks(meta_cases.worker, 2, CFGS, timeout_s=600)
+        results = run_ranks(meta_cases.worker, 2, CFGS + DEVICE_CFGS, timeout_s=600)
         for rank_rows in results:
-            assert len(rank_rows) == len(CFGS)
+            assert len(rank_rows) == len(CFGS) + len(DEVICE_CFGS)
             for cfg, loss_err, param_err, notes in rank_rows:
                 assert any("built on the meta device" in n for n in notes), (cfg, notes)
+                if cfg.get("init") == "device":  # and not everything fell back to the whole CPU replay
+                    assert any("--init device" in n and "device: 0 tensors" not in n for n in notes), (cfg, notes)
                 assert loss_err == 0.0 and param_err == 0.0, (cfg, loss_err, param_err)

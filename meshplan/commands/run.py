@@ -87,6 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(quantized plans always build on the host)")
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision: the plan's dtype (default) or bf16 / fp16 / fp32")
+    p.add_argument("--init", choices=("auto", "host-exact", "device"), default="auto",
+                   help="initial values of the meta build: host-exact (the host-built model's values: every rank "
+                        "replays the whole construction on its CPU, ~30-60 ns per parameter: minutes at 10B+), "
+                        "device (each rank computes only its shard, on its device: start-up follows the shard; the "
+                        "same values under every plan, but not the host build's), auto (default: host-exact up to "
+                        "1B parameters, device above)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (CPU)")
     p.add_argument("--oversubscribe", action="store_true",
                    help="on CPU, start more ranks x --threads than this node has cores (refused without it: "
@@ -209,6 +215,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
         train += ["--init-from", args.init_from]
     if args.build != "meta":
         train += ["--build", args.build]
+    if args.init != "auto":
+        train += ["--init", args.init]
     if args.skip_nonfinite:
         train += ["--skip-nonfinite", str(args.skip_nonfinite)]
     if args.hang_timeout is not None:

@@ -86,7 +86,9 @@ def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 
 
 @dataclass
-class _Op:
+class TapeOp:
+    """One recorded aten op (or a seeding call): what it reads, writes and overwrites whole, by storage."""
+
     func: Any
     args: Any  # (args, kwargs) with meta tensors as Ref
     outs: list[tuple[int, Ref]]  # (position among the op's tensor outputs, Ref) of new storages
@@ -99,7 +101,7 @@ class _Op:
 class InitTape:
     """One model construction's aten ops on meta tensors, and the CPU random state it began with."""
 
-    ops: list[_Op] = field(default_factory=list)
+    ops: list[TapeOp] = field(default_factory=list)
     rng_state: torch.Tensor | None = None
     nbytes: dict[int, int] = field(default_factory=dict)
     broken: str = ""
@@ -199,7 +201,7 @@ def _recording_seeds(tape: InitTape, seeded: list[bool]) -> Iterator[None]:
 
     def record() -> None:
         state = get0()
-        tape.ops.append(_Op(functools.partial(set0, state), ((), {}), [], set(), set(), set()))
+        tape.ops.append(TapeOp(functools.partial(set0, state), ((), {}), [], set(), set(), set()))
         seeded.append(True)
 
     def seeding(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -245,7 +247,7 @@ def _view(st: torch.UntypedStorage, r: Ref) -> torch.Tensor:
     return torch.empty(0, dtype=r.dtype).set_(st, r.offset, r.size, r.stride)
 
 
-def _run(op: _Op, live: dict[int, torch.UntypedStorage], nbytes: dict[int, int]) -> Any:
+def _run(op: TapeOp, live: dict[int, torch.UntypedStorage], nbytes: dict[int, int]) -> Any:
     def fetch(a: Any) -> Any:
         if isinstance(a, Ref):
             st = live.get(a.key)
@@ -313,5 +315,5 @@ class _Recorder(TorchDispatchMode):
         for _, r in new:
             writes.add(r.key)
             full.add(r.key)
-        tape.ops.append(_Op(func, (enc_args, enc_kwargs), new, reads, writes, full))
+        tape.ops.append(TapeOp(func, (enc_args, enc_kwargs), new, reads, writes, full))
         return out

@@ -18,6 +18,7 @@ Check once, then apply in one documented order:
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -31,7 +32,7 @@ from meshplan.runtime.apply.checks import check_plan
 from meshplan.runtime.apply.epcp import EPCPState
 from meshplan.runtime.apply.parallel_model import ParallelModel
 from meshplan.runtime.apply.stage_params import tie_groups, unique_params
-from meshplan.runtime.apply.steps import STEPS, ApplyState, MetaBuild
+from meshplan.runtime.apply.steps import STEPS, ApplyState, MetaBuild, apply_materialize
 from meshplan.runtime.apply.zero1 import zero1_optimizer
 from meshplan.runtime.launch.dist import RuntimeEnv, check_launch, init_runtime
 from meshplan.runtime.launch.host_memory import return_freed_memory
@@ -54,6 +55,8 @@ def apply_plan(
     sync_batchnorm: bool = True,
     init_from: str | os.PathLike[str] | None = None,
     tape: InitTape | None = None,
+    init: str = "host-exact",
+    progress: Callable[[int, int], None] | None = None,
 ) -> ParallelModel:
     """Apply ``plan`` to ``model`` on this rank. ``example_inputs`` (a tensor, tuple or dict of
     tensors, as batches will be given to ``step``; any batch size, it is resized to the plan's
@@ -73,22 +76,39 @@ def apply_plan(
     A model built on the meta device (``load_model(spec, device="meta", tape=tape)``) is applied
     there and materialized as this rank's shards only (``steps.apply_materialize``): pass its
     ``tape`` (values equal to the host-built model's for the same seed; with ``init_from`` it
-    gives the buffers and the file the weights).
+    gives the buffers and the file the weights). ``init``: "host-exact" (default: the CPU replay of
+    the whole construction on every rank) or "device" (each rank's shard computed on its device,
+    ``models.device_init``: start-up time follows the shard; values equal across layouts, not the
+    host build's); ``progress(done, total)`` is called as tensors are materialized.
+
+    ``ParallelModel.startup_s`` keeps the seconds of each part (plan checks, process group,
+    materialize, the other appliers).
     """
+    if init not in ("host-exact", "device"):
+        raise ValueError(f"apply_plan: init must be 'host-exact' or 'device', got {init!r}")
+    t0 = time.perf_counter()
     meta = _meta_build(model, tape, init_from)
+    if meta is not None:
+        meta.init, meta.progress = init, progress
     check_launch(plan)  # the launched world size first: every rank refuses alike
     checked = check_plan(model, plan, example_inputs, dtype, init_from=init_from)
+    startup = {"plan checks": time.perf_counter() - t0}
     notes = list(checked.notes)
     if init_from is not None and plan.quantization.mode != "none" and meta is None:  # quantizing needs the weights
         notes.append(load_pretrained(model, init_from, tied=checked.tied,
                                      transposed=[f"{m}.weight" for m in checked.conv]) + " (before quantizing)")
     return_freed_memory()
+    t0 = time.perf_counter()
     env = init_runtime(plan, timeout_s=timeout_s)
+    startup["process group"] = time.perf_counter() - t0
     s = ApplyState(model=model if meta else model.to(env.device), plan=plan, env=env, checked=checked,
                    loss_fn=loss_fn, bucket_cap_bytes=bucket_cap_bytes, compile=compile,
                    sync_batchnorm=sync_batchnorm, meta=meta)
     for step in STEPS:
+        t0 = time.perf_counter()
         notes += step(s)
+        part = "materialize" if step is apply_materialize else "wrapping"
+        startup[part] = startup.get(part, 0.0) + time.perf_counter() - t0
     pm = ParallelModel(
         plan=plan, env=env, modules=s.modules, roots=s.roots, runners=s.runners, stage_indices=s.mine,
         optimizer=_optimizer(optimizer_factory, unique_params(s.modules), plan, env, s.ecs), loss_fn=loss_fn,
@@ -101,8 +121,11 @@ def apply_plan(
         pm.reads_inputs = any(s.pieces[i].reads for i in s.mine)
     pm.ties = tie_groups(env, s.shared, pm.stage_indices, {i: s.pieces[i].module for i in s.mine} if s.pipelined else {})
     if init_from is not None and plan.quantization.mode == "none" and meta is None:
+        t0 = time.perf_counter()
         pm.notes.append(load_pretrained(pm.container(), init_from, tied=pm.tied_fqns,
                                         transposed=[f"{m}.weight" for m in pm.converted]))
+        startup["pretrained weights"] = time.perf_counter() - t0
+    pm.startup_s = startup
     return pm
 
 

@@ -7,6 +7,8 @@ values yet. ``materialize`` then allocates what this rank holds (``nn.Module.to_
 * from the model's own construction (``InitTape.replay``: the constructor's ops re-run on CPU one
   tensor at a time from the seed it was built with; each full tensor is cut to this rank's shard
   as it is finished and dropped), so every value equals the host-built model's for the same seed;
+* or, ``init="device"``, on the rank's device for its shard only (``models.device_init``: the same
+  ops, random ones drawn per tile; equal for every layout, not the host build's values);
 * or from ``init_from`` (pretrained weights: ``runtime.weights.pretrained.load_pretrained``).
 
 A shard is found from the tensor itself: a DTensor (TP, FSDP2) by its mesh and placements
@@ -18,7 +20,7 @@ FSDP2 models), so the weights a model ties are tied again (``retie``) before any
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -27,6 +29,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from meshplan.models.init_tape import InitTape, Ref, TapeError
 
 _WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+Progress = Callable[[int, int], None]
 
 
 def user_fqn(name: str) -> str:
@@ -137,11 +140,7 @@ def write_shard(t: torch.Tensor, full: torch.Tensor, *, transposed: bool = False
         t.copy_(full)
 
 
-def fill_from_tape(tape: InitTape, finals: dict[str, Ref], roots: list[nn.Module], transposed: set[str],
-                   rows: dict[str, tuple[int, int]], *, buffers_only: bool = False) -> tuple[int, int]:
-    """Replay ``tape`` into this rank's tensors; returns (tensors filled, the replay's peak bytes).
-    Raises ``TapeError`` when a tensor of the roots is not one the constructor made.
-    ``buffers_only``: fill only the buffers (pretrained weights fill the parameters next)."""
+def _targets(finals: dict[str, Ref], roots: list[nn.Module], buffers_only: bool = False) -> dict[str, list[torch.Tensor]]:
     targets = local_tensors(roots)
     if buffers_only:
         params = {user_fqn(n) for r in roots for n, _ in r.named_parameters(remove_duplicate=False)}
@@ -149,12 +148,88 @@ def fill_from_tape(tape: InitTape, finals: dict[str, Ref], roots: list[nn.Module
     unknown = sorted(f for f in targets if f not in finals)
     if unknown:
         raise TapeError(f"tensors the constructor did not make cannot be initialised from it: {unknown[:4]}")
+    return targets
+
+
+def fill_from_tape(tape: InitTape, finals: dict[str, Ref], roots: list[nn.Module], transposed: set[str],
+                   rows: dict[str, tuple[int, int]], *, buffers_only: bool = False,
+                   progress: Progress | None = None) -> tuple[int, int]:
+    """Replay ``tape`` into this rank's tensors; returns (tensors filled, the replay's peak bytes).
+    Raises ``TapeError`` when a tensor of the roots is not one the constructor made.
+    ``buffers_only``: fill only the buffers (pretrained weights fill the parameters next);
+    ``progress(done, total)`` after each tensor filled."""
+    targets = _targets(finals, roots, buffers_only)
     filled: set[str] = set()
 
     def sink(fqn: str, full: torch.Tensor) -> None:
         for t in targets.get(fqn, []):
             write_shard(t, full, transposed=fqn in transposed, rows=rows.get(fqn))
             filled.add(fqn)
+        if progress is not None:
+            progress(len(filled), len(targets))
 
     peak = tape.replay({f: r for f, r in finals.items() if f in targets}, sink, only_needed=buffers_only)
     return len(filled), peak
+
+
+def shard_box(t: torch.Tensor, shape: tuple[int, ...], *, transposed: bool = False,
+              rows: tuple[int, int] | None = None) -> list[tuple[int, int]] | None:
+    """The box (``[lo, hi)`` per dimension) of the global tensor of ``shape`` that this rank's ``t``
+    holds: a DTensor's shard (``compute_local_shape_and_global_offset``, as DCP finds it), an expert
+    slice's rows, else the whole; None when the local tensor is not such a box."""
+    if isinstance(t, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        lshape, off = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        if tuple(lshape) != tuple(t.to_local().shape):
+            return None
+        box = [(o, o + n) for o, n in zip(off, lshape)]
+    else:
+        box = [(0, n) for n in t.shape]
+        if rows is not None and box:
+            box[0] = rows
+    if transposed:
+        if len(box) != 2:
+            return None
+        box = box[::-1]
+    if len(box) != len(shape) or any(lo < 0 or hi > n or lo > hi for (lo, hi), n in zip(box, shape)):
+        return None
+    return box
+
+
+def fill_on_device(tape: InitTape, finals: dict[str, Ref], roots: list[nn.Module], transposed: set[str],
+                   rows: dict[str, tuple[int, int]], *, progress: Progress | None = None) -> tuple[int, int, int]:
+    """``--init device``: this rank's tensors computed for their shard on their device
+    (``models.device_init``), those that cannot be cut into boxes from the CPU replay of what they
+    need. Returns (tensors filled on the device, tensors filled from the CPU replay, its peak bytes)."""
+    from meshplan.models.device_init import DeviceInit
+
+    targets = _targets(finals, roots)
+    di = DeviceInit(tape, {f: finals[f] for f in targets})
+    done: set[int] = set()
+    whole: set[str] = set()
+    n_dev = 0
+    with torch.no_grad():
+        for i, (fqn, ts) in enumerate(targets.items()):
+            for t in ts:
+                if id(t) in done:
+                    continue
+                box = shard_box(t, finals[fqn].size, transposed=fqn in transposed, rows=rows.get(fqn))
+                if fqn not in di.local or box is None:
+                    whole.add(fqn)
+                    continue
+                local = t.to_local() if isinstance(t, DTensor) else t
+                value = di.compute(fqn, box, local.device)
+                local.copy_(value.t() if fqn in transposed else value)
+                done.add(id(t))
+                n_dev += 1
+            if progress is not None:
+                progress(i + 1, len(targets))
+
+    def sink(fqn: str, full: torch.Tensor) -> None:
+        for t in targets.get(fqn, []):
+            if id(t) not in done:
+                write_shard(t, full, transposed=fqn in transposed, rows=rows.get(fqn))
+
+    peak = di.compute_fallback(sink, only=whole)
+    return n_dev, len(whole), peak

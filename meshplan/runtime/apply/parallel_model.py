@@ -83,6 +83,8 @@ class ParallelModel:
     # seconds of the last step this rank waited for others: from its last gradient bucket (its own work
     # done) to the end of the gradient and loss reductions (``meshplan.stragglers``)
     last_wait_s: float = 0.0
+    # seconds of apply_plan's parts on this rank (plan checks, process group, materialize, wrapping)
+    startup_s: dict[str, float] = field(default_factory=dict)
 
     # ---- info ---------------------------------------------------------------------------
     @property

@@ -17,7 +17,8 @@ Order (``STEPS``) and why where it matters:
 7. ``apply_precision``: autocast or FSDP2 mixed precision per module (+ ``--compile`` after it).
 8. ``apply_data_parallel``: the sharded kinds (FSDP2), still on meta for a meta-built model.
 9. ``apply_materialize``: a meta-built model gets this rank's tensors on its device, filled from
-   the constructor's replay or ``init_from`` (after every step that shards: it allocates only
+   the constructor's replay, a device init of the shard (``init="device"``) or ``init_from`` (after
+   every step that shards: it allocates only
    shards; ``tests/test_meta_build.py`` checks the losses equal the host-built model's).
 10. ``apply_grad_reduction``: DDP, bucketed hooks or the cp/ep reductions, which bind real tensors.
 11. ``apply_schedule``: pipeline stages and the torch.distributed.pipelining schedule.
@@ -60,6 +61,8 @@ class MetaBuild:
     tape: InitTape
     finals: dict[str, Ref]
     init_from: str | os.PathLike[str] | None = None
+    init: str = "host-exact"  # or "device" (``models.device_init``)
+    progress: Callable[[int, int], None] | None = None  # (tensors done, total) while materializing
 
 
 @dataclass
@@ -329,7 +332,15 @@ def apply_materialize(s: ApplyState) -> list[str]:
         mat.fill_from_tape(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows, buffers_only=True)
         return [load_pretrained(merge_modules(s.roots), s.meta.init_from, tied=c.tied, transposed=transposed)
                 + f" (into this rank's shards on {dev}; the model was built on the meta device)"]
-    n, peak = mat.fill_from_tape(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows)
+    if s.meta.init == "device":
+        n, whole, peak = mat.fill_on_device(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows,
+                                            progress=s.meta.progress)
+        cpu = f", {whole} computed whole on the CPU and cut (replay peak {peak / 2**20:.1f} MiB)" if whole else ""
+        return [f"built on the meta device; --init device: {n} tensors initialised on {dev} for this rank's shard "
+                f"only{cpu}: the constructor's own init ops, random ones drawn per tile (models.device_init), the "
+                "same values for every parallel layout but not the host-built model's (--init host-exact gives those)"]
+    n, peak = mat.fill_from_tape(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows,
+                                 progress=s.meta.progress)
     return [f"built on the meta device; {n} tensors materialized on {dev} as this rank's shards, initialised by "
             f"replaying the constructor one tensor at a time (replay peak {peak / 2**20:.1f} MiB; process peak "
             f"RSS {peak_rss_bytes() / 2**30:.2f} GiB after materializing, measured)"]

@@ -30,6 +30,21 @@ from meshplan.errors import NonFiniteError
 from meshplan.plan import Plan
 from meshplan.shapes import add_input_shape, input_shapes
 
+# --init auto: the host-exact replay up to this many parameters, the device init above. The replay
+# runs the whole construction on one CPU core of every rank, ~30-60 ns per parameter measured on a
+# shared 2-core CPU (benchmarks/bench_startup.py, BENCHMARKS.md "start-up at scale"): about a minute
+# at 1B parameters, an hour at 70B; the device init costs per shard element.
+AUTO_HOST_EXACT_MAX_PARAMS = 1_000_000_000
+
+
+def resolve_init(choice: str, n_params: int) -> tuple[str, str]:
+    """(``host-exact`` | ``device``, why) for ``--init choice`` on a model of ``n_params`` parameters."""
+    if choice != "auto":
+        return choice, f"--init {choice}"
+    if n_params <= AUTO_HOST_EXACT_MAX_PARAMS:
+        return "host-exact", f"--init auto: {n_params / 1e9:.2f}B parameters <= {AUTO_HOST_EXACT_MAX_PARAMS / 1e9:g}B"
+    return "device", f"--init auto: {n_params / 1e9:.2f}B parameters > {AUTO_HOST_EXACT_MAX_PARAMS / 1e9:g}B"
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="meshplan.runtime.loop.train", description=__doc__)
@@ -71,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="meta: build on the meta device, materialize each rank's shard; host: the whole model per rank")
     p.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"), default="plan",
                    help="training precision (default: the plan's dtype)")
+    p.add_argument("--init", choices=("auto", "host-exact", "device"), default="auto",
+                   help="initial values of a meta build: host-exact (the host-built model's, by a CPU replay of the "
+                        "whole construction on every rank), device (each rank's shard on its device: time follows "
+                        "the shard; equal for every layout, not the host build's), auto (host-exact up to "
+                        f"{AUTO_HOST_EXACT_MAX_PARAMS / 1e9:g}B parameters)")
     add_input_shape(p)
     p.add_argument("--verbose", action="store_true",
                    help="keep third-party warnings and log lines (meshplan run -v); cli_main hides them otherwise")
@@ -119,6 +139,9 @@ def run_seq_len(plan: Plan, example: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    from meshplan.runtime.record.startup import MaterializeProgress, StartupClock, startup_line
+
+    clock = StartupClock.since_process_start("interpreter and imports")
     from meshplan.fingerprint import check_plan_model
     from meshplan.models import load_model
     from meshplan.models.init_tape import InitTape
@@ -146,10 +169,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     # constructor's replay (tape) or --init-from; QAT too; QLoRA needs the weights to quantize: from a HF
     # directory it reads them linear by linear into the meta build (apply.quant_load), else the host
     meta = args.build == "meta" and (plan.quantization.mode == "none" or builds_on_meta(plan, args.init_from))
+    if args.init == "device" and not meta:
+        raise ValueError("--init device initialises a meta build's shards: drop --build host (quantized plans "
+                         "other than QLoRA from a Hugging Face directory build on the host)")
     tape = InitTape() if meta else None
+    clock.phase("meta build" if meta else "host build")
     spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None, device="meta" if meta else None,
                       tape=tape)
     model = spec.model
+    clock.phase("checks")
+    init, init_why = resolve_init(args.init, sum(p.numel() for p in model.parameters()))
+    rank0 = os.environ.get("RANK", "0") == "0"
+    how = "host-exact replay on the CPU" if init == "host-exact" else "device init of the shard"
+    progress = MaterializeProgress(f"{how}, {init_why}", rank=0 if rank0 else 1)
     example = run_example(model, spec.example_inputs, args.input_shape, args.model)
     check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
     synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
@@ -164,8 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def apply(model: Any, example: Any, tape: Any) -> Any:
         return apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=optimizer,
                           example_inputs=example, timeout_s=faults.pg_timeout_s(args.timeout, hang_s),
-                          dtype=args.dtype, compile=args.compile, init_from=args.init_from, tape=tape)
+                          dtype=args.dtype, compile=args.compile, init_from=args.init_from, tape=tape,
+                          init=init, progress=progress)
 
+    clock.phase("apply")
     try:
         pm = apply(model, example, tape)
     except MetaBuildRefused as e:  # raised before any collective, alike on every rank: build on the host
@@ -176,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = spec.model
         example = run_example(model, spec.example_inputs, args.input_shape, args.model)
         pm = apply(model, example, None)
+    clock.phase("data and resume")
+    clock.add({k if k != "materialize" else f"materialize ({init})": v for k, v in pm.startup_s.items()},
+              within="apply")
     rank = pm.env.rank
     pm.check_grads = args.check_grads
     guard = NonFiniteGuard(args.skip_nonfinite)
@@ -219,6 +256,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rec.tokens_per_step = plan.global_batch_size * max(seq_len, 1) if seq_len else 0
     rec.plan = plan.to_dict()
     rec.optimizer = ran_optimizer
+    rec.init = init if tape is not None and args.init_from is None else ""
+    clock.phase("first step")  # ends in _loop: rec.startup_s gets it after step 1
+    rec.startup_s = clock.seconds()
+    if rank == 0:
+        print(startup_line(rec.startup_s, clock.elapsed(), "from the worker's start to step 1's start"), flush=True)
     if OPTIMIZERS[ran_optimizer] != OPTIMIZERS[plan.optimizer]:
         rec.notes.append(f"optimizer {ran_optimizer} run; the plan's predictions are for {plan.optimizer}")
     progress = Progress(total_steps=args.steps, start_step=start, log_every=args.log_every,
@@ -300,6 +342,8 @@ def _loop(args: argparse.Namespace, pm: Any, stream: Any, rec: Any, progress: An
         wd.at("all_gather of step facts")
         mem = rec.add_rank_peaks(gather_peak_mem(pm.env.coord("pp"), plan.predicted.peak_mem_bytes))
         rec.add(step, dt, loss, mem)
+        if len(rec.steps) == 1 and rec.startup_s:  # the first step this process runs (after a resume too)
+            rec.startup_s["first step"] = time.perf_counter() - t_data
         rec.grad_sync_collectives_per_step = pm.grad_sync_collectives  # counted in this step
         line = progress.line(step, loss, dt, mem)
         if line and rank == 0:

@@ -90,6 +90,10 @@ class RunRecord:
     # the optimizer that ran, as the cost model names it (``cost_models.memory.OPTIMIZERS``: adam,
     # adamw, sgd, sgd-momentum): what ``meshplan calibrate`` re-costs with; "" in older records (the plan's)
     optimizer: str = ""
+    # rank 0's start-up, seconds per phase from the worker's start to the end of step 1 (import, meta
+    # build, plan checks, process group, materialize, wrapping, first step; ``record.startup``); {} in older records
+    startup_s: dict[str, float] = field(default_factory=dict)
+    init: str = ""  # how a meta-built model got its values: host-exact | device ("" on a host build / older records)
 
     def add_eval(self, step: int, loss: float) -> None:
         self.eval_losses.append([step, loss])
