@@ -23,6 +23,8 @@
 #   12 bench      benchmarks/bench_gpu.py: hand-written bf16 loop vs the runtime (gpt2-xl, llama-1b)
 #   13 profile    meshplan profile --nproc 1 (#28 item 4): one device measured, the links derived
 #   14 local      meshplan plan MODEL -n 4 --cluster local (#29 item 3): this GPU profiled once, replicated 4 times
+#   15 host       benchmarks/host_overhead.py: the host's per-op dispatch and per-block eager time (host_overhead.json),
+#                 what the cost model's host-dispatch floor reads
 # Then benchmarks/gpu_check_report.py prints (and writes DIR/summary.md) predicted vs measured step
 # time and peak memory per run, launch-to-first-step seconds, and the calibrated re-plan.
 #
@@ -164,5 +166,7 @@ step 12-bench-gpu 240 "$PY" "$REPO/benchmarks/bench_gpu.py" "${BENCH[@]}"
 step 13-profile-1dev 90 "${MP[@]}" profile --nproc 1 --quick --budget 45 -o profile_1dev.json
 step 14-plan-local 120 env MESHPLAN_PROFILE_DIR="$OUT/profiles" MESHPLAN_LOCAL_BUDGET=45 "${MP[@]}" plan "$MODEL" -n 4 \
   --cluster local "${SHAPE[@]}" -o plan_local.json
+step 15-host-overhead "$([ "$CPU" = 1 ] && echo 600 || echo 90)" "$PY" "$REPO/benchmarks/host_overhead.py" --device "$([ "$CPU" = 1 ] && echo cpu || echo cuda)" \
+  --out host_overhead.json
 
 "$PY" "$REPO/benchmarks/gpu_check_report.py" "$OUT" | tee "$OUT/summary.md"
