@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         f"{spec.mem_bw_bytes_per_s / 1e9:.2f} GB/s; {links} alpha {spec.intra_latency_s * 1e6:.1f} us, "
         f"bw {spec.intra_bw_bytes_per_s / 1e9:.3f} GB/s; kernel floor {spec.kernel_floor_s * 1e6:.1f} us; "
         f"eager op overhead {spec.op_overhead_s * 1e6:.1f} / {spec.bwd_op_overhead_s * 1e6:.1f} us (fwd / bwd part)"
+        + (f"; host dispatch {spec.host_op_s * 1e6:.1f} us per op (floor)" if spec.host_op_s else "")
     )
     print("figures (MEASURED on this machine, or DERIVED from what is named):")
     print("\n".join(provenance_lines(spec)))

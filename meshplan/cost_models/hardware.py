@@ -53,6 +53,13 @@ class ClusterSpec:
     # (interpolated in log(flops) by ``cost_models.compute.matmul_efficiency_at``).
     op_overhead_s: float = 0.0
     bwd_op_overhead_s: float = 0.0
+    # The host-dispatch floor (``cost_models.host``): seconds of host work per op eager PyTorch
+    # dispatches (Python, dispatcher, autograd, autocast, launch; views too) on the thread that
+    # feeds one accelerator. The device runs concurrently, so one stage's forward (or backward) of
+    # one microbatch takes at least its dispatched ops times this. A host property: measured by
+    # ``meshplan profile`` on a GPU (``benchmarks/host_overhead.py`` for the block-level check);
+    # presets ``HOST_OP_S``; 0 = no floor (a CPU host, where ``op_overhead_s`` adds it instead).
+    host_op_s: float = 0.0
     matmul_efficiency_by_flops: list[list[float]] = field(default_factory=list)
     # streaming multiprocessors per device (datasheet): GEMM tile/wave quantization and the
     # flash-attention grid (``cost_models.efficiency``); 0 = unknown, no shape factor
@@ -120,7 +127,7 @@ class ClusterSpec:
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise bad(name, f"must be a positive number, got {v!r}")
         for name in ("intra_latency_s", "inter_latency_s", "kernel_floor_s", "mem_reserved_bytes",
-                     "op_overhead_s", "bwd_op_overhead_s"):
+                     "op_overhead_s", "bwd_op_overhead_s", "host_op_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                 raise bad(name, f"must be a non-negative number, got {v!r}")
@@ -239,6 +246,7 @@ class ClusterSpec:
             inter_latency_s=self.inter_latency_s / s,
             op_overhead_s=self.op_overhead_s / s,
             bwd_op_overhead_s=self.bwd_op_overhead_s / s,
+            host_op_s=self.host_op_s / s,
             kernel_floor_s=self.kernel_floor_s / s,
             extra={**self.extra, "core_share": s},
         )

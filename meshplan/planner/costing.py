@@ -22,7 +22,10 @@ microbatch on one device:
   back-propagated; ``loss_bytes`` what the cross-entropy keeps per microbatch until its
   backward, ``loss_peak_bytes`` its backward's peak beyond that (post layer);
 - ``out_bytes``: the tensors crossing the cut after the layer (``CutPoint.crossing_bytes``
-  × batch_scale in the training dtype, ÷ tp with sequence parallelism).
+  × batch_scale in the training dtype, ÷ tp with sequence parallelism);
+- ``host_fwd_s``, ``host_bwd_s``: the host's dispatch time of the layer's ops per microbatch
+  (``cost_models.host.layer_host_ops`` × ``ClusterSpec.host_op_s``), forward and backward with
+  its recompute: the host-dispatch floor ``kind_free.stage_columns`` applies per stage.
 
 The TP placement is solved once per (tp, sp) and microbatch bucket (1, 4 or 16 sequences) and
 re-costed at each microbatch size in the bucket (the placement hardly moves within a bucket; the
@@ -49,6 +52,7 @@ from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.engine_saves import exposed_tp_comm_s, fused_linears, saved_bytes_delta
 from meshplan.cost_models.hardware import ClusterSpec, with_attention_backend
+from meshplan.cost_models.host import fp32_under_autocast, layer_host_ops
 from meshplan.cost_models.memory import (
     loss_buffer_bytes,
     loss_kept_bytes,
@@ -120,6 +124,11 @@ class LayerCost:
     #: backward to its weight pass: the gradient of every weight-reading op's output
     #: (``_wgrad_bytes``), beside the activations it still holds then
     wgrad_bytes: float = 0.0
+    #: host seconds per microbatch the eager framework spends dispatching this layer's forward ops,
+    #: and its backward's (the recompute included): ``cost_models.host``, at ``ClusterSpec.host_op_s``
+    #: (0 without a host floor); a stage's forward / backward takes at least their sums
+    host_fwd_s: float = 0.0
+    host_bwd_s: float = 0.0
 
     @property
     def fwd_total_s(self) -> float:
@@ -462,11 +471,21 @@ class GraphCoster:
         if lg is not None:  # the engine's cross-entropy, never recomputed (after the checkpointed blocks)
             lf, lb = loss_time_s(lg[0], lg[1], self.cluster, vocab_shard=lg[2], kernel=self.loss_kernel)
             fwd, bi = fwd + lf, bi + lb
+        host_f = host_b = 0.0
+        if self.cluster.host_op_s:
+            ops = layer_host_ops(nodes, consumers=self._consumers.__getitem__, autocast=self._autocast_dtype,
+                                 fp32_ids=self._fp32_under_autocast if self._autocast_dtype else frozenset(),
+                                 recompute=rc, attention_impl=self.attention_impl)  # fmt: skip
+            # the engine's cross-entropy on the logits (fp32 cast, log-softmax, nll, the 1/m scale)
+            loss_ops = 4.0 if lg is not None else 0.0
+            host_f = (ops.fwd + loss_ops) * self.cluster.host_op_s
+            host_b = (ops.bwd + ops.recompute + loss_ops) * self.cluster.host_op_s
         layer = LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
             transient_bytes=transient, loss_bytes=loss, loss_peak_bytes=loss_peak, logits_bytes=logits,
             autocast_bytes=cast, autocast_weight_bytes=cast_w, wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem),
+            host_fwd_s=host_f, host_bwd_s=host_b,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
 
@@ -555,18 +574,17 @@ class GraphCoster:
 
     @functools.cached_property
     def _fp32_under_autocast(self) -> frozenset[int]:
-        """Ids of the nodes whose output stays fp32 under ``torch.autocast`` on fp32 parameters:
-        embeddings and norms run in fp32 (autocast's fp32 op list), linears, matmuls and attention
-        produce the compute dtype, and any other op is fp32 when one of its inputs is (type
-        promotion: the residual add, an RMSNorm written as elementwise ops). Graph inputs are left
-        out (token ids), so a float model input read by several linears is not counted."""
-        out: set[int] = set()
-        for n in self.g.nodes:  # nodes are in topological order
-            if n.kind in ("embedding", "norm"):
-                out.add(n.id)
-            elif n.kind not in ("linear", "matmul", "attention", "input") and any(i in out for i in n.inputs):
-                out.add(n.id)
-        return frozenset(out)
+        """Ids of the nodes whose output stays fp32 under ``torch.autocast`` on fp32 parameters
+        (``cost_models.host.fp32_under_autocast``)."""
+        return fp32_under_autocast(self.g.nodes)
+
+    @functools.cached_property
+    def _consumers(self) -> dict[int, tuple[int, ...]]:
+        """Node id -> the ids of the nodes reading its output (every node has an entry)."""
+        out: dict[int, list[int]] = {n.id: [] for n in self.g.nodes}
+        for s, d, _ in self.g.edges:
+            out.setdefault(s, []).append(d)
+        return {k: tuple(v) for k, v in out.items()}
 
     @functools.cached_property
     def _traced_loss(self) -> bool:

@@ -265,6 +265,7 @@ class ConfigEvaluator:
                 "train": run([x.trainable_params for x in layers]),
                 "cast": run([x.autocast_bytes for x in layers]), "wg": run([x.wgrad_bytes for x in layers]),
                 "castw": run([x.autocast_weight_bytes for x in layers]),
+                "hf": run([x.host_fwd_s for x in layers]), "hb": run([x.host_bwd_s for x in layers]),
             }  # fmt: skip
             cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
             self.memos.prefix[key] = cols

@@ -89,6 +89,8 @@ class StageColumns:
     cast: list[float]
     wgrad: list[float]
     castw: list[float]
+    hf: list[float]  # host dispatch seconds per microbatch of the forward (LayerCost.host_fwd_s)
+    hb: list[float]  # ... and of the backward with its recompute (LayerCost.host_bwd_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +168,8 @@ def kind_free_terms(
         frac = [b / (b + w) if b + w > 0 else 1.0 for b, w in zip(st_b, st_w)]
         st_w = [w + x * (1.0 - f) for w, x, f in zip(st_w, comp_b, frac)]
         st_b = [b + cb + x * f for b, cb, x, f in zip(st_b, comm_b, comp_b, frac)]
+    if ev.cluster.host_op_s:  # the host-dispatch floor (cost_models.host), per stage and microbatch
+        st_f, st_b, st_w = host_floored(st_f, st_b, st_w, cols.hf, cols.hb)
     st_params, st_act, st_q, st_params0, st_sendb = cols.params, cols.act, cols.q, cols.params0, cols.sendb
     ranks = range(c.pp)
     placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
@@ -325,6 +329,24 @@ def split_backward_held(c: Config, act: list[float], kept: list[float], trans: l
             for st, a, k, t in zip(states, act, kept, trans)]
 
 
+def host_floored(f: list[float], b: list[float], w: list[float], hf: list[float],
+                 hb: list[float]) -> tuple[list[float], list[float], list[float]]:
+    """Per stage, the forward and backward of one microbatch no faster than the host dispatches
+    them (``cost_models.host``): ``f = max(f, hf)``; where the backward's host time ``hb`` exceeds
+    ``b + w``, both parts stretch by the same factor (the host feeds them in turn), so a split
+    backward keeps its input : weight proportion."""
+    f2 = [max(x, h) for x, h in zip(f, hf)]
+    b2, w2 = list(b), list(w)
+    for i, h in enumerate(hb):
+        dev = b[i] + w[i]
+        if h > dev:
+            if dev > 0:
+                b2[i], w2[i] = b[i] * h / dev, w[i] * h / dev
+            else:
+                b2[i] = h
+    return f2, b2, w2
+
+
 def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) -> StageColumns:
     """Per stage of ``runs`` on table ``t``: forward / input-backward / weight-backward / recompute /
     TP seconds (prefix-sum differences), parameters (with the copies of tied weights whose owner
@@ -363,7 +385,7 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
     out = StageColumns(
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
-        wgrad=col("wg"), castw=col("castw"),
+        wgrad=col("wg"), castw=col("castw"), hf=col("hf"), hb=col("hb"),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev.memos.stage_cols[key] = out

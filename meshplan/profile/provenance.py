@@ -18,7 +18,7 @@ FIGURES = (
     "inter_latency_s", "matmul_efficiency", "mem_efficiency", "comm_efficiency", "kernel_floor_s",
     "mem_reserved_bytes", "op_overhead_s", "bwd_op_overhead_s", "matmul_efficiency_by_flops", "sm_count",
     "attention_efficiency", "comm_sms", "attention_kernel", "exp_cost_flops", "comm_overlap",
-    "backward_speed",
+    "backward_speed", "host_op_s",
 )  # fmt: skip
 
 _DEFAULT = "derived: the ClusterSpec default (not modelled on a measured profile)"
@@ -44,8 +44,14 @@ def profile_provenance(
                       else f"derived: host memory (sysconf) / {nproc} process(es) sharing it"),
         "mem_bw_bytes_per_s": f"measured: best copy of {mem_test_bytes} B (one read + one write per byte)",
         "kernel_floor_s": "measured: best time of a one-element add",
-        "op_overhead_s": "measured: a chain of tiny nn.Linear modules, forward, per module less the kernel floor",
-        "bwd_op_overhead_s": "measured: the same chain's backward, per module and backward part, less the kernel floor",
+        "op_overhead_s": ("measured: a chain of tiny nn.Linear modules, forward, per module less the kernel floor"
+                          if device_type != "cuda" else "derived: 0 on a GPU, whose host runs beside the device "
+                          "(host_op_s prices it as a floor)"),
+        "bwd_op_overhead_s": ("measured: the same chain's backward, per module and backward part, less the kernel "
+                              "floor" if device_type != "cuda" else "derived: 0 on a GPU (host_op_s)"),
+        "host_op_s": ("measured: host time per op of 2000 tiny autograd-recording multiplications launched "
+                      "without a sync (least of 5)" if device_type == "cuda"
+                      else "derived: 0 on a CPU, where host and device are the same cores (op_overhead_s adds it)"),
         "matmul_efficiency_by_flops": f"measured: eager nn.Linear chains {[list(s) for s in eager_shapes]} (fp32) "
                                       "against the fp32 peak",
         "matmul_efficiency": "derived: 1.0, the measured peaks already are what kernels reach here",
