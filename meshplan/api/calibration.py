@@ -43,7 +43,7 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
 - ``memory``: the bandwidth memory-bound kernels reach (``mem_efficiency``, the rest into
   ``mem_bw_bytes_per_s``);
 - ``op_overhead``: eager per-op host time (``op_overhead_s``, ``bwd_op_overhead_s``, and
-  ``kernel_floor_s``);
+  ``kernel_floor_s``; on a spec with a host-dispatch floor, ``host_op_s`` instead of the first two);
 - ``intra_bw`` / ``intra_latency``: collectives inside a node; ``inter_bw`` / ``inter_latency``:
   across nodes;
 - ``backward``: the speed of the backward parts against the forward (``backward_speed``: every
@@ -167,8 +167,12 @@ def apply_terms(spec: ClusterSpec, factors: dict[str, float]) -> ClusterSpec:
     m = factors.get("memory", 1.0)
     mem_eff, bw_x = _scaled_eff(spec.mem_efficiency, m)
     o = 1.0 / factors.get("op_overhead", 1.0)  # a faster host: less time per op
-    op_f = (spec.op_overhead_s or DEFAULT_OP_OVERHEAD_S) * o if "op_overhead" in factors else spec.op_overhead_s
-    op_b = (spec.bwd_op_overhead_s or DEFAULT_OP_OVERHEAD_S) * o if "op_overhead" in factors else spec.bwd_op_overhead_s
+    # a GPU spec with a host-dispatch floor (host_op_s): the term scales the floor's per-op time,
+    # not an additive per-op cost the GPU's host does not add (cost_models.host)
+    floor = spec.host_op_s > 0
+    additive = "op_overhead" in factors and not floor
+    op_f = (spec.op_overhead_s or DEFAULT_OP_OVERHEAD_S) * o if additive else spec.op_overhead_s
+    op_b = (spec.bwd_op_overhead_s or DEFAULT_OP_OVERHEAD_S) * o if additive else spec.bwd_op_overhead_s
     return replace(
         spec,
         matmul_efficiency=eff,
@@ -178,6 +182,7 @@ def apply_terms(spec: ClusterSpec, factors: dict[str, float]) -> ClusterSpec:
         mem_bw_bytes_per_s=spec.mem_bw_bytes_per_s * bw_x,
         op_overhead_s=op_f,
         bwd_op_overhead_s=op_b,
+        host_op_s=spec.host_op_s * o,
         kernel_floor_s=spec.kernel_floor_s * o,
         intra_bw_bytes_per_s=spec.intra_bw_bytes_per_s * factors.get("intra_bw", 1.0),
         intra_latency_s=spec.intra_latency_s / factors.get("intra_latency", 1.0),

@@ -58,8 +58,16 @@ class ClusterSpec:
     # feeds one accelerator. The device runs concurrently, so one stage's forward (or backward) of
     # one microbatch takes at least its dispatched ops times this. A host property: measured by
     # ``meshplan profile`` on a GPU (``benchmarks/host_overhead.py`` for the block-level check);
-    # presets ``HOST_OP_S``; 0 = no floor (a CPU host, where ``op_overhead_s`` adds it instead).
+    # presets 0 (``HOST_H200``: the one host measured so far); 0 = no floor (a CPU host, where
+    # ``op_overhead_s`` adds it instead).
+    # ``host_bwd_op_s``: the same per op the autograd engine dispatches in backward (0 = host_op_s);
+    # ``host_checkpoint_fwd_s`` / ``host_checkpoint_bwd_s``: host seconds per checkpointed block
+    # per microbatch that torch's non-reentrant checkpoint adds beyond the ops it re-runs (state
+    # capture in forward; saved-tensor hooks and recompute bookkeeping in backward)
     host_op_s: float = 0.0
+    host_bwd_op_s: float = 0.0
+    host_checkpoint_fwd_s: float = 0.0
+    host_checkpoint_bwd_s: float = 0.0
     matmul_efficiency_by_flops: list[list[float]] = field(default_factory=list)
     # streaming multiprocessors per device (datasheet): GEMM tile/wave quantization and the
     # flash-attention grid (``cost_models.efficiency``); 0 = unknown, no shape factor
@@ -127,7 +135,8 @@ class ClusterSpec:
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise bad(name, f"must be a positive number, got {v!r}")
         for name in ("intra_latency_s", "inter_latency_s", "kernel_floor_s", "mem_reserved_bytes",
-                     "op_overhead_s", "bwd_op_overhead_s", "host_op_s"):
+                     "op_overhead_s", "bwd_op_overhead_s", "host_op_s", "host_bwd_op_s",
+                     "host_checkpoint_fwd_s", "host_checkpoint_bwd_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                 raise bad(name, f"must be a non-negative number, got {v!r}")
@@ -247,6 +256,9 @@ class ClusterSpec:
             op_overhead_s=self.op_overhead_s / s,
             bwd_op_overhead_s=self.bwd_op_overhead_s / s,
             host_op_s=self.host_op_s / s,
+            host_bwd_op_s=self.host_bwd_op_s / s,
+            host_checkpoint_fwd_s=self.host_checkpoint_fwd_s / s,
+            host_checkpoint_bwd_s=self.host_checkpoint_bwd_s / s,
             kernel_floor_s=self.kernel_floor_s / s,
             extra={**self.extra, "core_share": s},
         )
@@ -401,6 +413,22 @@ def _make(
 
     return build
 
+
+# The host-dispatch floor's figures (ClusterSpec.host_op_s and its siblings, cost_models.host): a
+# property of the host CPU, Python and torch build, not of the GPU. No public source gives them for a
+# training host (public write-ups put eager PyTorch's CPU-side work at ~5-25 us per op, e.g. the
+# dispatch-chain breakdowns of the Python binding, autograd, dispatcher and launch), so the presets
+# keep 0 (no floor) and a measured profile carries its host's (``meshplan profile`` on a GPU);
+# ``dataclasses.replace(preset, **HOST_H200)`` prices a preset with the one host measured so far.
+# These were MEASURED: benchmarks/host_overhead.py on the host of one H200 (torch 2.11, Python 3.12,
+# 16 cores, load 0.2; the lead's gpu_check, 2026-11-27; tests/data/host_overhead_h200.json), read by
+# profile.host.host_figures: 8.1 us per op issued from Python (2000 autograd-recording multiplications
+# without a sync), 15.2 us per op the autograd engine dispatches (a gpt2-xl-width zoo block's
+# backward at 1 x 16 tokens, 1.69 ms for 111 ops + views), and torch's checkpoint wrapper 0.44 ms
+# per block in forward and 1.02 ms in backward beyond the ops it re-runs. Not fitted to any run.
+HOST_H200 = {"host_op_s": 8.124e-6, "host_bwd_op_s": 1.6922e-3 / 111.25,
+             "host_checkpoint_fwd_s": 0.9577e-3 - 0.5133e-3,
+             "host_checkpoint_bwd_s": 3.4916e-3 - 1.6922e-3 - (207.25 - 111.25) * 8.124e-6}
 
 # matmul_efficiency per preset: the fraction of dense peak the training step's large GEMMs reach,
 # read off the published runs of each GPU family (benchmarks/published_cases.py, BENCHMARKS.md

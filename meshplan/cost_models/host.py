@@ -59,6 +59,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode
 
 #: elementwise targets whose backward launches nothing (the gradient passes through)
@@ -180,6 +181,21 @@ def layer_host_ops(
     else:
         rec = 0.0
     return HostOps(fwd, bwd, rec)
+
+
+def layer_host_s(ops: HostOps, cluster: ClusterSpec, *, checkpointed: bool = False) -> tuple[float, float]:
+    """(forward, backward) host seconds of a layer's ``ops`` per microbatch on ``cluster``: forward
+    and recompute dispatches at ``host_op_s`` (Python issues them), backward dispatches at
+    ``host_bwd_op_s`` (the autograd engine; 0 = ``host_op_s``), and for a block under torch's
+    checkpoint wrapper its own host work (``host_checkpoint_fwd_s`` / ``host_checkpoint_bwd_s``)."""
+    fwd_op = cluster.host_op_s
+    bwd_op = cluster.host_bwd_op_s or fwd_op
+    f = ops.fwd * fwd_op
+    b = ops.bwd * bwd_op + ops.recompute * fwd_op
+    if checkpointed:
+        f += cluster.host_checkpoint_fwd_s
+        b += cluster.host_checkpoint_bwd_s
+    return f, b
 
 
 def host_floor(device_s: float, ops: float, host_op_s: float) -> float:

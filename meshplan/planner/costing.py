@@ -52,7 +52,7 @@ from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.engine_saves import exposed_tp_comm_s, fused_linears, saved_bytes_delta
 from meshplan.cost_models.hardware import ClusterSpec, with_attention_backend
-from meshplan.cost_models.host import fp32_under_autocast, layer_host_ops
+from meshplan.cost_models.host import HostOps, fp32_under_autocast, layer_host_ops, layer_host_s
 from meshplan.cost_models.memory import (
     loss_buffer_bytes,
     loss_kept_bytes,
@@ -478,8 +478,8 @@ class GraphCoster:
                                  recompute=rc, attention_impl=self.attention_impl)  # fmt: skip
             # the engine's cross-entropy on the logits (fp32 cast, log-softmax, nll, the 1/m scale)
             loss_ops = 4.0 if lg is not None else 0.0
-            host_f = (ops.fwd + loss_ops) * self.cluster.host_op_s
-            host_b = (ops.bwd + ops.recompute + loss_ops) * self.cluster.host_op_s
+            ops = HostOps(ops.fwd + loss_ops, ops.bwd + loss_ops, ops.recompute)
+            host_f, host_b = layer_host_s(ops, self.cluster, checkpointed=rc in ("full", "op"))
         layer = LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),

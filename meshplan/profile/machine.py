@@ -8,8 +8,9 @@ Measures, on the device the run would use (CUDA when present, else CPU):
 - how eager training runs GEMMs: the efficiency of chains of ``nn.Linear`` with autograd, forward
   and backward, by GEMM size (``measure_eager_matmul``), and the per-op cost of module call,
   dispatch and autograd beyond the floor (``measure_op_overhead``); on a GPU, where the host runs
-  beside the device, the host's time per dispatched op instead (``measure_host_op_s``, the
-  host-dispatch floor ``ClusterSpec.host_op_s``; the additive per-op figures are then 0);
+  beside the device, the host's time per dispatched op instead (``profile.host``: the
+  host-dispatch floor ``ClusterSpec.host_op_s`` and its siblings; the additive per-op figures are
+  then 0);
 - collectives across ``nproc`` processes: all-reduce and a send/recv ping-pong at sizes from
   ``min_bytes`` to ``max_bytes``, with the alpha-beta model fitted by least squares
   (``meshplan.profile.comm``).
@@ -222,31 +223,6 @@ def measure_op_overhead(
     return max(0.0, t_f - floor_s), max(0.0, t_b / 2 - floor_s)
 
 
-def measure_host_op_s(device: Any, n_ops: int = 2000, reps: int = 5) -> float:
-    """Host seconds per op eager PyTorch dispatches on ``device`` with autograd recording: a chain
-    of ``n_ops`` tiny multiplications of a tensor that requires grad, launched without a sync and
-    timed on the host (``perf_counter`` before the first and after the last; the device is
-    synchronized before each run); the least of ``reps`` runs after one warm-up (noise only adds).
-    On a GPU the device finishes each one-element kernel before the host has launched the next,
-    so this is the host's side alone (``cost_models.host``)."""
-    import torch
-
-    leaf = torch.zeros(1, device=device, requires_grad=True)
-    best = math.inf
-    for i in range(reps + 1):
-        _sync(torch, device)
-        t0 = time.perf_counter()
-        y = leaf
-        for _ in range(n_ops):
-            y = y * 1.0
-        t = time.perf_counter() - t0
-        del y
-        if i:
-            best = min(best, t)
-    _sync(torch, device)
-    return best / n_ops
-
-
 def _host_mem_bytes() -> int:
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -333,11 +309,15 @@ def profile_machine(
     eff_table = measure_eager_matmul(shapes, peak["fp32"], max(reps, 5), device, log, deadline=phase("eager"))
     op_f, op_b = measure_op_overhead(device, floor, deadline=phase("overhead"))
     log(f"eager op overhead: forward {op_f * 1e6:.1f} us, per backward part {op_b * 1e6:.1f} us")
-    host_op = 0.0
+    host: dict[str, float] = {}
     if device.type == "cuda":  # the host runs beside the device: a floor, not an addition (cost_models.host)
-        host_op = measure_host_op_s(device)
-        log(f"host dispatch per op {host_op * 1e6:.1f} us (the host-dispatch floor; the additive per-op "
-            "overhead is not used on a GPU)")
+        from meshplan.profile.host import measure_host_figures
+
+        host = measure_host_figures(device)
+        log(f"host dispatch per op {host['host_op_s'] * 1e6:.1f} us forward, {host['host_bwd_op_s'] * 1e6:.1f} us "
+            f"backward; checkpoint wrapper {host['host_checkpoint_fwd_s'] * 1e3:.2f} / "
+            f"{host['host_checkpoint_bwd_s'] * 1e3:.2f} ms per block (the host-dispatch floor; the additive "
+            "per-op overhead is not used on a GPU)")
         op_f = op_b = 0.0
 
     if device.type == "cuda":
@@ -388,7 +368,7 @@ def profile_machine(
         kernel_floor_s=floor,
         op_overhead_s=op_f,
         bwd_op_overhead_s=op_b,
-        host_op_s=host_op,
+        **host,
         matmul_efficiency_by_flops=eff_table,
         comm_backend="nccl" if backend == "nccl" else "gloo",
         sm_count=sms,

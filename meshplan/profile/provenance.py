@@ -18,7 +18,7 @@ FIGURES = (
     "inter_latency_s", "matmul_efficiency", "mem_efficiency", "comm_efficiency", "kernel_floor_s",
     "mem_reserved_bytes", "op_overhead_s", "bwd_op_overhead_s", "matmul_efficiency_by_flops", "sm_count",
     "attention_efficiency", "comm_sms", "attention_kernel", "exp_cost_flops", "comm_overlap",
-    "backward_speed", "host_op_s",
+    "backward_speed", "host_op_s", "host_bwd_op_s", "host_checkpoint_fwd_s", "host_checkpoint_bwd_s",
 )  # fmt: skip
 
 _DEFAULT = "derived: the ClusterSpec default (not modelled on a measured profile)"
@@ -49,9 +49,16 @@ def profile_provenance(
                           "(host_op_s prices it as a floor)"),
         "bwd_op_overhead_s": ("measured: the same chain's backward, per module and backward part, less the kernel "
                               "floor" if device_type != "cuda" else "derived: 0 on a GPU (host_op_s)"),
-        "host_op_s": ("measured: host time per op of 2000 tiny autograd-recording multiplications launched "
-                      "without a sync (least of 5)" if device_type == "cuda"
-                      else "derived: 0 on a CPU, where host and device are the same cores (op_overhead_s adds it)"),
+        **{f: (f"measured: {how} (profile.host.host_figures)" if device_type == "cuda"
+               else "derived: 0 on a CPU, where host and device are the same cores (op_overhead_s adds it)")
+           for f, how in (("host_op_s", "host time per op of 2000 tiny autograd-recording multiplications "
+                                        "launched without a sync"),
+                          ("host_bwd_op_s", "a gpt2-xl-width zoo block's backward host time per dispatched op "
+                                            "(1 x 16 tokens)"),
+                          ("host_checkpoint_fwd_s", "the same block's forward host time under checkpoint_wrapper, "
+                                                    "less without"),
+                          ("host_checkpoint_bwd_s", "its backward's, less without, less the extra ops at "
+                                                    "host_op_s"))},
         "matmul_efficiency_by_flops": f"measured: eager nn.Linear chains {[list(s) for s in eager_shapes]} (fp32) "
                                       "against the fp32 peak",
         "matmul_efficiency": "derived: 1.0, the measured peaks already are what kernels reach here",
