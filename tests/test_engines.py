@@ -138,6 +138,17 @@ def test_unknown_and_ignored_keys_are_listed() -> None:
     with pytest.raises(ValueError, match="train_batch_size"):
         deepspeed.parse('{"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, '
                         '"gradient_accumulation_steps": 1}', 8)
+    # DeepSpeed engine.py get_data_types: bf16 accumulates in fp32 without ZeRO, in bf16 under it,
+    # data_types.grad_accum_dtype overrides both (the run flag main_grads)
+    def grads(stage: int, **types: str) -> dict[str, str]:
+        cfg = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+               "zero_optimization": {"stage": stage}, **({"data_types": types} if types else {})}
+        return deepspeed.parse(json.dumps(cfg), 8).run_flags
+
+    assert grads(0) == {"main_grads": "fp32"} and grads(1) == {} and grads(2, grad_accum_dtype="fp32") == {"main_grads": "fp32"}
+    assert grads(0, grad_accum_dtype="bf16") == {}
+    with pytest.raises(ValueError, match="grad_accum_dtype"):
+        grads(1, grad_accum_dtype="int8")
 
 
 def test_export_and_estimate_commands(tmp_path: Path, graph, capsys) -> None:

@@ -667,6 +667,10 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "deepspeed-2026", "deepspeed", "deepspeed 0.19 (installed)", state_layout="zero", fsdp_units="module",
         split_rule="even", pp_buffers="megatron", dp_kinds=("none", "ddp", "zero1", "zero2", "fsdp"),
         sources=(
+            ("main_grads", "None, the zero layout's 16-bit gradients: deepspeed/runtime/engine.py get_data_types "
+                           "accumulates in the model's dtype under ZeRO; in fp32 for bf16 without ZeRO (BF16_Optimizer) "
+                           "or where data_types.grad_accum_dtype says fp32 (engines/deepspeed.py reads both as the run "
+                           "flag main_grads 'fp32')"),
             ("dp_kinds", "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3 (ddp, zero1, zero2, fsdp); "
                          "hierarchical ZeRO (ZeRO++ hpZ, MiCS) not modelled"),
             ("state_layout", "deepspeed/runtime/zero: 16-bit parameters and gradients + fp32 master weights and Adam "

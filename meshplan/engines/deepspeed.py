@@ -5,7 +5,8 @@ Export: ``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_acc
 ``bf16.enabled`` / ``fp16.enabled``, ``tensor_parallel.autotp_size`` (AutoTP), ``pipeline.stages``
 with ``partition`` "uniform" and ``activation_checkpoint_interval`` 1 for full recompute (the
 pipeline engine's PipelineModule is built in the user's code from these). Import reads them back
-(the data-parallel degree from the world size: world / (tp * pp)); sections meshplan does not
+(the data-parallel degree from the world size: world / (tp * pp)), ``data_types.grad_accum_dtype``
+as the run flag ``main_grads``; sections meshplan does not
 model (optimizer, scheduler, logging) are listed as ignored, other keys as unknown. No torch import.
 """
 
@@ -20,10 +21,10 @@ from meshplan.engines.spec import EngineSpec
 VERSION = "DeepSpeed 0.19.8 (deepspeed/runtime/config.py, zero/config.py, tensor_parallel/config.py)"
 STAGE = {"none": 0, "ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}
 KNOWN = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
-         "bf16", "fp16", "tensor_parallel", "pipeline", "activation_checkpointing"}  # fmt: skip
+         "bf16", "fp16", "tensor_parallel", "pipeline", "activation_checkpointing", "data_types"}  # fmt: skip
 IGNORED = {"optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "prescale_gradients",
            "communication_data_type", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger",
-           "zero_allow_untested_optimizer", "seq_parallel_communication_data_type", "data_types"}  # fmt: skip
+           "zero_allow_untested_optimizer", "seq_parallel_communication_data_type"}  # fmt: skip
 
 
 def config(spec: EngineSpec) -> dict[str, Any]:
@@ -88,4 +89,18 @@ def parse(text: str, world_size: int) -> Imported:
     spec = EngineSpec(dp=dp, tp=tp, pp=pp, schedule="1f1b", micro_batch_size=mb, global_batch_size=gb,
                       recompute="full" if full else "none", dp_kind=kinds[stage] if dp > 1 else "none",
                       dtype=dtype)  # fmt: skip
-    return Imported(spec, unknown, ignored, notes)
+    return Imported(spec, unknown, ignored, notes, run_flags=_grad_flags(d, dtype, stage))
+
+
+def _grad_flags(d: dict[str, Any], dtype: str, stage: int) -> dict[str, str]:
+    """The run flag ``main_grads`` where the config's gradient accumulation dtype departs from the
+    deepspeed-2026 profile's 16-bit gradients: DeepSpeed ``engine.py`` ``get_data_types``
+    accumulates in ``data_types.grad_accum_dtype`` when given, else in fp32 for bf16 without ZeRO
+    (``BF16_Optimizer``), else in the model's dtype."""
+    if dtype == "fp32":
+        return {}
+    acc = d.get("data_types", {}).get("grad_accum_dtype")
+    if acc not in (None, "fp32", "bf16", "fp16"):
+        raise ValueError(f"data_types.grad_accum_dtype must be fp32, bf16 or fp16, got {acc!r}")
+    fp32 = acc == "fp32" or (acc is None and dtype == "bf16" and stage == 0)
+    return {"main_grads": "fp32"} if fp32 else {}
