@@ -96,13 +96,18 @@ def test_gpt2xl_runs_on_one_h200(tiny_graph) -> None:  # type: ignore[no-untyped
     bare = ClusterSpec.preset("h200").with_devices(1)
     h200 = dataclasses.replace(bare, **HOST_H200)  # the host of that H200, measured (hardware.HOST_H200)
 
-    def step(cluster: ClusterSpec, mb: int, rc: str) -> float:
+    def plan(cluster: ClusterSpec, mb: int, rc: str):  # type: ignore[no-untyped-def]
         return estimate_graph(graph, 1, tp=1, pp=1, dp=1, micro_batch_size=mb, global_batch_size=8, recompute=rc,
-                              cluster=cluster).predicted.step_s
+                              cluster=cluster)
+
+    def step(cluster: ClusterSpec, mb: int, rc: str) -> float:
+        return plan(cluster, mb, rc).predicted.step_s
 
     assert step(h200, 8, "none") == step(bare, 8, "none") == pytest.approx(0.2195, rel=0.05)
     assert step(bare, 2, "full") < 0.4
     assert step(h200, 2, "full") == pytest.approx(0.817, rel=0.1)
+    assert any(n.startswith("host-bound: stage 0's backward") for n in plan(h200, 2, "full").notes)
+    assert not any("host-bound" in n for n in plan(h200, 8, "none").notes)
 
 
 def test_host_figures_from_the_h200_measurement() -> None:

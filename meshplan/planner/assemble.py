@@ -149,6 +149,9 @@ def build_plan(
     if c.ep > 1:
         notes.append(f"expert parallelism ep={c.ep}: each rank holds 1/{c.ep} of the experts; dispatch+combine "
                      f"all-to-all and load imbalance cost {ev.ep_comm_s * 1e3:.2f} ms per step (predicted)")
+    host = host_bound_note(t.layers, ev.stage_layers) if cluster.host_op_s else ""
+    if host:
+        notes.append(host)
     styles = dict(sol.styles)
     return Plan(
         model_name=graph.model_name, world_size=cluster.num_devices, cluster=cluster.to_dict(),
@@ -167,6 +170,25 @@ def build_plan(
         ),
         alternatives=alts, notes=tuple(notes), model_fingerprint=str(graph.meta.get("param_fingerprint", "")),
     )  # fmt: skip
+
+
+def host_bound_note(layers: list, stage_layers: list[tuple[int, int]]) -> str:
+    """A note when a stage's forward or backward of one microbatch is the host's dispatch time, not
+    the device's (``cost_models.host``, ``kind_free.host_floored``): the stage where the host
+    exceeds the device by the most, with both times; "" when no stage is host-bound."""
+    worst = (0.0, "")
+    for s, (a, b) in enumerate(stage_layers):
+        ls = layers[a:b]
+        for phase, host, dev in (
+            ("forward", sum(x.host_fwd_s for x in ls), sum(x.fwd_total_s for x in ls)),
+            ("backward", sum(x.host_bwd_s for x in ls), sum(x.bwd_input_total_s + x.bwd_weight_s for x in ls)),
+        ):
+            if host > dev and host - dev > worst[0]:
+                worst = (host - dev, f"host-bound: stage {s}'s {phase} of one microbatch takes the host "
+                                     f"{host * 1e3:.2f} ms to dispatch against {dev * 1e3:.2f} ms of device work "
+                                     "(predicted; cost_models.host): a larger microbatch, less recompute or "
+                                     "CUDA graphs / torch.compile would hide it")
+    return worst[1]
 
 
 def quant_effect(
