@@ -281,10 +281,13 @@ def lm_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def measure(
     build: Callable[[], torch.nn.Module], plan: Plan, *, rank: int = 0, seq_len: int, vocab: int,
-    steps: int = 2,
+    steps: int = 2, fake: bool = True,
 ) -> MemCheck:
     """Peak live bytes of ``rank`` over ``steps`` training steps of ``plan`` (fake tensors), and
-    the plan's prediction for that rank's pipeline stage. ``build()`` makes the fp32 model."""
+    the plan's prediction for that rank's pipeline stage. ``build()`` makes the fp32 model.
+    ``fake=False`` runs real CPU tensors under the same tracker (and the same bridges), for a
+    program fake tensors cannot run: a MoE block's data-dependent routing (``torch.where`` per
+    expert, whose output size is the routed token count); the model must then be small."""
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.apply.optim import make_optimizer
     from meshplan.runtime.apply.precision import resolve_precision
@@ -298,7 +301,8 @@ def measure(
     mb_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(prec, torch.float32)
     B, T = plan.global_batch_size, seq_len
     try:
-        with _bridges(mb_dtype), FakeTensorMode(allow_non_fake_inputs=True):  # real: the mesh rank tensors
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+        with _bridges(mb_dtype), mode:  # fake: real mesh rank tensors allowed in
             model = build()
             pm = apply_plan(model, plan, loss_fn=lm_loss,
                             optimizer_factory=_fused(make_optimizer("adamw", 1e-4)),

@@ -257,3 +257,44 @@ def live_tensors_after(nodes: Iterable[GraphNode], after: int) -> list[int]:
         if n.id > after:
             live.update(i for i in n.inputs if i <= after)
     return sorted(live)
+
+
+def expert_shape(hidden: int, expert_numel: float, expert_act_numel: float) -> tuple[int, float]:
+    """(m, F) of a MoE node's experts (its attrs ``hidden``, ``expert_numel``, ``expert_act_numel``):
+    an expert's weight matrices and their inner width, from ``expert_numel = m·H·F`` and
+    ``expert_act_numel = m·(H + F)``; (1, expert_numel / H) when they do not fit that form. Here,
+    below both the tracer (``tracing.moe.moe_saved_bytes``) and the cost models
+    (``cost_models.moe_kernels``, ``cost_models.engine_saves``) that read it."""
+    if hidden <= 0 or expert_numel <= 0:
+        raise ValueError(f"hidden and expert_numel must be > 0, got {hidden!r}, {expert_numel!r}")
+    m = round((expert_act_numel - expert_numel / hidden) / hidden) if expert_act_numel else 0
+    if m < 1 or abs(m * hidden + expert_numel / hidden - expert_act_numel) > 0.01 * expert_act_numel:
+        return 1, expert_numel / hidden
+    return m, expert_numel / (m * hidden)
+
+
+def expert_saved_numel(hidden: int, expert_numel: float, expert_act_numel: float) -> float:
+    """Elements one routed token keeps for backward inside an eager MoE block's experts (the block
+    as written: the zoo's ``GroupedExperts``, HF Mixtral / Qwen-MoE experts; meshplan's runtime runs
+    the user's block), with ``(m, F) = graph.expert_shape(...)`` (m weight matrices ``H × F``):
+
+    - ``H``: the routed token (``x[tok]``), kept once by every input projection that reads it;
+    - ``(m − 1)·F``: each input projection's output (the activation's input; a gated unit's ``up``,
+      the product's operand);
+    - ``F`` more for a gated unit (m ≥ 3): the activation's output, the product's other operand;
+    - ``F``: the down projection's input;
+    - ``2·H``: the expert's output, kept by its product with the routing weight (the weight needs
+      its gradient), and that product, kept by ``index_add_`` (its derivative formula reads
+      ``source``; torch ``tools/autograd/derivatives.yaml``).
+
+    Gated (SwiGLU): ``3H + 4F``; a plain MLP: ``3H + 2F``. Checked against ``saved_tensors_hooks``
+    on the zoo block (``tests/test_moe_capture.py``). Here beside ``expert_shape`` for the tracer
+    (``tracing.moe.moe_saved_bytes``) and the cost models; what an engine's fused kernels keep
+    instead is ``cost_models.engine_saves.moe_saved_delta``. A node that does not fit the m-matrix form keeps
+    its matrices' inputs and outputs (``expert_act_numel``)."""
+    if not hidden or not expert_numel:
+        return float(expert_act_numel)
+    m, f = expert_shape(hidden, expert_numel, expert_act_numel)
+    if m < 2:
+        return float(expert_act_numel)
+    return hidden + (m - 1) * f + (f if m >= 3 else 0.0) + f + 2 * hidden

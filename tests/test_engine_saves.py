@@ -9,9 +9,18 @@ import pytest
 
 from meshplan.commands.published_estimate import case_setup
 from meshplan.cost_models.engine_profiles import PROFILES
-from meshplan.cost_models.engine_saves import exposed_tp_comm_s, fused_linears, saved_bytes_delta
+from meshplan.cost_models.engine_saves import (
+    engine_expert_numel,
+    exposed_tp_comm_s,
+    fused_linears,
+    layernorm_recomputed,
+    moe_recompute_traced_bytes,
+    moe_saved_delta,
+    saved_bytes_delta,
+)
 from meshplan.cost_models.precision import FP8_RECIPES
 from meshplan.cost_models.published import load_published_cases
+from meshplan.graph import GraphNode, expert_saved_numel
 
 CASES = {c["id"]: c for c in load_published_cases()}
 MBRIDGE = "mbridge2511-llama3-70b-h100-64gpu-tp4-pp8-vp5-fp8cs-gbs128"
@@ -104,3 +113,64 @@ def test_a_profiled_cp_run_is_costed_at_its_own_configuration() -> None:
     assert row["group"] not in groups
     assert CASES["llama3-405b-h100-16384gpu-cp16-seq128k"]["group"] in groups
     assert "cp" not in case_setup(CASES[MBRIDGE])
+
+
+H_, F_, TOK = 64, 96, 10
+_MOE = GraphNode(id=1, name="moe", op="call_module", kind="moe", target="SparseMoE", inputs=(0,),
+                 out_shape=(1, TOK, H_), out_bytes=TOK * H_ * 4,
+                 attrs={"num_experts": 4, "top_k": 2, "hidden": H_, "tokens": TOK, "expert_numel": 3 * H_ * F_,
+                        "expert_act_numel": 3 * (H_ + F_), "dense_numel": 4 * H_})  # fmt: skip
+_NORM = GraphNode(id=0, name="norm", op="call_module", kind="norm", target="RMSNorm", out_shape=(1, TOK, H_),
+                  out_bytes=TOK * H_ * 4)  # fmt: skip
+
+
+def test_engine_experts_keep_what_their_kernels_save() -> None:
+    """Per routed token: the eager block 3H + 4F (graph.expert_saved_numel); Megatron-Core's
+    TEGroupedMLP with the fused SwiGLU H + 3F plus the expert output its combine keeps (H at
+    unpermute, none with the probabilities inside the activation), F less under "moe_act"."""
+    assert expert_saved_numel(H_, 3 * H_ * F_, 3 * (H_ + F_)) == 3 * H_ + 4 * F_
+    assert expert_saved_numel(H_, 2 * H_ * F_, 2 * (H_ + F_)) == 3 * H_ + 2 * F_  # a plain MLP expert
+    kw = dict(fused_glu=True, moe_act=False)
+    assert engine_expert_numel(H_, 3, F_, combine="index_add", fused_glu=False, moe_act=False) == 3 * H_ + 4 * F_
+    assert engine_expert_numel(H_, 3, F_, combine="unpermute", **kw) == 2 * H_ + 3 * F_
+    assert engine_expert_numel(H_, 3, F_, combine="in_act", **kw) == H_ + 3 * F_
+    assert engine_expert_numel(H_, 3, F_, combine="in_act", fused_glu=True, moe_act=True) == H_ + 2 * F_
+    routed, item = TOK * 2, 4
+    node_of = {0: _NORM, 1: _MOE}.__getitem__
+    assert moe_saved_delta(_MOE, node_of, combine="index_add", fused_glu=False) == 0.0
+    assert moe_saved_delta(_MOE, node_of, combine="in_act", fused_glu=True, modules=("moe_act",)) == \
+        routed * item * ((H_ + 2 * F_) - (3 * H_ + 4 * F_))
+    # the pre-MLP norm's output (the block's saved input) is dropped where "layernorm" recompute runs
+    assert moe_saved_delta(_MOE, node_of, combine="index_add", fused_glu=False, norm_recomputed=True) == -_NORM.out_bytes
+    assert moe_recompute_traced_bytes(_MOE, ("moe_act",)) == routed * 3 * F_ * item
+    assert moe_recompute_traced_bytes(_MOE, ("core_attn",)) == 0.0
+
+
+def test_layernorm_recompute_is_off_where_the_router_runs_in_a_cuda_graph() -> None:
+    """transformer_layer.py can_recompute_pre_mlp_layernorm_for_cudagraph: the router captured ->
+    only with "moe_preprocess" captured too and the alltoall dispatcher."""
+    assert layernorm_recomputed(("layernorm",), (), "flex")
+    assert not layernorm_recomputed(("moe_act",), (), "alltoall")
+    assert not layernorm_recomputed(("layernorm",), ("moe_router", "moe_preprocess"), "flex")
+    assert layernorm_recomputed(("layernorm",), ("moe_router", "moe_preprocess"), "alltoall")
+    assert not layernorm_recomputed(("layernorm",), ("moe_router",), "alltoall")
+
+
+def test_recompute_modules_are_a_run_flag_checked_against_what_is_priced() -> None:
+    prof = PROFILES["megatron-core-2026"].with_run_flags(recompute_modules=("moe_act", "layernorm"))
+    assert prof.recompute_modules == ("moe_act", "layernorm") and PROFILES["meshplan"].recompute_modules == ("core_attn",)
+    with pytest.raises(ValueError, match="recompute_modules"):
+        PROFILES["megatron-core-2026"].with_run_flags(recompute_modules=("mla_up_proj",))
+
+
+def test_the_qwen3_ep32_norm_act_run_that_ran_is_predicted_to_fit() -> None:
+    """The Model-Zoo Qwen3-235B TP2 PP8 VP4 EP32 row (recompute 'norm, act') ran on 80 GB H100s; at
+    93.0 GiB predicted it was the one false "does not fit" before the experts' saves were priced
+    from Megatron-Core's kernels and its recompute modules were costed."""
+    from meshplan.commands.published_estimate import estimate_case
+    from meshplan.loading import case_graph
+
+    c = CASES["mcore-qwen3-235b-h100-256gpu-tp2-pp8-vp4-ep32"]
+    assert case_setup(c)["profile"].recompute_modules == ("moe_act", "layernorm")
+    row = estimate_case(c, case_graph(c))
+    assert row["fits"], row

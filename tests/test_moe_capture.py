@@ -7,7 +7,7 @@ import torch
 from moe_models import PlainMoENet, hf_mixtral_tiny, hf_qwen2_moe_tiny
 from torch.utils.flop_counter import FlopCounterMode
 
-from meshplan.models.moe import moe_llama
+from meshplan.models.moe import SparseMoE, moe_llama
 from meshplan.trace import trace_model
 from meshplan.tracing.moe import find_moe, moe_flops
 
@@ -96,3 +96,56 @@ def test_many_expert_modulelist_moe_is_one_leaf_per_layer_and_grown():
     assert nodes[0].fwd_flops == moe_flops(16, 3, a["expert_numel"], a["dense_numel"])
     assert g.param_count == sum(p.numel() for p in m.parameters())
     assert g.blocks and g.blocks[0].module_class == "Block" and len(g.blocks[0].instances) == 5
+
+
+def _saved_beyond_input(block: torch.nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd keeps for ``block(x)``'s backward, less ``x`` and the
+    parameters (PyTorch's own record of what is saved: ``saved_tensors_hooks``)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    skip = {x.untyped_storage().data_ptr()} | {p.untyped_storage().data_ptr() for p in block.parameters()}
+    return sum(v for p, v in seen.items() if p not in skip)
+
+
+def _mixtral_block() -> torch.nn.Module:
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    return MixtralSparseMoeBlock(MixtralConfig(hidden_size=64, intermediate_size=96, num_local_experts=4,
+                                               num_experts_per_tok=2))
+
+
+@pytest.mark.parametrize("build", [lambda: SparseMoE(64, 96, 4, 2), _mixtral_block], ids=["zoo", "hf-mixtral"])
+def test_moe_saved_bytes_are_what_autograd_saves(build):
+    """The eager experts' saves per routed token (``expert_saved_numel``: 3H + 4F for SwiGLU, the
+    routed input once, the expert output and its weighted copy) against what autograd really keeps."""
+    from meshplan.tracing.moe import moe_info, moe_saved_bytes
+
+    torch.manual_seed(0)
+    block, n = build(), 512
+    x = torch.randn(1, n, 64, requires_grad=True)
+    info = moe_info(block)
+    assert info is not None
+    predicted = moe_saved_bytes({**info.as_attrs(), "tokens": n}, x)
+    measured = _saved_beyond_input(block, x)
+    assert predicted == pytest.approx(measured, rel=0.02)
+
+
+def test_zoo_moe_trains_under_autocast():
+    """Under torch.autocast the experts compute in bf16 while the block's accumulator keeps the
+    input's fp32: ``index_add_`` takes the weighted outputs in the accumulator's dtype (it refused
+    mixed dtypes before, so meshplan's runtime could not train the zoo MoE in bf16)."""
+    torch.manual_seed(0)
+    block = SparseMoE(32, 48, 4, 2)
+    x = torch.randn(1, 8, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = block(x)
+    y.float().sum().backward()
+    assert y.dtype == torch.float32 and block.experts.w_gate.grad is not None and x.grad is not None

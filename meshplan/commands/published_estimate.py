@@ -83,20 +83,25 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
     with the run's own flags where its source prints them (``engine_profiles.RUN_FLAGS``:
     ``expert_config.ddp_impl`` from a script's --DDP-impl, ``expert_config.split_rule`` from
     --pp-partition-method, ``training.norm_kernel`` from a train config's norm_type / torch.compile,
-    ``training.main_grads`` from a recipe's gradient dtype: grad_reduce_in_fp32 / grad_sync_dtype).
+    ``training.main_grads`` from a recipe's gradient dtype: grad_reduce_in_fp32 / grad_sync_dtype,
+    ``training.recompute_modules`` / ``training.cuda_graph_scope`` from Megatron-Core's
+    --recompute-modules / --cuda-graph-scope).
     An engine and version with no profile of its own resolve to their family's (``engine_profiles.
     resolve``; ``case_notes`` says which); the engine conventions a case sets are ignored (``case_notes``)."""
     if "engine" not in case:
         raise ValueError(f"published case {case.get('id')!r} names no engine profile (\"engine\": one of "
                          f"{', '.join(PROFILES)})")  # fmt: skip
     tr, ex = case["training"], case["expert_config"]
-    flags: dict[str, str | bool] = {
+    flags: dict[str, str | bool | tuple[str, ...]] = {
         k: str(v) for k, v in (("ddp_impl", ex.get("ddp_impl")), ("split_rule", ex.get("split_rule")),
                                ("norm_kernel", tr.get("norm_kernel")),
                                ("fp8_recipe", tr.get("fp8_recipe")), ("main_grads", tr.get("main_grads")),
                                ("moe_dispatcher", ex.get("moe_dispatcher"))) if v}  # fmt: skip
     if ex.get("tp_comm_overlap") is not None:  # Megatron-LM's --tp-comm-overlap, where the run's command line says
         flags["tp_comm_overlap"] = bool(ex["tp_comm_overlap"])
+    for k in ("recompute_modules", "cuda_graph_scope"):  # Megatron-Core's --recompute-modules / --cuda-graph-scope
+        if tr.get(k) is not None:
+            flags[k] = tuple(str(v) for v in tr[k])
     if int(ex.get("pp") or 1) == 1:
         flags.pop("split_rule", None)
     return engine_profile(case["engine"]).with_run_flags(**flags)

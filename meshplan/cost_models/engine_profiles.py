@@ -36,7 +36,7 @@ from meshplan.cost_models.dp_kinds import (
     ZERO_STAGE,
 )
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
-from meshplan.cost_models.engine_saves import GLU_KERNELS
+from meshplan.cost_models.engine_saves import CUDA_GRAPH_SCOPES, GLU_KERNELS, MOE_COMBINES, RECOMPUTE_MODULES
 from meshplan.cost_models.epcp import MOE_DISPATCHERS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.megatron_sources import (
@@ -58,7 +58,8 @@ AUTOCAST_CACHES = ("call", "step")
 
 #: fields a run may set from its own command line / config file (the case cites the line); the
 #: engine's default otherwise
-RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher", "tp_comm_overlap", "main_grads")
+RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher", "tp_comm_overlap", "main_grads",
+             "recompute_modules", "cuda_graph_scope")
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,17 @@ class EngineProfile:
     - ``dp_kinds`` (``dp_kinds.ZERO_STAGE``'s keys): the data-parallel kinds the engine version runs;
       ``estimate`` refuses a pinned kind outside them and no search proposes one (Megatron-LM before
       its distributed optimizer has no zero1, none of its versions a zero2 of its own).
+    - ``moe_combine`` (``engine_saves.MOE_COMBINES``): where a MoE layer's routing probabilities meet
+      its experts' output, so what of that output is kept for backward ("index_add": the eager
+      block; "unpermute": Megatron-Core to 0.12; "in_act": inside Megatron-Core's fused activation,
+      from 2025-04). With ``glu_kernel`` it sets what the experts keep (``engine_saves.moe_saved_delta``).
+    - ``recompute_modules`` (``engine_saves.RECOMPUTE_MODULES``): what recompute "selective" re-runs:
+      Megatron-Core's ``--recompute-modules`` (default ``core_attn``, the attention core; meshplan's
+      runtime and torchtitan's "selective" mean the same); a run flag. "moe_act" and "layernorm":
+      ``engine_saves`` module docstring.
+    - ``cuda_graph_scope`` (``engine_saves.CUDA_GRAPH_SCOPES``): the parts of a layer the run captures
+      in CUDA graphs (Megatron-Core ``--cuda-graph-scope``; a run flag): it can turn a recompute
+      module off (``engine_saves.layernorm_recomputed``).
     """
 
     name: str
@@ -150,6 +162,9 @@ class EngineProfile:
     attention_backend: str = "flash"
     main_grads: str | None = None
     dp_kinds: tuple[str, ...] = tuple(ZERO_STAGE)
+    moe_combine: str = "index_add"
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    cuda_graph_scope: tuple[str, ...] = ()
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -161,7 +176,8 @@ class EngineProfile:
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
                                ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS),
                                ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES),
-                               ("cp_rotate", CP_ROTATES), ("attention_backend", ATTENTION_BACKENDS)):  # fmt: skip
+                               ("cp_rotate", CP_ROTATES), ("attention_backend", ATTENTION_BACKENDS),
+                               ("moe_combine", MOE_COMBINES)):  # fmt: skip
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip
@@ -172,11 +188,17 @@ class EngineProfile:
         if "none" not in self.dp_kinds or not set(self.dp_kinds) <= set(ZERO_STAGE):
             raise ValueError(f"engine profile {self.name!r}: dp_kinds must hold 'none' and only "
                              f"{', '.join(ZERO_STAGE)}, got {self.dp_kinds!r}")  # fmt: skip
+        for fname, allowed in (("recompute_modules", RECOMPUTE_MODULES), ("cuda_graph_scope", CUDA_GRAPH_SCOPES)):
+            vals = getattr(self, fname)
+            bad = [v for v in vals if v not in allowed] if isinstance(vals, tuple) else [vals]
+            if bad:
+                raise ValueError(f"engine profile {self.name!r}: {fname} must be a tuple of {', '.join(allowed)}, "
+                                 f"got {vals!r}")  # fmt: skip
         if self.loss_kernel is not None and self.loss_kernel not in LOSS_KERNELS:
             raise ValueError(f"engine profile {self.name!r}: loss_kernel must be None or one of "
                              f"{', '.join(LOSS_KERNELS)}, got {self.loss_kernel!r}")  # fmt: skip
 
-    def with_run_flags(self, **flags: str | bool) -> EngineProfile:
+    def with_run_flags(self, **flags: str | bool | tuple[str, ...]) -> EngineProfile:
         """This profile with a run's own flags (``RUN_FLAGS`` only: a run's command line or config
         file may set them; an engine convention it may not)."""
         bad = sorted(set(flags) - set(RUN_FLAGS))
@@ -470,7 +492,9 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch", loss_kernel="fused",
         vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed", glu_kernel="fused",
         fused_projections=True, shard_over_cp=True, attention_backend="cudnn", dp_kinds=("none", "ddp", "zero1"),
+        moe_combine="unpermute",
         sources=_with(_MEGATRON_2021,
+                      ("moe_combine", "core_v0.8.0 megatron/core/transformer/moe/moe_utils.py unpermute: probs * permuted_tokens (the experts' output kept for the probabilities' gradient); experts.py TEGroupedMLP bias_swiglu_impl (glu_kernel)"),
                       _TE_CUDNN_ATTENTION,
                       ("main_grads", "None, the megatron layout's rule: core_v0.8.0 megatron/training/arguments.py "
                                      "under --bf16 forces accumulate_allreduce_grads_in_fp32 = True (fp32 grad buffers, "
@@ -506,7 +530,9 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch",
         loss_kernel="fused", vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed",
         glu_kernel="fused", fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
+        moe_combine="in_act",
         sources=_with(_MEGATRON_2021,
+                      ("moe_combine", "megatron/core/transformer/moe/experts.py TEGroupedMLP.forward bias_act_func: weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs) keeps fc1's output and the probabilities, the experts' output is not kept (2659630, 2025-04-09, 'Memory efficient token permutation', core 0.13 on)"),
                       _TE_CUDNN_ATTENTION,
                       ("dp_kinds", "megatron/core/distributed/distributed_data_parallel_config.py: "
                                    "use_distributed_optimizer (zero1); use_megatron_fsdp with "
@@ -544,7 +570,9 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="current",
         glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         main_grads="16-bit",
+        moe_combine="in_act",
         sources=_with(_MEGATRON_2021,
+                      ("moe_combine", "megatron/core/transformer/moe/experts.py TEGroupedMLP.forward bias_act_func: weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs) keeps fc1's output and the probabilities, the experts' output is not kept (2659630, 2025-04-09, 'Memory efficient token permutation', core 0.13 on)"),
                       _TE_CUDNN_ATTENTION,
                       ("dp_kinds", "Megatron-Core (the bridge's) megatron/core/distributed/distributed_data_parallel_config.py: "
                                    "use_distributed_optimizer (zero1); use_megatron_fsdp with "
@@ -597,7 +625,9 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         ddp_impl="torch", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fp8_recipe="delayed",
         glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         main_grads="16-bit", dp_kinds=("none", "ddp", "zero1", "zero2", "fsdp"),
+        moe_combine="unpermute",
         sources=_with(_MEGATRON_2021,
+                      ("moe_combine", "core_v0.8.0 megatron/core/transformer/moe/moe_utils.py unpermute: probs * permuted_tokens (the experts' output kept for the probabilities' gradient); experts.py TEGroupedMLP bias_swiglu_impl (glu_kernel)"),
                       _TE_CUDNN_ATTENTION,
                       ("main_grads", "recipes' optim.grad_sync_dtype bf16 (dgxc-benchmarking 35a9aec llama3.1/*.yaml, "
                                      "gpt3_175b_hydra.yaml, nemotron 340b) -> apex DistributedFusedAdam's gradient buckets "

@@ -36,15 +36,45 @@ keep it in another dtype; each mechanism below is an engine profile convention
   run as one GEMM of their summed outputs (``fused_linears``), one input cast under fp8, one
   GEMM shape (a narrow key/value projection does not run at a narrow GEMM's efficiency).
 
+- **MoE experts** (``moe_saved_delta``): the traced MoE node keeps what the eager block saves per
+  routed token (``graph.expert_saved_numel``: the routed input, every projection's output,
+  a gated unit's activation output, the down projection's input, the expert output kept by the
+  routing-weight product and its weighted copy kept by ``index_add_``; 3H + 4F for SwiGLU).
+  Megatron-Core's ``TEGroupedMLP`` (``transformer/moe/experts.py``) keeps the permuted input (TE
+  ``GroupedLinear`` fc1), fc1's output (the fused ``bias_swiglu_impl`` /
+  ``weighted_bias_swiglu_impl`` keep only their input: ``glu_kernel`` "fused") and the
+  activation's output (fc2's input): H + 3F. Where the routing probabilities meet the expert
+  output is ``moe_combine`` (``MOE_COMBINES``): "index_add" (the eager block), "unpermute"
+  (Megatron-Core to 0.12, ``moe_utils.unpermute``: ``probs * permuted_tokens`` keeps the expert
+  output, H), "in_act" (Megatron-Core from 2025-04, commit 2659630 "Memory efficient token
+  permutation": ``weighted_bias_swiglu_impl`` multiplies the probabilities inside the activation,
+  the expert output is not kept).
+- **Megatron-Core's selective recompute modules** (``recompute_modules``; ``--recompute-granularity
+  selective --recompute-modules ...``, ``transformer_config.py``, default ``["core_attn"]``):
+  "core_attn" re-runs the attention core (the s x s scores; ``memory.node_activation_bytes``
+  "selective"); "moe_act" runs the experts' activation under ``CheckpointWithoutOutput``
+  (``experts.py`` ``TEGroupedMLP.forward``: ``discard_output_and_register_recompute(output)``): only
+  fc1's output is kept, the activation's output (fc2's input, F per routed token) is dropped and
+  re-run in backward; "layernorm" does the same for ``input_layernorm`` / ``pre_mlp_layernorm``
+  (``transformer_layer.py``) where they are modules of their own: in the Transformer Engine layer
+  spec (``models/gpt/gpt_layer_specs.py``) the input norm is fused into ``linear_qkv``
+  (``TELayerNormColumnParallelLinear``, ``input_layernorm`` IdentityOp) and a dense layer's
+  pre-MLP norm into ``linear_fc1``, so only a MoE layer's pre-MLP norm is recomputed (its output,
+  the MoE block's saved input, is dropped), and not even that where the run captures the router
+  in a CUDA graph (``cuda_graph_scope`` "moe_router", ``--cuda-graph-impl transformer_engine``) unless
+  it also captures "moe_preprocess" with the "alltoall" dispatcher (``transformer_layer.py``
+  ``can_recompute_pre_mlp_layernorm_for_cudagraph``, from 2b343d7, 2025-12-30).
+
 No torch import.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Sequence
 
-from meshplan.graph import GraphNode
+from meshplan.graph import GraphNode, expert_saved_numel, expert_shape
 
 #: how an engine runs a gated linear unit's activation (``EngineProfile.glu_kernel``): "eager" the
 #: traced ops (meshplan's runtime, torchtitan, HF), "fused" Megatron-Core's bias_swiglu_impl
@@ -52,6 +82,72 @@ GLU_KERNELS = ("eager", "fused")
 #: the activations a fused GLU kernel recomputes (Megatron-Core: swiglu, geglu, quick_geglu)
 _GLU_ACTIVATIONS = frozenset({"silu", "gelu", "SiLU", "GELU"})
 _PRODUCTS = frozenset({"mul", "imul"})
+#: where a MoE layer's routing probabilities meet its experts' output (``EngineProfile.moe_combine``)
+MOE_COMBINES = ("index_add", "unpermute", "in_act")
+#: expert-output elements per routed token each combine keeps, in units of the hidden size
+_COMBINE_KEEPS = {"index_add": 2, "unpermute": 1, "in_act": 0}
+#: Megatron-Core's selective recompute modules the cost model prices (``EngineProfile.recompute_modules``)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm")
+#: the CUDA-graph scopes a run may name (Megatron-Core ``--cuda-graph-scope``; ``EngineProfile.cuda_graph_scope``)
+CUDA_GRAPH_SCOPES = ("full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+
+
+def engine_expert_numel(h: int, m: int, f: float, *, combine: str, fused_glu: bool, moe_act: bool) -> float:
+    """Elements one routed token keeps inside an engine's experts (module docstring): the routed
+    input, fc1's output(s), the activation's region (none under "moe_act" recompute; the fused
+    kernel's output F; the eager unit's activation output and product, 2F gated), and the expert
+    output the combine keeps (``_COMBINE_KEEPS``)."""
+    if combine not in _COMBINE_KEEPS:
+        raise ValueError(f"moe_combine must be one of {', '.join(MOE_COMBINES)}, got {combine!r}")
+    act = 0.0 if moe_act else f + (f if m >= 3 and not fused_glu else 0.0)
+    return h + (m - 1) * f + act + _COMBINE_KEEPS[combine] * h
+
+
+def layernorm_recomputed(modules: Sequence[str], cuda_graph_scope: Sequence[str], dispatcher: str) -> bool:
+    """Whether Megatron-Core's "layernorm" recompute module drops a MoE layer's pre-MLP norm output
+    (module docstring; ``transformer_layer.py`` ``can_recompute_pre_mlp_layernorm_for_cudagraph``)."""
+    if "layernorm" not in modules:
+        return False
+    if "moe_router" not in cuda_graph_scope:
+        return True
+    return "moe_preprocess" in cuda_graph_scope and dispatcher == "alltoall"
+
+
+def moe_saved_delta(n: GraphNode, node_of: Callable[[int], GraphNode], *, combine: str, fused_glu: bool,
+                    modules: Sequence[str] = (), norm_recomputed: bool = False) -> float:
+    """Traced bytes (at the node's traced batch and dtype) MoE node ``n`` keeps for backward beyond
+    (negative: below) what its traced eager block saved (``n.saved_bytes``): the engine's experts
+    (``engine_expert_numel`` less the eager count, per routed token) and, where ``norm_recomputed``
+    (``layernorm_recomputed``), the pre-MLP norm output the block keeps as its input. 0 for a node
+    whose experts do not read as m matrices of H x F."""
+    a = n.attrs
+    h, tokens, k = int(a.get("hidden", 0)), float(a.get("tokens", 0)), float(a.get("top_k", 1))
+    if n.kind != "moe" or not h or not a.get("expert_numel") or not n.out_shape:
+        return 0.0
+    m, f = expert_shape(h, float(a["expert_numel"]), float(a.get("expert_act_numel", 0)))
+    if m < 2:
+        return 0.0
+    item = n.out_bytes / math.prod(n.out_shape) if math.prod(n.out_shape) else 4.0
+    engine = engine_expert_numel(h, m, f, combine=combine, fused_glu=fused_glu, moe_act="moe_act" in modules)
+    eager = expert_saved_numel(h, float(a["expert_numel"]), float(a.get("expert_act_numel", 0)))
+    delta = tokens * k * (engine - eager) * item
+    if norm_recomputed and n.inputs:
+        src = node_of(n.inputs[0])
+        if src.kind == "norm":
+            delta -= float(src.out_bytes)
+    return delta
+
+
+def moe_recompute_traced_bytes(n: GraphNode, modules: Sequence[str]) -> float:
+    """Traced bytes the "moe_act" re-run reads and writes in backward for MoE node ``n``: per routed
+    token fc1's output ((m − 1)·F) in, the activation's output (F) out; 0 without "moe_act"."""
+    a = n.attrs
+    h = int(a.get("hidden", 0))
+    if "moe_act" not in modules or n.kind != "moe" or not h or not a.get("expert_numel") or not n.out_shape:
+        return 0.0
+    m, f = expert_shape(h, float(a["expert_numel"]), float(a.get("expert_act_numel", 0)))
+    item = n.out_bytes / math.prod(n.out_shape) if math.prod(n.out_shape) else 4.0
+    return float(a.get("tokens", 0)) * float(a.get("top_k", 1)) * m * f * item
 
 
 def saved_bytes_delta(

@@ -42,6 +42,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meshplan.graph import expert_shape
+
+__all__ = ["WGRAD_ACCUM_BYTES", "Kernel", "expert_shape", "moe_kernels"]
+
 #: bytes per expert weight element of the weight-gradient GEMM's in-place fp32 accumulation
 #: (read + write of the fp32 main gradient; Megatron-Core gradient_accumulation_fusion)
 WGRAD_ACCUM_BYTES = 8
@@ -59,17 +63,6 @@ class Kernel:
     bytes: float
     shape: tuple[float, float, float] = (0.0, 0.0, 0.0)
     groups: int = 0
-
-
-def expert_shape(hidden: int, expert_numel: float, expert_act_numel: float) -> tuple[int, float]:
-    """(m, F): an expert's weight matrices and their inner width, from ``expert_numel = m·H·F`` and
-    ``expert_act_numel = m·(H + F)``; (1, expert_numel / H) when they do not fit that form."""
-    if hidden <= 0 or expert_numel <= 0:
-        raise ValueError(f"hidden and expert_numel must be > 0, got {hidden!r}, {expert_numel!r}")
-    m = round((expert_act_numel - expert_numel / hidden) / hidden) if expert_act_numel else 0
-    if m < 1 or abs(m * hidden + expert_numel / hidden - expert_act_numel) > 0.01 * expert_act_numel:
-        return 1, expert_numel / hidden
-    return m, expert_numel / (m * hidden)
 
 
 def moe_kernels(attrs: dict[str, Any], tokens: float, *, ep: int = 1, elem: int = 2,

@@ -87,7 +87,8 @@ class GroupedExperts(nn.Module):
             tok, slot = torch.where(top_k_index == e)
             h = x[tok]
             y = F.linear(F.silu(F.linear(h, self.w_gate[e])) * F.linear(h, self.w_up[e]), self.w_down[e])
-            out.index_add_(0, tok, y * top_k_weights[tok, slot, None].to(y.dtype))
+            # in the accumulator's dtype: under autocast the experts compute in bf16 and ``out`` is fp32
+            out.index_add_(0, tok, (y * top_k_weights[tok, slot, None].to(y.dtype)).to(out.dtype))
         return out
 
 

@@ -50,7 +50,14 @@ from meshplan.cost_models.dp_kinds import main_grad_bytes
 from meshplan.cost_models.eager_ops import loss_time_s
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
-from meshplan.cost_models.engine_saves import exposed_tp_comm_s, fused_linears, saved_bytes_delta
+from meshplan.cost_models.engine_saves import (
+    exposed_tp_comm_s,
+    fused_linears,
+    layernorm_recomputed,
+    moe_recompute_traced_bytes,
+    moe_saved_delta,
+    saved_bytes_delta,
+)
 from meshplan.cost_models.hardware import ClusterSpec, with_attention_backend
 from meshplan.cost_models.host import HostOps, fp32_under_autocast, layer_host_ops, layer_host_s
 from meshplan.cost_models.memory import (
@@ -434,9 +441,12 @@ class GraphCoster:
         # their activations. A graph without repeated blocks is one checkpointed segment (full).
         rc = recompute if kind == "block" or (recompute != "op" and not self.g.blocks) else "none"
 
+        modules = self.profile.recompute_modules  # what "selective" re-runs (Megatron's --recompute-modules)
+
         def kept(mode: str) -> float:
             out = node_activation_bytes(
-                nodes, tp=sol.tp, sp=sol.sequence_parallel, recompute=mode, batch_scale=scale,
+                nodes, tp=sol.tp, sp=sol.sequence_parallel,
+                recompute="none" if mode == "selective" and "core_attn" not in modules else mode, batch_scale=scale,
                 hidden=self.g.meta.get("hidden"), seq_len=seq, shard_of=lambda n: _saved_shard(n, sol, self.sp_saves),
                 input_bytes=in_bytes, elem_scale=elem, out_shard_of=lambda n: _out_shard(n, sol),
                 attention_impl=self.attention_impl,  # an engine without flash keeps the s x s scores
@@ -445,6 +455,7 @@ class GraphCoster:
                 out += saved_bytes_delta(nodes, self.g.nodes.__getitem__, shard_of=lambda n: _saved_shard(n, sol, self.sp_saves),
                                          scale=scale * elem, fused_glu=self.profile.glu_kernel == "fused",
                                          fp8_input=self._fp8_saves_input)  # fmt: skip
+                out += self._moe_saved_delta(nodes, sol, scale * elem, modules if mode == "selective" else ())
             return out
 
         act = kept(rc)
@@ -461,8 +472,10 @@ class GraphCoster:
         cast, cast_w = self._autocast_bytes(nodes, sol, rc, scale, elem, in_bytes) if self._autocast_dtype else (0.0, 0.0)
         if rc == "full":
             rec = fwd + comm / 2
-        elif rc == "selective":
-            rec = attn_fwd
+        elif rc == "selective":  # the modules re-run: the attention core, the experts' activation (cost_models.engine_saves)
+            rec = (attn_fwd if "core_attn" in modules else 0.0) + sum(
+                moe_recompute_traced_bytes(n, modules) * scale * elem / _saved_shard(n, sol, self.sp_saves)
+                for n in nodes) / self.cluster.mem_bw_bytes_per_s  # fmt: skip
         elif rc == "op":  # the block's last matmul is never re-run (torch's early stop)
             rec = fwd - op_saved_fwd_s - (last_linear[1] if last_linear[0] % 2 == 0 else 0.0)
             rec += comm / 2 * (0.5 if sol.sequence_parallel else 1.0)
@@ -488,6 +501,16 @@ class GraphCoster:
             host_fwd_s=host_f, host_bwd_s=host_b,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
+
+    def _moe_saved_delta(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float,
+                         modules: tuple[str, ...]) -> float:
+        """Bytes per microbatch the engine's MoE experts keep beyond the traced eager block's saves
+        (``engine_saves.moe_saved_delta``: ``moe_combine``, ``glu_kernel``, the recompute ``modules``)."""
+        p = self.profile
+        norm = layernorm_recomputed(modules, p.cuda_graph_scope, p.moe_dispatcher)
+        return sum(moe_saved_delta(n, self.g.nodes.__getitem__, combine=p.moe_combine, fused_glu=p.glu_kernel == "fused",
+                                   modules=modules, norm_recomputed=norm) * scale / _saved_shard(n, sol, self.sp_saves)
+                   for n in nodes if n.kind == "moe")  # fmt: skip
 
     def _fp8_saves_input(self, n: GraphNode) -> bool:
         """Whether linear ``n`` keeps its input in fp8 for backward (a TE fp8 recipe, a converted linear)."""

@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from meshplan.graph import expert_saved_numel
+
 ROUTER_NAMES = ("gate", "router", "gating", "w_gate", "switch", "gate_proj_router")
 TOP_K_NAMES = ("top_k", "num_experts_per_tok", "topk", "moe_top_k", "k", "num_selected_experts")
 
@@ -133,14 +135,26 @@ def moe_info(m: nn.Module, fqn: str = "") -> MoEInfo | None:
     dense = sum(p.numel() for p in m.parameters()) - expert_total
     k = _top_k(m, router)
     one = experts[0] if layout == "list" else experts
-    mats = [p.shape[-2:] for p in one.parameters() if p.dim() >= 2]
-    act = sum(int(a) + int(b) for a, b in mats)
+    mats = _unfused([tuple(int(d) for d in p.shape[-2:]) for p in one.parameters() if p.dim() >= 2], h)
+    act = sum(a + b for a, b in mats)
     pre = f"{fqn}." if fqn else ""
     return MoEInfo(
         fqn=fqn, num_experts=e, top_k=min(k or 1, e), hidden=h, experts_fqn=pre + ename, router_fqn=pre + rname,
         layout=layout, expert_numel=expert_total // e, dense_numel=dense, expert_act_numel=act,
         top_k_found=k is not None,
     )
+
+
+def _unfused(mats: list[tuple[int, int]], hidden: int) -> list[tuple[int, int]]:
+    """An expert's weight matrices (out, in) with a fused gate/up projection split in two: HF 5.x
+    experts hold ``gate_up_proj`` ``[2F, H]`` beside ``down_proj`` ``[H, F]``, the SwiGLU unit the zoo
+    holds as ``w_gate``, ``w_up`` ``[F, H]`` each: one count of the input per projection, as
+    ``graph.expert_shape`` reads it (m = 3 matrices of ``H × F``)."""
+    if len(mats) == 2:
+        (o1, i1), (o2, i2) = mats
+        if i1 == hidden and o2 == hidden and o1 == 2 * i2:
+            return [(i2, i1), (i2, i1), (o2, i2)]
+    return mats
 
 
 def find_moe(model: nn.Module) -> list[tuple[str, nn.Module, MoEInfo]]:
@@ -265,17 +279,18 @@ def moe_attrs(n: Any, out: Any, info: MoEInfo | None = None) -> dict[str, Any]:
 
 
 def moe_saved_bytes(attrs: dict[str, Any], out: Any) -> int:
-    """Activation bytes a MoE block keeps for backward beyond its input, per traced batch.
-
-    tokens · k · expert_act_numel (each routed copy keeps its matmul inputs and outputs inside
-    its expert) + tokens · E · 4 (the fp32 router probabilities), at the output's element size.
-    """
+    """Activation bytes a MoE block keeps for backward beyond its input, per traced batch:
+    tokens · k · ``expert_saved_numel`` (each routed copy, at the output's element size) +
+    tokens · E · 4 (the fp32 router probabilities softmax keeps). The routing indices (int64, a few
+    per routed token: under 0.5 % of a SwiGLU expert's saves at H = 256) are not counted."""
     tokens, k, e = attrs.get("tokens", 0), attrs.get("top_k", 1), attrs.get("num_experts", 0)
     n = 1
     for d in out.shape:
         n *= int(d)
     item = out.nbytes // n if n else 4
-    return int(tokens * k * attrs.get("expert_act_numel", 0) * item + tokens * e * 4)
+    per = expert_saved_numel(int(attrs.get("hidden", 0)), float(attrs.get("expert_numel", 0)),
+                             float(attrs.get("expert_act_numel", 0)))
+    return int(tokens * k * per * item + tokens * e * 4)
 
 
 def moe_meta(model: nn.Module, infos: list[MoEInfo] | None = None) -> dict[str, Any]:
