@@ -1,6 +1,7 @@
 """meshplan's predicted peak memory against PyTorch's fake-tensor accounting of the same program.
 
-For every runtime path (FSDP2 / ZeRO-2 / HSDP, TP, TP+SP, CP, QLoRA, pipeline schedules, recompute kinds)
+For every runtime path (FSDP2 / ZeRO-2 / HSDP, TP, TP+SP, CP, QLoRA alone / under DDP, FSDP2, TP and a
+pipeline, pipeline schedules, recompute kinds)
 a zoo Llama is planned with ``estimate_graph`` (h100 preset, bf16) and the plan is executed by
 meshplan's runtime under fake tensors on a fake process group (``benchmarks/fake_memory.py``),
 one process standing in for one rank of the plan's mesh, per pipeline rank. Prints one row per
@@ -68,6 +69,10 @@ def paths(big: bool) -> list[Path_]:
         Path_("2d fsdp x tp", 2 * w, dict(tp=w, pp=1, dp=2, dp_kind="fsdp", sequence_parallel=False)),
         Path_("cp", w, dict(tp=1, pp=1, dp=1, cp=w)),
         Path_("fsdp qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", quantization="qlora")),
+        Path_("single qlora", 1, dict(tp=1, pp=1, dp=1, quantization="qlora")),
+        Path_("ddp qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="ddp", quantization="qlora")),
+        Path_("tp qlora", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False, quantization="qlora")),
+        Path_("pp 1f1b qlora", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b", quantization="qlora"), microbatches=4),
         Path_("pp gpipe", 2, dict(tp=1, pp=2, dp=1, schedule="gpipe"), microbatches=4),
         Path_("pp 1f1b", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b"), microbatches=4),
         Path_("pp interleaved1f1b", 2, dict(tp=1, pp=2, dp=1, schedule="interleaved-1f1b", virtual_stages=2),

@@ -58,6 +58,27 @@ def test_separate_end_units_hold_neither_root_nor_head_gradients_through_the_bac
     assert fsdp_step_peak(tied, units="block-ends", **kw) == fsdp_step_peak(tied, units="block", **kw)
 
 
+def test_a_qlora_step_gathers_nf4_blocks_and_dequantizes_inside_a_block() -> None:
+    """QLoRA (meshplan's runtime wraps it per block too): a block gathers its NF4 bases as stored
+    (``gather_bytes``), only its adapters have gradients (``trainable``) and the root (embedding,
+    head) is frozen, so no head gradient is held and the root reduces nothing. Inside the first block
+    back-propagated torchao dequantizes its largest weight (``work``) beside that block's
+    still-held activations, the activations before it, the root, its gathered weights and the next
+    block prefetched."""
+    emb, head, nf4, act, work = 100.0, 100.0, 30.0, 60.0, 50.0
+    layers = ([UnitLayer("segment", emb, 0.0, trainable=0.0)]
+              + [UnitLayer("block", 80.0, act, gather_bytes=nf4, trainable=2.0, work=work) for _ in range(3)]
+              + [UnitLayer("post", head, 30.0, trainable=0.0)])
+    kw = dict(acts=0.0, grad_bytes=0.5, grads_held=False, elem_bytes=E, reduce_bytes=R, units="block")
+    assert fsdp_step_peak(layers, **kw) == pytest.approx(3 * act + (emb + head) * E + nf4 + work + nf4)
+    without = [UnitLayer(x.kind, x.params, x.act, gather_bytes=x.gather_bytes, trainable=x.trainable) for x in layers]
+    # no working memory: the block's weights and the next one prefetched beside the activations before it
+    assert fsdp_step_peak(without, **kw) == pytest.approx(2 * act + (emb + head) * E + 2 * nf4)
+    # the same layers unquantized: bf16 blocks, every gradient, the head's held beside the root
+    plain = [UnitLayer(x.kind, x.params, x.act) for x in layers]
+    assert fsdp_step_peak(plain, **kw) == pytest.approx(2 * act + (emb + head) * E + head * E + 80 * (E + R) + 80 * E)
+
+
 def test_the_floor_is_below_every_peak() -> None:
     """``fsdp_step_floor`` is what the memory bounds add beyond the larger of activations and
     gradients: never above what ``fsdp_step_peak`` adds, whatever the shapes."""

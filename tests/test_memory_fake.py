@@ -80,6 +80,8 @@ PATHS = {
     "pp2 1f1b": (2, 4, dict(tp=1, pp=2, dp=1, schedule="1f1b")),
     "pp2 gpipe (the last rank keeps every microbatch's log-softmax)": (2, 4, dict(tp=1, pp=2, dp=1, schedule="gpipe")),
     "cp2 (context parallel)": (2, 1, dict(tp=1, pp=1, dp=1, cp=2)),
+    # per block: each block's NF4 base gathered for its own forward / backward, dequantized inside it
+    "fsdp2 + QLoRA": (2, 1, dict(tp=1, pp=1, dp=2, dp_kind="fsdp", quantization="qlora")),
     "pp2 zero-bubble (the last rank defers its weight passes)": (2, 4, dict(tp=1, pp=2, dp=1, schedule="zero-bubble")),
 }
 

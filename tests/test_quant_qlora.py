@@ -70,6 +70,24 @@ def test_nf4_storage_matches_the_cost_model() -> None:
     assert 0.515 < measured / w.numel() < 0.517
 
 
+def test_nf4_dequantization_peak_matches_the_cost_model() -> None:
+    """torchao dequantizes an NF4 weight eagerly in ``linear_nf4``'s forward and again in its backward:
+    int64 code indices and three base-dtype (fp32) tensors of the weight's size alive at once, 20
+    bytes per weight (``cost_models.quant.nf4_dequant_bytes``), measured by PyTorch's MemTracker."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torchao.quantization import to_nf4
+
+    from meshplan.cost_models.quant import nf4_dequant_bytes
+
+    w = to_nf4(torch.randn(256, 512), 64, 256)
+    tracker = MemTracker()
+    with tracker:
+        w.to(torch.bfloat16)
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+    assert nf4_dequant_bytes(w.numel()) == 20 * w.numel()
+    assert nf4_dequant_bytes(w.numel()) <= peak <= 1.01 * nf4_dequant_bytes(w.numel())  # + the block scales
+
+
 def test_lora_factors_live_on_the_base_weights_device() -> None:
     """A model materialized on an accelerator before QLoRA gets its adapters there too (seen on an H200:
     the factors stayed on the host and the first forward failed, 'mat2 is on cpu'). The meta device

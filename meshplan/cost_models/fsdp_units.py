@@ -23,6 +23,15 @@ in backward order. Where the units differ:
   forward to its backward (``reshard_after_forward=False``) and reduced as soon as its backward
   ends. Tied weights are grouped into one unit with the norm and head, as "block".
 
+QLoRA (meshplan's runtime wraps it per block as well, ``runtime/apply/steps._wrap_dp``): a unit
+gathers its NF4 bases as torchao stores them (``NF4Tensor.fsdp_pre_all_gather``: codes, int8
+block scales, fp32 scale factors) and its adapters and norms in the training dtype
+(``UnitLayer.gather_bytes``); only the adapters have gradients (``UnitLayer.trainable``), so the
+frozen root holds no head gradient and reduces nothing; and inside a block's forward and again
+inside its backward torchao dequantizes one NF4 weight at a time (``UnitLayer.work``,
+``cost_models.quant.nf4_dequant_bytes``), beside the block's activations, which its backward still
+holds: a candidate of its own.
+
 The candidates (bytes per rank; ``acts`` the activations held at the backward's start, with the
 loss's buffers; ``grads_held``: the sharded gradients exist before this backward, i.e. after an
 earlier microbatch of the step):
@@ -62,64 +71,94 @@ class UnitLayer:
     act: float
     transient: float = 0.0
     tied_params: float = 0.0
-    #: parameters of its gradient as the backward computes it, when more than it holds (-1: ``params``):
+    #: parameters of its gradient as the backward computes it, when other than ``trainable`` (-1: ``trainable``):
     #: a vocab-parallel embedding under torch's DTensor TP gets its whole gradient (``StateCosts.embedding_grad_extra``)
     grad_params: float = -1.0
+    #: bytes of its parameters as FSDP2 gathers them (-1: ``params`` x the training dtype's bytes):
+    #: under QLoRA the NF4 bases at their stored size (torchao's ``NF4Tensor.fsdp_pre_all_gather``)
+    gather_bytes: float = -1.0
+    #: parameters with a gradient (-1: all of ``params``): under QLoRA the adapters only, 0 for a frozen layer
+    trainable: float = -1.0
+    #: bytes one of its ops allocates and frees inside its forward and again inside its backward,
+    #: beside its activations (QLoRA: torchao's dequantization of its largest NF4 weight)
+    work: float = 0.0
 
 
-def _spans(layers: Sequence[UnitLayer]) -> tuple[list[int], int, int, float, float, float]:
-    """The repeated blocks' indices, the first and the last, the parameters before the first and
-    after the last (the root's, or the end units'), and the largest block's parameters."""
+def _gathered(x: UnitLayer, e: float) -> float:
+    return x.params * e if x.gather_bytes < 0 else x.gather_bytes
+
+
+def _trained(x: UnitLayer) -> float:
+    return x.params if x.trainable < 0 else x.trainable
+
+
+def _computed(x: UnitLayer) -> float:
+    return _trained(x) if x.grad_params < 0 else x.grad_params
+
+
+def _spans(layers: Sequence[UnitLayer], e: float) -> tuple[list[int], int, int, float, float, float]:
+    """The repeated blocks' indices, the first and the last, the gathered bytes before the first
+    and after the last (the root's, or the end units'), and the largest block's gathered bytes."""
     blocks = [i for i, x in enumerate(layers) if x.kind == "block"]
     if not blocks:
         raise ValueError("FSDP2 unit pricing needs at least one repeated block (an FSDP unit)")
     first, last = blocks[0], blocks[-1]
-    return (blocks, first, last, sum(x.params for x in layers[:first]), sum(x.params for x in layers[last + 1:]),
-            max(layers[i].params for i in blocks))
+    return (blocks, first, last, sum(_gathered(x, e) for x in layers[:first]),
+            sum(_gathered(x, e) for x in layers[last + 1:]), max(_gathered(layers[i], e) for i in blocks))
 
 
 def fsdp_step_peak(layers: Sequence[UnitLayer], *, acts: float, grad_bytes: float, grads_held: bool,
                    elem_bytes: float, reduce_bytes: float, units: str) -> float:
     """Peak bytes of one FSDP2 step beyond the sharded parameters and optimizer states (module
     docstring): the held units' parameters and gradients, the reduce-scatter buffers, the
-    activations at that point and the sharded gradients (``grad_bytes`` per parameter) that exist
-    then. ``acts`` is what the rank holds at the backward's start (activations and the loss's
-    backward buffers); ``grads_held``: the sharded gradients exist for the whole backward."""
-    blocks, first, last, p_pre, p_post, pb = _spans(layers)
-    g_pre = sum(x.params if x.grad_params < 0 else x.grad_params for x in layers[:first])  # its gradient, made last
-    tied = sum(x.tied_params for x in layers[last + 1:])
-    p_all = sum(x.params for x in layers)
-    nxt = pb if len(blocks) > 1 else 0.0  # the block prefetched while one is back-propagated
+    activations at that point and the sharded gradients (``grad_bytes`` per trained parameter) that
+    exist then. ``acts`` is what the rank holds at the backward's start (activations and the loss's
+    backward buffers); ``grads_held``: the sharded gradients exist for the whole backward. A block
+    whose ops allocate working memory (``UnitLayer.work``) adds a point inside its backward: its
+    activations still held, beside it the block's gathered weights and the next one prefetched."""
+    e, r = elem_bytes, reduce_bytes
+    blocks, first, last, b_pre, b_post, bb = _spans(layers, e)
+    g_pre = sum(_computed(x) for x in layers[:first])  # its gradient, made last
+    g_post = sum(_computed(x) for x in layers[last + 1:])
+    g_tied = sum(x.tied_params for x in layers[last + 1:] if x.trainable != 0)  # a frozen head computes none
+    t_pre = sum(_trained(x) for x in layers[:first])
+    t_post = sum(_trained(x) for x in layers[last + 1:])
+    t_all = sum(_trained(x) for x in layers)
+    t_b = max(_trained(layers[i]) for i in blocks)
+    tied = any(x.tied_params for x in layers[last + 1:])
+    nxt = bb if len(blocks) > 1 else 0.0  # the block prefetched while one is back-propagated
     a_first = sum(x.act for x in layers[:last])  # the first block reduced: the layers before it
     a_pre = sum(x.act for x in layers[:first])
-    e, r = elem_bytes, reduce_bytes
-    unit_rs = pb * (e + r)  # a block's unsharded gradients beside its reduce-scatter input
-    remat = pb * e + max(layers[i].transient for i in blocks)  # inside a recomputed block: its weights, re-run
+    unit_rs = max(_computed(layers[i]) for i in blocks) * e + t_b * r  # its unsharded gradients, its reduce-scatter input
+    work = max(layers[i].work for i in blocks)
+    remat = bb + max(layers[i].transient + layers[i].work for i in blocks)  # inside a recomputed block: its weights, re-run
+    # inside a working block's backward its own activations are held too (the first / last block back-propagated)
+    own_last, own_first = (layers[last].act, layers[first].act) if work else (0.0, 0.0)
 
-    def g(p: float) -> float:  # sharded gradients of p parameters, unless held all along
+    def g(p: float) -> float:  # sharded gradients of p trained parameters, unless held all along
         return 0.0 if grads_held else p * grad_bytes
 
-    g_all = p_all * grad_bytes if grads_held else 0.0
+    g_all = t_all * grad_bytes if grads_held else 0.0
     if units == "block" or tied:
-        root, root_g = (p_pre + p_post) * e, (p_post + tied) * e
+        root, root_g = b_pre + b_post, (g_post + g_tied) * e
         cands = (
-            acts + root + pb * e,
-            a_first + root + root_g + unit_rs + nxt * e,
-            a_first + root + root_g + remat + nxt * e,
-            a_pre + root + root_g + unit_rs + g(p_all - p_pre - p_post - pb),
-            a_pre + root + root_g + remat + g(p_all - p_pre - p_post - pb),
-            (g_pre + p_post) * e + (p_pre + p_post) * r + g(p_all - p_pre - p_post),
+            acts + root + bb,
+            a_first + root + root_g + unit_rs + nxt,
+            a_first + own_last + root + root_g + remat + nxt,
+            a_pre + root + root_g + unit_rs + g(t_all - t_pre - t_post - t_b),
+            a_pre + own_first + root + root_g + remat + g(t_all - t_pre - t_post - t_b),
+            (g_pre + g_post) * e + (t_pre + t_post) * r + g(t_all - t_pre - t_post),
         )
     elif units == "block-ends":
         a_head = sum(x.act for x in layers[:last + 1])
         cands = (
-            acts + p_post * e + pb * e,
-            a_head + p_post * (e + r) + pb * e,
-            a_first + unit_rs + nxt * e + g(p_post),
-            a_first + remat + nxt * e + g(p_post),
-            a_pre + unit_rs + p_pre * e + g(p_all - p_pre - pb),
-            a_pre + remat + p_pre * e + g(p_all - p_pre - pb),
-            g_pre * e + p_pre * r + g(p_all - p_pre),
+            acts + b_post + bb,
+            a_head + g_post * e + t_post * r + bb,
+            a_first + unit_rs + nxt + g(t_post),
+            a_first + own_last + remat + nxt + g(t_post),
+            a_pre + unit_rs + b_pre + g(t_all - t_pre - t_b),
+            a_pre + own_first + remat + b_pre + g(t_all - t_pre - t_b),
+            g_pre * e + t_pre * r + g(t_all - t_pre),
         )
     else:
         raise ValueError(f"fsdp_step_peak: units must be 'block' or 'block-ends', got {units!r}")
@@ -130,8 +169,7 @@ def fsdp_step_floor(layers: Sequence[UnitLayer], *, elem_bytes: float, reduce_by
     """A lower bound of what ``fsdp_step_peak`` adds beyond the larger of ``acts`` and the sharded
     gradients: the least of its backward start's gathered units and its final reduce's buffers
     (the memory floors' unsharded buffer, ``planner.memory_floor``)."""
-    _, _, last, p_pre, p_post, pb = _spans(layers)
-    e = elem_bytes
+    _, _, last, b_pre, b_post, bb = _spans(layers, elem_bytes)
     if units == "block" or any(x.tied_params for x in layers[last + 1:]):
-        return (p_pre + p_post) * e  # the root, gathered at the start and reduced at the end
-    return min((p_post + pb) * e, p_pre * e)
+        return b_pre + b_post  # the root, gathered at the start and reduced at the end
+    return min(b_post + bb, b_pre)

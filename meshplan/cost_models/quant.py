@@ -109,6 +109,25 @@ def quantized_param_bytes(
     return numel * dtype_bytes
 
 
+#: bytes per element of the tensor the runtime quantizes to NF4 (its fp32 parameters: the NF4Tensor's
+#: dtype, in which torchao dequantizes before casting to the compute dtype)
+NF4_BASE_BYTES = 4.0
+
+
+def nf4_dequant_bytes(weight_params: float, base_bytes: float = NF4_BASE_BYTES) -> float:
+    """Peak bytes of torchao's eager dequantization of one NF4 weight of ``weight_params`` elements,
+    alive only inside the linear's forward and again inside its input backward (``linear_nf4``:
+    ``weight.to(dtype)``, whose backward does the same). torchao 0.18 ``NF4Tensor.get_original_weight``:
+    the two 4-bit halves widened to int64 indices (8 bytes per weight in all), looked up in the code
+    table and scaled (two half-size tensors each, in the base dtype) and stacked into the whole weight,
+    all alive at the stack: ``W·(8 + 3·base_bytes)`` (20 bytes per weight on fp32 parameters); the
+    cast to the compute dtype follows after the halves are freed (less). Checked against PyTorch's
+    fake-tensor accounting (``benchmarks/bench_memory.py``). Unit: bytes."""
+    if weight_params < 0:
+        raise ValueError(f"weight_params must be >= 0, got {weight_params}")
+    return weight_params * (8.0 + 3.0 * base_bytes)
+
+
 def lora_param_count(in_features: int, out_features: int, rank: int) -> int:
     """LoRA parameters of one linear: ``rank · (in + out)`` (A [r, in] + B [out, r]). Source: Hu 2021."""
     if min(in_features, out_features, rank) < 1:
@@ -167,6 +186,8 @@ class QuantCost:
     base_weight_grad: bool = True
     targeted: bool = False
     weight_params: float = 0.0  # base weight elements on this rank (in·out/shard), bias excluded
+    #: bytes its ops allocate and free inside its forward and its input backward (QLoRA: ``nf4_dequant_bytes``)
+    work_bytes: float = 0.0
 
     @property
     def state_bytes(self) -> float:
@@ -200,7 +221,8 @@ def linear_quant_costs(
       trainable L; grads 4L; optimizer 4kL; frozen W; base_weight_grad False;
       extra_fwd_flops = 2·t·r·(in_l + out_l); extra_bwd_flops = 2 × that (input + weight grads
       of A and B); extra_bytes_moved = 2·W·(nf4 + dtype_bytes) (dequantize in forward and again
-      in backward: read NF4, write the 16-bit weight the GEMM reads). in_l/out_l are the local
+      in backward: read NF4, write the 16-bit weight the GEMM reads); work_bytes = ``nf4_dequant_bytes(W)``
+      (torchao's dequantization temporaries, inside the forward and the input backward). in_l/out_l are the local
       sizes of the dims A and B span (colwise: in, out/tp; rowwise: in/tp, out).
     Bias (``bias=True``) adds out_l values at dtype_bytes, frozen under QLoRA. Units: bytes,
     FLOPs, parameters. Sources: module docstring.
@@ -262,6 +284,7 @@ def linear_quant_costs(
         base_weight_grad=False,
         targeted=True,
         weight_params=w,
+        work_bytes=nf4_dequant_bytes(w),
     )
 
 

@@ -67,6 +67,7 @@ from meshplan.cost_models.memory import (
     recompute_transient_bytes,
 )
 from meshplan.cost_models.precision import activation_dtype, fp8_eligible, fp8_recipe
+from meshplan.cost_models.quant import nf4_bits_per_param
 from meshplan.cost_models.quant_nodes import (
     node_quant_cost,
     quant_node_time,
@@ -108,6 +109,12 @@ class LayerCost:
     state_grad_bytes: float = -1.0
     state_opt_bytes: float = -1.0
     trainable_params: float = -1.0
+    #: under QLoRA only (else -1): bytes of its parameters as FSDP2 gathers them, NF4 bases at their
+    #: stored size and the rest (adapters, norms, embedding, head) in the training dtype
+    gather_bytes: float = -1.0
+    #: bytes one op of this layer allocates and frees inside its forward and again inside its
+    #: backward, one op at a time (QLoRA: ``cost_models.quant.nf4_dequant_bytes`` of its largest NF4 weight)
+    work_bytes: float = 0.0
     #: bytes per microbatch alive only while this layer is back-propagated: what recompute
     #: dropped, rematerialized by the re-run forward (``memory.recompute_transient_bytes``)
     transient_bytes: float = 0.0
@@ -649,7 +656,9 @@ class GraphCoster:
 
         st = quant_state_bytes(nodes, q, shard_of=shard_of, style_of=style_of, optimizer=self.optimizer,
                                precision=precision)  # fmt: skip
-        trainable = saved = 0.0
+        trainable = saved = work = 0.0
+        gathered = 0.0  # QLoRA: NF4 bases as stored, the rest in the training dtype (FSDP2's all-gather)
+        nf4 = nf4_bits_per_param(q.group_size, bits=q.bits) / 8.0 if q.mode == "qlora" else 0.0
         for n in nodes:
             if not n.param_numel:
                 continue
@@ -658,11 +667,18 @@ class GraphCoster:
             if qc is not None and qc.targeted:
                 trainable += qc.trainable_params
                 saved += qc.extra_saved_bytes
-            elif q.mode != "qlora":
-                trainable += n.param_numel / shard_of(n)
+                work = max(work, qc.work_bytes)
+                if q.mode == "qlora":  # the NF4 base as stored, its bias and adapters in the training dtype
+                    w = qc.weight_params
+                    gathered += w * nf4 + (qc.frozen_params - w + qc.trainable_params) * wb
+            else:
+                gathered += n.param_numel / shard_of(n) * wb
+                if q.mode != "qlora":
+                    trainable += n.param_numel / shard_of(n)
         return replace(
             layer, act_bytes=layer.act_bytes + saved, state_param_bytes=st.params, state_grad_bytes=st.grads,
-            state_opt_bytes=st.optimizer, trainable_params=trainable,
+            state_opt_bytes=st.optimizer, trainable_params=trainable, work_bytes=work,
+            gather_bytes=gathered if q.mode == "qlora" else -1.0,
         )  # fmt: skip
 
 

@@ -126,7 +126,7 @@ class ConfigEvaluator:
             capacity_factor=float(self.fixed.pop("capacity_factor", DEFAULT_CAPACITY_FACTOR)),
             moe_folding=moe_folding, sp_pinned=bool(self.fixed.get("sequence_parallel")), quant=self.quant)  # fmt: skip
         self.states = StateCosts(graph, cluster, dtype=dtype, optimizer=optimizer, profile=ep, elem_bytes=elem,
-                                 memos=self.memos, tables=self, ep_cp=self.ep_cp)  # fmt: skip
+                                 memos=self.memos, tables=self, ep_cp=self.ep_cp, quant_mode=self.coster.quant.mode)  # fmt: skip
 
     @property
     def moe_folding(self) -> bool:
@@ -309,12 +309,14 @@ class ConfigEvaluator:
         microbatch at a time: the larger of the cross-entropy backward's buffers
         (``LayerCost.loss_peak_bytes``, at the start of that microbatch's backward) and the largest
         recompute transient of its layers (``LayerCost.transient_bytes``, one layer re-run at a
-        time) less what the loss kept for that microbatch, freed before any block's backward.
+        time, with what one of its ops works in, ``LayerCost.work_bytes``: QLoRA's dequantization)
+        less what the loss kept for that microbatch, freed before any block's backward.
         Memoized per (table, runs): configurations differing only in m, schedule or DP kind share it."""
         key = (id(t), tuple(runs))
         if key not in self.memos.transient:
             layers = [x for a, b in runs for x in t.layers[a:b]]
-            worst = max((x.transient_bytes for x in layers), default=0.0)
+            # inside a layer's backward: what recompute re-ran beside what one of its ops works in (QLoRA's dequantization)
+            worst = max((x.transient_bytes + x.work_bytes for x in layers), default=0.0)
             loss_peak = max((x.loss_peak_bytes for x in layers), default=0.0)
             self.memos.transient[key] = max(0.0, loss_peak, worst - sum(x.loss_bytes for x in layers))
         return self.memos.transient[key]
@@ -498,7 +500,7 @@ class ConfigEvaluator:
             # FSDP2 per block without a pipeline, unit by unit (cost_models.fsdp_units): the root's
             # gathered weights and held gradients, a block's reduce-scatter buffers, the sharded
             # gradients where they exist (in fsdp_step_peak), beside the sharded weights and states
-            g_sh = r_params[0] * bpp.grads
+            g_sh = (r_q[0][3] if self.quant else r_params[0]) * bpp.grads  # QLoRA: the adapters' only
             peak = self.states.fsdp_step_peak(c, r_act[0] + cast[0])
             r_mem[0] = int(r_state[0] - g_sh + peak + k.fp8_copy + k.r_pipe[0])
         d, dp_exposed = self.states.dp_sync(c, grad_bytes=k.grad_bytes, gather_bytes=k.gather_bytes,

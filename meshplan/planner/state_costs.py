@@ -73,8 +73,10 @@ class StateCosts:
     """Model states, optimizer step and DP collectives of one coster (see the module docstring)."""
 
     def __init__(self, graph: ModelGraph, cluster: ClusterSpec, *, dtype: str, optimizer: str,
-                 profile: EngineProfile, elem_bytes: int, memos: CostMemos, tables: Tables, ep_cp: EPCPCosts) -> None:
+                 profile: EngineProfile, elem_bytes: int, memos: CostMemos, tables: Tables, ep_cp: EPCPCosts,
+                 quant_mode: str = "none") -> None:
         self.g = graph
+        self.quant_mode = quant_mode  # Plan.quantization's mode: "none", "qat" or "qlora"
         self.cluster = cluster
         self.dtype = dtype
         self.optimizer = optimizer
@@ -269,22 +271,30 @@ class StateCosts:
     def fsdp_steps(self, c: Config) -> bool:
         """Whether ``c``'s sharded step is priced unit by unit (``fsdp_units.fsdp_step_peak``): FSDP2
         per block (units "block" / "block-ends") resharding after forward (fsdp, hsdp) over more than
-        one rank, no pipeline, unquantized, no expert parallelism or MoE folding, and a model with
-        repeated blocks (a graph without them, e.g. a CNN or a small MLP, is one FSDP unit: the
-        two-layer buffer of ``dp_kinds.unsharded_buffer_bytes``)."""
+        one rank, no pipeline, unquantized or QLoRA (meshplan's runtime wraps a QLoRA model per block
+        too: ``runtime/apply/steps._wrap_dp``; QAT stays one unit), no expert parallelism or MoE
+        folding, and a model with repeated blocks (a graph without them, e.g. a CNN or a small MLP,
+        is one FSDP unit: the two-layer buffer of ``dp_kinds.unsharded_buffer_bytes``)."""
         return (c.pp == 1 and c.dp_kind in ("fsdp", "hsdp") and self.fsdp_units in ("block", "block-ends")
-                and c.ep == 1 and not self.ep_cp.quant and not self.ep_cp.moe_folding and self.shard(c) > 1
-                and any(u.kind == "block" for u in self.unit_layers(c)))
+                and c.ep == 1 and self.quant_mode in ("none", "qlora") and not self.ep_cp.moe_folding
+                and self.shard(c) > 1 and any(u.kind == "block" for u in self.unit_layers(c)))
 
     def unit_layers(self, c: Config) -> list[UnitLayer]:
-        """``c``'s cost-table layers as FSDP2 units see them (memoized per table)."""
+        """``c``'s cost-table layers as FSDP2 units see them (memoized per table). Under QLoRA a unit
+        gathers its NF4 bases as stored and the rest in the training dtype (``LayerCost.gather_bytes``),
+        only the adapters have gradients (``LayerCost.trainable_params``; every other layer is frozen),
+        and a block's largest NF4 weight is dequantized inside its forward and backward
+        (``LayerCost.work_bytes``)."""
         t = self.tables.table(c)
         if id(t) not in self.memos.units:
-            whole = c.tp > 1 and self.state_layout == "torch"  # embedding_grad_extra's DTensor gradient
+            qlora = self.quant_mode == "qlora"
+            whole = c.tp > 1 and self.state_layout == "torch" and not qlora  # embedding_grad_extra's DTensor gradient
             first = next((i for i, x in enumerate(t.layers) if x.kind == "block"), len(t.layers))
             self.memos.units[id(t)] = [UnitLayer(x.kind, x.param_count, x.act_bytes, x.transient_bytes,
                                                  sum(p for _, p in x.tied),
-                                                 float(x.param_count_full) if whole and i < first else -1.0)
+                                                 float(x.param_count_full) if whole and i < first else -1.0,
+                                                 gather_bytes=x.gather_bytes if qlora else -1.0,
+                                                 trainable=x.trainable_params if qlora else -1.0, work=x.work_bytes)
                                        for i, x in enumerate(t.layers)]  # fmt: skip
         return self.memos.units[id(t)]
 
@@ -309,23 +319,32 @@ class StateCosts:
         units are a rank's repeated blocks and its other layers together (the root's, or its stage's,
         ``fully_shard``); 0 for kinds that do not run FSDP2 (ddp, zero1) or without sharding.
         ``runs``: the stages' layer ranges, ``on_rank``: each pipeline rank's stages (memoized per
-        table, split and placement: the same for every configuration sharing them)."""
+        table, split and placement: the same for every configuration sharing them). Under QLoRA a
+        unit's all-gather output is its gathered bytes (``LayerCost.gather_bytes``) and its
+        reduce-scatter input its adapters' gradients."""
         if ZERO_STAGE[c.dp_kind] < 2 or self.shard(c) == 1 or self.fsdp_units == "module":
             return 0.0
         key = (id(t), tuple(runs), tuple(tuple(x) for x in on_rank))
         if key not in self.memos.pools:
             pools = []
+            qlora = self.quant_mode == "qlora"
             for stages in on_rank:
                 idx = [i for s_ in stages for i in range(*runs[s_])]
-                units = [t.layers[i].param_count for i in idx if t.layers[i].kind == "block"]
+                units = [[i] for i in idx if t.layers[i].kind == "block"]
                 rest = [i for i in idx if t.layers[i].kind != "block"]
                 if self.fsdp_units == "block-ends" and units:  # the embedding's and the head's own units
                     first = next(i for i in idx if t.layers[i].kind == "block")
-                    units += [sum(t.layers[i].param_count for i in rest if i < first),
-                              sum(t.layers[i].param_count for i in rest if i > first)]
+                    units += [[i for i in rest if i < first], [i for i in rest if i > first]]
                 else:
-                    units.append(sum(t.layers[i].param_count for i in rest))
-                pools.append(fsdp_stream_pool_bytes(units, param_bytes=self.elem_bytes, reduce_bytes=GRAD_REDUCE_BYTES))
+                    units.append(rest)
+                if qlora:  # flat buffers: gathered bytes on one stream, the adapters' fp32 gradients on the other
+                    gathered = [sum(t.layers[i].gather_bytes for i in u) for u in units]
+                    grads = [sum(t.layers[i].trainable_params for i in u) for u in units]
+                    pools.append(fsdp_stream_pool_bytes(gathered, param_bytes=1.0, reduce_bytes=0.0)
+                                 + fsdp_stream_pool_bytes(grads, param_bytes=0.0, reduce_bytes=GRAD_REDUCE_BYTES))
+                    continue
+                params = [sum(t.layers[i].param_count for i in u) for u in units]
+                pools.append(fsdp_stream_pool_bytes(params, param_bytes=self.elem_bytes, reduce_bytes=GRAD_REDUCE_BYTES))
             self.memos.pools[key] = max(pools, default=0.0)
         return self.memos.pools[key]
 
