@@ -125,3 +125,35 @@ def test_host_figures_from_the_h200_measurement() -> None:
     assert fig["host_bwd_op_s"] == pytest.approx(1.6922e-3 / 111.25)
     assert fig == pytest.approx(HOST_H200)
     assert 0 < per_op(torch.device("cpu"), 20, 1)["mul_autograd_us"] < 1e4  # runs on a CPU too
+
+
+def test_llama_block_op_counts_with_its_python_rmsnorm() -> None:
+    """The zoo Llama block (Python RMSNorm run as eager ops, RoPE, SwiGLU) under bf16 autocast: the
+    model's dispatch count against torch's."""
+    from meshplan.models.llama import llama
+    from meshplan.profile.host import _op_counter
+
+    graph = load_graph("llama-tiny", seq=16)
+    consumers: dict[int, list[int]] = {}
+    for s, d, _ in graph.edges:
+        consumers.setdefault(s, []).append(d)
+    nodes = [n for n in graph.nodes if n.block == graph.blocks[0].instances[1]]
+    ops = layer_host_ops(nodes, consumers=lambda i: consumers.get(i, ()), autocast=True,
+                         fp32_ids=fp32_under_autocast(graph.nodes), norm_kernel="eager")
+    torch.manual_seed(0)
+    model = llama("llama-tiny")
+    block, seen = model.blocks[1], {}
+    hook = block.register_forward_pre_hook(lambda mod, args: seen.__setitem__("args", args))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randint(0, 100, (1, 16)))
+    hook.remove()
+    args = [a.detach().requires_grad_(i == 0) for i, a in enumerate(seen["args"])]  # x, then the rotary tables
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        block(*args).float().sum().backward()  # gradients exist from here on, as after a first microbatch
+    fwd, bwd = _op_counter(), _op_counter()
+    with fwd, torch.autocast("cpu", dtype=torch.bfloat16):
+        y = block(*args)
+    with bwd:
+        y.backward(torch.ones_like(y))
+    assert ops.fwd == pytest.approx(sum(fwd.ops.values()) + fwd.views, rel=0.1)
+    assert ops.bwd == pytest.approx(sum(bwd.ops.values()) + bwd.views, rel=0.1)

@@ -27,7 +27,9 @@ views forward, 62 ops + 51 views backward per block, torch 2.13) and torch's sou
   flattening and unflattening views; backward the input-gradient GEMM and the weight-gradient GEMM
   (trained weights only) each with two transposes, the bias gradient's ``sum``, three views for a
   3-d input, and one ``AccumulateGrad`` per trained parameter tensor (weight, bias);
-- norm: one fused kernel each way, and the accumulation of its weight (and bias);
+- norm: one fused kernel each way, and the accumulation of its weight (and bias); an RMSNorm
+  module run as its Python ops (``norm_kernel="eager"``, the zoo Llama's): 6 ops and a view
+  forward, 15 backward (counted as above under autocast, torch 2.13);
 - attention (a flash kernel): the kernel and a detach of its statistics, each way; activation,
   matmul: one kernel forward; backward one (two for a matmul: both operands' gradients);
 - elementwise: one kernel forward; backward none for an add / sub (the gradient passes through),
@@ -59,6 +61,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from meshplan.cost_models.eager_ops import is_python_rmsnorm
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode
 
@@ -83,9 +86,9 @@ class HostOps:
         return HostOps(self.fwd + o.fwd, self.bwd + o.bwd, self.recompute + o.recompute)
 
 
-def node_host_ops(node: GraphNode, *, attention_impl: str = "flash") -> tuple[float, float]:
+def node_host_ops(node: GraphNode, *, attention_impl: str = "flash", norm_kernel: str = "fused") -> tuple[float, float]:
     """(forward, backward) dispatches of one traced node without autocast, fan-in or recompute
-    (module docstring)."""
+    (module docstring); ``norm_kernel`` "eager": an RMSNorm module runs as its Python ops."""
     k, t = node.kind, node.target
     params = max(1, len(node.param_names)) if node.param_numel else 0
     trained = params if node.trains_weight else 0
@@ -102,6 +105,8 @@ def node_host_ops(node: GraphNode, *, attention_impl: str = "flash") -> tuple[fl
         bias = 1.0 if node.trains_weight and params > 1 else 0.0  # the bias gradient's sum
         return 2.0 + nd, dx + dw + bias + 1.5 * nd + trained
     if k == "norm":
+        if norm_kernel == "eager" and is_python_rmsnorm(t):  # float, pow, mean, add, rsqrt, mul, type_as, mul
+            return 7.0, 15.0 + trained
         return 1.0, 1.0 + trained
     if k == "embedding":
         return 1.0, (1.0 + trained) if trained else 0.0
@@ -152,6 +157,7 @@ def layer_host_ops(
     fp32_ids: frozenset[int] = frozenset(),
     recompute: str = "none",
     attention_impl: str = "flash",
+    norm_kernel: str = "fused",
 ) -> HostOps:
     """The host dispatches of one layer's ``nodes`` per microbatch (module docstring).
     ``consumers(id)``: the ids of the nodes reading node ``id``'s output (the backward's gradient
@@ -161,7 +167,7 @@ def layer_host_ops(
     attn_fwd = 0.0
     diff = {n.id for n in nodes if n.kind not in ("input", "constant", "output")}
     for n in nodes:
-        f, b = node_host_ops(n, attention_impl=attention_impl)
+        f, b = node_host_ops(n, attention_impl=attention_impl, norm_kernel=norm_kernel)
         if autocast and n.kind in ("linear", "matmul"):
             casts = (max(1, len(n.param_names)) if n.param_numel else 0) + sum(1 for i in n.inputs if i in fp32_ids)
             f += casts

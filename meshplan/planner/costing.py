@@ -495,7 +495,8 @@ class GraphCoster:
         if self.cluster.host_op_s:
             ops = layer_host_ops(nodes, consumers=self._consumers.__getitem__, autocast=self._autocast_dtype,
                                  fp32_ids=self._fp32_under_autocast if self._autocast_dtype else frozenset(),
-                                 recompute=rc, attention_impl=self.attention_impl)  # fmt: skip
+                                 recompute=rc, attention_impl=self.attention_impl,
+                                 norm_kernel=self.norm_kernel)  # fmt: skip
             # the engine's cross-entropy on the logits (fp32 cast, log-softmax, nll, the 1/m scale)
             loss_ops = 4.0 if lg is not None else 0.0
             ops = HostOps(ops.fwd + loss_ops, ops.bwd + loss_ops, ops.recompute)
