@@ -6,7 +6,8 @@ workers) and the load average around it.
                                         [--jobs 2] [--repeat 1] [-- extra capacity arguments]
 
 The default is the issue's target: 3 cluster kinds × 12 sizes of Llama-3-70B (128 … 6,144 GPUs,
-2^k and 3·2^k). Prints one line per run and the command's own last line ("predicted in ...").
+2^k and 3·2^k). Prints one line per run and the command's own timing line ("answered in ..."); the
+default picture is written in the run's temporary folder.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ def run_once(cmd: list[str], cache: str) -> tuple[float, float, str, tuple[float
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=1800)
+    # cwd: the run's temporary folder, where the command writes its default picture (capacity-MODEL.png)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=cache, timeout=1800)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode:
         sys.exit(f"command failed ({out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, out.stdout.strip().splitlines()[-1], (load0, os.getloadavg()[0])
+    lines = out.stdout.strip().splitlines()
+    said = next((x for x in lines if x.startswith("answered in")), lines[-1])  # a "wrote ..." line may follow it
+    return wall, cpu, said, (load0, os.getloadavg()[0])
 
 
 def main() -> None:
