@@ -210,8 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = spec.model
         example = run_example(model, spec.example_inputs, args.input_shape, args.model)
         pm = apply(model, example, None)
+        tape = None
     clock.phase("data and resume")
-    clock.add({k if k != "materialize" else f"materialize ({init})": v for k, v in pm.startup_s.items()},
+    how = init if tape is not None and args.init_from is None else "pretrained weights" if tape is not None else ""
+    clock.add({k if k != "materialize" or not how else f"materialize ({how})": v for k, v in pm.startup_s.items()},
               within="apply")
     rank = pm.env.rank
     pm.check_grads = args.check_grads
@@ -256,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rec.tokens_per_step = plan.global_batch_size * max(seq_len, 1) if seq_len else 0
     rec.plan = plan.to_dict()
     rec.optimizer = ran_optimizer
-    rec.init = init if tape is not None and args.init_from is None else ""
+    rec.init = how if how != "pretrained weights" else ""
     clock.phase("first step")  # ends in _loop: rec.startup_s gets it after step 1
     rec.startup_s = clock.seconds()
     if rank == 0:
