@@ -180,8 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock.phase("checks")
     init, init_why = resolve_init(args.init, sum(p.numel() for p in model.parameters()))
     rank0 = os.environ.get("RANK", "0") == "0"
-    how = "host-exact replay on the CPU" if init == "host-exact" else "device init of the shard"
-    progress = MaterializeProgress(f"{how}, {init_why}", rank=0 if rank0 else 1)
+    what = ("buffers from the constructor's replay, weights from --init-from" if args.init_from else
+            f"host-exact replay on the CPU, {init_why}" if init == "host-exact" else f"device init of the shard, {init_why}")
+    progress = MaterializeProgress(what, rank=0 if rank0 else 1)
     example = run_example(model, spec.example_inputs, args.input_shape, args.model)
     check_plan_model(plan, model, args.model)  # before any collective: every rank refuses alike
     synthetic = None if args.data else synthetic_data(model, example, args.seed)  # no forward pass
