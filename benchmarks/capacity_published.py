@@ -8,7 +8,8 @@ does (``estimate_case``: the same estimate, the same cases; the context-parallel
 to ``published_epcp.py`` there and here). For each series of runs of one source at several
 cluster sizes, scaling efficiency is the throughput per GPU against the series' smallest run:
 
-- strong scaling (one model, one global batch, more GPUs): tokens/s per GPU;
+- strong scaling (one model, more GPUs; one global batch, except where the series name says the
+  per-GPU batch changes): tokens/s per GPU;
 - weak scaling (the model or the batch grows with the GPUs, as Megatron-LM's tables do): model
   FLOP/s per GPU, i.e. tokens/s per GPU × the model's FLOPs per token (the same factor for the
   predicted and the measured figure, taken from the predicted plan).
@@ -58,8 +59,11 @@ SERIES: list[tuple[str, str, list[str]]] = [
      ["mtnlg-530b-a100-2240gpu", "mtnlg-530b-a100-2800gpu", "mtnlg-530b-a100-3360gpu"]),
     ("torchtitan Llama 3.1 8B FSDP on H100, per-GPU batch fixed", "weak",
      ["tt-llama3.1-8b-h100-8gpu-fsdp", "tt-llama3.1-8b-h100-128gpu-fsdp"]),
-    ("MosaicML MPT-30B FSDP on H100", "strong", ["mpt-30b-h100-8gpu-seq2048", "mpt-30b-h100-32gpu-seq2048"]),
-    ("MosaicML MPT-70B FSDP on H100", "strong", ["mpt-70b-h100-32gpu-seq2048", "mpt-70b-h100-64gpu-seq2048"]),
+    # not one global batch: each size at the largest microbatch that fits (the per-GPU batch changes)
+    ("MosaicML MPT-30B FSDP on H100, microbatch 3 x 21 then 14 x 3", "strong",
+     ["mpt-30b-h100-8gpu-seq2048", "mpt-30b-h100-32gpu-seq2048"]),
+    ("MosaicML MPT-70B FSDP on H100, microbatch 2 x 16 then 8 x 4", "strong",
+     ["mpt-70b-h100-32gpu-seq2048", "mpt-70b-h100-64gpu-seq2048"]),
 ]  # fmt: skip
 
 
