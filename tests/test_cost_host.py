@@ -61,8 +61,10 @@ def _block_ops(graph, recompute: str):  # type: ignore[no-untyped-def]
     for s, d, _ in graph.edges:
         consumers.setdefault(s, []).append(d)
     nodes = [n for n in graph.nodes if n.block == "blocks.1"]
+    diff = {n.id for n in graph.nodes if n.kind not in ("input", "constant", "output")}
     return layer_host_ops(nodes, consumers=lambda i: consumers.get(i, ()), autocast=True,
-                          fp32_ids=fp32_under_autocast(graph.nodes), recompute=recompute)
+                          fp32_ids=fp32_under_autocast(graph.nodes), recompute=recompute,
+                          differentiable=diff.__contains__)
 
 
 def test_block_op_counts_are_what_torch_dispatches(tiny_graph) -> None:  # type: ignore[no-untyped-def]
@@ -138,8 +140,10 @@ def test_llama_block_op_counts_with_its_python_rmsnorm() -> None:
     for s, d, _ in graph.edges:
         consumers.setdefault(s, []).append(d)
     nodes = [n for n in graph.nodes if n.block == graph.blocks[0].instances[1]]
+    diff = {n.id for n in graph.nodes if n.kind not in ("input", "constant", "output")}
     ops = layer_host_ops(nodes, consumers=lambda i: consumers.get(i, ()), autocast=True,
-                         fp32_ids=fp32_under_autocast(graph.nodes), norm_kernel="eager")
+                         fp32_ids=fp32_under_autocast(graph.nodes), norm_kernel="eager",
+                         differentiable=diff.__contains__)
     torch.manual_seed(0)
     model = llama("llama-tiny")
     block, seen = model.blocks[1], {}

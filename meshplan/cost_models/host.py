@@ -158,14 +158,18 @@ def layer_host_ops(
     recompute: str = "none",
     attention_impl: str = "flash",
     norm_kernel: str = "fused",
+    differentiable: Callable[[int], bool] | None = None,
 ) -> HostOps:
     """The host dispatches of one layer's ``nodes`` per microbatch (module docstring).
     ``consumers(id)``: the ids of the nodes reading node ``id``'s output (the backward's gradient
     sums); ``fp32_ids``: nodes whose output stays fp32 under autocast; ``recompute``: the layer's
-    recompute kind ("none", "selective", "full", "op")."""
+    recompute kind ("none", "selective", "full", "op"); ``differentiable(id)``: whether a reader
+    anywhere in the graph takes part in the backward (default: the layer's own nodes but inputs,
+    constants and outputs, so a reader in the next layer is not seen)."""
     fwd = bwd = 0.0
     attn_fwd = 0.0
-    diff = {n.id for n in nodes if n.kind not in ("input", "constant", "output")}
+    own = {n.id for n in nodes if n.kind not in ("input", "constant", "output")}
+    diff = differentiable or own.__contains__
     for n in nodes:
         f, b = node_host_ops(n, attention_impl=attention_impl, norm_kernel=norm_kernel)
         if autocast and n.kind in ("linear", "matmul"):
@@ -173,8 +177,8 @@ def layer_host_ops(
             f += casts
             b += casts
         if n.kind != "reshape" or n.out_dtype is not None:  # a tensor read by k ops: k - 1 gradient sums
-            readers = sum(1 for c in consumers(n.id) if c in diff)
-            b += max(0, readers - 1) if n.id in diff else 0
+            readers = sum(1 for c in consumers(n.id) if diff(c))
+            b += max(0, readers - 1) if n.id in own else 0
         fwd += f
         bwd += b
         if n.kind == "attention":

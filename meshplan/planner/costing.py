@@ -496,7 +496,7 @@ class GraphCoster:
             ops = layer_host_ops(nodes, consumers=self._consumers.__getitem__, autocast=self._autocast_dtype,
                                  fp32_ids=self._fp32_under_autocast if self._autocast_dtype else frozenset(),
                                  recompute=rc, attention_impl=self.attention_impl,
-                                 norm_kernel=self.norm_kernel)  # fmt: skip
+                                 norm_kernel=self.norm_kernel, differentiable=self._differentiable.__contains__)  # fmt: skip
             # the engine's cross-entropy on the logits (fp32 cast, log-softmax, nll, the 1/m scale)
             loss_ops = 4.0 if lg is not None else 0.0
             ops = HostOps(ops.fwd + loss_ops, ops.bwd + loss_ops, ops.recompute)
@@ -608,6 +608,11 @@ class GraphCoster:
         """Ids of the nodes whose output stays fp32 under ``torch.autocast`` on fp32 parameters
         (``cost_models.host.fp32_under_autocast``)."""
         return fp32_under_autocast(self.g.nodes)
+
+    @functools.cached_property
+    def _differentiable(self) -> frozenset[int]:
+        """Ids of the nodes that take part in the backward (all but inputs, constants, the output)."""
+        return frozenset(n.id for n in self.g.nodes if n.kind not in ("input", "constant", "output"))
 
     @functools.cached_property
     def _consumers(self) -> dict[int, tuple[int, ...]]:
