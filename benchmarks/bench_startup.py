@@ -14,6 +14,7 @@ Prints seconds and nanoseconds per parameter element of each, 1 torch thread. Th
 rates are what BENCHMARKS.md's 70B predictions scale (labelled predicted there).
 
     timeout 1800 nice python benchmarks/bench_startup.py [--models gpt2-small,gpt2-xl] [--shard 8]
+    python benchmarks/bench_startup.py --device cuda --paths device --models gpt2-xl,llama3-70b@L4  # on a GPU
 
 Record ``uptime`` with the figures: the machine is shared.
 """
@@ -42,7 +43,7 @@ def build(name: str, tape: object) -> torch.nn.Module:
         return GPT(dataclasses.replace(GPT_PRESETS[base], n_layer=int(layers)))
 
 
-def measure(name: str, shard: int, paths: list[str]) -> dict[str, float]:
+def measure(name: str, shard: int, paths: list[str], device: torch.device) -> dict[str, float]:
     from meshplan.models.init_tape import InitTape
 
     torch.manual_seed(0)
@@ -61,6 +62,9 @@ def measure(name: str, shard: int, paths: list[str]) -> dict[str, float]:
         from meshplan.models.device_init import DeviceInit
 
         di = DeviceInit(tape, finals, seed=0)
+        if device.type == "cuda":  # the CUDA context and generator first, off the timings
+            torch.empty(1, device=device).normal_(generator=torch.Generator(device=device))
+            torch.cuda.synchronize()
         for key, k in (("device_s", 1), ("device_shard_s", shard)):
             t0 = time.perf_counter()
             for fqn, r in finals.items():
@@ -69,8 +73,10 @@ def measure(name: str, shard: int, paths: list[str]) -> dict[str, float]:
                 box = [(0, s) for s in r.size]
                 if box and k > 1:
                     box[0] = (0, max(1, r.size[0] // k))
-                di.compute(fqn, box, torch.device("cpu"))
+                di.compute(fqn, box, device)
             di.compute_fallback(lambda f, v: None)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             row[key] = time.perf_counter() - t0
     return row
 
@@ -84,15 +90,19 @@ def main() -> int:
     ap.add_argument("--models", default="gpt2-small,gpt2-medium,gpt2-large,gpt2-xl,llama3-8b@L2,llama3-70b@L1")
     ap.add_argument("--shard", type=int, default=8, help="the device path's row block: 1/K of every tensor")
     ap.add_argument("--paths", default="host-exact,device")
+    ap.add_argument("--device", default="cpu", help="where the device path computes (cuda: on a GPU; the "
+                    "host-exact replay is on the CPU either way)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     paths = a.paths.split(",")
-    print(f"1 torch thread; seconds; ns per parameter element in brackets; device-path shard 1/{a.shard}")
+    device = torch.device(a.device)
+    print(f"1 torch thread; seconds; ns per parameter element in brackets; device path on {device}, "
+          f"shard 1/{a.shard}")
     print("| model | parameters | record s | host-exact replay s | device init s (whole) | "
           f"device init s (1/{a.shard} rows) |")
     print("|---|---|---|---|---|---|")
     for name in a.models.split(","):
-        r = measure(name, a.shard, paths)
+        r = measure(name, a.shard, paths, device)
         n = r["elements"]
 
         print(f"| {name} | {n / 1e6:,.0f}M | {r['record_s']:.2f} | {_cell(r, 'host_exact_s', n)} | "
