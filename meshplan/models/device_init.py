@@ -235,11 +235,14 @@ class DeviceInit:
                 linear = linear * g + i
             tb = [(i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tshape, shape)]
             gen.manual_seed(_seed(self.seed, index, linear))
+            inter = [(max(a, lo), min(b, hi)) for (a, b), (lo, hi) in zip(tb, box)]
+            dest = out[tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(inter, box))]
+            if inter == tb and dest.is_contiguous():  # the whole tile, a dense run of the box: drawn in place
+                draw(dest, gen)
+                continue
             tile = torch.empty(tuple(b - a for a, b in tb), dtype=dtype, device=device)
             draw(tile, gen)
-            inter = [(max(a, lo), min(b, hi)) for (a, b), (lo, hi) in zip(tb, box)]
-            out[tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(inter, box))] = \
-                tile[tuple(slice(a - ta, b - ta) for (a, b), (ta, _) in zip(inter, tb))]
+            dest.copy_(tile[tuple(slice(a - ta, b - ta) for (a, b), (ta, _) in zip(inter, tb))])
         return out
 
 
