@@ -79,13 +79,15 @@ def apply_plan(
     gives the buffers and the file the weights). ``init``: "host-exact" (default: the CPU replay of
     the whole construction on every rank) or "device" (each rank's shard computed on its device,
     ``models.device_init``: start-up time follows the shard; values equal across layouts, not the
-    host build's); ``progress(done, total)`` is called as tensors are materialized.
+    host build's) or "checkpoint" (the buffers only: a checkpoint loaded next gives every parameter, as a
+    resumed run's does; ``dcp.load`` refuses a checkpoint that lacks one); ``progress(done, total)`` is
+    called as tensors are materialized.
 
     ``ParallelModel.startup_s`` keeps the seconds of each part (plan checks, process group,
     materialize, the other appliers).
     """
-    if init not in ("host-exact", "device"):
-        raise ValueError(f"apply_plan: init must be 'host-exact' or 'device', got {init!r}")
+    if init not in ("host-exact", "device", "checkpoint"):
+        raise ValueError(f"apply_plan: init must be 'host-exact', 'device' or 'checkpoint', got {init!r}")
     t0 = time.perf_counter()
     meta = _meta_build(model, tape, init_from)
     if meta is not None:

@@ -61,7 +61,7 @@ class MetaBuild:
     tape: InitTape
     finals: dict[str, Ref]
     init_from: str | os.PathLike[str] | None = None
-    init: str = "host-exact"  # or "device" (``models.device_init``)
+    init: str = "host-exact"  # or "device" (``models.device_init``), "checkpoint" (buffers only: resuming)
     progress: Callable[[int, int], None] | None = None  # (tensors done, total) while materializing
 
 
@@ -332,6 +332,11 @@ def apply_materialize(s: ApplyState) -> list[str]:
         mat.fill_from_tape(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows, buffers_only=True)
         return [load_pretrained(merge_modules(s.roots), s.meta.init_from, tied=c.tied, transposed=transposed)
                 + f" (into this rank's shards on {dev}; the model was built on the meta device)"]
+    if s.meta.init == "checkpoint":  # resuming: the checkpoint gives every parameter, no draw is needed
+        n, _ = mat.fill_from_tape(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows, buffers_only=True,
+                                  progress=s.meta.progress)
+        return [f"built on the meta device; this rank's shards allocated on {dev}, {n} buffers from the "
+                "constructor's replay, the parameters left to the checkpoint it resumes from (none drawn)"]
     if s.meta.init == "device":
         n, whole, peak = mat.fill_on_device(s.meta.tape, s.meta.finals, s.roots, set(transposed), rows,
                                             progress=s.meta.progress)

@@ -178,9 +178,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                       tape=tape)
     model = spec.model
     clock.phase("checks")
+    # torchrun restarted the workers after one died (--max-restarts): resume without --resume
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    if args.resume and not args.checkpoint_dir:
+        raise ValueError("--resume needs --checkpoint-dir")
+    ck = checkpoint.newest_complete(args.checkpoint_dir) if args.checkpoint_dir and (args.resume or restarted) else None
+    if args.resume and ck is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {args.checkpoint_dir}")
     init, init_why = resolve_init(args.init, sum(p.numel() for p in model.parameters()))
+    if ck is not None and args.init_from is None:  # the checkpoint overwrites every parameter: none is drawn
+        init, init_why = "checkpoint", f"resuming from {ck}"
     rank0 = os.environ.get("RANK", "0") == "0"
     what = ("buffers from the constructor's replay, weights from --init-from" if args.init_from else
+            f"buffers from the constructor's replay, parameters from the checkpoint: {init_why}"
+            if init == "checkpoint" else
             f"host-exact replay on the CPU, {init_why}" if init == "host-exact" else f"device init of the shard, {init_why}")
     progress = MaterializeProgress(what, rank=0 if rank0 else 1)
     example = run_example(model, spec.example_inputs, args.input_shape, args.model)
@@ -231,13 +242,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--eval-every needs --data tokens.bin (its held-out tokens.val.bin)")
         held_out = stream.eval_batches(args.eval_batches)
     start = 0
-    # torchrun restarted the workers after one died (--max-restarts): resume without --resume
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    if args.resume and not args.checkpoint_dir:
-        raise ValueError("--resume needs --checkpoint-dir")
-    ck = checkpoint.newest_complete(args.checkpoint_dir) if args.checkpoint_dir and (args.resume or restarted) else None
-    if args.resume and ck is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {args.checkpoint_dir}")
     if ck is not None:
         start = checkpoint.load(pm, ck)
         pos = (checkpoint.read_manifest(ck).get("extra") or {}).get("data")
@@ -263,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock.phase("first step")  # ends in _loop: rec.startup_s gets it after step 1
     rec.startup_s = clock.seconds()
     if rank == 0:
-        print(startup_line(rec.startup_s, clock.elapsed(), "from the worker's start to step 1's start"), flush=True)
+        print(startup_line(rec.startup_s, clock.elapsed(), "from the worker's start to its first step"), flush=True)
     if OPTIMIZERS[ran_optimizer] != OPTIMIZERS[plan.optimizer]:
         rec.notes.append(f"optimizer {ran_optimizer} run; the plan's predictions are for {plan.optimizer}")
     progress = Progress(total_steps=args.steps, start_step=start, log_every=args.log_every,
