@@ -94,6 +94,33 @@ def test_the_seed_changes_every_random_value_and_nothing_else() -> None:
         assert torch.equal(a, b) == (float(a.std() if a.numel() > 1 else 0) == 0.0), f
 
 
+def test_factory_made_tensors_are_cut_too() -> None:
+    """``nn.Parameter(torch.randn(...) * s)``, ``torch.randint`` / ``torch.rand`` buffers, ``torch.full``:
+    the random factories draw per tile in their own dtype, the arithmetic after them runs on the box."""
+
+    class Made(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.randn(300, 70) * 0.5)
+            self.b = torch.nn.Parameter(torch.full((40, 9), 2.0))
+            self.register_buffer("idx", torch.randint(0, 10, (50, 3)))
+            self.register_buffer("r", torch.rand(33))
+
+    tape = InitTape()
+    with torch.device("meta"), tape.recording():
+        m = Made()
+    finals = tape.refs_of(iter([*m.named_parameters(), *m.named_buffers()]))
+    di = DeviceInit(tape, finals)
+    assert di.local == {"a", "b", "idx", "r"}
+    got = {f: di.compute(f, [(0, n) for n in finals[f].size], CPU) for f in di.local}
+    for f, w in got.items():
+        part = di.compute(f, [(5, w.shape[0])] + [(1, n) for n in w.shape[1:]], CPU)
+        assert torch.equal(part, w[5:, 1:] if w.dim() == 2 else w[5:]), f
+    assert got["idx"].dtype == torch.int64 and 0 <= int(got["idx"].min()) and int(got["idx"].max()) < 10
+    assert abs(float(got["a"].std()) - 0.5) < 0.05 and torch.equal(got["b"], torch.full((40, 9), 2.0))
+    assert 0.0 <= float(got["r"].min()) and float(got["r"].max()) < 1.0
+
+
 def test_tiles_depend_on_the_global_shape_only() -> None:
     assert tile_shape((4096, 4096)) == (64, 1024)  # FSDP2's row shards and TP's column shards draw little extra
     assert tile_shape((50304, 768)) == (85, 768)

@@ -176,7 +176,7 @@ class DeviceInit:
         if name in _FACTORY:
             key = op.outs[0][1].key
             if name in _RANDOM_FACTORY:
-                dtype = kwargs.get("dtype") or torch.get_default_dtype()
+                dtype = op.outs[0][1].dtype  # what the factory made (randint: int64 by default)
                 env[key] = self._tiles(index, shape, box, bshape, device, dtype,
                                        lambda t, g: _draw_factory(op, name, t, g))
             else:
