@@ -5,7 +5,9 @@ for bit: what makes a shard's values independent of the layout (the multi-rank c
 tp2, pp2, ep2 in ``tests/test_meta_build.py::TestTwoRanks``). The values follow the constructor's
 own init: its constants exactly (zeros, ones, a padding row), its random draws in distribution
 (each tensor's standard deviation within 10% of the host build's); the tensors that cannot be cut
-into boxes (rotary tables) are computed whole, as the host-exact replay computes them.
+into boxes (rotary tables) are computed whole, as the host-exact replay computes them. The box a
+rank holds (``materialize.shard_box``) is checked on every rank of a 2x2 fake-process-group mesh,
+FSDP2 x TP placements and uneven shapes included.
 """
 
 from __future__ import annotations
@@ -157,3 +159,36 @@ def test_init_auto_rule_and_startup_lines() -> None:
     assert list(clock.seconds())[:1] == ["imports"]
     assert startup_line({"imports": 1.0, "materialize": 30.0}, 31.0, "to step 1") == \
         "startup: 31.0 s to step 1: imports 1.0 s, materialize 30.0 s"
+
+
+def test_shard_box_is_the_part_each_rank_holds_under_2d_placements() -> None:
+    """``materialize.shard_box`` on every rank of a 2x2 mesh (torch's fake process group: one process,
+    no collectives), FSDP2 x TP placements included (``_StridedShard`` rows under a TP row shard) and
+    uneven shapes: the box of the whole tensor equals the rank's local tensor from ``distribute_tensor``."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meshplan.runtime.apply.materialize import shard_box
+
+    layouts = ([Shard(0), Shard(1)], [Shard(1), Shard(0)], [_StridedShard(0, split_factor=2), Shard(0)],
+               [Replicate(), Shard(0)], [Shard(0), Shard(0)])
+    for rank in range(4):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+        try:
+            mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            for shape in ((8, 6), (7, 5), (3, 9)):
+                full = torch.arange(shape[0] * shape[1], dtype=torch.float32).reshape(shape)
+                for placements in layouts:
+                    dt = distribute_tensor(full, mesh, placements, src_data_rank=None)
+                    box = shard_box(dt, shape)
+                    assert box is not None, (rank, shape, placements)
+                    assert torch.equal(full[tuple(slice(a, b) for a, b in box)], dt.to_local()), (rank, shape, placements)
+                # an HF Conv1D weight TP turned into a Linear: the local tensor is a box of the transpose
+                dt = distribute_tensor(full.t().contiguous(), mesh, [Shard(0), Replicate()], src_data_rank=None)
+                box = shard_box(dt, shape, transposed=True)
+                assert box is not None and torch.equal(full[tuple(slice(a, b) for a, b in box)], dt.to_local().t())
+        finally:
+            dist.destroy_process_group()
