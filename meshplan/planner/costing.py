@@ -74,7 +74,7 @@ from meshplan.cost_models.quant_nodes import (
     quant_state_bytes,
     without_frozen_weight_grad,
 )
-from meshplan.graph import GraphNode, ModelGraph
+from meshplan.graph import GraphNode, ModelGraph, expert_shape
 from meshplan.partition.cuts import layer_ranges
 from meshplan.plan import Quantization
 from meshplan.planner.tp.graph import GraphTPSolution, solve_tp
@@ -134,6 +134,11 @@ class LayerCost:
     #: its own autocast region; once per step where the engine runs a step in one region,
     #: ``EngineProfile.autocast_cache`` "step")
     autocast_weight_bytes: float = 0.0
+    #: bytes per microbatch an eager MoE layer's experts keep under autocast as compute-dtype copies of
+    #: their weights, all E experts (a rank holding E/ep keeps 1/ep of it: the evaluator divides);
+    #: slices of grouped expert weights are not leaves, so autocast's cache never holds them
+    #: (``_moe_autocast_bytes``); not in ``autocast_bytes``
+    autocast_expert_bytes: float = 0.0
     #: bytes per microbatch a split backward (zero-bubble schedules) keeps from the layer's input
     #: backward to its weight pass: the gradient of every weight-reading op's output
     #: (``_wgrad_bytes``), beside the activations it still holds then
@@ -477,6 +482,10 @@ class GraphCoster:
             logits = lg[0] * lg[1] / lg[2] * elem
         act += loss
         cast, cast_w = self._autocast_bytes(nodes, sol, rc, scale, elem, in_bytes) if self._autocast_dtype else (0.0, 0.0)
+        cast_x = 0.0
+        if self._autocast_dtype and rc in ("none", "selective") and self.profile.moe_combine == "index_add":
+            moe_tok, cast_x = self._moe_autocast_bytes(nodes, sol, scale)
+            cast += moe_tok
         if rc == "full":
             rec = fwd + comm / 2
         elif rc == "selective":  # the modules re-run: the attention core, the experts' activation (cost_models.engine_saves)
@@ -507,6 +516,7 @@ class GraphCoster:
             transient_bytes=transient, loss_bytes=loss, loss_peak_bytes=loss_peak, logits_bytes=logits,
             autocast_bytes=cast, autocast_weight_bytes=cast_w, wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem),
             host_fwd_s=host_f, host_bwd_s=host_b,
+            autocast_expert_bytes=cast_x,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
 
@@ -583,6 +593,31 @@ class GraphCoster:
         elif elem < 1.0:  # full / op recompute: the kept block input is the fp32 residual stream
             out += in_bytes * scale * (1.0 - elem) / (sol.tp if sol.sequence_parallel else 1)
         return out, weights
+
+    def _moe_autocast_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> tuple[float, float]:
+        """(routed-token bytes, expert weight-copy bytes) per microbatch an eager MoE block keeps under
+        ``torch.autocast`` on fp32 parameters beyond its traced saves scaled to the compute dtype, its
+        input being the fp32 norm output (``_fp32_under_autocast``): each of the m − 1 input
+        projections casts the routed token again (autocast caches only leaf tensors: the trace keeps
+        one copy), the weighted expert output reaches ``index_add_`` in the fp32 accumulator's dtype
+        (4 bytes where the trace scales to 2): (m − 1)·H·2 bytes per routed token; and every expert's
+        weights are cast per forward (``w_gate[e]`` is a slice, not a leaf: never cached), E
+        experts' ``expert_numel`` at 2 bytes. Measured with MemTracker on the zoo MoE
+        (tests/test_memory_fake.py; saved tensors listed in BENCHMARKS "Wave 3 stop 6: MoE memory")."""
+        tok = wcopy = 0.0
+        fp32 = self._fp32_under_autocast
+        for n in nodes:
+            a = n.attrs
+            if n.kind != "moe" or not a.get("hidden") or not a.get("expert_numel") or not n.inputs:
+                continue
+            if n.inputs[0] not in fp32:
+                continue
+            m, _ = expert_shape(int(a["hidden"]), float(a["expert_numel"]), float(a.get("expert_act_numel", 0)))
+            routed = float(a.get("tokens", 0)) * float(a.get("top_k", 1)) * scale
+            tok += routed * max(m - 1, 1) * int(a["hidden"]) * 2.0 / _saved_shard(n, sol, self.sp_saves)
+            if self.g.meta.get("moe_layout", "grouped") == "grouped":
+                wcopy += float(a["expert_numel"]) * float(a.get("num_experts", 1)) * 2.0
+        return tok, wcopy
 
     def _wgrad_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float, elem: float) -> float:
         """Bytes per microbatch torch's split backward keeps for the weight pass of one layer: the

@@ -266,6 +266,7 @@ class ConfigEvaluator:
                 "cast": run([x.autocast_bytes for x in layers]), "wg": run([x.wgrad_bytes for x in layers]),
                 "castw": run([x.autocast_weight_bytes for x in layers]),
                 "hf": run([x.host_fwd_s for x in layers]), "hb": run([x.host_bwd_s for x in layers]),
+                "castx": run([x.autocast_expert_bytes for x in layers]),
             }  # fmt: skip
             cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
             self.memos.prefix[key] = cols
@@ -292,7 +293,8 @@ class ConfigEvaluator:
         return [
             Layer(x.name, fwd_s=x.fwd_total_s, bwd_s=x.bwd_input_total_s + x.bwd_weight_s, bwd_weight_s=x.bwd_weight_s,
                   state_bytes=states(x) + int(held_once(x)),
-                  act_bytes=int(x.act_bytes + (x.autocast_bytes - held_once(x) if cast else 0.0)),
+                  act_bytes=int(x.act_bytes + (x.autocast_bytes - held_once(x) + x.autocast_expert_bytes / c.ep
+                                               if cast else 0.0)),
                   boundary_bytes=int(x.out_bytes))
             for x in t.layers
         ]  # fmt: skip

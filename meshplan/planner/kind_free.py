@@ -91,6 +91,7 @@ class StageColumns:
     castw: list[float]
     hf: list[float]  # host dispatch seconds per microbatch of the forward (LayerCost.host_fwd_s)
     hb: list[float]  # ... and of the backward with its recompute (LayerCost.host_bwd_s)
+    castx: list[float]  # LayerCost.autocast_expert_bytes: all E experts' copies, a rank keeps 1/ep
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +235,7 @@ def kind_free_terms(
     # kept besides under autocast (fp32 parameters): per in-flight microbatch (LayerCost.autocast_bytes),
     # but the weight copies once per stage where one autocast region spans the step (ev.autocast_once)
     cast_w = cols.castw if ev.autocast_once(c) else [0.0 for _ in cols.cast]
-    cast_mb = [x - w for x, w in zip(cols.cast, cast_w)]
+    cast_mb = [x - w + e / c.ep for x, w, e in zip(cols.cast, cast_w, cols.castx)]
     if not per_stage_held(c):
         r_act = [x * f for x, f in zip(rank_sums(st_act), infl)]
         r_cast = [x * f for x, f in zip(rank_sums(cast_mb), infl)]
@@ -385,7 +386,7 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
     out = StageColumns(
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
-        wgrad=col("wg"), castw=col("castw"), hf=col("hf"), hb=col("hb"),
+        wgrad=col("wg"), castw=col("castw"), hf=col("hf"), hb=col("hb"), castx=col("castx"),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev.memos.stage_cols[key] = out
