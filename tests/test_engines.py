@@ -202,3 +202,20 @@ def test_torchtitan_selective_ac_is_meshplans_op_level_recompute() -> None:
     assert "recompute 'selective'" in " ".join(unsupported(megatron_selective, "torchtitan"))
     assert nearest(megatron_selective, "torchtitan")[0].recompute == "op"
     assert nearest(op, "megatron")[0].recompute == "selective" and nearest(op, "deepspeed")[0].recompute == "full"
+
+
+def test_megatron_recompute_modules_and_cuda_graph_scope_are_run_flags() -> None:
+    """Megatron-Core's --recompute-modules / --cuda-graph-scope take several values: read as the
+    profile's run flags (engine_saves), --recompute-modules only under selective granularity."""
+    from meshplan.api.engine_cost import config_profile
+
+    imp = megatron.parse("--tensor-model-parallel-size 2 --recompute-granularity selective --recompute-modules "
+                         "moe_act layernorm --cuda-graph-scope moe_router moe_preprocess --bf16", 8)
+    assert imp.run_flags == {"recompute_modules": ("moe_act", "layernorm"),
+                             "cuda_graph_scope": ("moe_router", "moe_preprocess")}
+    assert imp.spec.recompute == "selective" and not imp.unknown
+    prof = config_profile("megatron", imp.profile, imp.run_flags)
+    assert prof.recompute_modules == ("moe_act", "layernorm")
+    assert "recompute_modules" not in megatron.parse("--recompute-modules moe_act --bf16", 8).run_flags
+    with pytest.raises(ValueError, match="recompute_modules"):
+        config_profile("megatron", None, megatron.parse("--recompute-granularity selective --recompute-modules mlp", 8).run_flags)

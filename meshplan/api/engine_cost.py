@@ -195,7 +195,8 @@ def estimate_config(
     return EngineEstimate(engine, target, imp, mine, best, split)
 
 
-def config_profile(engine: str | None, profile: Any = None, run_flags: Mapping[str, str] | None = None) -> Any:
+def config_profile(engine: str | None, profile: Any = None,
+                   run_flags: Mapping[str, str | tuple[str, ...]] | None = None) -> Any:
     """The engine profile a configuration is costed with: ``profile`` (a name or an EngineProfile;
     default the installed version of ``engine``'s, meshplan's when ``engine`` is None) with its
     ``run_flags``."""

@@ -23,4 +23,4 @@ class Imported:
     ignored: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     profile: str | None = None
-    run_flags: dict[str, str] = field(default_factory=dict)
+    run_flags: dict[str, str | tuple[str, ...]] = field(default_factory=dict)

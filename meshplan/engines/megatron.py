@@ -30,6 +30,9 @@ VALUE_ARGS = {
     "--recompute-num-layers", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--num-layers", "--fp8-format", "--expert-tensor-parallel-size", "--fp8-recipe",
 }  # fmt: skip
+#: arguments of several values (nargs '*' / '+'), read into engine-profile run flags: Megatron-Core's
+#: --recompute-modules (what "selective" re-runs) and --cuda-graph-scope (cost_models/engine_saves.py)
+LIST_ARGS = {"--recompute-modules": "recompute_modules", "--cuda-graph-scope": "cuda_graph_scope"}
 #: Megatron's --fp8-recipe (megatron/core/enums.py Fp8Recipe) -> cost_models.precision.FP8_RECIPES
 #: ("tensorwise" is TE's per-tensor current scaling; mxfp8 runs on Blackwell only, which no preset is)
 FP8_RECIPE_NAMES = {"delayed": "delayed", "tensorwise": "current", "blockwise": "blockwise"}
@@ -123,6 +126,7 @@ def parse(text: str, world_size: int) -> Imported:
     lines = [ln.split("#", 1)[0] for ln in text.replace("\\\n", " ").splitlines()]
     toks = shlex.split(" ".join(lines))
     vals: dict[str, str] = {}
+    lists: dict[str, tuple[str, ...]] = {}
     flags: set[str] = set()
     legacy: dict[str, str] = {}
     unknown, ignored = [], []
@@ -146,6 +150,12 @@ def parse(text: str, world_size: int) -> Imported:
                 raise ValueError(f"megatron argument {key} needs a value")
         elif key in FLAG_ARGS:
             flags.add(key)
+        elif key in LIST_ARGS:
+            j = i + 1
+            while j < len(toks) and not toks[j].startswith("--"):
+                j += 1
+            lists[key] = tuple(inline.split(",") if inline else toks[i + 1:j])
+            i = j - 1
         elif key.startswith("--"):
             takes_value = i + 1 < len(toks) and not toks[i + 1].startswith("--") and not inline
             (ignored if key in IGNORED else unknown).append(key)
@@ -225,7 +235,10 @@ def parse(text: str, world_size: int) -> Imported:
              "(no folding)"] if folding else []
     eras = {LEGACY_VALUES[k][1] if k in LEGACY_VALUES else LEGACY_FLAGS[k] for k in legacy} - {""}
     profile = next((e for e in reversed(ERAS) if e in eras), None)  # the oldest era named decides
-    run_flags: dict[str, str] = {}
+    run_flags: dict[str, str | tuple[str, ...]] = {}
+    for key, field_name in LIST_ARGS.items():  # checked against what is priced by EngineProfile.with_run_flags
+        if key in lists and (key != "--recompute-modules" or gran == "selective"):
+            run_flags[field_name] = lists[key]
     if "--fp8-recipe" in vals:
         recipe = vals["--fp8-recipe"]
         if recipe not in FP8_RECIPE_NAMES:
