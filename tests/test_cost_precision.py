@@ -140,3 +140,29 @@ def test_te_recipes_run_moe_experts_in_fp8_with_their_casts() -> None:
               for x in moe_kernels(moe.attrs, tokens) if x.phase == "fwd")  # fmt: skip
     assert te.fwd_s == pytest.approx(fwd + 3 * tokens * k * act / bw)
     assert te.total_s < bf16.total_s
+
+
+def test_te_delayed_all_reduces_the_amaxes_per_chunk_and_microbatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE DelayedScaling: one amax all-reduce over tp x dp x cp at each model chunk's fp8_autocast exit and
+    one in its backward, per microbatch (precision.fp8_amax_reduction_s); none on a one-rank group."""
+    from meshplan.cost_models import precision
+    from meshplan.cost_models.comm import group_collective_s
+
+    fwd, bwd = precision.fp8_amax_reduction_s("delayed", 28, 16, H100)
+    assert fwd == group_collective_s("all_reduce", 4 * 3 * 28, 16, H100) > 0
+    assert bwd == group_collective_s("all_reduce", 4 * 2 * 28, 16, H100) > 0
+    assert precision.fp8_amax_reduction_s("delayed", 28, 1, H100) == (0.0, 0.0)
+    assert precision.fp8_amax_reduction_s("tensorwise", 28, 16, H100) == (0.0, 0.0)
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
+    kw = dict(tp=1, pp=1, dp=2, cluster="h100", global_batch_size=16, micro_batch_size=2, dtype="fp8",
+              profile="nemo-2024")
+    with_amax = estimate_graph(g, 2, **kw)
+    linears = sum(1 for n in g.nodes if n.kind == "linear" and precision.fp8_eligible(
+        n.attrs.get("in_features"), n.attrs.get("out_features"), is_head=n.attrs.get("out_features") == 32768))
+    per_mb = sum(precision.fp8_amax_reduction_s("delayed", linears, 2, H100))  # one chunk, group dp = 2
+    monkeypatch.setitem(precision.FP8_RECIPES, "delayed",
+                        dataclasses.replace(precision.FP8_RECIPES["delayed"], amax_reductions=0))
+    without = estimate_graph(g, 2, **kw)
+    assert linears == 24 and per_mb > 0  # 4 layers x (q, k, v, o, fc1, fc2); not the LM head
+    # 16 sequences / (dp 2 x 2 per microbatch) = 4 microbatches, one chunk each
+    assert with_amax.predicted.compute_s - without.predicted.compute_s == pytest.approx(4 * per_mb, rel=1e-6)

@@ -52,9 +52,26 @@ weights, 16-bit compute and activations), "fp32", and "fp8" = torchao float8 tra
   = the GEMMs' inputs + outputs, split half forward, half backward); the router stays bf16
   (its few FLOPs are priced with the node). torchao's recipes leave grouped experts in bf16.
 
-  Amax all-reduces (one scalar per tensor, or TE's one fused buffer per step) are latency-only
-  collectives and not charged. torch.compile fuses some of these passes into neighbouring
-  kernels; none of that fusion is credited.
+  **Amax reductions** (``Fp8Recipe.amax_reductions``, ``fp8_amax_reduction_s``): under
+  ``"delayed"`` Megatron-Core wraps each model chunk's ``TransformerBlock.forward`` in one
+  ``fp8_autocast`` whose ``fp8_group`` is the amax reduction group, tp × dp × cp ranks
+  (core_v0.8.0 ``transformer_block.py``, ``parallel_state.get_amax_reduction_group(
+  with_context_parallel=True)``). Transformer Engine (v1.6-v1.9, NeMo 24.05 / 24.09) all-reduces
+  (MAX, ``async_op=False``, on the compute stream's path) one fp32 buffer of the amaxes of every
+  fp8 tensor the rank registered under that recipe and group, at each outermost
+  ``fp8_autocast`` exit with grad enabled (``fp8.py`` ``fp8_autocast_exit`` ->
+  ``reduce_and_update_fp8_tensors(forward=True)``: 3 meta tensors per GEMM, input / weight /
+  output) and once in backward, in the backward of the region's first fp8 module
+  (``module/linear.py`` / ``layernorm_linear.py``: ``ctx.reduce_and_update_bwd_fp8_tensors``
+  from ``is_first_fp8_module``; 2 per GEMM, output and input gradients): two all-reduces per
+  model chunk per microbatch, each priced as the group's all-reduce of those bytes
+  (``comm.group_collective_s``: latency-bound, the bytes are a few KiB). The fused history
+  update after each (``fused_amax_and_scale_update_after_reduction``: read and roll the 1,024-long
+  histories, ~8 KiB per tensor) is a sub-microsecond memory pass and not charged; nor is a
+  recomputed forward's exit (the NeMo rows do not recompute). The other recipes' amax
+  all-reduces (torchao's per-cast DTensor reductions, TE current scaling's) are not charged.
+  torch.compile fuses some of these passes into neighbouring kernels; none of that fusion is
+  credited.
 - **memory**: the float8 copies of the computing layer's weight and its transpose
   (1 B/element each, transient; ``fp8_weight_copy_bytes``); master weights, gradients and
   optimizer states as in bf16 mixed precision. Under the TE recipes a converted linear keeps its
@@ -72,6 +89,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.cost_models.comm import group_collective_s
 from meshplan.cost_models.hardware import ClusterSpec
 
 TRAINING_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8")
@@ -85,6 +103,9 @@ FP8_CAST_TRANSPOSE_BYTES = 4
 FP8_TRANSPOSE_BYTES = 2
 #: bytes per element of an amax pass over a bf16 tensor (read 2)
 FP8_AMAX_BYTES = 2
+#: TE fp8 meta tensors per GEMM whose amaxes the forward / backward reduction carries (fp32 each):
+#: input, weight, output (``scaling_fwd``); output gradient, input gradient (``scaling_bwd``)
+FP8_META_FWD, FP8_META_BWD = 3, 2
 
 
 @dataclass(frozen=True)
@@ -107,6 +128,9 @@ class Fp8Recipe:
     #: a linear keeps its fp8-cast input for the weight-gradient GEMM (TE ``linear.py``: ``saved_inputmat =
     #: inputmat``, 1 B/element), not the bf16 one (torchao saves ``input_hp``): ``engine_saves.saved_bytes_delta``
     saves_fp8_inputs: bool = False
+    #: blocking amax all-reduces over the tp x dp x cp group per fp8_autocast region (a model chunk) per
+    #: microbatch: TE DelayedScaling 2 (forward at the region's exit, backward in its first module's backward)
+    amax_reductions: int = 0
 
 
 FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
@@ -120,8 +144,9 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
     Fp8Recipe("delayed", FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
               "Megatron-Core transformer_config.py fp8_recipe default 'delayed', fp8_utils.py TEDelayedScaling; "
               "TE cast_transpose (amax inside the kernel); extensions/transformer_engine.py is_first_microbatch "
-              "(weights cast once per step)", experts_fp8=True,
-              saves_fp8_inputs=True),
+              "(weights cast once per step); TE v1.9 fp8.py fp8_autocast_exit / module/base.py "
+              "reduce_and_update_bwd_fp8_tensors (amax all-reduce per region exit, forward and backward)",
+              experts_fp8=True, saves_fp8_inputs=True, amax_reductions=2),
     Fp8Recipe("current", FP8_AMAX_BYTES + FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
               "Megatron-Core fp8_utils.py Float8CurrentScaling (--fp8-recipe tensorwise; Megatron-Bridge fp8_cs): "
               "an amax pass, then cast_transpose; weights cached as 'delayed'", experts_fp8=True,
@@ -204,6 +229,19 @@ def fp8_moe_cast_bytes(routed_tokens: float, expert_act_numel: float, recipe: st
         return 0.0, 0.0
     half = r.act_cast_bytes * routed_tokens * expert_act_numel / 2
     return half, half
+
+
+def fp8_amax_reduction_s(recipe: str, linears: int, group_size: int, cluster: ClusterSpec) -> tuple[float, float]:
+    """(forward, backward) seconds per fp8_autocast region (a model chunk) per microbatch of the amax
+    all-reduces of ``recipe`` (module docstring) on a rank holding ``linears`` converted linears,
+    over an amax group of ``group_size`` consecutive ranks (tp x dp x cp); (0, 0) where the recipe
+    reduces none or the group is one rank (TE skips a group of world size 1)."""
+    r = fp8_recipe(recipe)
+    if not r.amax_reductions or group_size <= 1 or linears <= 0:
+        return 0.0, 0.0
+    fwd = group_collective_s("all_reduce", 4 * FP8_META_FWD * linears, group_size, cluster)
+    bwd = group_collective_s("all_reduce", 4 * FP8_META_BWD * linears, group_size, cluster)
+    return fwd * (r.amax_reductions >= 1), bwd * (r.amax_reductions >= 2)
 
 
 def fp8_weight_copy_bytes(largest_linear_params: float) -> float:

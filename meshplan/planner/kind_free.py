@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
-from meshplan.cost_models.precision import fp8_weight_copy_bytes
+from meshplan.cost_models.precision import fp8_amax_reduction_s, fp8_recipe, fp8_weight_copy_bytes
 from meshplan.partition.schedule import ZERO_BUBBLE, held_states
 from meshplan.planner.memory_floor import rank_pipeline_buffers
 from meshplan.planner.pipeline_time import (
@@ -174,6 +174,8 @@ def kind_free_terms(
     st_params, st_act, st_q, st_params0, st_sendb = cols.params, cols.act, cols.q, cols.params0, cols.sendb
     ranks = range(c.pp)
     placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
+    if ev.dtype == "fp8" and fp8_recipe(ev.coster.profile.fp8_recipe).amax_reductions:
+        st_f, st_b = amax_reduced(ev, c, t, runs, placement, st_f, st_b)
     # stage i sends to stage i + 1 on the link between their pipeline ranks: NVLink when both
     # sit in one node, else one NIC (comm.p2p_crosses_nodes)
     stride, dpn = c.dp * c.cp * c.tp, ev.cluster.devices_per_node
@@ -346,6 +348,25 @@ def host_floored(f: list[float], b: list[float], w: list[float], hf: list[float]
             else:
                 b2[i] = h
     return f2, b2, w2
+
+
+def amax_reduced(ev: KindFreeCosts, c: Config, t: CostTable, runs: list[tuple[int, int]],
+                 placement: tuple[int, ...], f: list[float], b: list[float]) -> tuple[list[float], list[float]]:
+    """``f``, ``b`` (per stage, seconds per microbatch) plus the fp8 recipe's amax all-reduces
+    (``precision.fp8_amax_reduction_s``): each stage is one model chunk, one fp8_autocast region,
+    whose forward exit and backward each all-reduce the amaxes of every converted linear on its
+    pipeline rank (TE's global buffer per recipe and group) over tp x dp x cp ranks."""
+    per_rank: dict[int, int] = {}
+    for (a, e), r in zip(runs, placement):
+        n = ev.coster.fp8_linears(t.layers[a].node_start, t.layers[e - 1].node_end) if e > a else 0
+        per_rank[r] = per_rank.get(r, 0) + n
+    group = c.tp * c.dp * c.cp
+    f2, b2 = list(f), list(b)
+    for i, r in enumerate(placement[:len(runs)]):
+        af, ab = fp8_amax_reduction_s(ev.coster.profile.fp8_recipe, per_rank[r], group, ev.cluster)
+        f2[i] += af
+        b2[i] += ab
+    return f2, b2
 
 
 def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) -> StageColumns:
