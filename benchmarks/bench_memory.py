@@ -69,6 +69,8 @@ def paths(big: bool) -> list[Path_]:
         Path_("2d fsdp x tp", 2 * w, dict(tp=w, pp=1, dp=2, dp_kind="fsdp", sequence_parallel=False)),
         Path_("cp", w, dict(tp=1, pp=1, dp=1, cp=w)),
         Path_("fsdp qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", quantization="qlora")),
+        Path_("zero2 qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="zero2", quantization="qlora")),
+        Path_("hsdp qlora", 2 * w, dict(tp=1, pp=1, dp=2 * w, dp_kind="hsdp", quantization="qlora")),
         Path_("single qlora", 1, dict(tp=1, pp=1, dp=1, quantization="qlora")),
         Path_("ddp qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="ddp", quantization="qlora")),
         Path_("tp qlora", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False, quantization="qlora")),

@@ -363,7 +363,8 @@ def zero1_broadcast_s(param_bytes: float, tensors: float, dp: int, cluster: Clus
 
 def unsharded_buffer_bytes(
     kind: str, dp: int, *, stage_param_count: float, largest_layer_params: float, elem_bytes: int, pp: int = 1,
-    layout: str = "zero",
+    layout: str = "zero", gathered_bytes: float | None = None, grad_params: float | None = None,
+    largest_gathered_bytes: float | None = None,
 ) -> float:
     """Bytes a sharded kind holds unsharded beyond its sharded states.
 
@@ -375,15 +376,22 @@ def unsharded_buffer_bytes(
     gradients, ``stage params · 4``. zero2 under the "torch" layout (FSDP2 with
     ``reshard_after_forward=False``, ``state_zero_stage``): its sharded states count as fsdp's,
     and it holds the stage's gathered parameters, ``stage params · elem_bytes`` at pp = 1 (as
-    fsdp under PP). Others: 0. Unit: bytes. Source: PyTorch FSDP2 ``fully_shard`` docs and
-    ``_fsdp_param.py``; torch.distributed.pipelining's no-sync backward.
+    fsdp under PP). Others: 0. Where the gathered parameters are not ``elem_bytes`` each or not all
+    have gradients (QLoRA: NF4 bases gathered as stored, adapters the only gradients):
+    ``gathered_bytes`` (the stage's), ``largest_gathered_bytes`` (the largest layer's) and
+    ``grad_params`` replace ``stage_param_count · elem_bytes``, ``largest_layer_params · elem_bytes``
+    and ``stage_param_count`` in the gradient terms. Unit: bytes. Source: PyTorch FSDP2
+    ``fully_shard`` docs and ``_fsdp_param.py``; torch.distributed.pipelining's no-sync backward.
     """
     _check_kind(kind)
     if ZERO_STAGE[kind] < 2 or dp == 1:
         return 0.0
+    gathered = stage_param_count * elem_bytes if gathered_bytes is None else gathered_bytes
+    grads = (stage_param_count if grad_params is None else grad_params) * GRAD_REDUCE_BYTES
     if kind == "zero2" and layout == "torch":
-        return stage_param_count * (elem_bytes + (GRAD_REDUCE_BYTES if pp > 1 else 0.0))
+        return gathered + (grads if pp > 1 else 0.0)
     if pp > 1:
-        own = 0.0 if kind == "zero2" else elem_bytes
-        return stage_param_count * (own + GRAD_REDUCE_BYTES)
-    return 0.0 if kind == "zero2" else 2.0 * largest_layer_params * elem_bytes
+        return (0.0 if kind == "zero2" else gathered) + grads
+    if kind == "zero2":
+        return 0.0
+    return 2.0 * (largest_layer_params * elem_bytes if largest_gathered_bytes is None else largest_gathered_bytes)

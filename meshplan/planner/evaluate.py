@@ -479,7 +479,7 @@ class ConfigEvaluator:
             per_e = self.states.expert_state_bytes_per_param(c).total
             r_state = [s + x / c.ep * (per_e - per_param) for s, x in zip(r_state, k.r_experts)]
         r_params, r_act = k.r_params, k.r_act
-        buf = self.states.fsdp_buffers(c, r_params)
+        buf = self.states.fsdp_buffers(c, r_params, runs, on_rank)
         rs_grads = 0.0  # sharded gradients the reserved figure holds beside the live peak (below)
         cast = k.r_cast if self.states.runs_autocast(c) else [0.0 for _ in ranks]
         live = [r_act[r] + cast[r] for r in ranks]

@@ -259,13 +259,25 @@ class StateCosts:
             largest_layer_params=self.largest_unit(c), layout=self.state_layout,
         )  # fmt: skip
 
-    def fsdp_buffers(self, c: Config, rank_params: list[float]) -> list[float]:
-        """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once."""
+    def fsdp_buffers(self, c: Config, rank_params: list[float], runs: list[tuple[int, int]] | None = None,
+                     on_rank: list[list[int]] | None = None) -> list[float]:
+        """``fsdp_buffer`` of every pipeline rank (its parameters ``rank_params[r]``), the table looked up once.
+        Under QLoRA with the stages' layer ranges ``runs`` and each rank's stages ``on_rank``: a rank's
+        gathered bytes (``LayerCost.gather_bytes``: NF4 bases as stored) and its adapters' gradients."""
         if self.fsdp_steps(c):
             return [self.fsdp_buffer(c)]
         largest = self.largest_unit(c)
-        return [unsharded_buffer_bytes(c.dp_kind, self.state_dp(c), stage_param_count=p, elem_bytes=self.elem_bytes, pp=c.pp,
-                                       largest_layer_params=largest, layout=self.state_layout)
+        kw = dict(elem_bytes=self.elem_bytes, pp=c.pp, largest_layer_params=largest, layout=self.state_layout)
+        if self.quant_mode == "qlora" and runs is not None and on_rank is not None:
+            t = self.tables.table(c)
+            idx = [[i for s_ in stages for i in range(*runs[s_])] for stages in on_rank]
+            big = max(x.gather_bytes for x in t.layers)
+            return [unsharded_buffer_bytes(c.dp_kind, self.state_dp(c), stage_param_count=p,
+                                           gathered_bytes=sum(t.layers[i].gather_bytes for i in ix),
+                                           grad_params=sum(t.layers[i].trainable_params for i in ix),
+                                           largest_gathered_bytes=big, **kw)  # type: ignore[arg-type]
+                    for p, ix in zip(rank_params, idx)]  # fmt: skip
+        return [unsharded_buffer_bytes(c.dp_kind, self.state_dp(c), stage_param_count=p, **kw)  # type: ignore[arg-type]
                 for p in rank_params]  # fmt: skip
 
     def fsdp_steps(self, c: Config) -> bool:
