@@ -166,3 +166,22 @@ def test_te_delayed_all_reduces_the_amaxes_per_chunk_and_microbatch(monkeypatch:
     assert linears == 24 and per_mb > 0  # 4 layers x (q, k, v, o, fc1, fc2); not the LM head
     # 16 sequences / (dp 2 x 2 per microbatch) = 4 microbatches, one chunk each
     assert with_amax.predicted.compute_s - without.predicted.compute_s == pytest.approx(4 * per_mb, rel=1e-6)
+
+
+def test_te_amax_reductions_per_virtual_stage_carry_the_whole_ranks_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under interleaving every virtual stage (a model chunk, one fp8_autocast region) reduces once forward and
+    once backward, and TE's buffer holds the amaxes of all the rank's converted linears, not the chunk's."""
+    from meshplan.cost_models import precision
+
+    g = gpt_graph(layers=8, h=1024, heads=16, seq=1024, vocab=32768)
+    kw = dict(tp=2, pp=2, dp=2, cluster="h100", global_batch_size=16, micro_batch_size=1, dtype="fp8",
+              profile="nemo-2024", schedule="interleaved-1f1b", virtual_stages=2)
+    with_amax = estimate_graph(g, 8, **kw)
+    af, ab = precision.fp8_amax_reduction_s("delayed", 24, 4, H100)  # 4 layers x 6 linears per rank, tp x dp = 4
+    monkeypatch.setitem(precision.FP8_RECIPES, "delayed",
+                        dataclasses.replace(precision.FP8_RECIPES["delayed"], amax_reductions=0))
+    without = estimate_graph(g, 8, **kw)
+    assert len(with_amax.stages) == 4
+    for s1, s0 in zip(with_amax.stages, without.stages):
+        assert s1.fwd_s - s0.fwd_s == pytest.approx(af, rel=1e-9)
+        assert s1.bwd_s - s0.bwd_s == pytest.approx(ab, rel=1e-9)
