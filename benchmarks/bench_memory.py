@@ -56,6 +56,8 @@ def paths(big: bool) -> list[Path_]:
     return [
         Path_("single", 1, dict(tp=1, pp=1, dp=1)),
         Path_("single accum4", 1, dict(tp=1, pp=1, dp=1), microbatches=4),
+        Path_("single+recompute_full", 1, dict(tp=1, pp=1, dp=1, recompute="full"), microbatches=2),
+        Path_("single+recompute_op", 1, dict(tp=1, pp=1, dp=1, recompute="op"), microbatches=2),
         Path_("ddp", w, dict(tp=1, pp=1, dp=w, dp_kind="ddp")),
         Path_("zero1", w, dict(tp=1, pp=1, dp=w, dp_kind="zero1"), microbatches=2),
         Path_("fsdp", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp")),
@@ -66,8 +68,12 @@ def paths(big: bool) -> list[Path_]:
         Path_("fsdp+recompute_op", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", recompute="op")),
         Path_("fsdp+accum4", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp"), microbatches=4),
         Path_("tp", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False)),
+        Path_("tp+sp", w, dict(tp=w, pp=1, dp=1, sequence_parallel=True)),
         Path_("2d fsdp x tp", 2 * w, dict(tp=w, pp=1, dp=2, dp_kind="fsdp", sequence_parallel=False)),
         Path_("cp", w, dict(tp=1, pp=1, dp=1, cp=w)),
+        Path_("cp x fsdp (dp1)", w, dict(tp=1, pp=1, dp=1, cp=w, dp_kind="fsdp")),
+        Path_("cp x fsdp (dp2)", 2 * w, dict(tp=1, pp=1, dp=2, cp=w, dp_kind="fsdp")),
+        Path_("cp x zero2 (dp2)", 2 * w, dict(tp=1, pp=1, dp=2, cp=w, dp_kind="zero2")),
         Path_("fsdp qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", quantization="qlora")),
         Path_("zero2 qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="zero2", quantization="qlora")),
         Path_("hsdp qlora", 2 * w, dict(tp=1, pp=1, dp=2 * w, dp_kind="hsdp", quantization="qlora")),
@@ -83,6 +89,8 @@ def paths(big: bool) -> list[Path_]:
         Path_("pp4 zero-bubble", 4, dict(tp=1, pp=4, dp=1, schedule="zero-bubble"), microbatches=8),
         Path_("pp zbv", 2, dict(tp=1, pp=2, dp=1, schedule="zbv", virtual_stages=2), microbatches=4),
         Path_("pp 1f1b x fsdp", 4, dict(tp=1, pp=2, dp=2, schedule="1f1b", dp_kind="fsdp"), microbatches=4),
+        Path_("pp 1f1b+recompute_full", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b", recompute="full"),
+              microbatches=4),
         Path_("pp 1f1b x tp", 4, dict(tp=2, pp=2, dp=1, schedule="1f1b", sequence_parallel=False), microbatches=4),
     ]
 

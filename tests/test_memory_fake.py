@@ -11,6 +11,7 @@ up to 70B shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.models.llama import Llama, LlamaConfig
 from meshplan.models.moe import MoEConfig, moe_llama
 from meshplan.planner.api import estimate_graph
@@ -54,10 +56,21 @@ def _check(graph: Any, world: int, microbatches: int = 1, **kw: Any) -> list[Any
     return _MEASURED[key]
 
 
+def _fast_links() -> ClusterSpec:
+    """h100 with links 1000x faster: at these small sizes the TP placement on h100 replicates the
+    blocks (their collectives outweigh the GEMMs they split); here every block linear is sharded."""
+    h = ClusterSpec.preset("h100")
+    return dataclasses.replace(h, intra_bw_bytes_per_s=h.intra_bw_bytes_per_s * 1000, intra_latency_s=0.0,
+                               kernel_floor_s=0.0)
+
+
 def _measure(graph: Any, world: int, microbatches: int = 1, **kw: Any) -> list[Any]:
     dp = kw.get("dp", 1)
+    cluster = _fast_links() if kw.pop("cluster", "h100") == "fast-links" else "h100"
     plan = estimate_graph(graph, world, global_batch_size=MB * microbatches * dp, micro_batch_size=MB,
-                          num_microbatches=microbatches, cluster="h100", **kw)
+                          num_microbatches=microbatches, cluster=cluster, **kw)
+    if plan.tp > 1 and cluster != "h100":
+        assert all(s != "replicate" for f, s in plan.tp_styles.items() if f.startswith("blocks.")), plan.tp_styles
     pp = kw.get("pp", 1)
     out = []
     for r in range(pp):
@@ -76,7 +89,12 @@ PATHS = {
     "zero2, 2 microbatches": (2, 2, dict(tp=1, pp=1, dp=2, dp_kind="zero2")),
     "fsdp2 + full recompute": (2, 1, dict(tp=1, pp=1, dp=2, dp_kind="fsdp", recompute="full")),
     "single rank, one microbatch (gradients after activations)": (1, 1, dict(tp=1, pp=1, dp=1)),
-    "tp2": (2, 1, dict(tp=2, pp=1, dp=1, sequence_parallel=False)),
+    "tp2 (every block linear sharded)": (2, 1, dict(tp=2, pp=1, dp=1, sequence_parallel=False, cluster="fast-links")),
+    "tp2 + sequence parallel": (2, 1, dict(tp=2, pp=1, dp=1, sequence_parallel=True, cluster="fast-links")),
+    "single rank, full recompute, 2 microbatches (autocast's cache to the forward's end)":
+        (1, 2, dict(tp=1, pp=1, dp=1, recompute="full")),
+    "pp2 1f1b + full recompute (each stage one checkpoint region)":
+        (2, 4, dict(tp=1, pp=2, dp=1, schedule="1f1b", recompute="full")),
     "pp2 1f1b": (2, 4, dict(tp=1, pp=2, dp=1, schedule="1f1b")),
     "pp2 gpipe (the last rank keeps every microbatch's log-softmax)": (2, 4, dict(tp=1, pp=2, dp=1, schedule="gpipe")),
     "cp2 (context parallel)": (2, 1, dict(tp=1, pp=1, dp=1, cp=2)),

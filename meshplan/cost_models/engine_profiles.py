@@ -55,6 +55,8 @@ SPLIT_RULES = ("any", "even", "first_last", "fewer_first_last")
 
 #: how long autocast's weight cache lives (``EngineProfile.autocast_cache``)
 AUTOCAST_CACHES = ("call", "step")
+#: what one activation-checkpoint region re-runs under pipeline parallelism (``EngineProfile.recompute_unit``)
+RECOMPUTE_UNITS = ("block", "stage")
 
 #: fields a run may set from its own command line / config file (the case cites the line); the
 #: engine's default otherwise
@@ -105,6 +107,10 @@ class EngineProfile:
     - ``autocast_cache`` (``AUTOCAST_CACHES``): where a run computes under ``torch.autocast`` on fp32
       parameters, how long autocast's weight cache lives: one forward call ("call": a copy of each
       weight per microbatch in flight) or the whole pipeline step ("step": one copy per stage).
+    - ``recompute_unit`` (``RECOMPUTE_UNITS``): under full / op recompute with pp > 1, what one
+      checkpoint region re-runs in backward: one repeated block ("block": torchtitan's per-block
+      wrappers, Megatron's ``recompute_num_layers`` = 1) or the whole stage ("stage": meshplan's
+      runtime, every layer of the stage rematerialized at once, beside each other).
     - ``cp_rotate`` (``cp_kernels.CP_ROTATES``): how context parallelism's ring attention moves key /
       value blocks and what else it runs: "ring" (meshplan's runtime; Megatron-Core / TE's p2p ring:
       bf16 shifts overlapped step by step) or torch's context_parallel ("allgather" / "alltoall",
@@ -158,6 +164,7 @@ class EngineProfile:
     shard_over_cp: bool = False
     moe_dispatcher: str = "alltoall"
     autocast_cache: str = "call"
+    recompute_unit: str = "block"
     cp_rotate: str = "ring"
     attention_backend: str = "flash"
     main_grads: str | None = None
@@ -176,6 +183,7 @@ class EngineProfile:
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
                                ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS),
                                ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES),
+                               ("recompute_unit", RECOMPUTE_UNITS),
                                ("cp_rotate", CP_ROTATES), ("attention_backend", ATTENTION_BACKENDS),
                                ("moe_combine", MOE_COMBINES)):  # fmt: skip
             if getattr(self, fname) not in allowed:
@@ -220,8 +228,11 @@ class EngineProfile:
 
 _MESHPLAN = EngineProfile(
     "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
-    shard_over_cp=True,
+    shard_over_cp=True, recompute_unit="stage",
     sources=(
+        ("recompute_unit", "runtime/apply/recompute.py: at pp > 1 a stage is one flat fx GraphModule, so the whole "
+                           "stage is one checkpointed segment per microbatch (CheckpointedStage; zero-bubble "
+                           "schedules: cached_checkpoint.CachedCheckpointStage)"),
         ("autocast_cache", "runtime/apply/parallel_model.py ParallelModel.step: schedule.step inside "
                            "precision.step_cast_cache, one torch.autocast region over the step (recompute none / "
                            "selective): autocast's cache casts each fp32 weight once per step"),
@@ -245,6 +256,8 @@ _MESHPLAN = EngineProfile(
 )  # fmt: skip
 
 _TITAN_2024 = (
+    ("recompute_unit", "apply_ac: checkpoint_wrapper per TransformerBlock of model.layers (each stage's model "
+                       "under pipelining; 0.3.0 distributed/activation_checkpoint.py apply: _wrap_block per block)"),
     ("state_layout", "FSDP2 fully_shard with MixedPrecisionPolicy(param bf16, reduce fp32): fp32 sharded "
                      "parameters and AdamW states"),
     ("pp_buffers", "torch.distributed.pipelining schedule.step() keeps the last stage's outputs "
@@ -266,6 +279,8 @@ _TITAN_2024 = (
 )  # fmt: skip
 
 _MEGATRON_2021 = (
+    ("recompute_unit", "megatron/model/transformer.py ParallelTransformer._checkpointed_forward: chunks of "
+                       "--checkpoint-num-layers layers (default 1) per checkpoint, within each stage"),
     ("state_layout", "megatron/optimizer: fp16 model + fp32 main gradients + fp32 master weights and Adam states "
                      "(README: 18 bytes per parameter, no distributed optimizer yet)"),
     ("pp_buffers", "megatron/p2p_communication.py: torch.distributed p2p into the next stage's input tensor, "
@@ -690,6 +705,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("zero1_impl", "none used: Composer FSDP only (no ZeroRedundancyOptimizer); a zero1 costing of it is "
                            "the bucketed collectives, never costed"),
             ("autocast_cache", "none used here: Composer FSDP mixed precision, no pipeline stages"),
+            ("recompute_unit", "none used: no pipeline stages (Composer activation_checkpointing_fn per MPTBlock)"),
             ("shard_over_cp", "none used: Composer FSDP only, no context parallelism"),
         ),
     ),
@@ -715,6 +731,8 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("zero1_impl", "deepspeed/runtime/zero/stage_1_and_2.py: flat partitioned buffers, gradients "
                            "reduce-scattered and updated parameters all-gathered in buckets"),
             ("autocast_cache", "none used: 16-bit parameters in the engine (state_layout), no torch.autocast"),
+            ("recompute_unit", "deepspeed/runtime/pipe/module.py PipelineModule activation_checkpoint_interval: "
+                               "a checkpoint every that many layers of a stage (per layer at 1)"),
             ("shard_over_cp", "none costed: engines/spec.py CAPS['deepspeed'] has no cp axis (DeepSpeed-Ulysses "
                               "sequence parallelism is not modelled)"),
         ),
@@ -730,6 +748,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
             ("vocab_parallel_embedding", "assumed: vocabulary-parallel embedding, as Megatron-LM and torchtitan (no source)"),
             ("zero1_impl", "assumed: bucketed ZeRO-1 collectives, as Megatron-LM and DeepSpeed (no source)"),
             ("autocast_cache", "none used: 16-bit parameters (state_layout), no torch.autocast"),
+            ("recompute_unit", "assumed: one checkpoint per layer, as Megatron-LM and torchtitan (no source)"),
             ("shard_over_cp", "assumed: states sharded over dp only, the cp ranks holding copies (no source)"),
         ),
     ),

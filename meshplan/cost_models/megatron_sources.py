@@ -18,6 +18,8 @@ def _override(sources: Sources, *extra: tuple[str, str]) -> Sources:
 #: recompute (run flags: ``expert_config.sequence_parallel`` from --sequence-parallel,
 #: ``training.recompute`` "selective" from --recompute-activations / --recompute-granularity selective)
 MEGATRON_2022: Sources = (
+    ("recompute_unit", "megatron/model/transformer.py ParallelTransformer._checkpointed_forward: --recompute-method "
+                       "uniform / block, chunks of --recompute-num-layers layers (default 1), within each stage"),
     ("state_layout", "megatron/optimizer/optimizer.py Float16OptimizerWithFloat16Params: 16-bit model parameters, "
                      "fp32 main parameters and Adam states; megatron/model/distributed.py LocalDDP main_grad buffer "
                      "fp32 under --accumulate-allreduce-grads-in-fp32 (forced on for --bf16, megatron/arguments.py)"),

@@ -139,6 +139,14 @@ class LayerCost:
     #: slices of grouped expert weights are not leaves, so autocast's cache never holds them
     #: (``_moe_autocast_bytes``); not in ``autocast_bytes``
     autocast_expert_bytes: float = 0.0
+    #: the compute-dtype weight copies the layer's forward casts but does not keep (full / op
+    #: recompute drops them with the rest of its saved tensors): autocast's weight cache holds them
+    #: until the forward's autocast region ends (one stage call), beside the stage's kept
+    #: activations, and releases them before the backward (``kind_free`` "forward end")
+    autocast_cache_bytes: float = 0.0
+    #: what a recomputed layer's re-run forward saves beyond ``transient_bytes`` under autocast (the
+    #: weight copies and fp32 inputs ``autocast_bytes`` counts without recompute), alive with it
+    autocast_remat_bytes: float = 0.0
     #: bytes per microbatch a split backward (zero-bubble schedules) keeps from the layer's input
     #: backward to its weight pass: the gradient of every weight-reading op's output
     #: (``_wgrad_bytes``), beside the activations it still holds then
@@ -481,7 +489,14 @@ class GraphCoster:
             loss_peak = peak - loss
             logits = lg[0] * lg[1] / lg[2] * elem
         act += loss
-        cast, cast_w = self._autocast_bytes(nodes, sol, rc, scale, elem, in_bytes) if self._autocast_dtype else (0.0, 0.0)
+        cast, cast_w, cached = (self._autocast_bytes(nodes, sol, rc, scale, elem, in_bytes) if self._autocast_dtype
+                                else (0.0, 0.0, 0.0))
+        remat_cast = 0.0
+        if cast and rc in ("full", "op"):
+            # the re-run forward runs under autocast again (torch.utils.checkpoint restores the
+            # forward's autocast state) and saves what the layer saves without recompute: its
+            # weight copies and fp32 inputs, rematerialized with the rest until its backward ends
+            remat_cast = self._autocast_bytes(nodes, sol, "none", scale, elem, in_bytes)[0] - cast
         cast_x = 0.0
         if self._autocast_dtype and rc in ("none", "selective") and self.profile.moe_combine == "index_add":
             moe_tok, cast_x = self._moe_autocast_bytes(nodes, sol, scale)
@@ -514,8 +529,8 @@ class GraphCoster:
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
             transient_bytes=transient, loss_bytes=loss, loss_peak_bytes=loss_peak, logits_bytes=logits,
-            autocast_bytes=cast, autocast_weight_bytes=cast_w, wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem),
-            host_fwd_s=host_f, host_bwd_s=host_b,
+            autocast_bytes=cast, autocast_weight_bytes=cast_w, autocast_cache_bytes=cached, autocast_remat_bytes=remat_cast,
+            wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem), host_fwd_s=host_f, host_bwd_s=host_b,
             autocast_expert_bytes=cast_x,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale) if quant else layer
@@ -553,9 +568,10 @@ class GraphCoster:
         return self.train_dtype in ("bf16", "fp16", "fp8") and self.quant.mode in ("none", "qat")
 
     def _autocast_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, rc: str, scale: float,
-                        elem: float, in_bytes: float) -> tuple[float, float]:
-        """``autocast_kept_bytes`` of one layer (bytes per microbatch) and, of it, the weight copies
-        (1): under ``torch.autocast`` on
+                        elem: float, in_bytes: float) -> tuple[float, float, float]:
+        """``autocast_kept_bytes`` of one layer (bytes per microbatch), of it the weight copies
+        (1), and the weight copies recompute drops but autocast's cache holds to the end of the
+        forward region (``LayerCost.autocast_cache_bytes``): under ``torch.autocast`` on
         fp32 parameters, (1) every linear casts its weight to the compute dtype in each forward and
         saves that copy for its input gradient (autocast's weight cache lives only inside one
         autocast region: one forward call of a stage), unless recompute drops the layer's saved
@@ -567,16 +583,17 @@ class GraphCoster:
         torch.distributed._tools.MemTracker (benchmarks/bench_memory.py)."""
         elem_b = 2.0  # bf16 / fp16 copy bytes per parameter
         out = weights = 0.0
+        copies = 0.0  # every linear's weight copy: autocast caches it until its region ends
+        for n in nodes:
+            if n.kind not in ("linear", "matmul"):
+                continue
+            w_shard = sol.node_shard.get(n.id, 1)
+            numel = float(n.param_numel)
+            if not numel:  # a tied head reads the embedding's weight: cast too
+                numel = float(sum(self._owner[p][1] for p in n.shared_params if p in self._owner))
+            copies += numel / w_shard * elem_b
         if rc in ("none", "selective"):
-            for n in nodes:
-                if n.kind not in ("linear", "matmul"):
-                    continue
-                w_shard = sol.node_shard.get(n.id, 1)
-                numel = float(n.param_numel)
-                if not numel:  # a tied head reads the embedding's weight: cast too
-                    numel = float(sum(self._owner[p][1] for p in n.shared_params if p in self._owner))
-                out += numel / w_shard * elem_b
-            weights = out
+            out = weights = copies
             # (3) autocast casts an fp32 input again in every op that reads it (only weights, leaf
             # tensors, are cached): q/k/v (gate/up) each save their own bf16 copy of the norm's output,
             # where the traced graph saves one; "fp32" from the dataflow (``_fp32_under_autocast``),
@@ -600,7 +617,7 @@ class GraphCoster:
                     out += n.saved_bytes * scale * elem * fp32_extra / _saved_shard(n, sol, self.sp_saves)
         elif elem < 1.0:  # full / op recompute: the kept block input is the fp32 residual stream
             out += in_bytes * scale * (1.0 - elem) / (sol.tp if sol.sequence_parallel else 1)
-        return out, weights
+        return out, weights, copies - weights
 
     def _moe_autocast_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> tuple[float, float]:
         """(routed-token bytes, expert weight-copy bytes) per microbatch an eager MoE block keeps under

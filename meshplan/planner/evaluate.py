@@ -102,6 +102,7 @@ class ConfigEvaluator:
         # sends 1/tp of the boundary activation and the receiving stage all-gathers it inside its
         # node; meshplan's runtime sends it whole
         self.pp_scatter_gather = ep.pp_scatter_gather
+        self.recompute_unit = ep.recompute_unit  # what one checkpoint region re-runs under a pipeline
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._rescues = 0
         self.memo_kind_free = True  # evaluate shares its DP-kind-free part across kinds
@@ -267,6 +268,8 @@ class ConfigEvaluator:
                 "castw": run([x.autocast_weight_bytes for x in layers]),
                 "hf": run([x.host_fwd_s for x in layers]), "hb": run([x.host_bwd_s for x in layers]),
                 "castx": run([x.autocast_expert_bytes for x in layers]),
+                "cachew": run([x.autocast_cache_bytes for x in layers]),
+                "remat": run([x.autocast_remat_bytes for x in layers]),
             }  # fmt: skip
             cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
             self.memos.prefix[key] = cols
@@ -306,19 +309,30 @@ class ConfigEvaluator:
         under a recompute kind that keeps the saved copies (``LayerCost.autocast_weight_bytes``)."""
         return self.profile.autocast_cache == "step" and c.pp > 1 and c.recompute in ("none", "selective")
 
-    def transient(self, t: CostTable, runs: list[tuple[int, int]]) -> float:
+    def transient(self, t: CostTable, runs: list[tuple[int, int]], whole: bool = False, cast: bool = False) -> float:
         """Bytes a rank holds on top of its stored activations while back-propagating, one
         microbatch at a time: the larger of the cross-entropy backward's buffers
         (``LayerCost.loss_peak_bytes``, at the start of that microbatch's backward) and the largest
         recompute transient of its layers (``LayerCost.transient_bytes``, one layer re-run at a
         time, with what one of its ops works in, ``LayerCost.work_bytes``: QLoRA's dequantization)
         less what the loss kept for that microbatch, freed before any block's backward.
+        With ``whole`` (``EngineProfile.recompute_unit`` "stage" under a pipeline) each run is one
+        checkpoint region: its layers' transients are rematerialized together (the largest run's sum);
+        with ``cast`` (the layers run under autocast) a re-run layer also holds its
+        ``LayerCost.autocast_remat_bytes``.
         Memoized per (table, runs): configurations differing only in m, schedule or DP kind share it."""
-        key = (id(t), tuple(runs))
+        key = (id(t), tuple(runs), whole, cast)
         if key not in self.memos.transient:
             layers = [x for a, b in runs for x in t.layers[a:b]]
+
+            def remat(x: LayerCost) -> float:
+                return x.transient_bytes + (x.autocast_remat_bytes if cast else 0.0)
+
             # inside a layer's backward: what recompute re-ran beside what one of its ops works in (QLoRA's dequantization)
-            worst = max((x.transient_bytes + x.work_bytes for x in layers), default=0.0)
+            worst = max((remat(x) + x.work_bytes for x in layers), default=0.0)
+            if whole:
+                worst = max((sum(remat(x) for x in t.layers[a:b]) + max(x.work_bytes for x in t.layers[a:b])
+                             for a, b in runs if b > a), default=0.0)
             loss_peak = max((x.loss_peak_bytes for x in layers), default=0.0)
             self.memos.transient[key] = max(0.0, loss_peak, worst - sum(x.loss_bytes for x in layers))
         return self.memos.transient[key]

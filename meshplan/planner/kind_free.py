@@ -58,11 +58,13 @@ class KindFreeCosts(Protocol):
     memo_kind_free: bool
     pp_buffers: str
     pp_scatter_gather: bool
+    recompute_unit: str
 
     def table(self, c: Config) -> CostTable: ...
     def split(self, t: CostTable, num_stages: int, virtual_stages: int = 1) -> list[tuple[int, int]]: ...
     def prefix(self, t: CostTable) -> dict[str, list[float]]: ...
-    def transient(self, t: CostTable, runs: list[tuple[int, int]]) -> float: ...
+    def transient(self, t: CostTable, runs: list[tuple[int, int]], whole: bool = False,
+                  cast: bool = False) -> float: ...
     def tied_layers(self, t: CostTable) -> list[int]: ...
     def inflight_ranks(self, c: Config) -> list[float]: ...
 
@@ -92,6 +94,8 @@ class StageColumns:
     hf: list[float]  # host dispatch seconds per microbatch of the forward (LayerCost.host_fwd_s)
     hb: list[float]  # ... and of the backward with its recompute (LayerCost.host_bwd_s)
     castx: list[float]  # LayerCost.autocast_expert_bytes: all E experts' copies, a rank keeps 1/ep
+    cachew: list[float]
+    remat: list[float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,10 +248,13 @@ def kind_free_terms(
     else:  # interleaved: a rank's chunks hold different counts at its peak, weighted over its order
         r_act, r_cast = rank_held(c, st_act), rank_held(c, cast_mb)
     st_infl = stage_inflight(c, placement, infl)
-    if one:
-        trans = [ev.transient(t, [run]) for run in runs]
-    else:
-        trans = [ev.transient(t, [runs[i] for i in on_rank[r]]) for r in ranks]
+    # meshplan's runtime under full recompute and a pipeline: one checkpoint region per stage call
+    whole = c.pp > 1 and c.recompute == "full" and ev.recompute_unit == "stage"
+    rank_runs = [[run] for run in runs] if one else [[runs[i] for i in on_rank[r]] for r in ranks]
+    trans = [ev.transient(t, rr, whole) for rr in rank_runs]
+    # under autocast a re-run layer saves its weight copies and fp32 inputs again: autocast's part
+    # of the transient (LayerCost.autocast_remat_bytes), counted with autocast's kept bytes (r_cast)
+    trans_cast = [ev.transient(t, rr, whole, cast=True) for rr in rank_runs] if any(cols.remat) else trans
     if c.pp > 1 and c.schedule in ZERO_BUBBLE:
         loss = [sum(x.loss_bytes for x in t.layers[a:b]) for a, b in runs]
         kept = split_backward_kept(cols.wgrad, st_sendb, loss)
@@ -258,7 +265,17 @@ def kind_free_terms(
         r_cast = [x * f for x, f in zip(rank_sums(cast_mb), pend)]
     else:
         r_act = [x + y for x, y in zip(r_act, trans)]
-    r_cast = [x + w for x, w in zip(r_cast, rank_sums(cast_w))]
+    r_cast = [x + w + tc - tr for x, w, tc, tr in zip(r_cast, rank_sums(cast_w), trans_cast, trans)]
+    if any(cols.cachew):
+        # full / op recompute under autocast: at the end of a stage's forward call autocast's weight
+        # cache still holds every weight copy the call made (LayerCost.autocast_cache_bytes) beside
+        # its logits, before the loss runs; the cache is cleared when the call's autocast region
+        # exits (torch.amp.autocast.__exit__), before any backward: a peak beside the in-flight
+        # activations instead of the backward's transient
+        end = [max(0.0, cols.cachew[i] + sum(x.logits_bytes - x.loss_bytes for x in t.layers[a:b]))
+               for i, (a, b) in enumerate(runs)]
+        r_cast = [x + max(0.0, max((end[i] for i in on_rank[r]), default=0.0) - trans_cast[r])
+                  for x, r in zip(r_cast, ranks)]
     # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
     # live memory beside the activations; a stage's output is what it sends, the last's its logits
     r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, st_infl, c)
@@ -407,7 +424,8 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
     out = StageColumns(
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
-        wgrad=col("wg"), castw=col("castw"), hf=col("hf"), hb=col("hb"), castx=col("castx"),
+        wgrad=col("wg"), castw=col("castw"), hf=col("hf"), hb=col("hb"), castx=col("castx"), cachew=col("cachew"),
+        remat=col("remat"),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev.memos.stage_cols[key] = out
