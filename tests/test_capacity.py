@@ -255,9 +255,12 @@ def test_bad_input_fails_before_planning(graph):
         capacity(graph, tokens="1B", gpus="8", clusters="tpu9")
 
 
-def test_text_and_pictures(graph, tmp_path):
+def test_text_and_pictures(graph, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
+    from meshplan.cost_models import hardware
     from meshplan.report.capacity_plot import write_capacity_html, write_capacity_png
+
+    monkeypatch.setattr(hardware, "HOST_H200", {})  # the device's time: this fixture is host-bound (cost_models.host)
     from meshplan.sizing import capacity_report
     from meshplan.sizing.text import format_report
 

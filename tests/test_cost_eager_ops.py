@@ -26,7 +26,7 @@ from meshplan.cost_models.engine_profiles import MESHPLAN, PROFILES
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.graph import GraphNode
 
-H100 = ClusterSpec.preset("h100")
+H100 = ClusterSpec.preset("h100").without_host_floor()  # device mechanisms: tiny fixtures are host-bound
 BW = H100.mem_bw_bytes_per_s * H100.mem_efficiency
 
 

@@ -3,7 +3,6 @@ what torch dispatches for the same block, and a stage's microbatch is no faster 
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 
 import pytest
@@ -92,11 +91,9 @@ def test_gpt2xl_runs_on_one_h200(tiny_graph) -> None:  # type: ignore[no-untyped
     median step after warm-up): gpt2-xl at 8 x 1024, microbatch 8 without recompute 219.5 ms
     measured (GPU-bound: the floor must not move it), microbatch 2 x 4 with full recompute 817.0 ms
     (host-bound: 296.8 ms predicted without the floor)."""
-    from meshplan.cost_models.hardware import HOST_H200
-
     graph = load_graph("gpt2-xl", seq=1024)
-    bare = ClusterSpec.preset("h200").with_devices(1)
-    h200 = dataclasses.replace(bare, **HOST_H200)  # the host of that H200, measured (hardware.HOST_H200)
+    h200 = ClusterSpec.preset("h200").with_devices(1)  # with the host figures measured on that H200's host
+    bare = h200.without_host_floor()
 
     def plan(cluster: ClusterSpec, mb: int, rc: str):  # type: ignore[no-untyped-def]
         return estimate_graph(graph, 1, tp=1, pp=1, dp=1, micro_batch_size=mb, global_batch_size=8, recompute=rc,

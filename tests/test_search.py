@@ -252,7 +252,9 @@ def test_split_ilp_is_work_limited_and_only_for_the_winner(monkeypatch: pytest.M
 
     monkeypatch.setattr(ilp, "solve", spy)
     g = gpt_graph(layers=6, h=1024, heads=16, vocab=1024, heavy={2: 4.0})
-    p = plan_graph(g, 2, cluster="h100", global_batch_size=16, fixed={"pp": 2, "tp": 1})
+    # the device's time alone (host-bound on the preset, cost_models.host, the winner would differ)
+    h100 = ClusterSpec.preset("h100").without_host_floor()
+    p = plan_graph(g, 2, cluster=h100, global_batch_size=16, fixed={"pp": 2, "tp": 1})
     # a contender with two stages per rank (zbv) was refined too, by the DP: one ILP, the winner's
     assert p.schedule == "interleaved-1f1b" and any("zbv v2" in a.summary for a in p.alternatives)
     assert [n for name, n in calls if name == "stage_split"] == [finalize.WINNER_SPLIT_NODES]

@@ -205,6 +205,11 @@ class ClusterSpec:
     def usable_mem_bytes(self) -> int:
         return int(self.mem_bytes - self.mem_reserved_bytes)
 
+    def without_host_floor(self) -> ClusterSpec:
+        """The same hardware with no host-dispatch floor (``host_op_s`` and its siblings 0): the
+        device's time alone, as if the host always kept ahead (CUDA graphs, a compiled step)."""
+        return replace(self, host_op_s=0.0, host_bwd_op_s=0.0, host_checkpoint_fwd_s=0.0, host_checkpoint_bwd_s=0.0)
+
     def with_devices(self, num_devices: int) -> ClusterSpec:
         """The same hardware with another device count (whole nodes, or part of one)."""
         return replace(self, num_devices=num_devices)
@@ -409,6 +414,7 @@ def _make(
             comm_sms=comm_sms,
             exp_cost_flops=exp_cost_flops,
             source=source,
+            **HOST_H200,
         )
 
     return build

@@ -239,7 +239,9 @@ class ConfigEvaluator:
         rule = rule_for(self.split_rule, virtual_stages)
         key = (id(t), num_stages, rule)
         if key not in self.memos.split:
-            costs = [layer.total_s for layer in t.layers]
+            # a layer's time as the step sees it: its device time, or its host dispatch time where
+            # that is longer (the host-dispatch floor, cost_models.host; 0 without host figures)
+            costs = [max(layer.total_s, layer.host_fwd_s + layer.host_bwd_s) for layer in t.layers]
             runs = balanced_split(costs, num_stages) if rule == "any" else rule_split(
                 costs, [x.kind == "block" for x in t.layers], rule, num_stages)  # fmt: skip
             if runs is None:
