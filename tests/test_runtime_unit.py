@@ -364,6 +364,7 @@ def test_compile_wraps_each_block_in_place() -> None:
 
 def test_full_recompute_under_split_backward_runs_once_per_microbatch() -> None:
     import gc
+    import weakref
 
     from meshplan.runtime.apply import recompute
     from meshplan.runtime.apply.cached_checkpoint import CachedCheckpointStage, _Frame
@@ -388,7 +389,16 @@ def test_full_recompute_under_split_backward_runs_once_per_microbatch() -> None:
     assert stage.runs == 2  # the forward and ONE recompute for 1 + 4 backward calls
     for got, want in zip([gx, *gws], ref_grads):
         torch.testing.assert_close(got, want)
-    del loss
+    frames = [o for o in gc.get_objects() if isinstance(o, _Frame)]
+    assert len(frames) == 1 and frames[0].cache
+    cached = weakref.ref(frames[0].cache[-1])
+    del frames
+    gc.disable()  # freed by reference counts alone, when the graph goes: no cycle left for the collector
+    try:
+        del loss
+        assert cached() is None
+    finally:
+        gc.enable()
     gc.collect()
     assert not any(isinstance(o, _Frame) for o in gc.get_objects())  # the cache died with the graph
     mods, note = recompute.apply_recompute([m], "selective", pipelined=True, schedule="zero-bubble")
