@@ -100,6 +100,8 @@ PATHS = {
     "cp2 (context parallel)": (2, 1, dict(tp=1, pp=1, dp=1, cp=2)),
     # per block: each block's NF4 base gathered for its own forward / backward, dequantized inside it
     "fsdp2 + QLoRA": (2, 1, dict(tp=1, pp=1, dp=2, dp_kind="fsdp", quantization="qlora")),
+    "single rank + QLoRA (autocast: adapters', head's and norm outputs' copies)": (1, 1, dict(tp=1, pp=1, dp=1,
+                                                                                         quantization="qlora")),
     "zero2 + QLoRA (every block gathered, NF4 as stored)": (2, 1, dict(tp=1, pp=1, dp=2, dp_kind="zero2",
                                                                       quantization="qlora")),
     "pp2 zero-bubble (the last rank defers its weight passes)": (2, 4, dict(tp=1, pp=2, dp=1, schedule="zero-bubble")),

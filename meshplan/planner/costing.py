@@ -562,10 +562,11 @@ class GraphCoster:
     @functools.cached_property
     def _autocast_dtype(self) -> bool:
         """Whether the training dtype runs under torch.autocast (bf16, fp16; fp8: torchao's float8
-        linears inside a bf16 autocast, their own fp8 weight copies costed apart) and the linears
-        keep fp32 weights (none, QAT: its fake-quantized weight is cast again; QLoRA's NF4 base
-        weights are dequantized by its own layout, ``quant_nodes``)."""
-        return self.train_dtype in ("bf16", "fp16", "fp8") and self.quant.mode in ("none", "qat")
+        linears inside a bf16 autocast, their own fp8 weight copies costed apart) on fp32 weights
+        (QAT: its fake-quantized weight is cast again; QLoRA: its NF4 bases are dequantized by their
+        own layout, ``quant_nodes``, and take no autocast copy, but its adapters, frozen head and
+        fp32 norm outputs do, ``_autocast_bytes``)."""
+        return self.train_dtype in ("bf16", "fp16", "fp8")
 
     def _autocast_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, rc: str, scale: float,
                         elem: float, in_bytes: float) -> tuple[float, float, float]:
@@ -589,6 +590,10 @@ class GraphCoster:
                 continue
             w_shard = sol.node_shard.get(n.id, 1)
             numel = float(n.param_numel)
+            if self.quant.mode == "qlora" and n.kind == "linear":
+                qc = node_quant_cost(n, self.quant, shard=1)
+                if qc is not None and qc.targeted:
+                    numel = qc.trainable_params  # the NF4 base takes no autocast copy: its adapters do
             if not numel:  # a tied head reads the embedding's weight: cast too
                 numel = float(sum(self._owner[p][1] for p in n.shared_params if p in self._owner))
             copies += numel / w_shard * elem_b
