@@ -114,17 +114,6 @@ def test_memory_pressure_picks_fsdp_or_recompute_when_allowed():
     assert max(p.predicted.peak_mem_bytes) <= 24 * 1024**3
 
 
-def test_memory_pressure_under_cp_picks_a_kind_sharded_over_dp_x_cp():
-    g = gpt_graph(layers=8, h=4096, heads=32, seq=2048, vocab=32768)
-    p = plan_graph(g, 8, cluster=small_mem(H100.with_devices(8), 24), global_batch_size=8,
-                   fixed={"tp": 1, "pp": 1, "cp": 2})
-    # DDP's 26 GiB of replicated states do not fit; the runtime shards fsdp / zero1 over the dp x cp ranks
-    # (execution_rules.states_over_cp); zero2 is not searched under cp (evaluate.CP_UNSEARCHED_KINDS)
-    assert p.cp == 2 and p.dp == 4 and p.dp_kind in ("zero1", "fsdp")
-    assert any(n.startswith(f"{p.dp_kind} chosen because ddp does not fit: ") for n in p.notes), p.notes
-    assert p.dp_state_ranks() == 8 and max(p.predicted.peak_mem_bytes) <= 24 * 1024**3
-
-
 def test_no_feasible_plan_names_the_smallest_need_and_the_limit():
     g = gpt_graph(layers=4, h=4096, heads=32, seq=2048, vocab=32768)
     with pytest.raises(

@@ -60,7 +60,7 @@ def test_bound_below_partial_below_exact_and_memory_floor_below_memory(case, moe
         lb, mlb = s.costs.bound(c)
         floor = s.costs.memory_floor(c, mlb)
         on_split = split_floor(s.costs, c)  # valid on the time-balanced split only
-        kinds = [c] + (s.costs.other_kinds(c) if s.costs.may_change_kind(c) else [])  # the kinds the search tries
+        kinds = [c] + (s.costs.other_kinds(c) if s.costs.may_change_kind(c) and c.dp > 1 else [])  # the kinds the search tries
         for ck in kinds:
             rough = s.costs.evaluate(ck, exact=False)
             assert lb <= rough.step_s * (1 + 1e-9), ck

@@ -285,7 +285,7 @@ def estimate_graph(
         sp = tp > 1  # folding runs under sequence parallelism (checked above when pinned)
     kind = dp_kind or ("none" if dp == 1 else "ddp")
     if cp * ep > 1 and dp_kind is None:
-        kind = "ddp"  # the cp ranks hold the same weights: reduced with dp's (a sharded kind is chosen below)
+        kind = "ddp"  # cp/ep reduce gradients their own way (runtime/epcp): no sharded kind searched
     cfg = Config(dp, tp, pp, micro_batch_size, num_microbatches, schedule if pp > 1 else "1f1b", v if pp > 1 else 1,
                  recompute, sp, kind, cp, ep)  # fmt: skip
     errors = costs.quant_errors(cfg)
@@ -296,9 +296,8 @@ def estimate_graph(
         if len(blocks_per_stage) != pp * cfg.virtual_stages:
             raise ValueError(f"blocks_per_stage has {len(blocks_per_stage)} entries for pp·v = {pp * cfg.virtual_stages} stages")
         runs = block_runs([x.kind == "block" for x in costs.table(cfg).layers], blocks_per_stage)
-    # (under cp a sharded kind shards over dp x cp; ep reduces expert gradients its own way, runtime/epcp:
-    # no sharded kind chosen there)
-    ev, split = estimate_config(costs, cfg, runs=runs, choose_kind=dp_kind is None and ep == 1)
+    # (cp/ep reduce gradients their own way, runtime/epcp: no sharded kind chosen for them)
+    ev, split = estimate_config(costs, cfg, runs=runs, choose_kind=dp_kind is None and cp * ep == 1)
     res = SearchResult(ev if ev.fits else None, [], 1, 1, time.perf_counter() - t0, costs.coster.ilp_solves,
                        costs.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, costs.coster,
                        split=split)  # fmt: skip

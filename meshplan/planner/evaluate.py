@@ -55,15 +55,6 @@ __all__ = ["MAX_MEMORY_RESCUES", "ConfigEvaluator", "exposed_dp_s", "kind_note"]
 MAX_MEMORY_RESCUES = 8
 
 
-#: Sharded kinds the search does not pick by itself under cp > 1 (a pinned ``dp_kind`` still costs them):
-#: zero2's predicted peak there is 12.4 % under PyTorch's fake-tensor accounting (dp1 cp2, 2 microbatches:
-#: 289.1 vs 330.0 MiB; BENCHMARKS.md "Wave 3 stop 6: context parallelism"), outside the 10 % bound of
-#: ``tests/test_memory_fake.py``; its cost model adds all activations to the states where the tracked peak (the end of the
-#: backward) holds almost none, which cp's halved activations expose (dp2 zero2 without cp: -3.2 %).
-#: fsdp (-6.4 / -7.1 % at dp1 / dp2 cp2) and zero1 (+18 / +21 %, over) are searched.
-CP_UNSEARCHED_KINDS = ("zero2",)
-
-
 class ConfigEvaluator:
     """Costs configurations of one graph on one cluster (see the module docstring)."""
 
@@ -396,28 +387,22 @@ class ConfigEvaluator:
         return sequence_parallel_blocker(meta["module_lists"], meta.get("param_modules") or {}, styles)
 
     def may_change_kind(self, c: Config) -> bool:
-        """Whether ``evaluate_auto`` may try the sharded kinds for ``c``: DDP not pinned, more than one
-        rank holding the same weights (dp x cp), and no expert parallelism. Under cp a sharded kind
-        shards over dp x cp (``execution_rules.states_over_cp``: the runtime's flattened FSDP2 mesh,
-        zero1 over the dp x cp group); ep configurations reduce their expert gradients over their own
-        groups (runtime/epcp), where the runtime refuses a sharded kind."""
-        return c.dp_kind == "ddp" and "dp_kind" not in self.fixed and c.ep == 1 and c.dp * c.cp > 1
+        # cp/ep configurations run their own gradient reduction (runtime/epcp): no other DP kind
+        return c.dp_kind == "ddp" and "dp_kind" not in self.fixed and c.cp * c.ep == 1
 
     def other_kinds(self, c: Config) -> list[Config]:
         """The sharded kinds ``c`` may take instead of DDP (``dp_kinds.KIND_ORDER``), each as
-        the runtime would accept it; hsdp only where it differs from fsdp (dp spans nodes); under cp
-        not ``CP_UNSEARCHED_KINDS``."""
+        the runtime would accept it; hsdp only where it differs from fsdp (dp spans nodes)."""
         if c in self.memos.other_kinds:
             return self.memos.other_kinds[c]
         out = []
         for kind in KIND_ORDER[1:]:
-            if kind not in self.dp_kinds or (c.cp > 1 and kind in CP_UNSEARCHED_KINDS):
+            if kind not in self.dp_kinds:
                 continue
             c2 = c.but(dp_kind=kind)
-            ranks = self.states.state_dp(c2)  # dp, or dp x cp where the kind folds the cp ranks in
-            if kind == "hsdp" and self.states.shard(c2) in (1, ranks):
+            if kind == "hsdp" and self.states.shard(c2) in (1, c.dp):
                 continue
-            if dp_kind_blocker(dp=ranks, tp=c.tp, pp=c.pp, schedule=c.schedule, dp_kind=kind):
+            if dp_kind_blocker(dp=c.dp, tp=c.tp, pp=c.pp, schedule=c.schedule, dp_kind=kind):
                 continue  # the runtime would refuse it (meshplan.plan.execution_rules)
             if not self.quant_errors(c2):
                 out.append(c2)
@@ -429,7 +414,7 @@ class ConfigEvaluator:
         among ddp, zero1, zero2, hsdp and fsdp, or the smallest when none fits."""
         ev = base = self._fit(c)
         all_fit = base.fits
-        if self.may_change_kind(c):
+        if self.may_change_kind(c) and c.dp > 1:
             others = self.other_kinds(c)
             if others and c.dp_kind not in self.dp_kinds:  # an engine without ddp (torchtitan before 2024-08)
                 ev, others = self._fit(others[0]), others[1:]
@@ -467,7 +452,7 @@ class ConfigEvaluator:
 
     def bound(self, c: Config) -> tuple[float, float]:
         lb, mlb = self.lower_bound(c)
-        if self.may_change_kind(c):
+        if self.may_change_kind(c) and c.dp > 1:
             for c2 in self.other_kinds(c):
                 lb2, mlb2 = self.lower_bound(c2)
                 lb, mlb = min(lb, lb2), min(mlb, mlb2)

@@ -223,7 +223,7 @@ def select_alternatives(
     alts += _per_degree(s, best, partial, shown)
     alts += _per_family(s, best, partial, oom, shown, bounded)
     if not any(not e.fits for e, _ in alts) and oom:  # the best plan that did not fit
-        alts.append((min(oom, key=lambda e: (e.step_s, *e.config.tie_key())), ""))
+        alts.append((min(oom, key=lambda e: (e.step_s, e.config.summary())), ""))
     return alts
 
 
@@ -248,8 +248,8 @@ def finalize(
             i = next(i for i, (e, _) in enumerate(labelled) if e is challenger)
             labelled[i] = (best, "")
             best, info = challenger, None
-    fits = sorted((x for x in labelled if x[0].fits), key=lambda x: (x[0].step_s, *x[0].config.tie_key()))
-    oom = sorted((x for x in labelled if not x[0].fits), key=lambda x: (x[0].max_mem_bytes, *x[0].config.tie_key()))
+    fits = sorted((x for x in labelled if x[0].fits), key=lambda x: (x[0].step_s, x[0].config.summary()))
+    oom = sorted((x for x in labelled if not x[0].fits), key=lambda x: (x[0].max_mem_bytes, x[0].config.summary()))
     out = []
     for e, label in fits + oom:
         if e.fits:

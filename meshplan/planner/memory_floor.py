@@ -60,7 +60,7 @@ class FloorCosts(Protocol):
 
 def _kinds(ev: FloorCosts, c: Config) -> list[Config]:
     """The DP kinds ``evaluate_auto`` tries for ``c``."""
-    return [c] + (ev.other_kinds(c) if ev.may_change_kind(c) else [])
+    return [c] + (ev.other_kinds(c) if ev.may_change_kind(c) and c.dp > 1 else [])
 
 
 def _fp8(ev: FloorCosts, c: Config) -> float:

@@ -369,7 +369,7 @@ class Searcher:
             lb, mlb = self.costs.bound(c)
             min_mem_lb = min(min_mem_lb, mlb)
             bounded.append((lb, mlb, c))
-        bounded.sort(key=lambda x: (x[0], *x[2].tie_key()))
+        bounded.sort(key=lambda x: (x[0], x[2].summary()))
         self.bounded = bounded
         return min_mem_lb
 
@@ -451,11 +451,11 @@ class Searcher:
     def settle(self, costed: Costed) -> list[Evaluation]:
         """Phase 2's remaining simulations; the simulated fitting evaluations, fastest first (and
         ``costed``'s lists sorted the same way)."""
-        costed.partial.sort(key=lambda e: (e.step_s, *e.config.tie_key()))
+        costed.partial.sort(key=lambda e: (e.step_s, e.config.summary()))
         costed.order.settle(math.inf)
         fitting = costed.order.fitting
-        fitting.sort(key=lambda e: (e.step_s, *e.config.tie_key()))
-        costed.oom.sort(key=lambda e: (e.step_s, *e.config.tie_key()))
+        fitting.sort(key=lambda e: (e.step_s, e.config.summary()))
+        costed.oom.sort(key=lambda e: (e.step_s, e.config.summary()))
         return fitting
 
     def conclude(self, cands: Candidates, costed: Costed, fitting: list[Evaluation], min_mem_lb: float,

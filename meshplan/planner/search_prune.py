@@ -81,7 +81,7 @@ class BoundOrderCosting:
         self.exhaustive = exhaustive
         self.fitting: list[Evaluation] = []  # simulated, in phase 2's order
         self.stopped = False
-        self._heap: list[tuple[float, tuple[int, str], int, Evaluation]] = []  # fitting partials not yet settled
+        self._heap: list[tuple[float, str, int, Evaluation]] = []  # fitting partials not yet settled
         self._n = 0
         self._slots: dict[tuple[str, object], list[float]] = {}  # lowest partial steps of fitting ones, by slot
         self._winner_slots: list[tuple[str, object]] | None = None
@@ -102,7 +102,7 @@ class BoundOrderCosting:
             fam = family(ev.config)
             self._family_oom_mem[fam] = min(self._family_oom_mem.get(fam, math.inf), ev.max_mem_bytes)
             return
-        heapq.heappush(self._heap, (ev.step_s, ev.config.tie_key(), self._n, ev))
+        heapq.heappush(self._heap, (ev.step_s, ev.config.summary(), self._n, ev))
         self._family_fits[family(ev.config)] = self._family_fits.get(family(ev.config), 0) + 1
         self._n += 1
         for key in slots(ev.config):  # the SLOT_DEPTH lowest partial steps of each slot
@@ -158,7 +158,7 @@ class BoundOrderCosting:
         self.settle(math.inf)
         no_best_misfit = False
         if self.fitting and not self.exhaustive:
-            winner = family(min(self.fitting, key=lambda e: (e.step_s, *e.config.tie_key())).config)
+            winner = family(min(self.fitting, key=lambda e: (e.step_s, e.config.summary())).config)
             no_best_misfit = any(f != winner and not self._family_fits.get(f, 0) for f in self._family_oom_mem)
         skipped = 0
         while self._deferred:
@@ -207,7 +207,7 @@ class BoundOrderCosting:
         if self.exhaustive or not self.stopped:
             return False
         if self._winner_slots is None:  # phase 2's winner (its order: step, then summary)
-            self._winner_slots = slots(min(self.fitting, key=lambda e: (e.step_s, *e.config.tie_key())).config)
+            self._winner_slots = slots(min(self.fitting, key=lambda e: (e.step_s, e.config.summary())).config)
         below = lb * (1 - EPS)
         for key in slots(c):
             if key in self._winner_slots:

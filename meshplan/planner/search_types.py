@@ -49,12 +49,6 @@ class Config:
             f" recompute={self.recompute} {self.dp_kind}"
         )
 
-    def tie_key(self) -> tuple[int, str]:
-        """How the search orders configurations of equal predicted step (or bound): fewer ring /
-        expert ranks first (cp·ep; a cp or ep configuration adds a mechanism and ties only where the
-        graph prices it at nothing, e.g. an attention node traced without its head size), then by summary."""
-        return self.cp * self.ep, self.summary()
-
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
