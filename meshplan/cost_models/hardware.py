@@ -58,8 +58,8 @@ class ClusterSpec:
     # feeds one accelerator. The device runs concurrently, so one stage's forward (or backward) of
     # one microbatch takes at least its dispatched ops times this. A host property: measured by
     # ``meshplan profile`` on a GPU (``benchmarks/host_overhead.py`` for the block-level check);
-    # presets 0 (``HOST_H200``: the one host measured so far); 0 = no floor (a CPU host, where
-    # ``op_overhead_s`` adds it instead).
+    # every GPU preset carries ``HOST_H200`` (the one host measured so far); 0 = no floor (a CPU
+    # host, where ``op_overhead_s`` adds it instead; ``without_host_floor()``).
     # ``host_bwd_op_s``: the same per op the autograd engine dispatches in backward (0 = host_op_s);
     # ``host_checkpoint_fwd_s`` / ``host_checkpoint_bwd_s``: host seconds per checkpointed block
     # per microbatch that torch's non-reentrant checkpoint adds beyond the ops it re-runs (state
@@ -423,9 +423,10 @@ def _make(
 # The host-dispatch floor's figures (ClusterSpec.host_op_s and its siblings, cost_models.host): a
 # property of the host CPU, Python and torch build, not of the GPU. No public source gives them for a
 # training host (public write-ups put eager PyTorch's CPU-side work at ~5-25 us per op, e.g. the
-# dispatch-chain breakdowns of the Python binding, autograd, dispatcher and launch), so the presets
-# keep 0 (no floor) and a measured profile carries its host's (``meshplan profile`` on a GPU);
-# ``dataclasses.replace(preset, **HOST_H200)`` prices a preset with the one host measured so far.
+# dispatch-chain breakdowns of the Python binding, autograd, dispatcher and launch), so every GPU
+# preset carries the one host measured so far (an H100/A100 node's host is the same class of x86
+# server CPU running the same Python and torch), and a measured profile carries its own host's
+# (``meshplan profile`` on a GPU); ``ClusterSpec.without_host_floor()`` prices the device alone.
 # These were MEASURED: benchmarks/host_overhead.py on the host of one H200 (torch 2.11, Python 3.12,
 # 16 cores, load 0.2; the lead's gpu_check, 2026-11-27; tests/data/host_overhead_h200.json), read by
 # profile.host.host_figures: 8.1 us per op issued from Python (2000 autograd-recording multiplications
