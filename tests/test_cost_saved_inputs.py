@@ -11,7 +11,8 @@ from planner_fixtures import gpt_graph
 
 from meshplan.cost_models.engine_profiles import MESHPLAN
 from meshplan.cost_models.hardware import ClusterSpec
-from meshplan.planner.costing import GraphCoster, _saved_shard
+from meshplan.planner.costing import GraphCoster
+from meshplan.planner.layer_saves import saved_shard as _saved_shard
 
 H100 = ClusterSpec.preset("h100")
 H, SEQ = 1024, 1024
