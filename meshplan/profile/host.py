@@ -27,20 +27,26 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+def _time_once(fn: Callable[[], Any], dev: torch.device) -> tuple[float, float]:
+    """(host seconds of one ``fn()`` call, seconds including the sync after it), the device
+    synchronized before the call."""
+    _sync(dev)
+    t0 = time.perf_counter()
+    fn()
+    t1 = time.perf_counter()
+    _sync(dev)
+    return t1 - t0, time.perf_counter() - t0
+
+
 def _host_timed(fn: Callable[[], Any], dev: torch.device, reps: int) -> tuple[float, float, float]:
     """(median host seconds of ``fn()``, median seconds including the final sync, least host
-    seconds) over ``reps`` runs after two warm-ups; the device is synchronized before each run."""
+    seconds) over ``reps`` runs after two warm-ups (``_time_once``)."""
     host, wall = [], []
     for i in range(reps + 2):
-        _sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        _sync(dev)
-        t2 = time.perf_counter()
+        h, w = _time_once(fn, dev)
         if i >= 2:
-            host.append(t1 - t0)
-            wall.append(t2 - t0)
+            host.append(h)
+            wall.append(w)
     return statistics.median(host), statistics.median(wall), min(host)
 
 
@@ -141,21 +147,13 @@ def block_host(dev: torch.device, n_blocks: int, tokens: int, reps: int, checkpo
 
     fwd_h, bwd_h, fwd_w, bwd_w = [], [], [], []
     for i in range(reps + 2):
-        _sync(dev)
-        t0 = time.perf_counter()
-        forward()
-        t1 = time.perf_counter()
-        _sync(dev)
-        t2 = time.perf_counter()
-        backward()
-        t3 = time.perf_counter()
-        _sync(dev)
-        t4 = time.perf_counter()
+        fh, fw = _time_once(forward, dev)
+        bh, bw = _time_once(backward, dev)
         if i >= 2:
-            fwd_h.append(t1 - t0)
-            fwd_w.append(t2 - t0)
-            bwd_h.append(t3 - t2)
-            bwd_w.append(t4 - t2)
+            fwd_h.append(fh)
+            fwd_w.append(fw)
+            bwd_h.append(bh)
+            bwd_w.append(bw)
         blocks.zero_grad(set_to_none=False)  # as a training step after the first: gradients accumulate
     n_f, v_f, ops_f = _count(forward)
     out = held.pop("out")
