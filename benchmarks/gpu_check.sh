@@ -25,6 +25,8 @@
 #   14 local      meshplan plan MODEL -n 4 --cluster local (#29 item 3): this GPU profiled once, replicated 4 times
 #   15 host       benchmarks/host_overhead.py: the host's per-op dispatch and per-block eager time (host_overhead.json),
 #                 what the cost model's host-dispatch floor reads
+#   16 pretrained a Hugging Face Llama (random weights of another seed) written with save_pretrained, planned and
+#                 run from those weights (`meshplan run --init-from`, RunRecord run_hf.json)
 # Then benchmarks/gpu_check_report.py prints (and writes DIR/summary.md) predicted vs measured step
 # time and peak memory per run, launch-to-first-step seconds, and the calibrated re-plan.
 #
@@ -123,12 +125,14 @@ if [ "$CPU" = 1 ]; then
   CLUSTER=h100  # predictions for an H100; the report marks them not comparable with a CPU run
   MODEL=gpt-tiny; BATCH=4; SEQ=32; STEPS=3; RUN_EXTRA=(--threads 1)
   BIG=llama-tiny; BIG_SEQ=32; BIG_BATCH=4; BENCH=(--models gpt2-small --batch 2 --seq 64 --steps 2 --warmup 1)
+  HF_CFG="num_hidden_layers=2, hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64"
 else
   GPU_NAME=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null)
   CLUSTER=$("$PY" -c "from meshplan.cost_models.hardware import preset_for_gpu_name as p; print(p('$GPU_NAME') or '')")
   if [ -z "$CLUSTER" ]; then echo "no cluster preset for GPU '$GPU_NAME' (h100, h200, a100 are known)" >&2; exit 2; fi
   MODEL=gpt2-xl; BATCH=8; SEQ=1024; STEPS=12; RUN_EXTRA=()
   BIG=llama3-8b; BIG_SEQ=4096; BIG_BATCH=8; BENCH=(--models gpt2-xl,llama-1b --batch 8 --seq 1024 --steps 15 --warmup 5)
+  HF_CFG="num_hidden_layers=8, hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048"
   if [ "$QUICK" = 1 ]; then STEPS=8; BENCH=(--models gpt2-xl --batch 8 --seq 1024 --steps 8 --warmup 3); fi
 fi
 echo "cluster preset: $CLUSTER; results in $OUT"
@@ -168,5 +172,20 @@ step 14-plan-local 120 env MESHPLAN_PROFILE_DIR="$OUT/profiles" MESHPLAN_LOCAL_B
   --cluster local "${SHAPE[@]}" -o plan_local.json
 step 15-host-overhead "$([ "$CPU" = 1 ] && echo 600 || echo 90)" "$PY" "$REPO/benchmarks/host_overhead.py" --device "$([ "$CPU" = 1 ] && echo cpu || echo cuda)" \
   --out host_overhead.json
+# a Hugging Face model's weights, as `save_pretrained` writes them, are where most fine-tuning starts
+cat > hf_model.py <<EOF
+import torch
+from meshplan.models.hf import hf_llama
+CFG = dict($HF_CFG, tie_word_embeddings=False, attention_dropout=0.0)
+def model():
+    return hf_llama(CFG).train()
+if __name__ == "__main__":
+    torch.manual_seed(7)
+    hf_llama(CFG).save_pretrained("hf_weights")
+EOF
+step 16a-save-pretrained 120 "$PY" hf_model.py
+step 16b-plan-hf 120 "${MP[@]}" plan hf_model.py:model -n 1 --cluster "$CLUSTER" "${SHAPE[@]}" -o plan_hf.json
+step 16c-run-pretrained 240 "${MP[@]}" run plan_hf.json --model hf_model.py:model --init-from hf_weights --steps "$STEPS" \
+  --log-every 1 --record run_hf.json "${RUN_EXTRA[@]}"
 
 "$PY" "$REPO/benchmarks/gpu_check_report.py" "$OUT" | tee "$OUT/summary.md"
