@@ -93,6 +93,25 @@ def test_planning_export_skips_stack_traces_only() -> None:
         torch.testing.assert_close(runtime(IDS), root(IDS), rtol=0, atol=0)
 
 
+def test_stack_trace_option_absent_or_present() -> None:
+    """torch 2.11 (the GPU machine's image) has no ``fx.config.do_not_emit_stack_traces``: planning's
+    export runs there with stacks recorded (found by the H100 gpu_check's Hugging Face step); where the
+    option exists it is set while exporting and restored after."""
+    from types import SimpleNamespace
+
+    from meshplan.tracing.capture import _stack_traces
+
+    old = SimpleNamespace()
+    with _stack_traces(old, False):
+        assert not hasattr(old, "do_not_emit_stack_traces")
+    new = SimpleNamespace(do_not_emit_stack_traces=False)
+    with _stack_traces(new, False):
+        assert new.do_not_emit_stack_traces is True
+    assert new.do_not_emit_stack_traces is False
+    with _stack_traces(new, True):
+        assert new.do_not_emit_stack_traces is False
+
+
 def _deepseek_v2(layers: int = 6) -> nn.Module:
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 

@@ -13,8 +13,9 @@ fx graph that traces but cannot run (e.g. control flow baked in wrongly) falls b
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +128,22 @@ def fx_capture(model: nn.Module, lazy: bool = False, progress: Callable[[str], N
     return gm
 
 
+@contextlib.contextmanager
+def _stack_traces(fx_config: Any, record: bool) -> Iterator[None]:
+    """``fx_config.do_not_emit_stack_traces`` set while exporting when ``record`` is False, restored after.
+    The option is newer than some torch builds users run (2.11, the GPU machine's image, lacks it):
+    there the stacks are recorded, as before the option existed."""
+    if not hasattr(fx_config, "do_not_emit_stack_traces"):
+        yield
+        return
+    before = fx_config.do_not_emit_stack_traces
+    fx_config.do_not_emit_stack_traces = before or not record
+    try:
+        yield
+    finally:
+        fx_config.do_not_emit_stack_traces = before
+
+
 def export_capture(model: nn.Module, example_inputs: tuple[Any, ...], *, stack_traces: bool = True
                    ) -> fx.GraphModule:
     """``torch.export.export(strict=False)`` of ``model`` as a GraphModule (``ep.module()``).
@@ -140,13 +157,8 @@ def export_capture(model: nn.Module, example_inputs: tuple[Any, ...], *, stack_t
     import torch.fx.config as fx_config
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
-    before = fx_config.do_not_emit_stack_traces
-    fx_config.do_not_emit_stack_traces = before or not stack_traces
-    try:
-        with _use_lazy_graph_module(True):
-            ep = torch.export.export(model, tuple(example_inputs), strict=False)
-    finally:
-        fx_config.do_not_emit_stack_traces = before
+    with _stack_traces(fx_config, stack_traces), _use_lazy_graph_module(True):
+        ep = torch.export.export(model, tuple(example_inputs), strict=False)
     gm = ep.module()
     # the guard check export adds is not part of the model; drop it so the graph is just the model
     for n in list(gm.graph.nodes):
