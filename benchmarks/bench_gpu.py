@@ -14,6 +14,10 @@ For every model shape, on ``cuda:0``:
 Printed per model: measured step time of each (median of ``--steps`` after ``--warmup``),
 tokens/s, MFU (model FLOPs ``6N + 12·L·h·s`` per token over the preset's bf16 peak), the ratio
 runtime / hand-written, and the plan's predicted step time beside the runtime's measured one.
+``--kernels FILE``: one more runtime step per model under ``torch.profiler`` (CUDA activity), and
+its kernels written to FILE: device milliseconds by kind (GEMM, attention, optimizer, elementwise
+and the rest, by kernel name) and the 40 longest kernels, so a phase the cost model misprices
+(backward, optimizer) can be read kernel by kernel.
 Without CUDA it prints one line and exits 0.
 """
 
@@ -101,6 +105,42 @@ def runtime_loop(model: torch.nn.Module, preset: str, batch: int, seq: int, comp
     return pm.step, plan
 
 
+#: kernel kinds by substrings of the CUDA kernel's name (first match wins; lower case)
+KINDS = (("optimizer", ("multi_tensor", "fused_adam", "adam")), ("attention", ("flash", "fmha", "cudnn", "sdpa", "attention")),
+         ("gemm", ("gemm", "cutlass", "xmma", "sm90", "sm80", "cublas", "nvjet")), ("reduce", ("reduce", "norm")),
+         ("elementwise", ("elementwise", "vectorized", "unrolled", "copy", "fill")))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((k for k, subs in KINDS if any(s in low for s in subs)), "other")
+
+
+def kernel_table(step: Any, data: Any, name: str, activity: str = "CUDA") -> str:
+    """One profiled runtime step's kernels: device ms by kind and the 40 longest (measured, torch.profiler;
+    ``activity`` "CPU" times the ops on the host instead, to check the table here)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = activity == "CUDA"
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[getattr(ProfilerActivity, activity)]) as prof:
+        step(*data(10_000))
+        if cuda:
+            torch.cuda.synchronize()
+    rows = [(e.key, e.count, (e.device_time_total if cuda else e.self_cpu_time_total) / 1e3)
+            for e in prof.key_averages() if (e.device_time_total if cuda else e.self_cpu_time_total) > 0]
+    by_kind: dict[str, float] = {}
+    for key, _, ms in rows:
+        by_kind[kernel_kind(key)] = by_kind.get(kernel_kind(key), 0.0) + ms
+    out = [f"## {name}: one runtime step's CUDA kernels (measured with torch.profiler; device ms)",
+           "kind | ms", "---|---"]
+    out += [f"{k} | {v:.2f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])]
+    out += [f"total | {sum(by_kind.values()):.2f}", "", "kernel | calls | ms | kind", "---|---|---|---"]
+    out += [f"{k[:110]} | {c} | {ms:.2f} | {kernel_kind(k)}" for k, c, ms in sorted(rows, key=lambda r: -r[2])[:40]]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS))
@@ -109,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--kernels", default=None, help="write one profiled runtime step's kernel table here")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here; nothing measured (run it on a machine with one GPU)")
@@ -155,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {hand_s * 1e3:.1f} | {rt_s * 1e3:.1f} | {rt_s / hand_s:.3f} | {tok / rt_s:,.0f} "
               f"| {fpt * tok / hand_s / peak:.1%} | {fpt * tok / rt_s / peak:.1%} | {pred * 1e3:.1f} "
               f"| {pred / rt_s - 1:+.1%} |")
+        if a.kernels:
+            with open(a.kernels, "a") as f:
+                f.write(kernel_table(step, data, name) + "\n")
         torch.cuda.empty_cache()
     dist.destroy_process_group()
     return 0
