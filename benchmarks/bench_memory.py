@@ -1,7 +1,7 @@
 """meshplan's predicted peak memory against PyTorch's fake-tensor accounting of the same program.
 
-For every runtime path (FSDP2 / ZeRO-2 / HSDP, TP, TP+SP, CP, QLoRA alone / under DDP, FSDP2, TP and a
-pipeline, pipeline schedules, recompute kinds)
+For every runtime path (FSDP2 / ZeRO-2 / HSDP, TP, TP+SP, CP, QLoRA and QAT alone / under DDP, FSDP2, TP
+and a pipeline, pipeline schedules, recompute kinds)
 a zoo Llama is planned with ``estimate_graph`` (h100 preset, bf16) and the plan is executed by
 meshplan's runtime under fake tensors on a fake process group (``benchmarks/fake_memory.py``),
 one process standing in for one rank of the plan's mesh, per pipeline rank. Prints one row per
@@ -77,6 +77,15 @@ def paths(big: bool) -> list[Path_]:
         Path_("fsdp qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", quantization="qlora")),
         Path_("zero2 qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="zero2", quantization="qlora")),
         Path_("hsdp qlora", 2 * w, dict(tp=1, pp=1, dp=2 * w, dp_kind="hsdp", quantization="qlora")),
+        Path_("fsdp qat", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp", quantization="qat")),
+        Path_("single qat", 1, dict(tp=1, pp=1, dp=1, quantization="qat")),
+        Path_("single qat accum2+recompute_full", 1, dict(tp=1, pp=1, dp=1, quantization="qat", recompute="full"),
+              microbatches=2),
+        Path_("ddp qat", w, dict(tp=1, pp=1, dp=w, dp_kind="ddp", quantization="qat")),
+        Path_("zero2 qat", w, dict(tp=1, pp=1, dp=w, dp_kind="zero2", quantization="qat")),
+        Path_("hsdp qat", 2 * w, dict(tp=1, pp=1, dp=2 * w, dp_kind="hsdp", quantization="qat")),
+        Path_("tp qat", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False, quantization="qat")),
+        Path_("pp 1f1b qat", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b", quantization="qat"), microbatches=4),
         Path_("single qlora", 1, dict(tp=1, pp=1, dp=1, quantization="qlora")),
         Path_("ddp qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="ddp", quantization="qlora")),
         Path_("tp qlora", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False, quantization="qlora")),

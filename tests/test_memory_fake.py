@@ -104,6 +104,10 @@ PATHS = {
                                                                                          quantization="qlora")),
     "zero2 + QLoRA (every block gathered, NF4 as stored)": (2, 1, dict(tp=1, pp=1, dp=2, dp_kind="zero2",
                                                                       quantization="qlora")),
+    # per block: each block's weights gathered in bf16, fake-quantized inside its forward (the clamp keeps its input)
+    "fsdp2 + QAT": (2, 1, dict(tp=1, pp=1, dp=2, dp_kind="fsdp", quantization="qat")),
+    "single rank + QAT (fake quantization on the fp32 weights under autocast)": (1, 1, dict(tp=1, pp=1, dp=1,
+                                                                                          quantization="qat")),
     "pp2 zero-bubble (the last rank defers its weight passes)": (2, 4, dict(tp=1, pp=2, dp=1, schedule="zero-bubble")),
 }
 

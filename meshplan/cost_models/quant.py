@@ -109,6 +109,32 @@ def quantized_param_bytes(
     return numel * dtype_bytes
 
 
+def qat_saved_bytes(weight_params: float, quant_bytes: float, compute_bytes: float) -> float:
+    """Bytes one fake-quantized linear keeps for its backward per microbatch, beyond a plain linear's
+    saves: torchao's groupwise fake quantization (``_fake_quantize_affine``: scale, round, add the
+    zero point, ``clamp``, subtract, rescale) keeps the clamp's input (``ClampBackward1._saved_self``,
+    its backward masks the out-of-range values) in the dtype the quantizer sees (``quant_bytes``: the
+    parameter's, fp32 under autocast, the compute dtype under FSDP2's mixed precision), and the
+    linear keeps the fake-quantized weight it multiplied (``compute_bytes``; under autocast a cast
+    copy of a non-leaf tensor, which autocast's weight cache never holds: one per microbatch). Listed
+    with ``grad_fn._saved_*`` on torchao 0.18 (BENCHMARKS "Wave 3 stop 7: QAT per block"). Unit: bytes."""
+    if weight_params < 0:
+        raise ValueError(f"weight_params must be >= 0, got {weight_params}")
+    return weight_params * (quant_bytes + compute_bytes)
+
+
+def qat_work_bytes(weight_params: float, quant_bytes: float) -> float:
+    """Peak bytes one fake-quantized weight's forward or backward allocates and frees beyond what it
+    keeps (torchao 0.18, ``benchmarks/bench_memory.py``'s paths and a one-linear MemTracker probe at
+    bf16, fp32 and fp32 under autocast, all exact): the backward of the clamp holds two weight-sized
+    gradients in the quantizer's dtype and its two bool masks (``ge``, ``le``), ``W·(2·quant_bytes +
+    2)``; the forward's intermediates (scaled, rounded, clamped, rescaled: four alive, one of them
+    kept) are never more. Unit: bytes."""
+    if weight_params < 0:
+        raise ValueError(f"weight_params must be >= 0, got {weight_params}")
+    return weight_params * (2.0 * quant_bytes + 2.0)
+
+
 #: bytes per element of the tensor the runtime quantizes to NF4 (its fp32 parameters: the NF4Tensor's
 #: dtype, in which torchao dequantizes before casting to the compute dtype)
 NF4_BASE_BYTES = 4.0
@@ -215,8 +241,10 @@ def linear_quant_costs(
       optimizer W·(4 + 4k) (fp32 master + k fp32 states, as ``memory.model_state_bytes``
       bf16-mixed); no extra work.
     - qat: as none, plus extra_fwd_flops = 6·W, extra_bytes_moved = (3 + 2)·W·dtype_bytes
-      (fake-quantize passes), extra_saved_bytes = W·dtype_bytes (the fake-quantized weight saved
-      for backward).
+      (fake-quantize passes), extra_saved_bytes = ``qat_saved_bytes`` (the clamp's input and the
+      fake-quantized weight, both kept for backward), work_bytes = ``qat_work_bytes``, both with the
+      weight in ``dtype_bytes`` (FSDP2's mixed precision; on fp32 parameters under autocast the
+      coster adds the difference).
     - qlora: params W·nf4 + L·4 (L = LoRA params on this rank, ``lora_trainable_per_rank``);
       trainable L; grads 4L; optimizer 4kL; frozen W; base_weight_grad False;
       extra_fwd_flops = 2·t·r·(in_l + out_l); extra_bwd_flops = 2 × that (input + weight grads
@@ -262,7 +290,8 @@ def linear_quant_costs(
             cost.update(
                 extra_fwd_flops=QAT_FLOPS_PER_WEIGHT * w,
                 extra_bytes_moved=(QAT_FWD_PASSES + QAT_BWD_PASSES) * w * dtype_bytes,
-                extra_saved_bytes=w * dtype_bytes,
+                extra_saved_bytes=qat_saved_bytes(w, dtype_bytes, dtype_bytes),
+                work_bytes=qat_work_bytes(w, dtype_bytes),
             )
         return QuantCost(targeted=targeted, **cost)
 

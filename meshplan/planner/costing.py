@@ -113,6 +113,9 @@ class LayerCost:
     #: bytes one op of this layer allocates and frees inside its forward and again inside its
     #: backward, one op at a time (QLoRA: ``cost_models.quant.nf4_dequant_bytes`` of its largest NF4 weight)
     work_bytes: float = 0.0
+    #: what ``work_bytes`` grows by under autocast on fp32 parameters (QAT: the fake quantization
+    #: runs on the fp32 weight, ``cost_models.quant.qat_work_bytes``); not under FSDP2's mixed precision
+    autocast_work_bytes: float = 0.0
     #: bytes per microbatch alive only while this layer is back-propagated: what recompute
     #: dropped, rematerialized by the re-run forward (``memory.recompute_transient_bytes``)
     transient_bytes: float = 0.0
@@ -531,7 +534,7 @@ class GraphCoster(LayerSaves):
             wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem), host_fwd_s=host_f, host_bwd_s=host_b,
             autocast_expert_bytes=cast_x,
         )  # fmt: skip
-        return self._quant_states(layer, nodes, sol, scale) if quant else layer
+        return self._quant_states(layer, nodes, sol, scale, rc) if quant else layer
 
     def _moe_saved_delta(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float,
                          modules: tuple[str, ...]) -> float:

@@ -321,7 +321,7 @@ class ConfigEvaluator:
         With ``whole`` (``EngineProfile.recompute_unit`` "stage" under a pipeline) each run is one
         checkpoint region: its layers' transients are rematerialized together (the largest run's sum);
         with ``cast`` (the layers run under autocast) a re-run layer also holds its
-        ``LayerCost.autocast_remat_bytes``.
+        ``LayerCost.autocast_remat_bytes`` and an op works in ``LayerCost.autocast_work_bytes`` more.
         Memoized per (table, runs): configurations differing only in m, schedule or DP kind share it."""
         key = (id(t), tuple(runs), whole, cast)
         if key not in self.memos.transient:
@@ -330,10 +330,14 @@ class ConfigEvaluator:
             def remat(x: LayerCost) -> float:
                 return x.transient_bytes + (x.autocast_remat_bytes if cast else 0.0)
 
-            # inside a layer's backward: what recompute re-ran beside what one of its ops works in (QLoRA's dequantization)
-            worst = max((remat(x) + x.work_bytes for x in layers), default=0.0)
+            def work(x: LayerCost) -> float:
+                return x.work_bytes + (x.autocast_work_bytes if cast else 0.0)
+
+            # inside a layer's backward: what recompute re-ran beside what one of its ops works in
+            # (QLoRA's dequantization, QAT's fake quantization)
+            worst = max((remat(x) + work(x) for x in layers), default=0.0)
             if whole:
-                worst = max((sum(remat(x) for x in t.layers[a:b]) + max(x.work_bytes for x in t.layers[a:b])
+                worst = max((sum(remat(x) for x in t.layers[a:b]) + max(work(x) for x in t.layers[a:b])
                              for a, b in runs if b > a), default=0.0)
             loss_peak = max((x.loss_peak_bytes for x in layers), default=0.0)
             self.memos.transient[key] = max(0.0, loss_peak, worst - sum(x.loss_bytes for x in layers))
@@ -484,9 +488,10 @@ class ConfigEvaluator:
         if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
             st_state = [p * per_param for p in k.st_params0]
         r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
-        emb_g = 0.0 if self.quant else self.states.embedding_grad_extra(c)  # rank 0 holds the embedding
+        qlora = self.coster.quant.mode == "qlora"  # QAT trains and reduces every parameter, as unquantized
+        emb_g = 0.0 if qlora else self.states.embedding_grad_extra(c)  # rank 0 holds the embedding
         r_state[0] += emb_g
-        ddp_b = 0.0 if self.quant else self.states.ddp_bucket_bytes(c, k.r_params[0])  # pp = 1: one rank
+        ddp_b = 0.0 if qlora else self.states.ddp_bucket_bytes(c, k.r_params[0])  # pp = 1: one rank
         r_state[0] += ddp_b
         if ec.expert_params_saved:  # ep: a rank holds E/ep experts of the MoE layers it holds
             r_state = [s - e * per_param for s, e in zip(r_state, k.ep_cut)]
@@ -499,10 +504,11 @@ class ConfigEvaluator:
         rs_grads = 0.0  # sharded gradients the reserved figure holds beside the live peak (below)
         cast = k.r_cast if self.states.runs_autocast(c) else [0.0 for _ in ranks]
         live = [r_act[r] + cast[r] for r in ranks]
-        if self.states.grads_after_activations(c) and not self.quant:
+        if self.states.grads_after_activations(c) and self.coster.quant.mode in ("none", "qat"):
             # one microbatch, no pipeline, no DDP bucket: gradients come into being in the backward
             # as the activations it consumes are freed (the step ends with zero_grad(set_to_none)),
-            # so the peak holds the larger of the two, not both (measured: benchmarks/bench_memory.py)
+            # so the peak holds the larger of the two, not both (measured: benchmarks/bench_memory.py;
+            # QAT trains every parameter as unquantized; QLoRA's adapters are priced with their states)
             g0 = r_params[0] * bpp.grads + emb_g
             # the backward's end: the gradients beside what recompute rematerializes of the first layer
             end = g0 + max((x.transient_bytes for a, b in runs for x in t.layers[a:b]), default=0.0)

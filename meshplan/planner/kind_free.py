@@ -254,7 +254,8 @@ def kind_free_terms(
     trans = [ev.transient(t, rr, whole) for rr in rank_runs]
     # under autocast a re-run layer saves its weight copies and fp32 inputs again: autocast's part
     # of the transient (LayerCost.autocast_remat_bytes), counted with autocast's kept bytes (r_cast)
-    trans_cast = [ev.transient(t, rr, whole, cast=True) for rr in rank_runs] if any(cols.remat) else trans
+    trans_cast = ([ev.transient(t, rr, whole, cast=True) for rr in rank_runs]
+                  if any(cols.remat) or ev.coster.quant.mode == "qat" else trans)  # QAT: LayerCost.autocast_work_bytes
     if c.pp > 1 and c.schedule in ZERO_BUBBLE:
         loss = [sum(x.loss_bytes for x in t.layers[a:b]) for a, b in runs]
         kept = split_backward_kept(cols.wgrad, st_sendb, loss)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from meshplan.cost_models.quant import nf4_bits_per_param
+from meshplan.cost_models.quant import nf4_bits_per_param, qat_work_bytes
 from meshplan.cost_models.quant_nodes import node_quant_cost, quant_state_bytes
 from meshplan.graph import GraphNode, expert_shape
 from meshplan.planner.tp.graph import GraphTPSolution
@@ -72,20 +72,30 @@ class LayerSaves:
         elem_b = 2.0  # bf16 / fp16 copy bytes per parameter
         out = weights = 0.0
         copies = 0.0  # every linear's weight copy: autocast caches it until its region ends
+        qat = 0.0  # QAT: the clamp's input in fp32 beyond its compute-dtype share (quant.qat_saved_bytes)
         for n in nodes:
             if n.kind not in ("linear", "matmul"):
                 continue
             w_shard = sol.node_shard.get(n.id, 1)
             numel = float(n.param_numel)
-            if self.quant.mode == "qlora" and n.kind == "linear":
+            if self.quant.mode in ("qlora", "qat") and n.kind == "linear":
                 qc = node_quant_cost(n, self.quant, shard=1)
-                if qc is not None and qc.targeted:
+                if qc is not None and qc.targeted and self.quant.mode == "qlora":
                     numel = qc.trainable_params  # the NF4 base takes no autocast copy: its adapters do
+                elif qc is not None and qc.targeted:
+                    # QAT: the fp32 weight is fake-quantized before the cast; the cast copy of that
+                    # non-leaf result is never cached (per microbatch, in quant.qat_saved_bytes), the
+                    # bias (a leaf) is; the quantizer runs on the fp32 weight and its clamp keeps it
+                    numel -= qc.weight_params
+                    qat += qc.weight_params / w_shard * (4.0 - elem_b)
+                    if not numel:
+                        continue
             if not numel:  # a tied head reads the embedding's weight: cast too
                 numel = float(sum(self._owner[p][1] for p in n.shared_params if p in self._owner))
             copies += numel / w_shard * elem_b
         if rc in ("none", "selective"):
             out = weights = copies
+            out += qat
             # (3) autocast casts an fp32 input again in every op that reads it (only weights, leaf
             # tensors, are cached): q/k/v (gate/up) each save their own bf16 copy of the norm's output,
             # where the traced graph saves one; "fp32" from the dataflow (``_fp32_under_autocast``),
@@ -157,10 +167,13 @@ class LayerSaves:
 
 
     def _quant_states(
-        self, layer: Any, nodes: list[GraphNode], sol: GraphTPSolution, scale: float
+        self, layer: Any, nodes: list[GraphNode], sol: GraphTPSolution, scale: float, rc: str = "none"
     ) -> Any:
         """``layer`` (a ``costing.LayerCost``) with its model-state bytes, trainable count and QAT saved
-        bytes under quantization."""
+        bytes under quantization (recompute ``rc`` "full" / "op": dropped with the layer's saves and
+        rematerialized in its backward, ``transient_bytes``). QAT's fake quantization works in the
+        parameter's dtype: the training dtype under FSDP2's mixed precision (``work_bytes``), fp32
+        under autocast (``autocast_work_bytes``, its clamp's fp32 input in ``_autocast_bytes``)."""
         q = self.quant
         # the runtime keeps parameters and optimizer states fp32 on every path (dp_kinds.state_precision
         # "torch"); the training dtype sets the bytes of the compute copies (wb)
@@ -175,7 +188,7 @@ class LayerSaves:
 
         st = quant_state_bytes(nodes, q, shard_of=shard_of, style_of=style_of, optimizer=self.optimizer,
                                precision=precision)  # fmt: skip
-        trainable = saved = work = 0.0
+        trainable = saved = work = cast_work = 0.0
         gathered = 0.0  # QLoRA: NF4 bases as stored, the rest in the training dtype (FSDP2's all-gather)
         nf4 = nf4_bits_per_param(q.group_size, bits=q.bits) / 8.0 if q.mode == "qlora" else 0.0
         for n in nodes:
@@ -187,6 +200,8 @@ class LayerSaves:
                 trainable += qc.trainable_params
                 saved += qc.extra_saved_bytes
                 work = max(work, qc.work_bytes)
+                if q.mode == "qat" and self._autocast_dtype:  # the quantizer on the fp32 weight
+                    cast_work = max(cast_work, qat_work_bytes(qc.weight_params, 4.0) - qc.work_bytes)
                 if q.mode == "qlora":  # the NF4 base as stored, its bias and adapters in the training dtype
                     w = qc.weight_params
                     gathered += w * nf4 + (qc.frozen_params - w + qc.trainable_params) * wb
@@ -194,8 +209,10 @@ class LayerSaves:
                 gathered += n.param_numel / shard_of(n) * wb
                 if q.mode != "qlora":
                     trainable += n.param_numel / shard_of(n)
+        kept = rc in ("none", "selective")
         return replace(
-            layer, act_bytes=layer.act_bytes + saved, state_param_bytes=st.params, state_grad_bytes=st.grads,
-            state_opt_bytes=st.optimizer, trainable_params=trainable, work_bytes=work,
+            layer, act_bytes=layer.act_bytes + (saved if kept else 0.0), state_param_bytes=st.params,
+            state_grad_bytes=st.grads, state_opt_bytes=st.optimizer, trainable_params=trainable, work_bytes=work,
+            transient_bytes=layer.transient_bytes + (0.0 if kept else saved), autocast_work_bytes=cast_work,
             gather_bytes=gathered if q.mode == "qlora" else -1.0,
         )  # fmt: skip

@@ -283,12 +283,12 @@ class StateCosts:
     def fsdp_steps(self, c: Config) -> bool:
         """Whether ``c``'s sharded step is priced unit by unit (``fsdp_units.fsdp_step_peak``): FSDP2
         per block (units "block" / "block-ends") resharding after forward (fsdp, hsdp) over more than
-        one rank, no pipeline, unquantized or QLoRA (meshplan's runtime wraps a QLoRA model per block
-        too: ``runtime/apply/steps._wrap_dp``; QAT stays one unit), no expert parallelism or MoE
+        one rank, no pipeline, any quantization (meshplan's runtime wraps QLoRA and QAT models per
+        block too: ``runtime/apply/steps._wrap_dp``), no expert parallelism or MoE
         folding, and a model with repeated blocks (a graph without them, e.g. a CNN or a small MLP,
         is one FSDP unit: the two-layer buffer of ``dp_kinds.unsharded_buffer_bytes``)."""
         return (c.pp == 1 and c.dp_kind in ("fsdp", "hsdp") and self.fsdp_units in ("block", "block-ends")
-                and c.ep == 1 and self.quant_mode in ("none", "qlora") and not self.ep_cp.moe_folding
+                and c.ep == 1 and not self.ep_cp.moe_folding
                 and self.shard(c) > 1 and any(u.kind == "block" for u in self.unit_layers(c)))
 
     def unit_layers(self, c: Config) -> list[UnitLayer]:

@@ -288,7 +288,7 @@ def _wrap_dp(s: ApplyState) -> list[nn.Module]:
                           mp_policy=prec.fsdp_policy(s.checked.precision),
                           # QLoRA too (torchtune's order): each block's NF4 base is gathered for its forward and
                           # again for its backward (torchao's NF4Tensor.fsdp_pre/post_all_gather), not for the step
-                          per_block=plan.pp == 1 and plan.quantization.mode in ("none", "qlora"),
+                          per_block=plan.pp == 1,
                           # under pp > 1 every kind keeps the stage gathered from the first forward to the
                           # last backward (torchtitan; one all-gather per step, as dp_kinds costs it)
                           reshard_after_forward=plan.dp_kind != "zero2" and plan.pp == 1) for m in mods]
