@@ -1,4 +1,4 @@
-"""Quantization in the planner: QLoRA's small model states give a simpler, faster plan than full
+"""Quantization in the planner: QLoRA's small model states give a simpler plan than full
 fine-tuning on a small-memory cluster, the report says why, constraint errors reject configs,
 trainable-only gradient sync, and the CLI flags."""
 
@@ -25,18 +25,24 @@ def big_gpt():
     return gpt_graph(layers=8, h=4096, heads=32, seq=2048, vocab=32768)
 
 
+def e_time(p: Plan) -> dict[str, float]:
+    return p.predicted.quant_effect
+
+
 def small_a100() -> ClusterSpec:
     return dataclasses.replace(ClusterSpec.preset("a100-40g"), mem_bytes=24 * GiB, mem_reserved_bytes=0)
 
 
-def test_qlora_gives_a_simpler_faster_plan_and_says_why(big_gpt):
+def test_qlora_gives_a_simpler_plan_and_says_why(big_gpt):
     spec = small_a100()
     full = plan_graph(big_gpt, 4, cluster=spec, global_batch_size=16)
     qlora = plan_graph(big_gpt, 4, cluster=spec, global_batch_size=16, quantization="qlora")
     # full fine-tuning needs model parallelism or sharding to fit; QLoRA runs pure data parallel
     assert full.pp > 1 or full.tp > 1 or full.dp_kind in ("zero1", "zero2", "fsdp", "hsdp")
     assert (qlora.dp, qlora.tp, qlora.pp) == (4, 1, 1) and qlora.dp_kind == "ddp"
-    assert qlora.predicted.step_s < full.predicted.step_s
+    # not faster: torchao's eager NF4 dequantization (53 bytes per weight, forward and again in the
+    # backward, every microbatch: cost_models.qlora_kernels) outweighs the skipped weight gradients
+    assert e_time(qlora)["overhead_s"] > e_time(qlora)["weight_grad_saved_s"] > 0
     assert qlora.quantization.mode == "qlora" and full.quantization.mode == "none"
     e = qlora.predicted.quant_effect
     assert e["state_bytes_unquantized"] > 20 * GiB > 2 * GiB > e["state_bytes"]

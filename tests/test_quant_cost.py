@@ -6,6 +6,7 @@ import pytest
 
 from meshplan.cost_models.compute import node_time, roofline_time_s
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.qlora_kernels import nf4_dequant_bytes_moved
 from meshplan.cost_models.quant import (
     QuantCost,
     is_targeted,
@@ -19,6 +20,7 @@ from meshplan.cost_models.quant import (
 )
 from meshplan.cost_models.quant_nodes import (
     node_quant_cost,
+    qlora_node_kernels,
     quant_node_time,
     quant_state_bytes,
     without_frozen_weight_grad,
@@ -162,7 +164,18 @@ def test_node_helpers_time_and_states() -> None:
     t = quant_node_time(node, ql, cluster)
     assert t.bwd_weight_s < 0.1 * plain.bwd_weight_s
     assert t.fwd_s > plain.fwd_s
-    assert t.fwd_s + t.bwd_input_s + t.bwd_weight_s < plain.fwd_s + plain.bwd_input_s + plain.bwd_weight_s
+    # ... but torchao's eager dequantization (53 bytes per weight, forward and again in the input
+    # backward) and the adapter path's kernels make the linear slower than a full-precision one
+    deq_s = nf4_dequant_bytes_moved(w) / (cluster.mem_bw_bytes_per_s * cluster.mem_efficiency)
+    assert t.fwd_s - plain.fwd_s >= deq_s and t.bwd_input_s - plain.bwd_input_s >= deq_s
+    ks = qlora_node_kernels(node, ql)
+    assert t.fwd_s == pytest.approx(plain.fwd_s + sum(
+        roofline_time_s(k.flops, k.bytes, cluster, kind="linear" if k.gemm else "elementwise")
+        for k in ks if k.phase == "fwd"))  # fmt: skip
+    assert t.fwd_s + t.bwd_input_s + t.bwd_weight_s > plain.fwd_s + plain.bwd_input_s + plain.bwd_weight_s
+    # an input already in the compute dtype (an attention's output): its gradient sum moves fewer bytes
+    t_bf16 = quant_node_time(node, ql, cluster, input_elem_bytes=2.0)
+    assert t_bf16.bwd_input_s < t.bwd_input_s and t_bf16.fwd_s == pytest.approx(t.fwd_s)
     # the LM head is not targeted by default
     head = _linear_node("lm_head", 4096, 32000)
     assert quant_node_time(head, ql, cluster) == node_time(head, cluster)

@@ -42,6 +42,9 @@ views forward, 62 ops + 51 views backward per block, torch 2.13) and torch's sou
   launch. That is a lower bound: TE's ``GroupedLinear`` launches one cuBLAS GEMM per local expert,
   and meshplan's zoo MoE loops over its experts in Python; neither is counted (the layer table is
   costed before the expert-parallel degree is known);
+- a QLoRA linear (torchao NF4 base + LoRA adapters, ``runtime.apply.quant``): the ops
+  ``benchmarks/qlora_ops.py`` lists under autocast, 44 forward and 53 backward, 26 of each the
+  eager NF4 dequantization (``cost_models.qlora_kernels``);
 - in backward, a tensor read by ``k`` differentiable ops has its ``k`` gradients summed: ``k − 1``
   adds (the residual stream, q / k / v reading one norm);
 - under autocast on fp32 parameters (``autocast=True``) every linear / matmul casts each parameter
@@ -159,20 +162,26 @@ def layer_host_ops(
     attention_impl: str = "flash",
     norm_kernel: str = "fused",
     differentiable: Callable[[int], bool] | None = None,
+    linear_ops: Callable[[GraphNode], tuple[float, float] | None] | None = None,
 ) -> HostOps:
     """The host dispatches of one layer's ``nodes`` per microbatch (module docstring).
     ``consumers(id)``: the ids of the nodes reading node ``id``'s output (the backward's gradient
     sums); ``fp32_ids``: nodes whose output stays fp32 under autocast; ``recompute``: the layer's
     recompute kind ("none", "selective", "full", "op"); ``differentiable(id)``: whether a reader
     anywhere in the graph takes part in the backward (default: the layer's own nodes but inputs,
-    constants and outputs, so a reader in the next layer is not seen)."""
+    constants and outputs, so a reader in the next layer is not seen). ``linear_ops(node)``: the
+    (forward, backward) dispatches of a linear the runtime replaced (QLoRA's NF4 + LoRA linear,
+    ``qlora_kernels.qlora_linear_dispatches``, its autocast casts included), or None to count it as
+    a plain linear."""
     fwd = bwd = 0.0
     attn_fwd = 0.0
     own = {n.id for n in nodes if n.kind not in ("input", "constant", "output")}
     diff = differentiable or own.__contains__
     for n in nodes:
-        f, b = node_host_ops(n, attention_impl=attention_impl, norm_kernel=norm_kernel)
-        if autocast and n.kind in ("linear", "matmul"):
+        replaced = linear_ops(n) if linear_ops is not None and n.kind == "linear" else None
+        f, b = replaced if replaced is not None else node_host_ops(n, attention_impl=attention_impl,
+                                                                    norm_kernel=norm_kernel)  # fmt: skip
+        if autocast and n.kind in ("linear", "matmul") and replaced is None:
             casts = (max(1, len(n.param_names)) if n.param_numel else 0) + sum(1 for i in n.inputs if i in fp32_ids)
             f += casts
             b += casts

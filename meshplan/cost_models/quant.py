@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meshplan.cost_models.qlora_kernels import qlora_linear_kernels
 from meshplan.plan import QUANT_MODES, TP_STYLES, Quantization
 
 #: NF4 second-level (double-quantization) block: scales per fp32 constant (QLoRA paper: 256).
@@ -231,6 +232,7 @@ def linear_quant_costs(
     dtype_bytes: float = 2.0,
     optimizer: str = "adam",
     bias: bool = False,
+    input_bytes: float = 4.0,
 ) -> QuantCost:
     """Cost of one linear node (``node_attrs`` holds ``in_features`` and ``out_features``, global).
 
@@ -248,8 +250,11 @@ def linear_quant_costs(
     - qlora: params W·nf4 + L·4 (L = LoRA params on this rank, ``lora_trainable_per_rank``);
       trainable L; grads 4L; optimizer 4kL; frozen W; base_weight_grad False;
       extra_fwd_flops = 2·t·r·(in_l + out_l); extra_bwd_flops = 2 × that (input + weight grads
-      of A and B); extra_bytes_moved = 2·W·(nf4 + dtype_bytes) (dequantize in forward and again
-      in backward: read NF4, write the 16-bit weight the GEMM reads); work_bytes = ``nf4_dequant_bytes(W)``
+      of A and B); extra_bytes_moved = the bytes of every memory-bound kernel the runtime's QLoRA
+      linear runs beyond its GEMMs (``qlora_kernels.qlora_linear_kernels``: torchao's eager
+      dequantization, 53 bytes per weight at fp32 base / bf16 compute, in forward and again in
+      backward; autocast's casts of the input, ``input_bytes`` per element, and of the adapters; the
+      scale and add); work_bytes = ``nf4_dequant_bytes(W)``
       (torchao's dequantization temporaries, inside the forward and the input backward). in_l/out_l are the local
       sizes of the dims A and B span (colwise: in, out/tp; rowwise: in/tp, out).
     Bias (``bias=True``) adds out_l values at dtype_bytes, frozen under QLoRA. Units: bytes,
@@ -301,6 +306,9 @@ def linear_quant_costs(
     lora = lora_trainable_per_rank(in_f, out_f, q.lora_rank, style, tp)
     nf4_bytes = nf4_bits_per_param(q.group_size, bits=q.bits) / 8.0
     lora_flops = 2.0 * tokens * q.lora_rank * (in_l + out_l)
+    moved = sum(k.bytes for k in qlora_linear_kernels(
+        w, tokens, in_l, out_l, q.lora_rank, group_size=q.group_size, compute_bytes=dtype_bytes,
+        input_bytes=input_bytes) if not k.gemm)  # fmt: skip
     return QuantCost(
         param_bytes=w * nf4_bytes + bias_n * dtype_bytes + 4.0 * lora,
         trainable_params=lora,
@@ -309,7 +317,7 @@ def linear_quant_costs(
         frozen_params=w + bias_n,
         extra_fwd_flops=lora_flops,
         extra_bwd_flops=2.0 * lora_flops,
-        extra_bytes_moved=2.0 * w * (nf4_bytes + dtype_bytes),
+        extra_bytes_moved=moved,
         base_weight_grad=False,
         targeted=True,
         weight_params=w,

@@ -14,6 +14,7 @@ from meshplan.cost_models.compute import NodeTime, node_time, roofline_time_s
 from meshplan.cost_models.compute import dtype_bytes as _dtype_bytes
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
+from meshplan.cost_models.qlora_kernels import Kernel, qlora_linear_dispatches, qlora_linear_kernels
 from meshplan.cost_models.quant import (
     QAT_BWD_PASSES,
     QAT_FWD_PASSES,
@@ -43,12 +44,14 @@ def node_quant_cost(
     batch_scale: float = 1.0,
     dtype_bytes: float = 2.0,
     optimizer: str = "adam",
+    input_elem_bytes: float = 4.0,
 ) -> QuantCost | None:
     """:func:`linear_quant_costs` for a traced linear node (None for other kinds or missing sizes).
 
     ``shard`` is the node's TP split; ``style`` its TP style (None: "colwise" when shard > 1, the
     LoRA split only differs by which factor is sharded). Sizes come from ``node.attrs``, the FQN
-    from ``node.module_fqn``, the bias from the parameter count (numel beyond in·out).
+    from ``node.module_fqn``, the bias from the parameter count (numel beyond in·out);
+    ``input_elem_bytes`` is the input's element size (QLoRA's casts, ``qlora_kernels``).
     """
     if node.kind != "linear" or "in_features" not in node.attrs or "out_features" not in node.attrs:
         return None
@@ -65,6 +68,7 @@ def node_quant_cost(
         dtype_bytes=dtype_bytes,
         optimizer=optimizer,
         bias=bool(node.attrs.get("bias", node.param_numel > in_f * out_f)),
+        input_bytes=input_elem_bytes,
     )
 
 
@@ -78,6 +82,7 @@ def quant_node_time(
     batch_scale: float = 1.0,
     dtype: str = "bf16",
     input_bytes: int | None = None,
+    input_elem_bytes: float | None = None,
 ) -> NodeTime:
     """``compute.node_time`` of ``node`` with the quantization overheads added (seconds).
 
@@ -85,9 +90,12 @@ def quant_node_time(
     (vector units) and L = matmul roofline:
 
     - qat: fwd += E(6·W flops, 3·W·b bytes); bwd_input += E(0, 2·W·b) (straight-through pass).
-    - qlora: D = E(0, W·(nf4 + b)) one dequantization; A = L(2·t·r·(in_l+out_l), 0);
-      fwd += D + A; bwd_input += D + A (dequantize again, input grads through B and A);
-      bwd_weight = A (LoRA factor grads) instead of the frozen base weight's GEMM.
+    - qlora: every kernel the runtime's QLoRA linear runs beyond its base GEMMs
+      (:func:`qlora_node_kernels`: torchao's eager dequantization in forward and again in the input
+      backward, autocast's casts, the adapters' GEMMs, scale and add), each on the roofline (E for the
+      memory-bound ones, L for the GEMMs, ``kernel_floor_s`` at least), added to its phase; bwd_weight
+      is the adapters' gradient GEMMs and casts instead of the frozen base weight's GEMM.
+      ``input_elem_bytes``: the input's element size (4: an fp32 norm output under autocast).
 
     W = weights on this rank, b = bytes of ``dtype``, t = tokens. Source: module docstring.
     """
@@ -107,9 +115,65 @@ def quant_node_time(
         )
         ste = roofline_time_s(0.0, QAT_BWD_PASSES * w * db, cluster, dtype=dtype, kind="elementwise")
         return NodeTime(base.fwd_s + fq, base.bwd_input_s + ste, base.bwd_weight_s)
-    deq = roofline_time_s(0.0, qc.extra_bytes_moved / 2.0, cluster, dtype=dtype, kind="elementwise")
-    lora = roofline_time_s(qc.extra_fwd_flops, 0.0, cluster, dtype=dtype, kind="linear")
-    return NodeTime(base.fwd_s + deq + lora, base.bwd_input_s + deq + lora, lora)
+    parts = {"fwd": 0.0, "bwd_input": 0.0, "bwd_weight": 0.0}
+    for k in qlora_node_kernels(node, quantization, shard=shard, style=style, batch_scale=batch_scale,
+                                dtype_bytes=db, input_bytes=input_elem_bytes):  # fmt: skip
+        parts[k.phase] += roofline_time_s(k.flops, k.bytes, cluster, dtype=dtype,
+                                          kind="linear" if k.gemm else "elementwise")  # fmt: skip
+    return NodeTime(base.fwd_s + parts["fwd"], base.bwd_input_s + parts["bwd_input"], parts["bwd_weight"])
+
+
+def qlora_node_kernels(
+    node: GraphNode,
+    quantization: Quantization,
+    *,
+    shard: int = 1,
+    style: str | None = None,
+    batch_scale: float = 1.0,
+    dtype_bytes: float = 2.0,
+    input_bytes: float | None = None,
+) -> list[Kernel]:
+    """The kernels of a QLoRA-targeted linear node beyond its base GEMMs, per microbatch
+    (``qlora_kernels.qlora_linear_kernels`` at the node's local sizes); [] when not targeted.
+    ``input_bytes``: its input's element size (None: 4, an fp32 input; without autocast every
+    tensor is fp32 and no cast runs)."""
+    if quantization.mode != "qlora":
+        return []
+    x_bytes = 4.0 if input_bytes is None else input_bytes
+    qc = node_quant_cost(node, quantization, shard=shard, style=style, batch_scale=batch_scale,
+                         dtype_bytes=dtype_bytes, input_elem_bytes=x_bytes)  # fmt: skip
+    if qc is None or not qc.targeted:
+        return []
+    if style is None:
+        style = "colwise" if shard > 1 else "replicate"
+    in_f, out_f = float(node.attrs["in_features"]), float(node.attrs["out_features"])
+    in_l = in_f / shard if style == "rowwise" else in_f
+    out_l = out_f / shard if style == "colwise" else out_f
+    return qlora_linear_kernels(
+        qc.weight_params, node_tokens(node, batch_scale), in_l, out_l, quantization.lora_rank,
+        group_size=quantization.group_size, compute_bytes=dtype_bytes,
+        input_bytes=x_bytes,
+    )
+
+
+def input_elem_bytes(node: GraphNode, fp32_ids: frozenset[int], autocast: bool, dtype: str) -> float:
+    """Element size of ``node``'s input as the runtime computes it: 4 where it stays fp32 under
+    autocast (a norm's output: ``host.fp32_under_autocast`` gives ``fp32_ids``) or without autocast,
+    else ``dtype``'s (an autocast GEMM's or attention's output)."""
+    if not autocast or any(i in fp32_ids for i in node.inputs):
+        return 4.0
+    return float(_dtype_bytes(dtype))
+
+
+def qlora_host_ops(node: GraphNode, quantization: Quantization, *, autocast: bool) -> tuple[float, float] | None:
+    """(forward, backward) host dispatches of a QLoRA-targeted linear (torchao's dequantization, the
+    adapter path and autocast's casts: ``qlora_kernels.qlora_linear_dispatches``); None for any other
+    node (``host.node_host_ops`` counts it)."""
+    if quantization.mode != "qlora" or node.kind != "linear" or "in_features" not in node.attrs:
+        return None
+    if node.module_fqn is not None and not is_targeted(node.module_fqn, quantization.target_modules):
+        return None
+    return qlora_linear_dispatches(autocast=autocast)
 
 
 def without_frozen_weight_grad(t: NodeTime, node: GraphNode, quantization: Quantization) -> NodeTime:

@@ -68,6 +68,8 @@ from meshplan.cost_models.memory import (
 )
 from meshplan.cost_models.precision import activation_dtype, fp8_eligible, fp8_recipe
 from meshplan.cost_models.quant_nodes import (
+    input_elem_bytes,
+    qlora_host_ops,
     quant_node_time,
     without_frozen_weight_grad,
 )
@@ -427,7 +429,9 @@ class GraphCoster(LayerSaves):
                           main_grad_bytes=self.main_grad_bytes)  # fmt: skip
             if quant and n.kind == "linear":
                 t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
-                                    batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0))  # fmt: skip
+                                    batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0),
+                                    input_elem_bytes=input_elem_bytes(n, self._fp32_under_autocast,
+                                                                      self._autocast_dtype, self.dtype))  # fmt: skip
             if quant:
                 t = without_frozen_weight_grad(t, n, self.quant)
             fwd += t.fwd_s
@@ -521,7 +525,9 @@ class GraphCoster(LayerSaves):
             ops = layer_host_ops(nodes, consumers=self._consumers.__getitem__, autocast=self._autocast_dtype,
                                  fp32_ids=self._fp32_under_autocast if self._autocast_dtype else frozenset(),
                                  recompute=rc, attention_impl=self.attention_impl,
-                                 norm_kernel=self.norm_kernel, differentiable=self._differentiable.__contains__)  # fmt: skip
+                                 norm_kernel=self.norm_kernel, differentiable=self._differentiable.__contains__,
+                                 linear_ops=(lambda n: qlora_host_ops(n, self.quant, autocast=self._autocast_dtype))
+                                 if quant else None)  # fmt: skip
             # the engine's cross-entropy on the logits (fp32 cast, log-softmax, nll, the 1/m scale)
             loss_ops = 4.0 if lg is not None else 0.0
             ops = HostOps(ops.fwd + loss_ops, ops.bwd + loss_ops, ops.recompute)

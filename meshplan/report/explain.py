@@ -102,7 +102,7 @@ def _quant_reason(p: Plan) -> list[str]:
         line += (f"; without {name} this configuration is out of memory by {fmt_bytes(over)} (peak "
                  f"{fmt_bytes(e['peak_mem_bytes_unquantized'])}, limit {fmt_bytes(limit)}), so {unq} would need more "
                  "model parallelism (pipeline stages, tensor parallelism or FSDP sharding)")  # fmt: skip
-    extra = "dequantization and LoRA" if q.mode == "qlora" else "fake quantization"
+    extra = "NF4 dequantization (torchao eager, forward and backward) and LoRA kernels" if q.mode == "qlora" else "fake quantization"
     line2 = f"- quantization time: {extra} add {fmt_s(e.get('overhead_s', 0.0))} per step"
     if e.get("weight_grad_saved_s"):
         line2 += f"; the frozen base saves {fmt_s(e['weight_grad_saved_s'])} of weight-gradient work"

@@ -127,7 +127,7 @@ def quant_lines(plan: Plan) -> list[str]:
         f"  peak memory: {fmt_bytes(e['peak_mem_bytes'])} vs {fmt_bytes(e['peak_mem_bytes_unquantized'])} for {unq} "
         f"(limit {fmt_bytes(limit)}: {unq} {fit})"
     )
-    extra = "dequantization + LoRA GEMMs" if q.mode == "qlora" else "fake quantization"
+    extra = "NF4 dequantization (torchao eager, forward and backward) + LoRA kernels" if q.mode == "qlora" else "fake quantization"
     line = (f"  step: {fmt_s(plan.predicted.step_s)} vs {fmt_s(e['step_s_unquantized'])} for {unq}; {extra} add "
             f"{fmt_s(e.get('overhead_s', 0.0))} per step")  # fmt: skip
     if e.get("weight_grad_saved_s"):
