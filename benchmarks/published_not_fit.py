@@ -4,7 +4,8 @@ with the predicted peak under that profile, under its own engine's profile (the 
 run flags included) and, one convention at a time, how many GiB the run's own engine saves by each
 (that profile with the one field set to the engine's value; ``state_layout``, ``main_grads`` and
 ``autocast_cache`` move together: 16-bit model weights, whose runs have no autocast weight cache).
-Also the memory terms (``mem_breakdown``) that differ most between the two costings.
+Also the memory terms (``mem_breakdown``) that differ most between the two costings, and at the end
+the runs grouped by the term(s) that push each over (``pushing_terms``).
 
     python benchmarks/published_not_fit.py [--profile NAME] [--only PREFIX]
 
@@ -49,6 +50,44 @@ def peak_gib(case: dict, graph: object, prof: EngineProfile) -> tuple[float, dic
     return max(p.peak_mem_bytes) / GiB, {k: v / GiB for k, v in p.mem_breakdown.items()}
 
 
+def pushing_terms(case: dict, graph: object, base: EngineProfile, own: EngineProfile, here: float,
+                  limit: float) -> tuple[str, ...]:
+    """The conventions that push ``case`` over ``limit``: the one whose engine value alone saves the
+    most where one alone brings it under (the smallest saving that does, so the figure names the term
+    that decides); else the largest savers applied one after another until it fits ("+" joined, and
+    "(still not)" when all of them together do not)."""
+    alone: list[tuple[float, str, dict[str, object]]] = []
+    for name, changes in mechanisms(base, own):
+        try:
+            alone.append((here - peak_gib(case, graph, base.but(**changes))[0], name, changes))
+        except ValueError:
+            continue
+    fits = [a for a in alone if here - a[0] <= limit]
+    if fits:
+        return (min(fits, key=lambda a: a[0])[1],)
+    took: list[str] = []
+    changes: dict[str, object] = {}
+    for saving, name, ch in sorted(alone, key=lambda a: -a[0]):
+        if saving < 0.5:
+            break
+        took.append(name)
+        changes.update(ch)
+        if peak_gib(case, graph, base.but(**changes))[0] <= limit:
+            return tuple(took)
+    return (*took, "(still not)")
+
+
+def print_summary(summary: list[tuple[str, tuple[str, ...]]]) -> None:
+    """Runs grouped by the term(s) that push each over (``pushing_terms``)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for rid, push in summary:
+        groups.setdefault(push, []).append(rid)
+    print("\n| term(s) that push the run over (the engine's convention brings it under) | runs | which |")
+    print("|---|---|---|")
+    for push, ids in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        print(f"| {' + '.join(push)} | {len(ids)} | {', '.join(ids)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="meshplan", help="cost every run with this engine profile (default meshplan)")
@@ -64,6 +103,7 @@ def main() -> None:
           "terms, here -> own (GiB) |")
     print("|---|---|---|---|---|---|---|")
     n = 0
+    summary: list[tuple[str, tuple[str, ...]]] = []
     for c in load_published_cases():
         if not c["id"].startswith(args.only):
             continue
@@ -89,6 +129,8 @@ def main() -> None:
             if abs(here - alone) >= 0.5:
                 saved.append((here - alone, f"{name} {here - alone:+.1f}" + (" (fits)" if alone <= limit else "")))
         saved.sort(key=lambda x: -abs(x[0]))
+        push = pushing_terms(c, g, base, own, here, limit)
+        summary.append((c["id"], push))
         keys = sorted(set(bd_here) | set(bd_own), key=lambda k: -abs(bd_here.get(k, 0.0) - bd_own.get(k, 0.0)))
         terms = ", ".join(f"{k} {bd_here.get(k, 0.0):.1f}->{bd_own.get(k, 0.0):.1f}" for k in keys[:4]
                           if abs(bd_here.get(k, 0.0) - bd_own.get(k, 0.0)) >= 0.5)  # fmt: skip
@@ -96,6 +138,7 @@ def main() -> None:
               f"{'; '.join(s for _, s in saved)} | {terms} |")
         sys.stdout.flush()
     print(f"\n{n} runs predicted not to fit under {base.name!r} (predicted figures from the cost model)")
+    print_summary(summary)
 
 
 if __name__ == "__main__":

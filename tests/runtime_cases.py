@@ -198,6 +198,13 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
     if pm.schedule is not None and pm.has_last:  # the last stage kept no microbatch's logits after the step
         stages = getattr(pm.schedule, "_stages", None) or [pm.schedule._stage]
         extra.append(f"kept_outputs={sum(len(s.output_chunks) for s in stages if s.is_last)}")
+    if pm.schedule is not None:  # every sent output was not cached past its send (InFlightStage)
+        stages = getattr(pm.schedule, "_stages", None) or [pm.schedule._stage]
+        mine = {s.stage_index for s in stages}
+        sending = sum(1 for s in stages if not s.is_last and s.stage_index + 1 not in mine)
+        if sending:
+            made = sum(getattr(s, "uncached_outputs", 0) for s in stages)
+            extra.append(f"uncached_outputs={made}/{len(data) * cfg['m'] * sending}")
     calls = sum(getattr(m, "calls", 0) for m in pm.modules)  # selective recompute: SDPA calls checkpointed
     runs = sum(getattr(m, "runs", 0) for m in pm.modules)  # full recompute at pp > 1: stage forwards incl. recomputes
     return loss_err, param_err, list(pm.notes) + extra + ([f"sdpa_checkpointed={calls}"] if calls else []) + (

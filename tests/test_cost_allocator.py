@@ -37,10 +37,11 @@ def test_pipeline_buffers_as_torch_pipelining_holds_them():
     assert pipeline_buffer_bytes(**kw, is_first=False, is_last=True, convention="torch-outputs") == 5 * 10 + 8 * 100
     assert pipeline_buffer_bytes(**kw, is_first=False, is_last=False, convention="torch-outputs") == 5 * 10 + 11 * 100
     assert pipeline_buffer_bytes(**kw, is_first=False, is_last=False, convention="megatron") == 0.0
-    # meshplan's runtime (InFlightStage): buffers only for the microbatches in flight: the cached
-    # outputs + the one output gradient being received and used; inputs are the activations' own
+    # meshplan's runtime (InFlightStage): buffers only for the microbatches in flight: the output
+    # being sent (not cached after) + the one output gradient being received and used; inputs are the
+    # activations' own
     for first in (True, False):
-        assert pipeline_buffer_bytes(**kw, is_first=first, is_last=False, convention="in-flight") == 4 * 100
+        assert pipeline_buffer_bytes(**kw, is_first=first, is_last=False, convention="in-flight") == 2 * 100
     assert pipeline_buffer_bytes(**kw, is_first=False, is_last=True, convention="in-flight") == 3 * 100
     with pytest.raises(ValueError, match="convention"):
         pipeline_buffer_bytes(**kw, is_first=True, is_last=True, convention="deepspeed")
@@ -79,9 +80,9 @@ def test_planner_counts_torch_pipelining_buffers_in_the_live_peak():
     # 4 microbatches: under torch's PipelineStage rank 0 holds 4 gradient buffers + 2 cached outputs of
     # (1, 1024, 1024) bf16, rank 1 its input buffers for the 3 not in flight + the logits (1, 1024, 32768)
     # of its 1 in-flight microbatch, or of all 4 under torch's default step() (torchtitan); under
-    # meshplan's runtime rank 0 holds 1 gradient buffer + 2 cached outputs, rank 1 only the logits
+    # meshplan's runtime rank 0 holds 1 gradient buffer + the output being sent, rank 1 only the logits
     act = 1024 * 1024 * 2
-    for plan, first, last in ((torch_pp, 6, 3 + 32), (outputs_pp, 6, 3 + 4 * 32), (runtime_pp, 3, 32)):
+    for plan, first, last in ((torch_pp, 6, 3 + 32), (outputs_pp, 6, 3 + 4 * 32), (runtime_pp, 2, 32)):
         per_rank = [a - b for a, b in zip(plan.predicted.peak_mem_bytes, megatron_pp.predicted.peak_mem_bytes)]
         assert per_rank == [pytest.approx(first * act, abs=2), pytest.approx(last * act, abs=2)]
         assert plan.predicted.mem_breakdown["pipeline_buffers"] == pytest.approx(max(per_rank), abs=2)

@@ -31,8 +31,10 @@ def _check(results: list, expect: int) -> None:
     rows = results[0]
     assert len(rows) == expect
     found_last: list[bool] = []
-    for rank_rows in results:
+    for rank, rank_rows in enumerate(results):
         for cfg, loss_err, param_err, notes in rank_rows:
+            if cfg.get("pp", 1) > 1 and rank == 0:  # rank 0 holds stage 0, whose outputs are sent
+                assert any(n.startswith("uncached_outputs=") for n in notes), (cfg, notes)
             if cfg.get("recompute") == "selective":  # the attention calls were really checkpointed
                 assert any(n.startswith("sdpa_checkpointed=") for n in notes), notes
             if cfg.get("recompute") == "full" and cfg.get("pp", 1) > 1:
@@ -45,6 +47,10 @@ def _check(results: list, expect: int) -> None:
                 kept = [n for n in notes if n.startswith("kept_outputs=")]
                 assert kept in ([], ["kept_outputs=0"]), notes
                 found_last.append(bool(kept))
+            for n in notes:  # a sent stage output's storage is not cached after its send
+                if n.startswith("uncached_outputs="):
+                    made, want = n[len("uncached_outputs="):].split("/")
+                    assert made == want, (cfg, n)
             if cfg.get("vocab_head"):  # loss_parallel really ran; at pp = 1 the model output is a vocab shard
                 assert any(n.startswith("loss_parallel:") for n in notes), notes
                 assert cfg.get("pp", 1) > 1 or "logits_vocab_sharded" in notes, notes

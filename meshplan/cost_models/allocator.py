@@ -18,7 +18,7 @@ from collections.abc import Sequence
 #: keeps no finished microbatch's output); "torch-outputs" = the same with its default ``step()``
 #: (torchtitan: the last stage keeps every microbatch's output until the step ends); "in-flight" =
 #: meshplan's runtime (``runtime/apply/schedules.InFlightStage``: a microbatch's receive buffers
-#: are allocated when it is received and dropped after its backward, outputs not kept);
+#: are allocated when it is received and dropped after its backward, a sent output freed once sent);
 #: "megatron" = Megatron-LM's p2p (a buffer per receive, the stage's input; the sent output's
 #: storage freed by ``deallocate_output_tensor``): nothing beyond the activations
 PP_BUFFERS: tuple[str, ...] = ("torch", "torch-outputs", "in-flight", "megatron")
@@ -86,9 +86,11 @@ def pipeline_buffer_bytes(
     ``convention="in-flight"`` (meshplan's runtime, ``runtime/apply/schedules.InFlightStage``):
     receive buffers exist only for the microbatches in flight; the input ones are the stage inputs
     the activations count, and an output gradient lives from its receive to the end of its
-    microbatch's backward, one at a time::
+    microbatch's backward, one at a time; a sent output is not cached (its backward starts from an
+    empty stand-in, as Megatron-LM frees a sent output's data): its storage lives until its send
+    completes, one at a time (the next op's compute overlaps it)::
 
-        non-last:   f · O + O        cached outputs + the gradient being received and used
+        non-last:   O + O            the output being sent + the gradient being received and used
         last:       f · O            the in-flight microbatches' cached outputs (the logits)
 
     ``convention="megatron"``: 0 (Megatron-LM receives into a fresh tensor that becomes the
@@ -104,7 +106,7 @@ def pipeline_buffer_bytes(
         return 0.0
     m, f = num_microbatches, min(float(inflight), num_microbatches)
     if convention == "in-flight":
-        return f * out_bytes + (0.0 if is_last else out_bytes)
+        return f * out_bytes if is_last else 2.0 * out_bytes
     total = 0.0 if is_first else (m - f) * in_bytes
     if is_last:
         total += (m if convention == "torch-outputs" else f) * out_bytes

@@ -244,7 +244,9 @@ _MESHPLAN = EngineProfile(
         ("state_layout", "runtime/loop optimizer: torch.optim.AdamW over fp32 parameters (FSDP2 MixedPrecisionPolicy "
                          "param bf16 / reduce fp32 keeps fp32 shards)"),
         ("pp_buffers", "runtime/apply/schedules.InFlightStage: torch.distributed.pipelining stages whose receive "
-                       "buffers follow the microbatches in flight, outputs not kept (allocator.PP_BUFFERS 'in-flight')"),
+                       "buffers follow the microbatches in flight, a sent output's storage not cached (_OutputRoot: the backward "
+                       "starts from an empty stand-in, as Megatron's deallocate_output_tensor) (allocator.PP_BUFFERS "
+                       "'in-flight')"),
         ("norm_kernel", "eager_ops.RUNTIME_NORM_KERNEL: a Python RMSNorm run as its ops (no torch.compile unless --compile)"),
         ("optimizer_impl", "AdamW(fused=True) on CUDA"),
         ("attention_impl", "F.scaled_dot_product_attention (flash kernel)"),

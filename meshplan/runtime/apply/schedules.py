@@ -85,6 +85,11 @@ class InFlightStage(PipelineStage):
     tensors are zeros (float ones stay as torch makes them).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._roots: dict[int, tuple] = {}  # microbatch -> its cached outputs' stand-ins (``_OutputRoot``)
+        self.uncached_outputs = 0  # microbatches whose sent output was not cached (tests read it)
+        super().__init__(*args, **kwargs)
+
     def _to_tensor(self, arg: Any) -> Any:
         t = super()._to_tensor(arg)
         if not isinstance(arg, torch.Tensor) and isinstance(t, torch.Tensor) and not (
@@ -118,6 +123,16 @@ class InFlightStage(PipelineStage):
         self._allocate(self.args_recv_info[fwd_chunk_id])
         return super().get_fwd_recv_ops(fwd_chunk_id)
 
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list:
+        ops = super().get_fwd_send_ops(fwd_chunk_id)  # each op holds its (detached) output until sent
+        if ops and self.has_backward and not self.is_last:
+            outs, inputs = self.fwd_cache[fwd_chunk_id]
+            roots = tuple(_OutputRoot.apply(o) if _rootable(o) else o for o in outs)
+            self.fwd_cache[fwd_chunk_id] = (roots, inputs)
+            self._roots[fwd_chunk_id] = roots
+            self.uncached_outputs += 1
+        return ops
+
     def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list:
         if self.has_backward and not self.is_last:
             self._allocate(self.grad_recv_info[bwd_chunk_id])
@@ -129,7 +144,17 @@ class InFlightStage(PipelineStage):
 
     def _retrieve_recv_grads(self, bwd_chunk_id: int) -> Any:
         self._allocate(self.grad_recv_info[bwd_chunk_id])
-        return super()._retrieve_recv_grads(bwd_chunk_id)
+        grads = super()._retrieve_recv_grads(bwd_chunk_id)
+        roots = self._roots.pop(bwd_chunk_id, None)
+        if roots is None:
+            return grads
+        out = []
+        for root, g in zip(roots, grads, strict=True):
+            if isinstance(root.grad_fn, _OutputRoot._backward_cls) and isinstance(g, torch.Tensor):
+                root.grad_fn.grad = g  # what the root's backward hands the stage output
+                g = g.new_empty((0,))
+            out.append(g)
+        return tuple(out)
 
     def set_local_bwd_input(self, next_stage_bwd_outputs: Any, mb_index: int) -> None:
         self._allocate(self.grad_recv_info[mb_index])  # torch zeroes it where the next stage gives None
@@ -159,8 +184,33 @@ class InFlightStage(PipelineStage):
 
     def clear_runtime_states(self) -> None:
         super().clear_runtime_states()
+        self._roots = {}
         for infos in (*self.args_recv_info.values(), *self.grad_recv_info.values()):
             self._release(infos)
+
+
+class _OutputRoot(torch.autograd.Function):
+    """An empty stand-in for a sent stage output: the root of the stage's backward without the
+    output's storage (Megatron-LM's ``deallocate_output_tensor`` keeps the output's ``grad_fn`` and
+    frees its data after the send; here the storage is held only by the send op until the send
+    completes, and no tensor's data is swapped). Its backward hands on the gradient received for
+    the output (``grad``, set by ``InFlightStage._retrieve_recv_grads``); the empty gradient torch's
+    ``stage_backward`` gives it is ignored."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor) -> torch.Tensor:
+        ctx.grad = None
+        return out.new_empty((0,))
+
+    @staticmethod
+    def backward(ctx: Any, _empty: torch.Tensor) -> torch.Tensor:
+        return ctx.grad
+
+
+def _rootable(t: Any) -> bool:
+    """A stage output the stage's backward starts from, as a plain tensor (DTensor outputs are sent
+    as their local shard and keep their own storage)."""
+    return isinstance(t, torch.Tensor) and t.grad_fn is not None and not hasattr(t, "to_local")
 
 
 def _drop_graph(loss: Any) -> None:
