@@ -45,6 +45,18 @@ parameter; ``zero/constants.py`` ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAU
 ``reduce_ipg_grads`` -> ``buffered_reduce_fallback`` -> ``allreduce_bucket``: ``dist.all_reduce``
 of the flattened 16-bit gradients (not a reduce-scatter).
 
+Each gather also costs host time the device waits for (``ds2021_gather_host_s``), exposed: the
+prefetch of the next parameter is issued from a submodule's pre-forward hook after a device-wide
+``torch.cuda.synchronize()`` (``stage3.py`` ``fetch_sub_module`` -> ``_synchronize_communication``)
+and before that submodule's own kernels are launched, so the device has nothing queued while it
+runs. ``_allgather_param`` builds the flat tensor with ``torch.zeros`` (the parameter's bytes
+written), synchronizes again, and builds the output list in Python, one ``flat_tensor.narrow``
+per rank (``for i in range(self.world_size)``): ``dp`` ops on the host per gather, each at the
+measured per-op host cost ``ClusterSpec.host_op_s``. Not counted (so a lower bound): the
+``torch.distributed.get_rank`` call per loop iteration, and the ``dp`` copies torch's list-form
+``all_gather`` launches from C++ to scatter its flat output into the list (ProcessGroupNCCL
+``allgather``: flatten, one ``ncclAllGather``, one ``copy_`` per output tensor).
+
 How zero1 runs (``ZERO1_IMPLS``, an engine profile's ``zero1_impl``): "bucketed" (Megatron's
 distributed optimizer, DeepSpeed ZeRO-1): the collectives above, on flat buckets. "torch"
 (meshplan's runtime: ``torch.distributed.optim.ZeroRedundancyOptimizer`` over DDP,
@@ -332,8 +344,9 @@ def deepspeed_2021_fsdp(
     gradients). Each collective is costed by ``comm.group_collective_s`` (so each pays its ring
     latency over the group). The backward gathers (re-run and backward) and the all-reduces are
     backward's share (``mb_bwd_gather_s``: the gathers). The share ``unprefetched`` of every
-    gather (``unprefetched_share``) runs only when its module needs it: ``mb_serial_s``, exposed.
-    Unit: seconds and bytes.
+    gather (``unprefetched_share``) runs only when its module needs it: ``mb_serial_s``, exposed;
+    so is each pass's host work between a device-wide sync and the next launch
+    (``ds2021_gather_host_s``). Unit: seconds and bytes.
     """
     tensors = max(1, int(tensors))
     m = num_microbatches
@@ -346,8 +359,22 @@ def deepspeed_2021_fsdp(
     u = min(1.0, max(0.0, unprefetched))
     out = {"all_gather": int(param_bytes * (1 + bwd_gathers) * m), "all_reduce": int(param_bytes * m)}
     hid = ag * (1.0 - u)  # one pass's gathers issued ahead of their module
+    host = ds2021_gather_host_s(param_bytes, tensors, dp, cluster)  # one pass's, with the device idle
     return DPComm(per_microbatch_s=(1 + bwd_gathers) * hid + ar, mb_forward_s=hid, mb_bwd_gather_s=bwd_gathers * hid,
-                  units=max(1, units), bytes=out, mb_serial_s=(1 + bwd_gathers) * ag * u)  # fmt: skip
+                  units=max(1, units), bytes=out, mb_serial_s=(1 + bwd_gathers) * (ag * u + host))  # fmt: skip
+
+
+def ds2021_gather_host_s(param_bytes: float, tensors: int, dp: int, cluster: ClusterSpec) -> float:
+    """Seconds one pass of DeepSpeed v0.3.14's per-parameter gathers keeps the device idle (module
+    docstring): per gathered tensor, ``dp`` host ops building the all-gather's output list
+    (``flat_tensor.narrow`` per rank) at ``cluster.host_op_s`` each, and the ``torch.zeros`` of the
+    flat tensor (``param_bytes / tensors`` written, then ``torch.cuda.synchronize()``) at the
+    cluster's effective memory bandwidth: ``tensors · dp · host_op_s + param_bytes / (mem_bw · mem_eff)``.
+    0 at dp = 1 (nothing gathered). Unit: seconds."""
+    if dp <= 1 or tensors <= 0 or param_bytes <= 0:
+        return 0.0
+    bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
+    return tensors * dp * cluster.host_op_s + (param_bytes / bw if bw > 0 else 0.0)
 
 
 def zero1_broadcast_s(param_bytes: float, tensors: float, dp: int, cluster: ClusterSpec, *, stride: int = 1) -> float:

@@ -58,6 +58,12 @@ AUTOCAST_CACHES = ("call", "step")
 #: what one activation-checkpoint region re-runs under pipeline parallelism (``EngineProfile.recompute_unit``)
 RECOMPUTE_UNITS = ("block", "stage")
 
+#: the dtype an engine's data-parallel gradient collectives move (``EngineProfile.grad_reduce``):
+#: "fp32" (FSDP2's ``reduce_dtype=float32``, DDP on fp32 gradients: meshplan's runtime, torchtitan) or
+#: "param" (the gathered parameters' training dtype: torch FSDP1 with a low-precision ``param_dtype``
+#: and no ``reduce_dtype``). Prices the collectives' bytes only, not the memory of the buffers.
+GRAD_REDUCES = ("fp32", "param")
+
 #: fields a run may set from its own command line / config file (the case cites the line); the
 #: engine's default otherwise
 RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher", "tp_comm_overlap", "main_grads",
@@ -124,6 +130,9 @@ class EngineProfile:
       ``grad_reduce_in_fp32``, NeMo's ``optim.grad_sync_dtype``, Megatron-LM's
       ``--accumulate-allreduce-grads-in-fp32``), so also a run flag: a run whose recipe or command
       line departs from its profile's default sets it and cites the line.
+    - ``grad_reduce`` (``GRAD_REDUCES``): the dtype the data-parallel gradient collectives move, "fp32"
+      or "param" (the training dtype: torch FSDP1 under a 16-bit ``param_dtype`` without
+      ``reduce_dtype``, as Composer runs it); the bytes of the collectives only.
     - ``dp_kinds`` (``dp_kinds.ZERO_STAGE``'s keys): the data-parallel kinds the engine version runs;
       ``estimate`` refuses a pinned kind outside them and no search proposes one (Megatron-LM before
       its distributed optimizer has no zero1, none of its versions a zero2 of its own).
@@ -168,6 +177,7 @@ class EngineProfile:
     cp_rotate: str = "ring"
     attention_backend: str = "flash"
     main_grads: str | None = None
+    grad_reduce: str = "fp32"
     dp_kinds: tuple[str, ...] = tuple(ZERO_STAGE)
     moe_combine: str = "index_add"
     recompute_modules: tuple[str, ...] = ("core_attn",)
@@ -185,7 +195,7 @@ class EngineProfile:
                                ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES),
                                ("recompute_unit", RECOMPUTE_UNITS),
                                ("cp_rotate", CP_ROTATES), ("attention_backend", ATTENTION_BACKENDS),
-                               ("moe_combine", MOE_COMBINES)):  # fmt: skip
+                               ("moe_combine", MOE_COMBINES), ("grad_reduce", GRAD_REDUCES)):  # fmt: skip
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip
@@ -279,6 +289,12 @@ _TITAN_2024 = (
                        "FSDP and pipeline parallelism (config: mixed precision via autocast under DDP / one "
                        "device): one region per call"),
 )  # fmt: skip
+
+#: Megatron-LM's fused QKV before Megatron-Core (the 2021 code the SC'21 scripts ran, and the
+#: Megatron-DeepSpeed fork of it)
+_FUSED_QKV_2021 = ("fused_projections", "megatron/model/transformer.py ParallelAttention.query_key_value (6985e58 "
+                                        "line 140): one ColumnParallelLinear of 3 x projection size (q, k, v in one "
+                                        "GEMM and one weight tensor)")
 
 _MEGATRON_2021 = (
     ("recompute_unit", "megatron/model/transformer.py ParallelTransformer._checkpointed_forward: chunks of "
@@ -401,17 +417,20 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "megatron-lm-2020", "megatron", "5281919 (2020-09)", state_layout="megatron", pp_buffers="megatron",
         sp_saves="shard", norm_kernel="fused", attention_impl="eager", ddp_impl="local", loss_kernel="fused",
-        vocab_parallel_embedding=True, split_rule="even", dp_kinds=("none", "ddp"),
+        vocab_parallel_embedding=True, split_rule="even", dp_kinds=("none", "ddp"), fused_projections=True,
         sources=_with(_MEGATRON_2021,
                       ("attention_impl", "megatron/model/transformer.py ParallelSelfAttention: torch.matmul scores, "
-                                         "masked_fill_, torch.nn.Softmax, dropout, torch.matmul (no fused softmax)")),
+                                         "masked_fill_, torch.nn.Softmax, dropout, torch.matmul (no fused softmax)"),
+                      ("fused_projections", "megatron/model/transformer.py ParallelSelfAttention.query_key_value "
+                                            "(5281919 line 123): one ColumnParallelLinear of 3 x hidden (q, k, v in "
+                                            "one GEMM and one weight tensor)")),
     ),
     EngineProfile(
         "megatron-lm-2021", "megatron", "6985e58 (2021, examples/sc21)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local",
         loss_kernel="fused", vocab_parallel_embedding=True, pp_scatter_gather=True, split_rule="even",
-        dp_kinds=("none", "ddp"),
-        sources=_with(_MEGATRON_2021,
+        dp_kinds=("none", "ddp"), fused_projections=True,
+        sources=_with(_MEGATRON_2021, _FUSED_QKV_2021,
                       ("attention_impl", "megatron/model/transformer.py: baddbmm scores, FusedScaleMaskSoftmax, "
                                          "dropout, bmm (no flash kernel)"),
                       ("pp_scatter_gather", "megatron/arguments.py: scatter/gather on unless "
@@ -475,8 +494,8 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "megatron-lm-2021+zero3", "megatron", "6985e58 + DeepSpeed ZeRO-3 (SC'21 Table 2)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", fsdp_units="module", zero3_impl="deepspeed-2021", norm_kernel="fused",
         attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
-        split_rule="even", dp_kinds=("none", "ddp", "fsdp"),
-        sources=_with(_MEGATRON_2021,
+        split_rule="even", dp_kinds=("none", "ddp", "fsdp"), fused_projections=True,
+        sources=_with(_MEGATRON_2021, _FUSED_QKV_2021,
                       ("attention_impl", "megatron/model/transformer.py (2021): baddbmm, FusedScaleMaskSoftmax, bmm"),
                       ("dp_kinds", "Megatron-LM's --DDP-impl (replicated states) or DeepSpeed ZeRO-3 (SC'21 Table 2: "
                                    "the ZeRO-3 rows); no distributed optimizer of its own"),
@@ -486,13 +505,17 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
                                      "forward, a checkpointed re-run included, release_sub_module after it; "
                                      "partition_parameters.py _allgather_param: one all_gather per parameter; "
                                      "zero/constants.py ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT False -> "
-                                     "stage3.py buffered_reduce_fallback: dist.all_reduce of 16-bit gradients")),
+                                     "stage3.py buffered_reduce_fallback: dist.all_reduce of 16-bit gradients; "
+                                     "_synchronize_communication: torch.cuda.synchronize() before each prefetch, and "
+                                     "_allgather_param: torch.zeros + torch.cuda.synchronize() + one narrow per rank "
+                                     "(for i in range(self.world_size)) on the host, the device idle")),
     ),
     EngineProfile(
         "megatron-deepspeed-2022", "megatron", "Megatron-DeepSpeed (MT-NLG 2021, BLOOM 2022)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="torch",
         loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", dp_kinds=("none", "ddp", "zero1"),
-        sources=_with(_MEGATRON_2021,
+        fused_projections=True,
+        sources=_with(_MEGATRON_2021, _FUSED_QKV_2021,
                       ("attention_impl", "megatron/model/transformer.py: baddbmm, FusedScaleMaskSoftmax, bmm"),
                       ("dp_kinds", "DeepSpeed ZeRO-1 beside its pipeline engine: deepspeed/runtime/pipe/engine.py "
                                    "asserts zero_optimization_stage() < ZeroStageEnum.gradients ('ZeRO-2 and ZeRO-3 are "
@@ -694,11 +717,20 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "llm-foundry-2023", "llm-foundry", "MosaicML llm-foundry (MPT, 2023)", norm_kernel="fused",
         optimizer_impl="fused", loss_kernel="fused", dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
+        grad_reduce="param", fused_projections=True,
         sources=(
             ("dp_kinds", "Composer FSDP sharding_strategy FULL_SHARD (fsdp), SHARD_GRAD_OP (zero2), HYBRID_SHARD "
                          "(hsdp), NO_SHARD / Composer DDP (ddp); no ZeRO-1"),
             ("state_layout", "Composer FSDP (FULL_SHARD, mixed_precision PURE): fp32 sharded parameters and optimizer states"),
             ("fsdp_units", "llmfoundry/models/mpt/modeling_mpt.py fsdp_wrap_fn: one FSDP unit per MPTBlock"),
+            ("fused_projections", "llmfoundry/models/layers/attention.py (v0.3.0) attention: self.Wqkv, one linear of "
+                                  "d_model + 2 x kv heads x head dim (q, k, v in one GEMM)"),
+            ("grad_reduce", "Composer v0.16.3 (llm-foundry v0.3.0's mosaicml>=0.16.3,<0.17) "
+                            "composer/trainer/mosaic_fsdp_utils.py get_mixed_precision: 'PURE' sets param_dtype = "
+                            "reduce_dtype = the precision (bf16), 'DEFAULT' (the benchmark README's H100 rows) "
+                            "param_dtype = bf16 and no reduce_dtype, which torch FSDP1 reduces in the param dtype "
+                            "(torch/distributed/fsdp/_flat_param.py _init_param_reduce_dtypes: 'infer gradient "
+                            "reduction mixed precision'): bf16 gradient reduce-scatters either way"),
             ("norm_kernel", "MPT low_precision_layernorm (one F.layer_norm kernel under autocast)"),
             ("attention_impl", "MPT attn_impl 'triton' / 'flash'"),
             ("loss_kernel", "llmfoundry: flash_attn.losses.cross_entropy CrossEntropyLoss (fused)"),

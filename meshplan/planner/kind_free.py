@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
-from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.precision import fp8_amax_reduction_s, fp8_recipe, fp8_weight_copy_bytes
 from meshplan.partition.schedule import ZERO_BUBBLE, held_states
 from meshplan.planner.memory_floor import rank_pipeline_buffers
@@ -306,9 +305,10 @@ def kind_free_terms(
         r_act=r_act, r_cast=r_cast, r_pipe=r_pipe, fp8_copy=fp8_copy, worst=worst, ep_cut=ep_cut, r_experts=r_experts,
         # gradients synced: every parameter, or (quantized) only the trainable ones, reduced in
         # fp32 on every precision as the runtime does (cost_models.grad_sync.GRAD_REDUCE_BYTES:
-        # fp32 master gradients under autocast, FSDP2 reduce_dtype fp32); parameters gathered in
-        # the training dtype
-        grad_bytes=(r_q[worst][3] if ev.quant else r_params[worst]) * GRAD_REDUCE_BYTES,
+        # fp32 master gradients under autocast, FSDP2 reduce_dtype fp32), or in the training dtype
+        # where the engine profile says so (EngineProfile.grad_reduce "param": torch FSDP1 under
+        # Composer); parameters gathered in the training dtype
+        grad_bytes=(r_q[worst][3] if ev.quant else r_params[worst]) * ev.states.grad_reduce_bytes,
         gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev.states.elem_bytes,
         rank_b=rank_sums([b + w for b, w in zip(st_b, st_w)]), rank_f=rank_sums(st_f),
         ep_s=ep_s, cp_s=cp_s, read_s=read_s, epcp_bytes=epcp_bytes,

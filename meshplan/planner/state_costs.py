@@ -34,6 +34,7 @@ from meshplan.cost_models.dp_kinds import (
 )
 from meshplan.cost_models.eager_ops import optimizer_step_s
 from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.engine_saves import fused_linears
 from meshplan.cost_models.fsdp_units import UnitLayer, fsdp_step_floor, fsdp_step_peak
 from meshplan.cost_models.grad_sync import (
     GRAD_REDUCE_BYTES,
@@ -114,10 +115,16 @@ class StateCosts:
         self.param_numel = sum(n.param_numel - n.frozen_param_numel for n in graph.nodes)
         # bytes per element of the gradients DP syncs and of the parameters FSDP gathers (the training dtype's)
         self.elem_bytes = elem_bytes
+        # bytes per element the gradient collectives move (EngineProfile.grad_reduce): fp32 (FSDP2's
+        # reduce_dtype, meshplan's runtime) or the training dtype (torch FSDP1 under Composer's mixed precision)
+        self.grad_reduce_bytes = GRAD_REDUCE_BYTES if profile.grad_reduce == "fp32" else elem_bytes
         self.largest_linear = max((n.param_numel for n in graph.nodes if n.kind == "linear"), default=0)
         # parameter tensors a per-tensor ZeRO-3 gathers one by one (the rest stay whole on every rank:
-        # DeepSpeed's stage3_param_persistence_threshold)
-        self.gathered_sizes = [float(n.param_numel) for n in graph.nodes if n.param_numel >= ZERO3_PERSISTENCE_NUMEL]
+        # DeepSpeed's stage3_param_persistence_threshold); the linears an engine fuses
+        # (EngineProfile.fused_projections: Megatron-LM's query_key_value) are one tensor
+        fused = fused_linears(graph.nodes, lambda n: None, lambda n: 1) if profile.fused_projections else {}
+        self.gathered_sizes = [float(m.param_numel) for n in graph.nodes
+                               if (m := fused.get(n.id, n)) is not None and m.param_numel >= ZERO3_PERSISTENCE_NUMEL]
         # FSDP units at pp = 1: the runtime wraps every repeated block, then the root
         self.fsdp_unit_count = sum(len(b.instances) for b in graph.blocks) + 1
 
@@ -377,7 +384,7 @@ class StateCosts:
         (``EPCPCosts.expert_dp_group``) and the rest over dp·cp, one after the other (two communicators)."""
         if expert_params <= 0 or c.dp_kind in ("none", "ddp"):  # ddp's split is evaluate's (bucketed)
             return self.dp_collectives(params_bytes, grad_bytes, c)
-        eg, ep_ = expert_params * GRAD_REDUCE_BYTES, expert_params * self.elem_bytes
+        eg, ep_ = expert_params * self.grad_reduce_bytes, expert_params * self.elem_bytes
         dense = self.dp_collectives(params_bytes - ep_, grad_bytes - eg, c)
         grp, gst = self.ep_cp.expert_dp_group(c)
         exp = dp_comm(c.dp_kind, eg, ep_, grp, self.cluster, stride=gst, pp=c.pp,
@@ -406,7 +413,7 @@ class StateCosts:
         if c.dp_kind == "ddp" and c.dp * c.cp > 1 and self.ddp_impl == "local":
             # Megatron-LM's local DDP: one flat all-reduce of the gradients in the training dtype
             # after backward, nothing overlapped, no SMs taken from compute (grad_sync.local_ddp_sync_s)
-            gb = grad_bytes / GRAD_REDUCE_BYTES * self.elem_bytes
+            gb = grad_bytes / self.grad_reduce_bytes * self.elem_bytes
             d = self.dp_collectives(gb, gb, c)
             exposed = local_ddp_sync_s(gb, lambda b: self.dp_collectives(b, b, c).sync_s,
                                        self.cluster.mem_bw_bytes_per_s * self.cluster.mem_efficiency)  # fmt: skip
@@ -420,7 +427,7 @@ class StateCosts:
             # what the runtime executes (cost_models.grad_sync): fp32 gradients in 25 MiB buckets,
             # each all-reduced (NCCL-costed over the DP group's layout) as soon as it is final in
             # the last microbatch's backward
-            exp_b = experts * GRAD_REDUCE_BYTES if c.ep > 1 or folded else 0.0  # the rank's stages
+            exp_b = experts * self.grad_reduce_bytes if c.ep > 1 or folded else 0.0  # the rank's stages
             exposed, hid = overlapped_sync_terms(
                 uniform_bucket_runs(grad_bytes - exp_b), backward_s, lambda b: self.dp_collectives(b, b, cd).sync_s)
             grp, gst = self.ep_cp.expert_dp_group(c)
