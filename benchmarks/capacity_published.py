@@ -1,7 +1,7 @@
 """Scaling efficiency on the published runs with several cluster sizes, predicted beside measured
 (issue 32 item 6).
 
-    python benchmarks/capacity_published.py
+    python benchmarks/capacity_published.py [--leave-one-source-out [--write-scaling-band]]
 
 Each published run is costed at its authors' configuration as ``benchmarks/published_cases.py``
 does (``estimate_case``: the same estimate, the same cases; the context-parallel groups are left
@@ -23,6 +23,12 @@ efficiency error = (1 + run's) / (1 + base's) − 1). The band is a median, so h
 errors lie outside it by construction; the last lines compare the quantiles of the |efficiency
 error| with the band file's step-time quantiles (p25, median, p75, p90) and count the runs within
 each.
+
+``--leave-one-source-out`` (``benchmarks/capacity_logo.py``) re-costs every scaled run with the one
+constant fitted from published runs (the matmul efficiency per GPU family) refitted without the
+run's source, and prints the median and quantiles of that left-out |efficiency error|: the band
+of the capacity output's scaling column; ``--write-scaling-band`` writes it to
+``meshplan/data/scaling_error.json``.
 """
 
 from __future__ import annotations
@@ -80,18 +86,16 @@ def flops_per_token(r: dict[str, Any]) -> float:
     return p.tflops_per_device * 1e12 * r["gpus"] / p.tokens_per_s if p.tokens_per_s else 0.0
 
 
-def main() -> None:
-    argparse.ArgumentParser(description=__doc__).parse_args()
-    t0 = time.perf_counter()
-    rows = run_all()
-    from meshplan.sizing.band import load_error_band
+def efficiency_error(base: dict[str, Any], run: dict[str, Any]) -> float:
+    """predicted / measured scaling efficiency − 1 of ``run`` against ``base`` (dicts with ``pred_tok``
+    and ``meas_tok``): the FLOP factor of a weak series is the same for both efficiencies and cancels."""
+    return (run["pred_tok"] / base["pred_tok"]) / (run["meas_tok"] / base["meas_tok"]) - 1
 
-    band = load_error_band()
-    print(f"band: {band.describe()}\n")
-    print("| series | kind | run | GPUs | measured efficiency | predicted efficiency | predicted - measured | "
-          "step error base / run | within ±band |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    diffs = []
+
+def scaled_rows(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per scaled run of ``SERIES`` (every run but its series' smallest): the series, its
+    base and the run (``run_all``'s dicts), measured and predicted efficiency and their error."""
+    out = []
     for name, kind, ids in SERIES:
         rs = [rows[i] for i in ids if i in rows]
         if len(rs) < 2:
@@ -102,13 +106,42 @@ def main() -> None:
             return r[key] * (flops_per_token(r) if kind == "weak" else 1.0)
 
         for r in rs[1:]:
-            meas = per_gpu(r, "meas_tok") / per_gpu(base, "meas_tok")
-            pred = per_gpu(r, "pred_tok") / per_gpu(base, "pred_tok")
-            rel = pred / meas - 1
-            diffs.append(abs(rel))
-            steps = f"{100 * (base['pred_tok'] / base['meas_tok'] - 1):+.1f}% / {100 * (r['pred_tok'] / r['meas_tok'] - 1):+.1f}%"
-            print(f"| {name} | {kind} | {r['id']} vs {base['gpus']} GPUs | {r['gpus']} | {meas:.1%} | {pred:.1%} | "
-                  f"{100 * (pred - meas):+.1f} pts ({100 * rel:+.1f}%) | {steps} | {'yes' if abs(rel) <= band.median else 'no'} |")
+            out.append({"series": name, "kind": kind, "base": base, "run": r,
+                        "meas": per_gpu(r, "meas_tok") / per_gpu(base, "meas_tok"),
+                        "pred": per_gpu(r, "pred_tok") / per_gpu(base, "pred_tok"),
+                        "rel": efficiency_error(base, r)})  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--leave-one-source-out", action="store_true",
+                    help="the efficiency error with the fitted constant refitted without each row's source "
+                         "(benchmarks/capacity_logo.py): the scaling band")
+    ap.add_argument("--write-scaling-band", action="store_true",
+                    help="with --leave-one-source-out, write meshplan/data/scaling_error.json")
+    args = ap.parse_args()
+    if args.leave_one_source_out or args.write_scaling_band:
+        import capacity_logo  # benchmarks/ is this script's folder
+
+        capacity_logo.main(args.write_scaling_band)
+        return
+    t0 = time.perf_counter()
+    rows = run_all()
+    from meshplan.sizing.band import load_error_band
+
+    band = load_error_band()
+    print(f"band: {band.describe()}\n")
+    print("| series | kind | run | GPUs | measured efficiency | predicted efficiency | predicted - measured | "
+          "step error base / run | within ±band |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    diffs = []
+    for e in scaled_rows(rows):
+        base, r, meas, pred, rel = e["base"], e["run"], e["meas"], e["pred"], e["rel"]
+        diffs.append(abs(rel))
+        steps = f"{100 * (base['pred_tok'] / base['meas_tok'] - 1):+.1f}% / {100 * (r['pred_tok'] / r['meas_tok'] - 1):+.1f}%"
+        print(f"| {e['series']} | {e['kind']} | {r['id']} vs {base['gpus']} GPUs | {r['gpus']} | {meas:.1%} | {pred:.1%} | "
+              f"{100 * (pred - meas):+.1f} pts ({100 * rel:+.1f}%) | {steps} | {'yes' if abs(rel) <= band.median else 'no'} |")
     within = sum(d <= band.median for d in diffs)
     print(f"\n{len(diffs)} scaled runs: median |predicted/measured efficiency - 1| {100 * statistics.median(diffs):.1f}%, "
           f"{within} of {len(diffs)} within ±{100 * band.median:.1f}%, {sum(d <= 2 * band.median for d in diffs)} within "

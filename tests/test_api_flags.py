@@ -41,7 +41,7 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
     "capacity": ("capacity", {
         "model": "model", "tokens": "tokens", "gpus": "gpus", "cluster": "clusters", "price": "prices",
         "deadline": "deadline", "budget": "budget", "global_batch": "global_batch", "seq": "seq_len",
-        "dtype": "dtype", "jobs": "jobs", "error_band": "error_band", "quiet": "progress",
+        "dtype": "dtype", "jobs": "jobs", "error_band": "error_band", "scaling_band": "scaling_band", "quiet": "progress",
         "optimizer": "optimizer", "momentum": "optimizer",
         "png": "call:meshplan.report.capacity_plot:write_capacity_png",
         "no_png": "call:meshplan.report.capacity_plot:write_capacity_png",

@@ -268,6 +268,8 @@ def test_text_and_pictures(graph, tmp_path, monkeypatch):
                           global_batch=64, error_band=BAND)  # fmt: skip
     text = format_report(rep)
     assert "PREDICTED" in text and "±10.0%" in text and "Pareto front" in text and "Fastest within" in text
+    # the scaling column's own band, and where it comes from (meshplan/data/scaling_error.json)
+    assert rep.scaling_band is not None and f"scaling band: {rep.scaling_band.describe()}" in text
     png = write_capacity_png(rep, tmp_path / "c.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = write_capacity_html(rep, tmp_path / "c.html").read_text()

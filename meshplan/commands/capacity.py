@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--error-band", default=None, metavar="JSON",
                         help="the cost model's measured error to band the figures with (default "
                              "meshplan/data/cost_model_error.json)")  # fmt: skip
+    parser.add_argument("--scaling-band", default=None, metavar="JSON",
+                        help="the measured scaling-efficiency error to band the scaling column with (default "
+                             "meshplan/data/scaling_error.json)")  # fmt: skip
     parser.add_argument("--png", default=None, metavar="FILE",
                         help="write the pictures here (default capacity-MODEL.png in the current folder)")
     parser.add_argument("--no-png", action="store_true", help="write no PNG")
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     q = ask(tokens=args.tokens, gpus=args.gpus, clusters=args.cluster, prices=args.price, deadline=args.deadline,
             budget=args.budget, global_batch=args.global_batch, dtype=args.dtype, jobs=args.jobs,
-            error_band=args.error_band, optimizer=optimizer_of(args))  # fmt: skip
+            error_band=args.error_band, optimizer=optimizer_of(args), scaling_band=args.scaling_band)  # fmt: skip
     # the collector stays on during the sweep (unlike `meshplan plan`'s one search): dozens of searches
     # would keep their cyclic garbage; loading the model runs with it off, then frozen
     with loading(getattr(args, "one_shot", False)):

@@ -114,7 +114,8 @@ def _scaling(ax: Any, rep: CapacityReport) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("tokens/s per GPU (predicted)")
-    ax.set_title("Scaling: tokens/s per GPU (hollow: under 80% of the smallest size)", fontsize=10)
+    pm = f"; scaling band ± {100 * rep.scaling_band.median:.1f}%" if rep.scaling_band is not None else ""
+    ax.set_title(f"Scaling: tokens/s per GPU (hollow: under 80% of the smallest size{pm})", fontsize=10)
     ax.grid(True, which="both", color="#eeeeee", lw=0.6)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7.5, loc="best")
@@ -153,7 +154,9 @@ def capacity_html(rep: CapacityReport) -> str:
         f"<!doctype html><html><head><meta charset='utf-8'><title>capacity: {escape(rep.model)}</title>"
         f"<style>{CSS}</style></head><body><h1>Capacity: {escape(rep.model)}, {rep.tokens:,} tokens</h1>"
         "<p class=pred>predicted by meshplan's cost model; nothing here was measured</p>"
-        f"<p class=note>{escape(rep.batch_rule)}<br>prices: {escape(prices)}<br>band: {escape(rep.band.describe())}</p>"
+        f"<p class=note>{escape(rep.batch_rule)}<br>prices: {escape(prices)}<br>band: {escape(rep.band.describe())}"
+        + (f"<br>scaling band: {escape(rep.scaling_band.describe())}" if rep.scaling_band is not None else "")
+        + "</p>"
         f"<div class=figure>{svg}</div><h2>Plans</h2>"
         + table(HEADERS, [row_cells(r) for r in rep.rows], numeric={1, 3, 4, 5, 6, 10, 11})
         + f"<ul>{lines}</ul><p class=note>answered in {rep.seconds:.1f} s wall</p></body></html>\n"

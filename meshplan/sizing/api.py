@@ -4,7 +4,8 @@
 kind at every GPU count (``sizing.sweep``: one costing memo per kind, reused across sizes) and
 returns one ``CapacityRow`` per (kind, count) with the best plan, its predicted tokens/s, MFU,
 peak memory, days to train, GPU-hours and cost (where a price is given), each time and cost with
-the ± band of the cost model's measured error (``sizing.band``), and the marks of
+the ± band of the cost model's measured error (``sizing.band``; the scaling column its own,
+``ScalingBand``), and the marks of
 ``sizing.rows.mark_rows`` (Pareto front, deadline and budget picks, scaling efficiency < 80%).
 ``capacity_report`` returns the same rows with what a reader needs beside them (the band's
 source, the batch rule, the sizes left out); the command prints it (``sizing.text``).
@@ -28,7 +29,7 @@ from meshplan.cost_models.memory import OPTIMIZERS
 from meshplan.graph import ModelGraph
 from meshplan.partition.cuts import layer_ranges
 from meshplan.profile.local import describe, is_local, local_profile
-from meshplan.sizing.band import ErrorBand, load_error_band
+from meshplan.sizing.band import ErrorBand, ScalingBand, load_error_band, load_scaling_band
 from meshplan.sizing.parse import (
     BatchSpec,
     GpuCounts,
@@ -62,6 +63,7 @@ class CapacityReport:
     budget: float | None = None
     seconds: float = 0.0  # wall time of the whole question (trace + searches)
     trace_seconds: float = 0.0
+    scaling_band: ScalingBand | None = None  # the scaling column's own band (``sizing.band``)
 
 
 def _graph(model: Any, seq_len: int | None, progress: Callable[[str], None]) -> ModelGraph:
@@ -118,6 +120,7 @@ class Question:
     jobs: int
     band: ErrorBand
     optimizer: str = "adam"
+    scaling_band: ScalingBand | None = None
 
 
 def ask(
@@ -133,6 +136,7 @@ def ask(
     jobs: int = 1,
     error_band: ErrorBand | str | Path | None = None,
     optimizer: str = "adam",
+    scaling_band: ScalingBand | str | Path | None = None,
 ) -> Question:
     """Parse and check the question (``ValueError``, one line, before anything is traced)."""
     kinds = _clusters(clusters)
@@ -148,9 +152,10 @@ def ask(
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r} unknown; use one of {', '.join(OPTIMIZERS)}")
     band = error_band if isinstance(error_band, ErrorBand) else load_error_band(error_band)
+    scaling = scaling_band if isinstance(scaling_band, ScalingBand) else load_scaling_band(scaling_band)
     return Question(tokens=parse_tokens(tokens), counts=parse_gpus(gpus), kinds=tuple(kinds), prices=price,
                     deadline_days=parse_deadline(deadline), budget=money, batch=parse_batch(global_batch),
-                    dtype=dtype, jobs=jobs, band=band, optimizer=optimizer)  # fmt: skip
+                    dtype=dtype, jobs=jobs, band=band, optimizer=optimizer, scaling_band=scaling)  # fmt: skip
 
 
 def answer(graph: ModelGraph, q: Question, *, progress: Callable[[str], None] | None = None,
@@ -181,7 +186,7 @@ def answer(graph: ModelGraph, q: Question, *, progress: Callable[[str], None] | 
     return CapacityReport(
         model=graph.model_name, tokens=q.tokens, rows=tuple(rows), band=q.band, batch_rule=rule,
         skipped=tuple(skipped), prices=q.prices, deadline_days=q.deadline_days, budget=q.budget,
-        seconds=time.perf_counter() - t0, trace_seconds=t_trace,
+        seconds=time.perf_counter() - t0, trace_seconds=t_trace, scaling_band=q.scaling_band,
     )  # fmt: skip
 
 
@@ -218,7 +223,8 @@ def capacity(model: Any, *, tokens: str | int | float, gpus: str | int | Sequenc
     module. ``tokens``: ``"15T"`` or a number. ``gpus``: ``"256-8192"`` (swept), ``"256,512"`` or a
     list. ``clusters``: preset names. Keywords as ``capacity_report``: ``prices`` ({"h100": 2.49} or
     "h100=2.49"), ``deadline`` ("30d"), ``budget`` ("2.5M"), ``global_batch``, ``seq_len``,
-    ``dtype``, ``jobs``, ``optimizer`` (``cost_models.memory.OPTIMIZERS``, default "adam"), ``progress``. Every figure is predicted, with the band in ``days_low`` ..
+    ``dtype``, ``jobs``, ``optimizer`` (``cost_models.memory.OPTIMIZERS``, default "adam"), ``progress``,
+    ``error_band`` / ``scaling_band`` (a band file other than the packaged ones). Every figure is predicted, with the band in ``days_low`` ..
     ``days_high`` and ``cost_low`` .. ``cost_high``."""
     return list(capacity_report(model, tokens=tokens, gpus=gpus, clusters=clusters, **kw).rows)
 

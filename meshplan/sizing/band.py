@@ -11,7 +11,14 @@ scored on; issue 33). Fields (errors are fractions, 0.09 = 9%)::
 
 Required: format_version, method, median_abs_rel_error, cases, groups, commit; the others are
 optional (p90 gives the wide band). ``ErrorBand.describe()`` is the line the outputs print.
-No torch import.
+
+The scaling column has a band of its own (``ScalingBand``, ``meshplan/data/scaling_error.json``):
+scaling efficiency is a ratio of two predictions, whose error is not the step time's. The file is
+written by ``benchmarks/capacity_published.py --leave-one-source-out --write-scaling-band``: the
+|predicted/measured − 1| of the published scaling series' efficiencies, both runs of each row
+costed with the fitted constant refitted without the row's source. Fields as above with quantity
+"scaling_efficiency", method "leave-one-source-out", ``groups`` the sources, and ``series``;
+``rows`` (each row's left-out error) is read by the test that re-costs one. No torch import.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 FORMAT_VERSION = 1
 REQUIRED = ("format_version", "method", "median_abs_rel_error", "cases", "groups", "commit")
 DEFAULT_NAME = "data/cost_model_error.json"
+SCALING_NAME = "data/scaling_error.json"
 
 
 @dataclass(frozen=True)
@@ -102,4 +110,53 @@ def load_error_band(path: str | Path | None = None) -> ErrorBand:
     return band_from_dict(d, source)
 
 
-__all__ = ["ErrorBand", "FORMAT_VERSION", "band_from_dict", "load_error_band"]
+@dataclass(frozen=True)
+class ScalingBand:
+    """The measured relative error of predicted scaling efficiency (fractions; module docstring)."""
+
+    median: float
+    method: str
+    cases: int
+    series: int
+    sources: int
+    commit: str
+    p90: float | None = None
+    source: str = f"meshplan/{SCALING_NAME}"
+
+    def describe(self) -> str:
+        """One line: the band of the scaling column, where it comes from and how it was measured."""
+        extra = f", 90th percentile ±{100 * self.p90:.0f}%" if self.p90 is not None else ""
+        return (f"±{100 * self.median:.1f}% on the scaling column: the {self.method} median |scaling-efficiency error| "
+                f"over {self.cases} published scaled runs in {self.series} series from {self.sources} sources{extra} "
+                f"({self.source} at {self.commit})")
+
+
+def load_scaling_band(path: str | Path | None = None) -> ScalingBand:
+    """The scaling band from ``path`` or the packaged ``meshplan/data/scaling_error.json``;
+    ``ValueError`` (one line) where it is missing or malformed."""
+    if path is None:
+        res = resources.files("meshplan").joinpath(SCALING_NAME)
+        if not res.is_file():
+            raise ValueError(f"meshplan/{SCALING_NAME} is missing: run benchmarks/capacity_published.py "
+                             "--leave-one-source-out --write-scaling-band")  # fmt: skip
+        text, source = res.read_text(), f"meshplan/{SCALING_NAME}"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"scaling-band file {str(p)!r} does not exist")
+        text, source = p.read_text(), str(p)
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source}: not JSON ({e})") from e
+    b = band_from_dict(d, source)  # the same required fields and checks; groups = sources
+    if d.get("quantity") != "scaling_efficiency":
+        raise ValueError(f"{source}: quantity must be 'scaling_efficiency', got {d.get('quantity')!r}")
+    series = d.get("series")
+    if isinstance(series, bool) or not isinstance(series, int) or series < 1:
+        raise ValueError(f"{source}: series must be a positive integer, got {series!r}")
+    return ScalingBand(median=b.median, method=b.method, cases=b.cases, series=series, sources=b.groups,
+                       commit=b.commit, p90=b.p90, source=source)  # fmt: skip
+
+
+__all__ = ["ErrorBand", "FORMAT_VERSION", "ScalingBand", "band_from_dict", "load_error_band", "load_scaling_band"]

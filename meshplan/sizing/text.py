@@ -1,6 +1,6 @@
 """The printed answer of ``meshplan capacity``: a table per (kind, GPU count), then the Pareto
-front, the deadline and budget picks, where scaling efficiency falls below 80%, and where the band
-comes from. Every figure says predicted. No torch import.
+front, the deadline and budget picks, where scaling efficiency falls below 80%, and where the bands
+(times and costs; the scaling column's own) come from. Every figure says predicted. No torch import.
 """
 
 from __future__ import annotations
@@ -103,8 +103,9 @@ def summary_lines(rep: CapacityReport) -> list[str]:
         if low:
             first = min(low, key=lambda r: r.gpus)
             base = min((r for r in fitting if r.cluster == kind), key=lambda r: r.gpus)
+            pm = f" ± {100 * rep.scaling_band.median:.1f}%" if rep.scaling_band is not None else ""
             lines.append(f"Scaling efficiency of {kind} falls below {EFFICIENCY_MARK:.0%} at {first.gpus:,} GPUs "
-                         f"({percent_down(first.scaling_efficiency or 0.0)} of {base.gpus:,} GPUs' tokens/s per GPU)")  # fmt: skip
+                         f"({percent_down(first.scaling_efficiency or 0.0)}{pm} of {base.gpus:,} GPUs' tokens/s per GPU)")  # fmt: skip
         elif any(r.cluster == kind and r.fits for r in rows):
             lines.append(f"Scaling efficiency of {kind} stays at or above {EFFICIENCY_MARK:.0%} over the sizes planned")
     if rep.skipped:
@@ -146,6 +147,7 @@ def format_report(rep: CapacityReport, rows: Sequence[CapacityRow] | None = None
         rep.batch_rule,
         f"prices: {prices}",
         f"band: {rep.band.describe()}",
+        *([f"scaling band: {rep.scaling_band.describe()}"] if rep.scaling_band is not None else []),
         "",
     ]
     table = tabulate([row_cells(r) for r in rows], headers=HEADERS, tablefmt="simple", disable_numparse=True)
