@@ -55,3 +55,20 @@ def test_signal_stops_the_whole_tree(tmp_path: Path, sig: int, mode: str, code: 
         for pid in tagged_pids(mark, "TEST_TREE_MARK"):
             os.kill(pid, signal.SIGKILL)
         p.kill()
+
+
+def test_workers_get_expandable_segments_unless_the_user_set_an_allocator() -> None:
+    """The CUDA caching allocator's expandable segments (torchtitan's default) for every worker; a user's
+    own setting, under either variable name, is left as it is."""
+    from meshplan.runtime.launch.supervise import ALLOC_CONF, worker_env
+
+    assert worker_env({"PATH": "/bin"}) == {"PATH": "/bin", "PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF}
+    assert worker_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}) == {
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}
+    assert worker_env({"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) == {
+        "PYTORCH_ALLOC_CONF": "expandable_segments:False"}
+    child = subprocess.run([sys.executable, "-c", SUPERVISOR, "import os; print(os.environ['PYTORCH_CUDA_ALLOC_CONF'])",
+                            "x"], capture_output=True, text=True, env={k: v for k, v in os.environ.items()
+                                                                        if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")},
+                           timeout=60)
+    assert child.stdout.strip() == ALLOC_CONF, child.stderr
