@@ -76,7 +76,8 @@ def test_torch_ring_rotation_and_the_fp32_gradient_ring() -> None:
 
 
 def test_profiles_name_their_ring() -> None:
-    assert CP_ROTATES[0] == "ring" and engine_profile("meshplan").cp_rotate == "ring"
+    assert CP_ROTATES[0] == "ring" and engine_profile("meshplan").cp_rotate == "ring-dkv"
+    assert any(f == "cp_rotate" and "ring_attention.py" in src for f, src in engine_profile("meshplan").sources)
     for name in ("torchtitan-2024.12", "torchtitan-2026"):
         p = engine_profile(name)
         assert p.cp_rotate == "allgather" and any(f == "cp_rotate" for f, _ in p.sources)

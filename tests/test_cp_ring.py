@@ -1,9 +1,11 @@
-"""The context-parallel ring as run and as costed (#17): grouped-query key/value heads exchanged
-un-repeated, each shift overlapped with a block's compute, selective recompute under cp.
+"""The context-parallel ring as run and as costed (#17, #33): one fused attention kernel per ring
+step, the ring one autograd Function, grouped-query key/value heads exchanged un-repeated, each
+shift overlapped with a kernel call, selective recompute under cp.
 
 * The ring alone equals SDPA (``enable_gqa``) on the whole sequence, output and q/k/v gradients,
-  causal and not; its events show every shift posted before the blocks it overlaps and waited
-  after them, forward and backward.
+  causal and not; its events show every shift posted before the kernel it overlaps and waited
+  after it, forward and backward (the backward re-sends key/value and sends each block's fp32
+  dK/dV accumulator with it, the last one waited after the loop).
 * Whole plans (the zoo Llama, 4 query / 2 key-value heads) train like one device for 3 steps under
   recompute none / selective / full / op at cp2, cp4, cp2 x dp2 and cp2 x tp2, and the bytes the
   ring sent over the steps (counted at its ``isend`` call sites) equal ``STEPS ×`` the cost model's
@@ -26,6 +28,7 @@ def _costed_bytes(cfg: dict) -> float:
     """The cost model's ring bytes per step for ``cfg`` (epcp_cases' plan: 2 sequences per microbatch)."""
     from epcp_cases import SEQ, build
 
+    from meshplan.cost_models.engine_profiles import MESHPLAN
     from meshplan.cost_models.hardware import ClusterSpec
     from meshplan.planner.epcp_cost import epcp_terms
     from meshplan.trace import trace_model
@@ -33,7 +36,8 @@ def _costed_bytes(cfg: dict) -> float:
     g = trace_model(build("llama"), (torch.zeros(1, SEQ, dtype=torch.long),))
     assert {n.attrs["num_kv_heads"] for n in g.nodes_of_kind("attention")} == {2}  # un-repeated, traced
     t = epcp_terms(g, ClusterSpec.preset("h100"), cp=cfg["cp"], ep=1, micro_batch=2, dtype="fp32",
-                   capacity_factor=1.0, elem_bytes=4, tp=cfg.get("tp", 1), recompute=cfg["recompute"])
+                   capacity_factor=1.0, elem_bytes=4, tp=cfg.get("tp", 1), recompute=cfg["recompute"],
+                   cp_rotate=MESHPLAN.cp_rotate)
     return t.comm_bytes["send_recv"] * cfg.get("m", 1)
 
 
@@ -55,15 +59,19 @@ class TestTwoRanks:
         for attn, plans in results:
             for causal, errs, events, sends, nbytes in attn:
                 assert max(errs) <= ATOL, (causal, errs)
-                # forward: the shift posted before the own blocks, waited after them; backward: the
-                # gradient of block 1 sent back while block 0's backward runs
+                # forward: the shift posted before the own kernel, waited after it; backward: key/value
+                # shifted again over step 0's kernel, step 0's accumulator over step 1's, the last
+                # accumulator (this rank's own block's gradient) waited after the loop
                 assert events == ["post kv", "block 0", "wait kv", "block 1",
-                                  "block bw 1", "post dkv", "block bw 0", "wait dkv"], events
-                assert sends == 2 and nbytes == 2 * (2 * 2 * 2 * 8 * 8 * 8)  # [k;v] of 2 kv heads, float64
+                                  "post kv", "block bw 0", "post dkv", "wait kv",
+                                  "block bw 1", "wait dkv", "post dkv", "wait dkv"], events
+                # [k;v] of 2 kv heads in float64 forward and backward, two float64 accumulators of its size
+                assert sends == 4 and nbytes == 4 * (2 * 2 * 2 * 8 * 8 * 8)
             _check_plans(plans, cfgs)
-        # the replayed forward under recomputation sends its shifts again: 3/2 of the plain ring
+        # the replayed forward under recomputation sends its shifts again: at cp2 in fp32 the plain
+        # ring sends 4 blocks' bytes per call (key/value each way, two accumulators), recomputed 5
         sent = {r[0]["recompute"]: r[3] for r in results[0][1]}
-        assert sent["selective"] == sent["full"] == sent["op"] == 3 * sent["none"] // 2
+        assert sent["selective"] == sent["full"] == sent["op"] == 5 * sent["none"] // 4
 
 
 class TestFourRanks:
@@ -74,8 +82,8 @@ class TestFourRanks:
             for causal, errs, events, sends, _ in attn:
                 assert max(errs) <= ATOL, (causal, errs)
                 assert events[:6] == ["post kv", "block 0", "wait kv", "post kv", "block 1", "wait kv"], events
-                assert events[-4:] == ["wait dkv", "post dkv", "block bw 0", "wait dkv"], events
-                assert sends == 6
+                assert events[-5:] == ["wait kv", "block bw 3", "wait dkv", "post dkv", "wait dkv"], events
+                assert sends == 3 + 3 + 4  # key/value forward and backward, cp accumulators
             _check_plans(plans, cfgs)
 
 

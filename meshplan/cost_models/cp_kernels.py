@@ -52,8 +52,11 @@ and cp − 1 − r of the other, so a step is costed as their mean):
               send torch.cat in fp32 (8, every step), dQ and dK/dV back to e (4 + e)
 
 at HBM speed (``mem_bw · mem_efficiency``), each step's ~10 forward / ~7 backward elementwise
-kernels at least ``kernel_floor_s`` each. "ring" (meshplan's runtime: bf16 p2p shifts overlapped
-step by step, ``epcp.cp_ring_exposed_s``; Megatron-Core / TE's p2p ring) keeps that pricing.
+kernels at least ``kernel_floor_s`` each. "ring" (Megatron-Core / TE's p2p ring: bf16 p2p shifts
+overlapped step by step, ``epcp.cp_ring_exposed_s``) keeps that pricing. "ring-dkv" (meshplan's
+runtime, ``runtime/apply/ring_attention.py``: the same shifts, the backward re-sending key/value
+and an fp32 dK/dV accumulator, ``epcp.cp_ring_exposed_s(dkv_bytes=...)``) adds its own merge and
+accumulation passes (``ring_dkv_memory_bytes``).
 """
 
 from __future__ import annotations
@@ -67,15 +70,26 @@ from meshplan.cost_models.efficiency import (
 )
 from meshplan.cost_models.hardware import ClusterSpec
 
-#: how a CP implementation moves key/value blocks: "ring" (meshplan's runtime, Megatron-Core / TE p2p:
-#: ``epcp.cp_ring_exposed_s``), "allgather" / "alltoall" (torch's context_parallel rotate methods)
-CP_ROTATES = ("ring", "allgather", "alltoall")
+#: how a CP implementation moves key/value blocks: "ring" (Megatron-Core / TE p2p:
+#: ``epcp.cp_ring_exposed_s``), "ring-dkv" (meshplan's runtime: the same p2p ring, its backward
+#: re-sending key/value and an fp32 dK/dV accumulator, ``ring_dkv_memory_bytes``), "allgather" /
+#: "alltoall" (torch's context_parallel rotate methods)
+CP_ROTATES = ("ring", "ring-dkv", "allgather", "alltoall")
+#: the torch context_parallel rotate methods (``torch_ring_exposed_s``)
+TORCH_ROTATES = ("allgather", "alltoall")
 #: torch's _cp_options.convert_to_f32: the merge and the dQ/dK/dV accumulation run in fp32
 ACCUM_BYTES = 4
 #: elementwise kernels per ring step of torch's _templated_ring_attention (forward: out/lse to fp32,
 #: the merge's subtractions, sigmoid, product, logsigmoid, the partial update's cats; backward: the
 #: dK/dV/dQ additions or partial updates and the dK/dV send cat), counted from the source
 TORCH_STEP_KERNELS = (10, 7)
+#: elementwise kernels per ring step of meshplan's ring (runtime/apply/ring_attention.py _RingAttention):
+#: forward the step's output and log-sum-exp to fp32, logaddexp, two exps, the weighted output,
+#: mul_, add_, copy_; backward dq +=, dk +=, dv +=
+RING_DKV_STEP_KERNELS = (9, 3)
+#: the mean share of a rank's rows a ring step after the first updates under the causal 2·cp split:
+#: steps s <= rank merge every query row and add to half the key rows, steps s > rank the reverse
+RING_STEP_ROWS = 0.75
 
 
 def cp_step_shape_ratio(batch: float, heads: float, seq_len: int, cp: int, head_dim: int, cluster: ClusterSpec) -> float:
@@ -128,6 +142,42 @@ def torch_ring_memory_bytes(kv_bytes: float, q_bytes: float, cp: int, elem_bytes
     return fwd, bwd
 
 
+def ring_dkv_memory_bytes(kv_bytes: float, q_bytes: float, cp: int, elem_bytes: int) -> tuple[float, float]:
+    """(forward, backward) bytes of meshplan's ring's own memory passes on one rank per attention
+    layer (``runtime/apply/ring_attention.py``; ``kv_bytes`` its key + value block, ``q_bytes`` its
+    query (= output) block, in the activation dtype of ``elem_bytes``; per element, fp32 = 4):
+
+        forward   torch.stack([k, v]) (2·kv); step 0's output to fp32 (e + 4); each later step on
+                  its rows (``RING_STEP_ROWS``): output to fp32 (e + 4), the weighted output (8),
+                  mul_ (8), add_ (12); the merged output back to e (4 + e)
+        backward  zeros of the fp32 dq (4) and dk/dv (4), torch.stack([k, v]) (2·kv); dq, dk, dv +=
+                  (8 + e) at step 0 and on each later step's rows; dq, dk, dv back to e (4 + e)
+
+    The log-sum-exp passes (1/head_dim of these) are left out."""
+    e, f = float(elem_bytes), float(ACCUM_BYTES)
+    E, kv = q_bytes / e, kv_bytes / e  # elements
+    later = (cp - 1) * RING_STEP_ROWS
+    fwd = 2 * kv_bytes + (e + f) * E + later * (e + f + 28) * E + (f + e) * E
+    add = (2 * f + e) * (E + kv)
+    bwd = f * (E + kv) + 2 * kv_bytes + add * (1 + later) + (f + e) * (E + kv)
+    return fwd, bwd
+
+
+def ring_dkv_passes_s(kv_bytes: float, q_bytes: float, cp: int, elem_bytes: int,
+                      cluster: ClusterSpec) -> tuple[float, float]:
+    """(forward, backward) seconds of ``ring_dkv_memory_bytes`` at HBM speed, each ring step's
+    ``RING_DKV_STEP_KERNELS`` at least ``kernel_floor_s`` each; (0, 0) at cp <= 1."""
+    if cp <= 1:
+        return 0.0, 0.0
+    mb_f, mb_b = ring_dkv_memory_bytes(kv_bytes, q_bytes, cp, elem_bytes)
+    bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
+    if bw <= 0:
+        return 0.0, 0.0
+    floor = cluster.kernel_floor_s
+    return (max(mb_f / bw, cp * RING_DKV_STEP_KERNELS[0] * floor),
+            max(mb_b / bw, cp * RING_DKV_STEP_KERNELS[1] * floor))
+
+
 def torch_ring_exposed_s(kv_bytes: float, q_bytes: float, cp: int, attn_fwd_s: float, attn_bwd_s: float,
                          cluster: ClusterSpec, *, rotate: str, elem_bytes: int, stride: int = 0,
                          forward_passes: int = 1) -> tuple[float, float]:
@@ -137,8 +187,8 @@ def torch_ring_exposed_s(kv_bytes: float, q_bytes: float, cp: int, attn_fwd_s: f
     accumulation memory passes. ``attn_fwd_s`` / ``attn_bwd_s``: the layer's attention on this rank
     (all cp steps); ``stride``: the cp group's rank distance (tp; 0: inside one node).
     ``forward_passes`` only checks its argument (the caller multiplies the forward part)."""
-    if rotate not in CP_ROTATES[1:]:
-        raise ValueError(f"rotate must be one of {', '.join(CP_ROTATES[1:])}, got {rotate!r}")
+    if rotate not in TORCH_ROTATES:
+        raise ValueError(f"rotate must be one of {', '.join(TORCH_ROTATES)}, got {rotate!r}")
     if forward_passes < 0:
         raise ValueError(f"forward_passes must be >= 0, got {forward_passes!r}")
     if cp <= 1:
@@ -162,5 +212,6 @@ def torch_ring_exposed_s(kv_bytes: float, q_bytes: float, cp: int, attn_fwd_s: f
     return fwd, bwd
 
 
-__all__ = ["ACCUM_BYTES", "CP_ROTATES", "TORCH_STEP_KERNELS", "cp_step_shape_ratio", "torch_ring_exposed_s",
-           "torch_ring_memory_bytes"]
+__all__ = ["ACCUM_BYTES", "CP_ROTATES", "RING_DKV_STEP_KERNELS", "RING_STEP_ROWS", "TORCH_ROTATES",
+           "TORCH_STEP_KERNELS", "cp_step_shape_ratio", "ring_dkv_memory_bytes", "ring_dkv_passes_s",
+           "torch_ring_exposed_s", "torch_ring_memory_bytes"]

@@ -118,9 +118,11 @@ class EngineProfile:
       wrappers, Megatron's ``recompute_num_layers`` = 1) or the whole stage ("stage": meshplan's
       runtime, every layer of the stage rematerialized at once, beside each other).
     - ``cp_rotate`` (``cp_kernels.CP_ROTATES``): how context parallelism's ring attention moves key /
-      value blocks and what else it runs: "ring" (meshplan's runtime; Megatron-Core / TE's p2p ring:
-      bf16 shifts overlapped step by step) or torch's context_parallel ("allgather" / "alltoall",
-      its ``_cp_options.rotate_method``: the rotation, dK/dV sent in fp32, its merge passes).
+      value blocks and what else it runs: "ring" (Megatron-Core / TE's p2p ring: bf16 shifts
+      overlapped step by step, the gradient sent back), "ring-dkv" (meshplan's runtime: the same
+      p2p shifts, the backward re-sending key / value and an fp32 dK/dV accumulator, its merge
+      passes) or torch's context_parallel ("allgather" / "alltoall", its
+      ``_cp_options.rotate_method``: the rotation, dK/dV sent in fp32, its merge passes).
     - ``attention_backend``: the fused attention kernel the engine runs ("flash": the cluster's own,
       torch SDPA's FlashAttention-2; "cudnn": Transformer Engine's FusedAttention, which TE selects
       over FlashAttention on Hopper: ``hardware.with_attention_backend``).
@@ -238,8 +240,11 @@ class EngineProfile:
 
 _MESHPLAN = EngineProfile(
     "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
-    shard_over_cp=True, recompute_unit="stage",
+    shard_over_cp=True, recompute_unit="stage", cp_rotate="ring-dkv",
     sources=(
+        ("cp_rotate", "runtime/apply/ring_attention.py: one fused attention kernel per ring step (flash on CPU, "
+                      "efficient on CUDA) in one autograd Function; forward [k; v] cp - 1 p2p shifts, backward "
+                      "[k; v] again cp - 1 and the fp32 [dk; dv] accumulator cp shifts"),
         ("recompute_unit", "runtime/apply/recompute.py: at pp > 1 a stage is one flat fx GraphModule, so the whole "
                            "stage is one checkpointed segment per microbatch (CheckpointedStage; zero-bubble "
                            "schedules: cached_checkpoint.CachedCheckpointStage)"),
@@ -787,6 +792,20 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         ),
     ),
 )}  # fmt: skip
+
+#: where a profile keeps the p2p "ring" (``cp_kernels.CP_ROTATES``; meshplan's runtime runs "ring-dkv"), why
+_RING_SOURCES: dict[str, str] = {
+    "megatron": "'ring': Megatron's context parallelism, where the version has it, is Transformer Engine's p2p "
+                "ring (attention.py AttnFuncWithCPAndKVP2P, cp_comm_type 'p2p' default); before core_v0.5 none",
+    "torchtitan": "'ring', not traced for this version (torch's context_parallel rotate method not read here; "
+                  "0413364 has no context parallelism: it came with b19456a, 2024-10-22)",
+    "llm-foundry": "'ring' unused: no context parallelism in this engine",
+    "deepspeed": "'ring' unused: DeepSpeed's sequence parallelism is Ulysses (all-to-all of heads), no ring",
+    "zero": "assumed: the p2p ring (no source)",
+}
+PROFILES = {n: p if p.cp_rotate != "ring" or any(f == "cp_rotate" for f, _ in p.sources)
+            else dataclasses.replace(p, sources=(*p.sources, ("cp_rotate", _RING_SOURCES[p.engine])))
+            for n, p in PROFILES.items()}
 
 #: the profile of each engine of ``engines.spec.CAPS`` as installed here (``estimate --from-*``, ``--target``)
 INSTALLED = {"torchtitan": "torchtitan-2026", "megatron": "megatron-core-2026", "deepspeed": "deepspeed-2026",

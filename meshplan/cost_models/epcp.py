@@ -224,12 +224,18 @@ def cp_kv_bytes(batch: float, seq_len: int, cp: int, kv_heads: int, head_dim: in
 
 def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_fwd_s: float, cluster: ClusterSpec, *,
                       attn_bwd_s: float | None = None, spans_nodes: bool = False, stride: int = 0,
-                      forward_passes: int = 1) -> float:
+                      forward_passes: int = 1, dkv_bytes: float = 0.0) -> float:
     """Exposed seconds of one attention layer's ring exchange, forward + backward, as executed:
     per ring step ``max(0, t − c)`` plus the SMs the hidden part takes from the blocks
     (``overlap_slowdown_s``), with ``t`` one shift's transfer and ``c`` one step's blocks
     (``attn_fwd_s / cp`` forward, ``attn_bwd_s / cp`` backward; ``attn_bwd_s`` defaults to
     twice the forward, Dao 2023), ``cp − 1`` shifts each way (module docstring).
+
+    ``dkv_bytes`` > 0: the backward of meshplan's ring (``runtime/apply/ring_attention.py``,
+    ``cp_rotate`` "ring-dkv"): the key/value block again ``cp − 1`` times and the ``dkv_bytes``
+    gradient accumulator ``cp`` times, on the same link; step s's kernel hides the key/value shift
+    posted before it (s < cp − 1) and the accumulator posted after step s − 1 (s >= 1); the last
+    accumulator, waited after the loop, is exposed whole.
 
     ``attn_fwd_s``: the layer's attention forward time on this rank (all cp steps).
     ``forward_passes`` = 2 under recomputation (the re-run forward repeats its shifts)."""
@@ -238,7 +244,13 @@ def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_fwd_s: float, cluster: Clus
     t = _collective_s("send_recv", kv_bytes, cp if stride else 2, cluster, spans_nodes, stride)
     bwd_s = 2 * attn_fwd_s if attn_bwd_s is None else attn_bwd_s
 
-    def per_step(c: float) -> float:  # exposed transfer + what the hidden part takes from the blocks
-        return max(0.0, t - c) + overlap_slowdown_s(min(t, c), c, cluster)
+    def per_step(c: float, x: float = t) -> float:  # exposed transfer + what the hidden part takes from the blocks
+        return max(0.0, x - c) + overlap_slowdown_s(min(x, c), c, cluster)
 
-    return (cp - 1) * (forward_passes * per_step(attn_fwd_s / cp) + per_step(bwd_s / cp))
+    fwd = (cp - 1) * per_step(attn_fwd_s / cp)
+    if dkv_bytes <= 0:
+        return forward_passes * fwd + (cp - 1) * per_step(bwd_s / cp)
+    td = _collective_s("send_recv", dkv_bytes, cp if stride else 2, cluster, spans_nodes, stride)
+    c_b = bwd_s / cp
+    bwd = sum(per_step(c_b, t * (s < cp - 1) + td * (s >= 1)) for s in range(cp)) + td
+    return forward_passes * fwd + bwd

@@ -39,7 +39,12 @@ from operator import add, attrgetter, itemgetter
 from typing import Any
 
 from meshplan.cost_models.compute import node_time
-from meshplan.cost_models.cp_kernels import ACCUM_BYTES, cp_step_shape_ratio, torch_ring_exposed_s
+from meshplan.cost_models.cp_kernels import (
+    ACCUM_BYTES,
+    cp_step_shape_ratio,
+    ring_dkv_passes_s,
+    torch_ring_exposed_s,
+)
 from meshplan.cost_models.epcp import (
     cp_kv_bytes,
     cp_ring_exposed_s,
@@ -84,7 +89,7 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                spans_nodes: bool = False, stride: int = 0,
                nodes: Iterable[GraphNode] | None = None, folding: bool = False, dp: int = 1,
                fp8_recipe: str = DEFAULT_FP8_RECIPE, moe_dispatcher: str = "alltoall",
-               cp_rotate: str = "ring", main_grad_bytes: int = 4) -> EPCPTerms:
+               cp_rotate: str = "ring-dkv", main_grad_bytes: int = 4) -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
     them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp); ``nodes``: the nodes
     to cost (a pipeline stage's; default all: pp = 1). Under TP a rank's ring
@@ -101,7 +106,9 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     (``cost_models.epcp.MOE_DISPATCHERS``): the copies of a token a dispatch and a combine move
     (``dispatch_copies``: one per routed expert, or under "flex" one per destination rank).
     ``cp_rotate`` (``cost_models.cp_kernels.CP_ROTATES``): how the engine's ring moves key/value
-    blocks: "ring" (meshplan's runtime, TE p2p: ``epcp.cp_ring_exposed_s``) or torch's
+    blocks: "ring" (TE p2p: ``epcp.cp_ring_exposed_s``), "ring-dkv" (meshplan's runtime: that ring, its
+    backward re-sending key/value and an fp32 dK/dV accumulator, plus its merge passes,
+    ``cp_kernels.ring_dkv_passes_s``) or torch's
     context_parallel "allgather" / "alltoall" (``cp_kernels.torch_ring_exposed_s``: its rotation,
     the fp32 dK/dV ring and its merge / accumulation passes). Under any of them the ring's cp flash
     calls are timed at their chunk shapes (``cp_kernels.cp_step_shape_ratio``) and what that adds
@@ -171,14 +178,21 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
             # ... each of the cp calls at least a kernel launch (the table's one kernel has one floor)
             floor = cp * (cluster.kernel_floor_s + cluster.op_overhead_s)
             shape_f, shape_b = max(ratio * f_s, floor) - f_s, max(ratio * b_s, floor) - b_s
-            if cp_rotate == "ring":
+            qb = micro_batch * graph.seq_len / cp * heads * a["head_dim"] * elem_bytes
+            if cp_rotate in ("ring", "ring-dkv"):
+                # ring-dkv (meshplan's runtime): the backward re-sends key/value, an fp32 dK/dV accumulator
+                # travels cp times, and the merge / accumulation passes run beside the kernels
+                dkvb = kvb * ACCUM_BYTES / elem_bytes if cp_rotate == "ring-dkv" else 0.0
                 ring = functools.partial(cp_ring_exposed_s, kvb, cp, f_s * ratio, cluster, attn_bwd_s=b_s * ratio,
-                                         spans_nodes=spans_nodes, stride=stride)
+                                         spans_nodes=spans_nodes, stride=stride, dkv_bytes=dkvb)
                 bwd = ring(forward_passes=0)
                 fwd = ring(forward_passes=1) - bwd
-                out.comm_bytes["send_recv"] = out.comm_bytes.get("send_recv", 0.0) + rounds * (cp - 1) * kvb
+                # key/value each forward pass and in the backward (ring: its gradient instead), accumulators
+                out.comm_bytes["send_recv"] = out.comm_bytes.get("send_recv", 0.0) + rounds * (cp - 1) * kvb + cp * dkvb
+                if dkvb:
+                    pf, pb = ring_dkv_passes_s(kvb, qb, cp, elem_bytes, cluster)
+                    fwd, bwd = fwd + pf, bwd + pb
             else:  # torch's context_parallel: its rotation, the fp32 dK/dV ring, its merge passes
-                qb = micro_batch * graph.seq_len / cp * heads * a["head_dim"] * elem_bytes
                 fwd, bwd = torch_ring_exposed_s(kvb, qb, cp, f_s * ratio, b_s * ratio, cluster, rotate=cp_rotate,
                                                 elem_bytes=elem_bytes, stride=stride)  # fmt: skip
                 kind = "all_gather" if cp_rotate == "allgather" else "all_to_all"
