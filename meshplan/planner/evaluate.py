@@ -504,14 +504,17 @@ class ConfigEvaluator:
         rs_grads = 0.0  # sharded gradients the reserved figure holds beside the live peak (below)
         cast = k.r_cast if self.states.runs_autocast(c) else [0.0 for _ in ranks]
         live = [r_act[r] + cast[r] for r in ranks]
-        if self.states.grads_after_activations(c) and self.coster.quant.mode in ("none", "qat"):
+        # meshplan's BucketedGradSync (cp / ep at pp = 1): every gradient's flat copy at the backward's end
+        unq = self.coster.quant.mode in ("none", "qat")  # QAT trains and reduces every parameter
+        flats = r_params[0] * bpp.grads if self.states.grad_sync_flats(c) and unq else 0.0
+        if self.states.grads_after_activations(c) and unq:
             # one microbatch, no pipeline, no DDP bucket: gradients come into being in the backward
             # as the activations it consumes are freed (the step ends with zero_grad(set_to_none)),
             # so the peak holds the larger of the two, not both (measured: benchmarks/bench_memory.py;
             # QAT trains every parameter as unquantized; QLoRA's adapters are priced with their states)
             g0 = r_params[0] * bpp.grads + emb_g
             # the backward's end: the gradients beside what recompute rematerializes of the first layer
-            end = g0 + max((x.transient_bytes for a, b in runs for x in t.layers[a:b]), default=0.0)
+            end = g0 + flats + max((x.transient_bytes for a, b in runs for x in t.layers[a:b]), default=0.0)
             before, live[0] = live[0], max(live[0], end) - g0
             if c.dp_kind in ("fsdp", "zero2", "hsdp") and c.dp * c.cp > 1:
                 # reserved, not live: FSDP2 allocates the sharded gradients (its reduce-scatter
@@ -519,6 +522,8 @@ class ConfigEvaluator:
                 # allocator pool cannot take the blocks the default stream's freed activations
                 # leave (allocator.fsdp_stream_pool_bytes): the reserved peak holds both
                 rs_grads = max(before, end - g0) - max(before, end) + g0
+        elif flats:  # gradients held through the step (microbatches): beside the activations or the flats
+            live[0] = max(live[0], flats)
         r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
         if self.states.fsdp_steps(c):
             # FSDP2 per block without a pipeline, unit by unit (cost_models.fsdp_units): the root's
@@ -553,6 +558,8 @@ class ConfigEvaluator:
         pools = self.states.stream_pools(c, t, runs, on_rank)
         if pools:  # reserved by the allocator, not live: not in peak_mem_bytes (allocator.reserved_peak_bytes)
             mem_breakdown["fsdp_stream_pools"] = int(pools)
+        if flats > 0:  # live at the backward's end, in peak_mem_bytes: BucketedGradSync's flat copies
+            mem_breakdown["grad_sync_flats"] = int(flats)
         if ddp_b > 0:  # live, in peak_mem_bytes: DDP's Reducer buckets
             mem_breakdown["ddp_buckets"] = int(ddp_b)
         if emb_g > 0:  # live, in peak_mem_bytes: a vocab-parallel embedding's whole gradient (DTensor TP)

@@ -212,17 +212,29 @@ class StateCosts:
         beside. Measured on benchmarks/bench_memory.py (4 blocks): fsdp -2.4 %, zero2 -5.3 %, hsdp
         -3.2 % with the rule, +15.5 / +10.4 / +7.0 % without (an earlier harness, whose tracker
         hooks leaked autograd nodes, had shown +4 to +12 % and -5 to -14 %). Under torch's DDP
-        (ddp, zero1) too, its Reducer's buckets counted beside (``ddp_bucket_bytes``)."""
+        (ddp, zero1) too, its Reducer's buckets counted beside (``ddp_bucket_bytes``), and under
+        meshplan's own bucketed reduction (``grad_sync_flats``), its flat copies at the backward's end."""
         return (self.state_layout == "torch" and c.pp == 1 and c.num_microbatches == 1
                 and (c.dp * c.cp == 1 or c.dp_kind in ("fsdp", "zero2", "hsdp")
-                     or self.ddp_buckets(c)))
+                     or self.ddp_buckets(c) or self.grad_sync_flats(c)))
 
     def ddp_buckets(self, c: Config) -> bool:
         """Whether ``c`` runs torch's DistributedDataParallel over its parameters (ddp, zero1 at pp = 1
         in meshplan's runtime, ``runtime/apply/data_parallel.wrap_dp``; ``ddp_impl`` "torch", the
-        "torch" state layout)."""
-        return (c.pp == 1 and c.dp_kind in ("ddp", "zero1") and c.dp * c.cp > 1 and self.ddp_impl == "torch"
-                and self.state_layout == "torch")
+        "torch" state layout). Not under cp or ep: there the runtime reduces the gradients with its
+        own ``BucketedGradSync`` over dp x cp (``runtime/apply/steps.apply_epcp_step``, mode "epcp";
+        ``grad_sync_flats``)."""
+        return (c.pp == 1 and c.dp_kind in ("ddp", "zero1") and c.dp > 1 and c.cp * c.ep == 1
+                and self.ddp_impl == "torch" and self.state_layout == "torch")
+
+    def grad_sync_flats(self, c: Config) -> bool:
+        """Whether ``c``'s gradients are reduced by meshplan's ``BucketedGradSync`` at pp = 1 under cp or
+        ep (ddp, zero1, none: ``runtime/apply/epcp.py`` attach): each bucket's gradients are
+        flattened into a new buffer when the bucket is final in the last backward and written back
+        in ``finish()`` after it, so at the backward's end every gradient has its flat copy beside
+        it (``runtime/apply/grad_sync.py``), and nothing of it lives in the forward."""
+        return (c.pp == 1 and c.dp_kind in ("ddp", "zero1", "none") and c.dp * c.cp > 1 and c.cp * c.ep > 1
+                and self.ddp_impl == "torch" and self.state_layout == "torch")
 
     def ddp_bucket_bytes(self, c: Config, params: float) -> float:
         """DDP's Reducer buckets for ``params`` trainable parameters (``ddp_buckets``): flat copies
