@@ -9,12 +9,14 @@ log-sum-exp merge of two key halves against the whole. One process, no collectiv
 
     python benchmarks/cp_ring_gpu_check.py        # prints one line per case, exits 1 on a mismatch
     python benchmarks/cp_ring_gpu_check.py --cpu  # the same checks of the CPU flash calls (the harness)
+    python benchmarks/cp_ring_gpu_check.py --out cp_ring_gpu.txt   # the lines also written to a file
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -57,22 +59,44 @@ def _merge(dtype: torch.dtype, dev: str, n: int = 256, h: int = 8, hkv: int = 2,
 
 
 def main(argv: list[str] | None = None) -> int:
-    dev = "cpu" if "--cpu" in (argv if argv is not None else sys.argv[1:]) else "cuda"  # --cpu: the harness itself
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true", help="check the CPU flash calls instead (the harness itself)")
+    ap.add_argument("--out", default="", help="also write the lines to this file")
+    args = ap.parse_args(argv)
+    dev = "cpu" if args.cpu else "cuda"
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     if dev == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: nothing checked")
-        return 1
+        say("no CUDA device: nothing checked")
+        bad = 1
+    else:
+        bad = _run(dev, say)
+        say(f"{torch.__version__} {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}: "
+            f"{'all ok' if not bad else f'{bad} MISMATCH(ES)'}")
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 1 if bad else 0
+
+
+def _run(dev: str, say: Any) -> int:
     bad = 0
     for dtype in (torch.bfloat16, torch.float32):
         for lq, lk, causal in ((512, 512, True), (512, 256, False), (256, 512, False), (512, 512, False)):
             err = _case(dtype, dev, lq, lk, causal)
             ok = err <= TOL[dtype]
             bad += not ok
-            print(f"{str(dtype):15s} q {lq} k {lk} causal {causal!s:5s}: max |err| {err:.2e} {'ok' if ok else 'MISMATCH'}")
+            say(f"{str(dtype):15s} q {lq} k {lk} causal {causal!s:5s}: max |err| {err:.2e} {'ok' if ok else 'MISMATCH'}")
         err = _merge(dtype, dev)
         ok = err <= TOL[dtype]
         bad += not ok
-        print(f"{str(dtype):15s} log-sum-exp merge of two key halves: max |err| {err:.2e} {'ok' if ok else 'MISMATCH'}")
-    return 1 if bad else 0
+        say(f"{str(dtype):15s} log-sum-exp merge of two key halves: max |err| {err:.2e} {'ok' if ok else 'MISMATCH'}")
+    return bad
 
 
 if __name__ == "__main__":
