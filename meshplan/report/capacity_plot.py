@@ -114,8 +114,8 @@ def _scaling(ax: Any, rep: CapacityReport) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("tokens/s per GPU (predicted)")
-    pm = f"; scaling band ± {100 * rep.scaling_band.median:.1f}%" if rep.scaling_band is not None else ""
-    ax.set_title(f"Scaling: tokens/s per GPU (hollow: under 80% of the smallest size{pm})", fontsize=10)
+    pm = f"\nscaling band ± {100 * rep.scaling_band.median:.1f}% (predicted efficiency)" if rep.scaling_band is not None else ""
+    ax.set_title(f"Scaling: tokens/s per GPU (hollow: under 80% of the smallest size){pm}", fontsize=10)
     ax.grid(True, which="both", color="#eeeeee", lw=0.6)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7.5, loc="best")
