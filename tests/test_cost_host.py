@@ -158,3 +158,46 @@ def test_llama_block_op_counts_with_its_python_rmsnorm() -> None:
         y.backward(torch.ones_like(y))
     assert ops.fwd == pytest.approx(sum(fwd.ops.values()) + fwd.views, rel=0.1)
     assert ops.bwd == pytest.approx(sum(bwd.ops.values()) + bwd.views, rel=0.1)
+
+
+def test_qlora_llama_block_op_counts() -> None:
+    """The zoo Llama block with every linear a QLoRA linear (torchao NF4 base, LoRA adapters) under
+    bf16 autocast: the host floor counts each linear's 44 + 53 dispatches (its two eager
+    dequantizations included, ``cost_models.qlora_kernels``), against torch's count (#33)."""
+    pytest.importorskip("torchao")
+    from meshplan.cost_models.quant_nodes import qlora_host_ops
+    from meshplan.models.llama import llama
+    from meshplan.plan import Quantization
+    from meshplan.profile.host import _op_counter
+    from meshplan.runtime.apply.quant import apply_quantization
+
+    q = Quantization(mode="qlora", group_size=32, lora_rank=4)
+    graph = load_graph("llama-tiny", seq=16)
+    consumers: dict[int, list[int]] = {}
+    for s, d, _ in graph.edges:
+        consumers.setdefault(s, []).append(d)
+    nodes = [n for n in graph.nodes if n.block == graph.blocks[0].instances[1]]
+    diff = {n.id for n in graph.nodes if n.kind not in ("input", "constant", "output")}
+    kw = dict(consumers=lambda i: consumers.get(i, ()), autocast=True, fp32_ids=fp32_under_autocast(graph.nodes),
+              norm_kernel="eager", differentiable=diff.__contains__)
+    plain = layer_host_ops(nodes, **kw)  # type: ignore[arg-type]
+    ops = layer_host_ops(nodes, linear_ops=lambda n: qlora_host_ops(n, q, autocast=True), **kw)  # type: ignore[arg-type]
+    torch.manual_seed(0)
+    model = llama("llama-tiny")
+    apply_quantization(model, q)
+    block, seen = model.blocks[1], {}
+    hook = block.register_forward_pre_hook(lambda mod, args: seen.__setitem__("args", args))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randint(0, 100, (1, 16)))
+    hook.remove()
+    args = [a.detach().requires_grad_(i == 0) for i, a in enumerate(seen["args"])]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        block(*args).float().sum().backward()  # the adapters' gradients exist from here on
+    fwd, bwd = _op_counter(), _op_counter()
+    with fwd, torch.autocast("cpu", dtype=torch.bfloat16):
+        y = block(*args)
+    with bwd:
+        y.backward(torch.ones_like(y))
+    assert ops.fwd > 3 * plain.fwd
+    assert ops.fwd == pytest.approx(sum(fwd.ops.values()) + fwd.views, rel=0.1)
+    assert ops.bwd == pytest.approx(sum(bwd.ops.values()) + bwd.views, rel=0.1)
