@@ -27,6 +27,8 @@
 #                 what the cost model's host-dispatch floor reads
 #   16 pretrained a Hugging Face Llama (random weights of another seed) written with save_pretrained, planned and
 #                 run from those weights (`meshplan run --init-from`, RunRecord run_hf.json)
+#   17 qlora      benchmarks/qlora_dequant_gpu.py: torchao's eager NF4 dequantization and the QLoRA linear's
+#                 forward + backward at Llama-3-8B shapes, CUDA events, each next to its prediction (#33)
 # Then benchmarks/gpu_check_report.py prints (and writes DIR/summary.md) predicted vs measured step
 # time and peak memory per run, launch-to-first-step seconds, and the calibrated re-plan.
 #
@@ -187,5 +189,7 @@ step 16a-save-pretrained 120 "$PY" hf_model.py
 step 16b-plan-hf 120 "${MP[@]}" plan hf_model.py:model -n 1 --cluster "$CLUSTER" "${SHAPE[@]}" -o plan_hf.json
 step 16c-run-pretrained 240 "${MP[@]}" run plan_hf.json --model hf_model.py:model --init-from hf_weights --steps "$STEPS" \
   --log-every 1 --record run_hf.json "${RUN_EXTRA[@]}"
+if [ "$CPU" = 1 ]; then QL=(--device cpu --scale 32 --reps 2); else QL=(); fi
+step 17-qlora-dequant 120 "$PY" "$REPO/benchmarks/qlora_dequant_gpu.py" --json qlora_dequant.json "${QL[@]}"
 
 "$PY" "$REPO/benchmarks/gpu_check_report.py" "$OUT" | tee "$OUT/summary.md"
