@@ -100,6 +100,8 @@ def paths(big: bool) -> list[Path_]:
         Path_("pp 1f1b x fsdp", 4, dict(tp=1, pp=2, dp=2, schedule="1f1b", dp_kind="fsdp"), microbatches=4),
         Path_("pp 1f1b+recompute_full", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b", recompute="full"),
               microbatches=4),
+        Path_("pp zero-bubble+recompute_full", 2, dict(tp=1, pp=2, dp=1, schedule="zero-bubble", recompute="full"),
+              microbatches=4),
         Path_("pp 1f1b x tp", 4, dict(tp=2, pp=2, dp=1, schedule="1f1b", sequence_parallel=False), microbatches=4),
     ]
 

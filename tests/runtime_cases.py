@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from meshplan.runtime.apply.block_checkpoint import BlockCheckpoint
+
 VOCAB, SEQ, BATCH = 64, 8, 8
 
 
@@ -206,9 +208,11 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
             made = sum(getattr(s, "uncached_outputs", 0) for s in stages)
             extra.append(f"uncached_outputs={made}/{len(data) * cfg['m'] * sending}")
     calls = sum(getattr(m, "calls", 0) for m in pm.modules)  # selective recompute: SDPA calls checkpointed
-    runs = sum(getattr(m, "runs", 0) for m in pm.modules)  # full recompute at pp > 1: stage forwards incl. recomputes
+    runs = sum(getattr(m, "runs", 0) for m in pm.modules)  # a stage checkpointed whole: forwards incl. recomputes
+    # full recompute at pp > 1: each block's forwards incl. recomputes (runtime/apply/block_checkpoint.py)
+    blocks = [b.runs for m in pm.modules for b in m.modules() if isinstance(b, BlockCheckpoint)]
     return loss_err, param_err, list(pm.notes) + extra + ([f"sdpa_checkpointed={calls}"] if calls else []) + (
-        [f"stage_runs={runs}"] if runs else [])
+        [f"stage_runs={runs}"] if runs else []) + ([f"block_runs={min(blocks)},{max(blocks)}"] if blocks else [])
 
 
 def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int = 2) -> list[tuple]:

@@ -93,8 +93,10 @@ PATHS = {
     "tp2 + sequence parallel": (2, 1, dict(tp=2, pp=1, dp=1, sequence_parallel=True, cluster="fast-links")),
     "single rank, full recompute, 2 microbatches (autocast's cache to the forward's end)":
         (1, 2, dict(tp=1, pp=1, dp=1, recompute="full")),
-    "pp2 1f1b + full recompute (each stage one checkpoint region)":
+    "pp2 1f1b + full recompute (each block of a stage graph one checkpoint region)":
         (2, 4, dict(tp=1, pp=2, dp=1, schedule="1f1b", recompute="full")),
+    "pp2 zero-bubble + full recompute (each block re-run in the input and in the weight pass)":
+        (2, 4, dict(tp=1, pp=2, dp=1, schedule="zero-bubble", recompute="full")),
     "pp2 1f1b": (2, 4, dict(tp=1, pp=2, dp=1, schedule="1f1b")),
     "pp2 gpipe (the last rank keeps every microbatch's log-softmax)": (2, 4, dict(tp=1, pp=2, dp=1, schedule="gpipe")),
     "cp2 (context parallel)": (2, 1, dict(tp=1, pp=1, dp=1, cp=2)),

@@ -406,3 +406,54 @@ def test_full_recompute_under_split_backward_runs_once_per_microbatch() -> None:
     # no ModuleList blocks at pp = 1: the whole model is one checkpointed segment (not skipped)
     mods, note = recompute.apply_recompute([torch.nn.Linear(2, 2)], "full", pipelined=False, schedule="1f1b")
     assert isinstance(mods[0], recompute.CheckpointedStage) and "one checkpointed segment" in note
+
+
+def test_full_recompute_in_a_pipeline_stage_checkpoints_each_block(gpt_and_graph) -> None:
+    """A stage graph's blocks each run under torch's checkpoint (block_checkpoint.py): same FQNs and
+    state dict, the same gradients as the stage without recompute, each block re-run once by a plain
+    backward and once per pass of the split backward (the weight pass's calls under one GraphExecGroup)."""
+    import copy
+
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from torch.utils.checkpoint import GraphExecGroup
+
+    from meshplan.runtime.apply import recompute
+    from meshplan.runtime.apply.block_checkpoint import BlockCheckpoint, block_of, block_segments
+
+    m, gm, _, _ = gpt_and_graph
+    stage = split.split_stages(gm, _plan(m, gm, pp=2).stages)[1].module  # blocks 2, 3, ln_f, lm_head
+    ref = copy.deepcopy(stage)
+    assert [block_of(run[0]) for run in block_segments(stage)] == ["blocks.2", "blocks.3"]
+    mods, note = recompute.apply_recompute([stage], "full", pipelined=True, schedule="1f1b")
+    assert mods[0] is stage and note.startswith("recompute=full: 2 blocks checkpointed inside the stage graphs")
+    assert list(stage.state_dict()) == list(ref.state_dict())
+    assert [n for n, _ in stage.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    blocks = [b for b in stage.modules() if isinstance(b, BlockCheckpoint)]
+    assert [b.block for b in blocks] == ["blocks.2", "blocks.3"]
+    assert not any(n.op == "call_module" and n.target.startswith("blocks.") for n in stage.graph.nodes)
+
+    x = torch.randn(2, 16, 32)
+
+    def grads(mod: torch.nn.Module, split_backward: bool) -> list[torch.Tensor]:
+        mod.zero_grad()
+        xx = x.clone().requires_grad_()
+        torch.manual_seed(3)  # dropout: the recompute restores the forward's RNG state
+        loss = mod(xx).pow(2).mean()
+        if not split_backward:
+            loss.backward()
+            return [xx.grad, *(p.grad for p in mod.parameters())]
+        params = list(mod.parameters())
+        dx, groups = stage_backward_input([loss], None, [xx], iter(params))
+        assert len(groups) > len(blocks)  # several weight-gradient calls per block
+        with GraphExecGroup():
+            stage_backward_weight(iter(params), groups)
+        return [dx[0], *(p.grad for p in params)]
+
+    want = grads(ref, False)
+    for split_backward, runs in ((False, 2), (True, 3)):
+        for b in blocks:
+            b.runs = 0
+        got = grads(stage, split_backward)
+        assert [b.runs for b in blocks] == [runs, runs]  # forward + one recompute per backward pass
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)

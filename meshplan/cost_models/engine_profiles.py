@@ -115,8 +115,11 @@ class EngineProfile:
       weight per microbatch in flight) or the whole pipeline step ("step": one copy per stage).
     - ``recompute_unit`` (``RECOMPUTE_UNITS``): under full / op recompute with pp > 1, what one
       checkpoint region re-runs in backward: one repeated block ("block": torchtitan's per-block
-      wrappers, Megatron's ``recompute_num_layers`` = 1) or the whole stage ("stage": meshplan's
-      runtime, every layer of the stage rematerialized at once, beside each other).
+      wrappers, Megatron's ``recompute_num_layers`` = 1, meshplan's runtime's ``block_checkpoint``;
+      under a split backward torch's checkpoint re-runs a block in the input pass and again in the
+      weight pass, ``planner.kind_free``) or the whole stage ("stage": every layer of the stage
+      rematerialized at once, beside each other; meshplan's runtime before per-block checkpointing,
+      no profile now).
     - ``cp_rotate`` (``cp_kernels.CP_ROTATES``): how context parallelism's ring attention moves key /
       value blocks and what else it runs: "ring" (Megatron-Core / TE's p2p ring: bf16 shifts
       overlapped step by step, the gradient sent back), "ring-dkv" (meshplan's runtime: the same
@@ -240,14 +243,15 @@ class EngineProfile:
 
 _MESHPLAN = EngineProfile(
     "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
-    shard_over_cp=True, recompute_unit="stage", cp_rotate="ring-dkv",
+    shard_over_cp=True, recompute_unit="block", cp_rotate="ring-dkv",
     sources=(
         ("cp_rotate", "runtime/apply/ring_attention.py: one fused attention kernel per ring step (flash on CPU, "
                       "efficient on CUDA) in one autograd Function; forward [k; v] cp - 1 p2p shifts, backward "
                       "[k; v] again cp - 1 and the fp32 [dk; dv] accumulator cp shifts"),
-        ("recompute_unit", "runtime/apply/recompute.py: at pp > 1 a stage is one flat fx GraphModule, so the whole "
-                           "stage is one checkpointed segment per microbatch (CheckpointedStage; zero-bubble "
-                           "schedules: cached_checkpoint.CachedCheckpointStage)"),
+        ("recompute_unit", "runtime/apply/block_checkpoint.py checkpoint_stage_blocks: at pp > 1 each block of a "
+                           "stage's fx graph (the outermost nn.ModuleList child on a node's nn_module_stack) is "
+                           "moved into a BlockCheckpoint run under torch.utils.checkpoint (use_reentrant=False); "
+                           "called from runtime/apply/recompute.py apply_recompute"),
         ("autocast_cache", "runtime/apply/parallel_model.py ParallelModel.step: schedule.step inside "
                            "precision.step_cast_cache, one torch.autocast region over the step (recompute none / "
                            "selective): autocast's cache casts each fp32 weight once per step"),

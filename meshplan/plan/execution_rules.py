@@ -45,9 +45,9 @@ def recompute_blocker(*, pp: int, schedule: str, recompute: str) -> str:
             "boundaries to count matmuls in (runtime/apply/op_recompute.py checkpoints nn.ModuleList blocks); "
             "re-plan with recompute=selective or full"
         )
-    # recompute=full under zero-bubble / ZBV runs: runtime/apply/cached_checkpoint.py recomputes a stage once
-    # per microbatch in the input-gradient pass and keeps it for the weight-gradient passes (torch's
-    # checkpoint would re-run it for every weight-gradient group of the split backward)
+    # recompute=full under zero-bubble / ZBV runs: runtime/apply/block_checkpoint.py checkpoints each block,
+    # re-run once in the input-gradient pass and once in the weight-gradient pass (one GraphExecGroup per
+    # microbatch's weight pass; torch's checkpoint alone would re-run it for every weight-gradient group)
     return ""
 
 

@@ -158,6 +158,14 @@ def kind_free_terms(
         runs = ev.split(t, n_st, c.virtual_stages) if n_st > 1 else [(0, len(t.layers))]
     cols = stage_columns(ev, t, runs)
     st_f, st_b, st_w, st_rec, st_tp = cols.f, cols.b, cols.w, cols.rec, cols.tp
+    # a split backward (zero-bubble schedules) re-runs a block checkpointed on its own in the input pass
+    # AND in the weight pass: torch's checkpoint re-runs a region in every backward graph task that reads
+    # it, and torch.distributed.pipelining's weight pass is autograd.grad calls of its own (meshplan's
+    # runtime puts a microbatch's under one GraphExecGroup: one more re-run, runtime/apply/schedules.py)
+    rerun_w = (c.pp > 1 and c.schedule in ZERO_BUBBLE and c.recompute in ("full", "op")
+               and ev.recompute_unit == "block")
+    if rerun_w:
+        st_w = [w + r for w, r in zip(st_w, st_rec)]
     # EP all-to-all, CP ring, expert imbalance / weight reads of each stage's own layers, inside its
     # forward and (input-)backward, so the schedule simulator times them where they run
     st_ec = ev.ep_cp.epcp_stages(c, t, runs) if ev.ep_cp.has_epcp(c) else []
@@ -247,7 +255,7 @@ def kind_free_terms(
     else:  # interleaved: a rank's chunks hold different counts at its peak, weighted over its order
         r_act, r_cast = rank_held(c, st_act), rank_held(c, cast_mb)
     st_infl = stage_inflight(c, placement, infl)
-    # meshplan's runtime under full recompute and a pipeline: one checkpoint region per stage call
+    # recompute_unit "stage" (meshplan's runtime before per-block checkpointing): one region per stage call
     whole = c.pp > 1 and c.recompute == "full" and ev.recompute_unit == "stage"
     rank_runs = [[run] for run in runs] if one else [[runs[i] for i in on_rank[r]] for r in ranks]
     trans = [ev.transient(t, rr, whole) for rr in rank_runs]
@@ -312,7 +320,7 @@ def kind_free_terms(
         gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev.states.elem_bytes,
         rank_b=rank_sums([b + w for b, w in zip(st_b, st_w)]), rank_f=rank_sums(st_f),
         ep_s=ep_s, cp_s=cp_s, read_s=read_s, epcp_bytes=epcp_bytes,
-        tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b),
+        tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b) * (2 if rerun_w else 1),
         compute=m * rank_work[busiest] - tp_s - ep_s - cp_s - read_s,
         bubble=max(0.0, makespan - m * rank_work[busiest]),
         pp_comm=m * sends(st_send) if c.pp > 1 else 0.0,

@@ -98,6 +98,12 @@ def simulated_makespan(
     t1, t2 = run(m1), run(m2)
     slope = (t2.makespan_s - t1.makespan_s) / (m2 - m1)
     makespan = t1.makespan_s + slope * (m - m1)
-    busy = m * sum(fi + bi + wi for fi, bi, wi in zip(f, b, w))
+    # a linear extrapolation can undershoot what no schedule beats (a zero-bubble rank's deferred weight
+    # passes change pattern with m): never below the lower bound
+    totals = [fi + bi + wi for fi, bi, wi in zip(f, b, w)]
+    on_rank = placement(c.schedule, p, v)
+    rank_work = [sum(t for t, r in zip(totals, on_rank) if r == k) for k in range(p)]
+    makespan = max(makespan, makespan_lower_bound(c, f, totals, rank_work))
+    busy = m * sum(totals)
     bubble = p * makespan / busy - 1.0 if busy > 0 else 0.0
     return makespan, max(0.0, bubble)

@@ -5,12 +5,16 @@
 * pp = 1 (the eager model runs): every child of every ``nn.ModuleList`` (the repeated blocks) is
   wrapped with torch's non-reentrant ``checkpoint_wrapper``: a block keeps only its input and
   re-runs its forward in backward; a model without ``ModuleList`` blocks is one checkpointed segment.
-* pp > 1 (a stage is one flat fx GraphModule, blocks are not separate calls): the whole stage is
-  one checkpointed segment per microbatch, so an in-flight microbatch holds only its stage input.
-  Under zero-bubble schedules torch's checkpoint would re-run the stage once per weight-gradient
-  group of the split backward (about 20 forwards per microbatch on the tiny test GPT, vs 2 under
-  1F1B); there the stage is a ``cached_checkpoint.CachedCheckpointStage``: one recompute per
-  microbatch, in the input-gradient pass, its saved tensors kept for the weight-gradient passes.
+* pp > 1 (a stage is one flat fx GraphModule, blocks are not separate calls): each block inside the
+  stage's graph runs under torch's non-reentrant checkpoint (``block_checkpoint.checkpoint_stage_blocks``:
+  the graph is rewritten so each block is one ``BlockCheckpoint`` call), as torchtitan and Megatron
+  checkpoint per block; an in-flight microbatch holds each block's input. Under zero-bubble
+  schedules a microbatch's weight-gradient pass runs under one ``GraphExecGroup``
+  (``schedules.InFlightStage``): each block is re-run once in the input-gradient pass and once in
+  the weight-gradient pass. A stage graph with no blocks is one checkpointed segment
+  (``CheckpointedStage``; under zero-bubble ``cached_checkpoint.CachedCheckpointStage``: one
+  recompute per microbatch, in the input-gradient pass, its saved tensors kept for the
+  weight-gradient passes).
 
 "selective" (Korthikanti et al.: recompute only the attention core, keep the linears'
 activations), at any pp and under every schedule: what runs (the model at pp = 1, each stage
@@ -37,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.plan.execution_rules import ZERO_BUBBLE_SCHEDULES, recompute_blocker
+from meshplan.runtime.apply.block_checkpoint import checkpoint_stage_blocks
 from meshplan.runtime.apply.cached_checkpoint import CachedCheckpointStage, CountingStage
 
 WRAPPED = "_checkpoint_wrapped_module."
@@ -137,11 +142,18 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
             from meshplan.errors import PlanMismatchError
 
             raise PlanMismatchError(why)
-        if schedule in ZERO_BUBBLE_SCHEDULES:
+        n = sum(checkpoint_stage_blocks(m) for m in modules)
+        split = schedule in ZERO_BUBBLE_SCHEDULES
+        if n:
+            return modules, f"recompute={mode}: {n} blocks checkpointed inside the stage graphs" + (
+                " (split backward: each block re-run once in the input-gradient pass and once in the "
+                "microbatch's weight-gradient pass, under one GraphExecGroup)" if split else "")
+        if split:  # no repeated blocks: the whole stage is one segment
             return [CachedCheckpointStage(m) for m in modules], (
-                f"recompute={mode}: one checkpointed segment per stage, recomputed once per microbatch in the "
-                "input-gradient pass and kept for the weight-gradient passes (split backward)")
-        return [CheckpointedStage(m) for m in modules], f"recompute={mode}: one checkpointed segment per stage{suffix}"
+                f"recompute={mode}: no nn.ModuleList blocks, one checkpointed segment per stage, recomputed once per "
+                "microbatch in the input-gradient pass and kept for the weight-gradient passes (split backward)")
+        return [CheckpointedStage(m) for m in modules], (
+            f"recompute={mode}: no nn.ModuleList blocks, one checkpointed segment per stage{suffix}")
     n = sum(checkpoint_blocks(m) for m in modules)
     if n == 0:  # no repeated blocks to checkpoint one by one: the whole model is one segment
         return [CheckpointedStage(m) for m in modules], f"recompute={mode}: no nn.ModuleList blocks, the model is one checkpointed segment"

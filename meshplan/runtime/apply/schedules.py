@@ -33,6 +33,11 @@ try:  # torch >= 2.12 (the pinned 2.13): receive metadata that allocates a buffe
 except ImportError:  # older torch (2.11 on the GPU machine, PLATFORM.md): torch's own stages, below
     _make_tensor_from_meta = None
 
+try:  # torch's group of backward calls that re-run a checkpointed region once (torch 2.13 has it)
+    from torch.utils.checkpoint import GraphExecGroup
+except ImportError:  # older torch: each weight-gradient call re-runs the blocks it reads (slower, same gradients)
+    from contextlib import nullcontext as GraphExecGroup  # type: ignore[assignment]  # noqa: N812
+
 from meshplan.errors import PlanMismatchError
 
 
@@ -177,7 +182,11 @@ class InFlightStage(PipelineStage):
 
     def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         state = self.backward_state.get(bwd_chunk_id)
-        out = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
+        # one microbatch's weight-gradient autograd.grad calls (one per parameter group) under one group:
+        # a block checkpointed by torch's checkpoint (block_checkpoint.py) is re-run once for all of them,
+        # not once per call; without checkpointed regions the group changes nothing
+        with GraphExecGroup():
+            out = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
         if self.is_last and state is not None:
             _drop_graph(state[2])  # the loss, kept for the deferred weight step
         return out
