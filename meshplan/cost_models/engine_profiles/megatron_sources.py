@@ -1,17 +1,55 @@
 """Where Megatron-LM 2022 and 2023 set the conventions of their engine profiles
 (``engine_profiles.PROFILES`` "megatron-lm-2022", "megatron-lm-2023", "megatron-lm-2023+flash"): one
-(field, file and default at that commit) per ``EngineProfile`` field, read from github.com/NVIDIA/Megatron-LM.
+(field, file and default at that commit) per ``EngineProfile`` field, read from github.com/NVIDIA/Megatron-LM;
+and the Megatron-LM 2021 sources, its fused QKV and the Transformer Engine attention choice the other
+Megatron-family profiles (``megatron_profiles``, ``nemo_profiles``) build on.
 Data only; no torch import."""
 
 from __future__ import annotations
 
-Sources = tuple[tuple[str, str], ...]
+from meshplan.cost_models.engine_profiles.profile_type import Sources, with_sources
+
+#: Megatron-LM's fused QKV before Megatron-Core (the 2021 code the SC'21 scripts ran, and the
+#: Megatron-DeepSpeed fork of it)
+FUSED_QKV_2021 = ("fused_projections", "megatron/model/transformer.py ParallelAttention.query_key_value (6985e58 "
+                                        "line 140): one ColumnParallelLinear of 3 x projection size (q, k, v in one "
+                                        "GEMM and one weight tensor)")
+
+MEGATRON_2021: Sources = (
+    ("recompute_unit", "megatron/model/transformer.py ParallelTransformer._checkpointed_forward: chunks of "
+                       "--checkpoint-num-layers layers (default 1) per checkpoint, within each stage"),
+    ("state_layout", "megatron/optimizer: fp16 model + fp32 main gradients + fp32 master weights and Adam states "
+                     "(README: 18 bytes per parameter, no distributed optimizer yet)"),
+    ("pp_buffers", "megatron/p2p_communication.py: torch.distributed p2p into the next stage's input tensor, "
+                   "nothing kept per microbatch beyond the stage inputs"),
+    ("sp_saves", "megatron/mpu/layers.py ColumnParallelLinear (SP from 2022: saves its shard, all-gathers in backward)"),
+    ("norm_kernel", "apex FusedLayerNorm (megatron/model/fused_layer_norm.py)"),
+    ("optimizer_impl", "apex.optimizers.FusedAdam (megatron/optimizer/__init__.py)"),
+    ("ddp_impl", "megatron/arguments.py: --DDP-impl default='local' (one flat all-reduce after backward)"),
+    ("loss_kernel", "megatron/mpu/cross_entropy.py vocab_parallel_cross_entropy: softmax kept in place"),
+    ("vocab_parallel_embedding", "megatron/mpu/layers.py VocabParallelEmbedding"),
+    ("split_rule", "megatron/model/transformer.py ParallelTransformer: num_layers // pipeline size per stage"),
+    ("zero1_impl", "Megatron's distributed optimizer (--use-distributed-optimizer, megatron/core/optimizer/"
+                   "distrib_optimizer.py): reduce-scatter of gradient buckets, all-gather of parameter buckets; "
+                   "Megatron-DeepSpeed runs DeepSpeed's ZeRO-1 (deepspeed/runtime/zero/stage_1_and_2.py), bucketed "
+                   "too; versions before the distributed optimizer have none and are costed the same"),
+    ("autocast_cache", "none used: 16-bit model parameters (state_layout), no torch.autocast"),
+    ("dp_kinds", "megatron/arguments.py (5281919, 6985e58): --DDP-impl local | torch, the states replicated; no "
+                 "--use-distributed-optimizer (from d07d29d, 2022-06-08) and no ZeRO-2 / ZeRO-3 of its own"),
+    ("shard_over_cp", "none used: no context parallelism before Megatron-Core core_v0.4.0 (2023); the Megatron-LM "
+                      "and Megatron-DeepSpeed versions of these profiles have no cp degree (profiles from "
+                      "megatron-core-2024 on trace their own)"),
+)  # fmt: skip
 
 
-def _override(sources: Sources, *extra: tuple[str, str]) -> Sources:
-    keys = {k for k, _ in extra}
-    return tuple(s for s in sources if s[0] not in keys) + extra
-
+#: Transformer Engine's attention backend choice on Hopper, shared by every TE-based profile
+TE_CUDNN_ATTENTION = (
+    "attention_backend",
+    "Transformer Engine DotProductAttention get_attention_backend (transformer_engine/pytorch/attention.py; "
+    "dot_product_attention/utils.py in later releases): 'Disabling FlashAttention to give FusedAttention preference "
+    "on Hopper+ for performance reasons' when both are available (cuDNN F16_arbitrary_seqlen); the TE release of "
+    "each container not pinned here",
+)
 
 
 #: Megatron-LM at 9aad920 (2022-05-20), the merge that brought sequence parallelism and selective
@@ -59,7 +97,7 @@ MEGATRON_2022: Sources = (
 #: Megatron-LM at tag 23.06 (4f8e9ac, 2023-06-28): the 2022 conventions, megatron/mpu moved to
 #: megatron/core/tensor_parallel, the distributed optimizer (--use-distributed-optimizer, a run flag:
 #: ``expert_config.dp_kind`` "zero1") and --use-flash-attn (opt-in: the "+flash" variant)
-MEGATRON_2023: Sources = _override(
+MEGATRON_2023: Sources = with_sources(
     MEGATRON_2022,
     ("sp_saves", "megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.forward: "
                  "under sequence_parallel ctx.save_for_backward(input, weight) keeps the shard, all-gathered again "
@@ -86,7 +124,7 @@ MEGATRON_2023: Sources = _override(
 #: DDP and context parallelism; the legacy model (megatron/model, ``--use-mcore-models`` is opt-in) with
 #: ``--transformer-impl`` default 'local', so the 23.06 layers and kernels. Run flags: --overlap-grad-reduce
 #: (``expert_config.ddp_impl`` "torch"), --use-flash-attn (the "+flash" variant), --tp-comm-overlap
-MEGATRON_CORE_2023_12: Sources = _override(
+MEGATRON_CORE_2023_12: Sources = with_sources(
     MEGATRON_2023,
     ("ddp_impl", "megatron/arguments.py: no --DDP-impl; megatron/training.py get_model wraps megatron/core/"
                  "distributed/distributed_data_parallel.py DDP (contiguous grad buffers); --overlap-grad-reduce "
@@ -111,7 +149,7 @@ MEGATRON_CORE_2023_12: Sources = _override(
 #: distributed optimizer and context parallelism, ``--transformer-impl`` default now 'transformer_engine':
 #: the legacy model (still the default, megatron/legacy/model) builds each layer as Transformer Engine's
 #: TransformerLayer, an mcore model (--use-mcore-models) the TE layer spec
-MEGATRON_CORE_2024_04: Sources = _override(
+MEGATRON_CORE_2024_04: Sources = with_sources(
     MEGATRON_CORE_2023_12,
     ("attention_impl", "megatron/training/arguments.py --transformer-impl default 'transformer_engine': "
                        "megatron/legacy/model/transformer.py ParallelTransformer build_layer -> "

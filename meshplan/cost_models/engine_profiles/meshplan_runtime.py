@@ -1,0 +1,42 @@
+"""meshplan's own runtime as an engine profile (``MESHPLAN``, the profile ``estimate_graph`` prices
+by default), each field traced to the runtime module that runs it.
+No torch import."""
+
+from __future__ import annotations
+
+from meshplan.cost_models.engine_profiles.profile_type import EngineProfile
+
+MESHPLAN = EngineProfile(
+    "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
+    shard_over_cp=True, recompute_unit="block", cp_rotate="ring-dkv",
+    sources=(
+        ("cp_rotate", "runtime/apply/ring_attention.py: one fused attention kernel per ring step (flash on CPU, "
+                      "efficient on CUDA) in one autograd Function; forward [k; v] cp - 1 p2p shifts, backward "
+                      "[k; v] again cp - 1 and the fp32 [dk; dv] accumulator cp shifts"),
+        ("recompute_unit", "runtime/apply/block_checkpoint.py checkpoint_stage_blocks: at pp > 1 each block of a "
+                           "stage's fx graph (the outermost nn.ModuleList child on a node's nn_module_stack) is "
+                           "moved into a BlockCheckpoint run under torch.utils.checkpoint (use_reentrant=False); "
+                           "called from runtime/apply/recompute.py apply_recompute"),
+        ("autocast_cache", "runtime/apply/parallel_model.py ParallelModel.step: schedule.step inside "
+                           "precision.step_cast_cache, one torch.autocast region over the step (recompute none / "
+                           "selective): autocast's cache casts each fp32 weight once per step"),
+        ("shard_over_cp", "runtime/apply/data_parallel.py state_mesh: under cp > 1 (ep = 1) fsdp / zero2 / hsdp "
+                          "fully_shard over the (dp, cp) submesh flattened into 'dp_cp' (DeviceMesh._flatten); "
+                          "runtime/apply/api.py: zero1's ZeroRedundancyOptimizer over the dp x cp group"),
+        ("zero1_impl", "runtime/apply/zero1.py: torch ZeroRedundancyOptimizer (parameters_as_bucket_view=False) "
+                       "over DDP: one broadcast per parameter tensor after the update"),
+        ("state_layout", "runtime/loop optimizer: torch.optim.AdamW over fp32 parameters (FSDP2 MixedPrecisionPolicy "
+                         "param bf16 / reduce fp32 keeps fp32 shards)"),
+        ("pp_buffers", "runtime/apply/schedules.InFlightStage: torch.distributed.pipelining stages whose receive "
+                       "buffers follow the microbatches in flight, a sent output's storage not cached (_OutputRoot: the backward "
+                       "starts from an empty stand-in, as Megatron's deallocate_output_tensor) (allocator.PP_BUFFERS "
+                       "'in-flight')"),
+        ("norm_kernel", "eager_ops.RUNTIME_NORM_KERNEL: a Python RMSNorm run as its ops (no torch.compile unless --compile)"),
+        ("optimizer_impl", "AdamW(fused=True) on CUDA"),
+        ("attention_impl", "F.scaled_dot_product_attention (flash kernel)"),
+        ("ddp_impl", "torch DDP / bucketed manual all-reduce overlapped with backward"),
+        ("vocab_parallel_embedding", "the TP placement ILP chooses the embedding's style (tp.strategies)"),
+        ("fsdp_units", "runtime/apply/data_parallel.wrap_dp: fully_shard per repeated block, then the root (every "
+                       "other layer)"),
+    ),
+)  # fmt: skip
