@@ -3,6 +3,7 @@ what torch dispatches for the same block, and a stage's microbatch is no faster 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -201,3 +202,43 @@ def test_qlora_llama_block_op_counts() -> None:
     assert ops.fwd > 3 * plain.fwd
     assert ops.fwd == pytest.approx(sum(fwd.ops.values()) + fwd.views, rel=0.1)
     assert ops.bwd == pytest.approx(sum(bwd.ops.values()) + bwd.views, rel=0.1)
+
+
+def test_megatron_moe_layer_host_time() -> None:
+    """Megatron-Core's MoE layer host time (cost_models.host.MEGATRON_MOE_LAYER_HOST_S, fitted leave
+    one group out by benchmarks/moe_host_fit.py): split like the measured block, scaled to the
+    cluster's host, repeated in backward under recompute, 0 off Megatron or on a host-free cluster."""
+    from meshplan.cost_models.host import HOST_FWD_SHARE, MEGATRON_MOE_LAYER_HOST_S, engine_moe_host_s
+
+    h100 = ClusterSpec.preset("h100")
+    f, b = engine_moe_host_s("megatron", h100)
+    assert f + b == pytest.approx(MEGATRON_MOE_LAYER_HOST_S) and f == pytest.approx(HOST_FWD_SHARE * (f + b))
+    assert engine_moe_host_s("megatron", h100, recomputed=True) == pytest.approx((f, b + f))
+    slow = dataclasses.replace(h100, host_op_s=2 * h100.host_op_s)  # a host twice as slow per op
+    assert sum(engine_moe_host_s("megatron", slow)) == pytest.approx(2 * MEGATRON_MOE_LAYER_HOST_S)
+    assert engine_moe_host_s("meshplan", h100) == engine_moe_host_s("torchtitan", h100) == (0.0, 0.0)
+    assert engine_moe_host_s("megatron", h100.without_host_floor()) == (0.0, 0.0)
+
+
+def test_megatron_moe_layers_are_host_bound_at_small_microbatches() -> None:
+    """A MoE model under a Megatron profile on an H100 at one short sequence per microbatch: each MoE
+    layer's host time (engine_moe_host_s) bounds the stage, so the step is the host's and slower than
+    the device's alone; meshplan's own profile adds none of it."""
+    from meshplan.cost_models.host import engine_moe_host_s
+
+    graph = load_graph("mixtral-tiny", use_cache=False)
+    h100 = ClusterSpec.preset("h100").with_devices(1)
+
+    def plan(cluster: ClusterSpec, profile: str):  # type: ignore[no-untyped-def]
+        return estimate_graph(graph, 1, tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=4,
+                              cluster=cluster, profile=profile)
+
+    moe_layers = sum(1 for n in graph.nodes if n.kind == "moe")
+    assert moe_layers >= 1
+    meg = plan(h100, "megatron-core-2026")
+    bare = plan(h100.without_host_floor(), "megatron-core-2026")
+    own = plan(h100, "meshplan")
+    floor = 4 * moe_layers * sum(engine_moe_host_s("megatron", h100))  # 4 microbatches
+    assert bare.predicted.step_s < floor <= meg.predicted.step_s
+    assert own.predicted.step_s < floor
+    assert any("host-bound" in n for n in meg.notes)

@@ -41,7 +41,9 @@ views forward, 62 ops + 51 views backward per block, torch 2.13) and torch's sou
 - moe: the kernels ``moe_kernels`` lists (Megatron-Core's grouped path), a grouped GEMM as one
   launch. That is a lower bound: TE's ``GroupedLinear`` launches one cuBLAS GEMM per local expert,
   and meshplan's zoo MoE loops over its experts in Python; neither is counted (the layer table is
-  costed before the expert-parallel degree is known);
+  costed before the expert-parallel degree is known). Under a Megatron profile each MoE layer adds
+  Megatron-Core's own host time (``engine_moe_host_s``: its router, the dispatch's host wait, TE's
+  per-expert GEMMs; fitted leave one group out, ``MEGATRON_MOE_LAYER_HOST_S``);
 - a QLoRA linear (torchao NF4 base + LoRA adapters, ``runtime.apply.quant``): the ops
   ``benchmarks/qlora_ops.py`` lists under autocast, 44 forward and 53 backward, 26 of each the
   eager NF4 dequantization (``cost_models.qlora_kernels``);
@@ -215,6 +217,49 @@ def layer_host_s(ops: HostOps, cluster: ClusterSpec, *, checkpointed: bool = Fal
         f += cluster.host_checkpoint_fwd_s
         b += cluster.host_checkpoint_bwd_s
     return f, b
+
+
+#: Host seconds one Megatron-Core MoE layer (router, flex / all-to-all dispatcher, Transformer Engine grouped
+#: experts) takes per microbatch, forward + backward, beyond the ops ``layer_host_ops`` counts for its
+#: layer, on the host ``hardware.HOST_H200`` was measured on (scaled by ``ClusterSpec.host_op_s`` to
+#: another host). The mechanisms (each in Megatron-Core's source, megatron/core/transformer/moe/ at
+#: 1e057005 (2025-05-24, the code of the model zoo's TP 4 row) and at the installed 0.16.1): the router's
+#: Python (router.py TopKRouter.forward: gating, top-k, the aux-loss scores and their all-reduce over
+#: tp x cp, save_to_aux_losses_tracker, MoEAuxLossAutoScaler); the dispatcher's metadata and the host
+#: WAIT of every forward dispatch (fused_a2a.py FusedDispatch.forward, DeepEP ``Buffer.dispatch``: "the
+#: CPU will wait for GPU's signal to arrive"; HybridEPDispatch with ``num_permuted_tokens`` None, the
+#: dropless default: "causes a D2H synchronization"; the all-to-all dispatcher's
+#: ``_maybe_dtoh_and_synchronize``), so the host cannot run ahead of the device across MoE layers; TE
+#: ``GroupedLinear``'s per-expert GEMMs (one cuBLAS call per local expert and GEMM: 2 forward, 4
+#: backward) and its per-expert Python; TE modules' own Python. No source gives their host time, and
+#: TE's Python is not counted op by op here, so the figure is FITTED, leave one group out
+#: (``benchmarks/moe_host_fit.py``: least squares on the log errors of the published Megatron MoE
+#: rows): fitted without the Megatron-Core model-zoo group, 6.50 ms, which predicts its TP 4 row at
+#: +7.4 % (was +70.5 %); without the Megatron-Bridge 26.04 group, 7.15 ms, which predicts its Qwen3-30B
+#: row at -5.0 % (was +40.5 %); shipped: fitted on every group, 6.93 ms. It bounds a layer only where
+#: the layer's device time is shorter (a small microbatch on a fast GPU: the two rows above); the
+#: other Megatron MoE rows (Mixtral 8x7B, the Qwen3-235B EP 32 and FSDP rows) are device-bound and do
+#: not move. Not modelled: CUDA graphs of the router / preprocessing (``cuda_graph_scope``), which take
+#: part of it away (the EP 32 row has them and is device-bound either way). 0 under every other engine
+#: (meshplan's runtime, torchtitan, DeepSpeed: counted op by op above).
+MEGATRON_MOE_LAYER_HOST_S = 6.93e-3
+#: the forward's share of a layer's host time: the measured zoo block's on the same host (0.513 ms of
+#: 2.205 ms, forward + backward; tests/data/host_overhead_h200.json ``block``'s ``*_host_min_ms_per_block``)
+HOST_FWD_SHARE = 0.5133 / (0.5133 + 1.6922)
+#: ``host_op_s`` of the host ``MEGATRON_MOE_LAYER_HOST_S`` is expressed on (hardware.HOST_H200)
+_H200_HOST_OP_S = 8.124e-6
+
+
+def engine_moe_host_s(engine: str, cluster: ClusterSpec, *, recomputed: bool = False) -> tuple[float, float]:
+    """(forward, backward) host seconds one MoE layer adds per microbatch under ``engine`` on
+    ``cluster`` (``MEGATRON_MOE_LAYER_HOST_S``, split by ``HOST_FWD_SHARE``, scaled by the cluster's
+    ``host_op_s``; ``recomputed``: its forward runs again inside the backward). (0, 0) for an engine
+    other than Megatron's or a host with no floor (``host_op_s`` 0)."""
+    if engine != "megatron" or not cluster.host_op_s:
+        return 0.0, 0.0
+    total = MEGATRON_MOE_LAYER_HOST_S * cluster.host_op_s / _H200_HOST_OP_S
+    f = total * HOST_FWD_SHARE
+    return f, total - f + (f if recomputed else 0.0)
 
 
 def host_floor(device_s: float, ops: float, host_op_s: float) -> float:

@@ -24,8 +24,9 @@ microbatch on one device:
 - ``out_bytes``: the tensors crossing the cut after the layer (``CutPoint.crossing_bytes``
   × batch_scale in the training dtype, ÷ tp with sequence parallelism);
 - ``host_fwd_s``, ``host_bwd_s``: the host's dispatch time of the layer's ops per microbatch
-  (``cost_models.host.layer_host_ops`` × ``ClusterSpec.host_op_s``), forward and backward with
-  its recompute: the host-dispatch floor ``kind_free.stage_columns`` applies per stage.
+  (``cost_models.host.layer_host_ops`` × ``ClusterSpec.host_op_s``, + the engine's own MoE layer
+  host time, ``host.engine_moe_host_s``), forward and backward with its recompute: the
+  host-dispatch floor ``kind_free.stage_columns`` applies per stage.
 
 The TP placement is solved once per (tp, sp) and microbatch bucket (1, 4 or 16 sequences) and
 re-costed at each microbatch size in the bucket (the placement hardly moves within a bucket; the
@@ -59,7 +60,13 @@ from meshplan.cost_models.engine_saves import (
     saved_bytes_delta,
 )
 from meshplan.cost_models.hardware import ClusterSpec, with_attention_backend
-from meshplan.cost_models.host import HostOps, fp32_under_autocast, layer_host_ops, layer_host_s
+from meshplan.cost_models.host import (
+    HostOps,
+    engine_moe_host_s,
+    fp32_under_autocast,
+    layer_host_ops,
+    layer_host_s,
+)
 from meshplan.cost_models.memory import (
     loss_buffer_bytes,
     loss_kept_bytes,
@@ -532,6 +539,10 @@ class GraphCoster(LayerSaves):
             loss_ops = 4.0 if lg is not None else 0.0
             ops = HostOps(ops.fwd + loss_ops, ops.bwd + loss_ops, ops.recompute)
             host_f, host_b = layer_host_s(ops, self.cluster, checkpointed=rc in ("full", "op"))
+            n_moe = sum(1 for n in nodes if n.kind == "moe")
+            if n_moe:  # the engine's own MoE layer host time (cost_models.host.engine_moe_host_s)
+                mf, mb = engine_moe_host_s(self.profile.engine, self.cluster, recomputed=rc in ("full", "op"))
+                host_f, host_b = host_f + n_moe * mf, host_b + n_moe * mb
         layer = LayerCost(
             name, a, b, self._modules(a, b), fwd, bi, bw, comm, rec, params, params_full, act,
             self._boundary_bytes(b - 1, sol.tp, sol.sequence_parallel, scale), kind, tuple(tied),
