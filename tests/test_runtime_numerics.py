@@ -172,6 +172,9 @@ class TestFourRanks:
         cfgs = [dict(dp=2, tp=2, m=2)]
         cfgs += [dict(dp=2, pp=2, m=2, schedule=s, v=v) for s, v in PP_SCHEDULES if (s, v) != ("zero-bubble", 2)]
         cfgs += [dict(dp=2, pp=2, m=2, schedule="1f1b", dp_kind="fsdp")]
+        # per-block full recompute inside stage graphs reading FSDP2's gathered / TP's DTensor parameters
+        cfgs += [dict(dp=2, pp=2, m=2, schedule="1f1b", dp_kind="fsdp", recompute="full"),
+                 dict(tp=2, pp=2, m=4, schedule="zero-bubble", v=2, recompute="full")]
         cfgs += [dict(tp=2, pp=2, m=4, schedule=s, v=v) for s, v in PP_SCHEDULES if (s, v) != ("zero-bubble", 1)]
         # sequence parallelism inside pipeline stages (boundaries inserted in the fx graph)
         cfgs += [dict(tp=2, pp=2, m=4, schedule="interleaved-1f1b", v=2, sp=1),
