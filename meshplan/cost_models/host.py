@@ -230,7 +230,9 @@ def layer_host_s(ops: HostOps, cluster: ClusterSpec, *, checkpointed: bool = Fal
 #: CPU will wait for GPU's signal to arrive"; HybridEPDispatch with ``num_permuted_tokens`` None, the
 #: dropless default: "causes a D2H synchronization"; the all-to-all dispatcher's
 #: ``_maybe_dtoh_and_synchronize``), so the host cannot run ahead of the device across MoE layers; TE
-#: ``GroupedLinear``'s per-expert GEMMs (one cuBLAS call per local expert and GEMM: 2 forward, 4
+#: ``GroupedLinear``'s per-expert GEMMs (Transformer Engine transformer_engine/common/gemm/
+#: cublaslt_gemm.cu ``nvte_multi_stream_cublas_gemm``: one cuBLAS GEMM per local expert, round-robin
+#: over ``num_streams`` = 4 compute streams with an event per stream; 2 grouped GEMMs forward, 4
 #: backward) and its per-expert Python; TE modules' own Python. No source gives their host time, and
 #: TE's Python is not counted op by op here, so the figure is FITTED, leave one group out
 #: (``benchmarks/moe_host_fit.py``: least squares on the log errors of the published Megatron MoE
