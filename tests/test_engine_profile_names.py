@@ -105,8 +105,8 @@ def test_case_setup_ignores_the_conventions_an_older_case_sets_and_says_so() -> 
     base = CASES["mcore-mixtral-8x7b-h100-64gpu-ep8-pp4"]  # megatron-core-2024
     old = _older_format(base, "megatron-core-2025")
     new_setup, old_setup = case_setup(base), case_setup(old)
-    assert old_setup == new_setup  # the profile's conventions, the same run flags (ddp_impl torch = its default)
-    assert case_profile(old) == PROFILES["megatron-core-2024"]
+    assert old_setup == new_setup  # the profile's conventions, the same run flags (ddp_impl torch: the row's own)
+    assert case_profile(old) == PROFILES["megatron-core-2024"].with_run_flags(ddp_impl="torch") == case_profile(base)
     notes = case_notes(old)
     assert "'megatron-core-2024'" in notes[0]
     ignored = {n.split(" = ")[0] for n in notes[1:]}

@@ -60,7 +60,10 @@ def test_todays_arguments_keep_the_installed_profile() -> None:
 
 def test_fp8_arguments_of_2023() -> None:
     imp = megatron.parse("--bf16 --fp8-hybrid --tensor-model-parallel-size 4", world_size=8)
-    assert (imp.spec.dtype, imp.profile) == ("fp8", "megatron-core-2024")
+    assert (imp.spec.dtype, imp.profile, imp.run_flags) == ("fp8", "megatron-core-2024", {})
+    # --overlap-grad-reduce is off by default in that era's profile: a run flag where the file passes it
+    imp = megatron.parse("--bf16 --fp8-hybrid --overlap-grad-reduce --tensor-model-parallel-size 4", world_size=8)
+    assert imp.run_flags == {"ddp_impl": "torch"}
 
 
 def test_fp8_recipe_is_a_run_flag() -> None:

@@ -29,9 +29,13 @@ def test_rows_get_their_engines_kernels_from_the_profile_they_name() -> None:
             assert "training.norm_kernel" in c.get("notes", ""), c["id"]
         if "tp_comm_overlap" in c["expert_config"]:
             assert "--tp-comm-overlap" in c.get("notes", ""), c["id"]
+        if "ddp_impl" in c["expert_config"]:
+            assert "--DDP-impl" in c.get("notes", "") or "--overlap-grad-reduce" in c.get("notes", ""), c["id"]
     # Megatron-LM's --tp-comm-overlap (off in megatron-core-2024) is a run flag a row may set
     mc = case_setup(CASES["mcore08-gpt-32b-h100-384gpu-tp8-dp48"])["profile"]
     assert mc.tp_comm_overlap and not PROFILES["megatron-core-2024"].tp_comm_overlap
+    # so is --overlap-grad-reduce (off by default at core_v0.8.0: the gradient buffers reduced after backward)
+    assert (mc.ddp_impl, PROFILES["megatron-core-2024"].ddp_impl) == ("torch", "local")
 
 
 def test_a_case_names_its_engine_and_sets_no_engine_convention() -> None:

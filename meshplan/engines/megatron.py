@@ -253,6 +253,8 @@ def parse(text: str, world_size: int) -> Imported:
             raise ValueError(f"--DDP-impl must be local or torch, got {impl!r}")
         run_flags["ddp_impl"] = impl
         profile = profile or _local_ddp_era(flags, vals, ignored)  # --DDP-impl left Megatron-LM in 2023-08 (3fb3e95)
+    if profile and "--overlap-grad-reduce" in flags:  # store_true, off in the era profiles (core_v0.8.0 arguments.py)
+        run_flags.setdefault("ddp_impl", "torch")
     if legacy:
         notes.append(f"arguments of an earlier Megatron-LM ({', '.join(legacy)}): read as today's"
                      + (f" and costed with the conventions of {profile} (cost_models.engine_profiles)" if profile else "")

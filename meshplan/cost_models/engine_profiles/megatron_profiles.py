@@ -132,7 +132,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
     ),
     EngineProfile(
         "megatron-core-2024", "megatron", "core_v0.8 (2024)", state_layout="megatron", pp_buffers="megatron",
-        sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="torch", loss_kernel="fused",
+        sp_saves="shard", norm_kernel="fused", attention_impl="flash", ddp_impl="local", loss_kernel="fused",
         vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed", glu_kernel="fused",
         fused_projections=True, shard_over_cp=True, attention_backend="cudnn", dp_kinds=("none", "ddp", "zero1"),
         moe_combine="unpermute",
@@ -163,8 +163,12 @@ MEGATRON: tuple[EngineProfile, ...] = (
                                                 "fused flash kernel"),
                              ("norm_kernel", "Transformer Engine fused RMSNorm / LayerNorm"),
                              ("optimizer_impl", "megatron/core/optimizer: TE / apex FusedAdam"),
-                             ("ddp_impl", "megatron/core/distributed/distributed_data_parallel.py: gradient buckets, "
-                                          "--overlap-grad-reduce"),
+                             ("ddp_impl", "core_v0.8.0 (baf94af) megatron/training/arguments.py line 1413: "
+                                          "--overlap-grad-reduce store_true, default False (megatron/core/distributed/"
+                                          "distributed_data_parallel_config.py line 14 overlap_grad_reduce: bool = "
+                                          "False): the contiguous gradient buffers reduced after backward "
+                                          "(finish_grad_sync), not overlapped, as megatron-core-2023.12 / 2024.04; a "
+                                          "run with the flag is ddp_impl 'torch' (a run flag)"),
                              ("loss_kernel", "megatron/core/tensor_parallel/cross_entropy.py VocabParallelCrossEntropy"),
                              ("split_rule", "num_layers / pp, the first / last set by --decoder-first/last-pipeline-num-layers")),
     ),
