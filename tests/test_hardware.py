@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.cost_models.hardware import PRESETS, ClusterSpec, resolve_cluster
+from meshplan.cost_models.hardware import PRESETS, VISIBLE_MEM_BYTES, ClusterSpec, resolve_cluster
 
 DATASHEET = {  # FORMULAS.md "Hardware": bf16 TFLOP/s, memory GB, HBM TB/s, NVLink bidirectional GB/s
     "a100-40g": (312, 40, 1.555, 600),
@@ -25,7 +25,8 @@ def test_presets_match_datasheet(name: str) -> None:
     c = ClusterSpec.preset(name, num_nodes=2)
     assert c.num_devices == 16 and c.devices_per_node == 8 and c.num_nodes == 2
     assert c.peak("bf16") == tflops * 1e12 and c.peak("fp16") == tflops * 1e12
-    assert c.mem_bytes == mem_gb * 10**9
+    # allocatable bytes, not the datasheet's decimal GB: 80 GB parts are 80 GiB of HBM less what the driver keeps
+    assert c.mem_bytes == VISIBLE_MEM_BYTES[name] and 0.97 * mem_gb * 2**30 < c.mem_bytes < mem_gb * 2**30
     assert c.mem_bw_bytes_per_s == pytest.approx(hbm * 1e12)
     assert c.intra_bw_bytes_per_s == pytest.approx(nvlink / 2 * 1e9)  # per direction
     assert c.inter_bw_bytes_per_s < c.intra_bw_bytes_per_s

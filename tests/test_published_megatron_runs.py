@@ -20,6 +20,7 @@ import pytest
 from meshplan.commands.published_estimate import case_cluster, case_setup
 from meshplan.cost_models import formulas as F
 from meshplan.cost_models.engine_profiles import MESHPLAN
+from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.published import load_published_cases
 
 SC21 = [c for c in load_published_cases() if c["id"].startswith("megsc21-")]
@@ -62,7 +63,7 @@ def test_case_setup_gives_the_script_configuration() -> None:
     one_t = case_setup(by["megsc21-1t-a100-3072gpu"])
     assert one_t["schedule"] == "1f1b" and one_t["virtual_stages"] in (None, 1) and one_t["pp"] == 64
     spec = case_cluster(by["megsc21-1t-a100-3072gpu"])
-    assert spec.num_devices == 3072 and spec.mem_bytes == 80 * 10**9
+    assert spec.num_devices == 3072 and spec.mem_bytes == ClusterSpec.preset("a100-80g").mem_bytes
 
 
 def test_an_interleaved_row_is_costed_with_its_configuration() -> None:

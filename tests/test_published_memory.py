@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan.commands.published_estimate import case_cluster, case_setup
+from meshplan.cost_models.hardware import visible_mem_bytes
 from meshplan.cost_models.published import load_published_cases
 
 CASES = load_published_cases()
@@ -28,7 +29,7 @@ def test_cases_keep_their_sources_and_memory_figures() -> None:
     setup = case_setup(next(c for c in CASES if c["id"] == "tt-llama3.1-8b-h100-8gpu-fsdp"))
     assert setup["recompute"] == "op" and setup["dp_kind"] == "fsdp" and setup["micro_batch_size"] == 2
     spec = case_cluster(next(c for c in CASES if c["id"] == "tt-llama3.1-8b-h100-8gpu-fsdp"))
-    assert spec.mem_bytes == 96 * 10**9 and spec.peak_flops["bf16"] == pytest.approx(886e12)
+    assert spec.mem_bytes == visible_mem_bytes("h100", 96) and spec.peak_flops["bf16"] == pytest.approx(886e12)
     # the 500 W tensor clock sets the float8 rate too (same ratio to the preset as the 16-bit one)
     from meshplan.cost_models.hardware import ClusterSpec
 

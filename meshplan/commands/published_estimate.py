@@ -25,7 +25,13 @@ from typing import Any
 from meshplan.cost_models.allocator import reserved_peak_bytes
 from meshplan.cost_models.engine_profiles import PROFILES, RUN_FLAGS, EngineProfile, resolve
 from meshplan.cost_models.engine_profiles import profile as engine_profile
-from meshplan.cost_models.hardware import FRAGMENTATION_FRACTION, ClusterSpec, default_reserved_bytes
+from meshplan.cost_models.hardware import (
+    DATASHEET_MEM_GB,
+    FRAGMENTATION_FRACTION,
+    ClusterSpec,
+    default_reserved_bytes,
+    visible_mem_bytes,
+)
 from meshplan.cost_models.published import preset_for_case
 from meshplan.graph import ModelGraph
 
@@ -41,8 +47,8 @@ def case_cluster(case: dict[str, Any]) -> ClusterSpec:
     spec = ClusterSpec.preset(preset_for_case(case), num_nodes=max(1, n // per_node), devices_per_node=per_node)
     spec = spec.with_devices(n)
     changes: dict[str, Any] = {}
-    if cl.get("mem_gb") and abs(cl["mem_gb"] * 1e9 - spec.mem_bytes) > 1e9:
-        mem = int(cl["mem_gb"] * 1e9)
+    if cl.get("mem_gb") and cl["mem_gb"] != DATASHEET_MEM_GB.get(spec.name, cl["mem_gb"]):  # another memory variant
+        mem = visible_mem_bytes(spec.name, float(cl["mem_gb"]))
         changes.update(mem_bytes=mem, mem_reserved_bytes=default_reserved_bytes(mem))
     if cl.get("peak_tflops"):
         peak = float(cl["peak_tflops"]) * 1e12

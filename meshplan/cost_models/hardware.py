@@ -375,6 +375,32 @@ def resolve_cluster(cluster: str | ClusterSpec | Path, world_size: int) -> Clust
     return spec.with_devices(world_size)
 
 
+#: Device memory a CUDA process can allocate from, per preset: ``torch.cuda.get_device_properties(i).total_memory``,
+#: what every OOM message calls "total capacity". A datasheet's "80GB" is binary (80 GiB of HBM) less what the
+#: driver and ECC keep, not 80·10⁹ bytes: reading it as decimal hid ~4.6 GiB of every 80 GB GPU from the plans.
+#: h100 / h200 MEASURED on the GPUs lent to this project (benchmarks/gpu_results/2026-11-27-h100, -h200:
+#: ``meshplan profile``'s mem_bytes); a100-40g / a100-80g / v100: the capacities PyTorch's OOM messages print on
+#: those GPUs ("39.59 GiB", "79.15 GiB", "31.75 GiB total capacity"), not measured here.
+VISIBLE_MEM_BYTES = {
+    "a100-40g": int(39.59 * GiB),
+    "a100-80g": int(79.15 * GiB),
+    "h100": 85_017_493_504,  # 79.18 GiB, H100 80GB HBM3
+    "h200": 150_109_880_320,  # 139.80 GiB, H200 (141 GB datasheet)
+    "v100": int(31.75 * GiB),
+}
+#: the datasheet's memory size per preset (its marketing "GB"), which published cases quote (``mem_gb``)
+DATASHEET_MEM_GB = {"a100-40g": 40, "a100-80g": 80, "h100": 80, "h200": 141, "v100": 32}
+
+
+def visible_mem_bytes(preset: str, datasheet_gb: float | None = None) -> int:
+    """Allocatable bytes of ``preset``'s GPU (``VISIBLE_MEM_BYTES``); for a variant of another datasheet size
+    (an H100 94 GB or 96 GB, a V100 16 GB), that size at the preset's visible fraction of its own."""
+    base = VISIBLE_MEM_BYTES[preset]
+    if datasheet_gb is None or datasheet_gb == DATASHEET_MEM_GB[preset]:
+        return base
+    return int(base * datasheet_gb / DATASHEET_MEM_GB[preset])
+
+
 def _make(
     name: str,
     *,
@@ -401,8 +427,8 @@ def _make(
             devices_per_node=dpn,
             peak_flops={"bf16": tflops_bf16 * 1e12, "fp16": tflops_bf16 * 1e12, "fp32": tflops_fp32 * 1e12,
                         **({"fp8": tflops_fp8 * 1e12} if tflops_fp8 else {})},
-            mem_bytes=int(mem_gb * GB),
-            mem_reserved_bytes=default_reserved_bytes(int(mem_gb * GB)),
+            mem_bytes=visible_mem_bytes(name, mem_gb),
+            mem_reserved_bytes=default_reserved_bytes(visible_mem_bytes(name, mem_gb)),
             mem_bw_bytes_per_s=hbm_tb_s * 1e12,
             intra_bw_bytes_per_s=nvlink_bidir_gb_s / 2 * GB,
             intra_latency_s=5e-6,
