@@ -36,4 +36,7 @@ def test_a_nemo_cp_run_fits_because_its_optimizer_shards_over_dp_times_cp(cid: s
     over_dp = estimate_case(case, g, profile=PROFILES["nemo-2024"].but(shard_over_cp=False))
     opt = shipped["plan"].predicted.mem_breakdown["optimizer"]
     assert over_dp["plan"].predicted.mem_breakdown["optimizer"] == pytest.approx(2 * opt, rel=0.01)  # cp = 2
-    assert not over_dp["fits"]  # sharded over dp alone the states no longer fit in 80 GB
+    # sharded over dp alone, the peak carries the optimizer's second half (with 80 GB read as 10^9 bytes,
+    # 71.3 GiB usable, that did not fit; at the 75.8 GiB CUDA really lets allocate, the 8B one does)
+    grown = max(over_dp["plan"].predicted.peak_mem_bytes) - max(shipped["plan"].predicted.peak_mem_bytes)
+    assert grown == pytest.approx(opt, rel=0.05)
