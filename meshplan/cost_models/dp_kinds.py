@@ -52,10 +52,11 @@ and before that submodule's own kernels are launched, so the device has nothing 
 runs. ``_allgather_param`` builds the flat tensor with ``torch.zeros`` (the parameter's bytes
 written), synchronizes again, and builds the output list in Python, one ``flat_tensor.narrow``
 per rank (``for i in range(self.world_size)``): ``dp`` ops on the host per gather, each at the
-measured per-op host cost ``ClusterSpec.host_op_s``. Not counted (so a lower bound): the
-``torch.distributed.get_rank`` call per loop iteration, and the ``dp`` copies torch's list-form
-``all_gather`` launches from C++ to scatter its flat output into the list (ProcessGroupNCCL
-``allgather``: flatten, one ``ncclAllGather``, one ``copy_`` per output tensor).
+measured per-op host cost ``ClusterSpec.host_op_s``. Torch's list-form ``all_gather`` (ProcessGroupNCCL
+``allgather``: flatten, one ``ncclAllGather``, then one ``copy_`` per output tensor on the NCCL stream)
+adds ``dp`` copy kernels to each gather (``ds2021_copy_back_s``: each ``max(kernel_floor_s, 2 · chunk
+/ memory bandwidth)``), counted in the gather's time. Not counted (so a lower bound): the host time of
+launching those copies from C++ and the ``torch.distributed.get_rank`` call per loop iteration.
 
 How zero1 runs (``ZERO1_IMPLS``, an engine profile's ``zero1_impl``): "bucketed" (Megatron's
 distributed optimizer, DeepSpeed ZeRO-1): the collectives above, on flat buckets. "torch"
@@ -354,7 +355,8 @@ def deepspeed_2021_fsdp(
     def t(coll: str, n: float) -> float:
         return tensors * group_collective_s(coll, n / tensors, dp, cluster, stride=stride)
 
-    ag, ar = t("all_gather", param_bytes), t("all_reduce", param_bytes)
+    ag = t("all_gather", param_bytes) + ds2021_copy_back_s(param_bytes, tensors, dp, cluster)
+    ar = t("all_reduce", param_bytes)
     bwd_gathers = 2 if recompute_regather else 1
     u = min(1.0, max(0.0, unprefetched))
     out = {"all_gather": int(param_bytes * (1 + bwd_gathers) * m), "all_reduce": int(param_bytes * m)}
@@ -362,6 +364,18 @@ def deepspeed_2021_fsdp(
     host = ds2021_gather_host_s(param_bytes, tensors, dp, cluster)  # one pass's, with the device idle
     return DPComm(per_microbatch_s=(1 + bwd_gathers) * hid + ar, mb_forward_s=hid, mb_bwd_gather_s=bwd_gathers * hid,
                   units=max(1, units), bytes=out, mb_serial_s=(1 + bwd_gathers) * (ag * u + host))  # fmt: skip
+
+
+def ds2021_copy_back_s(param_bytes: float, tensors: int, dp: int, cluster: ClusterSpec) -> float:
+    """Seconds of the copies torch's list-form ``all_gather`` runs after each of ``tensors`` gathers
+    (module docstring): ``dp`` kernels per tensor, each moving its chunk (``param_bytes / tensors /
+    dp``) out of the flat output, ``tensors · dp · max(kernel_floor_s, 2 · chunk / (mem_bw · mem_eff))``.
+    0 at dp = 1. Unit: seconds."""
+    if dp <= 1 or tensors <= 0 or param_bytes <= 0:
+        return 0.0
+    bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
+    chunk = param_bytes / tensors / dp
+    return tensors * dp * max(cluster.kernel_floor_s, 2.0 * chunk / bw if bw > 0 else 0.0)
 
 
 def ds2021_gather_host_s(param_bytes: float, tensors: int, dp: int, cluster: ClusterSpec) -> float:

@@ -111,7 +111,9 @@ MEGATRON: tuple[EngineProfile, ...] = (
                                             "stage3.py buffered_reduce_fallback: dist.all_reduce of 16-bit gradients; "
                                             "_synchronize_communication: torch.cuda.synchronize() before each prefetch, and "
                                             "_allgather_param: torch.zeros + torch.cuda.synchronize() + one narrow per rank "
-                                            "(for i in range(self.world_size)) on the host, the device idle")),
+                                            "(for i in range(self.world_size)) on the host, the device idle; torch's "
+                                            "list-form all_gather (ProcessGroupNCCL allgather) copies each rank's chunk "
+                                            "out of its flat output, one copy_ per output tensor")),
     ),
     EngineProfile(
         "megatron-deepspeed-2022", "megatron", "Megatron-DeepSpeed (MT-NLG 2021, BLOOM 2022)", state_layout="megatron",
