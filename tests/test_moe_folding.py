@@ -273,6 +273,8 @@ def test_megatron_estimate_costs_folding_and_meshplans_own_plans_do_not():
     assert any("MoE parallel folding costed" in n for n in folded.notes)
     own = cost_spec(g, spec, cl, None)  # meshplan's own costing of the same degrees: its runtime's layout
     assert not any("MoE parallel folding" in n for n in own.notes)
+    # its runtime runs no sequence parallelism through a MoE block (the router replicated): said, as epcp's notes
+    assert any("sequence_parallel=True at tp=4: meshplan's runtime cannot run it" in n for n in own.notes)
     assert folded.predicted.ep_comm_s < own.predicted.ep_comm_s
 
 

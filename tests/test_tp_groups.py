@@ -173,3 +173,62 @@ def test_shared_graph_index_equals_fresh_work():
             assert getattr(shared, f) == getattr(fresh, f), f
     # the whole graph, one block type's range, the rest: the three solves above reused the last two
     assert len(index._groups) == 3
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(HID, 64), nn.Linear(HID, 64), nn.Linear(64, HID)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class SPBlock(nn.Module):
+    """A block torch's TP styles run sequence-parallel: attention and MLP each their own region."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(HID), nn.LayerNorm(HID)
+        self.attn, self.mlp = Attn(fold=False), Mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class SPNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, HID)
+        self.blocks = nn.ModuleList(SPBlock() for _ in range(2))
+        self.head = nn.Linear(HID, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def test_sequence_parallel_placement_is_one_the_runtime_runs():
+    """At a small size replicating a block's linears is cheaper than sharding them; under sequence
+    parallelism the placement still shards every linear inside a block, as the runtime requires
+    (``runtime/apply/tp.sp_blocker``), and ``estimate_graph`` refuses SP in one line where the
+    module tree itself cannot run it."""
+    from meshplan.planner.api import estimate_graph
+    from meshplan.runtime.apply.tp import sp_blocker
+
+    torch.manual_seed(0)
+    g = trace_model(SPNet(), torch.randint(0, 64, (2, 8)))
+    plain = solve_tp(g, 2, H100)
+    assert {s for f, s in plain.styles.items() if f.startswith("blocks.")} == {"replicate"}  # cheaper here
+    sol = solve_tp(g, 2, H100, sequence_parallel=True)
+    inside = {f: s for f, s in sol.styles.items() if f.startswith("blocks.")}
+    assert len(inside) == 14 and set(inside.values()) == {"colwise", "rowwise"}
+    assert sequence_parallel_blocker(g.meta["module_lists"], g.meta["param_modules"], sol.styles) == ""
+    plan = estimate_graph(g, 2, tp=2, pp=1, dp=1, sequence_parallel=True, micro_batch_size=2, global_batch_size=2)
+    assert plan.sequence_parallel and sp_blocker(SPNet(), plan.tp_styles) == ""
+    # MLP linears that are the block's own children have no TP region to gather the sequence into
+    with pytest.raises(ValueError, match=r"sequence_parallel=True at tp=2: meshplan's runtime cannot run it \(blocks.0"):
+        estimate_graph(_graph(), 2, tp=2, pp=1, dp=1, sequence_parallel=True, micro_batch_size=2, global_batch_size=2)

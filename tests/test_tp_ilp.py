@@ -184,6 +184,7 @@ def test_rows_equal_pulps_operator_arithmetic():
         (pulp.lpSum([x1]) == pulp.lpSum([x2, x3]), [(x1, 1), (x2, -1), (x3, -1)], EQ, 0.0),  # tied
         (pulp.lpSum([x1, x2]) == g, [(x1, 1), (x2, 1), (g, -1)], EQ, 0.0),  # tp_group
         (g == 0, [(g, 1)], EQ, 0),
+        (g == 1, [(g, 1)], EQ, -1.0),  # tp_group: a group inside a block under sequence parallelism
         (pulp.lpSum([x1, x1]) <= 1, [(x1, 1), (x1, 1)], LE, -1.0),  # a repeated variable is summed
     ]
     for i, (con, terms, sense, constant) in enumerate(cases):

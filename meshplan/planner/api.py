@@ -281,6 +281,12 @@ def estimate_graph(
     if sp_why and sequence_parallel:
         raise ValueError(sp_why)
     sp = sp and not sp_why  # (left off where it would not run, as the search does)
+    sp_note = ""
+    if sp and sequence_parallel and not moe_folding and prof.engine == "meshplan" and "module_lists" in graph.meta:
+        sp_why = costs.sp_blocker(tp)  # the runtime's own rule on the placement solved with SP
+        sp_note = f"sequence_parallel=True at tp={tp}: meshplan's runtime cannot run it ({sp_why})" if sp_why else ""
+        if sp_note and not experts:  # (a MoE model's costing says what the runtime would not run in a note, as epcp)
+            raise ValueError(f"{sp_note}; pass sequence_parallel=False, or leave it unset for the planner to choose")
     if moe_folding:
         sp = tp > 1  # folding runs under sequence parallelism (checked above when pinned)
     kind = dp_kind or ("none" if dp == 1 else "ddp")
@@ -301,7 +307,7 @@ def estimate_graph(
     res = SearchResult(ev if ev.fits else None, [], 1, 1, time.perf_counter() - t0, costs.coster.ilp_solves,
                        costs.coster.ilp_seconds, ev.max_mem_bytes, ev.mem_limit_bytes, costs.coster,
                        split=split)  # fmt: skip
-    notes = estimate_notes(costs, ev)
+    notes = estimate_notes(costs, ev) + ([f"{sp_note}; re-plan with sequence_parallel off to run it"] if sp_note else [])
     return build_plan(graph, spec, ev, B, res, dtype=dtype, optimizer=optimizer, seconds=time.perf_counter() - t0,
                       extra_notes=notes, status="estimate")  # fmt: skip
 

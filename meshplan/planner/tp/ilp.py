@@ -47,7 +47,9 @@ Constraint families (names ``<family>__<index>``, see ``meshplan.ilp``)::
     tp_group       coherent groups (``tp.groups``: attention q/k/v + output projection, MLP up
                    projections + down projection): g ∈ {0,1} per group, Σ_{k colwise} x[p,k] = g
                    for producers p, Σ_{k rowwise} x[c,k] = g for consumers c, g = 0 when the
-                   group has a blocker; x[n,rowwise] = 0 for a linear that is no group's consumer
+                   group has a blocker; x[n,rowwise] = 0 for a linear that is no group's consumer;
+                   with sequence parallelism g = 1 for a group inside a traced block that may be
+                   sharded (the runtime's SP rule: no replicated linear inside a block)
 
 Blocks chain because every block instance starts and ends in the same boundary state.
 The rows depend on the segment, the TP degree and the layout flags only: they are built once per
@@ -302,12 +304,17 @@ class TPPlacementILP(TPStrategies):
         for gi, grp in enumerate(self.groups):
             gv = self.prob.add_variable(f"g_{gi}", cat="Binary")
             members = [(p, "colwise") for p in grp.producers] + [(c, "rowwise") for c in grp.consumers]
+            shardable = not grp.blocker
             for nid, style in members:
                 ks = [k for k, s in enumerate(self.strategies[nid]) if s.style == style]
                 if grp.blocker or not ks:
+                    shardable = False
                     self._row([(gv, 1)], _EQ, 0, f"tp_group__{ci}")
                     ci += 1
                 self._row([(self.x[nid, k], 1) for k in ks] + [(gv, -1)], _EQ, 0.0, f"tp_group__{ci}")
+                ci += 1
+            if shardable and self._sp_requires_sharded([m for m, _ in members]):
+                self._row([(gv, 1)], _EQ, -1.0, f"tp_group__{ci}")  # g = 1
                 ci += 1
         for nid in self.ids:
             if self.g.nodes[nid].kind != "linear" or nid in consumers:
@@ -316,6 +323,15 @@ class TPPlacementILP(TPStrategies):
                 if s.style == "rowwise":
                     self._row([(self.x[nid, k], 1)], _EQ, 0, f"tp_group__{ci}")
                     ci += 1
+
+    def _sp_requires_sharded(self, nids: list[int]) -> bool:
+        """Under sequence parallelism, whether these linears lie inside one of the traced model's
+        blocks (``meta["module_lists"]``): the runtime runs SP only with every linear inside a block
+        colwise or rowwise (``execution_rules.sequence_parallel_blocker``; a replicated one would see
+        only this rank's slice of the sequence), so such a group is sharded, never replicated."""
+        blocks = tuple(f"{b}." for b in self.g.meta.get("module_lists") or ()) if self.sp else ()
+        fqns = [self.g.nodes[n].module_fqn for n in nids]
+        return bool(blocks) and all(f is not None and f.startswith(blocks) for f in fqns)
 
     def set_objective(self) -> None:
         """The objective for this ILP's costs (batch scale, dtype, cluster); replaces any earlier one."""
