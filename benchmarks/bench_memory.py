@@ -1,7 +1,8 @@
 """meshplan's predicted peak memory against PyTorch's fake-tensor accounting of the same program.
 
 For every runtime path (FSDP2 / ZeRO-2 / HSDP, TP, TP+SP, CP, QLoRA and QAT alone / under DDP, FSDP2, TP
-and a pipeline, pipeline schedules, recompute kinds)
+and a pipeline, pipeline schedules, recompute kinds; the zoo MoE alone, under DDP, FSDP2 and EP with
+cp / a pipeline / full recompute, its routing balanced: ``fake_memory.BalancedRouting``)
 a zoo Llama is planned with ``estimate_graph`` (h100 preset, bf16) and the plan is executed by
 meshplan's runtime under fake tensors on a fake process group (``benchmarks/fake_memory.py``),
 one process standing in for one rank of the plan's mesh, per pipeline rank. Prints one row per
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 from fake_memory import UNSUPPORTED, measure  # noqa: E402
 
 from meshplan.models.llama import LLAMA_PRESETS, Llama, LlamaConfig  # noqa: E402
+from meshplan.models.moe import MOE_PRESETS, MoEConfig, moe_llama  # noqa: E402
 from meshplan.planner.api import estimate_graph  # noqa: E402
 from meshplan.trace import trace_model  # noqa: E402
 
@@ -42,12 +44,24 @@ SIZES: dict[str, tuple[LlamaConfig, int, int]] = {  # config, seq, micro batch
 }
 
 
+#: the MoE paths' model per size: the zoo MoE (Mixtral-shaped; mixtral-8x7b shapes at 8b / 70b)
+MOE_SIZES: dict[str, MoEConfig] = {
+    "small": MoEConfig(n_layer=4, n_head=8, n_kv_head=4, dim=1024, ffn_hidden=1024, vocab_size=4096, max_seq_len=512,
+                       num_experts=8, top_k=2),
+    "medium": MoEConfig(n_layer=8, n_head=16, n_kv_head=4, dim=1024, ffn_hidden=2816, vocab_size=8192,
+                        max_seq_len=1024, num_experts=8, top_k=2),
+    "8b": MOE_PRESETS["mixtral-8x7b"],
+    "70b": MOE_PRESETS["mixtral-8x7b"],
+}
+
+
 @dataclass(frozen=True)
 class Path_:
     name: str
     world: int
     kw: dict[str, Any] = field(default_factory=dict)
     microbatches: int = 1
+    moe: bool = False  # the zoo MoE (MOE_SIZES) instead of the zoo Llama
 
 
 def paths(big: bool) -> list[Path_]:
@@ -103,15 +117,27 @@ def paths(big: bool) -> list[Path_]:
         Path_("pp zero-bubble+recompute_full", 2, dict(tp=1, pp=2, dp=1, schedule="zero-bubble", recompute="full"),
               microbatches=4),
         Path_("pp 1f1b x tp", 4, dict(tp=2, pp=2, dp=1, schedule="1f1b", sequence_parallel=False), microbatches=4),
+        Path_("moe single", 1, dict(tp=1, pp=1, dp=1), moe=True),
+        Path_("moe ddp", w, dict(tp=1, pp=1, dp=w, dp_kind="ddp"), moe=True),
+        Path_("moe fsdp", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp"), moe=True),
+        Path_("ep", w, dict(tp=1, pp=1, dp=w, ep=w, dp_kind="ddp"), moe=True),
+        Path_("ep accum2+recompute_full", w, dict(tp=1, pp=1, dp=w, ep=w, dp_kind="ddp", recompute="full"),
+              microbatches=2, moe=True),
+        Path_("ep x cp", 2 * w, dict(tp=1, pp=1, dp=w, ep=w, cp=2, dp_kind="ddp"), moe=True),
+        Path_("ep x pp 1f1b", 2 * w, dict(tp=1, pp=2, dp=w, ep=w, dp_kind="ddp", schedule="1f1b"), microbatches=4,
+              moe=True),
     ]
 
 
 def check(size: str, p: Path_, layers: int = 0) -> list[tuple[str, Any]]:
     cfg, seq, mb = SIZES[size]
+    if p.moe:
+        cfg = MOE_SIZES[size]  # type: ignore[assignment]
     if layers:
         cfg = dataclasses.replace(cfg, n_layer=layers)
+    build = (lambda: moe_llama(cfg)) if p.moe else (lambda: Llama(cfg))  # type: ignore[arg-type]
     with torch.device("meta"):
-        meta = Llama(cfg)
+        meta = build()
     graph = trace_model(meta, (torch.zeros(1, seq, dtype=torch.long, device="meta"),), name=f"llama-{size}")
     dp = p.kw.get("dp", 1)
     plan = estimate_graph(graph, p.world, global_batch_size=mb * p.microbatches * dp, micro_batch_size=mb,
@@ -119,7 +145,7 @@ def check(size: str, p: Path_, layers: int = 0) -> list[tuple[str, Any]]:
     out = []
     pp = p.kw.get("pp", 1)
     for r in range(pp):
-        res = measure(lambda: Llama(cfg), plan, rank=r * (p.world // pp), seq_len=seq, vocab=cfg.vocab_size)
+        res = measure(build, plan, rank=r * (p.world // pp), seq_len=seq, vocab=cfg.vocab_size)
         out.append((f"{p.name} (pp rank {res.pp_rank})" if pp > 1 else p.name, res))
     return out
 

@@ -36,6 +36,17 @@ fake tensors and changes no allocation of the step):
   indices; the rebuilt buckets hold the same parameters). The Reducer's buckets are allocated by
   its C++ code through the dispatcher, so MemTracker counts them.
 
+MoE (the router's top-k decides sizes: ``torch.where`` per expert, the per-expert counts, which the
+expert-parallel exchange all-to-alls and reads with ``.tolist()``; fake tensors have no values):
+``BalancedRouting``, a dispatch mode between the fake mode and the tracker used only here, fixes the
+top-k indices to a balanced assignment (token i -> experts (i·k + s) mod E) held as a real "shadow",
+and runs only the ops on those integer tensors on their shadows, giving the value-sized outputs
+their shadows' sizes; the counts' all-to-all receives what it sends (every rank routes alike). The
+activations, expert inputs and outputs, all-to-all buffers, weights and gradients are the runtime's
+own ops on fake tensors, sized as with a router that sends each expert N·k/E tokens, which is also
+what the cost model prices (routing imbalance is a time term). On the zoo MoE at one rank the tracked
+peak equals the one with real CPU tensors and real routing (``tests/test_memory_fake.py``).
+
 MemTracker hooks every parameter's gradient; QLoRA's frozen quantized base takes no hook, so the
 tracker only tracks its storage (``_StepTracker``). ``UNSUPPORTED`` names paths that cannot run here.
 """
@@ -50,9 +61,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from meshplan.plan import Plan
 
@@ -261,6 +275,104 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
             setattr(obj, name, value)
 
 
+_DYNAMIC = ("nonzero", "nonzero_numpy", "bincount", "repeat_interleave")  # outputs sized by values
+_FACTORIES = ("arange", "scalar_tensor")
+
+
+class BalancedRouting(TorchDispatchMode):
+    """A MoE router's top-k under fake tensors, fixed to a balanced assignment (module doc, "MoE").
+
+    Every ``aten.topk`` output's indices get a real "shadow": token i picks experts
+    ``(i·k + s) mod E``, s < k (E the top-k's input width), so each expert receives ``N·k/E``
+    tokens when E divides N·k. An op whose tensor inputs all have shadows (the routing's integer
+    tensors: ``== e``, ``argsort``, ``// k``, views) is also run on the shadows, its fake output
+    gets the real result as its shadow, and where the output's size is set by values (``nonzero``
+    behind ``torch.where``, ``bincount``, ``repeat_interleave``) the fake output takes the shadow's
+    size; ``.item()`` / ``.tolist()`` read the shadow. Integer factories (``arange``, ``torch.tensor``)
+    are shadowed too. An all-to-all of a shadowed tensor (the per-expert counts) receives what it
+    sends: every rank routes the same balanced way, so each expert gets the same count from every
+    rank. Every other op (everything that allocates the activations, weights and buffers) runs on
+    fake tensors unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shadow: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.topk_calls = 0
+
+    def __enter__(self) -> BalancedRouting:
+        self._tolist = torch.Tensor.tolist
+        mode = self
+
+        def tolist(t: torch.Tensor) -> Any:
+            if t in mode.shadow:
+                with unset_fake_temporarily():
+                    return mode.shadow[t].tolist()
+            return mode._tolist(t)
+
+        torch.Tensor.tolist = tolist  # type: ignore[method-assign]  # C++ reads the data pointer, no dispatch
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.Tensor.tolist = self._tolist  # type: ignore[method-assign]
+        super().__exit__(*exc)
+
+    def _real(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if x in self.shadow:
+                return self.shadow[x]
+            if isinstance(x, FakeTensor):
+                raise KeyError(x)
+        return x
+
+    def _shadow_all(self, out: Any, real: Any) -> None:
+        for f, r in zip(tree_flatten(out)[0], tree_flatten(real)[0]):
+            if isinstance(f, torch.Tensor) and isinstance(r, torch.Tensor):
+                self.shadow[f] = r
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        flat, spec = tree_flatten((args, kwargs))
+        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+        if func is torch.ops.aten.topk.default:
+            vals, idx = func(*args, **kwargs)
+            dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+            assert dim in (-1, args[0].dim() - 1), "a router's top-k runs over its last (expert) dimension"
+            e, k = args[0].shape[-1], idx.shape[-1]
+            with unset_fake_temporarily():
+                self.shadow[idx] = ((torch.arange(idx.numel() // k)[:, None] * k + torch.arange(k)) % e).reshape(idx.shape)
+            self.topk_calls += 1
+            return vals, idx
+        if name == "_local_scalar_dense" and tensors[0] in self.shadow:
+            with unset_fake_temporarily():
+                return self.shadow[tensors[0]].item()
+        if name in ("lift_fresh", "lift_fresh_copy") and not isinstance(tensors[0], FakeTensor):
+            out = func(*args, **kwargs)
+            with unset_fake_temporarily():
+                self.shadow[out] = tensors[0].clone()
+            return out
+        if "alltoall" in name and len(tensors) >= 2 and tensors[1] in self.shadow:
+            out = func(*args, **kwargs)  # the fake group's work; what arrives: what was sent (class doc)
+            with unset_fake_temporarily():
+                self.shadow[tensors[0]] = self.shadow[tensors[1]].clone()
+            return out
+        dynamic = name in _DYNAMIC
+        if not (dynamic or (tensors and all(t in self.shadow for t in tensors))
+                or (not tensors and name in _FACTORIES and not kwargs.get("dtype", torch.int64).is_floating_point)):
+            return func(*args, **kwargs)
+        try:
+            real_flat = [self._real(x) for x in flat]
+        except KeyError:  # a value-sized op on data the routing does not decide
+            return func(*args, **kwargs)
+        with unset_fake_temporarily():
+            ra, rk = tree_unflatten(real_flat, spec)
+            real = func(*ra, **rk)
+        out = (tree_map(lambda r: torch.empty(r.shape, dtype=r.dtype) if isinstance(r, torch.Tensor) else r, real)
+               if dynamic else func(*args, **kwargs))
+        self._shadow_all(out, real)
+        return out
+
+
 def _fused(factory: Callable) -> Callable:
     """The runtime's AdamW as it runs on CUDA (``runtime/optim.make_optimizer``: fused there,
     foreach on CPU, whose step holds one more parameter-sized temporary): the fake device is cpu,
@@ -285,9 +397,9 @@ def measure(
 ) -> MemCheck:
     """Peak live bytes of ``rank`` over ``steps`` training steps of ``plan`` (fake tensors), and
     the plan's prediction for that rank's pipeline stage. ``build()`` makes the fp32 model.
-    ``fake=False`` runs real CPU tensors under the same tracker (and the same bridges), for a
-    program fake tensors cannot run: a MoE block's data-dependent routing (``torch.where`` per
-    expert, whose output size is the routed token count); the model must then be small."""
+    ``fake=False`` runs real CPU tensors under the same tracker (and the same bridges; one rank: the
+    fake process group moves no data); the model must then be small. A MoE model's routing runs
+    under fake tensors through ``BalancedRouting`` (module doc)."""
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.apply.optim import make_optimizer
     from meshplan.runtime.apply.precision import resolve_precision
@@ -302,7 +414,8 @@ def measure(
     B, T = plan.global_batch_size, seq_len
     try:
         mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-        with _bridges(mb_dtype), mode:  # fake: real mesh rank tensors allowed in
+        routing = BalancedRouting() if fake else contextlib.nullcontext()
+        with _bridges(mb_dtype), mode, routing:  # fake: real mesh rank tensors allowed in
             model = build()
             pm = apply_plan(model, plan, loss_fn=lm_loss,
                             optimizer_factory=_fused(make_optimizer("adamw", 1e-4)),

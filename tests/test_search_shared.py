@@ -37,7 +37,7 @@ def test_shared_node_terms_equal_terms_costed_afresh(moe, folding):
         shared = s.costs.ep_cp.epcp_prefix(c)
         fresh = EPCPPrefix(moe, cl, s.costs.ep_cp.epcp_nodes, cp=cp, ep=ep, micro_batch=mb, dtype=s.costs.dtype,
                            capacity_factor=s.costs.ep_cp.capacity_factor, elem_bytes=s.costs.states.elem_bytes, tp=tp, recompute=rc, stride=tp,
-                           folding=folding, dp=dp)  # fmt: skip
+                           folding=folding, dp=dp, ep_combine_bytes=s.costs.ep_cp._ep_combine_bytes)  # fmt: skip
         assert shared.acc == fresh.acc and shared.bytes == fresh.bytes, c
         assert shared.whole() == fresh.terms(0, len(moe.nodes)) == fresh.whole(), c  # the same floats
         n += 1

@@ -71,6 +71,7 @@ class EPCPTerms:
     cp_forward_s: float = 0.0  # of cp_comm_s, the forward pass's ring (the rest runs in the backward)
     moe_forward_s: float = 0.0  # of imbalance_s + expert_read_s, the forward pass's share
     ep_forward_s: float = 0.0  # of ep_comm_s, the forward pass's dispatch + combine
+    kept_bytes: float = 0.0  # per microbatch: what the engine's token exchange keeps for backward (ep_kept_bytes)
 
     @property
     def per_microbatch_s(self) -> float:
@@ -89,7 +90,7 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                spans_nodes: bool = False, stride: int = 0,
                nodes: Iterable[GraphNode] | None = None, folding: bool = False, dp: int = 1,
                fp8_recipe: str = DEFAULT_FP8_RECIPE, moe_dispatcher: str = "alltoall",
-               cp_rotate: str = "ring-dkv", main_grad_bytes: int = 4) -> EPCPTerms:
+               cp_rotate: str = "ring-dkv", main_grad_bytes: int = 4, ep_combine_bytes: int = 0) -> EPCPTerms:
     """EP/CP terms for ``micro_batch`` sequences per replica (each rank holds ``micro_batch/cp`` of
     them); ``stride``: distance of the ep / cp groups' ranks in the mesh (tp); ``nodes``: the nodes
     to cost (a pipeline stage's; default all: pp = 1). Under TP a rank's ring
@@ -114,7 +115,11 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
     calls are timed at their chunk shapes (``cp_kernels.cp_step_shape_ratio``) and what that adds
     to the cost table's one kernel of length T counts in ``cp_comm_s``.
     ``main_grad_bytes``: the element size of the gradient the experts' weight gradients accumulate
-    into (``dp_kinds.main_grad_bytes``: 4 fp32, 2 for an engine's 16-bit gradients)."""
+    into (``dp_kinds.main_grad_bytes``: 4 fp32, 2 for an engine's 16-bit gradients).
+    ``ep_combine_bytes``: under ep > 1, the element size of the combine's accumulator in meshplan's
+    runtime exchange (``runtime/apply/expert_parallel._grouped_forward``; 0: an engine whose exchange
+    keeps nothing priced here), whose saves are ``kept_bytes`` (``ep_kept_bytes``) unless full / op
+    recompute drops them."""
     out = EPCPTerms()
     fold = folding and tp > 1
     if cp == 1 and ep == 1 and not fold:
@@ -162,6 +167,8 @@ def epcp_terms(graph: ModelGraph, cluster: ClusterSpec, *, cp: int, ep: int, mic
                 out.ep_forward_s += four / 2
                 b = ep_a2a_bytes(tokens, k, h, elem_bytes) * (ep - 1) / ep
                 out.comm_bytes["all_to_all"] = out.comm_bytes.get("all_to_all", 0.0) + (4 + 2 * rerun) * b
+                if ep_combine_bytes and recompute not in ("full", "op"):
+                    out.kept_bytes += ep_kept_bytes(tokens * route_k, h, ep_combine_bytes)
         elif n.kind == "attention" and cp > 1:
             a = n.attrs
             if not a.get("head_dim"):
@@ -219,7 +226,18 @@ def expert_params_saved(graph: ModelGraph, ep: int, nodes: Iterable[GraphNode] |
 
 
 _SUMMED = ("ep_comm_s", "cp_comm_s", "imbalance_s", "expert_read_s", "expert_params_saved", "expert_params",
-           "cp_forward_s", "moe_forward_s", "ep_forward_s")
+           "cp_forward_s", "moe_forward_s", "ep_forward_s", "kept_bytes")
+
+
+def ep_kept_bytes(routed: float, hidden: int, combine_bytes: int) -> float:
+    """Bytes meshplan's runtime exchange (``runtime/apply/expert_parallel._grouped_forward``) keeps for
+    the backward per MoE layer beyond the eager block's own saves, for ``routed`` token copies (tokens
+    x top-k) routed by this rank: the returned expert outputs (kept by the product with the routing
+    weights) and their weighted copies (kept by ``index_add``), both ``hidden`` wide in the combine
+    accumulator's dtype (``combine_bytes``: the block input's, fp32 under autocast), the routing
+    weights (fp32) and three int64 index vectors (the sort order, the token ids, the gathered rows).
+    Listed with ``saved_tensors_hooks`` under fake tensors (BENCHMARKS "Wave 3 stop 7")."""
+    return routed * (2.0 * hidden * combine_bytes + 4.0 + 3 * 8.0)
 
 
 def _node_key(n: GraphNode, kw: dict[str, Any]) -> tuple:
@@ -237,7 +255,7 @@ def _node_key(n: GraphNode, kw: dict[str, Any]) -> tuple:
     stride = kw.get("stride", 0)
     if n.kind == "moe":
         folded = (tp, kw.get("dp", 1), cp) if fold else None
-        return (on, "moe", ep, mb / cp, stride, folded, kw.get("recompute", "none") == "full", rest)
+        return (on, "moe", ep, mb / cp, stride, folded, kw.get("recompute", "none"), rest)
     return (on, "attention", cp, mb, tp, kw.get("recompute", "none") != "none", stride, rest)
 
 

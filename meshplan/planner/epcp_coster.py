@@ -96,8 +96,16 @@ class EPCPCosts:
                 moe_dispatcher=self.coster.profile.moe_dispatcher,  # copies of a token a dispatch moves
                 cp_rotate=self.coster.profile.cp_rotate,  # how the engine's ring moves key/value blocks
                 main_grad_bytes=self.coster.main_grad_bytes,  # what the experts' weight gradients accumulate into
+                ep_combine_bytes=self._ep_combine_bytes,  # meshplan's runtime exchange: what it keeps
                 memo=self.memos.epcp_node, copies=self._copies)
         return self.memos.epcp_prefix[key]
+
+    @functools.cached_property
+    def _ep_combine_bytes(self) -> int:
+        """The element size of meshplan's runtime exchange's combine (``epcp_cost.ep_kept_bytes``): the
+        MoE block input's, fp32 on the runtime's fp32 parameters (under autocast the norm before it
+        outputs fp32); 0 for another engine's profile (its exchange is not this code)."""
+        return 4 if self.coster.profile.engine == "meshplan" else 0
 
     @functools.cached_property
     def _copies(self) -> list[tuple]:

@@ -504,9 +504,12 @@ class ConfigEvaluator:
         rs_grads = 0.0  # sharded gradients the reserved figure holds beside the live peak (below)
         cast = k.r_cast if self.states.runs_autocast(c) else [0.0 for _ in ranks]
         live = [r_act[r] + cast[r] for r in ranks]
-        # meshplan's BucketedGradSync (cp / ep at pp = 1): every gradient's flat copy at the backward's end
+        # meshplan's BucketedGradSync (cp / ep at pp = 1): every reduced gradient's flat copy at the
+        # backward's end; under ep the experts' only where they have replicas (dp·cp > ep: at ep = dp·cp
+        # epcp.EPCPState.attach leaves them unsynced, no bucket)
         unq = self.coster.quant.mode in ("none", "qat")  # QAT trains and reduces every parameter
-        flats = r_params[0] * bpp.grads if self.states.grad_sync_flats(c) and unq else 0.0
+        reduced = r_params[0] - (k.r_experts[0] / c.ep if c.ep > 1 and c.dp * c.cp == c.ep else 0.0)
+        flats = reduced * bpp.grads if self.states.grad_sync_flats(c) and unq else 0.0
         if self.states.grads_after_activations(c) and unq:
             # one microbatch, no pipeline, no DDP bucket: gradients come into being in the backward
             # as the activations it consumes are freed (the step ends with zero_grad(set_to_none)),

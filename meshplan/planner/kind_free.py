@@ -183,6 +183,8 @@ def kind_free_terms(
     if ev.cluster.host_op_s:  # the host-dispatch floor (cost_models.host), per stage and microbatch
         st_f, st_b, st_w = host_floored(st_f, st_b, st_w, cols.hf, cols.hb)
     st_params, st_act, st_q, st_params0, st_sendb = cols.params, cols.act, cols.q, cols.params0, cols.sendb
+    if st_ec and any(e.kept_bytes for e in st_ec):  # the token exchange's saves (epcp_cost.ep_kept_bytes)
+        st_act = [a + e.kept_bytes for a, e in zip(st_act, st_ec)]
     ranks = range(c.pp)
     placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
     if ev.dtype == "fp8" and fp8_recipe(ev.coster.profile.fp8_recipe).amax_reductions:
