@@ -52,6 +52,7 @@ def _plan(model: torch.nn.Module, cfg: dict, data: list) -> tuple[Any, tuple | N
         schedule=cfg.get("schedule", "1f1b"), virtual_stages=cfg.get("v", 1), microbatches=cfg["m"],
         micro_batch_size=mbs, seq_len=rc.SEQ, tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"),
     )
+    plan = dataclasses.replace(plan, sequence_parallel=bool(cfg.get("sp")))
     return dataclasses.replace(plan, dtype=cfg.get("plan_dtype", "bf16")), ex
 
 
@@ -79,6 +80,7 @@ def precision_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) ->
         gs = pm.grad_sync
         facts = {"precision": pm.precision, "collectives": pm.grad_sync_collectives, "fp32_err": fp32_err,
                  "param_dtypes": sorted({str(p.dtype) for p in full.values()}), "grad_norm": pm.last_grad_norm,
+                 "sp_saved_shards": sum(s.sp_saves.packed for m in pm.modules for s in m.modules() if hasattr(s, "sp_saves")),
                  **facts_sync}
         if gs is not None:
             from meshplan.cost_models.grad_sync import bucket_indices

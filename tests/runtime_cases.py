@@ -207,6 +207,9 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
         if sending:
             made = sum(getattr(s, "uncached_outputs", 0) for s in stages)
             extra.append(f"uncached_outputs={made}/{len(data) * cfg['m'] * sending}")
+    if cfg.get("sp"):  # the column linears under SP saved their input's sequence shard (runtime/apply/sp_saves.py)
+        packed = sum(sub.sp_saves.packed for m in pm.modules for sub in m.modules() if hasattr(sub, "sp_saves"))
+        extra.append(f"sp_saved_shards={packed}")
     calls = sum(getattr(m, "calls", 0) for m in pm.modules)  # selective recompute: SDPA calls checkpointed
     runs = sum(getattr(m, "runs", 0) for m in pm.modules)  # a stage checkpointed whole: forwards incl. recomputes
     # full recompute at pp > 1: each block's forwards incl. recomputes (runtime/apply/block_checkpoint.py)

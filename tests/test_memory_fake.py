@@ -91,6 +91,9 @@ PATHS = {
     "single rank, one microbatch (gradients after activations)": (1, 1, dict(tp=1, pp=1, dp=1)),
     "tp2 (every block linear sharded)": (2, 1, dict(tp=2, pp=1, dp=1, sequence_parallel=False, cluster="fast-links")),
     "tp2 + sequence parallel": (2, 1, dict(tp=2, pp=1, dp=1, sequence_parallel=True, cluster="fast-links")),
+    # the column linears save the bf16 sequence shard, all-gathered again in backward (runtime/apply/sp_saves.py)
+    "tp2 + sequence parallel, 2 microbatches (linears save the shard)":
+        (2, 2, dict(tp=2, pp=1, dp=1, sequence_parallel=True, cluster="fast-links")),
     "single rank, full recompute, 2 microbatches (autocast's cache to the forward's end)":
         (1, 2, dict(tp=1, pp=1, dp=1, recompute="full")),
     "pp2 1f1b + full recompute (each block of a stage graph one checkpoint region)":

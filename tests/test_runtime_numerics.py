@@ -62,6 +62,9 @@ def _check(results: list, expect: int) -> None:
                 assert any(n.startswith(f"data parallel {cfg['dp_kind']}") for n in notes), notes
             if cfg.get("sp"):  # sequence parallelism really ran (not the plain-TP fallback)
                 assert any(n.startswith("sequence_parallel applied") for n in notes), notes
+                # and its column linears saved the sequence shard, re-gathered in backward
+                assert not any(n in notes for n in ("sp_saved_shards=0",)) and any(
+                    n.startswith("sp_saved_shards=") for n in notes), notes
             # QAT rounds weights to 4-bit levels: a summation-order difference of 1e-7 in a gradient
             # can move a weight across a rounding boundary, so QAT gets a looser bound (seen: 3e-4)
             atol = 2e-3 if cfg.get("quant") == "qat" else ATOL

@@ -114,6 +114,9 @@ class TestTwoRanks:
         cfgs += [dict(dp=2, m=2, dp_kind="fsdp", plan_dtype="fp32", clip=0.05),
                  dict(tp=2, m=2, plan_dtype="fp32", clip=0.05), dict(pp=2, m=2, schedule="1f1b", plan_dtype="fp32", clip=0.05)]
         cfgs += [dict(tp=2, m=2, plan_dtype="fp32", opt="adamw")]  # AdamW over DTensor + plain parameters (separate groups)
+        # SP under autocast: a norm's output shard is cast to bf16 before its all-gather and the column
+        # linears save the shard (runtime/apply/sp_saves.py); the same numerics as one autocast device
+        cfgs += [dict(tp=2, m=2, sp=1)]
         res = run_ranks(pc.precision_worker, 2, cfgs)
         for rows in res:
             _check(rows)
@@ -127,6 +130,7 @@ class TestTwoRanks:
         assert fs["sync_dtypes"] == ["float32"] and fs["sync_bytes"] == fs["costed_sync_bytes"] > 0, fs
         dd = facts[str(cfgs[0])]  # ddp bf16: one all-reduce of fp32 gradients per step
         assert dd["sync_dtypes"] == ["float32"] and dd["sync_bytes"] == dd["costed_sync_bytes"] > 0, dd
+        assert facts[str(cfgs[-1])]["sp_saved_shards"] > 0, facts[str(cfgs[-1])]
         norms = [f["grad_norm"] for c, _, _, f in res[0] if c.get("clip")]
         assert all(n is not None and n > 0.05 for n in norms), norms  # clipping was active
 

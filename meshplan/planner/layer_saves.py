@@ -110,7 +110,9 @@ class LayerSaves:
                     src = self.g.nodes[i]
                     if i not in ids or i not in fp32:
                         continue
-                    if i in seen:
+                    if i in seen and not (self.sp_saves == "shard" and sol.node_state.get(i) == "Q"):
+                        # (a sequence shard meshplan's runtime casts before its all-gather: one copy,
+                        # runtime/apply/sp_saves.py)
                         out += src.out_bytes * scale * elem / saved_shard(n, sol, self.sp_saves)
                     seen.add(i)
             fp32_extra = 1.0 / elem - 1.0 if elem < 1.0 else 0.0

@@ -8,8 +8,12 @@ from meshplan.cost_models.engine_profiles.profile_type import EngineProfile
 
 MESHPLAN = EngineProfile(
     "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
-    shard_over_cp=True, recompute_unit="block", cp_rotate="ring-dkv",
+    shard_over_cp=True, recompute_unit="block", cp_rotate="ring-dkv", sp_saves="shard",
     sources=(
+        ("sp_saves", "runtime/apply/sp_saves.py ShardSaves: under SP the column-parallel linears reading an "
+                     "all-gathered sequence shard save the shard (saved_tensors_hooks) and all-gather it again in "
+                     "backward, as Megatron's LinearWithGradAccumulationAndAsyncCommunication; under autocast the "
+                     "shard is cast before its gather, so its readers share one 16-bit copy"),
         ("cp_rotate", "runtime/apply/ring_attention.py: one fused attention kernel per ring step (flash on CPU, "
                       "efficient on CUDA) in one autograd Function; forward [k; v] cp - 1 p2p shifts, backward "
                       "[k; v] again cp - 1 and the fp32 [dk; dv] accumulator cp shifts"),

@@ -34,6 +34,8 @@ OTHERS: tuple[EngineProfile, ...] = (
             ("autocast_cache", "none used here: Composer FSDP mixed precision, no pipeline stages"),
             ("recompute_unit", "none used: no pipeline stages (Composer activation_checkpointing_fn per MPTBlock)"),
             ("shard_over_cp", "none used: Composer FSDP only, no context parallelism"),
+            ("sp_saves", "none used: Composer FSDP only, no tensor or sequence parallelism (torch TP's convention "
+                         "kept, never costed)"),
         ),
     ),
     EngineProfile(
@@ -62,6 +64,8 @@ OTHERS: tuple[EngineProfile, ...] = (
                                "a checkpoint every that many layers of a stage (per layer at 1)"),
             ("shard_over_cp", "none costed: engines/spec.py CAPS['deepspeed'] has no cp axis (DeepSpeed-Ulysses "
                               "sequence parallelism is not modelled)"),
+            ("sp_saves", "none costed: DeepSpeed has no Megatron-style sequence parallelism of its own (torch TP's "
+                         "convention kept)"),
         ),
     ),
     EngineProfile(

@@ -36,7 +36,9 @@ from the module tree alone. The "blocks" are the children of the model's ``nn.Mo
   their first input along the sequence (a forward pre-hook; backward keeps the local chunk), so
   the code inside them (``x.shape``-based reshapes, attention over the whole sequence) sees what
   it sees under plain TP; rowwise linears inside blocks take ``output_layouts=Shard(1)``
-  (reduce-scatter instead of all-reduce), so a region returns the local sequence slice.
+  (reduce-scatter instead of all-reduce), so a region returns the local sequence slice;
+* the column-parallel linears reading that all-gathered input save this rank's shard and
+  all-gather it again in backward (``sp_saves.ShardSaves``, as Megatron-LM does).
 
 ``sp_blocker`` says why a model cannot run so (then it runs as plain TP, noted in the RunRecord):
 no ModuleList blocks, a block holding a parameterised module that is neither a norm nor a
@@ -72,6 +74,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from meshplan.plan.execution_rules import sequence_parallel_blocker
+from meshplan.runtime.apply.sp_saves import ShardSaves
 from meshplan.trace import block_fqns, param_modules
 
 
@@ -337,9 +340,12 @@ def apply_stage_sequence_parallel(
         plan[n] = SequenceParallel(use_local_output=True)
     if plan:
         parallelize_module(stage, mesh, plan)  # type: ignore[arg-type]
-    gather = _seq_gather(mesh)
+    saves = ShardSaves()  # the column linears reading a norm's gathered output save its shard
+    gather = saves.gather_for_linears(mesh)
     for n in norms:
         stage.get_submodule(n).register_forward_hook(lambda _m, _a, out: gather(out))
+    saves.install(stage)
+    stage.sp_saves = saves  # type: ignore[assignment]
     return len(plan)
 
 
@@ -363,8 +369,12 @@ def apply_sequence_parallel(module: nn.Module, mesh: DeviceMesh, styles: dict[st
     module.get_submodule(blocks[0]).register_forward_pre_hook(_seq_shard_input(mesh), with_kwargs=True)
     module.get_submodule(blocks[-1]).register_forward_hook(
         lambda _m, _a, out: (gather(out[0]), *out[1:]) if isinstance(out, tuple) else gather(out))
+    saves = ShardSaves()  # the column linears of each TP region save its input's shard
     for r in tp_regions(module, styles):
-        module.get_submodule(r).register_forward_pre_hook(_on_first_input(gather), with_kwargs=True)
+        region = module.get_submodule(r)
+        region.register_forward_pre_hook(_on_first_input(saves.gather_for_linears(mesh)), with_kwargs=True)
+        saves.install(region)
+    module.sp_saves = saves  # type: ignore[assignment]
     return len(plan)
 
 
