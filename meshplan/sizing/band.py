@@ -92,22 +92,28 @@ def band_from_dict(d: Any, source: str = DEFAULT_NAME) -> ErrorBand:
 
 def load_error_band(path: str | Path | None = None) -> ErrorBand:
     """The band from ``path`` or the packaged ``meshplan/data/cost_model_error.json``."""
+    d, source = _read_band(path, DEFAULT_NAME, "error-band", "the ± band cannot be stated; run "
+                           "benchmarks/published_cases.py --write-error-band")  # fmt: skip
+    return band_from_dict(d, source)
+
+
+def _read_band(path: str | Path | None, packaged: str, what: str, fix: str) -> tuple[dict, str]:
+    """(the JSON object, where it came from) of ``path`` or the packaged ``meshplan/<packaged>``;
+    ``ValueError`` (one line) where it is missing (``fix`` says how to write it) or not JSON."""
     if path is None:
-        res = resources.files("meshplan").joinpath(DEFAULT_NAME)
+        res = resources.files("meshplan").joinpath(packaged)
         if not res.is_file():
-            raise ValueError(f"meshplan/{DEFAULT_NAME} is missing: the ± band cannot be stated; "
-                             "run benchmarks/published_cases.py --write-error-band")  # fmt: skip
-        text, source = res.read_text(), f"meshplan/{DEFAULT_NAME}"
+            raise ValueError(f"meshplan/{packaged} is missing: {fix}")
+        text, source = res.read_text(), f"meshplan/{packaged}"
     else:
         p = Path(path)
         if not p.is_file():
-            raise ValueError(f"error-band file {str(p)!r} does not exist")
+            raise ValueError(f"{what} file {str(p)!r} does not exist")
         text, source = p.read_text(), str(p)
     try:
-        d = json.loads(text)
+        return json.loads(text), source
     except json.JSONDecodeError as e:
         raise ValueError(f"{source}: not JSON ({e})") from e
-    return band_from_dict(d, source)
 
 
 @dataclass(frozen=True)
@@ -134,21 +140,8 @@ class ScalingBand:
 def load_scaling_band(path: str | Path | None = None) -> ScalingBand:
     """The scaling band from ``path`` or the packaged ``meshplan/data/scaling_error.json``;
     ``ValueError`` (one line) where it is missing or malformed."""
-    if path is None:
-        res = resources.files("meshplan").joinpath(SCALING_NAME)
-        if not res.is_file():
-            raise ValueError(f"meshplan/{SCALING_NAME} is missing: run benchmarks/capacity_published.py "
-                             "--leave-one-source-out --write-scaling-band")  # fmt: skip
-        text, source = res.read_text(), f"meshplan/{SCALING_NAME}"
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"scaling-band file {str(p)!r} does not exist")
-        text, source = p.read_text(), str(p)
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{source}: not JSON ({e})") from e
+    d, source = _read_band(path, SCALING_NAME, "scaling-band", "run benchmarks/capacity_published.py "
+                           "--leave-one-source-out --write-scaling-band")  # fmt: skip
     b = band_from_dict(d, source)  # the same required fields and checks; groups = sources
     if d.get("quantity") != "scaling_efficiency":
         raise ValueError(f"{source}: quantity must be 'scaling_efficiency', got {d.get('quantity')!r}")
