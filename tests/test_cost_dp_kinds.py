@@ -67,7 +67,10 @@ def test_collectives_per_kind() -> None:
 
 def test_deepspeed_2021_zero3_gathers_per_tensor_again_in_a_recompute_and_all_reduces() -> None:
     g, p = 4 * N, 2 * N  # fp32 reduce bytes (FSDP2's), 16-bit parameters
-    one_ag = collective_time_s("all_gather", p / 10, 128, H100, ranks_per_node=8)
+    from meshplan.cost_models.dp_kinds import ds2021_copy_back_s
+
+    # each gather: the collective + the list-form all_gather's copies out of its flat output (e97789f)
+    one_ag = collective_time_s("all_gather", p / 10, 128, H100, ranks_per_node=8) + ds2021_copy_back_s(p, 10, 128, H100) / 10
     one_ar = collective_time_s("all_reduce", p / 10, 128, H100, ranks_per_node=8)
     d = dp_comm("fsdp", g, p, 128, H100, num_microbatches=2, impl="deepspeed-2021", recompute_regather=True, tensors=10)
     # forward + the recompute's re-run + backward, ten collectives each, + the 16-bit gradient all-reduce
