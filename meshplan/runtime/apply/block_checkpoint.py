@@ -37,10 +37,12 @@ recomputed activations kept until the weight pass), which still runs a stage wit
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any
 
 from torch import fx, nn
+from torch.overrides import _get_current_function_mode_stack
 from torch.utils.checkpoint import checkpoint
 
 #: name prefix of the segment modules registered on a stage
@@ -102,7 +104,33 @@ class BlockCheckpoint(nn.Module):
         return self.body(*args)
 
     def forward(self, *args: Any) -> Any:
-        return checkpoint(self._run, *args, use_reentrant=False)
+        # the recompute runs in the backward, outside whatever the stage's forward ran under: torch's
+        # checkpoint restores autocast and the RNG, not torch-function modes, so the ones active now
+        # (the CP ring's RingAttentionMode of a stage, runtime/apply/epcp_pipeline.StageRing) are
+        # entered again around the recompute, else it would run another attention than the forward
+        modes = list(_get_current_function_mode_stack())
+        return checkpoint(self._run, *args, use_reentrant=False,
+                          context_fn=lambda: (contextlib.nullcontext(), _Reentered(modes)))
+
+
+class _Reentered:
+    """``modes`` entered again, outermost first, except those still active; reusable (a zero-bubble
+    weight pass may recompute a block more than once from one checkpoint call)."""
+
+    def __init__(self, modes: list[Any]) -> None:
+        self.modes = modes
+        self.stacks: list[contextlib.ExitStack] = []
+
+    def __enter__(self) -> None:
+        active = _get_current_function_mode_stack()
+        stack = contextlib.ExitStack()
+        for m in self.modes:
+            if not any(m is a for a in active):
+                stack.enter_context(m)
+        self.stacks.append(stack)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stacks.pop().close()
 
 
 def _segment(gm: fx.GraphModule, run: list[fx.Node], index: int) -> None:
