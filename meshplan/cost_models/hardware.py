@@ -406,7 +406,6 @@ def _make(
     *,
     tflops_bf16: float,
     tflops_fp32: float,
-    mem_gb: float,
     hbm_tb_s: float,
     nvlink_bidir_gb_s: float,
     ib_gb_s: float,
@@ -419,6 +418,8 @@ def _make(
     comm_sms: int = 0,
     exp_cost_flops: float = 0.0,
 ):
+    mem = visible_mem_bytes(name)  # its datasheet size is DATASHEET_MEM_GB[name]
+
     def build(num_nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
         dpn = devices_per_node or per_node
         return ClusterSpec(
@@ -427,8 +428,8 @@ def _make(
             devices_per_node=dpn,
             peak_flops={"bf16": tflops_bf16 * 1e12, "fp16": tflops_bf16 * 1e12, "fp32": tflops_fp32 * 1e12,
                         **({"fp8": tflops_fp8 * 1e12} if tflops_fp8 else {})},
-            mem_bytes=visible_mem_bytes(name, mem_gb),
-            mem_reserved_bytes=default_reserved_bytes(visible_mem_bytes(name, mem_gb)),
+            mem_bytes=mem,
+            mem_reserved_bytes=default_reserved_bytes(mem),
             mem_bw_bytes_per_s=hbm_tb_s * 1e12,
             intra_bw_bytes_per_s=nvlink_bidir_gb_s / 2 * GB,
             intra_latency_s=5e-6,
@@ -545,7 +546,6 @@ PRESETS = {
         matmul_efficiency=_MATMUL_EFF["a100-40g"],
         tflops_bf16=312,
         tflops_fp32=19.5,
-        mem_gb=40,
         hbm_tb_s=1.555,
         nvlink_bidir_gb_s=600,
         ib_gb_s=25,
@@ -561,7 +561,6 @@ PRESETS = {
         matmul_efficiency=_MATMUL_EFF["a100-80g"],
         tflops_bf16=312,
         tflops_fp32=19.5,
-        mem_gb=80,
         hbm_tb_s=2.039,
         nvlink_bidir_gb_s=600,
         ib_gb_s=25,
@@ -578,7 +577,6 @@ PRESETS = {
         matmul_efficiency=_MATMUL_EFF["h100"],
         tflops_bf16=989,
         tflops_fp32=67,
-        mem_gb=80,
         hbm_tb_s=3.35,
         nvlink_bidir_gb_s=900,
         ib_gb_s=50,
@@ -595,7 +593,6 @@ PRESETS = {
         matmul_efficiency=_MATMUL_EFF["h200"],
         tflops_bf16=989,
         tflops_fp32=67,
-        mem_gb=141,
         hbm_tb_s=4.8,
         nvlink_bidir_gb_s=900,
         ib_gb_s=50,
@@ -608,7 +605,6 @@ PRESETS = {
         matmul_efficiency=_MATMUL_EFF["v100"],
         tflops_bf16=125,
         tflops_fp32=15.7,
-        mem_gb=32,
         hbm_tb_s=0.9,
         nvlink_bidir_gb_s=300,
         ib_gb_s=6.25,
