@@ -36,11 +36,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from meshplan.cost_models.eager_ops import ADAM_UPDATE_BYTES, CLIP_BYTES  # noqa: E402
 from meshplan.models.registry import load_model  # noqa: E402
 from meshplan.runtime.apply import optim  # noqa: E402
 
-#: bytes per parameter the cost model prices (``cost_models.eager_ops``)
-PRICED = {"adam": 28.0, "norm": 4.0, "scale": 8.0, "clip+adam": 40.0, "copy": 8.0}
+#: bytes per parameter the cost model prices (``cost_models.eager_ops``: the fused update, and the clipping's
+#: CLIP_BYTES as its foreach norm's one read and its foreach scale's read + write)
+NORM_BYTES = 4.0
+PRICED = {"adam": ADAM_UPDATE_BYTES["fused"], "norm": NORM_BYTES, "scale": CLIP_BYTES - NORM_BYTES,
+          "clip+adam": ADAM_UPDATE_BYTES["fused"] + CLIP_BYTES, "copy": 8.0}
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
