@@ -128,6 +128,19 @@ def print_table(band: dict[str, Any]) -> None:
           f"p90 {100 * band['p90_abs_rel_error']:.1f}%, max {100 * band['max_abs_rel_error']:.1f}%); in-sample "
           f"{100 * band['in_sample_median_abs_rel_error']:.1f}%, shipped constants "
           f"{100 * band['shipped_median_abs_rel_error']:.1f}% (predicted by the cost model; measured by the sources)")
+    print(coverage_line(band))
+
+
+def coverage_line(band: dict[str, Any]) -> str:
+    """How many of the scaled runs lie within the band's median and within its 90th percentile
+    (``meshplan.sizing.band.within_counts``: the figures ``meshplan capacity`` prints)."""
+    from meshplan.sizing.band import within_counts
+
+    n = band["cases"]
+    med, p90 = band["median_abs_rel_error"], band["p90_abs_rel_error"]
+    a, b = within_counts(band["rows"], med, p90)
+    return (f"coverage: {a} of {n} scaled runs within the median ±{100 * med:.1f}% (a median: about half by "
+            f"construction), {b} of {n} within the 90th percentile ±{100 * p90:.1f}%")
 
 
 def main(write: bool) -> None:

@@ -147,6 +147,13 @@ def main() -> None:
           f"{within} of {len(diffs)} within ±{100 * band.median:.1f}%, {sum(d <= 2 * band.median for d in diffs)} within "
           f"±{200 * band.median:.1f}%; {time.perf_counter() - t0:.0f} s (predicted from the cost model; measured from the sources)")
     print(quantile_lines(diffs))
+    from meshplan.sizing.band import load_scaling_band
+
+    sb = load_scaling_band()
+    if sb.p90 is not None:
+        print(f"the scaling band ({sb.source} at {sb.commit}, left-out errors): median ±{100 * sb.median:.1f}%: "
+              f"{sum(d <= sb.median for d in diffs)} of {len(diffs)} within it with the shipped constants; 90th percentile "
+              f"±{100 * sb.p90:.1f}%: {sum(d <= sb.p90 for d in diffs)} of {len(diffs)}")
 
 
 def quantile_lines(diffs: list[float]) -> str:

@@ -190,6 +190,8 @@ def test_band_file_fields():
     b = band_from_dict(d)
     assert (b.median, b.p90, b.cases, b.groups) == (0.09, 0.3, 40, 9)
     assert "±9.0%" in b.describe() and "leave-one-group-out" in b.describe() and "abc1234" in b.describe()
+    # what each figure covers is said: the median half of the errors, the 90th percentile nine in ten
+    assert "median" in b.describe() and "half of those errors" in b.describe() and "±30% is their 90th" in b.describe()
     with pytest.raises(ValueError, match="missing commit"):
         band_from_dict({k: v for k, v in d.items() if k != "commit"})
     with pytest.raises(ValueError, match="fraction"):

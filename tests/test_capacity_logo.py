@@ -79,6 +79,15 @@ def test_loader(tmp_path, band):
     assert isinstance(b, ScalingBand) and b.median == band["median_abs_rel_error"] and b.cases == band["cases"]
     line = b.describe()
     assert "scaling column" in line and "leave-one-source-out" in line and "scaling_error.json" in line
+    # the coverage it states is counted from the rows: the median holds about half, the p90 about nine in ten
+    errs = [abs(r["error"]) for r in band["rows"]]
+    assert b.within_median == sum(e <= b.median + 1e-4 for e in errs)
+    assert b.within_p90 == sum(e <= band["p90_abs_rel_error"] + 1e-4 for e in errs)
+    assert abs(b.within_median - len(errs) / 2) <= 1 and b.within_p90 >= 0.85 * len(errs)
+    assert f"({b.within_median} of the {b.cases} lie within it)" in line and "90th percentile" in line
+    p = tmp_path / "norows.json"
+    p.write_text(json.dumps({k: v for k, v in band.items() if k != "rows"}))
+    assert load_scaling_band(p).within_median is None and "half of those errors lie within it" in load_scaling_band(p).describe()
     p = tmp_path / "s.json"
     p.write_text(json.dumps({k: v for k, v in band.items() if k != "rows"} | {"quantity": "step_time"}))
     with pytest.raises(ValueError, match="quantity"):

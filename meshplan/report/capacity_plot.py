@@ -114,7 +114,9 @@ def _scaling(ax: Any, rep: CapacityReport) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("tokens/s per GPU (predicted)")
-    pm = f"\nscaling band ± {100 * rep.scaling_band.median:.1f}% (predicted efficiency)" if rep.scaling_band is not None else ""
+    sb = rep.scaling_band
+    pm = "" if sb is None else (f"\nscaling band ± {100 * sb.median:.1f}% (median"
+                                + (f"; 90th percentile ± {100 * sb.p90:.1f}%" if sb.p90 is not None else "") + ")")
     ax.set_title(f"Scaling: tokens/s per GPU (hollow: under 80% of the smallest size){pm}", fontsize=10)
     ax.grid(True, which="both", color="#eeeeee", lw=0.6)
     ax.set_ylim(bottom=0)

@@ -51,12 +51,14 @@ class ErrorBand:
     source: str = DEFAULT_NAME
 
     def describe(self) -> str:
-        """One line: the band, where it comes from and how it was measured."""
-        how = ("leave-one-group-out median" if self.method == "leave-one-group-out"
-               else f"{self.method} median" if self.method else "median")  # fmt: skip
-        extra = f", 90th percentile ±{100 * self.p90:.0f}%" if self.p90 is not None else ""
-        return (f"±{100 * self.median:.1f}% on every time and cost: the cost model's {how} |step-time error| over "
-                f"{self.cases} published runs in {self.groups} groups{extra} ({self.source} at {self.commit})")
+        """One line: the band, what share of the errors it was measured on it covers (a median: half;
+        the 90th percentile, where the file gives it: nine in ten), where it comes from."""
+        how = self.method if self.method else "measured"
+        wide = (f"; ±{100 * self.p90:.0f}% is their 90th percentile (9 in 10 of them lie within it)"
+                if self.p90 is not None else "")  # fmt: skip
+        return (f"±{100 * self.median:.1f}% on every time and cost is the median of the cost model's {how} "
+                f"|step-time error| over {self.cases} published runs in {self.groups} groups (half of those errors "
+                f"lie within it){wide} ({self.source} at {self.commit})")
 
 
 def band_from_dict(d: Any, source: str = DEFAULT_NAME) -> ErrorBand:
@@ -128,13 +130,23 @@ class ScalingBand:
     commit: str
     p90: float | None = None
     source: str = f"meshplan/{SCALING_NAME}"
+    within_median: int | None = None  # of the ``cases`` rows, how many lie within ±median (from the file's rows)
+    within_p90: int | None = None  # ... within ±p90
 
     def describe(self) -> str:
-        """One line: the band of the scaling column, where it comes from and how it was measured."""
-        extra = f", 90th percentile ±{100 * self.p90:.0f}%" if self.p90 is not None else ""
-        return (f"±{100 * self.median:.1f}% on the scaling column: the {self.method} median |scaling-efficiency error| "
-                f"over {self.cases} published scaled runs in {self.series} series from {self.sources} sources{extra} "
-                f"({self.source} at {self.commit})")
+        """One line: the band of the scaling column, how many of the published scaled runs it was
+        measured on lie within it and within its 90th percentile, where it comes from."""
+
+        def held(n: int | None) -> str:
+            return f"{n} of the {self.cases} lie within it" if n is not None else ""
+
+        inner = held(self.within_median) or "half of those errors lie within it"
+        wide = ""
+        if self.p90 is not None:
+            wide = f"; ±{100 * self.p90:.1f}% is their 90th percentile ({held(self.within_p90) or '9 in 10 lie within it'})"
+        return (f"±{100 * self.median:.1f}% on the scaling column is the median of the {self.method} "
+                f"|scaling-efficiency error| over {self.cases} published scaled runs in {self.series} series from "
+                f"{self.sources} sources ({inner}){wide} ({self.source} at {self.commit})")
 
 
 def load_scaling_band(path: str | Path | None = None) -> ScalingBand:
@@ -148,8 +160,26 @@ def load_scaling_band(path: str | Path | None = None) -> ScalingBand:
     series = d.get("series")
     if isinstance(series, bool) or not isinstance(series, int) or series < 1:
         raise ValueError(f"{source}: series must be a positive integer, got {series!r}")
+    within = within_counts(d.get("rows"), b.median, b.p90, source)
     return ScalingBand(median=b.median, method=b.method, cases=b.cases, series=series, sources=b.groups,
-                       commit=b.commit, p90=b.p90, source=source)  # fmt: skip
+                       commit=b.commit, p90=b.p90, source=source, within_median=within[0], within_p90=within[1])  # fmt: skip
 
 
-__all__ = ["ErrorBand", "FORMAT_VERSION", "ScalingBand", "band_from_dict", "load_error_band", "load_scaling_band"]
+def within_counts(rows: Any, median: float, p90: float | None, source: str = SCALING_NAME) -> tuple[int | None, int | None]:
+    """How many of a band file's ``rows`` (each with its left-out ``error``) lie within ±``median``
+    and within ±``p90``; (None, None) where the file has no rows. The figures are rounded to 4
+    places in the file, so a row is counted within a figure it meets to 1e-4."""
+    if rows is None:
+        return None, None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("error"), int | float) for r in rows):
+        raise ValueError(f"{source}: rows must be a list of objects with a numeric 'error'")
+    errs = [abs(float(r["error"])) for r in rows]
+
+    def n(x: float) -> int:
+        return sum(e <= x + 1e-4 for e in errs)
+
+    return n(median), (n(p90) if p90 is not None else None)
+
+
+__all__ = ["ErrorBand", "FORMAT_VERSION", "ScalingBand", "band_from_dict", "load_error_band", "load_scaling_band",
+           "within_counts"]

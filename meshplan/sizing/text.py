@@ -103,7 +103,9 @@ def summary_lines(rep: CapacityReport) -> list[str]:
         if low:
             first = min(low, key=lambda r: r.gpus)
             base = min((r for r in fitting if r.cluster == kind), key=lambda r: r.gpus)
-            pm = f" ± {100 * rep.scaling_band.median:.1f}%" if rep.scaling_band is not None else ""
+            sb = rep.scaling_band
+            pm = "" if sb is None else f" ± {100 * sb.median:.1f}%" + (
+                f" (median; ± {100 * sb.p90:.1f}% at the 90th percentile)" if sb.p90 is not None else " (median)")
             lines.append(f"Scaling efficiency of {kind} falls below {EFFICIENCY_MARK:.0%} at {first.gpus:,} GPUs "
                          f"({percent_down(first.scaling_efficiency or 0.0)}{pm} of {base.gpus:,} GPUs' tokens/s per GPU)")  # fmt: skip
         elif any(r.cluster == kind and r.fits for r in rows):
