@@ -10,6 +10,7 @@ import pytest
 from meshplan.commands.published_estimate import case_setup
 from meshplan.cost_models.engine_profiles import PROFILES
 from meshplan.cost_models.engine_saves import (
+    async_bwd_hidden_s,
     engine_expert_numel,
     exposed_tp_comm_s,
     fused_linears,
@@ -174,3 +175,21 @@ def test_the_qwen3_ep32_norm_act_run_that_ran_is_predicted_to_fit() -> None:
     assert case_setup(c)["profile"].recompute_modules == ("moe_act", "layernorm")
     row = estimate_case(c, case_graph(c))
     assert row["fits"], row
+
+
+def test_megatron_s_async_column_backward_hides_only_the_input_gradient_collectives() -> None:
+    # LinearWithGradAccumulationAndAsyncCommunication.backward (Megatron-LM from 2022-02): the column-parallel
+    # input-gradient all-reduce / reduce-scatter runs beside the weight-gradient GEMM; nothing else moves
+    from meshplan.commands.published_estimate import estimate_case
+    from meshplan.loading import case_graph
+
+    assert async_bwd_hidden_s(3.0, 1.0) == 1.0 and async_bwd_hidden_s(0.5, 2.0) == 0.5
+    lm22 = PROFILES["megatron-lm-2022"]
+    assert lm22.tp_bwd_overlap and not PROFILES["megatron-lm-2021"].tp_bwd_overlap
+    for cid in ("korth22-22b-a100-8gpu-tp8-sp-selective", "korth22-22b-a100-8gpu-tp8-full"):  # SP / no SP
+        case = CASES[cid]
+        g = case_graph(case)
+        on, off = (estimate_case(case, g, profile=p)["plan"].predicted for p in (lm22, lm22.but(tp_bwd_overlap=False)))
+        assert 0 < off.tp_comm_s - on.tp_comm_s <= off.tp_comm_s / 2 + 1e-12  # of the backward half at most
+        assert on.recompute_s == pytest.approx(off.recompute_s)  # the re-run forward's collectives stay
+        assert on.peak_mem_bytes == off.peak_mem_bytes

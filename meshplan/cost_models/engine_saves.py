@@ -27,6 +27,10 @@ keep it in another dtype; each mechanism below is an engine profile convention
   each of qkv/proj/fc1/fc2 fprop, dgrad and wgrad; TE ``linear.py`` ``ub_overlap_ag`` /
   ``ub_overlap_rs``): a layer's TP collectives are exposed only where they outlast its GEMMs. The
   SMs the communication kernels take (``num_sm`` 1-24 of 132) are not charged.
+- **asynchronous column-parallel backward** (``tp_bwd_overlap``, ``async_bwd_hidden_s``): without
+  userbuffers, Megatron-LM's column-parallel linear (from 83b1e42, 2022-02) still starts its
+  input-gradient all-reduce (reduce-scatter under sequence parallelism) before its weight-gradient
+  GEMM and waits after it: that collective is exposed only where it outlasts the GEMM.
 
 - **fused projections** (``fused_projections``): Megatron-Core builds one GEMM for the query, key
   and value projections (``transformer/attention.py`` ``SelfAttention``: ``linear_qkv`` of
@@ -192,6 +196,19 @@ def exposed_tp_comm_s(comm_s: float, gemm_s: float, overlap: bool) -> float:
     ``tp_comm_overlap`` (TE userbuffers) what outlasts the layer's GEMMs (forward, input- and
     weight-gradient). Unit: seconds."""
     return max(0.0, comm_s - gemm_s) if overlap else comm_s
+
+
+def async_bwd_hidden_s(bwd_comm_s: float, col_wgrad_s: float) -> float:
+    """Seconds of a layer's backward TP collectives hidden by Megatron-LM's asynchronous column-parallel
+    backward (``EngineProfile.tp_bwd_overlap``): ``LinearWithGradAccumulationAndAsyncCommunication.
+    backward`` (megatron/mpu/layers.py at 9aad920; megatron/core/tensor_parallel/layers.py later)
+    launches the input-gradient all-reduce (``async_grad_allreduce``, on by default:
+    --no-async-tensor-model-parallel-allreduce turns it off) or, under sequence parallelism, its
+    reduce-scatter with ``async_op=True`` and computes the weight gradient before waiting on it.
+    ``bwd_comm_s``: one (backward) pass of the collectives that mirror into those column-parallel
+    input gradients; ``col_wgrad_s``: the column-parallel linears' weight-gradient GEMMs. The row-parallel
+    side's backward all-gather (sequence parallelism) waits before its GEMMs: not hidden. Unit: seconds."""
+    return min(max(0.0, bwd_comm_s), max(0.0, col_wgrad_s))
 
 
 def fused_linears(nodes: Sequence[GraphNode], style_of: Callable[[GraphNode], str | None],

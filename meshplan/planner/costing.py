@@ -11,7 +11,9 @@ microbatch on one device:
   modules as the engine runs them, ``norm_kernel``); the post layer adds the engine's
   cross-entropy over the logits when the graph did not trace its loss (``eager_ops.loss_time_s``);
 - ``tp_comm_s``: the placement's resharding collectives (forward + backward); half is charged
-  to the forward, half to the backward (they sit on the critical path, not overlapped);
+  to the forward, half to the backward (they sit on the critical path, not overlapped; an engine
+  with ``tp_comm_overlap`` hides them behind the layer's GEMMs, one with ``tp_bwd_overlap`` the
+  column-parallel input-gradient collectives behind those linears' weight-gradient GEMMs);
 - ``recompute_s``: forward work redone in backward (selective: the attention core and the
   s×s score tensors; op: every op of a block but the saved linears and attention, with the
   TP collectives not saved; full: the whole forward with its TP collectives);
@@ -52,6 +54,7 @@ from meshplan.cost_models.eager_ops import loss_time_s
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.engine_saves import (
+    async_bwd_hidden_s,
     exposed_tp_comm_s,
     fused_linears,
     layernorm_recomputed,
@@ -423,6 +426,7 @@ class GraphCoster(LayerSaves):
         op_saved_fwd_s = 0.0  # forward time of what op-level recompute keeps (not re-run)
         n_linear = 0
         gemm_s = 0.0  # the linears' GEMM time, what TE userbuffers hide TP collectives behind
+        col_wgrad_s = 0.0  # the column-parallel linears' weight-gradient GEMMs (``tp_bwd_overlap``)
         last_linear = (0, 0.0)
         fused = fused_linears(nodes, lambda n: sol.styles.get(n.module_fqn or ""), lambda n: sol.node_shard.get(n.id, 1)) \
             if self.profile.fused_projections and not quant else {}  # fmt: skip
@@ -449,6 +453,8 @@ class GraphCoster(LayerSaves):
             if n.kind == "linear":
                 n_linear += 1
                 gemm_s += t.fwd_s + t.bwd_input_s + t.bwd_weight_s
+                if sol.styles.get(n.module_fqn or "") == "colwise":
+                    col_wgrad_s += t.bwd_weight_s
             if n.kind == "attention" or (n.kind == "linear" and n_linear % 2):
                 op_saved_fwd_s += t.fwd_s
             if n.kind == "linear":
@@ -460,8 +466,17 @@ class GraphCoster(LayerSaves):
                 if owner is not None and not a <= owner[0] < b:
                     tied.append((owner[0], owner[1] / w_shard))
             params_full += n.param_numel
-        comm = exposed_tp_comm_s(self._layer_comm_s(a, b, tid, sol, scale), gemm_s,
-                                 self.profile.tp_comm_overlap and sol.sequence_parallel)  # fmt: skip
+        userbuffers = self.profile.tp_comm_overlap and sol.sequence_parallel
+        comm = exposed_tp_comm_s(self._layer_comm_s(a, b, tid, sol, scale), gemm_s, userbuffers)
+        rerun_comm = comm / 2  # the forward collectives a recomputed forward runs again
+        if self.profile.tp_bwd_overlap and not userbuffers and sol.tp > 1:
+            # the backward mirrors of the forward all-reduces (and, under SP, of the all-gathers into the
+            # column-parallel linears) are those linears' input-gradient collectives, run beside their
+            # weight-gradient GEMMs (engine_saves.async_bwd_hidden_s); an embedding's all-reduce has none
+            mirrored = [e for e in self._layer_events(a, b, tid, sol)
+                        if e[1] in ("all_reduce", "all_gather") and collective_passes(self.g.nodes[e[0]].kind, e[1]) == 2]
+            factor = scale * self.g.batch_size / sol.micro_batch
+            comm -= async_bwd_hidden_s(_events_comm_s(mirrored, factor, sol.tp, self.cluster, self.g) / 2, col_wgrad_s)
         first_cut = self._cuts.get(a - 1)
         elem = elem_scale(_float_dtype(nodes), self.dtype)
         in_bytes = 0.0  # layer input in the traced dtype (what full recompute keeps)
@@ -514,14 +529,14 @@ class GraphCoster(LayerSaves):
             moe_tok, cast_x = self._moe_autocast_bytes(nodes, sol, scale)
             cast += moe_tok
         if rc == "full":
-            rec = fwd + comm / 2
+            rec = fwd + rerun_comm
         elif rc == "selective":  # the modules re-run: the attention core, the experts' activation (cost_models.engine_saves)
             rec = (attn_fwd if "core_attn" in modules else 0.0) + sum(
                 moe_recompute_traced_bytes(n, modules) * scale * elem / saved_shard(n, sol, self.sp_saves)
                 for n in nodes) / self.cluster.mem_bw_bytes_per_s  # fmt: skip
         elif rc == "op":  # the block's last matmul is never re-run (torch's early stop)
             rec = fwd - op_saved_fwd_s - (last_linear[1] if last_linear[0] % 2 == 0 else 0.0)
-            rec += comm / 2 * (0.5 if sol.sequence_parallel else 1.0)
+            rec += rerun_comm * (0.5 if sol.sequence_parallel else 1.0)
         else:
             rec = 0.0
         if lg is not None:  # the engine's cross-entropy, never recomputed (after the checkpointed blocks)

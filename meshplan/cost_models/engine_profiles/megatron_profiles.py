@@ -41,7 +41,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
     ),
     EngineProfile(
         "megatron-lm-2022", "megatron", "9aad920 (2022-05-20, merge of 'sequence_parallel'; Korthikanti et al. 2022)",
-        state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
+        tp_bwd_overlap=True, state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
         attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
         pp_scatter_gather=True, split_rule="even", fused_projections=True, dp_kinds=("none", "ddp", "zero1"),
         sources=with_sources(MEGATRON_2022,
@@ -53,7 +53,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
                                             "buckets reduce-scattered, parameters all-gathered); a zero1 costing is that "
                                             "bucketed optimizer"))),
     EngineProfile(
-        "megatron-lm-2023", "megatron", "tag 23.06 (4f8e9ac, 2023-06-28)", state_layout="megatron",
+        "megatron-lm-2023", "megatron", "tag 23.06 (4f8e9ac, 2023-06-28)", tp_bwd_overlap=True, state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local",
         loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even",
         fused_projections=True, dp_kinds=("none", "ddp", "zero1"),
@@ -64,7 +64,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
                                                 "megatron-lm-2023+flash"))),
     EngineProfile(
         "megatron-lm-2023+flash", "megatron", "tag 23.06 (4f8e9ac, 2023-06-28) run with --use-flash-attn",
-        state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
+        tp_bwd_overlap=True, state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
         attention_impl="flash", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
         split_rule="even", fused_projections=True, dp_kinds=("none", "ddp", "zero1"),
         sources=with_sources(MEGATRON_2023,
@@ -73,13 +73,13 @@ MEGATRON: tuple[EngineProfile, ...] = (
                                                 "FlashSelfAttention (flash_attn_unpadded_func, flash-attn 1.x)"))),
     EngineProfile(
         "megatron-core-2023.12", "megatron", "Megatron-LM core_v0.4.0 (38879f8, 2023-12-11) - core_v0.5.0 (0acc240, "
-        "2024-02-26), legacy model, --transformer-impl local", state_layout="megatron", pp_buffers="megatron",
+        "2024-02-26), legacy model, --transformer-impl local", tp_bwd_overlap=True, state_layout="megatron", pp_buffers="megatron",
         sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local", loss_kernel="fused",
         vocab_parallel_embedding=True, split_rule="even", fused_projections=True, shard_over_cp=True,
         fp8_recipe="delayed", dp_kinds=("none", "ddp", "zero1"), sources=MEGATRON_CORE_2023_12),
     EngineProfile(
         "megatron-core-2023.12+flash", "megatron", "core_v0.4.0 - core_v0.5.0 run with --use-flash-attn",
-        state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
+        tp_bwd_overlap=True, state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="flash",
         ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", fused_projections=True,
         shard_over_cp=True, fp8_recipe="delayed", dp_kinds=("none", "ddp", "zero1"),
         sources=with_sources(MEGATRON_CORE_2023_12,

@@ -80,6 +80,11 @@ MEGATRON_2022: Sources = (
                                  "tied embedding, column parallel"),
     ("pp_scatter_gather", "megatron/arguments.py --no-scatter-gather-tensors-in-pipeline (on by default); "
                           "megatron/p2p_communication.py applies it only `not args.sequence_parallel`"),
+    ("tp_bwd_overlap", "megatron/mpu/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward (83b1e42, "
+                       "2022-02-13; 9aad920): ColumnParallelLinear's input-gradient all_reduce (async_grad_allreduce = "
+                       "--async-tensor-model-parallel-allreduce, on by default, off under --sequence-parallel) or, under "
+                       "sequence parallelism, its _reduce_scatter_base runs async_op=True before the weight-gradient GEMM "
+                       "and is waited on after it (and the saved shard's _all_gather_base before the input-gradient GEMM)"),
     ("split_rule", "megatron/mpu/initialize.py / model/transformer.py: num_layers // pipeline size per stage "
                    "(--num-layers-per-virtual-pipeline-stage for interleaving)"),
     ("fused_projections", "megatron/model/transformer.py ParallelAttention.query_key_value: one "
@@ -99,6 +104,10 @@ MEGATRON_2022: Sources = (
 #: ``expert_config.dp_kind`` "zero1") and --use-flash-attn (opt-in: the "+flash" variant)
 MEGATRON_2023: Sources = with_sources(
     MEGATRON_2022,
+    ("tp_bwd_overlap", "megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication."
+                       "backward: the input-gradient all_reduce (async_grad_allreduce, ColumnParallelLinear's "
+                       "async_tensor_model_parallel_allreduce default True) or under sequence parallelism the "
+                       "_reduce_scatter_base launched async_op=True before the weight-gradient GEMM, waited after it"),
     ("sp_saves", "megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.forward: "
                  "under sequence_parallel ctx.save_for_backward(input, weight) keeps the shard, all-gathered again "
                  "in backward"),
@@ -164,4 +173,6 @@ MEGATRON_CORE_2024_04: Sources = with_sources(
     ("fp8_recipe", "megatron/training/arguments.py --fp8-format, --fp8-amax-history-len default 1: TE "
                    "DelayedScaling (megatron/core/transformer/custom_layers/transformer_engine.py)"),
     ("loss_kernel", "megatron/core/tensor_parallel/cross_entropy.py vocab_parallel_cross_entropy"),
+    ("tp_bwd_overlap", "not priced: Transformer Engine's Linear / LayerNormLinear replace megatron/core/tensor_parallel/"
+                       "layers.py, and their backward's collective order is not traced here"),
 )  # fmt: skip

@@ -79,6 +79,11 @@ class EngineProfile:
     - ``tp_comm_overlap``: TE userbuffers run the sequence-parallel TP collectives inside the GEMMs
       (``engine_saves.exposed_tp_comm_s``). Also a run flag: Megatron-LM's ``--tp-comm-overlap``
       (store_true, off by default; core_v0.8.0 ``megatron/training/arguments.py``).
+    - ``tp_bwd_overlap``: a column-parallel linear's backward collective runs asynchronously beside its
+      weight-gradient GEMM (the input-gradient all-reduce, or under sequence parallelism its
+      reduce-scatter; Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication.backward``, from
+      83b1e42, 2022-02): that backward part of a layer's TP communication is exposed only where it
+      outlasts the column-parallel linears' weight-gradient GEMMs (``engine_saves.async_bwd_hidden_s``).
     - ``fused_projections``: q/k/v (and a gated MLP's gate/up) run as one GEMM of the summed outputs
       (``engine_saves.fused_linears``), as Megatron-Core's ``linear_qkv`` / ``linear_fc1``.
     - ``shard_over_cp``: a sharded DP kind shards the model states over dp x cp (torchtitan's FSDP
@@ -153,6 +158,7 @@ class EngineProfile:
     fp8_recipe: str = DEFAULT_FP8_RECIPE
     glu_kernel: str = "eager"
     tp_comm_overlap: bool = False
+    tp_bwd_overlap: bool = False
     fused_projections: bool = False
     shard_over_cp: bool = False
     moe_dispatcher: str = "alltoall"
