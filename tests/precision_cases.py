@@ -40,6 +40,112 @@ def autocast_reference(model: torch.nn.Module, data: list, precision: str, clip:
     return losses, {n: p.detach().clone() for n, p in m.named_parameters(remove_duplicate=False)}
 
 
+def master_reference(model: torch.nn.Module, data: list, chunks: int, opt_name: str = "adamw",
+                     clip: float = 0.0) -> tuple[list[float], dict, list[dict]]:
+    """One process, the 16-bit-weights layout written out (Megatron's): bf16 parameters under autocast,
+    each of ``chunks`` microbatches' bf16 gradients added into fp32 main gradients, their mean (and
+    ``clip``) stepped on fp32 masters, the masters copied back into the bf16 weights. Returns the
+    step losses (mean over microbatches), {FQN: bf16 weight, "master:" + FQN: fp32 master} after the
+    last step, and each step's {FQN: fp32 main gradient} before its update."""
+    m = copy.deepcopy(model)
+    named = dict(m.named_parameters())  # one name per tied Parameter
+    masters = {n: p.detach().clone() for n, p in named.items()}
+    for p in named.values():
+        p.data = p.data.to(torch.bfloat16)
+    opt = _factory(opt_name)(list(masters.values()))
+    losses, grads = [], []
+    for x, y in data:
+        main = {n: torch.zeros_like(w) for n, w in masters.items()}
+        parts = []
+        for xc, yc in zip(x.chunk(chunks), y.chunk(chunks)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = m(xc)
+            loss = rc.loss_fn(out.float(), yc)
+            loss.backward()
+            for n, p in named.items():
+                main[n] += p.grad.float()
+                p.grad = None
+            parts.append(float(loss.detach()))
+        for g in main.values():
+            g /= chunks
+        for n, w in masters.items():
+            w.grad = main[n]
+        if clip:
+            torch.nn.utils.clip_grads_with_norm_(list(masters.values()), clip,
+                                                 torch.nn.utils.get_total_norm(list(main.values())))
+        grads.append({n: g.clone() for n, g in main.items()})  # as the update reads them (clipped)
+        opt.step()
+        with torch.no_grad():
+            for n, p in named.items():
+                p.copy_(masters[n])
+        losses.append(sum(parts) / chunks)
+    canon = {id(p): n for n, p in named.items()}
+    alias = {n: canon[id(p)] for n, p in m.named_parameters(remove_duplicate=False)}  # tied: every name
+    out = {n: p.detach().clone() for n, p in m.named_parameters(remove_duplicate=False)}
+    out.update({"master:" + n: masters[c].clone() for n, c in alias.items()})
+    return losses, out, [{n: g[c] for n, c in alias.items()} for g in grads]
+
+
+def master_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) -> list[tuple]:
+    """Per cfg (``state_layout`` "megatron", AdamW): (cfg, max loss error, max bf16-weight error, facts:
+    the first step's max main-gradient error, the masters' error, masters held here / parameters, ...)
+    against ``master_reference`` over the same dp x m microbatches."""
+    from meshplan.runtime.apply.api import apply_plan
+
+    data = rc.batches(steps)
+    out = []
+    for cfg in cfgs:
+        model = rc.tiny_gpt()
+        plan, ex = _plan(model, cfg, data)
+        plan = dataclasses.replace(plan, state_layout="megatron")
+        pm = apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=_factory(cfg.get("opt", "adamw")),
+                        example_inputs=ex, bucket_cap_bytes=cfg.get("cap", 25 * 2**20))
+        pm.max_grad_norm = cfg.get("clip")
+        ms = pm.master
+        assert ms is not None and pm.optimizer is ms
+        fqn = {id(p): n for n, p in pm.named_parameters().items()}
+        seen: list[dict] = []
+        inner = ms.step
+
+        def step(inner=inner, ms=ms, fqn=fqn, seen=seen) -> None:  # the reduced main gradients, before the update
+            seen.append({fqn[id(p)]: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
+                         for p, v in zip(ms.params, ms.norm_views())})
+            inner()
+
+        ms.step = step  # type: ignore[method-assign]
+        losses = [pm.step(x, y) for x, y in data]
+        ref_losses, ref, ref_grads = master_reference(rc.tiny_gpt(), data, cfg.get("dp", 1) * cfg["m"],
+                                                      cfg.get("opt", "adamw"), cfg.get("clip", 0.0))
+        loss_err = max(abs(a - b) for a, b in zip(losses, ref_losses))
+        full = pm.full_parameters()
+        param_err = max(float((t.float() - ref[n].float()).abs().max()) for n, t in full.items())
+        # the first step's main gradients as the update reads them (reduced, divided, clipped)
+        grad_errs = {n: float((g - ref_grads[0][n]).abs().max()) for n, g in seen[0].items()}
+        tied = {n for group in pm.tied_fqns for n in group}
+        grad_err = max(grad_errs.values())
+        worst = max(grad_errs, key=grad_errs.get)  # type: ignore[arg-type]
+        untied_err = max([e for n, e in grad_errs.items() if n not in tied], default=0.0)
+        grad_scale = max(float(g.abs().max()) for g in ref_grads[0].values())
+        master_err = max(float((w - ref["master:" + fqn[pid]]).abs().max()) for pid, w in ms.masters.items()
+                         if not hasattr(w, "to_local") and w.shape == ref["master:" + fqn[pid]].shape)
+        # every bf16 weight is its owner's master rounded to bf16 (broadcast from the owner)
+        rounding = max((float((_loc(p).detach().float() - ms.masters[id(p)].to(torch.bfloat16).float()).abs().max())
+                        for p in ms.params if id(p) in ms.masters), default=0.0)
+        ref32 = autocast_reference(rc.tiny_gpt(), data, "fp32", cfg.get("clip", 0.0), cfg.get("opt", "adamw"))[1]
+        fp32_err = max(float((t.float() - ref32[n]).abs().max()) for n, t in full.items())
+        facts = {"precision": pm.precision, "param_dtypes": sorted({str(p.dtype) for p in full.values()}),
+                 "grad_err": grad_err, "worst": worst, "untied_err": untied_err, "grad_scale": grad_scale, "master_err": master_err, "rounding": rounding,
+                 "masters": len(ms.masters), "params": len(ms.params), "fp32_err": fp32_err,
+                 "collectives": pm.grad_sync_collectives, "sync_bytes": pm.grad_sync_bytes, "grad_norm": pm.last_grad_norm,
+                 "main_bytes": sum(g.numel() * 4 for g in ms.main.values()), "notes": list(pm.notes)}
+        out.append((cfg, loss_err, param_err, facts))
+    return out
+
+
+def _loc(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _plan(model: torch.nn.Module, cfg: dict, data: list) -> tuple[Any, tuple | None]:
     from meshplan.runtime.apply import handplan, split
 
@@ -57,12 +163,16 @@ def _plan(model: torch.nn.Module, cfg: dict, data: list) -> tuple[Any, tuple | N
 
 
 def precision_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) -> list[tuple]:
-    """Per cfg: (cfg, max loss error, max parameter error, facts: precision, counted grad-sync calls, ...)."""
+    """Per cfg: (cfg, max loss error, max parameter error, facts: precision, counted grad-sync calls, ...);
+    a cfg with ``layout="megatron"`` runs ``master_worker`` (16-bit weights against ``master_reference``)."""
     from meshplan.runtime.apply.api import apply_plan
 
     data = rc.batches(steps)
     out = []
     for cfg in cfgs:
+        if cfg.get("layout") == "megatron":
+            out += master_worker(rank, world, [cfg], steps)
+            continue
         model = rc.tiny_gpt()
         plan, ex = _plan(model, cfg, data)
         pm = apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=_factory(cfg.get("opt", "sgd")), example_inputs=ex,

@@ -87,8 +87,42 @@ def test_bucket_indices_and_exposed_sync() -> None:
     assert overlapped_sync_exposed_s([], 3.0, lambda b: 0.5) == 0.0
 
 
+#: lr of the 16-bit-weights cases (precision_cases._factory: make_optimizer(name, 1e-3)) and their steps
+MASTER_LR, MASTER_STEPS = 1e-3, 2
+
+
+def _check_master(cfg: dict, loss_err: float, param_err: float, f: dict) -> None:
+    """state_layout "megatron" against ``precision_cases.master_reference`` (one process, fp32 masters).
+
+    Tolerances: dp and pp alone compute every microbatch's bf16 gradient as the reference does and only
+    the fp32 sums of the main gradients may differ in order (<= 1e-6 of the largest gradient); TP's
+    row-parallel partial sums are bf16 (2^-6 of it). A weight tied across pipeline stages: the reference's
+    autograd adds its two uses in bf16 before the fp32 fold, the pipeline adds them in fp32 (2^-7; under
+    clipping every gradient, through the global norm). After
+    that, Adam's per-element update is at most lr, so a gradient near 0 of the other sign moves a master by
+    up to 2 lr per step; with identical gradients (dp) the masters are equal (1e-6). Every bf16 weight is
+    exactly its owner's master rounded to bf16 (the update is written and broadcast)."""
+    assert f["precision"] == "bf16" and f["param_dtypes"] == ["torch.bfloat16"], (cfg, f)
+    exact = 1e-6 * f["grad_scale"]
+    # clipping scales every gradient by the global norm, which carries the tied weight's difference (2^-7)
+    untied = 2**-6 if cfg.get("tp", 1) > 1 else 2**-7 if cfg.get("clip") and cfg.get("pp", 1) > 1 else None
+    assert f["untied_err"] <= (exact if untied is None else untied * f["grad_scale"]), (cfg, f)
+    assert f["grad_err"] <= (2**-7 * f["grad_scale"] if cfg.get("pp", 1) > 1 or cfg.get("tp", 1) > 1 else exact), (cfg, f)
+    same = cfg.get("pp", 1) == 1 and cfg.get("tp", 1) == 1
+    assert f["master_err"] <= (1e-6 if same else 2 * MASTER_LR * MASTER_STEPS), (cfg, f)
+    assert f["rounding"] == 0.0, (cfg, f)
+    assert loss_err <= TOL["bf16"][0], (cfg, loss_err)
+    assert param_err <= (2**-8 if same else 2 * MASTER_LR * MASTER_STEPS + 2**-8), (cfg, param_err)
+    assert f["fp32_err"] > 1e-5, (cfg, f)  # really ran with bf16 weights
+    if cfg.get("dp", 1) > 1:  # the fp32 main gradients are what the buckets reduce (4 B, as costed)
+        assert f["sync_bytes"] == f["main_bytes"] > 0, (cfg, f)
+
+
 def _check(rows: list) -> None:
     for cfg, loss_err, param_err, facts in rows:
+        if cfg.get("layout") == "megatron":
+            _check_master(cfg, loss_err, param_err, facts)
+            continue
         want = cfg.get("dtype", "plan")
         want = cfg.get("plan_dtype", "bf16") if want == "plan" else want
         assert facts["precision"] == want, (cfg, facts)
@@ -117,6 +151,9 @@ class TestTwoRanks:
         # SP under autocast: a norm's output shard is cast to bf16 before its all-gather and the column
         # linears save the shard (runtime/apply/sp_saves.py); the same numerics as one autocast device
         cfgs += [dict(tp=2, m=2, sp=1)]
+        # 16-bit weights, fp32 main gradients and masters (runtime/apply/master_state.py), against one process
+        cfgs += [dict(dp=2, m=2, dp_kind="zero1", layout="megatron", opt="adamw"),
+                 dict(pp=2, m=2, schedule="1f1b", layout="megatron", opt="adamw", clip=0.05)]
         res = run_ranks(pc.precision_worker, 2, cfgs)
         for rows in res:
             _check(rows)
@@ -130,7 +167,9 @@ class TestTwoRanks:
         assert fs["sync_dtypes"] == ["float32"] and fs["sync_bytes"] == fs["costed_sync_bytes"] > 0, fs
         dd = facts[str(cfgs[0])]  # ddp bf16: one all-reduce of fp32 gradients per step
         assert dd["sync_dtypes"] == ["float32"] and dd["sync_bytes"] == dd["costed_sync_bytes"] > 0, dd
-        assert facts[str(cfgs[-1])]["sp_saved_shards"] > 0, facts[str(cfgs[-1])]
+        assert facts[str(cfgs[-3])]["sp_saved_shards"] > 0, facts[str(cfgs[-3])]
+        zero1 = [f for c, _, _, f in (r[-2] for r in res)]  # dp2 zero1: each rank holds its partition's masters
+        assert all(0 < f["masters"] < f["params"] for f in zero1) and sum(f["masters"] for f in zero1) == zero1[0]["params"]
         norms = [f["grad_norm"] for c, _, _, f in res[0] if c.get("clip")]
         assert all(n is not None and n > 0.05 for n in norms), norms  # clipping was active
 
@@ -144,10 +183,13 @@ class TestFourRanks:
 
         cfgs = [dict(dp=2, pp=2, m=2, schedule=s, plan_dtype="fp32", cap=16384) for s in ("1f1b", "zero-bubble")]
         cfgs += [dict(dp=2, tp=2, m=2, plan_dtype="fp32", cap=16384)]  # ddp with TP: the local shards, bucketed
-        res = run_ranks(pc.precision_worker, 4, cfgs, timeout_s=400)
+        # 16-bit weights under zero-bubble's weight passes (no accumulate hook) and over TP shards, zero1
+        master = [dict(dp=2, pp=2, m=2, schedule="zero-bubble", dp_kind="zero1", layout="megatron", cap=16384),
+                  dict(dp=2, tp=2, m=2, dp_kind="zero1", layout="megatron", cap=16384, clip=0.05)]
+        res = run_ranks(pc.precision_worker, 4, cfgs + master, timeout_s=400)
         for rows in res:
             _check(rows)
-            for cfg, _, _, f in rows:
+            for cfg, _, _, f in rows[:len(cfgs)]:
                 assert f["buckets"] > 1, f
                 assert f["collectives"] == f["buckets"] == f["costed_buckets"], (cfg, f)
                 assert f["overlapped"] == f["buckets"], (cfg, f)  # all issued from the backward
@@ -282,3 +324,19 @@ def test_fp16_dp2_trains_like_fp32_end_to_end(tmp_path) -> None:
     end16, end32 = statistics.median(l16[-5:]), statistics.median(l32[-5:])
     assert abs(end16 - end32) <= 0.1, (scaler[0], l16, l32)
     assert l16[0] - end16 > 1.5 and l32[0] - end32 > 1.5, (l16, l32)
+
+
+def test_master_state_owners_and_rules() -> None:
+    """The zero1 partition of the 16-bit-weights layout (largest first to the least-loaded rank, as torch's
+    ZeroRedundancyOptimizer) and the combinations the runtime refuses for it (one rule, planner and runtime)."""
+    from meshplan.plan.execution_rules import state_layout_blocker
+    from meshplan.runtime.apply.master_state import owners
+
+    # 10 -> r0; 7 -> r1; 3 -> r1 (7 < 10); 3 -> r0 (10 = 10: the lower rank); 1 -> r1 (11 < 13)
+    assert owners([10, 1, 7, 3, 3], 2) == [0, 1, 1, 1, 0]
+    assert owners([5, 5], 1) == [0, 0]
+    ok = dict(state_layout="megatron", dp_kind="zero1", dtype="bf16")
+    assert state_layout_blocker(**ok) == "" and state_layout_blocker(**{**ok, "state_layout": "torch", "dtype": "fp16"}) == ""
+    for bad in (dict(dp_kind="fsdp"), dict(dtype="fp16"), dict(cp=2), dict(quantization="qlora")):
+        why = state_layout_blocker(**{**ok, **bad})
+        assert "re-plan with state_layout torch" in why, (bad, why)

@@ -13,6 +13,10 @@ from collections.abc import Mapping, Sequence
 ZERO_BUBBLE_SCHEDULES = ("zero-bubble", "zbv")
 SHARDED_DP_KINDS = ("zero2", "fsdp", "hsdp")
 STATE_SHARDING_KINDS = ("zero1", *SHARDED_DP_KINDS)  # kinds that shard some model state (ZeRO stage >= 1)
+#: how the runtime holds the model states (``Plan.state_layout``; the cost model's ``dp_kinds.STATE_LAYOUTS``
+#: names them alike): "torch" fp32 parameters under autocast; "megatron" 16-bit parameters, fp32 main
+#: gradients and fp32 master weights (+ optimizer state) sharded by zero1 (``runtime/apply/master_state.py``)
+RUNTIME_STATE_LAYOUTS = ("torch", "megatron")
 
 
 def states_over_cp(*, cp: int, ep: int, dp_kind: str) -> bool:
@@ -35,6 +39,26 @@ def dp_kind_blocker(*, dp: int, tp: int, pp: int, schedule: str, dp_kind: str) -
         )
     # zero1 with tp > 1 runs: runtime/zero1.TPZero gives ZeroRedundancyOptimizer the TP shards' local tensors
     return ""
+
+
+def state_layout_blocker(*, state_layout: str, dp_kind: str, dtype: str, cp: int = 1, ep: int = 1,
+                         quantization: str = "none") -> str:
+    """Why ``state_layout`` cannot run with this kind, precision and parallelism ("" when it can)."""
+    if state_layout == "torch":
+        return ""
+    if state_layout not in RUNTIME_STATE_LAYOUTS:
+        return f"state_layout {state_layout!r} unknown; use one of {RUNTIME_STATE_LAYOUTS}"
+    why = ""
+    if dp_kind in SHARDED_DP_KINDS:
+        why = f"dp_kind {dp_kind} (FSDP2 keeps fp32 shards under its MixedPrecisionPolicy)"
+    elif dtype != "bf16":
+        why = f"dtype {dtype} (only bf16 runs it: fp16's loss scaler would unscale the fp32 main gradients)"
+    elif cp > 1 or ep > 1:
+        why = "context / expert parallelism (their gradient reductions read the 16-bit gradients)"
+    elif quantization != "none":
+        why = f"quantization {quantization}"
+    return (f"state_layout {state_layout} (16-bit weights, fp32 main gradients and masters) is not executed with "
+            f"{why}; re-plan with state_layout torch") if why else ""
 
 
 def recompute_blocker(*, pp: int, schedule: str, recompute: str) -> str:

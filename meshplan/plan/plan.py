@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.plan.checks import plan_problems
-from meshplan.plan.execution_rules import states_over_cp
+from meshplan.plan.execution_rules import RUNTIME_STATE_LAYOUTS, states_over_cp
 
 FORMAT_VERSION = 1
 
@@ -228,6 +228,9 @@ class Plan:
     # split afterwards): torch's ColwiseParallel(output_layouts=Replicate())
     tp_gathered_outputs: tuple[str, ...] = ()
     dp_kind: str = "ddp"
+    # how the model states are held (execution_rules.STATE_LAYOUTS): "torch" fp32 parameters under autocast,
+    # "megatron" 16-bit parameters + fp32 main gradients + fp32 masters (runtime/apply/master_state.py)
+    state_layout: str = "torch"
     recompute: str = "none"
     quantization: Quantization = field(default_factory=Quantization)
     dtype: str = "bf16"
@@ -249,6 +252,8 @@ class Plan:
             raise ValueError(f"recompute {self.recompute!r} unknown; use one of {RECOMPUTE}")
         if self.dp_kind not in DP_KINDS:
             raise ValueError(f"dp_kind {self.dp_kind!r} unknown; use one of {DP_KINDS}")
+        if self.state_layout not in RUNTIME_STATE_LAYOUTS:
+            raise ValueError(f"state_layout {self.state_layout!r} unknown; use one of {RUNTIME_STATE_LAYOUTS}")
         bad = {k: v for k, v in self.tp_styles.items() if v not in TP_STYLES}
         if bad:
             raise ValueError(f"unknown TP styles {bad}; use one of {TP_STYLES}")

@@ -10,7 +10,8 @@ Check once, then apply in one documented order:
 3. the appliers of ``steps.STEPS``: EP/CP -> stage split -> TP -> (BatchNorm sync) -> quantization
    -> recompute -> precision (+ ``--compile``) -> data parallel (FSDP2) -> materialize -> gradient
    reduction (DDP / hooks) -> schedule; each returns its notes.
-4. the optimizer over the parameters that still require grad (ZeroRedundancyOptimizer for zero1).
+4. the optimizer over the parameters that still require grad (ZeroRedundancyOptimizer for zero1); under
+   ``state_layout`` "megatron" over the fp32 masters (``runtime.apply.master_state``).
 
 ``ParallelModel`` (what a rank runs and its training step) lives in ``runtime.apply.parallel_model``.
 """
@@ -113,10 +114,12 @@ def apply_plan(
         startup[part] = startup.get(part, 0.0) + time.perf_counter() - t0
     pm = ParallelModel(
         plan=plan, env=env, modules=s.modules, roots=s.roots, runners=s.runners, stage_indices=s.mine,
-        optimizer=_optimizer(optimizer_factory, unique_params(s.modules), plan, env, s.ecs), loss_fn=loss_fn,
+        optimizer=s.master.attach(optimizer_factory) if s.master is not None  # type: ignore[arg-type]
+        else _optimizer(optimizer_factory, unique_params(s.modules), plan, env, s.ecs), loss_fn=loss_fn,
         dp_mode=s.mode, schedule=s.schedule, notes=notes, tied_fqns=checked.tied, converted=checked.conv,
         precision=checked.precision, scaler=s.scaler, grad_sync=s.grad_sync, sync_counter=s.counter,
         loss_parallel=checked.head is not None, epcp=s.ecs, input_names=checked.names, phase_spans=s.spans,
+        master=s.master,
     )
     if s.pipelined:  # each stage reads its model inputs from the schedule's keywords (split.KeywordInputs)
         pm.input_keywords = tuple(split.input_keyword(n) for n in s.pieces[0].model_inputs)

@@ -28,6 +28,7 @@ from meshplan.plan.execution_rules import (
     BATCH_NORM_CLASSES,
     epcp_rule,
     microbatch_blocker,
+    state_layout_blocker,
     tied_weight_blocker,
     tp_pp_blocker,
 )
@@ -95,6 +96,10 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: 
                          "QLoRA with a Hugging Face safetensors init_from, or QAT without TP or pipelining: build "
                          "the model on the host (load_model without device='meta')")
     precision = prec.resolve_precision(plan.dtype, dtype)
+    why = state_layout_blocker(state_layout=plan.state_layout, dp_kind=plan.dp_kind if plan.dp > 1 else "none",
+                               dtype=precision, cp=plan.cp, ep=plan.ep, quantization=plan.quantization.mode)
+    if why:
+        raise PlanMismatchError(why)
     if any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError(
             "apply_plan: the model's parameters must be fp32 (master weights); the plan's precision "

@@ -15,7 +15,9 @@ Modes (``dp_mode``), from the plan's ``dp_kind``:
   backward, gradients and optimizer state sharded). hsdp: a 2-D (dp_replicate, dp_shard) mesh
   unflattened from the dp mesh, shard size ``Plan.hsdp_shard_degree()``.
 * ``"ddp"``    ``DistributedDataParallel(module, process_group=dp_group)`` (its reducer buckets
-  gradients and overlaps their all-reduce with the backward).
+  gradients and overlaps their all-reduce with the backward). Not under ``state_layout`` "megatron"
+  (16-bit parameters): DDP would reduce the 16-bit gradients; the manual mode reduces the fp32 main
+  gradients (``runtime.apply.master_state``).
 
 zero1 runs one of the replicated modes with the optimizer wrapped in torch's
 ``ZeroRedundancyOptimizer`` over the dp group (under cp: over the dp x cp group whose gradients
@@ -94,7 +96,7 @@ def dp_mode(plan: Plan) -> str:
         return "fsdp"
     if plan.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES:
         return "manual"
-    if plan.dp_kind == "none" or plan.tp > 1:
+    if plan.dp_kind == "none" or plan.tp > 1 or plan.state_layout != "torch":
         return "manual"
     if plan.pp > 1:
         # DDP-wrapped pipeline stages hit a reducer assert on the second step here ("rebuilt

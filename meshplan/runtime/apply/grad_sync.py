@@ -22,6 +22,10 @@ Where a contribution is seen:
 ``collectives_last_step`` is the number of all-reduce calls this object issued in the last step
 (counted as they are issued), ``bytes_last_step`` the bytes they reduced, ``overlapped_last_step`` how many of them were issued from the
 backward (before ``finish()``). DTensor gradients (TP inside the stage) reduce their local shard.
+
+With ``main`` (``runtime.apply.master_state.MasterState``: 16-bit weights, ``Plan.state_layout``
+"megatron") each contribution is first folded into the parameter's fp32 main gradient, and the
+buckets reduce (and are sized by) the fp32 main gradients instead of ``.grad``.
 """
 
 from __future__ import annotations
@@ -60,8 +64,10 @@ class BucketedGradSync:
         cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
         use_hooks: bool = True,
         divide_by: int | None = None,
+        main: Any = None,
     ) -> None:
         self.group = group
+        self.main = main  # MasterState or None
         self.divide_by = divide_by or dist.get_world_size(group)
         uses: dict[int, int] = {}
         order: list[torch.Tensor] = []
@@ -76,9 +82,9 @@ class BucketedGradSync:
         self.buckets: list[_Bucket] = []
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for p in order:
-            by_dtype.setdefault(p.dtype, []).append(p)
+            by_dtype.setdefault(torch.float32 if main is not None else p.dtype, []).append(p)
         for ps in by_dtype.values():
-            sizes = [_local(p).numel() * p.element_size() for p in ps]
+            sizes = [_local(p).numel() * (4 if main is not None else p.element_size()) for p in ps]
             self.buckets += [_Bucket([ps[i] for i in idx]) for idx in bucket_indices(sizes, cap_bytes)]
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.counts: dict[int, int] = {}
@@ -109,6 +115,8 @@ class BucketedGradSync:
         key = id(p)
         if key not in self.expected:
             return
+        if self.main is not None:
+            self.main.fold(p)
         n = self.counts.get(key, 0) + 1
         self.counts[key] = n
         if n > self.expected[key]:
@@ -141,7 +149,10 @@ class BucketedGradSync:
         if b.work is not None:
             return
         self.last_issue_s = time.perf_counter()  # this rank's gradients of the bucket are final (stragglers)
-        grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in b.params]
+        if self.main is not None:
+            grads = [self.main.main_grad(p) for p in b.params]
+        else:
+            grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in b.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         flat.div_(self.divide_by)
         b.flat, b.work = collectives.all_reduce_async(flat, group=self.group)
@@ -151,7 +162,7 @@ class BucketedGradSync:
     def finish(self) -> None:
         """Issue what is left, wait for every bucket, write the averaged gradients back; reset."""
         for b in self.buckets:
-            if b.work is None and any(p.grad is not None for p in b.params):
+            if b.work is None and (self.main is not None or any(p.grad is not None for p in b.params)):
                 self._issue(b)
         for b in self.buckets:
             if b.work is None:
@@ -162,7 +173,9 @@ class BucketedGradSync:
             for p in b.params:
                 loc = _local(p)
                 n = loc.numel()
-                if p.grad is None:
+                if self.main is not None:
+                    self.main.main_grad(p).copy_(b.flat[off:off + n].view_as(loc))
+                elif p.grad is None:
                     p.grad = DTensor.from_local(b.flat[off:off + n].view_as(loc), p.device_mesh, p.placements) \
                         if isinstance(p, DTensor) else b.flat[off:off + n].view_as(loc).clone()
                 else:

@@ -105,11 +105,15 @@ def total_grad_norm(params: Iterable[torch.Tensor], *, pp_group: dist.ProcessGro
                     skip: Iterable[torch.Tensor] = ()) -> torch.Tensor:
     """The global 2-norm of all gradients (fp32 scalar tensor, the same on every rank)."""
     skipped = {id(p) for p in skip}
+    return grads_norm([p.grad for p in params if p.grad is not None and id(p) not in skipped], pp_group=pp_group)
+
+
+def grads_norm(grads: Iterable[torch.Tensor], *, pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """The global 2-norm of ``grads`` (DTensors made whole over their mesh, plain tensors local),
+    summed over the pipeline group: an fp32 scalar tensor, the same on every rank."""
     groups: dict[object, list[torch.Tensor]] = {}
-    for p in params:
-        if p.grad is None or id(p) in skipped:
-            continue
-        groups.setdefault(_group_key(p.grad), []).append(p.grad)
+    for g in grads:
+        groups.setdefault(_group_key(g), []).append(g)
     sq = torch.zeros((), dtype=torch.float32)
     for grads in groups.values():
         n = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
@@ -131,4 +135,17 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, *, pp_group: dis
         by_kind.setdefault(_group_key(p.grad), []).append(p)  # type: ignore[arg-type]
     for ps in by_kind.values():
         torch.nn.utils.clip_grads_with_norm_(ps, max_norm, norm, foreach=True)
+    return float(norm)
+
+
+def clip_grads(grads: list[torch.Tensor], max_norm: float, *, pp_group: dist.ProcessGroup | None = None,
+               norm_of: list[torch.Tensor] | None = None) -> float:
+    """``clip_grad_norm`` over gradient tensors held apart from their parameters (the fp32 main
+    gradients of ``runtime.apply.master_state``): the norm of ``norm_of`` (default ``grads``; DTensor
+    views of the local tensors, a tied copy left out), then every tensor of ``grads`` scaled in place
+    by torch's ``min(1, max_norm / (norm + 1e-6))``. Returns the norm before clipping."""
+    norm = grads_norm(grads if norm_of is None else norm_of, pp_group=pp_group)
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.device))
     return float(norm)

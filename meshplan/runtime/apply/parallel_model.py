@@ -33,6 +33,7 @@ from meshplan.runtime.apply import optim, recompute
 from meshplan.runtime.apply import precision as prec
 from meshplan.runtime.apply.epcp import EPCPState
 from meshplan.runtime.apply.grad_sync import BucketedGradSync
+from meshplan.runtime.apply.master_state import MasterState
 from meshplan.runtime.apply.stage_params import Tie, merge_modules, unique_params
 from meshplan.runtime.launch import collectives
 from meshplan.runtime.launch.dist import RuntimeEnv
@@ -85,6 +86,9 @@ class ParallelModel:
     last_wait_s: float = 0.0
     # seconds of apply_plan's parts on this rank (plan checks, process group, materialize, wrapping)
     startup_s: dict[str, float] = field(default_factory=dict)
+    # state_layout "megatron": 16-bit parameters whose gradients live in fp32 main gradients, stepped
+    # through fp32 masters (``runtime.apply.master_state``; it is also ``optimizer``)
+    master: MasterState | None = None
 
     # ---- info ---------------------------------------------------------------------------
     @property
@@ -185,6 +189,8 @@ class ParallelModel:
                     with self.phase_spans.span("backward"):
                         (self.scaler.scale(part) if self.scaler is not None else part).backward()  # type: ignore[attr-defined]
                 local_loss += lpmod.plain(loss.detach()).double().cpu() / m
+            if self.master is not None:
+                self.master.fold_all()
         else:
             losses: list[torch.Tensor] = []
             # return_outputs=False: the last stage keeps no microbatch's output (the logits) until the step
@@ -194,6 +200,11 @@ class ParallelModel:
             with lpmod.context(self.loss_parallel), self.phase_spans.span("schedule"), \
                     prec.step_cast_cache(self.modules, self.plan.recompute):
                 self.schedule.step(**kw, **self.schedule_inputs(xs))  # type: ignore[attr-defined]
+            if self.master is not None:  # weight-gradient passes assign .grad without a hook
+                self.master.fold_all()
+                for p in self.master.params:
+                    if not (self.grad_sync is not None and self.grad_sync.owns(p)):
+                        self.master.main_grad(p).div_(m)
             for p in self.parameters():  # schedules run with scale_grads=False (see schedules.py)
                 if p.grad is not None and not (self.grad_sync is not None and self.grad_sync.owns(p)) \
                         and not (self.epcp is not None and self.epcp.owns(p)):
@@ -236,7 +247,9 @@ class ParallelModel:
             self.grad_sync_collectives += calls
             self.grad_sync_bytes += nbytes
         for tie in self.ties:
-            if tie.param.grad is not None:
+            if self.master is not None and self.master.owns(tie.param):
+                collectives.all_reduce(self.master.main_grad(tie.param), group=tie.group)
+            elif tie.param.grad is not None:
                 g = tie.param.grad
                 g = g.to_local() if hasattr(g, "to_local") else g
                 collectives.all_reduce(g, group=tie.group)
@@ -248,7 +261,12 @@ class ParallelModel:
             self.optimizer.bind_grads()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # type: ignore[attr-defined]
-        if self.max_grad_norm:
+        if self.max_grad_norm and self.master is not None:
+            skip = {id(t.param) for t in self.ties if dist.get_rank(t.group) != 0}  # a tied weight counts once
+            views = [v for p, v in zip(self.master.params, self.master.norm_views()) if id(p) not in skip]
+            self.last_grad_norm = optim.clip_grads(list(self.master.main.values()), self.max_grad_norm,
+                                                   pp_group=self.env.group("pp"), norm_of=views)
+        elif self.max_grad_norm:
             skip = [t.param for t in self.ties if dist.get_rank(t.group) != 0]  # a tied weight counts once
             self.last_grad_norm = optim.clip_grad_norm(self.parameters(), self.max_grad_norm,
                                                        pp_group=self.env.group("pp"), skip=skip)
@@ -276,6 +294,7 @@ class ParallelModel:
         bad = torch.zeros((), dtype=torch.float64)
         if self.check_grads:
             grads = [g.to_local() if hasattr(g, "to_local") else g for p in self.parameters() if (g := p.grad) is not None]
+            grads += list(self.master.main.values()) if self.master is not None else []
             if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
                 bad += 1
         both = collectives.all_reduce(torch.stack([contrib, bad.to(contrib.device)]))

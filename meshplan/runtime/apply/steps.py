@@ -20,8 +20,11 @@ Order (``STEPS``) and why where it matters:
    the constructor's replay, a device init of the shard (``init="device"``) or ``init_from`` (after
    every step that shards: it allocates only
    shards; ``tests/test_meta_build.py`` checks the losses equal the host-built model's).
-10. ``apply_grad_reduction``: DDP, bucketed hooks or the cp/ep reductions, which bind real tensors.
-11. ``apply_schedule``: pipeline stages and the torch.distributed.pipelining schedule.
+10. ``apply_state_layout``: ``state_layout`` "megatron": fp32 masters copied from the materialized
+    parameters, which become 16-bit, and their fp32 main gradients (``runtime.apply.master_state``);
+    before the gradient reduction, whose bucketed hooks fold into the main gradients after its own.
+11. ``apply_grad_reduction``: DDP, bucketed hooks or the cp/ep reductions, which bind real tensors.
+12. ``apply_schedule``: pipeline stages and the torch.distributed.pipelining schedule.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from meshplan.runtime.apply.checks import Checked
 from meshplan.runtime.apply.epcp import EPCPState, apply_epcp, uses_epcp
 from meshplan.runtime.apply.epcp_pipeline import shard_position_tables
 from meshplan.runtime.apply.grad_sync import BucketedGradSync
+from meshplan.runtime.apply.master_state import MasterState
 from meshplan.runtime.apply.stage_params import shared_params, unique_params
 from meshplan.runtime.launch.dist import RuntimeEnv
 from meshplan.runtime.launch.host_memory import peak_rss_bytes
@@ -89,6 +93,7 @@ class ApplyState:
     runners: list[nn.Module] = field(default_factory=list)
     counter: dpmod.SyncCounter = field(default_factory=dpmod.SyncCounter)
     grad_sync: BucketedGradSync | None = None
+    master: MasterState | None = None  # state_layout "megatron": 16-bit weights, fp32 main grads and masters
     schedule: object | None = None
     scaler: object | None = None
     spans: PhaseSpans = field(default_factory=PhaseSpans)
@@ -253,7 +258,8 @@ def apply_precision(s: ApplyState) -> list[str]:
     return [f"precision {p}: " + (
         "fp32 throughout" if p == "fp32" else
         ("FSDP2 MixedPrecisionPolicy (params " + p + ", reduce fp32)" if fsdp else
-         "torch.autocast, fp32 parameters and optimizer state") + (", stage sends in " + p if s.pipelined else "")
+         "torch.autocast, " + ("bf16 parameters, fp32 main gradients and masters" if s.plan.state_layout != "torch"
+                               else "fp32 parameters and optimizer state")) + (", stage sends in " + p if s.pipelined else "")
         + (", ShardedGradScaler" if p == "fp16" else ""))]
 
 
@@ -274,6 +280,9 @@ def _dp_note(plan: Plan, mode: str) -> str:
         "hsdp": f"FSDP2 on a (dp_replicate={ranks // plan.hsdp_shard_degree()}, "
                 f"dp_shard={plan.hsdp_shard_degree()}) mesh" + over,
     }.get(plan.dp_kind, "DDP" if mode == "ddp" else "bucketed all-reduce from gradient hooks")
+    if plan.state_layout != "torch":
+        return f"data parallel {plan.dp_kind}: {kind} of the fp32 main gradients" + (
+            ", fp32 masters partitioned over dp (ZeRO-1, runtime.apply.master_state)" if plan.dp_kind == "zero1" else "")
     return f"data parallel {plan.dp_kind}: {kind}" + (
         ", ZeroRedundancyOptimizer (ZeRO-1)" + (f" over dp x cp = {ranks} ranks" if ranks != plan.dp else "")
         if plan.dp_kind == "zero1" else "")
@@ -351,6 +360,23 @@ def apply_materialize(s: ApplyState) -> list[str]:
             f"RSS {peak_rss_bytes() / 2**30:.2f} GiB after materializing, measured)"]
 
 
+def apply_state_layout(s: ApplyState) -> list[str]:
+    """``state_layout`` "megatron" (``runtime.apply.master_state``): the parameters become 16-bit, each
+    with an fp32 main gradient; fp32 masters of the parameters this rank's optimizer steps (zero1 at dp > 1:
+    its partition; else all). After materializing (the masters copy real values), before the reduction."""
+    plan = s.plan
+    if plan.state_layout == "torch" or s.checked.precision == "fp32":
+        return []
+    shard = plan.dp_kind == "zero1" and plan.dp > 1
+    s.master = MasterState(unique_params(s.modules), prec.torch_dtype(s.checked.precision),
+                           group=s.env.group("dp") if shard else None, shard=shard)
+    n = len(s.master.params)
+    return [f"state layout megatron: {n} parameters in {s.checked.precision}, fp32 main gradients (post-accumulate "
+            f"hooks), fp32 masters + optimizer state of {len(s.master.masters)} of them on this rank"
+            + (f" (zero1 partition over dp={plan.dp}, the updated weights broadcast in {s.checked.precision})"
+               if shard else "")]
+
+
 def apply_grad_reduction(s: ApplyState) -> list[str]:
     """The replicated kinds, on materialized parameters (DDP and the hooks bind real tensors): DDP,
     bucketed all-reduce from gradient hooks, or the cp/ep reductions."""
@@ -369,7 +395,7 @@ def apply_grad_reduction(s: ApplyState) -> list[str]:
             [list(m.parameters()) for m in s.modules], env.group("dp"),  # type: ignore[arg-type]
             microbatches=plan.num_microbatches, cap_bytes=s.bucket_cap_bytes,
             divide_by=plan.dp * (plan.num_microbatches if s.pipelined else 1),  # pp > 1: also the microbatch mean
-            use_hooks=not zb,
+            use_hooks=not zb, main=s.master,
         )
     if s.ecs is not None:  # hooks on the final (post-TP) parameters: bucketed reduction over dc / replicas
         s.ecs.attach(unique_params(s.modules), plan.num_microbatches, s.bucket_cap_bytes, pipelined=s.pipelined,
@@ -411,5 +437,6 @@ class StageLoss:
 Step = Callable[[ApplyState], list[str]]
 STEPS: tuple[Step, ...] = (
     apply_epcp_step, apply_split, apply_tensor_parallel, apply_sync_batchnorm, apply_quantize, apply_recompute,
-    apply_precision, apply_compile, apply_data_parallel, apply_materialize, apply_grad_reduction, apply_schedule,
+    apply_precision, apply_compile, apply_data_parallel, apply_materialize, apply_state_layout, apply_grad_reduction,
+    apply_schedule,
 )

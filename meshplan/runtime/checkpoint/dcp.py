@@ -139,6 +139,13 @@ def _agree(value: Any) -> list[Any]:
     return collectives.all_gather_object(value)
 
 
+def _refuse_master(pm: ParallelModel) -> None:
+    if pm.master is not None:
+        raise ValueError("checkpoints of state_layout 'megatron' (16-bit weights, fp32 masters in "
+                         "runtime.apply.master_state) are not written or read: the masters are not the model's "
+                         "parameters; run without checkpoints or re-plan with state_layout 'torch'")
+
+
 def save(pm: ParallelModel, directory: str | Path, step: int, *, keep: int = DEFAULT_KEEP,
          extra: Mapping[str, Any] | None = None) -> Path:
     """Save model + optimizer state after ``step`` steps, atomically; collective over all ranks.
@@ -147,6 +154,7 @@ def save(pm: ParallelModel, directory: str | Path, step: int, *, keep: int = DEF
     After the new checkpoint is published, all but the newest ``keep`` are deleted (keep <= 0:
     none). ``extra`` (JSON-able, e.g. a data position) is stored in the manifest under "extra".
     """
+    _refuse_master(pm)
     d = Path(directory)
     rank, world = dist.get_rank(), dist.get_world_size()
     name = files.step_name(step)
@@ -233,6 +241,7 @@ def load(pm: ParallelModel, path: str | Path) -> int:
 
     Verifies the checksums and the model fingerprint first (CheckpointError, nothing loaded).
     """
+    _refuse_master(pm)
     path = Path(path)
     manifest = read_manifest(path)
     verify(path, manifest)

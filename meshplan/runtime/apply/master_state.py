@@ -1,0 +1,186 @@
+"""16-bit model weights, fp32 main gradients, fp32 master weights (``Plan.state_layout`` "megatron").
+
+Megatron-Core's mixed-precision layout (``megatron/core/optimizer/optimizer.py``
+``Float16OptimizerWithFloat16Params``, ``distrib_optimizer.py`` ``DistributedOptimizer``,
+``distributed/param_and_grad_buffer.py``): the model's parameters are bf16 (2 B each), every
+parameter has an fp32 ``main_grad`` (4 B) its 16-bit gradient is added into as soon as autograd
+has accumulated it (Megatron's grad-accumulator hook; ``--accumulate-allreduce-grads-in-fp32``),
+and data parallelism reduces the fp32 main gradients. The optimizer steps fp32 master copies of
+the weights (4 B + Adam's 8 B); with the distributed optimizer (``dp_kind`` zero1) a rank holds
+the masters and optimizer state of its partition only (12/d B per parameter), updates them, and
+the updated 16-bit weights go to every dp rank. Per parameter: 2 + 4 + 12/d bytes, where the
+"torch" layout (fp32 parameters under autocast) keeps 4 + 4 + 8/d and autocast's 16-bit copies
+(``cost_models.dp_kinds.state_precision`` "bf16-fp32-grads" against "fp32").
+
+What PyTorch runs and what this module glues:
+
+- the 16-bit weights: each trainable parameter cast in place (``p.data``; a DTensor through
+  ``torch.utils.swap_tensors``, which keeps the Parameter object, so ties, fx stage graphs and TP
+  modules still hold it). The forward still runs under ``torch.autocast`` (``runtime.apply.precision``):
+  matmuls read the bf16 weights as they are (no cast, so no autocast weight cache), the ops autocast
+  runs in fp32 (norms, softmax, the loss) upcast as they do under the fp32 layout.
+- the main gradients: ``register_post_accumulate_grad_hook`` (``fold``: ``main += grad``, ``grad = None``).
+  With a data-parallel reduction, ``runtime.apply.grad_sync.BucketedGradSync`` folds before it counts
+  a contribution and all-reduces the fp32 main gradients in its buckets (also from zero-bubble weight
+  passes, where no hook fires); without one this module's own hooks fold (``fold_all`` catches the rest).
+- the optimizer: the run's own (``optimizer_factory``: AdamW, Adam, SGD) over the fp32 masters this rank
+  owns. Ownership: whole parameters, largest first to the least-loaded dp rank (the rule of torch's
+  ``ZeroRedundancyOptimizer._partition_parameters``); every rank keeps all masters at dp_kind ddp / none.
+- after the update: each owned master copied into its bf16 parameter, then every parameter broadcast
+  from its owner over the dp group in bf16 (ZeroRedundancyOptimizer's per-tensor broadcast, at 2 B a
+  parameter; Megatron all-gathers its bf16 parameter buffer).
+
+Not executed here (refused by ``plan.execution_rules.state_layout_blocker``): FSDP2 kinds (their
+MixedPrecisionPolicy is their own layout), fp16 (the loss scaler's unscale would need the main
+gradients), context / expert parallelism (their reductions read ``.grad``), quantization, and
+checkpoints (``runtime.checkpoint.dcp`` refuses: the masters are not the model's parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from meshplan.runtime.launch import collectives
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def owners(sizes: Sequence[int], ranks: int) -> list[int]:
+    """The dp rank that owns each parameter: largest first, each to the rank with the fewest elements
+    so far (ties to the lowest rank). The same on every rank (a pure function of the sizes)."""
+    load = [0] * ranks
+    out = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(ranks), key=lambda r: (load[r], r))
+        out[i] = r
+        load[r] += sizes[i]
+    return out
+
+
+def cast_param_(p: torch.Tensor, dtype: torch.dtype) -> None:
+    """``p`` (a Parameter, kept as the same object) now holds its values in ``dtype``."""
+    if p.dtype == dtype:
+        return
+    with torch.no_grad():
+        if isinstance(p, DTensor):
+            torch.utils.swap_tensors(p, torch.nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad))
+        else:
+            p.data = p.data.to(dtype)
+
+
+class MasterState:
+    """The layout of one rank's trainable parameters (module docstring); the run's optimizer once
+    ``attach`` gave it the optimizer over the masters (``step``, ``zero_grad``, ``param_groups``)."""
+
+    def __init__(self, params: Sequence[torch.Tensor], dtype: torch.dtype, *,
+                 group: dist.ProcessGroup | None = None, shard: bool = False, hooks: bool = True) -> None:
+        seen: dict[int, torch.Tensor] = {}
+        for p in params:
+            if p.requires_grad and p.is_floating_point():
+                seen.setdefault(id(p), p)
+        self.params = list(seen.values())
+        self.group = group
+        ranks = dist.get_world_size(group) if group is not None and shard else 1
+        me = dist.get_rank(group) if ranks > 1 else 0
+        self.owner = owners([_local(p).numel() for p in self.params], ranks)
+        self.ranks = ranks
+        self.global_owner = [dist.get_global_rank(group, o) if ranks > 1 else 0 for o in self.owner]  # type: ignore[arg-type]
+        with torch.no_grad():
+            # fp32 masters from the fp32 values, before the cast (Megatron clones them from the model)
+            self.masters = {id(p): _local(p).detach().clone().float() for p, o in zip(self.params, self.owner)
+                            if o == me}
+            for p in self.params:
+                cast_param_(p, dtype)
+            # the fp32 gradient buffer (Megatron's persistent grad buffer): 4 B per parameter, for the run
+            self.main = {id(p): torch.zeros(_local(p).shape, dtype=torch.float32, device=_local(p).device)
+                         for p in self.params}
+        self.optim: torch.optim.Optimizer | None = None
+        self.handles = [p.register_post_accumulate_grad_hook(self.fold) for p in self.params] if hooks else []
+
+    # ---- gradients ------------------------------------------------------------------------------
+    def owns(self, p: torch.Tensor) -> bool:
+        return id(p) in self.main
+
+    def main_grad(self, p: torch.Tensor) -> torch.Tensor:
+        return self.main[id(p)]
+
+    def fold(self, p: torch.Tensor) -> None:
+        """Add ``p``'s 16-bit gradient into its fp32 main gradient and free it."""
+        g = p.grad
+        if g is None or id(p) not in self.main:
+            return
+        self.main[id(p)].add_(_local(g))
+        p.grad = None
+
+    def fold_all(self) -> None:
+        """Fold every gradient still held (a weight-gradient pass assigns ``.grad`` without a hook)."""
+        for p in self.params:
+            self.fold(p)
+
+    def norm_views(self) -> list[torch.Tensor]:
+        """The main gradients as the global-norm clipping reads them: a DTensor parameter's as a
+        DTensor of its placements (so a sharded one's norm is made whole over its mesh)."""
+        return [DTensor.from_local(self.main[id(p)], p.device_mesh, p.placements, run_check=False,
+                                   shape=p.shape, stride=p.stride()) if isinstance(p, DTensor) else self.main[id(p)]
+                for p in self.params]
+
+    # ---- optimizer ------------------------------------------------------------------------------
+    def attach(self, factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer]) -> MasterState:
+        """The run's optimizer over this rank's fp32 masters (in the parameters' order)."""
+        self.optim = factory([self.masters[id(p)] for p in self.params if id(p) in self.masters])
+        return self
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        assert self.optim is not None, "MasterState.attach was not called"
+        return self.optim.param_groups
+
+    @property
+    def state(self) -> Any:
+        assert self.optim is not None
+        return self.optim.state
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Update the owned masters from their main gradients, write them into the 16-bit weights,
+        and send every weight from its owner to the other dp ranks."""
+        assert self.optim is not None, "MasterState.attach was not called"
+        for p in self.params:
+            m = self.masters.get(id(p))
+            if m is not None:
+                m.grad = self.main[id(p)]
+        self.optim.step()
+        for p in self.params:
+            m = self.masters.get(id(p))
+            if m is not None:
+                _local(p).copy_(m)
+                m.grad = None
+        if self.ranks > 1:
+            works = []
+            for p, src in zip(self.params, self.global_owner):
+                x = collectives.on_group_device(_local(p), self.group)
+                works.append((p, x, dist.broadcast(x, src=src, group=self.group, async_op=True)))
+            for p, x, w in works:
+                w.wait()  # type: ignore[union-attr]
+                if x is not _local(p):
+                    _local(p).copy_(x)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for g in self.main.values():
+            g.zero_()
+        for p in self.params:
+            p.grad = None
+        for m in self.masters.values():
+            m.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError("checkpoints of the 16-bit-weights layout (state_layout 'megatron') are not "
+                                  "written: its fp32 masters are not the model's parameters; re-plan with "
+                                  "state_layout 'torch' to checkpoint")
