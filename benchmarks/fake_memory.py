@@ -423,7 +423,9 @@ def measure(
             x = torch.zeros(B, T, dtype=torch.long)
             y = torch.zeros(B, T, dtype=torch.long)
             tracker = _StepTracker()
-            tracker.track_external(*pm.runners, pm.optimizer)
+            ms = pm.master  # 16-bit weights: the fp32 masters and main gradients exist before the steps
+            tracker.track_external(*pm.runners, pm.optimizer if ms is None else ms.optim,
+                                   *([] if ms is None else [*ms.masters.values(), *ms.main.values()]))
             with tracker:
                 for _ in range(steps):
                     pm.step(x, y)

@@ -159,6 +159,12 @@ def _plan(model: torch.nn.Module, cfg: dict, data: list) -> tuple[Any, tuple | N
         micro_batch_size=mbs, seq_len=rc.SEQ, tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"),
     )
     plan = dataclasses.replace(plan, sequence_parallel=bool(cfg.get("sp")))
+    if cfg.get("cp", 1) > 1:  # context parallel: the (pp, dp, cp, tp) mesh; the batch is split over dp only
+        from meshplan.plan import MeshSpec
+
+        plan = dataclasses.replace(plan, mesh=MeshSpec(("pp", "dp", "cp", "tp"), (cfg.get("pp", 1), cfg.get("dp", 1),
+                                                                                  cfg["cp"], cfg.get("tp", 1))),
+                                   world_size=plan.world_size * cfg["cp"])
     return dataclasses.replace(plan, dtype=cfg.get("plan_dtype", "bf16")), ex
 
 

@@ -120,6 +120,15 @@ PATHS = {
     "single rank + QAT (fake quantization on the fp32 weights under autocast)": (1, 1, dict(tp=1, pp=1, dp=1,
                                                                                           quantization="qat")),
     "pp2 zero-bubble (the last rank defers its weight passes)": (2, 4, dict(tp=1, pp=2, dp=1, schedule="zero-bubble")),
+    # 16-bit weights (runtime/apply/master_state.py, profile meshplan-bf16): bf16 parameters, persistent fp32 main
+    # gradients, fp32 masters + Adam of the rank's zero1 partition; no autocast weight copies. At pp = 1 the
+    # bucketed reduction's flat fp32 copies at the backward's end (StateCosts.grad_sync_flats: -11.1 % without)
+    "16-bit weights, dp2 zero1, 2 microbatches": (2, 2, dict(tp=1, pp=1, dp=2, dp_kind="zero1",
+                                                                profile="meshplan-bf16")),
+    "16-bit weights, pp2 1f1b": (2, 4, dict(tp=1, pp=2, dp=1, schedule="1f1b", profile="meshplan-bf16")),
+    # the vocab-sharded embedding's whole gradient redistributed to its shard before the fold
+    "16-bit weights, tp2": (2, 1, dict(tp=2, pp=1, dp=1, sequence_parallel=False, cluster="fast-links",
+                                       profile="meshplan-bf16")),
 }
 
 

@@ -53,8 +53,8 @@ def state_layout_blocker(*, state_layout: str, dp_kind: str, dtype: str, cp: int
         why = f"dp_kind {dp_kind} (FSDP2 keeps fp32 shards under its MixedPrecisionPolicy)"
     elif dtype != "bf16":
         why = f"dtype {dtype} (only bf16 runs it: fp16's loss scaler would unscale the fp32 main gradients)"
-    elif cp > 1 or ep > 1:
-        why = "context / expert parallelism (their gradient reductions read the 16-bit gradients)"
+    elif ep > 1:
+        why = "expert parallelism (expert and dense main gradients would reduce over different groups)"
     elif quantization != "none":
         why = f"quantization {quantization}"
     return (f"state_layout {state_layout} (16-bit weights, fp32 main gradients and masters) is not executed with "

@@ -159,6 +159,7 @@ def build_plan(
         micro_batch_size=c.micro_batch, num_microbatches=c.num_microbatches, schedule=c.schedule,
         virtual_stages=c.virtual_stages, stages=tuple(stages), tp_styles=styles, predicted=pred,
         sequence_parallel=c.sequence_parallel, dp_kind=c.dp_kind,
+        state_layout=res.coster.runtime_state_layout if res.coster else "torch",
         tp_gathered_outputs=tuple(sorted(sol.gathered)) if c.tp > 1 else (), recompute=c.recompute, dtype=dtype,
         optimizer=optimizer, capture=graph.capture, quantization=res.coster.quant if res.coster else Quantization(),
         solver=SolverInfo(

@@ -61,6 +61,7 @@ from meshplan.plan.execution_rules import (
     dp_kind_blocker,
     microbatch_blocker,
     recompute_blocker,
+    state_layout_blocker,
     states_over_cp,
     tied_weight_blocker,
     tp_pp_blocker,
@@ -216,6 +217,10 @@ class Searcher:
                                 continue
                             if self.costs.ep_cp.epcp_why(tp, pp, cp, ep, rc):
                                 continue
+                            if ep > 1 and state_layout_blocker(
+                                    state_layout=self.costs.coster.runtime_state_layout, dp_kind="ddp",
+                                    dtype="bf16", cp=cp, ep=ep):
+                                continue  # the runtime would refuse it (meshplan.plan.execution_rules)
                             if recompute_blocker(pp=pp, schedule=sched, recompute=rc):
                                 continue  # the runtime would refuse it (meshplan.plan.execution_rules)
                             for kind in self._dp_kinds(dp * cp if cp * ep > 1 else dp):

@@ -91,6 +91,9 @@ class StateCosts:
         self.main_grads = profile.main_grads
         # what the model-state bytes depend on, for the memo keys
         self.layout_key = (self.state_layout, self.main_grads)
+        # meshplan's runtime with 16-bit weights (runtime/apply/master_state.py): its gradients reduced by
+        # BucketedGradSync (no DDP), so at pp = 1 their flat fp32 copies exist at the backward's end
+        self.master_state = profile.engine == "meshplan" and profile.state_layout == "megatron"
         # what a sharded kind gathers at once (dp_kinds.FSDP_UNITS): "block" = FSDP2 per repeated block,
         # as meshplan's runtime wraps; "module" = DeepSpeed ZeRO-3's per-module gathers (an engine's)
         self.fsdp_units = profile.fsdp_units
@@ -229,10 +232,13 @@ class StateCosts:
 
     def grad_sync_flats(self, c: Config) -> bool:
         """Whether ``c``'s gradients are reduced by meshplan's ``BucketedGradSync`` at pp = 1 under cp or
-        ep (ddp, zero1, none: ``runtime/apply/epcp.py`` attach): each bucket's gradients are
+        ep (ddp, zero1, none: ``runtime/apply/epcp.py`` attach), or at dp > 1 under the runtime's 16-bit
+        weights (``master_state``: the fp32 main gradients, every bucket): each bucket's gradients are
         flattened into a new buffer when the bucket is final in the last backward and written back
         in ``finish()`` after it, so at the backward's end every gradient has its flat copy beside
         it (``runtime/apply/grad_sync.py``), and nothing of it lives in the forward."""
+        if self.master_state:  # 16-bit weights: BucketedGradSync reduces the fp32 main gradients at any dp (no DDP)
+            return c.pp == 1 and c.dp_kind in ("ddp", "zero1", "none") and c.dp * c.cp > 1
         return (c.pp == 1 and c.dp_kind in ("ddp", "zero1", "none") and c.dp * c.cp > 1 and c.cp * c.ep > 1
                 and self.ddp_impl == "torch" and self.state_layout == "torch")
 

@@ -32,7 +32,7 @@ from meshplan.cost_models.engine_profiles.lookup import (
     profile,
     resolve,
 )
-from meshplan.cost_models.engine_profiles.meshplan_runtime import MESHPLAN
+from meshplan.cost_models.engine_profiles.meshplan_runtime import MESHPLAN, MESHPLAN_BF16
 from meshplan.cost_models.engine_profiles.profile_type import (
     ATTENTION_BACKENDS,
     AUTOCAST_CACHES,
@@ -51,6 +51,7 @@ __all__ = [
     "INSTALLED",
     "LINEAGES",
     "MESHPLAN",
+    "MESHPLAN_BF16",
     "PROFILES",
     "RECOMPUTE_UNITS",
     "RUN_FLAGS",

@@ -1,10 +1,13 @@
 """meshplan's own runtime as an engine profile (``MESHPLAN``, the profile ``estimate_graph`` prices
-by default), each field traced to the runtime module that runs it.
+by default), each field traced to the runtime module that runs it; ``MESHPLAN_BF16`` ("meshplan-bf16"),
+the same runtime with 16-bit model weights, fp32 main gradients and masters (``Plan.state_layout``).
 No torch import."""
 
 from __future__ import annotations
 
-from meshplan.cost_models.engine_profiles.profile_type import EngineProfile
+import dataclasses
+
+from meshplan.cost_models.engine_profiles.profile_type import EngineProfile, with_sources
 
 MESHPLAN = EngineProfile(
     "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
@@ -42,5 +45,26 @@ MESHPLAN = EngineProfile(
         ("vocab_parallel_embedding", "the TP placement ILP chooses the embedding's style (tp.strategies)"),
         ("fsdp_units", "runtime/apply/data_parallel.wrap_dp: fully_shard per repeated block, then the root (every "
                        "other layer)"),
+    ),
+)  # fmt: skip
+
+#: meshplan's runtime with 16-bit model weights (``Plan.state_layout`` "megatron",
+#: ``runtime/apply/master_state.py``): Megatron's mixed-precision state layout, run by meshplan's
+#: runtime for dp_kind none / ddp / zero1 in bf16 without cp, ep or quantization (the combinations
+#: ``plan.execution_rules.state_layout_blocker`` lets through; the search proposes no others)
+MESHPLAN_BF16 = dataclasses.replace(
+    MESHPLAN, name="meshplan-bf16", state_layout="megatron", main_grads="fp32", dp_kinds=("none", "ddp", "zero1"),
+    sources=with_sources(
+        MESHPLAN.sources,
+        ("state_layout", "runtime/apply/master_state.py MasterState: the trainable parameters cast to bf16 in place "
+                         "(p.data, DTensors by torch.utils.swap_tensors), fp32 master copies of the rank's zero1 "
+                         "partition (every parameter at ddp / none) stepped by the run's optimizer, the updated "
+                         "weights broadcast from their owner in bf16"),
+        ("main_grads", "runtime/apply/master_state.py MasterState.fold: a persistent fp32 main gradient per "
+                       "parameter, its bf16 .grad added in by register_post_accumulate_grad_hook and freed; "
+                       "runtime/apply/grad_sync.py BucketedGradSync all-reduces the fp32 main gradients"),
+        ("autocast_cache", "unused: torch.autocast around each stage call finds the weights already bf16 "
+                           "(no cast, nothing cached)"),
+        ("dp_kinds", "none, ddp, zero1: plan.execution_rules.state_layout_blocker refuses the FSDP2 kinds"),
     ),
 )  # fmt: skip

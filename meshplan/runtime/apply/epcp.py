@@ -22,6 +22,7 @@ the last microbatch's backward runs, as the cost model's overlapped DDP term ass
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -86,11 +87,13 @@ class EPCPState:
     micro_divisor: int = 1  # pipelined: the syncs also divide by the microbatch count
 
     def attach(self, params: list[torch.Tensor], microbatches: int,
-               cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES, *, pipelined: bool = False, use_hooks: bool = True) -> None:
+               cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES, *, pipelined: bool = False, use_hooks: bool = True,
+               main: Any = None) -> None:
         """Gradient hooks on the final parameters (call once, after TP replaced them). ``pipelined``:
         the schedule sums the microbatches' gradients (``scale_grads=False``), so the reduction also
         divides by their count; ``use_hooks`` False: contributions are counted by ``watch_weight_passes``
-        (zero-bubble schedules assign weight gradients without accumulate hooks)."""
+        (zero-bubble schedules assign weight gradients without accumulate hooks). ``main``: the 16-bit-weights
+        layout's ``MasterState`` (its fp32 main gradients are what the syncs reduce)."""
         g = self.groups
         divide_by = g.dc_size * (microbatches if pipelined else 1)
         self.micro_divisor = microbatches if pipelined else 1
@@ -103,7 +106,7 @@ class EPCPState:
                 self.unsynced += ps
             else:
                 self.syncs.append(BucketedGradSync([ps], group, microbatches=microbatches, cap_bytes=cap_bytes,
-                                                   divide_by=divide_by, use_hooks=use_hooks))
+                                                   divide_by=divide_by, use_hooks=use_hooks, main=main))
 
     def owns(self, p: torch.Tensor) -> bool:
         """Whether ``p``'s gradient is averaged by these syncs (microbatch mean included)."""

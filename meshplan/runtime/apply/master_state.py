@@ -30,9 +30,12 @@ What PyTorch runs and what this module glues:
   from its owner over the dp group in bf16 (ZeroRedundancyOptimizer's per-tensor broadcast, at 2 B a
   parameter; Megatron all-gathers its bf16 parameter buffer).
 
-Not executed here (refused by ``plan.execution_rules.state_layout_blocker``): FSDP2 kinds (their
-MixedPrecisionPolicy is their own layout), fp16 (the loss scaler's unscale would need the main
-gradients), context / expert parallelism (their reductions read ``.grad``), quantization, and
+Under context parallelism the cp ranks' main gradients are reduced with the dp ranks' by
+``runtime.apply.epcp`` (its ``BucketedGradSync`` over dp x cp, given this object) and zero1 partitions
+the masters over dp x cp. Not executed here (refused by ``plan.execution_rules.state_layout_blocker``):
+FSDP2 kinds (their MixedPrecisionPolicy is their own layout), fp16 (the loss scaler's unscale would
+need the main gradients), expert parallelism (dense and expert gradients reduce over different
+groups), quantization, and
 checkpoints (``runtime.checkpoint.dcp`` refuses: the masters are not the model's parameters).
 """
 
@@ -116,6 +119,10 @@ class MasterState:
         g = p.grad
         if g is None or id(p) not in self.main:
             return
+        if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+            # a vocab-sharded embedding's gradient comes whole (DTensor's embedding backward has no Shard(0)
+            # strategy): to the parameter's shard, as the optimizer would read it
+            g = g.redistribute(p.device_mesh, p.placements)
         self.main[id(p)].add_(_local(g))
         p.grad = None
 

@@ -203,7 +203,8 @@ class ParallelModel:
             if self.master is not None:  # weight-gradient passes assign .grad without a hook
                 self.master.fold_all()
                 for p in self.master.params:
-                    if not (self.grad_sync is not None and self.grad_sync.owns(p)):
+                    if not (self.grad_sync is not None and self.grad_sync.owns(p)) \
+                            and not (self.epcp is not None and self.epcp.owns(p)):
                         self.master.main_grad(p).div_(m)
             for p in self.parameters():  # schedules run with scale_grads=False (see schedules.py)
                 if p.grad is not None and not (self.grad_sync is not None and self.grad_sync.owns(p)) \

@@ -367,13 +367,16 @@ def apply_state_layout(s: ApplyState) -> list[str]:
     plan = s.plan
     if plan.state_layout == "torch" or s.checked.precision == "fp32":
         return []
-    shard = plan.dp_kind == "zero1" and plan.dp > 1
-    s.master = MasterState(unique_params(s.modules), prec.torch_dtype(s.checked.precision),
-                           group=s.env.group("dp") if shard else None, shard=shard)
+    # zero1: over the dp group, or under cp over the dp x cp group whose gradients epcp reduces (as ZeRO-1)
+    shard = plan.dp_kind == "zero1" and plan.dp_state_ranks() > 1
+    folded = plan.dp_state_ranks() != plan.dp and s.ecs is not None
+    group = (s.ecs.groups.dc_group if folded else s.env.group("dp")) if shard else None  # type: ignore[union-attr]
+    s.master = MasterState(unique_params(s.modules), prec.torch_dtype(s.checked.precision), group=group, shard=shard)
     n = len(s.master.params)
     return [f"state layout megatron: {n} parameters in {s.checked.precision}, fp32 main gradients (post-accumulate "
             f"hooks), fp32 masters + optimizer state of {len(s.master.masters)} of them on this rank"
-            + (f" (zero1 partition over dp={plan.dp}, the updated weights broadcast in {s.checked.precision})"
+            + (f" (zero1 partition over {plan.dp_state_ranks()} ranks, the updated weights broadcast in "
+               f"{s.checked.precision})"
                if shard else "")]
 
 
@@ -399,7 +402,7 @@ def apply_grad_reduction(s: ApplyState) -> list[str]:
         )
     if s.ecs is not None:  # hooks on the final (post-TP) parameters: bucketed reduction over dc / replicas
         s.ecs.attach(unique_params(s.modules), plan.num_microbatches, s.bucket_cap_bytes, pipelined=s.pipelined,
-                     use_hooks=not zb)
+                     use_hooks=not zb, main=s.master)
     return [_dp_note(plan, s.mode)] if plan.dp_state_ranks() > 1 else []
 
 
