@@ -7,7 +7,12 @@ run flags included) and, one convention at a time, how many GiB the run's own en
 Also the memory terms (``mem_breakdown``) that differ most between the two costings, and at the end
 the runs grouped by the term(s) that push each over (``pushing_terms``).
 
-    python benchmarks/published_not_fit.py [--profile NAME] [--only PREFIX]
+    python benchmarks/published_not_fit.py [--profile NAME] [--also NAME ...] [--only PREFIX]
+
+``--also NAME`` (repeatable): another profile of the same runtime (``meshplan-bf16``: meshplan's runtime
+with 16-bit weights, ``runtime/apply/master_state.py``); each run not fitting under ``--profile`` is
+also costed under it, and the last line counts the runs that fit under none of them (a runtime that
+runs both layouts can pick the one that fits).
 
 Predicted figures only (the cost model's); whether a run ran comes from its source
 (``meshplan/data/published_cases.json``). No run here is measured.
@@ -92,17 +97,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="meshplan", help="cost every run with this engine profile (default meshplan)")
     ap.add_argument("--only", default="", help="only runs whose id starts with this prefix")
+    ap.add_argument("--also", action="append", default=[],
+                    help="also cost the runs that do not fit under this profile (repeatable; e.g. meshplan-bf16)")
     args = ap.parse_args()
     from meshplan.loading import case_graph
 
     base = engine_profile(args.profile)
+    also = [engine_profile(a) for a in args.also]
     print(f"runs that ran, predicted not to fit under profile {base.name!r}: peak GiB (predicted) under it and under "
           "the run's own engine profile, the GiB each of the engine's conventions saves alone, and the terms that "
           "differ most\n")
     print("| run | limit | peak here | own engine | own profile | GiB saved by each convention alone (- adds) | "
-          "terms, here -> own (GiB) |")
-    print("|---|---|---|---|---|---|---|")
-    n = 0
+          "terms, here -> own (GiB) |" + "".join(f" {a.name} |" for a in also))
+    print("|---|---|---|---|---|---|---|" + "---|" * len(also))
+    n = rescued = 0
     summary: list[tuple[str, tuple[str, ...]]] = []
     for c in load_published_cases():
         if not c["id"].startswith(args.only):
@@ -134,10 +142,23 @@ def main() -> None:
         keys = sorted(set(bd_here) | set(bd_own), key=lambda k: -abs(bd_here.get(k, 0.0) - bd_own.get(k, 0.0)))
         terms = ", ".join(f"{k} {bd_here.get(k, 0.0):.1f}->{bd_own.get(k, 0.0):.1f}" for k in keys[:4]
                           if abs(bd_here.get(k, 0.0) - bd_own.get(k, 0.0)) >= 0.5)  # fmt: skip
+        cols, fits = [], False
+        for a in also:
+            try:
+                peak = peak_gib(c, g, a)[0]
+            except ValueError as e:  # a configuration that runtime layout does not run
+                cols.append(f"refused ({str(e)[:60]})")
+                continue
+            fits = fits or peak <= limit
+            cols.append(f"{peak:.1f}" + (" (fits)" if peak <= limit else ""))
+        rescued += fits
         print(f"| {c['id']} | {limit:.1f} | {here:.1f} | {mine:.1f}{'' if mine <= limit else ' (no fit)'} | {own.name} | "
-              f"{'; '.join(s for _, s in saved)} | {terms} |")
+              f"{'; '.join(s for _, s in saved)} | {terms} |" + "".join(f" {x} |" for x in cols))
         sys.stdout.flush()
     print(f"\n{n} runs predicted not to fit under {base.name!r} (predicted figures from the cost model)")
+    if also:
+        print(f"{rescued} of them fit under {', '.join(repr(a.name) for a in also)}: {n - rescued} runs predicted "
+              "not to fit under any of these profiles")
     print_summary(summary)
 
 

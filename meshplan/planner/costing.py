@@ -86,7 +86,6 @@ from meshplan.cost_models.quant_nodes import (
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.partition.cuts import layer_ranges
 from meshplan.plan import Quantization
-from meshplan.plan.execution_rules import state_layout_blocker
 from meshplan.planner.layer_saves import LayerSaves, out_shard, saved_shard
 from meshplan.planner.tp.graph import GraphTPSolution, solve_tp
 from meshplan.planner.tp.groups import GraphIndex
@@ -258,12 +257,9 @@ class GraphCoster(LayerSaves):
         # the gradient a weight-gradient GEMM accumulates into (a MoE node's grouped wgrad: fp32, or the
         # 16-bit gradients of a "zero" state layout or a recipe's; dp_kinds.main_grad_bytes)
         self.main_grad_bytes = main_grad_bytes(p.state_layout, dtype, p.main_grads)
-        # the layout a plan of meshplan's own runtime runs (Plan.state_layout): its profile's; other engines' "torch"
+        # the layout a plan of meshplan's own runtime runs (Plan.state_layout): its profile's; other engines' "torch".
+        # A dtype or quantization the layout does not run is refused by the runtime (execution_rules), as fp8 is
         self.runtime_state_layout = p.state_layout if p.engine == "meshplan" and p.state_layout == "megatron" else "torch"
-        why = state_layout_blocker(state_layout=self.runtime_state_layout, dp_kind="zero1", dtype=dtype,
-                                   quantization=self.quant.mode)
-        if why:
-            raise ValueError(f"engine profile {p.name!r}: {why}")
         vocab = int(graph.meta.get("vocab") or 0)
         self._heads = {n.id for n in graph.nodes if n.kind == "linear" and vocab and n.attrs.get("out_features") == vocab}
         self.time_limit_s = time_limit_s
