@@ -185,8 +185,9 @@ def roofline_time_s(
 ) -> float:
     """Seconds for one kernel: ``max(flops/(peak·eff_mm), bytes/(mem_bw·eff_mem), floor)``.
 
-    ``peak`` is ``cluster.peak(dtype)`` for matmul kinds (linear, matmul, attention) and
-    ``cluster.peak("fp32")`` (vector units) for the rest; ``eff_mm = efficiency`` when given, else
+    ``peak`` is ``cluster.gemm_peak(dtype)`` for matmul kinds (linear, matmul, attention: the
+    datasheet peak, a float8 GEMM's scaled by its measured ceiling over bf16's,
+    ``efficiency.GEMM_CEILING_H100``) and ``cluster.peak("fp32")`` (vector units) for the rest; ``eff_mm = efficiency`` when given, else
     ``cluster.matmul_efficiency``; ``eff_mem = cluster.mem_efficiency``, ``floor = cluster.kernel_floor_s`` (launch overhead).
     A kernel that does no work (0 FLOPs, 0 bytes) or a free kind (reshape, input, ...) costs 0.
     Units: FLOPs, bytes -> seconds. Source: roofline model (Williams et al., CACM 2009).
@@ -196,7 +197,7 @@ def roofline_time_s(
         raise ValueError(f"flops and bytes_moved must be >= 0, got {flops!r}, {bytes_moved!r}")
     if kind in FREE_KINDS or (flops == 0 and bytes_moved == 0):
         return 0.0
-    peak = cluster.peak(dtype) if kind in MATMUL_KINDS else cluster.peak("fp32")
+    peak = cluster.gemm_peak(dtype) if kind in MATMUL_KINDS else cluster.peak("fp32")
     if efficiency is not None and not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
     eff = cluster.matmul_efficiency if efficiency is None else efficiency
@@ -251,6 +252,7 @@ def modelled_node_time(
     fp8_recipe: str = DEFAULT_FP8_RECIPE,
     ep: int = 1,
     main_grad_bytes: int = 4,
+    sequence_parallel: bool = True,
 ) -> NodeTime:
     """Forward, backward-input and backward-weight seconds of ``node`` on one device, as the
     roofline and ``backward_factors`` model them (``node_time`` applies ``backward_speed``).
@@ -284,8 +286,9 @@ def modelled_node_time(
     of their own (M, N, K) (``style`` "rowwise" says TP splits K, else N), and a flash attention
     does ``causal_work_fraction`` of the counted FLOPs at ``attention_wave_factor``. With
     ``dtype="fp8"`` (torchao float8 training, ``cost_models.precision``) a convertible linear
-    (16-aligned, not ``is_head``) runs its three GEMMs at ``peak("fp8")`` plus the memory-bound
-    scaling/cast bytes ``fp8_cast_bytes`` of the engine's ``fp8_recipe``; a MoE node's expert GEMMs
+    (16-aligned, not ``is_head``) runs its three GEMMs at ``gemm_peak("fp8")`` plus the memory-bound
+    scaling/cast bytes ``fp8_cast_bytes`` of the engine's ``fp8_recipe`` (the operand crossing the TP
+    group cast on its sequence shard where ``sequence_parallel``); a MoE node's expert GEMMs
     run in fp8 where the recipe runs them so (TE: ``fp8_moe_cast_bytes``); everything else, and every tensor's bytes, is bf16. Unit: seconds.
     A MoE node whose expert shape was traced (``num_experts``, ``hidden``, ``expert_numel``) is timed
     as the kernels Megatron-Core runs for it on a rank holding ``E/ep`` experts
@@ -356,7 +359,8 @@ def modelled_node_time(
         tokens = max(1.0, math.prod(node.out_shape or (1,)) / a["out_features"] * batch_scale)
         mem_bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
         dims = linear_gemm_dims(tokens, a["in_features"], a["out_features"], shard, style)
-        cast = tuple(b / mem_bw for b in fp8_cast_bytes(*dims, fp8_recipe, tp=shard, style=style))  # type: ignore[assignment]
+        sp_tp = shard if sequence_parallel else 1  # the crossing operand is a sequence shard only under SP
+        cast = tuple(b / mem_bw for b in fp8_cast_bytes(*dims, fp8_recipe, tp=sp_tp, style=style))  # type: ignore[assignment]
     fwd = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=eff_f)
     if fwd == 0.0:
         return NodeTime(0.0, 0.0, 0.0)

@@ -49,6 +49,21 @@ so ``ClusterSpec.attention_efficiency`` stays the calibration knob, read at that
 one iteration per query block is an assumption named here (the papers show throughput rising
 with sequence length, not its cause), not fitted to any case.
 
+GEMM ceilings by dtype (``GEMM_CEILING_H100``, ``ClusterSpec.gemm_ceiling`` / ``gemm_peak``): the
+datasheet's FP8 peak is twice the BF16 one (the same tensor-core clock, twice the operations per
+clock), but the best-shaped GEMM reaches a smaller fraction of it: MEASURED on one H100 SXM with the
+same torch build, the maximum achievable matmul throughput over a sweep of large shapes is 794.5 of
+989 TFLOP/s in bf16 (0.803) and 1,402.6 of 1,979 in float8_e4m3fn (0.709): an FP8 GEMM runs at
+1.77x, not 2x, a bf16 one (S. Bekman, ml-engineering ``compute/accelerator/README.md``, "Maximum
+Achievable Matmul FLOPS comparison table", at commit b9e29720e: its mamf-finder.py at each dtype,
+mean of 100 iterations after 50 warm-ups, torch 2.7.0+cu126 for both rows; the table measures the
+gap, it does not explain it). ``matmul_efficiency`` is read off 16-bit
+runs, so a GEMM of another dtype is priced at ``peak(dtype) · ceiling(dtype) / ceiling(bf16)``: the
+step's fraction of the ceiling carries over, not its fraction of the datasheet peak. The same
+measured ratio serves the H200 (H100's SMs and clocks; the table's later H200 fp8 row, 1,453.4 on
+torch 2.7.1, pairs with no bf16 row of its own build). Tile and wave quantization (above) apply to
+either dtype as they are.
+
 Memory-bound ops (norms, activations, elementwise) stay on the roofline's bandwidth term
 (``compute.roofline_time_s``: bytes / (HBM bandwidth · mem_efficiency)). No torch import.
 """
@@ -62,6 +77,9 @@ import math
 TILES: tuple[tuple[int, int, float], ...] = (
     (256, 128, 1.0), (128, 256, 1.0), (128, 128, 0.95), (128, 64, 0.85), (64, 128, 0.85), (64, 64, 0.7),
 )  # fmt: skip
+#: measured maximum achievable matmul throughput per dtype as a fraction of the datasheet's dense
+#: peak, one H100 SXM, one torch build (module docstring: bf16 794.5 / 989, fp8 1,402.6 / 1,979)
+GEMM_CEILING_H100: dict[str, float] = {"bf16": 794.5 / 989, "fp8": 1402.6 / 1979}
 #: split-K slices are only taken while every slice keeps at least this much of K
 MIN_SPLIT_K = 512
 MAX_SPLIT_K = 4

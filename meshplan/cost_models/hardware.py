@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from meshplan.cost_models.efficiency import GEMM_CEILING_H100
+
 GB = 1e9
 GiB = 1024**3
 #: how a ``ClusterSpec.provenance`` entry starts
@@ -72,6 +74,10 @@ class ClusterSpec:
     # streaming multiprocessors per device (datasheet): GEMM tile/wave quantization and the
     # flash-attention grid (``cost_models.efficiency``); 0 = unknown, no shape factor
     sm_count: int = 0
+    # the best-shaped GEMM's measured fraction of the datasheet peak, per dtype ("bf16", "fp8"):
+    # ``gemm_peak`` prices a GEMM of another dtype by its ceiling over the 16-bit one's (presets:
+    # ``efficiency.GEMM_CEILING_H100``); empty = every dtype at its datasheet peak
+    gemm_ceiling: dict[str, float] = field(default_factory=dict)
     # fraction of peak the fused (flash) attention kernel reaches on its real work, forward +
     # backward (``cost_models.efficiency``); 0 = ``matmul_efficiency``
     attention_efficiency: float = 0.0
@@ -167,6 +173,9 @@ class ClusterSpec:
             raise bad("attention_efficiency", f"must be in [0, 1] (0 = matmul_efficiency), got {self.attention_efficiency!r}")
         if self.mem_reserved_bytes >= self.mem_bytes:
             raise bad("mem_reserved_bytes", f"{self.mem_reserved_bytes} leaves no memory of {self.mem_bytes}")
+        if not isinstance(self.gemm_ceiling, dict) or any(
+                not (isinstance(v, (int, float)) and 0 < v <= 1) for v in self.gemm_ceiling.values()):  # fmt: skip
+            raise bad("gemm_ceiling", f"needs a dict of dtype -> fraction of peak in (0, 1], got {self.gemm_ceiling!r}")
         rows = self.matmul_efficiency_by_flops
         if not isinstance(rows, list) or any(
             not isinstance(r, (list, tuple)) or len(r) != 3 or not r[0] > 0 or not all(0 < e <= 1 for e in r[1:])
@@ -200,6 +209,15 @@ class ClusterSpec:
             if alt in self.peak_flops and dtype in ("bf16", "fp16"):
                 return float(self.peak_flops[alt])
         return float(max(self.peak_flops.values()))
+
+    def gemm_peak(self, dtype: str = "bf16") -> float:
+        """FLOP/s a GEMM in ``dtype`` is priced at before ``matmul_efficiency``: ``peak(dtype)`` times the
+        measured GEMM ceiling of ``dtype`` over the 16-bit one's (``gemm_ceiling``), so that
+        ``matmul_efficiency``, read off 16-bit runs, carries to float8 GEMMs without reading 2x the
+        bf16 rate into the datasheet's doubled FP8 peak; ``peak(dtype)`` where either ceiling is unknown."""
+        ref = self.gemm_ceiling.get("bf16") or self.gemm_ceiling.get("fp16")
+        own = self.gemm_ceiling.get(dtype)
+        return self.peak(dtype) * (own / ref if own and ref else 1.0)
 
     @property
     def usable_mem_bytes(self) -> int:
@@ -417,6 +435,7 @@ def _make(
     attention_efficiency: float = 0.0,
     comm_sms: int = 0,
     exp_cost_flops: float = 0.0,
+    gemm_ceiling: dict[str, float] | None = None,
 ):
     mem = visible_mem_bytes(name)  # its datasheet size is DATASHEET_MEM_GB[name]
 
@@ -437,6 +456,7 @@ def _make(
             inter_latency_s=1e-5,
             matmul_efficiency=matmul_efficiency,
             sm_count=sm_count,
+            gemm_ceiling=dict(gemm_ceiling or {}),
             attention_efficiency=attention_efficiency,
             comm_sms=comm_sms,
             exp_cost_flops=exp_cost_flops,
@@ -574,6 +594,7 @@ PRESETS = {
         sm_count=132,
         attention_efficiency=FA2_H100,
         tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)
+        gemm_ceiling=GEMM_CEILING_H100,
         matmul_efficiency=_MATMUL_EFF["h100"],
         tflops_bf16=989,
         tflops_fp32=67,
@@ -590,6 +611,7 @@ PRESETS = {
         sm_count=132,
         attention_efficiency=FA2_H100,
         tflops_fp8=1979,  # dense FP8 tensor-core peak (datasheet; 3,958 is with sparsity)
+        gemm_ceiling=GEMM_CEILING_H100,
         matmul_efficiency=_MATMUL_EFF["h200"],
         tflops_bf16=989,
         tflops_fp32=67,

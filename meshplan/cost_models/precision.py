@@ -7,26 +7,37 @@ weights, 16-bit compute and activations), "fp32", and "fp8" = torchao float8 tra
 - **which GEMMs**: every ``nn.Linear`` whose in/out features are multiples of 16 (the float8
   GEMM's alignment) except the LM head (torchtitan's default ``filter_fqns=["output"]``); all
   three GEMMs of such a linear (forward, input gradient, weight gradient) run on the FP8 tensor
-  cores at ``ClusterSpec.peak("fp8")``. Attention (SDPA), norms, activations and the head stay in
-  bf16, and so do the tensors between ops: activation memory is that of bf16.
+  cores at ``ClusterSpec.gemm_peak("fp8")`` (the datasheet FP8 peak scaled by the measured GEMM
+  ceiling of fp8 over bf16's, ``efficiency.GEMM_CEILING_H100``: 1.77x a bf16 GEMM, not 2x).
+  Attention (SDPA), norms, activations and the head stay in bf16, and so do the tensors between ops: activation memory is that of bf16.
 - **scaling overhead**, by recipe (``FP8_RECIPES``, the engine profile's ``fp8_recipe``; every
   pass memory bound at the HBM roofline, ``fp8_cast_bytes``):
 
-  * ``"tensorwise"``: torchao's dynamic tensorwise scaling as torchtitan runs it (eager). The
-    autograd function ``matmul_with_hp_or_float8_args`` (torchao ``float8/float8_linear.py``)
-    casts six operands per linear, each an amax pass (read 2 B) and a cast (read 2, write 1):
-    x and W in forward, dY and W for dX, dY and x for dW (``FP8_DYNAMIC_CAST_BYTES`` 5 B/element).
-    Under tensor parallelism torchtitan's ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``
-    / ``Float8RowwiseParallel`` (torchao ``float8/float8_tensor_parallel.py``) cast the operand
-    that crosses the TP group (x of a column-parallel linear, dY of a row-parallel one) on the
-    rank's sequence shard, 1/tp of the tokens, before an fp8 all-gather; the linear then finds it
-    already cast (``tensor_already_casted_to_fp8``) and its other GEMM reads it through a
-    transpose copy (read 1, write 1: ``FP8_TRANSPOSE_BYTES``).
+  * ``"tensorwise"``: torchao's dynamic tensorwise scaling as torchtitan runs it, under
+    torch.compile (torchao's float8 recipes "are built natively on top of torch.compile"; its docs:
+    "you must use --training.compile to achieve high performance", ``docs/source/eager_tutorials/
+    pretraining.rst`` at 36027d8; every torchtitan float8 run the published cases hold is compiled).
+    The kernels are those of torchao's own roofline of its compiled recipe
+    (``torchao/testing/training/roofline_utils.py`` ``get_tensor_memory_traffic_ovhd_s``, tensorwise,
+    no fusion with the previous op): an activation operand (x, dY) takes an amax pass (read 2) and
+    one cast kernel writing both fp8 layouts its two GEMMs read (read 2, write 1 + 1), 6 B/element,
+    x in forward and dY in the input-gradient part; the weight an amax pass and a cast per
+    direction (read 2, write 1), 2 + 3 B/element in forward and 3 in backward, every microbatch
+    (eager torchao casts each of the six GEMM operands on its own: 5 B/element each, ten per
+    activation element). Under tensor parallelism torchtitan's ``Float8ColwiseParallel`` /
+    ``PrepareFloat8ModuleInput`` / ``Float8RowwiseParallel`` (torchao ``float8/float8_tensor_parallel.py``)
+    cast the operand that crosses the TP group (x of a column-parallel linear, dY of a row-parallel
+    one) on the rank's sequence shard, 1/tp of the tokens (an amax pass and a one-layout cast,
+    ``FP8_DYNAMIC_CAST_BYTES``), before an fp8 all-gather; the linear then finds it already cast
+    (``tensor_already_casted_to_fp8``) and its other GEMM reads it through a transpose copy (read 1,
+    write 1: ``FP8_TRANSPOSE_BYTES``).
   * ``"rowwise"``: torchao's dynamic rowwise scaling (torchtitan 0.3's ``Float8LinearConverter``
-    default ``recipe_name = "rowwise"``): the same six dynamic casts (the scale per row, the
-    column-major operands scaled again along the other dimension), no fp8 all-gather under TP
-    (torchao ``_float8_linear_supports_float8_allgather``: tensorwise only). The rowwise-scaled
-    GEMM's lower throughput than tensorwise is not modelled.
+    default ``recipe_name = "rowwise"``), compiled, torchao's roofline again: an activation operand
+    is cast along rows while a bf16 transposed copy is written (read 2, write 1 + 2), then that copy
+    cast along the other dimension (read 2, write 1), 8 B/element; the weight 3 B in forward, a bf16
+    transpose and its cast (4 + 3) in backward. No fp8 all-gather under TP (torchao
+    ``_float8_linear_supports_float8_allgather``: tensorwise only). The rowwise-scaled GEMM's lower
+    throughput than tensorwise is not modelled.
   * ``"delayed"``: Transformer Engine's ``DelayedScaling`` (Megatron-Core ``--fp8-recipe``
     default, ``transformer_config.py`` ``fp8_recipe = "delayed"``; ``fp8_utils.py``
     ``TEDelayedScaling``): the scale comes from the amax history, the amax of this step is
@@ -37,9 +48,18 @@ weights, 16-bit compute and activations), "fp32", and "fp8" = torchao float8 tra
     ``FP8_CAST_TRANSPOSE_BYTES`` 4): x in forward, dY once for both backward GEMMs. Weights are
     cast once per step and cached over the microbatches (``extensions/transformer_engine.py``
     ``is_first_microbatch``): at most 4 B per weight per step, not charged per microbatch.
+    Under sequence parallelism Transformer Engine all-gathers in fp8 too (v1.9
+    ``module/layernorm_linear.py``: the norm kernel writes the fp8 input itself, the gather moves it;
+    ``module/base.py`` ``grad_output_preprocess``: a row-parallel linear's dY cast on the shard, read 2
+    write 1, gathered in fp8, then ``fp8_transpose``d; at d0067d0 (2026-08) ``distributed.py``
+    ``gather_along_first_dim`` with a quantizer, ``_all_gather_fp8``, for delayed and current
+    scaling): the crossing operand costs its shard's cast (``shard_cast_bytes``: x 0, the norm's
+    fp8 output is its cast; dY 3) and a transpose of the gathered fp8 tensor (2), not a
+    ``cast_transpose`` over all M tokens; the all-gather moves 1 B/element
+    (``fp8_gathered_bytes``), its reduce-scatter partner stays bf16.
   * ``"current"``: TE ``Float8CurrentScaling`` (Megatron ``--fp8-recipe tensorwise``,
     Megatron-Bridge / NeMo ``fp8_cs``; ``fp8_utils.py``): as ``"delayed"`` plus an amax pass
-    (read 2) before each activation cast, the scale of this step's tensor.
+    (read 2) before each activation cast, the scale of this step's tensor (a dY shard: 2 + 3).
   * ``"blockwise"``: TE ``Float8BlockScaling`` (1×128 activation, 128×128 weight blocks, the
     DeepSeek-V3 recipe): the block amaxes are taken in the quantize kernel (no extra pass), the
     column-major copy is scaled along the other dimension, so a second quantize pass (read 2,
@@ -97,6 +117,14 @@ TRAINING_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8")
 FP8_ALIGN = 16
 #: bytes per element of a dynamic cast: an amax pass (read 2) and the cast (read 2, write 1)
 FP8_DYNAMIC_CAST_BYTES = 5
+#: torchao's compiled tensorwise cast of an activation operand: an amax pass (read 2), one kernel
+#: writing both fp8 layouts (read 2, write 1 + 1); of its weight: amax + cast (2 + 3) forward, cast (3) backward
+TORCHAO_TENSORWISE_ACT_BYTES, TORCHAO_TENSORWISE_WEIGHT_BYTES = 2 + 2 + 2, (2 + 3, 3)
+#: torchao's compiled rowwise cast of an activation operand: cast + bf16 transpose (read 2, write 1 + 2),
+#: the transpose's cast (read 2, write 1); of its weight: cast (3) forward, bf16 transpose + cast (4 + 3) backward
+TORCHAO_ROWWISE_ACT_BYTES, TORCHAO_ROWWISE_WEIGHT_BYTES = 2 + 1 + 2 + 2 + 1, (3, 4 + 3)
+#: bytes per element of a cast writing one fp8 layout (read 2, write 1; TE delayed: the amax inside it)
+FP8_CAST_BYTES = 3
 #: bytes per element of a fused cast + transpose writing both fp8 layouts (read 2, write 1 + 1)
 FP8_CAST_TRANSPOSE_BYTES = 4
 #: bytes per element of transposing an fp8 tensor (read 1, write 1)
@@ -113,14 +141,15 @@ class Fp8Recipe:
     """How one engine scales and casts a float8 linear (module docstring, per recipe)."""
 
     name: str
-    #: bytes per element of casting an activation operand (x, dY) for both GEMMs that read it
+    #: bytes per element of casting an activation operand (x in forward, dY in the input-gradient part)
+    #: into every fp8 layout its two GEMMs read, charged once
     act_cast_bytes: int
-    #: the weight is cast every microbatch (torchao: per GEMM, 2 casts) or once per step (TE: cached)
-    weight_casts_per_microbatch: int
-    #: torchao-style per-GEMM casts: x and dY are cast again for dW (act_cast_bytes each)
-    recast_for_wgrad: bool
-    #: under TP the operand crossing the group is cast on the rank's 1/tp sequence shard
-    cast_on_tp_shard: bool
+    #: (forward, backward) bytes per weight element of casting the weight every microbatch (torchao);
+    #: (0, 0) where it is cast once per step and cached over the microbatches (TE)
+    weight_cast_bytes: tuple[int, int]
+    #: under sequence parallelism the operand crossing the TP group (x of a column-parallel linear, dY of
+    #: a row-parallel one) is cast on the rank's 1/tp sequence shard and all-gathered in fp8 (1 B/element)
+    gathers_fp8: bool
     source: str
     #: the MoE experts' grouped GEMMs run in fp8 too (TE GroupedLinear); torchao's float8 converter
     #: swaps nn.Linear only, so grouped experts stay bf16
@@ -128,30 +157,37 @@ class Fp8Recipe:
     #: a linear keeps its fp8-cast input for the weight-gradient GEMM (TE ``linear.py``: ``saved_inputmat =
     #: inputmat``, 1 B/element), not the bf16 one (torchao saves ``input_hp``): ``engine_saves.saved_bytes_delta``
     saves_fp8_inputs: bool = False
+    #: bytes per element of the shard's cast when ``gathers_fp8``: (x, over M/tp; dY, over M/tp)
+    shard_cast_bytes: tuple[int, int] = (FP8_DYNAMIC_CAST_BYTES, FP8_DYNAMIC_CAST_BYTES)
     #: blocking amax all-reduces over the tp x dp x cp group per fp8_autocast region (a model chunk) per
     #: microbatch: TE DelayedScaling 2 (forward at the region's exit, backward in its first module's backward)
     amax_reductions: int = 0
 
 
 FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
-    Fp8Recipe("tensorwise", FP8_DYNAMIC_CAST_BYTES, 2, True, True,
-              "torchao float8/float8_linear.py matmul_with_hp_or_float8_args (hp_tensor_to_float8_dynamic per GEMM "
-              "operand); float8/float8_tensor_parallel.py Float8ColwiseParallel / PrepareFloat8ModuleInput / "
-              "Float8RowwiseParallel (cast on the shard, fp8 all-gather)"),
-    Fp8Recipe("rowwise", FP8_DYNAMIC_CAST_BYTES, 2, True, False,
+    Fp8Recipe("tensorwise", TORCHAO_TENSORWISE_ACT_BYTES, TORCHAO_TENSORWISE_WEIGHT_BYTES, True,
+              "torchao float8/float8_linear.py matmul_with_hp_or_float8_args under torch.compile, its kernels as "
+              "torchao/testing/training/roofline_utils.py get_tensor_memory_traffic_ovhd_s (tensorwise) counts them; "
+              "float8/float8_tensor_parallel.py Float8ColwiseParallel / PrepareFloat8ModuleInput / "
+              "Float8RowwiseParallel (cast on the shard, fp8 all-gather)"),  # shards: amax + cast, 5 B
+    Fp8Recipe("rowwise", TORCHAO_ROWWISE_ACT_BYTES, TORCHAO_ROWWISE_WEIGHT_BYTES, False,
               "torchtitan components/quantization/float8.py Float8LinearConverter.Config recipe_name default "
-              "'rowwise'; torchao float8_tensor_parallel.py _float8_linear_supports_float8_allgather (tensorwise only)"),
-    Fp8Recipe("delayed", FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
+              "'rowwise'; torchao roofline_utils.py get_tensor_memory_traffic_ovhd_s (rowwise), compiled; "
+              "float8_tensor_parallel.py _float8_linear_supports_float8_allgather (tensorwise only)"),
+    Fp8Recipe("delayed", FP8_CAST_TRANSPOSE_BYTES, (0, 0), True,
               "Megatron-Core transformer_config.py fp8_recipe default 'delayed', fp8_utils.py TEDelayedScaling; "
               "TE cast_transpose (amax inside the kernel); extensions/transformer_engine.py is_first_microbatch "
               "(weights cast once per step); TE v1.9 fp8.py fp8_autocast_exit / module/base.py "
-              "reduce_and_update_bwd_fp8_tensors (amax all-reduce per region exit, forward and backward)",
-              experts_fp8=True, saves_fp8_inputs=True, amax_reductions=2),
-    Fp8Recipe("current", FP8_AMAX_BYTES + FP8_CAST_TRANSPOSE_BYTES, 0, False, False,
+              "reduce_and_update_bwd_fp8_tensors (amax all-reduce per region exit, forward and backward); TE v1.9 "
+              "module/layernorm_linear.py (the norm writes fp8, gather_along_first_dim of it) and base.py "
+              "grad_output_preprocess (cast_to_fp8 of the dY shard, fp8 gather, fp8_transpose)",
+              experts_fp8=True, saves_fp8_inputs=True, shard_cast_bytes=(0, FP8_CAST_BYTES), amax_reductions=2),
+    Fp8Recipe("current", FP8_AMAX_BYTES + FP8_CAST_TRANSPOSE_BYTES, (0, 0), True,
               "Megatron-Core fp8_utils.py Float8CurrentScaling (--fp8-recipe tensorwise; Megatron-Bridge fp8_cs): "
-              "an amax pass, then cast_transpose; weights cached as 'delayed'", experts_fp8=True,
-              saves_fp8_inputs=True),
-    Fp8Recipe("blockwise", 2 * 3, 0, False, False,
+              "an amax pass, then cast_transpose; weights cached as 'delayed'; TE gather_along_first_dim "
+              "_all_gather_fp8 for Float8CurrentScalingQuantizer", experts_fp8=True,
+              saves_fp8_inputs=True, shard_cast_bytes=(0, FP8_AMAX_BYTES + FP8_CAST_BYTES)),
+    Fp8Recipe("blockwise", 2 * 3, (0, 0), False,
               "Megatron-Core fp8_utils.py Float8BlockScaling (--fp8-recipe blockwise): 1x128 / 128x128 blocks, "
               "block amax in the quantize kernel, a second quantize pass for the column-major copy", experts_fp8=True,
               saves_fp8_inputs=True),
@@ -197,27 +233,33 @@ def fp8_cast_bytes(m: float, n: float, k: float, recipe: str = DEFAULT_FP8_RECIP
     """Bytes the float8 scaling and casts of one linear (M tokens, K in, N out on this rank) move
     in its forward, input-gradient and weight-gradient parts under ``recipe`` (module docstring)::
 
-        tensorwise   fwd  c·M·K + c·K·N       dX  c·M·N + c·K·N       dW  c·M·N + c·M·K      (c = 5)
-        delayed /    fwd  a·M·K               dX  a·M·N               dW  0                  (a = 4, 6, 6)
-        current / blockwise                   (weights: once per step, cached)
+        fwd  a·M·K + wf·K·N        dX  a·M·N + wb·K·N        dW  0
 
-    ``tp`` > 1 with ``style`` (``efficiency.linear_gemm_dims``: "rowwise" splits K, else N) and a
-    recipe that casts on the TP shard (tensorwise): the crossing operand (x of a column-parallel
-    linear, dY of a row-parallel one) is cast once on M/tp tokens and read by the other GEMM through
-    an fp8 transpose copy (2 B/element over M)."""
+    a = ``act_cast_bytes`` (tensorwise 6, rowwise 8, delayed 4, current / blockwise 6), (wf, wb) =
+    ``weight_cast_bytes`` (tensorwise (5, 3), rowwise (3, 7); TE recipes (0, 0): once per step, cached).
+    ``tp`` > 1 (under sequence parallelism; ``tp`` = 1 without it) with ``style``
+    (``efficiency.linear_gemm_dims``: "rowwise" splits K, else N) and a recipe that gathers in fp8
+    (``gathers_fp8``: tensorwise, delayed, current): the crossing operand (x of a column-parallel
+    linear, dY of a row-parallel one) is cast once on its M/tp-token shard (``shard_cast_bytes``) and
+    read by the other GEMM through an fp8 transpose copy of the gathered tensor
+    (``FP8_TRANSPOSE_BYTES`` over M, in dW)."""
     r = fp8_recipe(recipe)
-    c, w = r.act_cast_bytes, r.weight_casts_per_microbatch
-    x, dy = m * k, m * n  # activation operand elements: input, output gradient
-    if not r.recast_for_wgrad:
-        return c * x, c * dy, 0.0
-    wf, wb = (c * k * n if w >= 1 else 0.0), (c * k * n if w >= 2 else 0.0)  # W for forward, Wᵀ for dX
-    fwd, dx, dw = c * x + wf, c * dy + wb, c * dy + c * x
-    if tp > 1 and r.cast_on_tp_shard:
+    a, (wf, wb) = r.act_cast_bytes, r.weight_cast_bytes
+    x, dy, w = m * k, m * n, k * n  # elements: input, output gradient, weight
+    fwd, dx, dw = a * x + wf * w, a * dy + wb * w, 0.0
+    if tp > 1 and r.gathers_fp8:
+        sx, sdy = r.shard_cast_bytes
         if style == "rowwise":  # dY crosses: cast once on the shard for dX, transposed for dW
-            dx, dw = dx - c * dy + c * dy / tp, dw - c * dy + FP8_TRANSPOSE_BYTES * dy
+            dx, dw = sdy * dy / tp + wb * w, FP8_TRANSPOSE_BYTES * dy
         else:  # x crosses: cast once on the shard in forward, transposed for dW
-            fwd, dw = fwd - c * x + c * x / tp, dw - c * x + FP8_TRANSPOSE_BYTES * x
+            fwd, dw = sx * x / tp + wf * w, FP8_TRANSPOSE_BYTES * x
     return fwd, dx, dw
+
+
+def fp8_gathered_bytes(nbytes: float) -> float:
+    """Bytes an all-gather of a 16-bit activation of ``nbytes`` moves when it is gathered in fp8
+    (``Fp8Recipe.gathers_fp8``): one byte per element."""
+    return nbytes / 2
 
 
 def fp8_moe_cast_bytes(routed_tokens: float, expert_act_numel: float, recipe: str) -> tuple[float, float]:

@@ -76,7 +76,7 @@ from meshplan.cost_models.memory import (
     node_activation_bytes,
     recompute_transient_bytes,
 )
-from meshplan.cost_models.precision import activation_dtype, fp8_eligible, fp8_recipe
+from meshplan.cost_models.precision import activation_dtype, fp8_eligible, fp8_gathered_bytes, fp8_recipe
 from meshplan.cost_models.quant_nodes import (
     input_elem_bytes,
     qlora_host_ops,
@@ -262,6 +262,8 @@ class GraphCoster(LayerSaves):
         self.runtime_state_layout = p.state_layout if p.engine == "meshplan" and p.state_layout == "megatron" else "torch"
         vocab = int(graph.meta.get("vocab") or 0)
         self._heads = {n.id for n in graph.nodes if n.kind == "linear" and vocab and n.attrs.get("out_features") == vocab}
+        self._fp8_gathers = fp8_gathered_events(graph, self._heads) if (
+            dtype == "fp8" and fp8_recipe(p.fp8_recipe).gathers_fp8) else frozenset()  # fmt: skip
         self.time_limit_s = time_limit_s
         self.ranges = layer_ranges(graph)
         self._tp: dict[tuple[int, bool, int], GraphTPSolution] = {}
@@ -405,7 +407,8 @@ class GraphCoster(LayerSaves):
         """TP comm of one layer per microbatch: the placement's collectives re-costed at ``scale``
         (the ILP ran at ``placement_bucket`` sequences)."""
         factor = scale * self.g.batch_size / sol.micro_batch
-        return _events_comm_s(self._layer_events(a, b, tid, sol), factor, sol.tp, self.cluster, self.g)
+        return _events_comm_s(self._layer_events(a, b, tid, sol), factor, sol.tp, self.cluster, self.g,
+                              self._fp8_gathers)
 
     def _cost_layer(
         self,
@@ -440,7 +443,7 @@ class GraphCoster(LayerSaves):
                           input_bytes=self._in_bytes.get(n.id, 0), style=sol.styles.get(n.module_fqn or ""),
                           is_head=n.id in self._heads, norm_kernel=self.norm_kernel,
                           attention_impl=self.attention_impl, fp8_recipe=self.profile.fp8_recipe,
-                          main_grad_bytes=self.main_grad_bytes)  # fmt: skip
+                          main_grad_bytes=self.main_grad_bytes, sequence_parallel=sol.sequence_parallel)  # fmt: skip
             if quant and n.kind == "linear":
                 t = quant_node_time(n, self.quant, self.cluster, shard=s, style=sol.styles.get(n.module_fqn or ""),
                                     batch_scale=scale, dtype=self.dtype, input_bytes=self._in_bytes.get(n.id, 0),
@@ -665,11 +668,44 @@ def _score_shaped(n: GraphNode, seq_len: int) -> bool:
 
 
 def _events_comm_s(
-    events: list[tuple[int, str, float]], factor: float, tp: int, cluster: ClusterSpec, graph: ModelGraph
+    events: list[tuple[int, str, float]], factor: float, tp: int, cluster: ClusterSpec, graph: ModelGraph,
+    fp8_gathers: frozenset[tuple[int, str]] = frozenset(),
 ) -> float:
     """Forward + backward seconds of the placement's collectives at ``factor`` × their bytes
-    (``tp.types.collective_passes``: twice, once for a vocab-parallel embedding's all-reduce)."""
+    (``tp.types.collective_passes``: twice, once for a vocab-parallel embedding's all-reduce); a
+    sequence-parallel pair in ``fp8_gathers`` (``fp8_gathered_events``) all-gathers in fp8
+    (``precision.fp8_gathered_bytes``) and reduce-scatters in bf16."""
     from meshplan.planner.tp.ilp import collective_time
 
-    return sum(collective_passes(graph.nodes[nid].kind, kind) * collective_time(kind, nbytes * factor, tp, cluster)
-               for nid, kind, nbytes in events)  # fmt: skip
+    total = 0.0
+    for nid, kind, nbytes in events:
+        b = nbytes * factor
+        if (nid, kind) in fp8_gathers:
+            total += collective_time("all_gather", fp8_gathered_bytes(b), tp, cluster) + collective_time(
+                "reduce_scatter", b, tp, cluster)
+        else:
+            total += collective_passes(graph.nodes[nid].kind, kind) * collective_time(kind, b, tp, cluster)
+    return total
+
+
+def fp8_gathered_events(graph: ModelGraph, heads: set[int]) -> frozenset[tuple[int, str]]:
+    """The sequence-parallel collectives (node id, kind) whose all-gather pass moves fp8 under a
+    recipe that gathers in fp8 (``Fp8Recipe.gathers_fp8``): the all-gather of a tensor every linear
+    consumer of which is a converted fp8 linear (forward: its input cast on the shard), and the
+    reduce-scatter after a converted row-parallel linear (backward: its dY gathered in fp8). The
+    LM head (``heads``) and anything feeding a non-converted linear gather in bf16."""
+    def converted(n: GraphNode) -> bool:
+        a = n.attrs
+        return n.kind == "linear" and fp8_eligible(a.get("in_features"), a.get("out_features"), is_head=n.id in heads)
+
+    users: dict[int, list[int]] = {}
+    for s, d, _ in graph.edges:
+        users.setdefault(s, []).append(d)
+    out: set[tuple[int, str]] = set()
+    for n in graph.nodes:
+        if converted(n):
+            out.add((n.id, "reduce_scatter"))
+        lin = [graph.nodes[d] for d in users.get(n.id, ()) if graph.nodes[d].kind == "linear"]
+        if lin and all(converted(x) for x in lin):
+            out.add((n.id, "all_gather"))
+    return frozenset(out)
