@@ -83,6 +83,22 @@ def test_an_interleaved_row_is_costed_with_its_configuration() -> None:
     assert plan.predicted.bubble_s > 0 and plan.predicted.dp_comm_s > 0  # local DDP: exposed after backward
 
 
+def test_torch_ddp_of_megatron_2021_reduces_the_fp16_gradients() -> None:
+    """--DDP-impl torch wraps Megatron's Float16Module (the model's parameters in fp16), so its buckets hold
+    fp16 gradients: the profile's grad_reduce "param" moves half the bytes an fp32 reduce would."""
+    from meshplan.commands.published_estimate import case_profile, estimate_case
+    from meshplan.loading import case_graph
+
+    case = copy.deepcopy(next(c for c in SC21 if c["id"] == "megsc21-1.7b-a100-32gpu"))
+    case["model"].update(layers=2, seq_len=256, hidden=256, heads=4, ffn_hidden=1024)
+    prof = case_profile(case)
+    assert prof.ddp_impl == "torch" and prof.grad_reduce == "param"
+    g = case_graph(case)
+    half = estimate_case(case, g)["plan"].predicted.comm_bytes["all_reduce"]
+    full = estimate_case(case, g, profile=prof.but(grad_reduce="fp32"))["plan"].predicted.comm_bytes["all_reduce"]
+    assert half == pytest.approx(full / 2, rel=1e-6)
+
+
 def test_megatron_scatter_gather_sends_a_tp_slice_and_gathers_it_in_the_node() -> None:
     """``estimate_graph(pp_scatter_gather=True)``: without SP each tp rank sends 1/tp of the stage's
     boundary activation over the link and the receiving tp group all-gathers it over NVLink

@@ -21,23 +21,33 @@ MEGATRON: tuple[EngineProfile, ...] = (
         "megatron-lm-2020", "megatron", "5281919 (2020-09)", state_layout="megatron", pp_buffers="megatron",
         sp_saves="shard", norm_kernel="fused", attention_impl="eager", ddp_impl="local", loss_kernel="fused",
         vocab_parallel_embedding=True, split_rule="even", dp_kinds=("none", "ddp"), fused_projections=True,
+        grad_reduce="param",
         sources=with_sources(MEGATRON_2021,
                              ("attention_impl", "megatron/model/transformer.py ParallelSelfAttention: torch.matmul scores, "
                                                 "masked_fill_, torch.nn.Softmax, dropout, torch.matmul (no fused softmax)"),
                              ("fused_projections", "megatron/model/transformer.py ParallelSelfAttention.query_key_value "
                                                    "(5281919 line 123): one ColumnParallelLinear of 3 x hidden (q, k, v in "
-                                                   "one GEMM and one weight tensor)")),
+                                                   "one GEMM and one weight tensor)"),
+                             ("grad_reduce", "megatron/training.py get_model (5281919 lines 135-144): FP16_Module "
+                                             "(megatron/fp16/fp16.py: module.half()) inside torchDDP or LocalDDP: the "
+                                             "gradients are the fp16 parameters' own, so --DDP-impl torch all-reduces "
+                                             "fp16 buckets (local: its flat fp16 buffer; --fp32-allreduce off)")),
     ),
     EngineProfile(
         "megatron-lm-2021", "megatron", "6985e58 (2021, examples/sc21)", state_layout="megatron",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local",
         loss_kernel="fused", vocab_parallel_embedding=True, pp_scatter_gather=True, split_rule="even",
-        dp_kinds=("none", "ddp"), fused_projections=True,
+        dp_kinds=("none", "ddp"), fused_projections=True, grad_reduce="param",
         sources=with_sources(MEGATRON_2021, FUSED_QKV_2021,
                              ("attention_impl", "megatron/model/transformer.py: baddbmm scores, FusedScaleMaskSoftmax, "
                                                 "dropout, bmm (no flash kernel)"),
                              ("pp_scatter_gather", "megatron/arguments.py: scatter/gather on unless "
-                                                   "--no-scatter-gather-tensors-in-pipeline (p2p_communication.py)")),
+                                                   "--no-scatter-gather-tensors-in-pipeline (p2p_communication.py)"),
+                             ("grad_reduce", "megatron/training.py get_model (6985e58 lines 244-256): Float16Module "
+                                             "(megatron/model/module.py: module.half()) inside torchDDP or LocalDDP: "
+                                             "--DDP-impl torch all-reduces buckets of the fp16 parameters' gradients "
+                                             "(local: its main_grad buffer, fp16 unless "
+                                             "--accumulate-allreduce-grads-in-fp32, off by default)")),
     ),
     EngineProfile(
         "megatron-lm-2022", "megatron", "9aad920 (2022-05-20, merge of 'sequence_parallel'; Korthikanti et al. 2022)",
