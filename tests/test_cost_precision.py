@@ -86,6 +86,10 @@ def test_fp8_recipes_cast_what_their_engine_casts() -> None:
     with pytest.raises(ValueError, match="unknown fp8 recipe 'mx'.*tensorwise"):
         fp8_cast_bytes(m, n, k, "mx")
     node = linear_node(8192, 4096, 4096)
+    # without sequence parallelism the crossing operand is replicated: cast over all M tokens, no shard cast
+    sp, no_sp = (node_time(node, FLAT, shard=4, dtype="fp8", fp8_recipe="delayed", sequence_parallel=v)
+                 for v in (True, False))
+    assert sp.fwd_s < no_sp.fwd_s and no_sp.bwd_weight_s < sp.bwd_weight_s  # TE: no cast_transpose, a transpose in dW
     te, ao = node_time(node, FLAT, dtype="fp8", fp8_recipe="delayed"), node_time(node, FLAT, dtype="fp8")
     assert te.total_s < ao.total_s  # fewer passes: fused cast + transpose, weights cast once per step
 
