@@ -29,6 +29,10 @@
 #                 run from those weights (`meshplan run --init-from`, RunRecord run_hf.json)
 #   17 qlora      benchmarks/qlora_dequant_gpu.py: torchao's eager NF4 dequantization and the QLoRA linear's
 #                 forward + backward at Llama-3-8B shapes, CUDA events, each next to its prediction (#33)
+#   18 optimizer  18a benchmarks/optimizer_device.py --kernels: the optimizer phase part by part (CUDA events and
+#                 host time, one clip+adam's CUDA kernels under torch.profiler) beside its price (optimizer.json);
+#                 18b the default plan run again with 5 profiled steps (run_optphase.json: its phases averaged
+#                 over 5 steps where run_synthetic.json has 1) (#33, the optimizer phase)
 # Then benchmarks/gpu_check_report.py prints (and writes DIR/summary.md) predicted vs measured step
 # time and peak memory per run, launch-to-first-step seconds, and the calibrated re-plan.
 #
@@ -60,7 +64,7 @@ while [ $# -gt 0 ]; do
       mkdir -p "$2"
       exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$2" pulp==3.3.2 highspy==1.16.0 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -u/{/^set -u/!p}' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -191,5 +195,9 @@ step 16c-run-pretrained 240 "${MP[@]}" run plan_hf.json --model hf_model.py:mode
   --log-every 1 --record run_hf.json "${RUN_EXTRA[@]}"
 if [ "$CPU" = 1 ]; then QL=(--device cpu --scale 32 --reps 2); else QL=(); fi
 step 17-qlora-dequant 120 "$PY" "$REPO/benchmarks/qlora_dequant_gpu.py" --json qlora_dequant.json "${QL[@]}"
+if [ "$CPU" = 1 ]; then OPT=(--device cpu --model gpt-tiny --preset h100 --reps 2); else OPT=(--kernels); fi
+step 18a-optimizer 120 "$PY" "$REPO/benchmarks/optimizer_device.py" --out optimizer.json "${OPT[@]}"
+step 18b-run-phases 240 "${MP[@]}" run plan.json --model "$MODEL" --steps 4 --profile-steps 5 --log-every 1 \
+  --record run_optphase.json "${RUN_EXTRA[@]}"
 
 "$PY" "$REPO/benchmarks/gpu_check_report.py" "$OUT" | tee "$OUT/summary.md"

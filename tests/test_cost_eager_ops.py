@@ -1,6 +1,6 @@
 """Memory-bound work outside a fused graph node (cost_models.eager_ops): an eager RMSNorm, the
-cross-entropy over the logits, the optimizer update by implementation; wired through node_time,
-the cost table and estimate_graph. Figures by hand from the byte counts."""
+cross-entropy over the logits, the optimizer update by implementation (cost_models.optimizer_phase); wired
+through node_time, the cost table and estimate_graph. Figures by hand from the byte counts."""
 
 from __future__ import annotations
 
@@ -11,19 +11,17 @@ import torch
 
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.eager_ops import (
-    ADAM_UPDATE_BYTES,
     ATTENTION_IMPLS,
-    CLIP_BYTES,
     LOSS_PASS_BYTES,
     RUNTIME_NORM_KERNEL,
     eager_rmsnorm_s,
     loss_time_s,
-    optimizer_step_s,
     unfused_attention_s,
 )
 from meshplan.cost_models.efficiency import gemm_shape_factor
 from meshplan.cost_models.engine_profiles import MESHPLAN, PROFILES
 from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.optimizer_phase import optimizer_step_s
 from meshplan.graph import GraphNode
 
 H100 = ClusterSpec.preset("h100").without_host_floor()  # device mechanisms: tiny fixtures are host-bound
@@ -74,17 +72,6 @@ def test_loss_time_by_kernel_and_vocab_shard() -> None:
     assert fm + bm == pytest.approx(52 * tokens * vocab / BW)
     with pytest.raises(ValueError, match="loss kernel"):
         loss_time_s(tokens, vocab, H100, kernel="chunked")
-
-
-def test_optimizer_step_by_implementation() -> None:
-    p = 1e9
-    assert optimizer_step_s(p, H100) == pytest.approx((28 + 12) * p / BW)
-    assert optimizer_step_s(p, H100, impl="foreach") == pytest.approx((80 + 12) * p / BW)
-    assert optimizer_step_s(p, H100, impl="foreach", clip=False) == pytest.approx(80 * p / BW)
-    assert optimizer_step_s(p, H100, optimizer="sgd", clip=False) == pytest.approx(12 * p / BW)
-    assert ADAM_UPDATE_BYTES["foreach"] > ADAM_UPDATE_BYTES["fused"] > CLIP_BYTES
-    with pytest.raises(ValueError, match="optimizer_impl"):
-        optimizer_step_s(p, H100, impl="apex")
 
 
 def test_unfused_attention_materializes_the_scores() -> None:

@@ -1,6 +1,6 @@
 """Memory-bound work an engine runs as separate kernels that a fused graph node does not show:
-an RMSNorm written in Python (eager), the cross-entropy over the logits, the optimizer update by
-implementation (foreach or fused) with gradient-norm clipping.
+an RMSNorm written in Python (eager), the cross-entropy over the logits, attention without a flash
+kernel. (The optimizer step's kernels and host work: ``cost_models.optimizer_phase``.)
 
 Each term is bytes over the device's memory bandwidth (``compute.roofline_time_s``'s memory
 term, ``mem_bw · mem_efficiency``), with the kernel floor once per launched kernel. The byte
@@ -35,21 +35,6 @@ the head's 16-bit logits, ``V`` / vocab_shard columns per token), per logit elem
   one fp32 buffer): cast 6, max r4, ``sub_`` r4 w4, ``exp`` r4 w4, sum r4, ``div_`` r4 w4 = 38 B;
   backward ``grad.mul_`` r4 w4, cast back r4 w2 = 14 B. (A one-pass Triton cross-entropy, as
   llm-foundry can use, moves less; the MPT rows' logits are < 1 % of their step either way.)
-
-**Optimizer step** (``optimizer_impl``; per fp32 parameter of the rank's shard, Adam/AdamW):
-
-- ``fused`` (``torch.optim.AdamW(fused=True)``, apex ``FusedAdam``: one kernel reads p, g, m, v
-  and writes p, m, v): 28 B;
-- ``foreach`` (``torch.optim.AdamW(foreach=True)``, ``torch/optim/adamw.py``
-  ``_multi_tensor_adamw``: ``_foreach_mul_`` (weight decay) r4 w4, ``_foreach_lerp_`` (m) r8 w4,
-  ``_foreach_mul_`` (v) r4 w4, ``_foreach_addcmul_`` (v) r8 w4, ``_foreach_sqrt`` r4 w4,
-  ``_foreach_div_`` r4 w4, ``_foreach_add_`` (eps) r4 w4, ``_foreach_addcdiv_`` (p) r12 w4): 80 B;
-- gradient-norm clipping (``clip_grad_norm_(foreach=True)``: ``_foreach_norm`` r4, then
-  ``_foreach_mul_`` by the clip coefficient r4 w4): + 12 B on the gradients, the norm's
-  all-reduce (a scalar) a sync point of latency only.
-
-An SGD step reads p, g and writes p (12 B), with momentum also reads and writes its buffer (20 B),
-under either implementation.
 
 **Attention without a flash kernel** (``attention_impl``; engines before FlashAttention): the
 scores are materialized, ``B = batch · heads/tp`` matrices of ``s × s`` in the 16-bit dtype, and
@@ -95,14 +80,6 @@ LOSS_PASS_BYTES: dict[str, tuple[float, float]] = {
 }
 LOSS_KERNEL_LAUNCHES: dict[str, tuple[int, int]] = {"cross_entropy": (3, 3), "loss_parallel": (6, 5), "fused": (6, 2)}
 
-OPTIMIZER_IMPLS = ("fused", "foreach")
-#: optimizer update bytes per parameter of the rank's shard (fp32 states), by implementation
-ADAM_UPDATE_BYTES = {"fused": 28.0, "foreach": 80.0}
-SGD_UPDATE_BYTES = {"sgd": 12.0, "sgd-momentum": 20.0}
-#: gradient-norm clipping bytes per gradient element (foreach norm + foreach scale)
-CLIP_BYTES = 12.0
-
-
 def _bw(cluster: ClusterSpec) -> float:
     return cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
 
@@ -143,21 +120,6 @@ def loss_time_s(
     n = tokens * vocab / vocab_shard
     (bf, bb), (kf, kb) = LOSS_PASS_BYTES[kernel], LOSS_KERNEL_LAUNCHES[kernel]
     return _pass_s(n * bf, kf, cluster), _pass_s(n * bb, kb, cluster)
-
-
-def optimizer_step_s(
-    params: float, cluster: ClusterSpec, *, impl: str = "fused", optimizer: str = "adam", clip: bool = True
-) -> float:
-    """Seconds of one optimizer step over ``params`` parameters of the rank's shard: the update
-    (``ADAM_UPDATE_BYTES[impl]``, or ``SGD_UPDATE_BYTES`` for "sgd" / "sgd-momentum") plus gradient-norm clipping
-    (``CLIP_BYTES``) when ``clip``. Memory bound (module docstring)."""
-    if impl not in OPTIMIZER_IMPLS:
-        raise ValueError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {impl!r}")
-    if params < 0:
-        raise ValueError(f"params must be >= 0, got {params!r}")
-    per = SGD_UPDATE_BYTES.get(optimizer, ADAM_UPDATE_BYTES[impl])
-    per += CLIP_BYTES if clip else 0.0
-    return params * per / _bw(cluster) if params else 0.0
 
 
 def norm_numel(out_shape: tuple[int, ...] | None, batch_scale: float, shard: int = 1) -> float:

@@ -32,7 +32,6 @@ from meshplan.cost_models.dp_kinds import (
     unsharded_buffer_bytes,
     zero1_broadcast_s,
 )
-from meshplan.cost_models.eager_ops import optimizer_step_s
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_saves import fused_linears
 from meshplan.cost_models.fsdp_units import UnitLayer, fsdp_step_floor, fsdp_step_peak
@@ -44,6 +43,7 @@ from meshplan.cost_models.grad_sync import (
 )
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
+from meshplan.cost_models.optimizer_phase import optimizer_step_s
 from meshplan.graph import ModelGraph
 from meshplan.plan.execution_rules import SHARDED_DP_KINDS
 from meshplan.planner.cost_memos import CostMemos
@@ -100,8 +100,10 @@ class StateCosts:
         # how its ZeRO-3 runs the collectives (dp_kinds.ZERO3_IMPLS): FSDP2's, or DeepSpeed 2021's
         # per-tensor gathers (three under full recompute) and 16-bit gradient all-reduce
         self.zero3_impl = profile.zero3_impl
-        # how the engine runs the optimizer update (cost_models.eager_ops.OPTIMIZER_IMPLS)
+        # how the engine runs the optimizer update (cost_models.optimizer_phase.OPTIMIZER_IMPLS) and whether
+        # its host waits for the device inside the phase (OPTIMIZER_SYNCS)
         self.optimizer_impl = profile.optimizer_impl
+        self.optimizer_sync = profile.optimizer_sync
         # how ddp reduces gradients (grad_sync.DDP_IMPLS): "torch" = bucketed and overlapped with the
         # last backward, as meshplan's runtime and torch DDP run it; "local" = Megatron-LM's own
         # wrapper, one flat all-reduce after backward
@@ -191,10 +193,24 @@ class StateCosts:
         return self.memos.zero_divs[key]
 
     def optimizer_s(self, params: float, c: Config) -> float:
-        """Optimizer step on the rank's shard with gradient-norm clipping, memory bound
-        (``eager_ops.optimizer_step_s``: the update by ``optimizer_impl``, fused 28 B/param)."""
+        """Optimizer step on the rank's shard with gradient-norm clipping (``optimizer_phase.optimizer_step_s``:
+        the kernels' bytes by ``optimizer_impl``, fused 28 B/param + 12 B clipping, and the host's work per
+        parameter tensor, composed by ``optimizer_sync``)."""
         local = params / self.zero_divs(c)[2]
-        return optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer)
+        return optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer,
+                                tensors=self.optimizer_tensors(params, c), sync=self.optimizer_sync)
+
+    def optimizer_tensors(self, params: float, c: Config) -> float:
+        """Parameter tensors the rank's optimizer step loops over for ``params`` of its stage's parameters:
+        the model's trainable tensors in proportion to the parameters; FSDP2's per-parameter DTensor shards
+        (fsdp, zero2, hsdp under the "torch" state layout) keep every tensor, a flat-partitioned optimizer
+        (zero1: ZeroRedundancyOptimizer, Megatron's distributed optimizer, DeepSpeed) holds 1/shard of them."""
+        if not self.param_numel:
+            return 0.0
+        tensors = self.param_tensors * params / self.param_numel
+        if self.state_layout == "torch" and c.dp_kind in SHARDED_DP_KINDS:
+            return tensors
+        return tensors / self.zero_divs(c)[2]
 
     # ---- when memory peaks apart ------------------------------------------------------------
     def runs_autocast(self, c: Config) -> bool:

@@ -210,7 +210,9 @@ def host_figures(res: dict[str, Any]) -> dict[str, float]:
     - ``host_bwd_op_s``: the block's backward host time over the ops + views it dispatched;
     - ``host_checkpoint_fwd_s``: what the checkpoint wrapper adds to the block's forward;
     - ``host_checkpoint_bwd_s``: what it adds to the backward beyond its extra dispatches (the
-      re-run forward and the unpacking) at ``host_op_s``.
+      re-run forward and the unpacking) at ``host_op_s``;
+    - ``host_optimizer_tensor_s`` (when ``res`` has ``optimizer``): the fused step's and the foreach
+      clipping's host time per parameter tensor (``cost_models.optimizer_phase``).
     Each clamped at 0. Unit: seconds."""
     op = res["per_op"]["mul_autograd_min_us"] * 1e-6
     plain, ck = res["block"], res["block_checkpoint"]
@@ -223,13 +225,18 @@ def host_figures(res: dict[str, Any]) -> dict[str, float]:
     ck_f = ck["fwd_host_min_ms_per_block"] * ms - plain["fwd_host_min_ms_per_block"] * ms
     extra = max(0.0, n(ck, "bwd") - n(plain, "bwd"))
     ck_b = ck["bwd_host_min_ms_per_block"] * ms - plain["bwd_host_min_ms_per_block"] * ms - extra * op
-    return {"host_op_s": max(0.0, op), "host_bwd_op_s": max(0.0, bwd_op),
-            "host_checkpoint_fwd_s": max(0.0, ck_f), "host_checkpoint_bwd_s": max(0.0, ck_b)}
+    out = {"host_op_s": max(0.0, op), "host_bwd_op_s": max(0.0, bwd_op),
+           "host_checkpoint_fwd_s": max(0.0, ck_f), "host_checkpoint_bwd_s": max(0.0, ck_b)}
+    opt = res.get("optimizer")
+    if opt and opt.get("params"):
+        out["host_optimizer_tensor_s"] = max(0.0, (opt["step_host_ms"] + opt["clip_host_ms"]) * ms / opt["params"])
+    return out
 
 
 def measure_host_figures(dev: torch.device, blocks: int = 4, reps: int = 5) -> dict[str, float]:
-    """``host_figures`` measured on ``dev`` now: 2000-op loops and ``blocks`` gpt2-xl-width blocks at
-    1 x 16 tokens, plain and checkpointed (``meshplan profile`` on a GPU; a few seconds)."""
+    """``host_figures`` measured on ``dev`` now: 2000-op loops, ``blocks`` gpt2-xl-width blocks at
+    1 x 16 tokens, plain and checkpointed, and the optimizer step and clipping over gpt2-xl's 772
+    tensors (``meshplan profile`` on a GPU; a few seconds)."""
     res = {"per_op": per_op(dev, 2000, reps), "block": block_host(dev, blocks, 16, reps, False),
-           "block_checkpoint": block_host(dev, blocks, 16, reps, True)}
+           "block_checkpoint": block_host(dev, blocks, 16, reps, True), "optimizer": optimizer_host(dev, 772, reps)}
     return host_figures(res)

@@ -19,6 +19,7 @@ FIGURES = (
     "mem_reserved_bytes", "op_overhead_s", "bwd_op_overhead_s", "matmul_efficiency_by_flops", "sm_count",
     "attention_efficiency", "comm_sms", "attention_kernel", "exp_cost_flops", "comm_overlap",
     "backward_speed", "host_op_s", "host_bwd_op_s", "host_checkpoint_fwd_s", "host_checkpoint_bwd_s",
+    "host_optimizer_tensor_s",
 )  # fmt: skip
 
 _DEFAULT = "derived: the ClusterSpec default (not modelled on a measured profile)"
@@ -58,7 +59,9 @@ def profile_provenance(
                           ("host_checkpoint_fwd_s", "the same block's forward host time under checkpoint_wrapper, "
                                                     "less without"),
                           ("host_checkpoint_bwd_s", "its backward's, less without, less the extra ops at "
-                                                    "host_op_s"))},
+                                                    "host_op_s"),
+                          ("host_optimizer_tensor_s", "fused AdamW step + foreach gradient-norm clipping host time "
+                                                      "over 772 tiny tensors, per tensor"))},
         "matmul_efficiency_by_flops": f"measured: eager nn.Linear chains {[list(s) for s in eager_shapes]} (fp32) "
                                       "against the fp32 peak",
         "matmul_efficiency": "derived: 1.0, the measured peaks already are what kernels reach here",

@@ -25,6 +25,9 @@ MEGATRON_2021: Sources = (
     ("sp_saves", "megatron/mpu/layers.py ColumnParallelLinear (SP from 2022: saves its shard, all-gathers in backward)"),
     ("norm_kernel", "apex FusedLayerNorm (megatron/model/fused_layer_norm.py)"),
     ("optimizer_impl", "apex.optimizers.FusedAdam (megatron/optimizer/__init__.py)"),
+    ("optimizer_sync", "megatron/optimizer/clip_grads.py clip_grad_norm_fp32: amp_C.multi_tensor_l2norm, then "
+                       "total_norm.item() before multi_tensor_scale (only when clip_coeff < 1.0) and the update: the "
+                       "host waits (Megatron-Core: megatron/core/optimizer/clip_grads.py get_grad_norm_fp32)"),
     ("ddp_impl", "megatron/arguments.py: --DDP-impl default='local' (one flat all-reduce after backward)"),
     ("loss_kernel", "megatron/mpu/cross_entropy.py vocab_parallel_cross_entropy: softmax kept in place"),
     ("vocab_parallel_embedding", "megatron/mpu/layers.py VocabParallelEmbedding"),

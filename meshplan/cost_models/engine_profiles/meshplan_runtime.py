@@ -40,6 +40,9 @@ MESHPLAN = EngineProfile(
                        "'in-flight')"),
         ("norm_kernel", "eager_ops.RUNTIME_NORM_KERNEL: a Python RMSNorm run as its ops (no torch.compile unless --compile)"),
         ("optimizer_impl", "AdamW(fused=True) on CUDA"),
+        ("optimizer_sync", "runtime/apply/optim.py total_grad_norm: the CPU accumulator's .to(device) after the "
+                           "foreach norm (a host-to-device copy that waits for the stream), clip_grad_norm's "
+                           "float(norm) after the foreach scale, then the fused step's Python with the device idle"),
         ("attention_impl", "F.scaled_dot_product_attention (flash kernel)"),
         ("ddp_impl", "torch DDP / bucketed manual all-reduce overlapped with backward"),
         ("vocab_parallel_embedding", "the TP placement ILP chooses the embedding's style (tp.strategies)"),

@@ -10,8 +10,11 @@ OTHERS: tuple[EngineProfile, ...] = (
     EngineProfile(
         "llm-foundry-2023", "llm-foundry", "MosaicML llm-foundry (MPT, 2023)", norm_kernel="fused",
         optimizer_impl="fused", loss_kernel="fused", dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
-        grad_reduce="param", fused_projections=True,
+        grad_reduce="param", fused_projections=True, optimizer_sync="async",
         sources=(
+            ("optimizer_sync", "Composer GradientClipping (clipping_type 'norm') under FSDP: torch FSDP1 "
+                               "FullyShardedDataParallel.clip_grad_norm_ computes the norm and clamps the clip "
+                               "coefficient on the device (no host read before the update)"),
             ("dp_kinds", "Composer FSDP sharding_strategy FULL_SHARD (fsdp), SHARD_GRAD_OP (zero2), HYBRID_SHARD "
                          "(hsdp), NO_SHARD / Composer DDP (ddp); no ZeRO-1"),
             ("state_layout", "Composer FSDP (FULL_SHARD, mixed_precision PURE): fp32 sharded parameters and optimizer states"),
@@ -52,6 +55,8 @@ OTHERS: tuple[EngineProfile, ...] = (
                              "states (the ZeRO paper's 2 + 2 + 12 bytes per parameter)"),
             ("fsdp_units", "deepspeed/runtime/zero/partitioned_param_coordinator.py: parameters fetched per submodule"),
             ("optimizer_impl", "deepspeed/ops/adam/fused_adam.py FusedAdam"),
+            ("optimizer_sync", "deepspeed/runtime/zero/stage_1_and_2.py step: check_overflow's overflow_gpu[0].item() "
+                               "and the norm's .item() (runtime/utils.py) before the update: the host waits"),
             ("ddp_impl", "deepspeed/runtime/engine.py: bucketed all-reduce overlapped with backward (overlap_comm)"),
             ("split_rule", "deepspeed/runtime/pipe/module.py PipelineModule(partition_method='parameters'): "
                            "balanced layers (uniform here)"),

@@ -20,11 +20,12 @@ from meshplan.cost_models.dp_kinds import (
     ZERO3_IMPLS,
     ZERO_STAGE,
 )
-from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, OPTIMIZER_IMPLS, RUNTIME_NORM_KERNEL
+from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, RUNTIME_NORM_KERNEL
 from meshplan.cost_models.engine_saves import CUDA_GRAPH_SCOPES, GLU_KERNELS, MOE_COMBINES, RECOMPUTE_MODULES
 from meshplan.cost_models.epcp import MOE_DISPATCHERS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
+from meshplan.cost_models.optimizer_phase import OPTIMIZER_IMPLS, OPTIMIZER_SYNCS
 from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
 
 #: the fused attention kernels an engine may run (hardware.with_attention_backend)
@@ -65,7 +66,10 @@ class EngineProfile:
     - ``zero1_impl`` (``dp_kinds.ZERO1_IMPLS``): ZeRO-1 on flat buckets ("bucketed": Megatron's
       distributed optimizer, DeepSpeed) or torch's ZeroRedundancyOptimizer over DDP ("torch":
       DDP's all-reduce, then one broadcast per parameter tensor after the update).
-    - ``norm_kernel``, ``optimizer_impl``, ``attention_impl`` (``eager_ops``): the kernels run.
+    - ``norm_kernel``, ``attention_impl`` (``eager_ops``), ``optimizer_impl`` (``optimizer_phase``): the kernels run.
+    - ``optimizer_sync`` (``optimizer_phase.OPTIMIZER_SYNCS``): whether the host waits for the device inside
+      the optimizer phase ("host-wait": a host read of the gradient norm, so the step's per-tensor host work
+      runs with the device idle; meshplan's runtime, Megatron, DeepSpeed) or not ("async": torchtitan).
     - ``ddp_impl`` (``grad_sync.DDP_IMPLS``): bucketed and overlapped ("torch") or one flat
       all-reduce after backward ("local", Megatron-LM's own wrapper).
     - ``loss_kernel`` (``memory.LOSS_KERNELS``; None = F.cross_entropy as meshplan's runtime runs it).
@@ -149,6 +153,7 @@ class EngineProfile:
     zero1_impl: str = "bucketed"
     norm_kernel: str = RUNTIME_NORM_KERNEL
     optimizer_impl: str = "fused"
+    optimizer_sync: str = "host-wait"
     attention_impl: str = "flash"
     ddp_impl: str = "torch"
     loss_kernel: str | None = None
@@ -179,7 +184,8 @@ class EngineProfile:
         for fname, allowed in (("state_layout", STATE_LAYOUTS), ("pp_buffers", PP_BUFFERS), ("sp_saves", SP_SAVES),
                                ("fsdp_units", FSDP_UNITS), ("zero3_impl", ZERO3_IMPLS), ("zero1_impl", ZERO1_IMPLS),
                                ("norm_kernel", NORM_KERNELS),
-                               ("optimizer_impl", OPTIMIZER_IMPLS), ("attention_impl", ATTENTION_IMPLS),
+                               ("optimizer_impl", OPTIMIZER_IMPLS), ("optimizer_sync", OPTIMIZER_SYNCS),
+                               ("attention_impl", ATTENTION_IMPLS),
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
                                ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS),
                                ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES),

@@ -25,6 +25,10 @@ TITAN_2024 = (
                    "apply_tp: Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput under TP"),
     ("zero1_impl", "none used: torchtitan shards with FSDP2 only (no ZeroRedundancyOptimizer); a zero1 costing "
                    "of it is the bucketed reduce-scatter + all-gather"),
+    ("optimizer_sync", "train.py: clip_grad_norm_(..., foreach=True) (torch's, then dist_utils.clip_grad_norm_: "
+                       "get_total_norm + clip_grads_with_norm_ on the device), then optimizers.step(); the loss and "
+                       "grad norm read with .item() only at logging steps, after the update (0.3.0 trainer.py "
+                       "train_step: float(grad_norm.item()) under should_log)"),
     ("autocast_cache", "train.py maybe_enable_amp: torch.autocast around each model forward, and only without "
                        "FSDP and pipeline parallelism (config: mixed precision via autocast under DDP / one "
                        "device): one region per call"),
@@ -35,6 +39,7 @@ TORCHTITAN: tuple[EngineProfile, ...] = (
     EngineProfile(
         "torchtitan-2024.04", "torchtitan", "0413364 (2024-04)", pp_buffers="torch-outputs", norm_kernel="eager",
         optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        optimizer_sync="async",
         dp_kinds=("none", "fsdp"),
         sources=with_sources(TITAN_2024,
                              ("dp_kinds", "parallelisms/parallelize_llama.py: under parallel_dims.dp_enabled fully_shard per "
@@ -47,7 +52,8 @@ TORCHTITAN: tuple[EngineProfile, ...] = (
     ),
     EngineProfile(
         "torchtitan-2024.12", "torchtitan", "9dec370 (2024-12)", pp_buffers="torch-outputs", norm_kernel="eager",
-        optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last", shard_over_cp=True,
+        optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        optimizer_sync="async", shard_over_cp=True,
         cp_rotate="allgather", dp_kinds=("none", "ddp", "fsdp", "hsdp"),
         sources=with_sources(TITAN_2024,
                              ("dp_kinds", "parallelisms/parallelize_llama.py: apply_fsdp over ('dp_shard_cp',) (fsdp) or "
@@ -65,7 +71,8 @@ TORCHTITAN: tuple[EngineProfile, ...] = (
     ),
     EngineProfile(
         "torchtitan-2025.06", "torchtitan", "6b11290 (2025-06-27)", pp_buffers="torch-outputs", norm_kernel="eager",
-        optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", shard_over_cp=True,
+        optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        optimizer_sync="async", shard_over_cp=True,
         dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
         sources=with_sources(TITAN_2024,
                              ("dp_kinds", "models/llama3/infra/parallelize.py: apply_fsdp over dp_shard_cp (fsdp) or "
@@ -85,7 +92,8 @@ TORCHTITAN: tuple[EngineProfile, ...] = (
     ),
     EngineProfile(
         "torchtitan-2026", "torchtitan", "0.3.0 (installed)", pp_buffers="torch-outputs", norm_kernel="fused",
-        optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last", fp8_recipe="rowwise",
+        optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last",
+        optimizer_sync="async", fp8_recipe="rowwise",
         shard_over_cp=True, cp_rotate="allgather", fsdp_units="block-ends",
         dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
         sources=with_sources(TITAN_2024,
