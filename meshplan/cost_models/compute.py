@@ -359,6 +359,8 @@ def modelled_node_time(
         tokens = max(1.0, math.prod(node.out_shape or (1,)) / a["out_features"] * batch_scale)
         mem_bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
         dims = linear_gemm_dims(tokens, a["in_features"], a["out_features"], shard, style)
+        # the GEMMs read their operands' fp8 copies (1 B of the 2 a bf16 tensor holds) and write bf16
+        bytes_moved = in_b * batch_scale * r / shard / 2 + node.out_bytes * batch_scale * r / shard + w_bytes / 2
         sp_tp = shard if sequence_parallel else 1  # the crossing operand is a sequence shard only under SP
         cast = tuple(b / mem_bw for b in fp8_cast_bytes(*dims, fp8_recipe, tp=sp_tp, style=style))  # type: ignore[assignment]
     fwd = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=eff_f)
