@@ -12,7 +12,10 @@ the runs grouped by the term(s) that push each over (``pushing_terms``).
 ``--also NAME`` (repeatable): another profile of the same runtime (``meshplan-bf16``: meshplan's runtime
 with 16-bit weights, ``runtime/apply/master_state.py``); each run not fitting under ``--profile`` is
 also costed under it, and the last line counts the runs that fit under none of them (a runtime that
-runs both layouts can pick the one that fits).
+runs both layouts can pick the one that fits). A fit under a configuration that runtime layout does
+not run (``plan.execution_rules.state_layout_blocker``: e.g. 16-bit weights with ep > 1) is shown and
+not counted; fp8 counts as bf16 there, as the ``meshplan`` profile itself costs fp8 runs its runtime
+does not execute.
 
 Predicted figures only (the cost model's); whether a run ran comes from its source
 (``meshplan/data/published_cases.json``). No run here is measured.
@@ -28,6 +31,7 @@ from meshplan.commands import published_estimate as pe
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.published import load_published_cases
+from meshplan.plan.execution_rules import state_layout_blocker
 
 GiB = 1024**3
 #: fields that are not a convention of how memory or time is spent
@@ -53,6 +57,15 @@ def mechanisms(base: EngineProfile, own: EngineProfile) -> list[tuple[str, dict[
 def peak_gib(case: dict, graph: object, prof: EngineProfile) -> tuple[float, dict[str, float]]:
     p = pe.estimate_case(case, graph, profile=prof)["plan"].predicted
     return max(p.peak_mem_bytes) / GiB, {k: v / GiB for k, v in p.mem_breakdown.items()}
+
+
+def layout_refused(case: dict, graph: object, prof: EngineProfile) -> str:
+    """Why meshplan's runtime does not run ``case``'s configuration in ``prof``'s state layout ("" if it
+    does; fp8 taken as bf16, module docstring)."""
+    plan = pe.estimate_case(case, graph, profile=prof)["plan"]
+    return state_layout_blocker(state_layout=plan.state_layout, dp_kind=plan.dp_kind if plan.dp > 1 else "none",
+                                dtype="bf16" if plan.dtype == "fp8" else plan.dtype, cp=plan.cp, ep=plan.ep,
+                                quantization=plan.quantization.mode)
 
 
 def pushing_terms(case: dict, graph: object, base: EngineProfile, own: EngineProfile, here: float,
@@ -149,8 +162,10 @@ def main() -> None:
             except ValueError as e:  # a configuration that runtime layout does not run
                 cols.append(f"refused ({str(e)[:60]})")
                 continue
-            fits = fits or peak <= limit
-            cols.append(f"{peak:.1f}" + (" (fits)" if peak <= limit else ""))
+            refused = layout_refused(c, g, a) if peak <= limit else ""
+            fits = fits or (peak <= limit and not refused)
+            cols.append(f"{peak:.1f}" + ((f" (fits, not run: {refused[:70]})" if refused else " (fits)")
+                                         if peak <= limit else ""))
         rescued += fits
         print(f"| {c['id']} | {limit:.1f} | {here:.1f} | {mine:.1f}{'' if mine <= limit else ' (no fit)'} | {own.name} | "
               f"{'; '.join(s for _, s in saved)} | {terms} |" + "".join(f" {x} |" for x in cols))

@@ -8,6 +8,7 @@ No torch import.
 
 from __future__ import annotations
 
+from meshplan.plan.execution_rules import state_layout_blocker
 from meshplan.planner.evaluate import ConfigEvaluator
 from meshplan.planner.finalize import WINNER_SPLIT_LIMIT_S, WINNER_SPLIT_NODES, refine_split
 from meshplan.planner.search_types import Config, Evaluation, GiB, SplitSolve
@@ -38,6 +39,11 @@ def estimate_notes(costs: ConfigEvaluator, ev: Evaluation) -> list[str]:
     why = costs.ep_cp.epcp_why(c.tp, c.pp, c.cp, c.ep, c.recompute, dp=c.dp)
     if why:
         notes.append(f"cp={c.cp} ep={c.ep} costed (cost_models/epcp.py), but meshplan's runtime does not run it: {why}")
+    co = costs.coster
+    why = state_layout_blocker(state_layout=co.runtime_state_layout, dp_kind=c.dp_kind if c.dp > 1 else "none",
+                               dtype=co.train_dtype, cp=c.cp, ep=c.ep, quantization=co.quant.mode)
+    if why:
+        notes.append(f"costed, but meshplan's runtime does not run it: {why}")
     if costs.moe_folding and c.tp > 1:
         edp, _ = costs.ep_cp.expert_dp_group(c)
         notes.append(f"MoE parallel folding costed (Megatron-Core, ETP 1 with sequence parallelism): each tp rank routes "
