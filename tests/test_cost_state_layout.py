@@ -196,3 +196,21 @@ def test_a_profile_prices_only_the_dp_kinds_its_engine_runs() -> None:
     assert estimate_graph(g, 8, profile="torchtitan-2024.04", **kw).dp_kind == "fsdp"
     for prof in PROFILES.values():
         assert "none" in prof.dp_kinds and ("dp_kinds" in dict(prof.sources) or prof.dp_kinds == MESHPLAN.dp_kinds)
+
+
+def test_meshplan_bf16_prices_the_runtimes_16bit_weights() -> None:
+    """Profile meshplan-bf16 (runtime/apply/master_state.py): 2 + 4 + 12/d bytes per parameter under zero1,
+    no autocast weight copies, the plan says state_layout megatron (the runtime then runs it); a sharded kind
+    is not one it runs, and a configuration the runtime refuses in this layout is costed with a note."""
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
+    kw = dict(tp=1, pp=2, dp=4, global_batch_size=16, micro_batch_size=1, cluster=ClusterSpec.preset("h100"))
+    bf16 = estimate_graph(g, 8, dp_kind="zero1", profile="meshplan-bf16", **kw)
+    torch_ = estimate_graph(g, 8, dp_kind="zero1", **kw)
+    assert (bf16.state_layout, torch_.state_layout) == ("megatron", "torch")
+    b = bf16.predicted.mem_breakdown
+    assert b["params"] * 2 == b["grads"] and b["optimizer"] == pytest.approx(b["params"] / 2 * 12 / 4, rel=1e-6)
+    assert "autocast_kept" not in b and torch_.predicted.mem_breakdown["autocast_kept"] > 0
+    with pytest.raises(ValueError, match="meshplan-bf16"):
+        estimate_graph(g, 8, dp_kind="fsdp", profile="meshplan-bf16", **kw)
+    fp16 = estimate_graph(g, 8, dp_kind="zero1", profile="meshplan-bf16", dtype="fp16", **kw)
+    assert any("does not run it: state_layout megatron" in n and "fp16" in n for n in fp16.notes), fp16.notes
