@@ -43,7 +43,10 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
 - ``memory``: the bandwidth memory-bound kernels reach (``mem_efficiency``, the rest into
   ``mem_bw_bytes_per_s``);
 - ``op_overhead``: eager per-op host time (``op_overhead_s``, ``bwd_op_overhead_s``, and
-  ``kernel_floor_s``; on a spec with a host-dispatch floor, ``host_op_s`` instead of the first two);
+  ``kernel_floor_s``; on a spec with a host-dispatch floor, ``host_op_s`` instead of the first two;
+  not the optimizer phase's per-tensor host figure ``host_optimizer_tensor_s``, a measured host property
+  kept as measured: scaled with ``host_op_s``, one run's optimizer phase, 1.5-2x its price on both GPUs
+  measured, moved ``host_op_s`` x2.4 and the host-bound runs with it, ``cost_models.optimizer_phase``);
 - ``intra_bw`` / ``intra_latency``: collectives inside a node; ``inter_bw`` / ``inter_latency``:
   across nodes;
 - ``backward``: the speed of the backward parts against the forward (``backward_speed``: every
