@@ -64,6 +64,28 @@ def test_op_under_tensor_parallel(graph) -> None:
     assert op_sac_kept_bytes(nodes, tp=t, sp=True, input_bytes=inp, out_shard_of=out_shard) == pytest.approx(sp)
 
 
+def test_op_inside_a_compiled_block_keeps_no_output_only_an_addition_reads(graph) -> None:
+    # torch.compile's partitioner stores a MUST_SAVE output only where the backward reads it: down_proj's
+    # output (and o_proj's, unsaved anyway) feeds only the residual addition; the other saves stay
+    nodes = _block(graph)
+    tokens, fp32, t = B * S, 4, 4
+    inp = tokens * H * fp32
+    eager = op_sac_kept_bytes(nodes, input_bytes=inp)
+    assert op_sac_kept_bytes(nodes, input_bytes=inp, sac_saves="partitioned") == pytest.approx(eager - tokens * H * fp32)
+
+    def out_shard(n):
+        return 1 if (n.module_fqn or "").rsplit(".", 1)[-1] in ("o_proj", "down_proj") else t
+
+    sp = op_sac_kept_bytes(nodes, tp=t, sp=True, input_bytes=inp, out_shard_of=out_shard)
+    # under SP both reduce-scattered outputs go too, and down_proj's partial output
+    got = op_sac_kept_bytes(nodes, tp=t, sp=True, input_bytes=inp, out_shard_of=out_shard, sac_saves="partitioned")
+    assert got == pytest.approx(sp - 2 * tokens * H * fp32 / t - tokens * H * fp32)
+    got = node_activation_bytes(nodes, recompute="op", input_bytes=inp, sac_saves="partitioned")
+    assert got == pytest.approx(eager - tokens * H * fp32)
+    with pytest.raises(ValueError, match="sac_saves"):
+        op_sac_kept_bytes(nodes, sac_saves="compiled")
+
+
 def test_loss_peak_per_cross_entropy_kernel() -> None:
     # eager F.cross_entropy: saved log-softmax + its incoming and outgoing fp32 gradients
     assert loss_buffer_bytes(1000, 50, logits_bytes=2) == 1000 * 50 * 12

@@ -82,10 +82,11 @@ def test_float8_recipe_name_is_a_run_flag() -> None:
         torchtitan.parse(text.replace('"tensorwise"', '"mx"'), world_size=8)
 
 
-def test_compile_fuses_the_norm() -> None:
+def test_compile_fuses_the_norm_and_partitions_the_op_recompute_saves() -> None:
     imp = torchtitan.parse(TITAN_2024.replace("compile = false", "compile = true"), world_size=8)
-    assert imp.run_flags == {"norm_kernel": "fused"}
-    assert torchtitan.parse(TITAN_NOW + "\n[compile]\nenable = true\n", world_size=8).run_flags == {}
+    assert imp.run_flags == {"norm_kernel": "fused", "sac_saves": "partitioned"}
+    now = torchtitan.parse(TITAN_NOW + "\n[compile]\nenable = true\n", world_size=8).run_flags
+    assert now == {"sac_saves": "partitioned"}
 
 
 def test_2024_pipeline_microbatches_and_split_points() -> None:

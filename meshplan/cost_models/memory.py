@@ -138,6 +138,15 @@ def model_state_bytes(
 #: shard and all-gathers it again in backward; Korthikanti et al. 2022 §4.2.2, eq. 4)
 SP_SAVES: tuple[str, ...] = ("gathered", "shard")
 
+#: what op-level selective checkpointing keeps of an op it is told to save (``MUST_SAVE``):
+#: "cached" = eager ``torch.utils.checkpoint`` (``_CachingTorchDispatchMode.__torch_dispatch__``
+#: stores the output of every MUST_SAVE op in the forward, whether or not the backward reads it);
+#: "partitioned" = the checkpointed block under ``torch.compile`` (AOTAutograd's min-cut partitioner,
+#: ``torch/_functorch/partitioners.py``: MUST_SAVE only bans recomputing the op,
+#: ``should_ban_recomputation`` "marked MUST_SAVE"; a forward value is stored only where the
+#: backward needs it, so the output of a saved linear that only a residual addition reads is not)
+SAC_SAVES: tuple[str, ...] = ("cached", "partitioned")
+
 
 def _check_recompute(recompute: str) -> None:
     if recompute not in RECOMPUTE:
@@ -240,6 +249,7 @@ def node_activation_bytes(
     elem_scale: float = 1.0,
     out_shard_of: Callable[[GraphNode], int] | None = None,
     attention_impl: str = "flash",
+    sac_saves: str = "cached",
 ) -> float:
     """Activation bytes a run of traced nodes (a block, a stage) keeps for one microbatch.
 
@@ -277,7 +287,8 @@ def node_activation_bytes(
         return input_bytes * scale / (tp if sp else 1)
     nodes = list(nodes)
     if recompute == "op":
-        return op_sac_kept_bytes(nodes, tp=tp, sp=sp, input_bytes=input_bytes, out_shard_of=out_shard_of) * scale
+        return op_sac_kept_bytes(nodes, tp=tp, sp=sp, input_bytes=input_bytes, out_shard_of=out_shard_of,
+                                 sac_saves=sac_saves) * scale
     scores: dict[int, int] = {}
     if recompute == "selective":
         if seq_len is None:
@@ -328,6 +339,7 @@ def op_sac_kept_bytes(
     sp: bool = False,
     input_bytes: float = 0.0,
     out_shard_of: Callable[[GraphNode], int] | None = None,
+    sac_saves: str = "cached",
 ) -> float:
     """Bytes one checkpointed block keeps under op-level selective activation checkpointing.
 
@@ -350,8 +362,17 @@ def op_sac_kept_bytes(
     scales to its batch and dtype). Llama-3-8B, bf16, per token and layer: 8192 (input) +
     8192 (wq) + 2048 (wv) + 8256 (attention) + 28672 (w1) + 8192 (w2) = 63,552 B, vs
     ~180 KB kept without recompute.
+
+    ``sac_saves`` (``SAC_SAVES``): "cached" (eager checkpoint) keeps every saved output as above;
+    "partitioned" (the block compiled: torchtitan's ``apply_compile`` after ``apply_ac``) keeps a
+    saved linear's output, and under SP its reduce-scattered output, only where the backward reads
+    it: not where residual additions alone read it (an addition's backward needs neither operand),
+    e.g. w2's (down projection's) in a Llama block: 55,360 B of the 63,552 above.
     """
+    if sac_saves not in SAC_SAVES:
+        raise ValueError(f"sac_saves must be one of {', '.join(SAC_SAVES)}, got {sac_saves!r}")
     nodes = list(nodes)
+    summed_only = _summed_only(nodes) if sac_saves == "partitioned" else set()
 
     def default_shard(n: GraphNode) -> int:
         if n.kind == "attention":
@@ -365,6 +386,8 @@ def op_sac_kept_bytes(
     for n in nodes:
         if n.kind == "linear":
             count += 1
+            if n.id in summed_only:
+                continue
             if count % 2:
                 total += n.out_bytes / shard(n)
             if sp and tp > 1 and shard(n) == 1:
@@ -373,6 +396,27 @@ def op_sac_kept_bytes(
             d = n.out_shape[-1] if n.out_shape else 0
             total += n.out_bytes * (1 + (1 / d if d else 0)) / shard(n)
     return total
+
+
+#: elementwise targets whose backward reads neither operand (the residual stream's additions)
+_SUM_TARGETS = ("add", "add_", "iadd", "sub", "sub_")
+
+
+def _summed_only(nodes: list[GraphNode]) -> set[int]:
+    """Ids of the linears among ``nodes`` whose output only additions read (through views: the
+    traced ``reshape`` nodes), so no backward needs the value; a linear read by nothing in
+    ``nodes`` is not among them (its reader is outside the run)."""
+    users: dict[int, list[GraphNode]] = {}
+    for n in nodes:
+        for i in n.inputs:
+            users.setdefault(i, []).append(n)
+
+    def summed(i: int) -> bool:
+        us = users.get(i, [])
+        return bool(us) and all(u.kind == "elementwise" and u.target in _SUM_TARGETS
+                                or u.kind == "reshape" and summed(u.id) for u in us)  # fmt: skip
+
+    return {n.id for n in nodes if n.kind == "linear" and summed(n.id)}
 
 
 def recompute_transient_bytes(kept_none: float, kept: float) -> float:

@@ -346,15 +346,19 @@ def _current_layout(d: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def _era(d: dict[str, Any], moved: list[str]) -> tuple[str | None, dict[str, str]]:
-    """(engine profile, run flags) of a legacy layout; (None, {}) for today's (the installed profile).
+    """(engine profile, run flags) of a legacy layout; (None, flags) for today's (the installed profile).
     ``norm_kernel``: ``model.norm_type`` other than "rmsnorm" (torchtitan's eager Python RMSNorm) or
-    ``torch.compile`` on (``training.compile`` / ``[compile] enable``) fuse the norm."""
+    ``torch.compile`` on (``training.compile`` / ``[compile] enable``) fuse the norm. ``sac_saves``
+    "partitioned": compiled blocks, which torchtitan compiles after applying activation checkpointing
+    (9dec370 parallelize_llama: apply_ac, then apply_compile; 0.3.0 models/llama3/parallelize.py the
+    same), keep only what their backward reads of an op recompute's saves (``memory.SAC_SAVES``)."""
     legacy = bool(moved) or "norm_type" in d.get("model", {}) or "enable_float8_linear" in d.get("float8", {})
     compiled = bool(d.get("training", {}).get("compile", False)) or bool(d.get("compile", {}).get("enable", False))
+    saves = {"sac_saves": "partitioned"} if compiled else {}
     if not legacy:
-        return None, {}
+        return None, saves
     norm = str(d.get("model", {}).get("norm_type", "rmsnorm"))
-    return LEGACY_PROFILE, ({"norm_kernel": "fused"} if compiled or norm != "rmsnorm" else {})
+    return LEGACY_PROFILE, ({"norm_kernel": "fused"} if compiled or norm != "rmsnorm" else {}) | saves
 
 
 def _split_points(points: Any, pp: int, num_layers: int) -> tuple[int, tuple[int, ...]]:

@@ -503,6 +503,7 @@ class GraphCoster(LayerSaves):
                 hidden=self.g.meta.get("hidden"), seq_len=seq, shard_of=lambda n: saved_shard(n, sol, self.sp_saves),
                 input_bytes=in_bytes, elem_scale=elem, out_shard_of=lambda n: out_shard(n, sol),
                 attention_impl=self.attention_impl,  # an engine without flash keeps the s x s scores
+                sac_saves=self.profile.sac_saves,  # op recompute under torch.compile keeps less
             )  # fmt: skip
             if mode in ("none", "selective"):  # the engine's fused kernels / fp8 saves (cost_models.engine_saves)
                 out += saved_bytes_delta(nodes, self.g.nodes.__getitem__, shard_of=lambda n: saved_shard(n, sol, self.sp_saves),

@@ -24,7 +24,7 @@ from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, RUNTIM
 from meshplan.cost_models.engine_saves import CUDA_GRAPH_SCOPES, GLU_KERNELS, MOE_COMBINES, RECOMPUTE_MODULES
 from meshplan.cost_models.epcp import MOE_DISPATCHERS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
-from meshplan.cost_models.memory import LOSS_KERNELS, SP_SAVES
+from meshplan.cost_models.memory import LOSS_KERNELS, SAC_SAVES, SP_SAVES
 from meshplan.cost_models.optimizer_phase import OPTIMIZER_IMPLS, OPTIMIZER_SYNCS
 from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
 
@@ -47,7 +47,7 @@ GRAD_REDUCES = ("fp32", "param")
 #: fields a run may set from its own command line / config file (the case cites the line); the
 #: engine's default otherwise
 RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher", "tp_comm_overlap", "main_grads",
-             "recompute_modules", "cuda_graph_scope")
+             "recompute_modules", "cuda_graph_scope", "sac_saves")
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,11 @@ class EngineProfile:
     - ``cuda_graph_scope`` (``engine_saves.CUDA_GRAPH_SCOPES``): the parts of a layer the run captures
       in CUDA graphs (Megatron-Core ``--cuda-graph-scope``; a run flag): it can turn a recompute
       module off (``engine_saves.layernorm_recomputed``).
+    - ``sac_saves`` (``memory.SAC_SAVES``): what op-level selective checkpointing keeps of the ops it
+      saves: "cached" (eager ``torch.utils.checkpoint``: every saved op's output) or "partitioned"
+      (the checkpointed block under ``torch.compile``: AOTAutograd's partitioner keeps a saved output
+      only where the backward reads it). A run flag: torchtitan's ``training.compile``
+      (``memory.op_sac_kept_bytes``).
     """
 
     name: str
@@ -177,6 +182,7 @@ class EngineProfile:
     moe_combine: str = "index_add"
     recompute_modules: tuple[str, ...] = ("core_attn",)
     cuda_graph_scope: tuple[str, ...] = ()
+    sac_saves: str = "cached"
     #: (field, where the engine sets it: file and default at this version)
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -191,7 +197,8 @@ class EngineProfile:
                                ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES),
                                ("recompute_unit", RECOMPUTE_UNITS),
                                ("cp_rotate", CP_ROTATES), ("attention_backend", ATTENTION_BACKENDS),
-                               ("moe_combine", MOE_COMBINES), ("grad_reduce", GRAD_REDUCES)):  # fmt: skip
+                               ("moe_combine", MOE_COMBINES), ("grad_reduce", GRAD_REDUCES),
+                               ("sac_saves", SAC_SAVES)):  # fmt: skip
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"engine profile {self.name!r}: {fname} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, fname)!r}")  # fmt: skip
