@@ -43,10 +43,35 @@ def test_op_recompute_reruns_every_second_matmul_and_keeps_gradients(build) -> N
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)
 
 
-def test_op_recompute_refused_in_pipeline_stages_and_without_blocks() -> None:
-    assert "pp > 1" in recompute_blocker(pp=2, schedule="1f1b", recompute="op")
+def test_op_recompute_in_stage_graphs_reruns_what_it_does_at_pp1() -> None:
+    """At pp > 1 each block of a stage graph is one selective region (block_checkpoint.py): the same
+    matmuls re-run as at pp = 1 and the same gradients (the 2-rank pipeline cases: test_runtime_numerics)."""
+    from meshplan.runtime.apply import split
+
+    for build in (rc.tiny_llama, rc.tiny_gpt):
+        x, y = rc.batches(1)[0]
+        plain = build()
+        gm = split.capture(build(), (x,)).gm
+        gm.load_state_dict(plain.state_dict(), strict=False)
+        for (n, p), q in zip(plain.named_parameters(), gm.parameters()):
+            assert torch.equal(p, q), n
+        mods, note = recompute.apply_recompute([gm], "op", pipelined=True, schedule="1f1b")
+        assert "op-level" in note
+        ops_plain = _backward_ops(plain, x, y)
+        ops_op = _backward_ops(gm, x, y)
+        blocks = [m for m in plain.modules() if isinstance(m, torch.nn.ModuleList)][0]
+        linears = sum(isinstance(m, torch.nn.Linear) for m in blocks[0].modules())
+        assert sum(o in MM for o in ops_op) - sum(o in MM for o in ops_plain) == len(blocks) * len(range(2, linears, 2))
+        assert not [o for o in ops_op if "scaled_dot_product" in o and "backward" not in o]
+        for p, q in zip(plain.parameters(), gm.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)
+
+
+def test_op_recompute_refused_under_split_backward_and_without_blocks() -> None:
+    assert "hands each saved op output out once" in recompute_blocker(pp=2, schedule="zero-bubble", recompute="op")
+    assert recompute_blocker(pp=2, schedule="1f1b", recompute="op") == ""
     assert recompute_blocker(pp=1, schedule="1f1b", recompute="op") == ""
-    with pytest.raises(PlanMismatchError, match="pp > 1"):
-        recompute.apply_recompute([rc.tiny_gpt()], "op", pipelined=True, schedule="1f1b")
+    with pytest.raises(PlanMismatchError, match="zbv"):
+        recompute.apply_recompute([rc.tiny_gpt()], "op", pipelined=True, schedule="zbv")
     with pytest.raises(PlanMismatchError, match="nn.ModuleList"):
         recompute.apply_recompute([torch.nn.Linear(2, 2)], "op", pipelined=False, schedule="1f1b")

@@ -37,7 +37,7 @@ def _check(results: list, expect: int) -> None:
                 assert any(n.startswith("uncached_outputs=") for n in notes), (cfg, notes)
             if cfg.get("recompute") == "selective":  # the attention calls were really checkpointed
                 assert any(n.startswith("sdpa_checkpointed=") for n in notes), notes
-            if cfg.get("recompute") == "full" and cfg.get("pp", 1) > 1:
+            if cfg.get("recompute") in ("full", "op") and cfg.get("pp", 1) > 1:
                 # each block of a stage graph checkpointed on its own (runtime/apply/block_checkpoint.py):
                 # 2 steps x m microbatches x (forward + ONE recompute per backward pass: two passes under a
                 # split backward, one on the first stage, whose input pass torch skips) per block, plus at
@@ -85,6 +85,8 @@ _GPT_MATRIX += [dict(dp=2, m=2, recompute="full"), dict(pp=2, m=4, schedule="1f1
 # full recompute under split backward: each block re-run in the input and in the weight pass (block_checkpoint.py)
 _GPT_MATRIX += [dict(pp=2, m=4, schedule="zero-bubble", recompute="full"),
                 dict(pp=2, m=4, schedule="zbv", v=2, recompute="full")]
+# op-level selective recompute per block of a stage graph (block_checkpoint.py + op_recompute.py)
+_GPT_MATRIX += [dict(pp=2, m=4, schedule="1f1b", recompute="op")]
 _GPT_MATRIX += [dict(tp=2, m=2, sp=1)]  # sequence parallelism
 _GPT_MATRIX += [dict(dp=2, m=2, dp_kind="zero1"), dict(dp=2, m=2, dp_kind="zero2")]  # ZeRO-1 / ZeRO-2
 # LM head sharded over the vocabulary, loss under loss_parallel (untied head), with and without SP
@@ -121,7 +123,8 @@ TWO_RANK_CASES: dict[str, tuple[str, list[dict]]] = {
     "llama_rotary": ("llama", [dict(tp=2, m=2), dict(pp=2, m=4, schedule="1f1b"),
                                dict(pp=2, m=4, schedule="zero-bubble"), dict(tp=2, m=2, sp=1),
                                # per-block recompute reading the rotary tables, under the split backward
-                               dict(pp=2, m=4, schedule="zero-bubble", recompute="full")]),
+                               dict(pp=2, m=4, schedule="zero-bubble", recompute="full"),
+                               dict(pp=2, m=4, schedule="gpipe", recompute="op")]),
 }
 
 
@@ -167,7 +170,7 @@ class TestTwoRanks:
             assert any(n.startswith("lm_head: colwise -> replicate") for n in half), half
 
     def test_llama_rotary_skip_edges(self, two_rank_rows: dict) -> None:
-        _check(two_rank_rows["llama_rotary"], 5)
+        _check(two_rank_rows["llama_rotary"], 6)
 
 
 class TestFourRanks:

@@ -63,12 +63,15 @@ def state_layout_blocker(*, state_layout: str, dp_kind: str, dtype: str, cp: int
 
 def recompute_blocker(*, pp: int, schedule: str, recompute: str) -> str:
     """Why ``recompute`` cannot run under this schedule ("" when it can)."""
-    if recompute == "op" and pp > 1:
+    if recompute == "op" and pp > 1 and schedule in ZERO_BUBBLE_SCHEDULES:
         return (
-            "recompute=op at pp > 1 is not executed: a pipeline stage is one flat fx graph with no block "
-            "boundaries to count matmuls in (runtime/apply/op_recompute.py checkpoints nn.ModuleList blocks); "
-            "re-plan with recompute=selective or full"
+            f"recompute=op under {schedule} is not executed: its split backward re-runs each block in the input "
+            "and again in the weight-gradient pass, and torch's selective checkpoint hands each saved op output "
+            "out once (torch.utils.checkpoint._CachedTorchDispatchMode); re-plan with recompute=full or "
+            "selective, or a gpipe/1f1b/interleaved-1f1b schedule"
         )
+    # recompute=op at pp > 1 (gpipe, 1f1b, interleaved-1f1b) runs: each block of a stage graph is one
+    # selective checkpoint region (runtime/apply/block_checkpoint.py with op_recompute.op_sac_context)
     # recompute=full under zero-bubble / ZBV runs: runtime/apply/block_checkpoint.py checkpoints each block,
     # re-run once in the input-gradient pass and once in the weight-gradient pass (one GraphExecGroup per
     # microbatch's weight pass; torch's checkpoint alone would re-run it for every weight-gradient group)
@@ -201,6 +204,9 @@ def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: 
                 "device (ep; tests/epcp_cases.py); re-plan with pp = 1 or cp = ep = 1")
     if sequence_parallel and tp > 1:
         return f"{what} with sequence_parallel is not executed; re-plan with sequence_parallel off"
+    if recompute == "op" and pp > 1:  # selective regions per block of a stage graph: not checked with the ring / exchange
+        return (f"{what} with recompute=op inside pipeline stages is not executed (not checked against one device); "
+                "re-plan with recompute=full or selective")
     if cp > 1 and (seq_len <= 0 or seq_len % (2 * cp)):
         return f"seq_len {seq_len} is not divisible by 2*cp = {2 * cp} (causal load balancing)"
     if ep > 1 and num_experts and num_experts % ep:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+from collections.abc import Callable
 from typing import Any
 
 from torch import fx, nn
@@ -91,13 +92,16 @@ def _call(module: Any, *args: Any, **kwargs: Any) -> Any:
 
 class BlockCheckpoint(nn.Module):
     """One block of a stage graph run under torch's non-reentrant checkpoint; ``runs`` counts its
-    forwards, recomputes included. ``body`` holds no parameters (everything it reads is an argument)."""
+    forwards, recomputes included. ``body`` holds no parameters (everything it reads is an argument).
+    ``contexts``: a fresh (forward, recompute) context pair per call, torch's ``context_fn`` (recompute
+    "op": ``op_recompute.op_sac_context``, selective checkpointing); None: everything re-run."""
 
-    def __init__(self, body: fx.GraphModule, name: str) -> None:
+    def __init__(self, body: fx.GraphModule, name: str, contexts: Callable[[], tuple[Any, Any]] | None = None) -> None:
         super().__init__()
         self.body = body
         self.block = name
         self.runs = 0
+        self.contexts = contexts
 
     def _run(self, *args: Any) -> Any:
         self.runs += 1
@@ -109,16 +113,22 @@ class BlockCheckpoint(nn.Module):
         # (the CP ring's RingAttentionMode of a stage, runtime/apply/epcp_pipeline.StageRing) are
         # entered again around the recompute, else it would run another attention than the forward
         modes = list(_get_current_function_mode_stack())
-        return checkpoint(self._run, *args, use_reentrant=False,
-                          context_fn=lambda: (contextlib.nullcontext(), _Reentered(modes)))
+
+        def contexts() -> tuple[Any, Any]:
+            fwd, rec = self.contexts() if self.contexts is not None else (contextlib.nullcontext(), None)
+            return fwd, _Reentered(modes, rec)
+
+        return checkpoint(self._run, *args, use_reentrant=False, context_fn=contexts)
 
 
 class _Reentered:
-    """``modes`` entered again, outermost first, except those still active; reusable (a zero-bubble
-    weight pass may recompute a block more than once from one checkpoint call)."""
+    """``modes`` entered again, outermost first, except those still active, then ``inner`` (the
+    recompute context of ``BlockCheckpoint.contexts``); reusable (a zero-bubble weight pass may
+    recompute a block more than once from one checkpoint call)."""
 
-    def __init__(self, modes: list[Any]) -> None:
+    def __init__(self, modes: list[Any], inner: Any = None) -> None:
         self.modes = modes
+        self.inner = inner
         self.stacks: list[contextlib.ExitStack] = []
 
     def __enter__(self) -> None:
@@ -127,13 +137,16 @@ class _Reentered:
         for m in self.modes:
             if not any(m is a for a in active):
                 stack.enter_context(m)
+        if self.inner is not None:
+            stack.enter_context(self.inner)
         self.stacks.append(stack)
 
     def __exit__(self, *exc: object) -> None:
         self.stacks.pop().close()
 
 
-def _segment(gm: fx.GraphModule, run: list[fx.Node], index: int) -> None:
+def _segment(gm: fx.GraphModule, run: list[fx.Node], index: int,
+             contexts: Callable[[], tuple[Any, Any]] | None = None) -> None:
     """Move ``run`` into a ``BlockCheckpoint`` registered on ``gm`` and call it in its place."""
     inside = set(run)
     values: list[fx.Node] = []  # computed outside the run, read inside
@@ -168,7 +181,7 @@ def _segment(gm: fx.GraphModule, run: list[fx.Node], index: int) -> None:
     g.output(tuple(env[o] for o in outs))
     body = fx.GraphModule(nn.Module(), g, class_name=f"Block{index}")
     name = f"{PREFIX}{index}"
-    gm.add_submodule(name, BlockCheckpoint(body, block_of(run[0]) or ""))
+    gm.add_submodule(name, BlockCheckpoint(body, block_of(run[0]) or "", contexts))
 
     with gm.graph.inserting_before(run[0]):
         getters = [gm.graph.get_attr(t) for t in attrs]
@@ -186,9 +199,10 @@ def _read(a: fx.Node, env: dict[fx.Node, fx.Node], held: dict[str, fx.Node]) -> 
     return env[a]
 
 
-def checkpoint_stage_blocks(module: nn.Module) -> int:
+def checkpoint_stage_blocks(module: nn.Module, contexts: Callable[[], tuple[Any, Any]] | None = None) -> int:
     """Rewrite every stage graph in ``module`` so each of its blocks runs under torch's checkpoint
-    (module docstring); returns the number of blocks checkpointed (0: no block in the stage)."""
+    (module docstring), with ``contexts`` (``BlockCheckpoint``: recompute "op"'s selective
+    checkpointing); returns the number of blocks checkpointed (0: no block in the stage)."""
     done = [m for m in module.modules() if isinstance(m, BlockCheckpoint)]
     bodies = {id(m.body) for m in done}
     graphs = [m for m in module.modules() if isinstance(m, fx.GraphModule) and id(m) not in bodies
@@ -196,7 +210,7 @@ def checkpoint_stage_blocks(module: nn.Module) -> int:
     n = len(done)
     for gm in graphs:
         for run in block_segments(gm):
-            _segment(gm, run, n)
+            _segment(gm, run, n, contexts)
             n += 1
         unused = [x for x in gm.graph.nodes if x.op == "get_attr" and not x.users]
         for x in unused:  # read only inside a block: the stage reads it again before each block call

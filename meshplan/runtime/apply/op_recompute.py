@@ -10,8 +10,11 @@ functions, rotary, the other linears) is re-run in backward. This is torchtitan'
 mm", ``torchtitan/distributed/activation_checkpoint.py``), with ``addmm`` counted as a matmul
 too (biased linears). The cost model's counterpart is ``cost_models.memory.op_sac_kept_bytes``.
 
-Pipeline stages (flat fx GraphModules, no block boundaries to count in) are not run this way:
-``execution_rules.recompute_blocker`` refuses ``op`` at pp > 1 and the search never plans it.
+Pipeline stages (flat fx GraphModules): each block of a stage graph is one ``BlockCheckpoint``
+region (``block_checkpoint.checkpoint_stage_blocks``) under the same contexts, so the matmuls are
+counted per block as at pp = 1. Not under the zero-bubble schedules: their split backward
+re-runs a block in the input and again in the weight-gradient pass, and torch hands each saved
+output out once (``execution_rules.recompute_blocker`` refuses it; the search never plans it).
 """
 
 from __future__ import annotations

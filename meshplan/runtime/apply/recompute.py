@@ -1,6 +1,8 @@
 """Activation recomputation from the Plan's ``recompute`` ("none" | "selective" | "op" | "full").
 
-"op" (torchtitan's op-level selective checkpointing) lives in ``runtime/apply/op_recompute.py``.
+"op" (torchtitan's op-level selective checkpointing) lives in ``runtime/apply/op_recompute.py``: the
+same checkpoint regions as "full" (blocks at pp = 1, blocks of a stage graph at pp > 1) under its
+selective-checkpoint contexts; not under zero-bubble schedules (``execution_rules.recompute_blocker``).
 
 * pp = 1 (the eager model runs): every child of every ``nn.ModuleList`` (the repeated blocks) is
   wrapped with torch's non-reentrant ``checkpoint_wrapper``: a block keeps only its input and
@@ -129,7 +131,9 @@ def apply_recompute(modules: list[nn.Module], mode: str, *, pipelined: bool, sch
             raise PlanMismatchError(why)
         from meshplan.runtime.apply.op_recompute import op_sac_context
 
-        n = sum(checkpoint_blocks(m, op_sac_context) for m in modules)
+        # pipeline stages: each block of a stage graph one checkpoint region (block_checkpoint.py)
+        n = sum(checkpoint_stage_blocks(m, op_sac_context) if pipelined else checkpoint_blocks(m, op_sac_context)
+                for m in modules)
         if n == 0:
             from meshplan.errors import PlanMismatchError
 
