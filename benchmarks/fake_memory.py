@@ -21,6 +21,12 @@ fake tensors and changes no allocation of the step):
   scalar values (``.item()``), which fake tensors do not have: the loss is returned as 0 and the
   vote's outcome is set directly (STATIC: every stage is built with its input/output metadata,
   taken from running the stage chain on fake tensors, as ``split.check_stage_chain`` does);
+- sequence parallelism inside pipeline stages: the stage chain runs before TP, on whole sequences; the
+  runtime then inserts the SP boundaries (``tp.insert_sequence_boundaries``) and splits again, and a
+  value crossing a stage boundary inside the SP region is this rank's sequence shard: its metadata
+  gets dim 1 divided by tp (``_seq_shard_meta``), as the real stages infer it on their first step;
+- DTensor caches sharding propagation and redistribution plans per process, with the meshes of an
+  earlier ``measure``: they are cleared before each (``_clear_dtensor_caches``);
 - MemTracker's module tracker hooks each module's inputs' and outputs' gradients
   (``register_multi_grad_hook``) with a closure that holds their autograd nodes: a reference
   cycle through C++ (node -> hook -> closure -> node) that Python's gc cannot free, which keeps
@@ -136,6 +142,25 @@ class _NoRebuild:
         return False
 
 
+def _descendants(gm: torch.fx.GraphModule, target: str) -> set[str]:
+    """Names of the nodes of ``gm`` computed from its ``call_module`` node of ``target`` (itself included)."""
+    todo = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == target]
+    seen: set[str] = set()
+    while todo:
+        n = todo.pop()
+        if n.name not in seen:
+            seen.add(n.name)
+            todo.extend(n.users)
+    return seen
+
+
+def _seq_shard_meta(v: torch.Tensor, tp: int) -> torch.Tensor:
+    """A stand-in for ``v``'s sequence shard (dim 1 split over ``tp``, as ``tp.SeqShard``)."""
+    shape = list(v.shape)
+    shape[1] //= tp
+    return torch.empty(shape, dtype=v.dtype, device=v.device).requires_grad_(v.requires_grad)
+
+
 @contextlib.contextmanager
 def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
     """The runtime's few scalar reads and the mesh's real-tensor construction, bridged (module doc)."""
@@ -156,19 +181,33 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
         setattr(obj, name, value)
 
     real_mesh, real_chain, real_stage = rdist.init_device_mesh, rsplit.check_stage_chain, rsched.pipeline_stage
+    real_split = rsplit.split_stages
 
     def mesh(*a: Any, **k: Any) -> Any:
         with unset_fake_temporarily():
             return real_mesh(*a, **k)
 
-    def chain(pieces: Any, example_inputs: Any) -> None:
+    def record(pieces: Any, example_inputs: Any) -> None:
         vals: tuple = split_inputs(example_inputs)[1]
         for p in pieces:
             io[p.index] = tuple(v.detach().requires_grad_(v.requires_grad) for v in vals)
             out = p.module(*vals)
             vals = out if isinstance(out, tuple) else (out,)
         io[len(pieces)] = vals
+
+    def chain(pieces: Any, example_inputs: Any) -> None:
+        record(pieces, example_inputs)
         real_chain(pieces, example_inputs)
+
+    def resplit(gm: Any, ordered: Any) -> Any:
+        pieces = real_split(gm, ordered)
+        if io and hasattr(gm, "_sp_shard"):  # sequence parallel: a boundary inside it carries the shard
+            between = _descendants(gm, "_sp_shard") - _descendants(gm, "_sp_gather")
+            tp = gm._sp_shard.mesh.size()
+            for p in pieces[:-1]:
+                io[p.index + 1] = tuple(_seq_shard_meta(v, tp) if name in between else v
+                                        for name, v in zip(p.outputs, io[p.index + 1]))
+        return pieces
 
     def sent(vals: tuple) -> tuple:  # stage sends travel in the training dtype (runtime.precision)
         return tuple(v.detach().to(mb_dtype).requires_grad_(v.requires_grad) if v.is_floating_point() else v
@@ -227,6 +266,7 @@ def _bridges(mb_dtype: torch.dtype) -> Iterator[None]:
 
     patch(DeviceMesh, "_unflatten", unflatten)
     patch(rsplit, "check_stage_chain", chain)
+    patch(rsplit, "split_stages", resplit)  # re-split after the sequence-parallel boundaries (steps.apply_split)
     patch(rsched, "pipeline_stage", stage)  # the runtime's one place that builds a PipelineStage
     import meshplan.runtime.apply.epcp as repcp
 
@@ -373,6 +413,19 @@ class BalancedRouting(TorchDispatchMode):
         return out
 
 
+def _clear_dtensor_caches() -> None:
+    """DTensor's sharding propagation (Python and C++ fast path) and redistribution plans, cached per
+    process, hold the meshes of an earlier ``measure``: equal by layout, but their process-group names
+    are the destroyed group's, which a rank that builds other groups than the last cannot resolve
+    (torch's own tests clear them between process groups: ``debug._clear_sharding_prop_cache``)."""
+    from torch.distributed.tensor import _redistribute as redist
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    redist._gen_transform_infos.cache_clear()
+    redist._planner_cache.clear()
+
+
 def _fused(factory: Callable) -> Callable:
     """The runtime's AdamW as it runs on CUDA (``runtime/optim.make_optimizer``: fused there,
     foreach on CPU, whose step holds one more parameter-sized temporary): the fake device is cpu,
@@ -406,6 +459,7 @@ def measure(
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    _clear_dtensor_caches()
     old_ws = os.environ.get("WORLD_SIZE")
     os.environ["WORLD_SIZE"] = str(plan.world_size)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)

@@ -129,6 +129,15 @@ PATHS = {
     # the vocab-sharded embedding's whole gradient redistributed to its shard before the fold
     "16-bit weights, tp2": (2, 1, dict(tp=2, pp=1, dp=1, sequence_parallel=False, cluster="fast-links",
                                        profile="meshplan-bf16")),
+    # per block inside the stage graphs, the head and loss outside: the last rank keeps every
+    # microbatch's log-softmax and head-weight copy (+19.8 % while a whole stage was one region)
+    "pp2 gpipe + full recompute": (2, 4, dict(tp=1, pp=2, dp=1, schedule="gpipe", recompute="full")),
+    # each block of a stage graph one selective region (block_checkpoint.py + op_recompute.py)
+    "pp2 1f1b + op recompute": (2, 4, dict(tp=1, pp=2, dp=1, schedule="1f1b", recompute="op")),
+    # boundaries inside the SP region carry the sequence shard; rank 0's embedding backward computes
+    # the whole vocab-parallel gradient again beside the accumulated one (StateCosts.embedding_grad_new)
+    "pp2 x tp2 + sequence parallel": (4, 4, dict(tp=2, pp=2, dp=1, schedule="1f1b", sequence_parallel=True,
+                                                 cluster="fast-links")),
 }
 
 

@@ -527,6 +527,12 @@ class ConfigEvaluator:
                 rs_grads = max(before, end - g0) - max(before, end) + g0
         elif flats:  # gradients held through the step (microbatches): beside the activations or the flats
             live[0] = max(live[0], flats)
+        emb_new = self.states.embedding_grad_new(c) if emb_g > 0 else 0.0
+        if emb_new:  # a later microbatch's embedding backward (rank 0): its own activations freed by then,
+            # the others in flight kept (gpipe: the second backward's, after all forwards, m - 2 of them)
+            act0 = sum(k.st_act[i] for i in on_rank[0])
+            others = max(0.0, k.infl[0] - (2 if c.schedule == "gpipe" and c.pp > 1 else 1))
+            live[0] = max(live[0], others * act0 + cast[0] + emb_new)
         r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
         if self.states.fsdp_steps(c):
             # FSDP2 per block without a pipeline, unit by unit (cost_models.fsdp_units): the root's

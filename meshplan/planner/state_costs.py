@@ -276,15 +276,32 @@ class StateCosts:
         repeated block (token / position embeddings), full minus held parameters; 0 without tp,
         under a sharded kind (FSDP2 copies it into its reduce-scatter input; not priced here) or
         another layout (Megatron's VocabParallelEmbedding computes its shard's gradient)."""
-        if c.tp == 1 or self.state_layout != "torch" or ZERO_STAGE[c.dp_kind] >= 2:
+        full, held = self._pre_block_params(c)
+        return max(0.0, full - held) * self.state_bytes_per_param(c).grads
+
+    def embedding_grad_new(self, c: Config) -> float:
+        """Where ``embedding_grad_extra`` holds and gradients accumulate over microbatches: the whole
+        gradient DTensor's ``embedding_dense_backward`` computes again in every later microbatch's
+        backward, beside the accumulated one, before it is added in (bytes; 0 otherwise). Measured
+        under PyTorch's fake-tensor accounting (``tests/test_memory_fake.py``, pp2 x tp2 rank 0)."""
+        if c.num_microbatches < 2:
             return 0.0
+        full, held = self._pre_block_params(c)
+        return full * self.state_bytes_per_param(c).grads if full > held else 0.0
+
+    def _pre_block_params(self, c: Config) -> tuple[float, float]:
+        """(whole, held) parameter counts of the layers before the first repeated block (token /
+        position embeddings) where a vocab-parallel embedding's gradient is computed whole (DTensor
+        TP under the "torch" state layout, ZeRO below 2); (0, 0) otherwise."""
+        if c.tp == 1 or self.state_layout != "torch" or ZERO_STAGE[c.dp_kind] >= 2:
+            return 0.0, 0.0
         t = self.tables.table(c)
-        extra = 0.0
+        full = held = 0.0
         for x in t.layers:
             if x.kind == "block":
                 break
-            extra += max(0.0, x.param_count_full - x.param_count)
-        return extra * self.state_bytes_per_param(c).grads
+            full, held = full + x.param_count_full, held + min(x.param_count, x.param_count_full)
+        return full, held
 
     # ---- what a sharded kind holds unsharded --------------------------------------------------
     def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:
