@@ -190,7 +190,7 @@ def _compare(pm: Any, data: list, ref: tuple, cfg: dict) -> tuple[float, float, 
         param_err = max(param_err, float((t - r).abs().max()))
     if not full:
         param_err = float("inf")
-    if cfg.get("recompute") == "full":  # split-backward recompute caches die with the microbatch's graph
+    if cfg.get("recompute") in ("full", "op"):  # split-backward recompute caches die with the microbatch's graph
         import gc
 
         from meshplan.runtime.apply.cached_checkpoint import _Frame
