@@ -94,6 +94,11 @@ def apply_plan(
     if meta is not None:
         meta.init, meta.progress = init, progress
     check_launch(plan)  # the launched world size first: every rank refuses alike
+    if init_from is not None and meta is None and plan.state_layout != "torch":
+        # the fp32 masters are copied before the weights would be read into the (then 16-bit) parameters
+        raise ValueError("apply_plan: init_from with a host-built model under state_layout "
+                         f"{plan.state_layout}: build the model on the meta device (load_model(spec, device='meta', "
+                         "tape=tape)), whose weights are read before the masters are copied")
     checked = check_plan(model, plan, example_inputs, dtype, init_from=init_from)
     startup = {"plan checks": time.perf_counter() - t0}
     notes = list(checked.notes)
