@@ -41,9 +41,9 @@ def autocast_reference(model: torch.nn.Module, data: list, precision: str, clip:
 
 
 def master_reference(model: torch.nn.Module, data: list, chunks: int, opt_name: str = "adamw",
-                     clip: float = 0.0) -> tuple[list[float], dict, list[dict]]:
+                     clip: float = 0.0, main_dtype: torch.dtype = torch.float32) -> tuple[list[float], dict, list[dict]]:
     """One process, the 16-bit-weights layout written out (Megatron's): bf16 parameters under autocast,
-    each of ``chunks`` microbatches' bf16 gradients added into fp32 main gradients, their mean (and
+    each of ``chunks`` microbatches' bf16 gradients added into ``main_dtype`` main gradients, their mean (and
     ``clip``) stepped on fp32 masters, the masters copied back into the bf16 weights. Returns the
     step losses (mean over microbatches), {FQN: bf16 weight, "master:" + FQN: fp32 master} after the
     last step, and each step's {FQN: fp32 main gradient} before its update."""
@@ -55,7 +55,7 @@ def master_reference(model: torch.nn.Module, data: list, chunks: int, opt_name: 
     opt = _factory(opt_name)(list(masters.values()))
     losses, grads = [], []
     for x, y in data:
-        main = {n: torch.zeros_like(w) for n, w in masters.items()}
+        main = {n: torch.zeros_like(w, dtype=main_dtype) for n, w in masters.items()}
         parts = []
         for xc, yc in zip(x.chunk(chunks), y.chunk(chunks)):
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -63,13 +63,14 @@ def master_reference(model: torch.nn.Module, data: list, chunks: int, opt_name: 
             loss = rc.loss_fn(out.float(), yc)
             loss.backward()
             for n, p in named.items():
-                main[n] += p.grad.float()
+                main[n] += p.grad.to(main_dtype)
                 p.grad = None
             parts.append(float(loss.detach()))
         for g in main.values():
             g /= chunks
         for n, w in masters.items():
-            w.grad = main[n]
+            w.grad = main[n].float()
+        main = {n: w.grad for n, w in masters.items()}
         if clip:
             torch.nn.utils.clip_grads_with_norm_(list(masters.values()), clip,
                                                  torch.nn.utils.get_total_norm(list(main.values())))
@@ -97,7 +98,7 @@ def master_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) -> li
     for cfg in cfgs:
         model = rc.tiny_gpt()
         plan, ex = _plan(model, cfg, data)
-        plan = dataclasses.replace(plan, state_layout="megatron")
+        plan = dataclasses.replace(plan, state_layout=cfg["layout"])
         pm = apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=_factory(cfg.get("opt", "adamw")),
                         example_inputs=ex, bucket_cap_bytes=cfg.get("cap", 25 * 2**20))
         pm.max_grad_norm = cfg.get("clip")
@@ -108,14 +109,15 @@ def master_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) -> li
         inner = ms.step
 
         def step(inner=inner, ms=ms, fqn=fqn, seen=seen) -> None:  # the reduced main gradients, before the update
-            seen.append({fqn[id(p)]: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
+            seen.append({fqn[id(p)]: (v.full_tensor() if hasattr(v, "full_tensor") else v).float().clone()
                          for p, v in zip(ms.params, ms.norm_views())})
             inner()
 
         ms.step = step  # type: ignore[method-assign]
         losses = [pm.step(x, y) for x, y in data]
         ref_losses, ref, ref_grads = master_reference(rc.tiny_gpt(), data, cfg.get("dp", 1) * cfg["m"],
-                                                      cfg.get("opt", "adamw"), cfg.get("clip", 0.0))
+                                                      cfg.get("opt", "adamw"), cfg.get("clip", 0.0),
+                                                      torch.bfloat16 if cfg["layout"] == "zero" else torch.float32)
         loss_err = max(abs(a - b) for a, b in zip(losses, ref_losses))
         full = pm.full_parameters()
         param_err = max(float((t.float() - ref[n].float()).abs().max()) for n, t in full.items())
@@ -137,7 +139,7 @@ def master_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) -> li
                  "grad_err": grad_err, "worst": worst, "untied_err": untied_err, "grad_scale": grad_scale, "master_err": master_err, "rounding": rounding,
                  "masters": len(ms.masters), "params": len(ms.params), "fp32_err": fp32_err,
                  "collectives": pm.grad_sync_collectives, "sync_bytes": pm.grad_sync_bytes, "grad_norm": pm.last_grad_norm,
-                 "main_bytes": sum(g.numel() * 4 for g in ms.main.values()), "notes": list(pm.notes)}
+                 "main_bytes": sum(g.numel() * g.element_size() for g in ms.main.values()), "notes": list(pm.notes)}
         out.append((cfg, loss_err, param_err, facts))
     return out
 
@@ -176,7 +178,7 @@ def precision_worker(rank: int, world: int, cfgs: list[dict], steps: int = 2) ->
     data = rc.batches(steps)
     out = []
     for cfg in cfgs:
-        if cfg.get("layout") == "megatron":
+        if cfg.get("layout") in ("megatron", "zero"):
             out += master_worker(rank, world, [cfg], steps)
             continue
         model = rc.tiny_gpt()

@@ -247,8 +247,9 @@ def test_torch_zero1_pays_one_broadcast_per_parameter_tensor() -> None:
     from meshplan.cost_models.engine_profiles import PROFILES
 
     assert PROFILES["meshplan"].zero1_impl == "torch"
-    assert PROFILES["meshplan-bf16"].zero1_impl == "torch"  # the same runtime, 16-bit weights
-    assert all(p.zero1_impl == "bucketed" for n, p in PROFILES.items() if n not in ("meshplan", "meshplan-bf16"))
+    runtime = ("meshplan", "meshplan-bf16", "meshplan-bf16-grads")  # the same runtime, 16-bit weights (and grads)
+    assert all(PROFILES[n].zero1_impl == "torch" for n in runtime)
+    assert all(p.zero1_impl == "bucketed" for n, p in PROFILES.items() if n not in runtime)
     g = load_graph("gpt-tiny")
     lat = 1e-3
     spec = resolve_cluster(ClusterSpec.from_dict({**CPU, "intra_latency_s": lat, "comm_backend": "gloo"}), 2)

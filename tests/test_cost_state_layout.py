@@ -212,5 +212,10 @@ def test_meshplan_bf16_prices_the_runtimes_16bit_weights() -> None:
     assert "autocast_kept" not in b and torch_.predicted.mem_breakdown["autocast_kept"] > 0
     with pytest.raises(ValueError, match="meshplan-bf16"):
         estimate_graph(g, 8, dp_kind="fsdp", profile="meshplan-bf16", **kw)
+    grads16 = estimate_graph(g, 8, dp_kind="zero1", profile="meshplan-bf16-grads", **kw)  # 2 + 2 + 12/d, bf16 sync
+    b16 = grads16.predicted.mem_breakdown
+    assert grads16.state_layout == "zero" and b16["grads"] == b16["params"] and b16["optimizer"] == b["optimizer"]
+    assert b16["step_grad_copies"] == pytest.approx(b16["params"] * 2 / 4, rel=1e-6)  # fp32 copies of the owned 1/4
+    assert grads16.predicted.comm_bytes["reduce_scatter"] * 2 == bf16.predicted.comm_bytes["reduce_scatter"]
     fp16 = estimate_graph(g, 8, dp_kind="zero1", profile="meshplan-bf16", dtype="fp16", **kw)
     assert any("does not run it: state_layout megatron" in n and "fp16" in n for n in fp16.notes), fp16.notes

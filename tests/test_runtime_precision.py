@@ -106,7 +106,8 @@ def _check_master(cfg: dict, loss_err: float, param_err: float, f: dict) -> None
     assert f["precision"] == "bf16" and f["param_dtypes"] == ["torch.bfloat16"], (cfg, f)
     exact = 1e-6 * f["grad_scale"]
     # clipping scales every gradient by the global norm, which carries the tied weight's difference (2^-7)
-    sharded = cfg.get("tp", 1) > 1 or cfg.get("cp", 1) > 1  # partial gradients summed in bf16 inside a shard
+    # partial gradients summed in bf16 inside a shard; "zero": the main gradients themselves are bf16 sums
+    sharded = cfg.get("tp", 1) > 1 or cfg.get("cp", 1) > 1 or cfg["layout"] == "zero"
     untied = 2**-6 if sharded else 2**-7 if cfg.get("clip") and cfg.get("pp", 1) > 1 else None
     assert f["untied_err"] <= (exact if untied is None else untied * f["grad_scale"]), (cfg, f)
     assert f["grad_err"] <= (2**-6 * f["grad_scale"] if sharded else 2**-7 * f["grad_scale"] if cfg.get("pp", 1) > 1
@@ -124,7 +125,7 @@ def _check_master(cfg: dict, loss_err: float, param_err: float, f: dict) -> None
 
 def _check(rows: list) -> None:
     for cfg, loss_err, param_err, facts in rows:
-        if cfg.get("layout") == "megatron":
+        if cfg.get("layout") in ("megatron", "zero"):
             _check_master(cfg, loss_err, param_err, facts)
             continue
         want = cfg.get("dtype", "plan")
@@ -158,7 +159,8 @@ class TestTwoRanks:
         # 16-bit weights, fp32 main gradients and masters (runtime/apply/master_state.py), against one process
         cfgs += [dict(dp=2, m=2, dp_kind="zero1", layout="megatron", opt="adamw"),
                  dict(pp=2, m=2, schedule="1f1b", layout="megatron", opt="adamw", clip=0.05),
-                 dict(cp=2, m=2, dp_kind="zero1", layout="megatron", opt="adamw")]  # over dp x cp (epcp)
+                 dict(cp=2, m=2, dp_kind="zero1", layout="megatron", opt="adamw"),  # over dp x cp (epcp)
+                 dict(dp=2, m=2, dp_kind="zero1", layout="zero", opt="adamw")]  # 16-bit main gradients
         res = run_ranks(pc.precision_worker, 2, cfgs)
         for rows in res:
             _check(rows)
@@ -172,8 +174,8 @@ class TestTwoRanks:
         assert fs["sync_dtypes"] == ["float32"] and fs["sync_bytes"] == fs["costed_sync_bytes"] > 0, fs
         dd = facts[str(cfgs[0])]  # ddp bf16: one all-reduce of fp32 gradients per step
         assert dd["sync_dtypes"] == ["float32"] and dd["sync_bytes"] == dd["costed_sync_bytes"] > 0, dd
-        assert facts[str(cfgs[-4])]["sp_saved_shards"] > 0, facts[str(cfgs[-4])]
-        zero1 = [f for c, _, _, f in (r[-3] for r in res)]  # dp2 zero1: each rank holds its partition's masters
+        assert facts[str(cfgs[-5])]["sp_saved_shards"] > 0, facts[str(cfgs[-5])]
+        zero1 = [f for c, _, _, f in (r[-4] for r in res)]  # dp2 zero1: each rank holds its partition's masters
         assert all(0 < f["masters"] < f["params"] for f in zero1) and sum(f["masters"] for f in zero1) == zero1[0]["params"]
         norms = [f["grad_norm"] for c, _, _, f in res[0] if c.get("clip")]
         assert all(n is not None and n > 0.05 for n in norms), norms  # clipping was active

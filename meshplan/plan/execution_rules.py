@@ -15,8 +15,9 @@ SHARDED_DP_KINDS = ("zero2", "fsdp", "hsdp")
 STATE_SHARDING_KINDS = ("zero1", *SHARDED_DP_KINDS)  # kinds that shard some model state (ZeRO stage >= 1)
 #: how the runtime holds the model states (``Plan.state_layout``; the cost model's ``dp_kinds.STATE_LAYOUTS``
 #: names them alike): "torch" fp32 parameters under autocast; "megatron" 16-bit parameters, fp32 main
-#: gradients and fp32 master weights (+ optimizer state) sharded by zero1 (``runtime/apply/master_state.py``)
-RUNTIME_STATE_LAYOUTS = ("torch", "megatron")
+#: gradients and fp32 master weights (+ optimizer state) sharded by zero1 (``runtime/apply/master_state.py``);
+#: "zero" the same with 16-bit main gradients, accumulated and reduced in bf16 (the ZeRO paper's 2 + 2 + 12)
+RUNTIME_STATE_LAYOUTS = ("torch", "megatron", "zero")
 
 
 def states_over_cp(*, cp: int, ep: int, dp_kind: str) -> bool:
@@ -57,7 +58,7 @@ def state_layout_blocker(*, state_layout: str, dp_kind: str, dtype: str, cp: int
         why = "expert parallelism (expert and dense main gradients would reduce over different groups)"
     elif quantization != "none":
         why = f"quantization {quantization}"
-    return (f"state_layout {state_layout} (16-bit weights, fp32 main gradients and masters) is not executed with "
+    return (f"state_layout {state_layout} (16-bit weights, main gradients and fp32 masters) is not executed with "
             f"{why}; re-plan with state_layout torch") if why else ""
 
 

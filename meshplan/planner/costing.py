@@ -86,6 +86,7 @@ from meshplan.cost_models.quant_nodes import (
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.partition.cuts import layer_ranges
 from meshplan.plan import Quantization
+from meshplan.plan.execution_rules import RUNTIME_STATE_LAYOUTS
 from meshplan.planner.layer_saves import LayerSaves, out_shard, saved_shard
 from meshplan.planner.tp.graph import GraphTPSolution, solve_tp
 from meshplan.planner.tp.groups import GraphIndex
@@ -259,7 +260,8 @@ class GraphCoster(LayerSaves):
         self.main_grad_bytes = main_grad_bytes(p.state_layout, dtype, p.main_grads)
         # the layout a plan of meshplan's own runtime runs (Plan.state_layout): its profile's; other engines' "torch".
         # A dtype or quantization the layout does not run is refused by the runtime (execution_rules), as fp8 is
-        self.runtime_state_layout = p.state_layout if p.engine == "meshplan" and p.state_layout == "megatron" else "torch"
+        self.runtime_state_layout = p.state_layout if p.engine == "meshplan" and p.state_layout in RUNTIME_STATE_LAYOUTS \
+            else "torch"
         vocab = int(graph.meta.get("vocab") or 0)
         self._heads = {n.id for n in graph.nodes if n.kind == "linear" and vocab and n.attrs.get("out_features") == vocab}
         self._fp8_gathers = fp8_gathered_events(graph, self._heads) if (

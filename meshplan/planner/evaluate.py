@@ -534,6 +534,13 @@ class ConfigEvaluator:
             others = max(0.0, k.infl[0] - (2 if c.schedule == "gpipe" and c.pp > 1 else 1))
             live[0] = max(live[0], others * act0 + cast[0] + emb_new)
         r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
+        # meshplan's runtime with 16-bit main gradients (state_layout "zero", runtime/apply/master_state.py): the
+        # update reads an fp32 copy of the gradients of the masters this rank owns, made for the step, beside the
+        # states (activations gone): a peak of its own where the activations were smaller
+        copies = [0.0 for _ in ranks]
+        if self.states.master_state and bpp.grads < 4 and not self.quant:
+            copies = [r_params[r] * 4 / max(1, self.states.shard(c)) for r in ranks]
+            r_mem = [max(m_, int(r_state[r] + copies[r])) for m_, r in zip(r_mem, ranks)]
         if self.states.fsdp_steps(c):
             # FSDP2 per block without a pipeline, unit by unit (cost_models.fsdp_units): the root's
             # gathered weights and held gradients, a block's reduce-scatter buffers, the sharded
@@ -562,6 +569,8 @@ class ConfigEvaluator:
                          "optimizer": int(w * bpp.optimizer), "activations": int(max(r_act))}  # fmt: skip
         if max(cast) > 0:  # autocast's weight copies and fp32 norm inputs (LayerCost.autocast_bytes): live
             mem_breakdown["autocast_kept"] = int(cast[worst])
+        if max(copies) > 0:  # the step's fp32 gradient copies (16-bit main gradients), beside the states
+            mem_breakdown["step_grad_copies"] = int(copies[worst])
         if c.pp > 1 and max(k.r_pipe) > 0:  # live: in peak_mem_bytes
             mem_breakdown["pipeline_buffers"] = int(max(k.r_pipe))
         pools = self.states.stream_pools(c, t, runs, on_rank)

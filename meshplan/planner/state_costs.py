@@ -93,7 +93,7 @@ class StateCosts:
         self.layout_key = (self.state_layout, self.main_grads)
         # meshplan's runtime with 16-bit weights (runtime/apply/master_state.py): its gradients reduced by
         # BucketedGradSync (no DDP), so at pp = 1 their flat fp32 copies exist at the backward's end
-        self.master_state = profile.engine == "meshplan" and profile.state_layout == "megatron"
+        self.master_state = profile.engine == "meshplan" and profile.state_layout in ("megatron", "zero")
         # what a sharded kind gathers at once (dp_kinds.FSDP_UNITS): "block" = FSDP2 per repeated block,
         # as meshplan's runtime wraps; "module" = DeepSpeed ZeRO-3's per-module gathers (an engine's)
         self.fsdp_units = profile.fsdp_units

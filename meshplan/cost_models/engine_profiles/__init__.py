@@ -32,7 +32,7 @@ from meshplan.cost_models.engine_profiles.lookup import (
     profile,
     resolve,
 )
-from meshplan.cost_models.engine_profiles.meshplan_runtime import MESHPLAN, MESHPLAN_BF16
+from meshplan.cost_models.engine_profiles.meshplan_runtime import MESHPLAN, MESHPLAN_BF16, MESHPLAN_BF16_GRADS
 from meshplan.cost_models.engine_profiles.profile_type import (
     ATTENTION_BACKENDS,
     AUTOCAST_CACHES,
@@ -52,6 +52,7 @@ __all__ = [
     "LINEAGES",
     "MESHPLAN",
     "MESHPLAN_BF16",
+    "MESHPLAN_BF16_GRADS",
     "PROFILES",
     "RECOMPUTE_UNITS",
     "RUN_FLAGS",

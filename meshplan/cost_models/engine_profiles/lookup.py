@@ -12,13 +12,13 @@ import logging
 import re
 
 from meshplan.cost_models.engine_profiles.megatron_profiles import MEGATRON
-from meshplan.cost_models.engine_profiles.meshplan_runtime import MESHPLAN, MESHPLAN_BF16
+from meshplan.cost_models.engine_profiles.meshplan_runtime import MESHPLAN, MESHPLAN_BF16, MESHPLAN_BF16_GRADS
 from meshplan.cost_models.engine_profiles.nemo_profiles import NEMO
 from meshplan.cost_models.engine_profiles.other_profiles import OTHERS
 from meshplan.cost_models.engine_profiles.profile_type import EngineProfile
 from meshplan.cost_models.engine_profiles.torchtitan_profiles import TORCHTITAN
 
-PROFILES: dict[str, EngineProfile] = {p.name: p for p in (MESHPLAN, MESHPLAN_BF16, *TORCHTITAN, *MEGATRON, *NEMO, *OTHERS)}
+PROFILES: dict[str, EngineProfile] = {p.name: p for p in (MESHPLAN, MESHPLAN_BF16, MESHPLAN_BF16_GRADS, *TORCHTITAN, *MEGATRON, *NEMO, *OTHERS)}
 
 #: where a profile keeps the p2p "ring" (``cp_kernels.CP_ROTATES``; meshplan's runtime runs "ring-dkv"), why
 _RING_SOURCES: dict[str, str] = {

@@ -1,6 +1,7 @@
 """meshplan's own runtime as an engine profile (``MESHPLAN``, the profile ``estimate_graph`` prices
 by default), each field traced to the runtime module that runs it; ``MESHPLAN_BF16`` ("meshplan-bf16"),
-the same runtime with 16-bit model weights, fp32 main gradients and masters (``Plan.state_layout``).
+the same runtime with 16-bit model weights, fp32 main gradients and masters (``Plan.state_layout``), and
+``MESHPLAN_BF16_GRADS`` ("meshplan-bf16-grads") with 16-bit main gradients too.
 No torch import."""
 
 from __future__ import annotations
@@ -69,5 +70,19 @@ MESHPLAN_BF16 = dataclasses.replace(
         ("autocast_cache", "unused: torch.autocast around each stage call finds the weights already bf16 "
                            "(no cast, nothing cached)"),
         ("dp_kinds", "none, ddp, zero1: plan.execution_rules.state_layout_blocker refuses the FSDP2 kinds"),
+    ),
+)  # fmt: skip
+
+#: the same with 16-bit main gradients (``Plan.state_layout`` "zero"): accumulated and all-reduced in bf16
+MESHPLAN_BF16_GRADS = dataclasses.replace(
+    MESHPLAN_BF16, name="meshplan-bf16-grads", state_layout="zero", main_grads="16-bit", grad_reduce="param",
+    sources=with_sources(
+        MESHPLAN_BF16.sources,
+        ("state_layout", "runtime/apply/master_state.py MasterState(main_dtype=bf16): bf16 weights and a persistent "
+                         "bf16 gradient buffer, fp32 masters of the rank's zero1 partition (an fp32 copy of their "
+                         "gradients made for the update)"),
+        ("main_grads", "runtime/apply/master_state.py MasterState.fold adds the bf16 .grad into the bf16 buffer; "
+                       "runtime/apply/grad_sync.py BucketedGradSync buckets and all-reduces it in bf16"),
+        ("grad_reduce", "'param': the bucketed all-reduce moves the bf16 main gradients"),
     ),
 )  # fmt: skip

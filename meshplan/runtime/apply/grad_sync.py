@@ -24,8 +24,8 @@ Where a contribution is seen:
 backward (before ``finish()``). DTensor gradients (TP inside the stage) reduce their local shard.
 
 With ``main`` (``runtime.apply.master_state.MasterState``: 16-bit weights, ``Plan.state_layout``
-"megatron") each contribution is first folded into the parameter's fp32 main gradient, and the
-buckets reduce (and are sized by) the fp32 main gradients instead of ``.grad``.
+"megatron" / "zero") each contribution is first folded into the parameter's main gradient (fp32 / bf16),
+and the buckets reduce (and are sized by) the main gradients instead of ``.grad``.
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ class BucketedGradSync:
         self.buckets: list[_Bucket] = []
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for p in order:
-            by_dtype.setdefault(torch.float32 if main is not None else p.dtype, []).append(p)
-        for ps in by_dtype.values():
-            sizes = [_local(p).numel() * (4 if main is not None else p.element_size()) for p in ps]
+            by_dtype.setdefault(main.main_dtype if main is not None else p.dtype, []).append(p)
+        for dt, ps in by_dtype.items():
+            sizes = [_local(p).numel() * dt.itemsize for p in ps]
             self.buckets += [_Bucket([ps[i] for i in idx]) for idx in bucket_indices(sizes, cap_bytes)]
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.counts: dict[int, int] = {}

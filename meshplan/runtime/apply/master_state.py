@@ -1,4 +1,6 @@
-"""16-bit model weights, fp32 main gradients, fp32 master weights (``Plan.state_layout`` "megatron").
+"""16-bit model weights, fp32 main gradients, fp32 master weights (``Plan.state_layout`` "megatron"; "zero":
+16-bit main gradients, accumulated and all-reduced in bf16, as Megatron-Core with ``grad_reduce_in_fp32``
+off and NeMo's ``grad_sync_dtype`` bf16: 2 + 2 + 12/d bytes per parameter).
 
 Megatron-Core's mixed-precision layout (``megatron/core/optimizer/optimizer.py``
 ``Float16OptimizerWithFloat16Params``, ``distrib_optimizer.py`` ``DistributedOptimizer``,
@@ -83,7 +85,8 @@ class MasterState:
     ``attach`` gave it the optimizer over the masters (``step``, ``zero_grad``, ``param_groups``)."""
 
     def __init__(self, params: Sequence[torch.Tensor], dtype: torch.dtype, *,
-                 group: dist.ProcessGroup | None = None, shard: bool = False, hooks: bool = True) -> None:
+                 group: dist.ProcessGroup | None = None, shard: bool = False, hooks: bool = True,
+                 main_dtype: torch.dtype = torch.float32) -> None:
         seen: dict[int, torch.Tensor] = {}
         for p in params:
             if p.requires_grad and p.is_floating_point():
@@ -101,8 +104,10 @@ class MasterState:
                             if o == me}
             for p in self.params:
                 cast_param_(p, dtype)
-            # the fp32 gradient buffer (Megatron's persistent grad buffer): 4 B per parameter, for the run
-            self.main = {id(p): torch.zeros(_local(p).shape, dtype=torch.float32, device=_local(p).device)
+            # the gradient buffer (Megatron's persistent grad buffer): fp32 (4 B per parameter) or, state_layout
+            # "zero", the weights' 16-bit dtype (Megatron-Core grad_reduce_in_fp32 False, NeMo grad_sync_dtype bf16)
+            self.main_dtype = main_dtype
+            self.main = {id(p): torch.zeros(_local(p).shape, dtype=main_dtype, device=_local(p).device)
                          for p in self.params}
         self.optim: torch.optim.Optimizer | None = None
         self.handles = [p.register_post_accumulate_grad_hook(self.fold) for p in self.params] if hooks else []
@@ -161,8 +166,9 @@ class MasterState:
         assert self.optim is not None, "MasterState.attach was not called"
         for p in self.params:
             m = self.masters.get(id(p))
-            if m is not None:
-                m.grad = self.main[id(p)]
+            if m is not None:  # 16-bit main gradients: an fp32 copy for the update (this rank's masters only)
+                g = self.main[id(p)]
+                m.grad = g if g.dtype == m.dtype else g.float()
         self.optim.step()
         for p in self.params:
             m = self.masters.get(id(p))

@@ -258,7 +258,7 @@ def apply_precision(s: ApplyState) -> list[str]:
     return [f"precision {p}: " + (
         "fp32 throughout" if p == "fp32" else
         ("FSDP2 MixedPrecisionPolicy (params " + p + ", reduce fp32)" if fsdp else
-         "torch.autocast, " + ("bf16 parameters, fp32 main gradients and masters" if s.plan.state_layout != "torch"
+         "torch.autocast, " + (f"bf16 parameters, {s.plan.state_layout} state layout (fp32 masters)" if s.plan.state_layout != "torch"
                                else "fp32 parameters and optimizer state")) + (", stage sends in " + p if s.pipelined else "")
         + (", ShardedGradScaler" if p == "fp16" else ""))]
 
@@ -281,7 +281,7 @@ def _dp_note(plan: Plan, mode: str) -> str:
                 f"dp_shard={plan.hsdp_shard_degree()}) mesh" + over,
     }.get(plan.dp_kind, "DDP" if mode == "ddp" else "bucketed all-reduce from gradient hooks")
     if plan.state_layout != "torch":
-        return f"data parallel {plan.dp_kind}: {kind} of the fp32 main gradients" + (
+        return f"data parallel {plan.dp_kind}: {kind} of the main gradients" + (
             ", fp32 masters partitioned over dp (ZeRO-1, runtime.apply.master_state)" if plan.dp_kind == "zero1" else "")
     return f"data parallel {plan.dp_kind}: {kind}" + (
         ", ZeroRedundancyOptimizer (ZeRO-1)" + (f" over dp x cp = {ranks} ranks" if ranks != plan.dp else "")
@@ -361,8 +361,8 @@ def apply_materialize(s: ApplyState) -> list[str]:
 
 
 def apply_state_layout(s: ApplyState) -> list[str]:
-    """``state_layout`` "megatron" (``runtime.apply.master_state``): the parameters become 16-bit, each
-    with an fp32 main gradient; fp32 masters of the parameters this rank's optimizer steps (zero1 at dp > 1:
+    """``state_layout`` "megatron" / "zero" (``runtime.apply.master_state``): the parameters become 16-bit,
+    each with an fp32 / 16-bit main gradient; fp32 masters of the parameters this rank's optimizer steps (zero1 at dp > 1:
     its partition; else all). After materializing (the masters copy real values), before the reduction."""
     plan = s.plan
     if plan.state_layout == "torch" or s.checked.precision == "fp32":
@@ -371,9 +371,12 @@ def apply_state_layout(s: ApplyState) -> list[str]:
     shard = plan.dp_kind == "zero1" and plan.dp_state_ranks() > 1
     folded = plan.dp_state_ranks() != plan.dp and s.ecs is not None
     group = (s.ecs.groups.dc_group if folded else s.env.group("dp")) if shard else None  # type: ignore[union-attr]
-    s.master = MasterState(unique_params(s.modules), prec.torch_dtype(s.checked.precision), group=group, shard=shard)
+    dt = prec.torch_dtype(s.checked.precision)
+    main = dt if plan.state_layout == "zero" else torch.float32  # zero: 16-bit main gradients, reduced in 16 bits
+    s.master = MasterState(unique_params(s.modules), dt, group=group, shard=shard, main_dtype=main)
     n = len(s.master.params)
-    return [f"state layout megatron: {n} parameters in {s.checked.precision}, fp32 main gradients (post-accumulate "
+    return [f"state layout {plan.state_layout}: {n} parameters in {s.checked.precision}, "
+            f"{str(main).removeprefix('torch.')} main gradients (post-accumulate "
             f"hooks), fp32 masters + optimizer state of {len(s.master.masters)} of them on this rank"
             + (f" (zero1 partition over {plan.dp_state_ranks()} ranks, the updated weights broadcast in "
                f"{s.checked.precision})"
