@@ -93,6 +93,8 @@ def test_loss_peak_per_cross_entropy_kernel() -> None:
     assert loss_buffer_bytes(1000, 50, vocab_shard=5, logits_bytes=4) == 1000 * 10 * 16
     # fused kernels (Megatron, flash-attn): one fp32 buffer, or the cast of 16-bit logits
     assert loss_buffer_bytes(1000, 50, logits_bytes=2, kernel="fused") == 1000 * 50 * 6
+    # torch.compile'd F.cross_entropy(logits.float()): the 16-bit logits and their 16-bit gradient, no fp32 copy
+    assert loss_buffer_bytes(1000, 50, logits_bytes=2, kernel="compiled") == 1000 * 50 * 4
     with pytest.raises(ValueError, match="loss kernel"):
         loss_buffer_bytes(1000, 50, kernel="chunked")
 

@@ -91,6 +91,7 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
     --pp-partition-method, ``training.norm_kernel`` from a train config's norm_type / torch.compile,
     ``training.main_grads`` from a recipe's gradient dtype: grad_reduce_in_fp32 / grad_sync_dtype,
     ``training.sac_saves`` from torchtitan's ``training.compile`` (op recompute inside compiled blocks),
+    ``training.loss_kernel`` "compiled" where that switch also compiles the loss (torchtitan from 2025),
     ``training.recompute_modules`` / ``training.cuda_graph_scope`` from Megatron-Core's
     --recompute-modules / --cuda-graph-scope).
     An engine and version with no profile of its own resolve to their family's (``engine_profiles.
@@ -103,7 +104,7 @@ def case_profile(case: dict[str, Any]) -> EngineProfile:
         k: str(v) for k, v in (("ddp_impl", ex.get("ddp_impl")), ("split_rule", ex.get("split_rule")),
                                ("norm_kernel", tr.get("norm_kernel")),
                                ("fp8_recipe", tr.get("fp8_recipe")), ("main_grads", tr.get("main_grads")),
-                               ("sac_saves", tr.get("sac_saves")),
+                               ("sac_saves", tr.get("sac_saves")), ("loss_kernel", tr.get("loss_kernel")),
                                ("moe_dispatcher", ex.get("moe_dispatcher"))) if v}  # fmt: skip
     if ex.get("tp_comm_overlap") is not None:  # Megatron-LM's --tp-comm-overlap, where the run's command line says
         flags["tp_comm_overlap"] = bool(ex["tp_comm_overlap"])

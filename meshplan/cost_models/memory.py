@@ -495,7 +495,7 @@ def fits(total_bytes: float, mem_bytes: float) -> bool:
 
 #: fp32 tensors of the logits' size a cross-entropy implementation holds at its peak (see
 #: ``loss_buffer_bytes``), besides the 16-bit logits during the cast
-LOSS_KERNELS: dict[str, int] = {"cross_entropy": 3, "loss_parallel": 4, "fused": 1}
+LOSS_KERNELS: dict[str, int] = {"cross_entropy": 3, "loss_parallel": 4, "fused": 1, "compiled": 0}
 
 
 def loss_kept_bytes(tokens: float, vocab: int, *, vocab_shard: int = 1) -> float:
@@ -526,6 +526,11 @@ def loss_buffer_bytes(
       beside the saved log-softmax ``x`` (``torch/distributed/tensor/parallel/loss.py``);
     - ``fused`` (k = 1): kernels that keep one fp32 buffer and overwrite it with the gradient
       (Megatron-LM ``VocabParallelCrossEntropy``, flash-attn / llm-foundry fused cross-entropy).
+    - ``compiled`` (k = 0): ``torch.compile(F.cross_entropy(logits.float(), ...))`` (torchtitan's
+      ``components/loss.py`` ``build_cross_entropy_loss`` under ``training.compile``, from 2025):
+      Inductor fuses the upcast into its reductions and AOTAutograd's partitioner keeps the 16-bit
+      logits and a per-row log-sum-exp rather than the fp32 log-softmax (the smaller cut); the
+      backward writes the gradient in the logits' dtype: ``2 · logits_bytes`` per element.
 
     The cast holds the 16-bit logits and their fp32 copy together (``logits_bytes + 4``).
     ``vocab_shard`` = tp when the head stays vocab-parallel into the loss, 1 when the logits
@@ -536,4 +541,6 @@ def loss_buffer_bytes(
     kernel = kernel or ("loss_parallel" if vocab_shard > 1 else "cross_entropy")
     if kernel not in LOSS_KERNELS:
         raise ValueError(f"loss kernel {kernel!r} unknown; use one of {sorted(LOSS_KERNELS)}")
+    if kernel == "compiled":
+        return tokens * vocab / vocab_shard * 2 * logits_bytes
     return tokens * vocab / vocab_shard * max(logits_bytes + 4, 4 * LOSS_KERNELS[kernel])

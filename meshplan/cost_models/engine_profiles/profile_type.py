@@ -47,7 +47,7 @@ GRAD_REDUCES = ("fp32", "param")
 #: fields a run may set from its own command line / config file (the case cites the line); the
 #: engine's default otherwise
 RUN_FLAGS = ("ddp_impl", "norm_kernel", "split_rule", "fp8_recipe", "moe_dispatcher", "tp_comm_overlap", "main_grads",
-             "recompute_modules", "cuda_graph_scope", "sac_saves")
+             "recompute_modules", "cuda_graph_scope", "sac_saves", "loss_kernel")
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,8 @@ class EngineProfile:
       runs with the device idle; meshplan's runtime, Megatron, DeepSpeed) or not ("async": torchtitan).
     - ``ddp_impl`` (``grad_sync.DDP_IMPLS``): bucketed and overlapped ("torch") or one flat
       all-reduce after backward ("local", Megatron-LM's own wrapper).
-    - ``loss_kernel`` (``memory.LOSS_KERNELS``; None = F.cross_entropy as meshplan's runtime runs it).
+    - ``loss_kernel`` (``memory.LOSS_KERNELS``; None = F.cross_entropy as meshplan's runtime runs it). Also a
+      run flag: torchtitan compiles its loss with the run's ``training.compile`` ("compiled", from 2025).
     - ``vocab_parallel_embedding``: the token embedding sharded over the vocabulary under TP.
     - ``pp_scatter_gather``: stage-to-stage sends split 1/tp and re-gathered (Megatron-LM 2021).
     - ``split_rule`` (``partition.engine_split.SPLIT_RULES``): how the engine cuts layers into stages.
