@@ -39,12 +39,9 @@ def test_cases_keep_their_sources_and_memory_figures() -> None:
     assert case_setup(fp8_case)["dtype"] == "fp8" and case_setup(fp8_case)["dtype"] != setup["dtype"]
 
 
-#: memory rows the cost model misses by more than 15 %, with why (strict: a fix makes the test fail until removed)
-KNOWN_MISFITS = {
-    cid: "torch.compile with per-op selective AC and Float8 linears: predicted +51 % (the activations of a "
-         "compiled step are priced as eager ops save them; not costed)"
-    for cid in ("trainy-llama3.1-8b-h200-32gpu-fsdp-fp8", "trainy-llama3.1-8b-h200-64gpu-fsdp-fp8")
-}  # fmt: skip
+#: memory rows the cost model misses by more than 15 %, with why (strict: a fix makes the test fail until removed;
+#: the Trainy rows left it in wave 3 stop 8: a compiled block's op-recompute saves and torchtitan's compiled loss)
+KNOWN_MISFITS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISFITS[c["id"]]))
