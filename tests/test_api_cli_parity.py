@@ -301,3 +301,33 @@ def test_calibrate_is_the_command(tmp_path: Path, gpt_tiny_graph, capsys) -> Non
     assert cal.spec.name == "h100-calibrated" and abs(cal.fit.rows[0][2] / cal.fit.rows[0][3] - 1) < 0.05
     with pytest.raises(ValueError, match="does not exist"):
         meshplan.calibrate(tmp_path / "missing.json", "h100")
+
+
+def test_state_layout_cli_is_autoparallel(tmp_path: Path, gpt_tiny_graph) -> None:
+    """``meshplan plan --state-layout megatron`` is ``autoparallel(state_layout="megatron")``: the plan
+    records the runtime's 16-bit-weight layout and predicts less memory than fp32 parameters; "auto"
+    keeps fp32 parameters while they fit and takes the first 16-bit layout that fits where they do not
+    (said in the notes); bad combinations fail in one line."""
+    out = tmp_path / "p.json"
+    pins = {"dp": 2, "dp_kind": "ddp", "recompute": "none", "micro_batch_size": 1}
+    assert main(["plan", "gpt-tiny", "-n", "2", "--dp", "2", "--dp-kind", "ddp", "--recompute", "none", "--micro-batch", "1",
+                 "--state-layout", "megatron", "-q", "-o", str(out)]) == 0  # fmt: skip
+    py = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, state_layout="megatron")
+    _same_plan(Plan.load(out), py)
+    torch_layout = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins)
+    assert (py.state_layout, torch_layout.state_layout) == ("megatron", "torch")
+    assert max(py.predicted.peak_mem_bytes) < max(torch_layout.predicted.peak_mem_bytes)
+    # a limit between the two layouts' smallest needs: fp32 parameters do not fit, 16-bit weights do
+    limit = (max(py.predicted.peak_mem_bytes) + max(torch_layout.predicted.peak_mem_bytes)) // 2
+    with pytest.raises(meshplan.NoFeasiblePlanError):
+        meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, memory_limit=limit)
+    auto = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, memory_limit=limit, state_layout="auto")
+    assert auto.state_layout in ("megatron", "zero")
+    assert any("--state-layout auto): no plan fits in torch" in n for n in auto.notes)
+    free = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, state_layout="auto")
+    assert free.state_layout == "torch"
+    for bad, msg in (({"state_layout": "bf16"}, "state_layout 'bf16' unknown"),
+                     ({"state_layout": "megatron", "target": "torchtitan"}, "layout of meshplan's runtime"),
+                     ({"state_layout": "megatron", "dtype": "fp32"}, "keeps bf16 model weights")):  # fmt: skip
+        with pytest.raises(ValueError, match=msg):
+            meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, **bad)

@@ -24,7 +24,7 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
         "micro_batch": "fixed:micro_batch_size", "recompute": "fixed:recompute", "dp_kind": "fixed:dp_kind",
         "quantization": "quantization", "lora_rank": "lora_rank", "dtype": "dtype", "target": "target",
         # --optimizer sgd --momentum 0 is optimizer="sgd", any other momentum "sgd-momentum"
-        "optimizer": "optimizer", "momentum": "optimizer",
+        "optimizer": "optimizer", "momentum": "optimizer", "state_layout": "state_layout",
         "no_cache": "use_cache", "quiet": "progress", "output": "call:meshplan.plan:Plan.save",
         "html": "call:meshplan:write_html", "png": "call:meshplan.report.plot:write_timeline_png",
     }),

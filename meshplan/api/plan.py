@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshplan.cost_models.engine_profiles import EngineProfile
+from meshplan.cost_models.engine_profiles import MESHPLAN_BF16, MESHPLAN_BF16_GRADS, EngineProfile
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import OPTIMIZERS
 from meshplan.cost_models.precision import TRAINING_DTYPES, check_training_dtype
@@ -44,6 +44,13 @@ from meshplan.profile.local import resolve as resolve_cluster
 
 #: the precisions `meshplan run` executes (fp8 is refused by runtime/apply/precision.py)
 RUNTIME_DTYPES = ("bf16", "fp16", "fp32")
+#: ``autoparallel(state_layout=)``: meshplan's runtime state layouts (``Plan.state_layout``), or "auto"
+STATE_LAYOUT_CHOICES = ("torch", "megatron", "zero", "auto")
+#: the engine profile each 16-bit-weight layout is priced with (``cost_models.engine_profiles.meshplan_runtime``)
+LAYOUT_PROFILES: dict[str, EngineProfile] = {"megatron": MESHPLAN_BF16, "zero": MESHPLAN_BF16_GRADS}
+#: "auto": the layouts tried in turn, the first with a plan that fits wins (fp32 parameters first: the
+#: layout with checkpoints and every dp kind; then 16-bit weights with fp32, then 16-bit gradients)
+AUTO_LAYOUTS = ("torch", "megatron", "zero")
 Progress = Callable[[str], None] | None
 
 
@@ -113,18 +120,42 @@ class PlanRequest:
     target: str
     limits: dict[str, Any] = field(default_factory=dict)  # plan_graph keywords of the target engine
     optimizer: str = "adam"  # the cost model's (``cost_models.memory.OPTIMIZERS``)
+    state_layout: str = "torch"  # ``STATE_LAYOUT_CHOICES``: meshplan's runtime state layout, or "auto"
 
     def plan(self, graph: ModelGraph, progress: Progress = None) -> Plan:
-        """The best plan of ``graph`` (the fastest over ``dtypes``), with the target's notes."""
+        """The best plan of ``graph`` (the fastest over ``dtypes``), with the target's notes; under
+        ``state_layout`` "auto", in the first of ``AUTO_LAYOUTS`` that has a plan that fits."""
         say = progress or (lambda _m: None)
 
-        def plan_in(dtype: str) -> Plan:
+        def plan_in(dtype: str, layout: str) -> Plan:
+            prof = {"profile": LAYOUT_PROFILES[layout]} if layout != "torch" else {}
             return plan_graph(graph, self.world_size, cluster=self.cluster, global_batch_size=self.global_batch_size,
                               fixed=self.fixed, progress=progress, quantization=self.quantization, dtype=dtype,
-                              optimizer=self.optimizer, **self.limits)  # fmt: skip
+                              optimizer=self.optimizer, **self.limits, **prof)  # fmt: skip
 
-        plan = choose_dtype(plan_in, self.dtypes, say) if len(self.dtypes) > 1 else plan_in(self.dtypes[0])
-        return target_notes(plan, self.target)
+        def plan_layout(layout: str) -> Plan:
+            def one(dtype: str) -> Plan:
+                return plan_in(dtype, layout)
+
+            return choose_dtype(one, self.dtypes, say) if len(self.dtypes) > 1 else one(self.dtypes[0])
+
+        if self.state_layout != "auto":
+            return target_notes(plan_layout(self.state_layout), self.target)
+        refused: list[str] = []
+        why: list[str] = []
+        for layout in AUTO_LAYOUTS:
+            try:
+                plan = plan_layout(layout)
+            except NoFeasiblePlanError as e:
+                refused.append(layout)
+                why.append(f"{layout}: {str(e).splitlines()[0]}")
+                say(f"state layout {layout}: no plan fits; trying the next")
+                continue
+            if refused:
+                plan = dataclasses.replace(plan, notes=(*plan.notes, f"state layout {layout} (--state-layout auto): no "
+                                                        f"plan fits in {', '.join(refused)}"))  # fmt: skip
+            return target_notes(plan, self.target)
+        raise NoFeasiblePlanError("no plan fits in any state layout (--state-layout auto): " + " | ".join(why))
 
 
 def target_notes(plan: Plan, target: str) -> Plan:
@@ -158,6 +189,7 @@ def plan_request(
     target: str = "meshplan",
     memory_limit: int | str | None = None,
     optimizer: str = "adam",
+    state_layout: str = "torch",
 ) -> PlanRequest:
     """Check every argument of ``autoparallel`` (see there) and resolve the cluster; no tracing."""
     if target not in TARGETS:
@@ -167,6 +199,13 @@ def plan_request(
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r} unknown; use one of {', '.join(OPTIMIZERS)} "
                          "(sgd: momentum 0, no state; sgd-momentum: one buffer)")
+    if state_layout not in STATE_LAYOUT_CHOICES:
+        raise ValueError(f"state_layout {state_layout!r} unknown; use one of {', '.join(STATE_LAYOUT_CHOICES)}")
+    if state_layout != "torch" and target != "meshplan":
+        raise ValueError(f"state_layout {state_layout!r} is a layout of meshplan's runtime; target {target!r} plans "
+                         "in its engine's own layout (leave state_layout 'torch')")
+    if state_layout in ("megatron", "zero") and dtype not in ("bf16", "auto"):
+        raise ValueError(f"state_layout {state_layout!r} keeps bf16 model weights: use dtype bf16 (got {dtype!r})")
     V.check_world_size(world_size)
     spec = resolve_cluster(cluster if cluster is not None else default_cluster_name(), world_size)
     if memory_limit is not None:
@@ -193,15 +232,17 @@ def plan_request(
     spec = check_request(world_size, spec, global_batch_size, f, limits.get("recompute"), limits.get("schedules"))[1]
     q_mode = quantization.mode if isinstance(quantization, Quantization) else quantization
     dtypes = dtype_candidates(dtype, spec, target)
-    if dtype == "auto" and q_mode not in (None, "none"):
+    if dtype == "auto" and (q_mode not in (None, "none") or state_layout in ("megatron", "zero")):
         dtypes = ("bf16",)  # float8 training converts plain linears only (no QAT/QLoRA)
     if not dtypes:
         raise ValueError(f"dtype auto: no training dtype {target} runs on {spec.name}")
     if lora_rank is not None and q_mode != "qlora":
         raise ValueError("--lora-rank applies to --quantization qlora only (Python: lora_rank with quantization=\"qlora\")")
     q = resolve_quantization(quantization, lora_rank)
+    if state_layout in ("megatron", "zero") and q.mode != "none":
+        raise ValueError(f"state_layout {state_layout!r} is not run with quantization {q.mode!r}")
     return PlanRequest(int(world_size), spec, global_batch_size, V.check_fixed(f, world_size), q, dtypes, target,
-                       limits, optimizer)  # fmt: skip
+                       limits, optimizer, state_layout)  # fmt: skip
 
 
 def model_graph(
@@ -284,6 +325,7 @@ def autoparallel(
     memory_limit: int | str | None = None,
     use_cache: bool = True,
     optimizer: str = "adam",
+    state_layout: str = "torch",
 ) -> Plan:
     """The fastest plan for training ``model`` on ``world_size`` devices that fits memory (``meshplan plan``).
 
@@ -300,11 +342,17 @@ def autoparallel(
     memory a rank may use (bytes or "60GiB"; default the cluster's usable memory). ``optimizer``: the one
     the run uses, as the cost model names it: "adam" (default), "adamw", "sgd" (momentum 0: no state)
     or "sgd-momentum" (one buffer); its state memory and step time are costed, and the Plan records it
-    (``meshplan run`` then runs it: ``cost_models.memory.run_optimizer``).
+    (``meshplan run`` then runs it: ``cost_models.memory.run_optimizer``). ``state_layout`` (target
+    meshplan): how meshplan's runtime keeps the model's state: "torch" (default: fp32 parameters under
+    autocast, 4 + 4 + 8/d bytes per parameter with Adam), "megatron" (bf16 weights, fp32 main gradients
+    and masters: 2 + 4 + 12/d; dp kinds none / ddp / zero1, no checkpoints yet:
+    ``runtime/apply/master_state.py``), "zero" (bf16 gradients too: 2 + 2 + 12/d) or "auto" (torch, else
+    the first of megatron, zero in which a plan fits, said in the plan's notes).
     """
     req = plan_request(world_size, cluster=cluster, global_batch_size=global_batch_size, fixed=fixed,
                        recompute=recompute, schedules=schedules, quantization=quantization, lora_rank=lora_rank,
-                       dtype=dtype, target=target, memory_limit=memory_limit, optimizer=optimizer)  # fmt: skip
+                       dtype=dtype, target=target, memory_limit=memory_limit, optimizer=optimizer,
+                       state_layout=state_layout)  # fmt: skip
     graph = model_graph(model, seq_len=seq_len, example_inputs=example_inputs, input_shapes=input_shapes,
                         use_cache=use_cache, progress=progress)  # fmt: skip
     return req.plan(graph, progress)
