@@ -37,6 +37,8 @@ def test_optimizer_step_by_implementation() -> None:
     assert ADAM_UPDATE_BYTES["foreach"] > ADAM_UPDATE_BYTES["fused"] > CLIP_BYTES
     # no host figure (a CPU cluster, or without_host_floor): the tensors add nothing
     assert optimizer_step_s(p, DEVICE_ONLY, tensors=772) == optimizer_step_s(p, DEVICE_ONLY)
+    # fp32 masters written into 16-bit weights (Megatron, DeepSpeed, meshplan-bf16): read 4 + write 2
+    assert optimizer_step_s(p, DEVICE_ONLY, master_copy=True) == pytest.approx((28 + 12 + 6) * p / BW)
     with pytest.raises(ValueError, match="optimizer_impl"):
         optimizer_step_s(p, DEVICE_ONLY, impl="apex")
     with pytest.raises(ValueError, match="optimizer_sync"):
@@ -126,6 +128,9 @@ def test_estimate_counts_the_ranks_parameter_tensors(llama_graph) -> None:
     zero1 = estimate_graph(llama_graph, 2, dp=2, dp_kind="zero1", **kw)
     assert fsdp.predicted.optimizer_s == pytest.approx(optimizer_step_s(params / 2, spec, tensors=tensors))
     assert zero1.predicted.optimizer_s == pytest.approx(optimizer_step_s(params / 2, spec, tensors=tensors / 2))
+    bf16 = estimate_graph(llama_graph, 1, tp=1, pp=1, dp=1, global_batch_size=2, micro_batch_size=2, cluster=spec,
+                          profile=PROFILES["meshplan-bf16"])  # fmt: skip
+    assert bf16.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec, tensors=tensors, master_copy=True))
     titan = estimate_graph(llama_graph, 1, tp=1, pp=1, dp=1, global_batch_size=2, micro_batch_size=2, cluster=spec,
                            profile=MESHPLAN.but(optimizer_sync="async"))  # fmt: skip
     assert titan.predicted.optimizer_s < one.predicted.optimizer_s

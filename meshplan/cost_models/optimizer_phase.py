@@ -14,7 +14,12 @@ m, v: 28 B; with ``foreach=True`` (``torch/optim/adamw.py _multi_tensor_adamw``)
 ``_foreach_addcmul_`` (v) r8 w4, ``_foreach_sqrt`` r4 w4, ``_foreach_div_`` r4 w4, ``_foreach_add_`` (eps)
 r4 w4, ``_foreach_addcdiv_`` (p) r12 w4: 80 B. An SGD step reads p, g and writes p (12 B), with momentum
 also reads and writes its buffer (20 B), under either implementation. Apex's ``FusedAdam`` / ``multi_tensor_l2norm`` / ``multi_tensor_scale`` (Megatron, DeepSpeed,
-NeMo) are the same multi-tensor kernels and bytes.
+NeMo) are the same multi-tensor kernels and bytes. Where the model weights are 16-bit and the optimizer
+steps fp32 masters (the "megatron" and "zero" state layouts: Megatron-LM / -Core ``_copy_main_params_to_model_params``,
+DeepSpeed's fp32 -> 16-bit partition copy, meshplan's runtime under ``meshplan-bf16``), the updated masters are
+then written into the 16-bit weights: ``MASTER_COPY_BYTES`` = 6 (read 4, write 2) per parameter of the shard.
+(The gradient buffer's zeroing after the step, 4 B per parameter of the replica under those layouts, is not
+priced: < 0.1 % of their steps.)
 
 **How a multi-tensor op launches** (``ATen/native/cuda/MultiTensorApply.cuh``): one CUDA block of 512
 threads per chunk of 65,536 elements; a launch is issued when its blocks reach ``depth_to_max_blocks``
@@ -92,6 +97,11 @@ SGD_UPDATE_BYTES = {"sgd": 12.0, "sgd-momentum": 20.0}
 NORM_BYTES = 4.0
 CLIP_BYTES = 12.0
 
+#: the updated fp32 master weights written into the 16-bit model weights, per parameter of the rank's shard
+#: (read 4, write 2): Megatron ``_copy_main_params_to_model_params``, DeepSpeed's fp32 -> 16-bit partition copy,
+#: meshplan's runtime under its 16-bit layout (``runtime/apply/master_state.py MasterState.step``: ``copy_``)
+MASTER_COPY_BYTES = 6.0
+
 #: how the host's work of the phase meets the device's (module docstring): "host-wait" adds them, "async"
 #: overlaps them
 OPTIMIZER_SYNCS = ("host-wait", "async")
@@ -135,10 +145,11 @@ class OptimizerPhase:
     scale_s: float
     host_s: float
     sync: str
+    copy_s: float = 0.0
 
     @property
     def device_s(self) -> float:
-        return self.update_s + self.norm_s + self.scale_s
+        return self.update_s + self.norm_s + self.scale_s + self.copy_s
 
     @property
     def total_s(self) -> float:
@@ -149,12 +160,13 @@ class OptimizerPhase:
 
 def optimizer_phase(
     params: float, cluster: ClusterSpec, *, impl: str = "fused", optimizer: str = "adam", clip: bool = True,
-    tensors: float = 0.0, sync: str = "host-wait",
+    tensors: float = 0.0, sync: str = "host-wait", master_copy: bool = False,
 ) -> OptimizerPhase:
     """The optimizer step over ``params`` parameters in ``tensors`` parameter tensors of the rank (its
-    shard): the update (``ADAM_UPDATE_BYTES[impl]``, or ``SGD_UPDATE_BYTES`` for "sgd" / "sgd-momentum") and
-    the clipping (``CLIP_BYTES``) when ``clip`` at ``mem_bw · mem_efficiency``, the host's per-tensor work
-    at ``host_optimizer_tensor_s`` each, composed by ``sync`` (module docstring)."""
+    shard): the update (``ADAM_UPDATE_BYTES[impl]``, or ``SGD_UPDATE_BYTES`` for "sgd" / "sgd-momentum"),
+    the clipping (``CLIP_BYTES``) when ``clip`` and the fp32 masters' copy into the 16-bit weights
+    (``MASTER_COPY_BYTES``) when ``master_copy``, at ``mem_bw · mem_efficiency``; the host's per-tensor
+    work at ``host_optimizer_tensor_s`` each; composed by ``sync`` (module docstring)."""
     if impl not in OPTIMIZER_IMPLS:
         raise ValueError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {impl!r}")
     if sync not in OPTIMIZER_SYNCS:
@@ -165,14 +177,15 @@ def optimizer_phase(
     per = SGD_UPDATE_BYTES.get(optimizer, ADAM_UPDATE_BYTES[impl])
     norm, scale = (NORM_BYTES, CLIP_BYTES - NORM_BYTES) if clip else (0.0, 0.0)
     host = tensors * cluster.host_optimizer_tensor_s if params else 0.0
-    return OptimizerPhase(params * per / bw, params * norm / bw, params * scale / bw, host, sync)
+    copy = params * MASTER_COPY_BYTES / bw if master_copy else 0.0
+    return OptimizerPhase(params * per / bw, params * norm / bw, params * scale / bw, host, sync, copy)
 
 
 def optimizer_step_s(
     params: float, cluster: ClusterSpec, *, impl: str = "fused", optimizer: str = "adam", clip: bool = True,
-    tensors: float = 0.0, sync: str = "host-wait",
+    tensors: float = 0.0, sync: str = "host-wait", master_copy: bool = False,
 ) -> float:
     """Seconds of one optimizer step (``optimizer_phase(...).total_s``); with ``tensors`` 0 or a cluster
     without a host figure (``host_optimizer_tensor_s`` 0), the kernels' memory-bound time alone."""
     return optimizer_phase(params, cluster, impl=impl, optimizer=optimizer, clip=clip, tensors=tensors,
-                           sync=sync).total_s  # fmt: skip
+                           sync=sync, master_copy=master_copy).total_s  # fmt: skip

@@ -194,11 +194,13 @@ class StateCosts:
 
     def optimizer_s(self, params: float, c: Config) -> float:
         """Optimizer step on the rank's shard with gradient-norm clipping (``optimizer_phase.optimizer_step_s``:
-        the kernels' bytes by ``optimizer_impl``, fused 28 B/param + 12 B clipping, and the host's work per
+        the kernels' bytes by ``optimizer_impl``, fused 28 B/param + 12 B clipping, + 6 B for the masters'
+        copy into 16-bit weights where the state layout keeps fp32 masters, and the host's work per
         parameter tensor, composed by ``optimizer_sync``)."""
         local = params / self.zero_divs(c)[2]
         return optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer,
-                                tensors=self.optimizer_tensors(params, c), sync=self.optimizer_sync)
+                                tensors=self.optimizer_tensors(params, c), sync=self.optimizer_sync,
+                                master_copy=self.precision != "fp32")
 
     def optimizer_tensors(self, params: float, c: Config) -> float:
         """Parameter tensors the rank's optimizer step loops over for ``params`` of its stage's parameters:
