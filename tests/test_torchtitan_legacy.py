@@ -86,7 +86,9 @@ def test_compile_fuses_the_norm_and_partitions_the_op_recompute_saves() -> None:
     imp = torchtitan.parse(TITAN_2024.replace("compile = false", "compile = true"), world_size=8)
     assert imp.run_flags == {"norm_kernel": "fused", "sac_saves": "partitioned"}
     now = torchtitan.parse(TITAN_NOW + "\n[compile]\nenable = true\n", world_size=8).run_flags
-    assert now == {"sac_saves": "partitioned"}
+    assert now == {"sac_saves": "partitioned", "loss_kernel": "compiled"}  # 0.3.0 compiles the loss by default
+    only = torchtitan.parse(TITAN_NOW + '\n[compile]\nenable = true\ncomponents = ["model"]\n', world_size=8)
+    assert only.run_flags == {"sac_saves": "partitioned"}
 
 
 def test_2024_pipeline_microbatches_and_split_points() -> None:

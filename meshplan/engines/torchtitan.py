@@ -356,7 +356,14 @@ def _era(d: dict[str, Any], moved: list[str]) -> tuple[str | None, dict[str, str
     compiled = bool(d.get("training", {}).get("compile", False)) or bool(d.get("compile", {}).get("enable", False))
     saves = {"sac_saves": "partitioned"} if compiled else {}
     if not legacy:
-        return None, saves
+        # 0.3.0 config/configs.py CompileConfig.components default ["model", "loss"]: the loss compiled too
+        # (components/loss.py BaseLoss._maybe_compile); priced without TP only (loss_parallel's compiled
+        # form on vocab-sharded DTensor logits not read)
+        comps = d.get("compile", {}).get("components", ["model", "loss"])
+        tp = int(d.get("parallelism", {}).get("tensor_parallel_degree", 1) or 1)
+        now = ({"sac_saves": "partitioned"} if compiled and "model" in comps else {}) | (
+            {"loss_kernel": "compiled"} if compiled and "loss" in comps and tp == 1 else {})
+        return None, now
     norm = str(d.get("model", {}).get("norm_type", "rmsnorm"))
     return LEGACY_PROFILE, ({"norm_kernel": "fused"} if compiled or norm != "rmsnorm" else {}) | saves
 
