@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from qlora_dequant_gpu import _events_ms  # noqa: E402  (CUDA-event timing after warm-up, one copy)
 
 #: (row, linear, tokens M on one rank, in K, out N on one rank): the published fp8 rows' per-rank linears
 #: (sequence parallelism gathers the full microbatch's tokens before a column-parallel linear)
@@ -66,32 +68,17 @@ def predicted_ms(cluster: Any, m: int, n: int, k: int, dtype: str) -> float:
                                  kind="linear", efficiency=eff)
 
 
-def _events_ms(fn: Any, reps: int, warmup: int = 3) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def measured_ms(m: int, n: int, k: int, reps: int) -> tuple[float, float]:
     """(bf16, fp8) milliseconds of one ``m x k @ k x n`` GEMM on the current GPU."""
     import torch
 
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    t16 = _events_ms(lambda: torch.mm(a, b.t()), reps)
+    t16 = _events_ms(lambda: torch.mm(a, b.t()), reps, warmup=3)
     a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
     one = torch.ones((), device="cuda", dtype=torch.float32)
     # cuBLASLt's fp8 GEMM is TN: the second operand column-major (b8 row-major, transposed)
-    t8 = _events_ms(lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps)
+    t8 = _events_ms(lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps, warmup=3)
     return t16, t8
 
 
