@@ -19,6 +19,7 @@ cache). Bad arguments raise ValueError (one line) before anything is traced.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,28 +135,25 @@ class PlanRequest:
                               optimizer=self.optimizer, **self.limits, **prof)  # fmt: skip
 
         def plan_layout(layout: str) -> Plan:
-            def one(dtype: str) -> Plan:
-                return plan_in(dtype, layout)
-
+            one = functools.partial(plan_in, layout=layout)
             return choose_dtype(one, self.dtypes, say) if len(self.dtypes) > 1 else one(self.dtypes[0])
 
         if self.state_layout != "auto":
             return target_notes(plan_layout(self.state_layout), self.target)
-        refused: list[str] = []
-        why: list[str] = []
+        refused: dict[str, str] = {}  # layout -> the first line of why no plan fits in it
         for layout in AUTO_LAYOUTS:
             try:
                 plan = plan_layout(layout)
             except NoFeasiblePlanError as e:
-                refused.append(layout)
-                why.append(f"{layout}: {str(e).splitlines()[0]}")
+                refused[layout] = str(e).splitlines()[0]
                 say(f"state layout {layout}: no plan fits; trying the next")
                 continue
             if refused:
                 plan = dataclasses.replace(plan, notes=(*plan.notes, f"state layout {layout} (--state-layout auto): no "
                                                         f"plan fits in {', '.join(refused)}"))  # fmt: skip
             return target_notes(plan, self.target)
-        raise NoFeasiblePlanError("no plan fits in any state layout (--state-layout auto): " + " | ".join(why))
+        raise NoFeasiblePlanError("no plan fits in any state layout (--state-layout auto): "
+                                  + " | ".join(f"{k}: {v}" for k, v in refused.items()))
 
 
 def target_notes(plan: Plan, target: str) -> Plan:
