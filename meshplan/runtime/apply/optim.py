@@ -143,9 +143,14 @@ def clip_grads(grads: list[torch.Tensor], max_norm: float, *, pp_group: dist.Pro
     """``clip_grad_norm`` over gradient tensors held apart from their parameters (the fp32 main
     gradients of ``runtime.apply.master_state``): the norm of ``norm_of`` (default ``grads``; DTensor
     views of the local tensors, a tied copy left out), then every tensor of ``grads`` scaled in place
-    by torch's ``min(1, max_norm / (norm + 1e-6))``. Returns the norm before clipping."""
+    by torch's ``min(1, max_norm / (norm + 1e-6))`` with one ``_foreach_mul_`` per device (the kernels
+    ``cost_models.optimizer_phase`` prices: torch's ``clip_grads_with_norm_(foreach=True)`` scales the same
+    way, but reads ``p.grad``). Returns the norm before clipping."""
     norm = grads_norm(grads if norm_of is None else norm_of, pp_group=pp_group)
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
     for g in grads:
-        g.mul_(coef.to(g.device))
+        by_device.setdefault(g.device, []).append(g)
+    for device, group in by_device.items():
+        torch._foreach_mul_(group, coef.to(device))
     return float(norm)
