@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import runtime_cases as rc
@@ -50,7 +51,8 @@ def worker(rank: int, world: int, paths: dict[str, str], ckpt: str,
     """For each cfg: a fresh (seed 0) tiny HF Llama (or GPT-2, cfg["model"]), the plan applied with
     ``init_from`` the HF directory ``paths[model]`` (or, with cfg["init"] == "ckpt", the meshplan checkpoint a cfg with "save"
     wrote to ``ckpt``), one evaluation batch; the largest difference of this rank's logits from HF's
-    own model's."""
+    own model's; under a 16-bit ``layout`` the largest difference of this rank's fp32 masters from the file's
+    values and of its 16-bit weights from those rounded."""
     from torch.distributed.tensor import DTensor
 
     from meshplan.runtime.apply import handplan, split
@@ -87,9 +89,23 @@ def worker(rank: int, world: int, paths: dict[str, str], ckpt: str,
         plan = handplan.manual_plan(model, gm, dp=cfg.get("dp", 1), tp=cfg.get("tp", 1), pp=cfg.get("pp", 1),
                                     schedule="gpipe", microbatches=cfg["m"], micro_batch_size=mbs, seq_len=rc.SEQ,
                                     tp_styles=styles, dp_kind=cfg.get("dp_kind", "ddp"))
+        layout = cfg.get("layout", "torch")
+        plan = dataclasses.replace(plan, dtype="bf16" if layout != "torch" else plan.dtype, state_layout=layout)
         pm = apply_plan(built if tape else model, plan, loss_fn=capture, optimizer_factory=rc.opt_factory,
-                        example_inputs=ex, init_from=ckpt if cfg.get("init") == "ckpt" else path, dtype="fp32",
-                        tape=tape)
+                        example_inputs=ex, init_from=ckpt if cfg.get("init") == "ckpt" else path,
+                        dtype="fp32" if layout == "torch" else "bf16", tape=tape)
+        if layout != "torch":  # 16-bit weights: the fp32 masters (this rank's) are the file's values, exactly
+            from transformers import AutoModelForCausalLM
+
+            want = dict(AutoModelForCausalLM.from_pretrained(path).named_parameters())
+            ms = pm.master
+            errs = [float((ms.master_view(p) - want[n]).abs().max()) for n, p in pm.named_parameters().items()
+                    if ms.master_view(p) is not None]
+            # and every 16-bit weight is the file's value rounded (the other ranks' masters included)
+            errs += [float((p.detach() - want[n].to(p.dtype)).abs().max()) for n, p in pm.named_parameters().items()]
+            out.append((cfg["name"], max(errs) if len(errs) > len(want) else float("inf"),
+                        [n for n in pm.notes if "initialized" in n]))
+            continue
         if cfg.get("save"):
             checkpoint.save(pm, ckpt, 1)
         for m in pm.modules:

@@ -234,14 +234,15 @@ def worker(rank: int, world: int, model_name: str, cfgs: list[dict], steps: int 
     return out
 
 
-def resume_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[float]]:
-    """dp2 for 4 steps with a checkpoint after step 2; then steps 3-4 resumed under tp2 and pp2."""
+def resume_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
+    """dp2 for 4 steps with a checkpoint after step 2; then steps 3-4 resumed under tp2 and pp2; then
+    ``master_resume_worker`` in the same processes (one spawn)."""
     from meshplan.runtime.apply import handplan, split
     from meshplan.runtime.apply.api import apply_plan
     from meshplan.runtime.checkpoint import dcp as checkpoint
 
     data = batches(4)
-    out: dict[str, list[float]] = {}
+    out: dict[str, Any] = {}
     model = tiny_gpt()
     plan = handplan.manual_plan(model, None, dp=2, microbatches=2, micro_batch_size=2, seq_len=SEQ)
     pm = apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=opt_factory)
@@ -272,6 +273,77 @@ def resume_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, list[float]
             keys = set(pm.state_dict())
             assert keys == {n for n, _ in tiny_gpt().state_dict().items()}, sorted(keys)[:5]
         out[name] = [pm.step(x, y) for x, y in data[step:]]
+    out["master"] = master_resume_worker(rank, world, ckpt_dir + "-master")  # type: ignore[assignment]
+    return out
+
+
+def master_resume_worker(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
+    """16-bit weights with fp32 masters (``state_layout`` "megatron", dp2 zero1, AdamW): 4 steps with a
+    checkpoint after step 2, then steps 3-4 resumed from it under the same plan (from another init), under
+    tp2 with the same layout (DTensor masters, no partition) and under the torch layout (fp32 parameters).
+    Per resumed run: its losses, and the largest differences from the uninterrupted run of the masters as
+    loaded (against those saved), the masters after step 4 and the weights after step 4 (this rank's masters;
+    fp32 parameters stand for them under the torch layout)."""
+    import torch.distributed.checkpoint as dcp
+
+    from meshplan.runtime.apply import handplan
+    from meshplan.runtime.apply.api import apply_plan
+    from meshplan.runtime.apply.optim import make_optimizer
+    from meshplan.runtime.checkpoint import dcp as checkpoint
+
+    data = batches(4)
+
+    def make(name: str) -> Any:
+        model = tiny_gpt()
+        if name != "full":
+            torch.manual_seed(123)  # a different init: the checkpoint must overwrite it
+            for p in model.parameters():
+                p.data.normal_()
+        tp = name == "tp2"
+        plan = handplan.manual_plan(model, None, dp=1 if tp else 2, tp=2 if tp else 1, microbatches=2,
+                                    micro_batch_size=4 if tp else 2, seq_len=SEQ, dp_kind="zero1",
+                                    tp_styles=handplan.megatron_styles(model) if tp else {})
+        plan = dataclasses.replace(plan, dtype="bf16", state_layout="torch" if name == "torch" else "megatron")
+        return apply_plan(model, plan, loss_fn=loss_fn, optimizer_factory=make_optimizer("adamw", 1e-3))
+
+    def masters(pm: Any) -> dict[str, torch.Tensor]:
+        """FQN -> fp32 master held here (whole), or the fp32 parameter under the torch layout."""
+        out = {}
+        for n, p in pm.named_parameters().items():
+            m = pm.master.master_view(p) if pm.master is not None else p.detach()
+            if m is not None:
+                out[n] = (m.full_tensor() if hasattr(m, "full_tensor") else m).float().clone()
+        return out
+
+    def diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+        return max(float((a[n] - b[n]).abs().max()) for n in a if n in b)
+
+    pm = make("full")
+    losses, saved = [], {}
+    for step, (x, y) in enumerate(data, start=1):
+        losses.append(pm.step(x, y))
+        if step == 2:
+            checkpoint.save(pm, ckpt_dir, step)
+            saved = masters(pm)
+    full_m, full_p = masters(pm), pm.full_parameters()
+    out: dict[str, Any] = {"full": losses, "masters_here": len(full_m), "params": len(full_p)}
+    for name in ("same", "tp2", "torch"):
+        pm = make(name)
+        step = checkpoint.load(pm, checkpoint.latest(ckpt_dir))  # type: ignore[arg-type]
+        loaded = masters(pm)
+        run = [pm.step(x, y) for x, y in data[step:]]
+        out[name] = {"losses": run, "loaded": diff(loaded, saved), "masters": diff(masters(pm), full_m),
+                     "weights": max(float((t.float() - full_p[n].float()).abs().max())
+                                    for n, t in pm.full_parameters().items()),
+                     "dtypes": sorted({str(t.dtype) for t in pm.full_parameters().values()})}
+    checkpoint.save(pm, ckpt_dir + "-torch", 4)  # the torch layout's checkpoint, to compare the two files' layouts
+
+    def layout(d: str) -> dict[str, str]:
+        """Every saved key -> its dtype and global size (or "bytes")."""
+        md = dcp.FileSystemReader(str(checkpoint.latest(d))).read_metadata().state_dict_metadata
+        return {k: f"{v.properties.dtype} {list(v.size)}" if hasattr(v, "size") else "bytes" for k, v in md.items()}
+
+    out["same_layout"] = layout(ckpt_dir) == layout(ckpt_dir + "-torch")
     return out
 
 

@@ -2,7 +2,8 @@
 (each rank reading its shards) and gives the logits of HF's own ``from_pretrained`` model; a meshplan
 checkpoint written under tp2 loads under pp2 (DCP) with the same logits; a model built on the meta
 device (tp2, FSDP dp2) loads the same way into its materialized shards; a tiny HF GPT-2 (Conv1D
-weights, tied head stored once) loads under tp2 and pp2."""
+weights, tied head stored once) loads under tp2 and pp2; a host-built model under the 16-bit layout
+(``state_layout`` "megatron", dp2 zero1) gets fp32 masters equal to the file's values."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ CFGS = [dict(name="tp2", tp=2, m=1, save=True), dict(name="pp2", pp=2, m=2),
         dict(name="tp2_meta", tp=2, m=1, meta=True), dict(name="fsdp_dp2_meta", dp=2, m=1, dp_kind="fsdp", meta=True),
         # GPT-2: Conv1D weights read transposed into TP shards; the head tied to the embedding (stored
         # once) on the other pipeline stage
-        dict(name="gpt2_tp2", tp=2, m=1, model="gpt2"), dict(name="gpt2_pp2", pp=2, m=2, model="gpt2")]
+        dict(name="gpt2_tp2", tp=2, m=1, model="gpt2"), dict(name="gpt2_pp2", pp=2, m=2, model="gpt2"),
+        # host-built, 16-bit weights: the file is read before the cast, so the fp32 masters are its values
+        dict(name="dp2_zero1_megatron", dp=2, m=1, dp_kind="zero1", layout="megatron")]
 
 
 def test_hf_llama_loads_under_tp_pp_fsdp(tmp_path) -> None:

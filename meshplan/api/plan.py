@@ -50,7 +50,7 @@ STATE_LAYOUT_CHOICES = ("torch", "megatron", "zero", "auto")
 #: the engine profile each 16-bit-weight layout is priced with (``cost_models.engine_profiles.meshplan_runtime``)
 LAYOUT_PROFILES: dict[str, EngineProfile] = {"megatron": MESHPLAN_BF16, "zero": MESHPLAN_BF16_GRADS}
 #: "auto": the layouts tried in turn, the first with a plan that fits wins (fp32 parameters first: the
-#: layout with checkpoints and every dp kind; then 16-bit weights with fp32, then 16-bit gradients)
+#: layout of every dp kind, precision and parallelism; then 16-bit weights with fp32, then 16-bit gradients)
 AUTO_LAYOUTS = ("torch", "megatron", "zero")
 Progress = Callable[[str], None] | None
 
@@ -343,7 +343,7 @@ def autoparallel(
     (``meshplan run`` then runs it: ``cost_models.memory.run_optimizer``). ``state_layout`` (target
     meshplan): how meshplan's runtime keeps the model's state: "torch" (default: fp32 parameters under
     autocast, 4 + 4 + 8/d bytes per parameter with Adam), "megatron" (bf16 weights, fp32 main gradients
-    and masters: 2 + 4 + 12/d; dp kinds none / ddp / zero1, no checkpoints yet:
+    and masters: 2 + 4 + 12/d; dp kinds none / ddp / zero1; checkpoints hold the fp32 masters:
     ``runtime/apply/master_state.py``), "zero" (bf16 gradients too: 2 + 2 + 12/d) or "auto" (torch, else
     the first of megatron, zero in which a plan fits, said in the plan's notes).
     """

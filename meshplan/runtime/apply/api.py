@@ -94,11 +94,6 @@ def apply_plan(
     if meta is not None:
         meta.init, meta.progress = init, progress
     check_launch(plan)  # the launched world size first: every rank refuses alike
-    if init_from is not None and meta is None and plan.state_layout != "torch":
-        # the fp32 masters are copied before the weights would be read into the (then 16-bit) parameters
-        raise ValueError("apply_plan: init_from with a host-built model under state_layout "
-                         f"{plan.state_layout}: build the model on the meta device (load_model(spec, device='meta', "
-                         "tape=tape)), whose weights are read before the masters are copied")
     checked = check_plan(model, plan, example_inputs, dtype, init_from=init_from)
     startup = {"plan checks": time.perf_counter() - t0}
     notes = list(checked.notes)
@@ -111,7 +106,9 @@ def apply_plan(
     startup["process group"] = time.perf_counter() - t0
     s = ApplyState(model=model if meta else model.to(env.device), plan=plan, env=env, checked=checked,
                    loss_fn=loss_fn, bucket_cap_bytes=bucket_cap_bytes, compile=compile,
-                   sync_batchnorm=sync_batchnorm, meta=meta)
+                   sync_batchnorm=sync_batchnorm, meta=meta,
+                   init_from=init_from if init_from is not None and plan.quantization.mode == "none" and meta is None
+                   else None)
     for step in STEPS:
         t0 = time.perf_counter()
         notes += step(s)
@@ -130,7 +127,7 @@ def apply_plan(
         pm.input_keywords = tuple(split.input_keyword(n) for n in s.pieces[0].model_inputs)
         pm.reads_inputs = any(s.pieces[i].reads for i in s.mine)
     pm.ties = tie_groups(env, s.shared, pm.stage_indices, {i: s.pieces[i].module for i in s.mine} if s.pipelined else {})
-    if init_from is not None and plan.quantization.mode == "none" and meta is None:
+    if s.init_from is not None:  # not read yet (a 16-bit layout reads it before its cast: steps.apply_state_layout)
         t0 = time.perf_counter()
         pm.notes.append(load_pretrained(pm.container(), init_from, tied=pm.tied_fqns,
                                         transposed=[f"{m}.weight" for m in pm.converted]))

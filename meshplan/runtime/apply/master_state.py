@@ -37,8 +37,14 @@ Under context parallelism the cp ranks' main gradients are reduced with the dp r
 the masters over dp x cp. Not executed here (refused by ``plan.execution_rules.state_layout_blocker``):
 FSDP2 kinds (their MixedPrecisionPolicy is their own layout), fp16 (the loss scaler's unscale would
 need the main gradients), expert parallelism (dense and expert gradients reduce over different
-groups), quantization, and
-checkpoints (``runtime.checkpoint.dcp`` refuses: the masters are not the model's parameters).
+groups) and quantization.
+
+Checkpoints (``runtime.checkpoint.dcp``) hold what the torch layout's hold: each parameter's fp32 value (the
+master, from the dp rank that owns it: ``master_view``) and its optimizer state keyed by FQN (``optimizer_view``,
+an optimizer of the run's class over the model's parameters whose state is the masters' own tensors). So a resume
+equals the uninterrupted run, and a checkpoint of either layout resumes under the other (resharded by DCP). A
+host-built model's ``init_from`` is read in fp32 before the cast (``steps.apply_state_layout``), so the masters
+hold the file's values.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from meshplan.runtime.apply.zero1 import wrap_like
 from meshplan.runtime.launch import collectives
 
 
@@ -193,7 +200,74 @@ class MasterState:
         for m in self.masters.values():
             m.grad = None
 
-    def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError("checkpoints of the 16-bit-weights layout (state_layout 'megatron') are not "
-                                  "written: its fp32 masters are not the model's parameters; re-plan with "
-                                  "state_layout 'torch' to checkpoint")
+    # ---- checkpoints (runtime.checkpoint.dcp) ---------------------------------------------------
+    def master_view(self, p: torch.Tensor) -> torch.Tensor | None:
+        """The fp32 master of ``p`` in the parameter's own layout (a DTensor of its placements over the
+        master's storage), or None where another dp rank owns it. A checkpoint saves these in place of the
+        16-bit weights, so it holds what the torch layout's holds: fp32 values under the model's FQNs."""
+        m = self.masters.get(id(p))
+        return None if m is None else wrap_like(m, p)
+
+    def optimizer_view(self) -> torch.optim.Optimizer:
+        """An optimizer of the run's class over the *model's* parameters whose masters this rank owns, its
+        state the masters' own tensors (DTensor-wrapped for DTensor parameters; ``runtime.apply.zero1.state_view``
+        is its torch-layout twin): DCP's state-dict helpers key it by FQN as an unsharded optimizer, and a load
+        writes into the fp32 state in place. The masters' state is created first (``_init_state``) so there is
+        fp32 state to load into; the view itself never steps."""
+        assert self.optim is not None, "MasterState.attach was not called"
+        self._init_state()
+        param_of = {id(self.masters[id(p)]): p for p in self.params if id(p) in self.masters}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [param_of[id(m)] for m in g["params"]]}
+                  for g in self.optim.param_groups]
+        view = type(self.optim)([g for g in groups if g["params"]] or [{"params": []}])
+        for g in view.param_groups:  # no step runs on the view: mark stateless parameters (plain SGD) as initialized
+            for q in g["params"]:
+                view.state[q] = {}
+        for m, st in self.optim.state.items():
+            q = param_of[id(m)]
+            view.state[q] = {k: wrap_like(v, q) for k, v in st.items()}
+        return view
+
+    @torch.no_grad()
+    def _init_state(self) -> None:
+        """The optimizer's state before its first step, as DCP's state-dict helpers create it for an optimizer
+        over model parameters (torch ``state_dict._init_optim_state``: one step on zero gradients at lr 0; the
+        masters are not leaves that require grad, which that helper skips)."""
+        assert self.optim is not None
+        if self.optim.state:
+            return
+        lrs = [g["lr"] for g in self.optim.param_groups]
+        for g in self.optim.param_groups:
+            g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+        for m in self.masters.values():
+            m.grad = torch.zeros_like(m)
+        self.optim.step()
+        for g, lr in zip(self.optim.param_groups, lrs):
+            g["lr"] = lr
+        for m in self.masters.values():
+            m.grad = None
+
+    def load_optimizer(self, p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        """After a checkpoint load: ``p``'s optimizer state (tensors copied into the fp32 state, a no-op where
+        DCP loaded in place) and its group's hyperparameters (``lr`` is the schedule's again at the next step)."""
+        assert self.optim is not None
+        m = self.masters[id(p)]
+        mine = self.optim.state[m]
+        with torch.no_grad():
+            for k, v in state.items():
+                if isinstance(mine.get(k), torch.Tensor) and isinstance(v, torch.Tensor):
+                    mine[k].copy_(_local(v))
+                else:
+                    mine[k] = v
+        for g in self.optim.param_groups:
+            if any(x is m for x in g["params"]):
+                g.update({k: v for k, v in group.items() if k != "params"})
+
+    @torch.no_grad()
+    def publish(self) -> None:
+        """Each owned master rounded into its 16-bit weight (after its value was loaded)."""
+        for p in self.params:
+            m = self.masters.get(id(p))
+            if m is not None:
+                _local(p).copy_(m)
+

@@ -98,6 +98,9 @@ class ApplyState:
     scaler: object | None = None
     spans: PhaseSpans = field(default_factory=PhaseSpans)
     meta: MetaBuild | None = None  # the model was built on the meta device
+    # a host-built model's pretrained weights, read once the plan is applied (``api.apply_plan``), or by
+    # ``apply_state_layout`` before its 16-bit cast (the fp32 masters copy the file's values); None once read
+    init_from: str | os.PathLike[str] | None = None
 
     @property
     def pipelined(self) -> bool:
@@ -373,9 +376,18 @@ def apply_state_layout(s: ApplyState) -> list[str]:
     group = (s.ecs.groups.dc_group if folded else s.env.group("dp")) if shard else None  # type: ignore[union-attr]
     dt = prec.torch_dtype(s.checked.precision)
     main = dt if plan.state_layout == "zero" else torch.float32  # zero: 16-bit main gradients, reduced in 16 bits
+    notes = []
+    if s.init_from is not None:  # a host build's pretrained weights, read in fp32 before the masters copy them
+        from meshplan.runtime.apply.stage_params import merge_modules
+        from meshplan.runtime.weights.pretrained import load_pretrained
+
+        notes.append(load_pretrained(merge_modules(s.roots), s.init_from, tied=s.checked.tied,
+                                     transposed=[f"{m}.weight" for m in s.checked.conv])
+                     + " (before the 16-bit cast: the fp32 masters are the file's values)")
+        s.init_from = None
     s.master = MasterState(unique_params(s.modules), dt, group=group, shard=shard, main_dtype=main)
     n = len(s.master.params)
-    return [f"state layout {plan.state_layout}: {n} parameters in {s.checked.precision}, "
+    return notes + [f"state layout {plan.state_layout}: {n} parameters in {s.checked.precision}, "
             f"{str(main).removeprefix('torch.')} main gradients (post-accumulate "
             f"hooks), fp32 masters + optimizer state of {len(s.master.masters)} of them on this rank"
             + (f" (zero1 partition over {plan.dp_state_ranks()} ranks, the updated weights broadcast in "

@@ -74,7 +74,8 @@ def zero1_optimizer(opt: torch.optim.Optimizer, params: list[torch.Tensor],
     return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group, **kw)
 
 
-def _wrap(v: Any, p: torch.Tensor) -> Any:
+def wrap_like(v: Any, p: torch.Tensor) -> Any:
+    """A tensor of ``p``'s local shape as a DTensor of ``p``'s placements (same storage); anything else as is."""
     if isinstance(p, DTensor) and isinstance(v, torch.Tensor) and v.shape == p.to_local().shape and v.dim() > 0:
         return DTensor.from_local(v, p.device_mesh, p.placements, run_check=False,
                                   shape=p.shape, stride=p.stride())
@@ -96,7 +97,7 @@ def state_view(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     view = type(inner)([g for g in groups if g["params"]] or [{"params": []}])
     for loc, st in inner.state.items():
         p = to_model[id(loc)]
-        view.state[p] = {k: _wrap(v, p) for k, v in st.items()}
+        view.state[p] = {k: wrap_like(v, p) for k, v in st.items()}
     return view
 
 

@@ -74,7 +74,7 @@ def _rename(d: dict[str, object], mapping: dict[str, str]) -> dict[str, object]:
     return out
 
 
-def _local_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def _local_optimizer(pm: ParallelModel) -> torch.optim.Optimizer:
     """The optimizer that holds this rank's state, over the model's parameters (``zero1.state_view``).
 
     ZeRO-1 (dp_kind zero1) gives every rank whole parameters to update; the state of those
@@ -84,9 +84,10 @@ def _local_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     once; the union is exactly the checkpoint an unsharded run writes. Loading asks for the keys
     of the parameters this rank owns *now*, so a zero1 checkpoint resumes under another dp degree,
     another dp kind or another layout, and the other way round. Under TP the shard's state is
-    DTensor-wrapped like an unsharded TP optimizer's.
+    DTensor-wrapped like an unsharded TP optimizer's. The 16-bit layouts (``pm.master``) give the same
+    view of the fp32 masters' optimizer (``MasterState.optimizer_view``).
     """
-    return state_view(opt)
+    return pm.master.optimizer_view() if pm.master is not None else state_view(pm.optimizer)
 
 
 def _state(pm: ParallelModel, view: torch.optim.Optimizer | None = None) -> dict[str, object]:
@@ -95,10 +96,61 @@ def _state(pm: ParallelModel, view: torch.optim.Optimizer | None = None) -> dict
     Under pp=1 the optimizer knows the tied embedding/LM-head weight by one FQN, under pp>1 the
     two pipeline ranks know it by different ones; keying it by the group's first FQN lets a
     checkpoint written under one layout load under the other. zero1: see ``_local_optimizer``.
+    The 16-bit layouts save the fp32 masters as the model's parameters (``_master_model``).
     """
     c = pm.container()
-    optim = get_optimizer_state_dict(c, view or _local_optimizer(pm.optimizer), options=_OPTS)
-    return {"model": get_model_state_dict(c, options=_OPTS), "optim": _rename(optim, _aliases(pm))}
+    optim = get_optimizer_state_dict(c, view or _local_optimizer(pm), options=_OPTS)
+    model = get_model_state_dict(c, options=_OPTS)
+    if pm.master is not None:
+        model = _master_model(pm, model, load=False)
+    return {"model": model, "optim": _rename(optim, _aliases(pm))}
+
+
+def _master_model(pm: ParallelModel, model: dict[str, Any], *, load: bool) -> dict[str, Any]:
+    """The model state of a 16-bit layout (``runtime.apply.master_state``) as the torch layout's: every
+    trainable parameter's key holds its fp32 master (DTensor-wrapped under TP) on the dp rank that owns it;
+    the other ranks leave the key out when saving (DCP writes the union, each parameter once) and, when
+    ``load``, read the saved fp32 value into their 16-bit weight (DCP copies, rounding to nearest). So a
+    checkpoint of either layout resumes under the other, and the masters resume exact."""
+    ms = pm.master
+    assert ms is not None
+    named = pm.named_parameters()
+    out: dict[str, Any] = {}
+    covered: set[int] = set()
+    for k, v in model.items():
+        p = named.get(k)
+        if p is None or not ms.owns(p):  # buffers, frozen parameters: as they are
+            out[k] = v
+            continue
+        covered.add(id(p))
+        m = ms.master_view(p)
+        if m is not None:
+            out[k] = m
+        elif load:
+            out[k] = v
+    left = [n for n, p in named.items() if ms.owns(p) and id(p) not in covered]
+    if left:
+        raise CheckpointError(f"the 16-bit layout's parameters {left[:3]} have no key in the model state dict; "
+                              "their masters cannot be saved or loaded (re-plan with state_layout torch)")
+    return out
+
+
+def _load_masters(pm: ParallelModel, optim: Mapping[str, Any]) -> None:
+    """After ``dcp.load`` under a 16-bit layout: the owned masters' optimizer state and hyperparameters
+    from the flattened ``optim`` (this rank's FQNs), then every owned master rounded into its weight."""
+    ms = pm.master
+    assert ms is not None
+    named = pm.named_parameters()
+    per: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for k, v in optim.items():
+        kind, _, rest = k.partition(".")
+        fqn, _, key = rest.rpartition(".")
+        per.setdefault(fqn, ({}, {}))[0 if kind == "state" else 1][key] = v
+    for fqn, (st, group) in per.items():
+        p = named.get(fqn)
+        if p is not None and ms.master_view(p) is not None:
+            ms.load_optimizer(p, st, group)
+    ms.publish()
 
 
 def _local(t: Any) -> Any:
@@ -139,13 +191,6 @@ def _agree(value: Any) -> list[Any]:
     return collectives.all_gather_object(value)
 
 
-def _refuse_master(pm: ParallelModel) -> None:
-    if pm.master is not None:
-        raise ValueError("checkpoints of state_layout 'megatron' (16-bit weights, fp32 masters in "
-                         "runtime.apply.master_state) are not written or read: the masters are not the model's "
-                         "parameters; run without checkpoints or re-plan with state_layout 'torch'")
-
-
 def save(pm: ParallelModel, directory: str | Path, step: int, *, keep: int = DEFAULT_KEEP,
          extra: Mapping[str, Any] | None = None) -> Path:
     """Save model + optimizer state after ``step`` steps, atomically; collective over all ranks.
@@ -154,7 +199,6 @@ def save(pm: ParallelModel, directory: str | Path, step: int, *, keep: int = DEF
     After the new checkpoint is published, all but the newest ``keep`` are deleted (keep <= 0:
     none). ``extra`` (JSON-able, e.g. a data position) is stored in the manifest under "extra".
     """
-    _refuse_master(pm)
     d = Path(directory)
     rank, world = dist.get_rank(), dist.get_world_size()
     name = files.step_name(step)
@@ -241,12 +285,11 @@ def load(pm: ParallelModel, path: str | Path) -> int:
 
     Verifies the checksums and the model fingerprint first (CheckpointError, nothing loaded).
     """
-    _refuse_master(pm)
     path = Path(path)
     manifest = read_manifest(path)
     verify(path, manifest)
     c = pm.container()
-    view = _local_optimizer(pm.optimizer)
+    view = _local_optimizer(pm)
     state = _state(pm, view)
     saved_fp = manifest.get("model_fingerprint")
     if saved_fp is not None:
@@ -254,13 +297,18 @@ def load(pm: ParallelModel, path: str | Path) -> int:
     why = [w for w in _agree(_optimizer_state_mismatch(path, state["optim"], view)) if w]  # type: ignore[arg-type]
     if why:  # on every rank alike, before DCP's collectives
         raise CheckpointError(why[0])
+    if pm.master is not None:  # every parameter's key: the owned masters, the others' 16-bit weights
+        state["model"] = _master_model(pm, get_model_state_dict(c, options=_OPTS), load=True)
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(c, state["model"], options=_OPTS)  # type: ignore[arg-type]
     own = {n for n, _ in c.named_parameters()}
     back = {canon: alias for alias, canon in _aliases(pm).items() if alias in own and canon not in own}
     optim = _rename(state["optim"], back)  # type: ignore[arg-type]
-    set_optimizer_state_dict(c, view, optim, options=_OPTS)  # type: ignore[arg-type]
-    load_view(pm.optimizer, view)
+    if pm.master is not None:  # not the view's load_state_dict: it would cast the fp32 state to the 16-bit weights'
+        _load_masters(pm, optim)
+    else:
+        set_optimizer_state_dict(c, view, optim, options=_OPTS)  # type: ignore[arg-type]
+        load_view(pm.optimizer, view)
     step = int(manifest["step"])
     pm.steps_done = step
     return step

@@ -182,10 +182,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
     if args.resume and not args.checkpoint_dir:
         raise ValueError("--resume needs --checkpoint-dir")
-    if args.checkpoint_dir and plan.state_layout != "torch":  # before any step, not at the first save
-        raise ValueError(f"--checkpoint-dir: the plan's state_layout {plan.state_layout} (16-bit weights, "
-                         "runtime/apply/master_state.py) writes no checkpoints; drop --checkpoint-dir or re-plan "
-                         "with state_layout torch")
     ck = checkpoint.newest_complete(args.checkpoint_dir) if args.checkpoint_dir and (args.resume or restarted) else None
     if args.resume and ck is None:
         raise FileNotFoundError(f"--resume: no checkpoint in {args.checkpoint_dir}")
