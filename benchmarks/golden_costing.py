@@ -6,7 +6,7 @@ written once and compared after a refactor that must not change behaviour (issue
 
 The spread: ``plan_graph`` searches (GPT-3 175B on 1,024 H100, Llama-3 8B/70B, Mixtral 8x7B with
 expert parallelism, pinned schedules, a QLoRA search, an engine target with its profile, split rule
-and DP kinds), ``estimate_graph`` at given configurations (every pipeline schedule, every DP kind,
+and DP kinds), ``autoparallel`` with its default state layout, ``estimate_graph`` at given configurations (every pipeline schedule, every DP kind,
 recompute kinds, cp, ep, MoE parallel folding, fp8, QLoRA, engine profiles, blocks per stage), a
 capacity sweep's rows, and the predictions of every case of ``benchmarks/published_cases.py``
 (``commands.published_estimate.estimate_case``). Each result is recorded whole (``Plan.to_dict``)
@@ -61,6 +61,11 @@ def _plans() -> dict[str, Callable[[], Any]]:
     def plan(model: str, world: int, **kw: Any) -> Callable[[], Any]:
         return lambda: plan_graph(_graph(model), world, **kw)
 
+    def auto(model: str, world: int, **kw: Any) -> Callable[[], Any]:
+        from meshplan import autoparallel
+
+        return lambda: autoparallel(_graph(model), world, **kw)
+
     return {
         "plan gpt3-175b 1024 h100": plan("gpt3-175b", 1024, cluster="h100", global_batch_size=1536),
         "plan llama3-8b 64 h100": plan("llama3-8b", 64, cluster="h100", global_batch_size=512),
@@ -75,6 +80,12 @@ def _plans() -> dict[str, Callable[[], Any]]:
                                                    profile="megatron-lm-2021", dp_kinds=("none", "ddp")),
         "plan llama3-8b 32 fp8": plan("llama3-8b", 32, cluster="h100", global_batch_size=128, dtype="fp8"),
         "plan llama3-8b 64 exhaustive": plan("llama3-8b", 64, cluster="h100", global_batch_size=256, exhaustive=True),
+        # ``meshplan plan`` / ``autoparallel`` with their default state layout: one request fp32 parameters fit, one
+        # they do not (16-bit weights do: the default "auto" takes them since wave 3 stop 9)
+        "autoparallel llama3-8b 64 h100 default layout": auto("llama3-8b", 64, cluster="h100", global_batch_size=256),
+        "autoparallel llama3-8b 8 h100 zero1 pinned default layout": auto(
+            "llama3-8b", 8, cluster="h100", global_batch_size=64,
+            fixed={"tp": 1, "pp": 1, "dp_kind": "zero1", "recompute": "full"}),
     }  # fmt: skip
 
 

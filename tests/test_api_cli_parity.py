@@ -203,6 +203,17 @@ def test_estimate_config_is_the_command(tmp_path: Path, capsys) -> None:
     _same_plan(sgd.plan, Plan.load(tmp_path / "sgd.json"))
     _same_plan(sgd.best, Plan.load(tmp_path / "sgd-best.json"))
     assert sgd.plan.predicted.mem_breakdown["optimizer"] < est.plan.predicted.mem_breakdown["optimizer"]
+    # --state-layout: the layout of meshplan's best plan under --target meshplan (default auto: fp32 parameters here)
+    rc = main(["estimate", "gpt-tiny", "-n", "8", "--from-megatron", args, "--quiet", "--target", "meshplan",
+               "--state-layout", "megatron", "--best-output", str(tmp_path / "bf16-best.json")])
+    bf16 = meshplan.estimate_config("gpt-tiny", args, engine="megatron", world_size=8, cluster="h100",
+                                    target="meshplan", state_layout="megatron")  # fmt: skip
+    assert rc == 0 and bf16.best.state_layout == "megatron"
+    _same_plan(bf16.best, Plan.load(tmp_path / "bf16-best.json"))
+    auto = meshplan.estimate_config("gpt-tiny", args, engine="megatron", world_size=8, cluster="h100", target="meshplan")
+    assert auto.best.state_layout == "torch"
+    with pytest.raises(ValueError, match="applies to --target meshplan"):
+        meshplan.estimate_config("gpt-tiny", args, engine="megatron", world_size=8, state_layout="zero")
     capsys.readouterr()
     assert main(["estimate", "gpt-tiny", "-n", "8", "--from-megatron", args, "--quiet", "--momentum", "0.5"]) == 1
     assert "--momentum is SGD's" in capsys.readouterr().err
@@ -305,27 +316,38 @@ def test_calibrate_is_the_command(tmp_path: Path, gpt_tiny_graph, capsys) -> Non
 
 def test_state_layout_cli_is_autoparallel(tmp_path: Path, gpt_tiny_graph) -> None:
     """``meshplan plan --state-layout megatron`` is ``autoparallel(state_layout="megatron")``: the plan
-    records the runtime's 16-bit-weight layout and predicts less memory than fp32 parameters; "auto"
-    keeps fp32 parameters while they fit and takes the first 16-bit layout that fits where they do not
-    (said in the notes); bad combinations fail in one line."""
+    records the runtime's 16-bit-weight layout and predicts less memory than fp32 parameters; "auto" (the
+    default) keeps fp32 parameters while they fit and takes the first 16-bit layout that fits where they do not
+    (said in the notes), and only a layout the runtime runs: fp32 parameters alone for another target, another
+    dtype, quantization or a pinned FSDP kind; bad combinations fail in one line."""
     out = tmp_path / "p.json"
     pins = {"dp": 2, "dp_kind": "ddp", "recompute": "none", "micro_batch_size": 1}
     assert main(["plan", "gpt-tiny", "-n", "2", "--dp", "2", "--dp-kind", "ddp", "--recompute", "none", "--micro-batch", "1",
                  "--state-layout", "megatron", "-q", "-o", str(out)]) == 0  # fmt: skip
     py = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, state_layout="megatron")
     _same_plan(Plan.load(out), py)
-    torch_layout = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins)
+    torch_layout = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, state_layout="torch")
     assert (py.state_layout, torch_layout.state_layout) == ("megatron", "torch")
     assert max(py.predicted.peak_mem_bytes) < max(torch_layout.predicted.peak_mem_bytes)
     # a limit between the two layouts' smallest needs: fp32 parameters do not fit, 16-bit weights do
     limit = (max(py.predicted.peak_mem_bytes) + max(torch_layout.predicted.peak_mem_bytes)) // 2
     with pytest.raises(meshplan.NoFeasiblePlanError):
-        meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, memory_limit=limit)
-    auto = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, memory_limit=limit, state_layout="auto")
+        meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, memory_limit=limit, state_layout="torch")
+    auto = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, memory_limit=limit)  # the default
     assert auto.state_layout in ("megatron", "zero")
     assert any("--state-layout auto): no plan fits in torch" in n for n in auto.notes)
-    free = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, state_layout="auto")
+    _same_plan(auto, meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins, memory_limit=limit,
+                                           state_layout="auto"))
+    free = meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=pins)
     assert free.state_layout == "torch"
+    _same_plan(free, torch_layout)  # where fp32 parameters fit, the default is the torch layout's plan
+    # requests no 16-bit layout runs keep fp32 parameters (and do not fit here) rather than take one
+    fsdp = {**pins, "dp_kind": "fsdp"}  # pinned, below its fp32 need: no plan (not the 16-bit profiles' ValueError)
+    fsdp_need = max(meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", fixed=fsdp).predicted.peak_mem_bytes)
+    for kw in ({"dtype": "fp32"}, {"target": "torchtitan"}, {"quantization": "qat"},
+               {"fixed": fsdp, "memory_limit": fsdp_need * 9 // 10}):
+        with pytest.raises(meshplan.NoFeasiblePlanError):
+            meshplan.autoparallel(gpt_tiny_graph, 2, cluster="h100", **{"fixed": pins, "memory_limit": limit, **kw})
     for bad, msg in (({"state_layout": "bf16"}, "state_layout 'bf16' unknown"),
                      ({"state_layout": "megatron", "target": "torchtitan"}, "layout of meshplan's runtime"),
                      ({"state_layout": "megatron", "dtype": "fp32"}, "keeps bf16 model weights")):  # fmt: skip

@@ -33,6 +33,7 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
         "world_size": "world_size", "cluster": "cluster", "seq": "seq_len", "input_shape": "input_shapes",
         "target": "target", "quiet": "progress", "output": "call:meshplan.plan:Plan.save",
         "best_output": "call:meshplan.plan:Plan.save", "optimizer": "optimizer", "momentum": "optimizer",
+        "state_layout": "state_layout",
     }),
     "export": ("export", {
         "plan": "plan", "to": "to", "form": "form", "base": "base", "nearest": "nearest", "model": "model",

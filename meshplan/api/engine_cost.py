@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshplan.api.plan import DEFAULT_STATE_LAYOUT
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.engines.imported import Imported
 from meshplan.engines.spec import CAPS, ENGINES, TARGETS, EngineSpec, search_limits
@@ -139,6 +140,7 @@ def estimate_config(
     target: str | None = None,
     use_cache: bool = True,
     optimizer: str = "adam",
+    state_layout: str = DEFAULT_STATE_LAYOUT,
     progress: Callable[[str], None] | None = None,
 ) -> EngineEstimate:
     """Cost the ``engine`` configuration ``config`` of ``model`` on ``world_size`` devices of
@@ -149,14 +151,22 @@ def estimate_config(
     configuration's, else the model's. ``target``: "meshplan", "torchtitan", "megatron" or
     "deepspeed" (default ``engine``). ``optimizer``: the one costed in both (``cost_models.memory.
     OPTIMIZERS``: "adam", "adamw", "sgd", "sgd-momentum"; ``optimizer_kind`` of ``--optimizer`` /
-    ``--momentum``)."""
-    from meshplan.api.plan import model_graph
+    ``--momentum``). ``state_layout`` (target meshplan): the layout of meshplan's best plan, as
+    ``autoparallel``'s (default "auto": fp32 parameters while a plan fits, else the first 16-bit layout that
+    fits and that the runtime runs; a configuration in another dtype than bf16 keeps fp32 parameters)."""
+    from meshplan.api.plan import LAYOUT_PROFILES, STATE_LAYOUT_CHOICES, model_graph, plan_auto
     from meshplan.cost_models.memory import OPTIMIZERS
+    from meshplan.plan.execution_rules import state_layout_blocker
     from meshplan.planner.api import plan_graph
     from meshplan.report.gain import with_gain_note
 
     if target is not None and target not in TARGETS:
         raise ValueError(f"target {target!r} unknown; use one of {', '.join(TARGETS)}")
+    if state_layout not in STATE_LAYOUT_CHOICES:
+        raise ValueError(f"state_layout {state_layout!r} unknown; use one of {', '.join(STATE_LAYOUT_CHOICES)}")
+    if state_layout in ("megatron", "zero") and (target or engine) != "meshplan":
+        raise ValueError(f"state_layout {state_layout!r} is a layout of meshplan's runtime: it applies to "
+                         "--target meshplan (the best plan of another engine keeps that engine's layout)")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r} unknown; use one of {', '.join(OPTIMIZERS)}")
     say = progress or (lambda _m: None)
@@ -182,7 +192,19 @@ def estimate_config(
     limits = search_limits(target, {}, spec.dtype) if target in CAPS else {}
     common = {"cluster": cluster, "global_batch_size": spec.global_batch_size, "dtype": spec.dtype, "progress": None,
               "optimizer": optimizer}
-    best = plan_graph(graph, spec.world_size, **common, **limits)
+    if target == "meshplan":  # in the state layout asked for, or (auto) the first that fits (api.plan.plan_auto)
+        def in_layout(layout: str) -> Plan:
+            prof = {"profile": LAYOUT_PROFILES[layout]} if layout != "torch" else {}
+            return plan_graph(graph, spec.world_size, **common, **limits, **prof)
+
+        blocked = state_layout_blocker(state_layout="megatron", dp_kind="ddp", dtype=spec.dtype)
+        if state_layout in ("megatron", "zero") and blocked:
+            raise ValueError(blocked)
+        best = plan_auto(in_layout, say, blocked) if state_layout == "auto" else in_layout(state_layout)
+        if best.state_layout != "torch":  # the gain's split searches under the layout the best plan is in
+            limits = {**limits, "profile": LAYOUT_PROFILES[best.state_layout]}
+    else:
+        best = plan_graph(graph, spec.world_size, **common, **limits)
     split = None
     if best.predicted.step_s < mine.predicted.step_s:
         say("splitting its gain: searching with your configuration's mechanisms")

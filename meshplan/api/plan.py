@@ -33,6 +33,7 @@ from meshplan.engines.spec import CAPS, TARGETS, search_limits, spec_from_plan, 
 from meshplan.errors import NoFeasiblePlanError
 from meshplan.graph import ModelGraph
 from meshplan.plan import Plan, Quantization
+from meshplan.plan.execution_rules import state_layout_blocker
 from meshplan.planner import validate as V
 from meshplan.planner.api import (
     check_request,
@@ -49,9 +50,10 @@ RUNTIME_DTYPES = ("bf16", "fp16", "fp32")
 STATE_LAYOUT_CHOICES = ("torch", "megatron", "zero", "auto")
 #: the engine profile each 16-bit-weight layout is priced with (``cost_models.engine_profiles.meshplan_runtime``)
 LAYOUT_PROFILES: dict[str, EngineProfile] = {"megatron": MESHPLAN_BF16, "zero": MESHPLAN_BF16_GRADS}
-#: "auto": the layouts tried in turn, the first with a plan that fits wins (fp32 parameters first: the
-#: layout of every dp kind, precision and parallelism; then 16-bit weights with fp32, then 16-bit gradients)
+#: "auto" (the default): the layouts tried in turn, the first with a plan that fits wins (fp32 parameters first:
+#: the layout of every dp kind, precision and parallelism; then 16-bit weights with fp32, then 16-bit gradients)
 AUTO_LAYOUTS = ("torch", "megatron", "zero")
+DEFAULT_STATE_LAYOUT = "auto"
 Progress = Callable[[str], None] | None
 
 
@@ -121,7 +123,7 @@ class PlanRequest:
     target: str
     limits: dict[str, Any] = field(default_factory=dict)  # plan_graph keywords of the target engine
     optimizer: str = "adam"  # the cost model's (``cost_models.memory.OPTIMIZERS``)
-    state_layout: str = "torch"  # ``STATE_LAYOUT_CHOICES``: meshplan's runtime state layout, or "auto"
+    state_layout: str = DEFAULT_STATE_LAYOUT  # ``STATE_LAYOUT_CHOICES``: meshplan's runtime state layout, or "auto"
 
     def plan(self, graph: ModelGraph, progress: Progress = None) -> Plan:
         """The best plan of ``graph`` (the fastest over ``dtypes``), with the target's notes; under
@@ -136,24 +138,48 @@ class PlanRequest:
 
         def plan_layout(layout: str) -> Plan:
             one = functools.partial(plan_in, layout=layout)
-            return choose_dtype(one, self.dtypes, say) if len(self.dtypes) > 1 else one(self.dtypes[0])
+            # the 16-bit layouts run bf16 only (plan.execution_rules.state_layout_blocker): fp8 is not tried in them
+            dtypes = self.dtypes if layout == "torch" or self.state_layout != "auto" else \
+                tuple(d for d in self.dtypes if d == "bf16")
+            return choose_dtype(one, dtypes, say) if len(dtypes) > 1 else one(dtypes[0])
 
         if self.state_layout != "auto":
             return target_notes(plan_layout(self.state_layout), self.target)
-        refused: dict[str, str] = {}  # layout -> the first line of why no plan fits in it
-        for layout in AUTO_LAYOUTS:
-            try:
-                plan = plan_layout(layout)
-            except NoFeasiblePlanError as e:
-                refused[layout] = str(e).splitlines()[0]
-                say(f"state layout {layout}: no plan fits; trying the next")
-                continue
-            if refused:
-                plan = dataclasses.replace(plan, notes=(*plan.notes, f"state layout {layout} (--state-layout auto): no "
-                                                        f"plan fits in {', '.join(refused)}"))  # fmt: skip
-            return target_notes(plan, self.target)
-        raise NoFeasiblePlanError("no plan fits in any state layout (--state-layout auto): "
-                                  + " | ".join(f"{k}: {v}" for k, v in refused.items()))
+        # what the request pins that no 16-bit layout runs (its target; the runtime's rule on dtype, pinned dp kind,
+        # ep and quantization): then fp32 parameters alone, as before "auto" existed
+        why = f"target {self.target} plans in its engine's own layout" if self.target != "meshplan" else \
+            state_layout_blocker(state_layout="megatron", dp_kind=self.fixed.get("dp_kind", "ddp"),
+                                 dtype="bf16" if "bf16" in self.dtypes else self.dtypes[0],
+                                 ep=self.fixed.get("ep", 1), quantization=self.quantization.mode)
+        return target_notes(plan_auto(plan_layout, say, why), self.target)
+
+
+def plan_auto(plan_layout: Callable[[str], Plan], say: Callable[[str], None], blocked: str = "") -> Plan:
+    """``state_layout`` "auto": ``plan_layout(layout)`` for each of ``AUTO_LAYOUTS`` in turn, the first plan that
+    fits and that the runtime runs (``plan.execution_rules.state_layout_blocker`` on the plan itself), with a note
+    when it is not the first layout. ``blocked``: why the request runs no 16-bit layout at all (its target, dtype
+    or quantization): then the torch layout alone, whose error is the request's."""
+    if blocked:
+        return plan_layout("torch")
+    refused: dict[str, str] = {}  # layout -> the first line of why no plan fits in it
+    for layout in AUTO_LAYOUTS:
+        try:
+            plan = plan_layout(layout)
+        except NoFeasiblePlanError as e:
+            refused[layout] = str(e).splitlines()[0]
+            say(f"state layout {layout}: no plan fits; trying the next")
+            continue
+        why = state_layout_blocker(state_layout=plan.state_layout, dp_kind=plan.dp_kind if plan.dp > 1 else "none",
+                                   dtype=plan.dtype, cp=plan.cp, ep=plan.ep, quantization=plan.quantization.mode)
+        if why:  # the search proposes none of these (its profile's dp kinds, ep): kept as the rule's last word
+            refused[layout] = why
+            continue
+        if refused:
+            plan = dataclasses.replace(plan, notes=(*plan.notes, f"state layout {layout} (--state-layout auto): no "
+                                                    f"plan fits in {', '.join(refused)}"))  # fmt: skip
+        return plan
+    raise NoFeasiblePlanError("no plan fits in any state layout (--state-layout auto): "
+                              + " | ".join(f"{k}: {v}" for k, v in refused.items()))
 
 
 def target_notes(plan: Plan, target: str) -> Plan:
@@ -187,7 +213,7 @@ def plan_request(
     target: str = "meshplan",
     memory_limit: int | str | None = None,
     optimizer: str = "adam",
-    state_layout: str = "torch",
+    state_layout: str = DEFAULT_STATE_LAYOUT,
 ) -> PlanRequest:
     """Check every argument of ``autoparallel`` (see there) and resolve the cluster; no tracing."""
     if target not in TARGETS:
@@ -199,9 +225,9 @@ def plan_request(
                          "(sgd: momentum 0, no state; sgd-momentum: one buffer)")
     if state_layout not in STATE_LAYOUT_CHOICES:
         raise ValueError(f"state_layout {state_layout!r} unknown; use one of {', '.join(STATE_LAYOUT_CHOICES)}")
-    if state_layout != "torch" and target != "meshplan":
+    if state_layout in ("megatron", "zero") and target != "meshplan":  # auto: torch alone (PlanRequest.plan)
         raise ValueError(f"state_layout {state_layout!r} is a layout of meshplan's runtime; target {target!r} plans "
-                         "in its engine's own layout (leave state_layout 'torch')")
+                         "in its engine's own layout (use state_layout 'torch' or 'auto')")
     if state_layout in ("megatron", "zero") and dtype not in ("bf16", "auto"):
         raise ValueError(f"state_layout {state_layout!r} keeps bf16 model weights: use dtype bf16 (got {dtype!r})")
     V.check_world_size(world_size)
@@ -323,7 +349,7 @@ def autoparallel(
     memory_limit: int | str | None = None,
     use_cache: bool = True,
     optimizer: str = "adam",
-    state_layout: str = "torch",
+    state_layout: str = DEFAULT_STATE_LAYOUT,
 ) -> Plan:
     """The fastest plan for training ``model`` on ``world_size`` devices that fits memory (``meshplan plan``).
 
@@ -341,11 +367,12 @@ def autoparallel(
     the run uses, as the cost model names it: "adam" (default), "adamw", "sgd" (momentum 0: no state)
     or "sgd-momentum" (one buffer); its state memory and step time are costed, and the Plan records it
     (``meshplan run`` then runs it: ``cost_models.memory.run_optimizer``). ``state_layout`` (target
-    meshplan): how meshplan's runtime keeps the model's state: "torch" (default: fp32 parameters under
+    meshplan): how meshplan's runtime keeps the model's state: "torch" (fp32 parameters under
     autocast, 4 + 4 + 8/d bytes per parameter with Adam), "megatron" (bf16 weights, fp32 main gradients
     and masters: 2 + 4 + 12/d; dp kinds none / ddp / zero1; checkpoints hold the fp32 masters:
-    ``runtime/apply/master_state.py``), "zero" (bf16 gradients too: 2 + 2 + 12/d) or "auto" (torch, else
-    the first of megatron, zero in which a plan fits, said in the plan's notes).
+    ``runtime/apply/master_state.py``), "zero" (bf16 gradients too: 2 + 2 + 12/d) or "auto" (default: torch
+    while a plan fits, else the first of megatron, zero in which a plan fits that the runtime runs, said in the
+    plan's notes; torch alone for another target, a dtype other than bf16 or quantization).
     """
     req = plan_request(world_size, cluster=cluster, global_batch_size=global_batch_size, fixed=fixed,
                        recompute=recompute, schedules=schedules, quantization=quantization, lora_rank=lora_rank,

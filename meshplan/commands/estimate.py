@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from meshplan.api.plan import DEFAULT_STATE_LAYOUT, STATE_LAYOUT_CHOICES
 from meshplan.commands.argtypes import add_optimizer_arguments, optimizer_of
 from meshplan.engines.spec import TARGETS
 from meshplan.shapes import add_input_shape, input_shapes
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, choices=TARGETS,
                         help="restrict meshplan's best plan to what this engine runs (default: the source engine)")
     add_optimizer_arguments(parser, ", in the configuration and in meshplan's best plan alike")
+    parser.add_argument("--state-layout", default=DEFAULT_STATE_LAYOUT, choices=STATE_LAYOUT_CHOICES,
+                        help="the state layout of meshplan's best plan under --target meshplan, as `meshplan plan "
+                             "--state-layout` (default auto: fp32 parameters while a plan fits, else the first "
+                             "16-bit layout that fits)")
     parser.add_argument("-o", "--output", default=None, metavar="PLAN_JSON", help="save the costed user configuration")
     parser.add_argument("--best-output", default=None, metavar="PLAN_JSON", help="save meshplan's best plan")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         print(args.cluster.extra["local"])  # what the N devices are
     est = estimate_config(args.model, config, engine=engine, world_size=args.world_size, cluster=args.cluster,
                           seq_len=args.seq, input_shapes=input_shapes(args.input_shape), target=args.target,
-                          optimizer=optimizer, progress=progress)  # fmt: skip
+                          optimizer=optimizer, state_layout=args.state_layout, progress=progress)  # fmt: skip
     imp = est.config
     print(est.summary())
     for label, keys in (("unknown (not understood, not costed)", imp.unknown),

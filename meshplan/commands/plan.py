@@ -7,8 +7,8 @@ from the trace cache when it holds this model, ``--no-cache`` to bypass it), run
 then prints the text report once (so ``| true`` or a full disk behind stdout cannot lose it). Pins (``--tp/--pp/--dp/--schedule/...``) narrow the search; ``--dtype`` pins the
 training precision or (``auto``) plans in bf16 and fp8 and keeps the faster. ``--optimizer [--momentum]`` is the
 optimizer costed (``cost_models.memory.optimizer_kind``; default adam) and recorded in the plan, which
-``meshplan run`` runs by default. ``--state-layout`` picks how the runtime keeps the model's state (fp32
-parameters, or 16-bit weights with fp32 masters: ``autoparallel(state_layout=)``). The checks and the
+``meshplan run`` runs by default. ``--state-layout`` picks how the runtime keeps the model's state (default auto: fp32
+parameters while a plan fits, else 16-bit weights with fp32 masters: ``autoparallel(state_layout=)``). The checks and the
 search are ``meshplan.autoparallel``'s (``meshplan/api/plan.py``: ``plan_request`` then
 ``PlanRequest.plan``); this module parses flags into them. torch is imported inside ``run`` only.
 """
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from meshplan.api.plan import STATE_LAYOUT_CHOICES
+from meshplan.api.plan import DEFAULT_STATE_LAYOUT, STATE_LAYOUT_CHOICES
 from meshplan.commands.argtypes import add_optimizer_arguments, byte_size, optimizer_of, positive_int
 from meshplan.cost_models.precision import TRAINING_DTYPES
 from meshplan.engines.spec import TARGETS
@@ -89,11 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "FP8 tensor cores (h100/h200) and run by torchtitan (--target torchtitan); auto: the "
                              "fastest that fits among bf16 and fp8 where the cluster and the target run them")  # fmt: skip
     add_optimizer_arguments(parser, "; recorded in the plan, which `meshplan run` then runs")
-    parser.add_argument("--state-layout", default="torch", choices=STATE_LAYOUT_CHOICES,
-                        help="how meshplan's runtime keeps the model's state (--target meshplan): torch (default: "
-                             "fp32 parameters under autocast), megatron (bf16 weights, fp32 main gradients and "
-                             "masters; dp kinds none/ddp/zero1, no checkpoints yet), zero (bf16 gradients too), "
-                             "auto (torch, else the first of megatron, zero with a plan that fits)")  # fmt: skip
+    parser.add_argument("--state-layout", default=DEFAULT_STATE_LAYOUT, choices=STATE_LAYOUT_CHOICES,
+                        help="how meshplan's runtime keeps the model's state (--target meshplan): torch (fp32 "
+                             "parameters under autocast), megatron (bf16 weights, fp32 main gradients and masters; "
+                             "dp kinds none/ddp/zero1), zero (bf16 gradients too), auto (default: torch while a plan "
+                             "fits, else the first of megatron, zero with a plan that fits, said in the plan's notes; "
+                             "torch alone for another --target, --dtype fp16/fp32 or --quantization)")  # fmt: skip
     parser.add_argument("--target", default="meshplan", choices=TARGETS,
                         help="plan only what this engine runs (its schedules, DP kinds, recompute kinds and "
                              "stage-split rule); export with "
