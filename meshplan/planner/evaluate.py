@@ -102,6 +102,8 @@ class ConfigEvaluator:
         # sends 1/tp of the boundary activation and the receiving stage all-gathers it inside its
         # node; meshplan's runtime sends it whole
         self.pp_scatter_gather = ep.pp_scatter_gather
+        # DeepSpeed's PipelineEngine: blocking exchanges of partitioned tensors (cost_models.pipe_p2p)
+        self.pp_p2p = ep.pp_p2p
         self.recompute_unit = ep.recompute_unit  # what one checkpoint region re-runs under a pipeline
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._rescues = 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
+from meshplan.cost_models.pipe_p2p import blocking, deepspeed_hop_s
 from meshplan.cost_models.precision import fp8_amax_reduction_s, fp8_recipe, fp8_weight_copy_bytes
 from meshplan.partition.schedule import ZERO_BUBBLE, held_states
 from meshplan.planner.memory_floor import rank_pipeline_buffers
@@ -57,6 +58,7 @@ class KindFreeCosts(Protocol):
     memo_kind_free: bool
     pp_buffers: str
     pp_scatter_gather: bool
+    pp_p2p: str
     recompute_unit: str
 
     def table(self, c: Config) -> CostTable: ...
@@ -198,6 +200,9 @@ def kind_free_terms(
     # Megatron-LM's scatter/gather (``EngineProfile.pp_scatter_gather``): a 1/tp slice per tp rank over
     # the link, then an all-gather of the whole activation over the receiving stage's tp group
     sg_tp = c.tp if ev.pp_scatter_gather and c.tp > 1 and not c.sequence_parallel else 1
+    # DeepSpeed's PipelineEngine (cost_models.pipe_p2p): the hop is the whole blocking exchange, held by
+    # the sending action in the simulator (sends_occupy)
+    ds_p2p = blocking(ev.pp_p2p)
     for i, sb in enumerate(st_sendb):
         if not sb:
             st_send.append(0.0)
@@ -208,7 +213,10 @@ def kind_free_terms(
             if pair not in crosses:
                 crosses[pair] = p2p_crosses_nodes(pair[0], pair[1], stride, dpn)
             cross = crosses[pair]
-        if (sb, cross) not in send_s:
+        if (sb, cross) not in send_s and ds_p2p:  # one blocking exchange of activation and gradient
+            send_s[sb, cross] = deepspeed_hop_s(sb, c.tp, ev.cluster, crosses_nodes=cross, pp_p2p=ev.pp_p2p,
+                                                sequence_parallel=c.sequence_parallel)  # fmt: skip
+        elif (sb, cross) not in send_s:
             send_s[sb, cross] = p2p_time_s(sb / sg_tp, ev.cluster, crosses_nodes=cross) + (collective_time_s(
                 "all_gather", sb, sg_tp, ev.cluster, ranks_per_node=min(sg_tp, dpn)) if sg_tp > 1 else 0.0)  # fmt: skip
         st_send.append(send_s[sb, cross])
@@ -229,7 +237,7 @@ def kind_free_terms(
     rank_work = rank_sums(totals)
     if exact:
         makespan, bubble_frac = simulated_makespan(c, st_f, st_b, st_w, st_send,
-                                                   sends_occupy=ev.cluster.sends_occupy_rank)  # fmt: skip
+                                                   sends_occupy=ev.cluster.sends_occupy_rank or ds_p2p)  # fmt: skip
     else:
         makespan, bubble_frac = makespan_lower_bound(c, st_f, totals, rank_work), 0.0
     infl = ev.inflight_ranks(c)

@@ -52,7 +52,7 @@ LINEAGES: dict[str, tuple[tuple[str, str], ...]] = {
                  ("megatron-core-2024.04", "2024.04"), ("megatron-core-2024", "2024.08"), ("megatron-core-2026", "2026")),
     "nemo": (("nemo-2024", "2024.05"), ("megatron-bridge-2025", "2025.11")),
     "megatron-bridge": (("megatron-bridge-2025", "2025.11"),),
-    "megatron-deepspeed": (("megatron-deepspeed-2022", "2022"),),
+    "megatron-deepspeed": (("megatron-deepspeed-2021", "2021.09"), ("megatron-deepspeed-2022", "2021.10")),
     "torchtitan": (("torchtitan-2024.04", "2024.04"), ("torchtitan-2024.12", "2024.12"), ("torchtitan-2025.06", "2025.06"),
                    ("torchtitan-2026", "2026")),
     "llm-foundry": (("llm-foundry-2023", "2023"),),

@@ -6,6 +6,7 @@ No torch import."""
 from __future__ import annotations
 
 from meshplan.cost_models.engine_profiles.megatron_sources import (
+    DEEPSPEED_PIPE,
     FUSED_QKV_2021,
     MEGATRON_2021,
     MEGATRON_2022,
@@ -126,19 +127,44 @@ MEGATRON: tuple[EngineProfile, ...] = (
                                             "out of its flat output, one copy_ per output tensor")),
     ),
     EngineProfile(
-        "megatron-deepspeed-2022", "megatron", "Megatron-DeepSpeed (MT-NLG 2021, BLOOM 2022)", state_layout="megatron",
-        pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="torch",
-        loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even", dp_kinds=("none", "ddp", "zero1"),
-        fused_projections=True,
-        sources=with_sources(MEGATRON_2021, FUSED_QKV_2021,
+        "megatron-deepspeed-2021", "megatron", "Megatron-DeepSpeed with DeepSpeed before e2fdd254e (2021-09-29; MT-NLG "
+        "2021)", state_layout="zero", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
+        attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
+        split_rule="even", dp_kinds=("none", "ddp", "zero1"), fused_projections=True, pp_p2p="deepspeed-grad-whole",
+        grad_reduce="param",
+        sources=with_sources(MEGATRON_2021, FUSED_QKV_2021, *DEEPSPEED_PIPE,
                              ("attention_impl", "megatron/model/transformer.py: baddbmm, FusedScaleMaskSoftmax, bmm"),
+                             ("pp_p2p", "DeepSpeed ddffbae0 (2021-08-30) deepspeed/runtime/pipe/engine.py lines 113-114: "
+                                        "is_pipe_partitioned = is_model_parallel, is_grad_partitioned = False (the gradient "
+                                        "sent whole by every tp rank; _exec_recv_grads re-gathers the sender's output); "
+                                        "p2p.py lines 31-55: blocking dist.broadcast in two-rank groups"),
+                             ("state_layout", "DeepSpeed ddffbae0 deepspeed/runtime/zero/stage2.py (ZeRO stage 1 since "
+                                              "cfa63f5d, 2021-05): fp16 parameters and gradients, the fp32 master weights "
+                                              "and Adam states of the rank's partition; no bf16 in the engine before "
+                                              "56c52238 (2022-04-19, 'bf16+pipeline parallelism')"),
+                             ("grad_reduce", "DeepSpeed ddffbae0 stage2.py reduce_gradients (lines 552-572): the ipg "
+                                             "buffer in self.dtype (fp16), reduced per partition (allreduce_always_fp32 "
+                                             "off by default)"),
+                             ("dp_kinds", "DeepSpeed ZeRO-1 beside its pipeline engine: deepspeed/runtime/pipe/engine.py "
+                                          "asserts zero_optimization_stage() < 2 (fbece50b, 2021-04); MT-NLG ran ZeRO-1"),
+                             ("split_rule", "deepspeed/runtime/pipe/module.py PipelineModule partition_method "
+                                            "(Megatron-DeepSpeed gpt_model.py GPTModelPipe: 'type:transformer')")),
+    ),
+    EngineProfile(
+        "megatron-deepspeed-2022", "megatron", "Megatron-DeepSpeed with DeepSpeed from e2fdd254e (2021-09-29; BLOOM 2022)",
+        state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused",
+        ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even",
+        dp_kinds=("none", "ddp", "zero1"), fused_projections=True, pp_p2p="deepspeed",
+        sources=with_sources(MEGATRON_2021, FUSED_QKV_2021, *DEEPSPEED_PIPE,
+                             ("attention_impl", "megatron/model/transformer.py: baddbmm, FusedScaleMaskSoftmax, bmm"),
+                             ("pp_p2p", "DeepSpeed 9b70ce56 (2022-06-29) deepspeed/runtime/pipe/engine.py lines 133-134: "
+                                        "is_pipe_partitioned = is_grad_partitioned = is_model_parallel (from e2fdd254e, "
+                                        "2021-09-29): activation and gradient sent as 1/tp slices, re-gathered by "
+                                        "PartitionedTensor.full(); p2p.py lines 48-83: blocking dist.send / dist.recv "
+                                        "(async_op asserted False)"),
                              ("dp_kinds", "DeepSpeed ZeRO-1 beside its pipeline engine: deepspeed/runtime/pipe/engine.py "
                                           "asserts zero_optimization_stage() < ZeroStageEnum.gradients ('ZeRO-2 and ZeRO-3 are "
-                                          "incompatible with pipeline parallelism'); MT-NLG and BLOOM ran ZeRO-1"),
-                             ("pp_buffers", "deepspeed/runtime/pipe/engine.py: p2p of whole activations, buffers per "
-                                            "in-flight microbatch only"),
-                             ("ddp_impl", "DeepSpeed engine: gradient all-reduce in buckets (allreduce_bucket_size), "
-                                          "ZeRO-1 reduce-scatter overlapped"),
+                                          "incompatible with pipeline parallelism'); BLOOM ran ZeRO-1 (BF16_Optimizer)"),
                              ("split_rule", "deepspeed/runtime/pipe/module.py PipelineModule partition_method "
                                             "(--pp-partition-method in the run's flags)")),
     ),

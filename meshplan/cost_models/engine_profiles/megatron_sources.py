@@ -2,7 +2,8 @@
 (``engine_profiles.PROFILES`` "megatron-lm-2022", "megatron-lm-2023", "megatron-lm-2023+flash"): one
 (field, file and default at that commit) per ``EngineProfile`` field, read from github.com/NVIDIA/Megatron-LM;
 and the Megatron-LM 2021 sources, its fused QKV and the Transformer Engine attention choice the other
-Megatron-family profiles (``megatron_profiles``, ``nemo_profiles``) build on.
+Megatron-family profiles (``megatron_profiles``, ``nemo_profiles``) build on, and what DeepSpeed's pipeline
+engine does after its flush (``DEEPSPEED_PIPE``, the Megatron-DeepSpeed profiles).
 Data only; no torch import."""
 
 from __future__ import annotations
@@ -178,4 +179,17 @@ MEGATRON_CORE_2024_04: Sources = with_sources(
     ("loss_kernel", "megatron/core/tensor_parallel/cross_entropy.py vocab_parallel_cross_entropy"),
     ("tp_bwd_overlap", "not priced: Transformer Engine's Linear / LayerNormLinear replace megatron/core/tensor_parallel/"
                        "layers.py, and their backward's collective order is not traced here"),
+)  # fmt: skip
+
+#: DeepSpeed's PipelineEngine as Megatron-DeepSpeed runs it (GPTModelPipe): what every version of it does
+#: after the pipeline flush (the MT-NLG 2021 and BLOOM 2022 versions alike)
+DEEPSPEED_PIPE: Sources = (
+    ("ddp_impl", "DeepSpeed deepspeed/runtime/pipe/engine.py PipelineEngine.__init__ sets enable_backward_allreduce = "
+                 "False (line 59 at ddffbae0, 75 at 9b70ce56); schedule.py TrainSchedule.steps appends "
+                 "ReduceTiedGrads, ReduceGrads, OptimizerStep after the last step (lines 235-237): _exec_reduce_grads "
+                 "-> allreduce_gradients (ZeRO-1: optimizer.reduce_gradients) after every microbatch's backward, "
+                 "nothing overlapped, then the step and its parameter all-gather (the 'local' order)"),
+    ("pp_buffers", "deepspeed/runtime/pipe/engine.py pipe_buffers (inputs, outputs per buffer): "
+                   "schedule.py TrainSchedule.num_pipe_buffers = min(stages - stage_id + 1, micro_batches), the "
+                   "microbatches in flight"),
 )  # fmt: skip

@@ -26,6 +26,7 @@ from meshplan.cost_models.epcp import MOE_DISPATCHERS
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.memory import LOSS_KERNELS, SAC_SAVES, SP_SAVES
 from meshplan.cost_models.optimizer_phase import OPTIMIZER_IMPLS, OPTIMIZER_SYNCS
+from meshplan.cost_models.pipe_p2p import PP_P2PS
 from meshplan.cost_models.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES
 
 #: the fused attention kernels an engine may run (hardware.with_attention_backend)
@@ -76,6 +77,10 @@ class EngineProfile:
       run flag: torchtitan compiles its loss with the run's ``training.compile`` ("compiled", from 2025).
     - ``vocab_parallel_embedding``: the token embedding sharded over the vocabulary under TP.
     - ``pp_scatter_gather``: stage-to-stage sends split 1/tp and re-gathered (Megatron-LM 2021).
+    - ``pp_p2p`` (``pipe_p2p.PP_P2PS``): how stage-to-stage tensors move: one message each way off the
+      compute ("nccl": torch, Megatron-LM) or DeepSpeed's PipelineEngine's blocking exchange of the
+      activation then the gradient, partitioned over tp ("deepspeed"; "deepspeed-grad-whole" before
+      e2fdd254e, 2021-09-29: the gradient sent whole).
     - ``split_rule`` (``partition.engine_split.SPLIT_RULES``): how the engine cuts layers into stages.
     - ``fp8_recipe`` (``precision.FP8_RECIPES``): how fp8 training scales and casts a linear's
       operands (the engine's default; a run's ``--fp8-recipe`` is a run flag).
@@ -165,6 +170,7 @@ class EngineProfile:
     loss_kernel: str | None = None
     vocab_parallel_embedding: bool = False
     pp_scatter_gather: bool = False
+    pp_p2p: str = "nccl"
     split_rule: str = "any"
     fp8_recipe: str = DEFAULT_FP8_RECIPE
     glu_kernel: str = "eager"
@@ -192,7 +198,7 @@ class EngineProfile:
                                ("fsdp_units", FSDP_UNITS), ("zero3_impl", ZERO3_IMPLS), ("zero1_impl", ZERO1_IMPLS),
                                ("norm_kernel", NORM_KERNELS),
                                ("optimizer_impl", OPTIMIZER_IMPLS), ("optimizer_sync", OPTIMIZER_SYNCS),
-                               ("attention_impl", ATTENTION_IMPLS),
+                               ("attention_impl", ATTENTION_IMPLS), ("pp_p2p", PP_P2PS),
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
                                ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS),
                                ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES),
