@@ -34,9 +34,10 @@
   which run on the compute stream); in a 1F1B steady state every stage takes part in two exchanges
   per microbatch. ``deepspeed_hop_s`` is that exchange's time; ``planner.kind_free`` gives it to the
   schedule simulator with ``sends_occupy`` (the hop held by the sending action), which reproduces a
-  blocking exchange's steady state: 2 hops per microbatch on every inner stage (checked against an
-  event simulation of ``TrainSchedule``'s own step order: within 1.2% of the added seconds at 35
-  stages, BENCHMARKS.md "Wave 3 stop 9").
+  blocking exchange's steady state: 2 hops per microbatch on every inner stage, 1 on the end stages
+  (``benchmarks/deepspeed_schedule_check.py`` simulates ``TrainSchedule``'s own step order as events:
+  the priced form adds 4-7% more exchange seconds than it, 0.2-0.4% of the step, at 12 and 35
+  stages: it charges the fill and drain's half exchanges whole).
 
 No torch import.
 """

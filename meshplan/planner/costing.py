@@ -493,8 +493,10 @@ class GraphCoster(LayerSaves):
         # what is checkpointed is the repeated blocks: torchtitan's apply_ac wraps model.layers,
         # Megatron-LM recomputes inside its transformer block, meshplan's runtime wraps the children
         # of the ModuleLists at pp = 1 (runtime/apply/recompute.py); the embedding, final norm and head keep
-        # their activations. A graph without repeated blocks is one checkpointed segment (full).
-        rc = recompute if kind == "block" or (recompute != "op" and not self.g.blocks) else "none"
+        # their activations. A graph without repeated blocks is one checkpointed segment (full). DeepSpeed's
+        # PipelineModule before e2fdd254e checkpointed every layer holding parameters (recompute_scope "modules")
+        every = recompute == "full" and self.profile.recompute_scope == "modules"
+        rc = recompute if kind == "block" or every or (recompute != "op" and not self.g.blocks) else "none"
 
         modules = self.profile.recompute_modules  # what "selective" re-runs (Megatron's --recompute-modules)
 

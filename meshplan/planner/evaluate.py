@@ -104,6 +104,8 @@ class ConfigEvaluator:
         self.pp_scatter_gather = ep.pp_scatter_gather
         # DeepSpeed's PipelineEngine: blocking exchanges of partitioned tensors (cost_models.pipe_p2p)
         self.pp_p2p = ep.pp_p2p
+        # the engine's own gradient pass after every microbatch's backward (cost_models.grad_accum)
+        self.grad_accum_pass = ep.grad_accum_pass
         self.recompute_unit = ep.recompute_unit  # what one checkpoint region re-runs under a pipeline
         self.mem_limit = int(cluster.usable_mem_bytes)
         self._rescues = 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
+from meshplan.cost_models.grad_accum import grad_accum_pass_bytes
 from meshplan.cost_models.pipe_p2p import blocking, deepspeed_hop_s
 from meshplan.cost_models.precision import fp8_amax_reduction_s, fp8_recipe, fp8_weight_copy_bytes
 from meshplan.partition.schedule import ZERO_BUBBLE, held_states
@@ -59,6 +60,7 @@ class KindFreeCosts(Protocol):
     pp_buffers: str
     pp_scatter_gather: bool
     pp_p2p: str
+    grad_accum_pass: str
     recompute_unit: str
 
     def table(self, c: Config) -> CostTable: ...
@@ -182,6 +184,15 @@ def kind_free_terms(
         frac = [b / (b + w) if b + w > 0 else 1.0 for b, w in zip(st_b, st_w)]
         st_w = [w + x * (1.0 - f) for w, x, f in zip(st_w, comp_b, frac)]
         st_b = [b + cb + x * f for b, cb, x, f in zip(st_b, comm_b, comp_b, frac)]
+    # the engine's own gradient pass after each microbatch's backward (DeepSpeed's BF16_Optimizer:
+    # cost_models.grad_accum), over the stage's parameters on this rank, memory-bound
+    pass_b = grad_accum_pass_bytes(ev.grad_accum_pass, ev.states.precision)
+    if pass_b:
+        hbm = ev.cluster.mem_bw_bytes_per_s * ev.cluster.mem_efficiency
+        if c.pp > 1 and c.schedule in ZERO_BUBBLE:  # it follows the weight gradients
+            st_w = [w + p * pass_b / hbm for w, p in zip(st_w, cols.params)]
+        else:
+            st_b = [b + p * pass_b / hbm for b, p in zip(st_b, cols.params)]
     if ev.cluster.host_op_s:  # the host-dispatch floor (cost_models.host), per stage and microbatch
         st_f, st_b, st_w = host_floored(st_f, st_b, st_w, cols.hf, cols.hb)
     st_params, st_act, st_q, st_params0, st_sendb = cols.params, cols.act, cols.q, cols.params0, cols.sendb

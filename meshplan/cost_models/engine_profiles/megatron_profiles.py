@@ -131,7 +131,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
         "2021)", state_layout="zero", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused",
         attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
         split_rule="even", dp_kinds=("none", "ddp", "zero1"), fused_projections=True, pp_p2p="deepspeed-grad-whole",
-        grad_reduce="param",
+        grad_reduce="param", recompute_scope="modules",
         sources=with_sources(MEGATRON_2021, FUSED_QKV_2021, *DEEPSPEED_PIPE,
                              ("attention_impl", "megatron/model/transformer.py: baddbmm, FusedScaleMaskSoftmax, bmm"),
                              ("pp_p2p", "DeepSpeed ddffbae0 (2021-08-30) deepspeed/runtime/pipe/engine.py lines 113-114: "
@@ -142,6 +142,13 @@ MEGATRON: tuple[EngineProfile, ...] = (
                                               "cfa63f5d, 2021-05): fp16 parameters and gradients, the fp32 master weights "
                                               "and Adam states of the rank's partition; no bf16 in the engine before "
                                               "56c52238 (2022-04-19, 'bf16+pipeline parallelism')"),
+                             ("recompute_scope", "DeepSpeed ddffbae0 deepspeed/runtime/pipe/module.py forward (lines "
+                                                 "336-352) checkpoints each activation_checkpoint_interval of layers "
+                                                 "where _is_checkpointable (lines 598-604): any layer with parameters "
+                                                 "unless the class is named GPT2ModelPipe; Megatron-DeepSpeed's is "
+                                                 "GPTModelPipe (megatron/model/gpt_model.py at ec166f1c, interval = "
+                                                 "--checkpoint-num-layers): its embedding, final LayerNorm and tied "
+                                                 "output head re-run in backward too (only the blocks from e2fdd254e)"),
                              ("grad_reduce", "DeepSpeed ddffbae0 stage2.py reduce_gradients (lines 552-572): the ipg "
                                              "buffer in self.dtype (fp16), reduced per partition (allreduce_always_fp32 "
                                              "off by default)"),
@@ -154,7 +161,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
         "megatron-deepspeed-2022", "megatron", "Megatron-DeepSpeed with DeepSpeed from e2fdd254e (2021-09-29; BLOOM 2022)",
         state_layout="megatron", pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused",
         ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True, split_rule="even",
-        dp_kinds=("none", "ddp", "zero1"), fused_projections=True, pp_p2p="deepspeed",
+        dp_kinds=("none", "ddp", "zero1"), fused_projections=True, pp_p2p="deepspeed", grad_accum_pass="bf16-optimizer",
         sources=with_sources(MEGATRON_2021, FUSED_QKV_2021, *DEEPSPEED_PIPE,
                              ("attention_impl", "megatron/model/transformer.py: baddbmm, FusedScaleMaskSoftmax, bmm"),
                              ("pp_p2p", "DeepSpeed 9b70ce56 (2022-06-29) deepspeed/runtime/pipe/engine.py lines 133-134: "
@@ -162,6 +169,10 @@ MEGATRON: tuple[EngineProfile, ...] = (
                                         "2021-09-29): activation and gradient sent as 1/tp slices, re-gathered by "
                                         "PartitionedTensor.full(); p2p.py lines 48-83: blocking dist.send / dist.recv "
                                         "(async_op asserted False)"),
+                             ("grad_accum_pass", "DeepSpeed 9b70ce56 deepspeed/runtime/pipe/engine.py lines 771-773: "
+                                                 "after every BackwardPass under bf16, optimizer.update_hp_grads "
+                                                 "(bf16_optimizer.py line 400: hp_grad.add_(lp.grad.to(fp32))); the "
+                                                 "last stage through optimizer.backward (BF16_Optimizer.backward)"),
                              ("dp_kinds", "DeepSpeed ZeRO-1 beside its pipeline engine: deepspeed/runtime/pipe/engine.py "
                                           "asserts zero_optimization_stage() < ZeroStageEnum.gradients ('ZeRO-2 and ZeRO-3 are "
                                           "incompatible with pipeline parallelism'); BLOOM ran ZeRO-1 (BF16_Optimizer)"),

@@ -23,6 +23,7 @@ from meshplan.cost_models.dp_kinds import (
 from meshplan.cost_models.eager_ops import ATTENTION_IMPLS, NORM_KERNELS, RUNTIME_NORM_KERNEL
 from meshplan.cost_models.engine_saves import CUDA_GRAPH_SCOPES, GLU_KERNELS, MOE_COMBINES, RECOMPUTE_MODULES
 from meshplan.cost_models.epcp import MOE_DISPATCHERS
+from meshplan.cost_models.grad_accum import GRAD_ACCUM_PASSES
 from meshplan.cost_models.grad_sync import DDP_IMPLS
 from meshplan.cost_models.memory import LOSS_KERNELS, SAC_SAVES, SP_SAVES
 from meshplan.cost_models.optimizer_phase import OPTIMIZER_IMPLS, OPTIMIZER_SYNCS
@@ -38,6 +39,8 @@ SPLIT_RULES = ("any", "even", "first_last", "fewer_first_last")
 AUTOCAST_CACHES = ("call", "step")
 #: what one activation-checkpoint region re-runs under pipeline parallelism (``EngineProfile.recompute_unit``)
 RECOMPUTE_UNITS = ("block", "stage")
+#: under full recompute, which layers an engine checkpoints (``EngineProfile.recompute_scope``)
+RECOMPUTE_SCOPES = ("blocks", "modules")
 
 #: the dtype an engine's data-parallel gradient collectives move (``EngineProfile.grad_reduce``):
 #: "fp32" (FSDP2's ``reduce_dtype=float32``, DDP on fp32 gradients: meshplan's runtime, torchtitan) or
@@ -107,6 +110,14 @@ class EngineProfile:
     - ``autocast_cache`` (``AUTOCAST_CACHES``): where a run computes under ``torch.autocast`` on fp32
       parameters, how long autocast's weight cache lives: one forward call ("call": a copy of each
       weight per microbatch in flight) or the whole pipeline step ("step": one copy per stage).
+    - ``grad_accum_pass`` (``grad_accum.GRAD_ACCUM_PASSES``): a gradient pass the engine's own code runs after
+      every microbatch's backward ("bf16-optimizer": DeepSpeed's BF16_Optimizer copies each 16-bit gradient
+      into its fp32 one); "none" where the backward alone writes or accumulates the gradients.
+    - ``recompute_scope`` (``RECOMPUTE_SCOPES``): under full recompute, which layers are checkpointed: the
+      repeated blocks only ("blocks": Megatron-LM, torchtitan, meshplan's runtime) or every layer that
+      holds parameters, the embedding and the final norm and output head too ("modules": DeepSpeed's
+      PipelineModule before e2fdd254e, 2021-09-29, whose ``_is_checkpointable`` excepted only a class
+      named GPT2ModelPipe, not Megatron-DeepSpeed's GPTModelPipe).
     - ``recompute_unit`` (``RECOMPUTE_UNITS``): under full / op recompute with pp > 1, what one
       checkpoint region re-runs in backward: one repeated block ("block": torchtitan's per-block
       wrappers, Megatron's ``recompute_num_layers`` = 1, meshplan's runtime's ``block_checkpoint``;
@@ -181,6 +192,8 @@ class EngineProfile:
     moe_dispatcher: str = "alltoall"
     autocast_cache: str = "call"
     recompute_unit: str = "block"
+    recompute_scope: str = "blocks"
+    grad_accum_pass: str = "none"
     cp_rotate: str = "ring"
     attention_backend: str = "flash"
     main_grads: str | None = None
@@ -202,7 +215,8 @@ class EngineProfile:
                                ("ddp_impl", DDP_IMPLS), ("split_rule", SPLIT_RULES),
                                ("fp8_recipe", tuple(FP8_RECIPES)), ("glu_kernel", GLU_KERNELS),
                                ("moe_dispatcher", MOE_DISPATCHERS), ("autocast_cache", AUTOCAST_CACHES),
-                               ("recompute_unit", RECOMPUTE_UNITS),
+                               ("recompute_unit", RECOMPUTE_UNITS), ("recompute_scope", RECOMPUTE_SCOPES),
+                               ("grad_accum_pass", GRAD_ACCUM_PASSES),
                                ("cp_rotate", CP_ROTATES), ("attention_backend", ATTENTION_BACKENDS),
                                ("moe_combine", MOE_COMBINES), ("grad_reduce", GRAD_REDUCES),
                                ("sac_saves", SAC_SAVES)):  # fmt: skip
