@@ -371,3 +371,48 @@ def test_fit_on_a_contended_run_finds_the_full_core_speed() -> None:
     assert at_half / tp.measured_step_s - 1 == pytest.approx(0.0, abs=0.15)
     unaware = cal.fit([dp], spec)  # without the shares: the quarter core is read as a slower host, tp (half) too slow
     assert cal.predict(tp, unaware.spec).predicted.step_s / tp.measured_step_s - 1 > 0.3
+
+
+def test_dtensor_host_figures_price_tensor_parallel_linears_and_parameters() -> None:
+    """A CPU profile's DTensor host figures (``profile.tp_host``, measured on a gloo rank pair): the sharded
+    pairs' time less the plain pairs' and less their collectives at one all-reduce each, per linear; the
+    optimizer's over DTensor parameters less over plain ones, per tensor. Priced additively: each of the
+    plan's colwise / rowwise linears per microbatch in forward and backward, each DTensor parameter tensor
+    (tp: the blocks' linear weights and biases; FSDP2: every tensor) in the optimizer step; a plan without
+    DTensors (dp2 DDP) does not move. Kept by calibration's op_overhead term; stretched by a core share."""
+    from dataclasses import replace
+
+    from meshplan.profile.tp_host import tp_host_figures
+
+    m = {"tp_fwd_cpu_s": 0.010, "plain_fwd_cpu_s": 0.002, "collectives_fwd": 4.0, "all_reduce_cpu_s": 0.001,
+         "linears": 8.0, "tp_bwd_cpu_s": 0.020, "plain_bwd_cpu_s": 0.004, "collectives_bwd": 4.0,
+         "opt_tp_cpu_s": 0.009, "opt_plain_cpu_s": 0.001, "params": 16.0, "tp_fwd_s": 1.0}  # fmt: skip
+    fig = tp_host_figures(m)  # CPU seconds: the wall time (tp_fwd_s) under contention is not the host's work
+    assert fig["host_tp_linear_fwd_s"] == pytest.approx(0.0005) and fig["host_tp_linear_bwd_s"] == pytest.approx(0.0015)
+    assert fig["host_dtensor_param_s"] == pytest.approx(0.0005)
+    assert tp_host_figures({**m, "plain_fwd_cpu_s": 0.02})["host_tp_linear_fwd_s"] == 0.0  # clamped
+    g = load_graph("gpt-tiny")
+    base = resolve_cluster(ClusterSpec.from_dict({**CPU, "comm_backend": "gloo", "op_overhead_s": 2e-5}), 2)
+    dt = replace(base, host_tp_linear_fwd_s=1e-3, host_tp_linear_bwd_s=2e-3, host_dtensor_param_s=1e-4)
+    kw = {"dtype": "fp32", "global_batch_size": 8}
+    p0 = estimate_graph(g, 2, cluster=base, tp=2, pp=1, dp=1, **kw)
+    p1 = estimate_graph(g, 2, cluster=dt, tp=2, pp=1, dp=1, **kw)
+    sharded = sum(1 for s in p1.tp_styles.values() if s in ("colwise", "rowwise"))
+    linear_tensors = len({p for n in g.nodes if n.kind == "linear" and n.block is not None for p in n.param_names})
+    assert sharded == 24 and linear_tensors == 48  # 4 blocks x (q, k, v, o, fc_in, fc_out), weight + bias
+    ph0, ph1 = predicted_phases(p0), predicted_phases(p1)
+    m_b = p1.num_microbatches
+    assert ph1["forward"] - ph0["forward"] == pytest.approx(m_b * sharded * 1e-3, rel=1e-6)
+    assert ph1["backward"] - ph0["backward"] == pytest.approx(m_b * sharded * 2e-3, rel=1e-6)
+    assert ph1["optimizer"] - ph0["optimizer"] == pytest.approx(linear_tensors * 1e-4, rel=1e-6)
+    ddp = {"tp": 1, "pp": 1, "dp": 2, "dp_kind": "ddp", **kw}
+    assert estimate_graph(g, 2, cluster=dt, **ddp).predicted.step_s == estimate_graph(g, 2, cluster=base, **ddp).predicted.step_s
+    fsdp = {**ddp, "dp_kind": "fsdp"}
+    tensors = len({p for n in g.nodes if n.param_numel > 0 for p in n.param_names})
+    d_opt = predicted_phases(estimate_graph(g, 2, cluster=dt, **fsdp))["optimizer"] - predicted_phases(
+        estimate_graph(g, 2, cluster=base, **fsdp))["optimizer"]  # fmt: skip
+    assert d_opt == pytest.approx(tensors * 1e-4, rel=1e-6)
+    fast = cal.apply_terms(dt, {"op_overhead": 2.0})  # measured CPU seconds of their own mechanism: kept
+    assert fast.host_tp_linear_fwd_s == 1e-3 and fast.host_dtensor_param_s == 1e-4 and fast.op_overhead_s == 1e-5
+    assert dt.contended(0.5).host_tp_linear_bwd_s == pytest.approx(4e-3)
+    assert ClusterSpec.preset("h100").host_tp_linear_fwd_s == 0.0  # presets: no DTensor figures

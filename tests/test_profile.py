@@ -84,6 +84,11 @@ def test_profile_command_two_ranks_writes_loadable_profile(
     assert all(0 < r[1] <= 1 and 0 < r[2] <= 1 for r in rows)
     assert spec.op_overhead_s >= 0 and spec.bwd_op_overhead_s >= 0
     assert "eager op overhead" in captured.out
+    # on gloo, tensor parallelism's DTensor host time on the rank pair (profile.tp_host), additive
+    assert spec.comm_backend == "gloo" and spec.extra["tp_host"]["linears"] == 8
+    assert spec.extra["tp_host"]["collectives_fwd"] >= 4  # one all-reduce per row-parallel linear
+    assert min(spec.host_tp_linear_fwd_s, spec.host_tp_linear_bwd_s, spec.host_dtensor_param_s) >= 0
+    assert spec.provenance["host_tp_linear_fwd_s"].startswith("measured: torch's ColwiseParallel")
     # a measured profile works wherever a preset does
     assert resolve_cluster(out, 8).num_nodes == 4
     assert collective_time_s("all_reduce", 1 << 20, 2, spec) > 0

@@ -47,6 +47,11 @@ Terms and what each scales in the ClusterSpec (``apply_terms``):
   not the optimizer phase's per-tensor host figure ``host_optimizer_tensor_s``, a measured host property
   kept as measured: scaled with ``host_op_s``, one run's optimizer phase, 1.5-2x its price on both GPUs
   measured, moved ``host_op_s`` x2.4 and the host-bound runs with it, ``cost_models.optimizer_phase``);
+  nor the DTensor host figures of a CPU profile (``host_tp_linear_fwd_s``, ``host_tp_linear_bwd_s``,
+  ``host_dtensor_param_s``: ``profile.tp_host``), CPU seconds of their own mechanism measured on a rank
+  pair, kept as measured: scaled with this term, a one-run fit (the term's wide prior lets it take
+  what the compute terms cannot) moved them by x0.57-x0.64 and the transfer in CPU seconds on
+  BENCHMARKS.md's stop-9 window went from 15 % to 30 % median (#33 item 6);
 - ``intra_bw`` / ``intra_latency``: collectives inside a node; ``inter_bw`` / ``inter_latency``:
   across nodes;
 - ``backward``: the speed of the backward parts against the forward (``backward_speed``: every

@@ -61,6 +61,7 @@ def format_fit(result: Any, before: Any, after: Any) -> str:
         lines.append(f"  {k:<14} x{f:.3g}" + ("  (kept: no fitted phase of these runs depends on it)" if k in kept else ""))
     lines.append("cluster values (before -> after):")
     for fld in ("matmul_efficiency", "mem_efficiency", "op_overhead_s", "bwd_op_overhead_s", "host_op_s", "kernel_floor_s",
+                "host_tp_linear_fwd_s", "host_tp_linear_bwd_s", "host_dtensor_param_s",
                 "intra_bw_bytes_per_s", "intra_latency_s", "inter_bw_bytes_per_s", "inter_latency_s",
                 "comm_overlap", "backward_speed"):  # fmt: skip
         a, b = getattr(before, fld), getattr(after, fld)

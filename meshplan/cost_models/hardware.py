@@ -73,6 +73,16 @@ class ClusterSpec:
     host_checkpoint_fwd_s: float = 0.0
     host_checkpoint_bwd_s: float = 0.0
     host_optimizer_tensor_s: float = 0.0
+    # Tensor parallelism's host time on DTensors, additive (a CPU host, where the rank's cores run
+    # dispatch, compute and gloo's collectives in turn; ``profile.tp_host``, measured by ``meshplan
+    # profile`` on gloo; presets and GPU profiles leave them 0): seconds a tensor-parallel linear adds
+    # per microbatch beyond the plain linear of its local shape and the collectives the cost model
+    # prices, in forward and in backward (DTensor dispatch, the styles' input / output hooks), and
+    # seconds the optimizer step with gradient clipping adds per DTensor parameter tensor (a
+    # tensor-parallel linear's weight or bias; FSDP2's sharded parameters)
+    host_tp_linear_fwd_s: float = 0.0
+    host_tp_linear_bwd_s: float = 0.0
+    host_dtensor_param_s: float = 0.0
     matmul_efficiency_by_flops: list[list[float]] = field(default_factory=list)
     # streaming multiprocessors per device (datasheet): GEMM tile/wave quantization and the
     # flash-attention grid (``cost_models.efficiency``); 0 = unknown, no shape factor
@@ -145,7 +155,8 @@ class ClusterSpec:
                 raise bad(name, f"must be a positive number, got {v!r}")
         for name in ("intra_latency_s", "inter_latency_s", "kernel_floor_s", "mem_reserved_bytes",
                      "op_overhead_s", "bwd_op_overhead_s", "host_op_s", "host_bwd_op_s",
-                     "host_checkpoint_fwd_s", "host_checkpoint_bwd_s", "host_optimizer_tensor_s"):
+                     "host_checkpoint_fwd_s", "host_checkpoint_bwd_s", "host_optimizer_tensor_s",
+                     "host_tp_linear_fwd_s", "host_tp_linear_bwd_s", "host_dtensor_param_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                 raise bad(name, f"must be a non-negative number, got {v!r}")
@@ -287,6 +298,9 @@ class ClusterSpec:
             host_checkpoint_fwd_s=self.host_checkpoint_fwd_s / s,
             host_checkpoint_bwd_s=self.host_checkpoint_bwd_s / s,
             host_optimizer_tensor_s=self.host_optimizer_tensor_s / s,
+            host_tp_linear_fwd_s=self.host_tp_linear_fwd_s / s,
+            host_tp_linear_bwd_s=self.host_tp_linear_bwd_s / s,
+            host_dtensor_param_s=self.host_dtensor_param_s / s,
             kernel_floor_s=self.kernel_floor_s / s,
             extra={**self.extra, "core_share": s},
         )

@@ -10,6 +10,8 @@ microbatch on one device:
   the TP shard the placement ILP chose, ``batch_scale = micro_batch / traced batch`` (RMSNorm
   modules as the engine runs them, ``norm_kernel``); the post layer adds the engine's
   cross-entropy over the logits when the graph did not trace its loss (``eager_ops.loss_time_s``);
+  on a host with DTensor figures (``ClusterSpec.host_tp_linear_fwd_s`` / ``_bwd_s``, a CPU profiled
+  on gloo: ``profile.tp_host``) each TP-sharded linear adds them to forward and input-gradient time;
 - ``tp_comm_s``: the placement's resharding collectives (forward + backward); half is charged
   to the forward, half to the backward (they sit on the critical path, not overlapped; an engine
   with ``tp_comm_overlap`` hides them behind the layer's GEMMs, one with ``tp_bwd_overlap`` the
@@ -474,6 +476,12 @@ class GraphCoster(LayerSaves):
                 if owner is not None and not a <= owner[0] < b:
                     tied.append((owner[0], owner[1] / w_shard))
             params_full += n.param_numel
+        if sol.tp > 1 and (self.cluster.host_tp_linear_fwd_s or self.cluster.host_tp_linear_bwd_s):
+            # torch's TP styles on DTensors: each sharded linear's dispatch and hooks (profile.tp_host), additive
+            n_dt = sum(1 for n in nodes if n.kind in ("linear", "embedding")
+                       and sol.styles.get(n.module_fqn or "") in ("colwise", "rowwise"))  # fmt: skip
+            fwd += n_dt * self.cluster.host_tp_linear_fwd_s
+            bi += n_dt * self.cluster.host_tp_linear_bwd_s
         userbuffers = self.profile.tp_comm_overlap and sol.sequence_parallel
         comm = exposed_tp_comm_s(self._layer_comm_s(a, b, tid, sol, scale), gemm_s, userbuffers)
         rerun_comm = comm / 2  # the forward collectives a recomputed forward runs again

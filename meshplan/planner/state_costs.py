@@ -118,6 +118,10 @@ class StateCosts:
         self.param_tensors = len({p for n in graph.nodes if n.param_numel - n.frozen_param_numel > 0
                                   for p in n.param_names})  # fmt: skip
         self.param_numel = sum(n.param_numel - n.frozen_param_numel for n in graph.nodes)
+        # of those, the repeated blocks' linear weights and biases: what tensor parallelism turns into
+        # DTensors (the runtime's styles shard the blocks' linears; embeddings, norms and head replicate)
+        self.tp_param_tensors = len({p for n in graph.nodes if n.kind == "linear" and n.block is not None
+                                     and n.param_numel - n.frozen_param_numel > 0 for p in n.param_names})  # fmt: skip
         # bytes per element of the gradients DP syncs and of the parameters FSDP gathers (the training dtype's)
         self.elem_bytes = elem_bytes
         # bytes per element the gradient collectives move (EngineProfile.grad_reduce): fp32 (FSDP2's
@@ -198,9 +202,24 @@ class StateCosts:
         copy into 16-bit weights where the state layout keeps fp32 masters, and the host's work per
         parameter tensor, composed by ``optimizer_sync``)."""
         local = params / self.zero_divs(c)[2]
-        return optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer,
-                                tensors=self.optimizer_tensors(params, c), sync=self.optimizer_sync,
-                                master_copy=self.precision != "fp32")
+        tensors = self.optimizer_tensors(params, c)
+        step = optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer,
+                                tensors=tensors, sync=self.optimizer_sync, master_copy=self.precision != "fp32")
+        if self.cluster.host_dtensor_param_s and self.param_tensors:
+            step += self.dtensor_tensors(tensors, c) * self.cluster.host_dtensor_param_s
+        return step
+
+    def dtensor_tensors(self, tensors: float, c: Config) -> float:
+        """Of the rank's ``tensors`` optimizer tensors, the DTensors (``ClusterSpec.host_dtensor_param_s``
+        each, a CPU host's figure: ``profile.tp_host``): every one under FSDP2 (a sharded kind over dp > 1,
+        the "torch" state layout: ``fully_shard`` makes each parameter a DTensor shard), else under
+        tp > 1 the blocks' linear weights and biases (``tp_param_tensors``), each held by every tp rank
+        as a shard, split evenly over the pipeline stages (the blocks are)."""
+        if self.state_layout == "torch" and c.dp_kind in SHARDED_DP_KINDS and self.state_dp(c) > 1:
+            return tensors
+        if c.tp > 1:
+            return self.tp_param_tensors / c.pp
+        return 0.0
 
     def optimizer_tensors(self, params: float, c: Config) -> float:
         """Parameter tensors the rank's optimizer step loops over for ``params`` of its stage's parameters:

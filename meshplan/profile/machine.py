@@ -13,7 +13,8 @@ Measures, on the device the run would use (CUDA when present, else CPU):
   then 0);
 - collectives across ``nproc`` processes: all-reduce and a send/recv ping-pong at sizes from
   ``min_bytes`` to ``max_bytes``, with the alpha-beta model fitted by least squares
-  (``meshplan.profile.comm``).
+  (``meshplan.profile.comm``); on gloo (a CPU) also tensor parallelism's host time on DTensors on
+  a rank pair (``profile.tp_host``: ``host_tp_linear_fwd_s`` / ``_bwd_s``, ``host_dtensor_param_s``).
 
 The result is a ClusterSpec with ``devices_per_node = nproc``, inter-node figures equal to the
 intra-node ones (one machine), efficiencies 1.0 (the measured peaks already are what kernels
@@ -35,7 +36,7 @@ from meshplan.cost_models.hardware import ClusterSpec, default_reserved_bytes
 from meshplan.profile.budget import FAST_FLAGS, Budget, Log, cpu_has_fast, cpu_name, fits, log_stderr
 from meshplan.profile.comm import byte_sizes, fit_or_bound, measure_collectives
 from meshplan.profile.links import single_device_links
-from meshplan.profile.provenance import collective_provenance, profile_provenance
+from meshplan.profile.provenance import collective_provenance, profile_provenance, tp_host_provenance
 
 DEFAULT_MATMUL_SIZES = (256, 512, 1024, 2048)
 QUICK_MATMUL_SIZES = (128, 256, 512)
@@ -326,6 +327,7 @@ def profile_machine(
     else:  # a CPU has no SM grid: no GEMM/attention shape factor (sm_count 0)
         mem, dev_name, sms = _host_mem_bytes() // nproc, cpu_name(), 0
     coll: dict[str, list[tuple[int, float]]] = {}
+    tp_raw: dict[str, float] = {}
     if nproc == 1:
         links, link_why = single_device_links(device, dev_name, reps, log, deadline=phase("collectives"),
                                               mem_bw=mem_bw)
@@ -342,6 +344,16 @@ def profile_machine(
         links = {"intra_latency_s": alpha, "intra_bw_bytes_per_s": bw,
                  "inter_latency_s": alpha, "inter_bw_bytes_per_s": bw}  # one machine: "between nodes" is the same link
         link_why = collective_provenance(backend, nproc, min_bytes, max_bytes)
+        if backend == "gloo" and (budget is None or budget.left_s() > 0):
+            # a CPU host: tensor parallelism's DTensor host time, additive here (profile.tp_host)
+            from meshplan.profile.tp_host import measure_tp_host_pair, tp_host_figures
+
+            tp_raw = measure_tp_host_pair(reps=max(reps, 3), log=log)
+            host.update(tp_host_figures(tp_raw))
+            log(f"DTensor host time per tensor-parallel linear {host['host_tp_linear_fwd_s'] * 1e6:.0f} us forward, "
+                f"{host['host_tp_linear_bwd_s'] * 1e6:.0f} us backward; {host['host_dtensor_param_s'] * 1e6:.0f} us "
+                "per DTensor parameter in the optimizer step")  # fmt: skip
+            link_why = {**link_why, **tp_host_provenance()}
         comm_how = (f"{backend} across {nproc} processes (spawn, tcp://127.0.0.1), collectives "
                     f"{min_bytes}-{max_bytes} bytes, alpha-beta fit (least-squares slope, intercept from the small sizes)")
     elapsed = time.perf_counter() - t_start
@@ -389,6 +401,7 @@ def profile_machine(
             "cpu_count": os.cpu_count(),
             "matmul_flops_by_size": {dt: [[n, f] for n, f in v] for dt, v in mm.items()},
             "collectives": {k: [[n, t] for n, t in v] for k, v in coll.items()},
+            **({"tp_host": tp_raw} if tp_raw else {}),
             "send_recv_latency_s": p2p_alpha,
             "send_recv_bw_bytes_per_s": p2p_bw,
         },

@@ -19,7 +19,7 @@ FIGURES = (
     "mem_reserved_bytes", "op_overhead_s", "bwd_op_overhead_s", "matmul_efficiency_by_flops", "sm_count",
     "attention_efficiency", "comm_sms", "attention_kernel", "exp_cost_flops", "comm_overlap",
     "backward_speed", "host_op_s", "host_bwd_op_s", "host_checkpoint_fwd_s", "host_checkpoint_bwd_s",
-    "host_optimizer_tensor_s",
+    "host_optimizer_tensor_s", "host_tp_linear_fwd_s", "host_tp_linear_bwd_s", "host_dtensor_param_s",
 )  # fmt: skip
 
 _DEFAULT = "derived: the ClusterSpec default (not modelled on a measured profile)"
@@ -31,6 +31,16 @@ def collective_provenance(backend: str, nproc: int, min_bytes: int, max_bytes: i
            "alpha-beta fit")  # fmt: skip
     same = "derived: equal to the intra-node figure (one machine: no link between nodes to measure)"
     return {"intra_latency_s": how, "intra_bw_bytes_per_s": how, "inter_latency_s": same, "inter_bw_bytes_per_s": same}
+
+
+def tp_host_provenance() -> dict[str, str]:
+    """Provenance of the DTensor host figures measured on a gloo rank pair (``profile.tp_host``)."""
+    how = ("measured: torch's ColwiseParallel / RowwiseParallel Megatron pairs against plain linears of the local "
+           "shape on two gloo processes, less the collectives they ran at one small all-reduce each (profile.tp_host)")
+    return {"host_tp_linear_fwd_s": how + ", forward, per sharded linear",
+            "host_tp_linear_bwd_s": how + ", backward, per sharded linear",
+            "host_dtensor_param_s": ("measured: AdamW (foreach=False) step + gradient-norm clipping over those DTensor "
+                                     "parameters less over plain ones, per tensor (profile.tp_host)")}
 
 
 def profile_provenance(
@@ -75,6 +85,9 @@ def profile_provenance(
     })  # fmt: skip
     for f in ("attention_efficiency", "comm_sms", "attention_kernel", "exp_cost_flops", "comm_overlap", "backward_speed"):
         out[f] = _DEFAULT
+    for f in ("host_tp_linear_fwd_s", "host_tp_linear_bwd_s", "host_dtensor_param_s"):  # tp_host_provenance on gloo
+        out[f] = ("derived: 0, measured only on a CPU across gloo processes (profile.tp_host); a GPU's host runs "
+                  "beside the device" if device_type == "cuda" else "derived: 0, one process: no rank pair to measure")
     return out
 
 
