@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from fake_memory import UNSUPPORTED, measure  # noqa: E402
 
+from meshplan.cost_models.engine_profiles import MESHPLAN, MESHPLAN_BF16, MESHPLAN_BF16_GRADS  # noqa: E402
 from meshplan.models.llama import LLAMA_PRESETS, Llama, LlamaConfig  # noqa: E402
 from meshplan.models.moe import MOE_PRESETS, MoEConfig, moe_llama  # noqa: E402
 from meshplan.planner.api import estimate_graph  # noqa: E402
@@ -142,6 +143,21 @@ def paths(big: bool) -> list[Path_]:
               microbatches=2),
         Path_("bf16w+grads pp 1f1b", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b", profile="meshplan-bf16-grads"),
               microbatches=4),
+        # the 16-bit layouts under the combinations the large published runs use (tp + SP inside a pipeline, cp)
+        Path_("bf16w+grads pp 1f1b x tp+sp", 4, dict(tp=2, pp=2, dp=1, schedule="1f1b", sequence_parallel=True,
+                                                     profile="meshplan-bf16-grads"), microbatches=4),
+        # the token embedding vocab-parallel (a style the TP placement may pick; the engines' layout forces it)
+        Path_("tp vocab-parallel", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False,
+                                           profile=MESHPLAN.but(vocab_parallel_embedding=True)), microbatches=2),
+        Path_("bf16w tp vocab-parallel", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False,
+                                                 profile=MESHPLAN_BF16.but(vocab_parallel_embedding=True)),
+              microbatches=2),
+        Path_("bf16w+grads pp 1f1b x tp+sp vocab-parallel", 4, dict(
+            tp=2, pp=2, dp=1, schedule="1f1b", sequence_parallel=True,
+            profile=MESHPLAN_BF16_GRADS.but(vocab_parallel_embedding=True)), microbatches=4),
+        Path_("bf16w+grads tp x cp x zero1", 4, dict(tp=2, pp=1, dp=1, cp=2, sequence_parallel=False,
+                                                     dp_kind="zero1", profile="meshplan-bf16-grads"),
+              microbatches=2),
         Path_("moe single", 1, dict(tp=1, pp=1, dp=1), moe=True),
         Path_("moe ddp", w, dict(tp=1, pp=1, dp=w, dp_kind="ddp"), moe=True),
         Path_("moe fsdp", w, dict(tp=1, pp=1, dp=w, dp_kind="fsdp"), moe=True),
