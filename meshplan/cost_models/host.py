@@ -238,13 +238,15 @@ def layer_host_s(ops: HostOps, cluster: ClusterSpec, *, checkpointed: bool = Fal
 #: (``benchmarks/moe_host_fit.py``: least squares on the log errors of the published Megatron MoE
 #: rows): fitted without the Megatron-Core model-zoo group, 6.50 ms, which predicts its TP 4 row at
 #: +7.4 % (was +70.5 %); without the Megatron-Bridge 26.04 group, 7.15 ms, which predicts its Qwen3-30B
-#: row at -5.0 % (was +40.5 %); shipped: fitted on every group, 6.93 ms. It bounds a layer only where
+#: row at -5.0 % (was +40.5 %); shipped: fitted on every group, 6.93 ms (Wave 3 stop 9, after the H100
+#: matmul efficiency's refit to 0.59: 6.48 ms without the model zoo, its TP 4 row +7.6 %; 7.15 ms without
+#: Bridge 26.04, its row -5.1 %; every group 6.92 ms, shipped). It bounds a layer only where
 #: the layer's device time is shorter (a small microbatch on a fast GPU: the two rows above); the
 #: other Megatron MoE rows (Mixtral 8x7B, the Qwen3-235B EP 32 and FSDP rows) are device-bound and do
 #: not move. Not modelled: CUDA graphs of the router / preprocessing (``cuda_graph_scope``), which take
 #: part of it away (the EP 32 row has them and is device-bound either way). 0 under every other engine
 #: (meshplan's runtime, torchtitan, DeepSpeed: counted op by op above).
-MEGATRON_MOE_LAYER_HOST_S = 6.93e-3
+MEGATRON_MOE_LAYER_HOST_S = 6.92e-3
 #: the forward's share of a layer's host time: the measured zoo block's on the same host (0.513 ms of
 #: 2.205 ms, forward + backward; tests/data/host_overhead_h200.json ``block``'s ``*_host_min_ms_per_block``)
 HOST_FWD_SHARE = 0.5133 / (0.5133 + 1.6922)
