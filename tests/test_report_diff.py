@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from report_fixtures import make_plan
 
 from meshplan.cli import main
@@ -115,3 +116,23 @@ def test_diff_command(tmp_path, capsys) -> None:
     (tmp_path / "bad.json").write_text("{}")
     assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "bad.json")]) == 1
     assert "format_version" in capsys.readouterr().err
+
+
+def test_timeline_holds_gloo_sends_as_the_search_scored_them() -> None:
+    """A plan made on a gloo cluster was scored with each pipeline send holding its sending rank
+    (ClusterSpec.sends_occupy_rank); its timeline and the what-if re-simulation use the same rule."""
+    from meshplan.partition.schedule import simulate
+    from meshplan.report.timeline import plan_timeline
+
+    nccl = make_plan(pp=2, m=4, schedule="gpipe")
+    gloo = dataclasses.replace(nccl, cluster=dict(nccl.cluster, comm_backend="gloo"))
+    stages = sorted(nccl.stages, key=lambda s: s.index)
+    kw = dict(fwd_s=[s.fwd_s for s in stages], bwd_input_s=[s.bwd_s - s.bwd_weight_s for s in stages],
+              bwd_weight_s=[s.bwd_weight_s for s in stages], p2p_s=[s.send_s for s in stages])
+    held = simulate("gpipe", 2, 4, sends_occupy=True, **kw).makespan_s
+    free = simulate("gpipe", 2, 4, **kw).makespan_s
+    assert held > free
+    assert plan_timeline(nccl).makespan_s == pytest.approx(free)
+    assert plan_timeline(gloo).makespan_s == pytest.approx(held)
+    assert what_if_pipeline(gloo, m=4).startswith(f"pipeline {held * 1e3:.3f} -> {held * 1e3:.3f} ms")
+    assert what_if_pipeline(nccl, m=4).startswith(f"pipeline {free * 1e3:.3f} -> ")
