@@ -219,7 +219,11 @@ class MasterState:
         param_of = {id(self.masters[id(p)]): p for p in self.params if id(p) in self.masters}
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [param_of[id(m)] for m in g["params"]]}
                   for g in self.optim.param_groups]
-        view = type(self.optim)([g for g in groups if g["params"]] or [{"params": []}])
+        # the base Optimizer's constructor only: the subclass's would validate its options (fused=True: CUDA
+        # parameters of a floating dtype) against the model's parameters, which the view never steps
+        view = type(self.optim).__new__(type(self.optim))
+        torch.optim.Optimizer.__init__(view, [g for g in groups if g["params"]] or [{"params": []}],
+                                       dict(self.optim.defaults))
         for g in view.param_groups:  # no step runs on the view: mark stateless parameters (plain SGD) as initialized
             for q in g["params"]:
                 view.state[q] = {}
