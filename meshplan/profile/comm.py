@@ -78,7 +78,8 @@ def fit_or_bound(points: Sequence[tuple[float, float]], kind: str, k: int, log: 
     return t0, n1 / t1
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a spawned process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -165,7 +166,7 @@ def measure_collectives(
 
     if nproc < 2:
         raise ValueError(f"nproc must be >= 2 to measure collectives, got {nproc}")
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     log(f"spawning {nproc} processes ({backend}, {init}) for {len(sizes)} sizes x {reps} reps")
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "collectives.json")

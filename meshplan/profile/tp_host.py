@@ -187,9 +187,9 @@ def measure_tp_host_pair(reps: int = 7, log: Log = log_stderr) -> dict[str, floa
     """``measure_tp_host`` on two spawned CPU processes over gloo: rank 0's timings (a few seconds)."""
     import torch.multiprocessing as mp
 
-    from meshplan.profile.comm import _free_port
+    from meshplan.profile.comm import free_port
 
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     log(f"spawning 2 processes (gloo, {init}) for tensor parallelism's host time on DTensors")
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "tp_host.json")
