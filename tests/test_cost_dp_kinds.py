@@ -108,6 +108,57 @@ def test_deepspeed_2021_prefetch_refused_while_max_live_parameters_are_gathered(
     assert grow == pytest.approx(2 * (late.mb_serial_s - ahead.mb_serial_s), rel=0.1)
 
 
+def test_deepspeed_2021_intervals_between_device_syncs() -> None:
+    """DeepSpeed v0.3.14's ZeRO-3 module by module (cost_models.ds2021_intervals): each gathered
+    module syncs the device, then prefetches the next tensor only; its compute hides that gather
+    alone (per interval, not per block); full recompute keeps a block's last tensors gathered for
+    their backward while fewer than 1e9 elements run in between; a >= 1e9-element module holds
+    the next gather back."""
+    from meshplan.cost_models.ds2021_intervals import (
+        DSTensor,
+        ds2021_exposed_s,
+        ds2021_intervals,
+        kept_for_backward,
+    )
+    from meshplan.planner.dp_exposure import exposed_dp_s
+
+    # GPT-3 175B's block: qkv, attention output, MLP in, MLP out (elements), two blocks
+    sizes, shares = (4.53e8, 1.51e8, 6.04e8, 6.04e8), (0.3, 0.1, 0.3, 0.3)
+    ts = [DSTensor(n, f / 2, f / 2, f"b{b}") for b in range(2) for n, f in zip(sizes, shares)]
+    assert kept_for_backward(ts) == [False, False, False, True] * 2  # 2 x 6.04e8 >= 1e9 from the MLP's input on
+    assert kept_for_backward(ts, tp=2) == [False, False, True, True] * 2  # at a tp shard the distances shrink
+    assert kept_for_backward([DSTensor(1e8, 0.5, 0.5, None)] * 2) == [False, False]  # outside the blocks: no recompute
+    g, r = [0.01 * (i + 1) for i in range(8)], [0.02] * 8
+    iv, gathered = ds2021_intervals(ts, g, r, recompute=True)
+    assert len(gathered) == 8 + 8 + 6  # forward, recomputed forward, backward less the two kept
+    iv0, gathered0 = ds2021_intervals(ts, g, r, recompute=False)
+    assert len(gathered0) == 16 and sum(x[1] for x in iv0) == 0.0
+    # every gather is in some interval's NCCL seconds, every all-reduce too (the last after the backward)
+    assert sum(x[3] for x in iv) == pytest.approx(sum(g[i] for i in gathered) + sum(r))
+    assert sum(x[0] for x in iv) == pytest.approx(1.0) and sum(x[2] for x in iv) == pytest.approx(1.0)
+    # per interval: a module too short for the next gather exposes the difference, though the whole
+    # pass's compute (1 s) exceeds all its collectives
+    short = [DSTensor(1e8, 0.01, 0.5, "b"), DSTensor(1e8, 0.99, 0.5, "b")]
+    iv2, _ = ds2021_intervals(short, [0.05, 0.05], [0.0, 0.0])
+    e = ds2021_exposed_s(iv2, forward_s=1.0, recompute_s=0.0, backward_s=2.0)
+    assert e == pytest.approx(0.05 + (0.05 - 0.01))  # the step's first gather (nothing prefetches it) + the short module's
+    # a module of >= 1e9 elements (stage3_max_live_parameters) holds the next gather back: exposed alone
+    big = [DSTensor(1.6e9, 0.5, 0.5, "b"), DSTensor(1e8, 0.5, 0.5, "b")]
+    iv3, _ = ds2021_intervals(big, [0.05, 0.05], [0.0, 0.0])
+    assert (0.0, 0.0, 0.0, 0.05) in iv3[1:]
+    # through dp_comm: the layout's collectives and bytes, exposed by the intervals
+    p = 2 * N
+    d = dp_comm("fsdp", p, p, 128, H100, impl="deepspeed-2021", recompute_regather=True, layout=tuple(ts),
+                num_microbatches=2)
+    assert d.intervals and d.mb_serial_s > 0
+    # forward and recompute gather every byte, the backward all but the two kept MLP outputs
+    assert d.bytes["all_gather"] == pytest.approx(2 * p * (3 - sizes[3] / sum(sizes)), rel=1e-6)
+    assert d.bytes["all_reduce"] == pytest.approx(2 * p, rel=1e-6)
+    kw = {"backward_s": 3.0, "forward_s": 1.0, "microbatch_s": 4.0, "num_microbatches": 2, "recompute_s": 1.0}
+    assert exposed_dp_s(d, **kw) == pytest.approx(
+        2 * d.mb_serial_s + 2 * ds2021_exposed_s(d.intervals, forward_s=1.0, recompute_s=1.0, backward_s=2.0))
+
+
 def test_unsharded_buffers() -> None:
     assert unsharded_buffer_bytes("fsdp", 8, stage_param_count=N, largest_layer_params=1e8, elem_bytes=2) == 4e8
     # under PP: the stage's bf16 parameters + its fp32 accumulated gradients (FSDP2 reduce dtype)

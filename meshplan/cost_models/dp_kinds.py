@@ -37,7 +37,9 @@ Megatron-LM SC'21 Table 2) runs them at pp = 1 (``deepspeed_2021_fsdp``)::
                     backward, + T · all_reduce(n_p / T) of the 16-bit gradients
 
 one collective per parameter tensor (T tensors above ``stage3_param_persistence_threshold``),
-each paying its own ring latency. Sources (DeepSpeed at tag v0.3.14): ``runtime/zero/stage3.py``
+each paying its own ring latency; given the tensors (``layout``), module by module between the
+device-wide syncs (``cost_models.ds2021_intervals``: what each module's compute hides, the tensors
+full recompute keeps gathered for their backward). Sources (DeepSpeed at tag v0.3.14): ``runtime/zero/stage3.py``
 ``pre_sub_module_forward_function`` -> ``fetch_sub_module`` on every forward call of a submodule
 (a checkpointed layer's re-run included) and ``release_sub_module`` after it;
 ``partition_parameters.py`` ``_allgather_param``: one ``torch.distributed.all_gather`` per
@@ -78,6 +80,7 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.cost_models.comm import group_collective_s
+from meshplan.cost_models.ds2021_intervals import ZERO3_MAX_LIVE_NUMEL, DSTensor, ds2021_intervals
 from meshplan.cost_models.grad_sync import GRAD_REDUCE_BYTES
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
@@ -107,10 +110,6 @@ ZERO1_IMPLS: tuple[str, ...] = ("bucketed", "torch")
 #: parameter tensors below this many elements stay whole on every rank under a per-tensor ZeRO-3
 #: (DeepSpeed ``stage3_param_persistence_threshold``, ``zero/constants.py`` default 100,000)
 ZERO3_PERSISTENCE_NUMEL = 100_000
-#: a per-tensor ZeRO-3 prefetches the next module's parameters only while fewer than this many
-#: elements are gathered (DeepSpeed ``stage3_max_live_parameters``, ``zero/constants.py`` default 1e9;
-#: ``stage3.py`` ``prefetch_next_sub_modules``)
-ZERO3_MAX_LIVE_NUMEL = 1_000_000_000
 
 
 def unprefetched_share(sizes: list[float], max_live: float = ZERO3_MAX_LIVE_NUMEL) -> float:
@@ -260,6 +259,10 @@ class DPComm:
     mb_bwd_gather_s: float = 0.0
     units: int = 1
     mb_serial_s: float = 0.0
+    #: DeepSpeed 2021 given its gathered tensors (``deepspeed_2021_fsdp(layout=)``): one microbatch's
+    #: intervals between device-wide syncs, (forward, recompute, backward share, NCCL seconds) each
+    #: (``ds2021_intervals``); exposed by ``ds2021_exposed_s`` in place of the unit formula
+    intervals: tuple[tuple[float, float, float, float], ...] = ()
 
 
 def dp_comm(
@@ -277,6 +280,7 @@ def dp_comm(
     recompute_regather: bool = False,
     tensors: int = 1,
     unprefetched: float = 0.0,
+    layout: tuple[DSTensor, ...] = (),
 ) -> DPComm:
     """The collectives of ``kind`` (module docstring) for a rank holding ``grad_bytes`` of
     gradients and ``param_bytes`` of parameters (unsharded sizes), its DP group of ``dp`` ranks
@@ -284,8 +288,8 @@ def dp_comm(
     with the group's layout (nodes × ranks per node). ``impl`` (``ZERO3_IMPLS``) says how a fsdp
     kind runs at pp = 1; "deepspeed-2021" takes ``recompute_regather`` (full recompute re-runs
     the forward, which gathers again), ``tensors`` (parameter tensors gathered one by one) and
-    ``unprefetched`` (``unprefetched_share``).
-    Unit: seconds and bytes."""
+    ``unprefetched`` (``unprefetched_share``), or ``layout`` (its gathered tensors one by one,
+    ``deepspeed_2021_fsdp``). Unit: seconds and bytes."""
     _check_kind(kind)
     if impl not in ZERO3_IMPLS:
         raise ValueError(f"zero3 impl {impl!r} unknown; use one of {ZERO3_IMPLS}")
@@ -307,7 +311,7 @@ def dp_comm(
     if kind == "fsdp" and pp == 1 and impl == "deepspeed-2021":
         return deepspeed_2021_fsdp(param_bytes, dp, cluster, stride=stride, num_microbatches=m, units=units,
                                    recompute_regather=recompute_regather, tensors=tensors,
-                                   unprefetched=unprefetched)  # fmt: skip
+                                   unprefetched=unprefetched, layout=layout, tp=stride)  # fmt: skip
     # zero2, fsdp, hsdp: FSDP2 over the S-rank shard group (+ hsdp's all-reduce across replicas)
     s = shard_degree(kind, dp, stride=stride, devices_per_node=dpn)
     ag, rs = t("all_gather", param_bytes, s, stride), t("reduce_scatter", grad_bytes, s, stride)
@@ -335,6 +339,8 @@ def deepspeed_2021_fsdp(
     recompute_regather: bool = False,
     tensors: int = 1,
     unprefetched: float = 0.0,
+    layout: tuple[DSTensor, ...] = (),
+    tp: int = 1,
 ) -> DPComm:
     """DeepSpeed v0.3.x ZeRO-3's collectives at pp = 1 (module docstring) for a rank whose
     16-bit parameters are ``param_bytes`` unsharded, over ``dp`` ranks ``stride`` apart.
@@ -348,7 +354,20 @@ def deepspeed_2021_fsdp(
     gather (``unprefetched_share``) runs only when its module needs it: ``mb_serial_s``, exposed;
     so is each pass's host work between a device-wide sync and the next launch
     (``ds2021_gather_host_s``). Unit: seconds and bytes.
+
+    With ``layout`` (the gathered tensors in forward order, ``ds2021_intervals.DSTensor``; ``tp`` the
+    shard their elements are held at) the same collectives tensor by tensor, each its own size
+    (``param_bytes`` split in proportion to the elements), in the intervals between the device-wide
+    syncs of ``stage3.py`` (``ds2021_intervals``): ``DPComm.intervals``, the prefetch rule and the
+    tensors full recompute keeps gathered for their backward included (``tensors`` and
+    ``unprefetched`` unused); each all-reduce with its bucket's copies on the reduction stream
+    (``allreduce_and_copy``: flatten, ``div_``, the copy back, 6 × its bytes at the memory
+    bandwidth); ``mb_serial_s`` the host work of the gathers the intervals run. ``tp`` is the
+    shard the tensors' elements are held at (the DP group's stride at pp = 1).
     """
+    if layout:
+        return _ds2021_layout(param_bytes, dp, cluster, stride=stride, num_microbatches=num_microbatches,
+                              units=units, recompute=recompute_regather, layout=layout, tp=tp)
     tensors = max(1, int(tensors))
     m = num_microbatches
 
@@ -364,6 +383,28 @@ def deepspeed_2021_fsdp(
     host = ds2021_gather_host_s(param_bytes, tensors, dp, cluster)  # one pass's, with the device idle
     return DPComm(per_microbatch_s=(1 + bwd_gathers) * hid + ar, mb_forward_s=hid, mb_bwd_gather_s=bwd_gathers * hid,
                   units=max(1, units), bytes=out, mb_serial_s=(1 + bwd_gathers) * (ag * u + host))  # fmt: skip
+
+
+def _ds2021_layout(param_bytes: float, dp: int, cluster: ClusterSpec, *, stride: int, num_microbatches: int,
+                   units: int, recompute: bool, layout: tuple[DSTensor, ...], tp: int) -> DPComm:
+    """``deepspeed_2021_fsdp`` tensor by tensor (its ``layout`` paragraph)."""
+    total = sum(x.numel for x in layout) or 1.0
+    nb = [param_bytes * x.numel / total for x in layout]
+    gather = [group_collective_s("all_gather", b, dp, cluster, stride=stride) + ds2021_copy_back_s(b, 1, dp, cluster)
+              for b in nb]  # fmt: skip
+    # each bucket's all-reduce between its copies on the reduction stream (stage3.py allreduce_and_copy ->
+    # allreduce_bucket: flatten, div_, all_reduce, then copy_ back into every gradient): 6 x its bytes of HBM
+    bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
+    reduce = [group_collective_s("all_reduce", b, dp, cluster, stride=stride) + (6.0 * b / bw if bw > 0 else 0.0)
+              for b in nb]  # fmt: skip
+    intervals, gathered = ds2021_intervals(layout, gather, reduce, tp=tp, recompute=recompute)
+    m = num_microbatches
+    n_fwd = len(layout)  # the forward's gathers come first in the trace
+    host = sum(ds2021_gather_host_s(nb[i], 1, dp, cluster) for i in gathered)
+    out = {"all_gather": int(sum(nb[i] for i in gathered) * m), "all_reduce": int(param_bytes * m)}
+    return DPComm(per_microbatch_s=sum(c for *_, c in intervals), mb_forward_s=sum(gather[i] for i in gathered[:n_fwd]),
+                  mb_bwd_gather_s=sum(gather[i] for i in gathered[n_fwd:]), units=max(1, units), bytes=out,
+                  mb_serial_s=host, intervals=intervals)  # fmt: skip
 
 
 def ds2021_copy_back_s(param_bytes: float, tensors: int, dp: int, cluster: ClusterSpec) -> float:

@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.cost_models.contention import overlap_slowdown_s
+from meshplan.cost_models.ds2021_intervals import ds2021_exposed_s
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.planner.search_types import Evaluation
 
 
 def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: float, num_microbatches: int,
-                 cluster: ClusterSpec | None = None) -> float:
+                 cluster: ClusterSpec | None = None, recompute_s: float = 0.0) -> float:
     """Seconds of data-parallel communication ``d`` (a ``dp_kinds.DPComm``) compute does not hide::
 
         max(0.1·sync, sync − B) + max(0.1·gather, gather − F) + m·E_mb
@@ -38,6 +39,11 @@ def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: f
     share ``cluster.comm_overlap`` (φ) of it is hidden: the rest, (1 − φ)·(comm − exposed), is exposed.
     Unit: seconds. Source: PyTorch FSDP2 ``fully_shard`` (implicit forward prefetch, backward
     prefetch of one unit, reduce-scatter in its own stream).
+
+    DeepSpeed 2021's ZeRO-3 given its tensors (``d.intervals``): ``m·ds2021_exposed_s`` of the
+    intervals between its device-wide syncs, against the microbatch's forward, its recompute
+    (``recompute_s``, inside ``backward_s``) and the rest of its backward, in place of the unit
+    formula, plus ``m·d.mb_serial_s`` (cost_models.ds2021_intervals).
     """
     out = 0.0
 
@@ -51,6 +57,10 @@ def exposed_dp_s(d: Any, *, backward_s: float, forward_s: float, microbatch_s: f
         return exposed + (1.0 - phi) * h + slow
 
     out += num_microbatches * d.mb_serial_s
+    if getattr(d, "intervals", ()):
+        return out + num_microbatches * ds2021_exposed_s(
+            d.intervals, forward_s=forward_s, recompute_s=min(recompute_s, backward_s),
+            backward_s=max(0.0, backward_s - recompute_s), cluster=cluster)
     if d.sync_s:
         out += cost(d.sync_s, max(0.1 * d.sync_s, d.sync_s - backward_s), backward_s)
     if d.gather_s:

@@ -555,7 +555,7 @@ class ConfigEvaluator:
         d, dp_exposed = self.states.dp_sync(c, grad_bytes=k.grad_bytes, gather_bytes=k.gather_bytes,
                                             experts=k.r_experts[worst] / c.ep, backward_s=k.rank_b[worst],
                                             forward_s=k.rank_f[worst], microbatch_s=max(rank_work), params=k.r_params[worst],
-                                            quantized=self.quant)  # fmt: skip
+                                            quantized=self.quant, recompute_s=k.rec_s / max(1, m))  # fmt: skip
         dp_bytes = d.bytes
         opt = self.states.optimizer_s(max(q[3] for q in r_q) if self.quant else max(r_params), c)
         # exposed EP all-to-all and CP ring, expert imbalance: inside the stage times (kind_free_terms),

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from meshplan.cost_models.allocator import fsdp_stream_pool_bytes
+from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.contention import overlap_slowdown_s
 from meshplan.cost_models.dp_kinds import (
     ZERO3_PERSISTENCE_NUMEL,
@@ -32,6 +33,7 @@ from meshplan.cost_models.dp_kinds import (
     unsharded_buffer_bytes,
     zero1_broadcast_s,
 )
+from meshplan.cost_models.ds2021_intervals import ds2021_tensors
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_saves import fused_linears
 from meshplan.cost_models.fsdp_units import UnitLayer, fsdp_step_floor, fsdp_step_peak
@@ -44,7 +46,7 @@ from meshplan.cost_models.grad_sync import (
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
 from meshplan.cost_models.optimizer_phase import optimizer_step_s
-from meshplan.graph import ModelGraph
+from meshplan.graph import GraphNode, ModelGraph
 from meshplan.plan.execution_rules import SHARDED_DP_KINDS
 from meshplan.planner.cost_memos import CostMemos
 from meshplan.planner.costing import CostTable
@@ -134,6 +136,11 @@ class StateCosts:
         fused = fused_linears(graph.nodes, lambda n: None, lambda n: 1) if profile.fused_projections else {}
         self.gathered_sizes = [float(m.param_numel) for n in graph.nodes
                                if (m := fused.get(n.id, n)) is not None and m.param_numel >= ZERO3_PERSISTENCE_NUMEL]
+        # DeepSpeed 2021's gathered tensors in forward order with the share of the compute each one's
+        # module runs before the next one's device-wide sync (cost_models.ds2021_intervals)
+        self.ds_layout = ds2021_tensors(
+            graph.nodes, lambda n: _gathered(fused, n),
+            lambda n: _seconds(fused, n, cluster, dtype, profile)) if self.zero3_impl == "deepspeed-2021" else ()
         # FSDP units at pp = 1: the runtime wraps every repeated block, then the root
         self.fsdp_unit_count = sum(len(b.instances) for b in graph.blocks) + 1
 
@@ -448,7 +455,7 @@ class StateCosts:
         return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
                        num_microbatches=c.num_microbatches, units=self.fsdp_unit_count, impl=self.zero3_impl,
                        recompute_regather=c.recompute == "full", tensors=len(self.gathered_sizes),
-                       unprefetched=late)  # fmt: skip
+                       unprefetched=late, layout=self.ds_layout)  # fmt: skip
 
     def dp_collectives_split(self, params_bytes: float, grad_bytes: float, expert_params: float, c: Config) -> DPComm:
         """``dp_collectives``; with ``expert_params`` (> 0 only under MoE parallel folding: the rank's
@@ -464,11 +471,12 @@ class StateCosts:
         return add_dp_comm(dense, exp)
 
     def dp_sync(self, c: Config, *, grad_bytes: float, gather_bytes: float, experts: float, backward_s: float,
-                forward_s: float, microbatch_s: float, params: float, quantized: bool) -> tuple[DPComm, float]:
+                forward_s: float, microbatch_s: float, params: float, quantized: bool,
+                recompute_s: float = 0.0) -> tuple[DPComm, float]:
         """(collectives, exposed seconds) of ``c``'s data-parallel sync on its busiest rank, which
         reduces ``grad_bytes`` of gradients, gathers ``gather_bytes`` of parameters, holds
         ``experts`` expert parameters (its share under ep) and ``params`` parameters, and spends
-        ``backward_s`` / ``forward_s`` per step and ``microbatch_s`` per microbatch: Megatron-LM's
+        ``backward_s`` (of which ``recompute_s`` re-runs the forward) / ``forward_s`` per step and ``microbatch_s`` per microbatch: Megatron-LM's
         local DDP after backward, DDP's buckets overlapped with the last backward (expert gradients
         over their own group; torch's ZeroRedundancyOptimizer on gloo: the same, then a broadcast per
         parameter tensor), or a sharded kind's collectives as ``dp_exposure.exposed_dp_s`` exposes them."""
@@ -526,8 +534,26 @@ class StateCosts:
                 d = replace(d, bytes={**d.bytes, "broadcast": int(bcast)})
         else:
             exposed = exposed_dp_s(d, backward_s=backward_s, forward_s=forward_s, microbatch_s=microbatch_s,
-                                   num_microbatches=c.num_microbatches, cluster=self.cluster)  # fmt: skip
+                                   num_microbatches=c.num_microbatches, cluster=self.cluster,
+                                   recompute_s=recompute_s)  # fmt: skip
         return d, exposed
+
+
+def _gathered(fused: dict, n: GraphNode) -> float:
+    """Elements a per-tensor ZeRO-3 gathers at node ``n``: its (fused) parameters at or above the
+    persistence threshold, else 0 (``fused``: ``engine_saves.fused_linears``, None = fused away)."""
+    m = fused.get(n.id, n)
+    return float(m.param_numel) if m is not None and m.param_numel >= ZERO3_PERSISTENCE_NUMEL else 0.0
+
+
+def _seconds(fused: dict, n: GraphNode, cluster: ClusterSpec, dtype: str, profile: EngineProfile) -> tuple[float, float]:
+    """(forward, backward) seconds of node ``n`` at the traced batch under ``profile``'s kernels (0 for a
+    node fused into another): the weights of a step's compute between two syncs (``ds2021_tensors``)."""
+    m = fused.get(n.id, n)
+    if m is None:
+        return 0.0, 0.0
+    t = node_time(m, cluster, dtype=dtype, attention_impl=profile.attention_impl, norm_kernel=profile.norm_kernel)
+    return t.fwd_s, t.bwd_input_s + t.bwd_weight_s
 
 
 __all__ = ["StateCosts", "Tables", "add_dp_comm"]

@@ -124,7 +124,12 @@ MEGATRON: tuple[EngineProfile, ...] = (
                                             "_allgather_param: torch.zeros + torch.cuda.synchronize() + one narrow per rank "
                                             "(for i in range(self.world_size)) on the host, the device idle; torch's "
                                             "list-form all_gather (ProcessGroupNCCL allgather) copies each rank's chunk "
-                                            "out of its flat output, one copy_ per output tensor")),
+                                            "out of its flat output, one copy_ per output tensor; per gathered module "
+                                            "the sync, then one tensor prefetched (stage3_prefetch_bucket_size 5e7), "
+                                            "its gather (+ a bucket's all-reduce) hidden only by that module's compute "
+                                            "(cost_models/ds2021_intervals.py); _keep_for_later under "
+                                            "stage3_max_reuse_distance 1e9: a recomputed block's last tensors not "
+                                            "gathered again for their backward")),
     ),
     EngineProfile(
         "megatron-deepspeed-2021", "megatron", "Megatron-DeepSpeed with DeepSpeed before e2fdd254e (2021-09-29; MT-NLG "
