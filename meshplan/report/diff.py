@@ -178,7 +178,6 @@ def what_if_pipeline(a: Plan, *, schedule: str | None = None, m: int | None = No
     their compute time, SC'21's bubble fraction), or why it cannot be simulated.
     """
     from meshplan.partition.schedule import simulate
-    from meshplan.report.timeline import sends_occupy
 
     stages = sorted(a.stages, key=lambda s: s.index)
     if len(stages) != a.pp * a.virtual_stages or not any(s.fwd_s for s in stages):
@@ -188,7 +187,7 @@ def what_if_pipeline(a: Plan, *, schedule: str | None = None, m: int | None = No
     bi = [max(0.0, s.bwd_s - s.bwd_weight_s) for s in stages]
     bw = [s.bwd_weight_s for s in stages]
     c = [s.send_s for s in stages]
-    occupy = sends_occupy(a)
+    occupy = a.sends_occupy_rank
     try:
         base = simulate(a.schedule, a.pp, a.num_microbatches, virtual_stages=a.virtual_stages, fwd_s=f,
                         bwd_input_s=bi, bwd_weight_s=bw, p2p_s=c, keep_events=False, sends_occupy=occupy)

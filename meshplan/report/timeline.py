@@ -68,14 +68,6 @@ class TimelineLike(Protocol):
     def makespan_s(self) -> float: ...
 
 
-def sends_occupy(plan: Plan) -> bool:
-    """Whether ``plan``'s pipeline sends hold the sending rank, as the search scored them
-    (``ClusterSpec.sends_occupy_rank``: gloo on a CPU host), read off the plan's cluster record, which
-    hand-made and older plans may hold only in part (no backend: NCCL's free sends)."""
-    c = plan.cluster
-    return (c.get("comm_backend") or (c.get("extra") or {}).get("backend")) == "gloo"
-
-
 def plan_timeline(plan: Plan) -> TimelineLike:
     """Simulate ``plan``'s schedule with its predicted stage times and send rule (what scored the plan)."""
     from meshplan.partition.schedule import simulate
@@ -96,7 +88,7 @@ def plan_timeline(plan: Plan) -> TimelineLike:
         bwd_input_s=[max(0.0, s.bwd_s - s.bwd_weight_s) for s in stages],
         bwd_weight_s=[s.bwd_weight_s for s in stages],
         p2p_s=[s.send_s for s in stages],
-        sends_occupy=sends_occupy(plan),
+        sends_occupy=plan.sends_occupy_rank,
     )
 
 
