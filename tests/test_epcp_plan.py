@@ -116,6 +116,17 @@ def test_cp_chosen_when_the_batch_cannot_fill_the_devices(moe_graph):
     assert f"cp={p.cp}:" in explain_plan(p)
 
 
+def test_estimate_says_cp_with_sequence_parallel_is_not_run(moe_graph):
+    """An estimated configuration's own sequence parallelism counts in the runtime rule (epcp_rule's SP line):
+    cp2 x tp2 with SP is costed and its notes say the runtime does not run it; without SP nothing is said."""
+    from meshplan.planner.api import estimate_graph
+
+    kw = dict(tp=2, pp=1, dp=1, cp=2, cluster="h100", global_batch_size=2)
+    said = [n for n in estimate_graph(moe_graph, 4, sequence_parallel=True, **kw).notes if "does not run it" in n]
+    assert len(said) == 1 and "cp2 with sequence_parallel is not executed" in said[0], said
+    assert not [n for n in estimate_graph(moe_graph, 4, sequence_parallel=False, **kw).notes if "does not run it" in n]
+
+
 def test_ep_pinned_shards_expert_memory(moe_graph):
     base = plan_graph(moe_graph, 4, cluster="h100", global_batch_size=8, fixed={"tp": 1, "pp": 1, "ep": 1})
     p = plan_graph(moe_graph, 4, cluster="h100", global_batch_size=8, fixed={"tp": 1, "pp": 1, "ep": 2})

@@ -46,17 +46,20 @@ class EPCPCosts:
         self.quant = quant
         self.epcp_nodes = [n for n in graph.nodes if n.kind in ("moe", "attention")]  # what EP/CP terms read
 
-    def epcp_why(self, tp: int, pp: int, cp: int, ep: int, recompute: str, dp: int = 0) -> str:
+    def epcp_why(self, tp: int, pp: int, cp: int, ep: int, recompute: str, dp: int = 0,
+                 sequence_parallel: bool | None = None) -> str:
         """``execution_rules.epcp_rule`` (what the runtime refuses) for these degrees; a pinned
-        sequence_parallel counts (otherwise cp/ep configurations are costed without SP). Memoized per
-        degrees (``Searcher.configs`` asks it once per microbatch size and schedule). ``dp`` (0: not
-        checked, the search's ep always divides dp·cp): an ep spanning tensor-parallel ranks is refused."""
-        key = (tp, pp, cp, ep, recompute, dp)
+        sequence_parallel counts (otherwise cp/ep configurations are costed without SP), or the one given
+        (an estimated configuration's own). Memoized per degrees (``Searcher.configs`` asks it once per
+        microbatch size and schedule). ``dp`` (0: not checked, the search's ep always divides dp·cp): an
+        ep spanning tensor-parallel ranks is refused."""
+        sp = self.sp_pinned if sequence_parallel is None else sequence_parallel
+        key = (tp, pp, cp, ep, recompute, dp, sp)
         if key not in self.memos.epcp_why:
-            self.memos.epcp_why[key] = self._rule(tp, pp, cp, ep, recompute, dp)
+            self.memos.epcp_why[key] = self._rule(tp, pp, cp, ep, recompute, dp, sp)
         return self.memos.epcp_why[key]
 
-    def _rule(self, tp: int, pp: int, cp: int, ep: int, recompute: str, dp: int = 0) -> str:
+    def _rule(self, tp: int, pp: int, cp: int, ep: int, recompute: str, dp: int = 0, sp: bool = False) -> str:
         if cp > 1 and "forward_params" in self.g.meta:  # graphs traced before the names were recorded: unknown
             why = cp_forward_blocker(str(self.g.meta.get("model_class", "")), self.g.meta["forward_params"],
                                      self.g.meta.get("seq_positions", ()))
@@ -64,7 +67,7 @@ class EPCPCosts:
                 return why
         return epcp_rule(cp=cp, ep=ep, tp=tp, pp=pp, seq_len=self.g.seq_len,
                          num_experts=int(self.g.meta.get("num_experts", 0) or 0), recompute=recompute,
-                         quantized=self.quant, sequence_parallel=self.sp_pinned, capture=self.g.capture, dp=dp)
+                         quantized=self.quant, sequence_parallel=sp, capture=self.g.capture, dp=dp)
 
     def key(self, c: Config) -> tuple:
         """What ``c``'s EP/CP terms depend on (the dp degree only under MoE parallel folding)."""

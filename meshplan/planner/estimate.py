@@ -36,7 +36,8 @@ def estimate_notes(costs: ConfigEvaluator, ev: Evaluation) -> list[str]:
     c = ev.config
     notes = [] if ev.fits else [
         f"does not fit: needs {ev.max_mem_bytes / GiB:.1f} GiB per device, limit {ev.mem_limit_bytes / GiB:.1f} GiB"]
-    why = costs.ep_cp.epcp_why(c.tp, c.pp, c.cp, c.ep, c.recompute, dp=c.dp)
+    # the configuration's own sequence parallelism (an estimate's is given, not pinned through ``fixed``)
+    why = costs.ep_cp.epcp_why(c.tp, c.pp, c.cp, c.ep, c.recompute, dp=c.dp, sequence_parallel=c.sequence_parallel)
     if why:
         notes.append(f"cp={c.cp} ep={c.ep} costed (cost_models/epcp.py), but meshplan's runtime does not run it: {why}")
     co = costs.coster
