@@ -15,7 +15,8 @@ also costed under it, and the last line counts the runs that fit under none of t
 runs both layouts can pick the one that fits). A fit under a configuration that runtime layout does
 not run (``plan.execution_rules.state_layout_blocker``: e.g. 16-bit weights with ep > 1) is shown and
 not counted; fp8 counts as bf16 there, as the ``meshplan`` profile itself costs fp8 runs its runtime
-does not execute.
+does not execute. The last line counts those of them whose configuration the runtime also executes under its
+other rules (``plan.execution_rules``: e.g. cp or ep with sequence parallelism; the estimate's notes).
 
 Predicted figures only (the cost model's); whether a run ran comes from its source
 (``meshplan/data/published_cases.json``). No run here is measured.
@@ -66,6 +67,13 @@ def layout_refused(case: dict, graph: object, prof: EngineProfile) -> str:
     return state_layout_blocker(state_layout=plan.state_layout, dp_kind=plan.dp_kind if plan.dp > 1 else "none",
                                 dtype="bf16" if plan.dtype == "fp8" else plan.dtype, cp=plan.cp, ep=plan.ep,
                                 quantization=plan.quantization.mode)
+
+
+def runtime_refused(case: dict, graph: object, prof: EngineProfile) -> str:
+    """Why meshplan's runtime does not run ``case``'s configuration as costed under ``prof`` for any other
+    reason than the state layout (cp / ep rules, sequence parallelism: the estimate's notes), "" if it does."""
+    plan = pe.estimate_case(case, graph, profile=prof)["plan"]
+    return next((n for n in plan.notes if "runtime does not run it" in n and "state_layout" not in n), "")
 
 
 def pushing_terms(case: dict, graph: object, base: EngineProfile, own: EngineProfile, here: float,
@@ -123,7 +131,7 @@ def main() -> None:
     print("| run | limit | peak here | own engine | own profile | GiB saved by each convention alone (- adds) | "
           "terms, here -> own (GiB) |" + "".join(f" {a.name} |" for a in also))
     print("|---|---|---|---|---|---|---|" + "---|" * len(also))
-    n = rescued = 0
+    n = rescued = executed = 0
     summary: list[tuple[str, tuple[str, ...]]] = []
     for c in load_published_cases():
         if not c["id"].startswith(args.only):
@@ -155,7 +163,7 @@ def main() -> None:
         keys = sorted(set(bd_here) | set(bd_own), key=lambda k: -abs(bd_here.get(k, 0.0) - bd_own.get(k, 0.0)))
         terms = ", ".join(f"{k} {bd_here.get(k, 0.0):.1f}->{bd_own.get(k, 0.0):.1f}" for k in keys[:4]
                           if abs(bd_here.get(k, 0.0) - bd_own.get(k, 0.0)) >= 0.5)  # fmt: skip
-        cols, fits = [], False
+        cols, fits, runs = [], False, False
         for a in also:
             try:
                 peak = peak_gib(c, g, a)[0]
@@ -164,9 +172,11 @@ def main() -> None:
                 continue
             refused = layout_refused(c, g, a) if peak <= limit else ""
             fits = fits or (peak <= limit and not refused)
+            runs = runs or (peak <= limit and not refused and not runtime_refused(c, g, a))
             cols.append(f"{peak:.1f}" + ((f" (fits, not run: {refused[:70]})" if refused else " (fits)")
                                          if peak <= limit else ""))
         rescued += fits
+        executed += runs
         print(f"| {c['id']} | {limit:.1f} | {here:.1f} | {mine:.1f}{'' if mine <= limit else ' (no fit)'} | {own.name} | "
               f"{'; '.join(s for _, s in saved)} | {terms} |" + "".join(f" {x} |" for x in cols))
         sys.stdout.flush()
@@ -174,6 +184,8 @@ def main() -> None:
     if also:
         print(f"{rescued} of them fit under {', '.join(repr(a.name) for a in also)}: {n - rescued} runs predicted "
               "not to fit under any of these profiles")
+        print(f"{executed} of the {rescued} with a configuration meshplan's runtime executes as costed (its other "
+              "rules too: cp / ep with sequence parallelism, ...; the estimates' notes)")
     print_summary(summary)
 
 
