@@ -15,6 +15,10 @@ it is loaded into, or whose optimizer keeps other per-parameter state than the r
 missing tensors, or load the saved hyperparameters (a momentum) over the run's without their state. ``newest_complete(dir)`` is what a resume loads.
 Loading fills the *current* layout's state dict (plain tensors, DTensors under TP/FSDP, only the
 stages this rank holds), so a checkpoint written under one plan or world size loads under another.
+The 16-bit state layouts (``Plan.state_layout`` "megatron" / "zero", ``runtime.apply.master_state``) save
+their fp32 masters under the parameters' keys and the masters' optimizer state by FQN (``_master_model``,
+``MasterState.optimizer_view``): the same keys, dtypes and sizes as the torch layout's checkpoint, so either
+resumes under the other.
 """
 
 from __future__ import annotations
