@@ -87,9 +87,11 @@ def free_port() -> int:
 
 def _collective_worker(
     rank: int, world: int, init_method: str, backend: str, sizes: list[int], reps: int, out_path: str,
-    wall_deadline: float | None = None,
+    wall_deadline: float | None = None, tp_host_reps: int = 0,
 ) -> None:
-    """One spawned rank: time all_reduce and a send/recv ping-pong at each size; rank 0 writes JSON."""
+    """One spawned rank: time all_reduce and a send/recv ping-pong at each size, then with
+    ``tp_host_reps`` > 0 tensor parallelism's DTensor host time (``profile.tp_host.measure_tp_host``,
+    in the same process group: no second spawn); rank 0 writes JSON."""
     from datetime import timedelta
 
     import torch
@@ -152,8 +154,13 @@ def _collective_worker(
                     f"collectives at {nbytes / 1024:.0f} KiB: all_reduce {res['all_reduce'][-1][1] * 1e3:.3f} ms, "
                     f"send_recv {res['send_recv'][-1][1] * 1e3:.3f} ms"
                 )
+        tp: dict[str, float] = {}
+        if tp_host_reps > 0:
+            from meshplan.profile.tp_host import measure_tp_host
+
+            tp = measure_tp_host(tp_host_reps)
         if rank == 0:
-            Path(out_path).write_text(json.dumps({k: sorted(v) for k, v in res.items()}))
+            Path(out_path).write_text(json.dumps({**{k: sorted(v) for k, v in res.items()}, **({"tp_host": tp} if tp else {})}))
     finally:
         dist.destroy_process_group()
 
@@ -162,6 +169,15 @@ def measure_collectives(
     nproc: int, sizes: list[int], reps: int, backend: str, log: Log = log_stderr, wall_deadline: float | None = None
 ) -> dict[str, list[tuple[int, float]]]:
     """(bytes, seconds) of all_reduce and send/recv across ``nproc`` spawned processes."""
+    return measure_collectives_and_tp_host(nproc, sizes, reps, backend, log, wall_deadline)[0]
+
+
+def measure_collectives_and_tp_host(
+    nproc: int, sizes: list[int], reps: int, backend: str, log: Log = log_stderr, wall_deadline: float | None = None,
+    tp_host_reps: int = 0,
+) -> tuple[dict[str, list[tuple[int, float]]], dict[str, float]]:
+    """``measure_collectives``, and with ``tp_host_reps`` > 0 (gloo) ``profile.tp_host.measure_tp_host``'s
+    timings on the same spawned ranks ({} otherwise)."""
     import torch.multiprocessing as mp
 
     if nproc < 2:
@@ -170,6 +186,8 @@ def measure_collectives(
     log(f"spawning {nproc} processes ({backend}, {init}) for {len(sizes)} sizes x {reps} reps")
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "collectives.json")
-        mp.spawn(_collective_worker, args=(nproc, init, backend, sizes, reps, out, wall_deadline), nprocs=nproc, join=True)
+        mp.spawn(_collective_worker, args=(nproc, init, backend, sizes, reps, out, wall_deadline, tp_host_reps),
+                 nprocs=nproc, join=True)  # fmt: skip
         raw = json.loads(Path(out).read_text())
-    return {k: [(int(n), float(t)) for n, t in v] for k, v in raw.items()}
+    tp = {k: float(v) for k, v in raw.pop("tp_host", {}).items()}
+    return {k: [(int(n), float(t)) for n, t in v] for k, v in raw.items()}, tp

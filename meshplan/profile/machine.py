@@ -34,7 +34,7 @@ from typing import Any
 
 from meshplan.cost_models.hardware import ClusterSpec, default_reserved_bytes
 from meshplan.profile.budget import FAST_FLAGS, Budget, Log, cpu_has_fast, cpu_name, fits, log_stderr
-from meshplan.profile.comm import byte_sizes, fit_or_bound, measure_collectives
+from meshplan.profile.comm import byte_sizes, fit_or_bound, measure_collectives_and_tp_host
 from meshplan.profile.links import single_device_links
 from meshplan.profile.provenance import collective_provenance, profile_provenance, tp_host_provenance
 
@@ -335,8 +335,11 @@ def profile_machine(
         comm_how = "no collectives (one device): links derived, see provenance"
     else:
         phase("collectives")
-        coll = measure_collectives(nproc, byte_sizes(min_bytes, max_bytes), reps, backend, log,
-                                   wall_deadline=budget.wall_deadline() if budget is not None else None)
+        # on gloo (a CPU) the same ranks then measure tensor parallelism's DTensor host time (profile.tp_host)
+        coll, tp_raw = measure_collectives_and_tp_host(
+            nproc, byte_sizes(min_bytes, max_bytes), reps, backend, log,
+            wall_deadline=budget.wall_deadline() if budget is not None else None,
+            tp_host_reps=max(reps, 3) if backend == "gloo" else 0)
         alpha, bw = fit_or_bound(coll["all_reduce"], "all_reduce", nproc, log)
         p2p_alpha, p2p_bw = fit_or_bound(coll["send_recv"], "send_recv", 2, log)
         log(f"all_reduce fit: alpha {alpha * 1e6:.1f} us, bw {bw / 1e9:.3f} GB/s; "
@@ -344,11 +347,9 @@ def profile_machine(
         links = {"intra_latency_s": alpha, "intra_bw_bytes_per_s": bw,
                  "inter_latency_s": alpha, "inter_bw_bytes_per_s": bw}  # one machine: "between nodes" is the same link
         link_why = collective_provenance(backend, nproc, min_bytes, max_bytes)
-        if backend == "gloo" and (budget is None or budget.left_s() > 0):
-            # a CPU host: tensor parallelism's DTensor host time, additive here (profile.tp_host)
-            from meshplan.profile.tp_host import measure_tp_host_pair, tp_host_figures
+        if tp_raw:  # a CPU host: tensor parallelism's DTensor host time, additive here (profile.tp_host)
+            from meshplan.profile.tp_host import tp_host_figures
 
-            tp_raw = measure_tp_host_pair(reps=max(reps, 3), log=log)
             host.update(tp_host_figures(tp_raw))
             log(f"DTensor host time per tensor-parallel linear {host['host_tp_linear_fwd_s'] * 1e6:.0f} us forward, "
                 f"{host['host_tp_linear_bwd_s'] * 1e6:.0f} us backward; {host['host_dtensor_param_s'] * 1e6:.0f} us "

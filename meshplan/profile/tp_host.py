@@ -25,22 +25,17 @@ against the plain ones, per parameter tensor. Least wall and least CPU seconds o
 warm-up (CPU: ``time.process_time``, the process's every thread); the figures are CPU seconds
 (``tp_host_figures``), clamped at 0.
 
-``measure_tp_host_pair`` spawns the rank pair (gloo, ``tcp://127.0.0.1``, one thread each, as
-``profile.comm``) and returns rank 0's timings. ``tp_host_figures`` maps the measurement to ``ClusterSpec.host_tp_linear_fwd_s``,
+``meshplan profile`` on gloo runs it in the processes that measured the collectives
+(``profile.comm.measure_collectives_and_tp_host``: one thread each, the profile's ``--nproc`` ranks, a
+pair by default; no second spawn). ``tp_host_figures`` maps the measurement to ``ClusterSpec.host_tp_linear_fwd_s``,
 ``host_tp_linear_bwd_s`` and ``host_dtensor_param_s`` (priced in ``planner.costing`` and
 ``planner.state_costs``). torch is imported inside the function only.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
-
-from meshplan.profile.budget import Log, log_stderr
 
 #: Megatron pairs timed, their width and tokens (gpt-tiny's width; tiny, so the host's work dominates)
 PAIRS = 4
@@ -164,34 +159,3 @@ def tp_host_figures(m: dict[str, float]) -> dict[str, float]:
     b = (m["tp_bwd_cpu_s"] - m["plain_bwd_cpu_s"] - m["collectives_bwd"] * ar) / lin
     p = (m["opt_tp_cpu_s"] - m["opt_plain_cpu_s"]) / max(1.0, m["params"])
     return {"host_tp_linear_fwd_s": max(0.0, f), "host_tp_linear_bwd_s": max(0.0, b), "host_dtensor_param_s": max(0.0, p)}
-
-
-def _pair_worker(rank: int, world: int, init_method: str, reps: int, out_path: str) -> None:
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))  # fmt: skip
-    try:
-        res = measure_tp_host(reps)
-        if rank == 0:
-            Path(out_path).write_text(json.dumps(res))
-    finally:
-        dist.destroy_process_group()
-
-
-def measure_tp_host_pair(reps: int = 7, log: Log = log_stderr) -> dict[str, float]:
-    """``measure_tp_host`` on two spawned CPU processes over gloo: rank 0's timings (a few seconds)."""
-    import torch.multiprocessing as mp
-
-    from meshplan.profile.comm import free_port
-
-    init = f"tcp://127.0.0.1:{free_port()}"
-    log(f"spawning 2 processes (gloo, {init}) for tensor parallelism's host time on DTensors")
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "tp_host.json")
-        mp.spawn(_pair_worker, args=(2, init, reps, out), nprocs=2, join=True)
-        return {k: float(v) for k, v in json.loads(Path(out).read_text()).items()}
