@@ -276,7 +276,9 @@ def estimate_graph(
                          moe_folding=moe_folding)  # fmt: skip
     costs = ConfigEvaluator(graph, spec, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster, profile=prof,
                             moe_folding=moe_folding)  # fmt: skip
-    sp = costs.sp_for(tp) if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
+    # unpinned: the search's choice, which leaves it off under cp / ep (the runtime refuses them with SP,
+    # execution_rules.epcp_rule; search.Searcher turns SP on only where cp * ep == 1)
+    sp = costs.sp_for(tp) and cp * ep == 1 if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
     sp_why = tp_pp_blocker(tp=tp, pp=pp, capture=graph.capture, sequence_parallel=sp)
     if sp_why and sequence_parallel:
         raise ValueError(sp_why)
