@@ -114,3 +114,19 @@ def test_axis_collective_picks_link() -> None:
     assert axis_collective_time_s("all_reduce", n, wide, "dp", H100, hierarchical=False) == pytest.approx(
         collective_time_s("all_reduce", n, 32, H100, spans_nodes=True)
     )
+
+
+def test_a_few_bytes_all_reduce_is_priced_at_nccls_ll_latency() -> None:
+    """An all-reduce of a few bytes (an fp8 amax) at NCCL's LL-protocol latency (v2.21.5 tuning.cc): in one
+    node 6.6 + 2(k-1)·0.6 µs; across nodes the faster of the LL ring and the LL tree; several times below the
+    ring model's Simple-protocol α, which stays for larger messages."""
+    from meshplan.cost_models.comm import group_collective_s, latency_bound_all_reduce_s
+    from meshplan.cost_models.hardware import resolve_cluster
+
+    h100 = resolve_cluster("h100", 512)
+    assert latency_bound_all_reduce_s(4, 1, h100) == 0.0
+    assert latency_bound_all_reduce_s(0, 8, h100) == pytest.approx(15.0e-6)  # 6.6 + 14 x 0.6
+    assert latency_bound_all_reduce_s(0, 4, h100) == pytest.approx(10.2e-6)
+    # 128 ranks on 16 nodes: tree 6.8 + 2 (7 x 0.6 + 4 x 5.0) = 55.2 µs beats the ring's 254 steps
+    assert latency_bound_all_reduce_s(0, 128, h100) == pytest.approx(55.2e-6)
+    assert latency_bound_all_reduce_s(4, 8, h100) < group_collective_s("all_reduce", 4, 8, h100) / 4

@@ -163,11 +163,11 @@ def test_te_delayed_all_reduces_the_amaxes_per_chunk_and_microbatch(monkeypatch:
     """TE DelayedScaling: one amax all-reduce over tp x dp x cp at each model chunk's fp8_autocast exit and
     one in its backward, per microbatch (precision.fp8_amax_reduction_s); none on a one-rank group."""
     from meshplan.cost_models import precision
-    from meshplan.cost_models.comm import group_collective_s
+    from meshplan.cost_models.comm import latency_bound_all_reduce_s
 
     fwd, bwd = precision.fp8_amax_reduction_s("delayed", 28, 16, H100)
-    assert fwd == group_collective_s("all_reduce", 4 * 3 * 28, 16, H100) > 0
-    assert bwd == group_collective_s("all_reduce", 4 * 2 * 28, 16, H100) > 0
+    assert fwd == latency_bound_all_reduce_s(4 * 3 * 28, 16, H100) > 0
+    assert bwd == latency_bound_all_reduce_s(4 * 2 * 28, 16, H100) > 0
     assert precision.fp8_amax_reduction_s("delayed", 28, 1, H100) == (0.0, 0.0)
     assert precision.fp8_amax_reduction_s("tensorwise", 28, 16, H100) == (0.0, 0.0)
     g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
@@ -202,6 +202,30 @@ def test_te_amax_reductions_per_virtual_stage_carry_the_whole_ranks_buffer(monke
     for s1, s0 in zip(with_amax.stages, without.stages):
         assert s1.fwd_s - s0.fwd_s == pytest.approx(af, rel=1e-9)
         assert s1.bwd_s - s0.bwd_s == pytest.approx(ab, rel=1e-9)
+
+
+def test_te_current_scaling_reduces_each_crossing_amax_over_tp_under_sp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE Float8CurrentScaling under sequence parallelism: a column-parallel module's input and a row-parallel
+    module's output gradient each take one 4-byte amax all-reduce over the TP group before their cast, one per
+    TE module (q / k / v read one input: one fused module), half in forward, half in backward; none without SP,
+    at tp 1 or under the delayed recipe (precision.fp8_sp_amax_reduction_s)."""
+    from meshplan.cost_models import precision
+    from meshplan.cost_models.comm import latency_bound_all_reduce_s
+
+    one = latency_bound_all_reduce_s(4, 4, H100)
+    assert precision.fp8_sp_amax_reduction_s("current", 16, 4, H100) == (8 * one, 8 * one)
+    assert precision.fp8_sp_amax_reduction_s("current", 16, 1, H100) == (0.0, 0.0)
+    assert precision.fp8_sp_amax_reduction_s("delayed", 16, 4, H100) == (0.0, 0.0)
+    g = gpt_graph(layers=4, h=1024, heads=16, seq=1024, vocab=32768)
+    kw = dict(tp=2, pp=1, dp=2, cluster="h100", global_batch_size=16, micro_batch_size=2, dtype="fp8",
+              profile="megatron-bridge-2025", sequence_parallel=True)
+    with_amax = estimate_graph(g, 4, **kw)
+    per_mb = sum(precision.fp8_sp_amax_reduction_s("current", 16, 2, H100))  # 4 layers x (qkv, o, fc1, fc2)
+    monkeypatch.setitem(precision.FP8_RECIPES, "current",
+                        dataclasses.replace(precision.FP8_RECIPES["current"], sp_amax_reductions=False))
+    without = estimate_graph(g, 4, **kw)
+    # 16 sequences / (dp 2 x 2 per microbatch) = 4 microbatches
+    assert with_amax.predicted.compute_s - without.predicted.compute_s == pytest.approx(4 * per_mb, rel=1e-6)
 
 
 def test_fp8_gemms_run_at_their_measured_ceiling_not_twice_bf16() -> None:

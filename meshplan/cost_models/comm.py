@@ -184,6 +184,42 @@ def group_collective_s(kind: str, nbytes: float, group_size: int, cluster: Clust
     return nccl_collective(kind, nbytes, group_size, cluster, ranks_per_node=r)[1]
 
 
+#: NCCL's LL ("low latency") protocol, the one its tuner picks for a message of a few bytes to KiB
+#: (NVIDIA/nccl v2.21.5-1, 2024-04, ``src/graph/tuning.cc`` lines 56-77): base latency of a ring /
+#: tree LL collective (µs), per-step hardware latency on NVLink (ring and tree) and on the network
+#: (ring, tree), and LL's share of the bus bandwidth (lines 180 / 183: ring 1/2, tree 1/3.8).
+NCCL_LL_BASE_US = {"ring": 6.6, "tree": 6.8}
+NCCL_LL_NVLINK_US = 0.6
+NCCL_LL_NET_US = {"ring": 2.7, "tree": 5.0}
+NCCL_LL_BW_SHARE = {"ring": 1 / 2, "tree": 1 / 3.8}
+
+
+def latency_bound_all_reduce_s(nbytes: float, group_size: int, cluster: ClusterSpec, *, stride: int = 1) -> float:
+    """One all-reduce of a few bytes to KiB (an fp8 amax, a scalar) as NCCL's tuner prices it under
+    the LL protocol it picks for such a message (``NCCL_LL_*``; ``ncclTopoTuneModel``): in one node
+    ``6.6 + 2(k−1)·0.6`` µs (ring); across N nodes with r ranks each the faster of the LL ring
+    ``6.6 + 2(k−N)·0.6 + 2(N−1)·2.7`` and the LL tree ``6.8 + 2((r−1)·0.6 + ⌈log2 N⌉·5.0)`` µs
+    (the ring's per-step network overhead, ``getNetOverhead``, taken at most the NVLink step), plus
+    the bytes at LL's share of the bus bandwidth. ``nccl_collective``'s α (the Simple protocol's
+    per-step latency) prices the same call several times higher (2·7·5 µs over 8 NVLink ranks);
+    it stays for messages large enough that Simple wins. Unit: seconds."""
+    _check("all_reduce", nbytes, group_size)
+    if group_size == 1:
+        return 0.0
+    nodes, r = group_layout(group_size, stride, cluster.devices_per_node)
+    k = group_size
+    b_nvl = cluster.intra_bw_bytes_per_s * cluster.comm_efficiency
+    data = 2 * (k - 1) / k * nbytes
+    if nodes == 1:
+        return 1e-6 * (NCCL_LL_BASE_US["ring"] + 2 * (k - 1) * NCCL_LL_NVLINK_US) + data / (b_nvl * NCCL_LL_BW_SHARE["ring"])
+    bus = min(b_nvl, r * cluster.inter_bw_bytes_per_s * cluster.comm_efficiency)
+    ring = (NCCL_LL_BASE_US["ring"] + 2 * (k - nodes) * NCCL_LL_NVLINK_US + 2 * (nodes - 1) * NCCL_LL_NET_US["ring"]
+            ) * 1e-6 + data / (bus * NCCL_LL_BW_SHARE["ring"])
+    tree = (NCCL_LL_BASE_US["tree"] + 2 * ((r - 1) * NCCL_LL_NVLINK_US + math.ceil(math.log2(nodes))
+                                           * NCCL_LL_NET_US["tree"])) * 1e-6 + data / (bus * NCCL_LL_BW_SHARE["tree"])
+    return min(ring, tree)
+
+
 def p2p_crosses_nodes(index_a: int, index_b: int, stride: int, devices_per_node: int) -> bool:
     """True when the peers of positions ``index_a`` and ``index_b`` on a mesh axis whose ranks are
     ``stride`` apart (pipeline ranks: stride dp·cp·tp) sit on different nodes: rank

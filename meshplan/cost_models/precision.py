@@ -85,11 +85,19 @@ weights, 16-bit compute and activations), "fp32", and "fp8" = torchao float8 tra
   (``module/linear.py`` / ``layernorm_linear.py``: ``ctx.reduce_and_update_bwd_fp8_tensors``
   from ``is_first_fp8_module``; 2 per GEMM, output and input gradients): two all-reduces per
   model chunk per microbatch, each priced as the group's all-reduce of those bytes
-  (``comm.group_collective_s``: latency-bound, the bytes are a few KiB). The fused history
+  (latency-bound, the bytes are a few KiB). The fused history
   update after each (``fused_amax_and_scale_update_after_reduction``: read and roll the 1,024-long
   histories, ~8 KiB per tensor) is a sub-microsecond memory pass and not charged; nor is a
-  recomputed forward's exit (the NeMo rows do not recompute). The other recipes' amax
-  all-reduces (torchao's per-cast DTensor reductions, TE current scaling's) are not charged.
+  recomputed forward's exit (the NeMo rows do not recompute). Each is priced as NCCL prices an
+  all-reduce of a few KiB, under its LL protocol (``comm.latency_bound_all_reduce_s``; the ring
+  model's Simple-protocol latency, used before Wave 3 stop 9, overstated it 2-7x). TE current
+  scaling (``"current"``, ``Fp8Recipe.sp_amax_reductions``) reduces no history buffer but, under
+  sequence parallelism, the amax of each crossing operand over the TP group before its cast (TE
+  3f5b47549 ``module/linear.py`` L1637-1661 and its layernorm_linear / layernorm_mlp twins:
+  ``with_amax_reduction = True``, ``amax_reduction_group = self.tp_group`` on a column-parallel
+  module's input quantizer and a row-parallel module's grad-output quantizer; ``csrc/quantizer.cpp``
+  L517-524: ``allreduce(MAX)`` of the one fp32 amax, ``wait()``ed before the scale),
+  ``fp8_sp_amax_reduction_s``. torchao's per-cast DTensor reductions are not charged.
   torch.compile fuses some of these passes into neighbouring kernels; none of that fusion is
   credited.
 - **memory**: the float8 copies of the computing layer's weight and its transpose
@@ -109,7 +117,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost_models.comm import group_collective_s
+from meshplan.cost_models.comm import latency_bound_all_reduce_s
 from meshplan.cost_models.hardware import ClusterSpec
 
 TRAINING_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8")
@@ -162,6 +170,10 @@ class Fp8Recipe:
     #: blocking amax all-reduces over the tp x dp x cp group per fp8_autocast region (a model chunk) per
     #: microbatch: TE DelayedScaling 2 (forward at the region's exit, backward in its first module's backward)
     amax_reductions: int = 0
+    #: under sequence parallelism each TE module's crossing operand (a column-parallel module's input in
+    #: forward, a row-parallel module's output gradient in backward) takes a 4-byte amax all-reduce over the
+    #: TP group before its cast (TE current scaling: ``with_amax_reduction`` on that quantizer)
+    sp_amax_reductions: bool = False
 
 
 FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
@@ -185,8 +197,10 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {r.name: r for r in (
     Fp8Recipe("current", FP8_AMAX_BYTES + FP8_CAST_TRANSPOSE_BYTES, (0, 0), True,
               "Megatron-Core fp8_utils.py Float8CurrentScaling (--fp8-recipe tensorwise; Megatron-Bridge fp8_cs): "
               "an amax pass, then cast_transpose; weights cached as 'delayed'; TE gather_along_first_dim "
-              "_all_gather_fp8 for Float8CurrentScalingQuantizer", experts_fp8=True,
-              saves_fp8_inputs=True, shard_cast_bytes=(0, FP8_AMAX_BYTES + FP8_CAST_BYTES)),
+              "_all_gather_fp8 for Float8CurrentScalingQuantizer; TE 3f5b47549 module/linear.py L1637-1661, "
+              "layernorm_linear.py L1749-1779, layernorm_mlp.py L2106-2142 (with_amax_reduction over tp_group under "
+              "SP), csrc/quantizer.cpp L517-524 (allreduce MAX of the amax, waited on)", experts_fp8=True,
+              saves_fp8_inputs=True, shard_cast_bytes=(0, FP8_AMAX_BYTES + FP8_CAST_BYTES), sp_amax_reductions=True),
     Fp8Recipe("blockwise", 2 * 3, (0, 0), False,
               "Megatron-Core fp8_utils.py Float8BlockScaling (--fp8-recipe blockwise): 1x128 / 128x128 blocks, "
               "block amax in the quantize kernel, a second quantize pass for the column-major copy", experts_fp8=True,
@@ -281,9 +295,23 @@ def fp8_amax_reduction_s(recipe: str, linears: int, group_size: int, cluster: Cl
     r = fp8_recipe(recipe)
     if not r.amax_reductions or group_size <= 1 or linears <= 0:
         return 0.0, 0.0
-    fwd = group_collective_s("all_reduce", 4 * FP8_META_FWD * linears, group_size, cluster)
-    bwd = group_collective_s("all_reduce", 4 * FP8_META_BWD * linears, group_size, cluster)
+    fwd = latency_bound_all_reduce_s(4 * FP8_META_FWD * linears, group_size, cluster)
+    bwd = latency_bound_all_reduce_s(4 * FP8_META_BWD * linears, group_size, cluster)
     return fwd * (r.amax_reductions >= 1), bwd * (r.amax_reductions >= 2)
+
+
+def fp8_sp_amax_reduction_s(recipe: str, modules: int, tp: int, cluster: ClusterSpec) -> tuple[float, float]:
+    """(forward, backward) seconds per microbatch of TE current scaling's per-tensor amax all-reduces
+    under sequence parallelism (module docstring, ``Fp8Recipe.sp_amax_reductions``) on a rank whose
+    chunk holds ``modules`` Transformer Engine modules (one per distinct input of its converted
+    linears: a fused QKV, the attention projection, a fused FC1, FC2), over its TP group of ``tp``
+    consecutive ranks: Megatron's layers alternate a column-parallel module (its input reduced in
+    forward) and a row-parallel one (its output gradient reduced in backward), so half of them each
+    way, each one 4-byte ``comm.latency_bound_all_reduce_s``. (0, 0) for the other recipes or tp 1."""
+    if not fp8_recipe(recipe).sp_amax_reductions or tp <= 1 or modules <= 0:
+        return 0.0, 0.0
+    one = latency_bound_all_reduce_s(4, tp, cluster)
+    return modules / 2 * one, modules / 2 * one
 
 
 def fp8_weight_copy_bytes(largest_linear_params: float) -> float:

@@ -597,13 +597,15 @@ class GraphCoster(LayerSaves):
                                    modules=modules, norm_recomputed=norm) * scale / saved_shard(n, sol, self.sp_saves)
                    for n in nodes if n.kind == "moe")  # fmt: skip
 
-    def fp8_linears(self, start: int, end: int) -> int:
-        """Converted fp8 linears among graph nodes ``start``..``end`` (0 unless training in fp8)."""
+    def fp8_linears(self, start: int, end: int, *, by_input: bool = False) -> int:
+        """Converted fp8 linears among graph nodes ``start``..``end`` (0 unless training in fp8);
+        ``by_input``: the distinct inputs they read instead (linears sharing an input, q / k / v or
+        gate / up, are one fused Transformer Engine module)."""
         if self.train_dtype != "fp8":
             return 0
-        nodes = self.g.nodes[start:end]
-        return sum(1 for n in nodes if n.kind == "linear" and fp8_eligible(
-            n.attrs.get("in_features"), n.attrs.get("out_features"), is_head=n.id in self._heads))
+        lin = [n for n in self.g.nodes[start:end] if n.kind == "linear" and fp8_eligible(
+            n.attrs.get("in_features"), n.attrs.get("out_features"), is_head=n.id in self._heads)]
+        return len({n.inputs[:1] for n in lin}) if by_input else len(lin)
 
     def _fp8_saves_input(self, n: GraphNode) -> bool:
         """Whether linear ``n`` keeps its input in fp8 for backward (a TE fp8 recipe, a converted linear)."""

@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Protocol
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_accum import grad_accum_pass_bytes
 from meshplan.cost_models.pipe_p2p import blocking, deepspeed_hop_s
-from meshplan.cost_models.precision import fp8_amax_reduction_s, fp8_recipe, fp8_weight_copy_bytes
+from meshplan.cost_models.precision import (
+    fp8_amax_reduction_s,
+    fp8_recipe,
+    fp8_sp_amax_reduction_s,
+    fp8_weight_copy_bytes,
+)
 from meshplan.partition.schedule import ZERO_BUBBLE, held_states
 from meshplan.planner.memory_floor import rank_pipeline_buffers
 from meshplan.planner.pipeline_time import (
@@ -202,6 +207,8 @@ def kind_free_terms(
     placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
     if ev.dtype == "fp8" and fp8_recipe(ev.coster.profile.fp8_recipe).amax_reductions:
         st_f, st_b = amax_reduced(ev, c, t, runs, placement, st_f, st_b)
+    if ev.dtype == "fp8" and c.tp > 1 and c.sequence_parallel and fp8_recipe(ev.coster.profile.fp8_recipe).sp_amax_reductions:
+        st_f, st_b = sp_amax_reduced(ev, c, t, runs, st_f, st_b)
     # stage i sends to stage i + 1 on the link between their pipeline ranks: NVLink when both
     # sit in one node, else one NIC (comm.p2p_crosses_nodes)
     stride, dpn = c.dp * c.cp * c.tp, ev.cluster.devices_per_node
@@ -411,6 +418,20 @@ def amax_reduced(ev: KindFreeCosts, c: Config, t: CostTable, runs: list[tuple[in
     f2, b2 = list(f), list(b)
     for i, r in enumerate(placement[:len(runs)]):
         af, ab = fp8_amax_reduction_s(ev.coster.profile.fp8_recipe, per_rank[r], group, ev.cluster)
+        f2[i] += af
+        b2[i] += ab
+    return f2, b2
+
+
+def sp_amax_reduced(ev: KindFreeCosts, c: Config, t: CostTable, runs: list[tuple[int, int]],
+                    f: list[float], b: list[float]) -> tuple[list[float], list[float]]:
+    """``f``, ``b`` (per stage, seconds per microbatch) plus TE current scaling's per-tensor amax
+    all-reduces over the TP group under sequence parallelism (``precision.fp8_sp_amax_reduction_s``),
+    one per Transformer Engine module of the stage (a distinct input of its converted linears)."""
+    f2, b2 = list(f), list(b)
+    for i, (a, e) in enumerate(runs):
+        mods = ev.coster.fp8_linears(t.layers[a].node_start, t.layers[e - 1].node_end, by_input=True) if e > a else 0
+        af, ab = fp8_sp_amax_reduction_s(ev.coster.profile.fp8_recipe, mods, c.tp, ev.cluster)
         f2[i] += af
         b2[i] += ab
     return f2, b2
