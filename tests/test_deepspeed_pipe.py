@@ -86,6 +86,6 @@ def test_the_rows_name_the_deepspeed_version_of_their_date() -> None:
     assert all(c["training"]["precision"].startswith("fp16") for c in mtnlg)
     assert rows["bloom-176b-a100-384gpu"]["engine"] == "megatron-deepspeed-2022"
     old, new = profile("megatron-deepspeed-2021"), profile("megatron-deepspeed-2022")
-    assert (old.pp_p2p, old.recompute_scope, old.grad_accum_pass) == ("deepspeed-grad-whole", "modules", "none")
+    assert (old.pp_p2p, old.recompute_scope, old.grad_accum_pass) == ("deepspeed-grad-whole", "modules", "autograd")
     assert (new.pp_p2p, new.recompute_scope, new.grad_accum_pass) == ("deepspeed", "blocks", "bf16-optimizer")
     assert old.ddp_impl == new.ddp_impl == "local"  # ReduceGrads after the flush

@@ -608,7 +608,8 @@ class ConfigEvaluator:
     def _kind_free(self, c: Config, exact: bool, runs: list[tuple[int, int]] | None) -> KindFreeTerms:
         """The part of ``evaluate`` that does not depend on ``c.dp_kind``, memoized (read only)."""
         key = (c.dp, c.tp, c.pp, c.micro_batch, c.num_microbatches, c.schedule, c.virtual_stages, c.recompute,
-               c.sequence_parallel, c.cp, c.ep, exact, tuple(runs) if runs is not None else None)  # all but dp_kind
+               c.sequence_parallel, c.cp, c.ep, exact, tuple(runs) if runs is not None else None,
+               self.states.zero_divs(c)[1] if self.grad_accum_pass == "autograd" else 1)  # dp_kind: its grad sharding
         if self.memo_kind_free and key in self.memos.kind_free:
             return self.memos.kind_free[key]
         out = kind_free_terms(self, c, exact, runs)

@@ -189,9 +189,13 @@ def kind_free_terms(
         frac = [b / (b + w) if b + w > 0 else 1.0 for b, w in zip(st_b, st_w)]
         st_w = [w + x * (1.0 - f) for w, x, f in zip(st_w, comp_b, frac)]
         st_b = [b + cb + x * f for b, cb, x, f in zip(st_b, comm_b, comp_b, frac)]
-    # the engine's own gradient pass after each microbatch's backward (DeepSpeed's BF16_Optimizer:
-    # cost_models.grad_accum), over the stage's parameters on this rank, memory-bound
-    pass_b = grad_accum_pass_bytes(ev.grad_accum_pass, ev.states.precision)
+    # the gradient pass after each microbatch's backward (autograd's own accumulation into .grad, a
+    # main-gradient hook, DeepSpeed's BF16_Optimizer: cost_models.grad_accum), over the stage's
+    # parameters on this rank, memory-bound; autograd's on the rank's shard where the DP kind
+    # reduce-scatters every microbatch (no pipeline: under one, pipelining keeps them unsharded)
+    pass_b = grad_accum_pass_bytes(ev.grad_accum_pass, ev.states.precision, m)
+    if pass_b and ev.grad_accum_pass == "autograd" and c.pp == 1:
+        pass_b /= ev.states.zero_divs(c)[1]
     if pass_b:
         hbm = ev.cluster.mem_bw_bytes_per_s * ev.cluster.mem_efficiency
         if c.pp > 1 and c.schedule in ZERO_BUBBLE:  # it follows the weight gradients

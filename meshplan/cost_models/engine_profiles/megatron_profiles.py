@@ -5,6 +5,12 @@ No torch import."""
 
 from __future__ import annotations
 
+from meshplan.cost_models.engine_profiles.grad_accum_sources import (
+    AUTOGRAD_MEGATRON_2020,
+    AUTOGRAD_MEGATRON_2021,
+    AUTOGRAD_MEGATRON_DEEPSPEED_2021,
+    FUSED_MEGATRON_CORE,
+)
 from meshplan.cost_models.engine_profiles.megatron_sources import (
     DEEPSPEED_PIPE,
     FUSED_QKV_2021,
@@ -23,7 +29,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
         sp_saves="shard", norm_kernel="fused", attention_impl="eager", ddp_impl="local", loss_kernel="fused",
         vocab_parallel_embedding=True, split_rule="even", dp_kinds=("none", "ddp"), fused_projections=True,
         grad_reduce="param",
-        sources=with_sources(MEGATRON_2021,
+        grad_accum_pass="autograd", sources=with_sources(MEGATRON_2021, AUTOGRAD_MEGATRON_2020,
                              ("attention_impl", "megatron/model/transformer.py ParallelSelfAttention: torch.matmul scores, "
                                                 "masked_fill_, torch.nn.Softmax, dropout, torch.matmul (no fused softmax)"),
                              ("fused_projections", "megatron/model/transformer.py ParallelSelfAttention.query_key_value "
@@ -39,7 +45,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", attention_impl="unfused", ddp_impl="local",
         loss_kernel="fused", vocab_parallel_embedding=True, pp_scatter_gather=True, split_rule="even",
         dp_kinds=("none", "ddp"), fused_projections=True, grad_reduce="param",
-        sources=with_sources(MEGATRON_2021, FUSED_QKV_2021,
+        grad_accum_pass="autograd", sources=with_sources(MEGATRON_2021, AUTOGRAD_MEGATRON_2021, FUSED_QKV_2021,
                              ("attention_impl", "megatron/model/transformer.py: baddbmm scores, FusedScaleMaskSoftmax, "
                                                 "dropout, bmm (no flash kernel)"),
                              ("pp_scatter_gather", "megatron/arguments.py: scatter/gather on unless "
@@ -109,7 +115,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
         pp_buffers="megatron", sp_saves="shard", fsdp_units="module", zero3_impl="deepspeed-2021", norm_kernel="fused",
         attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
         split_rule="even", dp_kinds=("none", "ddp", "fsdp"), fused_projections=True,
-        sources=with_sources(MEGATRON_2021, FUSED_QKV_2021,
+        grad_accum_pass="autograd", sources=with_sources(MEGATRON_2021, AUTOGRAD_MEGATRON_2021, FUSED_QKV_2021,
                              ("attention_impl", "megatron/model/transformer.py (2021): baddbmm, FusedScaleMaskSoftmax, bmm"),
                              ("dp_kinds", "Megatron-LM's --DDP-impl (replicated states) or DeepSpeed ZeRO-3 (SC'21 Table 2: "
                                           "the ZeRO-3 rows); no distributed optimizer of its own"),
@@ -137,7 +143,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
         attention_impl="unfused", ddp_impl="local", loss_kernel="fused", vocab_parallel_embedding=True,
         split_rule="even", dp_kinds=("none", "ddp", "zero1"), fused_projections=True, pp_p2p="deepspeed-grad-whole",
         grad_reduce="param", recompute_scope="modules",
-        sources=with_sources(MEGATRON_2021, FUSED_QKV_2021, *DEEPSPEED_PIPE,
+        grad_accum_pass="autograd", sources=with_sources(MEGATRON_2021, AUTOGRAD_MEGATRON_DEEPSPEED_2021, FUSED_QKV_2021, *DEEPSPEED_PIPE,
                              ("attention_impl", "megatron/model/transformer.py: baddbmm, FusedScaleMaskSoftmax, bmm"),
                              ("pp_p2p", "DeepSpeed ddffbae0 (2021-08-30) deepspeed/runtime/pipe/engine.py lines 113-114: "
                                         "is_pipe_partitioned = is_model_parallel, is_grad_partitioned = False (the gradient "
@@ -190,7 +196,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
         vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed", glu_kernel="fused",
         fused_projections=True, shard_over_cp=True, attention_backend="cudnn", dp_kinds=("none", "ddp", "zero1"),
         moe_combine="unpermute",
-        sources=with_sources(MEGATRON_2021,
+        sources=with_sources(MEGATRON_2021, FUSED_MEGATRON_CORE,
                              ("moe_combine", "core_v0.8.0 megatron/core/transformer/moe/moe_utils.py unpermute: probs * permuted_tokens (the experts' output kept for the probabilities' gradient); experts.py TEGroupedMLP bias_swiglu_impl (glu_kernel)"),
                              TE_CUDNN_ATTENTION,
                              ("main_grads", "None, the megatron layout's rule: core_v0.8.0 megatron/training/arguments.py "
@@ -232,7 +238,7 @@ MEGATRON: tuple[EngineProfile, ...] = (
         loss_kernel="fused", vocab_parallel_embedding=True, split_rule="first_last", fp8_recipe="delayed",
         glu_kernel="fused", fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         moe_combine="in_act",
-        sources=with_sources(MEGATRON_2021,
+        sources=with_sources(MEGATRON_2021, FUSED_MEGATRON_CORE,
                              ("moe_combine", "megatron/core/transformer/moe/experts.py TEGroupedMLP.forward bias_act_func: weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs) keeps fc1's output and the probabilities, the experts' output is not kept (2659630, 2025-04-09, 'Memory efficient token permutation', core 0.13 on)"),
                              TE_CUDNN_ATTENTION,
                              ("dp_kinds", "megatron/core/distributed/distributed_data_parallel_config.py: "

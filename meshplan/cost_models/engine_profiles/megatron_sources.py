@@ -8,6 +8,7 @@ Data only; no torch import."""
 
 from __future__ import annotations
 
+from meshplan.cost_models.engine_profiles.grad_accum_sources import FUSED_MEGATRON_2022, FUSED_MEGATRON_CORE
 from meshplan.cost_models.engine_profiles.profile_type import Sources, with_sources
 
 #: Megatron-LM's fused QKV before Megatron-Core (the 2021 code the SC'21 scripts ran, and the
@@ -60,6 +61,7 @@ TE_CUDNN_ATTENTION = (
 #: recompute (run flags: ``expert_config.sequence_parallel`` from --sequence-parallel,
 #: ``training.recompute`` "selective" from --recompute-activations / --recompute-granularity selective)
 MEGATRON_2022: Sources = (
+    FUSED_MEGATRON_2022,
     ("recompute_unit", "megatron/model/transformer.py ParallelTransformer._checkpointed_forward: --recompute-method "
                        "uniform / block, chunks of --recompute-num-layers layers (default 1), within each stage"),
     ("state_layout", "megatron/optimizer/optimizer.py Float16OptimizerWithFloat16Params: 16-bit model parameters, "
@@ -139,6 +141,7 @@ MEGATRON_2023: Sources = with_sources(
 #: (``expert_config.ddp_impl`` "torch"), --use-flash-attn (the "+flash" variant), --tp-comm-overlap
 MEGATRON_CORE_2023_12: Sources = with_sources(
     MEGATRON_2023,
+    FUSED_MEGATRON_CORE,
     ("ddp_impl", "megatron/arguments.py: no --DDP-impl; megatron/training.py get_model wraps megatron/core/"
                  "distributed/distributed_data_parallel.py DDP (contiguous grad buffers); --overlap-grad-reduce "
                  "store_true, default False: the buffers reduced after backward (finish_grad_sync), the distributed "

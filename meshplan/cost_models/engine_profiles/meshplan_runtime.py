@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from meshplan.cost_models.engine_profiles.grad_accum_sources import AUTOGRAD_MESHPLAN, MAIN_GRAD_HOOK_MESHPLAN
 from meshplan.cost_models.engine_profiles.profile_type import EngineProfile, with_sources
 
 MESHPLAN = EngineProfile(
     "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
-    shard_over_cp=True, recompute_unit="block", cp_rotate="ring-dkv", sp_saves="shard",
+    shard_over_cp=True, recompute_unit="block", cp_rotate="ring-dkv", sp_saves="shard", grad_accum_pass="autograd",
     sources=(
+        AUTOGRAD_MESHPLAN,
         ("sp_saves", "runtime/apply/sp_saves.py ShardSaves: under SP the column-parallel linears reading an "
                      "all-gathered sequence shard save the shard (saved_tensors_hooks) and all-gather it again in "
                      "backward, as Megatron's LinearWithGradAccumulationAndAsyncCommunication; under autocast the "
@@ -58,8 +60,9 @@ MESHPLAN = EngineProfile(
 #: ``plan.execution_rules.state_layout_blocker`` lets through; the search proposes no others)
 MESHPLAN_BF16 = dataclasses.replace(
     MESHPLAN, name="meshplan-bf16", state_layout="megatron", main_grads="fp32", dp_kinds=("none", "ddp", "zero1"),
+    grad_accum_pass="main-grad-hook",
     sources=with_sources(
-        MESHPLAN.sources,
+        MESHPLAN.sources, MAIN_GRAD_HOOK_MESHPLAN,
         ("state_layout", "runtime/apply/master_state.py MasterState: the trainable parameters cast to bf16 in place "
                          "(p.data, DTensors by torch.utils.swap_tensors), fp32 master copies of the rank's zero1 "
                          "partition (every parameter at ddp / none) stepped by the run's optimizer, the updated "

@@ -4,6 +4,7 @@ No torch import."""
 
 from __future__ import annotations
 
+from meshplan.cost_models.engine_profiles.grad_accum_sources import FUSED_NEMO
 from meshplan.cost_models.engine_profiles.megatron_sources import (
     MEGATRON_2021,
     TE_CUDNN_ATTENTION,
@@ -18,7 +19,7 @@ NEMO: tuple[EngineProfile, ...] = (
         glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         main_grads="16-bit",
         moe_combine="in_act",
-        sources=with_sources(MEGATRON_2021,
+        sources=with_sources(MEGATRON_2021, FUSED_NEMO,
                              ("moe_combine", "megatron/core/transformer/moe/experts.py TEGroupedMLP.forward bias_act_func: weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs) keeps fc1's output and the probabilities, the experts' output is not kept (2659630, 2025-04-09, 'Memory efficient token permutation', core 0.13 on)"),
                              TE_CUDNN_ATTENTION,
                              ("dp_kinds", "Megatron-Core (the bridge's) megatron/core/distributed/distributed_data_parallel_config.py: "
@@ -73,7 +74,7 @@ NEMO: tuple[EngineProfile, ...] = (
         glu_kernel="fused", tp_comm_overlap=True, fused_projections=True, shard_over_cp=True, attention_backend="cudnn",
         main_grads="16-bit", dp_kinds=("none", "ddp", "zero1", "zero2", "fsdp"),
         moe_combine="unpermute",
-        sources=with_sources(MEGATRON_2021,
+        sources=with_sources(MEGATRON_2021, FUSED_NEMO,
                              ("moe_combine", "core_v0.8.0 megatron/core/transformer/moe/moe_utils.py unpermute: probs * permuted_tokens (the experts' output kept for the probabilities' gradient); experts.py TEGroupedMLP bias_swiglu_impl (glu_kernel)"),
                              TE_CUDNN_ATTENTION,
                              ("main_grads", "recipes' optim.grad_sync_dtype bf16 (dgxc-benchmarking 35a9aec llama3.1/*.yaml, "

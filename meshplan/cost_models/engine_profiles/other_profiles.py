@@ -4,6 +4,11 @@ No torch import."""
 
 from __future__ import annotations
 
+from meshplan.cost_models.engine_profiles.grad_accum_sources import (
+    AUTOGRAD_DEEPSPEED_2026,
+    AUTOGRAD_LLM_FOUNDRY,
+    AUTOGRAD_UNPUBLISHED,
+)
 from meshplan.cost_models.engine_profiles.profile_type import EngineProfile
 
 OTHERS: tuple[EngineProfile, ...] = (
@@ -11,7 +16,8 @@ OTHERS: tuple[EngineProfile, ...] = (
         "llm-foundry-2023", "llm-foundry", "MosaicML llm-foundry (MPT, 2023)", norm_kernel="fused",
         optimizer_impl="fused", loss_kernel="fused", dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
         grad_reduce="param", fused_projections=True, optimizer_sync="async",
-        sources=(
+        grad_accum_pass="autograd", sources=(
+            AUTOGRAD_LLM_FOUNDRY,
             ("optimizer_sync", "Composer GradientClipping (clipping_type 'norm') under FSDP: torch FSDP1 "
                                "FullyShardedDataParallel.clip_grad_norm_ computes the norm and clamps the clip "
                                "coefficient on the device (no host read before the update)"),
@@ -44,7 +50,8 @@ OTHERS: tuple[EngineProfile, ...] = (
     EngineProfile(
         "deepspeed-2026", "deepspeed", "deepspeed 0.19 (installed)", state_layout="zero", fsdp_units="module",
         split_rule="even", pp_buffers="megatron", dp_kinds=("none", "ddp", "zero1", "zero2", "fsdp"),
-        sources=(
+        grad_accum_pass="autograd", sources=(
+            AUTOGRAD_DEEPSPEED_2026,
             ("main_grads", "None, the zero layout's 16-bit gradients: deepspeed/runtime/engine.py get_data_types "
                            "accumulates in the model's dtype under ZeRO; in fp32 for bf16 without ZeRO (BF16_Optimizer) "
                            "or where data_types.grad_accum_dtype says fp32 (engines/deepspeed.py reads both as the run "
@@ -76,7 +83,8 @@ OTHERS: tuple[EngineProfile, ...] = (
     EngineProfile(
         "unpublished", "zero", "an engine whose conventions are not published", state_layout="zero",
         pp_buffers="megatron", sp_saves="shard", norm_kernel="fused", vocab_parallel_embedding=True,
-        sources=(
+        grad_accum_pass="autograd", sources=(
+            AUTOGRAD_UNPUBLISHED,
             ("state_layout", "the ZeRO paper's 2 + 2 + 12 bytes per parameter (Rajbhandari et al. 2020 §3)"),
             ("pp_buffers", "assumed: p2p into the next stage's input, as the Megatron-family engines (no source)"),
             ("sp_saves", "assumed: the sequence shard, as Megatron-LM (no source)"),

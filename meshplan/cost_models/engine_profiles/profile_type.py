@@ -110,9 +110,12 @@ class EngineProfile:
     - ``autocast_cache`` (``AUTOCAST_CACHES``): where a run computes under ``torch.autocast`` on fp32
       parameters, how long autocast's weight cache lives: one forward call ("call": a copy of each
       weight per microbatch in flight) or the whole pipeline step ("step": one copy per stage).
-    - ``grad_accum_pass`` (``grad_accum.GRAD_ACCUM_PASSES``): a gradient pass the engine's own code runs after
-      every microbatch's backward ("bf16-optimizer": DeepSpeed's BF16_Optimizer copies each 16-bit gradient
-      into its fp32 one); "none" where the backward alone writes or accumulates the gradients.
+    - ``grad_accum_pass`` (``grad_accum.GRAD_ACCUM_PASSES``): how the engine accumulates gradients across
+      microbatches beyond what the backward writes: "autograd" (torch's ``.grad += new`` from the second
+      microbatch, on the rank's shard where FSDP reduce-scatters each microbatch), "main-grad-hook" (a hook
+      folds each microbatch's 16-bit gradient into a main gradient), "bf16-optimizer" (DeepSpeed's
+      BF16_Optimizer copies each 16-bit gradient into its fp32 one); "none" where the weight-gradient GEMM
+      accumulates itself (gradient-accumulation fusion). Sources per profile: ``grad_accum_sources``.
     - ``recompute_scope`` (``RECOMPUTE_SCOPES``): under full recompute, which layers are checkpointed: the
       repeated blocks only ("blocks": Megatron-LM, torchtitan, meshplan's runtime) or every layer that
       holds parameters, the embedding and the final norm and output head too ("modules": DeepSpeed's

@@ -4,6 +4,7 @@ No torch import."""
 
 from __future__ import annotations
 
+from meshplan.cost_models.engine_profiles.grad_accum_sources import AUTOGRAD_TORCHTITAN
 from meshplan.cost_models.engine_profiles.profile_type import EngineProfile, with_sources
 
 #: the sources every torchtitan profile shares (each version's own fields replace them)
@@ -41,7 +42,7 @@ TORCHTITAN: tuple[EngineProfile, ...] = (
         optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last",
         optimizer_sync="async",
         dp_kinds=("none", "fsdp"),
-        sources=with_sources(TITAN_2024,
+        grad_accum_pass="autograd", sources=with_sources(TITAN_2024, AUTOGRAD_TORCHTITAN,
                              ("dp_kinds", "parallelisms/parallelize_llama.py: under parallel_dims.dp_enabled fully_shard per "
                                           "block and the root: FSDP2 is its only data parallelism (no DDP, no HSDP)"),
                              ("norm_kernel", "config_manager.py --model.norm_type default 'rmsnorm' (models/norms.py RMSNorm: "
@@ -55,7 +56,7 @@ TORCHTITAN: tuple[EngineProfile, ...] = (
         optimizer_impl="foreach", vocab_parallel_embedding=True, split_rule="fewer_first_last",
         optimizer_sync="async", shard_over_cp=True,
         cp_rotate="allgather", dp_kinds=("none", "ddp", "fsdp", "hsdp"),
-        sources=with_sources(TITAN_2024,
+        grad_accum_pass="autograd", sources=with_sources(TITAN_2024, AUTOGRAD_TORCHTITAN,
                              ("dp_kinds", "parallelisms/parallelize_llama.py: apply_fsdp over ('dp_shard_cp',) (fsdp) or "
                                           "('dp_replicate', 'dp_shard_cp') (hsdp), apply_ddp when dp_replicate alone (ddp); "
                                           "reshard_after_forward only off under pp (no zero2 of its own)"),
@@ -74,7 +75,7 @@ TORCHTITAN: tuple[EngineProfile, ...] = (
         optimizer_impl="fused", vocab_parallel_embedding=True, split_rule="fewer_first_last",
         optimizer_sync="async", shard_over_cp=True,
         dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
-        sources=with_sources(TITAN_2024,
+        grad_accum_pass="autograd", sources=with_sources(TITAN_2024, AUTOGRAD_TORCHTITAN,
                              ("dp_kinds", "models/llama3/infra/parallelize.py: apply_fsdp over dp_shard_cp (fsdp) or "
                                           "(dp_replicate, dp_shard_cp) (hsdp), apply_ddp (ddp); "
                                           "--parallelism.fsdp_reshard_after_forward 'never' keeps the gathered parameters "
@@ -96,7 +97,7 @@ TORCHTITAN: tuple[EngineProfile, ...] = (
         optimizer_sync="async", fp8_recipe="rowwise",
         shard_over_cp=True, cp_rotate="allgather", fsdp_units="block-ends",
         dp_kinds=("none", "ddp", "zero2", "fsdp", "hsdp"),
-        sources=with_sources(TITAN_2024,
+        grad_accum_pass="autograd", sources=with_sources(TITAN_2024, AUTOGRAD_TORCHTITAN,
                              ("dp_kinds", "distributed/fsdp.py apply_fsdp over the 'fsdp' mesh dim (fsdp) or "
                                           "(dp_replicate, dp_shard_cp) (hsdp), distributed/ddp.py (ddp); "
                                           "parallelism fsdp_reshard_after_forward 'never' keeps the gathered parameters "
