@@ -22,7 +22,9 @@ AUTOGRAD_TORCHTITAN = ("grad_accum_pass", "autograd: torchtitan trainer.py (0.3.
                        "sharded gradient (torch _fsdp_collectives.py line 749), replicate / DDP accumulates .grad; "
                        + _ACCUMULATE_GRAD)
 AUTOGRAD_LLM_FOUNDRY = ("grad_accum_pass", "autograd: Composer's microbatch loop calls loss.backward() per "
-                        "microbatch; torch FSDP1 reduce-scatters each and adds into the sharded gradient "
+                        "microbatch under composer/distributed/dist_strategy.py ddp_sync_context, which applies "
+                        "no_sync (DDPSyncStrategy SINGLE_AUTO_SYNC, the default) only to a DistributedDataParallel "
+                        "model; torch FSDP1 reduce-scatters each microbatch and adds into the sharded gradient "
                         "(_runtime_utils._post_backward: _saved_grad_shard += new shard), DDP accumulates .grad under "
                         "no_sync; " + _ACCUMULATE_GRAD)
 AUTOGRAD_MEGATRON_2020 = ("grad_accum_pass", "autograd: 5281919 has no main_grad buffer (megatron/fp16/fp16.py "
