@@ -530,7 +530,11 @@ HOST_H200 = {"host_op_s": 8.124e-6, "host_bwd_op_s": 1.6922e-3 / 111.25,
 # all 102 time-comparable runs it gives a100 0.6755 (52 runs), h100 0.5901 (46), v100 0.7788 (4), so
 # h100 (and h200, which shares its compute) 0.55 -> 0.59 and v100 0.77 -> 0.78; a100 stays 0.68.
 # Against Bekman's GEMM ceiling above, the H100 step now reaches 0.74 of it (A100 0.79).
-_MATMUL_EFF = {"a100-40g": 0.68, "a100-80g": 0.68, "h100": 0.59, "h200": 0.59, "v100": 0.78}
+# Later in stop 9, once autograd's own gradient accumulation across microbatches was priced
+# (cost_models/grad_accum.py, 448aede: memory-bound time the A100 Megatron-LM 2020/2021 and
+# Megatron-DeepSpeed 2021 rows had absorbed), the rule on main 25f5030 gives a100 0.686, h100 0.590,
+# v100 0.779: a100 0.68 -> 0.69 (Bekman's ceiling: 0.80 of it).
+_MATMUL_EFF = {"a100-40g": 0.69, "a100-80g": 0.69, "h100": 0.59, "h200": 0.59, "v100": 0.78}
 
 
 # attention_efficiency: what the flash-attention kernel PyTorch's SDPA runs (FlashAttention-2)
