@@ -264,8 +264,8 @@ class ClusterSpec:
     @property
     def sends_occupy_rank(self) -> bool:
         """Whether a pipeline send holds its sending rank for the transfer time (gloo on a CPU host:
-        ``comm_backend``); the schedule simulator then counts it in the sender's action."""
-        return self.comm_backend == "gloo"
+        ``comm_backend``, ``sends_occupy``); the schedule simulator then counts it in the sender's action."""
+        return sends_occupy(self.comm_backend)
 
     def contended(self, share: float) -> ClusterSpec:
         """This CPU host when each rank's process gets only ``share`` (in (0, 1]) of a core, the rest
@@ -327,7 +327,7 @@ class ClusterSpec:
         peak = d["peak_flops"]
         if not isinstance(peak, dict):
             raise ValueError(f"ClusterSpec.peak_flops: must be an object of dtype -> FLOP/s, got {peak!r}")
-        if "comm_backend" not in d and (d.get("extra") or {}).get("backend") == "gloo":  # profiles before the field
+        if "comm_backend" not in d and record_backend(d) == "gloo":  # profiles before the field
             d = {**d, "comm_backend": "gloo"}
         return cls(**{**d, "peak_flops": dict(peak), "extra": dict(d.get("extra") or {}),
                       "provenance": dict(d.get("provenance") or {})})
@@ -361,6 +361,19 @@ NCCL_BUFFER_BYTES = GiB // 2
 #: memory: Megatron-LM logs max reserved 3-8 % above max allocated; 3 % is taken (with
 #: expandable segments, torchtitan's default, it is lower)
 FRAGMENTATION_FRACTION = 0.03
+
+
+def record_backend(record: dict[str, Any]) -> str:
+    """The collective backend a cluster record names (``ClusterSpec.to_dict``, a plan's ``cluster``):
+    ``comm_backend``, or ``extra["backend"]`` in profiles written before that field, else "nccl" (the
+    field's default; hand-made and partial records)."""
+    return record.get("comm_backend") or (record.get("extra") or {}).get("backend") or "nccl"
+
+
+def sends_occupy(backend: str) -> bool:
+    """Whether a pipeline send holds its sending rank for its transfer under ``backend`` (gloo: the
+    host's cores copy the bytes; NCCL's copy engines do not hold the rank's compute)."""
+    return backend == "gloo"
 
 
 def default_reserved_bytes(mem_bytes: int) -> int:

@@ -279,14 +279,6 @@ class Plan:
     def ep(self) -> int:
         return self.mesh.ep
 
-    @property
-    def sends_occupy_rank(self) -> bool:
-        """Whether the plan's pipeline sends hold the sending rank, as the search scored them
-        (``ClusterSpec.sends_occupy_rank``: gloo on a CPU host), read off the cluster record, which
-        hand-made and older plans may hold only in part (no backend: NCCL's free sends)."""
-        c = self.cluster
-        return (c.get("comm_backend") or (c.get("extra") or {}).get("backend")) == "gloo"
-
     def dp_state_ranks(self) -> int:
         """Ranks a sharding DP kind spreads the model states over: dp, or dp x cp where the runtime
         folds the context-parallel ranks in (``execution_rules.states_over_cp``)."""

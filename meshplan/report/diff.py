@@ -177,6 +177,7 @@ def what_if_pipeline(a: Plan, *, schedule: str | None = None, m: int | None = No
     Returns "pipeline X -> Y ms (change), idle/compute ratio x -> y" (all pipeline ranks' idle time over
     their compute time, SC'21's bubble fraction), or why it cannot be simulated.
     """
+    from meshplan.cost_models.hardware import record_backend, sends_occupy
     from meshplan.partition.schedule import simulate
 
     stages = sorted(a.stages, key=lambda s: s.index)
@@ -187,7 +188,7 @@ def what_if_pipeline(a: Plan, *, schedule: str | None = None, m: int | None = No
     bi = [max(0.0, s.bwd_s - s.bwd_weight_s) for s in stages]
     bw = [s.bwd_weight_s for s in stages]
     c = [s.send_s for s in stages]
-    occupy = a.sends_occupy_rank
+    occupy = sends_occupy(record_backend(a.cluster))  # as the search scored it
     try:
         base = simulate(a.schedule, a.pp, a.num_microbatches, virtual_stages=a.virtual_stages, fwd_s=f,
                         bwd_input_s=bi, bwd_weight_s=bw, p2p_s=c, keep_events=False, sends_occupy=occupy)

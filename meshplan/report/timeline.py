@@ -69,7 +69,9 @@ class TimelineLike(Protocol):
 
 
 def plan_timeline(plan: Plan) -> TimelineLike:
-    """Simulate ``plan``'s schedule with its predicted stage times and send rule (what scored the plan)."""
+    """Simulate ``plan``'s schedule with its predicted stage times and send rule (what scored the plan:
+    ``ClusterSpec.sends_occupy_rank`` of its cluster record, which hand-made and older plans hold in part)."""
+    from meshplan.cost_models.hardware import record_backend, sends_occupy
     from meshplan.partition.schedule import simulate
 
     stages = sorted(plan.stages, key=lambda s: s.index)
@@ -88,7 +90,7 @@ def plan_timeline(plan: Plan) -> TimelineLike:
         bwd_input_s=[max(0.0, s.bwd_s - s.bwd_weight_s) for s in stages],
         bwd_weight_s=[s.bwd_weight_s for s in stages],
         p2p_s=[s.send_s for s in stages],
-        sends_occupy=plan.sends_occupy_rank,
+        sends_occupy=sends_occupy(record_backend(plan.cluster)),
     )
 
 
