@@ -36,8 +36,8 @@
 # Then benchmarks/gpu_check_report.py prints (and writes DIR/summary.md) predicted vs measured step
 # time and peak memory per run, launch-to-first-step seconds, and the calibrated re-plan.
 #
-# The GPU machine has no package index (shared/PLATFORM.md "The GPU machine": torch 2.11, no pulp or
-# highspy). --download-wheels DIR fetches cp312 manylinux wheels of both beforehand; --wheels DIR
+# The GPU machine has no package index (shared/PLATFORM.md "The GPU machine": torch 2.11, no pulp,
+# highspy or torchao). --download-wheels DIR fetches cp312 manylinux wheels of the three beforehand; --wheels DIR
 # installs them there with --no-index into DIR/site (nothing outside DIR is touched).
 # --cpu runs the same steps with tiny models on the CPU (gloo), to check the script itself; --quick
 # shortens the GPU runs. Typical wall time on one GPU: about 6-8 minutes with --quick (see
@@ -63,7 +63,7 @@ while [ $# -gt 0 ]; do
     --download-wheels)
       mkdir -p "$2"
       exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$2" pulp==3.3.2 highspy==1.16.0 ;;
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$2" pulp==3.3.2 highspy==1.16.0 torchao==0.18.0 ;;
     -h|--help) sed -n '2,/^set -u/{/^set -u/!p}' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -117,12 +117,12 @@ MP=("$PY" -m meshplan.cli)  # `timeout` runs programs, not shell functions
   git -C "$REPO" rev-parse --short HEAD 2>/dev/null
 } > "$OUT/environment.txt" 2>&1
 cat "$OUT/environment.txt"
-if ! "$PY" -c 'import pulp, highspy' 2>/dev/null; then
+if ! "$PY" -c 'import pulp, highspy, torchao' 2>/dev/null; then
   if [ -n "$WHEELS" ]; then
     "$PY" -m pip install --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl > "$OUT/00-wheels.log" 2>&1 \
       || { echo "installing the wheels of $WHEELS failed: $OUT/00-wheels.log" >&2; exit 2; }
   else
-    echo "pulp/highspy missing: bring wheels (gpu_check.sh --download-wheels DIR elsewhere, then --wheels DIR)" >&2
+    echo "pulp/highspy/torchao missing: bring wheels (gpu_check.sh --download-wheels DIR elsewhere, then --wheels DIR)" >&2
     exit 2
   fi
 fi
