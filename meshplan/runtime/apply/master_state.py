@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from meshplan.runtime.apply.zero1 import wrap_like
+from meshplan.runtime.apply.zero1 import view_over, wrap_like
 from meshplan.runtime.launch import collectives
 
 
@@ -210,26 +210,16 @@ class MasterState:
 
     def optimizer_view(self) -> torch.optim.Optimizer:
         """An optimizer of the run's class over the *model's* parameters whose masters this rank owns, its
-        state the masters' own tensors (DTensor-wrapped for DTensor parameters; ``runtime.apply.zero1.state_view``
-        is its torch-layout twin): DCP's state-dict helpers key it by FQN as an unsharded optimizer, and a load
-        writes into the fp32 state in place. The masters' state is created first (``_init_state``) so there is
-        fp32 state to load into; the view itself never steps."""
+        state the masters' own tensors (``zero1.view_over``, shared with ZeRO-1's ``state_view``): DCP's
+        state-dict helpers key it by FQN as an unsharded optimizer, and a load writes into the fp32 state in
+        place. The masters' state is created first (``_init_state``) so there is fp32 state to load into;
+        the view itself never steps."""
         assert self.optim is not None, "MasterState.attach was not called"
         self._init_state()
-        param_of = {id(self.masters[id(p)]): p for p in self.params if id(p) in self.masters}
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [param_of[id(m)] for m in g["params"]]}
-                  for g in self.optim.param_groups]
-        # the base Optimizer's constructor only: the subclass's would validate its options (fused=True: CUDA
-        # parameters of a floating dtype) against the model's parameters, which the view never steps
-        view = type(self.optim).__new__(type(self.optim))
-        torch.optim.Optimizer.__init__(view, [g for g in groups if g["params"]] or [{"params": []}],
-                                       dict(self.optim.defaults))
+        view = view_over(self.optim, {id(self.masters[id(p)]): p for p in self.params if id(p) in self.masters})
         for g in view.param_groups:  # no step runs on the view: mark stateless parameters (plain SGD) as initialized
             for q in g["params"]:
-                view.state[q] = {}
-        for m, st in self.optim.state.items():
-            q = param_of[id(m)]
-            view.state[q] = {k: wrap_like(v, q) for k, v in st.items()}
+                view.state.setdefault(q, {})
         return view
 
     @torch.no_grad()

@@ -82,23 +82,35 @@ def wrap_like(v: Any, p: torch.Tensor) -> Any:
     return v
 
 
+def view_over(opt: torch.optim.Optimizer, param_of: dict[int, torch.Tensor]) -> torch.optim.Optimizer:
+    """An optimizer of ``opt``'s class and settings over other parameters (``param_of``: id of one of
+    ``opt``'s parameters -> the view's parameter; the others are left out), its state ``opt``'s own tensors
+    wrapped like the view's parameters (``wrap_like``: the same storage). A checkpoint saves and loads the view
+    (this module's ``state_view``, ``MasterState.optimizer_view``). Built with the base ``Optimizer``
+    constructor: the subclass's would validate its options (fused=True: CUDA parameters of a floating dtype)
+    against parameters the view holds for keys only. Multi-tensor kernels are off in its groups (foreach and
+    fused: a group may mix DTensor and plain parameters, which they refuse) since DCP may run one zero-gradient
+    step on the view to create missing state."""
+    off = {k: False for k in ("foreach", "fused") if k in opt.defaults}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, **off,
+               "params": [param_of[id(p)] for p in g["params"] if id(p) in param_of]} for g in opt.param_groups]
+    view = type(opt).__new__(type(opt))
+    torch.optim.Optimizer.__init__(view, [g for g in groups if g["params"]] or [{"params": []}],
+                                   {**opt.defaults, **off})
+    for src, st in opt.state.items():
+        p = param_of.get(id(src))
+        if p is not None:
+            view.state[p] = {k: wrap_like(v, p) for k, v in st.items()}
+    return view
+
+
 def state_view(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer whose state a checkpoint saves for ``opt`` (module docstring)."""
     if not isinstance(opt, ZeroRedundancyOptimizer):
         return opt
-    inner = opt.optim
     if not isinstance(opt, TPZero):
-        return inner
-    to_model = opt.model_param_of()
-    # foreach off: a group here mixes DTensor and plain parameters, which the multi-tensor kernels
-    # refuse (DCP may run one zero-gradient step on the view to create missing state)
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "foreach": False,
-               "params": [to_model[id(p)] for p in g["params"]]} for g in inner.param_groups]
-    view = type(inner)([g for g in groups if g["params"]] or [{"params": []}])
-    for loc, st in inner.state.items():
-        p = to_model[id(loc)]
-        view.state[p] = {k: wrap_like(v, p) for k, v in st.items()}
-    return view
+        return opt.optim
+    return view_over(opt.optim, opt.model_param_of())
 
 
 def load_view(opt: torch.optim.Optimizer, view: torch.optim.Optimizer) -> None:
