@@ -51,7 +51,8 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
     }),
     "calibrate": ("calibrate", {
         "records": "records", "cluster": "cluster", "name": "name", "use_phases": "use_phases",
-        "core_share": "core_share", "quiet": "progress", "output": "call:meshplan.cost_models.hardware:ClusterSpec.save",
+        "core_share": "core_share", "cluster_host": "host", "quiet": "progress",
+        "output": "call:meshplan.cost_models.hardware:ClusterSpec.save",
     }),
     "prepare-data": ("prepare_data", {
         "inputs": "inputs", "output": "output", "tokenizer": "tokenizer", "val_fraction": "val_fraction",

@@ -36,6 +36,15 @@ seconds against wall seconds in its forward and backward, else every rank's CPU 
 against the step), an input of the prediction, never a fitted term: with it the fit finds the
 machine's full-core terms, and a prediction for another run is judged on the share that run got.
 
+**The run's own host** (``recorded_host``, #33 item 6). On a GPU a small microbatch or recompute
+makes the step host-bound (``cost_models.host``: max(device time, dispatched ops x ``host_op_s``)), and
+the host's per-op time differs from machine to machine of one GPU kind (gpt2-xl mb2x4 recompute=full:
+742 ms and 1173 ms on two H100 hosts). A GPU-bound run's step time and CPU seconds cannot show it (its
+CUDA synchronizations spin: CPU seconds = wall seconds), so ``meshplan run`` measures its host after its
+steps (RunRecord ``host``, ``runtime.record.host_probe``) and ``calibrate`` starts the fit from the
+cluster with those figures (median over the records), which the calibrated cluster keeps: a fit on a
+GPU-bound run then prices a host-bound configuration on the host that ran.
+
 Terms and what each scales in the ClusterSpec (``apply_terms``):
 
 - ``gemm``: GEMM efficiency (``matmul_efficiency`` and every row of ``matmul_efficiency_by_flops``,
@@ -455,6 +464,29 @@ def measured_core_share(d: dict[str, Any]) -> float | None:
     return min(1.0, statistics.median(shares)) if shares else None
 
 
+#: the host figures a RunRecord's ``host`` carries (``runtime.record.host_probe.HOST_FIELDS``)
+HOST_FIELDS = ("host_op_s", "host_bwd_op_s", "host_checkpoint_fwd_s", "host_checkpoint_bwd_s", "host_optimizer_tensor_s")
+
+
+def recorded_host(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The host figures the runs measured on their own GPU host (RunRecord ``host``, written by
+    ``meshplan run``'s host probe, ``runtime.record.host_probe``): per field the median over the
+    records that carry it, {} when none does. A probe on a CPU (``device`` "cpu: ...") or one that
+    failed (``error``) is left out: the CPU has no host floor to set."""
+    import statistics
+
+    found: dict[str, list[float]] = {}
+    for d in records:
+        h = d.get("host")
+        if not isinstance(h, dict) or h.get("error") or str(h.get("device", "")).startswith("cpu"):
+            continue
+        for k in HOST_FIELDS:
+            v = h.get(k)
+            if isinstance(v, (int, float)) and v > 0:
+                found.setdefault(k, []).append(float(v))
+    return {k: float(statistics.median(v)) for k, v in found.items() if "host_op_s" in found}
+
+
 @dataclass(frozen=True)
 class Calibration:
     """What ``calibrate`` returns: the calibrated ``spec`` (named, with its provenance and the
@@ -473,6 +505,7 @@ def calibrate(
     name: str | None = None,
     use_phases: bool = False,
     core_share: bool = False,
+    host: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> Calibration:
     """Fit ``cluster``'s efficiency terms to measured runs (``meshplan calibrate``): each record (a
@@ -483,8 +516,12 @@ def calibrate(
     step time. ``use_phases`` also fits pipeline runs' bubble (off by default: a pipeline's waits
     beyond its simulated schedule would go into the p2p latency). ``core_share``: predict each run on
     the share of a core its ranks measured (``measured_core_share``; a gloo cluster only), so the
-    calibrated spec is the host's full-core speed. ``name``: the calibrated cluster's (default
-    NAME-calibrated)."""
+    calibrated spec is the host's full-core speed. ``host`` (default on): on a cluster with a
+    host-dispatch floor (a GPU's, ``host_op_s`` > 0), the host figures the runs measured on their own
+    host (``recorded_host``) replace the cluster's before the fit and stay in the calibrated cluster
+    (measured, not fitted: a GPU-bound run's step says nothing about its host, a host-bound run of
+    another configuration on the same host is priced with them); ``before`` stays the cluster as
+    given. ``name``: the calibrated cluster's (default NAME-calibrated)."""
     from dataclasses import replace
 
     from meshplan.loading import load_graph
@@ -492,9 +529,10 @@ def calibrate(
 
     say = progress or (lambda _m: None)
     paths = [records] if isinstance(records, str | Path) else list(records)
-    cases = []
+    cases, dicts = [], []
     for path in paths:
         d = read_record(str(path))
+        dicts.append(d)
         plan = Plan.from_dict(d["plan"])
         say(f"{path}: {plan.summary()} on {d['model']}")
         graph = load_graph(d["model"], seq=plan.seq_len, progress=progress)
@@ -511,12 +549,26 @@ def calibrate(
         raise ValueError("calibration needs at least one run record")
     world = max(c.plan.world_size for c in cases)
     spec = resolve(cluster, world, say=say, log=say)
-    result = fit(cases, spec, progress=progress, bubble=use_phases)
-    out = result.spec
     names = ", ".join(c.name for c in cases)
+    measured = recorded_host(dicts) if host else {}
+    start = spec
+    if measured and spec.host_op_s > 0:
+        start = replace(spec, **measured)
+        carried = sum(1 for d in dicts if isinstance(d.get("host"), dict) and d["host"].get("host_op_s"))
+        say("host figures measured by the runs (RunRecord host, median of " + f"{carried} record(s)): "
+            + ", ".join(f"{k} {getattr(spec, k) * 1e6:.3g} -> {v * 1e6:.3g} us" for k, v in measured.items()))
+    elif measured:
+        say(f"the records' host figures are not used: cluster {spec.name} has no host-dispatch floor (host_op_s 0)")
+        measured = {}
+    result = fit(cases, start, progress=progress, bubble=use_phases)
+    out = result.spec
     fitted = {f: f"derived: fitted by meshplan calibrate to {names}" for f in ClusterSpec.__dataclass_fields__
               if f not in ("name", "source", "extra", "provenance") and getattr(out, f) != getattr(spec, f)}
+    for k in measured:  # kept as measured unless a host-bound run moved host_op_s (the op_overhead term)
+        if getattr(out, k) == measured[k]:
+            fitted[k] = f"measured: meshplan run's host probe (RunRecord host) in {names}"
     out = replace(out, name=name or f"{spec.name}-calibrated", provenance={**out.provenance, **fitted},
                   source=f"{spec.name} calibrated by meshplan calibrate on {len(cases)} run(s): {names}",
-                  extra={**out.extra, "calibration": {"factors": result.factors, "records": names}})  # fmt: skip
+                  extra={**out.extra, "calibration": {"factors": result.factors, "records": names,
+                                                      **({"recorded_host": measured} if measured else {})}})  # fmt: skip
     return Calibration(out, spec, result)

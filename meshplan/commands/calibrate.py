@@ -9,7 +9,10 @@ terms, so a term those phases do not depend on keeps its starting value (a pipel
 not set the collective latency); a run without phases on its step time. ``--use-phases`` also fits
 pipeline runs' bubble. ``--core-share`` predicts each run on the share of a core its ranks
 measured (a shared CPU host, gloo clusters: ``ClusterSpec.contended``; the share is measured, not
-fitted), so the calibrated cluster is the host's full-core speed. Writes the calibrated cluster JSON, usable
+fitted), so the calibrated cluster is the host's full-core speed. On a GPU cluster (one with a
+host-dispatch floor) the host figures the runs measured on their own host (RunRecord ``host``, ``meshplan
+run --host-probe``) replace the cluster's and stay in the calibrated one (``--cluster-host`` keeps the
+cluster's): a GPU-bound run's step time says nothing about its host. Writes the calibrated cluster JSON, usable
 wherever a preset name goes (``meshplan plan --cluster calibrated.json``). Prints the fitted
 multipliers and values, and every run's predicted step time before and after beside the measured
 one (stdout); progress on stderr unless ``-q``.
@@ -34,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also fit pipeline runs' measured bubble (forward, backward and update are always fitted when recorded)")
     parser.add_argument("--core-share", action="store_true",
                         help="predict each run on the share of a core its ranks measured (RunRecord CPU seconds; gloo clusters)")
+    parser.add_argument("--cluster-host", action="store_true",
+                        help="keep the cluster's host figures (default: a GPU cluster takes the host figures the runs "
+                             "measured on their own host, RunRecord 'host', meshplan run --host-probe)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -45,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             print(msg, file=sys.stderr, flush=True)
 
     result = calibrate(args.records, args.cluster, name=args.name, use_phases=args.use_phases,
-                       core_share=args.core_share, progress=progress)
+                       core_share=args.core_share, host=not args.cluster_host, progress=progress)
     result.spec.save(args.output)
     print(format_fit(result.fit, result.before, result.spec))
     print(f"wrote {args.output} (use it as --cluster {args.output})")
@@ -60,7 +66,8 @@ def format_fit(result: Any, before: Any, after: Any) -> str:
     for k, f in result.factors.items():
         lines.append(f"  {k:<14} x{f:.3g}" + ("  (kept: no fitted phase of these runs depends on it)" if k in kept else ""))
     lines.append("cluster values (before -> after):")
-    for fld in ("matmul_efficiency", "mem_efficiency", "op_overhead_s", "bwd_op_overhead_s", "host_op_s", "kernel_floor_s",
+    for fld in ("matmul_efficiency", "mem_efficiency", "op_overhead_s", "bwd_op_overhead_s", "host_op_s", "host_bwd_op_s",
+                "host_checkpoint_fwd_s", "host_checkpoint_bwd_s", "host_optimizer_tensor_s", "kernel_floor_s",
                 "host_tp_linear_fwd_s", "host_tp_linear_bwd_s", "host_dtensor_param_s",
                 "intra_bw_bytes_per_s", "intra_latency_s", "inter_bw_bytes_per_s", "inter_latency_s",
                 "comm_overlap", "backward_speed"):  # fmt: skip

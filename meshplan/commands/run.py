@@ -100,6 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-steps", type=nonneg_int, default=1, metavar="K",
                    help="after the timed steps, K extra steps under torch's profiler for the RunRecord's "
                         "per-phase times (0: none; default 1)")
+    p.add_argument("--host-probe", choices=("auto", "on", "off"), default="auto",
+                   help="after the steps, measure this host's dispatch figures (a few seconds) for the RunRecord's "
+                        "'host', which meshplan calibrate puts in the calibrated cluster (auto, the default: on CUDA)")
     p.add_argument("--skip-nonfinite", type=nonneg_int, default=0, metavar="K",
                    help="skip up to K steps whose loss is NaN/inf (no update applied) instead of stopping at the first")
     p.add_argument("--check-grads", action="store_true", help="also count a NaN/inf gradient as a non-finite step")
@@ -226,6 +229,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
     if args.data:
         train += ["--data", args.data]
     train += ["--log-every", str(args.log_every), "--profile-steps", str(args.profile_steps)]
+    if getattr(args, "host_probe", "auto") != "auto":
+        train += ["--host-probe", args.host_probe]
     if args.eval_every:
         train += ["--eval-every", str(args.eval_every), "--eval-batches", str(args.eval_batches)]
     if args.record:

@@ -233,10 +233,14 @@ def host_figures(res: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def measure_host_figures(dev: torch.device, blocks: int = 4, reps: int = 5) -> dict[str, float]:
-    """``host_figures`` measured on ``dev`` now: 2000-op loops, ``blocks`` gpt2-xl-width blocks at
-    1 x 16 tokens, plain and checkpointed, and the optimizer step and clipping over gpt2-xl's 772
-    tensors (``meshplan profile`` on a GPU; a few seconds)."""
-    res = {"per_op": per_op(dev, 2000, reps), "block": block_host(dev, blocks, 16, reps, False),
-           "block_checkpoint": block_host(dev, blocks, 16, reps, True), "optimizer": optimizer_host(dev, 772, reps)}
+def measure_host_figures(dev: torch.device, blocks: int = 4, reps: int = 5, *, n_ops: int = 2000,
+                         hidden: int = 1600, heads: int = 25, n_params: int = 772) -> dict[str, float]:
+    """``host_figures`` measured on ``dev`` now: ``n_ops``-op loops, ``blocks`` gpt2-xl-width blocks
+    (``hidden``, ``heads``) at 1 x 16 tokens, plain and checkpointed, and the optimizer step and
+    clipping over gpt2-xl's 772 tensors (``n_params``) (``meshplan profile`` on a GPU, ``meshplan
+    run``'s host probe, ``runtime.record.host_probe``; a few seconds)."""
+    res = {"per_op": per_op(dev, n_ops, reps),
+           "block": block_host(dev, blocks, 16, reps, False, hidden=hidden, heads=heads),
+           "block_checkpoint": block_host(dev, blocks, 16, reps, True, hidden=hidden, heads=heads),
+           "optimizer": optimizer_host(dev, n_params, reps)}
     return host_figures(res)

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU")
     p.add_argument("--profile-steps", type=int, default=1,
                    help="extra steps after the timed ones, under torch's profiler: RunRecord 'phases' (0: none)")
+    p.add_argument("--host-probe", choices=("auto", "on", "off"), default="auto",
+                   help="measure this host's dispatch figures after the steps for the RunRecord's 'host' (auto: on CUDA)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="process-group timeout, seconds (at least --hang-timeout + 60 while the watchdog is on)")
     p.add_argument("--hang-timeout", type=float, default=None,
@@ -303,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile_steps > 0 and ran:  # after the timed steps and the last checkpoint: off the step times
         wd.at("profile")
         rec.phases = _profile_phases(pm, stream, args.profile_steps)
+    if ran:
+        wd.at("host probe")
+        rec.host = _probe_host(args.host_probe, pm)
     wd.at("finished")
     if pm.scaler is not None:
         rec.notes.append(scaler_note(pm))
@@ -384,6 +389,21 @@ def scaler_note(pm: Any) -> str:
     return (f"fp16 loss scale {pm.loss_scale():g} at the end; the scaler skipped the update of "
             + (f"{len(skipped)} step{'s' * (len(skipped) != 1)} ({', '.join(map(str, skipped[:8]))}"
                + (", ..." if len(skipped) > 8 else "") + ") with inf/NaN gradients" if skipped else "no step"))
+
+
+def _probe_host(mode: str, pm: Any) -> dict[str, Any]:
+    """This rank's host figures (``runtime.record.host_probe``) when ``--host-probe`` asks for them, else {}."""
+    from meshplan.runtime.record.host_probe import probe_host, wants_probe
+
+    dev = pm.env.device
+    if not wants_probe(mode, dev.type):
+        return {}
+    try:
+        return probe_host(dev)
+    except Exception as e:  # noqa: BLE001 - a side measurement (e.g. out of memory beside a full model): the run stands
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
 def _profile_phases(pm: Any, stream: Any, k: int) -> dict[str, Any]:

@@ -93,6 +93,10 @@ class RunRecord:
     # rank 0's start-up, seconds per phase from the worker's start to the end of step 1 (import, meta
     # build, plan checks, process group, materialize, wrapping, first step; ``record.startup``); {} in older records
     startup_s: dict[str, float] = field(default_factory=dict)
+    # rank 0's host figures measured by the run after its steps (``record.host_probe``: the ClusterSpec
+    # host_* fields in seconds, with device, seconds, how); {} when not probed (a CPU run by default,
+    # --host-probe off, older records). ``meshplan calibrate`` puts them in the calibrated cluster
+    host: dict[str, Any] = field(default_factory=dict)
     init: str = ""  # how a meta-built model got its values: host-exact | device ("" on a host build / older records)
 
     def add_eval(self, step: int, loss: float) -> None:
