@@ -7,8 +7,9 @@ prints Markdown: each step's exit code and seconds; per ``meshplan run`` the pla
 time (median after the first step, ``RunRecord.measured_step_s``) beside the plan's predicted one,
 the measured peak memory (``torch.cuda.max_memory_allocated`` on CUDA, peak RSS on CPU: the
 RunRecord's ``memory_kind``) beside the predicted peak, and seconds from launch to the first step's
-line; the re-plan on the calibrated cluster; bench_gpu.py's table; whether the planner's
-Llama-3-8B plan fit. Missing files are reported as missing, never filled in.
+line; each run's own host figures (RunRecord ``host``: ``meshplan run --host-probe``, what ``meshplan
+calibrate`` puts in the calibrated cluster); the re-plan on the calibrated cluster; bench_gpu.py's table;
+whether the planner's Llama-3-8B plan fit. Missing files are reported as missing, never filled in.
 """
 
 from __future__ import annotations
@@ -131,6 +132,27 @@ def transfer_rows(out: Path) -> list[str]:
             f"({_pct(m, a.predicted.step_s)}), {c.predicted.step_s * 1e3:.1f} ms calibrated ({_pct(m, c.predicted.step_s)})"]
 
 
+def host_rows(out: Path) -> list[str]:
+    """Per run with a RunRecord ``host`` (the run's own probe after its steps), its host figures in µs."""
+    from meshplan.runtime.record.run_record import RunRecord
+
+    rows = []
+    for step, rec_name, _ in RUNS:
+        rec_path = out / rec_name
+        host = RunRecord.load(rec_path).host if rec_path.is_file() else {}
+        if host.get("error"):
+            rows.append(f"| {step} | probe failed: {host['error']} ||||||")
+        elif host:
+            us = [f"{host.get(k, 0.0) * 1e6:.1f}" for k in ("host_op_s", "host_bwd_op_s", "host_checkpoint_fwd_s",
+                                                            "host_checkpoint_bwd_s", "host_optimizer_tensor_s")]
+            rows.append(f"| {step} | {' | '.join(us)} | {host.get('seconds', 0.0):.1f} |")
+    if not rows:
+        return []
+    return ["Host figures each run measured after its steps (`meshplan run --host-probe`; µs, least of the reps):", "",
+            "| run | per op | per backward op | checkpoint fwd per block | checkpoint bwd per block | optimizer per tensor "
+            "| probe s |", "|---|---|---|---|---|---|---|", *rows, ""]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__)
@@ -144,7 +166,7 @@ def main(argv: list[str]) -> int:
     lines += [f"| {k} | {rc}{' (timed out)' if rc == '124' else ''} | {s} |" for k, (rc, s) in _status(out).items()]
     lines += ["", "Runs (`meshplan run`; measured as the RunRecord says, predicted from the plan):", ""]
     lines += run_rows(out)
-    lines += ["", *calibrated_rows(out), *transfer_rows(out), ""]
+    lines += ["", *host_rows(out), *calibrated_rows(out), *transfer_rows(out), ""]
     bench = out / "12-bench-gpu.log"
     if bench.is_file():
         table = [ln.partition(" ")[2] for ln in bench.read_text(errors="replace").splitlines()]
