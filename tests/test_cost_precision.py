@@ -9,7 +9,8 @@ import pytest
 from planner_fixtures import gpt_graph, linear_node
 
 from meshplan.api.plan import choose_dtype, dtype_candidates
-from meshplan.cost_models.compute import node_time, roofline_time_s
+from meshplan.cost_models.compute import gemm_time_s, node_time, roofline_time_s
+from meshplan.cost_models.efficiency import FP8_TILE_K, fp8_k_factor
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.moe_kernels import moe_kernels
 from meshplan.cost_models.precision import (
@@ -49,11 +50,14 @@ def test_fp8_linear_runs_at_the_fp8_peak_plus_its_casts() -> None:
     n = linear_node(8192, 4096, 4096)
     t8, t16 = node_time(n, FLAT, dtype="fp8"), node_time(n, FLAT, dtype="bf16")
     moved = 8192 * 4096 * (1 + 2) + 4096 * 4096 * 1  # the GEMM reads fp8 input and weight copies, writes bf16
+    moved_w = 8192 * 4096 * (1 + 1) + 4096 * 4096 * 2  # dW = Xᵀ·dY: two fp8 operands, a bf16 weight gradient
     bw = FLAT.mem_bw_bytes_per_s * FLAT.mem_efficiency
     cf, cb, cw = (b / bw for b in fp8_cast_bytes(8192, 4096, 4096))
-    gemm = roofline_time_s(n.fwd_flops, moved, FLAT, dtype="fp8")
+    me = FLAT.matmul_efficiency
+    gemm = roofline_time_s(n.fwd_flops, moved, FLAT, dtype="fp8", efficiency=me * 4096 / (4096 + FP8_TILE_K))
+    gemm_w = roofline_time_s(n.fwd_flops, moved_w, FLAT, dtype="fp8", efficiency=me * 8192 / (8192 + FP8_TILE_K))
     assert t8.fwd_s == pytest.approx(gemm + cf)
-    assert t8.bwd_input_s == pytest.approx(gemm + cb) and t8.bwd_weight_s == pytest.approx(gemm + cw)
+    assert t8.bwd_input_s == pytest.approx(gemm + cb) and t8.bwd_weight_s == pytest.approx(gemm_w + cw)
     assert 1.3 < t16.total_s / t8.total_s < 1.77  # the fp8 GEMM ceiling (1.77x bf16), minus the casts
     # a memory-bound GEMM (few output features): its fp8 operands are read at 1 B/element
     thin = linear_node(65536, 4096, 64)
@@ -68,6 +72,33 @@ def test_fp8_linear_runs_at_the_fp8_peak_plus_its_casts() -> None:
     assert node_time(n, FLAT, dtype="fp8", is_head=True) == t16
     norm = dataclasses.replace(n, kind="norm", target="LayerNorm", param_numel=0, param_bytes=0, attrs={})
     assert node_time(norm, FLAT, dtype="fp8") == node_time(norm, FLAT, dtype="bf16")
+
+
+def test_fp8_gemm_speedup_by_shape() -> None:
+    """The mechanisms the H100 measurement showed (BENCHMARKS.md "Wave 3 stop 10: fp8 GEMMs"): a
+    short-K fp8 GEMM keeps less of fp8's gain (one 128-deep fp8 k-step per output tile), and a
+    memory-bound one moves half the operand bytes but the same 16-bit output bytes."""
+    ratio = H100.gemm_peak("fp8") / H100.gemm_peak("bf16")
+
+    def speedup(m: int, n: int, k: int) -> float:
+        return gemm_time_s(m, n, k, H100, "bf16") / gemm_time_s(m, n, k, H100, "fp8")
+
+    assert fp8_k_factor(512) == pytest.approx(0.8) and fp8_k_factor(98304) > 0.998
+    short, long_ = speedup(98304, 4096, 512), speedup(98304, 512, 4096)  # Llama 3.1 8B tp8: wo fwd, wq fwd
+    assert short == pytest.approx(ratio * 0.8, rel=1e-6) and short < 1.45 < long_ < ratio  # measured 1.41 / 1.73
+    # memory bound (N = 128: Llama 3.1 8B's wk at tp 8): fp8 reads X at 1 B, so ~2x (measured 1.89 / 2.03) ...
+    assert 1.9 < speedup(98304, 128, 4096) < 2.0 and 1.9 < speedup(4096, 128, 98304) <= 2.0
+    # ... but its input gradient (K = 128) writes a bf16 dX the size of X either way (measured 0.98)
+    assert 0.95 < speedup(98304, 4096, 128) < 1.05
+    # the same three through a linear node: each GEMM its own bytes and K
+    wk = linear_node(98304, 4096, 128)
+    t8, t16 = node_time(wk, H100, dtype="fp8"), node_time(wk, H100, dtype="bf16")
+    bw = H100.mem_bw_bytes_per_s * H100.mem_efficiency
+    cf, cb, cw = (b / bw for b in fp8_cast_bytes(98304, 128, 4096))
+    assert t8.fwd_s - cf == pytest.approx(gemm_time_s(98304, 128, 4096, H100, "fp8"), rel=1e-3)
+    assert t8.bwd_input_s - cb == pytest.approx(gemm_time_s(98304, 4096, 128, H100, "fp8"), rel=1e-3)
+    assert t8.bwd_weight_s - cw == pytest.approx(gemm_time_s(4096, 128, 98304, H100, "fp8"), rel=1e-3)
+    assert t16.bwd_input_s / (t8.bwd_input_s - cb) < 1.05 < 1.9 < t16.fwd_s / (t8.fwd_s - cf)
 
 
 def test_fp8_recipes_cast_what_their_engine_casts() -> None:
@@ -151,10 +182,13 @@ def test_te_recipes_run_moe_experts_in_fp8_with_their_casts() -> None:
     assert fp8_moe_cast_bytes(tokens * k, act, "tensorwise") == (0.0, 0.0)
     bw = FLAT.mem_bw_bytes_per_s * FLAT.mem_efficiency
     # the MoE layer's kernels (cost_models.moe_kernels): the expert GEMMs at the fp8 peak, the
-    # permute / activation / unpermute passes in bf16, plus the casts
-    fwd = sum(roofline_time_s(x.flops, x.bytes, FLAT, dtype="fp8" if x.groups else "bf16",
-                              kind="moe" if x.groups else "elementwise")
-              for x in moe_kernels(moe.attrs, tokens) if x.phase == "fwd")  # fmt: skip
+    # permute / activation / unpermute passes in bf16, plus the casts; each fp8 GEMM at its K's share
+    fp8_gemm = [x.groups and not x.name.startswith("router") for x in moe_kernels(moe.attrs, tokens)]
+    fwd = sum(roofline_time_s(x.flops, x.bytes, FLAT, dtype="fp8" if f8 else "bf16",
+                              kind="moe" if x.groups else "elementwise",
+                              efficiency=FLAT.matmul_efficiency * (fp8_k_factor(x.shape[2]) if f8 else 1.0))
+              for x, f8 in zip(moe_kernels(moe.attrs, tokens), fp8_gemm, strict=True) if x.phase == "fwd")  # fmt: skip
+    assert any(fp8_gemm)
     assert te.fwd_s == pytest.approx(fwd + 3 * tokens * k * act / bw)
     assert te.total_s < bf16.total_s
 

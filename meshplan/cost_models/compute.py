@@ -39,9 +39,12 @@ from meshplan.cost_models.eager_ops import (
 )
 from meshplan.cost_models.efficiency import (
     ATTENTION_REF_SHAPE,
+    FP8_TILE_K,
     attention_shape_factor,
     attention_wave_factor,
     causal_work_fraction,
+    fp8_k_factor,
+    gemm_shape_factor,
     grouped_gemm_factor,
     linear_factors,
     linear_gemm_dims,
@@ -206,6 +209,21 @@ def roofline_time_s(
     return max(t_compute, t_memory, cluster.kernel_floor_s)
 
 
+def gemm_time_s(m: float, n: float, k: float, cluster: ClusterSpec, dtype: str = "bf16", *,
+                fp8_tile_k: float = FP8_TILE_K) -> float:
+    """Seconds of one ``m×k · k×n`` GEMM in ``dtype`` with a 16-bit output, as ``modelled_node_time``
+    prices a linear's GEMM on a spec without a calibration table: ``roofline_time_s`` at
+    ``matmul_efficiency × gemm_shape_factor`` (× ``fp8_k_factor(k)`` for "fp8"), the operands at
+    ``dtype_bytes(dtype)`` per element (1 B in fp8) and the output at 2 B; ``fp8_tile_k``: another
+    fp8 k-step depth (a fit check). Unit: seconds."""
+    elem = dtype_bytes(dtype)
+    eff = cluster.matmul_efficiency * gemm_shape_factor(m, n, k, cluster.sm_count)
+    if dtype == "fp8":
+        eff *= fp8_k_factor(k, fp8_tile_k)
+    return roofline_time_s(2.0 * m * n * k, elem * (m * k + k * n) + 2.0 * m * n, cluster, dtype=dtype,
+                           kind="linear", efficiency=eff)
+
+
 def backward_factors(kind: str) -> tuple[float, float]:
     """(B, W): input-gradient and weight-gradient time as multiples of forward time.
 
@@ -286,7 +304,10 @@ def modelled_node_time(
     of their own (M, N, K) (``style`` "rowwise" says TP splits K, else N), and a flash attention
     does ``causal_work_fraction`` of the counted FLOPs at ``attention_wave_factor``. With
     ``dtype="fp8"`` (torchao float8 training, ``cost_models.precision``) a convertible linear
-    (16-aligned, not ``is_head``) runs its three GEMMs at ``gemm_peak("fp8")`` plus the memory-bound
+    (16-aligned, not ``is_head``) runs its three GEMMs at ``gemm_peak("fp8")`` times
+    ``efficiency.fp8_k_factor`` of each GEMM's reduction depth (forward K = in, input gradient
+    K = out, weight gradient K = tokens), each moving its own bytes (its two operands in fp8, 1 B,
+    its output in bf16: ``gemm_time_s``), plus the memory-bound
     scaling/cast bytes ``fp8_cast_bytes`` of the engine's ``fp8_recipe`` (the operand crossing the TP
     group cast on its sequence shard where ``sequence_parallel``); a MoE node's expert GEMMs
     run in fp8 where the recipe runs them so (TE: ``fp8_moe_cast_bytes``); everything else, and every tensor's bytes, is bf16. Unit: seconds.
@@ -354,28 +375,34 @@ def modelled_node_time(
         mem_bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
         cf, cb = fp8_moe_cast_bytes(routed, a.get("expert_act_numel", 0), fp8_recipe)
         cast = (cf / mem_bw, cb / mem_bw, 0.0)
+    # backward GEMMs run at the table's backward efficiency (same FLOPs per part as forward), or
+    # at the efficiency of their own shape (dX: M×K by N, dW: K×N by M)
+    eff_b = eff_w = eff_f
+    if sized:
+        eff_b = eff_w = matmul_efficiency_at(cluster, flops, backward=True)
+    elif shaped is not None:
+        eff_b, eff_w = shaped[2], shaped[3]
+    bytes_b = bytes_w = bytes_moved  # 16-bit: the three GEMMs move the same three tensors
     if fp8:
         dtype = "fp8"  # the GEMMs' peak
         tokens = max(1.0, math.prod(node.out_shape or (1,)) / a["out_features"] * batch_scale)
         mem_bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
         dims = linear_gemm_dims(tokens, a["in_features"], a["out_features"], shard, style)
-        # the GEMMs read their operands' fp8 copies (1 B of the 2 a bf16 tensor holds) and write bf16
-        bytes_moved = in_b * batch_scale * r / shard / 2 + node.out_bytes * batch_scale * r / shard + w_bytes / 2
+        # each GEMM reads its operands' fp8 copies (1 B of the 2 a bf16 tensor holds) and writes bf16:
+        # forward X, W -> Y; input gradient dY, W -> dX; weight gradient X, dY -> dW
+        x_b, y_b = in_b * batch_scale * r / shard, node.out_bytes * batch_scale * r / shard
+        bytes_moved, bytes_b, bytes_w = x_b / 2 + w_bytes / 2 + y_b, y_b / 2 + w_bytes / 2 + x_b, x_b / 2 + y_b / 2 + w_bytes
+        # a short-K fp8 GEMM loses one fp8 k-step per output tile (efficiency.fp8_k_factor); K: in, out, tokens
+        me = cluster.matmul_efficiency
+        eff_f, eff_b, eff_w = ((me if e is None else e) * fp8_k_factor(max(1.0, k))
+                               for e, k in zip((eff_f, eff_b, eff_w), (dims[2], dims[1], dims[0]), strict=True))
         sp_tp = shard if sequence_parallel else 1  # the crossing operand is a sequence shard only under SP
         cast = tuple(b / mem_bw for b in fp8_cast_bytes(*dims, fp8_recipe, tp=sp_tp, style=style))  # type: ignore[assignment]
     fwd = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=eff_f)
     if fwd == 0.0:
         return NodeTime(0.0, 0.0, 0.0)
-    # backward GEMMs run at the table's backward efficiency (same FLOPs per part as forward), or
-    # at the efficiency of their own shape (dX: M×K by N, dW: K×N by M)
-    bwd_in_unit = bwd_w_unit = fwd
-    if sized:
-        eff_b = matmul_efficiency_at(cluster, flops, backward=True)
-        bwd_in_unit = bwd_w_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind,
-                                                   efficiency=eff_b)  # fmt: skip
-    elif shaped is not None:
-        bwd_in_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=shaped[2])
-        bwd_w_unit = roofline_time_s(flops, bytes_moved, cluster, dtype=dtype, kind=node.kind, efficiency=shaped[3])
+    bwd_in_unit = roofline_time_s(flops, bytes_b, cluster, dtype=dtype, kind=node.kind, efficiency=eff_b)
+    bwd_w_unit = roofline_time_s(flops, bytes_w, cluster, dtype=dtype, kind=node.kind, efficiency=eff_w)
     fb, fw = backward_factors(node.kind)
     if not node.trains_weight:  # no weight gradient: no parameter read, or only frozen ones
         fw = 0.0
@@ -409,6 +436,8 @@ def moe_node_time(node: GraphNode, cluster: ClusterSpec, *, tokens: float, ep: i
                 m, n, k = (max(1.0, x) for x in kern.shape)
                 base = cluster.matmul_efficiency * grouped_gemm_factor(m, n, k, kern.groups, cluster.sm_count)
             gemm_dtype = "fp8" if fp8 and not kern.name.startswith("router") else act
+            if gemm_dtype == "fp8":  # a short-K fp8 GEMM loses one fp8 k-step per output tile
+                base *= fp8_k_factor(max(1.0, kern.shape[2]))
             parts[kern.phase] += roofline_time_s(kern.flops, kern.bytes, cluster, dtype=gemm_dtype, kind="moe",
                                                  efficiency=base)
         else:

@@ -64,6 +64,26 @@ measured ratio serves the H200 (H100's SMs and clocks; the table's later H200 fp
 torch 2.7.1, pairs with no bf16 row of its own build). Tile and wave quantization (above) apply to
 either dtype as they are.
 
+Short-K float8 GEMMs (``fp8_k_factor``, ``FP8_TILE_K``): relative to a bf16 GEMM of the same shape a
+float8 one loses a fixed share of each output tile's time, about one k-step of its main loop: the
+first k-tile's load before the tile's first MMA and the bf16 epilogue, which the K loop does not
+hide. Hopper's float8 kernels step K by 128 elements where bf16 ones step by 64 (the same 128 bytes
+per operand row per pipeline stage; wgmma's K is 32 B: 16 bf16 or 32 fp8 elements, CUTLASS's sm90
+tiles stack four), and the bf16 kernel's own per-tile share is already inside ``matmul_efficiency``,
+read off bf16 runs; so a float8 GEMM runs at ``K / (K + FP8_TILE_K)`` of the fp8 ceiling: 0.80 at
+K = 512, 0.97 at K = 4096, 1.00 for a weight gradient (K = the tokens). MEASURED on one H100 SXM
+(torch 2.11, CUDA events; ``benchmarks/fp8_gemm_gpu.py``, BENCHMARKS.md "Wave 3 stop 10: fp8
+GEMMs"): ``torch._scaled_mm`` over ``torch.mm`` is 1.40 / 1.41 at the two K = 512 GEMMs of
+Llama 3.1 8B at tp 8 (98304 x 4096 x 512) where this gives 1.41, 1.68-2.13 (median 1.83) at
+the 34 compute-bound GEMMs of K >= 1792 (where this gives 1.65-1.76). The 128 is the tile's depth,
+not fitted. A least-squares fit on one half of the 39 GEMMs (column- or row-parallel linears) of
+the K share alone, at the shipped ceiling, gives 64 / 88 (pulled down by the long-K GEMMs, which
+run above that ceiling); of the ceiling ratio and the K share together (1.91, 176) / (1.90, 192),
+holding on the other half (median |log error| 3.0% / 3.8%, 3.9% / 6.3% at the shipped rule): this
+torch build's long-K ratio is above the 1.77 ``GEMM_CEILING_H100`` sourced from another build (left
+as sourced). The measured bf16 GEMM loses at short K too (643 against 747 TFLOP/s at K = 512 / 4096),
+less than fp8 does (897 against 1,289), which is the share this factor prices.
+
 Memory-bound ops (norms, activations, elementwise) stay on the roofline's bandwidth term
 (``compute.roofline_time_s``: bytes / (HBM bandwidth · mem_efficiency)). No torch import.
 """
@@ -80,6 +100,9 @@ TILES: tuple[tuple[int, int, float], ...] = (
 #: measured maximum achievable matmul throughput per dtype as a fraction of the datasheet's dense
 #: peak, one H100 SXM, one torch build (module docstring: bf16 794.5 / 989, fp8 1,402.6 / 1,979)
 GEMM_CEILING_H100: dict[str, float] = {"bf16": 794.5 / 989, "fp8": 1402.6 / 1979}
+#: K-depth of one main-loop step of Hopper's float8 GEMM kernels (128 B of fp8 per operand row): the
+#: per-output-tile share a float8 GEMM loses over a bf16 one (``fp8_k_factor``; module docstring)
+FP8_TILE_K = 128
 #: split-K slices are only taken while every slice keeps at least this much of K
 MIN_SPLIT_K = 512
 MAX_SPLIT_K = 4
@@ -119,6 +142,15 @@ def gemm_shape_factor(m: float, n: float, k: float, sms: int) -> float:
                 break
             best = max(best, e * useful * wave_fraction(gm * gn * s, sms))
     return best
+
+
+def fp8_k_factor(k: float, tile_k: float = FP8_TILE_K) -> float:
+    """Fraction of the float8 GEMM ceiling a GEMM of reduction depth ``k`` reaches relative to a bf16
+    GEMM of its shape: ``k / (k + FP8_TILE_K)``, one fp8 k-step per output tile not hidden by the K
+    loop (module docstring). Multiplies ``matmul_efficiency x gemm_shape_factor`` for fp8 GEMMs only.
+    ``tile_k``: another depth (the fit check of ``benchmarks/fp8_gemm_gpu.py --measured``)."""
+    _check_dims(k=k)
+    return k / (k + tile_k)
 
 
 def grouped_gemm_factor(m: float, n: float, k: float, groups: int, sms: int) -> float:

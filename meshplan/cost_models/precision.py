@@ -8,7 +8,11 @@ weights, 16-bit compute and activations), "fp32", and "fp8" = torchao float8 tra
   GEMM's alignment) except the LM head (torchtitan's default ``filter_fqns=["output"]``); all
   three GEMMs of such a linear (forward, input gradient, weight gradient) run on the FP8 tensor
   cores at ``ClusterSpec.gemm_peak("fp8")`` (the datasheet FP8 peak scaled by the measured GEMM
-  ceiling of fp8 over bf16's, ``efficiency.GEMM_CEILING_H100``: 1.77x a bf16 GEMM, not 2x).
+  ceiling of fp8 over bf16's, ``efficiency.GEMM_CEILING_H100``: 1.77x a bf16 GEMM, not 2x), times
+  ``efficiency.fp8_k_factor(K) = K / (K + 128)`` of the GEMM's own reduction depth (a short-K fp8
+  GEMM keeps less of the gain: 1.41x at K = 512, measured 1.40 on an H100), each reading its two
+  operands in fp8 (1 B) and writing bf16 (a memory-bound input gradient of a thin linear, K = 128,
+  runs no faster than bf16: measured 0.98x).
   Attention (SDPA), norms, activations and the head stay in bf16, and so do the tensors between ops: activation memory is that of bf16.
 - **scaling overhead**, by recipe (``FP8_RECIPES``, the engine profile's ``fp8_recipe``; every
   pass memory bound at the HBM roofline, ``fp8_cast_bytes``):
