@@ -11,7 +11,11 @@ part (median of ``--reps`` after ``--warmup``):
 - ``adam``: ``optimizer.step()`` (fused on CUDA), 28 B per parameter;
 - ``norm``: ``total_grad_norm`` (foreach norm + the host read), 4 B;
 - ``scale``: ``clip_grads_with_norm_`` (foreach multiply in place), 8 B;
-- ``clip+adam``: both as the runtime runs them (``ParallelModel._optimizer_step``);
+- ``clip+adam``: both as the runtime runs them (``ParallelModel._optimizer_step``: since #33's stop 10 the
+  norm stays on the device until the update is issued, then is read once; before, it was read twice
+  inside the clipping, ``host-wait``);
+- ``clip+adam@profiler``: the same inside an active ``torch.profiler.profile`` (CPU activity, as
+  ``runtime/record/phases.measure`` runs the RunRecord's phases): what recording every op adds;
 - ``copy``: ``dst.copy_(src)`` over one flat buffer of the same parameter count (8 B), the
   bandwidth ``meshplan profile`` measures.
 
@@ -29,6 +33,7 @@ it takes ~30 s; ``--device cpu --model gpt-tiny --preset h100`` checks the scrip
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -42,6 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from meshplan.cost_models.engine_profiles.meshplan_runtime import MESHPLAN  # noqa: E402
 from meshplan.cost_models.hardware import ClusterSpec, preset_for_gpu_name  # noqa: E402
 from meshplan.cost_models.optimizer_phase import (  # noqa: E402
     ADAM_UPDATE_BYTES,
@@ -55,7 +61,27 @@ from meshplan.runtime.apply import optim  # noqa: E402
 #: bytes per parameter the cost model prices (``cost_models.optimizer_phase``: the fused update, and the
 #: clipping's CLIP_BYTES as its foreach norm's one read and its foreach scale's read + write)
 PRICED = {"adam": ADAM_UPDATE_BYTES["fused"], "norm": NORM_BYTES, "scale": CLIP_BYTES - NORM_BYTES,
-          "clip+adam": ADAM_UPDATE_BYTES["fused"] + CLIP_BYTES, "copy": 8.0}
+          "clip+adam": ADAM_UPDATE_BYTES["fused"] + CLIP_BYTES, "clip+adam@profiler": ADAM_UPDATE_BYTES["fused"] + CLIP_BYTES,
+          "copy": 8.0}
+
+
+def _profiler_if(on: bool, device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """An active ``torch.profiler.profile`` with CPU activity (what ``runtime/record/phases.measure`` runs the
+    RunRecord's phases under) when ``on``, else nothing."""
+    if not on:
+        return contextlib.nullcontext()
+    from torch.profiler import ProfilerActivity, profile
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")
+    return profile(activities=[ProfilerActivity.CPU])
+
+
+def clip_then_step(params: list[torch.Tensor], opt: torch.optim.Optimizer) -> float:
+    """The phase as ``ParallelModel._optimizer_step`` runs it (fp32 parameters, no loss scaler): the clipping
+    (norm kept on the device), the update, then the norm read on the host."""
+    norm = optim.clip_grad_norm(params, 1.0)
+    opt.step()
+    return norm.item()
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object]], tuple[float, float]]:
@@ -96,17 +122,24 @@ _NO_BLOCK = {f"{ph}_{k}": 0.0 for ph in ("fwd", "bwd") for k in ("host_min_ms_pe
 
 
 def predicted(n: int, tensors: int, cluster: ClusterSpec, host_tensor_s: float) -> dict[str, object]:
-    """The cost model's price of the parts and the phase (``optimizer_phase``, the runtime's "host-wait")
-    on ``cluster``, and with this host's own per-tensor figure ``host_tensor_s`` in place of the preset's."""
-    ph = optimizer_phase(n, cluster, tensors=tensors)
-    own = optimizer_phase(n, dataclasses.replace(cluster, host_optimizer_tensor_s=host_tensor_s), tensors=tensors)
+    """The cost model's price of the parts and the phase (``optimizer_phase`` composed as meshplan's runtime
+    profile says, ``MESHPLAN.optimizer_sync``) on ``cluster``, and with this host's own per-tensor figure
+    ``host_tensor_s`` in place of the preset's; ``host_wait_phase_ms``: the "host-wait" price (the runtime
+    before #33's stop 10, which read the norm twice inside the clipping)."""
+    sync = MESHPLAN.optimizer_sync
+    ph = optimizer_phase(n, cluster, tensors=tensors, sync=sync)
+    own = optimizer_phase(n, dataclasses.replace(cluster, host_optimizer_tensor_s=host_tensor_s), tensors=tensors,
+                          sync=sync)
+    wait = optimizer_phase(n, cluster, tensors=tensors, sync="host-wait")
     bw = cluster.mem_bw_bytes_per_s * cluster.mem_efficiency
 
     def ms(x: float) -> float:
         return round(x * 1e3, 3)
 
-    parts = {"adam": ph.update_s, "norm": ph.norm_s, "scale": ph.scale_s, "clip+adam": ph.total_s, "copy": 8.0 * n / bw}
-    return {"preset": cluster.name, "device_ms": ms(ph.device_s), "host_ms": ms(ph.host_s), "phase_ms": ms(ph.total_s),
+    parts = {"adam": ph.update_s, "norm": ph.norm_s, "scale": ph.scale_s, "clip+adam": ph.total_s,
+             "clip+adam@profiler": ph.total_s, "copy": 8.0 * n / bw}
+    return {"preset": cluster.name, "sync": sync, "device_ms": ms(ph.device_s), "host_ms": ms(ph.host_s),
+            "phase_ms": ms(ph.total_s), "host_wait_phase_ms": ms(wait.total_s),
             "own_host_tensor_us": round(host_tensor_s * 1e6, 3), "own_host_ms": ms(own.host_s),
             "phase_own_host_ms": ms(own.total_s), "parts_ms": {k: ms(v) for k, v in parts.items()}}
 
@@ -133,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         "adam": opt.step,
         "norm": lambda: float(optim.total_grad_norm(params)),
         "scale": lambda: torch.nn.utils.clip_grads_with_norm_(params, 1.0, torch.tensor(2.0, device=dev), foreach=True),
-        "clip+adam": lambda: (optim.clip_grad_norm(params, 1.0), opt.step()),
+        "clip+adam": lambda: clip_then_step(params, opt),
+        "clip+adam@profiler": lambda: clip_then_step(params, opt),
         "copy": lambda: dst.copy_(src),
     }
     timed = _timer(dev)
@@ -142,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                               "tensors": len(params), "reps": a.reps, "load_avg_1m": round(os.getloadavg()[0], 2)}
     res: dict[str, dict[str, float]] = {}
     for name, fn in parts.items():
-        for _ in range(a.warmup):
-            timed(fn)
-        runs = [timed(fn) for _ in range(a.reps)]
+        with _profiler_if(name.endswith("@profiler"), dev):
+            for _ in range(a.warmup):
+                timed(fn)
+            runs = [timed(fn) for _ in range(a.reps)]
         s = statistics.median(r[0] for r in runs)
         nbytes = PRICED[name] * n
         res[name] = {"ms": round(s * 1e3, 3), "host_ms": round(statistics.median(r[1] for r in runs) * 1e3, 3),

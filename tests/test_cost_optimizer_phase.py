@@ -97,9 +97,22 @@ def test_host_and_device_compose_by_the_engines_sync() -> None:
     assert late.total_s == pytest.approx(wait.device_s)  # torchtitan: the host hidden behind the kernels
     tiny = optimizer_phase(1e4, H100, tensors=t, sync="async")
     assert tiny.total_s == pytest.approx(host)  # ... unless the kernels are shorter than the host's work
-    assert PROFILES["meshplan"].optimizer_sync == "host-wait"
+    assert PROFILES["meshplan"].optimizer_sync == "async"  # #33: the runtime reads the norm after the update
+    assert PROFILES["meshplan-bf16"].optimizer_sync == "async"
     assert PROFILES["torchtitan-2026"].optimizer_sync == "async"
     assert PROFILES["megatron-core-2024"].optimizer_sync == "host-wait"
+
+
+def test_fp16_loss_scaler_waits_for_the_device_in_every_engine() -> None:
+    """A dynamic loss scaler reads its found-inf flag on the host before the update (torch GradScaler,
+    Megatron, DeepSpeed): fp16 composes as "host-wait" whatever the profile says."""
+    from meshplan.cost_models.optimizer_phase import phase_sync
+
+    assert phase_sync("async", "fp16") == "host-wait"
+    assert phase_sync("async", "bf16") == "async"
+    assert phase_sync("host-wait", "bf16") == "host-wait"
+    with pytest.raises(ValueError, match="optimizer_sync"):
+        phase_sync("later", "bf16")
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +136,18 @@ def test_estimate_counts_the_ranks_parameter_tensors(llama_graph) -> None:
     tensors = len({n for node in llama_graph.nodes if node.param_numel for n in node.param_names})
     params = sum(n.param_numel for n in llama_graph.nodes)
     one = estimate_graph(llama_graph, 1, tp=1, pp=1, dp=1, global_batch_size=2, micro_batch_size=2, cluster=spec)
-    assert one.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec, tensors=tensors))
+    assert one.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec, tensors=tensors, sync="async"))
     fsdp = estimate_graph(llama_graph, 2, dp=2, dp_kind="fsdp", **kw)
     zero1 = estimate_graph(llama_graph, 2, dp=2, dp_kind="zero1", **kw)
-    assert fsdp.predicted.optimizer_s == pytest.approx(optimizer_step_s(params / 2, spec, tensors=tensors))
-    assert zero1.predicted.optimizer_s == pytest.approx(optimizer_step_s(params / 2, spec, tensors=tensors / 2))
+    assert fsdp.predicted.optimizer_s == pytest.approx(optimizer_step_s(params / 2, spec, tensors=tensors, sync="async"))
+    assert zero1.predicted.optimizer_s == pytest.approx(optimizer_step_s(params / 2, spec, tensors=tensors / 2, sync="async"))
     bf16 = estimate_graph(llama_graph, 1, tp=1, pp=1, dp=1, global_batch_size=2, micro_batch_size=2, cluster=spec,
                           profile=PROFILES["meshplan-bf16"])  # fmt: skip
-    assert bf16.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec, tensors=tensors, master_copy=True))
-    titan = estimate_graph(llama_graph, 1, tp=1, pp=1, dp=1, global_batch_size=2, micro_batch_size=2, cluster=spec,
-                           profile=MESHPLAN.but(optimizer_sync="async"))  # fmt: skip
-    assert titan.predicted.optimizer_s < one.predicted.optimizer_s
+    assert bf16.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec, tensors=tensors, master_copy=True, sync="async"))
+    waits = estimate_graph(llama_graph, 1, tp=1, pp=1, dp=1, global_batch_size=2, micro_batch_size=2, cluster=spec,
+                           profile=MESHPLAN.but(optimizer_sync="host-wait"))  # fmt: skip
+    assert waits.predicted.optimizer_s > one.predicted.optimizer_s
+    assert waits.predicted.optimizer_s == pytest.approx(optimizer_step_s(params, spec, tensors=tensors, sync="host-wait"))
+    fp16 = estimate_graph(llama_graph, 1, tp=1, pp=1, dp=1, global_batch_size=2, micro_batch_size=2, cluster=spec,
+                          dtype="fp16")  # the loss scaler's found-inf read: host-wait under the async profile
+    assert fp16.predicted.optimizer_s == pytest.approx(waits.predicted.optimizer_s)

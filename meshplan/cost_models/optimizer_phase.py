@@ -58,26 +58,32 @@ it. A CPU cluster (0) prices no host term: there host and device are the same co
 **How they compose** (``OPTIMIZER_SYNCS``, ``EngineProfile.optimizer_sync``):
 
 - ``"host-wait"``: the host waits for the device inside the phase, so its per-tensor work runs with the
-  device idle: **host + device**. meshplan's runtime (``runtime/apply/optim.py``): ``total_grad_norm`` adds
-  the norm to a CPU accumulator, whose ``.to(device)`` is a host-to-device copy that waits for the stream
-  (after the norm kernels), and ``clip_grad_norm`` returns ``float(norm)`` (after the scale kernels); the
-  fused step's Python then runs before its first kernel, the device idle. Megatron-LM / Megatron-Core
-  (``clip_grads.py get_grad_norm_fp32``: ``total_norm.item()``) and DeepSpeed (``stage_1_and_2.py``:
-  ``overflow_gpu[0].item()``, the norm's ``.item()``) read on the host too; their scale runs only when the
-  norm exceeds the limit and can hide part of the step's Python, which is not priced (their per-rank
-  tensor counts make the whole host term ~1 ms or less).
-- ``"async"``: no host read inside the phase (torchtitan reads the norm at logging steps, after the
-  update; torch FSDP1's ``clip_grad_norm_`` under Composer clamps on the device): the host runs ahead of
-  the device, **max(host, device)**.
+  device idle: **host + device**. Megatron-LM / Megatron-Core (``clip_grads.py get_grad_norm_fp32``:
+  ``total_norm.item()``) and DeepSpeed (``stage_1_and_2.py``: ``overflow_gpu[0].item()``, the norm's
+  ``.item()``) read on the host; their scale runs only when the norm exceeds the limit and can hide part
+  of the step's Python, which is not priced (their per-rank tensor counts make the whole host term ~1 ms
+  or less). Under fp16 every engine is here (``phase_sync``): a dynamic loss scaler reads its found-inf
+  flag on the host before the update (torch's ``GradScaler.step``: ``found_inf.item()``; Megatron's
+  ``_unscale_main_grads_and_check_for_nan``; DeepSpeed's overflow check).
+- ``"async"``: no host read before the update (torchtitan reads the norm at logging steps, after the
+  update; torch FSDP1's ``clip_grad_norm_`` under Composer clamps on the device; meshplan's runtime since
+  #33's wave 3 stop 10: ``runtime/apply/optim.py`` sums the norm on the device and
+  ``ParallelModel._optimizer_step`` reads it after the update is issued): the host's per-tensor work runs
+  while the device clips and updates, **max(host, device)**. Before that fix meshplan's runtime was
+  "host-wait" twice over: ``total_grad_norm``'s CPU accumulator ``.to(device)`` (a host-to-device copy
+  that waited for the norm kernels) and ``clip_grad_norm``'s ``float(norm)`` after the scale.
 
-MEASURED against this on one H100 (``benchmarks/optimizer_device.py``, CUDA events, median of 7, the
-runtime's own code, gpt2-xl): clipping + fused Adam 31.99 ms; priced with that host's own figure 31.25 ms
-(measured 2.4 % above), with the h100 preset (whose host figures are the H200 host's) 29.67 ms (7.8 % above).
-The RunRecords' profiled
-optimizer phases (ONE profiled step each, under ``torch.profiler``) read 36.4-44.4 ms (H100) and 28.9-35.0 ms
-(H200) for the same phase, 23-54 % above this price: the spread between two runs of the same phase on one GPU
-(22 %) is as large as the gap, so they do not settle it (BENCHMARKS.md "Wave 3 stop 8: the optimizer phase
-from its kernels"; ``benchmarks/gpu_check.sh`` step 18 would).
+MEASURED against the "host-wait" price (the runtime before the fix; ``benchmarks/optimizer_device.py``,
+CUDA events, median of 7, gpt2-xl, torch 2.11+cu130): clipping + fused Adam 31.99 ms (one H100, 2026-11-27;
+29.67 priced with the h100 preset, 31.25 with that host's own figure) and 33.48 ms (another H100,
+2026-11-28, ``benchmarks/gpu_results/2026-11-28-h100/call1/optimizer.json``; 29.67 priced). That second
+call also timed one clip+adam's CUDA kernels (CUPTI): fused Adam 16.38 ms (priced 16.27, +0.6 %), the
+foreach scale 4.60 (4.65), the foreach norm 2.32 (2.33): the kernels run at ``mem_efficiency`` of the
+datasheet; the lower "fractions of a copy" the event-timed parts print hold the host's work before the
+first kernel, not slower kernels, so no per-kernel efficiency is added. The RunRecords' profiled
+optimizer phases (28.9 ms H200, 36.4-50.8 ms H100) are steps run under ``torch.profiler`` (CPU activity:
+every dispatched op recorded), 9-34 % slower than the same runs' timed steps as a whole, so they are not
+this price's measure (BENCHMARKS.md "Wave 3 stop 10: the optimizer phase on an H100 (#33)").
 No torch import.
 """
 
@@ -112,6 +118,15 @@ OPTIMIZER_SYNCS = ("host-wait", "async")
 MTA_CHUNK = 65536
 MTA_MAX_BLOCKS = 320
 MTA_MAX_TENSORS = (110, 64, 48, 36, 30)
+
+
+def phase_sync(sync: str, dtype: str) -> str:
+    """How the phase composes for an engine whose profile says ``sync`` (``OPTIMIZER_SYNCS``) training in
+    ``dtype``: "host-wait" under fp16, where the dynamic loss scaler reads its found-inf flag on the host
+    before the update (module docstring), else ``sync``."""
+    if sync not in OPTIMIZER_SYNCS:
+        raise ValueError(f"optimizer_sync must be one of {', '.join(OPTIMIZER_SYNCS)}, got {sync!r}")
+    return "host-wait" if dtype == "fp16" else sync
 
 
 def multi_tensor_launches(numels: list[int], depth: int, *, max_blocks: int = MTA_MAX_BLOCKS,

@@ -45,7 +45,7 @@ from meshplan.cost_models.grad_sync import (
 )
 from meshplan.cost_models.hardware import ClusterSpec
 from meshplan.cost_models.memory import ModelStateBytes, model_state_bytes
-from meshplan.cost_models.optimizer_phase import optimizer_step_s
+from meshplan.cost_models.optimizer_phase import optimizer_step_s, phase_sync
 from meshplan.graph import GraphNode, ModelGraph
 from meshplan.plan.execution_rules import SHARDED_DP_KINDS
 from meshplan.planner.cost_memos import CostMemos
@@ -207,11 +207,12 @@ class StateCosts:
         """Optimizer step on the rank's shard with gradient-norm clipping (``optimizer_phase.optimizer_step_s``:
         the kernels' bytes by ``optimizer_impl``, fused 28 B/param + 12 B clipping, + 6 B for the masters'
         copy into 16-bit weights where the state layout keeps fp32 masters, and the host's work per
-        parameter tensor, composed by ``optimizer_sync``)."""
+        parameter tensor, composed by ``optimizer_sync``, "host-wait" under fp16: ``phase_sync``)."""
         local = params / self.zero_divs(c)[2]
         tensors = self.optimizer_tensors(params, c)
         step = optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer,
-                                tensors=tensors, sync=self.optimizer_sync, master_copy=self.precision != "fp32")
+                                tensors=tensors, sync=phase_sync(self.optimizer_sync, self.dtype),
+                                master_copy=self.precision != "fp32")
         if self.cluster.host_dtensor_param_s and self.param_tensors:
             step += self.dtensor_tensors(tensors, c) * self.cluster.host_dtensor_param_s
         return step

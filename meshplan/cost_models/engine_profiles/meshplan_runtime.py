@@ -14,6 +14,7 @@ from meshplan.cost_models.engine_profiles.profile_type import EngineProfile, wit
 MESHPLAN = EngineProfile(
     "meshplan", "meshplan", "this repository", pp_buffers="in-flight", zero1_impl="torch", autocast_cache="step",
     shard_over_cp=True, recompute_unit="block", cp_rotate="ring-dkv", sp_saves="shard", grad_accum_pass="autograd",
+    optimizer_sync="async",
     sources=(
         AUTOGRAD_MESHPLAN,
         ("sp_saves", "runtime/apply/sp_saves.py ShardSaves: under SP the column-parallel linears reading an "
@@ -43,9 +44,11 @@ MESHPLAN = EngineProfile(
                        "'in-flight')"),
         ("norm_kernel", "eager_ops.RUNTIME_NORM_KERNEL: a Python RMSNorm run as its ops (no torch.compile unless --compile)"),
         ("optimizer_impl", "AdamW(fused=True) on CUDA"),
-        ("optimizer_sync", "runtime/apply/optim.py total_grad_norm: the CPU accumulator's .to(device) after the "
-                           "foreach norm (a host-to-device copy that waits for the stream), clip_grad_norm's "
-                           "float(norm) after the foreach scale, then the fused step's Python with the device idle"),
+        ("optimizer_sync", "runtime/apply/optim.py grads_norm / clip_grad_norm: the norm's squares summed on the "
+                           "device and returned as a device tensor; parallel_model.py ParallelModel._optimizer_step "
+                           "reads it (last_grad_norm) after optimizer.step() is issued, so the step's Python runs "
+                           "while the device clips (#33; fp16: torch's GradScaler reads its found-inf flags before "
+                           "the update, optimizer_phase.phase_sync)"),
         ("attention_impl", "F.scaled_dot_product_attention (flash kernel)"),
         ("ddp_impl", "torch DDP / bucketed manual all-reduce overlapped with backward"),
         ("vocab_parallel_embedding", "the TP placement ILP chooses the embedding's style (tp.strategies)"),

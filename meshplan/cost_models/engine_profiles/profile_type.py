@@ -73,7 +73,9 @@ class EngineProfile:
     - ``norm_kernel``, ``attention_impl`` (``eager_ops``), ``optimizer_impl`` (``optimizer_phase``): the kernels run.
     - ``optimizer_sync`` (``optimizer_phase.OPTIMIZER_SYNCS``): whether the host waits for the device inside
       the optimizer phase ("host-wait": a host read of the gradient norm, so the step's per-tensor host work
-      runs with the device idle; meshplan's runtime, Megatron, DeepSpeed) or not ("async": torchtitan).
+      runs with the device idle; Megatron, DeepSpeed) or not ("async": torchtitan, meshplan's runtime since
+      #33's stop 10). Under fp16 every engine's dynamic loss scaler reads its found-inf flag on the host before
+      the update, so fp16 is priced "host-wait" whatever the profile says (``optimizer_phase.phase_sync``).
     - ``ddp_impl`` (``grad_sync.DDP_IMPLS``): bucketed and overlapped ("torch") or one flat
       all-reduce after backward ("local", Megatron-LM's own wrapper).
     - ``loss_kernel`` (``memory.LOSS_KERNELS``; None = F.cross_entropy as meshplan's runtime runs it). Also a

@@ -19,7 +19,13 @@
   (replicated over dp after the sync), then the squares are summed over the pipeline group. A
   tied parameter held by two pipeline ranks is counted once (``skip``: the copies not counted).
   Gradients are then scaled by ``min(1, max_norm / (norm + 1e-6))`` (torch's
-  ``clip_grads_with_norm_``). Returns the norm before clipping.
+  ``clip_grads_with_norm_``). Returns the norm before clipping as a 0-dim tensor on the gradients'
+  device, NOT read on the host: the norm's squares are summed on the device (no CPU accumulator, whose
+  ``.to(device)`` was a host-to-device copy that waited for the norm kernels) and the caller reads it
+  after the update's kernels are issued (``ParallelModel._optimizer_step``), so the host's work of the
+  update (Adam's per-tensor Python, the multi-tensor metadata) runs while the device clips (#33: the
+  two reads inside the phase left the device idle for that work, ~6 ms per step for gpt2-xl's 772
+  tensors on an H100's host, predicted).
 """
 
 from __future__ import annotations
@@ -114,20 +120,25 @@ def grads_norm(grads: Iterable[torch.Tensor], *, pp_group: dist.ProcessGroup | N
     groups: dict[object, list[torch.Tensor]] = {}
     for g in grads:
         groups.setdefault(_group_key(g), []).append(g)
-    sq = torch.zeros((), dtype=torch.float32)
+    # summed where the norms are (no host tensor: a CPU accumulator's .to(device) waits for the stream)
+    sq: torch.Tensor | None = None
     for grads in groups.values():
         n = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
         if isinstance(n, DTensor):
             n = n.full_tensor()
-        sq = sq.to(n.device) + n.float() ** 2
+        part = n.float() ** 2
+        sq = part if sq is None else sq + part.to(sq.device)
+    if sq is None:
+        sq = torch.zeros((), dtype=torch.float32)
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
         sq = collectives.all_reduce(sq, group=pp_group)
     return sq.sqrt()
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, *, pp_group: dist.ProcessGroup | None = None,
-                   skip: Iterable[torch.Tensor] = ()) -> float:
-    """Clip all gradients to a global norm of ``max_norm``; returns the norm before clipping."""
+                   skip: Iterable[torch.Tensor] = ()) -> torch.Tensor:
+    """Clip all gradients to a global norm of ``max_norm``; returns the norm before clipping (a 0-dim
+    tensor on the device, not read on the host: module docstring)."""
     norm = total_grad_norm(params, pp_group=pp_group, skip=skip)
     grads = [p for p in params if p.grad is not None]
     by_kind: dict[object, list[torch.Tensor]] = {}
@@ -135,17 +146,17 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, *, pp_group: dis
         by_kind.setdefault(_group_key(p.grad), []).append(p)  # type: ignore[arg-type]
     for ps in by_kind.values():
         torch.nn.utils.clip_grads_with_norm_(ps, max_norm, norm, foreach=True)
-    return float(norm)
+    return norm
 
 
 def clip_grads(grads: list[torch.Tensor], max_norm: float, *, pp_group: dist.ProcessGroup | None = None,
-               norm_of: list[torch.Tensor] | None = None) -> float:
+               norm_of: list[torch.Tensor] | None = None) -> torch.Tensor:
     """``clip_grad_norm`` over gradient tensors held apart from their parameters (the fp32 main
     gradients of ``runtime.apply.master_state``): the norm of ``norm_of`` (default ``grads``; DTensor
     views of the local tensors, a tied copy left out), then every tensor of ``grads`` scaled in place
     by torch's ``min(1, max_norm / (norm + 1e-6))`` with one ``_foreach_mul_`` per device (the kernels
     ``cost_models.optimizer_phase`` prices: torch's ``clip_grads_with_norm_(foreach=True)`` scales the same
-    way, but reads ``p.grad``). Returns the norm before clipping."""
+    way, but reads ``p.grad``). Returns the norm before clipping (on the device, not read on the host)."""
     norm = grads_norm(grads if norm_of is None else norm_of, pp_group=pp_group)
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     by_device: dict[torch.device, list[torch.Tensor]] = {}
@@ -153,4 +164,4 @@ def clip_grads(grads: list[torch.Tensor], max_norm: float, *, pp_group: dist.Pro
         by_device.setdefault(g.device, []).append(g)
     for device, group in by_device.items():
         torch._foreach_mul_(group, coef.to(device))
-    return float(norm)
+    return norm

@@ -257,7 +257,11 @@ class ParallelModel:
         return self._global_loss(local_loss)
 
     def _optimizer_step(self) -> None:
-        """fp16 unscale, global gradient-norm clipping, this step's learning rate, the update."""
+        """fp16 unscale, global gradient-norm clipping, this step's learning rate, the update; then the norm
+        read on the host (``last_grad_norm``), once the update's kernels are issued: nothing inside the phase
+        waits for the device, so the update's host work runs while the device clips (``runtime.apply.optim``;
+        fp16's scaler still reads its found-inf flags before the update, as torch's GradScaler does)."""
+        norm: torch.Tensor | None = None
         if hasattr(self.optimizer, "bind_grads"):  # zero1 over TP shards (runtime.apply.zero1.TPZero)
             self.optimizer.bind_grads()
         if self.scaler is not None:
@@ -265,12 +269,12 @@ class ParallelModel:
         if self.max_grad_norm and self.master is not None:
             skip = {id(t.param) for t in self.ties if dist.get_rank(t.group) != 0}  # a tied weight counts once
             views = [v for p, v in zip(self.master.params, self.master.norm_views()) if id(p) not in skip]
-            self.last_grad_norm = optim.clip_grads(list(self.master.main.values()), self.max_grad_norm,
-                                                   pp_group=self.env.group("pp"), norm_of=views)
+            norm = optim.clip_grads(list(self.master.main.values()), self.max_grad_norm,
+                                    pp_group=self.env.group("pp"), norm_of=views)
         elif self.max_grad_norm:
             skip = [t.param for t in self.ties if dist.get_rank(t.group) != 0]  # a tied weight counts once
-            self.last_grad_norm = optim.clip_grad_norm(self.parameters(), self.max_grad_norm,
-                                                       pp_group=self.env.group("pp"), skip=skip)
+            norm = optim.clip_grad_norm(self.parameters(), self.max_grad_norm,
+                                        pp_group=self.env.group("pp"), skip=skip)
         if self.lr_fn is not None:
             optim.set_lr(self.optimizer, self.lr_fn(self.steps_done + 1))
         if self.scaler is not None:
@@ -281,6 +285,8 @@ class ParallelModel:
                 self.scaler_skipped_steps.append(self.steps_done + 1)
         else:
             self.optimizer.step()
+        if norm is not None:
+            self.last_grad_norm = norm.item()
 
     def loss_scale(self) -> float:
         """The fp16 gradient scaler's current loss scale (1.0 without one)."""
