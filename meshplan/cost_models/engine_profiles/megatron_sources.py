@@ -61,6 +61,9 @@ TE_CUDNN_ATTENTION = (
 #: recompute (run flags: ``expert_config.sequence_parallel`` from --sequence-parallel,
 #: ``training.recompute`` "selective" from --recompute-activations / --recompute-granularity selective)
 MEGATRON_2022: Sources = (
+    ("optimizer_sync", "megatron/optimizer/clip_grads.py clip_grad_norm_fp32: total_norm.item() before the "
+                       "update (the host waits; Megatron-Core: megatron/core/optimizer/clip_grads.py "
+                       "get_grad_norm_fp32); traced since meshplan's own profile went 'async' (#33)"),
     FUSED_MEGATRON_2022,
     ("recompute_unit", "megatron/model/transformer.py ParallelTransformer._checkpointed_forward: --recompute-method "
                        "uniform / block, chunks of --recompute-num-layers layers (default 1), within each stage"),

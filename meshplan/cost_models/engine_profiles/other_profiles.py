@@ -89,6 +89,8 @@ OTHERS: tuple[EngineProfile, ...] = (
             ("pp_buffers", "assumed: p2p into the next stage's input, as the Megatron-family engines (no source)"),
             ("sp_saves", "assumed: the sequence shard, as Megatron-LM (no source)"),
             ("norm_kernel", "assumed: a fused norm kernel, as every engine of 2024 at scale (no source)"),
+            ("optimizer_sync", "assumed: a host read of the gradient norm before the update, as Megatron-LM "
+                               "and DeepSpeed (no source)"),
             ("vocab_parallel_embedding", "assumed: vocabulary-parallel embedding, as Megatron-LM and torchtitan (no source)"),
             ("zero1_impl", "assumed: bucketed ZeRO-1 collectives, as Megatron-LM and DeepSpeed (no source)"),
             ("autocast_cache", "none used: 16-bit parameters (state_layout), no torch.autocast"),
