@@ -59,7 +59,9 @@ def test_plan_optimizer_is_costed_and_recorded(tmp_path: Path, gpt_tiny_graph, c
                                 optimizer="sgd-momentum")  # fmt: skip
     assert (adam.optimizer, mom.optimizer, sgd.optimizer) == ("adam", "sgd-momentum", "sgd")
     opt = [p.predicted.mem_breakdown["optimizer"] for p in (adam, mom, sgd)]
-    assert opt[0] > opt[1] > opt[2] and adam.predicted.optimizer_s > sgd.predicted.optimizer_s
+    # the step: on gpt-tiny the host's per-tensor work hides either update's kernels (meshplan's runtime
+    # reads the norm after the update, "async", #33), so SGD's is no longer shorter, only not longer
+    assert opt[0] > opt[1] > opt[2] and adam.predicted.optimizer_s >= sgd.predicted.optimizer_s
     assert main(["plan", "gpt-tiny", "-n", "2", "--optimizer", "sgd", "-q", "-o", str(out)]) == 0
     assert Plan.load(out).optimizer == "sgd-momentum"  # SGD's default momentum 0.9 keeps a buffer
     assert main(["plan", "gpt-tiny", "-n", "2", "--momentum", "0.5", "-q"]) == 1

