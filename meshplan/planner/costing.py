@@ -30,7 +30,11 @@ microbatch on one device:
 - ``host_fwd_s``, ``host_bwd_s``: the host's dispatch time of the layer's ops per microbatch
   (``cost_models.host.layer_host_ops`` × ``ClusterSpec.host_op_s``, + the engine's own MoE layer
   host time, ``host.engine_moe_host_s``), forward and backward with its recompute: the
-  host-dispatch floor ``kind_free.stage_columns`` applies per stage.
+  host-dispatch floor ``kind_free.stage_columns`` applies per stage;
+- ``autocast_cast_params``, ``autocast_recast_params``: the parameters torch.autocast casts in the
+  layer's forward (and again in a full / op recompute's re-run) where a run computes under bf16 /
+  fp16 autocast on fp32 parameters; ``kind_free_terms`` prices their device bytes
+  (``cost_models.autocast_casts``) only for configurations that do (``StateCosts.runs_autocast``).
 
 The TP placement is solved once per (tp, sp) and microbatch bucket (1, 4 or 16 sequences) and
 re-costed at each microbatch size in the bucket (the placement hardly moves within a bucket; the
@@ -50,6 +54,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshplan.cost_models.autocast_casts import AUTOCAST_DTYPES, RECASTING_RECOMPUTE
 from meshplan.cost_models.compute import NodeTime, elem_scale, node_time
 from meshplan.cost_models.dp_kinds import main_grad_bytes
 from meshplan.cost_models.eager_ops import loss_time_s
@@ -163,6 +168,12 @@ class LayerCost:
     #: what a recomputed layer's re-run forward saves beyond ``transient_bytes`` under autocast (the
     #: weight copies and fp32 inputs ``autocast_bytes`` counts without recompute), alive with it
     autocast_remat_bytes: float = 0.0
+    #: parameters per device this layer's forward casts to the compute dtype under bf16 / fp16 autocast
+    #: on fp32 parameters (every linear / matmul weight and bias it reads, a tied head's weight; QLoRA:
+    #: the adapters), and of them those a full / op recompute casts again in its re-run forward: the
+    #: cast passes ``cost_models.autocast_casts`` prices (``kind_free_terms``, where the run casts)
+    autocast_cast_params: float = 0.0
+    autocast_recast_params: float = 0.0
     #: bytes per microbatch a split backward (zero-bubble schedules) keeps from the layer's input
     #: backward to its weight pass: the gradient of every weight-reading op's output
     #: (``_wgrad_bytes``), beside the activations it still holds then
@@ -291,6 +302,14 @@ class GraphCoster(LayerSaves):
             if n.param_numel:
                 for p in n.param_names:
                     self._owner.setdefault(p, (n.id, n.param_numel))
+        # a tied group's other names -> the name its owner counts it under (wte.weight for lm_head.weight);
+        # read where autocast casts a tied head's weight (``_autocast_bytes``)
+        self._tied_alias: dict[str, str] = {}
+        for grp in graph.tied_params:
+            owned = next((q for q in grp if q in self._owner), None)
+            for q in grp if owned is not None else ():
+                if q not in self._owner:
+                    self._tied_alias[q] = owned
 
     def quant_errors(self, sol: GraphTPSolution, fsdp_dp: int = 1) -> list[str]:
         """``cost_models.quant.quant_constraint_errors`` of this graph's linears at ``sol``'s styles."""
@@ -537,6 +556,10 @@ class GraphCoster(LayerSaves):
         act += loss
         cast, cast_w, cached = (self._autocast_bytes(nodes, sol, rc, scale, elem, in_bytes) if self._autocast_dtype
                                 else (0.0, 0.0, 0.0))
+        # the parameters autocast casts (its copies are 2 bytes each: ``_autocast_bytes``), fp8 aside
+        # (torchao casts its float8 linears' fp32 weights itself: precision.fp8_cast_bytes)
+        cast_p = (cast_w + cached) / 2.0 if self.train_dtype in AUTOCAST_DTYPES else 0.0
+        recast_p = cast_p if rc in RECASTING_RECOMPUTE else 0.0
         remat_cast = 0.0
         if cast and rc in ("full", "op"):
             # the re-run forward runs under autocast again (torch.utils.checkpoint restores the
@@ -583,7 +606,7 @@ class GraphCoster(LayerSaves):
             transient_bytes=transient, loss_bytes=loss, loss_peak_bytes=loss_peak, logits_bytes=logits,
             autocast_bytes=cast, autocast_weight_bytes=cast_w, autocast_cache_bytes=cached, autocast_remat_bytes=remat_cast,
             wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem), host_fwd_s=host_f, host_bwd_s=host_b,
-            autocast_expert_bytes=cast_x,
+            autocast_expert_bytes=cast_x, autocast_cast_params=cast_p, autocast_recast_params=recast_p,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale, rc) if quant else layer
 

@@ -276,6 +276,8 @@ class ConfigEvaluator:
                 "castx": run([x.autocast_expert_bytes for x in layers]),
                 "cachew": run([x.autocast_cache_bytes for x in layers]),
                 "remat": run([x.autocast_remat_bytes for x in layers]),
+                "castp": run([x.autocast_cast_params for x in layers]),
+                "recastp": run([x.autocast_recast_params for x in layers]),
             }  # fmt: skip
             cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
             self.memos.prefix[key] = cols
@@ -609,7 +611,8 @@ class ConfigEvaluator:
         """The part of ``evaluate`` that does not depend on ``c.dp_kind``, memoized (read only)."""
         key = (c.dp, c.tp, c.pp, c.micro_batch, c.num_microbatches, c.schedule, c.virtual_stages, c.recompute,
                c.sequence_parallel, c.cp, c.ep, exact, tuple(runs) if runs is not None else None,
-               self.states.zero_divs(c)[1] if self.grad_accum_pass == "autograd" else 1)  # dp_kind: its grad sharding
+               self.states.zero_divs(c)[1] if self.grad_accum_pass == "autograd" else 1,  # dp_kind: its grad sharding
+               self.states.runs_autocast(c))  # dp_kind: whether autocast casts the parameters (kind_free_terms)
         if self.memo_kind_free and key in self.memos.kind_free:
             return self.memos.kind_free[key]
         out = kind_free_terms(self, c, exact, runs)

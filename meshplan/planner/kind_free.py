@@ -3,7 +3,9 @@
 across the DP kinds ``evaluate_auto`` tries).
 
 For a configuration and a stage split (the evaluator's own, or given ``runs``) it computes per
-stage the forward / input-backward / weight-backward / recompute / TP seconds, parameters and
+stage the forward / input-backward / weight-backward / recompute / TP seconds (with the engine's
+gradient-accumulation pass and, where the configuration runs torch.autocast on fp32 parameters,
+the casts of those parameters: ``autocast_cast_s``), parameters and
 stored activations (skip tensors passed through, tied-weight copies), the sends between stages
 on their links, the stage-to-rank placement of the schedule, the makespan (the schedule
 simulator when ``exact``, else its lower bound) and per pipeline rank the work, parameters,
@@ -20,6 +22,7 @@ import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from meshplan.cost_models.autocast_casts import autocast_cast_bytes
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_accum import grad_accum_pass_bytes
 from meshplan.cost_models.pipe_p2p import blocking, deepspeed_hop_s
@@ -75,6 +78,7 @@ class KindFreeCosts(Protocol):
                   cast: bool = False) -> float: ...
     def tied_layers(self, t: CostTable) -> list[int]: ...
     def inflight_ranks(self, c: Config) -> list[float]: ...
+    def autocast_once(self, c: Config) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,8 @@ class StageColumns:
     castx: list[float]  # LayerCost.autocast_expert_bytes: all E experts' copies, a rank keeps 1/ep
     cachew: list[float]
     remat: list[float]
+    castp: list[float]  # LayerCost.autocast_cast_params: parameters autocast casts per forward
+    recastp: list[float]  # LayerCost.autocast_recast_params: ... again in a full / op recompute
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +208,8 @@ def kind_free_terms(
             st_w = [w + p * pass_b / hbm for w, p in zip(st_w, cols.params)]
         else:
             st_b = [b + p * pass_b / hbm for b, p in zip(st_b, cols.params)]
+    if ev.states.runs_autocast(c) and any(cols.castp):
+        st_f, st_b, st_w = autocast_cast_s(ev, c, cols, st_f, st_b, st_w, rerun_w)
     if ev.cluster.host_op_s:  # the host-dispatch floor (cost_models.host), per stage and microbatch
         st_f, st_b, st_w = host_floored(st_f, st_b, st_w, cols.hf, cols.hb)
     st_params, st_act, st_q, st_params0, st_sendb = cols.params, cols.act, cols.q, cols.params0, cols.sendb
@@ -408,6 +416,25 @@ def host_floored(f: list[float], b: list[float], w: list[float], hf: list[float]
     return f2, b2, w2
 
 
+def autocast_cast_s(ev: KindFreeCosts, c: Config, cols: StageColumns, f: list[float], b: list[float],
+                    w: list[float], rerun_w: bool) -> tuple[list[float], list[float], list[float]]:
+    """``f``, ``b``, ``w`` (per stage, seconds per microbatch) plus torch.autocast's casts of the
+    stage's fp32 parameters (``cost_models.autocast_casts``), memory-bound at the HBM roofline: the
+    forward's (``cols.castp``; a step's share where one autocast region spans the step,
+    ``ev.autocast_once``), a full / op recompute's again (``cols.recastp``, in the input backward, and
+    in the weight pass too where a split backward re-runs a block there: ``rerun_w``), and the
+    gradients' casts back to fp32 (after the weight gradients: in the weight pass of a split backward)."""
+    cb = autocast_cast_bytes(c.num_microbatches, per_step=ev.autocast_once(c), recompute=c.recompute)
+    hbm = ev.cluster.mem_bw_bytes_per_s * ev.cluster.mem_efficiency
+    split = c.pp > 1 and c.schedule in ZERO_BUBBLE
+    f2 = [x + p * cb.forward / hbm for x, p in zip(f, cols.castp)]
+    rec = [r * cb.recompute / hbm for r in cols.recastp]
+    back = [p * cb.backward / hbm for p in cols.castp]
+    b2 = [x + r + (0.0 if split else g) for x, r, g in zip(b, rec, back)]
+    w2 = [x + (g if split else 0.0) + (r if rerun_w else 0.0) for x, r, g in zip(w, rec, back)]
+    return f2, b2, w2
+
+
 def amax_reduced(ev: KindFreeCosts, c: Config, t: CostTable, runs: list[tuple[int, int]],
                  placement: tuple[int, ...], f: list[float], b: list[float]) -> tuple[list[float], list[float]]:
     """``f``, ``b`` (per stage, seconds per microbatch) plus the fp8 recipe's amax all-reduces
@@ -480,7 +507,7 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
         wgrad=col("wg"), castw=col("castw"), hf=col("hf"), hb=col("hb"), castx=col("castx"), cachew=col("cachew"),
-        remat=col("remat"),
+        remat=col("remat"), castp=col("castp"), recastp=col("recastp"),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev.memos.stage_cols[key] = out

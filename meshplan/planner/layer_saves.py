@@ -52,6 +52,7 @@ class LayerSaves:
     optimizer: str
     dtype: str
     _owner: dict
+    _tied_alias: dict
     _fp32_under_autocast: frozenset[int]
     _autocast_dtype: bool
 
@@ -90,8 +91,10 @@ class LayerSaves:
                     qat += qc.weight_params / w_shard * (4.0 - elem_b)
                     if not numel:
                         continue
-            if not numel:  # a tied head reads the embedding's weight: cast too
-                numel = float(sum(self._owner[p][1] for p in n.shared_params if p in self._owner))
+            if not numel:  # a tied head reads the embedding's weight: cast too (a traced head names the
+                # weight by its own FQN, lm_head.weight: ``_tied_alias`` leads it to the owner's)
+                numel = float(sum(self._owner[q][1] for q in (self._tied_alias.get(p, p) for p in n.shared_params)
+                                  if q in self._owner))
             copies += numel / w_shard * elem_b
         if rc in ("none", "selective"):
             out = weights = copies
