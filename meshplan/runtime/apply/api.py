@@ -29,9 +29,10 @@ from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.models.init_tape import InitTape
 from meshplan.plan import Plan
 from meshplan.runtime.apply import split
-from meshplan.runtime.apply.checks import check_plan
+from meshplan.runtime.apply.checks import MetaBuildRefused, check_plan
 from meshplan.runtime.apply.epcp import EPCPState
 from meshplan.runtime.apply.parallel_model import ParallelModel
+from meshplan.runtime.apply.quant_load import qlora_refuses
 from meshplan.runtime.apply.stage_params import tie_groups, unique_params
 from meshplan.runtime.apply.steps import STEPS, ApplyState, MetaBuild, apply_materialize
 from meshplan.runtime.apply.zero1 import zero1_optimizer
@@ -72,7 +73,10 @@ def apply_plan(
     checkpoint, ``runtime.weights.pretrained``), each rank reading the shards it holds once the plan is
     applied; under quantization they are read into the whole host model before it is applied, except
     for QLoRA from a Hugging Face directory on a meta-built model (``runtime.apply.quant_load``: the
-    base read and quantized one linear at a time).
+    base read and quantized one linear at a time). A meta-built QLoRA model without ``init_from`` gets
+    each targeted linear from the device init and quantizes it at once (``init`` "device", or
+    "checkpoint": the values only give the NF4 layout the checkpoint then fills); "host-exact" is refused
+    there (``MetaBuildRefused``: build on the host).
 
     A model built on the meta device (``load_model(spec, device="meta", tape=tape)``) is applied
     there and materialized as this rank's shards only (``steps.apply_materialize``): pass its
@@ -93,6 +97,9 @@ def apply_plan(
     meta = _meta_build(model, tape, init_from)
     if meta is not None:
         meta.init, meta.progress = init, progress
+        why = qlora_refuses(plan, init_from, init)
+        if why:  # before any collective, alike on every rank: the caller may build on the host
+            raise MetaBuildRefused(f"apply_plan: {why}")
     check_launch(plan)  # the launched world size first: every rank refuses alike
     checked = check_plan(model, plan, example_inputs, dtype, init_from=init_from)
     startup = {"plan checks": time.perf_counter() - t0}

@@ -93,8 +93,8 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None, dtype: 
     on_meta = any(p.is_meta for p in model.parameters())
     if on_meta and plan.quantization.mode != "none" and not streams(plan, model, init_from):
         raise ValueError(f"apply_plan: quantization ({plan.quantization.mode}) runs on a meta-built model only as "
-                         "QLoRA with a Hugging Face safetensors init_from, or QAT without TP or pipelining: build "
-                         "the model on the host (load_model without device='meta')")
+                         "QLoRA with a Hugging Face safetensors init_from or none, or QAT without TP or pipelining: "
+                         "build the model on the host (load_model without device='meta')")
     precision = prec.resolve_precision(plan.dtype, dtype)
     why = state_layout_blocker(state_layout=plan.state_layout, dp_kind=plan.dp_kind if plan.dp > 1 else "none",
                                dtype=precision, cp=plan.cp, ep=plan.ep, quantization=plan.quantization.mode)

@@ -21,12 +21,16 @@ FSDP2 models), so the weights a model ties are tied again (``retie``) before any
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from meshplan.models.init_tape import InitTape, Ref, TapeError
+
+if TYPE_CHECKING:
+    from meshplan.models.device_init import DeviceInit
 
 _WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")
 Progress = Callable[[int, int], None]
@@ -140,8 +144,11 @@ def write_shard(t: torch.Tensor, full: torch.Tensor, *, transposed: bool = False
         t.copy_(full)
 
 
-def _targets(finals: dict[str, Ref], roots: list[nn.Module], buffers_only: bool = False) -> dict[str, list[torch.Tensor]]:
+def _targets(finals: dict[str, Ref], roots: list[nn.Module], buffers_only: bool = False,
+             only: set[str] | None = None) -> dict[str, list[torch.Tensor]]:
     targets = local_tensors(roots)
+    if only is not None:
+        targets = {f: ts for f, ts in targets.items() if f in only}
     if buffers_only:
         params = {user_fqn(n) for r in roots for n, _ in r.named_parameters(remove_duplicate=False)}
         targets = {f: ts for f, ts in targets.items() if f not in params}
@@ -153,12 +160,13 @@ def _targets(finals: dict[str, Ref], roots: list[nn.Module], buffers_only: bool 
 
 def fill_from_tape(tape: InitTape, finals: dict[str, Ref], roots: list[nn.Module], transposed: set[str],
                    rows: dict[str, tuple[int, int]], *, buffers_only: bool = False,
-                   progress: Progress | None = None) -> tuple[int, int]:
+                   progress: Progress | None = None, only: set[str] | None = None) -> tuple[int, int]:
     """Replay ``tape`` into this rank's tensors; returns (tensors filled, the replay's peak bytes).
     Raises ``TapeError`` when a tensor of the roots is not one the constructor made.
     ``buffers_only``: fill only the buffers (pretrained weights fill the parameters next);
+    ``only``: fill only these user FQNs (the others have values already);
     ``progress(done, total)`` after each tensor filled."""
-    targets = _targets(finals, roots, buffers_only)
+    targets = _targets(finals, roots, buffers_only, only)
     filled: set[str] = set()
 
     def sink(fqn: str, full: torch.Tensor) -> None:
@@ -197,14 +205,36 @@ def shard_box(t: torch.Tensor, shape: tuple[int, ...], *, transposed: bool = Fal
     return box
 
 
+def fill_box(di: DeviceInit, fqn: str, t: torch.Tensor, box: list[tuple[int, int]], *, transposed: bool) -> None:
+    """Compute ``fqn`` on ``box`` (``shard_box`` of ``t``) on ``t``'s device and copy it into ``t``'s local part."""
+    local = t.to_local() if isinstance(t, DTensor) else t
+    value = di.compute(fqn, box, local.device)
+    with torch.no_grad():
+        local.copy_(value.t() if transposed else value)
+
+
+def fill_one(di: DeviceInit, fqn: str, t: torch.Tensor, *, transposed: bool = False,
+             rows: tuple[int, int] | None = None) -> bool:
+    """``--init device`` for one tensor: its shard computed on its device, or (not boxable) its whole value
+    from the CPU replay of what it needs, cut. Returns whether it was computed on the device."""
+    box = shard_box(t, di.finals[fqn].size, transposed=transposed, rows=rows)
+    if fqn in di.local and box is not None:
+        fill_box(di, fqn, t, box, transposed=transposed)
+        return True
+    di.compute_fallback(lambda f, full: write_shard(t, full, transposed=transposed, rows=rows), only={fqn})
+    return False
+
+
 def fill_on_device(tape: InitTape, finals: dict[str, Ref], roots: list[nn.Module], transposed: set[str],
-                   rows: dict[str, tuple[int, int]], *, progress: Progress | None = None) -> tuple[int, int, int]:
+                   rows: dict[str, tuple[int, int]], *, progress: Progress | None = None,
+                   only: set[str] | None = None) -> tuple[int, int, int]:
     """``--init device``: this rank's tensors computed for their shard on their device
     (``models.device_init``), those that cannot be cut into boxes from the CPU replay of what they
-    need. Returns (tensors filled on the device, tensors filled from the CPU replay, its peak bytes)."""
+    need. ``only``: these user FQNs only. Returns (tensors filled on the device, tensors filled from the
+    CPU replay, its peak bytes)."""
     from meshplan.models.device_init import DeviceInit
 
-    targets = _targets(finals, roots)
+    targets = _targets(finals, roots, only=only)
     di = DeviceInit(tape, {f: finals[f] for f in targets})
     done: set[int] = set()
     whole: set[str] = set()
@@ -218,9 +248,7 @@ def fill_on_device(tape: InitTape, finals: dict[str, Ref], roots: list[nn.Module
                 if fqn not in di.local or box is None:
                     whole.add(fqn)
                     continue
-                local = t.to_local() if isinstance(t, DTensor) else t
-                value = di.compute(fqn, box, local.device)
-                local.copy_(value.t() if fqn in transposed else value)
+                fill_box(di, fqn, t, box, transposed=fqn in transposed)
                 done.add(id(t))
                 n_dev += 1
             if progress is not None:

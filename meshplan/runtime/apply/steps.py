@@ -12,7 +12,8 @@ Order (``STEPS``) and why where it matters:
 4. ``apply_sync_batchnorm``: BatchNorm statistics over the dp group.
 5. ``apply_quantize``: QAT / QLoRA on each root, after TP because QLoRA quantizes each rank's shard
    (``tests/test_quant_qlora.py``: quantizing after ``parallelize_module`` equals quantizing in the
-   TP layout, and differs from one device's NF4 by the per-shard statistics).
+   TP layout, and differs from one device's NF4 by the per-shard statistics); a meta-built QLoRA model
+   is materialized here, one targeted linear at a time (``runtime.apply.quant_load``).
 6. ``apply_recompute``: activation checkpointing on what runs.
 7. ``apply_precision``: autocast or FSDP2 mixed precision per module (+ ``--compile`` after it).
 8. ``apply_data_parallel``: the sharded kinds (FSDP2), still on meta for a meta-built model.
@@ -209,18 +210,26 @@ def apply_quantize(s: ApplyState) -> list[str]:
     from meshplan.runtime.apply.quant import apply_quantization, convert_targeted_conv1d
 
     changed: list = []
-    # QLoRA on a meta build (quant_load.streams: from a HF file) reads and quantizes linear by linear here;
-    # QAT prepares its fake quantizers on meta and is materialized with the rest (apply_materialize)
+    # QLoRA on a meta build (quant_load.streams) gets each targeted linear's values (read from a HF file, or
+    # the device init) and quantizes it here, one at a time, then materializes the rest; QAT prepares its fake
+    # quantizers on meta and is materialized with the rest (apply_materialize)
     meta = s.meta if q.mode == "qlora" else None
     transposed = {f"{m}.weight" for m in s.checked.conv}
-    readers = []
+    rows = s.ecs.expert_rows if s.ecs is not None else {}
+    readers: list = []
+    di = None
+    if meta is not None and meta.init_from is None:
+        from meshplan.models.device_init import DeviceInit
+
+        di = DeviceInit(meta.tape, meta.finals)
     for r in s.roots:
         reader = None
         if meta is not None:
-            from meshplan.runtime.apply.quant_load import LinearReader
+            from meshplan.runtime.apply.quant_load import LinearInit, LinearReader
 
             transposed.update(f"{m}.weight" for m in convert_targeted_conv1d(r, q))
-            reader = LinearReader(meta.init_from, s.env.device, transposed)  # type: ignore[arg-type]
+            reader = (LinearReader(meta.init_from, s.env.device, transposed) if meta.init_from is not None
+                      else LinearInit(di, s.env.device, transposed, rows=rows))
             readers.append(reader)
         changed = apply_quantization(
             r, q, tp_mesh=s.env.mesh["tp"] if s.plan.tp > 1 else None, tp_styles=s.checked.styles,
@@ -231,17 +240,31 @@ def apply_quantize(s: ApplyState) -> list[str]:
         from meshplan.runtime.apply import materialize as mat
         from meshplan.runtime.apply.quant_load import materialize_rest
 
-        rest = materialize_rest(s.roots, meta.init_from, s.env.device, tape=meta.tape,  # type: ignore[arg-type]
-                                finals=meta.finals, tied=s.checked.tied, transposed=transposed)
+        n_rest, rest = materialize_rest(s.roots, meta.init_from, s.env.device, tape=meta.tape, finals=meta.finals,
+                                        tied=s.checked.tied, transposed=transposed, init=meta.init, di=di, rows=rows)
         for m in s.modules if s.pipelined else []:  # stage graphs captured on meta
             for sub in m.modules():
                 mat.retarget_graph(sub, s.env.device)
         s.meta = None  # from here on a host model (data parallel wraps it as one)
         base = sum(rd.bytes for rd in readers)
-        notes.append(f"initialized from the Hugging Face checkpoint {meta.init_from}: built on the meta device, "
-                     f"{sum(rd.linears for rd in readers)} targeted linears read and quantized one at a time "
-                     f"({base / 2**20:.1f} MiB fp32 read, never whole), the other weights {rest / 2**20:.1f} MiB "
-                     f"(this rank's TP shards), buffers from the constructor")
+        n_lin = sum(rd.linears for rd in readers)
+        if meta.init_from is not None:
+            notes.append(f"initialized from the Hugging Face checkpoint {meta.init_from}: built on the meta device, "
+                         f"{n_lin} targeted linears read and quantized one at a time "
+                         f"({base / 2**20:.1f} MiB fp32 read, never whole), the other weights {rest / 2**20:.1f} MiB "
+                         f"(this rank's TP shards), buffers from the constructor")
+        else:
+            largest = max((rd.largest for rd in readers), default=0)
+            on_cpu = sum(rd.on_cpu for rd in readers)
+            cpu = f" ({on_cpu} of their tensors computed whole on the CPU and cut)" if on_cpu else ""
+            rest_how = ("the other parameters left to the checkpoint it resumes from (it holds the NF4 bases and "
+                        "the adapters), buffers from the constructor's replay" if meta.init == "checkpoint" else
+                        "the other tensors device-initialised the same way")
+            notes.append(f"built on the meta device (QLoRA): {n_lin} targeted linears initialised on {s.env.device} "
+                         f"for this rank's part by the constructor's device init (models.device_init: random ones "
+                         f"drawn per tile, the same for every layout){cpu} and quantized to NF4 one at a time "
+                         f"({base / 2**20:.3g} MiB fp32 made in all, at most {largest / 2**20:.3g} MiB at once: "
+                         f"never the whole model); {n_rest} other tensors allocated on {s.env.device}, {rest_how}")
     return notes
 
 

@@ -46,6 +46,24 @@ def resolve_init(choice: str, n_params: int) -> tuple[str, str]:
     return "device", f"--init auto: {n_params / 1e9:.2f}B parameters > {AUTO_HOST_EXACT_MAX_PARAMS / 1e9:g}B"
 
 
+def build_label(meta: bool, plan: Plan, init_from: object, init: str, refused: str = "") -> str:
+    """Which build a run used, for its startup line: ``meta build`` (+ how a QLoRA plan got its NF4 bases)
+    or ``host build`` (+ why, where a meta build was refused or a quantized plan needs the host)."""
+    q = plan.quantization.mode
+    if meta:
+        if q != "qlora":
+            return "meta build"
+        how = ("read from --init-from" if init_from is not None else "from the checkpoint resumed"
+               if init == "checkpoint" else "device-initialised")
+        return f"meta build, QLoRA bases {how} and quantized one linear at a time"
+    if refused:
+        return "host build: the meta build was refused" + (" (QLoRA under --init host-exact)"
+                                                          if "host-exact" in refused else "")
+    if q != "none":
+        return f"host build ({q}: the whole fp32 model on the host before quantizing)"
+    return "host build"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="meshplan.runtime.loop.train", description=__doc__)
     p.add_argument("--plan", required=True, help="plan JSON written by `meshplan plan`")
@@ -168,12 +186,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     mbs = plan.micro_batch_size
     torch.manual_seed(args.seed)
     # meta: built without values, the plan applied there, each rank's shard materialized from the
-    # constructor's replay (tape) or --init-from; QAT too; QLoRA needs the weights to quantize: from a HF
-    # directory it reads them linear by linear into the meta build (apply.quant_load), else the host
+    # constructor's replay (tape) or --init-from; QAT too; QLoRA needs the weights to quantize: it gets them
+    # linear by linear in the meta build (apply.quant_load: read from a HF directory, or the device init),
+    # from a DCP --init-from the host build
     meta = args.build == "meta" and (plan.quantization.mode == "none" or builds_on_meta(plan, args.init_from))
     if args.init == "device" and not meta:
-        raise ValueError("--init device initialises a meta build's shards: drop --build host (quantized plans "
-                         "other than QLoRA from a Hugging Face directory build on the host)")
+        raise ValueError("--init device initialises a meta build's shards: drop --build host (QAT under TP or "
+                         "pipelining and QLoRA from a DCP --init-from build on the host)")
     tape = InitTape() if meta else None
     clock.phase("meta build" if meta else "host build")
     spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None, device="meta" if meta else None,
@@ -214,11 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                           init=init, progress=progress)
 
     clock.phase("apply")
+    refused = ""
     try:
         pm = apply(model, example, tape)
     except MetaBuildRefused as e:  # raised before any collective, alike on every rank: build on the host
         if os.environ.get("RANK", "0") == "0":
             print(f"note: {e}; building on the host instead", flush=True)
+        refused = str(e)
         torch.manual_seed(args.seed)
         spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None)
         model = spec.model
@@ -269,7 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock.phase("first step")  # ends in _loop: rec.startup_s gets it after step 1
     rec.startup_s = clock.seconds()
     if rank == 0:
-        print(startup_line(rec.startup_s, clock.elapsed(), "from the worker's start to its first step"), flush=True)
+        print(startup_line(rec.startup_s, clock.elapsed(), "from the worker's start to its first step",
+                           build=build_label(tape is not None, plan, args.init_from, init, refused)), flush=True)
     if OPTIMIZERS[ran_optimizer] != OPTIMIZERS[plan.optimizer]:
         rec.notes.append(f"optimizer {ran_optimizer} run; the plan's predictions are for {plan.optimizer}")
     progress = Progress(total_steps=args.steps, start_step=start, log_every=args.log_every,

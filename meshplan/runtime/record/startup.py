@@ -72,10 +72,11 @@ def process_age_s() -> float | None:
         return None
 
 
-def startup_line(parts: dict[str, float], total_s: float, what: str) -> str:
-    """``startup: 42.9 s to step 1: import 3.1 s, meta build 1.0 s, ...``"""
+def startup_line(parts: dict[str, float], total_s: float, what: str, build: str = "") -> str:
+    """``startup: 42.9 s to step 1 [meta build]: import 3.1 s, meta build 1.0 s, ...`` (``build``: which
+    build the run used, ``train.build_label``)."""
     body = ", ".join(f"{k} {v:.1f} s" for k, v in parts.items() if v >= 0.05)
-    return f"startup: {total_s:.1f} s {what}: {body}"
+    return f"startup: {total_s:.1f} s {what}" + (f" [{build}]" if build else "") + f": {body}"
 
 
 class MaterializeProgress:
