@@ -185,9 +185,17 @@ def _first_nonfinite(state: Mapping[str, Any], prefix: str = "") -> str | None:
                 return bad
             continue
         t = _local(v)
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not _finite(t):
             return prefix + k
     return None
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """All of ``t`` finite; a QLoRA base (torchao's NF4Tensor, which has no isfinite) by its scales."""
+    if type(t).__name__ == "NF4Tensor":  # 4-bit codes (finite by construction) and their fp scales
+        parts = [getattr(t, a) for a in ("quantization_factor", "scaler_mean")]
+        return all(bool(torch.isfinite(p).all()) for p in parts if isinstance(p, torch.Tensor) and p.is_floating_point())
+    return bool(torch.isfinite(t).all())
 
 
 def _agree(value: Any) -> list[Any]:
