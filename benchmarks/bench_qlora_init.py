@@ -9,10 +9,15 @@ targeted, NF4 base) with ``init_from`` that directory twice, each in a fresh pro
 * ``meta``: built on the meta device, each targeted linear read and quantized one at a time, the rest
   read after (``runtime.apply.quant_load``; what ``meshplan run`` does now for QLoRA + a HF directory).
 
+``--random`` (no file, #33): the same plan with random weights: ``host`` builds and initialises the whole
+fp32 model, then quantizes (what ``meshplan run`` did before for QLoRA without ``--init-from``); ``meta``
+device-initialises each targeted linear and quantizes it at once (``--init device``, what it does now).
+The two losses differ there (host-exact vs device init values); each row adds the seconds of build + apply.
+
 Each reports its peak RSS (``VmHWM``) before the build and after ``apply_plan``, and the loss of one
 fixed batch (the two must agree: same file, same quantization).
 
-    python benchmarks/bench_qlora_init.py [--layers 16 --hidden 1024 --ffn 2816 --vocab 32000]
+    python benchmarks/bench_qlora_init.py [--layers 16 --hidden 1024 --ffn 2816 --vocab 32000] [--random]
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import datetime
 import os
 import socket
 import tempfile
+import time
 from typing import Any
 
 import torch
@@ -64,6 +70,7 @@ def _run(kind: str, path: str, a: Any, port: int, q: Any) -> None:
     from meshplan.runtime.loop.train import default_loss
 
     out: dict[str, Any] = {"kind": kind, "before": _peak()}
+    t0 = time.perf_counter()
     torch.manual_seed(0)
     tape = None
     if kind == "meta":
@@ -79,9 +86,11 @@ def _run(kind: str, path: str, a: Any, port: int, q: Any) -> None:
                                quantization=q8)
     x = torch.randint(0, a.vocab, (1, a.seq), generator=torch.Generator().manual_seed(3))
     pm = apply_plan(model, plan, loss_fn=default_loss, optimizer_factory=make_optimizer("adamw", 1e-4),
-                    example_inputs=(x,), init_from=path, dtype="fp32", tape=tape, timeout_s=1800)
+                    example_inputs=(x,), init_from=None if a.random else path, dtype="fp32", tape=tape,
+                    timeout_s=1800, init="device" if a.random and kind == "meta" else "host-exact")
     out["applied"] = _peak()
-    out["note"] = next((n for n in pm.notes if "initialized" in n), "")
+    out["s"] = time.perf_counter() - t0
+    out["note"] = next((n for n in pm.notes if "initialized" in n or "built on the meta" in n), "")
     for m in pm.modules:
         m.eval()
     with torch.no_grad():
@@ -99,6 +108,7 @@ def main() -> int:
     ap.add_argument("--ffn", type=int, default=2816)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--random", action="store_true", help="no --init-from: random weights (host vs device init)")
     a = ap.parse_args()
     from meshplan.models.hf import hf_llama
 
@@ -122,10 +132,11 @@ def main() -> int:
             p.join()
             if p.exitcode == 0:
                 rows.append(qq.get())
-    print("| build | peak RSS before the build | after the build | after apply_plan (loaded, quantized) | loss of one batch |")
-    print("|---|---|---|---|---|")
+    print("| build | peak RSS before the build | after the build | after apply_plan (loaded, quantized) | loss of one batch "
+          "| build + apply_plan s |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['kind']} | {r['before']:.2f} | {r['built']:.2f} | {r['applied']:.2f} | {r['loss']:.6f} |")
+        print(f"| {r['kind']} | {r['before']:.2f} | {r['built']:.2f} | {r['applied']:.2f} | {r['loss']:.6f} | {r['s']:.1f} |")
     for r in rows:
         print(f"{r['kind']}: {r['note']}")
     return 0 if len(rows) == 2 else 1
