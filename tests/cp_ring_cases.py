@@ -1,5 +1,6 @@
 """Workers for the context-parallel ring tests (#17): the ring alone against SDPA, and whole
-plans (selective recompute under cp) against one device with the bytes the ring really sent."""
+plans (selective recompute under cp) against one device with the bytes the ring really sent;
+cp x tp with sequence parallelism (#33, ``sp_worker``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,23 @@ import copy
 
 import torch
 import torch.nn.functional as F
+
+
+def costed_bytes(cfg: dict) -> float:
+    """The cost model's ring bytes per step for ``cfg`` (epcp_cases' plan: 2 sequences per microbatch)."""
+    from epcp_cases import SEQ, build
+
+    from meshplan.cost_models.engine_profiles import MESHPLAN
+    from meshplan.cost_models.hardware import ClusterSpec
+    from meshplan.planner.epcp_cost import epcp_terms
+    from meshplan.trace import trace_model
+
+    g = trace_model(build("llama"), (torch.zeros(1, SEQ, dtype=torch.long),))
+    assert {n.attrs["num_kv_heads"] for n in g.nodes_of_kind("attention")} == {2}  # un-repeated, traced
+    t = epcp_terms(g, ClusterSpec.preset("h100"), cp=cfg["cp"], ep=1, micro_batch=2, dtype="fp32",
+                   capacity_factor=1.0, elem_bytes=4, tp=cfg.get("tp", 1), recompute=cfg["recompute"],
+                   cp_rotate=MESHPLAN.cp_rotate)
+    return t.comm_bytes["send_recv"] * cfg.get("m", 1)
 
 
 def attention_worker(rank: int, world: int) -> list[tuple[bool, list[float], list[str], int, int]]:
@@ -66,3 +84,57 @@ def plan_worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, flo
 def both_worker(rank: int, world: int, cfgs: list[dict]) -> tuple[list, list]:
     """``attention_worker`` then ``plan_worker`` in one process group."""
     return attention_worker(rank, world), plan_worker(rank, world, cfgs)
+
+
+def sp_plan(model: torch.nn.Module, cfg: dict) -> object:
+    """``cfg``'s plan (cp, tp, pp, recompute) with sequence parallelism on: Megatron-style attention and MLP
+    styles (the zoo GPT's ``fc_in`` / ``fc_out`` too), pp > 1 cut at block starts."""
+    import dataclasses
+
+    from epcp_cases import make_plan, make_pp_plan, tp_styles
+
+    from meshplan.plan import MeshSpec
+
+    cp, tp, pp, rc = cfg["cp"], cfg["tp"], cfg.get("pp", 1), cfg.get("recompute", "none")
+    styles = tp_styles(model)
+    styles.update({n: "colwise" if n.endswith("fc_in") else "rowwise" for n, _ in model.named_modules()
+                   if n.endswith(("fc_in", "fc_out"))})
+    if pp == 1:
+        plan = make_plan(model, 1, cp, 1, cfg.get("m", 1), tp, rc)
+    else:
+        plan = make_pp_plan(model, pp=pp, dp=1, cp=cp, ep=1, m=cfg.get("m", 2), recompute=rc)
+        plan = dataclasses.replace(plan, world_size=pp * cp * tp, mesh=MeshSpec(("pp", "dp", "cp", "tp"), (pp, 1, cp, tp)))
+    return dataclasses.replace(plan, tp_styles=styles, sequence_parallel=True)
+
+
+def _record_len(into: list[int]) -> object:
+    """A forward pre-hook appending the sequence length (dim 1) of its module's input to ``into``, as this
+    rank holds it (a DTensor's local tensor: SequenceParallel makes a norm's input one)."""
+    return lambda _m, args: into.append(int(getattr(args[0], "_local_tensor", args[0]).shape[1]))
+
+
+def sp_worker(rank: int, world: int, cfgs: list[dict]) -> list[tuple[dict, float, float, int, list[str], list[int]]]:
+    """Each cp x tp plan with sequence parallelism vs one process for ``STEPS`` SGD steps: the max loss and
+    parameter errors, the ring's bytes over the steps, the run's notes, and (pp = 1) the sequence lengths
+    the first block's first norm and its attention's q_proj saw (the tp slice of the cp shard, the cp shard)."""
+    from epcp_cases import SEQ, _loss, _opt, _train_and_compare, build
+
+    from meshplan.runtime.apply.api import apply_plan
+
+    out = []
+    for cfg in cfgs:
+        model = build(cfg["model"])
+        ref = copy.deepcopy(model)
+        plan = sp_plan(model, cfg)
+        pm = apply_plan(model, plan, loss_fn=_loss, optimizer_factory=_opt,
+                        example_inputs=torch.zeros(2, SEQ, dtype=torch.long))
+        seen: list[int] = []
+        if plan.pp == 1:  # forward pre-hooks added last: they see what the module computes on
+            mods = dict(model.get_submodule("blocks.0").named_modules())  # (a recomputed block is wrapped)
+            for leaf in (("attn_norm", "ln_1"), ("q_proj",)):
+                mods[next(n for n in mods if n.rsplit(".", 1)[-1] in leaf)].register_forward_pre_hook(_record_len(seen))
+        pm.epcp.ring.stats.reset()
+        loss_err, param_err = _train_and_compare(pm, ref, plan)
+        out.append((cfg, loss_err, param_err, pm.epcp.ring.stats.bytes_sent, list(pm.notes), sorted(set(seen))))
+        torch.distributed.barrier()
+    return out

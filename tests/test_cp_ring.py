@@ -15,30 +15,13 @@ shift overlapped with a kernel call, selective recompute under cp.
 from __future__ import annotations
 
 import pytest
-import torch
+from cp_ring_cases import costed_bytes as _costed_bytes
 from dist_utils import run_ranks
 from epcp_cases import STEPS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 ATOL = 1e-5  # fp32 ring merge vs one device's SDPA (losses and parameters after 3 SGD steps, lr 0.5)
-
-
-def _costed_bytes(cfg: dict) -> float:
-    """The cost model's ring bytes per step for ``cfg`` (epcp_cases' plan: 2 sequences per microbatch)."""
-    from epcp_cases import SEQ, build
-
-    from meshplan.cost_models.engine_profiles import MESHPLAN
-    from meshplan.cost_models.hardware import ClusterSpec
-    from meshplan.planner.epcp_cost import epcp_terms
-    from meshplan.trace import trace_model
-
-    g = trace_model(build("llama"), (torch.zeros(1, SEQ, dtype=torch.long),))
-    assert {n.attrs["num_kv_heads"] for n in g.nodes_of_kind("attention")} == {2}  # un-repeated, traced
-    t = epcp_terms(g, ClusterSpec.preset("h100"), cp=cfg["cp"], ep=1, micro_batch=2, dtype="fp32",
-                   capacity_factor=1.0, elem_bytes=4, tp=cfg.get("tp", 1), recompute=cfg["recompute"],
-                   cp_rotate=MESHPLAN.cp_rotate)
-    return t.comm_bytes["send_recv"] * cfg.get("m", 1)
 
 
 def _check_plans(rows: list, cfgs: list[dict]) -> None:

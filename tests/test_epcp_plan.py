@@ -68,7 +68,10 @@ def test_rule_refuses_what_the_runtime_cannot_run():
     assert epcp_rule(**{**ok, "pp": 2}) == ""  # each stage's ring / exchange over its own ranks (runtime.apply.epcp_pipeline)
     assert "torch.export" in epcp_rule(**{**ok, "pp": 2, "capture": "export"})  # cp: the length is baked in
     assert "torch.export" in epcp_rule(**{**ok, "cp": 1, "pp": 2, "capture": "export"})  # ep: measured wrong
-    assert "sequence_parallel" in epcp_rule(**{**ok, "tp": 2, "sequence_parallel": True})
+    assert "sequence_parallel" in epcp_rule(**{**ok, "tp": 2, "sequence_parallel": True})  # ep: MoE replicated over tp
+    cp_sp = {**ok, "ep": 1, "tp": 2, "sequence_parallel": True}  # cp x tp with SP runs (tests/test_cp_sp.py, #33)
+    assert epcp_rule(**cp_sp) == "" and epcp_rule(**{**cp_sp, "pp": 2}) == ""
+    assert "cp*tp" in epcp_rule(**{**cp_sp, "tp": 8, "seq_len": 36})  # 18 tokens per cp rank over tp 8
     assert "2*cp" in epcp_rule(**{**ok, "seq_len": 30})
     assert epcp_rule(**{**ok, "recompute": "selective"}) == ""  # the checkpointed ring call replays its shifts
     assert "experts" in epcp_rule(**{**ok, "ep": 8})
@@ -116,15 +119,17 @@ def test_cp_chosen_when_the_batch_cannot_fill_the_devices(moe_graph):
     assert f"cp={p.cp}:" in explain_plan(p)
 
 
-def test_estimate_says_cp_with_sequence_parallel_is_not_run(moe_graph):
+def test_estimate_says_ep_with_sequence_parallel_is_not_run(moe_graph):
     """An estimated configuration's own sequence parallelism counts in the runtime rule (epcp_rule's SP line):
-    cp2 x tp2 with SP is costed and its notes say the runtime does not run it; without SP nothing is said."""
+    cp2 x ep2 x tp2 with SP is costed and its notes say the runtime does not run it (ep); cp2 x tp2 with SP
+    runs (#33), so the rule says nothing of it (this MoE model's router refuses SP in its own note)."""
     from meshplan.planner.api import estimate_graph
 
     kw = dict(tp=2, pp=1, dp=1, cp=2, cluster="h100", global_batch_size=2)
-    said = [n for n in estimate_graph(moe_graph, 4, sequence_parallel=True, **kw).notes if "does not run it" in n]
-    assert len(said) == 1 and "cp2 with sequence_parallel is not executed" in said[0], said
-    assert not [n for n in estimate_graph(moe_graph, 4, sequence_parallel=False, **kw).notes if "does not run it" in n]
+    said = [n for n in estimate_graph(moe_graph, 4, sequence_parallel=True, ep=2, **kw).notes if "does not run it" in n]
+    assert len(said) == 1 and "cp2 x ep2 with sequence_parallel is not executed" in said[0], said
+    for sp in (True, False):
+        assert not [n for n in estimate_graph(moe_graph, 4, sequence_parallel=sp, **kw).notes if "does not run it" in n]
 
 
 def test_ep_pinned_shards_expert_memory(moe_graph):

@@ -181,7 +181,10 @@ def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: 
     """Why context parallelism ``cp`` / expert parallelism ``ep`` cannot run with the rest of a
     configuration ("" when it can). What runs (``runtime/apply/epcp.py``, ``runtime/apply/epcp_pipeline.py``):
     cp and ep under data parallelism, tensor parallelism (TP inside attention and dense layers, ring
-    attention on the rank's local heads, MoE blocks replicated over tp) and pipeline parallelism
+    attention on the rank's local heads, MoE blocks replicated over tp; cp also with sequence
+    parallelism, torchtitan's CP x TP+SP: each cp rank's shard split over tp outside the TP regions,
+    all-gathered back to the cp shard before the column-parallel linears, so the ring sees the whole
+    cp shard on the rank's heads; ``tests/test_cp_sp.py``) and pipeline parallelism
     (each stage's token exchange and ring over the ep / cp groups of its own ranks, torchtitan's
     layout), full recomputation (a re-run block or stage re-enters ring attention / the exchange)
     and selective recomputation (each ring attention call checkpointed, its re-run replaying its
@@ -203,13 +206,18 @@ def epcp_rule(*, cp: int, ep: int, tp: int, pp: int, seq_len: int, num_experts: 
                 "(HF transformers models are): its stage graphs have the full sequence length baked into their "
                 "shapes (cp), and HF Mixtral's expert exchange inside such stages was measured to differ from one "
                 "device (ep; tests/epcp_cases.py); re-plan with pp = 1 or cp = ep = 1")
-    if sequence_parallel and tp > 1:
-        return f"{what} with sequence_parallel is not executed; re-plan with sequence_parallel off"
+    if sequence_parallel and tp > 1 and ep > 1:
+        return (f"{what} with sequence_parallel is not executed: under ep the MoE blocks stay replicated over tp, and "
+                "a replicated layer inside a block would see only its rank's slice of the sequence; re-plan with "
+                "sequence_parallel off")
     if recompute == "op" and pp > 1:  # selective regions per block of a stage graph: not checked with the ring / exchange
         return (f"{what} with recompute=op inside pipeline stages is not executed (not checked against one device); "
                 "re-plan with recompute=full or selective")
     if cp > 1 and (seq_len <= 0 or seq_len % (2 * cp)):
         return f"seq_len {seq_len} is not divisible by 2*cp = {2 * cp} (causal load balancing)"
+    if cp > 1 and sequence_parallel and tp > 1 and seq_len % (cp * tp):
+        return (f"seq_len {seq_len} is not divisible by cp*tp = {cp * tp}: sequence parallelism splits each cp "
+                f"rank's {seq_len // cp} tokens over tp={tp}; re-plan with sequence_parallel off")
     if ep > 1 and num_experts and num_experts % ep:
         return f"ep={ep} does not divide the {num_experts} experts"
     return ""

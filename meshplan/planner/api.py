@@ -276,9 +276,10 @@ def estimate_graph(
                          moe_folding=moe_folding)  # fmt: skip
     costs = ConfigEvaluator(graph, spec, fixed=f, dtype=dtype, optimizer=optimizer, coster=coster, profile=prof,
                             moe_folding=moe_folding)  # fmt: skip
-    # unpinned: the search's choice, which leaves it off under cp / ep (the runtime refuses them with SP,
-    # execution_rules.epcp_rule; search.Searcher turns SP on only where cp * ep == 1)
-    sp = costs.sp_for(tp) and cp * ep == 1 if sequence_parallel is None else (bool(sequence_parallel) and tp > 1)
+    # unpinned: the search's choice, which leaves it off where the runtime refuses cp / ep with SP (ep > 1, a
+    # cp shard tp does not divide: execution_rules.epcp_rule, as search.Searcher.candidates asks it)
+    sp = (costs.sp_for(tp) and not costs.ep_cp.epcp_why(tp, pp, cp, ep, recompute, sequence_parallel=True)
+          if sequence_parallel is None else (bool(sequence_parallel) and tp > 1))
     sp_why = tp_pp_blocker(tp=tp, pp=pp, capture=graph.capture, sequence_parallel=sp)
     if sp_why and sequence_parallel:
         raise ValueError(sp_why)

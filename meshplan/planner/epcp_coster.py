@@ -49,7 +49,8 @@ class EPCPCosts:
     def epcp_why(self, tp: int, pp: int, cp: int, ep: int, recompute: str, dp: int = 0,
                  sequence_parallel: bool | None = None) -> str:
         """``execution_rules.epcp_rule`` (what the runtime refuses) for these degrees; a pinned
-        sequence_parallel counts (otherwise cp/ep configurations are costed without SP), or the one given
+        sequence_parallel counts (``Searcher.configs`` asks without SP, ``Searcher.candidates`` again with SP
+        on where the TP degree takes it: cp runs with it, ep does not), or the one given
         (an estimated configuration's own). Memoized per degrees (``Searcher.configs`` asks it once per
         microbatch size and schedule). ``dp`` (0: not checked, the search's ep always divides dp·cp): an
         ep spanning tensor-parallel ranks is refused."""

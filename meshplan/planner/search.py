@@ -345,10 +345,11 @@ class Searcher:
         cfgs = self.configs()
         if not cfgs:
             raise NoFeasiblePlanError(explain_no_configs(self, MICRO_BATCH_CHOICES))
-        # cp/ep run without sequence parallelism (execution_rules.epcp_rule)
+        # cp runs with sequence parallelism, ep without (execution_rules.epcp_rule, asked with SP on)
         sp = {tp: self.costs.sp_for(tp) for tp in {c.tp for c in cfgs}}  # (configs() builds them without)
-        cfgs = [c.but(sequence_parallel=True) if sp[c.tp] and c.cp * c.ep == 1 and not tp_pp_blocker(
-            tp=c.tp, pp=c.pp, capture=self.g.capture, sequence_parallel=True) else c for c in cfgs]
+        cfgs = [c.but(sequence_parallel=True) if sp[c.tp] and not tp_pp_blocker(
+            tp=c.tp, pp=c.pp, capture=self.g.capture, sequence_parallel=True) and not self.costs.ep_cp.epcp_why(
+            c.tp, c.pp, c.cp, c.ep, c.recompute, sequence_parallel=True) else c for c in cfgs]
         enumerated_tp = {c.tp for c in cfgs}  # for the plan's "tp=1: why" (planner.tp_reason)
         if "tp" not in self.fixed:  # a TP group whose placement shards nothing only repeats work
             useful = [c for c in cfgs if c.tp == 1 or self._shards_something(c)]

@@ -2,7 +2,7 @@
 
 ``epcp_blocker(model, plan)`` says (before any collective) why a plan's cp/ep cannot run on this
 runtime; ``apply_plan`` raises ``PlanMismatchError`` with it. Supported: cp and ep under data
-parallelism, alone or together, with tp (no sequence parallelism; MoE blocks replicated over tp),
+parallelism, alone or together, with tp (MoE blocks replicated over tp; cp also with sequence parallelism, ep not),
 with pp (each stage exchanges tokens / runs its ring over the groups of its own ranks:
 ``runtime.apply.epcp_pipeline``), full recomputation (a re-run block re-enters ring attention), selective
 recomputation (``RingContext.checkpoint``: each ring attention call is its own checkpoint),

@@ -3,11 +3,11 @@ returns its own notes (as torchtitan's ``parallelize_*`` / ``apply_*`` do).
 
 Order (``STEPS``) and why where it matters:
 
-1. ``apply_epcp``: expert sharding and cp/ep groups first, before anything wraps the MoE blocks;
-   under pp > 1 the stage graphs read the shard's positions (``epcp_pipeline``).
+1. ``apply_epcp``: expert sharding and cp/ep groups first, before anything wraps the MoE blocks.
 2. ``apply_split``: this rank's stages (pp > 1; the sequence-parallel boundaries are inserted into
-   the captured graph here, as they need the tp mesh) or the whole model; what runs under cp is
-   wrapped by the ring.
+   the captured graph here, as they need the tp mesh, and the graph re-cut) or the whole model; under
+   cp > 1 the stage graphs as cut last read the shard's positions (``epcp_pipeline``), and what runs
+   is wrapped by the ring.
 3. ``apply_tensor_parallel``: DTensor TP / sequence parallelism on the roots (the user's FQNs).
 4. ``apply_sync_batchnorm``: BatchNorm statistics over the dp group.
 5. ``apply_quantize``: QAT / QLoRA on each root, after TP because QLoRA quantizes each rank's shard
@@ -112,9 +112,6 @@ def apply_epcp_step(s: ApplyState) -> list[str]:
     s.mode = dpmod.dp_mode(s.plan)
     if not uses_epcp(s.plan):
         return []
-    if s.pipelined and s.plan.cp > 1:  # each stage graph reads its shard's positions
-        for p in s.checked.pieces:
-            shard_position_tables(p.module, s.plan.cp, s.env.coord("cp"))
     s.ecs = apply_epcp(s.model, s.plan, s.env)  # stage modules hold the model's own MoE blocks
     if not dpmod.fsdp_over_cp(s.plan):  # FSDP2 over dp x cp reduces the cp ranks' gradients itself
         s.mode = "epcp"
@@ -140,6 +137,9 @@ def apply_split(s: ApplyState) -> list[str]:
                 raise PlanMismatchError(f"sequence_parallel is planned but this model cannot run it ({why}); "
                                         "re-plan with sequence_parallel off")
             pieces = split.split_stages(gm, c.ordered)
+        if plan.cp > 1:  # each stage graph reads its shard's positions: the graphs that run, cut last (SP or an
+            for p in pieces:  # export capture re-cut ``gm`` above into new stage modules, without a rewrite)
+                shard_position_tables(p.module, plan.cp, s.env.coord("cp"))
         s.mine = [st.index for st in c.ordered if st.rank == s.env.coord("pp")]
         s.modules = [pieces[i].module if s.meta else pieces[i].module.to(s.env.device) for i in s.mine]
         # the capture's device/dtype checks do not hold where stages run: the rank's device (a meta
