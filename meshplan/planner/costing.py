@@ -174,6 +174,9 @@ class LayerCost:
     #: cast passes ``cost_models.autocast_casts`` prices (``kind_free_terms``, where the run casts)
     autocast_cast_params: float = 0.0
     autocast_recast_params: float = 0.0
+    #: of the cast parameters, those whose bf16 gradient the cast's backward converts to fp32: the trained
+    #: ones (QLoRA: the adapters; a frozen weight has no weight gradient); -1: all of them
+    autocast_gradcast_params: float = -1.0
     #: bytes per microbatch a split backward (zero-bubble schedules) keeps from the layer's input
     #: backward to its weight pass: the gradient of every weight-reading op's output
     #: (``_wgrad_bytes``), beside the activations it still holds then

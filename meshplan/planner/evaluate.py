@@ -278,6 +278,8 @@ class ConfigEvaluator:
                 "remat": run([x.autocast_remat_bytes for x in layers]),
                 "castp": run([x.autocast_cast_params for x in layers]),
                 "recastp": run([x.autocast_recast_params for x in layers]),
+                "gcastp": run([x.autocast_cast_params if x.autocast_gradcast_params < 0 else x.autocast_gradcast_params
+                               for x in layers]),
             }  # fmt: skip
             cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
             self.memos.prefix[key] = cols

@@ -110,6 +110,7 @@ class StageColumns:
     remat: list[float]
     castp: list[float]  # LayerCost.autocast_cast_params: parameters autocast casts per forward
     recastp: list[float]  # LayerCost.autocast_recast_params: ... again in a full / op recompute
+    gcastp: list[float]  # LayerCost.autocast_gradcast_params: ... whose gradient is cast back (the trained ones)
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,13 +424,14 @@ def autocast_cast_s(ev: KindFreeCosts, c: Config, cols: StageColumns, f: list[fl
     forward's (``cols.castp``; a step's share where one autocast region spans the step,
     ``ev.autocast_once``), a full / op recompute's again (``cols.recastp``, in the input backward, and
     in the weight pass too where a split backward re-runs a block there: ``rerun_w``), and the
-    gradients' casts back to fp32 (after the weight gradients: in the weight pass of a split backward)."""
+    gradients' casts back to fp32 (``cols.gcastp``: the trained parameters only, a frozen weight has no
+    gradient; after the weight gradients: in the weight pass of a split backward)."""
     cb = autocast_cast_bytes(c.num_microbatches, per_step=ev.autocast_once(c), recompute=c.recompute)
     hbm = ev.cluster.mem_bw_bytes_per_s * ev.cluster.mem_efficiency
     split = c.pp > 1 and c.schedule in ZERO_BUBBLE
     f2 = [x + p * cb.forward / hbm for x, p in zip(f, cols.castp)]
     rec = [r * cb.recompute / hbm for r in cols.recastp]
-    back = [p * cb.backward / hbm for p in cols.castp]
+    back = [p * cb.backward / hbm for p in cols.gcastp]  # the trained parameters' gradients alone
     b2 = [x + r + (0.0 if split else g) for x, r, g in zip(b, rec, back)]
     w2 = [x + (g if split else 0.0) + (r if rerun_w else 0.0) for x, r, g in zip(w, rec, back)]
     return f2, b2, w2
@@ -507,7 +509,7 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
         wgrad=col("wg"), castw=col("castw"), hf=col("hf"), hb=col("hb"), castx=col("castx"), cachew=col("cachew"),
-        remat=col("remat"), castp=col("castp"), recastp=col("recastp"),
+        remat=col("remat"), castp=col("castp"), recastp=col("recastp"), gcastp=col("gcastp"),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev.memos.stage_cols[key] = out

@@ -220,4 +220,6 @@ class LayerSaves:
             state_grad_bytes=st.grads, state_opt_bytes=st.optimizer, trainable_params=trainable, work_bytes=work,
             transient_bytes=layer.transient_bytes + (0.0 if kept else saved), autocast_work_bytes=cast_work,
             gather_bytes=gathered if q.mode == "qlora" else -1.0,
+            # QLoRA trains the adapters alone: only their casts have a gradient to convert back to fp32
+            autocast_gradcast_params=min(trainable, layer.autocast_cast_params) if q.mode == "qlora" else -1.0,
         )  # fmt: skip
