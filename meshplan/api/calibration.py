@@ -96,7 +96,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from meshplan.cost_models.hardware import ClusterSpec
+from meshplan.cost_models.hardware import HOST_FIELDS, ClusterSpec
 from meshplan.cost_models.memory import OPTIMIZERS
 from meshplan.graph import ModelGraph
 from meshplan.plan import Plan, Prediction
@@ -462,10 +462,6 @@ def measured_core_share(d: dict[str, Any]) -> float | None:
     skip = int(d.get("warmup", 1))
     shares = [c / w for row in d.get("rank_cpu_s") or [] for c, w in list(zip(row, walls))[skip:] if w > 0 and c > 0]
     return min(1.0, statistics.median(shares)) if shares else None
-
-
-#: the host figures a RunRecord's ``host`` carries (``runtime.record.host_probe.HOST_FIELDS``)
-HOST_FIELDS = ("host_op_s", "host_bwd_op_s", "host_checkpoint_fwd_s", "host_checkpoint_bwd_s", "host_optimizer_tensor_s")
 
 
 def recorded_host(records: Sequence[dict[str, Any]]) -> dict[str, float]:

@@ -28,11 +28,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from meshplan.cost_models.hardware import HOST_FIELDS  # the ClusterSpec fields a probe measures
+
 if TYPE_CHECKING:
     import torch
-
-#: the ClusterSpec fields a probe measures (``profile.host.host_figures``)
-HOST_FIELDS = ("host_op_s", "host_bwd_op_s", "host_checkpoint_fwd_s", "host_checkpoint_bwd_s", "host_optimizer_tensor_s")
 
 
 def wants_probe(mode: str, device_type: str) -> bool:
