@@ -14,6 +14,8 @@
 #   05 plan 8B    meshplan plan llama3-8b -n 1, batch 8 x 4096 (the planner's pick at this GPU's memory edge;
 #                 QLoRA when nothing else fits)
 #   06 run 8B     meshplan run of that plan: does what the planner says fits, fit?
+#   05q/06q       the QLoRA plan of the same model and batch, planned and run even where a 16-bit plan fits
+#                 (run_8b_qlora.json: the meta build's startup and the QLoRA step on a GPU with room to spare)
 #   07 tokens     meshplan prepare-data (byte tokens of the repo's prose, ~0.5 MB) -> tokens.bin
 #   08 run        meshplan run on tokens.bin (RunRecord run_tokens.json)
 #   09 calibrate  meshplan calibrate on both gpt2-xl default-plan RunRecords -> calibrated.json
@@ -160,6 +162,14 @@ fi
 if [ -s plan_8b.json ]; then
   step 06-run-8b 300 "${MP[@]}" run plan_8b.json --model "$BIG" --steps 6 --log-every 1 --profile-steps 0 \
     --record run_8b.json "${RUN_EXTRA[@]}"
+fi
+# the QLoRA plan of the same model and batch, whether or not a 16-bit plan fits (on an H200 one does): its
+# startup is the meta build (each targeted linear initialised on the device and quantized at once)
+step 05q-plan-8b-qlora-pinned 120 "${MP[@]}" plan "$BIG" -n 1 --cluster "$CLUSTER" --global-batch "$BIG_BATCH" \
+  --seq "$BIG_SEQ" --quantization qlora -o plan_8b_qlora.json
+if [ -s plan_8b_qlora.json ]; then
+  step 06q-run-8b-qlora 300 "${MP[@]}" run plan_8b_qlora.json --model "$BIG" --steps 6 --log-every 1 --profile-steps 0 \
+    --record run_8b_qlora.json "${RUN_EXTRA[@]}"
 fi
 # a corpus of the repo's own prose (byte tokens): the bundled river_town.txt alone (8.7k tokens) is less than
 # one global batch of 8 x 1025 at GPU shapes, for training or for the held-out split
