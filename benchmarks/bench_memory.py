@@ -102,6 +102,7 @@ def paths(big: bool) -> list[Path_]:
         Path_("tp qat", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False, quantization="qat")),
         Path_("pp 1f1b qat", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b", quantization="qat"), microbatches=4),
         Path_("single qlora", 1, dict(tp=1, pp=1, dp=1, quantization="qlora")),
+        Path_("single qlora+recompute_op", 1, dict(tp=1, pp=1, dp=1, quantization="qlora", recompute="op")),
         Path_("ddp qlora", w, dict(tp=1, pp=1, dp=w, dp_kind="ddp", quantization="qlora")),
         Path_("tp qlora", w, dict(tp=w, pp=1, dp=1, sequence_parallel=False, quantization="qlora")),
         Path_("pp 1f1b qlora", 2, dict(tp=1, pp=2, dp=1, schedule="1f1b", quantization="qlora"), microbatches=4),

@@ -31,6 +31,26 @@ def _block(g):
     return g.nodes[a:b]
 
 
+def test_op_counts_the_three_matmuls_of_each_qlora_linear(graph) -> None:
+    """A QLoRA linear issues three matmuls (NF4 base, ``x @ A^T`` of rank r, ``h @ B^T``): of a block's
+    21 the 1st, 3rd, ... are kept, q_proj's base (1) and B (3), k_proj's A (5), v_proj's base and B
+    (7, 9), o_proj's A (11), gate_proj's base and B (13, 15), up_proj's A (17), down_proj's base and B."""
+    from meshplan.cost_models.quant import qlora_mm_parts
+
+    nodes = _block(graph)
+    r, tokens, fp32 = 8, B * S, 4
+
+    def parts(n):
+        return qlora_mm_parts(int(n.attrs["out_features"]), r)
+
+    want = tokens * fp32 * (H + 2 * H + r + 2 * KVD + r + H * (1 + 1 / HD) + 2 * FFN + r + 2 * H)
+    assert op_sac_kept_bytes(nodes, input_bytes=tokens * H * fp32, mm_parts=parts) == pytest.approx(want)
+    # A's output (rank r) is whole on every TP rank; the base and B outputs split like the linear's
+    assert qlora_mm_parts(4096, 16) == ((1.0, True), (16 / 4096, False), (1.0, True))
+    with pytest.raises(ValueError):
+        qlora_mm_parts(4096, 0)
+
+
 def test_op_keeps_input_every_other_linear_and_attention(graph) -> None:
     nodes = _block(graph)
     assert [n.module_fqn.rsplit(".", 1)[-1] for n in nodes if n.kind == "linear"] == [

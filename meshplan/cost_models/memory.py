@@ -250,6 +250,7 @@ def node_activation_bytes(
     out_shard_of: Callable[[GraphNode], int] | None = None,
     attention_impl: str = "flash",
     sac_saves: str = "cached",
+    mm_parts: Callable[[GraphNode], tuple[tuple[float, bool], ...]] | None = None,
 ) -> float:
     """Activation bytes a run of traced nodes (a block, a stage) keeps for one microbatch.
 
@@ -263,6 +264,7 @@ def node_activation_bytes(
                    input, the outputs of every other linear (1st, 3rd, ... in the run) and of fused
                    attention (output + log-sum-exp); with SP also each row-wise linear's
                    reduce-scattered output. Everything else is recomputed in backward.
+                   ``mm_parts``: the matmuls each linear issues (``op_sac_kept_bytes``; QLoRA: three).
     ``full``:      only the inputs of the run are kept: ``input_bytes · batch_scale · elem_scale``
                    (÷tp with SP), e.g. ``CutPoint.crossing_bytes`` or the block's input edge bytes.
 
@@ -288,7 +290,7 @@ def node_activation_bytes(
     nodes = list(nodes)
     if recompute == "op":
         return op_sac_kept_bytes(nodes, tp=tp, sp=sp, input_bytes=input_bytes, out_shard_of=out_shard_of,
-                                 sac_saves=sac_saves) * scale
+                                 sac_saves=sac_saves, mm_parts=mm_parts) * scale
     scores: dict[int, int] = {}
     if recompute == "selective":
         if seq_len is None:
@@ -340,6 +342,7 @@ def op_sac_kept_bytes(
     input_bytes: float = 0.0,
     out_shard_of: Callable[[GraphNode], int] | None = None,
     sac_saves: str = "cached",
+    mm_parts: Callable[[GraphNode], tuple[tuple[float, bool], ...]] | None = None,
 ) -> float:
     """Bytes one checkpointed block keeps under op-level selective activation checkpointing.
 
@@ -368,6 +371,14 @@ def op_sac_kept_bytes(
     saved linear's output, and under SP its reduce-scattered output, only where the backward reads
     it: not where residual additions alone read it (an addition's backward needs neither operand),
     e.g. w2's (down projection's) in a Llama block: 55,360 B of the 63,552 above.
+
+    ``mm_parts(n)``: the matrix multiplies a linear issues, in order, each as (its output's bytes
+    over ``n.out_bytes``, whether its output is split like the linear's): by default one,
+    ``((1.0, True),)``. The count of "every second mm" runs over them. A QLoRA linear
+    (``runtime/apply/quant/lora_linear.py``) issues three: the NF4 base, then ``x @ A^T`` (rank r,
+    never split) and ``h @ B^T`` (the whole output again), ``quant.qlora_mm_parts``; so of a Llama
+    block's 21 matmuls the 1st, 3rd, ... are kept: wq's, wv's, w1's and w2's base and B outputs
+    (twice what the same block keeps unquantized) and the A outputs of wk, wo and w3.
     """
     if sac_saves not in SAC_SAVES:
         raise ValueError(f"sac_saves must be one of {', '.join(SAC_SAVES)}, got {sac_saves!r}")
@@ -385,11 +396,14 @@ def op_sac_kept_bytes(
     count = 0
     for n in nodes:
         if n.kind == "linear":
-            count += 1
+            parts = mm_parts(n) if mm_parts is not None else ((1.0, True),)
+            first = count
+            count += len(parts)
             if n.id in summed_only:
                 continue
-            if count % 2:
-                total += n.out_bytes / shard(n)
+            for i, (frac, split) in enumerate(parts, start=first + 1):
+                if i % 2:
+                    total += n.out_bytes * frac / (shard(n) if split else 1)
             if sp and tp > 1 and shard(n) == 1:
                 total += n.out_bytes / tp
         elif n.kind == "attention":

@@ -182,6 +182,18 @@ def lora_trainable_per_rank(in_features: int, out_features: int, rank: int, styl
     return float(rank * (in_features + out_features))
 
 
+def qlora_mm_parts(out_features: int, rank: int) -> tuple[tuple[float, bool], ...]:
+    """The matrix multiplies a QLoRA linear issues in its forward, in order, each as (its output's
+    size over the linear's output, whether TP splits it like the linear's output), for
+    ``memory.op_sac_kept_bytes``: the NF4 base ``x @ W^T`` (the whole output), ``h = x @ A^T``
+    (``rank`` columns; A's output is whole on every TP rank: replicated A under colwise, reduced
+    under rowwise) and ``h @ B^T`` (the whole output again), as ``runtime/apply/quant/lora_linear.py
+    LoRALinear.forward`` runs them."""
+    if min(out_features, rank) < 1:
+        raise ValueError(f"out_features and rank must be positive, got {out_features}, {rank}")
+    return ((1.0, True), (rank / out_features, False), (1.0, True))
+
+
 def lora_state_bytes_per_param(optimizer: str = "adam") -> float:
     """fp32 LoRA value + fp32 gradient + fp32 optimizer states: 4 + 4 + 4·k (16 with Adam). Unit: bytes/param."""
     if optimizer not in _OPT_STATES:

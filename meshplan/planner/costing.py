@@ -538,6 +538,7 @@ class GraphCoster(LayerSaves):
                 input_bytes=in_bytes, elem_scale=elem, out_shard_of=lambda n: out_shard(n, sol),
                 attention_impl=self.attention_impl,  # an engine without flash keeps the s x s scores
                 sac_saves=self.profile.sac_saves,  # op recompute under torch.compile keeps less
+                mm_parts=self._op_mm_parts if self.quant.mode == "qlora" else None,  # LoRA's own matmuls
             )  # fmt: skip
             if mode in ("none", "selective"):  # the engine's fused kernels / fp8 saves (cost_models.engine_saves)
                 out += saved_bytes_delta(nodes, self.g.nodes.__getitem__, shard_of=lambda n: saved_shard(n, sol, self.sp_saves),
