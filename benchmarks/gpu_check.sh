@@ -16,6 +16,7 @@
 #   06 run 8B     meshplan run of that plan: does what the planner says fits, fit?
 #   05q/06q       the QLoRA plan of the same model and batch, planned and run even where a 16-bit plan fits
 #                 (run_8b_qlora.json: the meta build's startup and the QLoRA step on a GPU with room to spare)
+#   05r/06r       that QLoRA plan pinned to microbatch BATCH/2 with op recompute (run_8b_qlora_op.json)
 #   07 tokens     meshplan prepare-data (byte tokens of the repo's prose, ~0.5 MB) -> tokens.bin
 #   08 run        meshplan run on tokens.bin (RunRecord run_tokens.json)
 #   09 calibrate  meshplan calibrate on both gpt2-xl default-plan RunRecords -> calibrated.json
@@ -170,6 +171,14 @@ step 05q-plan-8b-qlora-pinned 120 "${MP[@]}" plan "$BIG" -n 1 --cluster "$CLUSTE
 if [ -s plan_8b_qlora.json ]; then
   step 06q-run-8b-qlora 300 "${MP[@]}" run plan_8b_qlora.json --model "$BIG" --steps 6 --log-every 1 --profile-steps 0 \
     --record run_8b_qlora.json "${RUN_EXTRA[@]}"
+fi
+# the same QLoRA run pinned to half the batch per microbatch with op recompute: what op recompute keeps of a QLoRA
+# linear's three matmuls (memory.op_sac_kept_bytes mm_parts), measured
+step 05r-plan-8b-qlora-op 120 "${MP[@]}" plan "$BIG" -n 1 --cluster "$CLUSTER" --global-batch "$BIG_BATCH" \
+  --seq "$BIG_SEQ" --quantization qlora --micro-batch $((BIG_BATCH / 2)) --recompute op -o plan_8b_qlora_op.json
+if [ -s plan_8b_qlora_op.json ]; then
+  step 06r-run-8b-qlora-op 300 "${MP[@]}" run plan_8b_qlora_op.json --model "$BIG" --steps 6 --log-every 1 \
+    --profile-steps 0 --record run_8b_qlora_op.json "${RUN_EXTRA[@]}"
 fi
 # a corpus of the repo's own prose (byte tokens): the bundled river_town.txt alone (8.7k tokens) is less than
 # one global batch of 8 x 1025 at GPU shapes, for training or for the held-out split

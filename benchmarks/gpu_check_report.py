@@ -21,6 +21,7 @@ from pathlib import Path
 GIB = 2**30
 RUNS = (("02-run-synthetic", "run_synthetic.json", "plan.json"), ("04-run-alt", "run_alt.json", "plan_alt.json"),
         ("06-run-8b", "run_8b.json", "plan_8b.json"), ("06q-run-8b-qlora", "run_8b_qlora.json", "plan_8b_qlora.json"),
+        ("06r-run-8b-qlora-op", "run_8b_qlora_op.json", "plan_8b_qlora_op.json"),
         ("08-run-tokens", "run_tokens.json", "plan.json"),
         ("16c-run-pretrained", "run_hf.json", "plan_hf.json"), ("18b-run-phases", "run_optphase.json", "plan.json"))
 
