@@ -108,7 +108,11 @@ def test_gpt2xl_runs_on_one_h200(tiny_graph) -> None:  # type: ignore[no-untyped
     def step(cluster: ClusterSpec, mb: int, rc: str) -> float:
         return plan(cluster, mb, rc).predicted.step_s
 
-    assert step(h200, 8, "none") == pytest.approx(0.2195, rel=0.05)
+    # stop 11 (#33) prices autocast's fp32-activation passes (cost_models.autocast_casts.activation_cast_bytes):
+    # 234 ms here, +6.7% over this first run, while the same configuration on this stop's H200
+    # (benchmarks/gpu_results/2026-11-28-h200, the runtime with the norm read after the update) measured
+    # 236.6 ms (5 profiled steps) and 250.9 ms (8 steps): the prediction must stay inside what H200s measured
+    assert 0.2195 * 0.95 < step(h200, 8, "none") < 0.2509 * 1.05
     # the floor does not move it: only the optimizer phase's host work (cost_models.optimizer_phase, 772 tensors)
     opt_host = 772 * h200.host_optimizer_tensor_s
     assert step(h200, 8, "none") - step(bare, 8, "none") == pytest.approx(opt_host, rel=1e-6)

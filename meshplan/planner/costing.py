@@ -54,8 +54,14 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshplan.cost_models.autocast_casts import AUTOCAST_DTYPES, RECASTING_RECOMPUTE
-from meshplan.cost_models.compute import NodeTime, elem_scale, node_time
+from meshplan.cost_models.autocast_casts import (
+    AUTOCAST_DTYPES,
+    RECASTING_RECOMPUTE,
+    ActivationCastBytes,
+    activation_cast_bytes,
+    fp32_activations,
+)
+from meshplan.cost_models.compute import NodeTime, backward_factors, dtype_bytes, elem_scale, node_time
 from meshplan.cost_models.dp_kinds import main_grad_bytes
 from meshplan.cost_models.eager_ops import loss_time_s
 from meshplan.cost_models.engine_profiles import EngineProfile
@@ -177,6 +183,12 @@ class LayerCost:
     #: of the cast parameters, those whose bf16 gradient the cast's backward converts to fp32: the trained
     #: ones (QLoRA: the adapters; a frozen weight has no weight gradient); -1: all of them
     autocast_gradcast_params: float = -1.0
+    #: bytes per microbatch of the memory-bound passes this layer's fp32 activations add where the run
+    #: casts (``cost_models.autocast_casts.activation_cast_bytes``: the casts into its linears and their
+    #: gradients back, the promotion gradients, the norms' and residual adds' 4-byte width); priced by
+    #: ``kind_free_terms`` where the run casts, the forward parts again where the layer is re-run
+    autocast_act: ActivationCastBytes = ActivationCastBytes()
+    autocast_act_recomputed: bool = False
     #: bytes per microbatch a split backward (zero-bubble schedules) keeps from the layer's input
     #: backward to its weight pass: the gradient of every weight-reading op's output
     #: (``_wgrad_bytes``), beside the activations it still holds then
@@ -564,6 +576,8 @@ class GraphCoster(LayerSaves):
         # (torchao casts its float8 linears' fp32 weights itself: precision.fp8_cast_bytes)
         cast_p = (cast_w + cached) / 2.0 if self.train_dtype in AUTOCAST_DTYPES else 0.0
         recast_p = cast_p if rc in RECASTING_RECOMPUTE else 0.0
+        act_cast = (self._activation_cast_bytes(nodes, sol, scale)
+                    if self.train_dtype in AUTOCAST_DTYPES and not quant else ActivationCastBytes())
         remat_cast = 0.0
         if cast and rc in ("full", "op"):
             # the re-run forward runs under autocast again (torch.utils.checkpoint restores the
@@ -611,8 +625,23 @@ class GraphCoster(LayerSaves):
             autocast_bytes=cast, autocast_weight_bytes=cast_w, autocast_cache_bytes=cached, autocast_remat_bytes=remat_cast,
             wgrad_bytes=self._wgrad_bytes(nodes, sol, scale, elem), host_fwd_s=host_f, host_bwd_s=host_b,
             autocast_expert_bytes=cast_x, autocast_cast_params=cast_p, autocast_recast_params=recast_p,
+            autocast_act=act_cast, autocast_act_recomputed=rc in RECASTING_RECOMPUTE,
         )  # fmt: skip
         return self._quant_states(layer, nodes, sol, scale, rc) if quant else layer
+
+    def _activation_cast_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> ActivationCastBytes:
+        """Bytes per microbatch of the passes ``nodes``' fp32 activations add under autocast
+        (``autocast_casts.activation_cast_bytes``), each tensor the rank's share (``out_shard``)."""
+        def numel(n: Any) -> float:
+            return n.out_bytes / dtype_bytes(n.out_dtype) * scale / out_shard(n, sol)
+
+        return activation_cast_bytes(nodes, self._fp32_activations, self.g.nodes.__getitem__, numel=numel,
+                                     backward_factor=lambda k: sum(backward_factors(k)))
+
+    @functools.cached_property
+    def _fp32_activations(self) -> frozenset[int]:
+        """Ids of the float tensors that stay fp32 under autocast (``autocast_casts.fp32_activations``)."""
+        return fp32_activations(self.g.nodes)
 
     def _moe_saved_delta(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float,
                          modules: tuple[str, ...]) -> float:

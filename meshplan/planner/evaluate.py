@@ -280,6 +280,12 @@ class ConfigEvaluator:
                 "recastp": run([x.autocast_recast_params for x in layers]),
                 "gcastp": run([x.autocast_cast_params if x.autocast_gradcast_params < 0 else x.autocast_gradcast_params
                                for x in layers]),
+                "actf": run([x.autocast_act.forward for x in layers]),
+                "actb": run([x.autocast_act.backward for x in layers]),
+                "actfw": run([x.autocast_act.forward_widening for x in layers]),
+                "actbw": run([x.autocast_act.backward_widening for x in layers]),
+                "actrf": run([x.autocast_act.forward if x.autocast_act_recomputed else 0.0 for x in layers]),
+                "actrfw": run([x.autocast_act.forward_widening if x.autocast_act_recomputed else 0.0 for x in layers]),
             }  # fmt: skip
             cols["largest"] = [max((x.param_count for x in layers), default=0.0)]
             self.memos.prefix[key] = cols

@@ -22,7 +22,11 @@ import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from meshplan.cost_models.autocast_casts import autocast_cast_bytes
+from meshplan.cost_models.autocast_casts import (
+    RECASTING_RECOMPUTE,
+    WIDENING_COPY_FRACTION,
+    autocast_cast_bytes,
+)
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
 from meshplan.cost_models.grad_accum import grad_accum_pass_bytes
 from meshplan.cost_models.pipe_p2p import blocking, deepspeed_hop_s
@@ -111,6 +115,14 @@ class StageColumns:
     castp: list[float]  # LayerCost.autocast_cast_params: parameters autocast casts per forward
     recastp: list[float]  # LayerCost.autocast_recast_params: ... again in a full / op recompute
     gcastp: list[float]  # LayerCost.autocast_gradcast_params: ... whose gradient is cast back (the trained ones)
+    # LayerCost.autocast_act (autocast_casts.ActivationCastBytes), bytes per microbatch: forward, backward at the
+    # roofline, forward / backward on the widening copy path, and the forward parts of the re-run layers
+    actf: list[float]
+    actb: list[float]
+    actfw: list[float]
+    actbw: list[float]
+    actrf: list[float]
+    actrfw: list[float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +221,7 @@ def kind_free_terms(
             st_w = [w + p * pass_b / hbm for w, p in zip(st_w, cols.params)]
         else:
             st_b = [b + p * pass_b / hbm for b, p in zip(st_b, cols.params)]
-    if ev.states.runs_autocast(c) and any(cols.castp):
+    if ev.states.runs_autocast(c) and (any(cols.castp) or any(cols.actf)):
         st_f, st_b, st_w = autocast_cast_s(ev, c, cols, st_f, st_b, st_w, rerun_w)
     if ev.cluster.host_op_s:  # the host-dispatch floor (cost_models.host), per stage and microbatch
         st_f, st_b, st_w = host_floored(st_f, st_b, st_w, cols.hf, cols.hb)
@@ -425,14 +437,20 @@ def autocast_cast_s(ev: KindFreeCosts, c: Config, cols: StageColumns, f: list[fl
     ``ev.autocast_once``), a full / op recompute's again (``cols.recastp``, in the input backward, and
     in the weight pass too where a split backward re-runs a block there: ``rerun_w``), and the
     gradients' casts back to fp32 (``cols.gcastp``: the trained parameters only, a frozen weight has no
-    gradient; after the weight gradients: in the weight pass of a split backward)."""
+    gradient; after the weight gradients: in the weight pass of a split backward), on torch's widening
+    copy path (``WIDENING_COPY_FRACTION`` of the roofline). Then the passes of the fp32 activations
+    (``autocast_casts.activation_cast_bytes``: ``cols.act*``): forward, backward (the input backward),
+    and a re-run layer's forward parts again with its recompute."""
     cb = autocast_cast_bytes(c.num_microbatches, per_step=ev.autocast_once(c), recompute=c.recompute)
     hbm = ev.cluster.mem_bw_bytes_per_s * ev.cluster.mem_efficiency
+    wide = hbm * WIDENING_COPY_FRACTION
     split = c.pp > 1 and c.schedule in ZERO_BUBBLE
-    f2 = [x + p * cb.forward / hbm for x, p in zip(f, cols.castp)]
-    rec = [r * cb.recompute / hbm for r in cols.recastp]
-    back = [p * cb.backward / hbm for p in cols.gcastp]  # the trained parameters' gradients alone
-    b2 = [x + r + (0.0 if split else g) for x, r, g in zip(b, rec, back)]
+    f2 = [x + p * cb.forward / hbm + af / hbm + afw / wide for x, p, af, afw in zip(f, cols.castp, cols.actf, cols.actfw)]
+    rec = [r * cb.recompute / hbm + (arf / hbm + arfw / wide if c.recompute in RECASTING_RECOMPUTE else 0.0)
+           for r, arf, arfw in zip(cols.recastp, cols.actrf, cols.actrfw)]
+    back = [p * cb.backward / wide for p in cols.gcastp]  # the trained parameters' gradients alone
+    act_b = [ab / hbm + abw / wide for ab, abw in zip(cols.actb, cols.actbw)]
+    b2 = [x + r + a + (0.0 if split else g) for x, r, a, g in zip(b, rec, act_b, back)]
     w2 = [x + (g if split else 0.0) + (r if rerun_w else 0.0) for x, r, g in zip(w, rec, back)]
     return f2, b2, w2
 
@@ -510,6 +528,7 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
         wgrad=col("wg"), castw=col("castw"), hf=col("hf"), hb=col("hb"), castx=col("castx"), cachew=col("cachew"),
         remat=col("remat"), castp=col("castp"), recastp=col("recastp"), gcastp=col("gcastp"),
+        actf=col("actf"), actb=col("actb"), actfw=col("actfw"), actbw=col("actbw"), actrf=col("actrf"), actrfw=col("actrfw"),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev.memos.stage_cols[key] = out
