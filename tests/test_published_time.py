@@ -88,9 +88,11 @@ def test_a_gain_over_a_materialized_attention_names_the_kernels_share() -> None:
     r = estimate_case(case, g)
     out = autoparallel_gain(case, g, r["plan"])
     # meshplan's runtime runs SDPA's flash kernel where the authors' engine materialized the scores:
-    # the gain's engine-conventions part, carried by compute
+    # the gain's engine-conventions part, carried by compute. Since stop 11 (#33) the runtime's autocast on fp32
+    # parameters also pays its fp32 activations' passes (cost_models.autocast_casts.activation_cast_bytes), which
+    # Megatron's fp16 weights do not: on this V100 (900 GB/s) the part went 1.143 -> 1.049, still a gain
     engine = out["split"].part(ENGINE)
-    assert engine.gain > 1.1 and engine.carriers[0][0] == "compute"
+    assert engine.gain > 1.02 and engine.carriers[0][0] == "compute"
     assert abs(out["split"].total - out["gain"]) < 1e-9
 
 

@@ -147,7 +147,9 @@ def test_certain_misfits_are_deferred_then_skipped_with_the_same_result(monkeypa
     monkeypatch.setattr(search_prune.BoundOrderCosting, "defer", counting_defer)
     monkeypatch.setattr(search_prune.BoundOrderCosting, "finish", counting_finish)
     g = gpt_graph(layers=8, h=2048, heads=16, seq=4096, vocab=8192)
-    cl = small_mem(H100, 14).with_devices(64)  # some candidates certainly do not fit (16 GiB no longer since c7d4aea's loss memory)
+    # some candidates certainly do not fit (16 GiB no longer since c7d4aea's loss memory; 14 GiB skipped none once
+    # stop 11 priced autocast's fp32-activation passes, which reorder the partial steps: 13 GiB skips 19)
+    cl = small_mem(H100, 13).with_devices(64)
     a = _run(g, cl, 256, True)
     assert seen["deferred"] > 0 and seen["skipped_at_finish"] > 0
     b = _run(g, cl, 256, False)
