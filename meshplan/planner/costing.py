@@ -63,7 +63,7 @@ from meshplan.cost_models.autocast_casts import (
 )
 from meshplan.cost_models.compute import NodeTime, backward_factors, dtype_bytes, elem_scale, node_time
 from meshplan.cost_models.dp_kinds import main_grad_bytes
-from meshplan.cost_models.eager_ops import loss_time_s
+from meshplan.cost_models.eager_ops import is_python_rmsnorm, loss_time_s
 from meshplan.cost_models.engine_profiles import EngineProfile
 from meshplan.cost_models.engine_profiles import profile as engine_profile
 from meshplan.cost_models.engine_saves import (
@@ -631,10 +631,14 @@ class GraphCoster(LayerSaves):
 
     def _activation_cast_bytes(self, nodes: list[GraphNode], sol: GraphTPSolution, scale: float) -> ActivationCastBytes:
         """Bytes per microbatch of the passes ``nodes``' fp32 activations add under autocast
-        (``autocast_casts.activation_cast_bytes``), each tensor the rank's share (``out_shard``)."""
+        (``autocast_casts.activation_cast_bytes``), each tensor the rank's share (``out_shard``). An RMSNorm
+        run as its eager Python ops (``norm_kernel`` "eager") is left out: ``eager_ops.eager_rmsnorm_s``
+        already prices its fp32 passes (the linears reading its fp32 output still cast it)."""
         def numel(n: Any) -> float:
             return n.out_bytes / dtype_bytes(n.out_dtype) * scale / out_shard(n, sol)
 
+        if self.norm_kernel == "eager":
+            nodes = [n for n in nodes if not (n.kind == "norm" and is_python_rmsnorm(n.target))]
         return activation_cast_bytes(nodes, self._fp32_activations, self.g.nodes.__getitem__, numel=numel,
                                      backward_factor=lambda k: sum(backward_factors(k)))
 
