@@ -185,20 +185,22 @@ def test_meta_built_qlora_holds_one_fp32_linear_at_a_time() -> None:
 
 def test_host_exact_is_refused_on_meta_and_the_startup_line_says_the_build() -> None:
     from meshplan.runtime.apply.api import apply_plan
-    from meshplan.runtime.apply.checks import MetaBuildRefused
+    from meshplan.runtime.apply.checks import REFUSED_QLORA_HOST_EXACT, REFUSED_STAGES, MetaBuildRefused
     from meshplan.runtime.apply.quant_load import builds_on_meta
     from meshplan.runtime.loop.train import build_label
     from meshplan.runtime.record.startup import startup_line
 
     model, tape = _meta_llama()
     plan = _plan({})
-    with pytest.raises(MetaBuildRefused, match="--init device"):
+    with pytest.raises(MetaBuildRefused, match="--init device") as refused:
         apply_plan(model, plan, loss_fn=rc.loss_fn, optimizer_factory=rc.opt_factory, tape=tape, init="host-exact")
+    assert refused.value.reason == REFUSED_QLORA_HOST_EXACT
     assert builds_on_meta(plan, None)
     assert build_label(True, plan, None, "device") == "meta build, QLoRA bases device-initialised and quantized one linear at a time"
     assert build_label(True, plan, None, "checkpoint").startswith("meta build, QLoRA bases from the checkpoint")
-    assert build_label(False, plan, None, "host-exact", refused="... --init host-exact ...") == \
+    assert build_label(False, plan, None, "host-exact", refused=REFUSED_QLORA_HOST_EXACT) == \
         "host build: the meta build was refused (QLoRA under --init host-exact)"
+    assert build_label(False, plan, None, "device", refused=REFUSED_STAGES) == "host build: the meta build was refused"
     none = dataclasses.replace(plan, quantization=Quantization())
     assert build_label(False, none, None, "host-exact") == "host build"
     assert startup_line({"meta build": 1.0}, 2.0, "to step 1", build="meta build") == \

@@ -29,7 +29,7 @@ from meshplan.cost_models.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from meshplan.models.init_tape import InitTape
 from meshplan.plan import Plan
 from meshplan.runtime.apply import split
-from meshplan.runtime.apply.checks import MetaBuildRefused, check_plan
+from meshplan.runtime.apply.checks import REFUSED_QLORA_HOST_EXACT, MetaBuildRefused, check_plan
 from meshplan.runtime.apply.epcp import EPCPState
 from meshplan.runtime.apply.parallel_model import ParallelModel
 from meshplan.runtime.apply.quant_load import qlora_refuses
@@ -99,7 +99,7 @@ def apply_plan(
         meta.init, meta.progress = init, progress
         why = qlora_refuses(plan, init_from, init)
         if why:  # before any collective, alike on every rank: the caller may build on the host
-            raise MetaBuildRefused(f"apply_plan: {why}")
+            raise MetaBuildRefused(f"apply_plan: {why}", reason=REFUSED_QLORA_HOST_EXACT)
     check_launch(plan)  # the launched world size first: every rank refuses alike
     checked = check_plan(model, plan, example_inputs, dtype, init_from=init_from)
     startup = {"plan checks": time.perf_counter() - t0}

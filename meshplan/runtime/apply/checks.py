@@ -40,10 +40,22 @@ from meshplan.runtime.apply.epcp import epcp_blocker, uses_epcp
 from meshplan.runtime.apply.epcp_pipeline import pipeline_cp_blocker
 from meshplan.runtime.apply.quant_load import streams
 
+#: why a meta build was refused (``MetaBuildRefused.reason``)
+REFUSED_STAGES = "stages"  # the pipeline stages do not run on the meta device
+REFUSED_QLORA_HOST_EXACT = "qlora-host-exact"  # a QLoRA plan under --init host-exact (quant_load.qlora_refuses)
+
 
 class MetaBuildRefused(ValueError):
     """A meta-built model this plan cannot be checked or applied on (raised before any collective:
-    the caller may build the model on the host and apply again)."""
+    the caller may build the model on the host and apply again). ``reason`` says which refusal
+    (``REFUSED_STAGES`` or ``REFUSED_QLORA_HOST_EXACT``), for a caller to tell them apart without
+    reading the message."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        if reason not in (REFUSED_STAGES, REFUSED_QLORA_HOST_EXACT):
+            raise ValueError(f"MetaBuildRefused: reason {reason!r} unknown")
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -160,7 +172,7 @@ def _check_stages(model: nn.Module, plan: Plan, c: Checked) -> None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise MetaBuildRefused("apply_plan: this model's pipeline stages do not run on the meta device, so their "
                          f"boundaries cannot be checked there ({first[:160]}); build it on the host "
-                         "(meshplan run --build host)") from e
+                         "(meshplan run --build host)", reason=REFUSED_STAGES) from e
     for piece in c.pieces:  # every rank checks every stage: all refuse together, none hangs
         pname, uses = split.most_used_parameter(piece)
         why = tied_weight_blocker(pp=plan.pp, schedule=plan.schedule, uses=uses, name=pname)

@@ -48,7 +48,8 @@ def resolve_init(choice: str, n_params: int) -> tuple[str, str]:
 
 def build_label(meta: bool, plan: Plan, init_from: object, init: str, refused: str = "") -> str:
     """Which build a run used, for its startup line: ``meta build`` (+ how a QLoRA plan got its NF4 bases)
-    or ``host build`` (+ why, where a meta build was refused or a quantized plan needs the host)."""
+    or ``host build`` (+ why, where a meta build was refused: ``refused`` is ``MetaBuildRefused.reason``, or a
+    quantized plan needs the host)."""
     q = plan.quantization.mode
     if meta:
         if q != "qlora":
@@ -57,8 +58,10 @@ def build_label(meta: bool, plan: Plan, init_from: object, init: str, refused: s
                if init == "checkpoint" else "device-initialised")
         return f"meta build, QLoRA bases {how} and quantized one linear at a time"
     if refused:
+        from meshplan.runtime.apply.checks import REFUSED_QLORA_HOST_EXACT
+
         return "host build: the meta build was refused" + (" (QLoRA under --init host-exact)"
-                                                          if "host-exact" in refused else "")
+                                                          if refused == REFUSED_QLORA_HOST_EXACT else "")
     if q != "none":
         return f"host build ({q}: the whole fp32 model on the host before quantizing)"
     return "host build"
@@ -239,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MetaBuildRefused as e:  # raised before any collective, alike on every rank: build on the host
         if os.environ.get("RANK", "0") == "0":
             print(f"note: {e}; building on the host instead", flush=True)
-        refused = str(e)
+        refused = e.reason
         torch.manual_seed(args.seed)
         spec = load_model(args.model, batch_size=mbs, seq_len=plan.seq_len or None)
         model = spec.model
