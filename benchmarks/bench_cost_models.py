@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.cost_models.comm import collective_time_s
 from meshplan.cost_models.compute import node_time
 from meshplan.cost_models.hardware import ClusterSpec

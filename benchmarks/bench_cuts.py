@@ -11,12 +11,15 @@ the layers the stage split works on, the measured wall time of tracing and of a 
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.partition.cuts import blocks_dominate, cut_candidates, layer_ranges, usable_cuts
 from meshplan.planner.api import estimate_graph
 from meshplan.trace import trace_model

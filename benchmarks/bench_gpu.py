@@ -28,10 +28,13 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 
 MODELS = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-1b")
 

@@ -24,12 +24,15 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from bench_runtime import BATCH, SEQ, _data, _loss, _model, _timed, spawn
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 
 MEGATRON = {"attn.q_proj": "colwise", "attn.k_proj": "colwise", "attn.v_proj": "colwise", "attn.o_proj": "rowwise",
             "mlp.fc_in": "colwise", "mlp.fc_out": "rowwise"}

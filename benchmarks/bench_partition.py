@@ -6,8 +6,11 @@ A GPT-like layer list (embedding, N blocks, head) with slightly uneven block tim
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.partition import schedule as sch
 from meshplan.partition import stage_ilp as si
 

@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
+
 ROOT = Path(__file__).resolve().parent.parent
 HF70B = str(ROOT / "benchmarks" / "models" / "hf_llama3_70b.py") + ":model"
 GPT1T = str(ROOT / "benchmarks" / "models" / "gpt_1t.py") + ":model"

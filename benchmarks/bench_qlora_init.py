@@ -27,12 +27,16 @@ import dataclasses
 import datetime
 import os
 import socket
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 
 GIB = 2**30
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.cost_models.quant_nodes import quant_state_bytes
 from meshplan.models.gpt import GPT, GPTConfig
 from meshplan.plan import Quantization

@@ -23,6 +23,7 @@ import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.profile.machine import median_time_s
 
 CFG = dict(n_layer=4, n_head=4, n_embd=256, vocab_size=2048, block_size=128, tie_weights=False)

@@ -12,7 +12,11 @@ process CPU time (stable when the machine is shared).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 
 CASES = {
     # name: (model spec or GPTConfig overrides, world size, cluster, global batch)

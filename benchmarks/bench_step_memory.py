@@ -32,12 +32,16 @@ import argparse
 import ctypes
 import datetime
 import os
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from rank_spawn import model_bytes_and_bound, spawn_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 
 GIB = 2**30
 

@@ -28,6 +28,7 @@ import time
 _COLD = """
 import os, sys, time
 import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 import meshplan.trace
 from meshplan.loading import load_graph
 t, w = time.process_time(), time.perf_counter()

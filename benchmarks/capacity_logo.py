@@ -33,6 +33,8 @@ from typing import Any
 import capacity_published as cp  # benchmarks/ is this script's folder
 import published_logo as logo
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
+
 SCALING_BAND_PATH = Path(__file__).resolve().parents[1] / "meshplan" / "data" / "scaling_error.json"
 COMMAND = "python benchmarks/capacity_published.py --leave-one-source-out --write-scaling-band"
 

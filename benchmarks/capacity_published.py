@@ -35,9 +35,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.cost_models.published import assumed_epcp_groups, load_published_cases
 
 #: (series name, kind, case ids smallest first); kind "strong" or "weak" (see the docstring)

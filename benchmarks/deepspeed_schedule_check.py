@@ -19,7 +19,10 @@ communication and their ratio. No torch import; stage times are arguments (defau
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.partition.schedule import simulate
 
 

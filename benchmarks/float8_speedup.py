@@ -13,6 +13,10 @@ recompute "op"), dtype bf16 and fp8. Prints predicted figures and the ratio.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.loading import load_graph
 from meshplan.planner.api import estimate_graph
 

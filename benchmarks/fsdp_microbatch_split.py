@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 
 #: (model and GPU, the run with more microbatches, the run with fewer), ids of published_cases.json
 PAIRS: list[tuple[str, str, str]] = [

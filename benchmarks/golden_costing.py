@@ -23,7 +23,10 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 
 #: keys of a serialized plan / row that time the planner (they differ run to run)
 TIMING_KEYS = {"seconds", "split_seconds", "plan_seconds", "phase_s", "ilp_seconds", "search_seconds", "wall_s"}

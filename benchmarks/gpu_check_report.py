@@ -18,6 +18,8 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
+
 GIB = 2**30
 RUNS = (("02-run-synthetic", "run_synthetic.json", "plan.json"), ("04-run-alt", "run_alt.json", "plan_alt.json"),
         ("06-run-8b", "run_8b.json", "plan_8b.json"), ("06q-run-8b-qlora", "run_8b_qlora.json", "plan_8b_qlora.json"),

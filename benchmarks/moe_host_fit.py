@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.commands import published_estimate as pe
 from meshplan.cost_models import host
 from meshplan.cost_models.published import load_published_cases

@@ -50,9 +50,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.commands import published_estimate as pe
 from meshplan.cost_models.published import assumed_epcp_groups, load_published_cases
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.api.engine_cost import estimate_config
 from meshplan.commands.published_estimate import case_cluster
 from meshplan.loading import case_graph

@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from importlib import resources
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 
 
 def load_cases(ids: list[str] | None = None) -> list[dict[str, Any]]:

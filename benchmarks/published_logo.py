@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
+
 #: GPU family of each preset: the presets of one family share the fitted efficiency
 FAMILY = {"a100-40g": "a100", "a100-80g": "a100", "h100": "h100", "h200": "h100", "v100": "v100"}
 #: matmul efficiencies each run is costed at for the fit (interpolated between)

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 from meshplan.commands import published_estimate as pe
 from meshplan.cost_models import precision
 from meshplan.cost_models.engine_profiles import PROFILES

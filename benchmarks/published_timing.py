@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
+
 ROOT = Path(__file__).resolve().parent.parent
 #: the factory file of the published models, relative to the repository root (commands run there)
 FACTORY = "benchmarks/models/published_case.py"

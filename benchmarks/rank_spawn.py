@@ -5,10 +5,14 @@ bytes with #28's bound (half of them plus 1.2 GiB), and spawning ``ranks`` proce
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's meshplan, also from a worktree
 
 GIB = 2**30
 
