@@ -246,6 +246,28 @@ def test_forked_workers_give_the_same_rows(graph):
     assert strip == [(r.plan, r.step_s, r.days, r.peak_mem_gib) for r in two]
 
 
+def test_forked_workers_by_kind_give_the_same_rows(graph):
+    """Two kinds on two workers, each planning its own kind's sizes first (``sweep.worker_order``):
+    the rows of one process, in task order."""
+    from meshplan.sizing import capacity
+
+    kw = dict(tokens="1B", gpus=[8, 16, 32], clusters="h100,a100-80g", global_batch=64, error_band=BAND)
+    one = capacity(graph, jobs=1, **kw)
+    two = capacity(graph, jobs=2, **kw)
+    strip = [(r.cluster, r.gpus, r.plan, r.step_s, r.days, r.peak_mem_gib) for r in one]
+    assert strip == [(r.cluster, r.gpus, r.plan, r.step_s, r.days, r.peak_mem_gib) for r in two]
+
+
+def test_worker_order_takes_own_kinds_first_then_the_others_from_their_ends():
+    from meshplan.sizing.sweep import worker_order
+
+    tasks = [("h100", 8), ("h100", 16), ("h200", 8), ("h200", 16), ("a100", 8)]
+    assert worker_order(tasks, 0, 2) == [0, 1, 4, 3, 2]  # h100 and a100 (kinds 0, 2) are worker 0's
+    assert worker_order(tasks, 1, 2) == [2, 3, 4, 1, 0]
+    for jobs in (1, 2, 3, 7):
+        assert all(sorted(worker_order(tasks, w, jobs)) == list(range(5)) for w in range(jobs))
+
+
 def test_bad_input_fails_before_planning(graph):
     from meshplan.sizing import capacity
 
@@ -380,3 +402,38 @@ def test_sweep_restores_gc_settings(graph):
         assert gc.get_threshold()[0] == SWEEP_GC_THRESHOLD and gc.get_freeze_count() > 0
     points = plan_points(graph, [("h100", 8)], 64, jobs=1)
     assert points[0].plan and gc.get_threshold() == before and gc.get_freeze_count() == frozen
+
+
+def test_shared_epcp_memos_give_the_same_plans(monkeypatch):
+    """The EP / CP memos (node terms, prefix sums, whole-model and per-stage terms, the lower bound's
+    part) shared by the searches of a sweep (``search_memos.share_epcp_memos``) give every plan field
+    as fresh searches do, on a MoE model where cp and ep are searched, and repeated sizes cost no
+    node's terms again."""
+    import torch
+
+    import meshplan.planner.epcp_cost as epcp_cost
+    from meshplan.models.moe import moe_llama
+    from meshplan.planner.api import PlanMemo, plan_graph
+    from meshplan.trace import trace_model
+
+    torch.manual_seed(0)
+    g = trace_model(moe_llama(), (torch.randint(0, 64, (1, 32)),))
+    calls = {"n": 0}
+    real = epcp_cost.epcp_terms
+
+    def counted(*a, **kw):
+        calls["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(epcp_cost, "epcp_terms", counted)
+    # 2 sequences, tp = pp = 1: cp (and ep over dp x cp) fill the devices (test_epcp_plan)
+    sizes, kw = (8, 4, 8, 2, 4), {"cluster": "h100", "global_batch_size": 2, "fixed": {"tp": 1, "pp": 1}}
+    memo = PlanMemo()
+    shared = [plan_graph(g, n, memo=memo, **kw) for n in sizes]
+    shared_calls, calls["n"] = calls["n"], 0
+    fresh = [plan_graph(g, n, **kw) for n in sizes]
+    assert [_plan_fields(p) for p in shared] == [_plan_fields(p) for p in fresh]
+    assert any(p.cp > 1 or p.ep > 1 for p in shared)  # EP / CP terms decided something
+    (coster,) = memo._costers.values()
+    assert any(k[0] == "epcp" and k[-1] == "node" and v for k, v in coster.search_memos.items())
+    assert 0 < shared_calls < calls["n"]  # the repeated sizes' node terms came from the memo

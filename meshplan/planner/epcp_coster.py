@@ -115,12 +115,15 @@ class EPCPCosts:
     def _copies(self) -> list[tuple]:
         """Per EP/CP node, a key equal for the nodes at the same place of repeated layers of one type
         (the cost table's prototype layers, ``GraphCoster.table``: a block's copies cost the same)."""
+        if ("copies",) in self.memos.epcp_node:  # shared by the searches of a sweep (search_memos.share_epcp_memos)
+            return self.memos.epcp_node["copies",]
         where: dict[int, tuple] = {}
         for _name, a, b, _kind, tid in self.coster.ranges:
             if tid:
                 for i in range(a, b):
                     where[i] = (tid, b - a, i - a)
-        return [where.get(n.id, ("node", n.id)) for n in self.epcp_nodes]
+        # kept in the node memo, whose keys hold its id: it lives as long as they do
+        return self.memos.epcp_node.setdefault(("copies",), [where.get(n.id, ("node", n.id)) for n in self.epcp_nodes])
 
     @functools.cached_property
     def expert_param_count(self) -> float:

@@ -45,7 +45,7 @@ from meshplan.planner.epcp_coster import EPCPCosts
 from meshplan.planner.kind_free import KindFreeTerms, kind_free_terms
 from meshplan.planner.memory_floor import held_floor
 from meshplan.planner.pipeline_time import inflight
-from meshplan.planner.search_memos import share_table_memos, solve_split
+from meshplan.planner.search_memos import share_epcp_memos, share_table_memos, solve_split
 from meshplan.planner.search_types import Config, Evaluation, balanced_split
 from meshplan.planner.state_costs import StateCosts
 
@@ -130,6 +130,8 @@ class ConfigEvaluator:
             self.coster, self.memos, dtype=dtype, elem_bytes=elem,
             capacity_factor=float(self.fixed.pop("capacity_factor", DEFAULT_CAPACITY_FACTOR)),
             moe_folding=moe_folding, sp_pinned=bool(self.fixed.get("sequence_parallel")), quant=self.quant)  # fmt: skip
+        # its EP / CP memos shared with the other searches on this coster too (they read no device count)
+        share_epcp_memos(self.memos, self.coster.search_memos, self.ep_cp.capacity_factor, elem, self.ep_cp.moe_folding)
         self.states = StateCosts(graph, cluster, dtype=dtype, optimizer=optimizer, profile=ep, elem_bytes=elem,
                                  memos=self.memos, tables=self, ep_cp=self.ep_cp, quant_mode=self.coster.quant.mode)  # fmt: skip
 

@@ -10,7 +10,12 @@ key holding ``id(table)`` names one table for the coster's life. ``solve_split``
 stage-split solves (``partition.stage_ilp.split_stages``: the winner's ILP, the memory re-splits)
 by everything a solve reads: the layers' figures, the solve's arguments and the send time (the
 cluster's links, whether the pipeline crosses nodes), so a size whose winner has the same split
-problem as an earlier size's reuses its answer. No torch import.
+problem as an earlier size's reuses its answer. ``share_epcp_memos`` binds the EP / CP memos
+(``planner.epcp_coster.EPCPCosts``: per-node terms, their prefix sums, the whole model's and each
+stage's, and the lower bound's part read from them) the same way: they read the configuration's cp, ep, tp, micro-batch, recompute (and dp
+under MoE folding), the graph, the cluster's hardware (never its device count) and the coster's
+settings, so they are grouped by the settings a search adds (capacity factor, element bytes, MoE
+folding). No torch import.
 """
 
 from __future__ import annotations
@@ -35,6 +40,22 @@ def share_table_memos(memos: CostMemos, shared: dict[tuple, Any], dtype: str, op
     memos.stage_cols = shared.setdefault(("stage_cols", dtype, optimizer), memos.stage_cols)
 
 
+def share_epcp_memos(memos: CostMemos, shared: dict[tuple, Any], capacity_factor: float, elem_bytes: int,
+                     moe_folding: bool) -> None:
+    """Bind a coster's EP / CP ``memos`` to its ``GraphCoster.search_memos`` (``shared``), one group
+    per the settings of ``EPCPCosts`` not in ``EPCPCosts.key`` nor the coster's own (see the module
+    docstring). The node memo also keeps the node-copy keys (``EPCPCosts._copies``), whose id it
+    holds in keys, so that list lives as long as the memo."""
+    group = ("epcp", float(capacity_factor), int(elem_bytes), bool(moe_folding))
+    memos.epcp_prefix = shared.setdefault((*group, "prefix"), memos.epcp_prefix)  # per EPCPCosts.key
+    memos.epcp_node = shared.setdefault((*group, "node"), memos.epcp_node)  # per node key (epcp_cost._node_key)
+    memos.epcp_whole = shared.setdefault((*group, "whole"), memos.epcp_whole)  # per EPCPCosts.key
+    memos.epcp_stages = shared.setdefault((*group, "stages"), memos.epcp_stages)  # (key, id(t), runs)
+    # ConfigEvaluator._lower_bound's part per (tp, sp, recompute, micro-batch, cp, ep[, dp folded]):
+    # a table's sums and the whole model's EP / CP terms
+    memos.lower_bound_part = shared.setdefault((*group, "lower_bound_part"), memos.lower_bound_part)
+
+
 def solve_split(ev: Any, c: Config, layers: list[Any], **kw: Any) -> Any:
     """``split_stages(layers, p2p_time=ev.p2p_time(c), **kw)``, memoized in the coster's
     ``search_memos`` by all it reads (see the module docstring). Read only; a failure is not kept."""
@@ -47,4 +68,4 @@ def solve_split(ev: Any, c: Config, layers: list[Any], **kw: Any) -> Any:
     return memo[key]
 
 
-__all__ = ["share_table_memos", "solve_split"]
+__all__ = ["share_epcp_memos", "share_table_memos", "solve_split"]

@@ -9,7 +9,9 @@ planned as given.
 ``plan_points`` runs ``planner.api.plan_graph`` on one traced graph for each (kind, size), with a
 ``PlanMemo`` per process so every size of a kind reuses the kind's costing (TP placements, cost
 tables); with ``jobs`` > 1 the searches run in that many forked worker processes (the graph is
-inherited, not copied), each with its own memo, results in task order. A size where no plan fits
+inherited, not copied), each with its own memo, results in task order; each worker plans its own
+cluster kinds' sizes first and then takes what the others left (``worker_order``), so a kind's
+sizes share one memo where the work allows. A size where no plan fits
 gives a point with the reason. The sweep runs with fewer cyclic-GC passes (``fewer_collections``:
 CPU, not results). No torch import.
 """
@@ -98,15 +100,31 @@ def plan_point(graph: ModelGraph, kind: str, gpus: int, global_batch: int, memo:
                       peak_mem_gib=max(pr.peak_mem_bytes, default=0) / GIB, seconds=time.perf_counter() - t0)
 
 
-def _worker(graph: ModelGraph, tasks: Any, results: Any, global_batch: int, plan_kw: dict[str, Any]) -> None:
+def worker_order(tasks: Sequence[tuple[str, int]], worker: int, jobs: int) -> list[int]:
+    """The order in which worker ``worker`` of ``jobs`` looks for a task not yet taken: first the
+    tasks of its own cluster kinds (kind k belongs to worker k mod jobs; in task order), then the
+    others' from their ends (the largest sizes last planned by their owner). Every size of a kind
+    then runs in one process where the work allows, on one ``PlanMemo`` (its costing and the
+    searches' shared memos built once per kind, not once per worker); no result depends on it."""
+    kinds = list(dict.fromkeys(kind for kind, _ in tasks))
+    mine = {k for j, k in enumerate(kinds) if j % jobs == worker}
+    own = [i for i, (kind, _) in enumerate(tasks) if kind in mine]
+    rest = [i for i, (kind, _) in enumerate(tasks) if kind not in mine]
+    return own + rest[::-1]
+
+
+def _worker(graph: ModelGraph, order: list[int], tasks: Sequence[tuple[str, int]], taken: Any, results: Any,
+            global_batch: int, plan_kw: dict[str, Any]) -> None:
     from meshplan.planner.api import PlanMemo
 
     memo = PlanMemo()
     while True:
-        item = tasks.get()
-        if item is None:
-            return
-        i, kind, n = item
+        with taken.get_lock():  # the first task in this worker's order that no worker took yet
+            i = next((i for i in order if not taken[i]), None)
+            if i is None:
+                return
+            taken[i] = 1
+        kind, n = tasks[i]
         try:
             results.put((i, plan_point(graph, kind, n, global_batch, memo, **plan_kw)))
         except Exception as e:  # an unexpected failure is reported on its row, not as a hang
@@ -155,13 +173,12 @@ def _plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_bat
             report(len(out), out[-1])
         return out
     ctx = multiprocessing.get_context("fork")
-    task_q, result_q = ctx.Queue(), ctx.Queue()
-    for i, (kind, n) in enumerate(tasks):
-        task_q.put((i, kind, n))
-    for _ in range(jobs):
-        task_q.put(None)
-    procs = [ctx.Process(target=_worker, args=(graph, task_q, result_q, global_batch, plan_kw), daemon=True)
-             for _ in range(jobs)]  # fmt: skip
+    result_q = ctx.Queue()
+    taken = ctx.Array("b", n_tasks)  # 1 once a worker took the task (under its lock)
+    tasks = list(tasks)
+    procs = [ctx.Process(target=_worker, args=(graph, worker_order(tasks, w, jobs), tasks, taken, result_q,
+                                               global_batch, plan_kw), daemon=True)
+             for w in range(jobs)]  # fmt: skip
     for p in procs:
         p.start()
     got: dict[int, SweepPoint] = {}
@@ -185,4 +202,4 @@ def _plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_bat
     return [got[i] for i in range(n_tasks)]
 
 
-__all__ = ["SWEEP_GC_THRESHOLD", "SweepPoint", "fewer_collections", "plan_point", "plan_points", "sweep_sizes"]
+__all__ = ["SWEEP_GC_THRESHOLD", "SweepPoint", "fewer_collections", "plan_point", "plan_points", "sweep_sizes", "worker_order"]
