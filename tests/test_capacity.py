@@ -25,6 +25,19 @@ BAND = ErrorBand(median=0.1, method="in-sample", cases=10, groups=3, commit="abc
 
 
 # ---- parsing ------------------------------------------------------------------------------
+def _count_calls(monkeypatch, module, name: str) -> dict[str, int]:
+    """``module.name`` replaced by a wrapper counting its calls in the returned ``{"n": count}``."""
+    calls = {"n": 0}
+    real = getattr(module, name)
+
+    def counted(*a, **kw):
+        calls["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 def test_token_counts():
     assert parse_tokens("15T") == 15 * 10**12
     assert parse_tokens("300B") == 300 * 10**9
@@ -371,14 +384,7 @@ def test_memoized_sweep_equals_unmemoized(monkeypatch):
     from meshplan.planner.api import PlanMemo, plan_graph
 
     g = gpt_graph(layers=8, h=256, heads=4, seq=256, vocab=4096)
-    calls = {"n": 0}
-    real = stage_ilp.split_stages
-
-    def counted(*a, **kw):
-        calls["n"] += 1
-        return real(*a, **kw)
-
-    monkeypatch.setattr(stage_ilp, "split_stages", counted)
+    calls = _count_calls(monkeypatch, stage_ilp, "split_stages")
     sizes = (16, 32, 16, 64, 32)
     memo = PlanMemo()
     shared = [plan_graph(g, n, cluster="a100-40g", global_batch_size=64, memo=memo) for n in sizes]
@@ -418,14 +424,7 @@ def test_shared_epcp_memos_give_the_same_plans(monkeypatch):
 
     torch.manual_seed(0)
     g = trace_model(moe_llama(), (torch.randint(0, 64, (1, 32)),))
-    calls = {"n": 0}
-    real = epcp_cost.epcp_terms
-
-    def counted(*a, **kw):
-        calls["n"] += 1
-        return real(*a, **kw)
-
-    monkeypatch.setattr(epcp_cost, "epcp_terms", counted)
+    calls = _count_calls(monkeypatch, epcp_cost, "epcp_terms")
     # 2 sequences, tp = pp = 1: cp (and ep over dp x cp) fill the devices (test_epcp_plan)
     sizes, kw = (8, 4, 8, 2, 4), {"cluster": "h100", "global_batch_size": 2, "fixed": {"tp": 1, "pp": 1}}
     memo = PlanMemo()
