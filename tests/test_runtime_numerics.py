@@ -199,8 +199,5 @@ class TestFourRanks:
                  dict(tp=2, pp=2, m=4, schedule="zbv", v=2, vocab_embed="wte", vocab_head="lm_head")]
         _check(run_ranks(rc.worker, 4, "gpt", cfgs, timeout_s=400), len(cfgs))
 
-
-class TestEightRanks:
-    def test_dp_tp_pp(self) -> None:
-        cfgs = [dict(dp=2, tp=2, pp=2, m=2, schedule="1f1b"), dict(dp=2, tp=2, pp=2, m=2, schedule="zero-bubble", v=2)]
-        _check(run_ranks(rc.worker, 8, "gpt", cfgs, timeout_s=400), len(cfgs))
+# dp2 x tp2 x pp2 (8 ranks) is benchmarks/runtime_3d_check.py, run by hand: the suite stays at 4 ranks or
+# fewer; TestFourRanks runs each pair of the three with the same schedules.
