@@ -28,6 +28,7 @@ PROVENANCE_KINDS = ("measured", "derived")
 #: probe writes them to its RunRecord ``host``, ``meshplan calibrate`` reads them back)
 HOST_FIELDS = ("host_op_s", "host_bwd_op_s", "host_checkpoint_fwd_s", "host_checkpoint_bwd_s", "host_optimizer_tensor_s")
 
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """A homogeneous cluster: ``num_devices`` accelerators, ``devices_per_node`` per node.

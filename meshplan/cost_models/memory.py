@@ -334,6 +334,10 @@ def unfused_attention_saved_bytes(n: GraphNode, batch_scale: float = 1.0, elem_s
     return batch * heads * float(seq) ** 2 * per
 
 
+#: the matmuls a plain linear issues, as ``op_sac_kept_bytes``'s ``mm_parts`` gives them: one, its whole output
+ONE_MM: tuple[tuple[float, bool], ...] = ((1.0, True),)
+
+
 def op_sac_kept_bytes(
     nodes: Iterable[GraphNode],
     *,
@@ -374,7 +378,7 @@ def op_sac_kept_bytes(
 
     ``mm_parts(n)``: the matrix multiplies a linear issues, in order, each as (its output's bytes
     over ``n.out_bytes``, whether its output is split like the linear's): by default one,
-    ``((1.0, True),)``. The count of "every second mm" runs over them. A QLoRA linear
+    ``ONE_MM``. The count of "every second mm" runs over them. A QLoRA linear
     (``runtime/apply/quant/lora_linear.py``) issues three: the NF4 base, then ``x @ A^T`` (rank r,
     never split) and ``h @ B^T`` (the whole output again), ``quant.qlora_mm_parts``; so of a Llama
     block's 21 matmuls the 1st, 3rd, ... are kept: wq's, wv's, w1's and w2's base and B outputs
@@ -396,7 +400,7 @@ def op_sac_kept_bytes(
     count = 0
     for n in nodes:
         if n.kind == "linear":
-            parts = mm_parts(n) if mm_parts is not None else ((1.0, True),)
+            parts = mm_parts(n) if mm_parts is not None else ONE_MM
             first = count
             count += len(parts)
             if n.id in summed_only:

@@ -165,13 +165,19 @@ def input_elem_bytes(node: GraphNode, fp32_ids: frozenset[int], autocast: bool, 
     return float(_dtype_bytes(dtype))
 
 
+def node_targeted(node: GraphNode, quantization: Quantization) -> bool:
+    """Whether ``quantization``'s ``target_modules`` take ``node`` (a traced node without a module FQN is
+    taken, as ``quant.linear_quant_costs`` takes ``fqn=None``); its mode is not looked at."""
+    return node.module_fqn is None or is_targeted(node.module_fqn, quantization.target_modules)
+
+
 def qlora_host_ops(node: GraphNode, quantization: Quantization, *, autocast: bool) -> tuple[float, float] | None:
     """(forward, backward) host dispatches of a QLoRA-targeted linear (torchao's dequantization, the
     adapter path and autocast's casts: ``qlora_kernels.qlora_linear_dispatches``); None for any other
     node (``host.node_host_ops`` counts it)."""
     if quantization.mode != "qlora" or node.kind != "linear" or "in_features" not in node.attrs:
         return None
-    if node.module_fqn is not None and not is_targeted(node.module_fqn, quantization.target_modules):
+    if not node_targeted(node, quantization):
         return None
     return qlora_linear_dispatches(autocast=autocast)
 
@@ -183,7 +189,7 @@ def without_frozen_weight_grad(t: NodeTime, node: GraphNode, quantization: Quant
     a norm, an untargeted linear or a tied LM head computes no dW. Other modes: ``t`` unchanged."""
     if quantization.mode != "qlora" or not t.bwd_weight_s:
         return t
-    if node.kind == "linear" and (node.module_fqn is None or is_targeted(node.module_fqn, quantization.target_modules)):
+    if node.kind == "linear" and node_targeted(node, quantization):
         return t  # targeted as ``node_quant_cost`` targets it
     return NodeTime(t.fwd_s, t.bwd_input_s, 0.0)
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from meshplan.cost_models.autocast_casts import (
-    RECASTING_RECOMPUTE,
     WIDENING_COPY_FRACTION,
     autocast_cast_bytes,
 )
@@ -446,8 +445,8 @@ def autocast_cast_s(ev: KindFreeCosts, c: Config, cols: StageColumns, f: list[fl
     wide = hbm * WIDENING_COPY_FRACTION
     split = c.pp > 1 and c.schedule in ZERO_BUBBLE
     f2 = [x + p * cb.forward / hbm + af / hbm + afw / wide for x, p, af, afw in zip(f, cols.castp, cols.actf, cols.actfw)]
-    rec = [r * cb.recompute / hbm + (arf / hbm + arfw / wide if c.recompute in RECASTING_RECOMPUTE else 0.0)
-           for r, arf, arfw in zip(cols.recastp, cols.actrf, cols.actrfw)]
+    # actrf / actrfw are non-zero only on layers re-run by a full / op recompute (LayerCost.autocast_act_recomputed)
+    rec = [r * cb.recompute / hbm + (arf / hbm + arfw / wide) for r, arf, arfw in zip(cols.recastp, cols.actrf, cols.actrfw)]
     back = [p * cb.backward / wide for p in cols.gcastp]  # the trained parameters' gradients alone
     act_b = [ab / hbm + abw / wide for ab, abw in zip(cols.actb, cols.actbw)]
     b2 = [x + r + a + (0.0 if split else g) for x, r, a, g in zip(b, rec, act_b, back)]

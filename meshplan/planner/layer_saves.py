@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from meshplan.cost_models.quant import is_targeted, nf4_bits_per_param, qat_work_bytes, qlora_mm_parts
-from meshplan.cost_models.quant_nodes import node_quant_cost, quant_state_bytes
+from meshplan.cost_models.memory import ONE_MM
+from meshplan.cost_models.quant import nf4_bits_per_param, qat_work_bytes, qlora_mm_parts
+from meshplan.cost_models.quant_nodes import node_quant_cost, node_targeted, quant_state_bytes
 from meshplan.graph import GraphNode, expert_shape
 from meshplan.planner.tp.graph import GraphTPSolution
 
@@ -170,15 +171,14 @@ class LayerSaves:
                 out += n.out_bytes * scale * e / (sol.tp if sol.sequence_parallel else 1)
         return out
 
-
     def _op_mm_parts(self, n: GraphNode) -> tuple[tuple[float, bool], ...]:
         """The matmuls linear ``n`` issues under op recompute's count (``memory.op_sac_kept_bytes``):
         three for a QLoRA-targeted linear (``quant.qlora_mm_parts``), else one."""
         q = self.quant
         out_f = n.attrs.get("out_features")
-        if q.mode == "qlora" and out_f and (n.module_fqn is None or is_targeted(n.module_fqn, q.target_modules)):
+        if q.mode == "qlora" and out_f and node_targeted(n, q):
             return qlora_mm_parts(int(out_f), q.lora_rank)
-        return ((1.0, True),)
+        return ONE_MM
 
     def _quant_states(
         self, layer: Any, nodes: list[GraphNode], sol: GraphTPSolution, scale: float, rc: str = "none"
