@@ -271,6 +271,35 @@ def test_forked_workers_by_kind_give_the_same_rows(graph):
     assert strip == [(r.cluster, r.gpus, r.plan, r.step_s, r.days, r.peak_mem_gib) for r in two]
 
 
+def test_the_idle_hook_runs_at_most_once_and_a_failing_one_changes_no_row(graph):
+    """``plan_points(when_idle=)`` runs in the parent once a worker is done (whether the parent sees
+    a worker done before the last result depends on timing: at most once); a hook that raises is
+    reported on the progress and the sweep goes on."""
+    from meshplan.sizing.sweep import plan_points
+
+    tasks = [("h100", 8), ("a100-80g", 8), ("a100-80g", 16)]
+    calls: list[int] = []
+    said: list[str] = []
+
+    def failing() -> None:
+        calls.append(1)
+        raise RuntimeError("no fonts")
+
+    base = plan_points(graph, tasks, 64, jobs=1)
+    two = plan_points(graph, tasks, 64, jobs=2, when_idle=failing, progress=said.append)
+    assert len(calls) <= 1
+    assert [(p.plan, p.step_s) for p in two] == [(p.plan, p.step_s) for p in base]
+    assert len(calls) == sum("preparing while a CPU was idle failed: RuntimeError: no fonts" in m for m in said)
+
+
+def test_plot_warm_up_draws_nothing_it_keeps():
+    pytest.importorskip("matplotlib")
+    from meshplan.report.plot import warm_up
+
+    warm_up()  # twice: nothing of the first is kept that the second would trip on
+    warm_up()
+
+
 def test_worker_order_takes_own_kinds_first_then_the_others_from_their_ends():
     from meshplan.sizing.sweep import worker_order
 

@@ -77,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
     # would keep their cyclic garbage; loading the model runs with it off, then frozen
     with loading(getattr(args, "one_shot", False)):
         graph = load_graph(args.model, seq=args.seq, use_cache=True, progress=progress)
-    rep = answer(graph, q, progress=progress, started=t0)
+    from meshplan.report.plot import warm_up
+
+    # the pictures' imports and caches are made while a CPU is idle in the sweep (its last searches)
+    pictures = not args.no_png or bool(args.html)
+    rep = answer(graph, q, progress=progress, started=t0, when_idle=warm_up if pictures else None)
     wrote = []
     if not args.no_png:
         from meshplan.report.capacity_plot import write_capacity_png

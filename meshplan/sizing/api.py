@@ -159,9 +159,10 @@ def ask(
 
 
 def answer(graph: ModelGraph, q: Question, *, progress: Callable[[str], None] | None = None,
-           started: float | None = None) -> CapacityReport:
+           started: float | None = None, when_idle: Callable[[], None] | None = None) -> CapacityReport:
     """Plan ``graph`` for every kind and size of ``q`` and make the rows (``started``: when the
-    question was asked, for the reported wall time; default now)."""
+    question was asked, for the reported wall time; default now; ``when_idle``: run once while a
+    CPU is idle in the sweep, ``sweep.plan_points``)."""
     t0 = time.perf_counter() if started is None else started
     t_trace = time.perf_counter() - t0
     say = progress or (lambda _m: None)
@@ -180,7 +181,8 @@ def answer(graph: ModelGraph, q: Question, *, progress: Callable[[str], None] | 
     if not tasks:
         raise ValueError(f"no GPU count in {q.counts.lo}-{q.counts.hi} can be planned: " + "; ".join(skipped[:3]))
     say(f"{graph.model_name}: {len(tasks)} plans ({', '.join(q.kinds)}), {rule}")
-    points = plan_points(graph, tasks, seqs, jobs=q.jobs, progress=say, dtype=q.dtype, optimizer=q.optimizer)
+    points = plan_points(graph, tasks, seqs, jobs=q.jobs, progress=say, when_idle=when_idle, dtype=q.dtype,
+                         optimizer=q.optimizer)  # fmt: skip
     rows = [_row(p, q.tokens, seqs, graph.seq_len, q.prices.get(p.cluster), q.band.median) for p in points]
     rows = mark_rows(rows, deadline_days=q.deadline_days, budget=q.budget)
     return CapacityReport(

@@ -11,8 +11,10 @@ planned as given.
 tables); with ``jobs`` > 1 the searches run in that many forked worker processes (the graph is
 inherited, not copied), each with its own memo, results in task order; each worker plans its own
 cluster kinds' sizes first and then takes what the others left (``worker_order``), so a kind's
-sizes share one memo where the work allows. A size where no plan fits
-gives a point with the reason. The sweep runs with fewer cyclic-GC passes (``fewer_collections``:
+sizes share one memo where the work allows. The first time a worker has nothing left to take
+while another still plans (a CPU is idle until the sweep ends), the parent runs ``when_idle``
+once (``meshplan capacity``: ``report.plot.warm_up``, the picture's imports and caches, work it
+would do after the sweep). A size where no plan fits gives a point with the reason. The sweep runs with fewer cyclic-GC passes (``fewer_collections``:
 CPU, not results). No torch import.
 """
 
@@ -147,14 +149,17 @@ def fewer_collections() -> Iterator[None]:
 
 
 def plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_batch: int, *, jobs: int = 1,
-                progress: Callable[[str], None] | None = None, **plan_kw: Any) -> list[SweepPoint]:
+                progress: Callable[[str], None] | None = None, when_idle: Callable[[], None] | None = None,
+                **plan_kw: Any) -> list[SweepPoint]:
     """One ``SweepPoint`` per (kind, gpus) task, in task order (see the module docstring)."""
     with fewer_collections():
-        return _plan_points(graph, tasks, global_batch, jobs=jobs, progress=progress, **plan_kw)
+        return _plan_points(graph, tasks, global_batch, jobs=jobs, progress=progress, when_idle=when_idle,
+                            **plan_kw)
 
 
 def _plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_batch: int, *, jobs: int,
-                 progress: Callable[[str], None] | None, **plan_kw: Any) -> list[SweepPoint]:
+                 progress: Callable[[str], None] | None, when_idle: Callable[[], None] | None,
+                 **plan_kw: Any) -> list[SweepPoint]:
     say = progress or (lambda _m: None)
     n_tasks = len(tasks)
 
@@ -184,6 +189,12 @@ def _plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_bat
     got: dict[int, SweepPoint] = {}
     try:
         while len(got) < n_tasks:
+            if when_idle is not None and any(p.exitcode == 0 for p in procs):  # a worker is done, a CPU free
+                when_idle, idle = None, when_idle
+                try:
+                    idle()
+                except Exception as e:  # it only prepares later work: the sweep goes on, the later work redoes it
+                    say(f"(preparing while a CPU was idle failed: {type(e).__name__}: {e})")
             try:
                 i, point = result_q.get(timeout=1.0)
             except queue.Empty:
