@@ -252,5 +252,9 @@ def cp_ring_exposed_s(kv_bytes: float, cp: int, attn_fwd_s: float, cluster: Clus
         return forward_passes * fwd + (cp - 1) * per_step(bwd_s / cp)
     td = _collective_s("send_recv", dkv_bytes, cp if stride else 2, cluster, spans_nodes, stride)
     c_b = bwd_s / cp
-    bwd = sum(per_step(c_b, t * (s < cp - 1) + td * (s >= 1)) for s in range(cp)) + td
+    # step s moves t * (s < cp - 1) + td * (s >= 1): t at the first step, t + td between, td at the
+    # last; the same additions in the same order as a sum over the cp steps, per_step called 3 times
+    steps = itertools.chain((per_step(c_b, t + 0.0),), itertools.repeat(per_step(c_b, t + td), cp - 2),
+                            (per_step(c_b, 0.0 + td),))  # fmt: skip
+    bwd = sum(steps) + td
     return forward_passes * fwd + bwd
