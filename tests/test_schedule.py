@@ -204,6 +204,56 @@ def test_held_states_count_the_deferred_weight_passes() -> None:
     assert max(s.pending for s in v[1]) > max(s.pending for s in v[0])
 
 
+def _held_by_walking(name: str, p: int, m: int, v: int) -> tuple[tuple[sch.HeldState, ...], ...]:
+    """The reference of ``held_states``: each rank's order walked one action at a time, every
+    (in_backward, inflight, pending) state seen, the distinct points no other of the same flag
+    matches or beats in both counts kept, sorted."""
+    split_w = name in sch.ZERO_BUBBLE
+    out = []
+    for ops in sch.rank_orders(name, p, m, v):
+        live = pend = 0
+        seen: set[tuple[bool, int, int]] = set()
+        for kind, _, _ in ops:
+            if kind == "B":
+                seen.add((True, live, pend))
+                live -= 1
+                pend += split_w
+            elif kind == "F":
+                live += 1
+            else:
+                pend -= 1
+            seen.add((False, live, pend))
+        front = [x for x in seen if not any(y != x and y[0] == x[0] and y[1] >= x[1] and y[2] >= x[2] for y in seen)]
+        out.append(tuple(sch.HeldState(a / v, w / v, b) for b, a, w in sorted(front)))
+    return tuple(out)
+
+
+@pytest.mark.parametrize(("name", "v"), COMBOS)
+def test_held_states_equal_the_walked_pareto_front(name: str, v: int) -> None:
+    """``held_states`` (running sums over the numpy orders, a suffix maximum per inflight count)
+    equals walking each rank's Python order; ``held_peaks`` (numpy over all states) equals the
+    Python max over the states bit for bit, and ``held_counts`` the largest inflight + pending."""
+    rng = random.Random(11)
+    n = 0
+    for p in (1, 2, 3, 4, 5, 8):
+        for m in (*range(1, 3 * p + 2), 4 * p + 3):
+            if not _valid(name, p, m, v):
+                continue
+            got = sch.held_states(name, p, m, v)
+            assert got == _held_by_walking(name, p, m, v), (name, p, m, v)
+            act = [rng.uniform(0, 1e9) for _ in range(p)]
+            kept = [rng.choice([0.0, rng.uniform(-2e9, 3e9)]) for _ in range(p)]
+            trans = [rng.uniform(0, 5e8) for _ in range(p)]
+            pend_b = [max(0.0, a + k) for a, k in zip(act, kept)]
+            ref = [max(s.inflight * a + s.pending * k + (t if s.in_backward else 0.0) for s in st)
+                   for st, a, k, t in zip(got, act, pend_b, trans)]  # fmt: skip
+            fast = sch.held_peaks(name, p, m, v, act, pend_b, trans)
+            assert fast == ref and all(type(x) is float for x in fast), (name, p, m, v)
+            assert sch.held_counts(name, p, m, v) == tuple(max(s.inflight + s.pending for s in st) for st in got)
+            n += 1
+    assert n > 5
+
+
 @pytest.mark.parametrize(("name", "v"), [c for c in COMBOS if c[0] != "zbv"])
 def test_fast_makespan_equals_simulator(name: str, v: int) -> None:
     checked = 0
@@ -235,15 +285,3 @@ def test_validation_errors() -> None:
         sch.simulate("1f1b", 2, 8, fwd_s=[1, -1], bwd_input_s=1)
     with pytest.raises(ValueError, match="no closed-form"):
         sch.bubble_fraction_formula("zbv", 2, 4, 2)
-
-
-def test_undominated_states_match_the_pairwise_definition():
-    import random
-
-    from meshplan.partition.schedule import _undominated
-
-    rng = random.Random(0)
-    for _ in range(300):
-        pts = list(dict.fromkeys((rng.random() < 0.5, rng.randint(0, 6), rng.randint(0, 6)) for _ in range(rng.randint(0, 30))))
-        pairwise = [k for k in pts if not any(o != k and o[0] == k[0] and o[1] >= k[1] and o[2] >= k[2] for o in pts)]
-        assert sorted(_undominated(pts)) == sorted(pairwise)

@@ -12,15 +12,16 @@ from meshplan.partition import schedule as sch
 from meshplan.partition import schedule_lockstep as ls
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv"])
 def test_numpy_orders_equal_rank_orders(name: str) -> None:
     n = 0
     for v in (1, 2, 3):
         for p in (1, 2, 3, 5, 8):
-            for m in range(1, 3 * p + 2):
+            for m in (*range(1, 3 * p + 2), 4 * p + 3):
                 if not _valid(name, p, m, v):
                     continue
                 kind, stage, mb = ls.order_arrays((name, p, m, v))
+                assert kind.shape == stage.shape == mb.shape == (len(sch.rank_orders(name, p, m, v)[0]), p)
                 for r, ref in enumerate(sch.rank_orders(name, p, m, v)):
                     got = [("FBW"[k], s, j) for k, s, j in zip(kind[:, r].tolist(), stage[:, r].tolist(), mb[:, r].tolist())]
                     assert got == list(ref), (name, p, m, v, r)

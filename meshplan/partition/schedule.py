@@ -40,12 +40,15 @@ No torch import here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from meshplan.partition.schedule_lockstep import (
     MIN_RANKS,
+    held_signs,
     inflight_from_orders,
     lockstep_times,
     order_arrays,
@@ -130,6 +133,7 @@ def validate(schedule: str, pp: int, num_microbatches: int, virtual_stages: int 
             )
 
 
+@lru_cache(maxsize=1024)
 def stage_to_rank(schedule: str, pp: int, virtual_stages: int = 1) -> tuple[int, ...]:
     """Pipeline rank of each stage: looped (s % pp) or V (zbv: rank r holds r and 2p-1-r)."""
     n = pp * virtual_stages
@@ -267,6 +271,20 @@ def rank_orders(
     return tuple(out)
 
 
+@lru_cache(maxsize=128)
+def rank_order_arrays(
+    schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``rank_orders`` as (kind, stage, microbatch) arrays of shape (actions per rank, pp), kind 0 F,
+    1 B, 2 W (``schedule_lockstep.order_arrays``: numpy-built by the same rules), read-only. Cached:
+    the search asks for the same few orders thousands of times (simulation, held bytes, in-flight
+    counts, across cluster sizes); at most 128 kept (a few MB each at the largest pp × m)."""
+    arrays = order_arrays((schedule, pp, num_microbatches, virtual_stages))
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
 @lru_cache(maxsize=4096)
 def inflight(
     schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1
@@ -276,7 +294,7 @@ def inflight(
     schedule but zbv: a running sum per rank and per stage instead of a Python loop per action."""
     if schedule != "zbv":
         validate(schedule, pp, num_microbatches, virtual_stages)
-        return inflight_from_orders(order_arrays((schedule, pp, num_microbatches, virtual_stages)), pp, virtual_stages)
+        return inflight_from_orders(rank_order_arrays(schedule, pp, num_microbatches, virtual_stages), pp, virtual_stages)
     return inflight_of_orders(rank_orders(schedule, pp, num_microbatches, virtual_stages), pp * virtual_stages)
 
 
@@ -294,9 +312,14 @@ def rank_held_peaks(
     if len(stage_bytes) != pp * virtual_stages:
         raise ValueError(f"stage_bytes needs one value per stage ({pp * virtual_stages}), got {len(stage_bytes)}")
     validate(schedule, pp, num_microbatches, virtual_stages)
-    key = (schedule, pp, num_microbatches, virtual_stages)
-    orders = rank_orders(*key) if schedule == "zbv" else None
-    return weighted_peaks_from_orders(order_arrays(key, orders), stage_bytes)
+    return weighted_peaks_from_orders(_held_signs(schedule, pp, num_microbatches, virtual_stages), stage_bytes)
+
+
+@lru_cache(maxsize=128)
+def _held_signs(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """``schedule_lockstep.held_signs`` of the orders, cached (``rank_held_peaks`` misses its own
+    cache with every new ``stage_bytes``)."""
+    return held_signs(rank_order_arrays(schedule, pp, num_microbatches, virtual_stages))
 
 
 def inflight_of_orders(
@@ -335,24 +358,6 @@ class HeldState:
     in_backward: bool
 
 
-def _undominated(points: Iterable[tuple[bool, int, int]]) -> list[tuple[bool, int, int]]:
-    """The (flag, a, b) points no other point of the same flag matches or beats in both a and b
-    (distinct points), by one sweep in decreasing a (a rank's order visits thousands of states:
-    the pairwise check was quadratic)."""
-    out = []
-    by_flag: dict[bool, dict[int, int]] = {}
-    for flag, a, b in points:  # per flag and a, only the largest b can be undominated
-        best = by_flag.setdefault(flag, {})
-        best[a] = max(best.get(a, b), b)
-    for flag, best in by_flag.items():
-        top = None  # the largest b over larger a
-        for a in sorted(best, reverse=True):
-            if top is None or best[a] > top:
-                out.append((flag, a, best[a]))
-                top = best[a]
-    return out
-
-
 @lru_cache(maxsize=4096)
 def held_states(
     schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1
@@ -369,26 +374,70 @@ def held_states(
     gradient. Rank r of the looped order runs r backwards before its first weight pass
     (``_get_1f1b_rank_ops``), so it holds p − r in flight plus r waiting: p microbatches' graphs
     on every rank (ZB-H1, Qi et al. 2023 §3.1), where 1F1B holds p − r. Other schedules run full
-    backwards (``pending`` 0). Unit: microbatches (fractional under v > 1)."""
-    orders = rank_orders(schedule, pp, num_microbatches, virtual_stages)
-    split_w = schedule in ZERO_BUBBLE
-    out = []
-    for ops in orders:
-        live = pend = 0
-        seen: dict[tuple[bool, int, int], None] = {}
-        for kind, _, _ in ops:
-            if kind == "B":
-                seen[True, live, pend] = None
-                live -= 1
-                pend += split_w
-            elif kind == "F":
-                live += 1
-            else:
-                pend -= 1
-            seen[False, live, pend] = None
-        front = _undominated(seen)
-        out.append(tuple(HeldState(a / virtual_stages, w / virtual_stages, b) for b, a, w in sorted(front)))
-    return tuple(out)
+    backwards (``pending`` 0). Unit: microbatches (fractional under v > 1).
+
+    Counted on ``rank_order_arrays`` (running sums over every rank at once; the states visited:
+    after each action, and before each input / full backward), then per rank and flag the largest
+    ``pending`` at each ``inflight`` and of those the ones no larger ``inflight`` matches (the
+    Pareto front of distinct points, by a suffix maximum); each rank's states sorted by (in_backward, inflight, pending)."""
+    kind = rank_order_arrays(schedule, pp, num_microbatches, virtual_stages)[0]
+    split_w = int(schedule in ZERO_BUBBLE)
+    is_b = (kind == 1).astype(np.int64)
+    live = np.cumsum((kind == 0) - is_b, axis=0)  # after each action
+    pend = np.cumsum(split_w * is_b - (kind == 2), axis=0)
+    ranks = np.broadcast_to(np.arange(pp), kind.shape)
+    b_rows = is_b.astype(bool)
+    # (flag, rank, inflight) -> the largest pending seen there (-1: not visited); in a backward: its state before it
+    best = np.full((2, pp, int(live.max(initial=0)) + 2), -1, dtype=np.int64)
+    np.maximum.at(best[0], (ranks.ravel(), live.ravel()), pend.ravel())
+    np.maximum.at(best[1], (ranks[b_rows], live[b_rows] + 1), pend[b_rows] - split_w)
+    above = np.full_like(best, -1)  # the largest pending at any larger inflight
+    above[..., :-1] = np.maximum.accumulate(best[..., :0:-1], axis=-1)[..., ::-1]
+    flag, rank, a = np.nonzero(best > above)  # flag-major, then rank, then inflight ascending
+    w = best[flag, rank, a]
+    per_rank: list[list[HeldState]] = [[] for _ in range(pp)]
+    v = virtual_stages
+    for f_, r_, a_, w_ in zip(flag.tolist(), rank.tolist(), a.tolist(), w.tolist()):
+        per_rank[r_].append(HeldState(a_ / v, w_ / v, bool(f_)))
+    return tuple(tuple(x) for x in per_rank)
+
+
+@lru_cache(maxsize=4096)
+def held_counts(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> tuple[float, ...]:
+    """Per rank, the most microbatches it holds past their forward and before their weight pass
+    (full backward outside zero-bubble): the largest ``inflight + pending`` over ``held_states``."""
+    states = held_states(schedule, pp, num_microbatches, virtual_stages)
+    return tuple(max(s.inflight + s.pending for s in st) for st in states)
+
+
+@lru_cache(maxsize=4096)
+def _held_arrays(
+    schedule: str, pp: int, num_microbatches: int, virtual_stages: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``held_states`` flattened over ranks: inflight, pending, in_backward, each state's rank and
+    each rank's first index (for ``np.maximum.reduceat``)."""
+    states = held_states(schedule, pp, num_microbatches, virtual_stages)
+    flat = [s for st in states for s in st]
+    starts = np.cumsum([0, *(len(st) for st in states[:-1])])
+    rank = np.repeat(np.arange(pp), [len(st) for st in states])
+    return (np.array([s.inflight for s in flat], dtype=np.float64), np.array([s.pending for s in flat], dtype=np.float64),
+            np.array([s.in_backward for s in flat], dtype=bool), rank, starts)  # fmt: skip
+
+
+def held_peaks(
+    schedule: str, pp: int, num_microbatches: int, virtual_stages: int,
+    inflight_bytes: Sequence[float], pending_bytes: Sequence[float], backward_bytes: Sequence[float],
+) -> list[float]:
+    """Per rank r, the largest over its ``held_states`` s of ``s.inflight * inflight_bytes[r] +
+    s.pending * pending_bytes[r] + (backward_bytes[r] if s.in_backward else 0.0)``: the same
+    floating-point operations in the same order as that Python expression (numpy over every
+    state of every rank at once), so the same values bit for bit. ``pending_bytes`` must not be
+    negative (and no input NaN)."""
+    infl, pend, in_bwd, rank, starts = _held_arrays(schedule, pp, num_microbatches, virtual_stages)
+    a = np.array(inflight_bytes, dtype=np.float64)[rank]
+    k = np.array(pending_bytes, dtype=np.float64)[rank]
+    t = np.where(in_bwd, np.array(backward_bytes, dtype=np.float64)[rank], 0.0)
+    return np.maximum.reduceat(infl * a + pend * k + t, starts).tolist()  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------- simulation
@@ -448,8 +497,8 @@ def simulate(
         hop = [0.0] * n
 
     if not keep_events and pp >= MIN_RANKS:
-        orders = rank_orders(schedule, pp, m, virtual_stages) if schedule == "zbv" else None  # else numpy-built
-        rank_free, busy = lockstep_times((schedule, pp, m, virtual_stages), orders, f, b_dur, bw, hop)
+        arrays = rank_order_arrays(schedule, pp, m, virtual_stages)
+        rank_free, busy = lockstep_times((schedule, pp, m, virtual_stages), arrays, f, b_dur, bw, hop)
         return _timeline(schedule, pp, m, virtual_stages, (), rank_free, busy, placement)
     orders = rank_orders(schedule, pp, m, virtual_stages)
     end_f: list[float | None] = [None] * (n * m)

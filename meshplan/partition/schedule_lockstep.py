@@ -39,24 +39,24 @@ _compiled: dict[tuple[str, int, int, int], tuple[np.ndarray, ...]] = {}
 _CACHE_SIZE = 64
 
 
-def compiled(key: tuple[str, int, int, int], orders: Sequence[Sequence[Action]] | None) -> tuple[np.ndarray, ...]:
+def compiled(key: tuple[str, int, int, int], arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
     """(out, dep_a, dep_b slots; hop_a, hop_b, duration indices) of every action, flat arrays
-    indexed by step · pp + rank (with a padding step at the end), of the
-    per-rank orders of ``key`` = (schedule, pp, m, v) (``order_arrays``; ``orders`` needed for
-    zbv only); see the module docstring."""
+    indexed by step · pp + rank (with a padding step at the end), of the per-rank orders of
+    ``key`` = (schedule, pp, m, v) given as ``order_arrays(key)``'s ``arrays``; see the module
+    docstring."""
     if key not in _compiled:
         if len(_compiled) >= _CACHE_SIZE:
             del _compiled[next(iter(_compiled))]
-        _compiled[key] = _compile(key, orders)
+        _compiled[key] = _compile(key, arrays)
     return _compiled[key]
 
 
-def _compile(key: tuple[str, int, int, int], orders: Sequence[Sequence[Action]] | None) -> tuple[np.ndarray, ...]:
+def _compile(key: tuple[str, int, int, int], arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
     _, pp, m, v = key
     n = pp * v
     big_n = n * m
     neg, nan = 3 * big_n, 3 * big_n + 1
-    kind, stage, mb = order_arrays(key, orders)
+    kind, stage, mb = arrays
     pad = np.full((1, pp), 3, dtype=np.int64)  # 3: past the rank's last action
     kind = np.vstack([kind, pad])
     stage = np.vstack([stage, 0 * pad])
@@ -74,26 +74,20 @@ def _compile(key: tuple[str, int, int, int], orders: Sequence[Sequence[Action]] 
     return out.ravel(), dep_a.ravel(), dep_b.ravel(), hop_a.ravel(), hop_b.ravel(), dur.ravel()
 
 
-def order_arrays(
-    key: tuple[str, int, int, int], orders: Sequence[Sequence[Action]] | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def order_arrays(key: tuple[str, int, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kind, stage, microbatch) of every rank's actions, shape (actions per rank, pp), kind
-    0 F, 1 B, 2 W: ``schedule.rank_orders`` generated with numpy for gpipe, 1f1b and the looped
-    schedules (interleaved-1f1b, zero-bubble; the same rules, see ``_looped``), else read from
-    ``orders`` (zbv)."""
+    0 F, 1 B, 2 W: ``schedule.rank_orders`` generated with numpy by the same rules (gpipe and
+    1f1b per rank, the looped schedules interleaved-1f1b and zero-bubble for every rank at once:
+    ``_looped``, zbv per rank: ``_zbv``)."""
     schedule, p, m, v = key
+    if schedule in ("interleaved-1f1b", "zero-bubble"):
+        return _looped(p, m, v, schedule == "zero-bubble")
     if schedule == "gpipe":
         cols = [_gpipe(m, r) for r in range(p)]
     elif schedule == "1f1b":
         cols = [_1f1b(p, m, r) for r in range(p)]
-    elif schedule in ("interleaved-1f1b", "zero-bubble"):
-        cols = [_looped(p, m, v, r, schedule == "zero-bubble") for r in range(p)]
     else:
-        if orders is None:
-            raise ValueError(f"order_arrays needs the {schedule} orders")
-        code = {"F": 0, "B": 1, "W": 2}
-        cols = [(np.array([code[a[0]] for a in ops]), np.array([a[1] for a in ops]), np.array([a[2] for a in ops]))
-                for ops in orders]  # fmt: skip
+        cols = [_zbv(p, m, r) for r in range(p)]
     return tuple(np.stack([c[i] for c in cols], axis=1).astype(np.int64) for i in range(3))  # type: ignore[return-value]
 
 
@@ -114,17 +108,22 @@ def inflight_from_orders(
     return tuple(int(x) for x in per_rank), tuple(per_stage)
 
 
-def weighted_peaks_from_orders(
-    arrays: tuple[np.ndarray, np.ndarray, np.ndarray], stage_bytes: Sequence[float]
-) -> tuple[float, ...]:
-    """Per rank, the largest running sum over its action order of ``stage_bytes[stage]`` added
-    by a forward and taken off by the input backward that frees it (0 before any action):
-    what a rank holds at its peak when its stages keep different bytes per microbatch
-    (``schedule.rank_held_peaks``)."""
+def held_signs(arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(sign, stage) of ``order_arrays``' actions, shape (pp, actions per rank), contiguous per
+    rank: sign 1.0 for a forward, -1.0 for an input backward, 0.0 for a weight pass (what
+    ``weighted_peaks_from_orders`` sums)."""
     kind, stage, _ = arrays
-    delta = (kind == 0).astype(np.float64) - (kind == 1)
-    held = np.cumsum(delta * np.asarray(stage_bytes, dtype=np.float64)[stage], axis=0)
-    return tuple(float(x) for x in np.maximum(held.max(axis=0, initial=0.0), 0.0))
+    return ((kind == 0).astype(np.float64) - (kind == 1)).T.copy(), stage.T.copy()
+
+
+def weighted_peaks_from_orders(signs: tuple[np.ndarray, np.ndarray], stage_bytes: Sequence[float]) -> tuple[float, ...]:
+    """Per rank, the largest running sum over its action order of ``stage_bytes[stage]`` added
+    by a forward and taken off by the input backward that frees it (0 before any action), from
+    ``held_signs``: what a rank holds at its peak when its stages keep different bytes per
+    microbatch (``schedule.rank_held_peaks``). A running sum (``np.cumsum``) adds in order."""
+    sign, stage = signs
+    held = np.cumsum(sign * np.asarray(stage_bytes, dtype=np.float64)[stage], axis=1)
+    return tuple(float(x) for x in np.maximum(held.max(axis=1, initial=0.0), 0.0))
 
 
 def _gpipe(m: int, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -143,52 +142,88 @@ def _1f1b(p: int, m: int, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return kind[keep], np.full(int(keep.sum()), r), mb[keep]
 
 
-def _looped(p: int, m: int, v: int, r: int, zero_bubble: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``schedule._looped_order`` (torch ``_get_1f1b_rank_ops``): at step t the forward of step t
-    (t < v·m), then from the warm-up on the backward of step t − warm, and under zero-bubble from
-    the r-th backward on the weight pass of backward number (t − warm − r); the remaining weight
-    passes at the end. Steps run in groups of ``per_round`` per chunk: step t's chunk is
-    (t // per_round) % v (backwards: reversed), its microbatch (t // (per_round·v))·per_round + t % per_round."""
+def _looped(p: int, m: int, v: int, zero_bubble: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``schedule._looped_order`` (torch ``_get_1f1b_rank_ops``) of every rank at once, shape
+    (actions per rank, p): rank r at step t runs the forward of step t (t < v·m), then from its
+    warm-up on the backward of step t − warm, and under zero-bubble from the r-th backward on the
+    weight pass of backward number (t − warm − r); its remaining weight passes at the end (here
+    in slots past every rank's last step). Steps run in groups of ``per_round`` per chunk: step
+    t's chunk is (t // per_round) % v (backwards: reversed), its microbatch
+    (t // (per_round·v))·per_round + t % per_round. Each rank runs as many actions; its slots
+    (step, F / B / W) read in order are its order."""
     rounds = max(1, m // p)
     per_round = m // rounds
     total = v * m
-    warm = min((v - 1) * per_round + (1 if zero_bubble else 2) * (p - 1 - r), total)
-    steps = np.arange(total + warm)
-    t_b = np.arange(total)  # backward number
+    r = np.arange(p)[:, None]
+    warm = np.minimum((v - 1) * per_round + (1 if zero_bubble else 2) * (p - 1 - r), total)  # (p, 1)
+    n_tail = min(p - 1, total) if zero_bubble else 0
+    end = total + int(warm.max())
+    t = np.arange(end + n_tail)[None, :]
 
-    def chunk_mb(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        g = t // per_round
-        return g % v, (g // v) * per_round + t % per_round
+    def chunk_mb(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        g = q // per_round
+        return g % v, (g // v) * per_round + q % per_round
 
-    fc, fj = chunk_mb(steps[:total])
-    bc, bj = chunk_mb(t_b)
-    b_stage, f_stage = (v - 1 - bc) * p + r, fc * p + r
-    kind = np.full((len(steps), 3), -1)
-    stage = np.zeros((len(steps), 3), dtype=np.int64)
-    mb = np.zeros((len(steps), 3), dtype=np.int64)
-    kind[:total, 0], stage[:total, 0], mb[:total, 0] = 0, f_stage, fj
-    kind[warm:, 1], stage[warm:, 1], mb[warm:, 1] = 1, b_stage, bj
-    tail = (np.zeros(0, int),) * 3
+    kind = np.full((p, end + n_tail, 3), -1, dtype=np.int64)
+    stage = np.zeros_like(kind)
+    mb = np.zeros_like(kind)
+    fc, fj = chunk_mb(t)
+    on = np.broadcast_to(t < total, (p, t.shape[1]))
+    kind[..., 0][on], stage[..., 0][on], mb[..., 0][on] = 0, np.broadcast_to(fc * p + r, on.shape)[on], np.broadcast_to(fj, on.shape)[on]
+    q = t - warm  # backward number at step t
+    bc, bj = chunk_mb(q)
+    on = (q >= 0) & (q < total)
+    kind[..., 1][on], stage[..., 1][on], mb[..., 1][on] = 1, ((v - 1 - bc) * p + r)[on], bj[on]
     if zero_bubble:
-        w_at = warm + r + np.arange(max(0, total - r))  # steps at which weight pass q = step - warm - r runs
-        q = w_at - warm - r
-        kind[w_at, 2], stage[w_at, 2], mb[w_at, 2] = 2, b_stage[q], bj[q]
-        rest = np.arange(max(0, total - r), total)
-        tail = (np.full(len(rest), 2), b_stage[rest], bj[rest])
-    keep = kind.ravel() >= 0
-    return tuple(np.concatenate([a.ravel()[keep], t]) for a, t in zip((kind, stage, mb), tail))  # type: ignore[return-value]
+        q = np.where(t < end, t - warm - r, total - np.minimum(r, total) + t - end)  # weight pass number at step t
+        on = (q >= 0) & (q < total) & ((t < total + warm) | (t >= end))
+        wc, wj = chunk_mb(q)
+        kind[..., 2][on], stage[..., 2][on], mb[..., 2][on] = 2, ((v - 1 - wc) * p + r)[on], wj[on]
+    keep = kind >= 0
+    return tuple(a[keep].reshape(p, -1).T.copy() for a in (kind, stage, mb))  # type: ignore[return-value]
+
+
+def _zbv(p: int, m: int, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``schedule._zbv_order`` (torch ScheduleZBVZeroBubble) of rank r, its loops counted out:
+    with n = max(2p − 1, m) microbatches (torch's padding, dropped at the end), 2(p − r) − 1
+    forwards of chunk 0 (stage s0 = r); r pairs F(s1), F(s0) (s1 = 2p − 1 − r); p − r triplets
+    F, B, W of s1; n − p rounds of [F(s0) while any remain], B, W of s0, F, B, W of s1; r pairs
+    B(s0), B(s1); p − r pairs B(s0), W(s0); the weight passes left, s1's then s0's."""
+    n = max(2 * p - 1, m)
+    s0, s1 = r, 2 * p - 1 - r
+    i = np.arange
+    blocks: list[list[tuple[int, int, np.ndarray]]] = [  # per block: its columns (kind, stage, microbatches)
+        [(0, s0, i(2 * (p - r) - 1))],
+        [(0, s1, i(r)), (0, s0, 2 * (p - r) - 1 + i(r))],
+        [(0, s1, r + i(p - r)), (1, s1, i(p - r)), (2, s1, i(p - r))],
+        [(0, s0, 2 * p - r - 1 + i(n - p)), (1, s0, i(n - p)), (2, s0, i(n - p)), (0, s1, p + i(n - p)),
+         (1, s1, p - r + i(n - p)), (2, s1, p - r + i(n - p))],
+        [(1, s0, n - p + i(r)), (1, s1, n - r + i(r))],
+        [(1, s0, n - p + r + i(p - r)), (2, s0, n - p + i(p - r))],
+        [(2, s1, n - r + i(r))],
+        [(2, s0, n - r + i(r))],
+    ]  # fmt: skip
+    kinds, stages, mbs = [], [], []
+    for cols in blocks:
+        mb = np.stack([c[2] for c in cols], axis=1)
+        kinds.append(np.broadcast_to([c[0] for c in cols], mb.shape).ravel())
+        stages.append(np.broadcast_to([c[1] for c in cols], mb.shape).ravel())
+        mbs.append(mb.ravel())
+    kind, stage, mb = np.concatenate(kinds), np.concatenate(stages), np.concatenate(mbs)
+    keep = mb < m  # torch's padding microbatches dropped (and the fourth block's F(s0) past n: n >= m)
+    return kind[keep], stage[keep], mb[keep]
 
 
 def lockstep_times(
-    key: tuple[str, int, int, int], orders: Sequence[Sequence[Action]] | None,
+    key: tuple[str, int, int, int], arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
     f: list[float], b_dur: list[float], bw: list[float], hop: list[float],
 ) -> tuple[list[float], list[float]]:
     """(rank free time, rank busy time) per pipeline rank after the step of ``key`` = (schedule,
-    pp, m, v) with per-rank action ``orders``: ``f``, ``b_dur`` (input backward, or full backward
+    pp, m, v) with per-rank action orders ``arrays`` (``order_arrays(key)``): ``f``, ``b_dur`` (input backward, or full backward
     outside zero-bubble), ``bw`` per stage, ``hop`` the send time across the s | s + 1 boundary
     (0.0 within a rank)."""
     schedule, pp, m, v = key
-    out, dep_a, dep_b, hop_a, hop_b, dur_i = compiled(key, orders)
+    out, dep_a, dep_b, hop_a, hop_b, dur_i = compiled(key, arrays)
     n = pp * v
     big_n = n * m
     ends = np.full(3 * big_n + 2, np.nan)

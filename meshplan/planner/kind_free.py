@@ -35,7 +35,7 @@ from meshplan.cost_models.precision import (
     fp8_sp_amax_reduction_s,
     fp8_weight_copy_bytes,
 )
-from meshplan.partition.schedule import ZERO_BUBBLE, held_states
+from meshplan.partition.schedule import ZERO_BUBBLE, held_counts, held_peaks
 from meshplan.planner.memory_floor import rank_pipeline_buffers
 from meshplan.planner.pipeline_time import (
     makespan_lower_bound,
@@ -320,8 +320,7 @@ def kind_free_terms(
         kept = split_backward_kept(cols.wgrad, st_sendb, loss)
         r_act = split_backward_held(c, rank_sums(st_act), rank_sums(kept), trans)
         # autocast's weight copies are saved by the weight-reading ops: kept to the weight pass
-        pend = [max(s.inflight + s.pending for s in st)
-                for st in held_states(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)]
+        pend = held_counts(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
         r_cast = [x * f for x, f in zip(rank_sums(cast_mb), pend)]
     else:
         r_act = [x + y for x, y in zip(r_act, trans)]
@@ -405,9 +404,9 @@ def split_backward_held(c: Config, act: list[float], kept: list[float], trans: l
     microbatches' activations ``act`` + the ``pending`` ones' activations and weight-pass bytes
     ``kept`` (+ the backward's transient ``trans`` inside an input backward). All per rank, per
     microbatch of its share. At least 1F1B's count of in-flight microbatches × ``act``."""
-    states = held_states(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
-    return [max(s.inflight * a + s.pending * max(0.0, a + k) + (t if s.in_backward else 0.0) for s in st)
-            for st, a, k, t in zip(states, act, kept, trans)]
+    # max over the states of s.inflight * a + s.pending * max(0.0, a + k) + (t if s.in_backward else 0.0)
+    return held_peaks(c.schedule, c.pp, c.num_microbatches, c.virtual_stages,
+                      act, [max(0.0, a + k) for a, k in zip(act, kept)], trans)  # fmt: skip
 
 
 def host_floored(f: list[float], b: list[float], w: list[float], hf: list[float],
