@@ -40,8 +40,8 @@ _CACHE_SIZE = 64
 
 
 def compiled(key: tuple[str, int, int, int], arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
-    """(out, dep_a, dep_b slots; hop_a, hop_b, duration indices) of every action, flat arrays
-    indexed by step · pp + rank (with a padding step at the end), of the per-rank orders of
+    """(out slot, (dep_a, dep_b) slots, (hop_a, hop_b) indices, duration index) of every action,
+    arrays indexed by step · pp + rank (with a padding step at the end), of the per-rank orders of
     ``key`` = (schedule, pp, m, v) given as ``order_arrays(key)``'s ``arrays``; see the module
     docstring."""
     if key not in _compiled:
@@ -70,8 +70,9 @@ def _compile(key: tuple[str, int, int, int], arrays: tuple[np.ndarray, np.ndarra
     dep_b[done] = nan
     hop_b = np.where(b, stage, n)
     dur = np.select([f, b, w], [stage, n + stage, 2 * n + stage], 0)
-    # flat: row = step · pp + rank
-    return out.ravel(), dep_a.ravel(), dep_b.ravel(), hop_a.ravel(), hop_b.ravel(), dur.ravel()
+    # flat: row = step · pp + rank; the two dependencies (and their hops) side by side
+    return (out.ravel(), np.stack([dep_a.ravel(), dep_b.ravel()], axis=1), np.stack([hop_a.ravel(), hop_b.ravel()], axis=1),
+            dur.ravel())  # fmt: skip
 
 
 def order_arrays(key: tuple[str, int, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -223,45 +224,41 @@ def lockstep_times(
     outside zero-bubble), ``bw`` per stage, ``hop`` the send time across the s | s + 1 boundary
     (0.0 within a rank)."""
     schedule, pp, m, v = key
-    out, dep_a, dep_b, hop_a, hop_b, dur_i = compiled(key, arrays)
+    out, dep_ab, hop_ab, dur_i = compiled(key, arrays)
     n = pp * v
     big_n = n * m
     ends = np.full(3 * big_n + 2, np.nan)
     ends[3 * big_n] = -np.inf
-    hops = np.array([*hop, 0.0])
-    # per action: the hop after each dependency and the duration, looked up once per call
-    hv_a, hv_b, durs = hops[hop_a], hops[hop_b], np.array([*f, *b_dur, *bw])[dur_i]
+    # per action: the hop after each of its two dependencies and its duration, looked up once per call
+    hv_ab, durs = np.array([*hop, 0.0])[hop_ab], np.array([*f, *b_dur, *bw])[dur_i]
     free = np.zeros(pp)
-    busy = np.zeros(pp)
     ranks = np.arange(pp)
     row = ranks.copy()  # row of every rank's next action
     # the arrays' own take methods (np.take adds two Python-level wrapper calls per use)
-    at_ends, at_dep_a, at_dep_b, at_durs = ends.take, dep_a.take, dep_b.take, durs.take
-    at_hv_a, at_hv_b, at_out = hv_a.take, hv_b.take, out.take
-    isnan, maximum = np.isnan, np.maximum
+    at_ends, at_dep, at_hv, at_durs, at_out = ends.take, dep_ab.take, hv_ab.take, durs.take, out.take
+    isnan, maximum, count_nonzero = np.isnan, np.maximum, np.count_nonzero
     while True:
-        ea, eb = at_ends(at_dep_a(row)), at_ends(at_dep_b(row))
-        ok = ~isnan(ea + eb)  # both dependencies have ended (-inf: no such dependency)
-        if ok.all():  # every rank runs its next action
-            d = at_durs(row)
-            end = maximum(maximum(ea + at_hv_a(row), eb + at_hv_b(row)), free) + d
-            ends[at_out(row)] = end
-            free = end
-            busy += d
+        e = at_ends(at_dep(row, 0)) + at_hv(row, 0)  # each dependency's end + its hop (-inf: none)
+        ready = maximum(e[:, 0], e[:, 1])  # NaN where a dependency has not ended (np.maximum keeps NaN)
+        waiting = isnan(ready)
+        if not count_nonzero(waiting):  # every rank runs its next action
+            free = maximum(ready, free) + at_durs(row)
+            ends[at_out(row)] = free
             row += pp
             continue
+        ok = ~waiting
         rs = ranks[ok]
         if not len(rs):
             break
         r_ok = row[rs]
-        d = at_durs(r_ok)
-        end = maximum(maximum(ea[ok] + at_hv_a(r_ok), eb[ok] + at_hv_b(r_ok)), free[rs]) + d
+        end = maximum(ready[ok], free[rs]) + at_durs(r_ok)
         ends[at_out(r_ok)] = end
         free[rs] = end
-        busy[rs] += d
         row[rs] += pp
     last = len(out) - pp  # the padding row
     if (row < last).any():
         stuck: dict[int, Any] = {int(r): int(row[r]) // pp for r in ranks if row[r] < last}
         raise AssertionError(f"schedule {schedule} deadlocks (p={pp}, m={m}, v={v}): ranks at action {stuck}")
+    # each rank's busy time: its durations added in its order from 0.0 (a running sum adds in order)
+    busy = np.cumsum(np.vstack([np.zeros((1, pp)), durs.reshape(-1, pp)[:-1]]), axis=0)[-1]
     return free.tolist(), busy.tolist()

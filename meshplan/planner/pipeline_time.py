@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from meshplan.cost_models.memory import inflight_microbatches
-from meshplan.partition.schedule import simulate
+from meshplan.partition.schedule import inflight as order_inflight
+from meshplan.partition.schedule import rank_held_peaks, simulate, stage_to_rank
 from meshplan.planner.search_types import Config, valid_count
 
 #: Microbatch counts above this (× pp·v) are simulated small and extrapolated.
@@ -21,8 +22,6 @@ SIM_CAP_FACTOR = 3
 
 def placement(schedule: str, pp: int, v: int) -> tuple[int, ...]:
     """Pipeline rank of every stage (``partition.schedule.stage_to_rank``)."""
-    from meshplan.partition.schedule import stage_to_rank
-
     return stage_to_rank(schedule, pp, v)
 
 
@@ -48,8 +47,6 @@ def stage_inflight(c: Config, placement: Sequence[int], infl: Sequence[float]) -
     (``partition.schedule.inflight``): a rank's chunks do not hold alike."""
     if not per_stage_held(c):
         return [infl[r] for r in placement]
-    from meshplan.partition.schedule import inflight as order_inflight
-
     return [float(x) for x in order_inflight(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)[1]]
 
 
@@ -57,8 +54,6 @@ def rank_held(c: Config, stage_bytes: Sequence[float]) -> list[float]:
     """Per pipeline rank under ``per_stage_held``, the peak bytes its in-flight microbatches
     hold, each stage's ``stage_bytes`` per microbatch weighted by that stage's own count over the
     rank's action order (``partition.schedule.rank_held_peaks``)."""
-    from meshplan.partition.schedule import rank_held_peaks
-
     return list(rank_held_peaks(c.schedule, c.pp, c.num_microbatches, c.virtual_stages,
                                 tuple(float(x) for x in stage_bytes)))  # fmt: skip
 
