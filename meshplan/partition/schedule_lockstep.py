@@ -78,17 +78,17 @@ def _compile(key: tuple[str, int, int, int], arrays: tuple[np.ndarray, np.ndarra
 def order_arrays(key: tuple[str, int, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kind, stage, microbatch) of every rank's actions, shape (actions per rank, pp), kind
     0 F, 1 B, 2 W: ``schedule.rank_orders`` generated with numpy by the same rules (gpipe and
-    1f1b per rank, the looped schedules interleaved-1f1b and zero-bubble for every rank at once:
-    ``_looped``, zbv per rank: ``_zbv``)."""
+    1f1b per rank; for every rank at once the looped schedules interleaved-1f1b and zero-bubble,
+    ``_looped``, and zbv, ``_zbv``)."""
     schedule, p, m, v = key
     if schedule in ("interleaved-1f1b", "zero-bubble"):
         return _looped(p, m, v, schedule == "zero-bubble")
+    if schedule == "zbv":
+        return _zbv(p, m)
     if schedule == "gpipe":
         cols = [_gpipe(m, r) for r in range(p)]
-    elif schedule == "1f1b":
-        cols = [_1f1b(p, m, r) for r in range(p)]
     else:
-        cols = [_zbv(p, m, r) for r in range(p)]
+        cols = [_1f1b(p, m, r) for r in range(p)]
     return tuple(np.stack([c[i] for c in cols], axis=1).astype(np.int64) for i in range(3))  # type: ignore[return-value]
 
 
@@ -184,35 +184,38 @@ def _looped(p: int, m: int, v: int, zero_bubble: bool) -> tuple[np.ndarray, np.n
     return tuple(a[keep].reshape(p, -1).T.copy() for a in (kind, stage, mb))  # type: ignore[return-value]
 
 
-def _zbv(p: int, m: int, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``schedule._zbv_order`` (torch ScheduleZBVZeroBubble) of rank r, its loops counted out:
-    with n = max(2p − 1, m) microbatches (torch's padding, dropped at the end), 2(p − r) − 1
-    forwards of chunk 0 (stage s0 = r); r pairs F(s1), F(s0) (s1 = 2p − 1 − r); p − r triplets
-    F, B, W of s1; n − p rounds of [F(s0) while any remain], B, W of s0, F, B, W of s1; r pairs
-    B(s0), B(s1); p − r pairs B(s0), W(s0); the weight passes left, s1's then s0's."""
+def _zbv(p: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``schedule._zbv_order`` (torch ScheduleZBVZeroBubble) of every rank at once, its loops
+    counted out: rank r (stages s0 = r and s1 = 2p − 1 − r) with n = max(2p − 1, m) microbatches
+    (torch's padding, dropped at the end) runs 2(p − r) − 1 forwards of s0; r pairs F(s1), F(s0);
+    p − r triplets F, B, W of s1; n − p rounds of [F(s0) while any remain], B, W of s0, F, B, W of
+    s1; r pairs B(s0), B(s1); p − r pairs B(s0), W(s0); the weight passes left, s1's then s0's.
+    Each block is laid out for all ranks padded to its longest, the padding then dropped."""
     n = max(2 * p - 1, m)
-    s0, s1 = r, 2 * p - 1 - r
-    i = np.arange
-    blocks: list[list[tuple[int, int, np.ndarray]]] = [  # per block: its columns (kind, stage, microbatches)
-        [(0, s0, i(2 * (p - r) - 1))],
-        [(0, s1, i(r)), (0, s0, 2 * (p - r) - 1 + i(r))],
-        [(0, s1, r + i(p - r)), (1, s1, i(p - r)), (2, s1, i(p - r))],
-        [(0, s0, 2 * p - r - 1 + i(n - p)), (1, s0, i(n - p)), (2, s0, i(n - p)), (0, s1, p + i(n - p)),
-         (1, s1, p - r + i(n - p)), (2, s1, p - r + i(n - p))],
-        [(1, s0, n - p + i(r)), (1, s1, n - r + i(r))],
-        [(1, s0, n - p + r + i(p - r)), (2, s0, n - p + i(p - r))],
-        [(2, s1, n - r + i(r))],
-        [(2, s0, n - r + i(r))],
-    ]  # fmt: skip
-    kinds, stages, mbs = [], [], []
-    for cols in blocks:
-        mb = np.stack([c[2] for c in cols], axis=1)
-        kinds.append(np.broadcast_to([c[0] for c in cols], mb.shape).ravel())
-        stages.append(np.broadcast_to([c[1] for c in cols], mb.shape).ravel())
-        mbs.append(mb.ravel())
-    kind, stage, mb = np.concatenate(kinds), np.concatenate(stages), np.concatenate(mbs)
-    keep = mb < m  # torch's padding microbatches dropped (and the fourth block's F(s0) past n: n >= m)
-    return kind[keep], stage[keep], mb[keep]
+    r = np.arange(p)
+    z = 0 * r
+    on = (r, 2 * p - 1 - r)  # stage of chunk 0 / 1 per rank
+    blocks = [  # (rows per rank, columns (kind, chunk, first microbatch per rank)); row i adds i to the microbatch
+        (2 * (p - r) - 1, [(0, 0, z)]),
+        (r, [(0, 1, z), (0, 0, 2 * (p - r) - 1)]),
+        (p - r, [(0, 1, r), (1, 1, z), (2, 1, z)]),
+        (n - p + z, [(0, 0, 2 * p - r - 1), (1, 0, z), (2, 0, z), (0, 1, p + z), (1, 1, p - r), (2, 1, p - r)]),
+        (r, [(1, 0, n - p + z), (1, 1, n - r)]),
+        (p - r, [(1, 0, n - p + r), (2, 0, n - p + z)]),
+        (r, [(2, 1, n - r)]),
+        (r, [(2, 0, n - r)]),
+    ]
+    parts: list[list[np.ndarray]] = [[], [], [], []]
+    for rows, cols in blocks:
+        i = np.arange(int(rows.max(initial=0)))
+        shape = (p, len(i), len(cols))
+        parts[0].append(np.broadcast_to(np.array([k for k, _, _ in cols]), shape).reshape(p, -1))
+        parts[1].append(np.broadcast_to(np.stack([on[c] for _, c, _ in cols], axis=1)[:, None, :], shape).reshape(p, -1))
+        parts[2].append(np.stack([first[:, None] + i for _, _, first in cols], axis=2).reshape(p, -1))
+        parts[3].append(np.broadcast_to((i < rows[:, None])[:, :, None], shape).reshape(p, -1))
+    kind, stage, mb, valid = (np.concatenate(x, axis=1) for x in parts)
+    keep = valid & (mb < m)  # a block's padding, torch's padding microbatches (and the fourth block's F(s0) past n)
+    return tuple(a[keep].reshape(p, -1).T.astype(np.int64) for a in (kind, stage, mb))  # type: ignore[return-value]
 
 
 def lockstep_times(
