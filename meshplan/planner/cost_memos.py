@@ -44,8 +44,25 @@ class CostMemos:
     units: dict[int, list[Any]] = field(default_factory=dict)  # id(t) -> its layers as FSDP2 units (fsdp_units.UnitLayer)
     states: dict[tuple, float] = field(default_factory=dict)  # lower_bound's model states per (params, kind, dp, tp, ...)
     lower_bound_part: dict[tuple, tuple[float, float, dict[str, list[float]]]] = field(default_factory=dict)
+    # _lower_bound's (optimizer seconds, model states) per (lower_bound_part's key, pp, dp, dp_kind)
+    lower_bound_rest: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+    # memory_floor.split_floor's per-rank (parameters, held bytes) per (id(t), pp, v, schedule, m)
+    split_held: dict[tuple, tuple[list[float], list[float]]] = field(default_factory=dict)
+    # kind_free's per split: stage times before the m-dependent terms (kind_free.stage_work), the stages on
+    # the ranks (rank_layout), per-rank transients, autocast's kept bytes and cast terms, the sends, the
+    # stages' in-flight counts and pipeline buffers
+    stage_work: dict[tuple, tuple] = field(default_factory=dict)
+    rank_layout: dict[tuple, Any] = field(default_factory=dict)
+    rank_transient: dict[tuple, list[float]] = field(default_factory=dict)
+    cast_kept: dict[tuple, tuple] = field(default_factory=dict)
+    cast_parts: dict[tuple, tuple] = field(default_factory=dict)
+    stage_sends: dict[tuple, list[float]] = field(default_factory=dict)
+    pre_block: dict[int, tuple[float, float]] = field(default_factory=dict)  # id(t) -> StateCosts._pre_block_params
+    stage_buffers: dict[tuple, tuple[list[float], list[float]]] = field(default_factory=dict)
     epcp_why: dict[tuple, str] = field(default_factory=dict)  # epcp_why per (tp, pp, cp, ep, recompute)
     bound: dict[tuple, tuple[float, float]] = field(default_factory=dict)  # lower_bound per (config, layout, impl)
+    optimizer: dict[tuple, float] = field(default_factory=dict)  # StateCosts.optimizer_s per (params, kind, dp, tp, pp)
+    dp_collectives: dict[tuple, Any] = field(default_factory=dict)  # StateCosts.dp_collectives per (bytes, c's fields it reads)
     zero_divs: dict[tuple, tuple[int, int, int]] = field(default_factory=dict)  # per (kind, dp, tp, layout)
     quant_errors: dict[tuple[int, int], list[str]] = field(default_factory=dict)  # (id(solution), fsdp dp)
     sp_choice: dict[int, bool] = field(default_factory=dict)  # sp_for per tp degree

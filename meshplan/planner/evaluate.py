@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import accumulate
+from operator import add
 from typing import Any
 
 from meshplan.cost_models.comm import p2p_crosses_nodes, p2p_time_s
@@ -191,20 +192,28 @@ class ConfigEvaluator:
             saved = self.ep_cp.expert_param_count * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
             self.memos.lower_bound_part[key] = (work, P["params"][-1] - saved, P)
         work, params, P = self.memos.lower_bound_part[key]
-        avg_params = params / c.pp  # ep: E/ep experts per rank
-        if self.quant:  # only trainable parameters are synced and stepped
-            dv = self.states.zero_divs(c)
-            step = c.num_microbatches * work / c.pp + self.states.optimizer_s(P["train"][-1] / c.pp, c)
-            mem = (P["sp"][-1] / dv[0] + P["sg"][-1] / dv[1] + P["so"][-1] / dv[2]) / c.pp
-        else:
-            step = c.num_microbatches * work / c.pp + self.states.optimizer_s(avg_params, c)
-            skey = (avg_params, c.dp_kind, c.dp, c.tp, self.states.layout_key, self.dtype)
-            if skey not in self.memos.states:
-                self.memos.states[skey] = self.states.total_state_bytes(avg_params, c)
-            mem = self.memos.states[skey]
+        # what does not depend on m or the schedule: the optimizer step and the model states
+        rkey = (key, c.pp, c.dp, c.dp_kind)
+        rest = self.memos.lower_bound_rest.get(rkey)
+        if rest is None:
+            rest = self.memos.lower_bound_rest[rkey] = self._bound_states(c, params, P)
+        opt, mem = rest
+        step = c.num_microbatches * work / c.pp + opt
         if c.schedule == "gpipe" and c.pp > 1:
             mem += c.num_microbatches * P["act"][-1] / c.pp
         return step, mem
+
+    def _bound_states(self, c: Config, params: float, P: dict[str, list[float]]) -> tuple[float, float]:
+        """``_lower_bound``'s (optimizer seconds, model-state bytes) of the average pipeline rank."""
+        avg_params = params / c.pp  # ep: E/ep experts per rank
+        if self.quant:  # only trainable parameters are synced and stepped
+            dv = self.states.zero_divs(c)
+            return (self.states.optimizer_s(P["train"][-1] / c.pp, c),
+                    (P["sp"][-1] / dv[0] + P["sg"][-1] / dv[1] + P["so"][-1] / dv[2]) / c.pp)  # fmt: skip
+        skey = (avg_params, c.dp_kind, c.dp, c.tp, self.states.layout_key, self.dtype)
+        if skey not in self.memos.states:
+            self.memos.states[skey] = self.states.total_state_bytes(avg_params, c)
+        return self.states.optimizer_s(avg_params, c), self.memos.states[skey]
 
     def memory_floor(self, c: Config, mlb: float) -> float:
         """A per-device memory lower bound of ``c`` for any stage split and any DP kind, given ``mlb``
@@ -495,15 +504,16 @@ class ConfigEvaluator:
         is computed once per (configuration but its kind, ``exact``, ``runs``) and shared by the
         kinds ``evaluate_auto`` tries (``_kind_free``; ``memo_kind_free = False`` turns that off)."""
         k = self._kind_free(c, exact, runs)
-        t, n_st, m, runs, ranks, on_rank = k.t, k.n_st, k.m, k.runs, k.ranks, k.on_rank
+        t, m, runs, ranks, on_rank = k.t, k.m, k.runs, k.ranks, k.on_rank
         st_q, r_q, ec, worst, rank_work = k.st_q, k.r_q, k.ec, k.worst, k.rank_work
         bpp = self.states.state_bytes_per_param(c)
         per_param = bpp.total
         dv = self.states.zero_divs(c)
-        st_state = [q[0] / dv[0] + q[1] / dv[1] + q[2] / dv[2] for q in st_q]
-        if not self.quant:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
+        if self.quant:
+            st_state = [q[0] / dv[0] + q[1] / dv[1] + q[2] / dv[2] for q in st_q]
+        else:  # exactly model_state_bytes per parameter (ZeRO-3 over dp for fsdp)
             st_state = [p * per_param for p in k.st_params0]
-        r_state = [sum(st_state[i] for i in on_rank[r]) for r in ranks]
+        r_state = k.rank_sum(st_state)  # per rank, in stage order
         qlora = self.coster.quant.mode == "qlora"  # QAT trains and reduces every parameter, as unquantized
         emb_g = 0.0 if qlora else self.states.embedding_grad_extra(c)  # rank 0 holds the embedding
         r_state[0] += emb_g
@@ -519,7 +529,7 @@ class ConfigEvaluator:
         buf = self.states.fsdp_buffers(c, r_params, runs, on_rank)
         rs_grads = 0.0  # sharded gradients the reserved figure holds beside the live peak (below)
         cast = k.r_cast if self.states.runs_autocast(c) else [0.0 for _ in ranks]
-        live = [r_act[r] + cast[r] for r in ranks]
+        live = list(map(add, r_act, cast))
         # meshplan's BucketedGradSync (cp / ep at pp = 1): every reduced gradient's flat copy at the
         # backward's end; under ep the experts' only where they have replicas (dp·cp > ep: at ep = dp·cp
         # epcp.EPCPState.attach leaves them unsynced, no bucket)
@@ -549,7 +559,8 @@ class ConfigEvaluator:
             act0 = sum(k.st_act[i] for i in on_rank[0])
             others = max(0.0, k.infl[0] - (2 if c.schedule == "gpipe" and c.pp > 1 else 1))
             live[0] = max(live[0], others * act0 + cast[0] + emb_new)
-        r_mem = [int(r_state[r] + live[r] + buf[r] + k.fp8_copy + k.r_pipe[r]) for r in ranks]
+        fp8_copy = k.fp8_copy
+        r_mem = [int(s + x + b + fp8_copy + q) for s, x, b, q in zip(r_state, live, buf, k.r_pipe)]
         # meshplan's runtime with 16-bit main gradients (state_layout "zero", runtime/apply/master_state.py): the
         # update reads an fp32 copy of the gradients of the masters this rank owns, made for the step, beside the
         # states (activations gone): a peak of its own where the activations were smaller
@@ -611,7 +622,7 @@ class ConfigEvaluator:
             recompute_s=k.rec_s, bubble_fraction=k.bubble_frac, peak_mem_bytes=tuple(r_mem),
             mem_breakdown=mem_breakdown, comm_bytes=comm_bytes, stage_layers=list(runs),
             stage_times=list(k.stage_times),
-            stage_mem=[int(st_state[i] + st_act[i] * st_infl[i]) for i in range(n_st)],
+            stage_mem=[int(s + a * f) for s, a, f in zip(st_state, st_act, st_infl)],
             stage_send_bytes=list(k.st_sendb), stage_params=list(k.st_params), fits=max(r_mem) <= self.mem_limit,
             mem_limit_bytes=self.mem_limit, table=t, exact=exact, kind_note=self._kind_notes.get(c, ""),
             ep_comm_s=k.ep_s, cp_comm_s=k.cp_s, ep_expert_read_s=k.read_s,

@@ -19,11 +19,14 @@ No torch import.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import add, itemgetter
 from typing import TYPE_CHECKING, Protocol
 
 from meshplan.cost_models.autocast_casts import (
     WIDENING_COPY_FRACTION,
+    CastBytes,
     autocast_cast_bytes,
 )
 from meshplan.cost_models.comm import collective_time_s, p2p_crosses_nodes, p2p_time_s
@@ -122,6 +125,10 @@ class StageColumns:
     actbw: list[float]
     actrf: list[float]
     actrfw: list[float]
+    loss: list  # per stage, what only the loss saves (LayerCost.loss_bytes summed in layer order)
+    fwd_end: list  # per stage, its layers' logits less the loss's saves (the forward end's peak beside the cache)
+    casts: bool  # whether any stage casts parameters or activations under autocast (castp or actf)
+    any_remat: bool  # whether any stage re-saves autocast's copies in a recompute (remat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +179,7 @@ class KindFreeTerms:
     pp_comm: float  # its pipeline send seconds per step
     send_recv: int  # its pipeline send bytes per step
     stage_times: list[tuple[float, float, float, float]]  # per stage (F, B + W, W, send) seconds per microbatch
+    rank_sum: Callable[[list], list]  # per pipeline rank, a per-stage list's sum over its stages (RankLayout.sums)
 
 
 def kind_free_terms(
@@ -184,29 +192,14 @@ def kind_free_terms(
     if runs is None:
         runs = ev.split(t, n_st, c.virtual_stages) if n_st > 1 else [(0, len(t.layers))]
     cols = stage_columns(ev, t, runs)
-    st_f, st_b, st_w, st_rec, st_tp = cols.f, cols.b, cols.w, cols.rec, cols.tp
+    st_rec, st_tp = cols.rec, cols.tp
     # a split backward (zero-bubble schedules) re-runs a block checkpointed on its own in the input pass
     # AND in the weight pass: torch's checkpoint re-runs a region in every backward graph task that reads
     # it, and torch.distributed.pipelining's weight pass is autograd.grad calls of its own (meshplan's
     # runtime puts a microbatch's under one GraphExecGroup: one more re-run, runtime/apply/schedules.py)
     rerun_w = (c.pp > 1 and c.schedule in ZERO_BUBBLE and c.recompute in ("full", "op")
                and ev.recompute_unit == "block")
-    if rerun_w:
-        st_w = [w + r for w, r in zip(st_w, st_rec)]
-    # EP all-to-all, CP ring, expert imbalance / weight reads of each stage's own layers, inside its
-    # forward and (input-)backward, so the schedule simulator times them where they run
-    st_ec = ev.ep_cp.epcp_stages(c, t, runs) if ev.ep_cp.has_epcp(c) else []
-    if st_ec:
-        st_f = [f + e.forward_s for f, e in zip(st_f, st_ec)]
-        # the backward's share: its exchanges run in the input backward; its MoE compute terms
-        # (imbalance, and the weight-read saving, <= 0) split like the stage's own backward between
-        # input and weight gradients, so neither part can go below zero when the saving is larger
-        # than the stage's input backward alone
-        comm_b = [e.ep_comm_s - e.ep_forward_s + e.cp_comm_s - e.cp_forward_s for e in st_ec]
-        comp_b = [e.per_microbatch_s - e.forward_s - cb for e, cb in zip(st_ec, comm_b)]
-        frac = [b / (b + w) if b + w > 0 else 1.0 for b, w in zip(st_b, st_w)]
-        st_w = [w + x * (1.0 - f) for w, x, f in zip(st_w, comp_b, frac)]
-        st_b = [b + cb + x * f for b, cb, x, f in zip(st_b, comm_b, comp_b, frac)]
+    st_f, st_b, st_w, st_ec, st_act = stage_work(ev, c, t, runs, cols, rerun_w)
     # the gradient pass after each microbatch's backward (autograd's own accumulation into .grad, a
     # main-gradient hook, DeepSpeed's BF16_Optimizer: cost_models.grad_accum), over the stage's
     # parameters on this rank, memory-bound; autograd's on the rank's shard where the DP kind
@@ -220,62 +213,24 @@ def kind_free_terms(
             st_w = [w + p * pass_b / hbm for w, p in zip(st_w, cols.params)]
         else:
             st_b = [b + p * pass_b / hbm for b, p in zip(st_b, cols.params)]
-    if ev.states.runs_autocast(c) and (any(cols.castp) or any(cols.actf)):
+    if cols.casts and ev.states.runs_autocast(c):
         st_f, st_b, st_w = autocast_cast_s(ev, c, cols, st_f, st_b, st_w, rerun_w)
     if ev.cluster.host_op_s:  # the host-dispatch floor (cost_models.host), per stage and microbatch
         st_f, st_b, st_w = host_floored(st_f, st_b, st_w, cols.hf, cols.hb)
-    st_params, st_act, st_q, st_params0, st_sendb = cols.params, cols.act, cols.q, cols.params0, cols.sendb
-    if st_ec and any(e.kept_bytes for e in st_ec):  # the token exchange's saves (epcp_cost.ep_kept_bytes)
-        st_act = [a + e.kept_bytes for a, e in zip(st_act, st_ec)]
+    st_params, st_q, st_params0, st_sendb = cols.params, cols.q, cols.params0, cols.sendb
     ranks = range(c.pp)
     placement = stage_placement(c.schedule, c.pp, c.virtual_stages)
     if ev.dtype == "fp8" and fp8_recipe(ev.coster.profile.fp8_recipe).amax_reductions:
         st_f, st_b = amax_reduced(ev, c, t, runs, placement, st_f, st_b)
     if ev.dtype == "fp8" and c.tp > 1 and c.sequence_parallel and fp8_recipe(ev.coster.profile.fp8_recipe).sp_amax_reductions:
         st_f, st_b = sp_amax_reduced(ev, c, t, runs, st_f, st_b)
+    lay = rank_layout(ev, t, runs, cols, placement, c.pp)
+    on_rank, rank_sums = lay.on_rank, lay.sums
     # stage i sends to stage i + 1 on the link between their pipeline ranks: NVLink when both
     # sit in one node, else one NIC (comm.p2p_crosses_nodes)
-    stride, dpn = c.dp * c.cp * c.tp, ev.cluster.devices_per_node
-    crosses = ev.memos.crosses.setdefault((stride, dpn), {})  # per pair of pipeline ranks, shared by configs
-    send_s: dict[tuple[int, bool], float] = {}  # per (bytes, crosses nodes): most stages send the same
-    st_send = []
-    # Megatron-LM's scatter/gather (``EngineProfile.pp_scatter_gather``): a 1/tp slice per tp rank over
-    # the link, then an all-gather of the whole activation over the receiving stage's tp group
-    sg_tp = c.tp if ev.pp_scatter_gather and c.tp > 1 and not c.sequence_parallel else 1
-    # DeepSpeed's PipelineEngine (cost_models.pipe_p2p): the hop is the whole blocking exchange, held by
-    # the sending action in the simulator (sends_occupy)
     ds_p2p = blocking(ev.pp_p2p)
-    for i, sb in enumerate(st_sendb):
-        if not sb:
-            st_send.append(0.0)
-            continue
-        cross = False
-        if i + 1 < n_st:
-            pair = (placement[i], placement[i + 1])
-            if pair not in crosses:
-                crosses[pair] = p2p_crosses_nodes(pair[0], pair[1], stride, dpn)
-            cross = crosses[pair]
-        if (sb, cross) not in send_s and ds_p2p:  # one blocking exchange of activation and gradient
-            send_s[sb, cross] = deepspeed_hop_s(sb, c.tp, ev.cluster, crosses_nodes=cross, pp_p2p=ev.pp_p2p,
-                                                sequence_parallel=c.sequence_parallel)  # fmt: skip
-        elif (sb, cross) not in send_s:
-            send_s[sb, cross] = p2p_time_s(sb / sg_tp, ev.cluster, crosses_nodes=cross) + (collective_time_s(
-                "all_gather", sb, sg_tp, ev.cluster, ranks_per_node=min(sg_tp, dpn)) if sg_tp > 1 else 0.0)  # fmt: skip
-        st_send.append(send_s[sb, cross])
-    on_rank: list[list[int]] = [[] for _ in ranks]
-    for s_, r_ in enumerate(placement):
-        on_rank[r_].append(s_)
-    # one stage per rank, stage r on rank r (every schedule at v = 1): a rank's sum over its stages
-    # is 0.0 + the stage's value, the float sum() of one item gives
-    one = n_st == c.pp and placement == tuple(range(n_st))
-
-    def rank_sums(xs: list[float]) -> list[float]:
-        """Per pipeline rank, the sum of ``xs`` over its stages in stage order (as sum(generator))."""
-        if one:
-            return [0.0 + x for x in xs]
-        return [sum(xs[i] for i in on_rank[r]) for r in ranks]
-
-    totals = [st_f[i] + st_b[i] + st_w[i] for i in range(n_st)]
+    st_send = stage_sends(ev, c, lay, placement, st_sendb, ds_p2p)
+    totals = [f + b + w for f, b, w in zip(st_f, st_b, st_w)]
     rank_work = rank_sums(totals)
     if exact:
         makespan, bubble_frac = simulated_makespan(c, st_f, st_b, st_w, st_send,
@@ -283,13 +238,7 @@ def kind_free_terms(
     else:
         makespan, bubble_frac = makespan_lower_bound(c, st_f, totals, rank_work), 0.0
     infl = ev.inflight_ranks(c)
-    r_params = rank_sums(st_params)
-    # per column, the sum over the rank's stages in stage order (as sum(generator) adds them)
-    if one:
-        r_q = [[0.0 + x for x in q] for q in st_q]
-    else:
-        r_q = [[sum(col) for col in zip(*(st_q[i] for i in on_rank[r]))] if on_rank[r] else [0, 0, 0, 0]
-               for r in ranks]  # fmt: skip
+    r_params, r_q = lay.r_params, lay.r_q  # rank_sums(st_params); the q columns' sums in stage order
     ec = ev.ep_cp.epcp(c)  # the whole model's terms (the stages' sum): what ep saves, for reports
     ep_cut = [0.0 for _ in ranks]  # expert parameters a rank does not hold under ep
     r_experts = rank_sums([e.expert_params for e in st_ec]) if st_ec else [0.0 for _ in ranks]
@@ -299,48 +248,39 @@ def kind_free_terms(
         st_params = [p - e.expert_params_saved for p, e in zip(st_params, st_ec)]
     # kept besides under autocast (fp32 parameters): per in-flight microbatch (LayerCost.autocast_bytes),
     # but the weight copies once per stage where one autocast region spans the step (ev.autocast_once)
-    cast_w = cols.castw if ev.autocast_once(c) else [0.0 for _ in cols.cast]
-    cast_mb = [x - w + e / c.ep for x, w, e in zip(cols.cast, cast_w, cols.castx)]
+    cast_w, cast_mb, r_cast_w, r_cast_mb = cast_kept(ev, lay, cols, c.ep, ev.autocast_once(c))
+    r_st_act = lay.r_act if st_act is cols.act else rank_sums(st_act)
     if not per_stage_held(c):
-        r_act = [x * f for x, f in zip(rank_sums(st_act), infl)]
-        r_cast = [x * f for x, f in zip(rank_sums(cast_mb), infl)]
+        r_act = [x * f for x, f in zip(r_st_act, infl)]
+        r_cast = [x * f for x, f in zip(r_cast_mb, infl)]
     else:  # interleaved: a rank's chunks hold different counts at its peak, weighted over its order
         r_act, r_cast = rank_held(c, st_act), rank_held(c, cast_mb)
-    st_infl = stage_inflight(c, placement, infl)
+    st_infl, r_pipe = stage_buffers(ev, c, t, runs, lay, st_sendb, infl)
     # recompute_unit "stage" (meshplan's runtime before per-block checkpointing): one region per stage call
     whole = c.pp > 1 and c.recompute == "full" and ev.recompute_unit == "stage"
-    rank_runs = [[run] for run in runs] if one else [[runs[i] for i in on_rank[r]] for r in ranks]
-    trans = [ev.transient(t, rr, whole) for rr in rank_runs]
+    trans = rank_transients(ev, t, lay, whole, False)
     # under autocast a re-run layer saves its weight copies and fp32 inputs again: autocast's part
     # of the transient (LayerCost.autocast_remat_bytes), counted with autocast's kept bytes (r_cast)
-    trans_cast = ([ev.transient(t, rr, whole, cast=True) for rr in rank_runs]
-                  if any(cols.remat) or ev.coster.quant.mode == "qat" else trans)  # QAT: LayerCost.autocast_work_bytes
+    trans_cast = (rank_transients(ev, t, lay, whole, True)
+                  if cols.any_remat or ev.coster.quant.mode == "qat" else trans)  # QAT: LayerCost.autocast_work_bytes
     if c.pp > 1 and c.schedule in ZERO_BUBBLE:
-        loss = [sum(x.loss_bytes for x in t.layers[a:b]) for a, b in runs]
-        kept = split_backward_kept(cols.wgrad, st_sendb, loss)
-        r_act = split_backward_held(c, rank_sums(st_act), rank_sums(kept), trans)
+        kept = split_backward_kept(cols.wgrad, st_sendb, cols.loss)
+        r_act = split_backward_held(c, r_st_act, rank_sums(kept), trans)
         # autocast's weight copies are saved by the weight-reading ops: kept to the weight pass
-        pend = held_counts(c.schedule, c.pp, c.num_microbatches, c.virtual_stages)
-        r_cast = [x * f for x, f in zip(rank_sums(cast_mb), pend)]
+        r_cast = [x * f for x, f in zip(r_cast_mb, held_counts(c.schedule, c.pp, c.num_microbatches, c.virtual_stages))]
     else:
         r_act = [x + y for x, y in zip(r_act, trans)]
-    r_cast = [x + w + tc - tr for x, w, tc, tr in zip(r_cast, rank_sums(cast_w), trans_cast, trans)]
-    if any(cols.cachew):
+    r_cast = [x + w + tc - tr for x, w, tc, tr in zip(r_cast, r_cast_w, trans_cast, trans)]
+    if lay.r_end is not None:
         # full / op recompute under autocast: at the end of a stage's forward call autocast's weight
         # cache still holds every weight copy the call made (LayerCost.autocast_cache_bytes) beside
         # its logits, before the loss runs; the cache is cleared when the call's autocast region
         # exits (torch.amp.autocast.__exit__), before any backward: a peak beside the in-flight
-        # activations instead of the backward's transient
-        end = [max(0.0, cols.cachew[i] + sum(x.logits_bytes - x.loss_bytes for x in t.layers[a:b]))
-               for i, (a, b) in enumerate(runs)]
-        r_cast = [x + max(0.0, max((end[i] for i in on_rank[r]), default=0.0) - trans_cast[r])
-                  for x, r in zip(r_cast, ranks)]
-    # the pipeline runtime's receive buffers and cached outputs (allocator.pipeline_buffer_bytes):
-    # live memory beside the activations; a stage's output is what it sends, the last's its logits
-    r_pipe = rank_pipeline_buffers(ev, t, runs, st_sendb, placement, st_infl, c)
+        # activations instead of the backward's transient (rank_layout.r_end: each rank's largest)
+        r_cast = [x + max(0.0, e - tc) for x, e, tc in zip(r_cast, lay.r_end, trans_cast)]
     fp8_copy = fp8_weight_copy_bytes(ev.states.largest_linear / c.tp) if ev.dtype == "fp8" else 0.0
     worst = max(ranks, key=lambda r: (r_q[r][1], r_params[r]))
-    busiest = max(ranks, key=lambda r: rank_work[r])
+    busiest = max(ranks, key=rank_work.__getitem__)
     on_b = on_rank[busiest]
     tp_s = m * sum(st_tp[i] for i in on_b)
     # the busiest rank's EP / CP seconds per step (inside its stage times, so inside the makespan)
@@ -369,16 +309,192 @@ def kind_free_terms(
         # Composer); parameters gathered in the training dtype
         grad_bytes=(r_q[worst][3] if ev.quant else r_params[worst]) * ev.states.grad_reduce_bytes,
         gather_bytes=r_q[worst][0] if ev.quant else r_params[worst] * ev.states.elem_bytes,
-        rank_b=rank_sums([b + w for b, w in zip(st_b, st_w)]), rank_f=rank_sums(st_f),
+        rank_b=rank_sums(list(map(add, st_b, st_w))), rank_f=rank_sums(st_f),
         ep_s=ep_s, cp_s=cp_s, read_s=read_s, epcp_bytes=epcp_bytes,
         tp_s=tp_s, rec_s=m * sum(st_rec[i] for i in on_b) * (2 if rerun_w else 1),
         compute=m * rank_work[busiest] - tp_s - ep_s - cp_s - read_s,
         bubble=max(0.0, makespan - m * rank_work[busiest]),
         pp_comm=m * sends(st_send) if c.pp > 1 else 0.0,
         send_recv=int(m * sends(st_sendb)) if c.pp > 1 else 0,
-        stage_times=[(st_f[i], st_b[i] + st_w[i], st_w[i], st_send[i]) for i in range(n_st)],
+        stage_times=list(zip(st_f, map(add, st_b, st_w), st_w, st_send)),
+        rank_sum=rank_sums,
     )  # fmt: skip
     return out
+
+
+def stage_work(
+    ev: KindFreeCosts, c: Config, t: CostTable, runs: list[tuple[int, int]], cols: StageColumns, rerun_w: bool
+) -> tuple[list[float], list[float], list[float], list[EPCPTerms], list[float]]:
+    """Per stage, (forward, input backward, weight backward) seconds per microbatch of ``cols``
+    (``rerun_w``: with the recompute again in the weight pass), the stages' EP/CP terms inside
+    them, and the stored activations with the token exchange's saves. Memoized per (table, split,
+    ``rerun_w``, EP/CP key): read only."""
+    has = ev.ep_cp.has_epcp(c)
+    key = (id(t), tuple(runs), ev.states.layout_key, rerun_w, ev.ep_cp.key(c) if has else None)
+    hit = ev.memos.stage_work.get(key)
+    if hit is not None:
+        return hit
+    st_f, st_b, st_w, st_act = cols.f, cols.b, cols.w, cols.act
+    if rerun_w:
+        st_w = [w + r for w, r in zip(st_w, cols.rec)]
+    # EP all-to-all, CP ring, expert imbalance / weight reads of each stage's own layers, inside its
+    # forward and (input-)backward, so the schedule simulator times them where they run
+    st_ec = ev.ep_cp.epcp_stages(c, t, runs) if has else []
+    if st_ec:
+        st_f = [f + e.forward_s for f, e in zip(st_f, st_ec)]
+        # the backward's share: its exchanges run in the input backward; its MoE compute terms
+        # (imbalance, and the weight-read saving, <= 0) split like the stage's own backward between
+        # input and weight gradients, so neither part can go below zero when the saving is larger
+        # than the stage's input backward alone
+        comm_b = [e.ep_comm_s - e.ep_forward_s + e.cp_comm_s - e.cp_forward_s for e in st_ec]
+        comp_b = [e.per_microbatch_s - e.forward_s - cb for e, cb in zip(st_ec, comm_b)]
+        frac = [b / (b + w) if b + w > 0 else 1.0 for b, w in zip(st_b, st_w)]
+        st_w = [w + x * (1.0 - f) for w, x, f in zip(st_w, comp_b, frac)]
+        st_b = [b + cb + x * f for b, cb, x, f in zip(st_b, comm_b, comp_b, frac)]
+        if any(e.kept_bytes for e in st_ec):  # the token exchange's saves (epcp_cost.ep_kept_bytes)
+            st_act = [a + e.kept_bytes for a, e in zip(st_act, st_ec)]
+    out = ev.memos.stage_work[key] = (st_f, st_b, st_w, st_ec, st_act)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RankLayout:
+    """The stages of a split on the pipeline ranks of a placement (``rank_layout``, memoized; read
+    only): each rank's stages in order (``on_rank``), whether it is stage r on rank r (``one``),
+    each rank's layer ranges, and the per-rank sums of the split's static columns: parameters
+    (``StageColumns.params``), the q columns, stored activations and, where any stage has
+    autocast's weight cache, each rank's largest forward-end peak (``r_end``; else None)."""
+
+    on_rank: list[list[int]]
+    one: bool
+    getters: list[Callable[[list], tuple]] | None  # per rank, its stages' items (two or more stages each)
+    rank_runs: list[list[tuple[int, int]]]
+    placement: tuple[int, ...]
+    key: tuple
+    r_params: list[float]
+    r_q: list[list[float]]
+    r_act: list[float]
+    r_end: list[float] | None
+
+    def sums(self, xs: list) -> list:
+        """Per pipeline rank, the sum of ``xs`` over its stages in stage order (as sum(generator));
+        one stage per rank: 0.0 + the stage's value, the float sum() of one item gives."""
+        if self.one:
+            return [0.0 + x for x in xs]
+        if self.getters is not None:
+            return [sum(g(xs)) for g in self.getters]
+        return [sum(xs[i] for i in ix) for ix in self.on_rank]
+
+
+def rank_layout(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]], cols: StageColumns,
+                placement: tuple[int, ...], pp: int) -> RankLayout:
+    """``RankLayout`` of ``runs`` on ``t`` under ``placement`` over ``pp`` ranks (memoized per
+    table, split, placement and state layout)."""
+    key = (id(t), tuple(runs), placement, ev.states.layout_key)
+    hit = ev.memos.rank_layout.get(key)
+    if hit is not None:
+        return hit
+    n_st = len(runs)
+    on_rank: list[list[int]] = [[] for _ in range(pp)]
+    for s_, r_ in enumerate(placement):
+        on_rank[r_].append(s_)
+    one = n_st == pp and placement == tuple(range(n_st))
+    getters = None if one or any(len(ix) < 2 for ix in on_rank) else [itemgetter(*ix) for ix in on_rank]
+    st_q = cols.q
+    # per column, the sum over the rank's stages in stage order (as sum(generator) adds them)
+    if one:
+        r_q = [[0.0 + x for x in q] for q in st_q]
+    else:
+        r_q = [[sum(col) for col in zip(*(st_q[i] for i in ix))] if ix else [0, 0, 0, 0]
+               for ix in on_rank]  # fmt: skip
+    r_end = None
+    if any(cols.cachew):
+        end = [max(0.0, cw + x) for cw, x in zip(cols.cachew, cols.fwd_end)]
+        r_end = [max((end[i] for i in ix), default=0.0) for ix in on_rank]
+    lay = RankLayout(on_rank=on_rank, one=one, getters=getters, key=key, placement=placement, r_params=[], r_q=r_q, r_act=[], r_end=r_end,
+                     rank_runs=[[run] for run in runs] if one else [[runs[i] for i in ix] for ix in on_rank])  # fmt: skip
+    lay.r_params.extend(lay.sums(cols.params))
+    lay.r_act.extend(lay.sums(cols.act))
+    ev.memos.rank_layout[key] = lay
+    return lay
+
+
+def stage_buffers(ev: KindFreeCosts, c: Config, t: CostTable, runs: list[tuple[int, int]], lay: RankLayout,
+                  sendb: list[int], infl: list[float]) -> tuple[list[float], list[float]]:
+    """Per stage the microbatches it holds at its own peak (``pipeline_time.stage_inflight``) and per
+    pipeline rank the pipeline runtime's receive buffers and cached outputs (``rank_pipeline_buffers``,
+    ``allocator.pipeline_buffer_bytes``): live memory beside the activations; a stage's output is what
+    it sends, the last's its logits. Memoized per layout, schedule and m (read only)."""
+    key = (lay.key, c.schedule, c.num_microbatches, c.virtual_stages)
+    hit = ev.memos.stage_buffers.get(key)
+    if hit is None:
+        placement = lay.placement
+        st_infl = stage_inflight(c, placement, infl)
+        hit = ev.memos.stage_buffers[key] = (
+            st_infl, rank_pipeline_buffers(ev, t, runs, sendb, placement, st_infl, c))
+    return hit
+
+
+def rank_transients(ev: KindFreeCosts, t: CostTable, lay: RankLayout, whole: bool, cast: bool) -> list[float]:
+    """Per pipeline rank, ``ev.transient`` of its stages' layer ranges (memoized per layout; read only)."""
+    key = (lay.key, whole, cast)
+    hit = ev.memos.rank_transient.get(key)
+    if hit is None:
+        hit = ev.memos.rank_transient[key] = [ev.transient(t, rr, whole, cast) for rr in lay.rank_runs]
+    return hit
+
+
+def cast_kept(ev: KindFreeCosts, lay: RankLayout, cols: StageColumns, ep: int,
+              once: bool) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Autocast's kept bytes per stage: the weight copies held once (``once``: ``autocast_once``;
+    else 0.0) and per in-flight microbatch the rest (an expert's copies 1/``ep``), and both summed
+    per rank (memoized per layout; read only)."""
+    key = (lay.key, ep, once)
+    hit = ev.memos.cast_kept.get(key)
+    if hit is None:
+        cast_w = cols.castw if once else [0.0 for _ in cols.cast]
+        cast_mb = [x - w + e / ep for x, w, e in zip(cols.cast, cast_w, cols.castx)]
+        hit = ev.memos.cast_kept[key] = (cast_w, cast_mb, lay.sums(cast_w), lay.sums(cast_mb))
+    return hit
+
+
+def stage_sends(ev: KindFreeCosts, c: Config, lay: RankLayout, placement: tuple[int, ...], st_sendb: list[int],
+                ds_p2p: bool) -> list[float]:
+    """Per stage, the seconds of its send to the next stage per microbatch (memoized per layout and
+    pipeline stride)."""
+    stride, dpn = c.dp * c.cp * c.tp, ev.cluster.devices_per_node
+    mkey = (lay.key, stride, c.tp, c.sequence_parallel)
+    hit = ev.memos.stage_sends.get(mkey)
+    if hit is not None:
+        return hit
+    n_st = len(st_sendb)
+    crosses = ev.memos.crosses.setdefault((stride, dpn), {})  # per pair of pipeline ranks, shared by configs
+    send_s: dict[tuple[int, bool], float] = {}  # per (bytes, crosses nodes): most stages send the same
+    st_send = []
+    # Megatron-LM's scatter/gather (``EngineProfile.pp_scatter_gather``): a 1/tp slice per tp rank over
+    # the link, then an all-gather of the whole activation over the receiving stage's tp group
+    sg_tp = c.tp if ev.pp_scatter_gather and c.tp > 1 and not c.sequence_parallel else 1
+    # DeepSpeed's PipelineEngine (cost_models.pipe_p2p): the hop is the whole blocking exchange, held by
+    # the sending action in the simulator (sends_occupy)
+    for i, sb in enumerate(st_sendb):
+        if not sb:
+            st_send.append(0.0)
+            continue
+        cross = False
+        if i + 1 < n_st:
+            pair = (placement[i], placement[i + 1])
+            if pair not in crosses:
+                crosses[pair] = p2p_crosses_nodes(pair[0], pair[1], stride, dpn)
+            cross = crosses[pair]
+        if (sb, cross) not in send_s and ds_p2p:  # one blocking exchange of activation and gradient
+            send_s[sb, cross] = deepspeed_hop_s(sb, c.tp, ev.cluster, crosses_nodes=cross, pp_p2p=ev.pp_p2p,
+                                                sequence_parallel=c.sequence_parallel)  # fmt: skip
+        elif (sb, cross) not in send_s:
+            send_s[sb, cross] = p2p_time_s(sb / sg_tp, ev.cluster, crosses_nodes=cross) + (collective_time_s(
+                "all_gather", sb, sg_tp, ev.cluster, ranks_per_node=min(sg_tp, dpn)) if sg_tp > 1 else 0.0)  # fmt: skip
+        st_send.append(send_s[sb, cross])
+    ev.memos.stage_sends[mkey] = st_send
+    return st_send
 
 
 def split_backward_kept(wgrad: list[float], sendb: list[int], loss: list[float]) -> list[float]:
@@ -441,16 +557,33 @@ def autocast_cast_s(ev: KindFreeCosts, c: Config, cols: StageColumns, f: list[fl
     and a re-run layer's forward parts again with its recompute."""
     cb = autocast_cast_bytes(c.num_microbatches, per_step=ev.autocast_once(c), recompute=c.recompute)
     hbm = ev.cluster.mem_bw_bytes_per_s * ev.cluster.mem_efficiency
-    wide = hbm * WIDENING_COPY_FRACTION
     split = c.pp > 1 and c.schedule in ZERO_BUBBLE
-    f2 = [x + p * cb.forward / hbm + af / hbm + afw / wide for x, p, af, afw in zip(f, cols.castp, cols.actf, cols.actfw)]
+    act_f, act_fw, rec, back, act_b = _cast_parts(ev, cols, cb, hbm, c.recompute)
+    f2 = [x + p * cb.forward / hbm + af + afw for x, p, af, afw in zip(f, cols.castp, act_f, act_fw)]
+    b2 = [x + r + a + (0.0 if split else g) for x, r, a, g in zip(b, rec, act_b, back)]
+    w2 = [x + (g if split else 0.0) + (r if rerun_w else 0.0) for x, r, g in zip(w, rec, back)]
+    return f2, b2, w2
+
+
+def _cast_parts(ev: KindFreeCosts, cols: StageColumns, cb: CastBytes, hbm: float, recompute: str) -> tuple[list[float], ...]:
+    """``autocast_cast_s``'s terms per stage that do not depend on the microbatch count: the forward's
+    activation passes at the roofline and on the widening copy path (apart: the forward adds them in
+    turn), a re-run's casts, the gradients' casts back, the backward's activation passes. Memoized per
+    (stage columns, recompute kind; the evaluator's cluster), read only."""
+    key = (id(cols), recompute)
+    hit = ev.memos.cast_parts.get(key)
+    if hit is not None and hit[0] is cols:
+        return hit[1]
+    wide = hbm * WIDENING_COPY_FRACTION
+    act_f = [af / hbm for af in cols.actf]
+    act_fw = [afw / wide for afw in cols.actfw]
     # actrf / actrfw are non-zero only on layers re-run by a full / op recompute (LayerCost.autocast_act_recomputed)
     rec = [r * cb.recompute / hbm + (arf / hbm + arfw / wide) for r, arf, arfw in zip(cols.recastp, cols.actrf, cols.actrfw)]
     back = [p * cb.backward / wide for p in cols.gcastp]  # the trained parameters' gradients alone
     act_b = [ab / hbm + abw / wide for ab, abw in zip(cols.actb, cols.actbw)]
-    b2 = [x + r + a + (0.0 if split else g) for x, r, a, g in zip(b, rec, act_b, back)]
-    w2 = [x + (g if split else 0.0) + (r if rerun_w else 0.0) for x, r, g in zip(w, rec, back)]
-    return f2, b2, w2
+    out = (act_f, act_fw, rec, back, act_b)
+    ev.memos.cast_parts[key] = (cols, out)  # holds cols: its id names it while the entry lives
+    return out
 
 
 def amax_reduced(ev: KindFreeCosts, c: Config, t: CostTable, runs: list[tuple[int, int]],
@@ -521,12 +654,16 @@ def stage_columns(ev: KindFreeCosts, t: CostTable, runs: list[tuple[int, int]]) 
                     extra = (numel * b0.params, 0.0, 0.0, 0.0) if frozen_tied else (
                         numel * b0.params, numel * b0.grads, numel * b0.optimizer, numel)  # fmt: skip
                     st_q[i] = [u + v for u, v in zip(st_q[i], extra)]
+    castp, actf, remat = col("castp"), col("actf"), col("remat")
     out = StageColumns(
         f=col("f"), b=col("b"), w=col("w"), rec=col("rec"), tp=col("tp"), params=st_params, params0=list(st_params),
         act=st_act, q=st_q, sendb=[int(t.layers[b - 1].out_bytes) for _, b in runs], cast=col("cast"),
         wgrad=col("wg"), castw=col("castw"), hf=col("hf"), hb=col("hb"), castx=col("castx"), cachew=col("cachew"),
-        remat=col("remat"), castp=col("castp"), recastp=col("recastp"), gcastp=col("gcastp"),
-        actf=col("actf"), actb=col("actb"), actfw=col("actfw"), actbw=col("actbw"), actrf=col("actrf"), actrfw=col("actrfw"),
+        remat=remat, castp=castp, recastp=col("recastp"), gcastp=col("gcastp"),
+        actf=actf, actb=col("actb"), actfw=col("actfw"), actbw=col("actbw"), actrf=col("actrf"), actrfw=col("actrfw"),
+        loss=[sum(x.loss_bytes for x in t.layers[a:b]) for a, b in runs],
+        fwd_end=[sum(x.logits_bytes - x.loss_bytes for x in t.layers[a:b]) for a, b in runs],
+        casts=any(castp) or any(actf), any_remat=any(remat),
     )  # fmt: skip
     if ev.memo_kind_free:
         ev.memos.stage_cols[key] = out

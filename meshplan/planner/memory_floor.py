@@ -90,6 +90,28 @@ def split_floor(ev: FloorCosts, c: Config) -> float:
     if ev.quant or ev.moe_folding or c.ep > 1:
         return 0.0
     t = ev.table(c)
+    r_params, held = _split_held(ev, c, t)
+    best = math.inf
+    for k in _kinds(ev, c):  # the unsharded buffer is a0 + a1 x the rank's parameters (dp_kinds.unsharded_buffer_bytes)
+        a0 = ev.states.fsdp_buffer(k, 0.0)
+        sb = ev.states.state_bytes_per_param(k)
+        coef = sb.total + (ev.states.fsdp_buffer(k, 1.0) - a0)
+        if ev.states.grads_after_activations(k):  # gradients and activations peak apart (evaluate: the larger of the two)
+            worst = max((coef - sb.grads) * p + max(h, sb.grads * p) for p, h in zip(r_params, held))
+        else:
+            worst = max(coef * p + h for p, h in zip(r_params, held))
+        best = min(best, worst + a0)
+    return best + _fp8(ev, c)
+
+
+def _split_held(ev: FloorCosts, c: Config, t: Any) -> tuple[list[float], list[float]]:
+    """``split_floor``'s per pipeline rank parameters and held bytes (activations × in-flight
+    microbatches + the pipeline runtime's buffers) on table ``t`` (``c``'s), memoized by all it
+    reads of ``c`` (read only)."""
+    key = (id(t), c.pp, c.virtual_stages, c.schedule, c.num_microbatches)
+    hit = ev.memos.split_held.get(key)
+    if hit is not None:
+        return hit
     n_st = c.pp * c.virtual_stages
     runs = ev.split(t, n_st, c.virtual_stages) if n_st > 1 else [(0, len(t.layers))]
     P = ev.prefix(t)
@@ -107,17 +129,8 @@ def split_floor(ev: FloorCosts, c: Config) -> float:
         held = [x * f + q for x, f, q in zip(r_act, infl, pipe)]
     else:  # each stage's own count over the rank's action order, as evaluate holds them
         held = [x + q for x, q in zip(rank_held(c, [act[b] - act[a] for a, b in runs]), pipe)]
-    best = math.inf
-    for k in _kinds(ev, c):  # the unsharded buffer is a0 + a1 x the rank's parameters (dp_kinds.unsharded_buffer_bytes)
-        a0 = ev.states.fsdp_buffer(k, 0.0)
-        sb = ev.states.state_bytes_per_param(k)
-        coef = sb.total + (ev.states.fsdp_buffer(k, 1.0) - a0)
-        if ev.states.grads_after_activations(k):  # gradients and activations peak apart (evaluate: the larger of the two)
-            worst = max((coef - sb.grads) * p + max(h, sb.grads * p) for p, h in zip(r_params, held))
-        else:
-            worst = max(coef * p + h for p, h in zip(r_params, held))
-        best = min(best, worst + a0)
-    return best + _fp8(ev, c)
+    ev.memos.split_held[key] = (r_params, held)
+    return r_params, held
 
 
 def rank_pipeline_buffers(

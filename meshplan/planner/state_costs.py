@@ -207,7 +207,15 @@ class StateCosts:
         """Optimizer step on the rank's shard with gradient-norm clipping (``optimizer_phase.optimizer_step_s``:
         the kernels' bytes by ``optimizer_impl``, fused 28 B/param + 12 B clipping, + 6 B for the masters'
         copy into 16-bit weights where the state layout keeps fp32 masters, and the host's work per
-        parameter tensor, composed by ``optimizer_sync``, "host-wait" under fp16: ``phase_sync``)."""
+        parameter tensor, composed by ``optimizer_sync``, "host-wait" under fp16: ``phase_sync``).
+        Memoized per (params, and the fields of ``c`` it reads: kind, sharding group, tp, pp)."""
+        key = (params, c.dp_kind, self.state_dp(c), c.tp, c.pp)
+        hit = self.memos.optimizer.get(key)
+        if hit is None:
+            hit = self.memos.optimizer[key] = self._optimizer_s(params, c)
+        return hit
+
+    def _optimizer_s(self, params: float, c: Config) -> float:
         local = params / self.zero_divs(c)[2]
         tensors = self.optimizer_tensors(params, c)
         step = optimizer_step_s(local, self.cluster, impl=self.optimizer_impl, optimizer=self.optimizer,
@@ -325,12 +333,15 @@ class StateCosts:
         if c.tp == 1 or self.state_layout != "torch" or ZERO_STAGE[c.dp_kind] >= 2:
             return 0.0, 0.0
         t = self.tables.table(c)
-        full = held = 0.0
-        for x in t.layers:
-            if x.kind == "block":
-                break
-            full, held = full + x.param_count_full, held + min(x.param_count, x.param_count_full)
-        return full, held
+        hit = self.memos.pre_block.get(id(t))  # per table (the coster keeps its tables: ids stay unique)
+        if hit is None:
+            full = held = 0.0
+            for x in t.layers:
+                if x.kind == "block":
+                    break
+                full, held = full + x.param_count_full, held + min(x.param_count, x.param_count_full)
+            hit = self.memos.pre_block[id(t)] = (full, held)
+        return hit
 
     # ---- what a sharded kind holds unsharded --------------------------------------------------
     def fsdp_buffer(self, c: Config, stage_params: float = 0.0) -> float:
@@ -353,6 +364,9 @@ class StateCosts:
         gathered bytes (``LayerCost.gather_bytes``: NF4 bases as stored) and its adapters' gradients."""
         if self.fsdp_steps(c):
             return [self.fsdp_buffer(c)]
+        sdp = self.state_dp(c)
+        if ZERO_STAGE.get(c.dp_kind, 3) < 2 or sdp == 1:  # unsharded_buffer_bytes: nothing held unsharded
+            return [0.0 for _ in rank_params]
         largest = self.largest_unit(c)
         kw = dict(elem_bytes=self.elem_bytes, pp=c.pp, largest_layer_params=largest, layout=self.state_layout)
         if self.quant_mode == "qlora" and runs is not None and on_rank is not None:
@@ -364,7 +378,7 @@ class StateCosts:
                                            grad_params=sum(t.layers[i].trainable_params for i in ix),
                                            largest_gathered_bytes=big, **kw)  # type: ignore[arg-type]
                     for p, ix in zip(rank_params, idx)]  # fmt: skip
-        return [unsharded_buffer_bytes(c.dp_kind, self.state_dp(c), stage_param_count=p, **kw)  # type: ignore[arg-type]
+        return [unsharded_buffer_bytes(c.dp_kind, sdp, stage_param_count=p, **kw)  # type: ignore[arg-type]
                 for p in rank_params]  # fmt: skip
 
     def fsdp_steps(self, c: Config) -> bool:
@@ -450,7 +464,15 @@ class StateCosts:
     # ---- DP collectives ---------------------------------------------------------------------
     def dp_collectives(self, params_bytes: float, grad_bytes: float, c: Config) -> DPComm:
         """The DP collectives of a rank's ``params_bytes`` gathered and ``grad_bytes`` reduced over
-        dp·cp (``dp_kinds.dp_comm``, the profile's ZeRO-3 implementation)."""
+        dp·cp (``dp_kinds.dp_comm``, the profile's ZeRO-3 implementation). Memoized per (bytes, and the
+        fields of ``c`` it reads): DDP's buckets are mostly of one size (read only)."""
+        key = (params_bytes, grad_bytes, c.dp_kind, c.dp * c.cp, c.tp, c.pp, c.num_microbatches, c.recompute == "full")
+        hit = self.memos.dp_collectives.get(key)
+        if hit is None:
+            hit = self.memos.dp_collectives[key] = self._dp_collectives(params_bytes, grad_bytes, c)
+        return hit
+
+    def _dp_collectives(self, params_bytes: float, grad_bytes: float, c: Config) -> DPComm:
         per_tensor = self.zero3_impl == "deepspeed-2021"  # the share gathered only when needed, at its tp shard
         late = unprefetched_share([x / c.tp for x in self.gathered_sizes]) if per_tensor else 0.0
         return dp_comm(c.dp_kind, grad_bytes, params_bytes, c.dp * c.cp, self.cluster, stride=c.tp, pp=c.pp,
