@@ -432,12 +432,22 @@ def held_peaks(
     s.pending * pending_bytes[r] + (backward_bytes[r] if s.in_backward else 0.0)``: the same
     floating-point operations in the same order as that Python expression (numpy over every
     state of every rank at once), so the same values bit for bit. ``pending_bytes`` must not be
-    negative (and no input NaN)."""
+    negative (and no input NaN). Cached: the search prices the same activations under several
+    DP kinds."""
+    return list(_held_peaks(schedule, pp, num_microbatches, virtual_stages, tuple(inflight_bytes),
+                            tuple(pending_bytes), tuple(backward_bytes)))  # fmt: skip
+
+
+@lru_cache(maxsize=8192)
+def _held_peaks(
+    schedule: str, pp: int, num_microbatches: int, virtual_stages: int,
+    inflight_bytes: tuple[float, ...], pending_bytes: tuple[float, ...], backward_bytes: tuple[float, ...],
+) -> tuple[float, ...]:
     infl, pend, in_bwd, rank, starts = _held_arrays(schedule, pp, num_microbatches, virtual_stages)
     a = np.array(inflight_bytes, dtype=np.float64)[rank]
     k = np.array(pending_bytes, dtype=np.float64)[rank]
     t = np.where(in_bwd, np.array(backward_bytes, dtype=np.float64)[rank], 0.0)
-    return np.maximum.reduceat(infl * a + pend * k + t, starts).tolist()  # type: ignore[no-any-return]
+    return tuple(np.maximum.reduceat(infl * a + pend * k + t, starts).tolist())
 
 
 # ---------------------------------------------------------------- simulation
