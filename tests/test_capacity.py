@@ -437,6 +437,33 @@ def test_sweep_restores_gc_settings(graph):
         assert gc.get_threshold()[0] == SWEEP_GC_THRESHOLD and gc.get_freeze_count() > 0
     points = plan_points(graph, [("h100", 8)], 64, jobs=1)
     assert points[0].plan and gc.get_threshold() == before and gc.get_freeze_count() == frozen
+    assert gc.isenabled()
+
+
+def test_one_pass_per_search_frees_the_searchs_cycles_and_freezes_what_it_keeps():
+    """``sweep.one_pass_per_search``: the collector is off inside; a cycle made and dropped inside
+    is freed when it ends, an object kept is frozen (``fewer_collections`` unfreezes it)."""
+    import gc
+    import weakref
+
+    from meshplan.sizing.sweep import fewer_collections, one_pass_per_search
+
+    class Node:
+        other: object = None
+
+    kept = []
+    with fewer_collections():
+        frozen = gc.get_freeze_count()
+        with one_pass_per_search():
+            assert not gc.isenabled()
+            a, b = Node(), Node()
+            a.other, b.other = b, a  # a cycle: refcounts alone never free it
+            dead = weakref.ref(a)
+            del a, b
+            kept.append(Node())
+        assert gc.isenabled() and dead() is None
+        assert gc.get_freeze_count() > frozen  # kept[0] (and the rest alive) out of later passes
+    assert gc.get_freeze_count() <= frozen and kept
 
 
 def test_shared_epcp_memos_give_the_same_plans(monkeypatch):

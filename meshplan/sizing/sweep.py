@@ -15,7 +15,8 @@ sizes share one memo where the work allows. The first time a worker has nothing 
 while another still plans (a CPU is idle until the sweep ends), the parent runs ``when_idle``
 once (``meshplan capacity``: ``report.plot.warm_up``, the picture's imports and caches, work it
 would do after the sweep). A size where no plan fits gives a point with the reason. The sweep runs with fewer cyclic-GC passes (``fewer_collections``:
-CPU, not results). No torch import.
+CPU, not results), each search with the collector off and one pass after it
+(``one_pass_per_search``). No torch import.
 """
 
 from __future__ import annotations
@@ -128,9 +129,32 @@ def _worker(graph: ModelGraph, order: list[int], tasks: Sequence[tuple[str, int]
             taken[i] = 1
         kind, n = tasks[i]
         try:
-            results.put((i, plan_point(graph, kind, n, global_batch, memo, **plan_kw)))
+            with one_pass_per_search():
+                point = plan_point(graph, kind, n, global_batch, memo, **plan_kw)
+            results.put((i, point))
         except Exception as e:  # an unexpected failure is reported on its row, not as a hang
             results.put((i, SweepPoint(kind, n, error=f"planning failed: {type(e).__name__}: {e}")))
+
+
+@contextmanager
+def one_pass_per_search() -> Iterator[None]:
+    """Around one search of the sweep: the cyclic GC off while it runs, then one pass over the
+    young generation (every object the search made and still holds is young: its cyclic garbage,
+    such as a search's closures and their evaluations, is freed there) and what survives it (the
+    memo's new entries, kept by the next searches) frozen out of later passes (``gc.freeze``; the
+    sweep's ``fewer_collections`` unfreezes at its end). Each object is then walked once instead
+    of at every collection while the search runs: llama3-70b x 12 h100 sizes in one process took
+    43.9 s CPU with the sweep's thresholds alone, 37.3 s with the collector off (and 277 MiB more
+    peak memory), BENCHMARKS.md. Used inside ``fewer_collections`` (which unfreezes). Changes no result."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect(0)
+        gc.freeze()
+        if was:
+            gc.enable()
 
 
 @contextmanager
@@ -174,7 +198,8 @@ def _plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_bat
         memo = PlanMemo()
         out = []
         for kind, n in tasks:
-            out.append(plan_point(graph, kind, n, global_batch, memo, **plan_kw))
+            with one_pass_per_search():
+                out.append(plan_point(graph, kind, n, global_batch, memo, **plan_kw))
             report(len(out), out[-1])
         return out
     ctx = multiprocessing.get_context("fork")
@@ -213,4 +238,4 @@ def _plan_points(graph: ModelGraph, tasks: Sequence[tuple[str, int]], global_bat
     return [got[i] for i in range(n_tasks)]
 
 
-__all__ = ["SWEEP_GC_THRESHOLD", "SweepPoint", "fewer_collections", "plan_point", "plan_points", "sweep_sizes", "worker_order"]
+__all__ = ["SWEEP_GC_THRESHOLD", "SweepPoint", "fewer_collections", "one_pass_per_search", "plan_point", "plan_points", "sweep_sizes", "worker_order"]
