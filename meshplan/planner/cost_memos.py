@@ -44,8 +44,8 @@ class CostMemos:
     units: dict[int, list[Any]] = field(default_factory=dict)  # id(t) -> its layers as FSDP2 units (fsdp_units.UnitLayer)
     states: dict[tuple, float] = field(default_factory=dict)  # lower_bound's model states per (params, kind, dp, tp, ...)
     lower_bound_part: dict[tuple, tuple[float, float, dict[str, list[float]]]] = field(default_factory=dict)
-    # _lower_bound's (optimizer seconds, model states) per (lower_bound_part's key, pp, dp, dp_kind)
-    lower_bound_rest: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+    # _lower_bound's (work, optimizer seconds, model states, activations) per (table's fields, cp, ep, dp, pp, kind)
+    lower_bound_rest: dict[tuple, tuple[float, float, float, float]] = field(default_factory=dict)
     # memory_floor.split_floor's per-rank (parameters, held bytes) per (id(t), pp, v, schedule, m)
     split_held: dict[tuple, tuple[list[float], list[float]]] = field(default_factory=dict)
     # kind_free's per split: stage times before the m-dependent terms (kind_free.stage_work), the stages on

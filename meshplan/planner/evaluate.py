@@ -182,25 +182,26 @@ class ConfigEvaluator:
         return hit
 
     def _lower_bound(self, c: Config) -> tuple[float, float]:
-        key = (c.tp, c.sequence_parallel, c.recompute, c.micro_batch, c.cp, c.ep, c.dp if self.ep_cp.moe_folding else 0)
-        if key not in self.memos.lower_bound_part:  # what does not depend on pp, m, the schedule or the DP kind
-            t = self.table(c)
-            P = self.prefix(t)
-            work = P["f"][-1] + P["b"][-1] + P["w"][-1]
-            if self.ep_cp.has_epcp(c):  # the stages' EP/CP terms sum to the model's (the expert-read saving is <= 0)
-                work += self.ep_cp.epcp(c).per_microbatch_s
-            saved = self.ep_cp.expert_param_count * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
-            self.memos.lower_bound_part[key] = (work, P["params"][-1] - saved, P)
-        work, params, P = self.memos.lower_bound_part[key]
-        # what does not depend on m or the schedule: the optimizer step and the model states
-        rkey = (key, c.pp, c.dp, c.dp_kind)
+        # what does not depend on m or the schedule: the work per microbatch, the optimizer step, the
+        # model states and the activations per microbatch, per (table's fields, cp, ep, dp, pp, kind)
+        rkey = (c.tp, c.sequence_parallel, c.recompute, c.micro_batch, c.cp, c.ep, c.dp, c.pp, c.dp_kind)
         rest = self.memos.lower_bound_rest.get(rkey)
         if rest is None:
-            rest = self.memos.lower_bound_rest[rkey] = self._bound_states(c, params, P)
-        opt, mem = rest
+            key = (c.tp, c.sequence_parallel, c.recompute, c.micro_batch, c.cp, c.ep, c.dp if self.ep_cp.moe_folding else 0)
+            if key not in self.memos.lower_bound_part:  # what does not depend on pp, m, the schedule or the DP kind
+                t = self.table(c)
+                P = self.prefix(t)
+                work = P["f"][-1] + P["b"][-1] + P["w"][-1]
+                if self.ep_cp.has_epcp(c):  # the stages' EP/CP terms sum to the model's (the expert-read saving is <= 0)
+                    work += self.ep_cp.epcp(c).per_microbatch_s
+                saved = self.ep_cp.expert_param_count * (1.0 - 1.0 / c.ep) if c.ep > 1 else 0.0  # epcp_cost.expert_params_saved
+                self.memos.lower_bound_part[key] = (work, P["params"][-1] - saved, P)
+            work, params, P = self.memos.lower_bound_part[key]
+            rest = self.memos.lower_bound_rest[rkey] = (work, *self._bound_states(c, params, P), P["act"][-1])
+        work, opt, mem, act = rest
         step = c.num_microbatches * work / c.pp + opt
         if c.schedule == "gpipe" and c.pp > 1:
-            mem += c.num_microbatches * P["act"][-1] / c.pp
+            mem += c.num_microbatches * act / c.pp
         return step, mem
 
     def _bound_states(self, c: Config, params: float, P: dict[str, list[float]]) -> tuple[float, float]:

@@ -424,8 +424,8 @@ def stage_buffers(ev: KindFreeCosts, c: Config, t: CostTable, runs: list[tuple[i
     """Per stage the microbatches it holds at its own peak (``pipeline_time.stage_inflight``) and per
     pipeline rank the pipeline runtime's receive buffers and cached outputs (``rank_pipeline_buffers``,
     ``allocator.pipeline_buffer_bytes``): live memory beside the activations; a stage's output is what
-    it sends, the last's its logits. Memoized per layout, schedule and m (read only)."""
-    key = (lay.key, c.schedule, c.num_microbatches, c.virtual_stages)
+    it sends, the last's its logits. Memoized per layout, schedule, m and buffer convention (read only)."""
+    key = (lay.key, c.schedule, c.num_microbatches, c.virtual_stages, ev.pp_buffers)
     hit = ev.memos.stage_buffers.get(key)
     if hit is None:
         placement = lay.placement
@@ -531,7 +531,7 @@ def host_floored(f: list[float], b: list[float], w: list[float], hf: list[float]
     them (``cost_models.host``): ``f = max(f, hf)``; where the backward's host time ``hb`` exceeds
     ``b + w``, both parts stretch by the same factor (the host feeds them in turn), so a split
     backward keeps its input : weight proportion."""
-    f2 = [max(x, h) for x, h in zip(f, hf)]
+    f2 = [h if h > x else x for x, h in zip(f, hf)]  # max(x, h)
     b2, w2 = list(b), list(w)
     for i, h in enumerate(hb):
         dev = b[i] + w[i]

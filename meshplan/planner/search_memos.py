@@ -38,6 +38,13 @@ def share_table_memos(memos: CostMemos, shared: dict[tuple, Any], dtype: str, op
     # kind_free.stage_columns, keyed (id(t), runs, state layout): also the per-parameter state bytes
     # (dtype, optimizer) and the coster's quantization and pass-through bytes
     memos.stage_cols = shared.setdefault(("stage_cols", dtype, optimizer), memos.stage_cols)
+    # kind_free's per (table, split, placement, state layout) memos, functions of those stage columns:
+    # the stages on the ranks, the ranks' transients, autocast's kept bytes, the in-flight counts and
+    # pipeline buffers (keyed with the pipeline runtime's buffer convention too)
+    memos.rank_layout = shared.setdefault(("rank_layout", dtype, optimizer), memos.rank_layout)
+    memos.rank_transient = shared.setdefault(("rank_transient", dtype, optimizer), memos.rank_transient)
+    memos.cast_kept = shared.setdefault(("cast_kept", dtype, optimizer), memos.cast_kept)
+    memos.stage_buffers = shared.setdefault(("stage_buffers", dtype, optimizer), memos.stage_buffers)
 
 
 def share_epcp_memos(memos: CostMemos, shared: dict[tuple, Any], capacity_factor: float, elem_bytes: int,
