@@ -23,6 +23,7 @@ No torch import.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import accumulate
@@ -133,8 +134,11 @@ class ConfigEvaluator:
             moe_folding=moe_folding, sp_pinned=bool(self.fixed.get("sequence_parallel")), quant=self.quant)  # fmt: skip
         # its EP / CP memos shared with the other searches on this coster too (they read no device count)
         share_epcp_memos(self.memos, self.coster.search_memos, self.ep_cp.capacity_factor, elem, self.ep_cp.moe_folding)
+        # tables: a weak reference to this evaluator (which holds the StateCosts), so that no reference
+        # cycle keeps a finished search's evaluator, memos and evaluations alive until a cyclic-GC pass
         self.states = StateCosts(graph, cluster, dtype=dtype, optimizer=optimizer, profile=ep, elem_bytes=elem,
-                                 memos=self.memos, tables=self, ep_cp=self.ep_cp, quant_mode=self.coster.quant.mode)  # fmt: skip
+                                 memos=self.memos, tables=weakref.proxy(self), ep_cp=self.ep_cp,
+                                 quant_mode=self.coster.quant.mode)  # fmt: skip
 
     @property
     def moe_folding(self) -> bool:

@@ -336,6 +336,7 @@ class Searcher:
                       "cannot change the result); simulating schedules")  # fmt: skip
         fitting = self.settle(costed)
         clock.lap("simulate")
+        costed.order.release()  # phase 2 is done: its closures (over this search and ``costed``) go
         return self.conclude(cands, costed, fitting, min_mem_lb, clock)
 
     def candidates(self) -> Candidates:

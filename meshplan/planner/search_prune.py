@@ -94,6 +94,19 @@ class BoundOrderCosting:
         self.cost: Callable[[Config], None] = _no_costing
         self.on_simulated: Callable[[int, Evaluation, float], None] | None = None
 
+    def release(self) -> None:
+        """Drop the search's callbacks once phase 2 is over (``Searcher.run``): ``cost`` closes over
+        the ``Costed`` that holds this object, a reference cycle that kept the whole search (its
+        evaluator, memos and evaluations: ~330k objects at 2,048 GPUs) alive until a cyclic-GC
+        pass; without it they are freed when the search ends."""
+        self.cost = _no_costing
+        self.on_simulated = None
+
+        def done(ev: Evaluation) -> Evaluation:
+            raise RuntimeError("BoundOrderCosting.simulate after release: phase 2 is over")
+
+        self.simulate = done
+
     # ---- what was costed -------------------------------------------------------------------
     def add(self, ev: Evaluation) -> None:
         """A costed candidate (partial evaluation)."""
