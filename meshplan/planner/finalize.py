@@ -25,10 +25,12 @@ from meshplan.planner.search_types import Config, Evaluation, GiB, SplitSolve, g
 #: the root node's heuristics and cuts find most improvements): a node limit stops at the same
 #: incumbent on any load, so the plan does not depend on the load.
 WINNER_SPLIT_NODES = 50
-#: Wall-clock safety cap of the winner's split ILP (seconds), several times what its node limit
-#: takes on an idle machine (0.1-1 s up to ``MAX_WINNER_BINARIES``): reached only under heavy load,
-#: and then the DP split is kept (``split_stages``), not the load-dependent incumbent, and the
-#: split status says so.
+#: Wall-clock safety cap of the winner's split ILP (seconds): past it the DP split is kept
+#: (``split_stages``), not the load-dependent incumbent, and the split status says so. Most splits
+#: take 0.1-1 s on an idle machine, but not all: llama3-70b on 4,096 H100 (interleaved 1F1B v4,
+#: 640 binaries) took 4.7-7 s on wave 3 stop 12's 2-core machine, so on a loaded machine the cap can
+#: be reached and that plan's split then depends on the load (BENCHMARKS.md, "Wave 3 stop 12:
+#: capacity speed").
 WINNER_SPLIT_LIMIT_S = 10.0
 #: The reported contenders' splits are re-solved by the DP alone (``refine_split(use_ilp=False)``):
 #: their ILP ran under a 0.5 s wall-clock cap and mostly stopped before its root node was done,
