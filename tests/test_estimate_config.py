@@ -66,6 +66,8 @@ def test_the_coster_is_one_object_whose_parts_meet_the_protocols_helpers_read():
     """No base class: the coster holds its parts (``states``, ``ep_cp``); what ``kind_free``,
     ``memory_floor`` and ``StateCosts`` read of it through their Protocols (checked nowhere else at
     run time) is there, so a member renamed on the coster fails here, not deep in a search."""
+    import weakref
+
     from meshplan.planner.epcp_coster import EPCPCosts
     from meshplan.planner.kind_free import KindFreeCosts
     from meshplan.planner.memory_floor import FloorCosts
@@ -74,7 +76,9 @@ def test_the_coster_is_one_object_whose_parts_meet_the_protocols_helpers_read():
     assert ConfigEvaluator.__mro__ == (ConfigEvaluator, object)
     costs = ConfigEvaluator(gpt_graph(layers=4), H100, moe_folding=False)
     assert isinstance(costs.states, StateCosts) and isinstance(costs.ep_cp, EPCPCosts)
-    assert costs.states.memos is costs.memos is costs.ep_cp.memos and costs.states.tables is costs
+    assert costs.states.memos is costs.memos is costs.ep_cp.memos
+    # the StateCosts reads the coster's tables through a weak reference (no cycle keeps a search alive)
+    assert isinstance(costs.states.tables, weakref.ProxyType) and costs.states.tables.table.__self__ is costs
     for proto in (KindFreeCosts, FloorCosts, Tables):
         members = {n for n in vars(proto) if not n.startswith("_")} | set(proto.__annotations__)
         missing = sorted(n for n in members if not hasattr(costs, n))
