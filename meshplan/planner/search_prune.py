@@ -102,11 +102,6 @@ class BoundOrderCosting:
         self.cost = _no_costing
         self.on_simulated = None
 
-        def done(ev: Evaluation) -> Evaluation:
-            raise RuntimeError("BoundOrderCosting.simulate after release: phase 2 is over")
-
-        self.simulate = done
-
     # ---- what was costed -------------------------------------------------------------------
     def add(self, ev: Evaluation) -> None:
         """A costed candidate (partial evaluation)."""

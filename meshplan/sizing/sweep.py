@@ -14,9 +14,9 @@ cluster kinds' sizes first and then takes what the others left (``worker_order``
 sizes share one memo where the work allows. The first time a worker has nothing left to take
 while another still plans (a CPU is idle until the sweep ends), the parent runs ``when_idle``
 once (``meshplan capacity``: ``report.plot.warm_up``, the picture's imports and caches, work it
-would do after the sweep). A size where no plan fits gives a point with the reason. The sweep runs with fewer cyclic-GC passes (``fewer_collections``:
-CPU, not results), each search with the collector off and one pass after it
-(``one_pass_per_search``). No torch import.
+would do after the sweep). A size where no plan fits gives a point with the reason. The sweep
+runs with fewer cyclic-GC passes (``fewer_collections``: CPU, not results), each search with the
+collector off and one pass after it (``one_pass_per_search``). No torch import.
 """
 
 from __future__ import annotations
